@@ -1,0 +1,303 @@
+#include "backend/namespaces/environment.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "init/protocol.h"
+#include "isolation/caps/capabilities.h"
+#include "isolation/cgroup/layout.h"
+#include "isolation/fs/storage_pool.h"
+#include "isolation/fs/template.h"
+#include "isolation/namespaces/user_namespace.h"
+#include "isolation/seccomp/policy.h"
+#include "os/file.h"
+#include "os/mount.h"
+#include "os/net.h"
+#include "os/process.h"
+#include "os/security.h"
+
+namespace moat::backend::namespaces {
+namespace {
+
+namespace cg = isolation::cgroup;
+namespace fs = isolation::fs;
+
+constexpr uint64_t kGiB = 1ULL << 30;
+constexpr uint64_t kMiB = 1ULL << 20;
+// fds the child sets up right before exec.
+constexpr int kControlFd = 3;  // inherited by moat-init
+constexpr int kInitFd = 4;     // the moat-init binary (close-on-exec)
+constexpr int kErrorFd = 5;    // setup errors to the parent (close-on-exec)
+
+std::string newId() {
+  unsigned char bytes[6];
+  if (::getrandom(bytes, sizeof bytes, 0) != sizeof bytes) {
+    for (auto& b : bytes) b = static_cast<unsigned char>(std::rand());
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string id;
+  for (unsigned char b : bytes) {
+    id.push_back(hex[b >> 4]);
+    id.push_back(hex[b & 15]);
+  }
+  return id;
+}
+
+std::string cgroupName(const std::string& id) { return "moat-" + id; }
+
+struct ChildArgs {
+  std::string id;
+  fs::RootPlan plan;
+  std::vector<std::string> procsFiles;  // v1: join by writing "0"
+  int usernsFd;
+  int controlFd;
+  int initFd;
+  int errorFd;
+  const std::vector<sock_filter>* seccomp;
+};
+
+[[noreturn]] void childFail(int errorFd, const std::string& stage, const Error& error) {
+  std::string message = stage + ": " + error.message();
+  ssize_t ignored = ::write(errorFd, message.data(), message.size());
+  (void)ignored;
+  ::_exit(1);
+}
+
+#define CHILD_STEP(stage, expr)                                  \
+  do {                                                           \
+    auto step_result_ = (expr);                                  \
+    if (!step_result_.ok()) childFail(errFd, stage, step_result_.error()); \
+  } while (0)
+
+// Runs in the cloned child, as host root in the new namespaces, and ends in
+// exec of moat-init. Errors go to the parent through errorFd.
+[[noreturn]] void runChild(const ChildArgs& a) {
+  int errFd = a.errorFd;
+  // The environment dies with the moat process that created it. (Should the
+  // parent die before this line, moat-init still exits: its control socket
+  // reads EOF.)
+  CHILD_STEP("parent death signal", os::setParentDeathSignal(SIGKILL));
+  for (const auto& file : a.procsFiles) CHILD_STEP("join cgroup", os::writeExisting(file, "0"));
+  CHILD_STEP("cgroup namespace", os::unshareNamespaces(CLONE_NEWCGROUP));
+  CHILD_STEP("root file system", fs::buildRoot(a.plan, a.usernsFd));
+  CHILD_STEP("hostname", os::setHostname(a.id));
+  CHILD_STEP("loopback", os::bringLoopbackUp());
+  CHILD_STEP("enter user namespace", os::setNamespace(a.usernsFd, CLONE_NEWUSER));
+  CHILD_STEP("become root of the user namespace", os::becomeId(0, 0));
+  CHILD_STEP("capabilities", os::restrictCapabilities(isolation::caps::environmentCapabilities()));
+  CHILD_STEP("no_new_privs", os::setNoNewPrivs());
+  CHILD_STEP("landlock", os::landlockScopeSelf());
+
+  int devNull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (devNull < 0) childFail(errFd, "open /dev/null", Error::fromErrno("open"));
+  int control = ::fcntl(a.controlFd, F_DUPFD_CLOEXEC, 10);
+  int init = ::fcntl(a.initFd, F_DUPFD_CLOEXEC, 10);
+  int err = ::fcntl(errFd, F_DUPFD_CLOEXEC, 10);
+  if (control < 0 || init < 0 || err < 0) childFail(errFd, "dup", Error::fromErrno("fcntl"));
+  errFd = err;
+  for (int fd = 0; fd < 3; ++fd) {
+    if (::dup2(devNull, fd) < 0) childFail(errFd, "stdio", Error::fromErrno("dup2"));
+  }
+  if (::dup2(control, kControlFd) < 0 || ::dup3(init, kInitFd, O_CLOEXEC) < 0 ||
+      ::dup3(err, kErrorFd, O_CLOEXEC) < 0) {
+    childFail(errFd, "fds", Error::fromErrno("dup2"));
+  }
+  errFd = kErrorFd;
+  CHILD_STEP("close fds", os::closeFrom(kErrorFd + 1));
+  CHILD_STEP("seccomp", os::installSeccomp(*a.seccomp));
+  childFail(errFd, "exec", os::execFd(kInitFd, {"moat-init"}, {}));
+}
+
+Status checkSpec(const EnvironmentSpec& spec) {
+  if (spec.stateDir.empty() || spec.stateDir[0] != '/') {
+    return Error::make("invalid_argument", "state directory must be an absolute path");
+  }
+  for (const auto& v : spec.volumes) {
+    MOAT_TRY(fs::validateBindTarget(v.target));
+    if (v.source.empty() || v.source[0] != '/' || !os::exists(v.source)) {
+      return Error::make("not_found", "volume source " + v.source + " does not exist");
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<std::string> findInitBinary() {
+  if (const char* env = std::getenv("MOAT_INIT")) return std::string(env);
+  MOAT_ASSIGN(std::string dir, os::selfDirectory());
+  std::string path = dir + "/moat-init";
+  if (::access(path.c_str(), X_OK) != 0) {
+    return Error::fromErrno("moat-init not found next to " + dir + " (set MOAT_INIT)");
+  }
+  return path;
+}
+
+Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& spec) {
+  MOAT_TRY(checkSpec(spec));
+  std::unique_ptr<Environment> env(new Environment);
+  env->id_ = newId();
+  env->stateDir_ = spec.stateDir;
+
+  std::string runDir = spec.stateDir + "/run";
+  MOAT_TRY(os::makeDirs(runDir, 0700));
+  collectLeftovers(spec.stateDir);
+  {
+    // Lock before the name is visible, so a collector never takes a live one.
+    std::string tmp = runDir + "/." + env->id_;
+    MOAT_ASSIGN(env->lock_, os::open(tmp, O_RDWR | O_CREAT | O_EXCL, 0600));
+    if (::flock(env->lock_.get(), LOCK_EX | LOCK_NB) != 0) return Error::fromErrno("lock " + tmp);
+    if (::rename(tmp.c_str(), (runDir + "/" + env->id_ + ".lock").c_str()) != 0) {
+      return Error::fromErrno("rename " + tmp);
+    }
+  }
+
+  MOAT_ASSIGN(cg::Layout layout, cg::detectHostLayout());
+  MOAT_TRY(cg::prepareParents(layout));
+  MOAT_ASSIGN(fs::StoragePool pool, fs::StoragePool::open(spec.stateDir));
+  uint64_t storageBytes = spec.storageGb * kGiB;
+  if (storageBytes > pool.capacityBytes()) {
+    return Error::make("invalid_argument",
+                       "storage of " + std::to_string(spec.storageGb) + " GB exceeds the pool (" +
+                           std::to_string(pool.capacityBytes() / kGiB) + " GB; see MOAT_STORAGE_GB)");
+  }
+  MOAT_ASSIGN(fs::Template tmpl, fs::resolveTemplate(spec.templateName, spec.stateDir));
+  MOAT_ASSIGN(std::string volume, pool.createVolume(env->id_, storageBytes));
+  env->haveVolume_ = true;
+
+  auto idmap = isolation::namespaces::allocateIdMap();
+  MOAT_ASSIGN(fs::RootPlan plan,
+              fs::prepareRoot(volume, tmpl.lowerDir, env->id_, idmap.hostBase, idmap.hostBase));
+  for (const auto& dir : tmpl.hostReadOnlyDirs) plan.binds.push_back({dir, dir, true});
+  for (const auto& v : spec.volumes) plan.binds.push_back(v);
+
+  cg::Limits limits;
+  limits.cpus = spec.cpus;
+  limits.memoryBytes = spec.memoryMb * kMiB;
+  limits.pids = spec.pids;
+  MOAT_ASSIGN(cg::Cgroup cgroup, cg::Cgroup::create(layout, cgroupName(env->id_), limits));
+  env->cgroup_ = std::make_unique<cg::Cgroup>(std::move(cgroup));
+
+  MOAT_ASSIGN(UniqueFd userns, isolation::namespaces::createUserNamespace(idmap));
+  MOAT_ASSIGN(auto program, isolation::seccomp::defaultProgram());
+  MOAT_ASSIGN(std::string initPath, findInitBinary());
+  MOAT_ASSIGN(UniqueFd initFd, os::open(initPath, O_PATH));
+
+  int sockets[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets) != 0) {
+    return Error::fromErrno("socketpair");
+  }
+  UniqueFd parentEnd(sockets[0]), childEnd(sockets[1]);
+  int errorPipe[2];
+  if (::pipe2(errorPipe, O_CLOEXEC) != 0) return Error::fromErrno("pipe");
+  UniqueFd errorRead(errorPipe[0]), errorWrite(errorPipe[1]);
+
+  os::CloneOptions clone;
+  clone.flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC;
+  UniqueFd cgroupFd;
+  ChildArgs args{env->id_,     plan,         {},           userns.get(), childEnd.get(),
+                 initFd.get(), errorWrite.get(), &program.filter};
+  if (layout.version == cg::Version::kV2) {
+    MOAT_ASSIGN(cgroupFd, env->cgroup_->openDirectory());
+    clone.cgroupFd = cgroupFd.get();
+  } else {
+    args.procsFiles = env->cgroup_->procsFiles();
+  }
+  MOAT_ASSIGN(os::Child child, os::clone3(clone));
+  if (child.pid == 0) runChild(args);
+  env->initPidfd_ = std::move(child.pidfd);
+
+  childEnd.reset();
+  errorWrite.reset();
+  std::string failure;
+  char buf[1024];
+  for (;;) {
+    ssize_t n = ::read(errorRead.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    failure.append(buf, static_cast<size_t>(n));
+  }
+  if (!failure.empty()) {
+    (void)os::waitPidfd(env->initPidfd_.get());
+    env->initPidfd_.reset();
+    return Error::make("environment_failed", "environment setup failed at " + failure);
+  }
+  env->control_ = std::move(parentEnd);
+  init::FrameReader reader;
+  auto hello = init::readFrame(env->control_.get(), reader);
+  if (!hello.ok() || hello->type != init::MsgType::kHello) {
+    return Error::make("environment_failed", "moat-init did not start");
+  }
+  return env;
+}
+
+Status Environment::destroy() {
+  if (destroyed_) return {};
+  destroyed_ = true;
+  Status result;
+  control_.reset();  // moat-init kills everything when its client goes
+  if (initPidfd_) {
+    // pid 1 dying takes the whole pid namespace with it; once it is reaped,
+    // every process and mount of the environment is gone.
+    (void)os::pidfdSendSignal(initPidfd_.get(), SIGKILL);
+    (void)os::waitPidfd(initPidfd_.get());
+    initPidfd_.reset();
+  }
+  if (cgroup_) {
+    Status s = cgroup_->remove();
+    if (!s.ok() && result.ok()) result = s;
+    cgroup_.reset();
+  }
+  if (haveVolume_) {
+    auto pool = isolation::fs::StoragePool::open(stateDir_);
+    Status s = pool.ok() ? pool->destroyVolume(id_) : Status(pool.error());
+    if (!s.ok() && result.ok()) result = s;
+    haveVolume_ = false;
+  }
+  if (lock_) {
+    ::unlink((stateDir_ + "/run/" + id_ + ".lock").c_str());
+    lock_.reset();
+  }
+  return result;
+}
+
+Environment::~Environment() { (void)destroy(); }
+
+void collectLeftovers(const std::string& stateDir) {
+  std::string runDir = stateDir + "/run";
+  auto names = os::listDir(runDir);
+  if (!names.ok()) return;
+  for (const auto& name : names.value()) {
+    const std::string suffix = ".lock";
+    if (name.empty() || name[0] == '.' || name.size() <= suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    std::string path = runDir + "/" + name;
+    auto lock = os::open(path, O_RDWR);
+    if (!lock.ok() || ::flock(lock->get(), LOCK_EX | LOCK_NB) != 0) continue;  // alive
+    std::string id = name.substr(0, name.size() - suffix.size());
+    auto layout = cg::detectHostLayout();
+    if (layout.ok()) {
+      std::vector<std::string> dirs;
+      if (layout->version == cg::Version::kV2) {
+        dirs.push_back(layout->v2Parent + "/" + cgroupName(id));
+      } else {
+        for (const auto& [c, parent] : layout->v1Parents) dirs.push_back(parent + "/" + cgroupName(id));
+      }
+      for (const auto& d : dirs) ::rmdir(d.c_str());
+    }
+    auto pool = isolation::fs::StoragePool::open(stateDir);
+    if (pool.ok()) (void)pool->destroyVolume(id);
+    ::unlink(path.c_str());
+  }
+}
+
+}  // namespace moat::backend::namespaces

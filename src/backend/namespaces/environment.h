@@ -1,0 +1,65 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "common/unique_fd.h"
+#include "isolation/cgroup/cgroup.h"
+#include "isolation/fs/rootfs.h"
+
+namespace moat::backend::namespaces {
+
+struct EnvironmentSpec {
+  std::string stateDir;
+  std::string templateName = "host";
+  double cpus = 1;
+  uint64_t memoryMb = 1024;
+  uint64_t pids = 1024;
+  uint64_t storageGb = 4;
+  std::vector<isolation::fs::BindMount> volumes;  // explicit host dirs only
+};
+
+// One environment of the namespace backend: its own user, pid, mount,
+// network, uts, ipc and cgroup namespaces, cgroup limits, an overlay root on
+// a quota-limited volume, seccomp, Landlock and a reduced capability set,
+// with moat-init as pid 1 serving the guest protocol on controlFd().
+class Environment {
+ public:
+  static Result<std::unique_ptr<Environment>> create(const EnvironmentSpec& spec);
+  ~Environment();
+  Environment(const Environment&) = delete;
+  Environment& operator=(const Environment&) = delete;
+
+  const std::string& id() const { return id_; }
+  int controlFd() const { return control_.get(); }
+  uint64_t oomKills() const { return cgroup_ ? cgroup_->oomKills() : 0; }
+  // Kills everything inside and removes every trace outside the volume
+  // directory, then the volume itself. Idempotent.
+  Status destroy();
+
+ private:
+  Environment() = default;
+
+  std::string id_;
+  std::string stateDir_;
+  UniqueFd control_;
+  UniqueFd initPidfd_;
+  UniqueFd lock_;  // held for the environment's life; a free lock marks a leftover
+  std::unique_ptr<isolation::cgroup::Cgroup> cgroup_;
+  bool haveVolume_ = false;
+  bool destroyed_ = false;
+};
+
+// Removes what environments of crashed or killed moat processes left behind
+// (their processes are already gone: moat-init dies with its client).
+void collectLeftovers(const std::string& stateDir);
+
+// Where moat-init lives: MOAT_INIT, else next to the running executable.
+Result<std::string> findInitBinary();
+
+}  // namespace moat::backend::namespaces

@@ -1,0 +1,37 @@
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/exit_codes.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: moat COMMAND [ARGS...]
+
+commands:
+  run       run one command in a fresh isolated environment (moat run --help)
+  version   print the version
+
+Environment: MOAT_STATE (state directory, default /var/lib/moat).
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+    std::fputs(kUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? moat::cli::kExitUsage : 0;
+  }
+  std::string command = args[0];
+  args.erase(args.begin());
+  if (command == "run") return moat::cli::runCommand(args);
+  if (command == "version" || command == "--version") {
+    std::puts("moat " MOAT_VERSION);
+    return 0;
+  }
+  std::fprintf(stderr, "moat: unknown command '%s' (see moat --help)\n", command.c_str());
+  return moat::cli::kExitUsage;
+}

@@ -1,0 +1,183 @@
+// moat run: one command in a fresh environment, destroyed afterwards.
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "cli/commands.h"
+#include "cli/exit_codes.h"
+#include "cli/run_options.h"
+#include "common/unique_fd.h"
+#include "init/protocol.h"
+
+namespace moat::cli {
+namespace {
+
+using backend::namespaces::Environment;
+
+constexpr uint32_t kCommandId = 1;
+
+uint64_t hostMemoryMb() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  while (in >> key >> kb) {
+    if (key == "MemTotal:") return kb / 1024;
+    in.ignore(1 << 10, '\n');
+  }
+  return 1 << 20;
+}
+
+void writeAll(int fd, const std::string& data) {
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // reader gone: keep draining the environment anyway
+    off += static_cast<size_t>(n);
+  }
+}
+
+int complain(int code, const std::string& message) {
+  std::fprintf(stderr, "moat: %s\n", message.c_str());
+  return code;
+}
+
+// Talks to moat-init until the command ends; returns moat run's exit code.
+int superviseCommand(Environment& env, const RunOptions& options) {
+  int control = env.controlFd();
+  init::SpawnRequest spawn;
+  spawn.id = kCommandId;
+  spawn.argv = options.command;
+  spawn.env = baseEnvironment(env.id(), options.workdir);
+  for (const auto& e : options.env) spawn.env.push_back(e);
+  spawn.cwd = options.workdir;
+  spawn.stdinPipe = options.interactive;
+  spawn.timeoutMs = static_cast<uint64_t>(std::llround(options.timeoutSeconds * 1000));
+  if (!init::writeFrame(control, init::MsgType::kSpawn, spawn.encode()).ok()) {
+    return complain(kExitEnvironment, "environment failed: moat-init is not answering");
+  }
+
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&mask, s);
+  ::sigprocmask(SIG_BLOCK, &mask, nullptr);
+  UniqueFd signals(::signalfd(-1, &mask, SFD_CLOEXEC));
+  ::signal(SIGPIPE, SIG_IGN);
+
+  bool stdinOpen = options.interactive;
+  init::FrameReader reader;
+  for (;;) {
+    pollfd fds[3] = {{control, POLLIN, 0}, {signals.get(), POLLIN, 0}, {0, POLLIN, 0}};
+    nfds_t count = stdinOpen ? 3 : 2;
+    if (::poll(fds, count, -1) < 0) {
+      if (errno == EINTR) continue;
+      return complain(kExitEnvironment, std::string("poll: ") + std::strerror(errno));
+    }
+    if (fds[1].revents & POLLIN) {
+      struct signalfd_siginfo info;
+      if (::read(signals.get(), &info, sizeof info) == sizeof info) {
+        init::SignalRequest forward{kCommandId, static_cast<int32_t>(info.ssi_signo), true};
+        (void)init::writeFrame(control, init::MsgType::kSignal, forward.encode());
+      }
+    }
+    if (stdinOpen && (fds[2].revents & (POLLIN | POLLHUP | POLLERR))) {
+      char buf[init::kOutputChunk];
+      ssize_t n = ::read(0, buf, sizeof buf);
+      if (n > 0) {
+        init::StdinData data{kCommandId, std::string(buf, static_cast<size_t>(n))};
+        (void)init::writeFrame(control, init::MsgType::kStdin, data.encode());
+      } else if (n == 0 || errno != EINTR) {
+        stdinOpen = false;
+        (void)init::writeFrame(control, init::MsgType::kCloseStdin,
+                               init::ProcessRef{kCommandId}.encode());
+      }
+    }
+    if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    char buf[65536];
+    ssize_t n = ::read(control, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return complain(kExitEnvironment, "environment failed: moat-init exited");
+    reader.feed(buf, static_cast<size_t>(n));
+    init::Frame frame;
+    for (;;) {
+      auto next = reader.next(frame);
+      if (!next.ok()) return complain(kExitEnvironment, "environment failed: " + next.error().message());
+      if (!next.value()) break;
+      switch (frame.type) {
+        case init::MsgType::kOutput: {
+          auto out = init::Output::decode(frame.payload);
+          if (out.ok()) writeAll(out->stream == init::Stream::kStdout ? 1 : 2, out->data);
+          break;
+        }
+        case init::MsgType::kSpawnFailed: {
+          auto failed = init::SpawnFailed::decode(frame.payload);
+          if (!failed.ok()) return complain(kExitEnvironment, "environment failed: bad reply");
+          std::string what = std::strerror(failed->err);
+          if (failed->stage == "exec" && failed->err == ENOENT) {
+            return complain(kExitNotFound, "command not found in the environment: " + options.command[0]);
+          }
+          if (failed->stage == "chdir") {
+            return complain(kExitCannotRun, "working directory " + options.workdir + ": " + what);
+          }
+          return complain(kExitCannotRun, "cannot run " + options.command[0] + " (" + failed->stage +
+                                              "): " + what);
+        }
+        case init::MsgType::kExited: {
+          auto exited = init::Exited::decode(frame.payload);
+          if (!exited.ok()) return complain(kExitEnvironment, "environment failed: bad reply");
+          if (exited->timedOut) {
+            char secs[32];
+            std::snprintf(secs, sizeof secs, "%g", options.timeoutSeconds);
+            return complain(kExitTimeout, std::string("timeout: killed after ") + secs + "s");
+          }
+          if (exited->signal != 0) {
+            if (exited->signal == SIGKILL && env.oomKills() > 0) {
+              complain(0, "killed: out of memory (limit " + std::to_string(options.spec.memoryMb) + " MB)");
+            }
+            return 128 + exited->signal;
+          }
+          return exited->exitCode;
+        }
+        case init::MsgType::kProtocolError:
+          return complain(kExitEnvironment, "environment failed: protocol error");
+        default:
+          break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int runCommand(const std::vector<std::string>& args) {
+  auto parsed = parseRunOptions(args, hostMemoryMb(), [](const char* name) -> const char* {
+    return std::getenv(name);
+  });
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "moat run: %s\n", parsed.error().context.c_str());
+    return kExitUsage;
+  }
+  RunOptions& options = parsed.value();
+  if (options.help) {
+    std::fputs(runUsage(), stdout);
+    return 0;
+  }
+  if (::geteuid() != 0) {
+    return complain(kExitEnvironment, "moat run needs root (it creates namespaces, cgroups and mounts)");
+  }
+  auto env = Environment::create(options.spec);
+  if (!env.ok()) return complain(kExitEnvironment, "cannot create environment: " + env.error().message());
+  int code = superviseCommand(*env.value(), options);
+  Status destroyed = env.value()->destroy();
+  if (!destroyed.ok()) complain(0, "warning: cleanup: " + destroyed.error().message());
+  return code;
+}
+
+}  // namespace moat::cli

@@ -1,0 +1,199 @@
+#include "cli/run_options.h"
+
+#include <cmath>
+#include <cstdlib>
+
+#include "os/file.h"
+
+namespace moat::cli {
+namespace {
+
+Error usage(const std::string& message) { return Error::make("usage", message); }
+
+Result<double> parseNumber(const std::string& flag, const std::string& value) {
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(value.c_str(), &end);
+  if (value.empty() || *end != '\0' || errno != 0 || !std::isfinite(v)) {
+    return usage(flag + ": '" + value + "' is not a number");
+  }
+  return v;
+}
+
+Result<uint64_t> parseWhole(const std::string& flag, const std::string& value, uint64_t min,
+                            uint64_t max, const std::string& unit) {
+  if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos) {
+    return usage(flag + ": '" + value + "' is not a whole number");
+  }
+  if (value.size() > 12) return usage(flag + ": " + value + " is out of range");
+  uint64_t v = std::strtoull(value.c_str(), nullptr, 10);
+  if (v < min || v > max) {
+    return usage(flag + ": " + value + " is out of range (" + std::to_string(min) + " to " +
+                 std::to_string(max) + unit + ")");
+  }
+  return v;
+}
+
+bool validEnvName(const std::string& name) {
+  if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return false;
+  for (char c : name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  }
+  return true;
+}
+
+Result<isolation::fs::BindMount> parseVolume(const std::string& value) {
+  // SRC:DST[:ro|:rw]
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t i = 0; i <= value.size(); ++i) {
+    if (i == value.size() || value[i] == ':') {
+      parts.push_back(value.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  if (parts.size() < 2 || parts.size() > 3 || parts[0].empty() || parts[1].empty()) {
+    return usage("-v: expected HOST_PATH:ENV_PATH[:ro], got '" + value + "'");
+  }
+  isolation::fs::BindMount bind;
+  if (parts.size() == 3) {
+    if (parts[2] != "ro" && parts[2] != "rw") return usage("-v: mode must be ro or rw, got '" + parts[2] + "'");
+    bind.readOnly = parts[2] == "ro";
+  }
+  auto resolved = os::realPath(parts[0]);
+  if (!resolved.ok()) return usage("-v: host path " + parts[0] + " does not exist");
+  bind.source = resolved.value();
+  bind.target = parts[1];
+  auto s = isolation::fs::validateBindTarget(bind.target);
+  if (!s.ok()) return usage("-v: " + s.error().context);
+  bind.target = os::normalizePath(bind.target);
+  return bind;
+}
+
+}  // namespace
+
+const char* runUsage() {
+  return R"(usage: moat run [options] [--] COMMAND [ARG...]
+
+Runs COMMAND in a fresh, isolated environment, streams its output, and
+destroys the environment. Exit status: the command's (128+N if signal N killed
+it); 124 timeout; 125 the environment failed; 126 cannot run; 127 not found;
+2 bad usage.
+
+options:
+  --cpus N          CPU time per second (fractional), default 1
+  --memory MB       memory limit, no swap, default 1024
+  --pids N          process/thread limit, default 1024
+  --storage GB      writable storage limit, default 4
+  --timeout S       kill the command after S seconds (default: none)
+  -i, --interactive forward stdin to the command (default: /dev/null)
+  -e NAME=VALUE     set a variable (-e NAME copies the host's value); repeatable
+  -v HOST:PATH[:ro] show a host path inside (explicit only); repeatable
+  -w, --workdir DIR working directory inside, default /workspace
+  --template T      'host' (default) or a root file system directory
+  --state DIR       state directory, default $MOAT_STATE or /var/lib/moat
+)";
+}
+
+std::vector<std::string> baseEnvironment(const std::string& hostname, const std::string& cwd) {
+  return {
+      "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+      "HOME=/root",
+      "USER=root",
+      "LOGNAME=root",
+      "SHELL=/bin/sh",
+      "LANG=C.UTF-8",
+      "TERM=xterm-256color",
+      "HOSTNAME=" + hostname,
+      "PWD=" + cwd,
+  };
+}
+
+Result<RunOptions> parseRunOptions(const std::vector<std::string>& args, uint64_t hostMemoryMb,
+                                   const char* (*lookupHostEnv)(const char*)) {
+  RunOptions o;
+  const char* state = std::getenv("MOAT_STATE");
+  o.spec.stateDir = state && *state ? state : "/var/lib/moat";
+  size_t i = 0;
+  auto value = [&](const std::string& flag, std::string& inlineValue) -> Result<std::string> {
+    if (!inlineValue.empty()) return inlineValue;
+    if (i + 1 >= args.size()) return usage(flag + " needs a value");
+    return args[++i];
+  };
+  for (; i < args.size(); ++i) {
+    std::string arg = args[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.empty() || arg[0] != '-') break;  // the command starts here
+    std::string inlineValue;
+    if (arg.compare(0, 2, "--") == 0) {
+      auto eq = arg.find('=');
+      if (eq != std::string::npos) {
+        inlineValue = arg.substr(eq + 1);
+        arg = arg.substr(0, eq);
+        if (inlineValue.empty()) return usage(arg + " needs a value");
+      }
+    }
+    if (arg == "-h" || arg == "--help") {
+      o.help = true;
+      return o;
+    } else if (arg == "-i" || arg == "--interactive") {
+      o.interactive = true;
+    } else if (arg == "--cpus") {
+      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      MOAT_ASSIGN(o.spec.cpus, parseNumber(arg, v));
+      if (!(o.spec.cpus >= 0.01 && o.spec.cpus <= 1024)) {
+        return usage("--cpus: " + v + " is out of range (0.01 to 1024)");
+      }
+    } else if (arg == "--memory") {
+      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      MOAT_ASSIGN(o.spec.memoryMb, parseWhole(arg, v, 16, hostMemoryMb, " MB, the host's memory"));
+    } else if (arg == "--pids") {
+      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      MOAT_ASSIGN(o.spec.pids, parseWhole(arg, v, 4, 4194304, ""));
+    } else if (arg == "--storage") {
+      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      MOAT_ASSIGN(o.spec.storageGb, parseWhole(arg, v, 1, 65536, " GB"));
+    } else if (arg == "--timeout") {
+      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      MOAT_ASSIGN(o.timeoutSeconds, parseNumber(arg, v));
+      if (!(o.timeoutSeconds >= 0.001 && o.timeoutSeconds <= 31536000)) {
+        return usage("--timeout: " + v + " is out of range (0.001 to 31536000 seconds)");
+      }
+    } else if (arg == "-e" || arg == "--env") {
+      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      auto eq = v.find('=');
+      std::string name = v.substr(0, eq);
+      if (!validEnvName(name)) return usage("-e: '" + name + "' is not a valid variable name");
+      if (eq == std::string::npos) {
+        const char* host = lookupHostEnv ? lookupHostEnv(name.c_str()) : nullptr;
+        if (host == nullptr) return usage("-e: " + name + " is not set on the host");
+        v = name + "=" + host;
+      }
+      o.env.push_back(v);
+    } else if (arg == "-v" || arg == "--volume") {
+      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      MOAT_ASSIGN(auto bind, parseVolume(v));
+      o.spec.volumes.push_back(bind);
+    } else if (arg == "-w" || arg == "--workdir") {
+      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      if (v.empty() || v[0] != '/') return usage("-w: working directory must be absolute: " + v);
+      o.workdir = os::normalizePath(v);
+    } else if (arg == "--template") {
+      MOAT_ASSIGN(o.spec.templateName, value(arg, inlineValue));
+    } else if (arg == "--state") {
+      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      if (v.empty() || v[0] != '/') return usage("--state: must be an absolute path: " + v);
+      o.spec.stateDir = os::normalizePath(v);
+    } else {
+      return usage("unknown option " + arg);
+    }
+  }
+  for (; i < args.size(); ++i) o.command.push_back(args[i]);
+  if (o.command.empty()) return usage("missing command (usage: moat run [options] -- COMMAND...)");
+  return o;
+}
+
+}  // namespace moat::cli

@@ -1,0 +1,25 @@
+#pragma once
+
+#include <utility>
+
+namespace moat {
+
+// Runs a callable when the scope ends unless dismissed: the undo step of a
+// multi-step create, so a failure halfway leaves nothing behind.
+template <class F>
+class ScopeExit {
+ public:
+  explicit ScopeExit(F fn) : fn_(std::move(fn)) {}
+  ScopeExit(const ScopeExit&) = delete;
+  ScopeExit& operator=(const ScopeExit&) = delete;
+  ~ScopeExit() {
+    if (active_) fn_();
+  }
+  void dismiss() { active_ = false; }
+
+ private:
+  F fn_;
+  bool active_ = true;
+};
+
+}  // namespace moat

@@ -1,0 +1,168 @@
+#include "init/file_ops.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "common/unique_fd.h"
+#include "os/file.h"
+
+namespace moat::init {
+namespace {
+
+constexpr uint64_t kMaxRead = 8u << 20;  // per request; read larger files in ranges
+
+FileResult failure(const FileRequest& req, int err, const std::string& what) {
+  FileResult r;
+  r.tag = req.tag;
+  r.err = err;
+  r.message = what + " " + req.path + ": " + std::strerror(err);
+  return r;
+}
+
+FileInfo infoFrom(const std::string& name, const struct stat& st) {
+  FileInfo info;
+  info.name = name;
+  info.type = S_ISREG(st.st_mode) ? 'f' : S_ISDIR(st.st_mode) ? 'd' : S_ISLNK(st.st_mode) ? 'l' : 'o';
+  info.size = static_cast<uint64_t>(st.st_size);
+  info.mode = st.st_mode & 07777;
+  info.mtimeSec = static_cast<uint64_t>(st.st_mtim.tv_sec);
+  return info;
+}
+
+Status makeParents(const std::string& path) {
+  auto slash = path.rfind('/');
+  if (slash == std::string::npos || slash == 0) return {};
+  return os::makeDirs(path.substr(0, slash), 0755);
+}
+
+FileResult doRead(const FileRequest& req) {
+  UniqueFd fd(::open(req.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
+  if (!fd) return failure(req, errno, "open");
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return failure(req, errno, "stat");
+  if (!S_ISREG(st.st_mode)) return failure(req, S_ISDIR(st.st_mode) ? EISDIR : EINVAL, "read");
+  uint64_t want = req.length == 0 ? kMaxRead : std::min<uint64_t>(req.length, kMaxRead);
+  FileResult r;
+  r.tag = req.tag;
+  r.info = infoFrom(req.path, st);
+  r.data.resize(want);
+  size_t got = 0;
+  while (got < want) {
+    ssize_t n = ::pread(fd.get(), r.data.data() + got, want - got,
+                        static_cast<off_t>(req.offset + got));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return failure(req, errno, "read");
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  r.data.resize(got);
+  return r;
+}
+
+FileResult doWrite(const FileRequest& req) {
+  if (req.flags & kFileCreateParents) {
+    Status s = makeParents(req.path);
+    if (!s.ok()) return failure(req, s.error().sysErrno, "mkdir parents of");
+  }
+  int flags = O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
+  flags |= (req.flags & kFileAppend) ? O_APPEND : O_TRUNC;
+  UniqueFd fd(::open(req.path.c_str(), flags, req.mode & 07777));
+  if (!fd) return failure(req, errno, "open");
+  size_t off = 0;
+  while (off < req.data.size()) {
+    ssize_t n = ::write(fd.get(), req.data.data() + off, req.data.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return failure(req, errno, "write");
+    }
+    off += static_cast<size_t>(n);
+  }
+  FileResult r;
+  r.tag = req.tag;
+  struct stat st;
+  if (::fstat(fd.get(), &st) == 0) r.info = infoFrom(req.path, st);
+  return r;
+}
+
+FileResult doStat(const FileRequest& req) {
+  struct stat st;
+  if (::lstat(req.path.c_str(), &st) != 0) return failure(req, errno, "stat");
+  FileResult r;
+  r.tag = req.tag;
+  r.info = infoFrom(req.path, st);
+  return r;
+}
+
+FileResult doList(const FileRequest& req) {
+  DIR* dir = ::opendir(req.path.c_str());
+  if (dir == nullptr) return failure(req, errno, "list");
+  FileResult r;
+  r.tag = req.tag;
+  while (struct dirent* entry = ::readdir(dir)) {
+    if (std::strcmp(entry->d_name, ".") == 0 || std::strcmp(entry->d_name, "..") == 0) continue;
+    struct stat st;
+    if (::fstatat(::dirfd(dir), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    r.entries.push_back(infoFrom(entry->d_name, st));
+  }
+  ::closedir(dir);
+  return r;
+}
+
+FileResult doMkdir(const FileRequest& req) {
+  Status s = (req.flags & kFileCreateParents) ? os::makeDirs(req.path, req.mode & 07777)
+                                              : Status{};
+  if (!s.ok()) return failure(req, s.error().sysErrno, "mkdir");
+  if (!(req.flags & kFileCreateParents) && ::mkdir(req.path.c_str(), req.mode & 07777) != 0) {
+    return failure(req, errno, "mkdir");
+  }
+  FileResult r;
+  r.tag = req.tag;
+  return r;
+}
+
+FileResult doRemove(const FileRequest& req) {
+  Status s;
+  if (req.flags & kFileRecursive) {
+    s = os::removeTree(req.path);
+  } else if (::unlinkat(AT_FDCWD, req.path.c_str(), 0) != 0) {
+    if (errno != EISDIR || ::rmdir(req.path.c_str()) != 0) s = Error::fromErrno("remove");
+  }
+  if (!s.ok()) return failure(req, s.error().sysErrno ? s.error().sysErrno : EBUSY, "remove");
+  FileResult r;
+  r.tag = req.tag;
+  return r;
+}
+
+FileResult doRename(const FileRequest& req) {
+  if (::rename(req.path.c_str(), req.target.c_str()) != 0) return failure(req, errno, "rename");
+  FileResult r;
+  r.tag = req.tag;
+  return r;
+}
+
+}  // namespace
+
+FileResult runFileRequest(const FileRequest& request) {
+  if (request.path.empty() || request.path.find('\0') != std::string::npos ||
+      request.target.find('\0') != std::string::npos) {
+    return failure(request, EINVAL, "path");
+  }
+  switch (request.op) {
+    case FileOp::kRead: return doRead(request);
+    case FileOp::kWrite: return doWrite(request);
+    case FileOp::kStat: return doStat(request);
+    case FileOp::kList: return doList(request);
+    case FileOp::kMkdir: return doMkdir(request);
+    case FileOp::kRemove: return doRemove(request);
+    case FileOp::kRename: return doRename(request);
+  }
+  return failure(request, EINVAL, "operation");
+}
+
+}  // namespace moat::init

@@ -1,0 +1,21 @@
+// moat-init: pid 1 of every environment. Serves the guest protocol on fd 3
+// (or --control-fd N when run outside an environment, as the tests do).
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "init/supervisor.h"
+
+int main(int argc, char** argv) {
+  int controlFd = 3;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--control-fd") == 0) controlFd = std::atoi(argv[i + 1]);
+  }
+  // Not dumpable: processes of the environment cannot ptrace pid 1 or open
+  // its /proc entries (fds, exe, memory).
+  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  moat::init::Supervisor supervisor(controlFd, ::getpid() == 1);
+  return supervisor.run();
+}

@@ -1,0 +1,225 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+// The guest protocol between a client (moat run, later moatd) and moat-init,
+// pid 1 of every environment. One protocol for every transport (a unix
+// socketpair for namespaces, vsock for the microVM backend).
+//
+// A frame is: u32 little-endian length of what follows, u8 type, payload.
+// Payload fields are little-endian integers and u32-length-prefixed bytes.
+// Both sides treat the other as untrusted: every decode is bounds-checked and
+// a frame larger than kMaxFrame is a protocol error.
+namespace moat::init {
+
+constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kMaxFrame = 16u << 20;
+constexpr size_t kOutputChunk = 64u << 10;
+
+enum class MsgType : uint8_t {
+  // client -> init
+  kSpawn = 1,
+  kStdin = 2,
+  kCloseStdin = 3,
+  kSignal = 4,
+  kShutdown = 6,
+  kFile = 16,
+  // init -> client
+  kHello = 64,
+  kSpawned = 65,
+  kSpawnFailed = 66,
+  kOutput = 67,
+  kExited = 68,
+  kFileResult = 80,
+  kProtocolError = 81,
+};
+
+class Encoder {
+ public:
+  Encoder& u8(uint8_t v);
+  Encoder& u32(uint32_t v);
+  Encoder& u64(uint64_t v);
+  Encoder& i32(int32_t v) { return u32(static_cast<uint32_t>(v)); }
+  Encoder& bytes(const std::string& v);
+  Encoder& strings(const std::vector<std::string>& v);
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+class Decoder {
+ public:
+  explicit Decoder(const std::string& data) : data_(data) {}
+  Result<uint8_t> u8();
+  Result<uint32_t> u32();
+  Result<uint64_t> u64();
+  Result<int32_t> i32();
+  Result<std::string> bytes();
+  Result<std::vector<std::string>> strings();
+  bool done() const { return pos_ == data_.size(); }
+
+ private:
+  Status need(size_t n);
+  const std::string& data_;
+  size_t pos_ = 0;
+};
+
+struct Hello {
+  uint32_t version = kProtocolVersion;
+  uint32_t initPid = 0;
+  std::string encode() const;
+  static Result<Hello> decode(const std::string& payload);
+};
+
+struct SpawnRequest {
+  uint32_t id = 0;
+  std::vector<std::string> argv;
+  std::vector<std::string> env;  // KEY=VALUE; nothing else is inherited
+  std::string cwd = "/";
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  bool stdinPipe = false;    // false: stdin is /dev/null
+  bool pty = false;          // reserved for the shell (not served yet)
+  uint64_t timeoutMs = 0;    // 0: none
+  uint64_t outputLimit = 0;  // bytes per stream forwarded; 0: unlimited
+  std::string encode() const;
+  static Result<SpawnRequest> decode(const std::string& payload);
+};
+
+struct Spawned {
+  uint32_t id = 0;
+  uint32_t pid = 0;  // as seen inside the environment
+  std::string encode() const;
+  static Result<Spawned> decode(const std::string& payload);
+};
+
+struct SpawnFailed {
+  uint32_t id = 0;
+  int32_t err = 0;    // errno
+  std::string stage;  // "exec", "chdir", "setuid", ...
+  std::string encode() const;
+  static Result<SpawnFailed> decode(const std::string& payload);
+};
+
+enum class Stream : uint8_t { kStdout = 1, kStderr = 2 };
+
+struct Output {
+  uint32_t id = 0;
+  Stream stream = Stream::kStdout;
+  std::string data;
+  std::string encode() const;
+  static Result<Output> decode(const std::string& payload);
+};
+
+struct StdinData {
+  uint32_t id = 0;
+  std::string data;
+  std::string encode() const;
+  static Result<StdinData> decode(const std::string& payload);
+};
+
+struct ProcessRef {  // kCloseStdin
+  uint32_t id = 0;
+  std::string encode() const;
+  static Result<ProcessRef> decode(const std::string& payload);
+};
+
+struct SignalRequest {
+  uint32_t id = 0;
+  int32_t signo = 0;
+  bool wholeGroup = true;
+  std::string encode() const;
+  static Result<SignalRequest> decode(const std::string& payload);
+};
+
+struct Exited {
+  uint32_t id = 0;
+  int32_t exitCode = -1;  // -1 when killed by a signal
+  int32_t signal = 0;
+  bool timedOut = false;
+  uint64_t stdoutBytes = 0;
+  uint64_t stderrBytes = 0;
+  bool stdoutTruncated = false;
+  bool stderrTruncated = false;
+  uint64_t durationUs = 0;
+  std::string encode() const;
+  static Result<Exited> decode(const std::string& payload);
+};
+
+enum class FileOp : uint8_t {
+  kRead = 1,    // path, offset, length -> data
+  kWrite = 2,   // path, data, mode, flags(kCreateParents|kAppend) -> ok
+  kStat = 3,    // path -> info
+  kList = 4,    // path -> entries
+  kMkdir = 5,   // path, mode, flags(kCreateParents)
+  kRemove = 6,  // path, flags(kRecursive)
+  kRename = 7,  // path -> target
+};
+
+constexpr uint8_t kFileCreateParents = 1;
+constexpr uint8_t kFileAppend = 2;
+constexpr uint8_t kFileRecursive = 4;
+
+struct FileRequest {
+  uint32_t tag = 0;
+  FileOp op = FileOp::kStat;
+  std::string path;
+  std::string target;
+  std::string data;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  uint32_t mode = 0644;
+  uint8_t flags = 0;
+  std::string encode() const;
+  static Result<FileRequest> decode(const std::string& payload);
+};
+
+struct FileInfo {
+  std::string name;
+  uint8_t type = 0;  // 'f' file, 'd' dir, 'l' symlink, 'o' other
+  uint64_t size = 0;
+  uint32_t mode = 0;
+  uint64_t mtimeSec = 0;
+};
+
+struct FileResult {
+  uint32_t tag = 0;
+  int32_t err = 0;  // errno, 0 on success
+  std::string message;
+  std::string data;
+  FileInfo info;
+  std::vector<FileInfo> entries;
+  std::string encode() const;
+  static Result<FileResult> decode(const std::string& payload);
+};
+
+struct Frame {
+  MsgType type;
+  std::string payload;
+};
+
+std::string encodeFrame(MsgType type, const std::string& payload);
+
+// Accumulates bytes from a stream and yields whole frames.
+class FrameReader {
+ public:
+  void feed(const char* data, size_t size) { buffer_.append(data, size); }
+  // Returns the next frame, an empty optional-like (false) when more bytes are
+  // needed, or an error when the stream is corrupt.
+  Result<bool> next(Frame& out);
+
+ private:
+  std::string buffer_;
+};
+
+// Blocking helpers for a stream fd.
+Status writeFrame(int fd, MsgType type, const std::string& payload);
+// Reads one frame (blocking); returns an error with code "eof" on clean EOF.
+Result<Frame> readFrame(int fd, FrameReader& reader);
+
+}  // namespace moat::init

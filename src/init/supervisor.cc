@@ -1,0 +1,406 @@
+#include "init/supervisor.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "init/file_ops.h"
+#include "os/process.h"
+
+namespace moat::init {
+namespace {
+
+uint64_t nowUs() {
+  struct timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000 + static_cast<uint64_t>(ts.tv_nsec) / 1000;
+}
+
+void setNonBlocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+struct ChildFailure {
+  int32_t err;
+  char stage[28];
+};
+
+[[noreturn]] void childFail(int errFd, const char* stage, int err) {
+  ChildFailure failure;
+  std::memset(&failure, 0, sizeof failure);
+  failure.err = err;
+  std::strncpy(failure.stage, stage, sizeof failure.stage - 1);
+  ssize_t ignored = ::write(errFd, &failure, sizeof failure);
+  (void)ignored;
+  ::_exit(127);
+}
+
+std::string lookupEnv(const std::vector<std::string>& env, const std::string& key) {
+  for (const auto& entry : env) {
+    if (entry.size() > key.size() && entry.compare(0, key.size(), key) == 0 &&
+        entry[key.size()] == '=') {
+      return entry.substr(key.size() + 1);
+    }
+  }
+  return "";
+}
+
+// Runs in the forked child: never returns.
+[[noreturn]] void execChild(const SpawnRequest& req, int stdinFd, int outFd, int errFd,
+                            int failFd) {
+  sigset_t all;
+  sigemptyset(&all);
+  ::sigprocmask(SIG_SETMASK, &all, nullptr);
+  ::signal(SIGPIPE, SIG_DFL);
+  if (::setsid() < 0) childFail(failFd, "setsid", errno);
+  if (::dup2(stdinFd, 0) < 0 || ::dup2(outFd, 1) < 0 || ::dup2(errFd, 2) < 0) {
+    childFail(failFd, "dup2", errno);
+  }
+  // Everything else closes at exec, including failFd: EOF there means success.
+  ::syscall(SYS_close_range, 3, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
+  if (req.uid != ::getuid() || req.gid != ::getgid()) {
+    Status s = os::becomeId(req.uid, req.gid);
+    if (!s.ok()) childFail(failFd, "setuid", s.error().sysErrno);
+  }
+  if (::chdir(req.cwd.c_str()) != 0) childFail(failFd, "chdir", errno);
+
+  std::vector<char*> argv;
+  for (const auto& a : req.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const auto& e : req.env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+
+  const std::string& name = req.argv[0];
+  if (name.find('/') != std::string::npos) {
+    ::execve(name.c_str(), argv.data(), envp.data());
+    childFail(failFd, "exec", errno);
+  }
+  std::string path = lookupEnv(req.env, "PATH");
+  if (path.empty()) path = "/usr/local/bin:/usr/bin:/bin";
+  int err = ENOENT;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find(':', start);
+    if (end == std::string::npos) end = path.size();
+    std::string dir = path.substr(start, end - start);
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    ::execve(candidate.c_str(), argv.data(), envp.data());
+    if (errno == EACCES) {
+      err = EACCES;
+    } else if (errno != ENOENT && errno != ENOTDIR) {
+      err = errno;
+      break;
+    }
+    start = end + 1;
+  }
+  childFail(failFd, "exec", err);
+}
+
+}  // namespace
+
+Supervisor::Supervisor(int controlFd, bool isPidOne) : control_(controlFd), pidOne_(isPidOne) {}
+
+void Supervisor::send(MsgType type, const std::string& payload) {
+  if (!running_) return;
+  if (!writeFrame(control_, type, payload).ok()) running_ = false;  // client gone
+}
+
+void Supervisor::protocolError(const std::string& message) {
+  send(MsgType::kProtocolError, Encoder().bytes(message).take());
+}
+
+int Supervisor::run() {
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGCHLD);
+  ::sigprocmask(SIG_BLOCK, &mask, nullptr);
+  signalFd_.reset(::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
+  ::signal(SIGPIPE, SIG_IGN);
+  if (!signalFd_) return 1;
+
+  send(MsgType::kHello, Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode());
+
+  while (running_) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<uint32_t, int>> owners;  // process id, stream (0,1 out; 2 stdin)
+    fds.push_back({control_, POLLIN, 0});
+    fds.push_back({signalFd_.get(), POLLIN, 0});
+    for (auto& [id, p] : processes_) {
+      if (p.stdoutFd) {
+        fds.push_back({p.stdoutFd.get(), POLLIN, 0});
+        owners.emplace_back(id, 0);
+      }
+      if (p.stderrFd) {
+        fds.push_back({p.stderrFd.get(), POLLIN, 0});
+        owners.emplace_back(id, 1);
+      }
+      if (p.stdinFd && !p.stdinBuffer.empty()) {
+        fds.push_back({p.stdinFd.get(), POLLOUT, 0});
+        owners.emplace_back(id, 2);
+      }
+    }
+    int ready = ::poll(fds.data(), fds.size(), pollTimeoutMs());
+    if (ready < 0 && errno != EINTR) break;
+    if (ready > 0) {
+      if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+        char buf[65536];
+        ssize_t n = ::read(control_, buf, sizeof buf);
+        if (n <= 0 && !(n < 0 && errno == EINTR)) {
+          running_ = false;  // the client is gone: nothing may outlive it
+          break;
+        }
+        if (n > 0) {
+          reader_.feed(buf, static_cast<size_t>(n));
+          Frame frame;
+          for (;;) {
+            auto next = reader_.next(frame);
+            if (!next.ok()) {
+              protocolError(next.error().message());
+              running_ = false;
+              break;
+            }
+            if (!next.value()) break;
+            handleFrame(frame);
+          }
+        }
+      }
+      for (size_t i = 2; i < fds.size(); ++i) {
+        if (!fds[i].revents) continue;
+        auto [id, stream] = owners[i - 2];
+        auto it = processes_.find(id);
+        if (it == processes_.end()) continue;
+        if (stream == 2) {
+          flushStdin(it->second);
+        } else if (pump(it->second, stream) == PumpResult::kEnd) {
+          (stream == 0 ? it->second.stdoutFd : it->second.stderrFd).reset();
+        }
+      }
+      if (fds[1].revents & POLLIN) {
+        struct signalfd_siginfo info;
+        while (::read(signalFd_.get(), &info, sizeof info) == sizeof info) {
+        }
+        reapChildren();
+      }
+    }
+    enforceDeadlines();
+  }
+  killEverything();
+  return 0;
+}
+
+void Supervisor::handleFrame(const Frame& frame) {
+  switch (frame.type) {
+    case MsgType::kSpawn: {
+      auto req = SpawnRequest::decode(frame.payload);
+      if (!req.ok()) return protocolError(req.error().message());
+      return spawn(req.value());
+    }
+    case MsgType::kStdin: {
+      auto req = StdinData::decode(frame.payload);
+      if (!req.ok()) return protocolError(req.error().message());
+      auto it = processes_.find(req->id);
+      if (it == processes_.end() || !it->second.stdinFd) return;  // gone or closed: drop
+      it->second.stdinBuffer += req->data;
+      return flushStdin(it->second);
+    }
+    case MsgType::kCloseStdin: {
+      auto req = ProcessRef::decode(frame.payload);
+      if (!req.ok()) return protocolError(req.error().message());
+      auto it = processes_.find(req->id);
+      if (it == processes_.end()) return;
+      it->second.closeStdinWhenDrained = true;
+      return flushStdin(it->second);
+    }
+    case MsgType::kSignal: {
+      auto req = SignalRequest::decode(frame.payload);
+      if (!req.ok()) return protocolError(req.error().message());
+      auto it = processes_.find(req->id);
+      if (it == processes_.end()) return;
+      ::kill(req->wholeGroup ? -it->second.pid : it->second.pid, req->signo);
+      return;
+    }
+    case MsgType::kShutdown:
+      running_ = false;
+      return;
+    case MsgType::kFile: {
+      auto req = FileRequest::decode(frame.payload);
+      if (!req.ok()) return protocolError(req.error().message());
+      return send(MsgType::kFileResult, runFileRequest(req.value()).encode());
+    }
+    default:
+      return protocolError("unknown message type " + std::to_string(static_cast<int>(frame.type)));
+  }
+}
+
+void Supervisor::spawn(const SpawnRequest& req) {
+  auto fail = [&](int err, const std::string& stage) {
+    send(MsgType::kSpawnFailed, SpawnFailed{req.id, err, stage}.encode());
+  };
+  if (processes_.count(req.id)) return fail(EEXIST, "id in use");
+  if (req.pty) return fail(ENOTSUP, "pty");
+
+  int in[2] = {-1, -1}, out[2], err[2], failPipe[2];
+  if (req.stdinPipe) {
+    if (::pipe2(in, O_CLOEXEC) != 0) return fail(errno, "pipe");
+  } else {
+    in[0] = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (in[0] < 0) return fail(errno, "open /dev/null");
+  }
+  UniqueFd inRead(in[0]), inWrite(in[1]);
+  if (::pipe2(out, O_CLOEXEC) != 0) return fail(errno, "pipe");
+  UniqueFd outRead(out[0]), outWrite(out[1]);
+  if (::pipe2(err, O_CLOEXEC) != 0) return fail(errno, "pipe");
+  UniqueFd errRead(err[0]), errWrite(err[1]);
+  if (::pipe2(failPipe, O_CLOEXEC) != 0) return fail(errno, "pipe");
+  UniqueFd failRead(failPipe[0]), failWrite(failPipe[1]);
+
+  uint64_t start = nowUs();
+  pid_t pid = ::fork();
+  if (pid < 0) return fail(errno, "fork");
+  if (pid == 0) execChild(req, inRead.get(), outWrite.get(), errWrite.get(), failWrite.get());
+
+  failWrite.reset();
+  inRead.reset();
+  outWrite.reset();
+  errWrite.reset();
+  ChildFailure failure;
+  ssize_t n;
+  do {
+    n = ::read(failRead.get(), &failure, sizeof failure);
+  } while (n < 0 && errno == EINTR);
+  if (n == static_cast<ssize_t>(sizeof failure)) {
+    int status;
+    ::waitpid(pid, &status, 0);
+    failure.stage[sizeof failure.stage - 1] = '\0';
+    return fail(failure.err, failure.stage);
+  }
+
+  Process& p = processes_[req.id];
+  p.id = req.id;
+  p.pid = pid;
+  p.startUs = start;
+  p.deadlineUs = req.timeoutMs ? start + req.timeoutMs * 1000 : 0;
+  p.outputLimit = req.outputLimit;
+  if (inWrite) setNonBlocking(inWrite.get());
+  setNonBlocking(outRead.get());
+  setNonBlocking(errRead.get());
+  p.stdinFd = std::move(inWrite);
+  p.stdoutFd = std::move(outRead);
+  p.stderrFd = std::move(errRead);
+  send(MsgType::kSpawned, Spawned{req.id, static_cast<uint32_t>(pid)}.encode());
+}
+
+Supervisor::PumpResult Supervisor::pump(Process& p, int streamIndex) {
+  int fd = streamIndex == 0 ? p.stdoutFd.get() : p.stderrFd.get();
+  char buf[kOutputChunk];
+  ssize_t n = ::read(fd, buf, sizeof buf);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return PumpResult::kAgain;
+  if (n <= 0) return PumpResult::kEnd;
+  uint64_t before = p.bytes[streamIndex];
+  p.bytes[streamIndex] += static_cast<uint64_t>(n);
+  size_t forward = static_cast<size_t>(n);
+  if (p.outputLimit && p.bytes[streamIndex] > p.outputLimit) {
+    p.truncated[streamIndex] = true;
+    forward = before >= p.outputLimit ? 0 : static_cast<size_t>(p.outputLimit - before);
+  }
+  if (forward > 0) {
+    Output out{p.id, streamIndex == 0 ? Stream::kStdout : Stream::kStderr, std::string(buf, forward)};
+    send(MsgType::kOutput, out.encode());
+  }
+  return PumpResult::kData;
+}
+
+void Supervisor::flushStdin(Process& p) {
+  while (p.stdinFd && !p.stdinBuffer.empty()) {
+    ssize_t n = ::write(p.stdinFd.get(), p.stdinBuffer.data(), p.stdinBuffer.size());
+    if (n < 0) {
+      if (errno == EAGAIN) return;
+      if (errno == EINTR) continue;
+      p.stdinBuffer.clear();  // EPIPE: the reader is gone
+      p.stdinFd.reset();
+      return;
+    }
+    p.stdinBuffer.erase(0, static_cast<size_t>(n));
+  }
+  if (p.closeStdinWhenDrained && p.stdinBuffer.empty()) p.stdinFd.reset();
+}
+
+void Supervisor::reapChildren() {
+  for (;;) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) return;
+    for (auto it = processes_.begin(); it != processes_.end(); ++it) {
+      if (it->second.pid != pid) continue;
+      finish(it->second, status);
+      processes_.erase(it);
+      break;
+    }
+  }
+}
+
+void Supervisor::finish(Process& p, int status) {
+  // Forward what is still buffered in the pipes; background children that
+  // keep the pipes open do not hold the exit report back.
+  for (int stream = 0; stream < 2; ++stream) {
+    UniqueFd& fd = stream == 0 ? p.stdoutFd : p.stderrFd;
+    PumpResult r = PumpResult::kData;
+    while (fd && r == PumpResult::kData) r = pump(p, stream);
+  }
+  Exited e;
+  e.id = p.id;
+  if (WIFEXITED(status)) {
+    e.exitCode = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    e.signal = WTERMSIG(status);
+  }
+  e.timedOut = p.timedOut;
+  e.stdoutBytes = p.bytes[0];
+  e.stderrBytes = p.bytes[1];
+  e.stdoutTruncated = p.truncated[0];
+  e.stderrTruncated = p.truncated[1];
+  e.durationUs = nowUs() - p.startUs;
+  send(MsgType::kExited, e.encode());
+}
+
+void Supervisor::enforceDeadlines() {
+  uint64_t now = nowUs();
+  for (auto& [id, p] : processes_) {
+    if (p.deadlineUs && !p.timedOut && now >= p.deadlineUs) {
+      p.timedOut = true;
+      ::kill(-p.pid, SIGKILL);
+      ::kill(p.pid, SIGKILL);
+    }
+  }
+}
+
+int Supervisor::pollTimeoutMs() const {
+  uint64_t next = 0;
+  for (const auto& [id, p] : processes_) {
+    if (p.deadlineUs && !p.timedOut && (next == 0 || p.deadlineUs < next)) next = p.deadlineUs;
+  }
+  if (next == 0) return -1;
+  uint64_t now = nowUs();
+  return next <= now ? 0 : static_cast<int>((next - now + 999) / 1000);
+}
+
+void Supervisor::killEverything() {
+  if (pidOne_) {
+    ::kill(-1, SIGKILL);
+  } else {
+    for (auto& [id, p] : processes_) {
+      ::kill(-p.pid, SIGKILL);
+      ::kill(p.pid, SIGKILL);
+    }
+  }
+  for (auto& [id, p] : processes_) ::waitpid(p.pid, nullptr, 0);
+}
+
+}  // namespace moat::init

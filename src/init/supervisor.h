@@ -1,0 +1,65 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "common/unique_fd.h"
+#include "init/protocol.h"
+
+namespace moat::init {
+
+// The event loop of moat-init: serves the guest protocol on one control
+// connection, runs commands in their own process groups, forwards their
+// output, enforces timeouts and output caps, and reaps every zombie.
+class Supervisor {
+ public:
+  // isPidOne: true inside an environment, where killing everything is
+  // kill(-1); false when run as an ordinary process (tests).
+  Supervisor(int controlFd, bool isPidOne);
+  // Runs until the control connection closes or Shutdown arrives; returns
+  // moat-init's exit code.
+  int run();
+
+ private:
+  struct Process {
+    uint32_t id = 0;
+    pid_t pid = -1;
+    UniqueFd stdinFd;
+    UniqueFd stdoutFd;
+    UniqueFd stderrFd;
+    std::string stdinBuffer;
+    bool closeStdinWhenDrained = false;
+    uint64_t startUs = 0;
+    uint64_t deadlineUs = 0;  // 0: none
+    uint64_t outputLimit = 0;
+    bool timedOut = false;
+    uint64_t bytes[2] = {0, 0};
+    bool truncated[2] = {false, false};
+  };
+
+  void handleFrame(const Frame& frame);
+  void spawn(const SpawnRequest& request);
+  void reapChildren();
+  void finish(Process& process, int status);
+  enum class PumpResult { kData, kAgain, kEnd };
+  // Reads one chunk of a stream and forwards it (within the output cap).
+  PumpResult pump(Process& process, int streamIndex);
+  void flushStdin(Process& process);
+  void enforceDeadlines();
+  int pollTimeoutMs() const;
+  void send(MsgType type, const std::string& payload);
+  void protocolError(const std::string& message);
+  void killEverything();
+
+  int control_;
+  bool pidOne_;
+  bool running_ = true;
+  UniqueFd signalFd_;
+  FrameReader reader_;
+  std::map<uint32_t, Process> processes_;
+};
+
+}  // namespace moat::init

@@ -1,0 +1,153 @@
+#include "isolation/cgroup/cgroup.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "os/file.h"
+
+namespace moat::isolation::cgroup {
+namespace {
+
+uint64_t counterFrom(const std::string& text, const std::string& key) {
+  std::istringstream in(text);
+  std::string k;
+  uint64_t v;
+  while (in >> k >> v) {
+    if (k == key) return v;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Cgroup::Cgroup(Layout layout, std::vector<std::string> dirs)
+    : layout_(std::move(layout)), dirs_(std::move(dirs)) {
+  for (const auto& d : dirs_) procsFiles_.push_back(d + "/cgroup.procs");
+}
+
+Cgroup::Cgroup(Cgroup&& other) noexcept
+    : layout_(std::move(other.layout_)),
+      dirs_(std::move(other.dirs_)),
+      procsFiles_(std::move(other.procsFiles_)) {
+  other.dirs_.clear();
+}
+
+Cgroup::~Cgroup() { (void)remove(); }
+
+Result<Cgroup> Cgroup::create(const Layout& layout, const std::string& name, const Limits& limits) {
+  if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') {
+    return Error::make("invalid_argument", "bad cgroup name: " + name);
+  }
+  std::vector<std::string> dirs;
+  if (layout.version == Version::kV2) {
+    dirs.push_back(layout.v2Parent + "/" + name);
+  } else {
+    for (const std::string c : {"cpu", "memory", "pids"}) {
+      dirs.push_back(layout.v1Parents.at(c) + "/" + name);
+    }
+  }
+  Cgroup cg(layout, {});
+  for (const auto& d : dirs) {
+    if (::mkdir(d.c_str(), 0755) != 0) return Error::fromErrno("create cgroup " + d);
+    cg.dirs_.push_back(d);  // from here on, the destructor removes it
+    cg.procsFiles_.push_back(d + "/cgroup.procs");
+  }
+  MOAT_TRY(cg.applyLimits(limits));
+  return cg;
+}
+
+Status Cgroup::applyLimits(const Limits& limits) {
+  const bool v2 = layout_.version == Version::kV2;
+  const std::string& cpuDir = dirs_[0];
+  const std::string& memDir = v2 ? dirs_[0] : dirs_[1];
+  const std::string& pidsDir = v2 ? dirs_[0] : dirs_[2];
+  constexpr uint64_t kPeriodUs = 100000;
+  if (limits.cpus > 0) {
+    auto quota = static_cast<uint64_t>(std::llround(limits.cpus * kPeriodUs));
+    if (v2) {
+      MOAT_TRY(os::writeExisting(cpuDir + "/cpu.max",
+                                 std::to_string(quota) + " " + std::to_string(kPeriodUs)));
+    } else {
+      MOAT_TRY(os::writeExisting(cpuDir + "/cpu.cfs_period_us", std::to_string(kPeriodUs)));
+      MOAT_TRY(os::writeExisting(cpuDir + "/cpu.cfs_quota_us", std::to_string(quota)));
+    }
+  }
+  if (limits.memoryBytes > 0) {
+    std::string bytes = std::to_string(limits.memoryBytes);
+    if (v2) {
+      MOAT_TRY(os::writeExisting(memDir + "/memory.max", bytes));
+      // No swap: a memory limit that can spill to swap does not hold.
+      if (os::exists(memDir + "/memory.swap.max")) {
+        MOAT_TRY(os::writeExisting(memDir + "/memory.swap.max", "0"));
+      }
+    } else {
+      MOAT_TRY(os::writeExisting(memDir + "/memory.limit_in_bytes", bytes));
+      if (os::exists(memDir + "/memory.memsw.limit_in_bytes")) {
+        MOAT_TRY(os::writeExisting(memDir + "/memory.memsw.limit_in_bytes", bytes));
+      } else {
+        MOAT_TRY(os::writeExisting(memDir + "/memory.swappiness", "0"));
+      }
+    }
+  }
+  if (limits.pids > 0) {
+    MOAT_TRY(os::writeExisting(pidsDir + "/pids.max", std::to_string(limits.pids)));
+  }
+  return {};
+}
+
+Result<UniqueFd> Cgroup::openDirectory() const {
+  if (layout_.version != Version::kV2) return Error::make("unsupported", "cgroup v1 has no dir fd");
+  return os::open(dirs_[0], O_RDONLY | O_DIRECTORY);
+}
+
+uint64_t Cgroup::oomKills() const {
+  if (dirs_.empty()) return 0;
+  const bool v2 = layout_.version == Version::kV2;
+  const std::string& memDir = v2 ? dirs_[0] : dirs_[1];
+  auto text = os::readFile(memDir + (v2 ? "/memory.events" : "/memory.oom_control"));
+  return text.ok() ? counterFrom(text.value(), "oom_kill") : 0;
+}
+
+void Cgroup::killAll() const {
+  if (dirs_.empty()) return;
+  if (layout_.version == Version::kV2 && os::exists(dirs_[0] + "/cgroup.kill")) {
+    (void)os::writeExisting(dirs_[0] + "/cgroup.kill", "1");
+    return;
+  }
+  for (const auto& file : procsFiles_) {
+    auto text = os::readFile(file);
+    if (!text.ok()) continue;
+    std::istringstream in(text.value());
+    pid_t pid;
+    while (in >> pid) ::kill(pid, SIGKILL);
+  }
+}
+
+Status Cgroup::remove() {
+  Status result;
+  for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) {
+    // Tasks that were just killed can keep a cgroup busy for a moment.
+    int attempts = 0;
+    while (::rmdir(it->c_str()) != 0) {
+      if (errno == ENOENT) break;
+      if (errno != EBUSY || ++attempts > 200) {
+        if (result.ok()) result = Error::fromErrno("remove cgroup " + *it);
+        break;
+      }
+      if (attempts == 1) killAll();
+      struct timespec ts = {0, 5 * 1000 * 1000};
+      ::nanosleep(&ts, nullptr);
+    }
+  }
+  dirs_.clear();
+  procsFiles_.clear();
+  return result;
+}
+
+}  // namespace moat::isolation::cgroup

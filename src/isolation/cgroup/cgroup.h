@@ -1,0 +1,48 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "common/unique_fd.h"
+#include "isolation/cgroup/layout.h"
+
+namespace moat::isolation::cgroup {
+
+struct Limits {
+  double cpus = 0;           // CPU time per wall second; 0: unlimited
+  uint64_t memoryBytes = 0;  // hard limit, swap included; 0: unlimited
+  uint64_t pids = 0;         // tasks; 0: unlimited
+};
+
+// One environment's cgroup (one directory on v2, one per controller on v1).
+// Removed when the object dies; a failed create removes what it made.
+class Cgroup {
+ public:
+  static Result<Cgroup> create(const Layout& layout, const std::string& name, const Limits& limits);
+  Cgroup(Cgroup&& other) noexcept;
+  Cgroup& operator=(Cgroup&&) = delete;
+  ~Cgroup();
+
+  // The cgroup.procs files a process writes "0" to in order to join.
+  const std::vector<std::string>& procsFiles() const { return procsFiles_; }
+  // v2 only: a directory fd for CLONE_INTO_CGROUP.
+  Result<UniqueFd> openDirectory() const;
+  // Times the kernel's OOM killer fired inside this cgroup.
+  uint64_t oomKills() const;
+  // Kills every process in the cgroup (v2 cgroup.kill; v1 by pid list).
+  void killAll() const;
+  // Removes the directories; retries briefly while the kernel finishes exits.
+  Status remove();
+
+ private:
+  Cgroup(Layout layout, std::vector<std::string> dirs);
+  Status applyLimits(const Limits& limits);
+
+  Layout layout_;
+  std::vector<std::string> dirs_;  // v2: one; v1: cpu, memory, pids
+  std::vector<std::string> procsFiles_;
+};
+
+}  // namespace moat::isolation::cgroup

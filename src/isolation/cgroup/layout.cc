@@ -1,0 +1,148 @@
+#include "isolation/cgroup/layout.h"
+
+#include <cstdlib>
+#include <sstream>
+#include <vector>
+
+#include "os/file.h"
+
+namespace moat::isolation::cgroup {
+namespace {
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream in(s);
+  while (std::getline(in, item, sep)) out.push_back(item);
+  return out;
+}
+
+struct CgroupMount {
+  std::string root;        // root of the hierarchy visible at this mount
+  std::string mountPoint;
+  std::string fsType;      // "cgroup" or "cgroup2"
+  std::vector<std::string> options;  // super options (controllers for v1)
+};
+
+std::vector<CgroupMount> parseMounts(const std::string& mountinfo) {
+  std::vector<CgroupMount> mounts;
+  for (const auto& line : split(mountinfo, '\n')) {
+    auto dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    auto left = split(line.substr(0, dash), ' ');
+    auto right = split(line.substr(dash + 3), ' ');
+    if (left.size() < 5 || right.size() < 3) continue;
+    if (right[0] != "cgroup" && right[0] != "cgroup2") continue;
+    mounts.push_back({left[3], left[4], right[0], split(right[2], ',')});
+  }
+  return mounts;
+}
+
+// controller (or "" for the v2 hierarchy) -> path from /proc/self/cgroup.
+std::map<std::string, std::string> parseProcCgroup(const std::string& text) {
+  std::map<std::string, std::string> paths;
+  for (const auto& line : split(text, '\n')) {
+    auto first = line.find(':');
+    auto second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    std::string controllers = line.substr(first + 1, second - first - 1);
+    std::string path = line.substr(second + 1);
+    if (controllers.empty()) {
+      paths[""] = path;
+      continue;
+    }
+    for (const auto& c : split(controllers, ',')) paths[c] = path;
+  }
+  return paths;
+}
+
+// Directory of `cgroupPath` under a mount whose visible root is `root`.
+std::string dirUnder(const CgroupMount& m, const std::string& cgroupPath) {
+  std::string rel = cgroupPath;
+  if (m.root != "/" && rel.compare(0, m.root.size(), m.root) == 0) rel = rel.substr(m.root.size());
+  return os::normalizePath(m.mountPoint + "/" + rel);
+}
+
+}  // namespace
+
+Result<Layout> detectLayout(const std::string& mountinfo, const std::string& procCgroup,
+                            const std::string& v2ParentOverride) {
+  auto mounts = parseMounts(mountinfo);
+  auto paths = parseProcCgroup(procCgroup);
+  Layout layout;
+
+  // v1 is used when the memory controller is bound to a v1 hierarchy: then
+  // v2 cannot have it (a controller lives in one hierarchy at a time).
+  bool v1Memory = false;
+  for (const auto& m : mounts) {
+    if (m.fsType != "cgroup") continue;
+    for (const auto& o : m.options) v1Memory |= (o == "memory");
+  }
+  if (v1Memory) {
+    layout.version = Version::kV1;
+    for (const std::string controller : {"cpu", "memory", "pids"}) {
+      for (const auto& m : mounts) {
+        if (m.fsType != "cgroup") continue;
+        bool has = false;
+        for (const auto& o : m.options) has |= (o == controller);
+        if (!has) continue;
+        auto it = paths.find(controller);
+        std::string current = it == paths.end() ? "/" : it->second;
+        layout.v1Parents[controller] = os::joinPath(dirUnder(m, current), "moat");
+        break;
+      }
+      if (!layout.v1Parents.count(controller)) {
+        return Error::make("unsupported", "cgroup v1 controller '" + controller +
+                                              "' is not mounted; moat needs cpu, memory and pids");
+      }
+    }
+    return layout;
+  }
+
+  for (const auto& m : mounts) {
+    if (m.fsType != "cgroup2") continue;
+    layout.version = Version::kV2;
+    layout.v2Parent = v2ParentOverride.empty() ? os::joinPath(m.mountPoint, "moat")
+                                               : os::normalizePath(v2ParentOverride);
+    return layout;
+  }
+  return Error::make("unsupported", "no cgroup file system is mounted");
+}
+
+Result<Layout> detectHostLayout() {
+  MOAT_ASSIGN(std::string mountinfo, os::readFile("/proc/self/mountinfo", 4 << 20));
+  MOAT_ASSIGN(std::string procCgroup, os::readFile("/proc/self/cgroup"));
+  const char* override = std::getenv("MOAT_CGROUP_PARENT");
+  return detectLayout(mountinfo, procCgroup, override ? override : "");
+}
+
+Status prepareParents(const Layout& layout) {
+  if (layout.version == Version::kV1) {
+    for (const auto& [controller, dir] : layout.v1Parents) MOAT_TRY(os::makeDirs(dir));
+    return {};
+  }
+  // Controllers must be enabled on every level from the mount down to the
+  // parent; levels that hold processes cannot delegate, which is why the
+  // default parent sits right under the mount.
+  std::string parentOfParent = layout.v2Parent.substr(0, layout.v2Parent.rfind('/'));
+  for (const std::string& dir : {parentOfParent, layout.v2Parent}) {
+    MOAT_TRY(os::makeDirs(dir));
+    MOAT_ASSIGN(std::string available, os::readFile(dir + "/cgroup.controllers"));
+    std::string enable;
+    for (const std::string c : {"cpu", "memory", "pids"}) {
+      if (available.find(c) == std::string::npos) {
+        return Error::make("unsupported", "cgroup v2 controller '" + c + "' is not available in " +
+                                              dir + " (set MOAT_CGROUP_PARENT to a delegated cgroup)");
+      }
+      enable += "+" + c + " ";
+    }
+    Status s = os::writeExisting(dir + "/cgroup.subtree_control", enable);
+    if (!s.ok()) {
+      return Error{s.error().code, s.error().sysErrno,
+                   "enable cpu, memory, pids in " + dir + "/cgroup.subtree_control"};
+    }
+  }
+  return {};
+}
+
+}  // namespace moat::isolation::cgroup

@@ -1,0 +1,133 @@
+#include "isolation/fs/storage_pool.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/file.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "common/unique_fd.h"
+#include "os/block.h"
+#include "os/file.h"
+#include "os/mount.h"
+
+extern char** environ;
+
+namespace moat::isolation::fs {
+namespace {
+
+constexpr uint64_t kGiB = 1ULL << 30;
+
+Result<std::string> findTool(const std::string& name) {
+  for (const char* dir : {"/usr/sbin", "/sbin", "/usr/bin", "/bin"}) {
+    std::string path = std::string(dir) + "/" + name;
+    if (::access(path.c_str(), X_OK) == 0) return path;
+  }
+  return Error::make("missing_dependency",
+                     name + " not found: install btrfs-progs (make build does it for you)");
+}
+
+Status runTool(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  ::posix_spawn_file_actions_init(&actions);
+  ::posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  ::posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid;
+  int rc = ::posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  ::posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return Error::fromErrno("spawn " + argv[0], rc);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return Error::fromErrno("wait " + argv[0]);
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return Error::make("tool_failed", argv[0] + " failed (status " + std::to_string(status) + ")");
+  }
+  return {};
+}
+
+uint64_t defaultImageBytes(const std::string& stateDir) {
+  if (const char* gb = std::getenv("MOAT_STORAGE_GB")) {
+    uint64_t v = std::strtoull(gb, nullptr, 10);
+    if (v > 0) return v * kGiB;
+  }
+  struct statvfs vfs;
+  uint64_t half = 8 * kGiB;
+  if (::statvfs(stateDir.c_str(), &vfs) == 0) half = vfs.f_bavail * vfs.f_frsize / 2;
+  return std::max<uint64_t>(kGiB, std::min<uint64_t>(64 * kGiB, half) / kGiB * kGiB);
+}
+
+bool isBtrfs(const std::string& path) {
+  auto type = os::fileSystemType(path);
+  return type.ok() && static_cast<uint32_t>(type.value()) == static_cast<uint32_t>(os::kBtrfsMagic);
+}
+
+Status mountPool(const std::string& image, const std::string& root, uint64_t imageBytes) {
+  if (!os::exists(image)) {
+    MOAT_ASSIGN(std::string mkfs, findTool("mkfs.btrfs"));
+    std::string tmp = image + ".new";
+    {
+      MOAT_ASSIGN(UniqueFd fd, os::open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600));
+      if (::ftruncate(fd.get(), static_cast<off_t>(imageBytes)) != 0) {
+        return Error::fromErrno("size storage image " + tmp);
+      }
+    }
+    MOAT_TRY(runTool({mkfs, "-q", "-f", tmp}));
+    if (::rename(tmp.c_str(), image.c_str()) != 0) return Error::fromErrno("rename " + tmp);
+  }
+  MOAT_ASSIGN(os::LoopDevice loop, os::attachLoop(image));
+  MOAT_TRY(os::makeDir(root, 0700));
+  MOAT_TRY(os::mount(loop.path, root, "btrfs", MS_NOSUID | MS_NODEV | MS_NOATIME));
+  // The loop fd closes here; autoclear detaches the device at unmount.
+  MOAT_ASSIGN(auto mode, os::enableBtrfsQuota(root, false));
+  (void)mode;
+  return os::makeDir(root + "/envs", 0700);
+}
+
+}  // namespace
+
+Result<StoragePool> StoragePool::open(const std::string& stateDir, uint64_t imageBytes) {
+  StoragePool pool;
+  pool.root_ = stateDir + "/storage";
+  if (!isBtrfs(pool.root_)) {
+    MOAT_ASSIGN(UniqueFd lock, os::open(stateDir + "/storage.lock", O_RDWR | O_CREAT, 0600));
+    if (::flock(lock.get(), LOCK_EX) != 0) return Error::fromErrno("lock storage pool");
+    if (!isBtrfs(pool.root_)) {  // another moat may have mounted it meanwhile
+      Status s = mountPool(stateDir + "/storage.img", pool.root_,
+                           imageBytes ? imageBytes : defaultImageBytes(stateDir));
+      if (!s.ok()) {
+        return Error{s.error().code, s.error().sysErrno,
+                     "storage pool in " + stateDir + ": " + s.error().context};
+      }
+    }
+  }
+  struct statvfs vfs;
+  if (::statvfs(pool.root_.c_str(), &vfs) == 0) pool.capacity_ = vfs.f_blocks * vfs.f_frsize;
+  return pool;
+}
+
+Result<std::string> StoragePool::createVolume(const std::string& name, uint64_t limitBytes) {
+  MOAT_TRY(os::createSubvolume(root_ + "/envs", name));
+  std::string path = volumePath(name);
+  Status s = os::limitSubvolume(path, limitBytes);
+  if (!s.ok()) {
+    (void)os::destroySubvolume(root_ + "/envs", name);
+    return s.error();
+  }
+  return path;
+}
+
+Status StoragePool::destroyVolume(const std::string& name) {
+  if (!os::exists(volumePath(name))) return {};
+  return os::destroySubvolume(root_ + "/envs", name);
+}
+
+}  // namespace moat::isolation::fs

@@ -1,0 +1,34 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/result.h"
+
+namespace moat::isolation::fs {
+
+// Every environment's writable layer lives in one btrfs file system inside
+// the state directory: a sparse image file on a loop device, mounted at
+// <state>/storage on first use and left mounted for the next environment.
+// Each environment is a btrfs subvolume with a qgroup limit, so `--storage`
+// holds exactly (writes beyond it fail with EDQUOT) and no environment can
+// fill the host disk beyond the image's size. Creating and destroying a
+// subvolume costs microseconds; snapshots (fork) come for free later.
+class StoragePool {
+ public:
+  // Opens the pool, creating and mounting it when needed. imageBytes sizes a
+  // new image (0: min(64 GiB, half the free space), or MOAT_STORAGE_GB).
+  static Result<StoragePool> open(const std::string& stateDir, uint64_t imageBytes = 0);
+
+  const std::string& root() const { return root_; }
+  std::string volumePath(const std::string& name) const { return root_ + "/envs/" + name; }
+  Result<std::string> createVolume(const std::string& name, uint64_t limitBytes);
+  Status destroyVolume(const std::string& name);
+  uint64_t capacityBytes() const { return capacity_; }
+
+ private:
+  std::string root_;
+  uint64_t capacity_ = 0;
+};
+
+}  // namespace moat::isolation::fs

@@ -1,0 +1,126 @@
+#include "isolation/fs/template.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/unique_fd.h"
+#include "os/file.h"
+
+namespace moat::isolation::fs {
+namespace {
+
+// Bump when the skeleton's content changes: a new version is built beside
+// the old one.
+constexpr const char* kHostSkeleton = "host-v1";
+
+// /etc entries copied from the host: what programs need to run (the dynamic
+// loader's cache, certificates, terminfo, alternatives), never credentials
+// (shadow, ssh, ssl/private, sudoers) nor host identity (hostname, machine-id).
+constexpr const char* kCopiedEtc[] = {
+    "ld.so.cache", "ld.so.conf",  "ld.so.conf.d", "alternatives", "ssl/certs",  "ssl/openssl.cnf",
+    "os-release",  "debian_version", "localtime", "timezone",     "terminfo",   "inputrc",
+    "bash.bashrc", "shells",      "protocols",    "services",     "gai.conf",   "host.conf",
+    "networks",    "mime.types",  "magic",        "magic.mime",   "python3",    "python3.11",
+    "profile",     "nanorc",      "vim",          "perl",         "gitconfig",  "mke2fs.conf",
+};
+
+constexpr const char* kNsswitch =
+    "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\n"
+    "protocols: files\nservices: files\nethers: files\nrpc: files\n";
+
+Status buildHostSkeleton(const std::string& dir) {
+  MOAT_TRY(os::makeDir(dir, 0755));
+  for (const char* sub : {"usr", "etc", "proc", "dev", "root", "home", "workspace", "tmp", "var",
+                          "var/tmp", "var/lib", "var/cache", "var/log", "run", "opt", "mnt",
+                          "srv", "media"}) {
+    MOAT_TRY(os::makeDir(os::joinPath(dir, sub), 0755));
+  }
+  ::chmod((dir + "/root").c_str(), 0700);
+  ::chmod((dir + "/tmp").c_str(), 01777);
+  ::chmod((dir + "/var/tmp").c_str(), 01777);
+  // Merged-/usr hosts have /bin -> usr/bin etc.; mirror the links. Real
+  // directories are bound read-only instead (see resolveTemplate).
+  for (const char* top : {"bin", "sbin", "lib", "lib32", "lib64", "libx32"}) {
+    std::string host = std::string("/") + top;
+    if (os::isSymlink(host)) {
+      MOAT_ASSIGN(std::string target, os::readLink(host));
+      MOAT_TRY(os::symlink(target, dir + "/" + top));
+    } else if (os::isDirectory(host)) {
+      MOAT_TRY(os::makeDir(dir + "/" + top, 0755));
+    }
+  }
+  std::string etc = dir + "/etc";
+  MOAT_TRY(os::makeDir(etc + "/ssl", 0755));
+  for (const char* name : kCopiedEtc) {
+    std::string from = std::string("/etc/") + name;
+    if (!os::exists(from)) continue;
+    MOAT_TRY(os::copyTree(from, etc + "/" + name));
+  }
+  bool haveBash = ::access("/usr/bin/bash", X_OK) == 0;
+  MOAT_TRY(os::writeFile(etc + "/passwd", generatedPasswd(haveBash)));
+  MOAT_TRY(os::writeFile(etc + "/group", generatedGroup()));
+  MOAT_TRY(os::writeFile(etc + "/shadow", "", 0600));
+  MOAT_TRY(os::writeFile(etc + "/nsswitch.conf", kNsswitch));
+  MOAT_TRY(os::writeFile(etc + "/resolv.conf", "# moat: this environment has no network\n"));
+  MOAT_TRY(os::writeFile(etc + "/hosts", "127.0.0.1 localhost\n::1 localhost\n"));
+  MOAT_TRY(os::symlink("../proc/self/mounts", etc + "/mtab"));
+  return {};
+}
+
+Result<std::string> ensureHostSkeleton(const std::string& stateDir) {
+  std::string templates = stateDir + "/templates";
+  std::string dir = templates + "/" + kHostSkeleton;
+  if (os::exists(dir + "/.complete")) return dir;
+  MOAT_TRY(os::makeDirs(templates, 0755));
+  MOAT_ASSIGN(UniqueFd lock, os::open(templates + "/.lock", O_RDWR | O_CREAT, 0600));
+  if (::flock(lock.get(), LOCK_EX) != 0) return Error::fromErrno("lock templates");
+  if (os::exists(dir + "/.complete")) return dir;
+  MOAT_TRY(os::removeTree(dir));
+  MOAT_TRY(buildHostSkeleton(dir));
+  MOAT_TRY(os::writeFile(dir + "/.complete", ""));
+  return dir;
+}
+
+}  // namespace
+
+std::string generatedPasswd(bool haveBash) {
+  return std::string("root:x:0:0:root:/root:") + (haveBash ? "/bin/bash" : "/bin/sh") +
+         "\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
+}
+
+std::string generatedGroup() {
+  return "root:x:0:\ntty:x:5:\nusers:x:100:\nnogroup:x:65534:\n";
+}
+
+Result<Template> resolveTemplate(const std::string& spec, const std::string& stateDir) {
+  Template t;
+  t.name = spec;
+  if (spec == "host") {
+    MOAT_ASSIGN(t.lowerDir, ensureHostSkeleton(stateDir));
+    t.hostReadOnlyDirs.push_back("/usr");
+    for (const char* top : {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}) {
+      if (!os::isSymlink(top) && os::isDirectory(top)) t.hostReadOnlyDirs.push_back(top);
+    }
+    return t;
+  }
+  if (spec.empty() || spec.find('/') == std::string::npos) {
+    return Error::make("invalid_argument",
+                       "unknown template '" + spec + "' (use 'host' or a root file system directory)");
+  }
+  auto resolved = os::realPath(spec);
+  if (!resolved.ok()) return Error::make("not_found", "template directory " + spec + " does not exist");
+  t.lowerDir = resolved.value();
+  if (!os::isDirectory(t.lowerDir)) {
+    return Error::make("invalid_argument", "template " + spec + " is not a directory");
+  }
+  if (t.lowerDir == "/") {
+    return Error::make("invalid_argument",
+                       "template / would show the whole host to the environment; use 'host'");
+  }
+  return t;
+}
+
+}  // namespace moat::isolation::fs

@@ -1,0 +1,26 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+namespace moat::isolation::fs {
+
+// What an environment's root is made of. `host` (the default) shows the
+// host's /usr read-only over a small generated skeleton with its own /etc; a
+// directory (e.g. made by debootstrap) is used whole as the read-only lower
+// layer. Either way the environment writes only to its own upper layer.
+struct Template {
+  std::string name;
+  std::string lowerDir;                       // read-only lower layer of the overlay
+  std::vector<std::string> hostReadOnlyDirs;  // host dirs shown read-only at the same path
+};
+
+Result<Template> resolveTemplate(const std::string& spec, const std::string& stateDir);
+
+// Text of the generated /etc files (exposed for tests).
+std::string generatedPasswd(bool haveBash);
+std::string generatedGroup();
+
+}  // namespace moat::isolation::fs

@@ -1,0 +1,147 @@
+#include "isolation/seccomp/policy.h"
+
+#include <seccomp.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "common/unique_fd.h"
+
+extern const char kMoatDefaultSeccompPolicy[];
+
+namespace moat::isolation::seccomp {
+namespace {
+
+struct ErrnoName {
+  const char* name;
+  int value;
+};
+constexpr ErrnoName kErrnos[] = {{"EPERM", EPERM},   {"ENOSYS", ENOSYS}, {"EACCES", EACCES},
+                                 {"EINVAL", EINVAL}, {"ENOTSUP", ENOTSUP}};
+
+Error lineError(int line, const std::string& what) {
+  return Error::make("invalid_policy", "seccomp policy line " + std::to_string(line) + ": " + what);
+}
+
+}  // namespace
+
+const std::string& defaultPolicyText() {
+  static const std::string text(kMoatDefaultSeccompPolicy);
+  return text;
+}
+
+Result<Policy> parsePolicy(const std::string& text) {
+  Policy policy;
+  std::istringstream in(text);
+  std::string raw;
+  int lineNo = 0;
+  while (std::getline(in, raw)) {
+    ++lineNo;
+    std::string why;
+    auto hash = raw.find('#');
+    if (hash != std::string::npos) {
+      why = raw.substr(hash + 1);
+      raw = raw.substr(0, hash);
+    }
+    std::istringstream fields(raw);
+    std::vector<std::string> tokens;
+    for (std::string t; fields >> t;) tokens.push_back(t);
+    if (tokens.empty()) continue;
+    Rule rule;
+    rule.line = lineNo;
+    rule.why = why;
+    rule.syscall = tokens[0];
+    for (char c : rule.syscall) {
+      if (!(std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '_')) {
+        return lineError(lineNo, "bad syscall name '" + rule.syscall + "'");
+      }
+    }
+    if (tokens.size() < 2) return lineError(lineNo, "missing action for " + rule.syscall);
+    if (tokens[1] == "KILL") {
+      rule.kill = true;
+    } else {
+      for (const auto& e : kErrnos) {
+        if (tokens[1] == e.name) rule.errnoValue = e.value;
+      }
+      if (rule.errnoValue == 0) return lineError(lineNo, "unknown action '" + tokens[1] + "'");
+    }
+    if (tokens.size() == 5) {
+      const std::string& arg = tokens[2];
+      if (arg.size() != 4 || arg.compare(0, 3, "arg") != 0 || arg[3] < '0' || arg[3] > '5') {
+        return lineError(lineNo, "expected argN (N in 0..5), got '" + arg + "'");
+      }
+      if (tokens[3] != "has-any") return lineError(lineNo, "expected 'has-any', got '" + tokens[3] + "'");
+      rule.argIndex = arg[3] - '0';
+      char* end = nullptr;
+      rule.anyBits = std::strtoull(tokens[4].c_str(), &end, 0);
+      if (*end != '\0' || rule.anyBits == 0) return lineError(lineNo, "bad mask '" + tokens[4] + "'");
+    } else if (tokens.size() != 2) {
+      return lineError(lineNo, "unexpected fields after action");
+    }
+    if (rule.why.find_first_not_of(" \t") == std::string::npos) {
+      return lineError(lineNo, rule.syscall + " has no comment saying why it is denied");
+    }
+    policy.rules.push_back(rule);
+  }
+  return policy;
+}
+
+Result<Program> compile(const Policy& policy) {
+  scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+  if (ctx == nullptr) return Error::make("internal", "seccomp_init failed");
+  struct CtxGuard {
+    scmp_filter_ctx c;
+    ~CtxGuard() { seccomp_release(c); }
+  } guard{ctx};
+  // moat sets no_new_privs itself, before loading.
+  seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0);
+
+  Program program;
+  for (const auto& rule : policy.rules) {
+    int nr = seccomp_syscall_resolve_name(rule.syscall.c_str());
+    if (nr == __NR_SCMP_ERROR) {
+      program.skipped.push_back(rule.syscall);
+      continue;
+    }
+    uint32_t action = rule.kill ? SCMP_ACT_KILL_PROCESS : SCMP_ACT_ERRNO(rule.errnoValue);
+    int rc = 0;
+    if (rule.argIndex < 0) {
+      rc = seccomp_rule_add(ctx, action, nr, 0);
+    } else {
+      // "any of these bits": one masked-equality rule per bit.
+      for (int bit = 0; bit < 64 && rc == 0; ++bit) {
+        uint64_t b = 1ULL << bit;
+        if (!(rule.anyBits & b)) continue;
+        struct scmp_arg_cmp cmp = {static_cast<unsigned>(rule.argIndex), SCMP_CMP_MASKED_EQ, b, b};
+        rc = seccomp_rule_add_array(ctx, action, nr, 1, &cmp);
+      }
+    }
+    if (rc != 0) {
+      return Error{"invalid_policy", -rc, "seccomp rule for " + rule.syscall + " (line " +
+                                              std::to_string(rule.line) + ")"};
+    }
+  }
+  UniqueFd mem(::memfd_create("moat-seccomp", MFD_CLOEXEC));
+  if (!mem) return Error::fromErrno("memfd_create");
+  int rc = seccomp_export_bpf(ctx, mem.get());
+  if (rc != 0) return Error{"internal", -rc, "seccomp_export_bpf"};
+  off_t size = ::lseek(mem.get(), 0, SEEK_END);
+  if (size <= 0 || size % sizeof(sock_filter) != 0) return Error::make("internal", "odd BPF size");
+  program.filter.resize(static_cast<size_t>(size) / sizeof(sock_filter));
+  if (::pread(mem.get(), program.filter.data(), static_cast<size_t>(size), 0) != size) {
+    return Error::fromErrno("read BPF");
+  }
+  return program;
+}
+
+Result<Program> defaultProgram() {
+  static Result<Program> cached = []() -> Result<Program> {
+    MOAT_ASSIGN(Policy policy, parsePolicy(defaultPolicyText()));
+    return compile(policy);
+  }();
+  return cached;
+}
+
+}  // namespace moat::isolation::seccomp

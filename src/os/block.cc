@@ -1,0 +1,96 @@
+#include "os/block.h"
+
+#include <fcntl.h>
+#include <linux/btrfs.h>
+#include <linux/loop.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "common/unique_fd.h"
+#include "os/file.h"
+
+namespace moat::os {
+
+Result<LoopDevice> attachLoop(const std::string& imagePath) {
+  MOAT_ASSIGN(UniqueFd image, open(imagePath, O_RDWR));
+  MOAT_ASSIGN(UniqueFd control, open("/dev/loop-control", O_RDWR));
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    int index = ::ioctl(control.get(), LOOP_CTL_GET_FREE);
+    if (index < 0) return Error::fromErrno("LOOP_CTL_GET_FREE");
+    std::string device = "/dev/loop" + std::to_string(index);
+    if (!exists(device) &&
+        ::mknod(device.c_str(), S_IFBLK | 0600, makedev(7, static_cast<unsigned>(index))) != 0 &&
+        errno != EEXIST) {
+      return Error::fromErrno("mknod " + device);
+    }
+    MOAT_ASSIGN(UniqueFd loop, open(device, O_RDWR));
+    struct loop_config config;
+    std::memset(&config, 0, sizeof config);
+    config.fd = static_cast<uint32_t>(image.get());
+    config.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+    if (::ioctl(loop.get(), LOOP_CONFIGURE, &config) == 0) return LoopDevice{device, std::move(loop)};
+    if (errno != EBUSY) return Error::fromErrno("LOOP_CONFIGURE " + device);
+    // Another process took this device between GET_FREE and CONFIGURE.
+  }
+  return Error::make("busy", "no free loop device after 16 attempts");
+}
+
+Result<QuotaMode> enableBtrfsQuota(const std::string& mountPoint, bool preferSimple) {
+  MOAT_ASSIGN(UniqueFd dir, open(mountPoint, O_RDONLY | O_DIRECTORY));
+  constexpr uint64_t kEnableSimple = 4;  // BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA (6.7+)
+  struct btrfs_ioctl_quota_ctl_args args;
+  if (preferSimple) {
+    std::memset(&args, 0, sizeof args);
+    args.cmd = kEnableSimple;
+    if (::ioctl(dir.get(), BTRFS_IOC_QUOTA_CTL, &args) == 0) return QuotaMode::kSimple;
+  }
+  std::memset(&args, 0, sizeof args);
+  args.cmd = BTRFS_QUOTA_CTL_ENABLE;
+  if (::ioctl(dir.get(), BTRFS_IOC_QUOTA_CTL, &args) != 0) {
+    return Error::fromErrno("enable btrfs quota on " + mountPoint);
+  }
+  return QuotaMode::kFull;
+}
+
+static Status subvolumeIoctl(const std::string& parentDir, const std::string& name,
+                             unsigned long request, const char* what) {
+  if (name.empty() || name.size() > BTRFS_PATH_NAME_MAX || name.find('/') != std::string::npos) {
+    return Error::make("invalid_argument", std::string(what) + ": bad name " + name);
+  }
+  MOAT_ASSIGN(UniqueFd dir, open(parentDir, O_RDONLY | O_DIRECTORY));
+  struct btrfs_ioctl_vol_args args;
+  std::memset(&args, 0, sizeof args);
+  std::memcpy(args.name, name.data(), name.size());
+  if (::ioctl(dir.get(), request, &args) != 0) {
+    return Error::fromErrno(std::string(what) + " " + parentDir + "/" + name);
+  }
+  return {};
+}
+
+Status createSubvolume(const std::string& parentDir, const std::string& name) {
+  return subvolumeIoctl(parentDir, name, BTRFS_IOC_SUBVOL_CREATE, "create subvolume");
+}
+
+Status destroySubvolume(const std::string& parentDir, const std::string& name) {
+  return subvolumeIoctl(parentDir, name, BTRFS_IOC_SNAP_DESTROY, "destroy subvolume");
+}
+
+Status limitSubvolume(const std::string& subvolumePath, uint64_t bytes) {
+  MOAT_ASSIGN(UniqueFd dir, open(subvolumePath, O_RDONLY | O_DIRECTORY));
+  struct btrfs_ioctl_qgroup_limit_args args;
+  std::memset(&args, 0, sizeof args);
+  args.qgroupid = 0;  // 0: the qgroup of the subvolume the fd is in
+  args.lim.flags = BTRFS_QGROUP_LIMIT_MAX_RFER | BTRFS_QGROUP_LIMIT_MAX_EXCL;
+  args.lim.max_rfer = bytes;
+  args.lim.max_excl = bytes;
+  if (::ioctl(dir.get(), BTRFS_IOC_QGROUP_LIMIT, &args) != 0) {
+    return Error::fromErrno("limit subvolume " + subvolumePath);
+  }
+  return {};
+}
+
+}  // namespace moat::os

@@ -1,0 +1,30 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/result.h"
+#include "common/unique_fd.h"
+
+// Loop devices and btrfs: the storage pool below environment filesystems.
+namespace moat::os {
+
+struct LoopDevice {
+  std::string path;
+  UniqueFd fd;  // keep open until the device is mounted: autoclear fires on last close
+};
+// Attaches `imagePath` to a free loop device with autoclear (the device goes
+// away when its last user, normally the mount, does).
+Result<LoopDevice> attachLoop(const std::string& imagePath);
+
+enum class QuotaMode { kSimple, kFull };
+// Enables btrfs quota on the file system at mountPoint; returns the mode in use.
+Result<QuotaMode> enableBtrfsQuota(const std::string& mountPoint, bool preferSimple);
+Status createSubvolume(const std::string& parentDir, const std::string& name);
+Status destroySubvolume(const std::string& parentDir, const std::string& name);
+// Caps the bytes a subvolume may hold (its qgroup's referenced and exclusive limit).
+Status limitSubvolume(const std::string& subvolumePath, uint64_t bytes);
+
+constexpr long kBtrfsMagic = 0x9123683E;
+
+}  // namespace moat::os

@@ -1,0 +1,234 @@
+#include "os/file.h"
+
+#include <dirent.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <cstring>
+
+namespace moat::os {
+
+Result<UniqueFd> open(const std::string& path, int flags, mode_t mode) {
+  int fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  if (fd < 0) return Error::fromErrno("open " + path);
+  return UniqueFd(fd);
+}
+
+Result<std::string> readFile(const std::string& path, size_t maxBytes) {
+  MOAT_ASSIGN(UniqueFd fd, open(path, O_RDONLY));
+  std::string out;
+  char buf[8192];
+  while (out.size() < maxBytes) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error::fromErrno("read " + path);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  if (out.size() > maxBytes) out.resize(maxBytes);
+  return out;
+}
+
+static Status writeAll(int fd, const std::string& data, const std::string& path) {
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error::fromErrno("write " + path);
+    }
+    off += static_cast<size_t>(n);
+  }
+  return {};
+}
+
+Status writeFile(const std::string& path, const std::string& data, mode_t mode) {
+  MOAT_ASSIGN(UniqueFd fd, open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, mode));
+  return writeAll(fd.get(), data, path);
+}
+
+Status writeExisting(const std::string& path, const std::string& data) {
+  MOAT_ASSIGN(UniqueFd fd, open(path, O_WRONLY));
+  return writeAll(fd.get(), data, path);
+}
+
+Status makeDir(const std::string& path, mode_t mode) {
+  if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) {
+    return Error::fromErrno("mkdir " + path);
+  }
+  return {};
+}
+
+Status makeDirs(const std::string& path, mode_t mode) {
+  if (path.empty()) return {};
+  for (size_t pos = 1; pos != std::string::npos;) {
+    pos = path.find('/', pos + 1);
+    std::string prefix = path.substr(0, pos);
+    if (!prefix.empty()) MOAT_TRY(makeDir(prefix, mode));
+  }
+  return {};
+}
+
+static Status removeAt(int dirFd, const char* name, dev_t dev) {
+  struct stat st;
+  if (::fstatat(dirFd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno == ENOENT) return {};
+    return Error::fromErrno(std::string("stat ") + name);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    if (st.st_dev != dev) return Error::make("busy", std::string("mount point inside tree: ") + name);
+    int fd = ::openat(dirFd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return Error::fromErrno(std::string("open ") + name);
+    DIR* dir = ::fdopendir(fd);
+    if (dir == nullptr) {
+      ::close(fd);
+      return Error::fromErrno(std::string("fdopendir ") + name);
+    }
+    Status status;
+    while (struct dirent* entry = ::readdir(dir)) {
+      if (std::strcmp(entry->d_name, ".") == 0 || std::strcmp(entry->d_name, "..") == 0) continue;
+      Status s = removeAt(fd, entry->d_name, dev);
+      if (!s.ok() && status.ok()) status = s;
+    }
+    ::closedir(dir);
+    if (!status.ok()) return status;
+    if (::unlinkat(dirFd, name, AT_REMOVEDIR) != 0 && errno != ENOENT) {
+      return Error::fromErrno(std::string("rmdir ") + name);
+    }
+    return {};
+  }
+  if (::unlinkat(dirFd, name, 0) != 0 && errno != ENOENT) {
+    return Error::fromErrno(std::string("unlink ") + name);
+  }
+  return {};
+}
+
+Status removeTree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return {};
+    return Error::fromErrno("stat " + path);
+  }
+  return removeAt(AT_FDCWD, path.c_str(), st.st_dev);
+}
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+bool isDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool isSymlink(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+}
+
+Result<std::string> readLink(const std::string& path) {
+  char buf[4096];
+  ssize_t n = ::readlink(path.c_str(), buf, sizeof buf);
+  if (n < 0) return Error::fromErrno("readlink " + path);
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+Status symlink(const std::string& target, const std::string& linkPath) {
+  if (::symlink(target.c_str(), linkPath.c_str()) != 0) {
+    return Error::fromErrno("symlink " + linkPath + " -> " + target);
+  }
+  return {};
+}
+
+Status chown(const std::string& path, uid_t uid, gid_t gid) {
+  if (::lchown(path.c_str(), uid, gid) != 0) return Error::fromErrno("chown " + path);
+  return {};
+}
+
+Result<std::vector<std::string>> listDir(const std::string& path) {
+  DIR* dir = ::opendir(path.c_str());
+  if (dir == nullptr) return Error::fromErrno("opendir " + path);
+  std::vector<std::string> names;
+  while (struct dirent* entry = ::readdir(dir)) {
+    if (std::strcmp(entry->d_name, ".") == 0 || std::strcmp(entry->d_name, "..") == 0) continue;
+    names.emplace_back(entry->d_name);
+  }
+  ::closedir(dir);
+  return names;
+}
+
+Status copyTree(const std::string& from, const std::string& to) {
+  struct stat st;
+  if (::lstat(from.c_str(), &st) != 0) return Error::fromErrno("stat " + from);
+  if (S_ISLNK(st.st_mode)) {
+    MOAT_ASSIGN(std::string target, readLink(from));
+    return symlink(target, to);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    MOAT_TRY(makeDir(to, st.st_mode & 07777));
+    MOAT_ASSIGN(auto names, listDir(from));
+    for (const auto& name : names) {
+      Status s = copyTree(from + "/" + name, to + "/" + name);
+      // Unreadable entries (e.g. a private key dir) are skipped, not copied.
+      if (!s.ok() && s.error().sysErrno != EACCES) return s;
+    }
+    return {};
+  }
+  if (!S_ISREG(st.st_mode)) return {};
+  MOAT_ASSIGN(std::string data, readFile(from, 64 << 20));
+  return writeFile(to, data, st.st_mode & 0777);
+}
+
+Result<long> fileSystemType(const std::string& path) {
+  struct statfs sfs;
+  if (::statfs(path.c_str(), &sfs) != 0) return Error::fromErrno("statfs " + path);
+  return static_cast<long>(sfs.f_type);
+}
+
+std::string normalizePath(const std::string& path) {
+  std::vector<std::string> parts;
+  size_t i = 0;
+  while (i <= path.size()) {
+    size_t j = path.find('/', i);
+    if (j == std::string::npos) j = path.size();
+    std::string part = path.substr(i, j - i);
+    if (part == "..") {
+      if (!parts.empty()) parts.pop_back();
+    } else if (!part.empty() && part != ".") {
+      parts.push_back(part);
+    }
+    i = j + 1;
+  }
+  std::string out;
+  for (const auto& p : parts) out += "/" + p;
+  return out.empty() ? "/" : out;
+}
+
+std::string joinPath(const std::string& a, const std::string& b) {
+  if (a.empty()) return b;
+  if (b.empty()) return a;
+  if (a.back() == '/') return b.front() == '/' ? a + b.substr(1) : a + b;
+  return b.front() == '/' ? a + b : a + "/" + b;
+}
+
+Result<std::string> realPath(const std::string& path) {
+  char resolved[PATH_MAX];
+  if (::realpath(path.c_str(), resolved) == nullptr) return Error::fromErrno("resolve " + path);
+  return std::string(resolved);
+}
+
+Result<std::string> selfDirectory() {
+  MOAT_ASSIGN(std::string exe, readLink("/proc/self/exe"));
+  auto slash = exe.rfind('/');
+  if (slash == std::string::npos) return Error::make("internal", "odd /proc/self/exe: " + exe);
+  return exe.substr(0, slash);
+}
+
+}  // namespace moat::os

@@ -1,0 +1,43 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "common/unique_fd.h"
+
+// Plain file-system helpers with Result errors. Everything here works on
+// host paths; nothing resolves paths inside an environment.
+namespace moat::os {
+
+Result<std::string> readFile(const std::string& path, size_t maxBytes = 1 << 20);
+Status writeFile(const std::string& path, const std::string& data, mode_t mode = 0644);
+// Writes to an existing file (cgroup knobs, /proc files) without O_CREAT.
+Status writeExisting(const std::string& path, const std::string& data);
+Status makeDirs(const std::string& path, mode_t mode = 0755);
+Status makeDir(const std::string& path, mode_t mode = 0755);  // EEXIST is fine
+// Removes a tree without following symlinks and without crossing mounts.
+Status removeTree(const std::string& path);
+bool exists(const std::string& path);
+bool isDirectory(const std::string& path);
+bool isSymlink(const std::string& path);
+Result<std::string> readLink(const std::string& path);
+Status symlink(const std::string& target, const std::string& linkPath);
+Status chown(const std::string& path, uid_t uid, gid_t gid);  // no symlink follow
+// Copies a file or tree (regular files, dirs, symlinks); other types skipped.
+Status copyTree(const std::string& from, const std::string& to);
+Result<std::vector<std::string>> listDir(const std::string& path);
+Result<UniqueFd> open(const std::string& path, int flags, mode_t mode = 0);
+// Returns statfs f_type of the file system holding path.
+Result<long> fileSystemType(const std::string& path);
+// Absolute, lexically normalised path (no "." or ".." components).
+std::string normalizePath(const std::string& path);
+std::string joinPath(const std::string& a, const std::string& b);
+// Canonical absolute path (symlinks resolved); the file must exist.
+Result<std::string> realPath(const std::string& path);
+// Directory of the running executable.
+Result<std::string> selfDirectory();
+
+}  // namespace moat::os

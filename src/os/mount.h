@@ -1,0 +1,36 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "common/result.h"
+#include "common/unique_fd.h"
+
+// Mount primitives, old API and the new mount API (open_tree/move_mount).
+namespace moat::os {
+
+Status mount(const std::string& source, const std::string& target, const std::string& fstype,
+             unsigned long flags, const std::string& data = "");
+Status bindMount(const std::string& source, const std::string& target, bool recursive = false);
+// Remounts an existing bind mount with the given flags (MS_RDONLY, MS_NOSUID...).
+Status remountBind(const std::string& target, unsigned long flags);
+Status unmount(const std::string& target, int flags = 0);
+Status makeRootPrivate();
+
+struct MountAttrs {
+  bool readOnly = false;
+  bool noSuid = true;
+  bool noDev = true;
+  bool noExec = false;
+  int idmapUsernsFd = -1;  // map ids through this user namespace
+};
+
+// A detached copy of the tree at `path` (open_tree OPEN_TREE_CLONE).
+Result<UniqueFd> cloneTree(const std::string& path, bool recursive);
+Status setMountAttrs(int treeFd, const MountAttrs& attrs, bool recursive);
+Status attachTree(int treeFd, const std::string& target);
+// pivot_root into `newRoot` and detach the old root.
+Status pivotInto(const std::string& newRoot);
+
+}  // namespace moat::os

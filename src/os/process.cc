@@ -1,0 +1,123 @@
+#include "os/process.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/sched.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
+
+namespace moat::os {
+
+Result<Child> clone3(const CloneOptions& options) {
+  int pidfd = -1;
+  struct clone_args args;
+  std::memset(&args, 0, sizeof args);
+  args.flags = options.flags | CLONE_PIDFD;
+  args.pidfd = reinterpret_cast<uint64_t>(&pidfd);
+  args.exit_signal = SIGCHLD;
+  if (options.cgroupFd >= 0) {
+    args.flags |= CLONE_INTO_CGROUP;
+    args.cgroup = static_cast<uint64_t>(options.cgroupFd);
+  }
+  long pid = ::syscall(SYS_clone3, &args, sizeof args);
+  if (pid < 0) return Error::fromErrno("clone3");
+  Child child;
+  child.pid = static_cast<pid_t>(pid);
+  if (pid > 0) child.pidfd.reset(pidfd);
+  return child;
+}
+
+Result<int> waitPidfd(int pidfd) {
+  siginfo_t info;
+  std::memset(&info, 0, sizeof info);
+  for (;;) {
+    if (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &info, WEXITED) == 0) break;
+    if (errno != EINTR) return Error::fromErrno("waitid");
+  }
+  if (info.si_code == CLD_EXITED) return (info.si_status & 0xff) << 8;
+  return info.si_status & 0x7f;  // killed or dumped: the signal number
+}
+
+Status pidfdSendSignal(int pidfd, int signo) {
+  if (::syscall(SYS_pidfd_send_signal, pidfd, signo, nullptr, 0) != 0 && errno != ESRCH) {
+    return Error::fromErrno("pidfd_send_signal");
+  }
+  return {};
+}
+
+Status setNamespace(int fd, int nstype) {
+  if (::setns(fd, nstype) != 0) return Error::fromErrno("setns");
+  return {};
+}
+
+Status unshareNamespaces(int flags) {
+  if (::unshare(flags) != 0) return Error::fromErrno("unshare");
+  return {};
+}
+
+Status setHostname(const std::string& name) {
+  if (::sethostname(name.data(), name.size()) != 0) return Error::fromErrno("sethostname");
+  return {};
+}
+
+Status becomeId(uid_t uid, gid_t gid) {
+  if (::setgroups(0, nullptr) != 0) return Error::fromErrno("setgroups");
+  if (::setresgid(gid, gid, gid) != 0) return Error::fromErrno("setresgid");
+  if (::setresuid(uid, uid, uid) != 0) return Error::fromErrno("setresuid");
+  return {};
+}
+
+Status closeFrom(int lowest) {
+  if (::syscall(SYS_close_range, lowest, ~0U, 0) != 0) return Error::fromErrno("close_range");
+  return {};
+}
+
+Status setNoNewPrivs() {
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return Error::fromErrno("prctl NO_NEW_PRIVS");
+  return {};
+}
+
+Status setDumpable(bool dumpable) {
+  if (::prctl(PR_SET_DUMPABLE, dumpable ? 1 : 0, 0, 0, 0) != 0) {
+    return Error::fromErrno("prctl SET_DUMPABLE");
+  }
+  return {};
+}
+
+Status setParentDeathSignal(int signo) {
+  if (::prctl(PR_SET_PDEATHSIG, signo, 0, 0, 0) != 0) return Error::fromErrno("prctl PDEATHSIG");
+  return {};
+}
+
+static std::vector<char*> toCArray(const std::vector<std::string>& items) {
+  std::vector<char*> out;
+  out.reserve(items.size() + 1);
+  for (const auto& s : items) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+Error execFd(int fd, const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+  auto cargv = toCArray(argv);
+  auto cenv = toCArray(env);
+  ::syscall(SYS_execveat, fd, "", cargv.data(), cenv.data(), AT_EMPTY_PATH);
+  return Error::fromErrno("execveat moat-init");
+}
+
+std::string describeWaitStatus(int status) {
+  if (WIFEXITED(status)) return "exited with " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("killed by signal ") + ::strsignal(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+}  // namespace moat::os

@@ -1,0 +1,47 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "common/unique_fd.h"
+
+// Process and namespace primitives (clone3, pidfd, setns, ids).
+namespace moat::os {
+
+struct CloneOptions {
+  uint64_t flags = 0;     // CLONE_NEW* and friends; CLONE_PIDFD is always added
+  int cgroupFd = -1;      // with CLONE_INTO_CGROUP
+};
+
+struct Child {
+  pid_t pid = -1;         // 0 in the child
+  UniqueFd pidfd;         // parent only
+};
+
+// fork-like clone3: returns pid 0 in the child. The caller must be
+// single-threaded (the child continues with a copy of the address space).
+Result<Child> clone3(const CloneOptions& options);
+
+// Waits for the child behind pidfd; returns the wait status (as waitpid).
+Result<int> waitPidfd(int pidfd);
+Status pidfdSendSignal(int pidfd, int signo);
+
+Status setNamespace(int fd, int nstype);
+Status unshareNamespaces(int flags);
+Status setHostname(const std::string& name);
+// Become uid/gid `id` in the current user namespace and drop supplementary groups.
+Status becomeId(uid_t uid, gid_t gid);
+Status closeFrom(int lowest);
+Status setNoNewPrivs();
+Status setDumpable(bool dumpable);
+Status setParentDeathSignal(int signo);
+// execveat(fd, "", argv, envp, AT_EMPTY_PATH); returns only on failure.
+Error execFd(int fd, const std::vector<std::string>& argv, const std::vector<std::string>& env);
+
+std::string describeWaitStatus(int status);
+
+}  // namespace moat::os

@@ -1,0 +1,86 @@
+#include "os/security.h"
+
+#include <linux/capability.h>
+#include <linux/landlock.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "os/file.h"
+
+namespace moat::os {
+
+int lastCapability() {
+  auto text = readFile("/proc/sys/kernel/cap_last_cap");
+  if (!text.ok()) return CAP_LAST_CAP;
+  return std::stoi(text.value());
+}
+
+Status restrictCapabilities(const std::vector<int>& keep) {
+  int last = lastCapability();
+  for (int cap = 0; cap <= last; ++cap) {
+    if (std::find(keep.begin(), keep.end(), cap) != keep.end()) continue;
+    if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) {
+      return Error::fromErrno("drop capability " + std::to_string(cap) + " from bounding set");
+    }
+  }
+  if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 && errno != EINVAL) {
+    return Error::fromErrno("clear ambient capabilities");
+  }
+  struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct data[2];
+  if (::syscall(SYS_capget, &header, data) != 0) return Error::fromErrno("capget");
+  uint64_t keepMask = 0;
+  for (int cap : keep) keepMask |= 1ULL << cap;
+  for (int i = 0; i < 2; ++i) {
+    uint32_t part = static_cast<uint32_t>(keepMask >> (32 * i));
+    data[i].inheritable = 0;
+    data[i].permitted &= part;
+    data[i].effective &= part;
+  }
+  if (::syscall(SYS_capset, &header, data) != 0) return Error::fromErrno("capset");
+  return {};
+}
+
+Status installSeccomp(const std::vector<sock_filter>& program) {
+  struct sock_fprog prog;
+  prog.len = static_cast<unsigned short>(program.size());
+  prog.filter = const_cast<sock_filter*>(program.data());
+  if (::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) != 0) {
+    return Error::fromErrno("seccomp install");
+  }
+  return {};
+}
+
+int landlockAbi() {
+  long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
+  return abi < 0 ? 0 : static_cast<int>(abi);
+}
+
+Result<bool> landlockScopeSelf() {
+  // Debian 12's kernel headers predate scoping (ABI 6), so the ABI-6 layout
+  // of the ruleset attribute is spelled out here.
+  struct RulesetAttrV6 {
+    uint64_t handledAccessFs;
+    uint64_t handledAccessNet;
+    uint64_t scoped;
+  };
+  constexpr uint64_t kScopeAbstractUnixSocket = 1ULL << 0;
+  constexpr uint64_t kScopeSignal = 1ULL << 1;
+  if (landlockAbi() < 6) return false;
+  RulesetAttrV6 attr{0, 0, kScopeSignal | kScopeAbstractUnixSocket};
+  long fd = ::syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0);
+  if (fd < 0) return Error::fromErrno("landlock_create_ruleset");
+  long rc = ::syscall(SYS_landlock_restrict_self, fd, 0);
+  int err = errno;
+  ::close(static_cast<int>(fd));
+  if (rc != 0) return Error::fromErrno("landlock_restrict_self", err);
+  return true;
+}
+
+}  // namespace moat::os
