@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
 #include "cli/run_options.h"
+#include "common/trace.h"
 #include "common/unique_fd.h"
 #include "init/protocol.h"
 
@@ -130,6 +131,7 @@ int superviseCommand(Environment& env, const RunOptions& options) {
                                               "): " + what);
         }
         case init::MsgType::kExited: {
+          traceStage("command exited");
           auto exited = init::Exited::decode(frame.payload);
           if (!exited.ok()) return complain(kExitEnvironment, "environment failed: bad reply");
           if (exited->timedOut) {
@@ -172,6 +174,7 @@ int runCommand(const std::vector<std::string>& args) {
   if (::geteuid() != 0) {
     return complain(kExitEnvironment, "moat run needs root (it creates namespaces, cgroups and mounts)");
   }
+  traceStage("start");
   auto env = Environment::create(options.spec);
   if (!env.ok()) return complain(kExitEnvironment, "cannot create environment: " + env.error().message());
   int code = superviseCommand(*env.value(), options);

@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 
+#include "common/trace.h"
 #include "init/protocol.h"
 #include "isolation/caps/capabilities.h"
 #include "isolation/cgroup/layout.h"
@@ -55,7 +56,7 @@ std::string cgroupName(const std::string& id) { return "moat-" + id; }
 struct ChildArgs {
   std::string id;
   fs::RootPlan plan;
-  std::vector<std::string> procsFiles;  // v1: join by writing "0"
+  std::vector<std::string> joinFiles;  // v1: join by writing "0"
   int usernsFd;
   int controlFd;
   int initFd;
@@ -70,10 +71,11 @@ struct ChildArgs {
   ::_exit(1);
 }
 
-#define CHILD_STEP(stage, expr)                                  \
-  do {                                                           \
-    auto step_result_ = (expr);                                  \
+#define CHILD_STEP(stage, expr)                                            \
+  do {                                                                     \
+    auto step_result_ = (expr);                                            \
     if (!step_result_.ok()) childFail(errFd, stage, step_result_.error()); \
+    traceStage(stage);                                                     \
   } while (0)
 
 // Runs in the cloned child, as host root in the new namespaces, and ends in
@@ -84,7 +86,7 @@ struct ChildArgs {
   // parent die before this line, moat-init still exits: its control socket
   // reads EOF.)
   CHILD_STEP("parent death signal", os::setParentDeathSignal(SIGKILL));
-  for (const auto& file : a.procsFiles) CHILD_STEP("join cgroup", os::writeExisting(file, "0"));
+  for (const auto& file : a.joinFiles) CHILD_STEP("join cgroup", os::writeExisting(file, "0"));
   CHILD_STEP("cgroup namespace", os::unshareNamespaces(CLONE_NEWCGROUP));
   CHILD_STEP("root file system", fs::buildRoot(a.plan, a.usernsFd));
   CHILD_STEP("hostname", os::setHostname(a.id));
@@ -159,8 +161,10 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
     }
   }
 
+  traceStage("locked");
   MOAT_ASSIGN(cg::Layout layout, cg::detectHostLayout());
   MOAT_TRY(cg::prepareParents(layout));
+  traceStage("cgroup parents");
   MOAT_ASSIGN(fs::StoragePool pool, fs::StoragePool::open(spec.stateDir));
   uint64_t storageBytes = spec.storageGb * kGiB;
   if (storageBytes > pool.capacityBytes()) {
@@ -168,16 +172,19 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
                        "storage of " + std::to_string(spec.storageGb) + " GB exceeds the pool (" +
                            std::to_string(pool.capacityBytes() / kGiB) + " GB; see MOAT_STORAGE_GB)");
   }
+  traceStage("pool");
   MOAT_ASSIGN(fs::Template tmpl, fs::resolveTemplate(spec.templateName, spec.stateDir));
   MOAT_ASSIGN(std::string volume, pool.createVolume(env->id_, storageBytes));
   env->haveVolume_ = true;
 
+  traceStage("volume");
   auto idmap = isolation::namespaces::allocateIdMap();
   MOAT_ASSIGN(fs::RootPlan plan,
               fs::prepareRoot(volume, tmpl.lowerDir, env->id_, idmap.hostBase, idmap.hostBase));
   for (const auto& dir : tmpl.hostReadOnlyDirs) plan.binds.push_back({dir, dir, true});
   for (const auto& v : spec.volumes) plan.binds.push_back(v);
 
+  traceStage("root prepared");
   cg::Limits limits;
   limits.cpus = spec.cpus;
   limits.memoryBytes = spec.memoryMb * kMiB;
@@ -185,11 +192,14 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
   MOAT_ASSIGN(cg::Cgroup cgroup, cg::Cgroup::create(layout, cgroupName(env->id_), limits));
   env->cgroup_ = std::make_unique<cg::Cgroup>(std::move(cgroup));
 
+  traceStage("cgroup");
   MOAT_ASSIGN(UniqueFd userns, isolation::namespaces::createUserNamespace(idmap));
+  traceStage("userns");
   MOAT_ASSIGN(auto program, isolation::seccomp::defaultProgram());
   MOAT_ASSIGN(std::string initPath, findInitBinary());
   MOAT_ASSIGN(UniqueFd initFd, os::open(initPath, O_PATH));
 
+  traceStage("seccomp+init");
   int sockets[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets) != 0) {
     return Error::fromErrno("socketpair");
@@ -208,12 +218,13 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
     MOAT_ASSIGN(cgroupFd, env->cgroup_->openDirectory());
     clone.cgroupFd = cgroupFd.get();
   } else {
-    args.procsFiles = env->cgroup_->procsFiles();
+    args.joinFiles = env->cgroup_->joinFiles();
   }
   MOAT_ASSIGN(os::Child child, os::clone3(clone));
   if (child.pid == 0) runChild(args);
   env->initPidfd_ = std::move(child.pidfd);
 
+  traceStage("cloned");
   childEnd.reset();
   errorWrite.reset();
   std::string failure;
@@ -229,12 +240,14 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
     env->initPidfd_.reset();
     return Error::make("environment_failed", "environment setup failed at " + failure);
   }
+  traceStage("child exec");
   env->control_ = std::move(parentEnd);
   init::FrameReader reader;
   auto hello = init::readFrame(env->control_.get(), reader);
   if (!hello.ok() || hello->type != init::MsgType::kHello) {
     return Error::make("environment_failed", "moat-init did not start");
   }
+  traceStage("hello");
   return env;
 }
 
@@ -249,17 +262,20 @@ Status Environment::destroy() {
     (void)os::pidfdSendSignal(initPidfd_.get(), SIGKILL);
     (void)os::waitPidfd(initPidfd_.get());
     initPidfd_.reset();
+    traceStage("destroy: init reaped");
   }
   if (cgroup_) {
     Status s = cgroup_->remove();
     if (!s.ok() && result.ok()) result = s;
     cgroup_.reset();
+    traceStage("destroy: cgroup");
   }
   if (haveVolume_) {
     auto pool = isolation::fs::StoragePool::open(stateDir_);
     Status s = pool.ok() ? pool->destroyVolume(id_) : Status(pool.error());
     if (!s.ok() && result.ok()) result = s;
     haveVolume_ = false;
+    traceStage("destroy: volume");
   }
   if (lock_) {
     ::unlink((stateDir_ + "/run/" + id_ + ".lock").c_str());

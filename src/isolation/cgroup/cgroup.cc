@@ -28,13 +28,19 @@ uint64_t counterFrom(const std::string& text, const std::string& key) {
 
 Cgroup::Cgroup(Layout layout, std::vector<std::string> dirs)
     : layout_(std::move(layout)), dirs_(std::move(dirs)) {
-  for (const auto& d : dirs_) procsFiles_.push_back(d + "/cgroup.procs");
+  for (const auto& d : dirs_) addFiles(d);
+}
+
+void Cgroup::addFiles(const std::string& dir) {
+  procsFiles_.push_back(dir + "/cgroup.procs");
+  joinFiles_.push_back(dir + (layout_.version == Version::kV1 ? "/tasks" : "/cgroup.procs"));
 }
 
 Cgroup::Cgroup(Cgroup&& other) noexcept
     : layout_(std::move(other.layout_)),
       dirs_(std::move(other.dirs_)),
-      procsFiles_(std::move(other.procsFiles_)) {
+      procsFiles_(std::move(other.procsFiles_)),
+      joinFiles_(std::move(other.joinFiles_)) {
   other.dirs_.clear();
 }
 
@@ -56,47 +62,50 @@ Result<Cgroup> Cgroup::create(const Layout& layout, const std::string& name, con
   for (const auto& d : dirs) {
     if (::mkdir(d.c_str(), 0755) != 0) return Error::fromErrno("create cgroup " + d);
     cg.dirs_.push_back(d);  // from here on, the destructor removes it
-    cg.procsFiles_.push_back(d + "/cgroup.procs");
+    cg.addFiles(d);
   }
   MOAT_TRY(cg.applyLimits(limits));
   return cg;
 }
 
-Status Cgroup::applyLimits(const Limits& limits) {
-  const bool v2 = layout_.version == Version::kV2;
-  const std::string& cpuDir = dirs_[0];
-  const std::string& memDir = v2 ? dirs_[0] : dirs_[1];
-  const std::string& pidsDir = v2 ? dirs_[0] : dirs_[2];
+std::vector<KnobWrite> limitWrites(Version version, const Limits& limits) {
+  const bool v2 = version == Version::kV2;
+  std::vector<KnobWrite> writes;
   constexpr uint64_t kPeriodUs = 100000;
   if (limits.cpus > 0) {
-    auto quota = static_cast<uint64_t>(std::llround(limits.cpus * kPeriodUs));
+    auto quota = std::to_string(static_cast<uint64_t>(std::llround(limits.cpus * kPeriodUs)));
     if (v2) {
-      MOAT_TRY(os::writeExisting(cpuDir + "/cpu.max",
-                                 std::to_string(quota) + " " + std::to_string(kPeriodUs)));
+      writes.push_back({"", "cpu.max", quota + " " + std::to_string(kPeriodUs)});
     } else {
-      MOAT_TRY(os::writeExisting(cpuDir + "/cpu.cfs_period_us", std::to_string(kPeriodUs)));
-      MOAT_TRY(os::writeExisting(cpuDir + "/cpu.cfs_quota_us", std::to_string(quota)));
+      writes.push_back({"cpu", "cpu.cfs_period_us", std::to_string(kPeriodUs)});
+      writes.push_back({"cpu", "cpu.cfs_quota_us", quota});
     }
   }
   if (limits.memoryBytes > 0) {
     std::string bytes = std::to_string(limits.memoryBytes);
+    // No swap: a memory limit that can spill to swap does not hold.
     if (v2) {
-      MOAT_TRY(os::writeExisting(memDir + "/memory.max", bytes));
-      // No swap: a memory limit that can spill to swap does not hold.
-      if (os::exists(memDir + "/memory.swap.max")) {
-        MOAT_TRY(os::writeExisting(memDir + "/memory.swap.max", "0"));
-      }
+      writes.push_back({"", "memory.max", bytes});
+      writes.push_back({"", "memory.swap.max", "0", true});
     } else {
-      MOAT_TRY(os::writeExisting(memDir + "/memory.limit_in_bytes", bytes));
-      if (os::exists(memDir + "/memory.memsw.limit_in_bytes")) {
-        MOAT_TRY(os::writeExisting(memDir + "/memory.memsw.limit_in_bytes", bytes));
-      } else {
-        MOAT_TRY(os::writeExisting(memDir + "/memory.swappiness", "0"));
-      }
+      writes.push_back({"memory", "memory.limit_in_bytes", bytes});
+      writes.push_back({"memory", "memory.memsw.limit_in_bytes", bytes, true});
+      writes.push_back({"memory", "memory.swappiness", "0", true});
     }
   }
   if (limits.pids > 0) {
-    MOAT_TRY(os::writeExisting(pidsDir + "/pids.max", std::to_string(limits.pids)));
+    writes.push_back({v2 ? "" : "pids", "pids.max", std::to_string(limits.pids)});
+  }
+  return writes;
+}
+
+Status Cgroup::applyLimits(const Limits& limits) {
+  for (const auto& w : limitWrites(layout_.version, limits)) {
+    std::string dir = dirs_[0];
+    if (layout_.version == Version::kV1) dir = w.controller == "cpu" ? dirs_[0] : w.controller == "memory" ? dirs_[1] : dirs_[2];
+    std::string path = dir + "/" + w.file;
+    if (w.optional && !os::exists(path)) continue;
+    MOAT_TRY(os::writeExisting(path, w.value));
   }
   return {};
 }
@@ -147,6 +156,7 @@ Status Cgroup::remove() {
   }
   dirs_.clear();
   procsFiles_.clear();
+  joinFiles_.clear();
   return result;
 }
 

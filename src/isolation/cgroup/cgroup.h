@@ -16,6 +16,19 @@ struct Limits {
   uint64_t pids = 0;         // tasks; 0: unlimited
 };
 
+// One knob write: file relative to the environment's cgroup directory of
+// `controller` ("" on v2, where there is one directory), and its value.
+struct KnobWrite {
+  std::string controller;
+  std::string file;
+  std::string value;
+  bool optional = false;  // skipped when the kernel lacks the file
+};
+
+// The writes that enforce `limits` on a layout's version (pure; unit-tested
+// for both versions without cgroupfs).
+std::vector<KnobWrite> limitWrites(Version version, const Limits& limits);
+
 // One environment's cgroup (one directory on v2, one per controller on v1).
 // Removed when the object dies; a failed create removes what it made.
 class Cgroup {
@@ -25,7 +38,11 @@ class Cgroup {
   Cgroup& operator=(Cgroup&&) = delete;
   ~Cgroup();
 
-  // The cgroup.procs files a process writes "0" to in order to join.
+  // The files a single-threaded process writes "0" to in order to join.
+  // On v1 these are the per-thread `tasks` files: moving only the calling
+  // thread skips the global threadgroup lock whose RCU sync costs
+  // milliseconds per migration. (v2 uses CLONE_INTO_CGROUP instead.)
+  const std::vector<std::string>& joinFiles() const { return joinFiles_; }
   const std::vector<std::string>& procsFiles() const { return procsFiles_; }
   // v2 only: a directory fd for CLONE_INTO_CGROUP.
   Result<UniqueFd> openDirectory() const;
@@ -39,10 +56,12 @@ class Cgroup {
  private:
   Cgroup(Layout layout, std::vector<std::string> dirs);
   Status applyLimits(const Limits& limits);
+  void addFiles(const std::string& dir);
 
   Layout layout_;
   std::vector<std::string> dirs_;  // v2: one; v1: cpu, memory, pids
   std::vector<std::string> procsFiles_;
+  std::vector<std::string> joinFiles_;
 };
 
 }  // namespace moat::isolation::cgroup
