@@ -84,7 +84,7 @@ options:
   --cpus N          CPU time per second (fractional), default 1
   --memory MB       memory limit, no swap, default 1024
   --pids N          process/thread limit, default 1024
-  --storage GB      writable storage limit, default 4
+  --storage GB      writable storage limit (fractional), default 4
   --timeout S       kill the command after S seconds (default: none)
   -i, --interactive forward stdin to the command (default: /dev/null)
   -e NAME=VALUE     set a variable (-e NAME copies the host's value); repeatable
@@ -155,7 +155,10 @@ Result<RunOptions> parseRunOptions(const std::vector<std::string>& args, uint64_
       MOAT_ASSIGN(o.spec.pids, parseWhole(arg, v, 4, 4194304, ""));
     } else if (arg == "--storage") {
       MOAT_ASSIGN(std::string v, value(arg, inlineValue));
-      MOAT_ASSIGN(o.spec.storageGb, parseWhole(arg, v, 1, 65536, " GB"));
+      MOAT_ASSIGN(o.spec.storageGb, parseNumber(arg, v));
+      if (!(o.spec.storageGb >= 0.01 && o.spec.storageGb <= 65536)) {
+        return usage("--storage: " + v + " is out of range (0.01 to 65536 GB)");
+      }
     } else if (arg == "--timeout") {
       MOAT_ASSIGN(std::string v, value(arg, inlineValue));
       MOAT_ASSIGN(o.timeoutSeconds, parseNumber(arg, v));

@@ -1,15 +1,408 @@
+// moat run end to end, as root on the real kernel: what a user sees.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "isolation/cgroup/layout.h"
 #include "moat_process.h"
+#include "os/file.h"
 
 namespace moat::test {
 namespace {
 
-TEST(Run, PrintsAndExitsZero) {
-  MOAT_REQUIRE_ROOT();
+std::string trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+std::set<std::string> lines(const std::string& text) {
+  std::set<std::string> out;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) out.insert(l);
+  return out;
+}
+
+// What an environment may leave on the host: cgroup directories, mounts,
+// volumes, lock files, processes running as an environment's host uid.
+struct HostTraces {
+  std::set<std::string> cgroups;
+  size_t mounts = 0;
+  std::set<std::string> volumes;
+  std::set<std::string> locks;
+  std::set<std::string> envProcesses;
+
+  static HostTraces take() {
+    HostTraces t;
+    auto layout = isolation::cgroup::detectHostLayout();
+    std::vector<std::string> parents;
+    if (layout.ok()) {
+      if (layout->version == isolation::cgroup::Version::kV2) parents.push_back(layout->v2Parent);
+      for (const auto& [c, p] : layout->v1Parents) parents.push_back(p);
+    }
+    for (const auto& p : parents) {
+      auto names = os::listDir(p);
+      if (!names.ok()) continue;
+      for (const auto& n : names.value()) {
+        if (n.rfind("moat-", 0) == 0) t.cgroups.insert(p + "/" + n);
+      }
+    }
+    t.mounts = lines(os::readFile("/proc/self/mountinfo", 1 << 22).value()).size();
+    auto vols = os::listDir(testStateDir() + "/storage/envs");
+    if (vols.ok()) t.volumes.insert(vols->begin(), vols->end());
+    auto locks = os::listDir(testStateDir() + "/run");
+    if (locks.ok()) t.locks.insert(locks->begin(), locks->end());
+    auto pids = os::listDir("/proc");
+    for (const auto& pid : pids.value()) {
+      if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+      struct stat st;
+      if (::stat(("/proc/" + pid).c_str(), &st) == 0 && st.st_uid >= 0x40000000u) {
+        t.envProcesses.insert(pid);
+      }
+    }
+    return t;
+  }
+};
+
+void expectNoTraces(const HostTraces& before) {
+  HostTraces after = HostTraces::take();
+  EXPECT_EQ(after.cgroups, before.cgroups);
+  EXPECT_EQ(after.mounts, before.mounts);
+  EXPECT_EQ(after.volumes, before.volumes);
+  EXPECT_EQ(after.locks, before.locks);
+  EXPECT_EQ(after.envProcesses, before.envProcesses);
+}
+
+// Waits (bounded) until `condition` holds; returns whether it did.
+template <class F>
+bool waitFor(F condition, std::chrono::milliseconds limit = std::chrono::seconds(10)) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return condition();
+}
+
+class Run : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!isRoot()) GTEST_SKIP() << "needs root: creates namespaces, cgroups and mounts (CI runs as root)";
+    // The first run creates the state directory's storage pool.
+    ASSERT_EQ(runMoat({"run", "true"}).exitCode, 0);
+  }
+};
+
+TEST_F(Run, PrintsAndExitsZero) {
   auto r = runMoat({"run", "--", "python3", "-c", "print('hi')"});
   EXPECT_EQ(r.exitCode, 0) << r.err;
   EXPECT_EQ(r.out, "hi\n");
+  EXPECT_EQ(r.err, "");
+}
+
+TEST_F(Run, ExitCodeIsTheCommands) {
+  EXPECT_EQ(runMoat({"run", "--", "sh", "-c", "exit 3"}).exitCode, 3);
+  EXPECT_EQ(runMoat({"run", "--", "false"}).exitCode, 1);
+}
+
+TEST_F(Run, KilledBySignalGives128PlusN) {
+  EXPECT_EQ(runMoat({"run", "--", "sh", "-c", "kill -TERM $$"}).exitCode, 128 + SIGTERM);
+  EXPECT_EQ(runMoat({"run", "--", "sh", "-c", "kill -KILL $$"}).exitCode, 128 + SIGKILL);
+}
+
+TEST_F(Run, StdoutAndStderrAreSeparateStreams) {
+  auto r = runMoat({"run", "--", "sh", "-c", "echo out; echo err >&2"});
+  EXPECT_EQ(r.out, "out\n");
+  EXPECT_EQ(r.err, "err\n");
+}
+
+TEST_F(Run, InteractiveStdinReachesTheCommand) {
+  auto r = runMoat({"run", "-i", "--", "python3"}, "print(1+1)\n");
+  EXPECT_EQ(r.exitCode, 0) << r.err;
+  EXPECT_EQ(r.out, "2\n");
+  std::string big(300000, 'x');
+  auto c = runMoat({"run", "-i", "--", "wc", "-c"}, big);
+  EXPECT_EQ(trim(c.out), "300000");
+}
+
+TEST_F(Run, WithoutInteractiveStdinIsEmpty) {
+  auto r = runMoat({"run", "--", "cat"}, "this must not arrive\n");
+  EXPECT_EQ(r.exitCode, 0);
+  EXPECT_EQ(r.out, "");
+}
+
+TEST_F(Run, LargeOutputArrivesWhole) {
+  auto r = runMoat({"run", "--", "sh", "-c", "head -c 5000000 /dev/zero | tr '\\0' a"});
+  EXPECT_EQ(r.exitCode, 0);
+  EXPECT_EQ(r.out.size(), 5000000u);
+  EXPECT_EQ(r.out.find_first_not_of('a'), std::string::npos);
+}
+
+TEST_F(Run, TimeoutKillsTheWholeGroupWith124) {
+  auto start = std::chrono::steady_clock::now();
+  auto r = runMoat({"run", "--timeout", "0.5", "--", "sh", "-c", "sleep 60 & sleep 60"});
+  auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(r.exitCode, 124);
+  EXPECT_NE(r.err.find("timeout"), std::string::npos) << r.err;
+  EXPECT_LT(elapsed, std::chrono::seconds(30));
+}
+
+TEST_F(Run, CommandNotFoundIs127) {
+  auto r = runMoat({"run", "--", "no-such-command-anywhere"});
+  EXPECT_EQ(r.exitCode, 127);
+  EXPECT_NE(r.err.find("command not found"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no-such-command-anywhere"), std::string::npos);
+}
+
+TEST_F(Run, NotExecutableIs126) {
+  auto r = runMoat({"run", "--", "/etc/hostname"});
+  EXPECT_EQ(r.exitCode, 126);
+  EXPECT_NE(r.err.find("Permission denied"), std::string::npos) << r.err;
+}
+
+TEST_F(Run, MissingWorkdirIs126) {
+  auto r = runMoat({"run", "-w", "/nope", "--", "true"});
+  EXPECT_EQ(r.exitCode, 126);
+  EXPECT_NE(r.err.find("/nope"), std::string::npos) << r.err;
+}
+
+TEST_F(Run, BadUsageIsOneLineAndExit2AndLeavesNothing) {
+  HostTraces before = HostTraces::take();
+  const std::vector<std::vector<std::string>> cases = {
+      {"run", "--bogus", "--", "true"},      {"run"},
+      {"run", "--memory", "0", "--", "true"}, {"run", "--pids", "0", "--", "true"},
+      {"run", "--cpus", "100000", "true"},   {"run", "--storage", "0", "true"},
+      {"run", "--timeout", "0", "true"},     {"run", "-v", "/nonexistent:/x", "true"},
+      {"run", "-v", "/tmp:/proc", "true"},   {"run", "--memory", "99999999", "true"},
+  };
+  for (const auto& args : cases) {
+    auto r = runMoat(args);
+    EXPECT_EQ(r.exitCode, 2) << args[1];
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(r.err.rfind("moat run: ", 0), 0u) << r.err;
+  }
+  expectNoTraces(before);
+}
+
+TEST_F(Run, NonexistentTemplateIs125AndLeavesNothing) {
+  HostTraces before = HostTraces::take();
+  auto r = runMoat({"run", "--template", "/no/such/rootfs", "--", "true"});
+  EXPECT_EQ(r.exitCode, 125);
+  EXPECT_NE(r.err.find("/no/such/rootfs"), std::string::npos) << r.err;
+  auto named = runMoat({"run", "--template", "ubuntu", "--", "true"});
+  EXPECT_EQ(named.exitCode, 125);
+  EXPECT_NE(named.err.find("unknown template"), std::string::npos) << named.err;
+  expectNoTraces(before);
+}
+
+TEST_F(Run, FailureInsideSetupLeavesNothing) {
+  HostTraces before = HostTraces::take();
+  // A file cannot be mounted over the /usr directory: the child fails late,
+  // after the volume, cgroup and namespaces exist.
+  auto r = runMoat({"run", "-v", "/etc/hostname:/usr", "--", "true"});
+  EXPECT_EQ(r.exitCode, 125);
+  EXPECT_NE(r.err.find("environment setup failed"), std::string::npos) << r.err;
+  expectNoTraces(before);
+}
+
+TEST_F(Run, DestroyLeavesNothingEvenWithBackgroundProcesses) {
+  HostTraces before = HostTraces::take();
+  auto r = runMoat({"run", "--", "sh", "-c", "sleep 300 & sleep 300 & echo started"});
+  EXPECT_EQ(r.exitCode, 0);
+  EXPECT_EQ(r.out, "started\n");
+  expectNoTraces(before);
+}
+
+TEST_F(Run, KilledClientTakesTheEnvironmentWithItAndTheNextRunCollectsTheRest) {
+  HostTraces before = HostTraces::take();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    std::string state = "MOAT_STATE=" + testStateDir();
+    char* envp[] = {const_cast<char*>(state.c_str()), const_cast<char*>("MOAT_STORAGE_GB=8"), nullptr};
+    std::string moat = binDir() + "/moat";
+    char* argv[] = {const_cast<char*>(moat.c_str()), const_cast<char*>("run"),
+                    const_cast<char*>("sleep"), const_cast<char*>("300"), nullptr};
+    ::execve(argv[0], argv, envp);
+    ::_exit(127);
+  }
+  // Wait until the environment's processes exist, then kill the client.
+  ASSERT_TRUE(waitFor([&] { return HostTraces::take().envProcesses.size() > before.envProcesses.size(); }));
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  EXPECT_TRUE(waitFor([&] { return HostTraces::take().envProcesses == before.envProcesses; }))
+      << "processes of the environment outlived its client";
+  ASSERT_EQ(runMoat({"run", "true"}).exitCode, 0);
+  expectNoTraces(before);
+}
+
+TEST_F(Run, InterruptIsForwardedToTheCommand) {
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    std::string state = "MOAT_STATE=" + testStateDir();
+    char* envp[] = {const_cast<char*>(state.c_str()), nullptr};
+    std::string moat = binDir() + "/moat";
+    char* argv[] = {const_cast<char*>(moat.c_str()), const_cast<char*>("run"), const_cast<char*>("--"),
+                    const_cast<char*>("sh"), const_cast<char*>("-c"),
+                    const_cast<char*>("trap 'echo got-int; exit 5' INT; echo ready; while :; do sleep 0.05; done"),
+                    nullptr};
+    ::execve(argv[0], argv, envp);
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  std::string got;
+  char buf[256];
+  ssize_t n;
+  while (got.find("ready\n") == std::string::npos && (n = ::read(out[0], buf, sizeof buf)) > 0) {
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ::kill(pid, SIGINT);
+  while ((n = ::read(out[0], buf, sizeof buf)) > 0) got.append(buf, static_cast<size_t>(n));
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ::close(out[0]);
+  EXPECT_NE(got.find("got-int"), std::string::npos) << got;
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 5);
+}
+
+TEST_F(Run, HostnameIsTheEnvironmentId) {
+  auto a = runMoat({"run", "--", "sh", "-c", "hostname; cat /etc/hostname"});
+  auto b = runMoat({"run", "--", "hostname"});
+  std::istringstream in(a.out);
+  std::string name, file;
+  in >> name >> file;
+  EXPECT_TRUE(std::regex_match(name, std::regex("[0-9a-f]{12}"))) << name;
+  EXPECT_EQ(name, file);
+  EXPECT_NE(trim(b.out), name);
+}
+
+TEST_F(Run, EnvironmentIsCleanPlusExplicitVariables) {
+  auto r = runMoat({"run", "-e", "FOO=bar baz", "-e", "HOSTVAR", "--", "env"}, "",
+                   {{"HOSTVAR", "passed-on-purpose"}, {"LEAKY", "must-not-appear"}});
+  ASSERT_EQ(r.exitCode, 0) << r.err;
+  std::set<std::string> keys;
+  for (const auto& l : lines(r.out)) keys.insert(l.substr(0, l.find('=')));
+  EXPECT_EQ(keys, (std::set<std::string>{"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TERM",
+                                         "HOSTNAME", "PWD", "FOO", "HOSTVAR"}));
+  EXPECT_NE(r.out.find("FOO=bar baz\n"), std::string::npos);
+  EXPECT_NE(r.out.find("HOSTVAR=passed-on-purpose\n"), std::string::npos);
+  EXPECT_EQ(r.out.find("must-not-appear"), std::string::npos);
+}
+
+TEST_F(Run, WorkspaceIsTheDefaultWritableWorkdir) {
+  auto r = runMoat({"run", "--", "sh", "-c", "pwd; echo data > f; cat f; touch /tmp/t /newdir-ok"});
+  EXPECT_EQ(r.exitCode, 0) << r.err;
+  EXPECT_EQ(r.out, "/workspace\ndata\n");
+}
+
+TEST_F(Run, RootInsideOwnsTheTemplateFilesButCannotWriteUsr) {
+  auto r = runMoat({"run", "--", "sh", "-c", "stat -c %U /usr/bin/python3; id -u; touch /usr/x"});
+  EXPECT_NE(r.exitCode, 0);
+  EXPECT_EQ(r.out, "root\n0\n");
+  EXPECT_NE(r.err.find("Read-only file system"), std::string::npos) << r.err;
+}
+
+TEST_F(Run, WritesDoNotCarryOverBetweenEnvironments) {
+  ASSERT_EQ(runMoat({"run", "--", "sh", "-c", "echo secret > /etc/leftover; echo x > /workspace/y"}).exitCode, 0);
+  auto r = runMoat({"run", "--", "sh", "-c", "ls /etc/leftover /workspace/y"});
+  EXPECT_NE(r.exitCode, 0);
+  EXPECT_EQ(r.out, "");
+}
+
+TEST_F(Run, VolumesAreExplicitAndHonourReadOnly) {
+  std::string dir = testStateDir() + "/vol-" + std::to_string(::getpid());
+  ASSERT_TRUE(os::makeDirs(dir).ok());
+  ASSERT_TRUE(os::writeFile(dir + "/in.txt", "from host\n").ok());
+  auto rw = runMoat({"run", "-v", dir + ":/workspace", "--", "sh", "-c", "cat in.txt; echo back > out.txt"});
+  EXPECT_EQ(rw.exitCode, 0) << rw.err;
+  EXPECT_EQ(rw.out, "from host\n");
+  EXPECT_EQ(os::readFile(dir + "/out.txt").value(), "back\n");
+  auto ro = runMoat({"run", "-v", dir + ":/data:ro", "--", "sh", "-c", "cat /data/in.txt; echo x > /data/z"});
+  EXPECT_NE(ro.exitCode, 0);
+  EXPECT_EQ(ro.out, "from host\n");
+  EXPECT_FALSE(os::exists(dir + "/z"));
+  (void)os::removeTree(dir);
+}
+
+TEST_F(Run, TemplateDirectoryIsTheWholeRoot) {
+  // A minimal root file system: dash and the C library, nothing else.
+  std::string root = testStateDir() + "/rootfs-" + std::to_string(::getpid());
+  for (const std::string f : {"/usr/bin/dash", "/lib/x86_64-linux-gnu/libc.so.6",
+                              "/lib64/ld-linux-x86-64.so.2"}) {
+    ASSERT_TRUE(os::makeDirs(root + f.substr(0, f.rfind('/'))).ok());
+    ASSERT_TRUE(os::copyTree(os::realPath(f).value(), root + f).ok()) << f;
+    ::chmod((root + f).c_str(), 0755);
+  }
+  ASSERT_TRUE(os::makeDirs(root + "/bin").ok());
+  ASSERT_TRUE(os::symlink("/usr/bin/dash", root + "/bin/sh").ok());
+  auto r = runMoat({"run", "--template", root, "--", "/bin/sh", "-c",
+                    "echo $((6*7)); echo hi > /bin/new; test -e /usr/bin/python3 || echo no-python; pwd"});
+  EXPECT_EQ(r.exitCode, 0) << r.err;
+  EXPECT_EQ(r.out, "42\nno-python\n/workspace\n");
+  EXPECT_FALSE(os::exists(root + "/bin/new")) << "the template must stay read-only";
+  (void)os::removeTree(root);
+}
+
+TEST_F(Run, MemoryLimitKillsTheHogWithAClearMessage) {
+  auto r = runMoat({"run", "--memory", "64", "--", "python3", "-c",
+                    "x = bytearray(256 * 1024 * 1024); print('allocated')"});
+  EXPECT_EQ(r.exitCode, 128 + SIGKILL);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("out of memory"), std::string::npos) << r.err;
+}
+
+TEST_F(Run, PidsLimitStopsAForkBomb) {
+  auto r = runMoat({"run", "--pids", "32", "--", "python3", "-c", R"(
+import os, time
+n = 0
+try:
+    for i in range(200):
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        n += 1
+except OSError as e:
+    print('fork failed after', n)
+)"});
+  EXPECT_EQ(r.exitCode, 0) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("fork failed after (\\d+)"))) << r.out;
+  EXPECT_LT(std::stoi(m[1]), 32);
+}
+
+TEST_F(Run, StorageLimitStopsADiskFill) {
+  auto r = runMoat({"run", "--storage", "0.05", "--", "sh", "-c",
+                    "dd if=/dev/zero of=/workspace/fill bs=1M count=200 2>&1; stat -c %s /workspace/fill"});
+  EXPECT_NE(r.out.find("Disk quota exceeded"), std::string::npos) << r.out;
+  std::istringstream in(r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1));
+  uint64_t size = 0;
+  in >> size;
+  EXPECT_GT(size, 0u);
+  EXPECT_LE(size, 52u << 20);
+}
+
+TEST_F(Run, CpuLimitThrottles) {
+  auto r = runMoat({"run", "--cpus", "0.2", "--", "python3", "-c", R"(
+import time
+w = time.monotonic(); c = time.process_time()
+while time.monotonic() - w < 1.0: pass
+print(round((time.process_time() - c) / (time.monotonic() - w), 3))
+)"});
+  ASSERT_EQ(r.exitCode, 0) << r.err;
+  double share = std::stod(r.out);
+  EXPECT_LT(share, 0.35) << "a 0.2 CPU limit let the loop use " << share;
+  EXPECT_GT(share, 0.05);
 }
 
 }  // namespace

@@ -166,11 +166,11 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
   MOAT_TRY(cg::prepareParents(layout));
   traceStage("cgroup parents");
   MOAT_ASSIGN(fs::StoragePool pool, fs::StoragePool::open(spec.stateDir));
-  uint64_t storageBytes = spec.storageGb * kGiB;
+  auto storageBytes = static_cast<uint64_t>(spec.storageGb * static_cast<double>(kGiB));
   if (storageBytes > pool.capacityBytes()) {
     return Error::make("invalid_argument",
-                       "storage of " + std::to_string(spec.storageGb) + " GB exceeds the pool (" +
-                           std::to_string(pool.capacityBytes() / kGiB) + " GB; see MOAT_STORAGE_GB)");
+                       "storage of " + std::to_string(storageBytes / kMiB) + " MiB exceeds the pool (" +
+                           std::to_string(pool.capacityBytes() / kMiB) + " MiB; see MOAT_STORAGE_GB)");
   }
   traceStage("pool");
   MOAT_ASSIGN(fs::Template tmpl, fs::resolveTemplate(spec.templateName, spec.stateDir));

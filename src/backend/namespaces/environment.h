@@ -20,7 +20,7 @@ struct EnvironmentSpec {
   double cpus = 1;
   uint64_t memoryMb = 1024;
   uint64_t pids = 1024;
-  uint64_t storageGb = 4;
+  double storageGb = 4;  // fractional: 0.5 is 512 MiB
   std::vector<isolation::fs::BindMount> volumes;  // explicit host dirs only
 };
 
