@@ -133,9 +133,11 @@ Result<RunOptions> parseRunOptions(const std::vector<std::string>& args, uint64_
       if (eq != std::string::npos) {
         inlineValue = arg.substr(eq + 1);
         arg = arg.substr(0, eq);
-        if (inlineValue.empty()) return usage(arg + " needs a value");
+        if (inlineValue.empty()) return usage(arg + " needs a value after '='");
       }
     }
+    bool takesNoValue = arg == "-h" || arg == "--help" || arg == "-i" || arg == "--interactive";
+    if (takesNoValue && !inlineValue.empty()) return usage(arg + " takes no value");
     if (arg == "-h" || arg == "--help") {
       o.help = true;
       return o;

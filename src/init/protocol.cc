@@ -224,6 +224,7 @@ Result<Exited> Exited::decode(const std::string& payload) {
   MOAT_ASSIGN(m.stderrBytes, d.u64());
   MOAT_ASSIGN(m.durationUs, d.u64());
   FINISH(d);
+  if (flags & ~7u) return Error::make("protocol", "unknown exit flags");
   m.timedOut = flags & 1;
   m.stdoutTruncated = flags & 2;
   m.stderrTruncated = flags & 4;
@@ -258,6 +259,9 @@ Result<FileRequest> FileRequest::decode(const std::string& payload) {
   MOAT_ASSIGN(m.mode, d.u32());
   MOAT_ASSIGN(m.flags, d.u8());
   FINISH(d);
+  if (m.flags & ~(kFileCreateParents | kFileAppend | kFileRecursive)) {
+    return Error::make("protocol", "unknown file flags");
+  }
   return m;
 }
 

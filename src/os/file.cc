@@ -59,9 +59,9 @@ Status writeExisting(const std::string& path, const std::string& data) {
 }
 
 Status makeDir(const std::string& path, mode_t mode) {
-  if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) {
-    return Error::fromErrno("mkdir " + path);
-  }
+  if (::mkdir(path.c_str(), mode) == 0) return {};
+  if (errno != EEXIST) return Error::fromErrno("mkdir " + path);
+  if (!isDirectory(path)) return Error::fromErrno("mkdir " + path, ENOTDIR);
   return {};
 }
 

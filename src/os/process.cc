@@ -37,6 +37,21 @@ Result<Child> clone3(const CloneOptions& options) {
   return child;
 }
 
+Result<Child> cloneLight(uint64_t flags, int (*fn)(void*), void* arg) {
+  constexpr size_t kStackSize = 64 * 1024;
+  // Static, so it outlives this call; the helpers are short-lived and the
+  // caller waits for each before making the next.
+  alignas(16) static char stack[kStackSize];
+  int pidfd = -1;
+  int pid = ::clone(fn, stack + kStackSize, static_cast<int>(flags) | CLONE_VM | CLONE_PIDFD | SIGCHLD,
+                    arg, &pidfd);
+  if (pid < 0) return Error::fromErrno("clone");
+  Child child;
+  child.pid = pid;
+  child.pidfd.reset(pidfd);
+  return child;
+}
+
 Result<int> waitPidfd(int pidfd) {
   siginfo_t info;
   std::memset(&info, 0, sizeof info);

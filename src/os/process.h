@@ -26,6 +26,12 @@ struct Child {
 // single-threaded (the child continues with a copy of the address space).
 Result<Child> clone3(const CloneOptions& options);
 
+// A light child sharing the caller's memory (CLONE_VM) that runs `fn(arg)`
+// on its own small stack and exits with its return value: no address space
+// copy, for short-lived helpers such as a user namespace holder. `fn` must
+// only make syscalls (no allocation, no locks).
+Result<Child> cloneLight(uint64_t flags, int (*fn)(void*), void* arg);
+
 // Waits for the child behind pidfd; returns the wait status (as waitpid).
 Result<int> waitPidfd(int pidfd);
 Status pidfdSendSignal(int pidfd, int signo);

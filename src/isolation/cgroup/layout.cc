@@ -1,6 +1,8 @@
 #include "isolation/cgroup/layout.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <sstream>
 #include <vector>
 
@@ -59,7 +61,12 @@ std::map<std::string, std::string> parseProcCgroup(const std::string& text) {
 // Directory of `cgroupPath` under a mount whose visible root is `root`.
 std::string dirUnder(const CgroupMount& m, const std::string& cgroupPath) {
   std::string rel = cgroupPath;
-  if (m.root != "/" && rel.compare(0, m.root.size(), m.root) == 0) rel = rel.substr(m.root.size());
+  // Strip the mount's root only as a whole path prefix (/a/b is under /a,
+  // /a/bc is not).
+  if (m.root != "/" && rel.compare(0, m.root.size(), m.root) == 0 &&
+      (rel.size() == m.root.size() || rel[m.root.size()] == '/')) {
+    rel = rel.substr(m.root.size());
+  }
   return os::normalizePath(m.mountPoint + "/" + rel);
 }
 
@@ -127,10 +134,13 @@ Status prepareParents(const Layout& layout) {
   std::string parentOfParent = layout.v2Parent.substr(0, layout.v2Parent.rfind('/'));
   for (const std::string& dir : {parentOfParent, layout.v2Parent}) {
     MOAT_TRY(os::makeDirs(dir));
-    MOAT_ASSIGN(std::string available, os::readFile(dir + "/cgroup.controllers"));
+    MOAT_ASSIGN(std::string text, os::readFile(dir + "/cgroup.controllers"));
+    std::istringstream words(text);
+    std::vector<std::string> available{std::istream_iterator<std::string>(words),
+                                       std::istream_iterator<std::string>()};
     std::string enable;
     for (const std::string c : {"cpu", "memory", "pids"}) {
-      if (available.find(c) == std::string::npos) {
+      if (std::find(available.begin(), available.end(), c) == available.end()) {
         return Error::make("unsupported", "cgroup v2 controller '" + c + "' is not available in " +
                                               dir + " (set MOAT_CGROUP_PARENT to a delegated cgroup)");
       }

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/trace.h"
 #include "common/unique_fd.h"
 #include "os/file.h"
 #include "os/mount.h"
@@ -142,22 +143,28 @@ Result<RootPlan> prepareRoot(const std::string& volumeDir, const std::string& lo
 Status buildRoot(const RootPlan& plan, int usernsFd) {
   MOAT_TRY(os::makeRootPrivate());
   MOAT_TRY(attachIdmapped(plan.lowerDir, plan.lowerMountPoint, true, usernsFd));
+  traceStage("root: lower");
   // volatile: no syncs for a layer that is thrown away with the environment.
   MOAT_TRY(os::mount("overlay", plan.rootMountPoint, "overlay", MS_NOSUID | MS_NODEV,
                      "lowerdir=" + plan.lowerMountPoint + ",upperdir=" + plan.upperDir +
                          ",workdir=" + plan.workDir + ",volatile"));
   const std::string& root = plan.rootMountPoint;
+  traceStage("root: overlay");
   for (const auto& bind : plan.binds) {
     std::string target = root + bind.target;
     MOAT_TRY(ensureMountPoint(target, os::isDirectory(bind.source), plan.hostRootUid,
                               plan.hostRootGid));
     MOAT_TRY(attachIdmapped(bind.source, target, bind.readOnly, usernsFd));
   }
+  traceStage("root: binds");
   MOAT_TRY(ensureMountPoint(root + "/proc", true, plan.hostRootUid, plan.hostRootGid));
   MOAT_TRY(os::mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC));
   MOAT_TRY(ensureMountPoint(root + "/dev", true, plan.hostRootUid, plan.hostRootGid));
+  traceStage("root: proc");
   MOAT_TRY(mountDev(root, plan));
+  traceStage("root: dev");
   MOAT_TRY(os::pivotInto(root));
+  traceStage("root: pivot");
   return maskProc();
 }
 

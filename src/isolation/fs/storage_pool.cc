@@ -87,7 +87,7 @@ Status mountPool(const std::string& image, const std::string& root, uint64_t ima
   MOAT_TRY(os::makeDir(root, 0700));
   MOAT_TRY(os::mount(loop.path, root, "btrfs", MS_NOSUID | MS_NODEV | MS_NOATIME));
   // The loop fd closes here; autoclear detaches the device at unmount.
-  MOAT_ASSIGN(auto mode, os::enableBtrfsQuota(root, false));
+  MOAT_ASSIGN(auto mode, os::enableBtrfsQuota(root, true));
   (void)mode;
   return os::makeDir(root + "/envs", 0700);
 }

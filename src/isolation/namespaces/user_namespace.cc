@@ -20,21 +20,27 @@ IdMap allocateIdMap() {
   return map;
 }
 
+namespace {
+
+// Runs in the light child: hold the namespace open until the parent closes
+// its end of the gate.
+int holdNamespace(void* arg) {
+  const int* gate = static_cast<const int*>(arg);
+  ::close(gate[1]);  // the child's copy of the write end, or EOF never comes
+  char byte;
+  ssize_t ignored = ::read(gate[0], &byte, 1);
+  (void)ignored;
+  return 0;
+}
+
+}  // namespace
+
 Result<UniqueFd> createUserNamespace(const IdMap& map) {
   int gate[2];
   if (::pipe2(gate, O_CLOEXEC) != 0) return Error::fromErrno("pipe");
   UniqueFd gateRead(gate[0]), gateWrite(gate[1]);
-
-  MOAT_ASSIGN(os::Child child, os::clone3({CLONE_NEWUSER, -1}));
-  if (child.pid == 0) {
-    // Hold the namespace open until the parent has what it needs.
-    gateWrite.reset();
-    char byte;
-    ssize_t ignored = ::read(gateRead.get(), &byte, 1);
-    (void)ignored;
-    ::_exit(0);
-  }
-  gateRead.reset();
+  int ends[2] = {gateRead.get(), gateWrite.get()};
+  MOAT_ASSIGN(os::Child child, os::cloneLight(CLONE_NEWUSER, holdNamespace, ends));
   std::string proc = "/proc/" + std::to_string(child.pid);
   std::string line = "0 " + std::to_string(map.hostBase) + " " + std::to_string(map.count) + "\n";
   Status s = os::writeExisting(proc + "/uid_map", line);

@@ -1,0 +1,332 @@
+#include "isolation/seccomp/policy.h"
+
+#include <errno.h>
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "os/security.h"
+
+#ifndef MOAT_SOURCE_DIR
+#error "MOAT_SOURCE_DIR must be defined by tests/unit/CMakeLists.txt"
+#endif
+
+namespace moat::isolation::seccomp {
+namespace {
+
+const Rule* findRule(const Policy& policy, const std::string& name) {
+  for (const auto& r : policy.rules) {
+    if (r.syscall == name) return &r;
+  }
+  return nullptr;
+}
+
+Policy defaultPolicy() {
+  auto p = parsePolicy(defaultPolicyText());
+  EXPECT_TRUE(p.ok()) << p.error().message();
+  return p.ok() ? p.value() : Policy{};
+}
+
+TEST(SeccompPolicy, DefaultPolicyParses) {
+  auto p = parsePolicy(defaultPolicyText());
+  ASSERT_TRUE(p.ok()) << p.error().message();
+  EXPECT_GE(p->rules.size(), 20u);
+}
+
+TEST(SeccompPolicy, DefaultDeniesTheDangerousSyscalls) {
+  Policy policy = defaultPolicy();
+  const char* mustDeny[] = {"keyctl",       "add_key",          "request_key",     "bpf",
+                            "userfaultfd",  "perf_event_open",  "kexec_load",      "kexec_file_load",
+                            "init_module",  "finit_module",     "delete_module",   "mount",
+                            "umount2",      "pivot_root",       "open_by_handle_at", "io_uring_setup",
+                            "unshare",      "setns",            "clone3"};
+  for (const char* name : mustDeny) {
+    const Rule* r = findRule(policy, name);
+    ASSERT_NE(r, nullptr) << name << " is not in the default policy";
+    EXPECT_EQ(r->argIndex, -1) << name << " must be denied unconditionally";
+    EXPECT_TRUE(r->kill || r->errnoValue != 0) << name << " has no action";
+  }
+  // clone3 must fail with ENOSYS so libc falls back to clone (which the
+  // filter can inspect); the rest are EPERM.
+  EXPECT_EQ(findRule(policy, "clone3")->errnoValue, ENOSYS);
+  EXPECT_EQ(findRule(policy, "keyctl")->errnoValue, EPERM);
+  EXPECT_EQ(findRule(policy, "unshare")->errnoValue, EPERM);
+}
+
+TEST(SeccompPolicy, CloneRuleCoversNewUser) {
+  Policy policy = defaultPolicy();
+  const Rule* clone = findRule(policy, "clone");
+  ASSERT_NE(clone, nullptr);
+  EXPECT_EQ(clone->argIndex, 0);
+  EXPECT_NE(clone->anyBits & 0x10000000ull, 0u) << "CLONE_NEWUSER";
+  // And the other namespace flags: NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWPID, NEWNET.
+  for (uint64_t flag : {0x00020000ull, 0x02000000ull, 0x04000000ull, 0x08000000ull,
+                        0x20000000ull, 0x40000000ull}) {
+    EXPECT_NE(clone->anyBits & flag, 0u) << std::hex << flag;
+  }
+  // But not CLONE_THREAD/CLONE_VM: threads and fork must keep working.
+  EXPECT_EQ(clone->anyBits & 0x00010100ull, 0u);
+  EXPECT_EQ(clone->errnoValue, EPERM);
+}
+
+TEST(SeccompPolicy, EveryRuleSaysWhy) {
+  Policy policy = defaultPolicy();
+  std::set<std::string> seen;
+  for (const auto& r : policy.rules) {
+    EXPECT_NE(r.why.find_first_not_of(" \t"), std::string::npos)
+        << r.syscall << " (line " << r.line << ") has no reason";
+    EXPECT_GT(r.line, 0);
+    EXPECT_TRUE(seen.insert(r.syscall).second) << r.syscall << " appears twice";
+  }
+}
+
+TEST(SeccompPolicy, PolicyFileIsWhatTheBinaryEmbeds) {
+  std::string path = std::string(MOAT_SOURCE_DIR) + "/policy/seccomp/default.policy";
+  std::ifstream in(path, std::ios::binary);
+  ASSERT_TRUE(in.good()) << "cannot open " << path;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_EQ(ss.str(), defaultPolicyText());
+  EXPECT_FALSE(defaultPolicyText().empty());
+}
+
+// Syscalls the x86_64 ABI does not have (or libseccomp does not know there).
+const std::set<std::string> kMayBeMissingOnX86_64 = {
+    "create_module", "query_module", "get_kernel_syms", "nfsservctl", "uselib",
+};
+
+TEST(SeccompPolicy, CompilesWithNothingImportantSkipped) {
+  Policy policy = defaultPolicy();
+  auto program = compile(policy);
+  ASSERT_TRUE(program.ok()) << program.error().message();
+  EXPECT_GT(program->filter.size(), policy.rules.size()) << "BPF program looks too short";
+#if defined(__x86_64__)
+  for (const auto& name : program->skipped) {
+    EXPECT_TRUE(kMayBeMissingOnX86_64.count(name))
+        << name << " was skipped on x86_64: the filter does not deny it";
+  }
+#endif
+  // defaultProgram() is the same compilation, cached.
+  auto cached = defaultProgram();
+  ASSERT_TRUE(cached.ok()) << cached.error().message();
+  EXPECT_EQ(cached->filter.size(), program->filter.size());
+  EXPECT_EQ(cached->skipped, program->skipped);
+}
+
+TEST(SeccompPolicy, CompileSkipsUnknownSyscall) {
+  auto policy = parsePolicy("no_such_syscall_xyz EPERM # test\nkeyctl EPERM # test\n");
+  ASSERT_TRUE(policy.ok()) << policy.error().message();
+  auto program = compile(policy.value());
+  ASSERT_TRUE(program.ok()) << program.error().message();
+  ASSERT_EQ(program->skipped.size(), 1u);
+  EXPECT_EQ(program->skipped[0], "no_such_syscall_xyz");
+  EXPECT_FALSE(program->filter.empty());
+}
+
+TEST(SeccompPolicy, ParsesActionsAndArgRules) {
+  auto policy = parsePolicy(
+      "# comment only\n"
+      "\n"
+      "   keyctl   KILL   # kill it\n"
+      "clone EACCES arg2 has-any 0x30 # two bits\n"
+      "bpf ENOTSUP#tight comment\n");
+  ASSERT_TRUE(policy.ok()) << policy.error().message();
+  ASSERT_EQ(policy->rules.size(), 3u);
+  EXPECT_EQ(policy->rules[0].syscall, "keyctl");
+  EXPECT_TRUE(policy->rules[0].kill);
+  EXPECT_EQ(policy->rules[0].line, 3);
+  EXPECT_EQ(policy->rules[0].argIndex, -1);
+  EXPECT_EQ(policy->rules[1].errnoValue, EACCES);
+  EXPECT_EQ(policy->rules[1].argIndex, 2);
+  EXPECT_EQ(policy->rules[1].anyBits, 0x30u);
+  EXPECT_EQ(policy->rules[1].line, 4);
+  EXPECT_EQ(policy->rules[2].errnoValue, ENOTSUP);
+  EXPECT_NE(policy->rules[2].why.find("tight comment"), std::string::npos);
+}
+
+struct BadPolicy {
+  const char* what;
+  std::string line;
+  std::string mustMention;
+};
+
+TEST(SeccompPolicy, ParseErrorsNameLineAndProblem) {
+  const BadPolicy cases[] = {
+      {"unknown action", "keyctl EFOO # why", "unknown action 'EFOO'"},
+      {"missing action", "keyctl # why", "missing action"},
+      {"bad argN (index)", "clone EPERM arg6 has-any 0x1 # why", "argN"},
+      {"bad argN (name)", "clone EPERM flags has-any 0x1 # why", "argN"},
+      {"missing has-any", "clone EPERM arg0 any-of 0x1 # why", "has-any"},
+      {"zero mask", "clone EPERM arg0 has-any 0x0 # why", "bad mask"},
+      {"non-numeric mask", "clone EPERM arg0 has-any 0xZZ # why", "bad mask"},
+      {"missing comment", "keyctl EPERM", "no comment"},
+      {"blank comment", "keyctl EPERM #   ", "no comment"},
+      {"bad syscall name", "KeyCtl EPERM # why", "bad syscall name"},
+      {"bad syscall name (punctuation)", "key-ctl EPERM # why", "bad syscall name"},
+      {"extra fields", "keyctl EPERM extra # why", "unexpected fields"},
+  };
+  for (const auto& c : cases) {
+    // Two good lines and a blank one first: the bad one is line 4.
+    std::string text = "# header\nbpf EPERM # ok\n\n" + c.line + "\nmount EPERM # ok\n";
+    auto p = parsePolicy(text);
+    ASSERT_FALSE(p.ok()) << c.what << ": accepted";
+    EXPECT_EQ(p.error().code, "invalid_policy") << c.what;
+    EXPECT_NE(p.error().context.find("line 4"), std::string::npos)
+        << c.what << ": " << p.error().context;
+    EXPECT_NE(p.error().context.find(c.mustMention), std::string::npos)
+        << c.what << ": " << p.error().context;
+  }
+}
+
+// --- the filter in a real process ---------------------------------------------
+
+// Runs `body` in a forked child after installing the default filter; the
+// child reports failures as text on a pipe and exits 0 when all checks pass.
+// Returns the child's wait status and what it wrote.
+struct ChildOutcome {
+  int status = 0;
+  std::string report;
+};
+
+template <class Body>
+ChildOutcome runFiltered(const std::vector<sock_filter>& filter, Body body, bool install = true) {
+  int fds[2];
+  if (::pipe(fds) != 0) return {-1, "pipe failed"};
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string report;
+    if (install) {
+      if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) report += "no_new_privs failed; ";
+      Status s = os::installSeccomp(filter);
+      if (!s.ok()) report += "install failed: " + s.error().message() + "; ";
+    }
+    if (report.empty()) body(report);
+    ssize_t ignored = ::write(fds[1], report.data(), report.size());
+    (void)ignored;
+    ::_exit(report.empty() ? 0 : 1);
+  }
+  ::close(fds[1]);
+  ChildOutcome outcome;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) outcome.report.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  ::waitpid(pid, &outcome.status, 0);
+  return outcome;
+}
+
+void expectErrno(std::string& report, const char* what, long rc, int want) {
+  int got = errno;
+  if (rc != -1 || got != want) {
+    report += std::string(what) + ": rc=" + std::to_string(rc) + " errno=" + std::to_string(got) +
+              " (want " + std::to_string(want) + "); ";
+  }
+}
+
+TEST(SeccompFilter, DefaultFilterDeniesInARealProcess) {
+  auto program = defaultProgram();
+  ASSERT_TRUE(program.ok()) << program.error().message();
+  auto outcome = runFiltered(program->filter, [](std::string& report) {
+    errno = 0;
+    long rc = ::syscall(SYS_keyctl, 0 /* KEYCTL_GET_KEYRING_ID */, -3 /* session */, 0);
+    expectErrno(report, "keyctl", rc, EPERM);
+    errno = 0;
+    rc = ::unshare(CLONE_NEWUSER);
+    expectErrno(report, "unshare(CLONE_NEWUSER)", rc, EPERM);
+    errno = 0;
+    rc = ::syscall(SYS_bpf, 0 /* BPF_MAP_CREATE */, nullptr, 0);
+    expectErrno(report, "bpf", rc, EPERM);
+    errno = 0;
+    rc = ::syscall(SYS_clone3, nullptr, 0);
+    expectErrno(report, "clone3", rc, ENOSYS);
+    errno = 0;
+    rc = ::syscall(SYS_clone, CLONE_NEWUSER | SIGCHLD, 0, 0, 0, 0);
+    if (rc == 0) ::_exit(0);  // the filter let it through: the parent reports it
+    expectErrno(report, "clone(CLONE_NEWUSER)", rc, EPERM);
+
+    // Ordinary calls still work.
+    if (::getpid() <= 0) report += "getpid failed; ";
+    if (::syscall(SYS_personality, 0 /* PER_LINUX */) == -1) report += "personality(0) failed; ";
+    int p[2];
+    if (::pipe(p) != 0 || ::write(p[1], "ok", 2) != 2) report += "write failed; ";
+    // fork (plain clone) works and so do threads (clone3 falls back to clone).
+    pid_t child = ::fork();
+    if (child == 0) ::_exit(42);
+    int st = 0;
+    if (child < 0 || ::waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st) != 42) {
+      report += "fork failed; ";
+    }
+    bool ran = false;
+    std::thread t([&] { ran = true; });
+    t.join();
+    if (!ran) report += "thread did not run; ";
+  });
+  ASSERT_TRUE(WIFEXITED(outcome.status)) << "child died: status " << outcome.status;
+  EXPECT_EQ(WEXITSTATUS(outcome.status), 0) << outcome.report;
+  EXPECT_EQ(outcome.report, "");
+}
+
+TEST(SeccompFilter, PersonalityQueryIsAllowed) {
+  // personality(0xffffffff) only reads the persona (gdb, setarch do it before
+  // changing ADDR_NO_RANDOMIZE); it sets no bit and must not be denied.
+  auto program = defaultProgram();
+  ASSERT_TRUE(program.ok()) << program.error().message();
+  auto outcome = runFiltered(program->filter, [](std::string& report) {
+    errno = 0;
+    long rc = ::syscall(SYS_personality, 0xffffffffUL);
+    if (rc == -1) report += "personality(0xffffffff): errno " + std::to_string(errno);
+  });
+  ASSERT_TRUE(WIFEXITED(outcome.status)) << "child died: status " << outcome.status;
+  EXPECT_EQ(outcome.report, "");
+}
+
+#if defined(__x86_64__)
+long int80Getpid() {
+  long ret = 20;  // __NR_getpid in the i386 table
+  asm volatile("int $0x80" : "+a"(ret) : : "memory");
+  return ret;
+}
+
+TEST(SeccompFilter, ForeignAbisAreKilled) {
+  auto program = defaultProgram();
+  ASSERT_TRUE(program.ok()) << program.error().message();
+  // Without a filter: does this kernel serve the i386 ABI at all?
+  auto baseline = runFiltered(
+      program->filter,
+      [](std::string& report) {
+        if (int80Getpid() != ::getpid()) report += "int80 getpid mismatch";
+      },
+      /*install=*/false);
+  if (!WIFEXITED(baseline.status) || WEXITSTATUS(baseline.status) != 0) {
+    GTEST_SKIP() << "kernel without IA32 emulation (status " << baseline.status << ")";
+  }
+  auto i386 = runFiltered(program->filter, [](std::string& report) {
+    long r = int80Getpid();
+    report += "int 0x80 returned " + std::to_string(r);
+  });
+  ASSERT_TRUE(WIFSIGNALED(i386.status)) << "i386 syscall was not killed: " << i386.report;
+  EXPECT_EQ(WTERMSIG(i386.status), SIGSYS);
+
+  auto x32 = runFiltered(program->filter, [](std::string& report) {
+    long r = ::syscall(0x40000000L | 39 /* x32 getpid */);
+    report += "x32 syscall returned " + std::to_string(r);
+  });
+  ASSERT_TRUE(WIFSIGNALED(x32.status)) << "x32 syscall was not killed: " << x32.report;
+  EXPECT_EQ(WTERMSIG(x32.status), SIGSYS);
+}
+#endif
+
+}  // namespace
+}  // namespace moat::isolation::seccomp
