@@ -2,6 +2,7 @@
 // drift on the machine affects all of them alike, and prints medians, p90
 // and each one's ratio to the first. Usage:
 //   moat-startup-bench ROUNDS NAME=COMMAND... (COMMAND split on spaces)
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -35,7 +36,8 @@ bool runOnce(Peer& p) {
   argv.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", 0, 0);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
   double start = nowMs();
   pid_t pid;
   if (posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) return false;

@@ -147,6 +147,14 @@ int superviseCommand(Environment& env, const RunOptions& options) {
           }
           return exited->exitCode;
         }
+        case init::MsgType::kHello: {
+          auto hello = init::Hello::decode(frame.payload);
+          if (!hello.ok() || hello->version != init::kProtocolVersion) {
+            return complain(kExitEnvironment, "environment failed: moat-init speaks another protocol");
+          }
+          traceStage("hello");
+          break;
+        }
         case init::MsgType::kProtocolError:
           return complain(kExitEnvironment, "environment failed: protocol error");
         default:

@@ -112,6 +112,12 @@ std::vector<std::string> baseEnvironment(const std::string& hostname, const std:
 Result<RunOptions> parseRunOptions(const std::vector<std::string>& args, uint64_t hostMemoryMb,
                                    const char* (*lookupHostEnv)(const char*)) {
   RunOptions o;
+  // One-shot runs skip the exec of moat-init (see InitMode); MOAT_INIT_MODE=exec
+  // selects the daemon's way, for tests and comparison.
+  const char* initMode = std::getenv("MOAT_INIT_MODE");
+  o.spec.initMode = initMode && std::string(initMode) == "exec"
+                        ? backend::namespaces::InitMode::kExec
+                        : backend::namespaces::InitMode::kInProcess;
   const char* state = std::getenv("MOAT_STATE");
   o.spec.stateDir = state && *state ? state : "/var/lib/moat";
   size_t i = 0;

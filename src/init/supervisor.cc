@@ -1,6 +1,7 @@
 #include "init/supervisor.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
@@ -51,54 +52,75 @@ std::string lookupEnv(const std::vector<std::string>& env, const std::string& ke
   return "";
 }
 
-// Runs in the forked child: never returns.
-[[noreturn]] void execChild(const SpawnRequest& req, int stdinFd, int outFd, int errFd,
-                            int failFd) {
+// Everything the child needs, built before vfork: the child shares our
+// memory and may only make system calls.
+struct ExecPlan {
+  std::vector<std::string> candidates;  // paths to try, in PATH order
+  std::vector<char*> argv;
+  std::vector<char*> envp;
+  const char* cwd;
+  uid_t uid;
+  gid_t gid;
+  bool switchIds;
+};
+
+ExecPlan planExec(const SpawnRequest& req) {
+  ExecPlan plan;
+  for (const auto& a : req.argv) plan.argv.push_back(const_cast<char*>(a.c_str()));
+  plan.argv.push_back(nullptr);
+  for (const auto& e : req.env) plan.envp.push_back(const_cast<char*>(e.c_str()));
+  plan.envp.push_back(nullptr);
+  plan.cwd = req.cwd.c_str();
+  plan.uid = req.uid;
+  plan.gid = req.gid;
+  plan.switchIds = req.uid != ::getuid() || req.gid != ::getgid();
+  const std::string& name = req.argv[0];
+  if (name.find('/') != std::string::npos) {
+    plan.candidates.push_back(name);
+    return plan;
+  }
+  std::string path = lookupEnv(req.env, "PATH");
+  if (path.empty()) path = "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find(':', start);
+    if (end == std::string::npos) end = path.size();
+    std::string dir = path.substr(start, end - start);
+    plan.candidates.push_back((dir.empty() ? "." : dir) + "/" + name);
+    start = end + 1;
+  }
+  return plan;
+}
+
+// Runs in the vforked child: system calls only, never returns.
+[[noreturn]] void execChild(const ExecPlan& plan, int stdinFd, int outFd, int errFd, int failFd) {
   sigset_t all;
   sigemptyset(&all);
   ::sigprocmask(SIG_SETMASK, &all, nullptr);
-  ::signal(SIGPIPE, SIG_DFL);
+  struct sigaction dfl;
+  std::memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  ::sigaction(SIGPIPE, &dfl, nullptr);
   if (::setsid() < 0) childFail(failFd, "setsid", errno);
   if (::dup2(stdinFd, 0) < 0 || ::dup2(outFd, 1) < 0 || ::dup2(errFd, 2) < 0) {
     childFail(failFd, "dup2", errno);
   }
   // Everything else closes at exec, including failFd: EOF there means success.
   ::syscall(SYS_close_range, 3, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
-  if (req.uid != ::getuid() || req.gid != ::getgid()) {
-    Status s = os::becomeId(req.uid, req.gid);
-    if (!s.ok()) childFail(failFd, "setuid", s.error().sysErrno);
+  if (plan.switchIds && (::setgroups(0, nullptr) != 0 || ::setresgid(plan.gid, plan.gid, plan.gid) != 0 ||
+                         ::setresuid(plan.uid, plan.uid, plan.uid) != 0)) {
+    childFail(failFd, "setuid", errno);
   }
-  if (::chdir(req.cwd.c_str()) != 0) childFail(failFd, "chdir", errno);
-
-  std::vector<char*> argv;
-  for (const auto& a : req.argv) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  std::vector<char*> envp;
-  for (const auto& e : req.env) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-
-  const std::string& name = req.argv[0];
-  if (name.find('/') != std::string::npos) {
-    ::execve(name.c_str(), argv.data(), envp.data());
-    childFail(failFd, "exec", errno);
-  }
-  std::string path = lookupEnv(req.env, "PATH");
-  if (path.empty()) path = "/usr/local/bin:/usr/bin:/bin";
+  if (::chdir(plan.cwd) != 0) childFail(failFd, "chdir", errno);
   int err = ENOENT;
-  size_t start = 0;
-  while (start <= path.size()) {
-    size_t end = path.find(':', start);
-    if (end == std::string::npos) end = path.size();
-    std::string dir = path.substr(start, end - start);
-    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
-    ::execve(candidate.c_str(), argv.data(), envp.data());
+  for (const auto& candidate : plan.candidates) {
+    ::execve(candidate.c_str(), plan.argv.data(), plan.envp.data());
     if (errno == EACCES) {
       err = EACCES;
     } else if (errno != ENOENT && errno != ENOTDIR) {
       err = errno;
       break;
     }
-    start = end + 1;
   }
   childFail(failFd, "exec", err);
 }
@@ -261,10 +283,13 @@ void Supervisor::spawn(const SpawnRequest& req) {
   if (::pipe2(failPipe, O_CLOEXEC) != 0) return fail(errno, "pipe");
   UniqueFd failRead(failPipe[0]), failWrite(failPipe[1]);
 
+  ExecPlan plan = planExec(req);
   uint64_t start = nowUs();
-  pid_t pid = ::fork();
+  // vfork: no copy of our page tables, and we resume once the child has
+  // exec'd (or failed), which is when we would read the fail pipe anyway.
+  pid_t pid = ::vfork();
   if (pid < 0) return fail(errno, "fork");
-  if (pid == 0) execChild(req, inRead.get(), outWrite.get(), errWrite.get(), failWrite.get());
+  if (pid == 0) execChild(plan, inRead.get(), outWrite.get(), errWrite.get(), failWrite.get());
 
   failWrite.reset();
   inRead.reset();

@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 
 #include "common/trace.h"
 #include "init/protocol.h"
+#include "init/supervisor.h"
 #include "isolation/caps/capabilities.h"
 #include "isolation/cgroup/layout.h"
 #include "isolation/fs/storage_pool.h"
@@ -59,7 +61,7 @@ struct ChildArgs {
   std::vector<std::string> joinFiles;  // v1: join by writing "0"
   int usernsFd;
   int controlFd;
-  int initFd;
+  int initFd;  // -1: run the supervisor in process
   int errorFd;
   const std::vector<sock_filter>* seccomp;
 };
@@ -100,21 +102,30 @@ struct ChildArgs {
   int devNull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
   if (devNull < 0) childFail(errFd, "open /dev/null", Error::fromErrno("open"));
   int control = ::fcntl(a.controlFd, F_DUPFD_CLOEXEC, 10);
-  int init = ::fcntl(a.initFd, F_DUPFD_CLOEXEC, 10);
+  int init = a.initFd < 0 ? -1 : ::fcntl(a.initFd, F_DUPFD_CLOEXEC, 10);
   int err = ::fcntl(errFd, F_DUPFD_CLOEXEC, 10);
-  if (control < 0 || init < 0 || err < 0) childFail(errFd, "dup", Error::fromErrno("fcntl"));
+  if (control < 0 || (a.initFd >= 0 && init < 0) || err < 0) {
+    childFail(errFd, "dup", Error::fromErrno("fcntl"));
+  }
   errFd = err;
   for (int fd = 0; fd < 3; ++fd) {
     if (::dup2(devNull, fd) < 0) childFail(errFd, "stdio", Error::fromErrno("dup2"));
   }
-  if (::dup2(control, kControlFd) < 0 || ::dup3(init, kInitFd, O_CLOEXEC) < 0 ||
+  if (::dup2(control, kControlFd) < 0 || (init >= 0 && ::dup3(init, kInitFd, O_CLOEXEC) < 0) ||
       ::dup3(err, kErrorFd, O_CLOEXEC) < 0) {
     childFail(errFd, "fds", Error::fromErrno("dup2"));
   }
   errFd = kErrorFd;
   CHILD_STEP("close fds", os::closeFrom(kErrorFd + 1));
   CHILD_STEP("seccomp", os::installSeccomp(*a.seccomp));
-  childFail(errFd, "exec", os::execFd(kInitFd, {"moat-init"}, {}));
+  if (init >= 0) childFail(errFd, "exec", os::execFd(kInitFd, {"moat-init"}, {}));
+
+  // In process: become moat-init without an exec. Closing the error pipe
+  // tells the parent that setup is complete, as an exec would.
+  CHILD_STEP("not dumpable", os::setDumpable(false));
+  ::prctl(PR_SET_NAME, "moat-init", 0, 0, 0);
+  ::close(errFd);
+  ::_exit(init::Supervisor(kControlFd, true).run());
 }
 
 Status checkSpec(const EnvironmentSpec& spec) {
@@ -196,8 +207,11 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
   MOAT_ASSIGN(UniqueFd userns, isolation::namespaces::createUserNamespace(idmap));
   traceStage("userns");
   MOAT_ASSIGN(auto program, isolation::seccomp::defaultProgram());
-  MOAT_ASSIGN(std::string initPath, findInitBinary());
-  MOAT_ASSIGN(UniqueFd initFd, os::open(initPath, O_PATH));
+  UniqueFd initFd;
+  if (spec.initMode == InitMode::kExec) {
+    MOAT_ASSIGN(std::string initPath, findInitBinary());
+    MOAT_ASSIGN(initFd, os::open(initPath, O_PATH));
+  }
 
   traceStage("seccomp+init");
   int sockets[2];
@@ -241,13 +255,9 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
     return Error::make("environment_failed", "environment setup failed at " + failure);
   }
   traceStage("child exec");
+  // moat-init's Hello is read by the client together with its first replies:
+  // requests may be sent right away and wait in the socket meanwhile.
   env->control_ = std::move(parentEnd);
-  init::FrameReader reader;
-  auto hello = init::readFrame(env->control_.get(), reader);
-  if (!hello.ok() || hello->type != init::MsgType::kHello) {
-    return Error::make("environment_failed", "moat-init did not start");
-  }
-  traceStage("hello");
   return env;
 }
 
