@@ -276,6 +276,17 @@ TEST_F(Run, InterruptIsForwardedToTheCommand) {
   EXPECT_EQ(WEXITSTATUS(status), 5);
 }
 
+TEST_F(Run, ExecModeInitBehavesTheSame) {
+  // moatd will exec the moat-init binary instead of running it in process.
+  const std::map<std::string, std::string> exec = {{"MOAT_INIT_MODE", "exec"}};
+  auto r = runMoat({"run", "-i", "--", "sh", "-c", "cat /proc/1/comm; read x; echo got $x; exit 4"},
+                   "line\n", exec);
+  EXPECT_EQ(r.exitCode, 4) << r.err;
+  EXPECT_EQ(r.out, "moat-init\ngot line\n");
+  EXPECT_EQ(runMoat({"run", "--timeout", "0.2", "--", "sleep", "30"}, "", exec).exitCode, 124);
+  EXPECT_EQ(runMoat({"run", "--", "no-such-command"}, "", exec).exitCode, 127);
+}
+
 TEST_F(Run, HostnameIsTheEnvironmentId) {
   auto a = runMoat({"run", "--", "sh", "-c", "hostname; cat /etc/hostname"});
   auto b = runMoat({"run", "--", "hostname"});

@@ -84,10 +84,6 @@ struct ChildArgs {
 // exec of moat-init. Errors go to the parent through errorFd.
 [[noreturn]] void runChild(const ChildArgs& a) {
   int errFd = a.errorFd;
-  // The environment dies with the moat process that created it. (Should the
-  // parent die before this line, moat-init still exits: its control socket
-  // reads EOF.)
-  CHILD_STEP("parent death signal", os::setParentDeathSignal(SIGKILL));
   for (const auto& file : a.joinFiles) CHILD_STEP("join cgroup", os::writeExisting(file, "0"));
   CHILD_STEP("cgroup namespace", os::unshareNamespaces(CLONE_NEWCGROUP));
   CHILD_STEP("root file system", fs::buildRoot(a.plan, a.usernsFd));
@@ -97,6 +93,10 @@ struct ChildArgs {
   CHILD_STEP("become root of the user namespace", os::becomeId(0, 0));
   CHILD_STEP("capabilities", os::restrictCapabilities(isolation::caps::environmentCapabilities()));
   CHILD_STEP("no_new_privs", os::setNoNewPrivs());
+  // The environment dies with the moat process that created it. Set after
+  // the last credential change, which would clear it. (Should the parent die
+  // before this line, moat-init still exits: its control socket reads EOF.)
+  CHILD_STEP("parent death signal", os::setParentDeathSignal(SIGKILL));
   CHILD_STEP("landlock", os::landlockScopeSelf());
 
   int devNull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -116,6 +116,10 @@ struct ChildArgs {
     childFail(errFd, "fds", Error::fromErrno("dup2"));
   }
   errFd = kErrorFd;
+  // Nothing of the parent's may stay open here: its end of the control
+  // socket would keep moat-init from ever seeing EOF, its lock would keep
+  // the environment from being collected.
+  if (init < 0) ::close(kInitFd);
   CHILD_STEP("close fds", os::closeFrom(kErrorFd + 1));
   CHILD_STEP("seccomp", os::installSeccomp(*a.seccomp));
   if (init >= 0) childFail(errFd, "exec", os::execFd(kInitFd, {"moat-init"}, {}));
