@@ -8,9 +8,8 @@
 
 #include "common/result.h"
 
-// The seccomp profile as data: parsed from policy/seccomp/*.policy (the
-// default one is compiled into the binaries) and compiled to BPF once per
-// process, before any environment is cloned.
+// The seccomp profile as data: parsed from policy/seccomp/*.policy and
+// compiled to classic BPF with libseccomp.
 namespace moat::isolation::seccomp {
 
 struct Rule {
@@ -36,7 +35,12 @@ struct Program {
 };
 Result<Program> compile(const Policy& policy);
 
-// The compiled default profile (compiled on first use, then cached).
+// The default profile as BPF, compiled from the policy file at build time
+// (by moat-seccomp-compile) so that creating an environment costs no
+// compilation and moat carries no libseccomp at run time.
 Result<Program> defaultProgram();
+
+// Writes C++ source defining the embedded filter (used by the build).
+std::string filterSource(const Program& program);
 
 }  // namespace moat::isolation::seccomp
