@@ -35,7 +35,7 @@ std::set<std::string> lines(const std::string& text) {
 // volumes, lock files, processes running as an environment's host uid.
 struct HostTraces {
   std::set<std::string> cgroups;
-  size_t mounts = 0;
+  std::set<std::string> mounts;  // this test's state dir and any overlay (other tests run concurrently)
   std::set<std::string> volumes;
   std::set<std::string> locks;
   std::set<std::string> envProcesses;
@@ -55,7 +55,11 @@ struct HostTraces {
         if (n.rfind("moat-", 0) == 0) t.cgroups.insert(p + "/" + n);
       }
     }
-    t.mounts = lines(os::readFile("/proc/self/mountinfo", 1 << 22).value()).size();
+    for (const auto& l : lines(os::readFile("/proc/self/mountinfo", 1 << 22).value())) {
+      if (l.find(testStateDir()) != std::string::npos || l.find(" - overlay ") != std::string::npos) {
+        t.mounts.insert(l.substr(l.find(' ') + 1));  // without the mount id
+      }
+    }
     auto vols = os::listDir(testStateDir() + "/storage/envs");
     if (vols.ok()) t.volumes.insert(vols->begin(), vols->end());
     auto locks = os::listDir(testStateDir() + "/run");

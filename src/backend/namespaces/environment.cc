@@ -196,6 +196,7 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
   auto idmap = isolation::namespaces::allocateIdMap();
   MOAT_ASSIGN(fs::RootPlan plan,
               fs::prepareRoot(volume, tmpl.lowerDir, env->id_, idmap.hostBase, idmap.hostBase));
+  MOAT_ASSIGN(plan.devDir, fs::ensureDevSkeleton(spec.stateDir));
   for (const auto& dir : tmpl.hostReadOnlyDirs) plan.binds.push_back({dir, dir, true});
   for (const auto& v : spec.volumes) plan.binds.push_back(v);
 

@@ -3,17 +3,19 @@
 #include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "common/trace.h"
 #include "common/unique_fd.h"
+#include "isolation/fs/built_dir.h"
 #include "os/file.h"
 #include "os/mount.h"
 
 namespace moat::isolation::fs {
 namespace {
 
-constexpr const char* kDevices[] = {"null", "zero", "full", "random", "urandom", "tty"};
 // /proc entries that leak host kernel state or allow host-wide actions.
 constexpr const char* kProcHidden[] = {"/proc/kcore", "/proc/keys", "/proc/timer_list",
                                        "/proc/sysrq-trigger", "/proc/kallsyms", "/proc/kmsg"};
@@ -22,10 +24,12 @@ constexpr const char* kProcReadOnly[] = {"/proc/sys", "/proc/bus", "/proc/fs", "
 // Attaches a detached copy of `source` at `target`, with ids mapped through
 // usernsFd when the file system supports it.
 Status attachIdmapped(const std::string& source, const std::string& target, bool readOnly,
-                      int usernsFd) {
+                      int usernsFd, bool devices = false) {
   MOAT_ASSIGN(UniqueFd tree, os::cloneTree(source, false));
   os::MountAttrs attrs;
   attrs.readOnly = readOnly;
+  attrs.noDev = !devices;
+  attrs.noExec = devices;
   attrs.idmapUsernsFd = usernsFd;
   Status s = os::setMountAttrs(tree.get(), attrs, false);
   if (!s.ok()) {
@@ -49,30 +53,40 @@ Status ensureMountPoint(const std::string& path, bool directory, uid_t uid, gid_
   return os::chown(path, uid, gid);
 }
 
-Status mountDev(const std::string& root, const RootPlan& plan) {
-  std::string dev = root + "/dev";
-  std::string ids = ",uid=" + std::to_string(plan.hostRootUid) + ",gid=" +
-                    std::to_string(plan.hostRootGid);
-  MOAT_TRY(os::mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC,
-                     "mode=755,size=64k,nr_inodes=64" + ids));
-  for (const char* name : kDevices) {
-    std::string target = dev + "/" + name;
-    MOAT_TRY(os::writeFile(target, "", 0666));
-    MOAT_TRY(os::bindMount(std::string("/dev/") + name, target));
-    MOAT_TRY(os::remountBind(target, MS_NOSUID | MS_NOEXEC));
+Status buildDevSkeleton(const std::string& dir) {
+  struct Node {
+    const char* name;
+    unsigned major, minor;
+  };
+  constexpr Node kNodes[] = {{"null", 1, 3},    {"zero", 1, 5},    {"full", 1, 7},
+                             {"random", 1, 8},  {"urandom", 1, 9}, {"tty", 5, 0}};
+  MOAT_TRY(os::makeDir(dir, 0755));
+  for (const auto& n : kNodes) {
+    std::string path = dir + "/" + n.name;
+    if (::mknod(path.c_str(), S_IFCHR | 0666, makedev(n.major, n.minor)) != 0) {
+      return Error::fromErrno("mknod " + path);
+    }
+    ::chmod(path.c_str(), 0666);  // despite the umask
   }
-  MOAT_TRY(os::makeDir(dev + "/pts", 0755));
+  MOAT_TRY(os::makeDir(dir + "/pts", 0755));
+  MOAT_TRY(os::makeDir(dir + "/shm", 01777));
+  MOAT_TRY(os::symlink("pts/ptmx", dir + "/ptmx"));
+  MOAT_TRY(os::symlink("/proc/self/fd", dir + "/fd"));
+  MOAT_TRY(os::symlink("/proc/self/fd/0", dir + "/stdin"));
+  MOAT_TRY(os::symlink("/proc/self/fd/1", dir + "/stdout"));
+  MOAT_TRY(os::symlink("/proc/self/fd/2", dir + "/stderr"));
+  return {};
+}
+
+Status mountDev(const std::string& root, const RootPlan& plan, int usernsFd) {
+  std::string dev = root + "/dev";
+  MOAT_TRY(attachIdmapped(plan.devDir, dev, true, usernsFd, true));
   MOAT_TRY(os::mount("devpts", dev + "/pts", "devpts", MS_NOSUID | MS_NOEXEC,
                      "newinstance,ptmxmode=0666,mode=0620,gid=" +
                          std::to_string(plan.hostRootGid + 5)));
-  MOAT_TRY(os::symlink("pts/ptmx", dev + "/ptmx"));
-  MOAT_TRY(os::makeDir(dev + "/shm", 01777));
-  MOAT_TRY(os::mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777" + ids));
-  MOAT_TRY(os::symlink("/proc/self/fd", dev + "/fd"));
-  MOAT_TRY(os::symlink("/proc/self/fd/0", dev + "/stdin"));
-  MOAT_TRY(os::symlink("/proc/self/fd/1", dev + "/stdout"));
-  MOAT_TRY(os::symlink("/proc/self/fd/2", dev + "/stderr"));
-  return {};
+  return os::mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV,
+                   "mode=1777,uid=" + std::to_string(plan.hostRootUid) +
+                       ",gid=" + std::to_string(plan.hostRootGid));
 }
 
 Status maskProc() {
@@ -105,6 +119,16 @@ Status validateBindTarget(const std::string& target) {
     }
   }
   return {};
+}
+
+Result<std::string> ensureDevSkeleton(const std::string& stateDir) {
+  struct statvfs vfs;
+  if (::statvfs(stateDir.c_str(), &vfs) == 0 && (vfs.f_flag & ST_NODEV)) {
+    return Error::make("unsupported", "the state directory " + stateDir +
+                                          " is on a nodev file system; device nodes for /dev "
+                                          "cannot work there (choose another --state)");
+  }
+  return ensureBuiltDirectory(stateDir + "/templates", "dev-v1", buildDevSkeleton);
 }
 
 Result<RootPlan> prepareRoot(const std::string& volumeDir, const std::string& lowerDir,
@@ -161,7 +185,7 @@ Status buildRoot(const RootPlan& plan, int usernsFd) {
   MOAT_TRY(os::mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC));
   MOAT_TRY(ensureMountPoint(root + "/dev", true, plan.hostRootUid, plan.hostRootGid));
   traceStage("root: proc");
-  MOAT_TRY(mountDev(root, plan));
+  MOAT_TRY(mountDev(root, plan, usernsFd));
   traceStage("root: dev");
   MOAT_TRY(os::pivotInto(root));
   traceStage("root: pivot");

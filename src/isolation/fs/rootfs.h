@@ -23,6 +23,7 @@ struct RootPlan {
   std::string upperDir;
   std::string workDir;
   std::string rootMountPoint;   // where the overlay is mounted, then pivoted into
+  std::string devDir;           // prepared /dev (device nodes), bound read-only
   std::vector<BindMount> binds;  // template read-only dirs, then user volumes
   uid_t hostRootUid = 0;        // host uid of root inside (for ownership)
   gid_t hostRootGid = 0;
@@ -33,6 +34,12 @@ struct RootPlan {
 // and returns the plan.
 Result<RootPlan> prepareRoot(const std::string& volumeDir, const std::string& lowerDir,
                              const std::string& hostname, uid_t hostRootUid, gid_t hostRootGid);
+
+// The /dev every environment gets, built once in the state directory: the
+// device nodes null, zero, full, random, urandom and tty, mount points for
+// pts and shm, and the usual links. Bound read-only, it costs two mount
+// calls instead of a tmpfs and a bind per device.
+Result<std::string> ensureDevSkeleton(const std::string& stateDir);
 
 // Child side, as host root inside a fresh mount namespace: mounts the
 // overlay root (lower idmapped through usernsFd), the binds, /proc, a minimal

@@ -2,11 +2,10 @@
 
 #include <fcntl.h>
 #include <stdlib.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/unique_fd.h"
+#include "isolation/fs/built_dir.h"
 #include "os/file.h"
 
 namespace moat::isolation::fs {
@@ -70,20 +69,6 @@ Status buildHostSkeleton(const std::string& dir) {
   return {};
 }
 
-Result<std::string> ensureHostSkeleton(const std::string& stateDir) {
-  std::string templates = stateDir + "/templates";
-  std::string dir = templates + "/" + kHostSkeleton;
-  if (os::exists(dir + "/.complete")) return dir;
-  MOAT_TRY(os::makeDirs(templates, 0755));
-  MOAT_ASSIGN(UniqueFd lock, os::open(templates + "/.lock", O_RDWR | O_CREAT, 0600));
-  if (::flock(lock.get(), LOCK_EX) != 0) return Error::fromErrno("lock templates");
-  if (os::exists(dir + "/.complete")) return dir;
-  MOAT_TRY(os::removeTree(dir));
-  MOAT_TRY(buildHostSkeleton(dir));
-  MOAT_TRY(os::writeFile(dir + "/.complete", ""));
-  return dir;
-}
-
 }  // namespace
 
 std::string generatedPasswd(bool haveBash) {
@@ -99,7 +84,8 @@ Result<Template> resolveTemplate(const std::string& spec, const std::string& sta
   Template t;
   t.name = spec;
   if (spec == "host") {
-    MOAT_ASSIGN(t.lowerDir, ensureHostSkeleton(stateDir));
+    MOAT_ASSIGN(t.lowerDir,
+                ensureBuiltDirectory(stateDir + "/templates", kHostSkeleton, buildHostSkeleton));
     t.hostReadOnlyDirs.push_back("/usr");
     for (const char* top : {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}) {
       if (!os::isSymlink(top) && os::isDirectory(top)) t.hostReadOnlyDirs.push_back(top);
