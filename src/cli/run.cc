@@ -35,14 +35,16 @@ uint64_t hostMemoryMb() {
   return 1 << 20;
 }
 
-void writeAll(int fd, const std::string& data) {
+// Returns false when the reader is gone (EPIPE and friends).
+bool writeAll(int fd, const std::string& data) {
   size_t off = 0;
   while (off < data.size()) {
     ssize_t n = ::write(fd, data.data() + off, data.size() - off);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // reader gone: keep draining the environment anyway
+    if (n <= 0) return false;
     off += static_cast<size_t>(n);
   }
+  return true;
 }
 
 int complain(int code, const std::string& message) {
@@ -73,6 +75,7 @@ int superviseCommand(Environment& env, const RunOptions& options) {
   ::signal(SIGPIPE, SIG_IGN);
 
   bool stdinOpen = options.interactive;
+  bool readerGone[2] = {false, false};
   init::FrameReader reader;
   for (;;) {
     pollfd fds[3] = {{control, POLLIN, 0}, {signals.get(), POLLIN, 0}, {0, POLLIN, 0}};
@@ -114,7 +117,14 @@ int superviseCommand(Environment& env, const RunOptions& options) {
       switch (frame.type) {
         case init::MsgType::kOutput: {
           auto out = init::Output::decode(frame.payload);
-          if (out.ok()) writeAll(out->stream == init::Stream::kStdout ? 1 : 2, out->data);
+          if (!out.ok()) break;
+          int stream = out->stream == init::Stream::kStdout ? 0 : 1;
+          if (readerGone[stream] || writeAll(stream + 1, out->data)) break;
+          // Whoever read our output is gone (`moat run yes | head -1`): the
+          // command gets SIGPIPE, as it would writing to a closed pipe itself.
+          readerGone[stream] = true;
+          init::SignalRequest pipe{kCommandId, SIGPIPE, true};
+          (void)init::writeFrame(control, init::MsgType::kSignal, pipe.encode());
           break;
         }
         case init::MsgType::kSpawnFailed: {

@@ -150,6 +150,14 @@ TEST_F(Run, LargeOutputArrivesWhole) {
   EXPECT_EQ(r.out.find_first_not_of('a'), std::string::npos);
 }
 
+TEST_F(Run, AClosedOutputPipeStopsTheCommandLikeAPipeWould) {
+  // moat run yes | head: when head exits, yes must get SIGPIPE (141), not run forever.
+  auto r = runProcess({"/bin/bash", "-c", "timeout 20 " + binDir() + "/moat run -- yes | head -c 6; echo \" ${PIPESTATUS[0]}\""},
+                      "", {{"MOAT_STATE", testStateDir()}, {"MOAT_STORAGE_GB", "8"}});
+  EXPECT_EQ(r.exitCode, 0) << r.err;
+  EXPECT_EQ(r.out, "y\ny\ny\n 141\n");
+}
+
 TEST_F(Run, TimeoutKillsTheWholeGroupWith124) {
   auto start = std::chrono::steady_clock::now();
   auto r = runMoat({"run", "--timeout", "0.5", "--", "sh", "-c", "sleep 60 & sleep 60"});
