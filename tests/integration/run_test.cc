@@ -33,6 +33,8 @@ std::set<std::string> lines(const std::string& text) {
 
 // What an environment may leave on the host: cgroup directories, mounts,
 // volumes, lock files, processes running as an environment's host uid.
+// Cgroups and processes are host-wide: these tests run serially (RUN_SERIAL),
+// so no other test's environments come and go meanwhile.
 struct HostTraces {
   std::set<std::string> cgroups;
   std::set<std::string> mounts;  // this test's state dir and any overlay (other tests run concurrently)
