@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "common/process_args.h"
 #include "cli/exit_codes.h"
 
 namespace {
@@ -20,6 +21,7 @@ Environment: MOAT_STATE (state directory, default /var/lib/moat).
 }  // namespace
 
 int main(int argc, char** argv) {
+  moat::rememberProcessArgs(argc, argv);
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
     std::fputs(kUsage, args.empty() ? stderr : stdout);

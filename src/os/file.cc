@@ -218,6 +218,11 @@ std::string joinPath(const std::string& a, const std::string& b) {
   return b.front() == '/' ? a + b : a + "/" + b;
 }
 
+Status changeDirectory(const std::string& path) {
+  if (::chdir(path.c_str()) != 0) return Error::fromErrno("chdir " + path);
+  return {};
+}
+
 Result<std::string> realPath(const std::string& path) {
   char resolved[PATH_MAX];
   if (::realpath(path.c_str(), resolved) == nullptr) return Error::fromErrno("resolve " + path);

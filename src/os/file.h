@@ -35,6 +35,7 @@ Result<long> fileSystemType(const std::string& path);
 // Absolute, lexically normalised path (no "." or ".." components).
 std::string normalizePath(const std::string& path);
 std::string joinPath(const std::string& a, const std::string& b);
+Status changeDirectory(const std::string& path);
 // Canonical absolute path (symlinks resolved); the file must exist.
 Result<std::string> realPath(const std::string& path);
 // Directory of the running executable.

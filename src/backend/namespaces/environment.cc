@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 
+#include "common/process_args.h"
 #include "common/trace.h"
 #include "init/protocol.h"
 #include "init/supervisor.h"
@@ -128,6 +129,7 @@ struct ChildArgs {
   // tells the parent that setup is complete, as an exec would.
   CHILD_STEP("not dumpable", os::setDumpable(false));
   ::prctl(PR_SET_NAME, "moat-init", 0, 0, 0);
+  scrubProcessArgs();
   ::close(errFd);
   ::_exit(init::Supervisor(kControlFd, true).run());
 }

@@ -19,7 +19,8 @@ namespace {
 // /proc entries that leak host kernel state or allow host-wide actions.
 constexpr const char* kProcHidden[] = {"/proc/kcore", "/proc/keys", "/proc/timer_list",
                                        "/proc/sysrq-trigger", "/proc/kallsyms", "/proc/kmsg"};
-constexpr const char* kProcReadOnly[] = {"/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq"};
+constexpr const char* kProcReadOnly[] = {"/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq",
+                                         "/proc/pressure"};
 
 // Attaches a detached copy of `source` at `target`, with ids mapped through
 // usernsFd when the file system supports it.
@@ -139,6 +140,7 @@ Result<RootPlan> prepareRoot(const std::string& volumeDir, const std::string& lo
   plan.upperDir = volumeDir + "/upper";
   plan.workDir = volumeDir + "/work";
   plan.rootMountPoint = volumeDir + "/root";
+  plan.volumeDir = volumeDir;
   plan.hostRootUid = hostRootUid;
   plan.hostRootGid = hostRootGid;
   for (const auto& dir : {plan.lowerMountPoint, plan.workDir, plan.rootMountPoint}) {
@@ -169,9 +171,11 @@ Status buildRoot(const RootPlan& plan, int usernsFd) {
   MOAT_TRY(attachIdmapped(plan.lowerDir, plan.lowerMountPoint, true, usernsFd));
   traceStage("root: lower");
   // volatile: no syncs for a layer that is thrown away with the environment.
+  // The layers are named relative to the volume directory, so the options
+  // that /proc/self/mountinfo shows inside do not reveal host paths.
+  MOAT_TRY(os::changeDirectory(plan.volumeDir));
   MOAT_TRY(os::mount("overlay", plan.rootMountPoint, "overlay", MS_NOSUID | MS_NODEV,
-                     "lowerdir=" + plan.lowerMountPoint + ",upperdir=" + plan.upperDir +
-                         ",workdir=" + plan.workDir + ",volatile"));
+                     "lowerdir=lower,upperdir=upper,workdir=work,volatile"));
   const std::string& root = plan.rootMountPoint;
   traceStage("root: overlay");
   for (const auto& bind : plan.binds) {

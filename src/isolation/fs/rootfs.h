@@ -23,6 +23,7 @@ struct RootPlan {
   std::string upperDir;
   std::string workDir;
   std::string rootMountPoint;   // where the overlay is mounted, then pivoted into
+  std::string volumeDir;        // holds lower, upper, work and root
   std::string devDir;           // prepared /dev (device nodes), bound read-only
   std::vector<BindMount> binds;  // template read-only dirs, then user volumes
   uid_t hostRootUid = 0;        // host uid of root inside (for ownership)

@@ -1,0 +1,664 @@
+// Escape attempts: each test runs moat-probe (probe.cc) inside a fresh
+// environment with one attempt and checks its verdict. The probe prints
+// "blocked: ..." (exit 0) when the attempt failed as it should and
+// "ESCAPED: ..." (exit 1) when it got through; sanity attempts print "ok:".
+//
+// Tests that need host-side state (a canary file, a listener, an IPC key)
+// create it here, pass what the probe needs on its command line, and check
+// the host side afterwards too.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/ipc.h>
+#include <sys/msg.h>
+#include <sys/random.h>
+#include <sys/shm.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "moat_process.h"
+
+namespace moat::test {
+namespace {
+
+// The build's bin directory (moat-probe among the build outputs), bound
+// read-only into every environment.
+constexpr const char* kProbeDir = "/opt/moat-probe";
+
+std::string probePath() { return std::string(kProbeDir) + "/moat-probe"; }
+
+ProcessResult runProbe(const std::vector<std::string>& probeArgs,
+                       const std::map<std::string, std::string>& env = {},
+                       const std::vector<std::string>& moatOptions = {}) {
+  std::vector<std::string> args = {"run", "-v", binDir() + ":" + kProbeDir + ":ro"};
+  args.insert(args.end(), moatOptions.begin(), moatOptions.end());
+  args.push_back("--");
+  args.push_back(probePath());
+  args.insert(args.end(), probeArgs.begin(), probeArgs.end());
+  return runMoat(args, "", env);
+}
+
+std::string describe(const ProcessResult& r) {
+  return "moat exit " + std::to_string(r.exitCode) + "\n--- stdout ---\n" + r.out +
+         "--- stderr ---\n" + r.err;
+}
+
+bool startsWith(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+::testing::AssertionResult Blocked(const ProcessResult& r) {
+  if (startsWith(r.out, "ESCAPED:")) {
+    return ::testing::AssertionFailure() << "SANDBOX ESCAPE: " << describe(r);
+  }
+  if (r.exitCode != 0 || !startsWith(r.out, "blocked:")) {
+    return ::testing::AssertionFailure() << "the probe did not report 'blocked': " << describe(r);
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult Succeeded(const ProcessResult& r) {
+  if (r.exitCode != 0 || !startsWith(r.out, "ok:")) {
+    return ::testing::AssertionFailure() << "the probe did not report 'ok': " << describe(r);
+  }
+  return ::testing::AssertionSuccess();
+}
+
+#define EXPECT_BLOCKED(...)          \
+  do {                               \
+    MOAT_REQUIRE_ROOT();             \
+    auto r_ = runProbe(__VA_ARGS__); \
+    EXPECT_TRUE(Blocked(r_));        \
+  } while (0)
+
+// pid 1 comes about in two ways (backend/namespaces InitMode): moat-init
+// exec'd from its host binary, or the moat process itself continuing in the
+// cloned child (the CLI's default). Everything about pid 1 is tried in both.
+const std::map<std::string, std::string> kInitModes[] = {
+    {{"MOAT_INIT_MODE", "in-process"}},
+    {{"MOAT_INIT_MODE", "exec"}},
+};
+
+#define EXPECT_BLOCKED_IN_BOTH_INIT_MODES(...)            \
+  do {                                                    \
+    MOAT_REQUIRE_ROOT();                                  \
+    for (const auto& mode_ : kInitModes) {                \
+      SCOPED_TRACE(mode_.at("MOAT_INIT_MODE") + " init"); \
+      auto r_ = runProbe(__VA_ARGS__, mode_);             \
+      EXPECT_TRUE(Blocked(r_));                           \
+    }                                                     \
+  } while (0)
+
+std::string randomHex(size_t bytes = 12) {
+  std::vector<unsigned char> buf(bytes);
+  size_t got = 0;
+  while (got < bytes) {
+    ssize_t n = ::getrandom(buf.data() + got, bytes - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (unsigned char b : buf) {
+    s.push_back(hex[b >> 4]);
+    s.push_back(hex[b & 15]);
+  }
+  return s;
+}
+
+std::string readHostFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A file with a random secret on the host, removed at the end of the test.
+class Canary {
+ public:
+  explicit Canary(const std::string& dir)
+      : path_(dir + "/moat-canary-" + randomHex(6)), secret_("moat-secret-" + randomHex()) {
+    std::ofstream(path_) << secret_ << "\n";
+    ::chmod(path_.c_str(), 0644);
+  }
+  ~Canary() { ::unlink(path_.c_str()); }
+  const std::string& path() const { return path_; }
+  const std::string& secret() const { return secret_; }
+  bool intact() const { return readHostFile(path_) == secret_ + "\n"; }
+
+ private:
+  std::string path_, secret_;
+};
+
+void expectCanaryUnreachable(const std::string& dir) {
+  MOAT_REQUIRE_ROOT();
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) GTEST_SKIP() << dir << " does not exist on this host";
+  Canary canary(dir);
+  ASSERT_TRUE(canary.intact());
+  // Both init modes: the attempt also goes through /proc/1/root.
+  for (const auto& mode : kInitModes) {
+    SCOPED_TRACE(mode.at("MOAT_INIT_MODE") + " init");
+    auto r = runProbe({"host-file", canary.path()}, mode);
+    EXPECT_TRUE(Blocked(r));
+    EXPECT_NE(r.out.find(canary.path() + " ENOENT"), std::string::npos) << describe(r);
+    EXPECT_EQ(r.out.find(canary.secret()), std::string::npos) << describe(r);
+    EXPECT_EQ(r.err.find(canary.secret()), std::string::npos) << describe(r);
+  }
+  EXPECT_TRUE(canary.intact());
+}
+
+// --- host files ---------------------------------------------------------------
+
+TEST(Escape, HostFileUnderRootUnreachable) { expectCanaryUnreachable("/root"); }
+
+TEST(Escape, HostFileUnderHomeUnreachable) { expectCanaryUnreachable("/home"); }
+
+// The "shocker" breakout: the host file's handle, decoded against the /usr
+// bind (the same host file system), would open it without any path lookup.
+TEST(Escape, OpenByHandleOfHostFileDenied) {
+  MOAT_REQUIRE_ROOT();
+  Canary canary("/root");
+  std::vector<unsigned char> storage(sizeof(file_handle) + MAX_HANDLE_SZ);
+  auto* fh = reinterpret_cast<file_handle*>(storage.data());
+  fh->handle_bytes = MAX_HANDLE_SZ;
+  int mountId = 0;
+  ASSERT_EQ(::name_to_handle_at(AT_FDCWD, canary.path().c_str(), fh, &mountId, 0), 0)
+      << std::strerror(errno);
+  struct stat usr, root;
+  ASSERT_EQ(::stat("/usr", &usr), 0);
+  ASSERT_EQ(::stat("/root", &root), 0);
+  if (usr.st_dev != root.st_dev) {
+    GTEST_SKIP() << "/root and /usr are different file systems here: the handle could not resolve";
+  }
+  std::string hex;
+  for (unsigned i = 0; i < fh->handle_bytes; ++i) {
+    char b[3];
+    std::snprintf(b, sizeof b, "%02x", fh->f_handle[i]);
+    hex += b;
+  }
+  auto r = runProbe({"open-by-handle", std::to_string(fh->handle_type), hex});
+  EXPECT_TRUE(Blocked(r));
+  EXPECT_EQ(r.out.find(canary.secret()), std::string::npos) << describe(r);
+}
+
+TEST(Escape, ShadowHoldsNoHostEntry) {
+  MOAT_REQUIRE_ROOT();
+  auto r = runProbe({"shadow"});
+  EXPECT_TRUE(Blocked(r));
+  std::istringstream host(readHostFile("/etc/shadow"));
+  std::string line;
+  while (std::getline(host, line)) {
+    if (startsWith(line, "root:")) {
+      EXPECT_EQ(r.out.find(line), std::string::npos) << "the host's root entry is visible inside";
+    }
+  }
+}
+
+TEST(Escape, MountinfoHostPathsUnreachable) {
+  MOAT_REQUIRE_ROOT();
+  auto r = runProbe({"mountinfo-paths"});
+  EXPECT_TRUE(Blocked(r));
+  // The overlay's layer paths are host paths under the state directory: the
+  // attempt is only meaningful if it found and tried them.
+  EXPECT_NE(r.out.find(testStateDir()), std::string::npos) << describe(r);
+}
+
+// --- mounts and namespaces ---------------------------------------------------------
+
+TEST(Escape, MountTmpfsDenied) { EXPECT_BLOCKED({"mount-tmpfs"}); }
+
+TEST(Escape, NewMountApiDenied) { EXPECT_BLOCKED({"new-mount-api"}); }
+
+TEST(Escape, UmountOfProcMasksDenied) { EXPECT_BLOCKED({"umount-mask"}); }
+
+TEST(Escape, PivotRootDenied) { EXPECT_BLOCKED({"pivot-root"}); }
+
+TEST(Escape, ChrootDenied) { EXPECT_BLOCKED({"chroot"}); }
+
+TEST(Escape, UnshareDenied) { EXPECT_BLOCKED({"unshare"}); }
+
+TEST(Escape, CloneWithNamespaceFlagsDenied) { EXPECT_BLOCKED({"clone-ns"}); }
+
+TEST(Escape, Clone3Enosys) {
+  MOAT_REQUIRE_ROOT();
+  auto r = runProbe({"clone3"});
+  EXPECT_TRUE(Blocked(r));
+  EXPECT_NE(r.out.find("clone3 flags=CLONE_NEWUSER ENOSYS"), std::string::npos) << describe(r);
+}
+
+TEST(Escape, SetnsDenied) { EXPECT_BLOCKED_IN_BOTH_INIT_MODES({"setns"}); }
+
+// --- processes ------------------------------------------------------------------------
+
+TEST(Escape, PtraceOfInitDenied) { EXPECT_BLOCKED_IN_BOTH_INIT_MODES({"ptrace-init"}); }
+
+// moat-init's control socket, executable (the host binary: CVE-2019-5736),
+// memory and environment.
+TEST(Escape, InitFdsExeAndEnvironUnreachable) { EXPECT_BLOCKED_IN_BOTH_INIT_MODES({"init-fds"}); }
+
+TEST(Escape, PidfdGetfdAndProcessVmOfInitDenied) {
+  EXPECT_BLOCKED_IN_BOTH_INIT_MODES({"pidfd-getfd"});
+}
+
+TEST(Escape, HostProcessesInvisible) {
+  MOAT_REQUIRE_ROOT();
+  for (const auto& mode : kInitModes) {
+    SCOPED_TRACE(mode.at("MOAT_INIT_MODE") + " init");
+    auto r = runProbe({"proc-pids", std::to_string(::getpid())}, mode);
+    EXPECT_TRUE(Blocked(r));
+    EXPECT_NE(r.out.find(" 1=moat"), std::string::npos) << describe(r);
+  }
+}
+
+TEST(Escape, KillInitIgnored) {
+  MOAT_REQUIRE_ROOT();
+  for (const auto& mode : kInitModes) {
+    SCOPED_TRACE(mode.at("MOAT_INIT_MODE") + " init");
+    auto r = runProbe({"kill-init"}, mode);
+    EXPECT_TRUE(Blocked(r));
+    // moat itself saw the command finish normally (a dead pid 1 is exit 125).
+    EXPECT_EQ(r.exitCode, 0) << describe(r);
+  }
+}
+
+// --- forbidden system calls -------------------------------------------------------------
+
+TEST(Escape, KeyctlDenied) { EXPECT_BLOCKED({"keyctl"}); }
+TEST(Escape, AddKeyDenied) { EXPECT_BLOCKED({"add-key"}); }
+TEST(Escape, RequestKeyDenied) { EXPECT_BLOCKED({"request-key"}); }
+TEST(Escape, BpfDenied) { EXPECT_BLOCKED({"bpf"}); }
+TEST(Escape, UserfaultfdDenied) { EXPECT_BLOCKED({"userfaultfd"}); }
+TEST(Escape, PerfEventOpenDenied) { EXPECT_BLOCKED({"perf-event-open"}); }
+TEST(Escape, IoUringDenied) { EXPECT_BLOCKED({"io-uring"}); }
+TEST(Escape, InitModuleDenied) { EXPECT_BLOCKED({"init-module"}); }
+TEST(Escape, FinitModuleDenied) { EXPECT_BLOCKED({"finit-module"}); }
+TEST(Escape, DeleteModuleDenied) { EXPECT_BLOCKED({"delete-module"}); }
+TEST(Escape, KexecLoadDenied) { EXPECT_BLOCKED({"kexec-load"}); }
+TEST(Escape, RebootDenied) { EXPECT_BLOCKED({"reboot"}); }
+TEST(Escape, SwaponDenied) { EXPECT_BLOCKED({"swapon"}); }
+TEST(Escape, SyslogDenied) { EXPECT_BLOCKED({"syslog"}); }
+TEST(Escape, SettimeofdayDenied) { EXPECT_BLOCKED({"settimeofday"}); }
+TEST(Escape, SethostnameDenied) { EXPECT_BLOCKED({"sethostname"}); }
+TEST(Escape, IoplAndIopermDenied) { EXPECT_BLOCKED({"iopl"}); }
+TEST(Escape, AcctDenied) { EXPECT_BLOCKED({"acct"}); }
+
+// The i386 entry (int $0x80) numbers system calls differently: a filter
+// that let it through would be bypassed entirely.
+TEST(Escape, Int80SyscallKilled) {
+  MOAT_REQUIRE_ROOT();
+  auto r = runProbe({"int80"});
+  EXPECT_TRUE(Blocked(r));
+  EXPECT_NE(r.out.find("SIGSYS"), std::string::npos)
+      << "expected the filter to kill: " << describe(r);
+}
+
+TEST(Escape, X32SyscallKilledOrUnavailable) { EXPECT_BLOCKED({"x32"}); }
+
+// --- network and IPC ----------------------------------------------------------------------
+
+TEST(Escape, RawInetSocketDenied) { EXPECT_BLOCKED({"raw-inet"}); }
+
+TEST(Escape, PacketSocketDenied) { EXPECT_BLOCKED({"raw-packet"}); }
+
+TEST(Escape, OnlyLoopbackInterface) {
+  MOAT_REQUIRE_ROOT();
+  auto r = runProbe({"net-ifaces"});
+  EXPECT_TRUE(Blocked(r));
+  EXPECT_NE(r.out.find("interfaces: lo"), std::string::npos) << describe(r);
+}
+
+// A listener on the host's loopback: the environment's 127.0.0.1 is its own.
+TEST(Escape, HostTcpListenerUnreachable) {
+  MOAT_REQUIRE_ROOT();
+  int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 16), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  int port = ntohs(addr.sin_port);
+
+  auto r = runProbe({"connect", std::to_string(port)});
+  EXPECT_TRUE(Blocked(r));
+  int accepted = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  EXPECT_LT(accepted, 0) << "the host listener accepted a connection from the environment";
+  if (accepted >= 0) ::close(accepted);
+  EXPECT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK) << std::strerror(errno);
+
+  // The listener did work: a host connection reaches it.
+  int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  pollfd pfd{listener, POLLIN, 0};
+  EXPECT_EQ(::poll(&pfd, 1, 2000), 1);
+  accepted = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  EXPECT_GE(accepted, 0);
+  if (accepted >= 0) ::close(accepted);
+  ::close(client);
+  ::close(listener);
+}
+
+TEST(Escape, HostAbstractUnixSocketUnreachable) {
+  MOAT_REQUIRE_ROOT();
+  std::string name = "moat-security-" + randomHex(8);
+  int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), len), 0);
+  ASSERT_EQ(::listen(listener, 16), 0);
+
+  auto r = runProbe({"abstract-unix", name});
+  EXPECT_TRUE(Blocked(r));
+  int accepted = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  EXPECT_LT(accepted, 0) << "the host socket accepted a connection from the environment";
+  if (accepted >= 0) ::close(accepted);
+
+  int client = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  EXPECT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&addr), len), 0)
+      << "the host socket does not work: " << std::strerror(errno);
+  ::close(client);
+  ::close(listener);
+}
+
+TEST(Escape, HostSysvIpcInvisible) {
+  MOAT_REQUIRE_ROOT();
+  key_t key = 0;
+  int shm = -1, msg = -1;
+  for (int i = 0; i < 16 && (shm < 0 || msg < 0); ++i) {
+    if (shm >= 0) ::shmctl(shm, IPC_RMID, nullptr);
+    if (msg >= 0) ::msgctl(msg, IPC_RMID, nullptr);
+    key = static_cast<key_t>(std::stoul(randomHex(4), nullptr, 16) & 0x7fffffff);
+    shm = ::shmget(key, 4096, IPC_CREAT | IPC_EXCL | 0666);
+    msg = ::msgget(key, IPC_CREAT | IPC_EXCL | 0666);
+  }
+  ASSERT_GE(shm, 0);
+  ASSERT_GE(msg, 0);
+  auto r = runProbe({"sysv-ipc", std::to_string(key)});
+  ::shmctl(shm, IPC_RMID, nullptr);
+  ::msgctl(msg, IPC_RMID, nullptr);
+  EXPECT_TRUE(Blocked(r));
+}
+
+TEST(Escape, HostnameIsolated) {
+  MOAT_REQUIRE_ROOT();
+  char name[256] = {};
+  ASSERT_EQ(::gethostname(name, sizeof name - 1), 0);
+  EXPECT_BLOCKED({"hostname", name});
+}
+
+// --- /proc, /sys, cgroups -----------------------------------------------------------------
+
+// Writes back what the file holds, so a success would change nothing.
+TEST(Escape, CorePatternNotWritable) {
+  EXPECT_BLOCKED({"write-back", "/proc/sys/kernel/core_pattern"});
+}
+TEST(Escape, ModprobePathNotWritable) {
+  EXPECT_BLOCKED({"write-back", "/proc/sys/kernel/modprobe"});
+}
+TEST(Escape, HostnameSysctlNotWritable) {
+  EXPECT_BLOCKED({"write-back", "/proc/sys/kernel/hostname"});
+}
+// "h" only prints help to the kernel log.
+TEST(Escape, SysrqTriggerNotWritable) {
+  EXPECT_BLOCKED({"write-back", "/proc/sysrq-trigger", "h"});
+}
+
+TEST(Escape, SysAbsentOrReadOnly) { EXPECT_BLOCKED({"sys-write"}); }
+
+TEST(Escape, CgroupNamespaceRoot) { EXPECT_BLOCKED({"cgroup"}); }
+
+TEST(Escape, KernelInfoFilesReadEmpty) {
+  EXPECT_BLOCKED({"read-nothing", "/proc/kcore", "/proc/kallsyms", "/proc/keys", "/proc/timer_list",
+                  "/proc/kmsg", "/proc/kpageflags", "/proc/kpagecount", "/proc/kpagecgroup",
+                  "/proc/vmallocinfo", "/proc/slabinfo"});
+}
+
+// --- devices ------------------------------------------------------------------------------
+
+TEST(Escape, MknodBlockDeviceDenied) { EXPECT_BLOCKED({"mknod", "block"}); }
+TEST(Escape, MknodCharDeviceDenied) { EXPECT_BLOCKED({"mknod", "char"}); }
+TEST(Escape, DevHoldsOnlyMinimalSet) { EXPECT_BLOCKED({"dev-list"}); }
+
+TEST(Escape, HostDevicesCannotBeOpened) {
+  EXPECT_BLOCKED({"dev-open", "/dev/sda", "/dev/vda", "/dev/nvme0n1", "/dev/mem", "/dev/kmem",
+                  "/dev/port", "/dev/kmsg", "/dev/console", "/dev/tty0", "/dev/tty1", "/dev/loop0",
+                  "/dev/loop-control", "/dev/mapper/control", "/dev/net/tun", "/dev/fuse",
+                  "/dev/btrfs-control", "/dev/kvm", "/dev/vsock"});
+}
+
+// A descriptor the caller of moat leaves open (no close-on-exec) must not
+// reach the command: a host directory fd is a way out of any root.
+TEST(Escape, NoHostFileDescriptorsInherited) {
+  MOAT_REQUIRE_ROOT();
+  int leak = ::open("/root", O_RDONLY | O_DIRECTORY);  // deliberately inheritable
+  ASSERT_GE(leak, 0);
+  for (const auto& mode : kInitModes) {
+    SCOPED_TRACE(mode.at("MOAT_INIT_MODE") + " init");
+    auto r = runProbe({"fds"}, mode);
+    EXPECT_TRUE(Blocked(r));
+    EXPECT_EQ(r.out.find("/root"), std::string::npos) << describe(r);
+  }
+  ::close(leak);
+}
+
+// No controlling terminal: nothing to TIOCSTI into.
+TEST(Escape, NoControllingTerminal) { EXPECT_BLOCKED({"tty"}); }
+
+// Runs moat in a new session whose controlling terminal (and stdio) is a
+// fresh pty, as a user at a terminal would; returns what the terminal showed.
+ProcessResult runMoatOnTerminal(const std::vector<std::string>& args,
+                                const std::map<std::string, std::string>& extraEnv) {
+  ProcessResult result;
+  int master = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (master < 0 || ::grantpt(master) != 0 || ::unlockpt(master) != 0) return result;
+  std::string slave = ::ptsname(master);
+  std::vector<std::string> argv = {binDir() + "/moat"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<std::string> env = {"PATH=/usr/local/bin:/usr/bin:/bin",
+                                  "MOAT_STATE=" + testStateDir(), "MOAT_STORAGE_GB=8",
+                                  "TERM=xterm"};
+  for (const auto& [k, v] : extraEnv) env.push_back(k + "=" + v);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setsid();
+    int tty = ::open(slave.c_str(), O_RDWR);  // becomes the controlling terminal
+    if (tty < 0) ::_exit(120);
+    ::ioctl(tty, TIOCSCTTY, 0);
+    ::dup2(tty, 0);
+    ::dup2(tty, 1);
+    ::dup2(tty, 2);
+    if (tty > 2) ::close(tty);
+    std::vector<char*> cargv, cenv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    for (auto& e : env) cenv.push_back(e.data());
+    cenv.push_back(nullptr);
+    ::execve(cargv[0], cargv.data(), cenv.data());
+    ::_exit(127);
+  }
+  char buf[4096];
+  for (;;) {
+    pollfd pfd{master, POLLIN, 0};
+    if (::poll(&pfd, 1, 20000) <= 0) break;
+    ssize_t n = ::read(master, buf, sizeof buf);
+    if (n <= 0) break;  // EIO once the last holder of the terminal is gone
+    result.out.append(buf, static_cast<size_t>(n));
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ::close(master);
+  result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  // The terminal turns "\n" into "\r\n".
+  std::string out;
+  for (char c : result.out) {
+    if (c != '\r') out.push_back(c);
+  }
+  result.out = out;
+  return result;
+}
+
+// Run from a terminal, moat's command still cannot reach that terminal (a
+// TIOCSTI there would type commands into the user's shell).
+TEST(Escape, HostTerminalUnreachable) {
+  MOAT_REQUIRE_ROOT();
+  for (const auto& mode : kInitModes) {
+    SCOPED_TRACE(mode.at("MOAT_INIT_MODE") + " init");
+    for (const char* attempt : {"tty", "fds"}) {
+      auto r = runMoatOnTerminal(
+          {"run", "-v", binDir() + ":" + kProbeDir + ":ro", "--", probePath(), attempt}, mode);
+      EXPECT_TRUE(Blocked(r));
+    }
+  }
+}
+
+// --- identity and privileges --------------------------------------------------------------
+
+TEST(Escape, UidMapUnprivileged) { EXPECT_BLOCKED({"uid-map"}); }
+TEST(Escape, DangerousCapabilitiesAbsent) { EXPECT_BLOCKED({"caps"}); }
+TEST(Escape, NoNewPrivsAndSeccomp) { EXPECT_BLOCKED({"nnp-seccomp"}); }
+// Setuid binaries (/usr/bin/su, passwd) gain nothing: every mount is nosuid.
+TEST(Escape, AllMountsNosuid) { EXPECT_BLOCKED({"nosuid"}); }
+
+// --- read-only content --------------------------------------------------------------------
+
+TEST(Escape, UsrIsReadOnly) {
+  MOAT_REQUIRE_ROOT();
+  auto r = runProbe({"create-in", "/usr/bin", "/usr/lib", "/bin"});
+  EXPECT_TRUE(Blocked(r));
+  EXPECT_NE(r.out.find("create /usr/bin/moat-probe-file EROFS"), std::string::npos) << describe(r);
+  auto w = runProbe({"existing-file-write", "/usr/bin/env"});
+  EXPECT_TRUE(Blocked(w));
+}
+
+TEST(Escape, ReadOnlyVolumeStaysReadOnly) {
+  MOAT_REQUIRE_ROOT();
+  auto r = runProbe({"create-in", kProbeDir});
+  EXPECT_TRUE(Blocked(r));
+  EXPECT_NE(r.out.find("EROFS"), std::string::npos) << describe(r);
+  auto w = runProbe({"existing-file-write", probePath()});
+  EXPECT_TRUE(Blocked(w));
+}
+
+// Writes to files that come from the template (copied from the host's /etc)
+// land in the environment's own layer: neither the host file nor the shared
+// template changes, and the next environment does not see them.
+TEST(Escape, OverlayWritesStayInside) {
+  MOAT_REQUIRE_ROOT();
+  std::string marker = "moat-marker-" + randomHex();
+  for (const char* file : {"/etc/debian_version", "/etc/passwd"}) {
+    SCOPED_TRACE(file);
+    auto r = runProbe({"write-file", file, marker + "\n"});
+    ASSERT_TRUE(Succeeded(r));
+    EXPECT_EQ(readHostFile(file).find(marker), std::string::npos)
+        << "the host's " << file << " changed";
+    std::string templateCopy = testStateDir() + "/templates/host-v1" + file;
+    std::string content = readHostFile(templateCopy);
+    EXPECT_FALSE(content.empty()) << "no template copy at " << templateCopy;
+    EXPECT_EQ(content.find(marker), std::string::npos) << "the template's " << file << " changed";
+    auto next = runMoat({"run", "--", "cat", file});
+    EXPECT_EQ(next.exitCode, 0) << describe(next);
+    EXPECT_EQ(next.out.find(marker), std::string::npos) << "the next environment sees the write";
+  }
+}
+
+// Symlinks to host paths left in the writable layer (and /workspace itself
+// replaced by one) must not be followed by the host when the environment is
+// destroyed.
+TEST(Escape, DestroyDoesNotFollowGuestSymlinks) {
+  MOAT_REQUIRE_ROOT();
+  std::string dir = "/root/moat-canary-dir-" + randomHex(6);
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  {
+    Canary canary(dir);
+    auto r = runProbe({"plant-symlinks", dir});
+    EXPECT_TRUE(Succeeded(r));
+    EXPECT_TRUE(canary.intact()) << "the host canary behind a guest symlink was changed or removed";
+    struct stat st;
+    EXPECT_EQ(::stat("/etc/hostname", &st), 0) << "host /etc lost a file";
+    EXPECT_EQ(::stat("/usr/bin/env", &st), 0) << "host /usr lost a file";
+  }
+  ::rmdir(dir.c_str());
+}
+
+// --- environment variables -----------------------------------------------------------------
+
+// Neither the command's environment nor pid 1's (which, with in-process
+// init, is the host moat process's own) shows the host's variables.
+TEST(Escape, HostEnvironmentNotInherited) {
+  MOAT_REQUIRE_ROOT();
+  const std::set<std::string> allowed = {"PATH", "HOME", "USER",     "LOGNAME", "SHELL",
+                                         "LANG", "TERM", "HOSTNAME", "PWD"};
+  for (const auto& mode : kInitModes) {
+    SCOPED_TRACE(mode.at("MOAT_INIT_MODE") + " init");
+    std::string secret = "moat-env-secret-" + randomHex();
+    auto env = mode;
+    env["MOAT_TEST_SECRET"] = secret;
+    env["HOST_ONLY_VARIABLE"] = "1";
+    auto r = runProbe({"env"}, env);
+    EXPECT_TRUE(Blocked(r));
+    EXPECT_EQ(r.out.find(secret), std::string::npos) << describe(r);
+    std::string line = r.out.substr(0, r.out.find('\n'));
+    auto start = line.find("environment: ");
+    ASSERT_NE(start, std::string::npos) << describe(r);
+    std::string list = line.substr(start + std::strlen("environment: "));
+    std::set<std::string> keys;
+    size_t pos = 0;
+    while (pos < list.size()) {
+      size_t end = list.find(" | ", pos);
+      std::string entry =
+          list.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+      keys.insert(entry.substr(0, entry.find('=')));
+      if (end == std::string::npos) break;
+      pos = end + 3;
+    }
+    for (const auto& key : keys) EXPECT_TRUE(allowed.count(key)) << "unexpected variable " << key;
+    EXPECT_TRUE(keys.count("PATH")) << describe(r);
+  }
+}
+
+// --- sanity: the environment works at all ------------------------------------------------------
+
+TEST(Sanity, WorkspaceAndTmpWritable) {
+  MOAT_REQUIRE_ROOT();
+  EXPECT_TRUE(Succeeded(runProbe({"workspace"})));
+}
+
+// The probe itself answers "ESCAPED" outside any sandbox, so the verdicts
+// above come from the environment, not from a probe that cannot succeed.
+// (Only attempts whose outcome on a root host is certain, and harmless.)
+TEST(Sanity, ProbeDetectsEscapesOnTheHost) {
+  MOAT_REQUIRE_ROOT();
+  Canary canary("/root");
+  auto r = runProcess({binDir() + "/moat-probe", "host-file", canary.path()});
+  EXPECT_EQ(r.exitCode, 1) << describe(r);
+  EXPECT_TRUE(startsWith(r.out, "ESCAPED:")) << describe(r);
+  EXPECT_NE(r.out.find(canary.secret()), std::string::npos) << describe(r);
+  auto p = runProcess({binDir() + "/moat-probe", "proc-pids", std::to_string(::getpid())});
+  EXPECT_TRUE(startsWith(p.out, "ESCAPED:")) << describe(p);
+  auto e = runProcess({binDir() + "/moat-probe", "env"}, "", {{"MOAT_TEST_SECRET", "x"}});
+  EXPECT_TRUE(startsWith(e.out, "ESCAPED:")) << describe(e);
+}
+
+}  // namespace
+}  // namespace moat::test
