@@ -214,9 +214,26 @@ TEST(Escape, MountinfoHostPathsUnreachable) {
   MOAT_REQUIRE_ROOT();
   auto r = runProbe({"mountinfo-paths"});
   EXPECT_TRUE(Blocked(r));
-  // The overlay's layer paths are host paths under the state directory: the
-  // attempt is only meaningful if it found and tried them.
-  EXPECT_NE(r.out.find(testStateDir()), std::string::npos) << describe(r);
+  // The attempt is only meaningful if it found host paths to try.
+  EXPECT_NE(r.out.find("/dev/"), std::string::npos) << describe(r);
+}
+
+TEST(Escape, OverlayOptionsNameNoHostPaths) {
+  MOAT_REQUIRE_ROOT();
+  auto r = runMoat({"run", "--", "cat", "/proc/self/mountinfo"});
+  ASSERT_EQ(r.exitCode, 0) << r.err;
+  std::istringstream lines(r.out);
+  std::string line;
+  bool sawOverlay = false;
+  while (std::getline(lines, line)) {
+    if (line.find(" - overlay ") == std::string::npos) continue;
+    sawOverlay = true;
+    for (const char* option : {"lowerdir=/", "upperdir=/", "workdir=/"}) {
+      EXPECT_EQ(line.find(option), std::string::npos) << line;
+    }
+    EXPECT_EQ(line.find(testStateDir()), std::string::npos) << line;
+  }
+  EXPECT_TRUE(sawOverlay) << r.out;
 }
 
 // --- mounts and namespaces ---------------------------------------------------------
