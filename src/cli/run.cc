@@ -52,21 +52,22 @@ int complain(int code, const std::string& message) {
   return code;
 }
 
-// Talks to moat-init until the command ends; returns moat run's exit code.
-int superviseCommand(Environment& env, const RunOptions& options) {
-  int control = env.controlFd();
+init::SpawnRequest commandRequest(const std::string& hostname, const RunOptions& options) {
   init::SpawnRequest spawn;
   spawn.id = kCommandId;
   spawn.argv = options.command;
-  spawn.env = baseEnvironment(env.id(), options.workdir);
+  spawn.env = baseEnvironment(hostname, options.workdir);
   for (const auto& e : options.env) spawn.env.push_back(e);
   spawn.cwd = options.workdir;
   spawn.stdinPipe = options.interactive;
   spawn.timeoutMs = static_cast<uint64_t>(std::llround(options.timeoutSeconds * 1000));
-  if (!init::writeFrame(control, init::MsgType::kSpawn, spawn.encode()).ok()) {
-    return complain(kExitEnvironment, "environment failed: moat-init is not answering");
-  }
+  return spawn;
+}
 
+// Talks to moat-init until the command ends (its Spawn request is already
+// queued); returns moat run's exit code.
+int superviseCommand(Environment& env, const RunOptions& options) {
+  int control = env.controlFd();
   sigset_t mask;
   sigemptyset(&mask);
   for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&mask, s);
@@ -193,6 +194,11 @@ int runCommand(const std::vector<std::string>& args) {
     return complain(kExitEnvironment, "moat run needs root (it creates namespaces, cgroups and mounts)");
   }
   traceStage("start");
+  // The hostname is the environment's id, which the command's HOSTNAME
+  // carries: choose it here so the Spawn can be queued before pid 1 starts.
+  options.spec.id = backend::namespaces::newEnvironmentId();
+  options.spec.firstFrames = init::encodeFrame(
+      init::MsgType::kSpawn, commandRequest(options.spec.id, options).encode());
   auto env = Environment::create(options.spec);
   if (!env.ok()) return complain(kExitEnvironment, "cannot create environment: " + env.error().message());
   int code = superviseCommand(*env.value(), options);

@@ -66,13 +66,14 @@ Status makeDir(const std::string& path, mode_t mode) {
 }
 
 Status makeDirs(const std::string& path, mode_t mode) {
-  if (path.empty()) return {};
-  for (size_t pos = 1; pos != std::string::npos;) {
-    pos = path.find('/', pos + 1);
-    std::string prefix = path.substr(0, pos);
-    if (!prefix.empty()) MOAT_TRY(makeDir(prefix, mode));
-  }
-  return {};
+  if (path.empty() || path == "/") return {};
+  // The whole path first: usually it exists, or only its last part is missing.
+  if (::mkdir(path.c_str(), mode) == 0) return {};
+  if (errno == EEXIST) return makeDir(path, mode);  // fails unless a directory
+  if (errno != ENOENT) return Error::fromErrno("mkdir " + path);
+  auto slash = path.find_last_of('/');
+  if (slash != std::string::npos && slash > 0) MOAT_TRY(makeDirs(path.substr(0, slash), mode));
+  return makeDir(path, mode);
 }
 
 static Status removeAt(int dirFd, const char* name, dev_t dev) {

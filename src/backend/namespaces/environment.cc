@@ -40,7 +40,9 @@ constexpr int kControlFd = 3;  // inherited by moat-init
 constexpr int kInitFd = 4;     // the moat-init binary (close-on-exec)
 constexpr int kErrorFd = 5;    // setup errors to the parent (close-on-exec)
 
-std::string newId() {
+}  // namespace
+
+std::string newEnvironmentId() {
   unsigned char bytes[6];
   if (::getrandom(bytes, sizeof bytes, 0) != sizeof bytes) {
     for (auto& b : bytes) b = static_cast<unsigned char>(std::rand());
@@ -53,6 +55,8 @@ std::string newId() {
   }
   return id;
 }
+
+namespace {
 
 std::string cgroupName(const std::string& id) { return "moat-" + id; }
 
@@ -135,6 +139,10 @@ struct ChildArgs {
 }
 
 Status checkSpec(const EnvironmentSpec& spec) {
+  if (!spec.id.empty() && (spec.id.size() != 12 ||
+                           spec.id.find_first_not_of("0123456789abcdef") != std::string::npos)) {
+    return Error::make("invalid_argument", "environment id must be 12 lowercase hex digits");
+  }
   if (spec.stateDir.empty() || spec.stateDir[0] != '/') {
     return Error::make("invalid_argument", "state directory must be an absolute path");
   }
@@ -162,7 +170,7 @@ Result<std::string> findInitBinary() {
 Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& spec) {
   MOAT_TRY(checkSpec(spec));
   std::unique_ptr<Environment> env(new Environment);
-  env->id_ = newId();
+  env->id_ = spec.id.empty() ? newEnvironmentId() : spec.id;
   env->stateDir_ = spec.stateDir;
 
   std::string runDir = spec.stateDir + "/run";
@@ -226,6 +234,11 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
     return Error::fromErrno("socketpair");
   }
   UniqueFd parentEnd(sockets[0]), childEnd(sockets[1]);
+  if (!spec.firstFrames.empty() &&
+      ::send(parentEnd.get(), spec.firstFrames.data(), spec.firstFrames.size(), MSG_DONTWAIT) !=
+          static_cast<ssize_t>(spec.firstFrames.size())) {
+    return Error::fromErrno("queue first requests");
+  }
   int errorPipe[2];
   if (::pipe2(errorPipe, O_CLOEXEC) != 0) return Error::fromErrno("pipe");
   UniqueFd errorRead(errorPipe[0]), errorWrite(errorPipe[1]);

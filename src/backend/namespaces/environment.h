@@ -30,7 +30,14 @@ struct EnvironmentSpec {
   double storageGb = 4;  // fractional: 0.5 is 512 MiB
   std::vector<isolation::fs::BindMount> volumes;  // explicit host dirs only
   InitMode initMode = InitMode::kExec;
+  // Frames (init::encodeFrame) queued on the control socket before pid 1
+  // starts, so its first request needs no round trip (moat run's Spawn).
+  std::string firstFrames;
+  // 12 lowercase hex digits; empty: a new random one.
+  std::string id;
 };
+
+std::string newEnvironmentId();
 
 // One environment of the namespace backend: its own user, pid, mount,
 // network, uts, ipc and cgroup namespaces, cgroup limits, an overlay root on
