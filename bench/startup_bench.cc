@@ -1,6 +1,7 @@
 // Runs several commands side by side, interleaved round by round so that
 // drift on the machine affects all of them alike, and prints medians, p90
-// and each one's ratio to the first. Usage:
+// and the first command's median divided by each one's (so a row's ratio
+// <= 1.0 means the first is no slower than that peer). Usage:
 //   moat-startup-bench ROUNDS NAME=COMMAND... (COMMAND split on spaces)
 #include <fcntl.h>
 #include <spawn.h>
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
     }
   }
   double base = peers[0].ms.empty() ? 0 : percentile(peers[0].ms, 0.5);
-  std::printf("| command | median ms | p90 ms | ratio to %s |\n|---|---:|---:|---:|\n",
+  std::printf("| command | median ms | p90 ms | %s ÷ this |\n|---|---:|---:|---:|\n",
               peers[0].name.c_str());
   for (auto& p : peers) {
     if (p.ms.empty()) {
@@ -96,7 +97,7 @@ int main(int argc, char** argv) {
     }
     double median = percentile(p.ms, 0.5);
     std::printf("| %s | %.2f | %.2f | %.2f |\n", p.name.c_str(), median, percentile(p.ms, 0.9),
-                base > 0 ? median / base : 0);
+                median > 0 ? base / median : 0);
   }
   return 0;
 }
