@@ -98,6 +98,26 @@ bool waitFor(F condition, std::chrono::milliseconds limit = std::chrono::seconds
   return condition();
 }
 
+// Starts moat in the background with this test's state directory and
+// stdout on `stdoutFd` (-1: inherited); returns its pid.
+pid_t startMoat(const std::vector<std::string>& args, int stdoutFd) {
+  std::vector<std::string> argv = {binDir() + "/moat"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<std::string> env = {"MOAT_STATE=" + testStateDir(), "MOAT_STORAGE_GB=8"};
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    if (stdoutFd >= 0) ::dup2(stdoutFd, 1);
+    std::vector<char*> a, e;
+    for (auto& s : argv) a.push_back(s.data());
+    a.push_back(nullptr);
+    for (auto& s : env) e.push_back(s.data());
+    e.push_back(nullptr);
+    ::execve(a[0], a.data(), e.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
 class Run : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -237,16 +257,7 @@ TEST_F(Run, DestroyLeavesNothingEvenWithBackgroundProcesses) {
 
 TEST_F(Run, KilledClientTakesTheEnvironmentWithItAndTheNextRunCollectsTheRest) {
   HostTraces before = HostTraces::take();
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    std::string state = "MOAT_STATE=" + testStateDir();
-    char* envp[] = {const_cast<char*>(state.c_str()), const_cast<char*>("MOAT_STORAGE_GB=8"), nullptr};
-    std::string moat = binDir() + "/moat";
-    char* argv[] = {const_cast<char*>(moat.c_str()), const_cast<char*>("run"),
-                    const_cast<char*>("sleep"), const_cast<char*>("300"), nullptr};
-    ::execve(argv[0], argv, envp);
-    ::_exit(127);
-  }
+  pid_t pid = startMoat({"run", "sleep", "300"}, -1);
   // Wait until the environment's processes exist, then kill the client.
   ASSERT_TRUE(waitFor([&] { return HostTraces::take().envProcesses.size() > before.envProcesses.size(); }));
   ::kill(pid, SIGKILL);
@@ -260,19 +271,9 @@ TEST_F(Run, KilledClientTakesTheEnvironmentWithItAndTheNextRunCollectsTheRest) {
 TEST_F(Run, InterruptIsForwardedToTheCommand) {
   int out[2];
   ASSERT_EQ(::pipe(out), 0);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(out[1], 1);
-    std::string state = "MOAT_STATE=" + testStateDir();
-    char* envp[] = {const_cast<char*>(state.c_str()), nullptr};
-    std::string moat = binDir() + "/moat";
-    char* argv[] = {const_cast<char*>(moat.c_str()), const_cast<char*>("run"), const_cast<char*>("--"),
-                    const_cast<char*>("sh"), const_cast<char*>("-c"),
-                    const_cast<char*>("trap 'echo got-int; exit 5' INT; echo ready; while :; do sleep 0.05; done"),
-                    nullptr};
-    ::execve(argv[0], argv, envp);
-    ::_exit(127);
-  }
+  pid_t pid = startMoat({"run", "--", "sh", "-c",
+                         "trap 'echo got-int; exit 5' INT; echo ready; while :; do sleep 0.05; done"},
+                        out[1]);
   ::close(out[1]);
   std::string got;
   char buf[256];
