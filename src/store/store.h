@@ -1,0 +1,62 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+// moatd's persistent state: environments now; API keys, approvals and the
+// audit log later. SQLite by default (one file in the state directory),
+// PostgreSQL in cluster mode later, behind this one interface.
+namespace moat::store {
+
+struct EnvironmentRecord {
+  std::string id;          // 12 hex digits
+  std::string taskId;      // caller's label for the task; may be empty
+  std::string templateName;
+  double cpus = 0;
+  uint64_t ramMb = 0;
+  double storageGb = 0;
+  uint64_t pids = 0;
+  std::map<std::string, std::string> labels;
+  std::string state;       // creating | running | destroying | gone | failed
+  std::string reason;      // why it is gone or failed ("destroyed", "expired", ...)
+  int64_t createdAtMs = 0; // unix time, milliseconds
+  int64_t expiresAtMs = 0;
+  std::string owner;       // who created it: "master" or an API key id
+};
+
+struct EnvironmentFilter {
+  std::string taskId;                          // empty: any
+  std::string state;                           // empty: any state but "gone"
+  std::map<std::string, std::string> labels;   // all must match
+  std::string owner;                           // empty: any
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  // Inserts a new record; an existing id is an error (code "conflict").
+  virtual Status insertEnvironment(const EnvironmentRecord& record) = 0;
+  virtual Result<std::optional<EnvironmentRecord>> getEnvironment(const std::string& id) = 0;
+  // Newest first.
+  virtual Result<std::vector<EnvironmentRecord>> listEnvironments(const EnvironmentFilter& filter) = 0;
+  // Error code "not_found" for an unknown id.
+  virtual Status setState(const std::string& id, const std::string& state,
+                          const std::string& reason) = 0;
+  virtual Status setExpiry(const std::string& id, int64_t expiresAtMs) = 0;
+  // Records in a state other than gone and failed (what a restart must look at).
+  virtual Result<std::vector<EnvironmentRecord>> liveEnvironments() = 0;
+};
+
+// Opens (creating if needed) the SQLite store at `path`: WAL journal,
+// foreign keys on, schema migrated to the newest version in one transaction
+// per step; a database newer than this binary is refused with a clear error.
+// Thread-safe: one connection guarded by a mutex.
+Result<std::unique_ptr<Store>> openSqliteStore(const std::string& path);
+
+}  // namespace moat::store
