@@ -53,6 +53,8 @@ class Environment {
   const std::string& id() const { return id_; }
   // The guest protocol connection; moat-init's Hello is the first frame.
   int controlFd() const { return control_.get(); }
+  // Hands the connection over (to moatd); destroy() still kills pid 1.
+  UniqueFd releaseControl() { return std::move(control_); }
   uint64_t oomKills() const { return cgroup_ ? cgroup_->oomKills() : 0; }
   // Kills everything inside and removes every trace outside the volume
   // directory, then the volume itself. Idempotent.

@@ -1,1 +1,416 @@
-// SQLite store (being written).
+#include "store/sqlite/sqlite_store.h"
+
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+#include <string_view>
+#include <utility>
+
+#include "common/unique_fd.h"
+#include "os/file.h"
+#include "store/sqlite/migrations.h"
+
+namespace moat::store {
+
+Result<std::unique_ptr<Store>> openSqliteStore(const std::string& path) {
+  MOAT_ASSIGN(std::unique_ptr<sqlite::SqliteStore> store, sqlite::SqliteStore::open(path));
+  return std::unique_ptr<Store>(std::move(store));
+}
+
+}  // namespace moat::store
+
+namespace moat::store::sqlite {
+
+void DbCloser::operator()(::sqlite3* db) const { sqlite3_close_v2(db); }
+
+namespace {
+
+// The connection's last error as an Error that says what was being done:
+// "insert environment abc: UNIQUE constraint failed: environments.id".
+Error sqliteError(::sqlite3* db, const std::string& what) {
+  const int rc = sqlite3_extended_errcode(db);
+  std::string code = "store";
+  if (rc == SQLITE_CONSTRAINT_PRIMARYKEY || rc == SQLITE_CONSTRAINT_UNIQUE) {
+    code = "conflict";
+  } else if (rc == SQLITE_CONSTRAINT_CHECK || rc == SQLITE_CONSTRAINT_NOTNULL) {
+    code = "invalid_argument";
+  }
+  // Only an I/O failure has a meaningful errno behind it.
+  const int primary = rc & 0xff;
+  const int sysErrno =
+      (primary == SQLITE_IOERR || primary == SQLITE_CANTOPEN) ? sqlite3_system_errno(db) : 0;
+  return Error{std::move(code), sysErrno, what + ": " + sqlite3_errmsg(db)};
+}
+
+// Runs SQL that carries no outside values (pragmas, schema, BEGIN/COMMIT).
+Status exec(::sqlite3* db, const char* sql, const std::string& what) {
+  if (sqlite3_exec(db, sql, nullptr, nullptr, nullptr) != SQLITE_OK) return sqliteError(db, what);
+  return {};
+}
+
+// One prepared statement, finalized when it goes out of scope. Values only
+// ever reach SQL through bind*.
+class Statement {
+ public:
+  static Result<Statement> prepare(::sqlite3* db, std::string_view sql, std::string what) {
+    ::sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &stmt, nullptr) !=
+        SQLITE_OK) {
+      sqlite3_finalize(stmt);
+      return sqliteError(db, what);
+    }
+    return Statement(db, stmt, std::move(what));
+  }
+
+  Statement(Statement&& other) noexcept
+      : db_(other.db_), stmt_(std::exchange(other.stmt_, nullptr)), what_(std::move(other.what_)) {}
+  Statement& operator=(Statement&&) = delete;
+  ~Statement() { sqlite3_finalize(stmt_); }  // a no-op on nullptr
+
+  Status bindAt(int index, std::string_view value) {
+    return check(sqlite3_bind_text64(stmt_, index, value.data(), value.size(), SQLITE_TRANSIENT,
+                                     SQLITE_UTF8));
+  }
+  Status bindAt(int index, int64_t value) { return check(sqlite3_bind_int64(stmt_, index, value)); }
+  Status bindAt(int index, double value) { return check(sqlite3_bind_double(stmt_, index, value)); }
+
+  // Binds the arguments to ?1, ?2, ... in order.
+  template <class... Args>
+  Status bindAll(const Args&... args) {
+    int index = 0;
+    Status status;
+    ((status = status.ok() ? bindAt(++index, args) : status), ...);
+    return status;
+  }
+
+  // True while there is a row to read.
+  Result<bool> step() {
+    const int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    return sqliteError(db_, what_);
+  }
+  // For statements that return no rows.
+  Status run() {
+    MOAT_ASSIGN(bool row, step());
+    (void)row;
+    return {};
+  }
+
+  std::string text(int column) const {
+    const auto* data = reinterpret_cast<const char*>(sqlite3_column_text(stmt_, column));
+    if (data == nullptr) return {};  // NULL
+    return std::string(data, static_cast<size_t>(sqlite3_column_bytes(stmt_, column)));
+  }
+  int64_t integer(int column) const { return sqlite3_column_int64(stmt_, column); }
+  double real(int column) const { return sqlite3_column_double(stmt_, column); }
+
+ private:
+  Statement(::sqlite3* db, ::sqlite3_stmt* stmt, std::string what)
+      : db_(db), stmt_(stmt), what_(std::move(what)) {}
+
+  Status check(int rc) const {
+    if (rc != SQLITE_OK) return sqliteError(db_, what_);
+    return {};
+  }
+
+  ::sqlite3* db_;
+  ::sqlite3_stmt* stmt_;
+  std::string what_;
+};
+
+// BEGIN IMMEDIATE ... COMMIT; rolled back unless committed.
+class Transaction {
+ public:
+  static Result<Transaction> begin(::sqlite3* db, const std::string& what) {
+    // IMMEDIATE takes the write lock now, so two processes opening the same
+    // file cannot both decide to apply the same migration.
+    MOAT_TRY(exec(db, "BEGIN IMMEDIATE", what + ": begin"));
+    return Transaction(db);
+  }
+  Transaction(Transaction&& other) noexcept : db_(std::exchange(other.db_, nullptr)) {}
+  Transaction& operator=(Transaction&&) = delete;
+  ~Transaction() {
+    if (db_ != nullptr) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+
+  Status commit(const std::string& what) {
+    MOAT_TRY(exec(db_, "COMMIT", what + ": commit"));
+    db_ = nullptr;
+    return {};
+  }
+
+ private:
+  explicit Transaction(::sqlite3* db) : db_(db) {}
+  ::sqlite3* db_;
+};
+
+Result<int64_t> userVersion(::sqlite3* db, const std::string& path) {
+  const std::string what = "read schema version of " + path;
+  MOAT_ASSIGN(Statement stmt, Statement::prepare(db, "PRAGMA user_version", what));
+  MOAT_ASSIGN(bool row, stmt.step());
+  if (!row) return Error::make("store", what + ": no result");
+  return stmt.integer(0);
+}
+
+Status checkSupported(int64_t version, const std::string& path) {
+  if (version >= 0 && version <= kSchemaVersion) return {};
+  return Error::make("unsupported", "database " + path + " has schema version " +
+                                        std::to_string(version) + ", this moatd knows versions 1 to " +
+                                        std::to_string(kSchemaVersion));
+}
+
+Status migrate(::sqlite3* db, const std::string& path) {
+  MOAT_ASSIGN(int64_t version, userVersion(db, path));
+  for (const Migration& step : kMigrations) {
+    if (step.version <= version) continue;
+    const std::string what =
+        "migrate " + path + " to schema version " + std::to_string(step.version);
+    MOAT_ASSIGN(Transaction transaction, Transaction::begin(db, what));
+    // Another process may have migrated between our read and the lock.
+    MOAT_ASSIGN(version, userVersion(db, path));
+    MOAT_TRY(checkSupported(version, path));
+    if (step.version <= version) continue;  // the rollback only releases the lock
+    MOAT_TRY(exec(db, step.sql, what));
+    // PRAGMA takes no bound parameters; the number is our own constant.
+    const std::string setVersion = "PRAGMA user_version = " + std::to_string(step.version);
+    MOAT_TRY(exec(db, setVersion.c_str(), what));
+    MOAT_TRY(transaction.commit(what));
+    version = step.version;
+  }
+  return {};
+}
+
+Result<std::string> encodeLabels(const std::map<std::string, std::string>& labels,
+                                 const std::string& what) {
+  try {
+    return nlohmann::json(labels).dump();
+  } catch (const nlohmann::json::exception& e) {
+    // dump() throws on strings that are not UTF-8.
+    return Error::make("invalid_argument", what + ": labels: " + e.what());
+  }
+}
+
+Result<std::map<std::string, std::string>> decodeLabels(const std::string& text,
+                                                        const std::string& id) {
+  std::map<std::string, std::string> labels;
+  if (text.empty()) return labels;
+  const auto json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const std::string corrupt =
+      "environment " + id + ": stored labels are not a JSON object of strings";
+  if (!json.is_object()) return Error::make("store", corrupt);
+  for (const auto& [key, value] : json.items()) {
+    if (!value.is_string()) return Error::make("store", corrupt);
+    labels.emplace(key, value.get<std::string>());
+  }
+  return labels;
+}
+
+constexpr std::string_view kSelectEnvironments =
+    "SELECT id, task_id, template, cpus, ram_mb, storage_gb, pids, labels, state, reason,"
+    " created_at_ms, expires_at_ms, owner FROM environments";
+constexpr std::string_view kNewestFirst = " ORDER BY created_at_ms DESC, id";
+
+// Reads the current row of a statement that selected kSelectEnvironments.
+Result<EnvironmentRecord> readEnvironment(const Statement& stmt) {
+  EnvironmentRecord record;
+  record.id = stmt.text(0);
+  record.taskId = stmt.text(1);
+  record.templateName = stmt.text(2);
+  record.cpus = stmt.real(3);
+  record.ramMb = static_cast<uint64_t>(stmt.integer(4));
+  record.storageGb = stmt.real(5);
+  record.pids = static_cast<uint64_t>(stmt.integer(6));
+  MOAT_ASSIGN(record.labels, decodeLabels(stmt.text(7), record.id));
+  record.state = stmt.text(8);
+  record.reason = stmt.text(9);
+  record.createdAtMs = stmt.integer(10);
+  record.expiresAtMs = stmt.integer(11);
+  record.owner = stmt.text(12);
+  return record;
+}
+
+Result<std::vector<EnvironmentRecord>> readEnvironments(Statement& stmt) {
+  std::vector<EnvironmentRecord> records;
+  while (true) {
+    MOAT_ASSIGN(bool row, stmt.step());
+    if (!row) break;
+    MOAT_ASSIGN(EnvironmentRecord record, readEnvironment(stmt));
+    records.push_back(std::move(record));
+  }
+  return records;
+}
+
+bool labelsMatch(const std::map<std::string, std::string>& have,
+                 const std::map<std::string, std::string>& want) {
+  for (const auto& [key, value] : want) {
+    auto it = have.find(key);
+    if (it == have.end() || it->second != value) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const std::string& path) {
+  // Create the file ourselves so that it never exists with a wider mode than
+  // 0600 (SQLite would use 0644), and tighten an existing one. SQLite gives
+  // the -wal and -shm files the mode of the database file.
+  {
+    MOAT_ASSIGN(UniqueFd fd, os::open(path, O_RDWR | O_CREAT | O_NOFOLLOW, 0600));
+    if (::fchmod(fd.get(), 0600) != 0) return Error::fromErrno("chmod 0600 " + path);
+  }
+
+  ::sqlite3* raw = nullptr;
+  const int rc = sqlite3_open_v2(path.c_str(), &raw,
+                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                                 nullptr);
+  DbPtr db(raw);  // a handle comes back even on failure, to be closed
+  if (rc != SQLITE_OK) {
+    if (!db) return Error::make("store", "open " + path + ": " + sqlite3_errstr(rc));
+    return sqliteError(db.get(), "open " + path);
+  }
+
+  const std::string setUp = "set up " + path;
+  MOAT_TRY(exec(db.get(), "PRAGMA busy_timeout = 5000", setUp));
+  // Refuse a newer database before writing anything to it.
+  MOAT_ASSIGN(int64_t version, userVersion(db.get(), path));
+  MOAT_TRY(checkSupported(version, path));
+
+  {
+    const std::string what = "set WAL journal mode on " + path;
+    MOAT_ASSIGN(Statement stmt, Statement::prepare(db.get(), "PRAGMA journal_mode = WAL", what));
+    MOAT_ASSIGN(bool row, stmt.step());
+    // SQLite answers with the mode now in force; it keeps the old one when
+    // the file system cannot do WAL.
+    const std::string mode = row ? stmt.text(0) : "";
+    if (mode != "wal") return Error::make("store", what + ": journal mode is \"" + mode + "\"");
+  }
+  MOAT_TRY(exec(db.get(), "PRAGMA synchronous = NORMAL", setUp));
+  MOAT_TRY(exec(db.get(), "PRAGMA foreign_keys = ON", setUp));
+  MOAT_TRY(migrate(db.get(), path));
+
+  return std::unique_ptr<SqliteStore>(new SqliteStore(std::move(db)));
+}
+
+Status SqliteStore::insertEnvironment(const EnvironmentRecord& record) {
+  const std::string what = "insert environment " + record.id;
+  MOAT_ASSIGN(std::string labels, encodeLabels(record.labels, what));
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt,
+              Statement::prepare(db_.get(),
+                                 "INSERT INTO environments (id, task_id, template, cpus, ram_mb,"
+                                 " storage_gb, pids, labels, state, reason, created_at_ms,"
+                                 " expires_at_ms, owner)"
+                                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 what));
+  // The unsigned counts are stored as their 64-bit pattern and read back the
+  // same way, so every value round-trips.
+  MOAT_TRY(stmt.bindAll(record.id, record.taskId, record.templateName, record.cpus,
+                        static_cast<int64_t>(record.ramMb), record.storageGb,
+                        static_cast<int64_t>(record.pids), labels, record.state, record.reason,
+                        record.createdAtMs, record.expiresAtMs, record.owner));
+  return stmt.run();
+}
+
+Result<std::optional<EnvironmentRecord>> SqliteStore::getEnvironment(const std::string& id) {
+  const std::string what = "get environment " + id;
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(),
+                                                 std::string(kSelectEnvironments) + " WHERE id = ?",
+                                                 what));
+  MOAT_TRY(stmt.bindAll(id));
+  MOAT_ASSIGN(bool row, stmt.step());
+  if (!row) return std::optional<EnvironmentRecord>();
+  MOAT_ASSIGN(EnvironmentRecord record, readEnvironment(stmt));
+  return std::optional<EnvironmentRecord>(std::move(record));
+}
+
+Result<std::vector<EnvironmentRecord>> SqliteStore::listEnvironments(
+    const EnvironmentFilter& filter) {
+  // The SQL is assembled from fixed fragments only (so the indexes on
+  // task_id, state and owner can serve it); the values are bound.
+  std::string sql(kSelectEnvironments);
+  std::vector<std::string_view> values;
+  bool first = true;
+  auto condition = [&](std::string_view fragment) {
+    sql += first ? " WHERE " : " AND ";
+    sql += fragment;
+    first = false;
+  };
+  if (!filter.taskId.empty()) {
+    condition("task_id = ?");
+    values.push_back(filter.taskId);
+  }
+  if (filter.state.empty()) {
+    condition("state != 'gone'");
+  } else {
+    condition("state = ?");
+    values.push_back(filter.state);
+  }
+  if (!filter.owner.empty()) {
+    condition("owner = ?");
+    values.push_back(filter.owner);
+  }
+  sql += kNewestFirst;
+
+  std::vector<EnvironmentRecord> records;
+  {
+    std::lock_guard lock(mutex_);
+    MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(), sql, "list environments"));
+    for (size_t i = 0; i < values.size(); ++i) {
+      MOAT_TRY(stmt.bindAt(static_cast<int>(i) + 1, values[i]));
+    }
+    MOAT_ASSIGN(records, readEnvironments(stmt));
+  }
+  if (!filter.labels.empty()) {
+    std::erase_if(records, [&](const EnvironmentRecord& record) {
+      return !labelsMatch(record.labels, filter.labels);
+    });
+  }
+  return records;
+}
+
+Status SqliteStore::setState(const std::string& id, const std::string& state,
+                             const std::string& reason) {
+  const std::string what = "set state of environment " + id + " to " + state;
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt,
+              Statement::prepare(db_.get(),
+                                 "UPDATE environments SET state = ?, reason = ? WHERE id = ?", what));
+  MOAT_TRY(stmt.bindAll(state, reason, id));
+  MOAT_TRY(stmt.run());
+  if (sqlite3_changes(db_.get()) == 0) {
+    return Error::make("not_found", what + ": no such environment");
+  }
+  return {};
+}
+
+Status SqliteStore::setExpiry(const std::string& id, int64_t expiresAtMs) {
+  const std::string what = "set expiry of environment " + id;
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt,
+              Statement::prepare(db_.get(), "UPDATE environments SET expires_at_ms = ? WHERE id = ?",
+                                 what));
+  MOAT_TRY(stmt.bindAll(expiresAtMs, id));
+  MOAT_TRY(stmt.run());
+  if (sqlite3_changes(db_.get()) == 0) {
+    return Error::make("not_found", what + ": no such environment");
+  }
+  return {};
+}
+
+Result<std::vector<EnvironmentRecord>> SqliteStore::liveEnvironments() {
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt,
+              Statement::prepare(db_.get(),
+                                 std::string(kSelectEnvironments) +
+                                     " WHERE state NOT IN ('gone', 'failed')" +
+                                     std::string(kNewestFirst),
+                                 "list live environments"));
+  return readEnvironments(stmt);
+}
+
+}  // namespace moat::store::sqlite

@@ -1,0 +1,43 @@
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "api/http.h"
+#include "manager/environment_manager.h"
+
+namespace moat::api {
+
+// The REST API of moatd (docs/API.md, api/openapi.yaml): authentication,
+// request validation (unknown fields and out-of-range values are errors that
+// name the field), and a typed call into the environment manager.
+class Api {
+ public:
+  Api(manager::EnvironmentManager& manager, std::string masterToken);
+  HttpResponse handle(const HttpRequest& request);
+
+ private:
+  HttpResponse route(const HttpRequest& request);
+  HttpResponse metrics();
+  void countError(const std::string& code);
+
+  manager::EnvironmentManager& manager_;
+  std::string masterToken_;
+  std::mutex errorsMutex_;
+  std::map<std::string, uint64_t> errors_;
+  static constexpr std::array<double, 10> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                      0.05,  0.1,    0.5,   1,    10};
+  std::array<std::atomic<uint64_t>, 11> execBuckets_{};
+  std::atomic<uint64_t> execMicros_{0};
+  std::atomic<uint64_t> execCount_{0};
+};
+
+// Encoding helpers (exposed for tests).
+bool isValidUtf8(const std::string& s);
+std::string base64Encode(const std::string& s);
+Result<std::string> base64Decode(const std::string& s);
+
+}  // namespace moat::api

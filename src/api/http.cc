@@ -1,0 +1,247 @@
+#include "api/http.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cstring>
+
+namespace moat::api {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+namespace asio = boost::asio;
+
+int hexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+std::string errorBody(const std::string& code, const std::string& message) {
+  std::string escaped;
+  for (char c : message) {
+    if (c == '"' || c == '\\') escaped += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) escaped += c;
+  }
+  return R"({"error":{"code":")" + code + R"(","message":")" + escaped + R"("}})";
+}
+
+template <class Stream>
+void serveStream(Stream& stream, const Handler& handler, const ServerLimits& limits) {
+  beast::flat_buffer buffer;
+  for (;;) {
+    http::request_parser<http::string_body> parser;
+    parser.body_limit(limits.maxBodyBytes);
+    parser.header_limit(static_cast<uint32_t>(limits.maxHeaderBytes));
+    beast::error_code ec;
+    http::read(stream, buffer, parser, ec);
+    if (ec == http::error::end_of_stream || ec == asio::error::eof ||
+        ec == asio::error::connection_reset || ec == asio::error::operation_aborted ||
+        ec == asio::error::bad_descriptor) {
+      return;
+    }
+    HttpResponse response;
+    bool keepAlive = false;
+    unsigned version = 11;
+    if (ec) {
+      bool tooBig = ec == http::error::body_limit || ec == http::error::header_limit;
+      response.status = tooBig ? 413 : 400;
+      response.body = errorBody(tooBig ? "too_large" : "bad_request",
+                                tooBig ? "request larger than the limit of " +
+                                             std::to_string(limits.maxBodyBytes) + " bytes"
+                                       : "malformed HTTP request: " + ec.message());
+    } else {
+      auto& req = parser.get();
+      version = req.version();
+      keepAlive = req.keep_alive();
+      HttpRequest request;
+      request.method = std::string(req.method_string());
+      std::string target(req.target());
+      auto q = target.find('?');
+      request.path = urlDecode(target.substr(0, q), false);
+      if (q != std::string::npos) {
+        std::string query = target.substr(q + 1);
+        size_t start = 0;
+        while (start <= query.size()) {
+          size_t end = query.find('&', start);
+          if (end == std::string::npos) end = query.size();
+          std::string pair = query.substr(start, end - start);
+          if (!pair.empty()) {
+            auto eq = pair.find('=');
+            std::string key = urlDecode(pair.substr(0, eq), true);
+            std::string value = eq == std::string::npos ? "" : urlDecode(pair.substr(eq + 1), true);
+            request.query[key] = value;
+            request.queryAll.emplace_back(key, value);
+          }
+          start = end + 1;
+        }
+      }
+      request.body = std::move(req.body());
+      request.authorization = std::string(req[http::field::authorization]);
+      request.host = std::string(req[http::field::host]);
+      request.origin = std::string(req[http::field::origin]);
+      try {
+        response = handler(request);
+      } catch (const std::exception& e) {
+        response.status = 500;
+        response.body = errorBody("internal", e.what());
+      }
+    }
+    http::response<http::string_body> res{static_cast<http::status>(response.status), version};
+    res.set(http::field::server, "moatd");
+    res.set(http::field::content_type, response.contentType);
+    res.keep_alive(keepAlive);
+    res.body() = std::move(response.body);
+    res.prepare_payload();
+    http::write(stream, res, ec);
+    if (ec || !keepAlive) return;
+  }
+}
+
+}  // namespace
+
+std::string urlDecode(const std::string& s, bool plusIsSpace) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hexValue(s[i + 1]) >= 0 && hexValue(s[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hexValue(s[i + 1]) * 16 + hexValue(s[i + 2])));
+      i += 2;
+    } else if (plusIsSpace && s[i] == '+') {
+      out.push_back(' ');
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+HttpServer::HttpServer(Handler handler, ServerLimits limits)
+    : handler_(std::move(handler)), limits_(limits) {}
+
+HttpServer::~HttpServer() { stop(); }
+
+Status HttpServer::listenTcp(const std::string& hostPort) {
+  auto colon = hostPort.rfind(':');
+  if (colon == std::string::npos) return Error::make("invalid_argument", "listen address needs host:port");
+  std::string host = hostPort.substr(0, colon);
+  int port = std::atoi(hostPort.substr(colon + 1).c_str());
+  struct sockaddr_in addr;
+  std::memset(&addr, 0, sizeof addr);
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::inet_pton(AF_INET, host == "localhost" ? "127.0.0.1" : host.c_str(), &addr.sin_addr) != 1) {
+    return Error::make("invalid_argument", "listen address " + hostPort + " is not an IPv4 host:port");
+  }
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Error::fromErrno("socket");
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 512) != 0) {
+    int err = errno;
+    ::close(fd);
+    return Error::fromErrno("listen on " + hostPort, err);
+  }
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  tcpPort_ = ntohs(addr.sin_port);
+  listenFds_.push_back(fd);
+  acceptors_.emplace_back([this, fd] { acceptLoop(fd); });
+  return {};
+}
+
+Status HttpServer::listenUnix(const std::string& path) {
+  struct sockaddr_un addr;
+  std::memset(&addr, 0, sizeof addr);
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) return Error::make("invalid_argument", "socket path too long: " + path);
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  ::unlink(path.c_str());
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Error::fromErrno("socket");
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 512) != 0) {
+    int err = errno;
+    ::close(fd);
+    return Error::fromErrno("listen on " + path, err);
+  }
+  ::chmod(path.c_str(), 0600);
+  listenFds_.push_back(fd);
+  acceptors_.emplace_back([this, fd] { acceptLoop(fd); });
+  return {};
+}
+
+void HttpServer::acceptLoop(int listenFd) {
+  while (!stopping_) {
+    int fd = ::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (stopping_) return;
+      if (errno == EMFILE || errno == ENFILE) {
+        ::usleep(10000);  // out of fds: shed load rather than spin
+        continue;
+      }
+      return;
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (active_ >= limits_.maxConnections || stopping_) {
+      lock.unlock();
+      static const std::string body = errorBody("unavailable", "too many connections; retry later");
+      static const std::string busy =
+          "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+      ssize_t ignored = ::send(fd, busy.data(), busy.size(), MSG_NOSIGNAL);
+      (void)ignored;
+      ::close(fd);
+      continue;
+    }
+    ++active_;
+    connections_.insert(fd);
+    std::thread([this, fd] { serve(fd); }).detach();
+  }
+}
+
+void HttpServer::serve(int fd) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  try {
+    asio::io_context io;
+    if (ss.ss_family == AF_UNIX) {
+      asio::local::stream_protocol::socket socket(io, asio::local::stream_protocol(), fd);
+      serveStream(socket, handler_, limits_);
+      socket.release();
+    } else {
+      asio::ip::tcp::socket socket(io, ss.ss_family == AF_INET6 ? asio::ip::tcp::v6() : asio::ip::tcp::v4(), fd);
+      serveStream(socket, handler_, limits_);
+      socket.release();
+    }
+  } catch (const std::exception&) {
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  connections_.erase(fd);
+  ::close(fd);
+  --active_;
+  idle_.notify_all();
+}
+
+void HttpServer::stop() {
+  if (stopping_.exchange(true)) return;
+  for (int fd : listenFds_) ::shutdown(fd, SHUT_RDWR);
+  for (auto& t : acceptors_) t.join();
+  for (int fd : listenFds_) ::close(fd);
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (int fd : connections_) ::shutdown(fd, SHUT_RDWR);
+  idle_.wait(lock, [this] { return active_ == 0; });
+}
+
+}  // namespace moat::api

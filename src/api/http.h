@@ -1,0 +1,75 @@
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/result.h"
+
+// moatd's HTTP/1.1 transport (Boost.Beast underneath, kept out of this
+// header so the API layer is plain data in, plain data out).
+namespace moat::api {
+
+struct HttpRequest {
+  std::string method;
+  std::string path;                          // decoded, without the query
+  std::map<std::string, std::string> query;  // decoded; the last value wins
+  std::vector<std::pair<std::string, std::string>> queryAll;
+  std::string body;
+  std::string authorization;
+  std::string host;
+  std::string origin;
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string contentType = "application/json";
+  std::string body;
+};
+
+using Handler = std::function<HttpResponse(const HttpRequest&)>;
+
+struct ServerLimits {
+  size_t maxBodyBytes = 64u << 20;
+  size_t maxHeaderBytes = 16u << 10;
+  size_t maxConnections = 512;
+};
+
+class HttpServer {
+ public:
+  explicit HttpServer(Handler handler, ServerLimits limits = {});
+  ~HttpServer();
+  // host:port (port 0 picks one; see tcpPort()) and a unix socket path
+  // (created 0600 by the caller's umask rules; an old socket is replaced).
+  Status listenTcp(const std::string& hostPort);
+  Status listenUnix(const std::string& path);
+  int tcpPort() const { return tcpPort_; }
+  void stop();
+
+ private:
+  void acceptLoop(int listenFd);
+  void serve(int fd);
+
+  Handler handler_;
+  ServerLimits limits_;
+  std::vector<int> listenFds_;
+  std::vector<std::thread> acceptors_;
+  std::mutex mutex_;
+  std::set<int> connections_;
+  std::vector<std::thread> finished_;
+  std::atomic<bool> stopping_{false};
+  int tcpPort_ = 0;
+  size_t active_ = 0;
+  std::condition_variable_any idle_;
+};
+
+std::string urlDecode(const std::string& s, bool plusIsSpace);
+
+}  // namespace moat::api

@@ -1,0 +1,93 @@
+// moatd: the environments service. See docs/API.md.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "api/api.h"
+#include "api/auth.h"
+#include "api/http.h"
+#include "backend/namespaces/spawner.h"
+#include "common/process_args.h"
+#include "manager/environment_manager.h"
+#include "os/file.h"
+#include "store/sqlite/sqlite_store.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT]
+
+  --state DIR         state directory (default $MOAT_STATE or /var/lib/moat)
+  --listen HOST:PORT  TCP address (default 127.0.0.1:7070; port 0 picks one)
+
+Always also serves <state>/moatd.sock. The master token is <state>/master-token.
+)";
+
+int fail(const std::string& message) {
+  std::fprintf(stderr, "moatd: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace moat;
+  rememberProcessArgs(argc, argv);
+  const char* stateEnv = std::getenv("MOAT_STATE");
+  std::string stateDir = stateEnv && *stateEnv ? stateEnv : "/var/lib/moat";
+  std::string listen = "127.0.0.1:7070";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if ((a == "--state" || a == "--listen") && i + 1 < argc) {
+      (a == "--state" ? stateDir : listen) = argv[++i];
+    } else if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else {
+      std::fprintf(stderr, "moatd: unknown argument %s\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+  }
+  if (::geteuid() != 0) return fail("needs root (it creates namespaces, cgroups and mounts)");
+  if (stateDir.empty() || stateDir[0] != '/') return fail("--state must be an absolute path");
+  if (auto s = os::makeDirs(stateDir, 0700); !s.ok()) return fail(s.error().message());
+
+  // Before any thread: the spawner is a fork of this process.
+  auto spawner = backend::namespaces::Spawner::start();
+  if (!spawner.ok()) return fail(spawner.error().message());
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  ::pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // threads inherit; sigwait below
+  ::signal(SIGPIPE, SIG_IGN);
+
+  auto token = api::loadOrCreateMasterToken(stateDir);
+  if (!token.ok()) return fail(token.error().message());
+  auto store = store::openSqliteStore(stateDir + "/moat.db");
+  if (!store.ok()) return fail(store.error().message());
+
+  manager::ManagerConfig config;
+  config.stateDir = stateDir;
+  {
+    manager::EnvironmentManager manager(config, *store.value(), *spawner.value());
+    manager.recoverAfterRestart();
+    api::Api api(manager, token.value());
+    api::HttpServer server([&api](const api::HttpRequest& r) { return api.handle(r); });
+    if (auto s = server.listenUnix(stateDir + "/moatd.sock"); !s.ok()) return fail(s.error().message());
+    if (auto s = server.listenTcp(listen); !s.ok()) return fail(s.error().message());
+    std::fprintf(stderr, "moatd: serving http://127.0.0.1:%d and unix:%s/moatd.sock (state %s)\n",
+                 server.tcpPort(), stateDir.c_str(), stateDir.c_str());
+    std::fflush(stderr);
+    int sig = 0;
+    ::sigwait(&signals, &sig);
+    std::fprintf(stderr, "moatd: %s, stopping\n", ::strsignal(sig));
+    server.stop();
+  }  // the manager destroys its environments
+  spawner.value().reset();
+  return 0;
+}

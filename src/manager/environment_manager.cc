@@ -1,0 +1,250 @@
+#include "manager/environment_manager.h"
+
+#include <sys/sysinfo.h>
+
+#include <chrono>
+
+#include "cli/run_options.h"
+
+namespace moat::manager {
+
+int64_t nowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+EnvironmentManager::EnvironmentManager(ManagerConfig config, store::Store& store,
+                                       backend::namespaces::Spawner& spawner)
+    : config_(std::move(config)), store_(store), spawner_(spawner) {
+  if (config_.maxTotalMemoryMb == 0) {
+    struct sysinfo info;
+    config_.maxTotalMemoryMb =
+        ::sysinfo(&info) == 0 ? info.totalram * info.mem_unit / (1024 * 1024) : 1024;
+  }
+  reaper_ = std::thread([this] { reaperLoop(); });
+}
+
+EnvironmentManager::~EnvironmentManager() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  reaperCv_.notify_all();
+  if (reaper_.joinable()) reaper_.join();
+  destroyAll("moatd stopped");
+}
+
+void EnvironmentManager::recoverAfterRestart() {
+  auto live = store_.liveEnvironments();
+  if (!live.ok()) return;
+  for (const auto& r : live.value()) {
+    (void)store_.setState(r.id, "failed", "moatd restarted; its processes ended with the old moatd");
+  }
+}
+
+Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest& request) {
+  store::EnvironmentRecord record;
+  record.id = backend::namespaces::newEnvironmentId();
+  record.taskId = request.taskId;
+  record.templateName = request.templateName;
+  record.cpus = request.cpus > 0 ? request.cpus : config_.defaultCpus;
+  record.ramMb = request.ramMb > 0 ? request.ramMb : config_.defaultRamMb;
+  record.storageGb = request.storageGb > 0 ? request.storageGb : config_.defaultStorageGb;
+  record.pids = request.pids > 0 ? request.pids : config_.defaultPids;
+  record.labels = request.labels;
+  record.owner = request.owner;
+  record.state = "creating";
+  record.createdAtMs = nowMs();
+  int64_t ttl = request.ttlS > 0 ? request.ttlS : config_.defaultTtlS;
+  record.expiresAtMs = record.createdAtMs + ttl * 1000;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (live_.size() + creating_ >= config_.maxEnvironments) {
+      return Error::make("capacity", "at capacity: " + std::to_string(config_.maxEnvironments) +
+                                         " environments exist");
+    }
+    if (reservedMemoryMb_ + record.ramMb > config_.maxTotalMemoryMb) {
+      return Error::make("capacity", "at capacity: " + std::to_string(reservedMemoryMb_) +
+                                         " of " + std::to_string(config_.maxTotalMemoryMb) +
+                                         " MB of memory are reserved");
+    }
+    ++creating_;
+    reservedMemoryMb_ += record.ramMb;
+  }
+  auto release = [&](bool keepMemory) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --creating_;
+    if (!keepMemory) reservedMemoryMb_ -= record.ramMb;
+  };
+  Status stored = store_.insertEnvironment(record);
+  if (!stored.ok()) {
+    release(false);
+    return stored.error();
+  }
+  backend::namespaces::EnvironmentSpec spec;
+  spec.stateDir = config_.stateDir;
+  spec.templateName = record.templateName;
+  spec.cpus = record.cpus;
+  spec.memoryMb = record.ramMb;
+  spec.pids = record.pids;
+  spec.storageGb = record.storageGb;
+  spec.id = record.id;
+  spec.initMode = backend::namespaces::InitMode::kExec;
+  auto created = spawner_.create(spec);
+  if (!created.ok()) {
+    release(false);
+    (void)store_.setState(record.id, "failed", created.error().message());
+    return created.error();
+  }
+  std::string id = record.id;
+  auto connection = std::make_shared<InitConnection>(std::move(created->control),
+                                                     [this, id] { onInitGone(id); });
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --creating_;
+    live_[id] = Live{connection, request.env, record.ramMb};
+  }
+  record.state = "running";
+  (void)store_.setState(id, "running", "");
+  return record;
+}
+
+void EnvironmentManager::onInitGone(const std::string& id) {
+  // moat-init went away. After a destroy that is expected; otherwise the
+  // environment failed. The reaper thread decides and cleans up (this is the
+  // connection's reader thread, which the cleanup joins).
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    initGone_.push_back(id);
+  }
+  reaperCv_.notify_all();
+}
+
+Result<store::EnvironmentRecord> EnvironmentManager::get(const std::string& id) {
+  MOAT_ASSIGN(auto record, store_.getEnvironment(id));
+  if (!record) return Error::make("not_found", "no environment " + id);
+  return record.value();
+}
+
+Result<std::vector<store::EnvironmentRecord>> EnvironmentManager::list(
+    const store::EnvironmentFilter& filter) {
+  return store_.listEnvironments(filter);
+}
+
+Result<std::shared_ptr<InitConnection>> EnvironmentManager::connectionOf(
+    const std::string& id, std::map<std::string, std::string>* env) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.find(id);
+    if (it != live_.end()) {
+      if (env) *env = it->second.env;
+      return it->second.connection;
+    }
+  }
+  MOAT_ASSIGN(auto record, get(id));
+  return Error::make("conflict", "environment " + id + " is " + record.state +
+                                     (record.reason.empty() ? "" : " (" + record.reason + ")"));
+}
+
+Result<ExecResult> EnvironmentManager::exec(const std::string& id, ExecRequest request,
+                                            const std::map<std::string, std::string>& env) {
+  std::map<std::string, std::string> base;
+  MOAT_ASSIGN(auto connection, connectionOf(id, &base));
+  for (const auto& [k, v] : env) base[k] = v;
+  request.env = cli::baseEnvironment(id, request.cwd);
+  for (const auto& [k, v] : base) {
+    std::string prefix = k + "=";
+    std::erase_if(request.env, [&](const std::string& e) { return e.rfind(prefix, 0) == 0; });
+    request.env.push_back(prefix + v);
+  }
+  ++execs_;
+  return connection->exec(request);
+}
+
+Result<init::FileResult> EnvironmentManager::file(const std::string& id,
+                                                  const init::FileRequest& request) {
+  MOAT_ASSIGN(auto connection, connectionOf(id, nullptr));
+  return connection->file(request);
+}
+
+Result<store::EnvironmentRecord> EnvironmentManager::setTtl(const std::string& id, int64_t ttlS) {
+  MOAT_ASSIGN(auto connection, connectionOf(id, nullptr));
+  (void)connection;
+  MOAT_TRY(store_.setExpiry(id, nowMs() + ttlS * 1000));
+  reaperCv_.notify_all();
+  return get(id);
+}
+
+Status EnvironmentManager::destroy(const std::string& id, const std::string& reason) {
+  std::lock_guard<std::mutex> serial(destroyMutex_);
+  MOAT_ASSIGN(auto record, get(id));
+  if (record.state == "gone" || record.state == "failed") {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!live_.count(id)) return {};
+  }
+  Live live;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.find(id);
+    if (it != live_.end()) {
+      live = std::move(it->second);
+      live_.erase(it);
+      reservedMemoryMb_ -= live.ramMb;
+    }
+  }
+  bool failed = reason.rfind("failed", 0) == 0;
+  (void)store_.setState(id, "destroying", reason);
+  Status s = spawner_.destroy(id);
+  live.connection.reset();  // joins its reader: moat-init is gone by now
+  (void)store_.setState(id, failed ? "failed" : "gone", reason);
+  return s;
+}
+
+void EnvironmentManager::destroyAll(const std::string& reason) {
+  std::vector<std::string> ids;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [id, live] : live_) ids.push_back(id);
+  }
+  for (const auto& id : ids) (void)destroy(id, reason);
+}
+
+void EnvironmentManager::reaperLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    reaperCv_.wait_for(lock, std::chrono::milliseconds(200));
+    if (stopping_) break;
+    std::vector<std::string> ids;
+    for (const auto& [id, live] : live_) ids.push_back(id);
+    std::vector<std::string> gone = std::move(initGone_);
+    initGone_.clear();
+    lock.unlock();
+    for (const auto& id : gone) {
+      auto record = store_.getEnvironment(id);
+      if (record.ok() && record.value() && record.value()->state == "running") {
+        (void)destroy(id, "failed: pid 1 of the environment exited");
+      }
+    }
+    int64_t now = nowMs();
+    for (const auto& id : ids) {
+      auto record = store_.getEnvironment(id);
+      if (record.ok() && record.value() && record.value()->expiresAtMs <= now) {
+        (void)destroy(id, "expired");
+      }
+    }
+    lock.lock();
+  }
+}
+
+Counters EnvironmentManager::counters() {
+  Counters c;
+  c.execs = execs_;
+  auto all = store_.listEnvironments({"", "", {}, ""});
+  if (all.ok()) {
+    for (const auto& r : all.value()) ++c.byState[r.state];
+  }
+  return c;
+}
+
+}  // namespace moat::manager

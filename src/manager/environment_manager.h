@@ -1,0 +1,106 @@
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/namespaces/spawner.h"
+#include "common/result.h"
+#include "init/protocol.h"
+#include "manager/init_connection.h"
+#include "store/store.h"
+
+namespace moat::manager {
+
+struct ManagerConfig {
+  std::string stateDir;
+  int64_t defaultTtlS = 3600;
+  int64_t maxTtlS = 7 * 24 * 3600;
+  size_t maxEnvironments = 256;
+  uint64_t maxTotalMemoryMb = 0;  // 0: the host's memory
+  double defaultCpus = 1;
+  uint64_t defaultRamMb = 1024;
+  double defaultStorageGb = 4;
+  uint64_t defaultPids = 1024;
+};
+
+struct CreateRequest {
+  std::string taskId;
+  std::string templateName = "host";
+  double cpus = 0;        // 0: the default
+  uint64_t ramMb = 0;
+  double storageGb = 0;
+  uint64_t pids = 0;
+  int64_t ttlS = 0;       // 0: the default
+  std::map<std::string, std::string> labels;
+  std::map<std::string, std::string> env;  // added to every command's environment
+  std::string owner = "master";
+};
+
+struct Counters {
+  std::map<std::string, uint64_t> byState;
+  uint64_t execs = 0;
+};
+
+// The lifecycle of moatd's environments: creating -> running -> destroying
+// -> gone, or failed. Every transition is written to the store first. Expired
+// environments are destroyed by a reaper thread, with the reason recorded.
+class EnvironmentManager {
+ public:
+  EnvironmentManager(ManagerConfig config, store::Store& store,
+                     backend::namespaces::Spawner& spawner);
+  ~EnvironmentManager();
+
+  // Marks environments a previous moatd left in a live state as failed
+  // ("moatd restarted"): their processes died with it.
+  void recoverAfterRestart();
+
+  Result<store::EnvironmentRecord> create(const CreateRequest& request);
+  Result<store::EnvironmentRecord> get(const std::string& id);
+  Result<std::vector<store::EnvironmentRecord>> list(const store::EnvironmentFilter& filter);
+  // The command's environment is the environment's base set plus `env`.
+  Result<ExecResult> exec(const std::string& id, ExecRequest request,
+                          const std::map<std::string, std::string>& env);
+  Result<init::FileResult> file(const std::string& id, const init::FileRequest& request);
+  Result<store::EnvironmentRecord> setTtl(const std::string& id, int64_t ttlS);
+  // Idempotent: destroying a gone environment is fine.
+  Status destroy(const std::string& id, const std::string& reason);
+  void destroyAll(const std::string& reason);
+  Counters counters();
+  const ManagerConfig& config() const { return config_; }
+
+ private:
+  struct Live {
+    std::shared_ptr<InitConnection> connection;
+    std::map<std::string, std::string> env;
+    uint64_t ramMb = 0;
+  };
+  Result<std::shared_ptr<InitConnection>> connectionOf(const std::string& id,
+                                                       std::map<std::string, std::string>* env);
+  void reaperLoop();
+  void onInitGone(const std::string& id);
+
+  ManagerConfig config_;
+  store::Store& store_;
+  backend::namespaces::Spawner& spawner_;
+  std::mutex mutex_;
+  std::map<std::string, Live> live_;
+  size_t creating_ = 0;
+  std::vector<std::string> initGone_;
+  uint64_t reservedMemoryMb_ = 0;
+  std::atomic<uint64_t> execs_{0};
+  std::mutex destroyMutex_;
+  bool stopping_ = false;
+  std::condition_variable reaperCv_;
+  std::thread reaper_;
+};
+
+int64_t nowMs();
+
+}  // namespace moat::manager

@@ -1,0 +1,53 @@
+#pragma once
+
+#include <array>
+
+// The SQLite schema as an ordered list of steps. A database records the last
+// step applied in PRAGMA user_version (0 for a new file); opening it applies
+// the steps after that, each in its own transaction, and refuses a database
+// whose version is above kSchemaVersion (written by a newer moatd).
+//
+// Steps are append-only: never edit one that has shipped, add the next.
+namespace moat::store::sqlite {
+
+struct Migration {
+  int version;      // user_version once this step is applied: 1, 2, ...
+  const char* sql;  // one or more statements, no values from outside
+};
+
+inline constexpr std::array kMigrations = {
+    Migration{1, R"sql(
+CREATE TABLE environments (
+  id            TEXT PRIMARY KEY NOT NULL,
+  task_id       TEXT NOT NULL DEFAULT '',
+  template      TEXT NOT NULL DEFAULT '',
+  cpus          REAL NOT NULL DEFAULT 0,
+  ram_mb        INTEGER NOT NULL DEFAULT 0,
+  storage_gb    REAL NOT NULL DEFAULT 0,
+  pids          INTEGER NOT NULL DEFAULT 0,
+  labels        TEXT NOT NULL DEFAULT '{}',  -- JSON object of string values
+  state         TEXT NOT NULL
+                CHECK (state IN ('creating', 'running', 'destroying', 'gone', 'failed')),
+  reason        TEXT NOT NULL DEFAULT '',
+  created_at_ms INTEGER NOT NULL DEFAULT 0,
+  expires_at_ms INTEGER NOT NULL DEFAULT 0,
+  owner         TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX environments_state ON environments (state);
+CREATE INDEX environments_task_id ON environments (task_id);
+CREATE INDEX environments_owner ON environments (owner);
+)sql"},
+};
+
+inline constexpr int kSchemaVersion = kMigrations.back().version;
+
+// The steps must be numbered 1..N in order for the version arithmetic above.
+constexpr bool migrationsAreNumberedInOrder() {
+  for (size_t i = 0; i < kMigrations.size(); ++i) {
+    if (kMigrations[i].version != static_cast<int>(i) + 1) return false;
+  }
+  return true;
+}
+static_assert(migrationsAreNumberedInOrder(), "kMigrations must be numbered 1, 2, 3, ...");
+
+}  // namespace moat::store::sqlite

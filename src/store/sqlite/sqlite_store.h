@@ -1,0 +1,43 @@
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "store/store.h"
+
+struct sqlite3;
+
+// The Store on one SQLite file (see openSqliteStore in store/store.h).
+namespace moat::store::sqlite {
+
+struct DbCloser {
+  void operator()(::sqlite3* db) const;
+};
+using DbPtr = std::unique_ptr<::sqlite3, DbCloser>;
+
+class SqliteStore final : public Store {
+ public:
+  // Opens or creates the database file (mode 0600), sets the connection up
+  // and brings the schema to kSchemaVersion (store/sqlite/migrations.h).
+  static Result<std::unique_ptr<SqliteStore>> open(const std::string& path);
+
+  Status insertEnvironment(const EnvironmentRecord& record) override;
+  Result<std::optional<EnvironmentRecord>> getEnvironment(const std::string& id) override;
+  Result<std::vector<EnvironmentRecord>> listEnvironments(const EnvironmentFilter& filter) override;
+  Status setState(const std::string& id, const std::string& state,
+                  const std::string& reason) override;
+  Status setExpiry(const std::string& id, int64_t expiresAtMs) override;
+  Result<std::vector<EnvironmentRecord>> liveEnvironments() override;
+
+ private:
+  explicit SqliteStore(DbPtr db) : db_(std::move(db)) {}
+
+  // One connection shared by every caller. SQLite's own FULLMUTEX lock makes
+  // each call safe, but not the error message and change count read after
+  // it, so every public method holds mutex_ for its whole duration.
+  std::mutex mutex_;
+  DbPtr db_;
+};
+
+}  // namespace moat::store::sqlite

@@ -1,0 +1,236 @@
+// moatd end to end: a real daemon on a fresh state directory, spoken to over
+// HTTP on its unix socket.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "moat_process.h"
+#include "moatd_process.h"
+
+namespace moat::test {
+namespace {
+
+using json = nlohmann::json;
+
+class MoatdApi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!isRoot()) GTEST_SKIP() << "needs root: moatd creates namespaces, cgroups and mounts (CI runs as root)";
+    daemon_ = std::make_unique<Moatd>();
+  }
+
+  json call(const std::string& method, const std::string& target, const json& body, int expectStatus) {
+    auto r = daemon_->request(method, target, body.is_null() ? "" : body.dump());
+    EXPECT_EQ(r.status, expectStatus) << method << " " << target << " -> " << r.body;
+    if (r.body.empty()) return json();
+    auto j = json::parse(r.body, nullptr, false);
+    return j;
+  }
+
+  std::string createEnv(const json& body = json::object()) {
+    json env = call("POST", "/v1/environments", body, 201);
+    return env.value("id", "");
+  }
+
+  json exec(const std::string& id, const json& body) {
+    return call("POST", "/v1/environments/" + id + "/exec", body, 200);
+  }
+
+  std::unique_ptr<Moatd> daemon_;
+};
+
+TEST_F(MoatdApi, HealthzNeedsNoTokenButEverythingElseDoes) {
+  EXPECT_EQ(daemon_->request("GET", "/healthz", "", false).status, 200);
+  auto missing = daemon_->request("GET", "/v1/environments", "", false);
+  EXPECT_EQ(missing.status, 401);
+  EXPECT_NE(missing.body.find("unauthorized"), std::string::npos);
+  auto wrong = daemon_->request("GET", "/v1/environments", "", false,
+                                {{"Authorization", "Bearer " + std::string(64, 'a')}});
+  EXPECT_EQ(wrong.status, 401);
+  EXPECT_EQ(daemon_->request("GET", "/metrics", "", false).status, 401);
+}
+
+TEST_F(MoatdApi, MasterTokenFileIsPrivate) {
+  struct stat st;
+  ASSERT_EQ(::stat((daemon_->stateDir() + "/master-token").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(daemon_->token().size(), 64u);
+}
+
+TEST_F(MoatdApi, CreateExecDestroy) {
+  json env = call("POST", "/v1/environments",
+                  {{"task_id", "agent-task-1"},
+                   {"spec", {{"cpus", 1}, {"ram_mb", 256}, {"storage_gb", 1}, {"pids", 128}}},
+                   {"labels", {{"team", "a"}}},
+                   {"ttl_s", 600}},
+                  201);
+  std::string id = env["id"];
+  EXPECT_EQ(id.size(), 12u);
+  EXPECT_EQ(env["state"], "running");
+  EXPECT_EQ(env["task_id"], "agent-task-1");
+  EXPECT_EQ(env["spec"]["ram_mb"], 256);
+  EXPECT_EQ(env["labels"]["team"], "a");
+  EXPECT_TRUE(env.contains("created_at") && env.contains("expires_at"));
+
+  json r = exec(id, {{"cmd", {"python3", "-c", "import sys; print('hi'); print('oops', file=sys.stderr); sys.exit(3)"}}});
+  EXPECT_EQ(r["exit_code"], 3);
+  EXPECT_EQ(r["stdout"], "hi\n");
+  EXPECT_EQ(r["stderr"], "oops\n");
+  EXPECT_EQ(r["timed_out"], false);
+  EXPECT_EQ(r["encoding"], "utf8");
+
+  // State carries over between commands of one environment.
+  exec(id, {{"cmd", {"sh", "-c", "echo kept > /workspace/f"}}});
+  EXPECT_EQ(exec(id, {{"cmd", {"cat", "/workspace/f"}}})["stdout"], "kept\n");
+
+  EXPECT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "running");
+  EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + id).status, 204);
+  EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + id).status, 204) << "idempotent";
+  json gone = call("GET", "/v1/environments/" + id, nullptr, 200);
+  EXPECT_EQ(gone["state"], "gone");
+  auto late = daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["true"]})");
+  EXPECT_EQ(late.status, 409) << late.body;
+}
+
+TEST_F(MoatdApi, ExecStdinTimeoutNotFoundAndBinaryOutput) {
+  std::string id = createEnv();
+  EXPECT_EQ(exec(id, {{"cmd", {"cat"}}, {"stdin", "piped in"}})["stdout"], "piped in");
+  json t = exec(id, {{"cmd", {"sleep", "30"}}, {"timeout_ms", 200}});
+  EXPECT_EQ(t["timed_out"], true);
+  json nf = exec(id, {{"cmd", {"no-such-command"}}});
+  EXPECT_EQ(nf["exit_code"], 127);
+  EXPECT_NE(nf["stderr"].get<std::string>().find("not found"), std::string::npos);
+  json bin = exec(id, {{"cmd", {"printf", "\\377\\376ok"}}});
+  EXPECT_EQ(bin["encoding"], "base64");
+  EXPECT_EQ(bin["stdout"], "//5vaw==");
+  json env = exec(id, {{"cmd", {"sh", "-c", "echo $GREETING"}}, {"env", {{"GREETING", "hello"}}}});
+  EXPECT_EQ(env["stdout"], "hello\n");
+}
+
+TEST_F(MoatdApi, HugeOutputIsCappedAndSaysSo) {
+  std::string id = createEnv();
+  json r = exec(id, {{"cmd", {"sh", "-c", "head -c 5000000 /dev/zero | tr '\\0' x"}}});
+  EXPECT_EQ(r["stdout"].get<std::string>().size(), 1u << 20);
+  EXPECT_EQ(r["stdout_truncated"], true);
+  // The daemon keeps serving.
+  EXPECT_EQ(exec(id, {{"cmd", {"echo", "after"}}})["stdout"], "after\n");
+}
+
+TEST_F(MoatdApi, FilesRoundTripAndStayInsideTheEnvironment) {
+  std::string id = createEnv();
+  std::string base = "/v1/environments/" + id + "/files";
+  auto put = daemon_->request("PUT", base + "?path=/workspace/dir/a.txt", "hello file");
+  EXPECT_EQ(put.status, 200) << put.body;
+  auto get = daemon_->request("GET", base + "?path=/workspace/dir/a.txt");
+  EXPECT_EQ(get.status, 200);
+  EXPECT_EQ(get.body, "hello file");
+  json list = call("GET", base + "/list?path=/workspace/dir", nullptr, 200);
+  ASSERT_EQ(list["entries"].size(), 1u);
+  EXPECT_EQ(list["entries"][0]["name"], "a.txt");
+  json stat = call("GET", base + "/stat?path=/workspace/dir/a.txt", nullptr, 200);
+  EXPECT_EQ(stat["size"], 10);
+  call("POST", base + "/move", {{"from", "/workspace/dir/a.txt"}, {"to", "/workspace/b.txt"}}, 200);
+  EXPECT_EQ(daemon_->request("GET", base + "?path=/workspace/b.txt").body, "hello file");
+  EXPECT_EQ(daemon_->request("GET", base + "?path=/workspace/dir/a.txt").status, 404);
+
+  // Traversal and symlinks resolve inside the environment's root.
+  auto passwd = daemon_->request("GET", base + "?path=/workspace/../../../../etc/passwd");
+  EXPECT_EQ(passwd.status, 200);
+  EXPECT_EQ(passwd.body.find("daemon:"), std::string::npos) << "host passwd leaked";
+  exec(id, {{"cmd", {"ln", "-s", "/", "/workspace/rootlink"}}});
+  auto shadow = daemon_->request("GET", base + "?path=/workspace/rootlink/etc/shadow");
+  EXPECT_EQ(shadow.status, 200);
+  EXPECT_EQ(shadow.body, "") << "the environment's shadow is empty; the host's is not";
+  auto relative = daemon_->request("GET", base + "?path=etc/passwd");
+  EXPECT_EQ(relative.status, 400);
+  auto ro = daemon_->request("PUT", base + "?path=/usr/bin/evil", "x");
+  EXPECT_NE(ro.status, 200);
+}
+
+TEST_F(MoatdApi, BadInputGetsClearErrorsAndTheDaemonKeepsServing) {
+  auto r = daemon_->request("POST", "/v1/environments", "{not json");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("bad_json"), std::string::npos);
+  r = daemon_->request("POST", "/v1/environments", R"({"spec":{"cpus":1,"gpus":2}})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(json::parse(r.body)["error"]["field"], "spec.gpus");
+  r = daemon_->request("POST", "/v1/environments", R"({"spec":{"ram_mb":"lots"}})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(json::parse(r.body)["error"]["field"], "spec.ram_mb");
+  r = daemon_->request("POST", "/v1/environments", R"({"spec":{"pids":0}})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(json::parse(r.body)["error"]["field"], "spec.pids");
+  r = daemon_->request("POST", "/v1/environments", R"({"ttl_s":-5})");
+  EXPECT_EQ(r.status, 400);
+  r = daemon_->request("POST", "/v1/environments", "[1,2]");
+  EXPECT_EQ(r.status, 400);
+  r = daemon_->request("POST", "/v1/environments", std::string(2u << 20, ' '));
+  EXPECT_EQ(r.status, 413);
+  r = daemon_->request("GET", "/v1/environments/000000000000");
+  EXPECT_EQ(r.status, 404);
+  r = daemon_->request("GET", "/v1/nothing");
+  EXPECT_EQ(r.status, 404);
+  r = daemon_->request("PATCH", "/v1/environments");
+  EXPECT_EQ(r.status, 405);
+  std::string id = createEnv();
+  r = daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":[]})");
+  EXPECT_EQ(r.status, 400);
+  r = daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["ls", 5]})");
+  EXPECT_EQ(json::parse(r.body)["error"]["field"], "cmd[1]");
+  r = daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["ls"],"shell":true})");
+  EXPECT_EQ(json::parse(r.body)["error"]["field"], "shell");
+  EXPECT_EQ(exec(id, {{"cmd", {"echo", "still fine"}}})["stdout"], "still fine\n");
+  auto metrics = daemon_->request("GET", "/metrics");
+  EXPECT_EQ(metrics.status, 200);
+  EXPECT_NE(metrics.body.find("moat_exec_total 1"), std::string::npos) << metrics.body;
+  EXPECT_NE(metrics.body.find("moat_api_errors_total{code=\"invalid_request\"}"), std::string::npos);
+}
+
+TEST_F(MoatdApi, ListFiltersByLabelTaskAndState) {
+  std::string a = createEnv({{"task_id", "t1"}, {"labels", {{"k", "x"}}}});
+  std::string b = createEnv({{"task_id", "t2"}, {"labels", {{"k", "y"}}}});
+  json byLabel = call("GET", "/v1/environments?label=k%3Dx", nullptr, 200);
+  ASSERT_EQ(byLabel["environments"].size(), 1u);
+  EXPECT_EQ(byLabel["environments"][0]["id"], a);
+  json byTask = call("GET", "/v1/environments?task_id=t2", nullptr, 200);
+  ASSERT_EQ(byTask["environments"].size(), 1u);
+  EXPECT_EQ(byTask["environments"][0]["id"], b);
+  EXPECT_EQ(call("GET", "/v1/environments?state=running", nullptr, 200)["environments"].size(), 2u);
+  EXPECT_EQ(daemon_->request("GET", "/v1/environments?colour=red").status, 400);
+}
+
+TEST_F(MoatdApi, TtlExpiryDestroysWithAReasonAndTimeoutExtends) {
+  std::string shortLived = createEnv({{"ttl_s", 1}});
+  std::string extended = createEnv({{"ttl_s", 1}});
+  json longer = call("POST", "/v1/environments/" + extended + "/timeout", {{"ttl_s", 600}}, 200);
+  EXPECT_EQ(longer["state"], "running");
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  json env;
+  while (std::chrono::steady_clock::now() < deadline) {
+    env = call("GET", "/v1/environments/" + shortLived, nullptr, 200);
+    if (env["state"] == "gone") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(env["state"], "gone");
+  EXPECT_EQ(env.value("reason", ""), "expired");
+  EXPECT_EQ(call("GET", "/v1/environments/" + extended, nullptr, 200)["state"], "running");
+}
+
+TEST_F(MoatdApi, ARestartMarksOldEnvironmentsFailedWithAReason) {
+  std::string id = createEnv();
+  daemon_->kill9();
+  daemon_->restart();
+  json env = call("GET", "/v1/environments/" + id, nullptr, 200);
+  EXPECT_EQ(env["state"], "failed");
+  EXPECT_NE(env.value("reason", "").find("restart"), std::string::npos);
+  // And the new daemon creates environments as before.
+  std::string fresh = createEnv();
+  EXPECT_EQ(exec(fresh, {{"cmd", {"true"}}})["exit_code"], 0);
+}
+
+}  // namespace
+}  // namespace moat::test

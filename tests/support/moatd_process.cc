@@ -1,0 +1,123 @@
+#include "moatd_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+#include "moat_process.h"
+#include "os/file.h"
+
+namespace moat::test {
+
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+namespace asio = boost::asio;
+
+Moatd::Moatd() {
+  char tmpl[] = "/tmp/moatd-test-XXXXXX";
+  stateDir_ = ::mkdtemp(tmpl);
+  logPath_ = stateDir_ + ".log";
+  start();
+}
+
+void Moatd::start() {
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    int log = ::open(logPath_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    ::dup2(log, 2);
+    ::dup2(log, 1);
+    std::string bin = binDir() + "/moatd";
+    std::string storage = "MOAT_STORAGE_GB=8";
+    char* envp[] = {storage.data(), nullptr};
+    char* argv[] = {bin.data(), const_cast<char*>("--state"), stateDir_.data(),
+                    const_cast<char*>("--listen"), const_cast<char*>("127.0.0.1:0"), nullptr};
+    ::execve(argv[0], argv, envp);
+    ::_exit(127);
+  }
+  // Serving when the socket answers /healthz (bounded wait).
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      throw std::runtime_error("moatd exited at start: " + log());
+    }
+    try {
+      if (request("GET", "/healthz", "", false).status == 200) break;
+    } catch (const std::exception&) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  auto token = os::readFile(stateDir_ + "/master-token");
+  token_ = token.ok() ? token.value() : "";
+  while (!token_.empty() && token_.back() == '\n') token_.pop_back();
+}
+
+void Moatd::stop() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGTERM);
+  ::waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+void Moatd::kill9() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+void Moatd::restart() {
+  stop();
+  start();
+}
+
+Moatd::~Moatd() {
+  stop();
+  ::umount2((stateDir_ + "/storage").c_str(), MNT_DETACH);
+  (void)os::removeTree(stateDir_);
+  ::unlink(logPath_.c_str());
+}
+
+std::string Moatd::log() {
+  auto text = os::readFile(logPath_);
+  return text.ok() ? text.value() : "";
+}
+
+HttpResult Moatd::request(const std::string& method, const std::string& target,
+                          const std::string& body, bool withToken,
+                          const std::map<std::string, std::string>& headers) {
+  asio::io_context io;
+  asio::local::stream_protocol::socket socket(io);
+  socket.connect(asio::local::stream_protocol::endpoint(socketPath()));
+  http::request<http::string_body> req{http::string_to_verb(method), target, 11};
+  req.set(http::field::host, "localhost");
+  if (withToken) req.set(http::field::authorization, "Bearer " + token_);
+  for (const auto& [k, v] : headers) req.set(k, v);
+  if (!body.empty() || method == "POST" || method == "PUT") {
+    req.set(http::field::content_type, "application/json");
+    req.body() = body;
+    req.prepare_payload();
+  }
+  http::write(socket, req);
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(256u << 20);
+  http::read(socket, buffer, parser);
+  HttpResult r;
+  r.status = parser.get().result_int();
+  r.body = parser.get().body();
+  r.contentType = std::string(parser.get()[http::field::content_type]);
+  return r;
+}
+
+}  // namespace moat::test
