@@ -24,6 +24,9 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
   --listen HOST:PORT  TCP address (default 127.0.0.1:7070; port 0 picks one)
 
 Always also serves <state>/moatd.sock. The master token is <state>/master-token.
+SIGTERM/SIGINT stop moatd and destroy its environments. SIGUSR1 stops moatd
+and leaves them running: the next moatd re-attaches (upgrades). After a crash
+or kill -9 they keep running too.
 )";
 
 int fail(const std::string& message) {
@@ -55,14 +58,16 @@ int main(int argc, char** argv) {
   if (stateDir.empty() || stateDir[0] != '/') return fail("--state must be an absolute path");
   if (auto s = os::makeDirs(stateDir, 0700); !s.ok()) return fail(s.error().message());
 
-  // Before any thread: the spawner is a fork of this process.
-  auto spawner = backend::namespaces::Spawner::start();
+  // Before any thread: a new spawner is a fork of this process. An earlier
+  // moatd's spawner, still running its environments, is reused.
+  auto spawner = backend::namespaces::Spawner::connectOrStart(stateDir + "/spawner.sock");
   if (!spawner.ok()) return fail(spawner.error().message());
 
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGUSR1);
   ::pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // threads inherit; sigwait below
   ::signal(SIGPIPE, SIG_IGN);
 
@@ -73,6 +78,7 @@ int main(int argc, char** argv) {
 
   manager::ManagerConfig config;
   config.stateDir = stateDir;
+  bool stopEverything = false;
   {
     manager::EnvironmentManager manager(config, *store.value(), *spawner.value());
     manager.recoverAfterRestart();
@@ -85,9 +91,16 @@ int main(int argc, char** argv) {
     std::fflush(stderr);
     int sig = 0;
     ::sigwait(&signals, &sig);
-    std::fprintf(stderr, "moatd: %s, stopping\n", ::strsignal(sig));
+    bool keep = sig == SIGUSR1;
+    std::fprintf(stderr, "moatd: %s, stopping%s\n", ::strsignal(sig),
+                 keep ? " (environments keep running for the next moatd)" : "");
     server.stop();
-  }  // the manager destroys its environments
-  spawner.value().reset();
+    if (keep) {
+      manager.detach();
+    } else {
+      stopEverything = true;
+    }
+  }  // unless detached, the manager destroys its environments
+  if (stopEverything) (void)spawner.value()->shutdown();
   return 0;
 }

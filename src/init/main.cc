@@ -10,12 +10,14 @@
 
 int main(int argc, char** argv) {
   int controlFd = 3;
+  int rendezvousFd = -1;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--control-fd") == 0) controlFd = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--rendezvous-fd") == 0) rendezvousFd = std::atoi(argv[i + 1]);
   }
   // Not dumpable: processes of the environment cannot ptrace pid 1 or open
   // its /proc entries (fds, exe, memory).
   ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-  moat::init::Supervisor supervisor(controlFd, ::getpid() == 1);
+  moat::init::Supervisor supervisor(controlFd, ::getpid() == 1, rendezvousFd);
   return supervisor.run();
 }

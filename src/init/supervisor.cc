@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "init/file_ops.h"
+#include "os/socket.h"
 #include "os/process.h"
 
 namespace moat::init {
@@ -127,11 +128,37 @@ ExecPlan planExec(const SpawnRequest& req) {
 
 }  // namespace
 
-Supervisor::Supervisor(int controlFd, bool isPidOne) : control_(controlFd), pidOne_(isPidOne) {}
+Supervisor::Supervisor(int controlFd, bool isPidOne, int rendezvousFd)
+    : control_(controlFd), pidOne_(isPidOne), rendezvous_(rendezvousFd) {}
 
 void Supervisor::send(MsgType type, const std::string& payload) {
-  if (!running_) return;
-  if (!writeFrame(control_, type, payload).ok()) running_ = false;  // client gone
+  if (!running_ || control_ < 0) return;  // no client: output is dropped
+  if (!writeFrame(control_, type, payload).ok()) disconnect();
+}
+
+void Supervisor::disconnect() {
+  if (rendezvous_ < 0) {
+    running_ = false;  // the client is gone: nothing may outlive it
+    return;
+  }
+  // A client restart: keep everything running until the next connection.
+  if (control_ >= 0) ::close(control_);
+  control_ = -1;
+  reader_ = FrameReader();
+}
+
+void Supervisor::adoptConnection() {
+  UniqueFd fd;
+  auto message = os::receiveWithFd(rendezvous_, &fd);
+  if (!message.ok()) {
+    running_ = false;  // the environment's owner is gone
+    return;
+  }
+  if (!fd) return;
+  if (control_ >= 0) ::close(control_);
+  control_ = fd.release();
+  reader_ = FrameReader();
+  send(MsgType::kHello, Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode());
 }
 
 void Supervisor::protocolError(const std::string& message) {
@@ -152,8 +179,9 @@ int Supervisor::run() {
   while (running_) {
     std::vector<pollfd> fds;
     std::vector<std::pair<uint32_t, int>> owners;  // process id, stream (0,1 out; 2 stdin)
-    fds.push_back({control_, POLLIN, 0});
+    fds.push_back({control_, POLLIN, 0});  // -1 while disconnected: poll skips it
     fds.push_back({signalFd_.get(), POLLIN, 0});
+    fds.push_back({rendezvous_, POLLIN, 0});
     for (auto& [id, p] : processes_) {
       if (p.stdoutFd) {
         fds.push_back({p.stdoutFd.get(), POLLIN, 0});
@@ -171,13 +199,11 @@ int Supervisor::run() {
     int ready = ::poll(fds.data(), fds.size(), pollTimeoutMs());
     if (ready < 0 && errno != EINTR) break;
     if (ready > 0) {
-      if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+      if (fds[2].revents & (POLLIN | POLLHUP | POLLERR)) adoptConnection();
+      if (control_ >= 0 && fds[0].fd == control_ && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
         char buf[65536];
         ssize_t n = ::read(control_, buf, sizeof buf);
-        if (n <= 0 && !(n < 0 && errno == EINTR)) {
-          running_ = false;  // the client is gone: nothing may outlive it
-          break;
-        }
+        if (n <= 0 && !(n < 0 && errno == EINTR)) disconnect();
         if (n > 0) {
           reader_.feed(buf, static_cast<size_t>(n));
           Frame frame;
@@ -185,7 +211,7 @@ int Supervisor::run() {
             auto next = reader_.next(frame);
             if (!next.ok()) {
               protocolError(next.error().message());
-              running_ = false;
+              disconnect();
               break;
             }
             if (!next.value()) break;
@@ -193,9 +219,9 @@ int Supervisor::run() {
           }
         }
       }
-      for (size_t i = 2; i < fds.size(); ++i) {
+      for (size_t i = 3; i < fds.size(); ++i) {
         if (!fds[i].revents) continue;
-        auto [id, stream] = owners[i - 2];
+        auto [id, stream] = owners[i - 3];
         auto it = processes_.find(id);
         if (it == processes_.end()) continue;
         if (stream == 2) {

@@ -18,7 +18,11 @@ class Supervisor {
  public:
   // isPidOne: true inside an environment, where killing everything is
   // kill(-1); false when run as an ordinary process (tests).
-  Supervisor(int controlFd, bool isPidOne);
+  // rendezvousFd (-1: none): a socket on which the owner of the environment
+  // (moatd's spawner) hands over a new control connection when its client
+  // restarts. With it, losing the control connection leaves every process
+  // running; losing the rendezvous socket ends the environment.
+  Supervisor(int controlFd, bool isPidOne, int rendezvousFd = -1);
   // Runs until the control connection closes or Shutdown arrives; returns
   // moat-init's exit code.
   int run();
@@ -54,8 +58,12 @@ class Supervisor {
   void protocolError(const std::string& message);
   void killEverything();
 
+  void disconnect();
+  void adoptConnection();
+
   int control_;
   bool pidOne_;
+  int rendezvous_;
   bool running_ = true;
   UniqueFd signalFd_;
   FrameReader reader_;

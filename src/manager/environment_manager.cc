@@ -3,6 +3,7 @@
 #include <sys/sysinfo.h>
 
 #include <chrono>
+#include <set>
 
 #include "cli/run_options.h"
 
@@ -32,15 +33,51 @@ EnvironmentManager::~EnvironmentManager() {
   }
   reaperCv_.notify_all();
   if (reaper_.joinable()) reaper_.join();
-  destroyAll("moatd stopped");
+  if (!detached_) destroyAll("moatd stopped");
+  // Detached: dropping the connections leaves moat-init running; the spawner
+  // hands a new connection to the next moatd.
 }
 
 void EnvironmentManager::recoverAfterRestart() {
+  auto owned = spawner_.list();
+  std::set<std::string> running;
+  if (owned.ok()) running.insert(owned->begin(), owned->end());
   auto live = store_.liveEnvironments();
   if (!live.ok()) return;
+  std::set<std::string> recorded;
   for (const auto& r : live.value()) {
-    (void)store_.setState(r.id, "failed", "moatd restarted; its processes ended with the old moatd");
+    recorded.insert(r.id);
+    if (!running.count(r.id) || r.state == "destroying") {
+      if (running.count(r.id)) (void)spawner_.destroy(r.id);
+      (void)store_.setState(r.id, r.state == "destroying" ? "gone" : "failed",
+                            r.state == "destroying" ? r.reason : "moatd restarted and the environment was gone");
+      continue;
+    }
+    auto control = spawner_.attach(r.id);
+    if (!control.ok()) {
+      (void)spawner_.destroy(r.id);
+      (void)store_.setState(r.id, "failed", "re-attach after a moatd restart failed: " + control.error().message());
+      continue;
+    }
+    std::string id = r.id;
+    auto connection = std::make_shared<InitConnection>(std::move(control.value()),
+                                                       [this, id] { onInitGone(id); });
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      live_[id] = Live{connection, {}, r.ramMb};
+      reservedMemoryMb_ += r.ramMb;
+    }
+    if (r.state != "running") (void)store_.setState(id, "running", "");
   }
+  // Made by a moatd that died before recording them: nobody knows of them.
+  for (const auto& id : running) {
+    if (!recorded.count(id)) (void)spawner_.destroy(id);
+  }
+}
+
+void EnvironmentManager::detach() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  detached_ = true;
 }
 
 Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest& request) {

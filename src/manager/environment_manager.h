@@ -57,9 +57,12 @@ class EnvironmentManager {
                      backend::namespaces::Spawner& spawner);
   ~EnvironmentManager();
 
-  // Marks environments a previous moatd left in a live state as failed
-  // ("moatd restarted"): their processes died with it.
+  // Re-attaches to the environments a previous moatd left running (the
+  // spawner still owns them); records whose environment is gone are marked
+  // failed, and environments without a record are destroyed.
   void recoverAfterRestart();
+  // Stop without destroying: the environments keep running for the next moatd.
+  void detach();
 
   Result<store::EnvironmentRecord> create(const CreateRequest& request);
   Result<store::EnvironmentRecord> get(const std::string& id);
@@ -97,6 +100,7 @@ class EnvironmentManager {
   std::atomic<uint64_t> execs_{0};
   std::mutex destroyMutex_;
   bool stopping_ = false;
+  bool detached_ = false;
   std::condition_variable reaperCv_;
   std::thread reaper_;
 };

@@ -4,6 +4,8 @@
 
 #include <sys/stat.h>
 
+#include <signal.h>
+
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -220,16 +222,40 @@ TEST_F(MoatdApi, TtlExpiryDestroysWithAReasonAndTimeoutExtends) {
   EXPECT_EQ(call("GET", "/v1/environments/" + extended, nullptr, 200)["state"], "running");
 }
 
-TEST_F(MoatdApi, ARestartMarksOldEnvironmentsFailedWithAReason) {
+TEST_F(MoatdApi, AKilledMoatdLosesNothingTheNextOneReattaches) {
   std::string id = createEnv();
+  std::string files = "/v1/environments/" + id + "/files";
+  ASSERT_EQ(daemon_->request("PUT", files + "?path=/workspace/notes.txt", "written before the crash").status, 200);
+  exec(id, {{"cmd", {"sh", "-c", "nohup sleep 300 >/dev/null 2>&1 & echo $! > /workspace/bg.pid"}}});
   daemon_->kill9();
   daemon_->restart();
   json env = call("GET", "/v1/environments/" + id, nullptr, 200);
-  EXPECT_EQ(env["state"], "failed");
-  EXPECT_NE(env.value("reason", "").find("restart"), std::string::npos);
+  EXPECT_EQ(env["state"], "running") << env.dump();
+  EXPECT_EQ(daemon_->request("GET", files + "?path=/workspace/notes.txt").body, "written before the crash");
+  // The background process started before the crash is still alive.
+  json alive = exec(id, {{"cmd", {"sh", "-c", "kill -0 $(cat /workspace/bg.pid) && echo alive"}}});
+  EXPECT_EQ(alive["stdout"], "alive\n") << alive.dump();
   // And the new daemon creates environments as before.
   std::string fresh = createEnv();
   EXPECT_EQ(exec(fresh, {{"cmd", {"true"}}})["exit_code"], 0);
+}
+
+TEST_F(MoatdApi, Sigusr1LeavesEnvironmentsRunningForTheNextMoatd) {
+  std::string id = createEnv();
+  exec(id, {{"cmd", {"sh", "-c", "echo kept > /workspace/k"}}});
+  ::kill(daemon_->pid(), SIGUSR1);
+  daemon_->waitExit();
+  daemon_->restart();
+  EXPECT_EQ(exec(id, {{"cmd", {"cat", "/workspace/k"}}})["stdout"], "kept\n");
+}
+
+TEST_F(MoatdApi, SigtermDestroysEnvironments) {
+  std::string id = createEnv();
+  daemon_->stop();
+  daemon_->restart();
+  json env = call("GET", "/v1/environments/" + id, nullptr, 200);
+  EXPECT_EQ(env["state"], "gone");
+  EXPECT_EQ(env.value("reason", ""), "moatd stopped");
 }
 
 }  // namespace

@@ -76,6 +76,12 @@ void Moatd::kill9() {
   pid_ = -1;
 }
 
+void Moatd::waitExit() {
+  if (pid_ <= 0) return;
+  ::waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
 void Moatd::restart() {
   stop();
   start();

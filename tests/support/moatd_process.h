@@ -22,6 +22,7 @@ class Moatd {
   ~Moatd();
   void stop();     // SIGTERM and wait
   void kill9();    // SIGKILL and wait
+  void waitExit(); // after a signal sent by the test
   void restart();  // start again on the same state directory
 
   HttpResult request(const std::string& method, const std::string& target,

@@ -1,3 +1,5 @@
+#include "store/store.h"
+
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <stdlib.h>
@@ -7,14 +9,13 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "os/file.h"
 #include "store/sqlite/migrations.h"
-#include "store/sqlite/sqlite_store.h"
-#include "store/store.h"
 
 namespace moat::store {
 namespace {
@@ -93,8 +94,8 @@ class StoreTest : public ::testing::Test {
   Store& open() {
     auto store = openSqliteStore(path_);
     if (!store.ok()) {
-      ADD_FAILURE() << "open " << path_ << ": " << store.error().message();
-      std::abort();  // the test cannot go on without a store
+      // Ends this test (GoogleTest reports the exception) and not the others.
+      throw std::runtime_error("open " + path_ + ": " + store.error().message());
     }
     store_ = std::move(store.value());
     return *store_;
@@ -158,8 +159,7 @@ TEST_F(StoreTest, InsertThenGetReturnsEveryField) {
   // The labels column is a JSON object, readable by other tools.
   RawDb raw(path_);
   EXPECT_EQ(raw.query("SELECT json_type(labels) FROM environments"), "object");
-  EXPECT_EQ(raw.query("SELECT json_extract(labels, '$.team') FROM environments"),
-            "ünïcødé ✓ 日本");
+  EXPECT_EQ(raw.query("SELECT json_extract(labels, '$.team') FROM environments"), "ünïcødé ✓ 日本");
 }
 
 TEST_F(StoreTest, GetUnknownIdIsEmpty) {
@@ -238,9 +238,10 @@ TEST_F(StoreTest, ListFiltersAndOrdersNewestFirst) {
             (std::vector<std::string>{"d", "a"}));
   EXPECT_EQ(list({.labels = {{"env", "prod"}, {"missing", ""}}}), (std::vector<std::string>{}));
   // Filters combine.
-  EXPECT_EQ(list({.taskId = "task-1", .state = "running", .labels = {{"env", "prod"}},
-                  .owner = "master"}),
-            (std::vector<std::string>{"a"}));
+  EXPECT_EQ(
+      list(
+          {.taskId = "task-1", .state = "running", .labels = {{"env", "prod"}}, .owner = "master"}),
+      (std::vector<std::string>{"a"}));
 }
 
 TEST_F(StoreTest, DefaultFilterHidesGone) {
@@ -361,8 +362,7 @@ TEST_F(StoreTest, NewerSchemaIsRefused) {
   ASSERT_FALSE(store.ok());
   EXPECT_EQ(store.error().code, "unsupported");
   const std::string& context = store.error().context;
-  EXPECT_NE(context.find("schema version " + std::to_string(future)), std::string::npos)
-      << context;
+  EXPECT_NE(context.find("schema version " + std::to_string(future)), std::string::npos) << context;
   EXPECT_NE(context.find(std::to_string(sqlite::kSchemaVersion)), std::string::npos) << context;
   // Refusing did not touch the database.
   RawDb raw(path_);

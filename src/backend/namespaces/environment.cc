@@ -26,6 +26,7 @@
 #include "os/net.h"
 #include "os/process.h"
 #include "os/security.h"
+#include "os/socket.h"
 
 namespace moat::backend::namespaces {
 namespace {
@@ -39,6 +40,7 @@ constexpr uint64_t kMiB = 1ULL << 20;
 constexpr int kControlFd = 3;  // inherited by moat-init
 constexpr int kInitFd = 4;     // the moat-init binary (close-on-exec)
 constexpr int kErrorFd = 5;    // setup errors to the parent (close-on-exec)
+constexpr int kRendezvousFd = 6;  // new control connections (reattachable only)
 
 }  // namespace
 
@@ -67,6 +69,7 @@ struct ChildArgs {
   int usernsFd;
   int controlFd;
   int initFd;  // -1: run the supervisor in process
+  int rendezvousFd;  // -1: not reattachable
   int errorFd;
   const std::vector<sock_filter>* seccomp;
 };
@@ -109,7 +112,9 @@ struct ChildArgs {
   int control = ::fcntl(a.controlFd, F_DUPFD_CLOEXEC, 10);
   int init = a.initFd < 0 ? -1 : ::fcntl(a.initFd, F_DUPFD_CLOEXEC, 10);
   int err = ::fcntl(errFd, F_DUPFD_CLOEXEC, 10);
-  if (control < 0 || (a.initFd >= 0 && init < 0) || err < 0) {
+  int rendezvous = a.rendezvousFd < 0 ? -1 : ::fcntl(a.rendezvousFd, F_DUPFD_CLOEXEC, 10);
+  if (control < 0 || (a.initFd >= 0 && init < 0) || err < 0 ||
+      (a.rendezvousFd >= 0 && rendezvous < 0)) {
     childFail(errFd, "dup", Error::fromErrno("fcntl"));
   }
   errFd = err;
@@ -117,7 +122,8 @@ struct ChildArgs {
     if (::dup2(devNull, fd) < 0) childFail(errFd, "stdio", Error::fromErrno("dup2"));
   }
   if (::dup2(control, kControlFd) < 0 || (init >= 0 && ::dup3(init, kInitFd, O_CLOEXEC) < 0) ||
-      ::dup3(err, kErrorFd, O_CLOEXEC) < 0) {
+      ::dup3(err, kErrorFd, O_CLOEXEC) < 0 ||
+      (rendezvous >= 0 && ::dup2(rendezvous, kRendezvousFd) < 0)) {
     childFail(errFd, "fds", Error::fromErrno("dup2"));
   }
   errFd = kErrorFd;
@@ -125,9 +131,14 @@ struct ChildArgs {
   // socket would keep moat-init from ever seeing EOF, its lock would keep
   // the environment from being collected.
   if (init < 0) ::close(kInitFd);
-  CHILD_STEP("close fds", os::closeFrom(kErrorFd + 1));
+  if (rendezvous < 0) ::close(kRendezvousFd);
+  CHILD_STEP("close fds", os::closeFrom(kRendezvousFd + 1));
   CHILD_STEP("seccomp", os::installSeccomp(*a.seccomp));
-  if (init >= 0) childFail(errFd, "exec", os::execFd(kInitFd, {"moat-init"}, {}));
+  if (init >= 0) {
+    std::vector<std::string> argv = {"moat-init"};
+    if (rendezvous >= 0) argv.insert(argv.end(), {"--rendezvous-fd", std::to_string(kRendezvousFd)});
+    childFail(errFd, "exec", os::execFd(kInitFd, argv, {}));
+  }
 
   // In process: become moat-init without an exec. Closing the error pipe
   // tells the parent that setup is complete, as an exec would.
@@ -135,7 +146,7 @@ struct ChildArgs {
   ::prctl(PR_SET_NAME, "moat-init", 0, 0, 0);
   scrubProcessArgs();
   ::close(errFd);
-  ::_exit(init::Supervisor(kControlFd, true).run());
+  ::_exit(init::Supervisor(kControlFd, true, rendezvous >= 0 ? kRendezvousFd : -1).run());
 }
 
 Status checkSpec(const EnvironmentSpec& spec) {
@@ -234,6 +245,15 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
     return Error::fromErrno("socketpair");
   }
   UniqueFd parentEnd(sockets[0]), childEnd(sockets[1]);
+  UniqueFd rendezvousChild;
+  if (spec.reattachable) {
+    int pair[2];
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
+      return Error::fromErrno("rendezvous socketpair");
+    }
+    env->rendezvous_.reset(pair[0]);
+    rendezvousChild.reset(pair[1]);
+  }
   if (!spec.firstFrames.empty() &&
       ::send(parentEnd.get(), spec.firstFrames.data(), spec.firstFrames.size(), MSG_DONTWAIT) !=
           static_cast<ssize_t>(spec.firstFrames.size())) {
@@ -247,7 +267,7 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
   clone.flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC;
   UniqueFd cgroupFd;
   ChildArgs args{env->id_,     plan,         {},           userns.get(), childEnd.get(),
-                 initFd.get(), errorWrite.get(), &program.filter};
+                 initFd.get(), rendezvousChild.get(), errorWrite.get(), &program.filter};
   if (layout.version == cg::Version::kV2) {
     MOAT_ASSIGN(cgroupFd, env->cgroup_->openDirectory());
     clone.cgroupFd = cgroupFd.get();
@@ -260,6 +280,7 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
 
   traceStage("cloned");
   childEnd.reset();
+  rendezvousChild.reset();
   errorWrite.reset();
   std::string failure;
   char buf[1024];
@@ -281,11 +302,23 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
   return env;
 }
 
+Result<UniqueFd> Environment::reconnect() {
+  if (!rendezvous_) return Error::make("unsupported", "environment " + id_ + " is not reattachable");
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+    return Error::fromErrno("socketpair");
+  }
+  UniqueFd mine(pair[0]), theirs(pair[1]);
+  MOAT_TRY(os::sendWithFd(rendezvous_.get(), "c", theirs.get()));
+  return mine;
+}
+
 Status Environment::destroy() {
   if (destroyed_) return {};
   destroyed_ = true;
   Status result;
   control_.reset();  // moat-init kills everything when its client goes
+  rendezvous_.reset();
   if (initPidfd_) {
     // pid 1 dying takes the whole pid namespace with it; once it is reaped,
     // every process and mount of the environment is gone.

@@ -35,6 +35,9 @@ struct EnvironmentSpec {
   std::string firstFrames;
   // 12 lowercase hex digits; empty: a new random one.
   std::string id;
+  // Survives the loss of its control connection: a new one can be handed
+  // over (reconnect()), as moatd's spawner does after a moatd restart.
+  bool reattachable = false;
 };
 
 std::string newEnvironmentId();
@@ -55,6 +58,9 @@ class Environment {
   int controlFd() const { return control_.get(); }
   // Hands the connection over (to moatd); destroy() still kills pid 1.
   UniqueFd releaseControl() { return std::move(control_); }
+  // A fresh control connection to moat-init, which drops the old one
+  // (reattachable environments only).
+  Result<UniqueFd> reconnect();
   uint64_t oomKills() const { return cgroup_ ? cgroup_->oomKills() : 0; }
   // Kills everything inside and removes every trace outside the volume
   // directory, then the volume itself. Idempotent.
@@ -68,6 +74,7 @@ class Environment {
   UniqueFd control_;
   UniqueFd initPidfd_;
   UniqueFd lock_;  // held for the environment's life; a free lock marks a leftover
+  UniqueFd rendezvous_;  // reattachable: where new control connections are sent
   std::unique_ptr<isolation::cgroup::Cgroup> cgroup_;
   bool haveVolume_ = false;
   bool destroyed_ = false;

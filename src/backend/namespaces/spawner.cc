@@ -2,18 +2,21 @@
 
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
 
 #include "init/protocol.h"
+#include "os/socket.h"
 
 namespace moat::backend::namespaces {
 namespace {
 
 constexpr size_t kMaxMessage = 1 << 16;
-enum Op : uint8_t { kCreate = 1, kDestroy = 2 };
+enum Op : uint8_t { kCreate = 1, kDestroy = 2, kAttach = 3, kList = 4, kShutdown = 5 };
 
 uint64_t bitsOf(double v) {
   uint64_t bits;
@@ -68,60 +71,12 @@ Result<EnvironmentSpec> decodeSpec(init::Decoder& d) {
   return spec;
 }
 
-// One SEQPACKET message, optionally carrying one fd.
 Status sendMessage(int channel, const std::string& data, int fd = -1) {
-  struct iovec iov = {const_cast<char*>(data.data()), data.size()};
-  struct msghdr msg;
-  std::memset(&msg, 0, sizeof msg);
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  if (fd >= 0) {
-    std::memset(control, 0, sizeof control);
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    struct cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
-  }
-  for (;;) {
-    if (::sendmsg(channel, &msg, MSG_NOSIGNAL) >= 0) return {};
-    if (errno != EINTR) return Error::fromErrno("spawner: send");
-  }
+  return os::sendWithFd(channel, data, fd);
 }
 
-// Receives one message; an empty result with code "eof" when the peer is gone.
 Result<std::string> receiveMessage(int channel, UniqueFd* fd) {
-  std::string data(kMaxMessage, '\0');
-  struct iovec iov = {data.data(), data.size()};
-  struct msghdr msg;
-  std::memset(&msg, 0, sizeof msg);
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  ssize_t n;
-  do {
-    n = ::recvmsg(channel, &msg, MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) return Error::fromErrno("spawner: receive");
-  if (n == 0) return Error::make("eof", "spawner channel closed");
-  for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      int received;
-      std::memcpy(&received, CMSG_DATA(c), sizeof(int));
-      if (fd != nullptr) {
-        fd->reset(received);
-      } else {
-        ::close(received);
-      }
-    }
-  }
-  data.resize(static_cast<size_t>(n));
-  return data;
+  return os::receiveWithFd(channel, fd, kMaxMessage);
 }
 
 std::string reply(const Status& status, const std::string& value = "") {
@@ -136,56 +91,117 @@ std::string reply(const Status& status, const std::string& value = "") {
 
 }  // namespace
 
-[[noreturn]] void runSpawner(int channel) {
-  // A terminal's ^C reaches moatd's whole process group: the spawner ends
-  // only when moatd closes the channel, after cleaning up.
+[[noreturn]] void runSpawner(int channel, int listenFd) {
+  // Its own session: a terminal's ^C to moatd's process group does not reach
+  // it, and it keeps running when moatd goes away.
+  ::setsid();
   ::signal(SIGINT, SIG_IGN);
   ::signal(SIGTERM, SIG_IGN);
   ::signal(SIGHUP, SIG_IGN);
   ::signal(SIGPIPE, SIG_IGN);
   std::map<std::string, std::unique_ptr<Environment>> environments;
+  int client = channel;
   for (;;) {
-    auto message = receiveMessage(channel, nullptr);
-    if (!message.ok()) break;
+    if (client < 0) {
+      client = ::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (client < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        break;
+      }
+    }
+    auto message = receiveMessage(client, nullptr);
+    if (!message.ok()) {
+      ::close(client);  // moatd went away: wait for the next one
+      client = -1;
+      continue;
+    }
     init::Decoder d(message.value());
     auto op = d.u8();
-    if (op.ok() && op.value() == kCreate) {
+    if (!op.ok()) {
+      (void)sendMessage(client, reply(op.error()));
+      continue;
+    }
+    if (op.value() == kCreate) {
       auto spec = decodeSpec(d);
       if (!spec.ok()) {
-        (void)sendMessage(channel, reply(spec.error()));
+        (void)sendMessage(client, reply(spec.error()));
         continue;
       }
+      spec.value().reattachable = true;
       auto env = Environment::create(spec.value());
       if (!env.ok()) {
-        (void)sendMessage(channel, reply(env.error()));
+        (void)sendMessage(client, reply(env.error()));
         continue;
       }
       std::string id = env.value()->id();
       UniqueFd control = env.value()->releaseControl();
       environments[id] = std::move(env.value());
-      (void)sendMessage(channel, reply(Status{}, id), control.get());
-    } else if (op.ok() && op.value() == kDestroy) {
+      (void)sendMessage(client, reply(Status{}, id), control.get());
+    } else if (op.value() == kDestroy || op.value() == kAttach) {
       auto id = d.bytes();
       if (!id.ok()) {
-        (void)sendMessage(channel, reply(id.error()));
+        (void)sendMessage(client, reply(id.error()));
         continue;
       }
       auto it = environments.find(id.value());
+      if (op.value() == kAttach) {
+        if (it == environments.end()) {
+          (void)sendMessage(client,
+                            reply(Error::make("not_found", "spawner has no environment " + id.value())));
+          continue;
+        }
+        auto control = it->second->reconnect();
+        if (!control.ok()) {
+          (void)sendMessage(client, reply(control.error()));
+          continue;
+        }
+        (void)sendMessage(client, reply(Status{}, id.value()), control->get());
+        continue;
+      }
       Status s;
       if (it != environments.end()) {
         s = it->second->destroy();
         environments.erase(it);
       }
-      (void)sendMessage(channel, reply(s));
+      (void)sendMessage(client, reply(s));
+    } else if (op.value() == kList) {
+      std::vector<std::string> ids;
+      for (const auto& [id, env] : environments) ids.push_back(id);
+      (void)sendMessage(client, reply(Status{}, init::Encoder().strings(ids).take()));
+    } else if (op.value() == kShutdown) {
+      break;
     } else {
-      (void)sendMessage(channel, reply(Error::make("protocol", "unknown spawner request")));
+      (void)sendMessage(client, reply(Error::make("protocol", "unknown spawner request")));
     }
   }
   for (auto& [id, env] : environments) (void)env->destroy();
+  if (client >= 0) (void)sendMessage(client, reply(Status{}));
   ::_exit(0);
 }
 
-Result<std::unique_ptr<Spawner>> Spawner::start() {
+Result<std::unique_ptr<Spawner>> Spawner::connectOrStart(const std::string& socketPath) {
+  std::unique_ptr<Spawner> spawner(new Spawner);
+  struct sockaddr_un addr;
+  std::memset(&addr, 0, sizeof addr);
+  addr.sun_family = AF_UNIX;
+  if (socketPath.size() >= sizeof addr.sun_path) {
+    return Error::make("invalid_argument", "spawner socket path too long: " + socketPath);
+  }
+  std::memcpy(addr.sun_path, socketPath.data(), socketPath.size());
+  UniqueFd existing(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!existing) return Error::fromErrno("socket");
+  if (::connect(existing.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    spawner->channel_ = std::move(existing);
+    return spawner;  // a spawner from an earlier moatd, with its environments
+  }
+  UniqueFd listener(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!listener) return Error::fromErrno("socket");
+  ::unlink(socketPath.c_str());
+  if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::listen(listener.get(), 4) != 0) {
+    return Error::fromErrno("listen on " + socketPath);
+  }
+  ::chmod(socketPath.c_str(), 0600);
   int pair[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
     return Error::fromErrno("spawner socketpair");
@@ -195,20 +211,33 @@ Result<std::unique_ptr<Spawner>> Spawner::start() {
   if (pid < 0) return Error::fromErrno("fork spawner");
   if (pid == 0) {
     parentEnd.reset();
-    runSpawner(childEnd.get());
+    runSpawner(childEnd.get(), listener.get());
   }
-  std::unique_ptr<Spawner> spawner(new Spawner);
   spawner->channel_ = std::move(parentEnd);
-  spawner->pid_ = pid;
+  spawner->startedNew_ = true;
   return spawner;
 }
 
-Spawner::~Spawner() {
-  channel_.reset();  // the spawner destroys what it owns, then exits
-  if (pid_ > 0) {
-    while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
-    }
-  }
+Spawner::~Spawner() = default;
+
+Status Spawner::shutdown() {
+  auto answer = call(init::Encoder().u8(kShutdown).take(), nullptr);
+  if (!answer.ok() && answer.error().code != "eof") return answer.error();
+  return {};
+}
+
+Result<UniqueFd> Spawner::attach(const std::string& id) {
+  UniqueFd control;
+  MOAT_ASSIGN(std::string ignored, call(init::Encoder().u8(kAttach).bytes(id).take(), &control));
+  (void)ignored;
+  if (!control) return Error::make("internal", "spawner sent no control socket");
+  return control;
+}
+
+Result<std::vector<std::string>> Spawner::list() {
+  MOAT_ASSIGN(std::string payload, call(init::Encoder().u8(kList).take(), nullptr));
+  init::Decoder d(payload);
+  return d.strings();
 }
 
 Result<std::string> Spawner::call(const std::string& request, UniqueFd* receivedFd) {

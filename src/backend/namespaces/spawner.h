@@ -4,6 +4,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "backend/namespaces/environment.h"
 #include "common/result.h"
@@ -19,13 +20,17 @@ namespace moat::backend::namespaces {
 // lock, pid 1). The control socket of each new environment is handed back,
 // so moatd talks to moat-init directly.
 //
-// When moatd goes away (the channel closes), the spawner destroys every
-// environment it still owns and exits.
+// The spawner outlives moatd: when moatd goes away (a crash, an upgrade),
+// the spawner keeps the environments running and waits on `socketPath` for
+// the next moatd, which re-attaches to them. Only shutdown() ends it (after
+// destroying what it owns); if the spawner itself dies, every environment's
+// pid 1 gets SIGKILL (parent-death signal).
 class Spawner {
  public:
-  // Forks the spawner. Call before any thread exists.
-  static Result<std::unique_ptr<Spawner>> start();
-  ~Spawner();
+  // Connects to the spawner serving socketPath, or forks a new one. Call
+  // before any thread exists.
+  static Result<std::unique_ptr<Spawner>> connectOrStart(const std::string& socketPath);
+  ~Spawner();  // detaches: the spawner and its environments keep running
 
   struct Created {
     std::string id;
@@ -34,6 +39,13 @@ class Spawner {
   // Thread-safe; requests are served one at a time.
   Result<Created> create(const EnvironmentSpec& spec);
   Status destroy(const std::string& id);
+  // A new control connection to a running environment.
+  Result<UniqueFd> attach(const std::string& id);
+  // Ids of the environments the spawner owns.
+  Result<std::vector<std::string>> list();
+  // Destroys every environment and ends the spawner.
+  Status shutdown();
+  bool startedNew() const { return startedNew_; }
 
  private:
   Spawner() = default;
@@ -41,10 +53,10 @@ class Spawner {
 
   std::mutex mutex_;
   UniqueFd channel_;
-  pid_t pid_ = -1;
+  bool startedNew_ = false;
 };
 
 // The spawner's side (runs in the forked child; never returns).
-[[noreturn]] void runSpawner(int channel);
+[[noreturn]] void runSpawner(int channel, int listenFd);
 
 }  // namespace moat::backend::namespaces

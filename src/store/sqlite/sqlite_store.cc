@@ -157,9 +157,9 @@ Result<int64_t> userVersion(::sqlite3* db, const std::string& path) {
 
 Status checkSupported(int64_t version, const std::string& path) {
   if (version >= 0 && version <= kSchemaVersion) return {};
-  return Error::make("unsupported", "database " + path + " has schema version " +
-                                        std::to_string(version) + ", this moatd knows versions 1 to " +
-                                        std::to_string(kSchemaVersion));
+  return Error::make("unsupported",
+                     "database " + path + " has schema version " + std::to_string(version) +
+                         ", this moatd knows versions 1 to " + std::to_string(kSchemaVersion));
 }
 
 Status migrate(::sqlite3* db, const std::string& path) {
@@ -264,9 +264,9 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const std::string& path) 
   }
 
   ::sqlite3* raw = nullptr;
-  const int rc = sqlite3_open_v2(path.c_str(), &raw,
-                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
-                                 nullptr);
+  const int rc =
+      sqlite3_open_v2(path.c_str(), &raw,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
   DbPtr db(raw);  // a handle comes back even on failure, to be closed
   if (rc != SQLITE_OK) {
     if (!db) return Error::make("store", "open " + path + ": " + sqlite3_errstr(rc));
@@ -318,9 +318,9 @@ Status SqliteStore::insertEnvironment(const EnvironmentRecord& record) {
 Result<std::optional<EnvironmentRecord>> SqliteStore::getEnvironment(const std::string& id) {
   const std::string what = "get environment " + id;
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(),
-                                                 std::string(kSelectEnvironments) + " WHERE id = ?",
-                                                 what));
+  MOAT_ASSIGN(
+      Statement stmt,
+      Statement::prepare(db_.get(), std::string(kSelectEnvironments) + " WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(id));
   MOAT_ASSIGN(bool row, stmt.step());
   if (!row) return std::optional<EnvironmentRecord>();
@@ -378,8 +378,8 @@ Status SqliteStore::setState(const std::string& id, const std::string& state,
   const std::string what = "set state of environment " + id + " to " + state;
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
-              Statement::prepare(db_.get(),
-                                 "UPDATE environments SET state = ?, reason = ? WHERE id = ?", what));
+              Statement::prepare(
+                  db_.get(), "UPDATE environments SET state = ?, reason = ? WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(state, reason, id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) {
@@ -392,8 +392,8 @@ Status SqliteStore::setExpiry(const std::string& id, int64_t expiresAtMs) {
   const std::string what = "set expiry of environment " + id;
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
-              Statement::prepare(db_.get(), "UPDATE environments SET expires_at_ms = ? WHERE id = ?",
-                                 what));
+              Statement::prepare(db_.get(),
+                                 "UPDATE environments SET expires_at_ms = ? WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(expiresAtMs, id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) {
@@ -404,12 +404,11 @@ Status SqliteStore::setExpiry(const std::string& id, int64_t expiresAtMs) {
 
 Result<std::vector<EnvironmentRecord>> SqliteStore::liveEnvironments() {
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt,
-              Statement::prepare(db_.get(),
-                                 std::string(kSelectEnvironments) +
-                                     " WHERE state NOT IN ('gone', 'failed')" +
-                                     std::string(kNewestFirst),
-                                 "list live environments"));
+  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(),
+                                                 std::string(kSelectEnvironments) +
+                                                     " WHERE state NOT IN ('gone', 'failed')" +
+                                                     std::string(kNewestFirst),
+                                                 "list live environments"));
   return readEnvironments(stmt);
 }
 

@@ -1,0 +1,64 @@
+#include "os/socket.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+namespace moat::os {
+
+Status sendWithFd(int socket, const std::string& data, int fd) {
+  struct iovec iov = {const_cast<char*>(data.data()), data.size()};
+  struct msghdr msg;
+  std::memset(&msg, 0, sizeof msg);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  if (fd >= 0) {
+    std::memset(control, 0, sizeof control);
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    struct cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
+  }
+  for (;;) {
+    if (::sendmsg(socket, &msg, MSG_NOSIGNAL) >= 0) return {};
+    if (errno != EINTR) return Error::fromErrno("sendmsg");
+  }
+}
+
+Result<std::string> receiveWithFd(int socket, UniqueFd* fd, size_t maxBytes) {
+  std::string data(maxBytes, '\0');
+  struct iovec iov = {data.data(), data.size()};
+  struct msghdr msg;
+  std::memset(&msg, 0, sizeof msg);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  do {
+    n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return Error::fromErrno("recvmsg");
+  for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      int received;
+      std::memcpy(&received, CMSG_DATA(c), sizeof(int));
+      if (fd != nullptr) {
+        fd->reset(received);
+      } else {
+        ::close(received);
+      }
+    }
+  }
+  if (n == 0) return Error::make("eof", "peer closed the socket");
+  data.resize(static_cast<size_t>(n));
+  return data;
+}
+
+}  // namespace moat::os
