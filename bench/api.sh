@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# moatd API benchmark: starts moatd on a scratch state directory, runs
+# moat-api-bench against its unix socket, stops moatd (which destroys what is
+# left), and removes the state. Usage: bench/api.sh [BIN_DIR] [ROUNDS]
+set -euo pipefail
+bin=${1:-build/bin}
+rounds=${2:-200}
+state=$(mktemp -d /tmp/moat-bench-XXXXXX)
+cleanup() {
+  [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+  umount -l "$state/storage" 2>/dev/null || true
+  rm -rf "$state"
+}
+trap cleanup EXIT
+MOAT_STORAGE_GB=8 "$bin/moatd" --state "$state" --listen 127.0.0.1:0 2>"$state.log" &
+pid=$!
+for _ in $(seq 200); do [ -S "$state/moatd.sock" ] && [ -s "$state/master-token" ] && break; sleep 0.05; done
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -r) $(nproc) cpus, $rounds rounds"
+"$bin/moat-api-bench" "$state/moatd.sock" "$(cat "$state/master-token")" "$rounds"
+rm -f "$state.log"

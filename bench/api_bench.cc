@@ -1,0 +1,140 @@
+// moatd API benchmark: create -> exec true -> destroy over HTTP on the unix
+// socket (p50/p99), "create, run ten commands, destroy", and exec
+// throughput with 1, 8 and 64 concurrent clients. Usage:
+//   moat-api-bench SOCKET TOKEN [ROUNDS]
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+namespace asio = boost::asio;
+
+double nowMs() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+// One keep-alive connection.
+class Client {
+ public:
+  Client(const std::string& socket, const std::string& token) : socket_(io_), token_(token) {
+    socket_.connect(asio::local::stream_protocol::endpoint(socket));
+  }
+  std::pair<int, std::string> call(http::verb verb, const std::string& target, const std::string& body = "") {
+    http::request<http::string_body> req{verb, target, 11};
+    req.set(http::field::host, "localhost");
+    req.set(http::field::authorization, "Bearer " + token_);
+    req.keep_alive(true);
+    if (!body.empty()) {
+      req.set(http::field::content_type, "application/json");
+      req.body() = body;
+    }
+    req.prepare_payload();
+    http::write(socket_, req);
+    http::response<http::string_body> res;
+    http::read(socket_, buffer_, res);
+    return {res.result_int(), res.body()};
+  }
+
+ private:
+  asio::io_context io_;
+  asio::local::stream_protocol::socket socket_;
+  beast::flat_buffer buffer_;
+  std::string token_;
+};
+
+std::string idOf(const std::string& json) {
+  auto p = json.find("\"id\":\"");
+  return p == std::string::npos ? "" : json.substr(p + 6, 12);
+}
+
+double pct(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s SOCKET TOKEN [ROUNDS]\n", argv[0]);
+    return 2;
+  }
+  std::string socket = argv[1], token = argv[2];
+  int rounds = argc > 3 ? std::atoi(argv[3]) : 100;
+  Client c(socket, token);
+  const std::string execTrue = R"({"cmd":["true"]})";
+
+  std::vector<double> cycle, createOnly, tenCommands;
+  for (int i = 0; i < rounds + 3; ++i) {
+    double t0 = nowMs();
+    auto created = c.call(http::verb::post, "/v1/environments", R"({"spec":{"ram_mb":256}})");
+    double t1 = nowMs();
+    std::string id = idOf(created.second);
+    if (created.first != 201 || id.empty()) {
+      std::fprintf(stderr, "create failed: %d %s\n", created.first, created.second.c_str());
+      return 1;
+    }
+    c.call(http::verb::post, "/v1/environments/" + id + "/exec", execTrue);
+    c.call(http::verb::delete_, "/v1/environments/" + id);
+    double t2 = nowMs();
+    if (i >= 3) {
+      createOnly.push_back(t1 - t0);
+      cycle.push_back(t2 - t0);
+    }
+  }
+  for (int i = 0; i < std::max(10, rounds / 5); ++i) {
+    double t0 = nowMs();
+    std::string id = idOf(c.call(http::verb::post, "/v1/environments", R"({"spec":{"ram_mb":256}})").second);
+    for (int k = 0; k < 10; ++k) c.call(http::verb::post, "/v1/environments/" + id + "/exec", execTrue);
+    c.call(http::verb::delete_, "/v1/environments/" + id);
+    tenCommands.push_back(nowMs() - t0);
+  }
+  std::printf("| operation | p50 ms | p99 ms |\n|---|---:|---:|\n");
+  std::printf("| create | %.2f | %.2f |\n", pct(createOnly, 0.5), pct(createOnly, 0.99));
+  std::printf("| create -> exec true -> destroy | %.2f | %.2f |\n", pct(cycle, 0.5), pct(cycle, 0.99));
+  std::printf("| create, 10 x exec true, destroy | %.2f | %.2f |\n", pct(tenCommands, 0.5),
+              pct(tenCommands, 0.99));
+
+  std::string id = idOf(c.call(http::verb::post, "/v1/environments", R"({"spec":{"ram_mb":512,"pids":4096}})").second);
+  std::printf("\n| concurrent clients | exec/s (true) | p50 ms | p99 ms |\n|---:|---:|---:|---:|\n");
+  for (int clients : {1, 8, 64}) {
+    std::atomic<bool> stop{false};
+    std::vector<std::vector<double>> lat(static_cast<size_t>(clients));
+    std::vector<std::thread> threads;
+    double t0 = nowMs();
+    for (int k = 0; k < clients; ++k) {
+      threads.emplace_back([&, k] {
+        Client mine(socket, token);
+        while (!stop) {
+          double s = nowMs();
+          mine.call(http::verb::post, "/v1/environments/" + id + "/exec", execTrue);
+          lat[static_cast<size_t>(k)].push_back(nowMs() - s);
+        }
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    stop = true;
+    for (auto& t : threads) t.join();
+    double seconds = (nowMs() - t0) / 1000;
+    std::vector<double> all;
+    for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
+    std::printf("| %d | %.0f | %.2f | %.2f |\n", clients, static_cast<double>(all.size()) / seconds,
+                pct(all, 0.5), pct(all, 0.99));
+  }
+  c.call(http::verb::delete_, "/v1/environments/" + id);
+  return 0;
+}
