@@ -6,9 +6,12 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config   # toolchain
   libgtest-dev libseccomp-dev                    # libraries
+  libboost-dev nlohmann-json3-dev                # moatd: HTTP (Beast/Asio), JSON
+  libsqlite3-dev libssl-dev                      # moatd: the store, API key hashing
   btrfs-progs                                    # mkfs.btrfs for the storage pool
   python3                                        # used by tests inside environments
   bubblewrap util-linux                          # peers in bench/ (bwrap, unshare)
+  python3-yaml python3-jsonschema                # tests/api: OpenAPI conformance
 )
 
 missing=()
