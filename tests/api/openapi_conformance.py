@@ -1,0 +1,968 @@
+#!/usr/bin/env python3
+"""OpenAPI conformance: real moatd responses checked against api/openapi.yaml.
+
+Lints the spec (every $ref resolves, JSON bodies have schemas, request bodies
+are closed with additionalProperties: false, only OpenAPI 3.0 schema keywords),
+then starts the built moatd on a fresh state directory and drives its API over
+the unix socket <state>/moatd.sock. Every exchange is checked:
+
+  - the status is the one the test expects, and the spec declares it for that
+    path and method (or `default`); undeclared methods must be 405;
+  - the Content-Type is one the spec declares for that response, and a JSON
+    body validates against its schema (refs resolved); 204 has no body;
+  - the request itself: a 2xx answer means the spec accepts the request (body
+    and query parameters), a 400 unknown_field / invalid_request means the spec
+    rejects it too (where a JSON schema can say so);
+  - test-specific assertions on the values.
+
+Prints one line per exchange and ends with "N passed, M failed". Exits 0 when
+all passed (or when not root: moatd needs root), 1 otherwise.
+
+  openapi_conformance.py --spec api/openapi.yaml --bin-dir build/bin
+  openapi_conformance.py --spec api/openapi.yaml --spec-only
+"""
+
+import argparse
+import base64
+import calendar
+import copy
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.parse
+
+try:
+    import jsonschema
+    import yaml
+except ImportError as e:  # a missing dependency is a failure, not a skip
+    print(f"FAIL: {e}; install python3-yaml and python3-jsonschema (scripts/install-deps.sh)")
+    print("0 passed, 1 failed")
+    sys.exit(1)
+
+HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+
+# Keywords of the OpenAPI 3.0 Schema Object. Anything else (propertyNames,
+# const, if/then, patternProperties...) is JSON Schema that 3.0 tools ignore.
+SCHEMA_KEYWORDS = {
+    "title", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+    "maxLength", "minLength", "pattern", "maxItems", "minItems", "uniqueItems",
+    "maxProperties", "minProperties", "required", "enum", "type", "allOf", "oneOf", "anyOf",
+    "not", "items", "properties", "additionalProperties", "description", "format", "default",
+    "nullable", "discriminator", "readOnly", "writeOnly", "xml", "externalDocs", "example",
+    "deprecated", "$ref",
+}
+OAS_ONLY_KEYWORDS = ("nullable", "discriminator", "readOnly", "writeOnly", "xml", "externalDocs",
+                     "example", "deprecated")
+
+
+# Errors any request can get from the HTTP layer (src/api/http.cc); operations
+# declare them as `default`. Every other status must be declared explicitly.
+TRANSPORT_CODES = {"bad_request", "too_large", "internal", "unavailable"}
+
+
+class SpecError(Exception):
+    pass
+
+
+# --- the spec ----------------------------------------------------------------
+
+
+def resolve_pointer(doc, ref):
+    if not isinstance(ref, str) or not ref.startswith("#/"):
+        raise SpecError(f"$ref {ref!r}: only local refs (#/...) are supported")
+    node = doc
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(node, dict) or part not in node:
+            raise SpecError(f"$ref {ref} does not resolve")
+        node = node[part]
+    return node
+
+
+def deref(doc, node):
+    """Follows $ref chains of a non-schema object (response, parameter...)."""
+    seen = set()
+    while isinstance(node, dict) and "$ref" in node:
+        if node["$ref"] in seen:
+            raise SpecError(f"$ref cycle at {node['$ref']}")
+        seen.add(node["$ref"])
+        node = resolve_pointer(doc, node["$ref"])
+    return node
+
+
+def to_json_schema(doc, schema, stack=()):
+    """An OpenAPI 3.0 schema as a self-contained draft-4 JSON Schema: refs
+    inlined, `nullable` turned into a null type, OpenAPI-only keywords dropped."""
+    if isinstance(schema, list):
+        return [to_json_schema(doc, s, stack) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        if ref in stack:
+            raise SpecError(f"recursive schema {ref}: not supported by this checker")
+        return to_json_schema(doc, resolve_pointer(doc, ref), stack + (ref,))
+    out = {}
+    for key, value in schema.items():
+        if key in OAS_ONLY_KEYWORDS:
+            continue
+        if key in ("properties",):
+            out[key] = {name: to_json_schema(doc, s, stack) for name, s in value.items()}
+        elif key in ("items", "additionalProperties", "not", "allOf", "oneOf", "anyOf"):
+            out[key] = to_json_schema(doc, value, stack)
+        else:
+            out[key] = copy.deepcopy(value)
+    if schema.get("nullable") is True:
+        if "type" in out:
+            out["type"] = [out["type"], "null"]
+        if "enum" in out and None not in out["enum"]:
+            out["enum"] = list(out["enum"]) + [None]
+    return out
+
+
+def walk(node, path=""):
+    yield path, node
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from walk(v, f"{path}/{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from walk(v, f"{path}/{i}")
+
+
+def check_schema_keywords(doc, schema, where, problems, seen):
+    """Only OpenAPI 3.0 keywords, recursively (refs followed once)."""
+    if not isinstance(schema, dict):
+        problems.append(f"{where}: a schema must be an object")
+        return
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        if ref not in seen:
+            seen.add(ref)
+            check_schema_keywords(doc, resolve_pointer(doc, ref), ref, problems, seen)
+        return
+    for key in schema:
+        if key not in SCHEMA_KEYWORDS and not key.startswith("x-"):
+            problems.append(f"{where}: '{key}' is not an OpenAPI 3.0 schema keyword")
+    for key in ("items", "not", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            check_schema_keywords(doc, schema[key], f"{where}/{key}", problems, seen)
+    for key in ("allOf", "oneOf", "anyOf"):
+        for i, s in enumerate(schema.get(key, [])):
+            check_schema_keywords(doc, s, f"{where}/{key}/{i}", problems, seen)
+    for name, s in schema.get("properties", {}).items():
+        check_schema_keywords(doc, s, f"{where}/properties/{name}", problems, seen)
+
+
+def closed_objects(schema, where, problems):
+    """Every object a request body accepts must reject unknown fields."""
+    if not isinstance(schema, dict):
+        return
+    for sub in schema.get("allOf", []):
+        closed_objects(sub, where, problems)
+    if "properties" in schema or schema.get("type") == "object":
+        extra = schema.get("additionalProperties", True)
+        if "properties" in schema and extra is not False:
+            problems.append(f"{where}: request object without additionalProperties: false")
+        for name, s in schema.get("properties", {}).items():
+            closed_objects(s, f"{where}.{name}", problems)
+        if isinstance(extra, dict):
+            closed_objects(extra, f"{where}.*", problems)
+    if isinstance(schema.get("items"), dict):
+        closed_objects(schema["items"], f"{where}[]", problems)
+
+
+def lint_spec(doc):
+    """Problems that make the spec unusable as the source of truth."""
+    problems = []
+    if doc.get("openapi") != "3.0.3":
+        problems.append(f"openapi is {doc.get('openapi')!r}, expected '3.0.3'")
+    for key in ("info", "paths", "components"):
+        if key not in doc:
+            problems.append(f"missing top-level '{key}'")
+    for where, node in walk(doc):
+        if isinstance(node, dict) and "$ref" in node:
+            try:
+                resolve_pointer(doc, node["$ref"])
+            except SpecError as e:
+                problems.append(f"{where}: {e}")
+    if problems:
+        return problems
+    schemes = doc.get("components", {}).get("securitySchemes", {})
+    for req in doc.get("security", []):
+        for name in req:
+            if name not in schemes:
+                problems.append(f"security: unknown scheme {name}")
+    if schemes.get("bearerAuth", {}).get("scheme") != "bearer":
+        problems.append("components/securitySchemes/bearerAuth must be http bearer")
+    for name, schema in doc.get("components", {}).get("schemas", {}).items():
+        check_schema_keywords(doc, schema, f"#/components/schemas/{name}", problems, set())
+    operation_ids = set()
+    for path, item in doc["paths"].items():
+        path_params = [deref(doc, p) for p in item.get("parameters", [])]
+        for method in HTTP_METHODS:
+            if method not in item:
+                continue
+            op = item[method]
+            where = f"{method.upper()} {path}"
+            opid = op.get("operationId")
+            if not opid:
+                problems.append(f"{where}: no operationId")
+            elif opid in operation_ids:
+                problems.append(f"{where}: duplicate operationId {opid}")
+            operation_ids.add(opid)
+            params = path_params + [deref(doc, p) for p in op.get("parameters", [])]
+            for template in re.findall(r"{([^}]+)}", path):
+                if not any(p.get("in") == "path" and p.get("name") == template for p in params):
+                    problems.append(f"{where}: path parameter {{{template}}} is not declared")
+            for p in params:
+                if "schema" not in p:
+                    problems.append(f"{where}: parameter {p.get('name')} has no schema")
+                else:
+                    check_schema_keywords(doc, p["schema"], f"{where} parameter {p.get('name')}",
+                                          problems, set())
+            secured = op.get("security", doc.get("security", [])) != []
+            responses = op.get("responses")
+            if not responses:
+                problems.append(f"{where}: no responses")
+                continue
+            if secured and "401" not in responses:
+                problems.append(f"{where}: needs a token but declares no 401")
+            if path != "/healthz" and not secured:
+                problems.append(f"{where}: only /healthz may go without a token")
+            for status, response in responses.items():
+                response = deref(doc, response)
+                rwhere = f"{where} -> {status}"
+                if "description" not in response:
+                    problems.append(f"{rwhere}: no description")
+                content = response.get("content", {})
+                if status == "204":
+                    if content:
+                        problems.append(f"{rwhere}: a 204 has no body")
+                    continue
+                if not content:
+                    problems.append(f"{rwhere}: no content (every response but 204 has a body)")
+                for media, body in content.items():
+                    if "schema" not in body:
+                        problems.append(f"{rwhere} {media}: no schema")
+                    elif media == "application/json":
+                        try:
+                            jsonschema.Draft4Validator.check_schema(to_json_schema(doc, body["schema"]))
+                        except (SpecError, jsonschema.SchemaError) as e:
+                            problems.append(f"{rwhere}: bad schema: {e}")
+            if "requestBody" in op:
+                rb = deref(doc, op["requestBody"])
+                for media, body in rb.get("content", {}).items():
+                    if "schema" not in body:
+                        problems.append(f"{where} request {media}: no schema")
+                    elif media == "application/json":
+                        schema = to_json_schema(doc, body["schema"])
+                        closed_objects(schema, f"{where} request", problems)
+                        if "400" not in responses:
+                            problems.append(f"{where}: takes JSON but declares no 400")
+    return problems
+
+
+class Spec:
+    def __init__(self, doc):
+        self.doc = doc
+        self.routes = []  # (regex, template), most literal first
+        for template in doc["paths"]:
+            regex = "^" + re.sub(r"\\{[^}]+\\}", "[^/]+", re.escape(template)) + "$"
+            self.routes.append((re.compile(regex), template))
+        self.routes.sort(key=lambda r: r[1].count("{"))
+
+    def template_of(self, path):
+        for regex, template in self.routes:
+            if regex.match(path):
+                return template
+        return None
+
+    def operation(self, template, method):
+        item = self.doc["paths"].get(template, {}) if template else {}
+        return item.get(method.lower())
+
+    def response(self, template, method, status):
+        """(response object, name used) for a declared operation."""
+        op = self.operation(template, method)
+        responses = op["responses"]
+        if str(status) in responses:
+            return deref(self.doc, responses[str(status)]), f"{status}"
+        if "default" in responses:
+            return deref(self.doc, responses["default"]), "default"
+        return None, None
+
+    def component_response(self, name):
+        return deref(self.doc, self.doc["components"]["responses"][name])
+
+    def schema(self, schema):
+        return to_json_schema(self.doc, schema)
+
+    def parameters(self, template, method):
+        item = self.doc["paths"][template]
+        params = {}
+        for p in item.get("parameters", []) + self.operation(template, method).get("parameters", []):
+            p = deref(self.doc, p)
+            params[(p["in"], p["name"])] = p
+        return params
+
+
+# --- talking to moatd ---------------------------------------------------------
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, socket_path, timeout=120):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.socket_path)
+        self.sock = sock
+
+
+class Response:
+    def __init__(self, status, headers, body):
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.content_type = headers.get("Content-Type", "")
+        self._json = None
+
+    @property
+    def json(self):
+        if self._json is None:
+            self._json = json.loads(self.body)
+        return self._json
+
+
+class Moatd:
+    def __init__(self, bin_dir):
+        self.bin = os.path.join(bin_dir, "moatd")
+        self.state = tempfile.mkdtemp(prefix="moatd-api-")
+        self.log_path = self.state + ".log"
+        self.proc = None
+        self.token = ""
+
+    @property
+    def socket_path(self):
+        return os.path.join(self.state, "moatd.sock")
+
+    def start(self):
+        if not os.access(self.bin, os.X_OK):
+            raise RuntimeError(f"{self.bin} is not built (cmake --build ... --target moatd moat-init)")
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+               "MOAT_STORAGE_GB": "8"}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [self.bin, "--state", self.state, "--listen", "127.0.0.1:0"],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"moatd exited at start ({self.proc.returncode}):\n{self.log()}")
+            try:
+                if self.request("GET", "/healthz", token=False).status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.02)
+        else:
+            raise RuntimeError(f"moatd did not serve /healthz within 30 s:\n{self.log()}")
+        with open(os.path.join(self.state, "master-token")) as f:
+            self.token = f.read().strip()
+
+    def log(self):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()[-4000:]
+        except OSError:
+            return ""
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def request(self, method, target, body=None, token=True, headers=None, content_type=None,
+                declared_length=None):
+        conn = UnixHTTPConnection(self.socket_path)
+        try:
+            conn.putrequest(method, target, skip_accept_encoding=True)
+            hdrs = {}
+            if token is True:
+                hdrs["Authorization"] = f"Bearer {self.token}"
+            elif token:
+                hdrs["Authorization"] = f"Bearer {token}"
+            if body is not None:
+                hdrs["Content-Type"] = content_type or "application/json"
+            data = body.encode() if isinstance(body, str) else body
+            if declared_length is not None:
+                hdrs["Content-Length"] = str(declared_length)
+            elif data is not None or method in ("POST", "PUT"):
+                hdrs["Content-Length"] = str(len(data or b""))
+            hdrs.update(headers or {})
+            for k, v in hdrs.items():
+                conn.putheader(k, v)
+            conn.endheaders()
+            if data and declared_length is None:
+                conn.send(data)
+            r = conn.getresponse()
+            return Response(r.status, r.headers, r.read())
+        finally:
+            conn.close()
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                print("moatd did not stop within 60 s of SIGTERM; killing it")
+                self.proc.kill()
+                self.proc.wait()
+
+    def cleanup(self):
+        try:
+            self.stop()
+        finally:
+            storage = os.path.join(self.state, "storage")
+            subprocess.run(["umount", "-l", storage], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, check=False)
+            shutil.rmtree(self.state, ignore_errors=True)
+            try:
+                os.unlink(self.log_path)
+            except OSError:
+                pass
+
+
+# --- the checker --------------------------------------------------------------
+
+
+class Failure(Exception):
+    pass
+
+
+def expect(cond, message):
+    if not cond:
+        raise Failure(message)
+
+
+class Conformance:
+    def __init__(self, spec, daemon):
+        self.spec = spec
+        self.daemon = daemon
+        self.passed = 0
+        self.failed = 0
+        self.failures = []
+
+    def report(self, ok, line, detail=""):
+        if ok:
+            self.passed += 1
+            print(f"PASS  {line}")
+        else:
+            self.failed += 1
+            print(f"FAIL  {line}\n      {detail}")
+            self.failures.append(f"{line}: {detail}")
+        sys.stdout.flush()
+
+    def static(self, name, problems):
+        self.report(not problems, f"spec: {name}", "\n      ".join(problems))
+
+    def call(self, method, target, body=None, *, status, code=None, field=None, token=True,
+             check=None, expressible=True, content_type=None, declared_length=None, note=""):
+        """One exchange. `body` may be a dict (sent as JSON), str or bytes.
+        `expressible=False`: the server rejects the request for a reason a JSON
+        schema cannot state (labels keys, base64 stdin...), so the spec accepting
+        it is fine. Returns the Response (or None when the request failed)."""
+        shown = target if len(target) <= 90 else target[:87] + "..."
+        line = f"{method} {shown} -> {status}" + (f" {code}" if code else "") + (f" ({note})" if note else "")
+        raw = json.dumps(body) if isinstance(body, (dict, list)) else body
+        try:
+            r = self.daemon.request(method, target, raw, token=token, content_type=content_type,
+                                    declared_length=declared_length)
+        except Exception as e:  # noqa: BLE001 - any transport failure is a failed exchange
+            alive = "" if self.daemon.alive() else "; moatd is not running:\n" + self.daemon.log()
+            self.report(False, line, f"request failed: {e!r}{alive}")
+            return None
+        try:
+            declared = self.validate(method, target, raw, r)
+            expect(r.status == status,
+                   f"status {r.status}, expected {status}: {r.body[:300]!r}")
+            if code is not None:
+                expect(r.json["error"]["code"] == code,
+                       f"error code {r.json['error']['code']!r}, expected {code!r}")
+            if field is not None:
+                expect(r.json["error"].get("field") == field,
+                       f"error field {r.json['error'].get('field')!r}, expected {field!r}")
+            if r.status == 400 and code in ("unknown_field", "invalid_request"):
+                expect("field" in r.json["error"], f"{code} without error.field")
+            self.check_request(method, target, raw, r, expressible)
+            if check is not None:
+                check(r)
+            self.report(True, f"{line}  [{declared}]")
+        except Failure as e:
+            self.report(False, line, str(e))
+        except Exception as e:  # noqa: BLE001 - a broken assertion is a failure too
+            self.report(False, line, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+        return r
+
+    def validate(self, method, target, raw, r):
+        """The response against the spec; returns what it was checked against."""
+        path = urllib.parse.urlsplit(target).path
+        template = self.spec.template_of(path)
+        op = self.spec.operation(template, method)
+        if template is None:
+            # Not an API path: moatd answers 404 (or 401 without a token).
+            name = "Unauthorized" if r.status == 401 else "NotFound"
+            expect(r.status in (401, 404), f"unknown path {path} answered {r.status}")
+            response, declared = self.spec.component_response(name), f"components/responses/{name}"
+        elif op is None:
+            expect(r.status in (401, 405),
+                   f"{method} is not declared for {template}, so it must be 405, got {r.status}")
+            name = "Unauthorized" if r.status == 401 else "MethodNotAllowed"
+            response, declared = self.spec.component_response(name), f"components/responses/{name}"
+        else:
+            response, status_name = self.spec.response(template, method, r.status)
+            expect(response is not None,
+                   f"status {r.status} is not declared for {method} {template}: {r.body[:300]!r}")
+            declared = f"{method} {template} {status_name}"
+            if status_name == "default":
+                # `default` is for errors of the transport, not the endpoint's own.
+                code = None
+                try:
+                    code = r.json["error"]["code"]
+                except (ValueError, KeyError, TypeError):
+                    pass
+                expect(code in TRANSPORT_CODES,
+                       f"status {r.status} ({code}) is not declared for {method} {template}; "
+                       f"only {', '.join(sorted(TRANSPORT_CODES))} may fall to `default`")
+        content = response.get("content", {})
+        if not content:
+            expect(r.body == b"", f"{declared} has no body, got {r.body[:200]!r}")
+            return declared
+        media = r.content_type.split(";")[0].strip()
+        expect(media in content, f"Content-Type {r.content_type!r} not declared for {declared} "
+                                 f"({', '.join(content)})")
+        schema = content[media].get("schema")
+        if media == "application/json":
+            try:
+                body = r.json
+            except ValueError as e:
+                raise Failure(f"{declared}: body is not JSON ({e}): {r.body[:200]!r}")
+            errors = sorted(jsonschema.Draft4Validator(self.spec.schema(schema)).iter_errors(body),
+                            key=lambda e: list(e.path))
+            if errors:
+                detail = "; ".join(f"{'/'.join(map(str, e.path)) or '(root)'}: {e.message}" for e in errors[:5])
+                raise Failure(f"body does not match {declared}: {detail}\n      body: {r.body[:400]!r}")
+        elif media.startswith("text/"):
+            try:
+                r.body.decode("utf-8")
+            except UnicodeDecodeError:
+                raise Failure(f"{declared}: text body is not UTF-8")
+        return declared
+
+    def check_request(self, method, target, raw, r, expressible):
+        """Accepted requests must be valid by the spec; rejected ones invalid."""
+        split = urllib.parse.urlsplit(target)
+        template = self.spec.template_of(split.path)
+        op = self.spec.operation(template, method)
+        if op is None:
+            return
+        accepted = 200 <= r.status < 300
+        rejected = r.status == 400 and r.json["error"]["code"] in ("unknown_field", "invalid_request")
+        if not (accepted or rejected):
+            return
+        problems = []
+        # Query parameters.
+        params = self.spec.parameters(template, method)
+        query = urllib.parse.parse_qs(split.query, keep_blank_values=True)
+        for (where, name), p in params.items():
+            if where == "query" and p.get("required") and name not in query:
+                problems.append(f"required query parameter {name} missing")
+        for name, values in query.items():
+            p = params.get(("query", name))
+            if p is None:
+                problems.append(f"query parameter {name} is not declared")
+                continue
+            schema = self.spec.schema(p["schema"])
+            value = values if schema.get("type") == "array" else values[-1]
+            if schema.get("type") == "integer":
+                try:
+                    value = int(value)
+                except ValueError:
+                    pass
+            for e in jsonschema.Draft4Validator(schema).iter_errors(value):
+                problems.append(f"query {name}: {e.message}")
+        for (where, name), p in params.items():
+            if where == "path":
+                pattern = re.escape(template).replace(re.escape("{" + name + "}"), "(?P<v>[^/]+)")
+                pattern = re.sub(r"\\{[^}]+\\}", "[^/]+", pattern)
+                m = re.match("^" + pattern + "$", split.path)
+                if m:
+                    for e in jsonschema.Draft4Validator(self.spec.schema(p["schema"])).iter_errors(m.group("v")):
+                        problems.append(f"path {name}: {e.message}")
+        # The JSON body.
+        rb = deref(self.spec.doc, op.get("requestBody", {}))
+        json_schema = rb.get("content", {}).get("application/json", {}).get("schema")
+        if json_schema is not None:
+            body = {} if raw in (None, "") else json.loads(raw)
+            if raw in (None, "") and rb.get("required"):
+                problems.append("request body is required")
+            for e in jsonschema.Draft4Validator(self.spec.schema(json_schema)).iter_errors(body):
+                problems.append(f"body {'/'.join(map(str, e.path)) or '(root)'}: {e.message}")
+        if accepted:
+            expect(not problems, "moatd accepted a request the spec rejects: " + "; ".join(problems))
+        elif expressible:
+            expect(problems, f"moatd rejected the request ({r.json['error']}) but the spec accepts it")
+
+
+# --- the exchanges ------------------------------------------------------------
+
+
+def run_exchanges(c):
+    d = c.daemon
+    env = lambda i: f"/v1/environments/{i}"  # noqa: E731
+
+    def has(**want):
+        def check(r):
+            for k, v in want.items():
+                expect(r.json.get(k) == v, f"{k} = {r.json.get(k)!r}, expected {v!r}")
+        return check
+
+    # Service and authentication.
+    c.call("GET", "/healthz", token=False, status=200, check=has(status="ok"))
+    c.call("GET", "/v1/environments", token=False, status=401, code="unauthorized")
+    c.call("GET", "/v1/environments", token="a" * 64, status=401, code="unauthorized", note="wrong token")
+    c.call("GET", "/metrics", token=False, status=401, code="unauthorized")
+    c.call("GET", "/metrics", status=200,
+           check=lambda r: expect(b"moat_exec_total" in r.body, "no moat_exec_total"))
+
+    # Create, get, list.
+    created = {}
+
+    def remember(name):
+        def check(r):
+            created[name] = r.json["id"]
+            expect(r.json["state"] == "running", f"state {r.json['state']}")
+        return check
+
+    def env_a(r):
+        remember("a")(r)
+        j = r.json
+        expect(j["task_id"] == "conf-a" and j["template"] == "host", f"task/template: {j}")
+        expect(j["spec"] == {"cpus": 1, "ram_mb": 256, "storage_gb": 1, "pids": 128}, f"spec {j['spec']}")
+        expect(j["labels"] == {"team": "a", "role": "x"}, f"labels {j['labels']}")
+        expect("reason" not in j, "a running environment has no reason")
+
+    c.call("POST", "/v1/environments",
+           {"task_id": "conf-a", "template": "host",
+            "spec": {"cpus": 1, "ram_mb": 256, "storage_gb": 1, "pids": 128},
+            "ttl_s": 600, "labels": {"team": "a", "role": "x"}, "env": {"GREETING": "hello"}},
+           status=201, check=env_a)
+
+    def env_b(r):
+        remember("b")(r)
+        expect(r.json["spec"] == {"cpus": 1, "ram_mb": 1024, "storage_gb": 4, "pids": 1024},
+               f"defaults: {r.json['spec']}")
+    c.call("POST", "/v1/environments", "", status=201, check=env_b, note="empty body: defaults")
+    a, b = created.get("a", "000000000000"), created.get("b", "000000000000")
+
+    c.call("GET", env(a), status=200, check=has(id=a, state="running"))
+
+    def ids(*want, exact=True):
+        def check(r):
+            got = [e["id"] for e in r.json["environments"]]
+            if exact:
+                expect(sorted(got) == sorted(want), f"ids {got}, expected {list(want)}")
+            else:
+                expect(all(w in got for w in want), f"ids {got} lack {list(want)}")
+        return check
+
+    def newest_first(r):
+        got = [e["id"] for e in r.json["environments"]]
+        expect(got == [b, a], f"order {got}, expected newest first {[b, a]}")
+    c.call("GET", "/v1/environments", status=200, check=newest_first)
+    c.call("GET", "/v1/environments?label=team%3Da", status=200, check=ids(a))
+    c.call("GET", "/v1/environments?label=team=a&label=role=x", status=200, check=ids(a))
+    c.call("GET", "/v1/environments?label=team=a&label=role=y", status=200, check=ids())
+    c.call("GET", "/v1/environments?task_id=conf-a", status=200, check=ids(a))
+    c.call("GET", "/v1/environments?state=running", status=200, check=ids(a, b))
+    c.call("GET", "/v1/environments?label=team", status=400, code="invalid_request", field="label")
+    c.call("GET", "/v1/environments?colour=red", status=400, code="unknown_field", field="colour")
+
+    # Exec.
+    ex = env(a) + "/exec"
+
+    def out(stdout=None, stderr=None, **more):
+        def check(r):
+            j = r.json
+            if stdout is not None:
+                expect(j["stdout"] == stdout, f"stdout {j['stdout']!r}, expected {stdout!r}")
+            if stderr is not None:
+                expect(j["stderr"] == stderr, f"stderr {j['stderr']!r}, expected {stderr!r}")
+            for k, v in more.items():
+                expect(j.get(k) == v, f"{k} = {j.get(k)!r}, expected {v!r}")
+        return check
+
+    c.call("POST", ex, {"cmd": ["sh", "-c", "echo $GREETING; echo err >&2"]}, status=200,
+           check=out("hello\n", "err\n", exit_code=0, signal=0, timed_out=False, encoding="utf8"),
+           note="success, environment env")
+    c.call("POST", ex, {"cmd": ["sh", "-c", "echo $X"], "env": {"X": "per-call"}}, status=200,
+           check=out("per-call\n"), note="per-command env")
+    c.call("POST", ex, {"cmd": ["cat"], "stdin": "piped in"}, status=200, check=out("piped in"),
+           note="stdin")
+    c.call("POST", ex, {"cmd": ["sh", "-c", "echo failing >&2; exit 3"]}, status=200,
+           check=out("", "failing\n", exit_code=3, signal=0), note="failing command")
+
+    def timed_out(r):
+        j = r.json
+        expect(j["timed_out"] is True, f"timed_out {j['timed_out']}")
+        expect(j["signal"] > 0 and j["exit_code"] == 128 + j["signal"], f"exit {j['exit_code']} signal {j['signal']}")
+        expect(j["duration_ms"] < 20000, f"duration_ms {j['duration_ms']}")
+    c.call("POST", ex, {"cmd": ["sleep", "30"], "timeout_ms": 300}, status=200, check=timed_out,
+           note="timeout")
+    c.call("POST", ex, {"cmd": ["printf", "\\377\\376ok"]}, status=200,
+           check=out("//5vaw==", "", encoding="base64", exit_code=0), note="non-UTF-8 output")
+    c.call("POST", ex, {"cmd": ["cat"], "stdin": base64.b64encode(b"\x00hi").decode(), "encoding": "base64"},
+           status=200, check=out("AGhp", "", encoding="base64"), note="base64 requested")
+
+    def not_found(r):
+        j = r.json
+        expect(j["exit_code"] == 127, f"exit_code {j['exit_code']}")
+        expect("not found" in j["stderr"], f"stderr {j['stderr']!r}")
+    c.call("POST", ex, {"cmd": ["no-such-command-xyz"]}, status=200, check=not_found,
+           note="command not found")
+
+    def truncated(r):
+        j = r.json
+        expect(j["stdout"] == "x" * 100 and j["stdout_truncated"] is True, f"{len(j['stdout'])} bytes, {j['stdout_truncated']}")
+        expect(j["stderr_truncated"] is False, "stderr_truncated")
+    c.call("POST", ex, {"cmd": ["sh", "-c", "head -c 5000 /dev/zero | tr '\\0' x"], "output_limit": 100},
+           status=200, check=truncated, note="output_limit")
+    c.call("POST", ex, {"cmd": ["pwd"], "cwd": "/tmp"}, status=200, check=out("/tmp\n"), note="cwd")
+
+    # Files.
+    files = env(a) + "/files"
+    c.call("PUT", files + "?path=/workspace/dir/a.txt", b"hello file", content_type="application/octet-stream",
+           status=200, check=has(ok=True, path="/workspace/dir/a.txt"), note="parents created")
+    c.call("PUT", files + "?path=/workspace/dir/a.txt&append=1", b" more", content_type="application/octet-stream",
+           status=200, check=has(ok=True), note="append")
+
+    def body_is(data):
+        return lambda r: expect(r.body == data, f"body {r.body[:100]!r}, expected {data!r}")
+    c.call("GET", files + "?path=/workspace/dir/a.txt", status=200, check=body_is(b"hello file more"))
+    c.call("GET", files + "?path=/workspace/dir/a.txt&offset=6&length=4", status=200, check=body_is(b"file"),
+           note="range")
+
+    def listing(r):
+        j = r.json
+        expect(j["path"] == "/workspace/dir", f"path {j['path']}")
+        expect([(e["name"], e["type"], e["size"]) for e in j["entries"]] == [("a.txt", "file", 15)],
+               f"entries {j['entries']}")
+    c.call("GET", files + "/list?path=/workspace/dir", status=200, check=listing)
+    c.call("GET", files + "/stat?path=/workspace/dir/a.txt", status=200,
+           check=has(name="/workspace/dir/a.txt", type="file", size=15, mode=0o644))
+    c.call("GET", files + "/stat?path=/workspace", status=200, check=has(type="dir"))
+    c.call("PUT", files + "?path=/workspace/secret&mode=0600", b"s", content_type="application/octet-stream",
+           status=200, note="mode")
+    c.call("GET", files + "/stat?path=/workspace/secret", status=200, check=has(mode=0o600))
+    c.call("POST", files + "/mkdir", {"path": "/workspace/new/deep", "parents": True}, status=200,
+           check=has(ok=True, path="/workspace/new/deep"))
+    c.call("POST", files + "/mkdir", {"path": "/workspace/new"}, status=400, code="file_error", field="path",
+           note="exists")
+    c.call("POST", files + "/move", {"from": "/workspace/dir/a.txt", "to": "/workspace/new/deep/b.txt"},
+           status=200, check=has(ok=True, path="/workspace/dir/a.txt"))
+    c.call("GET", files + "?path=/workspace/dir/a.txt", status=404, code="not_found", field="path",
+           note="moved away")
+    c.call("GET", files + "/stat?path=/workspace/new/deep/b.txt", status=200, check=has(size=15))
+    c.call("GET", files + "/list?path=/workspace/nothing-here", status=404, code="not_found", field="path")
+    c.call("DELETE", files + "?path=/workspace/new/deep/b.txt", status=200, check=has(ok=True))
+    c.call("DELETE", files + "?path=/workspace/new", status=400, code="file_error", field="path",
+           note="not empty")
+    c.call("DELETE", files + "?path=/workspace/new&recursive=1", status=200, check=has(ok=True))
+    c.call("GET", files + "/stat?path=/workspace/new", status=404, code="not_found")
+    c.call("GET", files + "?path=/workspace", status=400, code="file_error", note="a directory")
+    c.call("GET", files + "?path=workspace/x", status=400, code="invalid_request", field="path",
+           note="relative")
+    c.call("GET", files, status=400, code="invalid_request", field="path", note="no path")
+    c.call("POST", files + "/mkdir", {"path": "/workspace/m", "mode": 511}, status=400,
+           code="unknown_field", field="mode")
+    c.call("POST", files + "/mkdir", {"parents": True}, status=400, code="invalid_request", field="path")
+    c.call("POST", files + "/move", {"from": "/workspace/secret"}, status=400, code="invalid_request", field="to")
+    c.call("POST", files + "/move", {"from": "/workspace/secret", "to": 7}, status=400,
+           code="invalid_request", field="to", note="wrong type")
+    c.call("PATCH", files + "?path=/workspace/secret", status=405, code="method_not_allowed")
+    c.call("GET", files + "/mkdir", status=405, code="method_not_allowed")
+    c.call("POST", files + "/stat?path=/workspace", status=405, code="method_not_allowed")
+    c.call("PUT", files + "?path=/workspace/big", b"\0" * ((16 << 20) + 1),
+           content_type="application/octet-stream", status=413, code="too_large", note="file over 16 MiB")
+
+    # Timeout.
+    def extended(r):
+        expires = calendar.timegm(time.strptime(r.json["expires_at"][:19], "%Y-%m-%dT%H:%M:%S"))
+        left = expires - time.time()
+        expect(1100 < left < 1300, f"expires in {left:.0f} s, expected about 1200")
+    c.call("POST", env(a) + "/timeout", {"ttl_s": 1200}, status=200, check=extended)
+    c.call("POST", env(a) + "/timeout", {}, status=400, code="invalid_request", field="ttl_s")
+    c.call("POST", env(a) + "/timeout", {"ttl_s": 0}, status=400, code="invalid_request", field="ttl_s")
+    c.call("POST", env(a) + "/timeout", {"ttl_s": 604801}, status=400, code="invalid_request", field="ttl_s")
+    c.call("POST", env(a) + "/timeout", {"ttl_s": "600"}, status=400, code="invalid_request", field="ttl_s",
+           note="wrong type")
+    c.call("POST", env(a) + "/timeout", {"ttl_s": 600, "extra": 1}, status=400, code="unknown_field",
+           field="extra")
+    c.call("GET", env(a) + "/timeout", status=405, code="method_not_allowed")
+
+    # Request errors on create.
+    envs = "/v1/environments"
+    c.call("POST", envs, "{not json", status=400, code="bad_json")
+    c.call("POST", envs, "[1,2]", status=400, code="bad_json", note="not an object")
+    c.call("POST", envs, {"spec": {"cpus": 1, "gpus": 2}}, status=400, code="unknown_field", field="spec.gpus")
+    c.call("POST", envs, {"colour": "red"}, status=400, code="unknown_field", field="colour")
+    c.call("POST", envs, {"spec": {"ram_mb": "lots"}}, status=400, code="invalid_request", field="spec.ram_mb",
+           note="wrong type")
+    c.call("POST", envs, {"spec": "big"}, status=400, code="invalid_request", field="spec")
+    c.call("POST", envs, {"spec": {"cpus": 0.001}}, status=400, code="invalid_request", field="spec.cpus")
+    c.call("POST", envs, {"spec": {"storage_gb": 70000}}, status=400, code="invalid_request",
+           field="spec.storage_gb")
+    c.call("POST", envs, {"spec": {"pids": 1.5}}, status=400, code="invalid_request", field="spec.pids")
+    c.call("POST", envs, {"spec": {"pids": 0}}, status=400, code="invalid_request", field="spec.pids")
+    c.call("POST", envs, {"spec": {"ram_mb": 8}}, status=400, code="invalid_request", field="spec.ram_mb")
+    c.call("POST", envs, {"ttl_s": -5}, status=400, code="invalid_request", field="ttl_s")
+    c.call("POST", envs, {"task_id": 5}, status=400, code="invalid_request", field="task_id")
+    c.call("POST", envs, {"task_id": "t" * 257}, status=400, code="invalid_request", field="task_id")
+    c.call("POST", envs, {"template": "relative/dir"}, status=400, code="invalid_request", field="template")
+    c.call("POST", envs, {"labels": ["a"]}, status=400, code="invalid_request", field="labels")
+    c.call("POST", envs, {"labels": {"k": 1}}, status=400, code="invalid_request", field="labels.k")
+    c.call("POST", envs, {"labels": {"bad key!": "x"}}, status=400, code="invalid_request",
+           field="labels.bad key!", expressible=False, note="label key syntax")
+    c.call("POST", envs, {"env": {"1BAD": "x"}}, status=400, code="invalid_request", field="env.1BAD",
+           expressible=False, note="variable name syntax")
+    c.call("POST", envs, " " * (2 << 20), status=413, code="too_large", note="JSON body over 1 MiB")
+    c.call("PUT", envs + "/" + a + "/files?path=/workspace/huge", None, content_type="application/octet-stream",
+           declared_length=65 << 20, status=413, code="too_large", note="request over 64 MiB")
+
+    # Request errors on exec.
+    c.call("POST", ex, {}, status=400, code="invalid_request", field="cmd", note="no cmd")
+    c.call("POST", ex, {"cmd": []}, status=400, code="invalid_request", field="cmd")
+    c.call("POST", ex, {"cmd": "ls"}, status=400, code="invalid_request", field="cmd", note="wrong type")
+    c.call("POST", ex, {"cmd": ["ls", 5]}, status=400, code="invalid_request", field="cmd[1]")
+    c.call("POST", ex, {"cmd": ["ls"], "shell": True}, status=400, code="unknown_field", field="shell")
+    c.call("POST", ex, {"cmd": ["ls"], "encoding": "utf16"}, status=400, code="invalid_request", field="encoding")
+    c.call("POST", ex, {"cmd": ["ls"], "timeout_ms": 0}, status=400, code="invalid_request", field="timeout_ms")
+    c.call("POST", ex, {"cmd": ["ls"], "output_limit": (16 << 20) + 1}, status=400, code="invalid_request",
+           field="output_limit")
+    c.call("POST", ex, {"cmd": ["ls"], "cwd": "tmp"}, status=400, code="invalid_request", field="cwd")
+    c.call("POST", ex, {"cmd": ["ls"], "stdin": 5}, status=400, code="invalid_request", field="stdin")
+    c.call("POST", ex, {"cmd": ["cat"], "encoding": "base64", "stdin": "!!"}, status=400,
+           code="invalid_request", field="stdin", expressible=False, note="stdin not base64")
+    c.call("POST", ex, {"cmd": ["ls"], "env": {"A": 1}}, status=400, code="invalid_request", field="env.A")
+    c.call("POST", ex, json.dumps({"cmd": ["echo", "x" * (1100 << 10)]}), status=413, code="too_large",
+           note="JSON body over 1 MiB")
+    c.call("GET", ex, status=405, code="method_not_allowed")
+
+    # Unknown environments, endpoints and methods.
+    nobody = env("000000000000")
+    c.call("GET", nobody, status=404, code="not_found")
+    c.call("DELETE", nobody, status=404, code="not_found")
+    c.call("POST", nobody + "/exec", {"cmd": ["true"]}, status=404, code="not_found")
+    c.call("POST", nobody + "/timeout", {"ttl_s": 60}, status=404, code="not_found")
+    c.call("GET", nobody + "/files/stat?path=/", status=404, code="not_found")
+    c.call("GET", "/v1/nothing", status=404, code="not_found", note="unknown endpoint")
+    c.call("GET", env(a) + "/nothing", status=404, code="not_found", note="unknown endpoint")
+    c.call("PATCH", envs, status=405, code="method_not_allowed")
+    c.call("PUT", env(a), {}, status=405, code="method_not_allowed")
+    c.call("POST", "/metrics", status=405, code="method_not_allowed")
+
+    # Delete, idempotence, and calls on a destroyed environment.
+    c.call("DELETE", env(b), status=204)
+    c.call("DELETE", env(b), status=204, note="idempotent")
+    c.call("GET", env(b), status=200, check=has(state="gone", reason="destroyed"))
+    c.call("GET", envs, status=200, check=ids(a), note="gone left out")
+    c.call("GET", envs + "?state=gone", status=200, check=ids(b))
+    c.call("POST", env(b) + "/exec", {"cmd": ["true"]}, status=409, code="conflict")
+    c.call("POST", env(b) + "/timeout", {"ttl_s": 60}, status=409, code="conflict")
+    c.call("GET", env(b) + "/files?path=/etc/hostname", status=409, code="conflict")
+    c.call("DELETE", env(a), status=204)
+
+    def counted(r):
+        text = r.body.decode()
+        expect(re.search(r"^moat_exec_total [1-9]", text, re.M), "moat_exec_total did not count")
+        expect('moat_api_errors_total{code="invalid_request"}' in text, "errors not counted")
+        expect('moat_environments{state="running"} 0' in text, "environments still running")
+    c.call("GET", "/metrics", status=200, check=counted, note="counters")
+
+
+# --- main ---------------------------------------------------------------------
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, help="api/openapi.yaml")
+    parser.add_argument("--bin-dir", help="directory with the built moatd and moat-init")
+    parser.add_argument("--spec-only", action="store_true", help="only lint the spec (no root needed)")
+    args = parser.parse_args()
+
+    try:
+        with open(args.spec) as f:
+            doc = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as e:
+        print(f"FAIL  spec: cannot read {args.spec}: {e}")
+        print("0 passed, 1 failed")
+        return 1
+    problems = lint_spec(doc)
+    if args.spec_only or problems:
+        print(("PASS  " if not problems else "FAIL  ") + f"spec: {args.spec} is well-formed")
+        for p in problems:
+            print(f"      {p}")
+        print(f"{0 if problems else 1} passed, {1 if problems else 0} failed")
+        return 1 if problems else 0
+
+    if os.geteuid() != 0:
+        print("SKIP: needs root (moatd creates namespaces, cgroups and mounts; CI runs as root). "
+              "The spec itself is well-formed.")
+        return 0
+    if not args.bin_dir:
+        parser.error("--bin-dir is required")
+
+    daemon = Moatd(args.bin_dir)
+    checker = Conformance(Spec(doc), daemon)
+    checker.static(f"{args.spec} is well-formed ($refs, schemas, closed request bodies)", [])
+
+    def terminated(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        daemon.start()
+        run_exchanges(checker)
+        if not daemon.alive():
+            checker.report(False, "moatd still running after the exchanges", daemon.log())
+    except KeyboardInterrupt as e:
+        checker.report(False, "interrupted", str(e))
+    except Exception as e:  # noqa: BLE001
+        checker.report(False, "harness", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+    finally:
+        if checker.failed:
+            print("---- moatd log (tail) ----\n" + daemon.log())
+        daemon.cleanup()
+        code = daemon.proc.returncode if daemon.proc else None
+        if code not in (None, 0):
+            checker.report(False, "moatd exits 0 on SIGTERM", f"exit status {code}")
+    if checker.failures:
+        print("\nfailures:")
+        for f in checker.failures:
+            print(f"  {f.splitlines()[0]}")
+    print(f"{checker.passed} passed, {checker.failed} failed")
+    return 0 if checker.failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
