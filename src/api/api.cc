@@ -1,5 +1,6 @@
 #include "api/api.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -268,8 +269,8 @@ Result<std::string> base64Decode(const std::string& s) {
   return out;
 }
 
-Api::Api(manager::EnvironmentManager& manager, std::string masterToken)
-    : manager_(manager), masterToken_(std::move(masterToken)) {}
+Api::Api(manager::EnvironmentManager& manager, Keys& keys, std::string masterToken)
+    : manager_(manager), keys_(keys), masterToken_(std::move(masterToken)) {}
 
 void Api::countError(const std::string& code) {
   std::lock_guard<std::mutex> lock(errorsMutex_);
@@ -278,15 +279,19 @@ void Api::countError(const std::string& code) {
 
 HttpResponse Api::handle(const HttpRequest& request) {
   HttpResponse response;
+  std::string token = bearerToken(request.authorization);
   if (request.path == "/healthz" && request.method == "GET") {
     response = respond(200, {{"status", "ok"}});
-  } else if (!constantTimeEquals(bearerToken(request.authorization), masterToken_)) {
-    response = errorResponse({401, "unauthorized",
-                              request.authorization.empty() ? "missing Authorization: Bearer <token>"
-                                                            : "invalid token",
-                              ""});
+  } else if (token.empty()) {
+    response = errorResponse({401, "unauthorized", "missing Authorization: Bearer <token>", ""});
+  } else if (constantTimeEquals(token, masterToken_)) {
+    Principal master;
+    master.master = true;
+    response = route(request, master);
   } else {
-    response = route(request);
+    auto key = keys_.authenticate(token);
+    response = key.ok() ? route(request, key.value())
+                        : errorResponse({401, "unauthorized", key.error().context, ""});
   }
   if (response.status >= 400) {
     auto j = json::parse(response.body, nullptr, false);
@@ -296,12 +301,76 @@ HttpResponse Api::handle(const HttpRequest& request) {
   return response;
 }
 
-HttpResponse Api::route(const HttpRequest& req) {
+HttpResponse Api::keysRoute(const HttpRequest& req, const Principal& principal) {
+  if (!principal.master) {
+    return errorResponse({403, "forbidden", "only the master token manages API keys", ""});
+  }
+  std::string id = pathSegment(req.path, 2);
+  if (!id.empty()) {
+    if (!pathSegment(req.path, 3).empty()) return errorResponse({404, "not_found", "no such endpoint: " + req.path, ""});
+    if (req.method != "DELETE") return errorResponse({405, "method_not_allowed", "use DELETE", ""});
+    Status s = keys_.revoke(id);
+    if (!s.ok()) return errorResponse({404, "not_found", "no active key " + id, ""});
+    HttpResponse r;
+    r.status = 204;
+    return r;
+  }
+  auto keyJson = [](const store::ApiKeyRecord& k) {
+    json j = {{"id", k.id}, {"name", k.name}, {"scopes", k.scopes}, {"created_at", timestamp(k.createdAtMs)},
+              {"revoked", k.revokedAtMs != 0}};
+    return j;
+  };
+  if (req.method == "GET") {
+    auto list = keys_.list();
+    if (!list.ok()) return errorResponse(fromError(list.error()));
+    json arr = json::array();
+    for (const auto& k : list.value()) arr.push_back(keyJson(k));
+    return respond(200, {{"keys", arr}});
+  }
+  if (req.method != "POST") return errorResponse({405, "method_not_allowed", "use GET or POST", ""});
+  ApiError perr{};
+  auto body = parseObject(req.body, perr);
+  if (!body.ok()) return errorResponse(perr);
+  const json& j = body.value();
+  if (auto e = onlyFields(j, {"name", "scopes"}, "")) return errorResponse(*e);
+  std::string name;
+  if (j.contains("name")) {
+    if (!j["name"].is_string() || j["name"].get<std::string>().size() > 128) {
+      return errorResponse(invalid("name", "must be a string of at most 128 bytes"));
+    }
+    name = j["name"];
+  }
+  if (!j.contains("scopes") || !j["scopes"].is_array() || j["scopes"].empty()) {
+    return errorResponse(invalid("scopes", "required: a non-empty array of scope names"));
+  }
+  std::vector<std::string> scopes;
+  for (size_t i = 0; i < j["scopes"].size(); ++i) {
+    const json& s = j["scopes"][i];
+    const auto& known = knownScopes();
+    if (!s.is_string() || std::find(known.begin(), known.end(), s.get<std::string>()) == known.end()) {
+      return errorResponse(invalid("scopes[" + std::to_string(i) + "]",
+                                   "unknown scope (create, read, exec, files, destroy, timeout)"));
+    }
+    if (std::find(scopes.begin(), scopes.end(), s.get<std::string>()) == scopes.end()) scopes.push_back(s);
+  }
+  auto created = keys_.create(name, scopes);
+  if (!created.ok()) return errorResponse(fromError(created.error()));
+  json out = keyJson(created->record);
+  out["token"] = created->token;
+  return respond(201, out);
+}
+
+HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
   const std::string& p = req.path;
+  auto forbidden = [](const std::string& scope) {
+    return errorResponse({403, "forbidden", "this key lacks the '" + scope + "' scope", ""});
+  };
   if (p == "/metrics") {
     if (req.method != "GET") return errorResponse({405, "method_not_allowed", "use GET", ""});
+    if (!principal.may("read")) return forbidden("read");
     return metrics();
   }
+  if (p == "/v1/keys" || p.rfind("/v1/keys/", 0) == 0) return keysRoute(req, principal);
   if (p.rfind("/v1/environments", 0) != 0) {
     return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
   }
@@ -317,7 +386,9 @@ HttpResponse Api::route(const HttpRequest& req) {
   if (id.empty()) {
     if (p != "/v1/environments" && p != "/v1/environments/") return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
     if (req.method == "GET") {
+      if (!principal.may("read")) return forbidden("read");
       store::EnvironmentFilter filter;
+      if (!principal.master) filter.owner = principal.keyId;
       for (const auto& [k, v] : req.queryAll) {
         if (k == "task_id") {
           filter.taskId = v;
@@ -338,11 +409,13 @@ HttpResponse Api::route(const HttpRequest& req) {
       return respond(200, {{"environments", arr}});
     }
     if (req.method != "POST") return wrongMethod("GET or POST");
+    if (!principal.may("create")) return forbidden("create");
     auto body = parseObject(req.body, perr);
     if (!body.ok()) return errorResponse(perr);
     const json& j = body.value();
     if (auto e = onlyFields(j, {"task_id", "template", "spec", "ttl_s", "labels", "env"}, "")) return errorResponse(*e);
     manager::CreateRequest create;
+    create.owner = principal.owner();
     if (j.contains("task_id")) {
       if (!j["task_id"].is_string() || j["task_id"].get<std::string>().size() > 256) {
         return errorResponse(invalid("task_id", "must be a string of at most 256 bytes"));
@@ -392,6 +465,17 @@ HttpResponse Api::route(const HttpRequest& req) {
     auto created = manager_.create(create);
     if (!created.ok()) return errorResponse(fromError(created.error()));
     return respond(201, environmentJson(created.value()));
+  }
+
+  // A key acts only on its own environments; others look like they do not exist.
+  std::string scope = sub.empty() ? (req.method == "DELETE" ? "destroy" : "read")
+                                  : sub == "exec" ? "exec" : sub == "timeout" ? "timeout" : "files";
+  if (!principal.may(scope)) return forbidden(scope);
+  if (!principal.master) {
+    auto record = manager_.get(id);
+    if (!record.ok() || record->owner != principal.keyId) {
+      return errorResponse({404, "not_found", "no environment " + id, ""});
+    }
   }
 
   // /v1/environments/{id}

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "api/http.h"
+#include "api/keys.h"
 #include "manager/environment_manager.h"
 
 namespace moat::api {
@@ -16,15 +17,17 @@ namespace moat::api {
 // name the field), and a typed call into the environment manager.
 class Api {
  public:
-  Api(manager::EnvironmentManager& manager, std::string masterToken);
+  Api(manager::EnvironmentManager& manager, Keys& keys, std::string masterToken);
   HttpResponse handle(const HttpRequest& request);
 
  private:
-  HttpResponse route(const HttpRequest& request);
+  HttpResponse route(const HttpRequest& request, const Principal& principal);
+  HttpResponse keysRoute(const HttpRequest& request, const Principal& principal);
   HttpResponse metrics();
   void countError(const std::string& code);
 
   manager::EnvironmentManager& manager_;
+  Keys& keys_;
   std::string masterToken_;
   std::mutex errorsMutex_;
   std::map<std::string, uint64_t> errors_;

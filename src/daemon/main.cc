@@ -10,6 +10,7 @@
 #include "api/api.h"
 #include "api/auth.h"
 #include "api/http.h"
+#include "api/keys.h"
 #include "backend/namespaces/spawner.h"
 #include "common/process_args.h"
 #include "manager/environment_manager.h"
@@ -82,7 +83,8 @@ int main(int argc, char** argv) {
   {
     manager::EnvironmentManager manager(config, *store.value(), *spawner.value());
     manager.recoverAfterRestart();
-    api::Api api(manager, token.value());
+    api::Keys keys(*store.value());
+    api::Api api(manager, keys, token.value());
     api::HttpServer server([&api](const api::HttpRequest& r) { return api.handle(r); });
     if (auto s = server.listenUnix(stateDir + "/moatd.sock"); !s.ok()) return fail(s.error().message());
     if (auto s = server.listenTcp(listen); !s.ok()) return fail(s.error().message());

@@ -64,7 +64,7 @@ void EnvironmentManager::recoverAfterRestart() {
                                                        [this, id] { onInitGone(id); });
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      live_[id] = Live{connection, {}, r.ramMb};
+      live_[id] = Live{connection, r.env, r.ramMb};
       reservedMemoryMb_ += r.ramMb;
     }
     if (r.state != "running") (void)store_.setState(id, "running", "");
@@ -90,6 +90,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   record.storageGb = request.storageGb > 0 ? request.storageGb : config_.defaultStorageGb;
   record.pids = request.pids > 0 ? request.pids : config_.defaultPids;
   record.labels = request.labels;
+  record.env = request.env;
   record.owner = request.owner;
   record.state = "creating";
   record.createdAtMs = nowMs();

@@ -28,6 +28,17 @@ struct EnvironmentRecord {
   int64_t createdAtMs = 0; // unix time, milliseconds
   int64_t expiresAtMs = 0;
   std::string owner;       // who created it: "master" or an API key id
+  std::map<std::string, std::string> env;  // variables every command gets
+};
+
+// A scoped API key. The token itself is never stored: only its SHA-256.
+struct ApiKeyRecord {
+  std::string id;                   // 12 hex digits, also in the token
+  std::string name;
+  std::string tokenHash;            // hex SHA-256 of the whole token
+  std::vector<std::string> scopes;  // create, read, exec, files, destroy, timeout
+  int64_t createdAtMs = 0;
+  int64_t revokedAtMs = 0;          // 0: active
 };
 
 struct EnvironmentFilter {
@@ -51,6 +62,11 @@ class Store {
   virtual Status setExpiry(const std::string& id, int64_t expiresAtMs) = 0;
   // Records in a state other than gone and failed (what a restart must look at).
   virtual Result<std::vector<EnvironmentRecord>> liveEnvironments() = 0;
+
+  virtual Status insertKey(const ApiKeyRecord& key) = 0;  // "conflict" on a duplicate id
+  virtual Result<std::optional<ApiKeyRecord>> getKey(const std::string& id) = 0;
+  virtual Result<std::vector<ApiKeyRecord>> listKeys() = 0;  // newest first, revoked too
+  virtual Status revokeKey(const std::string& id, int64_t atMs) = 0;  // "not_found"
 };
 
 // Opens (creating if needed) the SQLite store at `path`: WAL journal,

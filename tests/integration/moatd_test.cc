@@ -12,6 +12,7 @@
 
 #include "moat_process.h"
 #include "moatd_process.h"
+#include "os/file.h"
 
 namespace moat::test {
 namespace {
@@ -220,6 +221,64 @@ TEST_F(MoatdApi, TtlExpiryDestroysWithAReasonAndTimeoutExtends) {
   EXPECT_EQ(env["state"], "gone");
   EXPECT_EQ(env.value("reason", ""), "expired");
   EXPECT_EQ(call("GET", "/v1/environments/" + extended, nullptr, 200)["state"], "running");
+}
+
+TEST_F(MoatdApi, ScopedKeysTouchOnlyTheirOwnEnvironments) {
+  json agent = call("POST", "/v1/keys", {{"name", "agent"}, {"scopes", {"create", "read", "exec", "files", "destroy"}}}, 201);
+  std::string token = agent["token"];
+  EXPECT_EQ(token.rfind("moat_" + agent["id"].get<std::string>() + "_", 0), 0u);
+  json reader = call("POST", "/v1/keys", {{"name", "reader"}, {"scopes", {"read"}}}, 201);
+  auto as = [&](const std::string& t, const std::string& method, const std::string& target,
+                const std::string& body = "") {
+    return daemon_->request(method, target, body, false, {{"Authorization", "Bearer " + t}});
+  };
+  // The agent key creates and runs commands in its own environment.
+  auto created = as(token, "POST", "/v1/environments", "{}");
+  ASSERT_EQ(created.status, 201) << created.body;
+  std::string mine = json::parse(created.body)["id"];
+  auto ran = as(token, "POST", "/v1/environments/" + mine + "/exec", R"({"cmd":["echo","agent"]})");
+  EXPECT_EQ(ran.status, 200);
+  EXPECT_EQ(json::parse(ran.body)["stdout"], "agent\n");
+  // It cannot see or touch the master's environment: to it, that does not exist.
+  std::string masters = createEnv();
+  EXPECT_EQ(as(token, "GET", "/v1/environments/" + masters).status, 404);
+  EXPECT_EQ(as(token, "POST", "/v1/environments/" + masters + "/exec", R"({"cmd":["true"]})").status, 404);
+  EXPECT_EQ(as(token, "DELETE", "/v1/environments/" + masters).status, 404);
+  json listed = json::parse(as(token, "GET", "/v1/environments").body);
+  ASSERT_EQ(listed["environments"].size(), 1u);
+  EXPECT_EQ(listed["environments"][0]["id"], mine);
+  // Scopes hold: the read-only key cannot create or exec, and no key manages keys.
+  std::string readToken = reader["token"];
+  auto denied = as(readToken, "POST", "/v1/environments", "{}");
+  EXPECT_EQ(denied.status, 403);
+  EXPECT_NE(denied.body.find("'create'"), std::string::npos);
+  EXPECT_EQ(as(token, "POST", "/v1/keys", R"({"scopes":["read"]})").status, 403);
+  // The store keeps only a hash of each token.
+  auto db = os::readFile(daemon_->stateDir() + "/moat.db", 64u << 20);
+  auto wal = os::readFile(daemon_->stateDir() + "/moat.db-wal", 64u << 20);
+  std::string secret = token.substr(18);
+  EXPECT_EQ(db.value().find(secret), std::string::npos);
+  EXPECT_EQ(wal.ok() ? wal.value().find(secret) : std::string::npos, std::string::npos);
+  // Revoked keys are refused; forged ones too.
+  EXPECT_EQ(daemon_->request("DELETE", "/v1/keys/" + agent["id"].get<std::string>()).status, 204);
+  auto revoked = as(token, "GET", "/v1/environments");
+  EXPECT_EQ(revoked.status, 401);
+  EXPECT_NE(revoked.body.find("revoked"), std::string::npos);
+  std::string forged = token;
+  forged.back() = forged.back() == 'a' ? 'b' : 'a';
+  EXPECT_EQ(as(forged, "GET", "/v1/environments").status, 401);
+  json keys = call("GET", "/v1/keys", nullptr, 200);
+  EXPECT_EQ(keys["keys"].size(), 2u);
+  EXPECT_EQ(keys.dump().find(secret), std::string::npos) << "tokens are shown once";
+  EXPECT_EQ(daemon_->request("POST", "/v1/keys", R"({"scopes":["root"]})").status, 400);
+}
+
+TEST_F(MoatdApi, EnvironmentVariablesFromCreateSurviveARestart) {
+  std::string id = createEnv({{"env", {{"PROJECT", "moat"}}}});
+  EXPECT_EQ(exec(id, {{"cmd", {"sh", "-c", "echo $PROJECT"}}})["stdout"], "moat\n");
+  daemon_->kill9();
+  daemon_->restart();
+  EXPECT_EQ(exec(id, {{"cmd", {"sh", "-c", "echo $PROJECT"}}})["stdout"], "moat\n");
 }
 
 TEST_F(MoatdApi, AKilledMoatdLosesNothingTheNextOneReattaches) {

@@ -37,6 +37,17 @@ CREATE INDEX environments_state ON environments (state);
 CREATE INDEX environments_task_id ON environments (task_id);
 CREATE INDEX environments_owner ON environments (owner);
 )sql"},
+    Migration{2, R"sql(
+ALTER TABLE environments ADD COLUMN env TEXT NOT NULL DEFAULT '{}';  -- JSON object
+CREATE TABLE api_keys (
+  id             TEXT PRIMARY KEY NOT NULL,
+  name           TEXT NOT NULL DEFAULT '',
+  token_hash     TEXT NOT NULL,
+  scopes         TEXT NOT NULL DEFAULT '[]',  -- JSON array of scope names
+  created_at_ms  INTEGER NOT NULL DEFAULT 0,
+  revoked_at_ms  INTEGER NOT NULL DEFAULT 0
+);
+)sql"},
 };
 
 inline constexpr int kSchemaVersion = kMigrations.back().version;

@@ -210,7 +210,7 @@ Result<std::map<std::string, std::string>> decodeLabels(const std::string& text,
 
 constexpr std::string_view kSelectEnvironments =
     "SELECT id, task_id, template, cpus, ram_mb, storage_gb, pids, labels, state, reason,"
-    " created_at_ms, expires_at_ms, owner FROM environments";
+    " created_at_ms, expires_at_ms, owner, env FROM environments";
 constexpr std::string_view kNewestFirst = " ORDER BY created_at_ms DESC, id";
 
 // Reads the current row of a statement that selected kSelectEnvironments.
@@ -224,6 +224,7 @@ Result<EnvironmentRecord> readEnvironment(const Statement& stmt) {
   record.storageGb = stmt.real(5);
   record.pids = static_cast<uint64_t>(stmt.integer(6));
   MOAT_ASSIGN(record.labels, decodeLabels(stmt.text(7), record.id));
+  MOAT_ASSIGN(record.env, decodeLabels(stmt.text(13), record.id));
   record.state = stmt.text(8);
   record.reason = stmt.text(9);
   record.createdAtMs = stmt.integer(10);
@@ -298,20 +299,21 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const std::string& path) 
 Status SqliteStore::insertEnvironment(const EnvironmentRecord& record) {
   const std::string what = "insert environment " + record.id;
   MOAT_ASSIGN(std::string labels, encodeLabels(record.labels, what));
+  MOAT_ASSIGN(std::string env, encodeLabels(record.env, what));
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
               Statement::prepare(db_.get(),
                                  "INSERT INTO environments (id, task_id, template, cpus, ram_mb,"
                                  " storage_gb, pids, labels, state, reason, created_at_ms,"
-                                 " expires_at_ms, owner)"
-                                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 " expires_at_ms, owner, env)"
+                                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                  what));
   // The unsigned counts are stored as their 64-bit pattern and read back the
   // same way, so every value round-trips.
   MOAT_TRY(stmt.bindAll(record.id, record.taskId, record.templateName, record.cpus,
                         static_cast<int64_t>(record.ramMb), record.storageGb,
                         static_cast<int64_t>(record.pids), labels, record.state, record.reason,
-                        record.createdAtMs, record.expiresAtMs, record.owner));
+                        record.createdAtMs, record.expiresAtMs, record.owner, env));
   return stmt.run();
 }
 
@@ -410,6 +412,83 @@ Result<std::vector<EnvironmentRecord>> SqliteStore::liveEnvironments() {
                                                      std::string(kNewestFirst),
                                                  "list live environments"));
   return readEnvironments(stmt);
+}
+
+namespace {
+
+constexpr std::string_view kSelectKeys =
+    "SELECT id, name, token_hash, scopes, created_at_ms, revoked_at_ms FROM api_keys";
+
+Result<ApiKeyRecord> readKey(const Statement& stmt) {
+  ApiKeyRecord key;
+  key.id = stmt.text(0);
+  key.name = stmt.text(1);
+  key.tokenHash = stmt.text(2);
+  auto scopes = nlohmann::json::parse(stmt.text(3), nullptr, false);
+  if (!scopes.is_array()) return Error::make("store", "api key " + key.id + ": stored scopes are not a JSON array");
+  for (const auto& s : scopes) {
+    if (!s.is_string()) return Error::make("store", "api key " + key.id + ": a scope is not a string");
+    key.scopes.push_back(s.get<std::string>());
+  }
+  key.createdAtMs = stmt.integer(4);
+  key.revokedAtMs = stmt.integer(5);
+  return key;
+}
+
+}  // namespace
+
+Status SqliteStore::insertKey(const ApiKeyRecord& key) {
+  const std::string what = "insert api key " + key.id;
+  std::string scopes = nlohmann::json(key.scopes).dump();
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt,
+              Statement::prepare(db_.get(),
+                                 "INSERT INTO api_keys (id, name, token_hash, scopes, created_at_ms,"
+                                 " revoked_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
+                                 what));
+  MOAT_TRY(stmt.bindAll(key.id, key.name, key.tokenHash, scopes, key.createdAtMs, key.revokedAtMs));
+  return stmt.run();
+}
+
+Result<std::optional<ApiKeyRecord>> SqliteStore::getKey(const std::string& id) {
+  const std::string what = "get api key " + id;
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt,
+              Statement::prepare(db_.get(), std::string(kSelectKeys) + " WHERE id = ?", what));
+  MOAT_TRY(stmt.bindAll(id));
+  MOAT_ASSIGN(bool row, stmt.step());
+  if (!row) return std::optional<ApiKeyRecord>();
+  MOAT_ASSIGN(ApiKeyRecord key, readKey(stmt));
+  return std::optional<ApiKeyRecord>(std::move(key));
+}
+
+Result<std::vector<ApiKeyRecord>> SqliteStore::listKeys() {
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt,
+              Statement::prepare(db_.get(),
+                                 std::string(kSelectKeys) + " ORDER BY created_at_ms DESC, id",
+                                 "list api keys"));
+  std::vector<ApiKeyRecord> keys;
+  while (true) {
+    MOAT_ASSIGN(bool row, stmt.step());
+    if (!row) break;
+    MOAT_ASSIGN(ApiKeyRecord key, readKey(stmt));
+    keys.push_back(std::move(key));
+  }
+  return keys;
+}
+
+Status SqliteStore::revokeKey(const std::string& id, int64_t atMs) {
+  const std::string what = "revoke api key " + id;
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt,
+              Statement::prepare(db_.get(),
+                                 "UPDATE api_keys SET revoked_at_ms = ? WHERE id = ? AND revoked_at_ms = 0",
+                                 what));
+  MOAT_TRY(stmt.bindAll(atMs, id));
+  MOAT_TRY(stmt.run());
+  if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such active key");
+  return {};
 }
 
 }  // namespace moat::store::sqlite

@@ -29,6 +29,10 @@ class SqliteStore final : public Store {
                   const std::string& reason) override;
   Status setExpiry(const std::string& id, int64_t expiresAtMs) override;
   Result<std::vector<EnvironmentRecord>> liveEnvironments() override;
+  Status insertKey(const ApiKeyRecord& key) override;
+  Result<std::optional<ApiKeyRecord>> getKey(const std::string& id) override;
+  Result<std::vector<ApiKeyRecord>> listKeys() override;
+  Status revokeKey(const std::string& id, int64_t atMs) override;
 
  private:
   explicit SqliteStore(DbPtr db) : db_(std::move(db)) {}

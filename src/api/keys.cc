@@ -1,0 +1,89 @@
+#include "api/keys.h"
+
+#include <openssl/evp.h>
+#include <sys/random.h>
+
+#include <chrono>
+
+#include "api/auth.h"
+
+namespace moat::api {
+namespace {
+
+std::string randomHex(size_t bytes) {
+  std::string raw(bytes, '\0');
+  if (::getrandom(raw.data(), bytes, 0) != static_cast<ssize_t>(bytes)) return "";
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : raw) {
+    out.push_back(hex[b >> 4]);
+    out.push_back(hex[b & 15]);
+  }
+  return out;
+}
+
+int64_t nowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+const std::vector<std::string>& knownScopes() {
+  static const std::vector<std::string> scopes = {"create", "read", "exec", "files", "destroy", "timeout"};
+  return scopes;
+}
+
+std::string sha256Hex(const std::string& data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr);
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned int i = 0; i < length; ++i) {
+    out.push_back(hex[digest[i] >> 4]);
+    out.push_back(hex[digest[i] & 15]);
+  }
+  return out;
+}
+
+Result<Keys::Created> Keys::create(const std::string& name, const std::vector<std::string>& scopes) {
+  Created created;
+  created.record.id = randomHex(6);
+  std::string secret = randomHex(32);
+  if (created.record.id.empty() || secret.empty()) return Error::fromErrno("getrandom");
+  created.token = "moat_" + created.record.id + "_" + secret;
+  created.record.name = name;
+  created.record.tokenHash = sha256Hex(created.token);
+  created.record.scopes = scopes;
+  created.record.createdAtMs = nowMs();
+  MOAT_TRY(store_.insertKey(created.record));
+  return created;
+}
+
+Result<std::vector<store::ApiKeyRecord>> Keys::list() { return store_.listKeys(); }
+
+Status Keys::revoke(const std::string& id) { return store_.revokeKey(id, nowMs()); }
+
+Result<Principal> Keys::authenticate(const std::string& token) {
+  // moat_<12 hex id>_<64 hex secret>
+  if (token.size() != 5 + 12 + 1 + 64 || token.compare(0, 5, "moat_") != 0 || token[17] != '_') {
+    return Error::make("unauthorized", "invalid token");
+  }
+  std::string id = token.substr(5, 12);
+  auto key = store_.getKey(id);
+  if (!key.ok()) return key.error();
+  // Hash either way, so an unknown id costs what a wrong secret does.
+  std::string hash = sha256Hex(token);
+  if (!key.value() || !constantTimeEquals(hash, key.value()->tokenHash)) {
+    return Error::make("unauthorized", "invalid token");
+  }
+  if (key.value()->revokedAtMs != 0) return Error::make("unauthorized", "this key was revoked");
+  Principal p;
+  p.keyId = id;
+  p.scopes.insert(key.value()->scopes.begin(), key.value()->scopes.end());
+  return p;
+}
+
+}  // namespace moat::api

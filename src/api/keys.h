@@ -1,0 +1,46 @@
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "store/store.h"
+
+namespace moat::api {
+
+// Who is calling: the master token, or a scoped API key.
+struct Principal {
+  bool master = false;
+  std::string keyId;            // for keys
+  std::set<std::string> scopes; // for keys
+  std::string owner() const { return master ? "master" : keyId; }
+  bool may(const std::string& scope) const { return master || scopes.count(scope) > 0; }
+};
+
+// The scopes a key can hold, one per kind of operation.
+const std::vector<std::string>& knownScopes();
+
+// Scoped API keys: tokens are "moat_<id>_<secret>"; only their SHA-256 is
+// stored, and checking one compares hashes in constant time. A key sees and
+// touches only the environments it created.
+class Keys {
+ public:
+  explicit Keys(store::Store& store) : store_(store) {}
+  struct Created {
+    store::ApiKeyRecord record;
+    std::string token;  // shown once
+  };
+  Result<Created> create(const std::string& name, const std::vector<std::string>& scopes);
+  Result<std::vector<store::ApiKeyRecord>> list();
+  Status revoke(const std::string& id);
+  // Error code "unauthorized" for anything but an active key's exact token.
+  Result<Principal> authenticate(const std::string& token);
+
+ private:
+  store::Store& store_;
+};
+
+std::string sha256Hex(const std::string& data);
+
+}  // namespace moat::api
