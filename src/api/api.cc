@@ -164,6 +164,43 @@ std::optional<ApiError> absolutePath(const json& j, const std::string& field, st
   return std::nullopt;
 }
 
+// Query parameters are checked like body fields: unknown ones are errors.
+std::optional<ApiError> onlyQuery(const HttpRequest& req, std::initializer_list<const char*> allowed) {
+  for (const auto& [k, v] : req.queryAll) {
+    bool known = false;
+    for (const char* a : allowed) known |= k == a;
+    if (!known) return ApiError{400, "unknown_field", "unknown query parameter " + k, k};
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> queryNumber(const HttpRequest& req, const char* name, uint64_t max, int base,
+                                    uint64_t& out) {
+  auto it = req.query.find(name);
+  if (it == req.query.end()) return std::nullopt;
+  const std::string& v = it->second;
+  const char* digits = base == 8 ? "01234567" : "0123456789";
+  if (v.empty() || v.size() > 16 || v.find_first_not_of(digits) != std::string::npos) {
+    return invalid(name, base == 8 ? "must be an octal number" : "must be a whole number");
+  }
+  out = std::strtoull(v.c_str(), nullptr, base);
+  if (out > max) return invalid(name, "out of range");
+  return std::nullopt;
+}
+
+std::optional<ApiError> queryFlag(const HttpRequest& req, const char* name, bool& out) {
+  auto it = req.query.find(name);
+  if (it == req.query.end()) return std::nullopt;
+  if (it->second == "1" || it->second == "true") {
+    out = true;
+  } else if (it->second == "0" || it->second == "false") {
+    out = false;
+  } else {
+    return invalid(name, "must be 1, 0, true or false");
+  }
+  return std::nullopt;
+}
+
 std::string pathSegment(const std::string& path, size_t index) {
   size_t start = 0;
   for (size_t i = 0; i <= index; ++i) {
@@ -478,6 +515,10 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     }
   }
 
+  if (sub != "files") {
+    if (auto e = onlyQuery(req, {})) return errorResponse(*e);
+  }
+
   // /v1/environments/{id}
   if (sub.empty()) {
     if (req.method == "GET") {
@@ -638,30 +679,39 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     if (subsub.empty()) {
       if (auto e = pathParam()) return errorResponse(*e);
       if (req.method == "GET") {
+        if (auto e = onlyQuery(req, {"path", "offset", "length"})) return errorResponse(*e);
         f.op = init::FileOp::kRead;
-        if (req.query.count("offset")) f.offset = std::strtoull(req.query.at("offset").c_str(), nullptr, 10);
-        if (req.query.count("length")) f.length = std::strtoull(req.query.at("length").c_str(), nullptr, 10);
+        if (auto e = queryNumber(req, "offset", 1ULL << 53, 10, f.offset)) return errorResponse(*e);
+        if (auto e = queryNumber(req, "length", 1ULL << 53, 10, f.length)) return errorResponse(*e);
         return fileCall(f);
       }
       if (req.method == "PUT") {
         f.op = init::FileOp::kWrite;
         f.data = req.body;
         f.flags = init::kFileCreateParents;
-        if (req.query.count("append") && req.query.at("append") == "1") f.flags |= init::kFileAppend;
-        f.mode = 0644;
-        if (req.query.count("mode")) f.mode = static_cast<uint32_t>(std::strtoul(req.query.at("mode").c_str(), nullptr, 8)) & 0777;
+        if (auto e = onlyQuery(req, {"path", "append", "mode"})) return errorResponse(*e);
+        bool append = false;
+        if (auto e = queryFlag(req, "append", append)) return errorResponse(*e);
+        if (append) f.flags |= init::kFileAppend;
+        uint64_t mode = 0644;
+        if (auto e = queryNumber(req, "mode", 0777, 8, mode)) return errorResponse(*e);
+        f.mode = static_cast<uint32_t>(mode);
         if (f.data.size() > (16u << 20)) return errorResponse({413, "too_large", "files over 16 MiB: write in parts with append=1", ""});
         return fileCall(f);
       }
       if (req.method == "DELETE") {
         f.op = init::FileOp::kRemove;
-        if (req.query.count("recursive") && req.query.at("recursive") == "1") f.flags = init::kFileRecursive;
+        if (auto e = onlyQuery(req, {"path", "recursive"})) return errorResponse(*e);
+        bool recursive = false;
+        if (auto e = queryFlag(req, "recursive", recursive)) return errorResponse(*e);
+        if (recursive) f.flags = init::kFileRecursive;
         return fileCall(f);
       }
       return wrongMethod("GET, PUT or DELETE");
     }
     if (subsub == "list" || subsub == "stat") {
       if (req.method != "GET") return wrongMethod("GET");
+      if (auto e = onlyQuery(req, {"path"})) return errorResponse(*e);
       if (auto e = pathParam()) return errorResponse(*e);
       f.op = subsub == "list" ? init::FileOp::kList : init::FileOp::kStat;
       return fileCall(f);
@@ -677,7 +727,10 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
         if (auto e = absolutePath(j["path"], "path", f.path)) return errorResponse(*e);
         f.op = init::FileOp::kMkdir;
         f.mode = 0755;
-        if (j.contains("parents") && j["parents"].is_boolean() && j["parents"].get<bool>()) f.flags = init::kFileCreateParents;
+        if (j.contains("parents")) {
+          if (!j["parents"].is_boolean()) return errorResponse(invalid("parents", "must be true or false"));
+          if (j["parents"].get<bool>()) f.flags = init::kFileCreateParents;
+        }
         return fileCall(f);
       }
       if (auto e = onlyFields(j, {"from", "to"}, "")) return errorResponse(*e);

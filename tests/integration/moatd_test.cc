@@ -150,6 +150,18 @@ TEST_F(MoatdApi, FilesRoundTripAndStayInsideTheEnvironment) {
   EXPECT_EQ(shadow.body, "") << "the environment's shadow is empty; the host's is not";
   auto relative = daemon_->request("GET", base + "?path=etc/passwd");
   EXPECT_EQ(relative.status, 400);
+  // Query parameters are validated like body fields.
+  auto unknown = daemon_->request("GET", base + "/stat?path=/workspace/b.txt&bogus=1");
+  EXPECT_EQ(unknown.status, 400);
+  EXPECT_EQ(json::parse(unknown.body)["error"]["field"], "bogus");
+  EXPECT_EQ(daemon_->request("PUT", base + "?path=/workspace/m&mode=9999", "x").status, 400);
+  EXPECT_EQ(daemon_->request("PUT", base + "?path=/workspace/m&mode=4755", "x").status, 400);
+  EXPECT_EQ(daemon_->request("GET", base + "?path=/workspace/b.txt&offset=abc").status, 400);
+  EXPECT_EQ(daemon_->request("PUT", base + "?path=/workspace/b.txt&append=true", " more").status, 200);
+  EXPECT_EQ(daemon_->request("GET", base + "?path=/workspace/b.txt&offset=6&length=4").body, "file");
+  EXPECT_EQ(daemon_->request("GET", base + "?path=/workspace/b.txt").body, "hello file more");
+  EXPECT_EQ(daemon_->request("POST", base + "/mkdir", R"({"path":"/workspace/x/y","parents":"yes"})").status, 400);
+  EXPECT_EQ(daemon_->request("GET", "/v1/environments/" + id + "?verbose=1").status, 400);
   auto ro = daemon_->request("PUT", base + "?path=/usr/bin/evil", "x");
   EXPECT_NE(ro.status, 200);
 }
