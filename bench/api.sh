@@ -2,6 +2,8 @@
 # moatd API benchmark: starts moatd on a scratch state directory, runs
 # moat-api-bench against its unix socket, stops moatd (which destroys what is
 # left), and removes the state. Usage: bench/api.sh [BIN_DIR] [ROUNDS]
+# With WARM=N, moatd keeps N environments ready and creates ask for the
+# default spec, so they are claims.
 set -euo pipefail
 bin=${1:-build/bin}
 rounds=${2:-200}
@@ -12,9 +14,14 @@ cleanup() {
   rm -rf "$state"
 }
 trap cleanup EXIT
-MOAT_STORAGE_GB=8 "$bin/moatd" --state "$state" --listen 127.0.0.1:0 2>"$state.log" &
+MOAT_STORAGE_GB=8 "$bin/moatd" --state "$state" --listen 127.0.0.1:0 --warm-pool "${WARM:-0}" 2>"$state.log" &
 pid=$!
 for _ in $(seq 200); do [ -S "$state/moatd.sock" ] && [ -s "$state/master-token" ] && break; sleep 0.05; done
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -r) $(nproc) cpus, $rounds rounds"
-"$bin/moat-api-bench" "$state/moatd.sock" "$(cat "$state/master-token")" "$rounds"
+if [ "${WARM:-0}" -gt 0 ]; then
+  sleep 1  # the pool fills
+  "$bin/moat-api-bench" "$state/moatd.sock" "$(cat "$state/master-token")" "$rounds" '{}'
+else
+  "$bin/moat-api-bench" "$state/moatd.sock" "$(cat "$state/master-token")" "$rounds"
+fi
 rm -f "$state.log"

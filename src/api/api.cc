@@ -752,6 +752,10 @@ HttpResponse Api::metrics() {
   for (const char* state : {"creating", "running", "destroying", "failed"}) {
     out << "moat_environments{state=\"" << state << "\"} " << counters.byState[state] << "\n";
   }
+  out << "# HELP moat_warm_pool_ready Warm environments ready to be claimed.\n# TYPE moat_warm_pool_ready gauge\n";
+  out << "moat_warm_pool_ready " << counters.warmReady << "\n";
+  out << "# HELP moat_warm_pool_claims_total Creates served from the warm pool.\n# TYPE moat_warm_pool_claims_total counter\n";
+  out << "moat_warm_pool_claims_total " << counters.warmClaims << "\n";
   out << "# HELP moat_exec_total Commands run through the exec API.\n# TYPE moat_exec_total counter\n";
   out << "moat_exec_total " << execCount_.load() << "\n";
   out << "# HELP moat_exec_duration_seconds Exec latency.\n# TYPE moat_exec_duration_seconds histogram\n";

@@ -7,5 +7,8 @@ namespace moat::cli {
 
 // Each subcommand takes the arguments after its name and returns the exit code.
 int runCommand(const std::vector<std::string>& args);
+// The moatd client commands (src/cli/client.h finds moatd and its token).
+int envCommand(const std::vector<std::string>& args);
+int execCommand(const std::vector<std::string>& args);
 
 }  // namespace moat::cli

@@ -13,9 +13,14 @@ constexpr const char* kUsage = R"(usage: moat COMMAND [ARGS...]
 
 commands:
   run       run one command in a fresh isolated environment (moat run --help)
+  env       create, list, inspect and remove moatd's environments
+            (moat env create|ls|get|rm, see moat env --help)
+  exec      run a command in one of moatd's environments (moat exec --help)
   version   print the version
 
-Environment: MOAT_STATE (state directory, default /var/lib/moat).
+Environment: MOAT_STATE (state directory, default /var/lib/moat); for env and
+exec also MOAT_URL (moatd's address, default unix:<state>/moatd.sock) and
+MOAT_TOKEN (default: the file <state>/master-token).
 )";
 
 }  // namespace
@@ -30,6 +35,8 @@ int main(int argc, char** argv) {
   std::string command = args[0];
   args.erase(args.begin());
   if (command == "run") return moat::cli::runCommand(args);
+  if (command == "env") return moat::cli::envCommand(args);
+  if (command == "exec") return moat::cli::execCommand(args);
   if (command == "version" || command == "--version") {
     std::puts("moat " MOAT_VERSION);
     return 0;

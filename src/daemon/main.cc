@@ -23,6 +23,7 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
 
   --state DIR         state directory (default $MOAT_STATE or /var/lib/moat)
   --listen HOST:PORT  TCP address (default 127.0.0.1:7070; port 0 picks one)
+  --warm-pool N       keep N environments of the default spec ready (default 0)
 
 Always also serves <state>/moatd.sock. The master token is <state>/master-token.
 SIGTERM/SIGINT stop moatd and destroy its environments. SIGUSR1 stops moatd
@@ -43,10 +44,17 @@ int main(int argc, char** argv) {
   const char* stateEnv = std::getenv("MOAT_STATE");
   std::string stateDir = stateEnv && *stateEnv ? stateEnv : "/var/lib/moat";
   std::string listen = "127.0.0.1:7070";
+  size_t warmPool = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if ((a == "--state" || a == "--listen") && i + 1 < argc) {
       (a == "--state" ? stateDir : listen) = argv[++i];
+    } else if (a == "--warm-pool" && i + 1 < argc) {
+      std::string v = argv[++i];
+      if (v.empty() || v.size() > 4 || v.find_first_not_of("0123456789") != std::string::npos) {
+        return fail("--warm-pool needs a number from 0 to 9999");
+      }
+      warmPool = std::stoul(v);
     } else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
@@ -79,6 +87,7 @@ int main(int argc, char** argv) {
 
   manager::ManagerConfig config;
   config.stateDir = stateDir;
+  config.warmPoolSize = warmPool;
   bool stopEverything = false;
   {
     manager::EnvironmentManager manager(config, *store.value(), *spawner.value());

@@ -2,6 +2,7 @@
 
 #include <sys/sysinfo.h>
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 
@@ -80,6 +81,43 @@ void EnvironmentManager::detach() {
   detached_ = true;
 }
 
+backend::namespaces::EnvironmentSpec EnvironmentManager::poolSpec() const {
+  backend::namespaces::EnvironmentSpec spec;
+  spec.stateDir = config_.stateDir;
+  spec.templateName = "host";
+  spec.cpus = config_.defaultCpus;
+  spec.memoryMb = config_.defaultRamMb;
+  spec.pids = config_.defaultPids;
+  spec.storageGb = config_.defaultStorageGb;
+  spec.initMode = backend::namespaces::InitMode::kExec;
+  return spec;
+}
+
+void EnvironmentManager::refillPool() {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_ || detached_ || pool_.size() + poolCreating_ >= config_.warmPoolSize) return;
+      if (live_.size() + pool_.size() + creating_ + poolCreating_ >= config_.maxEnvironments ||
+          reservedMemoryMb_ + config_.defaultRamMb > config_.maxTotalMemoryMb) {
+        return;  // real requests come first
+      }
+      ++poolCreating_;
+      reservedMemoryMb_ += config_.defaultRamMb;
+    }
+    auto created = spawner_.create(poolSpec());
+    std::lock_guard<std::mutex> lock(mutex_);
+    --poolCreating_;
+    if (!created.ok()) {
+      reservedMemoryMb_ -= config_.defaultRamMb;
+      return;  // try again on the next round
+    }
+    std::string id = created->id;
+    pool_.push_back(Ready{id, std::make_shared<InitConnection>(std::move(created->control),
+                                                              [this, id] { onInitGone(id); })});
+  }
+}
+
 Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest& request) {
   store::EnvironmentRecord record;
   record.id = backend::namespaces::newEnvironmentId();
@@ -96,9 +134,33 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   record.createdAtMs = nowMs();
   int64_t ttl = request.ttlS > 0 ? request.ttlS : config_.defaultTtlS;
   record.expiresAtMs = record.createdAtMs + ttl * 1000;
+  // A warm environment of exactly this template and spec: a claim.
+  if (record.templateName == "host" && record.cpus == config_.defaultCpus &&
+      record.ramMb == config_.defaultRamMb && record.storageGb == config_.defaultStorageGb &&
+      record.pids == config_.defaultPids) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!pool_.empty()) {
+      Ready ready = std::move(pool_.back());
+      pool_.pop_back();
+      ++warmClaims_;
+      lock.unlock();
+      record.id = ready.id;
+      record.state = "running";
+      Status stored = store_.insertEnvironment(record);
+      lock.lock();
+      if (!stored.ok()) {
+        pool_.push_back(std::move(ready));
+        return stored.error();
+      }
+      live_[record.id] = Live{ready.connection, request.env, record.ramMb};
+      lock.unlock();
+      reaperCv_.notify_all();  // refill
+      return record;
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (live_.size() + creating_ >= config_.maxEnvironments) {
+    if (live_.size() + pool_.size() + creating_ >= config_.maxEnvironments) {
       return Error::make("capacity", "at capacity: " + std::to_string(config_.maxEnvironments) +
                                          " environments exist");
     }
@@ -241,9 +303,16 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
 
 void EnvironmentManager::destroyAll(const std::string& reason) {
   std::vector<std::string> ids;
+  std::vector<Ready> ready;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& [id, live] : live_) ids.push_back(id);
+    ready = std::move(pool_);
+    pool_.clear();
+  }
+  for (auto& r : ready) {
+    (void)spawner_.destroy(r.id);
+    r.connection.reset();
   }
   for (const auto& id : ids) (void)destroy(id, reason);
 }
@@ -257,7 +326,19 @@ void EnvironmentManager::reaperLoop() {
     for (const auto& [id, live] : live_) ids.push_back(id);
     std::vector<std::string> gone = std::move(initGone_);
     initGone_.clear();
+    // A pool member that died is dropped and destroyed.
+    std::vector<std::string> deadReady;
+    for (const auto& id : gone) {
+      auto it = std::find_if(pool_.begin(), pool_.end(), [&](const Ready& r) { return r.id == id; });
+      if (it != pool_.end()) {
+        pool_.erase(it);
+        reservedMemoryMb_ -= config_.defaultRamMb;
+        deadReady.push_back(id);
+      }
+    }
     lock.unlock();
+    for (const auto& id : deadReady) (void)spawner_.destroy(id);
+    refillPool();
     for (const auto& id : gone) {
       auto record = store_.getEnvironment(id);
       if (record.ok() && record.value() && record.value()->state == "running") {
@@ -278,6 +359,11 @@ void EnvironmentManager::reaperLoop() {
 Counters EnvironmentManager::counters() {
   Counters c;
   c.execs = execs_;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    c.warmReady = pool_.size();
+    c.warmClaims = warmClaims_;
+  }
   auto all = store_.listEnvironments({"", "", {}, ""});
   if (all.ok()) {
     for (const auto& r : all.value()) ++c.byState[r.state];

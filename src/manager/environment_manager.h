@@ -28,6 +28,9 @@ struct ManagerConfig {
   uint64_t defaultRamMb = 1024;
   double defaultStorageGb = 4;
   uint64_t defaultPids = 1024;
+  // Environments of the default spec and the host template kept ready, so
+  // that a create asking for exactly that becomes a claim.
+  size_t warmPoolSize = 0;
 };
 
 struct CreateRequest {
@@ -46,6 +49,8 @@ struct CreateRequest {
 struct Counters {
   std::map<std::string, uint64_t> byState;
   uint64_t execs = 0;
+  uint64_t warmReady = 0;
+  uint64_t warmClaims = 0;
 };
 
 // The lifecycle of moatd's environments: creating -> running -> destroying
@@ -88,6 +93,16 @@ class EnvironmentManager {
                                                        std::map<std::string, std::string>* env);
   void reaperLoop();
   void onInitGone(const std::string& id);
+  void refillPool();
+  backend::namespaces::EnvironmentSpec poolSpec() const;
+
+  struct Ready {
+    std::string id;
+    std::shared_ptr<InitConnection> connection;
+  };
+  std::vector<Ready> pool_;  // guarded by mutex_
+  size_t poolCreating_ = 0;
+  uint64_t warmClaims_ = 0;
 
   ManagerConfig config_;
   store::Store& store_;

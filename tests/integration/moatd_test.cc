@@ -293,6 +293,38 @@ TEST_F(MoatdApi, EnvironmentVariablesFromCreateSurviveARestart) {
   EXPECT_EQ(exec(id, {{"cmd", {"sh", "-c", "echo $PROJECT"}}})["stdout"], "moat\n");
 }
 
+TEST(MoatdWarmPool, CreateClaimsAReadyEnvironmentAndThePoolRefills) {
+  MOAT_REQUIRE_ROOT();
+  Moatd daemon({"--warm-pool", "2"});
+  auto metric = [&](const std::string& name) {
+    auto body = daemon.request("GET", "/metrics").body;
+    auto at = body.find("\n" + name + " ");
+    return at == std::string::npos ? -1 : std::stol(body.substr(at + name.size() + 2));
+  };
+  auto waitReady = [&](long n) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (metric("moat_warm_pool_ready") != n && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return metric("moat_warm_pool_ready");
+  };
+  ASSERT_EQ(waitReady(2), 2);
+  auto created = daemon.request("POST", "/v1/environments", R"({"task_id":"warm","env":{"A":"1"}})");
+  ASSERT_EQ(created.status, 201) << created.body;
+  json env = json::parse(created.body);
+  EXPECT_EQ(env["task_id"], "warm");
+  EXPECT_EQ(metric("moat_warm_pool_claims_total"), 1);
+  std::string id = env["id"];
+  auto r = daemon.request("POST", "/v1/environments/" + id + "/exec",
+                          R"({"cmd":["sh","-c","echo $A $(hostname); ls -A /workspace | wc -l"]})");
+  EXPECT_EQ(json::parse(r.body)["stdout"], "1 " + id + "\n0\n");
+  // A spec other than the pool's is created fresh, not claimed.
+  auto custom = daemon.request("POST", "/v1/environments", R"({"spec":{"ram_mb":300}})");
+  EXPECT_EQ(custom.status, 201);
+  EXPECT_EQ(metric("moat_warm_pool_claims_total"), 1);
+  EXPECT_EQ(waitReady(2), 2) << "the pool refills in the background";
+}
+
 TEST_F(MoatdApi, AKilledMoatdLosesNothingTheNextOneReattaches) {
   std::string id = createEnv();
   std::string files = "/v1/environments/" + id + "/files";

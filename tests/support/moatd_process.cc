@@ -22,7 +22,7 @@ namespace beast = boost::beast;
 namespace http = boost::beast::http;
 namespace asio = boost::asio;
 
-Moatd::Moatd() {
+Moatd::Moatd(std::vector<std::string> extraArgs) : extraArgs_(std::move(extraArgs)) {
   char tmpl[] = "/tmp/moatd-test-XXXXXX";
   stateDir_ = ::mkdtemp(tmpl);
   logPath_ = stateDir_ + ".log";
@@ -38,9 +38,12 @@ void Moatd::start() {
     std::string bin = binDir() + "/moatd";
     std::string storage = "MOAT_STORAGE_GB=8";
     char* envp[] = {storage.data(), nullptr};
-    char* argv[] = {bin.data(), const_cast<char*>("--state"), stateDir_.data(),
-                    const_cast<char*>("--listen"), const_cast<char*>("127.0.0.1:0"), nullptr};
-    ::execve(argv[0], argv, envp);
+    std::vector<std::string> args = {bin, "--state", stateDir_, "--listen", "127.0.0.1:0"};
+    args.insert(args.end(), extraArgs_.begin(), extraArgs_.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execve(argv[0], argv.data(), envp);
     ::_exit(127);
   }
   // Serving when the socket answers /healthz (bounded wait).

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 // A real moatd started by a test, and an HTTP client for it (over its unix
 // socket, as the CLI does by default).
@@ -17,8 +18,9 @@ struct HttpResult {
 
 class Moatd {
  public:
-  // Starts build/bin/moatd on a fresh state directory; waits until it serves.
-  Moatd();
+  // Starts build/bin/moatd on a fresh state directory with `extraArgs`;
+  // waits until it serves.
+  explicit Moatd(std::vector<std::string> extraArgs = {});
   ~Moatd();
   void stop();     // SIGTERM and wait
   void kill9();    // SIGKILL and wait
@@ -39,6 +41,7 @@ class Moatd {
   std::string stateDir_;
   std::string token_;
   std::string logPath_;
+  std::vector<std::string> extraArgs_;
   pid_t pid_ = -1;
 };
 

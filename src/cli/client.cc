@@ -1,0 +1,482 @@
+#include "cli/client.h"
+
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "cli/exit_codes.h"
+#include "os/file.h"
+
+namespace moat::cli {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+namespace asio = boost::asio;
+
+constexpr const char* kDefaultState = "/var/lib/moat";
+// Exec answers carry up to 16 MiB per stream, base64 makes that ~22 MiB.
+constexpr uint64_t kMaxReplyBytes = 256u << 20;
+
+std::string fromEnvironment(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+template <class Stream>
+Result<HttpReply> exchange(Stream& stream, const Endpoint& endpoint, const std::string& method,
+                           const std::string& target, const std::string& body,
+                           const std::string& token) {
+  http::request<http::string_body> req{http::string_to_verb(method), target, 11};
+  req.set(http::field::host, endpoint.transport == Endpoint::Transport::kUnix
+                                 ? std::string("localhost")
+                                 : endpoint.host + ":" + std::to_string(endpoint.port));
+  req.set(http::field::user_agent, "moat-cli");
+  req.set(http::field::authorization, "Bearer " + token);
+  req.keep_alive(false);
+  if (!body.empty() || method == "POST" || method == "PUT") {
+    req.set(http::field::content_type, "application/json");
+    req.body() = body;
+  }
+  req.prepare_payload();
+  beast::error_code ec;
+  http::write(stream, req, ec);
+  if (ec)
+    return Error::make(
+        "io", "sending the request to moatd at " + endpoint.display() + ": " + ec.message());
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(kMaxReplyBytes);
+  http::read(stream, buffer, parser, ec);
+  if (ec) {
+    return Error::make("io",
+                       "reading moatd's answer from " + endpoint.display() + ": " + ec.message());
+  }
+  HttpReply reply;
+  reply.status = parser.get().result_int();
+  reply.body = std::move(parser.get().body());
+  return reply;
+}
+
+Error unreachable(const Endpoint& endpoint, const beast::error_code& ec) {
+  return Error::make("unreachable", "cannot reach moatd at " + endpoint.display() + ": " +
+                                        ec.message() + " (is moatd running?)");
+}
+
+}  // namespace
+
+std::string Endpoint::display() const {
+  if (transport == Transport::kUnix) return "unix:" + path;
+  bool v6 = host.find(':') != std::string::npos;
+  return "http://" + (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+Result<Endpoint> parseEndpoint(const std::string& url) {
+  auto bad = [&](const std::string& why) {
+    return usageError("--url: " + why +
+                      " (expected http://HOST:PORT or unix:/path/to.sock), got '" + url + "'");
+  };
+  Endpoint e;
+  if (url.rfind("unix:", 0) == 0) {
+    e.transport = Endpoint::Transport::kUnix;
+    e.path = url.substr(5);
+    if (e.path.rfind("//", 0) == 0) e.path = e.path.substr(2);  // unix:///path
+    if (e.path.empty() || e.path[0] != '/') return bad("the socket path must be absolute");
+    return e;
+  }
+  if (url.rfind("http://", 0) != 0) {
+    return bad(url.rfind("https://", 0) == 0 ? "moatd serves plain HTTP" : "unknown scheme");
+  }
+  std::string rest = url.substr(7);
+  while (!rest.empty() && rest.back() == '/') rest.pop_back();
+  if (rest.find('/') != std::string::npos) return bad("no path after the port");
+  std::string portText;
+  if (!rest.empty() && rest[0] == '[') {
+    auto close = rest.find(']');
+    if (close == std::string::npos || close + 1 >= rest.size() || rest[close + 1] != ':') {
+      return bad("needs a port");
+    }
+    e.host = rest.substr(1, close - 1);
+    portText = rest.substr(close + 2);
+  } else {
+    auto colon = rest.rfind(':');
+    if (colon == std::string::npos) return bad("needs a port");
+    e.host = rest.substr(0, colon);
+    portText = rest.substr(colon + 1);
+  }
+  if (e.host.empty()) return bad("needs a host");
+  if (portText.empty() || portText.size() > 5 ||
+      portText.find_first_not_of("0123456789") != std::string::npos || std::stoul(portText) == 0 ||
+      std::stoul(portText) > 65535) {
+    return bad("the port must be 1 to 65535");
+  }
+  // No name lookup: moat is linked statically, and glibc's resolver then
+  // needs the very shared libraries static linking avoids.
+  boost::system::error_code ec;
+  if (e.host != "localhost" && (asio::ip::make_address(e.host, ec), ec)) {
+    return bad("HOST must be an IP address or localhost");
+  }
+  e.transport = Endpoint::Transport::kTcp;
+  e.port = static_cast<uint16_t>(std::stoul(portText));
+  return e;
+}
+
+Result<Client> Client::fromOptions(const ConnectionOptions& options) {
+  std::string state = !options.stateDir.empty() ? options.stateDir : fromEnvironment("MOAT_STATE");
+  if (state.empty()) state = kDefaultState;
+  std::string url = !options.url.empty() ? options.url : fromEnvironment("MOAT_URL");
+  Endpoint endpoint;
+  if (url.empty()) {
+    endpoint.path = state + "/moatd.sock";
+  } else {
+    auto parsed = parseEndpoint(url);
+    if (!parsed.ok()) {
+      // The variable, not a flag, may be what is wrong.
+      if (options.url.empty()) return usageError("MOAT_URL" + parsed.error().context.substr(5));
+      return parsed.error();
+    }
+    endpoint = parsed.value();
+  }
+  std::string token = !options.token.empty() ? options.token : fromEnvironment("MOAT_TOKEN");
+  if (!token.empty()) return Client(endpoint, token);
+  std::string tokenFile = state + "/master-token";
+  auto text = os::readFile(tokenFile, 4096);
+  if (!text.ok()) {
+    const Error& e = text.error();
+    std::string why = e.sysErrno != 0 ? std::strerror(e.sysErrno) : e.message();
+    return Client(
+        endpoint,
+        Error::make("no_token", "no token for moatd: pass --token, set MOAT_TOKEN, or make " +
+                                    tokenFile + " readable (" + why + ")"));
+  }
+  token = text.value();
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) {
+    token.pop_back();
+  }
+  if (token.empty()) {
+    return Client(endpoint,
+                  Error::make("no_token", "no token for moatd: " + tokenFile + " is empty"));
+  }
+  return Client(endpoint, token);
+}
+
+Client::Client(Endpoint endpoint, Result<std::string> token)
+    : endpoint_(std::move(endpoint)), token_(std::move(token)) {}
+
+Result<HttpReply> Client::request(const std::string& method, const std::string& target,
+                                  const std::string& body) {
+  try {
+    asio::io_context io;
+    beast::error_code ec;
+    if (endpoint_.transport == Endpoint::Transport::kUnix) {
+      asio::local::stream_protocol::socket socket(io);
+      if (endpoint_.path.size() >= sizeof(sockaddr_un::sun_path)) {
+        return Error::make("unreachable", "cannot reach moatd at " + endpoint_.display() +
+                                              ": the socket path is too long");
+      }
+      socket.connect(asio::local::stream_protocol::endpoint(endpoint_.path), ec);
+      if (ec) return unreachable(endpoint_, ec);
+      if (!token_.ok()) return token_.error();
+      return exchange(socket, endpoint_, method, target, body, token_.value());
+    }
+    asio::ip::tcp::socket socket(io);
+    std::string host = endpoint_.host == "localhost" ? "127.0.0.1" : endpoint_.host;
+    auto address = asio::ip::make_address(host, ec);
+    if (ec) return unreachable(endpoint_, ec);
+    socket.connect(asio::ip::tcp::endpoint(address, endpoint_.port), ec);
+    if (ec) return unreachable(endpoint_, ec);
+    if (!token_.ok()) return token_.error();
+    return exchange(socket, endpoint_, method, target, body, token_.value());
+  } catch (const std::exception& e) {
+    return Error::make("io", "talking to moatd at " + endpoint_.display() + ": " + e.what());
+  }
+}
+
+std::string describeError(const HttpReply& reply) {
+  auto j = nlohmann::json::parse(reply.body, nullptr, false);
+  if (j.is_object() && j.contains("error") && j["error"].is_object()) {
+    const auto& e = j["error"];
+    auto text = [&](const char* key) {
+      return e.contains(key) && e[key].is_string() ? e[key].get<std::string>() : std::string();
+    };
+    std::string message = text("message");
+    std::string code = text("code");
+    std::string field = text("field");
+    if (message.empty()) message = "HTTP " + std::to_string(reply.status);
+    std::string out = message + " (" + (code.empty() ? "error" : code);
+    if (!field.empty()) out += ", field " + field;
+    return out + ")";
+  }
+  std::string body = reply.body.substr(0, 200);
+  for (char& c : body) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return "moatd answered HTTP " + std::to_string(reply.status) + (body.empty() ? "" : ": " + body);
+}
+
+std::string urlEncode(const std::string& s) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(hex[c >> 4]);
+      out.push_back(hex[c & 15]);
+    }
+  }
+  return out;
+}
+
+// The same rules as moatd's (src/api/api.cc), which decides what it will
+// accept as "utf8"; duplicated because moat does not link the daemon.
+bool isValidUtf8(const std::string& s) {
+  size_t i = 0;
+  const size_t n = s.size();
+  while (i < n) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len;
+    uint32_t cp;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > n) return false;
+    for (size_t k = 1; k < len; ++k) {
+      unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
+        (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+std::string base64Encode(const std::string& s) {
+  static const char* table = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((s.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 2 < s.size(); i += 3) {
+    uint32_t v = (static_cast<uint8_t>(s[i]) << 16) | (static_cast<uint8_t>(s[i + 1]) << 8) |
+                 static_cast<uint8_t>(s[i + 2]);
+    for (int k = 3; k >= 0; --k) out.push_back(table[(v >> (6 * k)) & 63]);
+  }
+  if (i < s.size()) {
+    uint32_t v = static_cast<uint8_t>(s[i]) << 16;
+    if (i + 1 < s.size()) v |= static_cast<uint8_t>(s[i + 1]) << 8;
+    out.push_back(table[(v >> 18) & 63]);
+    out.push_back(table[(v >> 12) & 63]);
+    out.push_back(i + 1 < s.size() ? table[(v >> 6) & 63] : '=');
+    out.push_back('=');
+  }
+  return out;
+}
+
+Result<std::string> base64Decode(const std::string& s) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  if (s.size() % 4 != 0) return Error::make("invalid", "base64 length is not a multiple of 4");
+  std::string out;
+  out.reserve(s.size() / 4 * 3);
+  for (size_t i = 0; i < s.size(); i += 4) {
+    int v[4];
+    int pad = 0;
+    for (int k = 0; k < 4; ++k) {
+      char c = s[i + k];
+      if (c == '=' && i + 4 == s.size() && k >= 2) {
+        v[k] = 0;
+        ++pad;
+      } else if (pad > 0 || (v[k] = value(c)) < 0) {
+        return Error::make("invalid", "not base64");
+      }
+    }
+    uint32_t x = (v[0] << 18) | (v[1] << 12) | (v[2] << 6) | v[3];
+    out.push_back(static_cast<char>((x >> 16) & 0xff));
+    if (pad < 2) out.push_back(static_cast<char>((x >> 8) & 0xff));
+    if (pad < 1) out.push_back(static_cast<char>(x & 0xff));
+  }
+  return out;
+}
+
+// --- flags -------------------------------------------------------------------
+
+Error usageError(const std::string& message) { return Error::make("usage", message); }
+
+bool FlagReader::currentIsFlag() const {
+  const std::string& a = current();
+  return a.size() > 1 && a[0] == '-' && a != "--";
+}
+
+Status FlagReader::next() {
+  std::string arg = args_[index_++];
+  hasInline_ = false;
+  inlineValue_.clear();
+  if (arg.compare(0, 2, "--") == 0) {
+    auto eq = arg.find('=');
+    if (eq != std::string::npos) {
+      inlineValue_ = arg.substr(eq + 1);
+      hasInline_ = true;
+      arg = arg.substr(0, eq);
+      if (inlineValue_.empty()) return usageError(arg + " needs a value after '='");
+    }
+  }
+  name_ = arg;
+  return {};
+}
+
+Result<std::string> FlagReader::value() {
+  if (hasInline_) return inlineValue_;
+  if (index_ >= args_.size()) return usageError(name_ + " needs a value");
+  return args_[index_++];
+}
+
+Status FlagReader::noValue() const {
+  if (hasInline_) return usageError(name_ + " takes no value");
+  return {};
+}
+
+std::vector<std::string> FlagReader::rest() const {
+  return std::vector<std::string>(
+      args_.begin() + static_cast<std::ptrdiff_t>(std::min(index_, args_.size())), args_.end());
+}
+
+Status readConnectionFlag(FlagReader& flags, ConnectionOptions& options, bool& matched) {
+  matched = true;
+  const std::string& name = flags.name();
+  if (name == "--url") {
+    MOAT_ASSIGN(options.url, flags.value());
+    MOAT_TRY(parseEndpoint(options.url));
+  } else if (name == "--state") {
+    MOAT_ASSIGN(std::string v, flags.value());
+    if (v.empty() || v[0] != '/') return usageError("--state: must be an absolute path: " + v);
+    options.stateDir = os::normalizePath(v);
+  } else if (name == "--token") {
+    MOAT_ASSIGN(options.token, flags.value());
+  } else {
+    matched = false;
+  }
+  return {};
+}
+
+Result<double> parseNumber(const std::string& flag, const std::string& value) {
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(value.c_str(), &end);
+  if (value.empty() || *end != '\0' || errno != 0 || !std::isfinite(v)) {
+    return usageError(flag + ": '" + value + "' is not a number");
+  }
+  return v;
+}
+
+Result<uint64_t> parseWhole(const std::string& flag, const std::string& value) {
+  if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos) {
+    return usageError(flag + ": '" + value + "' is not a whole number");
+  }
+  if (value.size() > 15) return usageError(flag + ": " + value + " is out of range");
+  return std::strtoull(value.c_str(), nullptr, 10);
+}
+
+Status parseVariable(const std::string& flag, const std::string& value,
+                     std::map<std::string, std::string>& out) {
+  auto eq = value.find('=');
+  std::string name = value.substr(0, eq);
+  bool valid = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0]));
+  for (char c : name) valid = valid && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+  if (!valid) return usageError(flag + ": '" + name + "' is not a valid variable name");
+  if (eq == std::string::npos) {
+    const char* host = std::getenv(name.c_str());
+    if (host == nullptr) return usageError(flag + ": " + name + " is not set on the host");
+    out[name] = host;
+  } else {
+    out[name] = value.substr(eq + 1);
+  }
+  return {};
+}
+
+Status parseLabel(const std::string& flag, const std::string& value,
+                  std::map<std::string, std::string>& out) {
+  auto eq = value.find('=');
+  if (eq == std::string::npos || eq == 0)
+    return usageError(flag + ": expected KEY=VALUE, got '" + value + "'");
+  out[value.substr(0, eq)] = value.substr(eq + 1);
+  return {};
+}
+
+Result<std::string> environmentPath(const std::string& id) {
+  // moatd decodes the path before splitting it, so an encoded '/' would
+  // still name another endpoint.
+  if (id.empty() || id.find('/') != std::string::npos) {
+    return usageError("'" + id + "' is not an environment id");
+  }
+  return "/v1/environments/" + urlEncode(id);
+}
+
+bool writeAll(int fd, const std::string& data) {
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    off += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+int complain(int code, const std::string& message) {
+  std::fprintf(stderr, "moat: %s\n", message.c_str());
+  return code;
+}
+
+int reportFailure(const std::string& command, const Error& error) {
+  if (error.code == "usage") {
+    std::fprintf(stderr, "moat %s: %s\n", command.c_str(), error.message().c_str());
+    return kExitUsage;
+  }
+  return complain(kExitEnvironment, error.message());
+}
+
+const char* connectionUsage() {
+  return R"(connection (every client command):
+  --url URL         moatd's address: http://HOST:PORT or unix:/path/to.sock
+                    (default $MOAT_URL, else unix:<state>/moatd.sock)
+  --token T         API token (default $MOAT_TOKEN, else <state>/master-token)
+  --state DIR       state directory (default $MOAT_STATE or /var/lib/moat)
+)";
+}
+
+}  // namespace moat::cli

@@ -1,0 +1,121 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+// What the moatd client commands (`moat env`, `moat exec`) share: finding
+// moatd and its token, a small synchronous HTTP/1.1 client, moatd's error
+// format, and strict flag parsing in the style of `moat run`.
+namespace moat::cli {
+
+// Where moatd listens: "unix:/path/to.sock" or "http://HOST:PORT".
+struct Endpoint {
+  enum class Transport { kUnix, kTcp };
+  Transport transport = Transport::kUnix;
+  std::string path;  // kUnix
+  std::string host;  // kTcp, without brackets for IPv6
+  uint16_t port = 0;
+  std::string display() const;  // as the user would write it
+};
+
+Result<Endpoint> parseEndpoint(const std::string& url);
+
+struct HttpReply {
+  int status = 0;
+  std::string body;
+};
+
+// Flags every client command takes (--url, --state, --token); empty means
+// "not given", and the environment variables and defaults apply.
+struct ConnectionOptions {
+  std::string url;
+  std::string stateDir;
+  std::string token;
+};
+
+// One request per connection: moatd is local or near, and the CLI makes one
+// or a few calls per run.
+class Client {
+ public:
+  // --url, else $MOAT_URL, else unix:<state>/moatd.sock; --token, else
+  // $MOAT_TOKEN, else <state>/master-token; state is --state, else
+  // $MOAT_STATE, else /var/lib/moat. A missing token is reported by the
+  // first request, after moatd was reached (an absent daemon is the more
+  // useful error).
+  static Result<Client> fromOptions(const ConnectionOptions& options);
+
+  Client(Endpoint endpoint, Result<std::string> token);
+  Result<HttpReply> request(const std::string& method, const std::string& target,
+                            const std::string& body = "");
+  const Endpoint& endpoint() const { return endpoint_; }
+
+ private:
+  Endpoint endpoint_;
+  Result<std::string> token_;
+};
+
+// moatd's {"error":{"code","message","field"}} as one line:
+// "<message> (<code>[, field <field>])".
+std::string describeError(const HttpReply& reply);
+
+// Percent-encoding for a path segment or a query value.
+std::string urlEncode(const std::string& s);
+
+bool isValidUtf8(const std::string& s);
+std::string base64Encode(const std::string& s);
+Result<std::string> base64Decode(const std::string& s);
+
+// Strict flag parsing: "--flag value", "--flag=value", "-f value". Errors
+// have code "usage" and name the flag.
+class FlagReader {
+ public:
+  explicit FlagReader(const std::vector<std::string>& args) : args_(args) {}
+
+  bool done() const { return index_ >= args_.size(); }
+  const std::string& current() const { return args_[index_]; }
+  bool currentIsFlag() const;  // starts with '-' and is not "-" or "--"
+  // Reads the flag at the cursor and moves past it; name() and value() then
+  // describe it. "--flag=" (an empty inline value) is an error.
+  Status next();
+  const std::string& name() const { return name_; }
+  // The flag's value: inline, or the following argument.
+  Result<std::string> value();
+  Status noValue() const;    // an error if the flag was written with =value
+  void skip() { ++index_; }  // moves past a positional argument
+  std::vector<std::string> rest() const;
+
+ private:
+  const std::vector<std::string>& args_;
+  size_t index_ = 0;
+  std::string name_;
+  std::string inlineValue_;
+  bool hasInline_ = false;
+};
+
+Error usageError(const std::string& message);
+// Handles --url, --state and --token; `matched` says whether the flag was one of them.
+Status readConnectionFlag(FlagReader& flags, ConnectionOptions& options, bool& matched);
+Result<double> parseNumber(const std::string& flag, const std::string& value);
+Result<uint64_t> parseWhole(const std::string& flag, const std::string& value);
+// NAME=VALUE; `-e NAME` alone copies the host's value (as `moat run` does).
+Status parseVariable(const std::string& flag, const std::string& value,
+                     std::map<std::string, std::string>& out);
+Status parseLabel(const std::string& flag, const std::string& value,
+                  std::map<std::string, std::string>& out);
+// An environment id as a path segment; ids never contain '/'.
+Result<std::string> environmentPath(const std::string& id);
+
+// Writes all of `data` to fd; false when the reader is gone.
+bool writeAll(int fd, const std::string& data);
+// "moat: <message>" on stderr; returns `code`.
+int complain(int code, const std::string& message);
+// A failed client call: usage errors exit 2, everything else 125.
+int reportFailure(const std::string& command, const Error& error);
+
+const char* connectionUsage();
+
+}  // namespace moat::cli

@@ -1,0 +1,389 @@
+// moat env: environments kept by moatd (create, ls, get, rm).
+#include <cstdio>
+#include <ctime>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "cli/client.h"
+#include "cli/commands.h"
+#include "cli/exit_codes.h"
+
+namespace moat::cli {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kEnvUsage = R"(usage: moat env COMMAND [options]
+
+Environments kept by moatd, which live until removed or their TTL ends.
+
+commands:
+  create [options]   create one; prints its id (or the JSON with --json)
+      --task-id ID      a caller's id to find it by
+      --template T      'host' (default) or a root file system directory
+      --cpus N          CPU time per second (fractional), default 1
+      --memory MB       memory limit, default 1024
+      --storage GB      writable storage limit (fractional), default 4
+      --pids N          process/thread limit, default 1024
+      --ttl S           destroyed after S seconds, default 3600
+      --label K=V       a label; repeatable
+      -e NAME=VALUE     a variable for every command (-e NAME copies the host's); repeatable
+  ls [options]       list the environments that are not gone
+      --label K=V       only those with this label; repeatable
+      --task-id ID      only those of this task
+      --state S         only those in state S (creating, running, destroying, failed, gone)
+  get ID             one environment, as key: value lines
+  rm ID...           destroy environments (done when the command returns)
+
+  --json             print moatd's JSON instead (create, ls, get)
+
+)";
+
+int help() {
+  std::fputs(kEnvUsage, stdout);
+  std::fputs(connectionUsage(), stdout);
+  return 0;
+}
+
+// Calls moatd; an answer other than `expect` is an error carrying moatd's message.
+Result<json> call(Client& client, const std::string& method, const std::string& target,
+                  const std::string& body, int expect) {
+  MOAT_ASSIGN(HttpReply reply, client.request(method, target, body));
+  if (reply.status != expect) return Error::make("api", describeError(reply));
+  if (reply.body.empty()) return json();
+  json j = json::parse(reply.body, nullptr, false);
+  if (j.is_discarded()) return Error::make("api", "moatd answered with something that is not JSON");
+  return j;
+}
+
+std::string text(const json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key)) return "";
+  const json& v = j[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_float()) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v.get<double>());
+    return buf;
+  }
+  if (v.is_null()) return "";
+  return v.dump();
+}
+
+std::string labelsText(const json& env) {
+  std::string out;
+  if (!env.contains("labels") || !env["labels"].is_object()) return out;
+  for (auto it = env["labels"].begin(); it != env["labels"].end(); ++it) {
+    if (!out.empty()) out += ",";
+    out += it.key() + "=" +
+           (it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
+  }
+  return out;
+}
+
+// moatd's timestamps are "YYYY-MM-DDTHH:MM:SS.mmmZ"; -1 if not one.
+int64_t parseTimestamp(const std::string& s) {
+  std::tm tm{};
+  if (std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+                  &tm.tm_hour, &tm.tm_min, &tm.tm_sec) != 6) {
+    return -1;
+  }
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  return static_cast<int64_t>(::timegm(&tm));
+}
+
+std::string span(int64_t seconds) {
+  if (seconds < 60) return std::to_string(seconds) + "s";
+  if (seconds < 3600) return std::to_string(seconds / 60) + "m";
+  if (seconds < 86400) return std::to_string(seconds / 3600) + "h";
+  return std::to_string(seconds / 86400) + "d";
+}
+
+// "5m ago", "in 55m": what a person scanning the table wants.
+std::string relative(const std::string& timestamp) {
+  int64_t t = parseTimestamp(timestamp);
+  if (t < 0) return timestamp.empty() ? "-" : timestamp;
+  int64_t now = static_cast<int64_t>(std::time(nullptr));
+  return t <= now ? span(now - t) + " ago" : "in " + span(t - now);
+}
+
+bool live(const std::string& state) { return state == "creating" || state == "running"; }
+
+void printTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    widths.resize(std::max(widths.size(), row.size()), 0);
+    for (size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      line += row[c];
+      if (c + 1 < row.size()) line += std::string(widths[c] - row[c].size() + 2, ' ');
+    }
+    std::puts(line.c_str());
+  }
+}
+
+// The flag loop shared by the subcommands: connection flags, --json and
+// -h are common; `handle` takes the subcommand's own flags (setting
+// `matched`); everything else that is not a flag is positional.
+struct Parsed {
+  ConnectionOptions connection;
+  std::vector<std::string> positional;
+  bool json = false;
+  bool help = false;
+};
+
+Status parseArgs(const std::vector<std::string>& args, Parsed& out,
+                 const std::function<Status(FlagReader&, bool&)>& handle) {
+  FlagReader flags(args);
+  while (!flags.done()) {
+    if (flags.current() == "--") {
+      flags.skip();
+      for (const auto& a : flags.rest()) out.positional.push_back(a);
+      break;
+    }
+    if (!flags.currentIsFlag()) {
+      out.positional.push_back(flags.current());
+      flags.skip();
+      continue;
+    }
+    MOAT_TRY(flags.next());
+    const std::string& name = flags.name();
+    if (name == "-h" || name == "--help") {
+      MOAT_TRY(flags.noValue());
+      out.help = true;
+      return {};
+    }
+    if (name == "--json") {
+      MOAT_TRY(flags.noValue());
+      out.json = true;
+      continue;
+    }
+    bool matched = false;
+    if (handle) MOAT_TRY(handle(flags, matched));
+    if (!matched) MOAT_TRY(readConnectionFlag(flags, out.connection, matched));
+    if (!matched) return usageError("unknown option " + name);
+  }
+  return {};
+}
+
+Status noPositional(const Parsed& parsed) {
+  if (!parsed.positional.empty())
+    return usageError("unexpected argument '" + parsed.positional[0] + "'");
+  return {};
+}
+
+int create(const std::vector<std::string>& args) {
+  json body = json::object();
+  json spec = json::object();
+  std::map<std::string, std::string> labels, env;
+  Parsed parsed;
+  Status s = parseArgs(args, parsed, [&](FlagReader& flags, bool& matched) -> Status {
+    matched = true;
+    const std::string& name = flags.name();
+    if (name == "--task-id") {
+      MOAT_ASSIGN(body["task_id"], flags.value());
+    } else if (name == "--template") {
+      MOAT_ASSIGN(body["template"], flags.value());
+    } else if (name == "--cpus") {
+      MOAT_ASSIGN(std::string v, flags.value());
+      MOAT_ASSIGN(spec["cpus"], parseNumber(name, v));
+    } else if (name == "--memory") {
+      MOAT_ASSIGN(std::string v, flags.value());
+      MOAT_ASSIGN(spec["ram_mb"], parseWhole(name, v));
+    } else if (name == "--storage") {
+      MOAT_ASSIGN(std::string v, flags.value());
+      MOAT_ASSIGN(spec["storage_gb"], parseNumber(name, v));
+    } else if (name == "--pids") {
+      MOAT_ASSIGN(std::string v, flags.value());
+      MOAT_ASSIGN(spec["pids"], parseWhole(name, v));
+    } else if (name == "--ttl") {
+      MOAT_ASSIGN(std::string v, flags.value());
+      MOAT_ASSIGN(body["ttl_s"], parseWhole(name, v));
+    } else if (name == "--label") {
+      MOAT_ASSIGN(std::string v, flags.value());
+      MOAT_TRY(parseLabel(name, v, labels));
+    } else if (name == "-e" || name == "--env") {
+      MOAT_ASSIGN(std::string v, flags.value());
+      MOAT_TRY(parseVariable(name, v, env));
+    } else {
+      matched = false;
+    }
+    return {};
+  });
+  if (s.ok()) s = noPositional(parsed);
+  if (!s.ok()) return reportFailure("env create", s.error());
+  if (parsed.help) return help();
+  if (!spec.empty()) body["spec"] = spec;
+  if (!labels.empty()) body["labels"] = labels;
+  if (!env.empty()) body["env"] = env;
+
+  auto client = Client::fromOptions(parsed.connection);
+  if (!client.ok()) return reportFailure("env create", client.error());
+  std::string request;
+  try {
+    request = body.dump();
+  } catch (const json::exception&) {
+    return reportFailure("env create",
+                         usageError("values must be valid UTF-8 (moatd's API is JSON)"));
+  }
+  auto created = call(client.value(), "POST", "/v1/environments", request, 201);
+  if (!created.ok()) return reportFailure("env create", created.error());
+  if (parsed.json) {
+    std::puts(created->dump(2).c_str());
+  } else {
+    std::puts(text(created.value(), "id").c_str());
+  }
+  return 0;
+}
+
+int list(const std::vector<std::string>& args) {
+  std::vector<std::string> query;
+  Parsed parsed;
+  Status s = parseArgs(args, parsed, [&](FlagReader& flags, bool& matched) -> Status {
+    matched = true;
+    const std::string& name = flags.name();
+    if (name == "--label") {
+      MOAT_ASSIGN(std::string v, flags.value());
+      std::map<std::string, std::string> one;
+      MOAT_TRY(parseLabel(name, v, one));
+      query.push_back("label=" + urlEncode(v));
+    } else if (name == "--task-id") {
+      MOAT_ASSIGN(std::string v, flags.value());
+      query.push_back("task_id=" + urlEncode(v));
+    } else if (name == "--state") {
+      // An environment's state is a word; the state directory is absolute.
+      MOAT_ASSIGN(std::string v, flags.value());
+      if (v.empty()) return usageError("--state needs a value");
+      if (v[0] == '/') {
+        parsed.connection.stateDir = v;
+      } else {
+        query.push_back("state=" + urlEncode(v));
+      }
+    } else {
+      matched = false;
+    }
+    return {};
+  });
+  if (s.ok()) s = noPositional(parsed);
+  if (!s.ok()) return reportFailure("env ls", s.error());
+  if (parsed.help) return help();
+
+  std::string target = "/v1/environments";
+  for (size_t i = 0; i < query.size(); ++i) target += (i == 0 ? "?" : "&") + query[i];
+  auto client = Client::fromOptions(parsed.connection);
+  if (!client.ok()) return reportFailure("env ls", client.error());
+  auto listed = call(client.value(), "GET", target, "", 200);
+  if (!listed.ok()) return reportFailure("env ls", listed.error());
+  json environments = listed->contains("environments") ? (*listed)["environments"] : json::array();
+  if (parsed.json) {
+    std::puts(environments.dump(2).c_str());
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"ID", "STATE", "TASK", "CPUS", "MEM", "CREATED", "EXPIRES", "LABELS"}};
+  for (const auto& e : environments) {
+    const json& spec = e.contains("spec") ? e["spec"] : json::object();
+    std::string task = text(e, "task_id");
+    std::string labels = labelsText(e);
+    std::string state = text(e, "state");
+    std::string mem = text(spec, "ram_mb");
+    rows.push_back({text(e, "id"), state, task.empty() ? "-" : task, text(spec, "cpus"),
+                    mem.empty() ? "-" : mem + "M", relative(text(e, "created_at")),
+                    live(state) ? relative(text(e, "expires_at")) : "-",
+                    labels.empty() ? "-" : labels});
+  }
+  printTable(rows);
+  return 0;
+}
+
+int get(const std::vector<std::string>& args) {
+  Parsed parsed;
+  Status s = parseArgs(args, parsed, nullptr);
+  if (s.ok() && !parsed.help && parsed.positional.size() != 1) {
+    s = usageError(parsed.positional.empty() ? "missing environment id (usage: moat env get ID)"
+                                             : "takes one environment id");
+  }
+  if (!s.ok()) return reportFailure("env get", s.error());
+  if (parsed.help) return help();
+  auto path = environmentPath(parsed.positional[0]);
+  if (!path.ok()) return reportFailure("env get", path.error());
+  auto client = Client::fromOptions(parsed.connection);
+  if (!client.ok()) return reportFailure("env get", client.error());
+  auto env = call(client.value(), "GET", path.value(), "", 200);
+  if (!env.ok()) return reportFailure("env get", env.error());
+  if (parsed.json) {
+    std::puts(env->dump(2).c_str());
+    return 0;
+  }
+  const json& e = env.value();
+  const json& spec = e.contains("spec") ? e["spec"] : json::object();
+  std::vector<std::pair<std::string, std::string>> lines = {
+      {"id", text(e, "id")},
+      {"state", text(e, "state")},
+  };
+  if (e.contains("reason")) lines.emplace_back("reason", text(e, "reason"));
+  for (const char* key : {"task_id", "template"}) lines.emplace_back(key, text(e, key));
+  for (const char* key : {"cpus", "ram_mb", "storage_gb", "pids"})
+    lines.emplace_back(key, text(spec, key));
+  for (const char* key : {"created_at", "expires_at"}) lines.emplace_back(key, text(e, key));
+  lines.emplace_back("labels", labelsText(e));
+  for (const auto& [k, v] : lines) std::printf("%s: %s\n", k.c_str(), v.c_str());
+  return 0;
+}
+
+int remove(const std::vector<std::string>& args) {
+  Parsed parsed;
+  Status s = parseArgs(args, parsed, nullptr);
+  if (s.ok() && !parsed.help && parsed.positional.empty()) {
+    s = usageError("missing environment id (usage: moat env rm ID...)");
+  }
+  if (s.ok() && parsed.json) s = usageError("--json: not for rm");
+  std::vector<std::string> paths;
+  for (size_t i = 0; s.ok() && i < parsed.positional.size(); ++i) {
+    auto path = environmentPath(parsed.positional[i]);
+    if (!path.ok()) s = path.error();
+    if (path.ok()) paths.push_back(path.value());
+  }
+  if (!s.ok()) return reportFailure("env rm", s.error());
+  if (parsed.help) return help();
+  auto client = Client::fromOptions(parsed.connection);
+  if (!client.ok()) return reportFailure("env rm", client.error());
+  int code = 0;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    auto done = call(client.value(), "DELETE", paths[i], "", 204);
+    if (!done.ok()) {
+      // moatd's messages name the environment.
+      code = reportFailure("env rm", done.error());
+      // moatd itself is unreachable: the other ids would say the same.
+      if (done.error().code != "api") return code;
+      continue;
+    }
+    std::puts(parsed.positional[i].c_str());
+  }
+  return code;
+}
+
+}  // namespace
+
+int envCommand(const std::vector<std::string>& args) {
+  if (args.empty()) {
+    std::fputs(kEnvUsage, stderr);
+    return kExitUsage;
+  }
+  const std::string& sub = args[0];
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (sub == "create") return create(rest);
+  if (sub == "ls" || sub == "list") return list(rest);
+  if (sub == "get" || sub == "inspect") return get(rest);
+  if (sub == "rm" || sub == "remove") return remove(rest);
+  if (sub == "-h" || sub == "--help" || sub == "help") return help();
+  std::fprintf(stderr,
+               "moat env: unknown command '%s' (create, ls, get or rm; see moat env --help)\n",
+               sub.c_str());
+  return kExitUsage;
+}
+
+}  // namespace moat::cli
