@@ -13,7 +13,12 @@ the unix socket <state>/moatd.sock. Every exchange is checked:
   - the request itself: a 2xx answer means the spec accepts the request (body
     and query parameters), a 400 unknown_field / invalid_request means the spec
     rejects it too (where a JSON schema can say so);
+  - a 403 `forbidden` for lack of a scope names the scope the operation
+    declares in `x-moat-scope`;
   - test-specific assertions on the values.
+
+Exchanges use the master token unless they say otherwise; the API-key ones
+create scoped keys with it and then call as those keys.
 
 Prints one line per exchange and ends with "N passed, M failed". Exits 0 when
 all passed (or when not root: moatd needs root), 1 otherwise.
@@ -62,6 +67,16 @@ SCHEMA_KEYWORDS = {
 }
 OAS_ONLY_KEYWORDS = ("nullable", "discriminator", "readOnly", "writeOnly", "xml", "externalDocs",
                      "example", "deprecated")
+
+
+# The path every API-key endpoint lives under; its operations are for the
+# master token only, so they declare no x-moat-scope.
+KEYS_PATH = "/v1/keys"
+
+
+def scope_names(doc):
+    """The scopes a key can hold: components/schemas/Scope's enum."""
+    return doc.get("components", {}).get("schemas", {}).get("Scope", {}).get("enum", [])
 
 
 # Errors any request can get from the HTTP layer (src/api/http.cc); operations
@@ -237,6 +252,15 @@ def lint_spec(doc):
                 continue
             if secured and "401" not in responses:
                 problems.append(f"{where}: needs a token but declares no 401")
+            if secured and "403" not in responses:
+                problems.append(f"{where}: an API key can be refused it but it declares no 403")
+            scope = op.get("x-moat-scope")
+            master_only = path == KEYS_PATH or path.startswith(KEYS_PATH + "/")
+            if secured and not master_only and scope not in scope_names(doc):
+                problems.append(f"{where}: x-moat-scope {scope!r} is not one of the Scope schema's "
+                                f"{scope_names(doc)}")
+            if master_only and scope is not None:
+                problems.append(f"{where}: master-token-only operations have no x-moat-scope")
             if path != "/healthz" and not secured:
                 problems.append(f"{where}: only /healthz may go without a token")
             for status, response in responses.items():
@@ -505,6 +529,7 @@ class Conformance:
                        f"error field {r.json['error'].get('field')!r}, expected {field!r}")
             if r.status == 400 and code in ("unknown_field", "invalid_request"):
                 expect("field" in r.json["error"], f"{code} without error.field")
+            self.check_scope(method, target, token, r)
             self.check_request(method, target, raw, r, expressible)
             if check is not None:
                 check(r)
@@ -569,6 +594,20 @@ class Conformance:
             except UnicodeDecodeError:
                 raise Failure(f"{declared}: text body is not UTF-8")
         return declared
+
+    def check_scope(self, method, target, token, r):
+        """An API key refused for lack of a scope: the message names the one
+        the operation declares (file 403s from EACCES carry `field` instead)."""
+        if r.status != 403 or not isinstance(token, str) or token == self.daemon.token:
+            return
+        template = self.spec.template_of(urllib.parse.urlsplit(target).path)
+        op = self.spec.operation(template, method)
+        error = r.json["error"]
+        if op is None or "x-moat-scope" not in op or "field" in error:
+            return
+        scope = op["x-moat-scope"]
+        expect(f"'{scope}'" in error["message"],
+               f"403 message {error['message']!r} does not name the declared scope {scope!r}")
 
     def check_request(self, method, target, raw, r, expressible):
         """Accepted requests must be valid by the spec; rejected ones invalid."""
@@ -806,6 +845,29 @@ def run_exchanges(c):
     c.call("PUT", files + "?path=/workspace/big", b"\0" * ((16 << 20) + 1),
            content_type="application/octet-stream", status=413, code="too_large", note="file over 16 MiB")
 
+    # Query parameters are validated like body fields.
+    c.call("PUT", files + "?path=/workspace/flag.txt&append=false", b"a", content_type="application/octet-stream",
+           status=200, check=has(ok=True))
+    c.call("PUT", files + "?path=/workspace/flag.txt&append=true", b"b", content_type="application/octet-stream",
+           status=200, check=has(ok=True), note="append=true")
+    c.call("GET", files + "?path=/workspace/flag.txt", status=200, check=body_is(b"ab"))
+    c.call("PUT", files + "?path=/workspace/flag.txt&append=yes", b"c", content_type="application/octet-stream",
+           status=400, code="invalid_request", field="append")
+    c.call("PUT", files + "?path=/workspace/m&mode=4755", b"x", content_type="application/octet-stream",
+           status=400, code="invalid_request", field="mode", note="setuid bit")
+    c.call("PUT", files + "?path=/workspace/m&mode=9", b"x", content_type="application/octet-stream",
+           status=400, code="invalid_request", field="mode", note="not octal")
+    c.call("GET", files + "?path=/workspace/flag.txt&offset=abc", status=400, code="invalid_request",
+           field="offset")
+    c.call("DELETE", files + "?path=/workspace/flag.txt&recursive=2", status=400, code="invalid_request",
+           field="recursive")
+    c.call("GET", files + "/stat?path=/workspace&bogus=1", status=400, code="unknown_field", field="bogus")
+    c.call("POST", files + "/mkdir", {"path": "/workspace/p/q", "parents": "yes"}, status=400,
+           code="invalid_request", field="parents")
+    c.call("GET", env(a) + "?verbose=1", status=400, code="unknown_field", field="verbose")
+    c.call("POST", env(a) + "/exec?shell=1", {"cmd": ["true"]}, status=400, code="unknown_field", field="shell",
+           note="query parameter")
+
     # Timeout.
     def extended(r):
         expires = calendar.timegm(time.strptime(r.json["expires_at"][:19], "%Y-%m-%dT%H:%M:%S"))
@@ -891,6 +953,148 @@ def run_exchanges(c):
     c.call("POST", env(b) + "/exec", {"cmd": ["true"]}, status=409, code="conflict")
     c.call("POST", env(b) + "/timeout", {"ttl_s": 60}, status=409, code="conflict")
     c.call("GET", env(b) + "/files?path=/etc/hostname", status=409, code="conflict")
+
+    # Scoped API keys. The master token manages them; a key may do only what
+    # its scopes allow (403) and only to the environments it created (any
+    # other looks like it does not exist: 404). `a` (the master's) is running.
+    keys = {}
+    no_token = "moat_" + "0" * 12 + "_" + "0" * 64  # used when a create failed
+
+    def tok(label):
+        return keys.get(label, {}).get("token", no_token)
+
+    def kid(label):
+        return keys.get(label, {}).get("id", "000000000000")
+
+    def key_created(label, name, scopes):
+        def check(r):
+            j = r.json
+            keys[label] = j
+            expect(j["name"] == name, f"name {j['name']!r}, expected {name!r}")
+            expect(j["scopes"] == scopes, f"scopes {j['scopes']}, expected {scopes}")
+            expect(j["revoked"] is False, "a new key is not revoked")
+            expect(j["token"].startswith(f"moat_{j['id']}_"), f"the token does not carry the id {j['id']}")
+        return check
+
+    agent_scopes = ["create", "read", "exec", "files", "destroy"]
+    c.call("POST", "/v1/keys", {"name": "agent", "scopes": agent_scopes}, status=201,
+           check=key_created("agent", "agent", agent_scopes))
+    c.call("POST", "/v1/keys", {"name": "reader", "scopes": ["read", "read"]}, status=201,
+           check=key_created("reader", "reader", ["read"]), note="repeated scope kept once")
+    c.call("POST", "/v1/keys", {"scopes": ["exec"]}, status=201, check=key_created("runner", "", ["exec"]),
+           note="no name")
+
+    def key_list(revoked=()):
+        def check(r):
+            got = {k["id"]: (k["name"], k["scopes"], k["revoked"]) for k in r.json["keys"]}
+            want = {kid("agent"): ("agent", agent_scopes, "agent" in revoked),
+                    kid("reader"): ("reader", ["read"], "reader" in revoked),
+                    kid("runner"): ("", ["exec"], "runner" in revoked)}
+            expect(got == want, f"keys {got}, expected {want}")
+            stamps = [k["created_at"] for k in r.json["keys"]]
+            expect(stamps == sorted(stamps, reverse=True), f"not newest first: {stamps}")
+            for label in keys:
+                expect(tok(label).encode() not in r.body, "a token is listed (it is shown once)")
+        return check
+    c.call("GET", "/v1/keys", status=200, check=key_list())
+
+    # The agent key creates, lists, reads and runs commands in its own environments.
+    def remember_as(name):
+        def check(r):
+            created[name] = r.json["id"]
+            expect(r.json["state"] == "running", f"state {r.json['state']}")
+        return check
+    small = {"ram_mb": 256, "storage_gb": 1, "pids": 128}
+    c.call("POST", envs, {"task_id": "conf-key", "spec": small}, token=tok("agent"), status=201,
+           check=remember_as("mine"), note="key creates")
+    c.call("POST", envs, {"task_id": "conf-key-2", "spec": small}, token=tok("agent"), status=201,
+           check=remember_as("mine2"), note="key creates")
+    mine, mine2 = created.get("mine", "000000000000"), created.get("mine2", "000000000000")
+    c.call("GET", envs, token=tok("agent"), status=200, check=ids(mine, mine2), note="key lists only its own")
+    c.call("GET", envs + "?state=gone", token=tok("agent"), status=200, check=ids(),
+           note="not the master's gone ones either")
+    c.call("GET", env(mine), token=tok("agent"), status=200, check=has(id=mine, task_id="conf-key"))
+    c.call("POST", env(mine) + "/exec", {"cmd": ["echo", "agent"]}, token=tok("agent"), status=200,
+           check=out("agent\n", exit_code=0), note="key execs")
+    c.call("PUT", env(mine) + "/files?path=/workspace/k.txt", b"by key", content_type="application/octet-stream",
+           token=tok("agent"), status=200, check=has(ok=True), note="key writes a file")
+    c.call("GET", env(mine) + "/files?path=/workspace/k.txt", token=tok("agent"), status=200,
+           check=body_is(b"by key"))
+    c.call("POST", env(mine) + "/timeout", {"ttl_s": 600}, token=tok("agent"), status=403, code="forbidden",
+           note="no timeout scope, own environment")
+
+    # The master's environment does not exist for the key.
+    c.call("GET", env(a), token=tok("agent"), status=404, code="not_found", note="master's environment")
+    c.call("POST", env(a) + "/exec", {"cmd": ["true"]}, token=tok("agent"), status=404, code="not_found",
+           note="master's environment")
+    c.call("GET", env(a) + "/files/stat?path=/", token=tok("agent"), status=404, code="not_found",
+           note="master's environment")
+    c.call("DELETE", env(a), token=tok("agent"), status=404, code="not_found", note="master's environment")
+    c.call("GET", env(a), status=200, check=has(state="running"), note="still running")
+    c.call("GET", envs, status=200, check=ids(a, mine, mine2), note="the master lists every owner's")
+    c.call("POST", env(mine) + "/exec", {"cmd": ["cat", "/workspace/k.txt"]}, status=200, check=out("by key"),
+           note="the master reaches a key's environment")
+
+    # Scopes: read-only and exec-only keys.
+    c.call("GET", envs, token=tok("reader"), status=200, check=ids(), note="created none")
+    c.call("GET", env(mine), token=tok("reader"), status=404, code="not_found", note="another key's")
+    c.call("GET", "/metrics", token=tok("reader"), status=200)
+    c.call("POST", envs, {}, token=tok("reader"), status=403, code="forbidden", note="read-only key creates")
+    c.call("POST", env(mine) + "/exec", {"cmd": ["true"]}, token=tok("reader"), status=403, code="forbidden",
+           note="read-only key execs")
+    c.call("POST", env(a) + "/exec", {"cmd": ["true"]}, token=tok("reader"), status=403, code="forbidden",
+           note="read-only key execs")
+    c.call("GET", "/metrics", token=tok("runner"), status=403, code="forbidden", note="exec-only key")
+    c.call("GET", envs, token=tok("runner"), status=403, code="forbidden", note="exec-only key")
+    c.call("GET", env(mine) + "/files/stat?path=/", token=tok("runner"), status=403, code="forbidden",
+           note="exec-only key")
+    c.call("DELETE", env(mine), token=tok("runner"), status=403, code="forbidden", note="exec-only key")
+
+    # Only the master token manages keys.
+    c.call("POST", "/v1/keys", {"scopes": ["read"]}, token=tok("agent"), status=403, code="forbidden",
+           note="a key creates a key")
+    c.call("GET", "/v1/keys", token=tok("agent"), status=403, code="forbidden", note="a key lists keys")
+    c.call("DELETE", "/v1/keys/" + kid("reader"), token=tok("agent"), status=403, code="forbidden",
+           note="a key revokes a key")
+
+    # Request errors on keys.
+    c.call("POST", "/v1/keys", {"scopes": ["root"]}, status=400, code="invalid_request", field="scopes[0]",
+           note="unknown scope")
+    c.call("POST", "/v1/keys", {"scopes": ["read", 5]}, status=400, code="invalid_request", field="scopes[1]")
+    c.call("POST", "/v1/keys", {"scopes": []}, status=400, code="invalid_request", field="scopes")
+    c.call("POST", "/v1/keys", {"name": "x"}, status=400, code="invalid_request", field="scopes",
+           note="no scopes")
+    c.call("POST", "/v1/keys", {"scopes": "read"}, status=400, code="invalid_request", field="scopes",
+           note="wrong type")
+    c.call("POST", "/v1/keys", {"name": "n" * 129, "scopes": ["read"]}, status=400, code="invalid_request",
+           field="name")
+    c.call("POST", "/v1/keys", {"name": 7, "scopes": ["read"]}, status=400, code="invalid_request",
+           field="name", note="wrong type")
+    c.call("POST", "/v1/keys", {"name": "\u00e9" * 100, "scopes": ["read"]}, status=400, code="invalid_request",
+           field="name", expressible=False, note="128 bytes, not characters")
+    c.call("POST", "/v1/keys", {"scopes": ["read"], "admin": True}, status=400, code="unknown_field",
+           field="admin")
+    c.call("POST", "/v1/keys", "{not json", status=400, code="bad_json")
+    c.call("PATCH", "/v1/keys", status=405, code="method_not_allowed")
+    c.call("GET", "/v1/keys/" + kid("reader"), status=405, code="method_not_allowed")
+    c.call("DELETE", "/v1/keys/000000000000", status=404, code="not_found", note="unknown key")
+
+    # A key destroys its own environment; revoking a key leaves the others running.
+    c.call("DELETE", env(mine2), token=tok("agent"), status=204, note="key destroys its own")
+    c.call("GET", env(mine2), status=200, check=has(state="gone", reason="destroyed"))
+    c.call("DELETE", "/v1/keys/" + kid("agent"), status=204, note="revoke")
+
+    def revoked(r):
+        expect("revoked" in r.json["error"]["message"], f"message {r.json['error']['message']!r}")
+    c.call("GET", envs, token=tok("agent"), status=401, code="unauthorized", check=revoked, note="revoked key")
+    c.call("DELETE", "/v1/keys/" + kid("agent"), status=404, code="not_found", note="already revoked")
+    forged = tok("reader")[:-1] + ("b" if tok("reader").endswith("a") else "a")
+    c.call("GET", envs, token=forged, status=401, code="unauthorized", note="forged key")
+    c.call("GET", envs, token="moat_" + kid("reader") + "_short", status=401, code="unauthorized",
+           note="malformed key")
+    c.call("GET", "/v1/keys", status=200, check=key_list(revoked=("agent",)), note="revoked listed")
+    c.call("GET", env(mine), status=200, check=has(state="running"), note="outlives its key")
+    c.call("DELETE", env(mine), status=204)
     c.call("DELETE", env(a), status=204)
 
     def counted(r):
