@@ -504,6 +504,9 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     return respond(201, environmentJson(created.value()));
   }
 
+  if (!sub.empty() && sub != "exec" && sub != "timeout" && sub != "files") {
+    return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
+  }
   // A key acts only on its own environments; others look like they do not exist.
   std::string scope = sub.empty() ? (req.method == "DELETE" ? "destroy" : "read")
                                   : sub == "exec" ? "exec" : sub == "timeout" ? "timeout" : "files";
