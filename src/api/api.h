@@ -38,9 +38,5 @@ class Api {
   std::atomic<uint64_t> execCount_{0};
 };
 
-// Encoding helpers (exposed for tests).
-bool isValidUtf8(const std::string& s);
-std::string base64Encode(const std::string& s);
-Result<std::string> base64Decode(const std::string& s);
 
 }  // namespace moat::api

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/encoding.h"
 #include "common/result.h"
 
 // What the moatd client commands (`moat env`, `moat exec`) share: finding
@@ -64,10 +65,6 @@ std::string describeError(const HttpReply& reply);
 
 // Percent-encoding for a path segment or a query value.
 std::string urlEncode(const std::string& s);
-
-bool isValidUtf8(const std::string& s);
-std::string base64Encode(const std::string& s);
-Result<std::string> base64Decode(const std::string& s);
 
 // Strict flag parsing: "--flag value", "--flag=value", "-f value". Errors
 // have code "usage" and name the flag.

@@ -112,6 +112,9 @@ TEST_F(MoatdApi, ExecStdinTimeoutNotFoundAndBinaryOutput) {
   EXPECT_EQ(bin["stdout"], "//5vaw==");
   json env = exec(id, {{"cmd", {"sh", "-c", "echo $GREETING"}}, {"env", {{"GREETING", "hello"}}}});
   EXPECT_EQ(env["stdout"], "hello\n");
+  // Commands start with default signal dispositions, whatever moatd ignores.
+  EXPECT_EQ(exec(id, {{"cmd", {"sh", "-c", "kill -TERM $$"}}})["exit_code"], 128 + 15);
+  EXPECT_EQ(exec(id, {{"cmd", {"grep", "SigIgn", "/proc/self/status"}}})["stdout"], "SigIgn:\t0000000000000000\n");
 }
 
 TEST_F(MoatdApi, HugeOutputIsCappedAndSaysSo) {

@@ -1,0 +1,348 @@
+// `moat env` and `moat exec` end to end: the built moat binary against a real
+// moatd, as a user or a script would call them.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "moat_process.h"
+#include "moatd_process.h"
+#include "os/file.h"
+
+namespace moat::test {
+namespace {
+
+using json = nlohmann::json;
+
+// Tests that need no daemon point moat here: if it tried to call moatd, the
+// answer would be exit 125 instead of what they expect.
+constexpr const char* kNoDaemon = "unix:/nonexistent.sock";
+
+ProcessResult moat(const std::vector<std::string>& args, const std::string& input = "",
+                   const std::map<std::string, std::string>& env = {}) {
+  std::vector<std::string> argv = {binDir() + "/moat"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return runProcess(argv, input, env);
+}
+
+std::string describe(const ProcessResult& r) {
+  return "exit " + std::to_string(r.exitCode) + "\nstdout: " + r.out + "\nstderr: " + r.err;
+}
+
+std::string unique(const std::string& prefix) {
+  static int n = 0;
+  return prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
+}
+
+// One moatd for the suite: starting one per test would cost more than the tests.
+class MoatCli : public ::testing::Test {
+ protected:
+  static void TearDownTestSuite() { daemon_.reset(); }
+
+  static Moatd& daemon() {
+    if (!daemon_) daemon_ = std::make_unique<Moatd>();
+    return *daemon_;
+  }
+
+  // moat with MOAT_STATE at the daemon's state directory: the default socket
+  // and token file are found there.
+  static ProcessResult client(const std::vector<std::string>& args, const std::string& input = "",
+                              std::map<std::string, std::string> env = {}) {
+    env.emplace("MOAT_STATE", daemon().stateDir());
+    return moat(args, input, env);
+  }
+
+  static std::string createEnv(const std::vector<std::string>& flags = {}) {
+    std::vector<std::string> args = {"env", "create"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    auto r = client(args);
+    EXPECT_EQ(r.exitCode, 0) << describe(r);
+    std::string id = r.out;
+    if (!id.empty() && id.back() == '\n') id.pop_back();
+    EXPECT_TRUE(std::regex_match(id, std::regex("[0-9a-f]{12}")))
+        << "not an id alone: '" << r.out << "'";
+    return id;
+  }
+
+  static inline std::unique_ptr<Moatd> daemon_;
+};
+
+TEST_F(MoatCli, CreateExecListGetRemove) {
+  MOAT_REQUIRE_ROOT();
+  std::string run = unique("run");
+  std::string id =
+      createEnv({"--task-id", "cli-task", "--label", "suite=cli", "--label", "run=" + run,
+                 "--memory", "256", "--cpus", "0.5", "-e", "GREETING=hello"});
+  ASSERT_FALSE(id.empty());
+
+  auto r = client({"exec", id, "--", "sh", "-c", "echo out; echo err >&2; exit 3"});
+  EXPECT_EQ(r.exitCode, 3) << describe(r);
+  EXPECT_EQ(r.out, "out\n");
+  EXPECT_EQ(r.err, "err\n");
+
+  r = client({"exec", id, "-i", "--", "cat"}, "piped in\n");
+  EXPECT_EQ(r.exitCode, 0) << describe(r);
+  EXPECT_EQ(r.out, "piped in\n");
+
+  r = client({"exec", id, "-e", "NAME=world", "--", "sh", "-c", "echo $GREETING $NAME"});
+  EXPECT_EQ(r.out, "hello world\n") << describe(r);
+
+  r = client({"exec", id, "-w", "/tmp", "pwd"});  // options end at the command, as with moat run
+  EXPECT_EQ(r.out, "/tmp\n") << describe(r);
+
+  // State carries over between commands.
+  client({"exec", id, "--", "sh", "-c", "echo kept > /workspace/f"});
+  EXPECT_EQ(client({"exec", id, "--", "cat", "/workspace/f"}).out, "kept\n");
+
+  r = client({"env", "ls", "--label", "run=" + run});
+  EXPECT_EQ(r.exitCode, 0) << describe(r);
+  EXPECT_TRUE(std::regex_search(
+      r.out, std::regex("^ID +STATE +TASK +CPUS +MEM +CREATED +EXPIRES +LABELS\n")))
+      << r.out;
+  EXPECT_TRUE(std::regex_search(
+      r.out, std::regex(id +
+                        " +running +cli-task +0.5 +256M +\\d+s ago +in \\d+[smhd] +"
+                        "run=" +
+                        run + ",suite=cli\n")))
+      << r.out;
+
+  r = client({"env", "ls", "--json"});
+  EXPECT_EQ(r.exitCode, 0) << describe(r);
+  json all = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(all.is_array()) << r.out;
+  bool listed = false;
+  for (const auto& e : all) listed |= e.value("id", "") == id;
+  EXPECT_TRUE(listed) << r.out;
+  r = client({"env", "ls", "--json", "--label", "run=" + unique("other")});
+  EXPECT_EQ(json::parse(r.out, nullptr, false), json::array())
+      << "the label filter is sent: " << r.out;
+  r = client({"env", "ls", "--json", "--task-id", "cli-task", "--state", "running"});
+  EXPECT_NE(r.out.find(id), std::string::npos) << r.out;
+  r = client({"env", "ls", "--json", "--state", "failed"});
+  EXPECT_EQ(r.out.find(id), std::string::npos) << r.out;
+
+  r = client({"env", "get", id});
+  EXPECT_EQ(r.exitCode, 0) << describe(r);
+  EXPECT_NE(r.out.find("id: " + id + "\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("state: running\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("task_id: cli-task\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ram_mb: 256\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("labels: run=" + run + ",suite=cli\n"), std::string::npos) << r.out;
+  r = client({"env", "get", id, "--json"});
+  json got = json::parse(r.out, nullptr, false);
+  EXPECT_EQ(got.value("id", ""), id) << r.out;
+  EXPECT_EQ(got["spec"].value("ram_mb", 0), 256) << r.out;
+
+  r = client({"env", "rm", id});
+  EXPECT_EQ(r.exitCode, 0) << describe(r);
+  EXPECT_EQ(r.out, id + "\n");
+  r = client({"env", "get", id});
+  EXPECT_EQ(r.exitCode, 0) << describe(r);
+  EXPECT_NE(r.out.find("state: gone\n"), std::string::npos) << r.out;
+  EXPECT_EQ(client({"env", "ls"}).out.find(id), std::string::npos) << "gone ones are not listed";
+  r = client({"exec", id, "--", "true"});
+  EXPECT_EQ(r.exitCode, 125) << describe(r);
+  EXPECT_NE(r.err.find("(conflict)"), std::string::npos) << r.err;
+}
+
+TEST_F(MoatCli, CreateWithJsonAndRemoveSeveral) {
+  MOAT_REQUIRE_ROOT();
+  auto r = client({"env", "create", "--json", "--ttl", "600", "--pids", "64", "--storage", "0.5"});
+  ASSERT_EQ(r.exitCode, 0) << describe(r);
+  json created = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(created.is_object()) << r.out;
+  EXPECT_EQ(created.value("state", ""), "running");
+  EXPECT_EQ(created["spec"].value("pids", 0), 64);
+  std::string first = created.value("id", "");
+  std::string second = createEnv();
+  r = client({"env", "rm", first, second});
+  EXPECT_EQ(r.exitCode, 0) << describe(r);
+  EXPECT_EQ(r.out, first + "\n" + second + "\n");
+  for (const auto& id : {first, second}) {
+    EXPECT_NE(client({"env", "get", id}).out.find("state: gone"), std::string::npos) << id;
+  }
+}
+
+TEST_F(MoatCli, ExecPassesBytesTimeoutsAndExitCodesThrough) {
+  MOAT_REQUIRE_ROOT();
+  std::string id = createEnv();
+  auto r = client({"exec", id, "--", "printf", "\\377"});
+  EXPECT_EQ(r.exitCode, 0) << describe(r);
+  EXPECT_EQ(r.out, "\xff") << "the raw byte, not base64";
+
+  std::string binary("\xff\x00\x01 text\xfe", 9);
+  r = client({"exec", id, "-i", "--", "cat"}, binary);
+  EXPECT_EQ(r.out, binary) << "stdin that is not UTF-8 travels as base64";
+  r = client({"exec", id, "--", "sh", "-c", "printf '\\376' >&2"});
+  EXPECT_EQ(r.err, "\xfe");
+
+  r = client({"exec", id, "--timeout", "0.3", "--", "sleep", "30"});
+  EXPECT_EQ(r.exitCode, 124) << describe(r);
+  EXPECT_NE(r.err.find("timeout"), std::string::npos) << r.err;
+
+  r = client({"exec", id, "--", "no-such-command"});
+  EXPECT_EQ(r.exitCode, 127) << describe(r);
+  EXPECT_NE(r.err.find("not found"), std::string::npos) << r.err;
+
+  r = client({"exec", id, "--", "sh", "-c", "kill -KILL $$"});
+  EXPECT_EQ(r.exitCode, 128 + 9) << describe(r);
+
+  r = client({"exec", id, "--json", "--", "sh", "-c", "echo hi; exit 4"});
+  EXPECT_EQ(r.exitCode, 4) << describe(r);
+  json whole = json::parse(r.out, nullptr, false);
+  EXPECT_EQ(whole.value("stdout", ""), "hi\n") << r.out;
+  EXPECT_EQ(whole.value("exit_code", -1), 4) << r.out;
+}
+
+TEST_F(MoatCli, MoatdErrorsAreOneLineAndExit125) {
+  MOAT_REQUIRE_ROOT();
+  // The message is moatd's own, with its code.
+  auto api = daemon().request("POST", "/v1/environments/000000000000/exec", R"({"cmd":["true"]})");
+  ASSERT_EQ(api.status, 404) << api.body;
+  std::string message = json::parse(api.body)["error"]["message"];
+  auto r = client({"exec", "000000000000", "--", "true"});
+  EXPECT_EQ(r.exitCode, 125) << describe(r);
+  EXPECT_EQ(r.err, "moat: " + message + " (not_found)\n");
+  EXPECT_EQ(r.out, "");
+
+  r = client({"env", "get", "000000000000"});
+  EXPECT_EQ(r.exitCode, 125) << describe(r);
+  EXPECT_EQ(r.err, "moat: " + message + " (not_found)\n");
+
+  r = client({"env", "create", "--pids", "1"});
+  EXPECT_EQ(r.exitCode, 125) << describe(r);
+  EXPECT_NE(r.err.find("(invalid_request, field spec.pids)\n"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "") << "nothing a script would take for an id";
+}
+
+TEST_F(MoatCli, AWrongOrMissingTokenIsExplained) {
+  MOAT_REQUIRE_ROOT();
+  auto r = client({"env", "ls", "--token", std::string(64, 'a')});
+  EXPECT_EQ(r.exitCode, 125) << describe(r);
+  EXPECT_EQ(r.err, "moat: invalid token (unauthorized)\n");
+  r = client({"env", "ls"}, "", {{"MOAT_TOKEN", "nope"}});
+  EXPECT_EQ(r.err, "moat: invalid token (unauthorized)\n");
+  EXPECT_EQ(client({"env", "ls"}, "", {{"MOAT_TOKEN", daemon().token()}}).exitCode, 0);
+
+  // A state directory without a token file, and moatd found by --url.
+  char tmpl[] = "/tmp/moat-cli-notoken-XXXXXX";
+  std::string empty = ::mkdtemp(tmpl);
+  r = moat({"env", "ls", "--url", "unix:" + daemon().socketPath()}, "", {{"MOAT_STATE", empty}});
+  EXPECT_EQ(r.exitCode, 125) << describe(r);
+  EXPECT_NE(r.err.find("no token for moatd: pass --token, set MOAT_TOKEN, or make " + empty +
+                       "/master-token readable"),
+            std::string::npos)
+      << r.err;
+  (void)os::removeTree(empty);
+}
+
+TEST_F(MoatCli, TalksToMoatdOverTcpToo) {
+  MOAT_REQUIRE_ROOT();
+  std::smatch m;
+  std::string log = daemon().log();
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("serving http://127\\.0\\.0\\.1:(\\d+)")))
+      << log;
+  std::string url = "http://127.0.0.1:" + m[1].str();
+  auto r = client({"env", "create", "--url", url});
+  ASSERT_EQ(r.exitCode, 0) << describe(r);
+  std::string id = r.out.substr(0, r.out.find('\n'));
+  r = client({"exec", id, "--", "echo", "over tcp"}, "", {{"MOAT_URL", url}});
+  EXPECT_EQ(r.exitCode, 0) << describe(r);
+  EXPECT_EQ(r.out, "over tcp\n");
+  EXPECT_EQ(client({"env", "rm", "--url", "http://localhost:" + m[1].str(), id}).exitCode, 0);
+}
+
+TEST(MoatCliWithoutDaemon, AMissingDaemonIsNamed) {
+  char tmpl[] = "/tmp/moat-cli-state-XXXXXX";
+  std::string state = ::mkdtemp(tmpl);
+  // No token either: the unreachable daemon is the problem to report first.
+  auto r = moat({"env", "ls"}, "", {{"MOAT_URL", kNoDaemon}, {"MOAT_STATE", state}});
+  EXPECT_EQ(r.exitCode, 125) << describe(r);
+  EXPECT_EQ(r.err, std::string("moat: cannot reach moatd at ") + kNoDaemon +
+                       ": No such file or directory (is moatd running?)\n");
+  r = moat({"exec", "abc", "--", "true"}, "", {{"MOAT_STATE", state}});
+  EXPECT_EQ(r.exitCode, 125) << describe(r);
+  EXPECT_EQ(r.err, "moat: cannot reach moatd at unix:" + state +
+                       "/moatd.sock: No such file or directory (is moatd running?)\n")
+      << "the default socket is <state>/moatd.sock";
+  r = moat({"env", "ls", "--url", "http://127.0.0.1:1"}, "", {{"MOAT_STATE", state}});
+  EXPECT_EQ(r.exitCode, 125) << describe(r);
+  EXPECT_NE(r.err.find("cannot reach moatd at http://127.0.0.1:1: Connection refused"),
+            std::string::npos)
+      << r.err;
+  (void)os::removeTree(state);
+}
+
+TEST(MoatCliWithoutDaemon, BadUsageExits2AndNamesTheProblem) {
+  const std::map<std::string, std::string> env = {{"MOAT_URL", kNoDaemon}};
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"env", "create", "--bogus"}, "moat env create: unknown option --bogus\n"},
+      {{"env", "create", "--cpus", "lots"}, "moat env create: --cpus: 'lots' is not a number\n"},
+      {{"env", "create", "--memory=1.5"},
+       "moat env create: --memory: '1.5' is not a whole number\n"},
+      {{"env", "create", "--label", "novalue"},
+       "moat env create: --label: expected KEY=VALUE, got 'novalue'\n"},
+      {{"env", "create", "--ttl"}, "moat env create: --ttl needs a value\n"},
+      {{"env", "create", "stray"}, "moat env create: unexpected argument 'stray'\n"},
+      {{"env", "ls", "-x"}, "moat env ls: unknown option -x\n"},
+      {{"env", "get"}, "moat env get: missing environment id (usage: moat env get ID)\n"},
+      {{"env", "rm"}, "moat env rm: missing environment id (usage: moat env rm ID...)\n"},
+      {{"env", "frob"},
+       "moat env: unknown command 'frob' (create, ls, get or rm; see moat env --help)\n"},
+      {{"exec"},
+       "moat exec: missing environment id (usage: moat exec ENV [options] -- COMMAND...)\n"},
+      {{"exec", "abc"},
+       "moat exec: missing command (usage: moat exec ENV [options] -- COMMAND...)\n"},
+      {{"exec", "abc", "--frob", "--", "true"}, "moat exec: unknown option --frob\n"},
+      {{"exec", "abc", "-i=1", "true"}, "moat exec: unknown option -i=1\n"},
+      {{"exec", "abc", "--interactive=yes", "true"}, "moat exec: --interactive takes no value\n"},
+      {{"exec", "abc", "-w", "rel", "true"},
+       "moat exec: -w: working directory must be absolute: rel\n"},
+      {{"exec", "abc", "--timeout", "0", "true"},
+       "moat exec: --timeout: 0 is out of range (0.001 to 86400 seconds)\n"},
+      {{"exec", "a/b", "true"}, "moat exec: 'a/b' is not an environment id\n"},
+      {{"exec", "abc", "printf", "\xff"},
+       "moat exec: the command's argument 1 is not valid UTF-8\n"},
+      {{"env", "create", "--label", "k=\xff"},
+       "moat env create: values must be valid UTF-8 (moatd's API is JSON)\n"},
+      {{"exec", "abc", "--url", "ftp://x", "true"},
+       "moat exec: --url: unknown scheme (expected http://HOST:PORT or unix:/path/to.sock), got "
+       "'ftp://x'\n"},
+  };
+  for (const auto& c : cases) {
+    auto r = moat(c.args, "", env);
+    std::string shown;
+    for (const auto& a : c.args) shown += a + " ";
+    EXPECT_EQ(r.exitCode, 2) << shown << describe(r);
+    EXPECT_EQ(r.err, c.message) << shown;
+  }
+  auto r = moat({"env", "ls"}, "", {{"MOAT_URL", "http://nohost"}});
+  EXPECT_EQ(r.exitCode, 2) << describe(r);
+  EXPECT_NE(r.err.find("MOAT_URL: needs a port"), std::string::npos) << r.err;
+}
+
+TEST(MoatCliWithoutDaemon, HelpListsTheClientCommands) {
+  auto r = moat({"--help"});
+  EXPECT_EQ(r.exitCode, 0);
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("\n  env +")) &&
+              std::regex_search(r.out, std::regex("\n  exec +")))
+      << r.out;
+  r = moat({"env", "--help"});
+  EXPECT_EQ(r.exitCode, 0);
+  for (const char* word : {"create", "ls", "get", "rm", "--url", "MOAT_TOKEN"}) {
+    EXPECT_NE(r.out.find(word), std::string::npos) << word << "\n" << r.out;
+  }
+  r = moat({"exec", "--help"});
+  EXPECT_EQ(r.exitCode, 0);
+  EXPECT_NE(r.out.find("usage: moat exec ENV"), std::string::npos) << r.out;
+  EXPECT_EQ(moat({"env", "create", "--help"}, "", {{"MOAT_URL", kNoDaemon}}).exitCode, 0);
+}
+
+}  // namespace
+}  // namespace moat::test
