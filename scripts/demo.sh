@@ -31,4 +31,32 @@ step "moat run --timeout 1 -- sleep 60"
 step "moat run -- python3 -c '<call keyctl(2)>'   # seccomp denies kernel attack surface"
 "$moat" run -- python3 -c 'import ctypes, os; r = ctypes.CDLL(None, use_errno=True).syscall(250, 0, 0); print("keyctl:", r, os.strerror(ctypes.get_errno()))'
 
-printf '\nEach command above ran in its own environment, now destroyed. More: %s run --help\n' "$moat"
+printf '\nEach command above ran in its own environment, now destroyed.\n'
+
+# The service: moatd on its defaults (state in /var/lib/moat, SQLite store,
+# http://127.0.0.1:7070 and /var/lib/moat/moatd.sock), driven by the CLI.
+state=${MOAT_STATE:-/var/lib/moat}
+if ! "$moat" env ls >/dev/null 2>&1; then
+  "$bin/moatd" --state "$state" &
+  moatd_pid=$!
+  for _ in $(seq 100); do "$moat" env ls >/dev/null 2>&1 && break; sleep 0.05; done
+fi
+step 'id=$(moat env create --task-id demo --memory 512)'
+id=$("$moat" env create --task-id demo --memory 512)
+echo "$id"
+step "moat exec \$id -- python3 -c 'import platform; print(platform.node())'"
+"$moat" exec "$id" -- python3 -c 'import platform; print(platform.node())'
+step "moat exec \$id -- sh -c 'echo state persists > /workspace/f'; moat exec \$id -- cat /workspace/f"
+"$moat" exec "$id" -- sh -c 'echo state persists > /workspace/f'
+"$moat" exec "$id" -- cat /workspace/f
+step "moat env ls"
+"$moat" env ls
+step 'moat env rm $id'
+"$moat" env rm "$id"
+
+if [ -n "${moatd_pid:-}" ]; then
+  printf '\nmoatd is serving http://127.0.0.1:7070 and unix:%s/moatd.sock (token: %s/master-token).\n' "$state" "$state"
+  printf 'API: docs/API.md. Ctrl-C stops it and destroys its environments.\n'
+  trap 'kill -TERM $moatd_pid 2>/dev/null' INT TERM
+  wait "$moatd_pid" || true
+fi
