@@ -10,5 +10,7 @@ int runCommand(const std::vector<std::string>& args);
 // The moatd client commands (src/cli/client.h finds moatd and its token).
 int envCommand(const std::vector<std::string>& args);
 int execCommand(const std::vector<std::string>& args);
+int cpCommand(const std::vector<std::string>& args);
+int keysCommand(const std::vector<std::string>& args);
 
 }  // namespace moat::cli

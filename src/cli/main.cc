@@ -16,6 +16,8 @@ commands:
   env       create, list, inspect and remove moatd's environments
             (moat env create|ls|get|rm, see moat env --help)
   exec      run a command in one of moatd's environments (moat exec --help)
+  cp        copy a file between the host and an environment (moat cp --help)
+  keys      scoped API keys for agents (moat keys create|ls|rm)
   version   print the version
 
 Environment: MOAT_STATE (state directory, default /var/lib/moat); for env and
@@ -37,6 +39,8 @@ int main(int argc, char** argv) {
   if (command == "run") return moat::cli::runCommand(args);
   if (command == "env") return moat::cli::envCommand(args);
   if (command == "exec") return moat::cli::execCommand(args);
+  if (command == "cp") return moat::cli::cpCommand(args);
+  if (command == "keys") return moat::cli::keysCommand(args);
   if (command == "version" || command == "--version") {
     std::puts("moat " MOAT_VERSION);
     return 0;

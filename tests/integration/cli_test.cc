@@ -254,6 +254,68 @@ TEST_F(MoatCli, TalksToMoatdOverTcpToo) {
   EXPECT_EQ(client({"env", "rm", "--url", "http://localhost:" + m[1].str(), id}).exitCode, 0);
 }
 
+TEST_F(MoatCli, CpCopiesFilesBothWaysInPieces) {
+  MOAT_REQUIRE_ROOT();
+  std::string id = createEnv();
+  std::string dir = daemon().stateDir() + "/cp-test";
+  ASSERT_TRUE(os::makeDirs(dir).ok());
+  // 20 MiB of varied bytes: more than one 8 MiB piece, not valid UTF-8.
+  std::string data(20u << 20, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 131) ^ (i >> 9));
+  ASSERT_TRUE(os::writeFile(dir + "/big.bin", data).ok());
+  auto up = client({"cp", dir + "/big.bin", id + ":/workspace/sub/big.bin"});
+  ASSERT_EQ(up.exitCode, 0) << describe(up);
+  auto size = client({"exec", id, "--", "stat", "-c", "%s", "/workspace/sub/big.bin"});
+  EXPECT_EQ(size.out, std::to_string(data.size()) + "\n");
+  auto down = client({"cp", id + ":/workspace/sub/big.bin", dir + "/back.bin"});
+  ASSERT_EQ(down.exitCode, 0) << describe(down);
+  auto back = os::readFile(dir + "/back.bin", 64u << 20);
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back.value() == data) << "round trip changed the bytes";
+  // stdin and stdout as `-`.
+  EXPECT_EQ(client({"cp", "-", id + ":/workspace/s.txt"}, "from stdin").exitCode, 0);
+  EXPECT_EQ(client({"cp", id + ":/workspace/s.txt", "-"}).out, "from stdin");
+  // Clear errors.
+  auto missing = client({"cp", id + ":/workspace/none", dir + "/x"});
+  EXPECT_EQ(missing.exitCode, 125);
+  EXPECT_NE(missing.err.find("not_found"), std::string::npos) << describe(missing);
+  EXPECT_EQ(client({"cp", dir + "/a", dir + "/b"}).exitCode, 2);
+  EXPECT_EQ(client({"cp", dir, id + ":/workspace/d"}).exitCode, 2);
+  (void)os::removeTree(dir);
+}
+
+TEST_F(MoatCli, KeysCreateListRemoveAndAKeyWorksForItsOwnEnvironments) {
+  MOAT_REQUIRE_ROOT();
+  auto created = client({"keys", "create", "--scope", "create", "--scope", "exec", "--scope", "read",
+                         "--name", "agent"});
+  ASSERT_EQ(created.exitCode, 0) << describe(created);
+  std::string token = created.out.substr(0, created.out.find('\n'));
+  ASSERT_TRUE(std::regex_match(token, std::regex("moat_[0-9a-f]{12}_[0-9a-f]{64}"))) << token;
+  std::string keyId = token.substr(5, 12);
+  auto ls = client({"keys", "ls"});
+  EXPECT_NE(ls.out.find(keyId), std::string::npos);
+  EXPECT_NE(ls.out.find("create,exec,read"), std::string::npos) << ls.out;
+  EXPECT_EQ(ls.out.find(token.substr(18)), std::string::npos) << "the secret is shown once";
+  // The key drives its own environment, with MOAT_TOKEN.
+  auto env = client({"env", "create"}, "", {{"MOAT_TOKEN", token}});
+  ASSERT_EQ(env.exitCode, 0) << describe(env);
+  std::string id = env.out.substr(0, 12);
+  auto ran = client({"exec", id, "--", "echo", "as key"}, "", {{"MOAT_TOKEN", token}});
+  EXPECT_EQ(ran.out, "as key\n");
+  auto noDestroy = client({"env", "rm", id}, "", {{"MOAT_TOKEN", token}});
+  EXPECT_EQ(noDestroy.exitCode, 125);
+  EXPECT_NE(noDestroy.err.find("'destroy'"), std::string::npos) << describe(noDestroy);
+  auto notMaster = client({"keys", "ls"}, "", {{"MOAT_TOKEN", token}});
+  EXPECT_EQ(notMaster.exitCode, 125);
+  EXPECT_NE(notMaster.err.find("forbidden"), std::string::npos);
+  EXPECT_EQ(client({"keys", "rm", keyId}).exitCode, 0);
+  auto revoked = client({"env", "ls"}, "", {{"MOAT_TOKEN", token}});
+  EXPECT_EQ(revoked.exitCode, 125);
+  EXPECT_NE(revoked.err.find("revoked"), std::string::npos) << describe(revoked);
+  EXPECT_EQ(client({"keys", "create"}).exitCode, 2);
+  EXPECT_EQ(client({"env", "rm", id}).exitCode, 0);
+}
+
 TEST(MoatCliWithoutDaemon, AMissingDaemonIsNamed) {
   char tmpl[] = "/tmp/moat-cli-state-XXXXXX";
   std::string state = ::mkdtemp(tmpl);

@@ -1,0 +1,136 @@
+// moat cp: files between the host and one of moatd's environments.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "cli/client.h"
+#include "cli/commands.h"
+#include "cli/exit_codes.h"
+#include "common/unique_fd.h"
+#include "os/file.h"
+
+namespace moat::cli {
+namespace {
+
+constexpr const char* kCpUsage = R"(usage: moat cp HOST_PATH ENV:PATH
+       moat cp ENV:PATH HOST_PATH
+
+Copies one regular file between the host and an environment of moatd, in
+8 MiB pieces (any size). Parent directories inside are created. `-` as
+HOST_PATH is stdin or stdout.
+)";
+
+constexpr size_t kChunk = 8u << 20;
+
+struct Remote {
+  std::string env;
+  std::string path;
+};
+
+// ENV:PATH with PATH absolute; anything else is a host path.
+bool parseRemote(const std::string& arg, Remote& out) {
+  auto colon = arg.find(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 >= arg.size() || arg[colon + 1] != '/') {
+    return false;
+  }
+  if (arg.find('/') < colon) return false;  // a host path with a colon in it
+  out.env = arg.substr(0, colon);
+  out.path = arg.substr(colon + 1);
+  return true;
+}
+
+int upload(Client& client, const std::string& host, const Remote& remote) {
+  auto envPath = environmentPath(remote.env);
+  if (!envPath.ok()) return reportFailure("moat cp", envPath.error());
+  UniqueFd fd(host == "-" ? ::dup(0) : ::open(host.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return complain(kExitEnvironment, "cannot read " + host + ": " + std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd.get(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return complain(kExitUsage, host + " is a directory; moat cp copies files");
+  }
+  std::string base = envPath.value() + "/files?path=" + urlEncode(remote.path);
+  bool first = true;
+  for (;;) {
+    std::string chunk(kChunk, '\0');
+    size_t got = 0;
+    while (got < kChunk) {
+      ssize_t n = ::read(fd.get(), chunk.data() + got, kChunk - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return complain(kExitEnvironment, "read " + host + ": " + std::strerror(errno));
+      if (n == 0) break;
+      got += static_cast<size_t>(n);
+    }
+    chunk.resize(got);
+    if (got == 0 && !first) break;
+    auto reply = client.request("PUT", base + (first ? "" : "&append=1"), chunk);
+    if (!reply.ok()) return reportFailure("moat cp", reply.error());
+    if (reply->status != 200) return complain(kExitEnvironment, describeError(reply.value()));
+    first = false;
+    if (got < kChunk) break;
+  }
+  return 0;
+}
+
+int download(Client& client, const Remote& remote, const std::string& host) {
+  auto envPath = environmentPath(remote.env);
+  if (!envPath.ok()) return reportFailure("moat cp", envPath.error());
+  UniqueFd fd(host == "-" ? ::dup(1)
+                          : ::open(host.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd) return complain(kExitEnvironment, "cannot write " + host + ": " + std::strerror(errno));
+  std::string base = envPath.value() + "/files?path=" + urlEncode(remote.path);
+  for (uint64_t offset = 0;;) {
+    auto reply = client.request("GET", base + "&offset=" + std::to_string(offset) +
+                                           "&length=" + std::to_string(kChunk));
+    if (!reply.ok()) return reportFailure("moat cp", reply.error());
+    if (reply->status != 200) return complain(kExitEnvironment, describeError(reply.value()));
+    if (!writeAll(fd.get(), reply->body)) {
+      return complain(kExitEnvironment, "write " + host + ": " + std::strerror(errno));
+    }
+    offset += reply->body.size();
+    if (reply->body.size() < kChunk) break;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int cpCommand(const std::vector<std::string>& args) {
+  ConnectionOptions connection;
+  std::vector<std::string> positional;
+  FlagReader flags(args);
+  while (!flags.done()) {
+    if (!flags.currentIsFlag()) {
+      positional.push_back(flags.current());
+      flags.skip();
+      continue;
+    }
+    if (flags.current() == "-h" || flags.current() == "--help") {
+      std::fputs(kCpUsage, stdout);
+      return 0;
+    }
+    Status s = flags.next();
+    if (!s.ok()) return reportFailure("moat cp", s.error());
+    bool matched = false;
+    s = readConnectionFlag(flags, connection, matched);
+    if (!s.ok()) return reportFailure("moat cp", s.error());
+    if (!matched) return reportFailure("moat cp", usageError("unknown option " + flags.name()));
+  }
+  if (positional.size() != 2) {
+    return reportFailure("moat cp", usageError("expected a source and a destination\n" + std::string(kCpUsage)));
+  }
+  Remote from, to;
+  bool fromRemote = parseRemote(positional[0], from);
+  bool toRemote = parseRemote(positional[1], to);
+  if (fromRemote == toRemote) {
+    return reportFailure("moat cp", usageError("exactly one side must be ENV:/absolute/path"));
+  }
+  auto client = Client::fromOptions(connection);
+  if (!client.ok()) return reportFailure("moat cp", client.error());
+  return toRemote ? upload(client.value(), positional[0], to)
+                  : download(client.value(), from, positional[1]);
+}
+
+}  // namespace moat::cli
