@@ -95,17 +95,9 @@ ExecPlan planExec(const SpawnRequest& req) {
 
 // Runs in the vforked child: system calls only, never returns.
 [[noreturn]] void execChild(const ExecPlan& plan, int stdinFd, int outFd, int errFd, int failFd) {
-  sigset_t all;
-  sigemptyset(&all);
-  ::sigprocmask(SIG_SETMASK, &all, nullptr);
   // Ignored signals stay ignored across exec: whatever moat-init inherited
   // (the spawner ignores SIGTERM and friends), the command starts clean.
-  struct sigaction dfl;
-  std::memset(&dfl, 0, sizeof dfl);
-  dfl.sa_handler = SIG_DFL;
-  for (int sig = 1; sig < NSIG; ++sig) {
-    if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);
-  }
+  os::resetSignals();
   if (::setsid() < 0) childFail(failFd, "setsid", errno);
   if (::dup2(stdinFd, 0) < 0 || ::dup2(outFd, 1) < 0 || ::dup2(errFd, 2) < 0) {
     childFail(failFd, "dup2", errno);

@@ -129,6 +129,21 @@ Error execFd(int fd, const std::vector<std::string>& argv, const std::vector<std
   return Error::fromErrno("execveat moat-init");
 }
 
+void resetSignals() {
+  struct KernelSigaction {
+    void* handler;
+    unsigned long flags;
+    void* restorer;
+    uint64_t mask;
+  } act{};  // SIG_DFL is 0
+  for (int sig = 1; sig <= 64; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP) continue;
+    ::syscall(SYS_rt_sigaction, sig, &act, nullptr, sizeof(uint64_t));
+  }
+  uint64_t none = 0;
+  ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, nullptr, sizeof none);
+}
+
 std::string describeWaitStatus(int status) {
   if (WIFEXITED(status)) return "exited with " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return std::string("killed by signal ") + ::strsignal(WTERMSIG(status));

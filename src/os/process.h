@@ -50,4 +50,10 @@ Error execFd(int fd, const std::vector<std::string>& argv, const std::vector<std
 
 std::string describeWaitStatus(int status);
 
+// Every signal back to its default action and unblocked, including the
+// real-time ones glibc reserves (32, 33), which sigaction(3) refuses to
+// touch: ignored signals survive exec, so a command would inherit them.
+// Async-signal-safe (vfork children call it).
+void resetSignals();
+
 }  // namespace moat::os
