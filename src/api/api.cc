@@ -216,12 +216,33 @@ std::string pathSegment(const std::string& path, size_t index) {
 
 }  // namespace
 
-Api::Api(manager::EnvironmentManager& manager, Keys& keys, std::string masterToken)
-    : manager_(manager), keys_(keys), masterToken_(std::move(masterToken)) {}
+Api::Api(manager::EnvironmentManager& manager, Keys& keys, std::string masterToken,
+         std::string stateDir)
+    : manager_(manager), keys_(keys), masterToken_(std::move(masterToken)), stateDir_(std::move(stateDir)) {}
 
 void Api::countError(const std::string& code) {
   std::lock_guard<std::mutex> lock(errorsMutex_);
   ++errors_[code];
+}
+
+Preflight Api::preflight(const HttpRequest& head) {
+  Preflight p;
+  bool fileWrite = head.method == "PUT" && head.path.size() > 6 &&
+                   head.path.compare(head.path.size() - 6, 6, "/files") == 0;
+  p.bodyLimit = fileWrite ? (16u << 20) : (1u << 20);
+  if (head.path == "/healthz") return p;
+  std::string token = bearerToken(head.authorization);
+  std::string why = "missing Authorization: Bearer <token>";
+  if (!token.empty()) {
+    if (constantTimeEquals(token, masterToken_)) return p;
+    auto key = keys_.authenticate(token);
+    if (key.ok()) return p;
+    why = key.error().context;
+  }
+  p.reject = true;
+  p.response = errorResponse({401, "unauthorized", why, ""});
+  countError("unauthorized");
+  return p;
 }
 
 HttpResponse Api::handle(const HttpRequest& request) {
@@ -374,6 +395,11 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
       create.templateName = j["template"];
       if (create.templateName != "host" && create.templateName.rfind("/", 0) != 0) {
         return errorResponse(invalid("template", "'host' or an absolute root file system directory"));
+      }
+      // A directory template shows that host directory to the environment's
+      // root: only the master token may choose one.
+      if (create.templateName != "host" && !principal.master) {
+        return errorResponse({403, "forbidden", "template: only the master token may use a directory template", "template"});
       }
     }
     if (j.contains("spec")) {

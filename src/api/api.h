@@ -17,8 +17,12 @@ namespace moat::api {
 // name the field), and a typed call into the environment manager.
 class Api {
  public:
-  Api(manager::EnvironmentManager& manager, Keys& keys, std::string masterToken);
+  Api(manager::EnvironmentManager& manager, Keys& keys, std::string masterToken,
+      std::string stateDir = "");
   HttpResponse handle(const HttpRequest& request);
+  // Before the body: unauthenticated requests are refused unread, and the
+  // body limit is 16 MiB for file writes, 1 MiB for everything else.
+  Preflight preflight(const HttpRequest& head);
 
  private:
   HttpResponse route(const HttpRequest& request, const Principal& principal);
@@ -29,6 +33,7 @@ class Api {
   manager::EnvironmentManager& manager_;
   Keys& keys_;
   std::string masterToken_;
+  std::string stateDir_;
   std::mutex errorsMutex_;
   std::map<std::string, uint64_t> errors_;
   static constexpr std::array<double, 10> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025,

@@ -13,6 +13,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cstring>
+#include <optional>
 
 namespace moat::api {
 namespace {
@@ -37,15 +38,55 @@ std::string errorBody(const std::string& code, const std::string& message) {
   return R"({"error":{"code":")" + code + R"(","message":")" + escaped + R"("}})";
 }
 
+HttpRequest requestHead(const http::request<http::string_body>& req) {
+  HttpRequest request;
+  request.method = std::string(req.method_string());
+  std::string target(req.target());
+  auto q = target.find('?');
+  request.path = urlDecode(target.substr(0, q), false);
+  if (q != std::string::npos) {
+    std::string query = target.substr(q + 1);
+    size_t start = 0;
+    while (start <= query.size()) {
+      size_t end = query.find('&', start);
+      if (end == std::string::npos) end = query.size();
+      std::string pair = query.substr(start, end - start);
+      if (!pair.empty()) {
+        auto eq = pair.find('=');
+        std::string key = urlDecode(pair.substr(0, eq), true);
+        std::string value = eq == std::string::npos ? "" : urlDecode(pair.substr(eq + 1), true);
+        request.query[key] = value;
+        request.queryAll.emplace_back(key, value);
+      }
+      start = end + 1;
+    }
+  }
+  request.authorization = std::string(req[http::field::authorization]);
+  request.host = std::string(req[http::field::host]);
+  request.origin = std::string(req[http::field::origin]);
+  return request;
+}
+
 template <class Stream>
-void serveStream(Stream& stream, const Handler& handler, const ServerLimits& limits) {
+void serveStream(Stream& stream, const Handler& handler, const PreflightHandler& preflight,
+                 const ServerLimits& limits) {
   beast::flat_buffer buffer;
   for (;;) {
     http::request_parser<http::string_body> parser;
     parser.body_limit(limits.maxBodyBytes);
     parser.header_limit(static_cast<uint32_t>(limits.maxHeaderBytes));
     beast::error_code ec;
-    http::read(stream, buffer, parser, ec);
+    http::read_header(stream, buffer, parser, ec);
+    std::optional<HttpResponse> early;
+    if (!ec && preflight) {
+      Preflight decision = preflight(requestHead(parser.get()));
+      if (decision.reject) {
+        early = std::move(decision.response);
+      } else {
+        parser.body_limit(decision.bodyLimit);
+      }
+    }
+    if (!ec && !early) http::read(stream, buffer, parser, ec);
     if (ec == http::error::end_of_stream || ec == asio::error::eof ||
         ec == asio::error::connection_reset || ec == asio::error::operation_aborted ||
         ec == asio::error::bad_descriptor) {
@@ -54,7 +95,10 @@ void serveStream(Stream& stream, const Handler& handler, const ServerLimits& lim
     HttpResponse response;
     bool keepAlive = false;
     unsigned version = 11;
-    if (ec) {
+    if (early) {
+      response = std::move(*early);  // the body, if any, was never read: close after
+      version = parser.get().version();
+    } else if (ec) {
       bool tooBig = ec == http::error::body_limit || ec == http::error::header_limit;
       response.status = tooBig ? 413 : 400;
       response.body = errorBody(tooBig ? "too_large" : "bad_request",
@@ -65,32 +109,8 @@ void serveStream(Stream& stream, const Handler& handler, const ServerLimits& lim
       auto& req = parser.get();
       version = req.version();
       keepAlive = req.keep_alive();
-      HttpRequest request;
-      request.method = std::string(req.method_string());
-      std::string target(req.target());
-      auto q = target.find('?');
-      request.path = urlDecode(target.substr(0, q), false);
-      if (q != std::string::npos) {
-        std::string query = target.substr(q + 1);
-        size_t start = 0;
-        while (start <= query.size()) {
-          size_t end = query.find('&', start);
-          if (end == std::string::npos) end = query.size();
-          std::string pair = query.substr(start, end - start);
-          if (!pair.empty()) {
-            auto eq = pair.find('=');
-            std::string key = urlDecode(pair.substr(0, eq), true);
-            std::string value = eq == std::string::npos ? "" : urlDecode(pair.substr(eq + 1), true);
-            request.query[key] = value;
-            request.queryAll.emplace_back(key, value);
-          }
-          start = end + 1;
-        }
-      }
+      HttpRequest request = requestHead(req);
       request.body = std::move(req.body());
-      request.authorization = std::string(req[http::field::authorization]);
-      request.host = std::string(req[http::field::host]);
-      request.origin = std::string(req[http::field::origin]);
       try {
         response = handler(request);
       } catch (const std::exception& e) {
@@ -126,8 +146,8 @@ std::string urlDecode(const std::string& s, bool plusIsSpace) {
   return out;
 }
 
-HttpServer::HttpServer(Handler handler, ServerLimits limits)
-    : handler_(std::move(handler)), limits_(limits) {}
+HttpServer::HttpServer(Handler handler, PreflightHandler preflight, ServerLimits limits)
+    : handler_(std::move(handler)), preflight_(std::move(preflight)), limits_(limits) {}
 
 HttpServer::~HttpServer() { stop(); }
 
@@ -211,6 +231,8 @@ void HttpServer::acceptLoop(int listenFd) {
 }
 
 void HttpServer::serve(int fd) {
+  struct timeval idle = {limits_.idleTimeoutS, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &idle, sizeof idle);
   struct sockaddr_storage ss;
   socklen_t len = sizeof ss;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
@@ -218,11 +240,11 @@ void HttpServer::serve(int fd) {
     asio::io_context io;
     if (ss.ss_family == AF_UNIX) {
       asio::local::stream_protocol::socket socket(io, asio::local::stream_protocol(), fd);
-      serveStream(socket, handler_, limits_);
+      serveStream(socket, handler_, preflight_, limits_);
       socket.release();
     } else {
       asio::ip::tcp::socket socket(io, ss.ss_family == AF_INET6 ? asio::ip::tcp::v6() : asio::ip::tcp::v4(), fd);
-      serveStream(socket, handler_, limits_);
+      serveStream(socket, handler_, preflight_, limits_);
       socket.release();
     }
   } catch (const std::exception&) {

@@ -36,15 +36,25 @@ struct HttpResponse {
 
 using Handler = std::function<HttpResponse(const HttpRequest&)>;
 
+// Decided from the request line and headers, before the body is read: an
+// unauthenticated client never gets to make moatd hold a large body.
+struct Preflight {
+  bool reject = false;
+  HttpResponse response;  // when rejected
+  size_t bodyLimit = 1u << 20;
+};
+using PreflightHandler = std::function<Preflight(const HttpRequest& head)>;
+
 struct ServerLimits {
-  size_t maxBodyBytes = 64u << 20;
+  size_t maxBodyBytes = 17u << 20;  // without a preflight
   size_t maxHeaderBytes = 16u << 10;
   size_t maxConnections = 512;
+  int idleTimeoutS = 120;  // a connection silent this long is closed
 };
 
 class HttpServer {
  public:
-  explicit HttpServer(Handler handler, ServerLimits limits = {});
+  explicit HttpServer(Handler handler, PreflightHandler preflight = nullptr, ServerLimits limits = {});
   ~HttpServer();
   // host:port (port 0 picks one; see tcpPort()) and a unix socket path
   // (created 0600 by the caller's umask rules; an old socket is replaced).
@@ -58,6 +68,7 @@ class HttpServer {
   void serve(int fd);
 
   Handler handler_;
+  PreflightHandler preflight_;
   ServerLimits limits_;
   std::vector<int> listenFds_;
   std::vector<std::thread> acceptors_;

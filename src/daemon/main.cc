@@ -1,11 +1,14 @@
 // moatd: the environments service. See docs/API.md.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "api/api.h"
 #include "api/auth.h"
@@ -66,6 +69,12 @@ int main(int argc, char** argv) {
   if (::geteuid() != 0) return fail("needs root (it creates namespaces, cgroups and mounts)");
   if (stateDir.empty() || stateDir[0] != '/') return fail("--state must be an absolute path");
   if (auto s = os::makeDirs(stateDir, 0700); !s.ok()) return fail(s.error().message());
+  // One moatd per state directory; a second one would fight over the spawner.
+  auto lock = os::open(stateDir + "/moatd.lock", O_RDWR | O_CREAT, 0600);
+  if (!lock.ok()) return fail(lock.error().message());
+  if (::flock(lock->get(), LOCK_EX | LOCK_NB) != 0) {
+    return fail("another moatd is serving " + stateDir);
+  }
 
   // Before any thread: a new spawner is a fork of this process. An earlier
   // moatd's spawner, still running its environments, is reused.
@@ -91,12 +100,21 @@ int main(int argc, char** argv) {
   bool stopEverything = false;
   {
     manager::EnvironmentManager manager(config, *store.value(), *spawner.value());
-    manager.recoverAfterRestart();
+    // Until serving, a failure must leave the environments as they are.
+    if (auto s = manager.recoverAfterRestart(); !s.ok()) {
+      manager.detach();
+      return fail("re-attaching to the spawner's environments: " + s.error().message());
+    }
     api::Keys keys(*store.value());
-    api::Api api(manager, keys, token.value());
-    api::HttpServer server([&api](const api::HttpRequest& r) { return api.handle(r); });
-    if (auto s = server.listenUnix(stateDir + "/moatd.sock"); !s.ok()) return fail(s.error().message());
-    if (auto s = server.listenTcp(listen); !s.ok()) return fail(s.error().message());
+    api::Api api(manager, keys, token.value(), stateDir);
+    api::HttpServer server([&api](const api::HttpRequest& r) { return api.handle(r); },
+                           [&api](const api::HttpRequest& head) { return api.preflight(head); });
+    for (auto s : {server.listenUnix(stateDir + "/moatd.sock"), server.listenTcp(listen)}) {
+      if (!s.ok()) {
+        manager.detach();
+        return fail(s.error().message());
+      }
+    }
     std::fprintf(stderr, "moatd: serving http://127.0.0.1:%d and unix:%s/moatd.sock (state %s)\n",
                  server.tcpPort(), stateDir.c_str(), stateDir.c_str());
     std::fflush(stderr);
@@ -105,6 +123,14 @@ int main(int argc, char** argv) {
     bool keep = sig == SIGUSR1;
     std::fprintf(stderr, "moatd: %s, stopping%s\n", ::strsignal(sig),
                  keep ? " (environments keep running for the next moatd)" : "");
+    // A second signal means now.
+    std::thread([signals] {
+      int again = 0;
+      ::sigwait(&signals, &again);
+      std::fprintf(stderr, "moatd: %s again, exiting at once\n", ::strsignal(again));
+      ::_exit(1);
+    }).detach();
+    manager.interrupt();  // waiting execs end; nothing new starts
     server.stop();
     if (keep) {
       manager.detach();

@@ -36,17 +36,43 @@ EnvironmentManager::~EnvironmentManager() {
   if (reaper_.joinable()) reaper_.join();
   if (!detached_) destroyAll("moatd stopped");
   // Detached: dropping the connections leaves moat-init running; the spawner
-  // hands a new connection to the next moatd.
+  // hands a new connection to the next moatd. Dropped here, while every member
+  // their reader threads touch (onInitGone) still exists.
+  std::map<std::string, Live> live;
+  std::vector<Ready> pool;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live.swap(live_);
+    pool.swap(pool_);
+  }
+  live.clear();
+  pool.clear();
 }
 
-void EnvironmentManager::recoverAfterRestart() {
-  auto owned = spawner_.list();
-  std::set<std::string> running;
-  if (owned.ok()) running.insert(owned->begin(), owned->end());
-  auto live = store_.liveEnvironments();
-  if (!live.ok()) return;
+void EnvironmentManager::interrupt() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  reaperCv_.notify_all();
+  if (reaper_.joinable()) reaper_.join();
+  std::vector<std::shared_ptr<InitConnection>> connections;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [id, l] : live_) connections.push_back(l.connection);
+    for (auto& r : pool_) connections.push_back(r.connection);
+  }
+  for (auto& c : connections) c->close();
+}
+
+Status EnvironmentManager::recoverAfterRestart() {
+  // Without the spawner's list, nothing can be told apart: stop rather than
+  // fail environments that may be running fine.
+  MOAT_ASSIGN(auto owned, spawner_.list());
+  std::set<std::string> running(owned.begin(), owned.end());
+  MOAT_ASSIGN(auto live, store_.liveEnvironments());
   std::set<std::string> recorded;
-  for (const auto& r : live.value()) {
+  for (const auto& r : live) {
     recorded.insert(r.id);
     if (!running.count(r.id) || r.state == "destroying") {
       if (running.count(r.id)) (void)spawner_.destroy(r.id);
@@ -74,6 +100,7 @@ void EnvironmentManager::recoverAfterRestart() {
   for (const auto& id : running) {
     if (!recorded.count(id)) (void)spawner_.destroy(id);
   }
+  return {};
 }
 
 void EnvironmentManager::detach() {
@@ -98,6 +125,7 @@ void EnvironmentManager::refillPool() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_ || detached_ || pool_.size() + poolCreating_ >= config_.warmPoolSize) return;
+      if (nowMs() < poolRetryAfterMs_) return;
       if (live_.size() + pool_.size() + creating_ + poolCreating_ >= config_.maxEnvironments ||
           reservedMemoryMb_ + config_.defaultRamMb > config_.maxTotalMemoryMb) {
         return;  // real requests come first
@@ -110,7 +138,8 @@ void EnvironmentManager::refillPool() {
     --poolCreating_;
     if (!created.ok()) {
       reservedMemoryMb_ -= config_.defaultRamMb;
-      return;  // try again on the next round
+      poolRetryAfterMs_ = nowMs() + 5000;  // back off: the next try in 5 s
+      return;
     }
     std::string id = created->id;
     pool_.push_back(Ready{id, std::make_shared<InitConnection>(std::move(created->control),
@@ -170,11 +199,14 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
                                          " MB of memory are reserved");
     }
     ++creating_;
+    creatingIds_.insert(record.id);
     reservedMemoryMb_ += record.ramMb;
   }
   auto release = [&](bool keepMemory) {
     std::lock_guard<std::mutex> lock(mutex_);
     --creating_;
+    creatingIds_.erase(record.id);
+    destroyRequested_.erase(record.id);
     if (!keepMemory) reservedMemoryMb_ -= record.ramMb;
   };
   Status stored = store_.insertEnvironment(record);
@@ -198,11 +230,24 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     return created.error();
   }
   std::string id = record.id;
+  bool destroyedMeanwhile;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    destroyedMeanwhile = destroyRequested_.count(id) > 0;
+  }
+  if (destroyedMeanwhile) {
+    // A DELETE came while the spawner was creating it: honour it now.
+    (void)spawner_.destroy(id);
+    release(false);
+    (void)store_.setState(id, "gone", "destroyed");
+    return Error::make("conflict", "environment " + id + " was destroyed while being created");
+  }
   auto connection = std::make_shared<InitConnection>(std::move(created->control),
                                                      [this, id] { onInitGone(id); });
   {
     std::lock_guard<std::mutex> lock(mutex_);
     --creating_;
+    creatingIds_.erase(id);
     live_[id] = Live{connection, request.env, record.ramMb};
   }
   record.state = "running";
@@ -216,6 +261,7 @@ void EnvironmentManager::onInitGone(const std::string& id) {
   // connection's reader thread, which the cleanup joins).
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return;  // a shutdown drops connections on purpose
     initGone_.push_back(id);
   }
   reaperCv_.notify_all();
@@ -286,6 +332,12 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   Live live;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (creatingIds_.count(id)) {
+      // The spawner is still creating it; create() destroys it when done.
+      destroyRequested_.insert(id);
+      (void)store_.setState(id, "destroying", reason);
+      return {};
+    }
     auto it = live_.find(id);
     if (it != live_.end()) {
       live = std::move(it->second);
@@ -297,7 +349,8 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   (void)store_.setState(id, "destroying", reason);
   Status s = spawner_.destroy(id);
   live.connection.reset();  // joins its reader: moat-init is gone by now
-  (void)store_.setState(id, failed ? "failed" : "gone", reason);
+  // A failed destroy stays "destroying": the next moatd start finishes it.
+  if (s.ok()) (void)store_.setState(id, failed ? "failed" : "gone", reason);
   return s;
 }
 

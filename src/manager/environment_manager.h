@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -65,9 +66,12 @@ class EnvironmentManager {
   // Re-attaches to the environments a previous moatd left running (the
   // spawner still owns them); records whose environment is gone are marked
   // failed, and environments without a record are destroyed.
-  void recoverAfterRestart();
+  Status recoverAfterRestart();
   // Stop without destroying: the environments keep running for the next moatd.
   void detach();
+  // The start of a shutdown: stops the reaper and the pool, and drops every
+  // control connection so that requests waiting on an environment end now.
+  void interrupt();
 
   Result<store::EnvironmentRecord> create(const CreateRequest& request);
   Result<store::EnvironmentRecord> get(const std::string& id);
@@ -110,6 +114,9 @@ class EnvironmentManager {
   std::mutex mutex_;
   std::map<std::string, Live> live_;
   size_t creating_ = 0;
+  std::set<std::string> creatingIds_;      // guarded by mutex_
+  std::set<std::string> destroyRequested_; // DELETE arrived while creating
+  int64_t poolRetryAfterMs_ = 0;
   std::vector<std::string> initGone_;
   uint64_t reservedMemoryMb_ = 0;
   std::atomic<uint64_t> execs_{0};

@@ -3,6 +3,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <chrono>
 
 namespace moat::manager {
@@ -16,6 +18,8 @@ InitConnection::~InitConnection() {
   ::shutdown(control_.get(), SHUT_RDWR);  // wakes the reader
   if (reader_.joinable()) reader_.join();
 }
+
+void InitConnection::close() { ::shutdown(control_.get(), SHUT_RDWR); }
 
 bool InitConnection::closed() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -145,8 +149,15 @@ Result<ExecResult> InitConnection::exec(const ExecRequest& request) {
   }
   // moat-init enforces the timeout; the grace covers the kill and the report.
   uint64_t limit = request.timeoutMs ? request.timeoutMs + 10000 : 24ULL * 3600 * 1000;
-  MOAT_ASSIGN(Pending p, wait(id, limit));
-  return std::move(p.result);
+  auto p = wait(id, limit);
+  if (!p.ok()) {
+    // Nobody waits for it any more: it must not run on unseen.
+    if (p.error().code == "timeout") {
+      (void)send(init::MsgType::kSignal, init::SignalRequest{id, SIGKILL, true}.encode());
+    }
+    return p.error();
+  }
+  return std::move(p.value().result);
 }
 
 Result<init::FileResult> InitConnection::file(init::FileRequest request) {

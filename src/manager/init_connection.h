@@ -54,6 +54,8 @@ class InitConnection {
   Result<ExecResult> exec(const ExecRequest& request);
   Result<init::FileResult> file(init::FileRequest request);
   bool closed();
+  // Drops the connection: waiting requests end with "gone" (shutdown).
+  void close();
 
  private:
   struct Pending {

@@ -328,6 +328,95 @@ TEST(MoatdWarmPool, CreateClaimsAReadyEnvironmentAndThePoolRefills) {
   EXPECT_EQ(waitReady(2), 2) << "the pool refills in the background";
 }
 
+TEST_F(MoatdApi, TemplatesCannotExposeTheHostToKeysOrTheStateToAnyone) {
+  json key = call("POST", "/v1/keys", {{"scopes", {"create", "read", "files"}}}, 201);
+  auto asKey = daemon_->request("POST", "/v1/environments",
+                                json{{"template", daemon_->stateDir()}}.dump(), false,
+                                {{"Authorization", "Bearer " + key["token"].get<std::string>()}});
+  EXPECT_EQ(asKey.status, 403) << asKey.body;
+  EXPECT_EQ(json::parse(asKey.body)["error"]["field"], "template");
+  // Not even the master may show the state directory (tokens, keys, volumes).
+  createEnv();  // so that <state>/templates exists
+  for (const std::string& t : {daemon_->stateDir(), daemon_->stateDir() + "/templates", std::string("/tmp")}) {
+    auto r = daemon_->request("POST", "/v1/environments", json{{"template", t}}.dump());
+    EXPECT_EQ(r.status, 400) << t << " -> " << r.body;
+    EXPECT_NE(r.body.find("state directory"), std::string::npos) << r.body;
+  }
+}
+
+TEST_F(MoatdApi, UnauthenticatedBodiesAreRefusedBeforeTheyAreRead) {
+  auto r = daemon_->request("PUT", "/v1/environments/000000000000/files?path=/x",
+                            std::string(64u << 10, 'x'), false);
+  EXPECT_EQ(r.status, 401);
+  auto big = daemon_->request("POST", "/v1/environments", std::string(3u << 20, ' '));
+  EXPECT_EQ(big.status, 413);
+}
+
+TEST_F(MoatdApi, DeleteDuringCreateLeavesAConsistentState) {
+  for (int round = 0; round < 5; ++round) {
+    std::string before = call("GET", "/v1/environments", nullptr, 200).dump();
+    HttpResult created;
+    std::thread creator([&] { created = daemon_->request("POST", "/v1/environments", "{}"); });
+    // Whatever id shows up first gets deleted while it may still be creating.
+    std::string id;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (id.empty() && std::chrono::steady_clock::now() < deadline) {
+      json list = json::parse(daemon_->request("GET", "/v1/environments?state=creating").body);
+      if (!list["environments"].empty()) id = list["environments"][0]["id"];
+      if (id.empty()) {
+        json running = json::parse(daemon_->request("GET", "/v1/environments?state=running").body);
+        if (!running["environments"].empty()) id = running["environments"][0]["id"];
+      }
+    }
+    ASSERT_FALSE(id.empty());
+    auto deleted = daemon_->request("DELETE", "/v1/environments/" + id);
+    creator.join();
+    EXPECT_EQ(deleted.status, 204);
+    json env = call("GET", "/v1/environments/" + id, nullptr, 200);
+    EXPECT_EQ(env["state"], "gone") << "create said " << created.status << " " << created.body;
+    auto late = daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["true"]})");
+    EXPECT_EQ(late.status, 409);
+  }
+  // Nothing was left reserved: environments can still be made.
+  std::string fresh = createEnv();
+  EXPECT_EQ(exec(fresh, {{"cmd", {"true"}}})["exit_code"], 0);
+}
+
+TEST_F(MoatdApi, SigtermEndsWaitingExecsAndStopsPromptly) {
+  std::string id = createEnv();
+  HttpResult longExec;
+  std::thread waiter([&] {
+    try {
+      longExec = daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["sleep","1000"]})");
+    } catch (const std::exception&) {
+      longExec.status = -1;  // the connection closed: also an end
+    }
+  });
+  // The exec is running once a sleep shows up in the environment.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool running = false;
+  while (!running && std::chrono::steady_clock::now() < deadline) {
+    auto ps = daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["pgrep","sleep"]})");
+    running = json::parse(ps.body)["exit_code"] == 0;
+  }
+  ASSERT_TRUE(running);
+  auto start = std::chrono::steady_clock::now();
+  ::kill(daemon_->pid(), SIGTERM);
+  daemon_->waitExit();
+  waiter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_NE(longExec.status, 200);
+  daemon_->restart();
+  EXPECT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "gone");
+}
+
+TEST_F(MoatdApi, ASecondMoatdOnTheSameStateRefusesToStart) {
+  auto r = runProcess({binDir() + "/moatd", "--state", daemon_->stateDir(), "--listen", "127.0.0.1:0"});
+  EXPECT_EQ(r.exitCode, 1);
+  EXPECT_NE(r.err.find("another moatd"), std::string::npos) << r.err;
+  EXPECT_EQ(exec(createEnv(), {{"cmd", {"true"}}})["exit_code"], 0) << "the first one is unharmed";
+}
+
 TEST_F(MoatdApi, AKilledMoatdLosesNothingTheNextOneReattaches) {
   std::string id = createEnv();
   std::string files = "/v1/environments/" + id + "/files";

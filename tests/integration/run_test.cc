@@ -363,7 +363,8 @@ TEST_F(Run, VolumesAreExplicitAndHonourReadOnly) {
 
 TEST_F(Run, TemplateDirectoryIsTheWholeRoot) {
   // A minimal root file system: dash and the C library, nothing else.
-  std::string root = testStateDir() + "/rootfs-" + std::to_string(::getpid());
+  // Outside the state directory: moat refuses templates that overlap it.
+  std::string root = "/tmp/moat-test-rootfs-" + std::to_string(::getpid());
   for (const std::string f : {"/usr/bin/dash", "/lib/x86_64-linux-gnu/libc.so.6",
                               "/lib64/ld-linux-x86-64.so.2"}) {
     ASSERT_TRUE(os::makeDirs(root + f.substr(0, f.rfind('/'))).ok());

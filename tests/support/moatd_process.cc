@@ -3,13 +3,17 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <stdexcept>
 #include <thread>
 
@@ -92,6 +96,22 @@ void Moatd::restart() {
 
 Moatd::~Moatd() {
   stop();
+  // A test that failed half-way may have left the spawner (which outlives
+  // moatd by design) with environments: ask it to destroy them and exit.
+  int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  std::string sock = stateDir_ + "/spawner.sock";
+  std::memcpy(addr.sun_path, sock.c_str(), std::min(sock.size(), sizeof addr.sun_path - 1));
+  if (s >= 0 && ::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    const char shutdown = 5;  // the spawner's shutdown request
+    if (::send(s, &shutdown, 1, MSG_NOSIGNAL) == 1) {
+      char reply[64];
+      ssize_t ignored = ::recv(s, reply, sizeof reply, 0);  // answered once all is destroyed
+      (void)ignored;
+    }
+  }
+  if (s >= 0) ::close(s);
   ::umount2((stateDir_ + "/storage").c_str(), MNT_DETACH);
   (void)os::removeTree(stateDir_);
   ::unlink(logPath_.c_str());

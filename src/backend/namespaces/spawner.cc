@@ -1,5 +1,6 @@
 #include "backend/namespaces/spawner.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -10,6 +11,7 @@
 #include <cstring>
 
 #include "init/protocol.h"
+#include "os/process.h"
 #include "os/socket.h"
 
 namespace moat::backend::namespaces {
@@ -92,6 +94,16 @@ std::string reply(const Status& status, const std::string& value = "") {
 }  // namespace
 
 [[noreturn]] void runSpawner(int channel, int listenFd) {
+  // Keep only stdio and the two sockets: nothing of moatd's (its state
+  // directory lock, above all) may stay open in a process that outlives it.
+  int c = ::fcntl(channel, F_DUPFD, 10);
+  int l = ::fcntl(listenFd, F_DUPFD, 10);
+  if (c < 0 || l < 0 || ::dup2(c, 3) < 0 || ::dup2(l, 4) < 0) ::_exit(1);
+  channel = 3;
+  listenFd = 4;
+  ::fcntl(3, F_SETFD, FD_CLOEXEC);
+  ::fcntl(4, F_SETFD, FD_CLOEXEC);
+  (void)os::closeFrom(5);
   // Its own session: a terminal's ^C to moatd's process group does not reach
   // it, and it keeps running when moatd goes away.
   ::setsid();

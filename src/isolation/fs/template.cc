@@ -106,6 +106,18 @@ Result<Template> resolveTemplate(const std::string& spec, const std::string& sta
     return Error::make("invalid_argument",
                        "template / would show the whole host to the environment; use 'host'");
   }
+  // The state directory holds the master token, keys and every environment's
+  // files: no template may show it, from above or from inside.
+  auto state = os::realPath(stateDir);
+  std::string s = state.ok() ? state.value() : os::normalizePath(stateDir);
+  auto within = [](const std::string& inner, const std::string& outer) {
+    return inner == outer || (inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 &&
+                              (outer == "/" || inner[outer.size()] == '/'));
+  };
+  if (within(s, t.lowerDir) || within(t.lowerDir, s)) {
+    return Error::make("invalid_argument",
+                       "template " + spec + " overlaps moat's state directory " + s);
+  }
   return t;
 }
 
