@@ -417,6 +417,57 @@ TEST_F(MoatdApi, ASecondMoatdOnTheSameStateRefusesToStart) {
   EXPECT_EQ(exec(createEnv(), {{"cmd", {"true"}}})["exit_code"], 0) << "the first one is unharmed";
 }
 
+TEST_F(MoatdApi, KillNineDuringAnExecLosesNothing) {
+  std::string id = createEnv();
+  std::thread waiter([&] {
+    try {
+      (void)daemon_->request("POST", "/v1/environments/" + id + "/exec",
+                             R"({"cmd":["sh","-c","sleep 2; echo finished > /workspace/done"]})");
+    } catch (const std::exception&) {
+      // the daemon dies under this request: its connection breaks
+    }
+  });
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool running = false;
+  while (!running && std::chrono::steady_clock::now() < deadline) {
+    auto ps = daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["pgrep","sleep"]})");
+    running = json::parse(ps.body)["exit_code"] == 0;
+  }
+  ASSERT_TRUE(running);
+  daemon_->kill9();
+  waiter.join();
+  daemon_->restart();
+  EXPECT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "running");
+  // The command went on without moatd and did its work.
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::string done;
+  while (done.empty() && std::chrono::steady_clock::now() < deadline) {
+    auto r = daemon_->request("GET", "/v1/environments/" + id + "/files?path=/workspace/done");
+    if (r.status == 200) done = r.body;
+  }
+  EXPECT_EQ(done, "finished\n");
+}
+
+TEST_F(MoatdApi, DestroyDuringExecEndsTheExecCleanly) {
+  std::string id = createEnv();
+  HttpResult longExec;
+  std::thread waiter([&] {
+    longExec = daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["sleep","1000"]})");
+  });
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool running = false;
+  while (!running && std::chrono::steady_clock::now() < deadline) {
+    auto ps = daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["pgrep","sleep"]})");
+    running = json::parse(ps.body)["exit_code"] == 0;
+  }
+  ASSERT_TRUE(running);
+  EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + id).status, 204);
+  waiter.join();
+  EXPECT_EQ(longExec.status, 409) << longExec.body;
+  EXPECT_NE(longExec.body.find("ended"), std::string::npos) << longExec.body;
+  EXPECT_EQ(exec(createEnv(), {{"cmd", {"true"}}})["exit_code"], 0) << "the daemon keeps serving";
+}
+
 TEST_F(MoatdApi, AKilledMoatdLosesNothingTheNextOneReattaches) {
   std::string id = createEnv();
   std::string files = "/v1/environments/" + id + "/files";
