@@ -1,9 +1,9 @@
 #include "api/auth.h"
 
 #include <fcntl.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 
+#include "common/hex.h"
 #include "os/file.h"
 
 namespace moat::api {
@@ -20,14 +20,7 @@ Result<std::string> loadOrCreateMasterToken(const std::string& stateDir) {
     if (token.size() < 32) return Error::make("invalid", path + " holds no usable token");
     return token;
   }
-  unsigned char bytes[32];
-  if (::getrandom(bytes, sizeof bytes, 0) != sizeof bytes) return Error::fromErrno("getrandom");
-  static const char* hex = "0123456789abcdef";
-  std::string token;
-  for (unsigned char b : bytes) {
-    token.push_back(hex[b >> 4]);
-    token.push_back(hex[b & 15]);
-  }
+  MOAT_ASSIGN(std::string token, randomHex(32));
   std::string tmp = path + ".new";
   MOAT_TRY(os::writeFile(tmp, token + "\n", 0600));
   ::chmod(tmp.c_str(), 0600);

@@ -1,26 +1,15 @@
 #include "api/keys.h"
 
 #include <openssl/evp.h>
-#include <sys/random.h>
 
 #include <chrono>
 
 #include "api/auth.h"
+#include "common/hex.h"
 
 namespace moat::api {
 namespace {
 
-std::string randomHex(size_t bytes) {
-  std::string raw(bytes, '\0');
-  if (::getrandom(raw.data(), bytes, 0) != static_cast<ssize_t>(bytes)) return "";
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned char b : raw) {
-    out.push_back(hex[b >> 4]);
-    out.push_back(hex[b & 15]);
-  }
-  return out;
-}
 
 int64_t nowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -39,20 +28,13 @@ std::string sha256Hex(const std::string& data) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
   EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < length; ++i) {
-    out.push_back(hex[digest[i] >> 4]);
-    out.push_back(hex[digest[i] & 15]);
-  }
-  return out;
+  return toHex(digest, length);
 }
 
 Result<Keys::Created> Keys::create(const std::string& name, const std::vector<std::string>& scopes) {
   Created created;
-  created.record.id = randomHex(6);
-  std::string secret = randomHex(32);
-  if (created.record.id.empty() || secret.empty()) return Error::fromErrno("getrandom");
+  MOAT_ASSIGN(created.record.id, randomHex(6));
+  MOAT_ASSIGN(std::string secret, randomHex(32));
   created.token = "moat_" + created.record.id + "_" + secret;
   created.record.name = name;
   created.record.tokenHash = sha256Hex(created.token);

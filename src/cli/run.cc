@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "cli/client.h"
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
 #include "cli/run_options.h"
@@ -33,23 +34,6 @@ uint64_t hostMemoryMb() {
     in.ignore(1 << 10, '\n');
   }
   return 1 << 20;
-}
-
-// Returns false when the reader is gone (EPIPE and friends).
-bool writeAll(int fd, const std::string& data) {
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    off += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-int complain(int code, const std::string& message) {
-  std::fprintf(stderr, "moat: %s\n", message.c_str());
-  return code;
 }
 
 init::SpawnRequest commandRequest(const std::string& hostname, const RunOptions& options) {

@@ -3,32 +3,23 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "cli/client.h"
 #include "os/file.h"
 
 namespace moat::cli {
 namespace {
 
-Error usage(const std::string& message) { return Error::make("usage", message); }
 
-Result<double> parseNumber(const std::string& flag, const std::string& value) {
-  char* end = nullptr;
-  errno = 0;
-  double v = std::strtod(value.c_str(), &end);
-  if (value.empty() || *end != '\0' || errno != 0 || !std::isfinite(v)) {
-    return usage(flag + ": '" + value + "' is not a number");
-  }
-  return v;
-}
 
 Result<uint64_t> parseWhole(const std::string& flag, const std::string& value, uint64_t min,
                             uint64_t max, const std::string& unit) {
   if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos) {
-    return usage(flag + ": '" + value + "' is not a whole number");
+    return usageError(flag + ": '" + value + "' is not a whole number");
   }
-  if (value.size() > 12) return usage(flag + ": " + value + " is out of range");
+  if (value.size() > 12) return usageError(flag + ": " + value + " is out of range");
   uint64_t v = std::strtoull(value.c_str(), nullptr, 10);
   if (v < min || v > max) {
-    return usage(flag + ": " + value + " is out of range (" + std::to_string(min) + " to " +
+    return usageError(flag + ": " + value + " is out of range (" + std::to_string(min) + " to " +
                  std::to_string(max) + unit + ")");
   }
   return v;
@@ -53,19 +44,19 @@ Result<isolation::fs::BindMount> parseVolume(const std::string& value) {
     }
   }
   if (parts.size() < 2 || parts.size() > 3 || parts[0].empty() || parts[1].empty()) {
-    return usage("-v: expected HOST_PATH:ENV_PATH[:ro], got '" + value + "'");
+    return usageError("-v: expected HOST_PATH:ENV_PATH[:ro], got '" + value + "'");
   }
   isolation::fs::BindMount bind;
   if (parts.size() == 3) {
-    if (parts[2] != "ro" && parts[2] != "rw") return usage("-v: mode must be ro or rw, got '" + parts[2] + "'");
+    if (parts[2] != "ro" && parts[2] != "rw") return usageError("-v: mode must be ro or rw, got '" + parts[2] + "'");
     bind.readOnly = parts[2] == "ro";
   }
   auto resolved = os::realPath(parts[0]);
-  if (!resolved.ok()) return usage("-v: host path " + parts[0] + " does not exist");
+  if (!resolved.ok()) return usageError("-v: host path " + parts[0] + " does not exist");
   bind.source = resolved.value();
   bind.target = parts[1];
   auto s = isolation::fs::validateBindTarget(bind.target);
-  if (!s.ok()) return usage("-v: " + s.error().context);
+  if (!s.ok()) return usageError("-v: " + s.error().context);
   bind.target = os::normalizePath(bind.target);
   return bind;
 }
@@ -123,7 +114,7 @@ Result<RunOptions> parseRunOptions(const std::vector<std::string>& args, uint64_
   size_t i = 0;
   auto value = [&](const std::string& flag, std::string& inlineValue) -> Result<std::string> {
     if (!inlineValue.empty()) return inlineValue;
-    if (i + 1 >= args.size()) return usage(flag + " needs a value");
+    if (i + 1 >= args.size()) return usageError(flag + " needs a value");
     return args[++i];
   };
   for (; i < args.size(); ++i) {
@@ -139,11 +130,11 @@ Result<RunOptions> parseRunOptions(const std::vector<std::string>& args, uint64_
       if (eq != std::string::npos) {
         inlineValue = arg.substr(eq + 1);
         arg = arg.substr(0, eq);
-        if (inlineValue.empty()) return usage(arg + " needs a value after '='");
+        if (inlineValue.empty()) return usageError(arg + " needs a value after '='");
       }
     }
     bool takesNoValue = arg == "-h" || arg == "--help" || arg == "-i" || arg == "--interactive";
-    if (takesNoValue && !inlineValue.empty()) return usage(arg + " takes no value");
+    if (takesNoValue && !inlineValue.empty()) return usageError(arg + " takes no value");
     if (arg == "-h" || arg == "--help") {
       o.help = true;
       return o;
@@ -153,7 +144,7 @@ Result<RunOptions> parseRunOptions(const std::vector<std::string>& args, uint64_
       MOAT_ASSIGN(std::string v, value(arg, inlineValue));
       MOAT_ASSIGN(o.spec.cpus, parseNumber(arg, v));
       if (!(o.spec.cpus >= 0.01 && o.spec.cpus <= 1024)) {
-        return usage("--cpus: " + v + " is out of range (0.01 to 1024)");
+        return usageError("--cpus: " + v + " is out of range (0.01 to 1024)");
       }
     } else if (arg == "--memory") {
       MOAT_ASSIGN(std::string v, value(arg, inlineValue));
@@ -165,22 +156,22 @@ Result<RunOptions> parseRunOptions(const std::vector<std::string>& args, uint64_
       MOAT_ASSIGN(std::string v, value(arg, inlineValue));
       MOAT_ASSIGN(o.spec.storageGb, parseNumber(arg, v));
       if (!(o.spec.storageGb >= 0.01 && o.spec.storageGb <= 65536)) {
-        return usage("--storage: " + v + " is out of range (0.01 to 65536 GB)");
+        return usageError("--storage: " + v + " is out of range (0.01 to 65536 GB)");
       }
     } else if (arg == "--timeout") {
       MOAT_ASSIGN(std::string v, value(arg, inlineValue));
       MOAT_ASSIGN(o.timeoutSeconds, parseNumber(arg, v));
       if (!(o.timeoutSeconds >= 0.001 && o.timeoutSeconds <= 31536000)) {
-        return usage("--timeout: " + v + " is out of range (0.001 to 31536000 seconds)");
+        return usageError("--timeout: " + v + " is out of range (0.001 to 31536000 seconds)");
       }
     } else if (arg == "-e" || arg == "--env") {
       MOAT_ASSIGN(std::string v, value(arg, inlineValue));
       auto eq = v.find('=');
       std::string name = v.substr(0, eq);
-      if (!validEnvName(name)) return usage("-e: '" + name + "' is not a valid variable name");
+      if (!validEnvName(name)) return usageError("-e: '" + name + "' is not a valid variable name");
       if (eq == std::string::npos) {
         const char* host = lookupHostEnv ? lookupHostEnv(name.c_str()) : nullptr;
-        if (host == nullptr) return usage("-e: " + name + " is not set on the host");
+        if (host == nullptr) return usageError("-e: " + name + " is not set on the host");
         v = name + "=" + host;
       }
       o.env.push_back(v);
@@ -190,20 +181,20 @@ Result<RunOptions> parseRunOptions(const std::vector<std::string>& args, uint64_
       o.spec.volumes.push_back(bind);
     } else if (arg == "-w" || arg == "--workdir") {
       MOAT_ASSIGN(std::string v, value(arg, inlineValue));
-      if (v.empty() || v[0] != '/') return usage("-w: working directory must be absolute: " + v);
+      if (v.empty() || v[0] != '/') return usageError("-w: working directory must be absolute: " + v);
       o.workdir = os::normalizePath(v);
     } else if (arg == "--template") {
       MOAT_ASSIGN(o.spec.templateName, value(arg, inlineValue));
     } else if (arg == "--state") {
       MOAT_ASSIGN(std::string v, value(arg, inlineValue));
-      if (v.empty() || v[0] != '/') return usage("--state: must be an absolute path: " + v);
+      if (v.empty() || v[0] != '/') return usageError("--state: must be an absolute path: " + v);
       o.spec.stateDir = os::normalizePath(v);
     } else {
-      return usage("unknown option " + arg);
+      return usageError("unknown option " + arg);
     }
   }
   for (; i < args.size(); ++i) o.command.push_back(args[i]);
-  if (o.command.empty()) return usage("missing command (usage: moat run [options] -- COMMAND...)");
+  if (o.command.empty()) return usageError("missing command (usage: moat run [options] -- COMMAND...)");
   return o;
 }
 

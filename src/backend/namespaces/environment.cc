@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 
+#include "common/hex.h"
 #include "common/process_args.h"
 #include "common/trace.h"
 #include "init/protocol.h"
@@ -45,17 +46,9 @@ constexpr int kRendezvousFd = 6;  // new control connections (reattachable only)
 }  // namespace
 
 std::string newEnvironmentId() {
-  unsigned char bytes[6];
-  if (::getrandom(bytes, sizeof bytes, 0) != sizeof bytes) {
-    for (auto& b : bytes) b = static_cast<unsigned char>(std::rand());
-  }
-  static const char* hex = "0123456789abcdef";
-  std::string id;
-  for (unsigned char b : bytes) {
-    id.push_back(hex[b >> 4]);
-    id.push_back(hex[b & 15]);
-  }
-  return id;
+  auto id = randomHex(6);
+  // getrandom does not fail for 6 bytes once the kernel's pool is ready.
+  return id.ok() ? id.value() : std::string(12, '0');
 }
 
 namespace {

@@ -1,0 +1,34 @@
+#include "common/hex.h"
+
+#include <sys/random.h>
+
+#include <vector>
+
+namespace moat {
+
+std::string toHex(const unsigned char* data, size_t size) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  out.reserve(size * 2);
+  for (size_t i = 0; i < size; ++i) {
+    out.push_back(digits[data[i] >> 4]);
+    out.push_back(digits[data[i] & 15]);
+  }
+  return out;
+}
+
+Result<std::string> randomHex(size_t bytes) {
+  std::vector<unsigned char> raw(bytes);
+  size_t got = 0;
+  while (got < bytes) {
+    ssize_t n = ::getrandom(raw.data() + got, bytes - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error::fromErrno("getrandom");
+    }
+    got += static_cast<size_t>(n);
+  }
+  return toHex(raw.data(), raw.size());
+}
+
+}  // namespace moat

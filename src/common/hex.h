@@ -1,0 +1,15 @@
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "common/result.h"
+
+namespace moat {
+
+// Lowercase hex of raw bytes.
+std::string toHex(const unsigned char* data, size_t size);
+// `bytes` random bytes from the kernel, as lowercase hex (ids, tokens).
+Result<std::string> randomHex(size_t bytes);
+
+}  // namespace moat
