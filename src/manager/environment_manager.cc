@@ -25,6 +25,19 @@ EnvironmentManager::EnvironmentManager(ManagerConfig config, store::Store& store
         ::sysinfo(&info) == 0 ? info.totalram * info.mem_unit / (1024 * 1024) : 1024;
   }
   reaper_ = std::thread([this] { reaperLoop(); });
+  // The pool fills on its own thread: a slow create must not hold up expiry.
+  if (config_.warmPoolSize > 0) pooler_ = std::thread([this] { poolLoop(); });
+}
+
+void EnvironmentManager::poolLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    lock.unlock();
+    refillPool();
+    lock.lock();
+    if (stopping_) break;
+    poolCv_.wait_for(lock, std::chrono::milliseconds(500));
+  }
 }
 
 EnvironmentManager::~EnvironmentManager() {
@@ -33,7 +46,9 @@ EnvironmentManager::~EnvironmentManager() {
     stopping_ = true;
   }
   reaperCv_.notify_all();
+  poolCv_.notify_all();
   if (reaper_.joinable()) reaper_.join();
+  if (pooler_.joinable()) pooler_.join();
   if (!detached_) destroyAll("moatd stopped");
   // Detached: dropping the connections leaves moat-init running; the spawner
   // hands a new connection to the next moatd. Dropped here, while every member
@@ -55,7 +70,9 @@ void EnvironmentManager::interrupt() {
     stopping_ = true;
   }
   reaperCv_.notify_all();
+  poolCv_.notify_all();
   if (reaper_.joinable()) reaper_.join();
+  if (pooler_.joinable()) pooler_.join();
   std::vector<std::shared_ptr<InitConnection>> connections;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -183,7 +200,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
       }
       live_[record.id] = Live{ready.connection, request.env, record.ramMb};
       lock.unlock();
-      reaperCv_.notify_all();  // refill
+      poolCv_.notify_all();  // refill
       return record;
     }
   }
@@ -391,7 +408,7 @@ void EnvironmentManager::reaperLoop() {
     }
     lock.unlock();
     for (const auto& id : deadReady) (void)spawner_.destroy(id);
-    refillPool();
+    poolCv_.notify_all();
     for (const auto& id : gone) {
       auto record = store_.getEnvironment(id);
       if (record.ok() && record.value() && record.value()->state == "running") {

@@ -98,6 +98,7 @@ class EnvironmentManager {
   void reaperLoop();
   void onInitGone(const std::string& id);
   void refillPool();
+  void poolLoop();
   backend::namespaces::EnvironmentSpec poolSpec() const;
 
   struct Ready {
@@ -125,6 +126,8 @@ class EnvironmentManager {
   bool detached_ = false;
   std::condition_variable reaperCv_;
   std::thread reaper_;
+  std::condition_variable poolCv_;
+  std::thread pooler_;
 };
 
 int64_t nowMs();
