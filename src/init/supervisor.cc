@@ -95,9 +95,15 @@ ExecPlan planExec(const SpawnRequest& req) {
 
 // Runs in the vforked child: system calls only, never returns.
 [[noreturn]] void execChild(const ExecPlan& plan, int stdinFd, int outFd, int errFd, int failFd) {
-  // Ignored signals stay ignored across exec: whatever moat-init inherited
-  // (the spawner ignores SIGTERM and friends), the command starts clean.
-  os::resetSignals();
+  // moat-init reset every disposition when it started (see run()); only what
+  // it set itself is undone here: SIGPIPE, and the blocked SIGCHLD.
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  struct sigaction dfl;
+  std::memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  ::sigaction(SIGPIPE, &dfl, nullptr);
   if (::setsid() < 0) childFail(failFd, "setsid", errno);
   if (::dup2(stdinFd, 0) < 0 || ::dup2(outFd, 1) < 0 || ::dup2(errFd, 2) < 0) {
     childFail(failFd, "dup2", errno);
@@ -162,6 +168,9 @@ void Supervisor::protocolError(const std::string& message) {
 }
 
 int Supervisor::run() {
+  // Ignored signals stay ignored across exec: whatever moat-init inherited
+  // (the spawner ignores SIGTERM and friends) would reach every command.
+  os::resetSignals();
   sigset_t mask;
   sigemptyset(&mask);
   sigaddset(&mask, SIGCHLD);
