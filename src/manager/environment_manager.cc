@@ -40,7 +40,7 @@ void EnvironmentManager::poolLoop() {
   }
 }
 
-EnvironmentManager::~EnvironmentManager() {
+void EnvironmentManager::stopThreads() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
@@ -49,6 +49,10 @@ EnvironmentManager::~EnvironmentManager() {
   poolCv_.notify_all();
   if (reaper_.joinable()) reaper_.join();
   if (pooler_.joinable()) pooler_.join();
+}
+
+EnvironmentManager::~EnvironmentManager() {
+  stopThreads();
   if (!detached_) destroyAll("moatd stopped");
   // Detached: dropping the connections leaves moat-init running; the spawner
   // hands a new connection to the next moatd. Dropped here, while every member
@@ -65,14 +69,7 @@ EnvironmentManager::~EnvironmentManager() {
 }
 
 void EnvironmentManager::interrupt() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  reaperCv_.notify_all();
-  poolCv_.notify_all();
-  if (reaper_.joinable()) reaper_.join();
-  if (pooler_.joinable()) pooler_.join();
+  stopThreads();
   std::vector<std::shared_ptr<InitConnection>> connections;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -96,6 +96,7 @@ class EnvironmentManager {
   Result<std::shared_ptr<InitConnection>> connectionOf(const std::string& id,
                                                        std::map<std::string, std::string>* env);
   void reaperLoop();
+  void stopThreads();  // idempotent
   void onInitGone(const std::string& id);
   void refillPool();
   void poolLoop();

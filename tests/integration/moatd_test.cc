@@ -43,6 +43,17 @@ class MoatdApi : public ::testing::Test {
     return call("POST", "/v1/environments/" + id + "/exec", body, 200);
   }
 
+  // Polls (bounded) until a process named `name` runs in the environment.
+  bool waitForProcess(const std::string& id, const std::string& name) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto ps = daemon_->request("POST", "/v1/environments/" + id + "/exec",
+                                 json{{"cmd", {"pgrep", name}}}.dump());
+      if (json::parse(ps.body)["exit_code"] == 0) return true;
+    }
+    return false;
+  }
+
   std::unique_ptr<Moatd> daemon_;
 };
 
@@ -393,13 +404,7 @@ TEST_F(MoatdApi, SigtermEndsWaitingExecsAndStopsPromptly) {
     }
   });
   // The exec is running once a sleep shows up in the environment.
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  bool running = false;
-  while (!running && std::chrono::steady_clock::now() < deadline) {
-    auto ps = daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["pgrep","sleep"]})");
-    running = json::parse(ps.body)["exit_code"] == 0;
-  }
-  ASSERT_TRUE(running);
+  ASSERT_TRUE(waitForProcess(id, "sleep"));
   auto start = std::chrono::steady_clock::now();
   ::kill(daemon_->pid(), SIGTERM);
   daemon_->waitExit();
@@ -427,19 +432,13 @@ TEST_F(MoatdApi, KillNineDuringAnExecLosesNothing) {
       // the daemon dies under this request: its connection breaks
     }
   });
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  bool running = false;
-  while (!running && std::chrono::steady_clock::now() < deadline) {
-    auto ps = daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["pgrep","sleep"]})");
-    running = json::parse(ps.body)["exit_code"] == 0;
-  }
-  ASSERT_TRUE(running);
+  ASSERT_TRUE(waitForProcess(id, "sleep"));
   daemon_->kill9();
   waiter.join();
   daemon_->restart();
   EXPECT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "running");
   // The command went on without moatd and did its work.
-  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   std::string done;
   while (done.empty() && std::chrono::steady_clock::now() < deadline) {
     auto r = daemon_->request("GET", "/v1/environments/" + id + "/files?path=/workspace/done");
@@ -454,13 +453,7 @@ TEST_F(MoatdApi, DestroyDuringExecEndsTheExecCleanly) {
   std::thread waiter([&] {
     longExec = daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["sleep","1000"]})");
   });
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  bool running = false;
-  while (!running && std::chrono::steady_clock::now() < deadline) {
-    auto ps = daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["pgrep","sleep"]})");
-    running = json::parse(ps.body)["exit_code"] == 0;
-  }
-  ASSERT_TRUE(running);
+  ASSERT_TRUE(waitForProcess(id, "sleep"));
   EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + id).status, 204);
   waiter.join();
   EXPECT_EQ(longExec.status, 409) << longExec.body;
