@@ -122,16 +122,23 @@ void EnvironmentManager::detach() {
   detached_ = true;
 }
 
-backend::namespaces::EnvironmentSpec EnvironmentManager::poolSpec() const {
+backend::namespaces::EnvironmentSpec EnvironmentManager::specFor(
+    const std::string& templateName, double cpus, uint64_t ramMb, double storageGb,
+    uint64_t pids) const {
   backend::namespaces::EnvironmentSpec spec;
   spec.stateDir = config_.stateDir;
-  spec.templateName = "host";
-  spec.cpus = config_.defaultCpus;
-  spec.memoryMb = config_.defaultRamMb;
-  spec.pids = config_.defaultPids;
-  spec.storageGb = config_.defaultStorageGb;
+  spec.templateName = templateName;
+  spec.cpus = cpus;
+  spec.memoryMb = ramMb;
+  spec.pids = pids;
+  spec.storageGb = storageGb;
   spec.initMode = backend::namespaces::InitMode::kExec;
   return spec;
+}
+
+backend::namespaces::EnvironmentSpec EnvironmentManager::poolSpec() const {
+  return specFor("host", config_.defaultCpus, config_.defaultRamMb, config_.defaultStorageGb,
+                 config_.defaultPids);
 }
 
 void EnvironmentManager::refillPool() {
@@ -178,9 +185,10 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   int64_t ttl = request.ttlS > 0 ? request.ttlS : config_.defaultTtlS;
   record.expiresAtMs = record.createdAtMs + ttl * 1000;
   // A warm environment of exactly this template and spec: a claim.
-  if (record.templateName == "host" && record.cpus == config_.defaultCpus &&
-      record.ramMb == config_.defaultRamMb && record.storageGb == config_.defaultStorageGb &&
-      record.pids == config_.defaultPids) {
+  const auto warm = poolSpec();
+  if (record.templateName == warm.templateName && record.cpus == warm.cpus &&
+      record.ramMb == warm.memoryMb && record.storageGb == warm.storageGb &&
+      record.pids == warm.pids) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!pool_.empty()) {
       Ready ready = std::move(pool_.back());
@@ -228,15 +236,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     release(false);
     return stored.error();
   }
-  backend::namespaces::EnvironmentSpec spec;
-  spec.stateDir = config_.stateDir;
-  spec.templateName = record.templateName;
-  spec.cpus = record.cpus;
-  spec.memoryMb = record.ramMb;
-  spec.pids = record.pids;
-  spec.storageGb = record.storageGb;
+  auto spec = specFor(record.templateName, record.cpus, record.ramMb, record.storageGb, record.pids);
   spec.id = record.id;
-  spec.initMode = backend::namespaces::InitMode::kExec;
   auto created = spawner_.create(spec);
   if (!created.ok()) {
     release(false);

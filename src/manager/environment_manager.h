@@ -100,6 +100,9 @@ class EnvironmentManager {
   void onInitGone(const std::string& id);
   void refillPool();
   void poolLoop();
+  backend::namespaces::EnvironmentSpec specFor(const std::string& templateName, double cpus,
+                                               uint64_t ramMb, double storageGb,
+                                               uint64_t pids) const;
   backend::namespaces::EnvironmentSpec poolSpec() const;
 
   struct Ready {
