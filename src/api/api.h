@@ -27,6 +27,11 @@ class Api {
  private:
   HttpResponse route(const HttpRequest& request, const Principal& principal);
   HttpResponse keysRoute(const HttpRequest& request, const Principal& principal);
+  // One file per resource: exec.cc, files.cc, processes.cc, shell.cc.
+  HttpResponse execRoute(const HttpRequest& request, const std::string& id);
+  HttpResponse filesRoute(const HttpRequest& request, const std::string& id, const std::string& sub);
+  HttpResponse processesRoute(const HttpRequest& request, const std::string& id);
+  HttpResponse shellRoute(const HttpRequest& request, const std::string& id);
   HttpResponse metrics();
   void countError(const std::string& code);
 

@@ -12,8 +12,12 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <openssl/sha.h>
+
 #include <cstring>
 #include <optional>
+
+#include "common/encoding.h"
 
 namespace moat::api {
 namespace {
@@ -64,7 +68,68 @@ HttpRequest requestHead(const http::request<http::string_body>& req) {
   request.authorization = std::string(req[http::field::authorization]);
   request.host = std::string(req[http::field::host]);
   request.origin = std::string(req[http::field::origin]);
+  auto lower = [](std::string v) {
+    for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return v;
+  };
+  request.websocketKey = std::string(req[http::field::sec_websocket_key]);
+  request.websocketUpgrade = request.method == "GET" &&
+                             lower(std::string(req[http::field::upgrade])) == "websocket" &&
+                             lower(std::string(req[http::field::connection])).find("upgrade") != std::string::npos &&
+                             req[http::field::sec_websocket_version] == "13" && !request.websocketKey.empty();
   return request;
+}
+
+std::string websocketAccept(const std::string& key) {
+  std::string joined = key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+  unsigned char digest[SHA_DIGEST_LENGTH];
+  ::SHA1(reinterpret_cast<const unsigned char*>(joined.data()), joined.size(), digest);
+  return base64Encode(std::string(reinterpret_cast<const char*>(digest), sizeof digest));
+}
+
+template <class Stream>
+bool writeRaw(Stream& stream, const std::string& data) {
+  beast::error_code ec;
+  asio::write(stream, asio::buffer(data), ec);
+  return !ec;
+}
+
+// A streamed response: chunked, closed when the producer returns.
+template <class Stream>
+void streamBody(Stream& stream, const HttpResponse& response) {
+  // A client that stops reading must not hold the thread forever.
+  struct timeval sendLimit = {60, 0};
+  ::setsockopt(stream.native_handle(), SOL_SOCKET, SO_SNDTIMEO, &sendLimit, sizeof sendLimit);
+  std::string head = "HTTP/1.1 " + std::to_string(response.status) +
+                     " OK\r\nServer: moatd\r\nContent-Type: " + response.contentType +
+                     "\r\nCache-Control: no-store\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+  if (!writeRaw(stream, head)) return;
+  bool open = true;
+  response.stream([&](const std::string& chunk) {
+    if (!open || chunk.empty()) return open;
+    char size[20];
+    std::snprintf(size, sizeof size, "%zx\r\n", chunk.size());
+    open = writeRaw(stream, size + chunk + "\r\n");
+    return open;
+  });
+  if (open) writeRaw(stream, "0\r\n\r\n");
+}
+
+template <class Stream>
+void upgradeToWebSocket(Stream& stream, const HttpRequest& request, beast::flat_buffer& buffer,
+                        const HttpResponse& response) {
+  std::string head =
+      "HTTP/1.1 101 Switching Protocols\r\nServer: moatd\r\nUpgrade: websocket\r\n"
+      "Connection: Upgrade\r\nSec-WebSocket-Accept: " + websocketAccept(request.websocketKey) + "\r\n\r\n";
+  if (!writeRaw(stream, head)) return;
+  int fd = stream.native_handle();
+  struct timeval none = {0, 0};  // a terminal may sit idle for hours
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+  std::string pending(static_cast<const char*>(buffer.data().data()), buffer.data().size());
+  buffer.consume(buffer.size());
+  websocket::Connection socket(fd, false, std::move(pending));
+  response.websocket(socket);
+  socket.close(1000, "");
 }
 
 template <class Stream>
@@ -113,7 +178,16 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
       request.body = std::move(req.body());
       try {
         response = handler(request);
+        if (response.websocket && request.websocketUpgrade) {
+          upgradeToWebSocket(stream, request, buffer, response);
+          return;
+        }
+        if (response.stream) {
+          streamBody(stream, response);
+          return;
+        }
       } catch (const std::exception& e) {
+        response = HttpResponse();
         response.status = 500;
         response.body = errorBody("internal", e.what());
       }

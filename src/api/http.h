@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "websocket/connection.h"
 
 // moatd's HTTP/1.1 transport (Boost.Beast underneath, kept out of this
 // header so the API layer is plain data in, plain data out).
@@ -26,12 +27,24 @@ struct HttpRequest {
   std::string authorization;
   std::string host;
   std::string origin;
+  // A valid WebSocket handshake (GET, Upgrade: websocket, version 13, a key).
+  bool websocketUpgrade = false;
+  std::string websocketKey;
 };
+
+// Writes one piece of a streamed body; false once the client is gone.
+using BodyWriter = std::function<bool(const std::string& chunk)>;
 
 struct HttpResponse {
   int status = 200;
   std::string contentType = "application/json";
   std::string body;
+  // Set: the body is streamed (chunked) by this function instead, on the
+  // connection's thread; the connection closes after it returns.
+  std::function<void(const BodyWriter& write)> stream;
+  // Set (on a request with websocketUpgrade): the server answers 101 and
+  // runs this with the WebSocket on the connection's thread.
+  std::function<void(websocket::Connection& socket)> websocket;
 };
 
 using Handler = std::function<HttpResponse(const HttpRequest&)>;

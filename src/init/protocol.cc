@@ -186,6 +186,22 @@ Result<ProcessRef> ProcessRef::decode(const std::string& payload) {
   return m;
 }
 
+std::string Resize::encode() const { return Encoder().u32(id).u32(rows).u32(cols).take(); }
+Result<Resize> Resize::decode(const std::string& payload) {
+  Decoder d(payload);
+  Resize m;
+  MOAT_ASSIGN(m.id, d.u32());
+  MOAT_ASSIGN(uint32_t rows, d.u32());
+  MOAT_ASSIGN(uint32_t cols, d.u32());
+  FINISH(d);
+  if (rows == 0 || rows > 65535 || cols == 0 || cols > 65535) {
+    return Error::make("protocol", "window size out of range");
+  }
+  m.rows = static_cast<uint16_t>(rows);
+  m.cols = static_cast<uint16_t>(cols);
+  return m;
+}
+
 std::string SignalRequest::encode() const {
   return Encoder().u32(id).i32(signo).u8(wholeGroup ? 1 : 0).take();
 }

@@ -26,6 +26,7 @@ enum class MsgType : uint8_t {
   kStdin = 2,
   kCloseStdin = 3,
   kSignal = 4,
+  kResize = 5,
   kShutdown = 6,
   kFile = 16,
   // init -> client
@@ -135,6 +136,14 @@ struct SignalRequest {
   bool wholeGroup = true;
   std::string encode() const;
   static Result<SignalRequest> decode(const std::string& payload);
+};
+
+struct Resize {
+  uint32_t id = 0;
+  uint16_t rows = 0;
+  uint16_t cols = 0;
+  std::string encode() const;
+  static Result<Resize> decode(const std::string& payload);
 };
 
 struct Exited {

@@ -6,9 +6,23 @@
 #include <chrono>
 #include <set>
 
+#include <signal.h>
+
 #include "cli/run_options.h"
+#include "common/scope_exit.h"
 
 namespace moat::manager {
+
+namespace {
+
+// What a client following a process is told when its environment goes.
+std::string endReason(const std::string& destroyReason) {
+  if (destroyReason == "destroyed") return "the environment was destroyed";
+  if (destroyReason == "expired") return "the environment expired (its ttl passed)";
+  return "the environment ended: " + destroyReason;
+}
+
+}  // namespace
 
 int64_t nowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -76,7 +90,7 @@ void EnvironmentManager::interrupt() {
     for (auto& [id, l] : live_) connections.push_back(l.connection);
     for (auto& r : pool_) connections.push_back(r.connection);
   }
-  for (auto& c : connections) c->close();
+  for (auto& c : connections) c->close("moatd is shutting down");
 }
 
 Status EnvironmentManager::recoverAfterRestart() {
@@ -105,7 +119,7 @@ Status EnvironmentManager::recoverAfterRestart() {
                                                        [this, id] { onInitGone(id); });
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      live_[id] = Live{connection, r.env, r.ramMb};
+      live_[id] = makeLive(connection, r.env, r.ramMb);
       reservedMemoryMb_ += r.ramMb;
     }
     if (r.state != "running") (void)store_.setState(id, "running", "");
@@ -203,7 +217,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
         pool_.push_back(std::move(ready));
         return stored.error();
       }
-      live_[record.id] = Live{ready.connection, request.env, record.ramMb};
+      live_[record.id] = makeLive(ready.connection, request.env, record.ramMb);
       lock.unlock();
       poolCv_.notify_all();  // refill
       return record;
@@ -263,7 +277,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     std::lock_guard<std::mutex> lock(mutex_);
     --creating_;
     creatingIds_.erase(id);
-    live_[id] = Live{connection, request.env, record.ramMb};
+    live_[id] = makeLive(connection, request.env, record.ramMb);
   }
   record.state = "running";
   (void)store_.setState(id, "running", "");
@@ -293,45 +307,137 @@ Result<std::vector<store::EnvironmentRecord>> EnvironmentManager::list(
   return store_.listEnvironments(filter);
 }
 
-Result<std::shared_ptr<InitConnection>> EnvironmentManager::connectionOf(
-    const std::string& id, std::map<std::string, std::string>* env) {
+EnvironmentManager::Live EnvironmentManager::makeLive(std::shared_ptr<InitConnection> connection,
+                                                      std::map<std::string, std::string> env,
+                                                      uint64_t ramMb) const {
+  return Live{std::move(connection), std::move(env), ramMb,
+              std::make_shared<ProcessTable>(config_.processLimits)};
+}
+
+Result<EnvironmentManager::Live> EnvironmentManager::liveOf(const std::string& id) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = live_.find(id);
-    if (it != live_.end()) {
-      if (env) *env = it->second.env;
-      return it->second.connection;
-    }
+    if (it != live_.end()) return it->second;
   }
   MOAT_ASSIGN(auto record, get(id));
   return Error::make("conflict", "environment " + id + " is " + record.state +
                                      (record.reason.empty() ? "" : " (" + record.reason + ")"));
 }
 
-Result<ExecResult> EnvironmentManager::exec(const std::string& id, ExecRequest request,
-                                            const std::map<std::string, std::string>& env) {
-  std::map<std::string, std::string> base;
-  MOAT_ASSIGN(auto connection, connectionOf(id, &base));
-  for (const auto& [k, v] : env) base[k] = v;
-  request.env = cli::baseEnvironment(id, request.cwd);
-  for (const auto& [k, v] : base) {
+namespace {
+
+// The command's environment: the documented base set, the environment's
+// own variables, then the request's.
+std::vector<std::string> commandEnvironment(const std::string& id, const std::string& cwd,
+                                            const std::map<std::string, std::string>& own,
+                                            const std::map<std::string, std::string>& extra) {
+  std::map<std::string, std::string> merged = own;
+  for (const auto& [k, v] : extra) merged[k] = v;
+  std::vector<std::string> env = cli::baseEnvironment(id, cwd);
+  for (const auto& [k, v] : merged) {
     std::string prefix = k + "=";
-    std::erase_if(request.env, [&](const std::string& e) { return e.rfind(prefix, 0) == 0; });
-    request.env.push_back(prefix + v);
+    std::erase_if(env, [&](const std::string& e) { return e.rfind(prefix, 0) == 0; });
+    env.push_back(prefix + v);
   }
+  return env;
+}
+
+// Exec keeps everything up to its output limit; moat-init stops forwarding there.
+constexpr uint64_t kExecOutputMax = 16u << 20;
+
+}  // namespace
+
+Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::string& id,
+                                                                 const ProcessRequest& request) {
+  MOAT_ASSIGN(Live live, liveOf(id));
+  MOAT_ASSIGN(auto process, live.processes->add(request.argv, request.kind, request.pty,
+                                                request.stdinOpen || request.pty,
+                                                live.processes->limits().outputCapPerStream));
+  init::SpawnRequest spawn;
+  spawn.argv = request.argv;
+  spawn.env = commandEnvironment(id, request.cwd, live.env, request.env);
+  if (request.pty && std::none_of(spawn.env.begin(), spawn.env.end(),
+                                  [](const std::string& e) { return e.rfind("TERM=", 0) == 0; })) {
+    spawn.env.push_back("TERM=xterm-256color");
+  }
+  spawn.cwd = request.cwd;
+  spawn.stdinPipe = request.stdinOpen;
+  spawn.pty = request.pty;
+  spawn.timeoutMs = request.timeoutMs;
+  Status started = process->start(live.connection, spawn, "", false);
+  if (started.ok() && request.pty) (void)process->resize(request.rows, request.cols);
   ++execs_;
-  return connection->exec(request);
+  if (!started.ok()) return started.error();
+  return process;
+}
+
+Result<std::vector<std::shared_ptr<Process>>> EnvironmentManager::processes(const std::string& id) {
+  MOAT_ASSIGN(Live live, liveOf(id));
+  return live.processes->all();
+}
+
+Result<std::shared_ptr<Process>> EnvironmentManager::process(const std::string& id, uint64_t processId) {
+  MOAT_ASSIGN(Live live, liveOf(id));
+  auto process = live.processes->find(processId);
+  if (!process) {
+    return Error::make("not_found", "no process " + std::to_string(processId) + " in environment " + id);
+  }
+  return process;
+}
+
+Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecRequest& request,
+                                            const std::map<std::string, std::string>& env) {
+  MOAT_ASSIGN(Live live, liveOf(id));
+  uint64_t limit = request.outputLimit ? std::min(request.outputLimit, kExecOutputMax) : kExecOutputMax;
+  MOAT_ASSIGN(auto process, live.processes->add(request.argv, "exec", false, false, limit));
+  ScopeExit forget([&] { live.processes->remove(process->id()); });
+  init::SpawnRequest spawn;
+  spawn.argv = request.argv;
+  spawn.env = commandEnvironment(id, request.cwd, live.env, env);
+  spawn.cwd = request.cwd;
+  spawn.stdinPipe = request.withStdin;
+  spawn.timeoutMs = request.timeoutMs;
+  spawn.outputLimit = limit;
+  ++execs_;
+  MOAT_TRY(process->start(live.connection, spawn, request.stdinData, request.withStdin));
+  // moat-init enforces the timeout; the grace covers the kill and the report.
+  auto deadline = std::chrono::steady_clock::now() +
+                  (request.timeoutMs ? std::chrono::milliseconds(request.timeoutMs + 10000)
+                                     : std::chrono::milliseconds(24LL * 3600 * 1000));
+  if (!process->waitEnded(deadline)) {
+    (void)process->signal(SIGKILL);  // nobody waits for it any more
+    process->abandon("moat-init did not report the end of the command in time");
+    return Error::make("timeout", "moat-init did not report the end of the command in time");
+  }
+  ProcessInfo info = process->info();
+  ExecResult r;
+  if (info.state == ProcessState::kLost) return Error::make("gone", info.reason);
+  if (info.state == ProcessState::kFailed) {
+    r.spawnErrno = info.spawnErrno;
+    r.spawnStage = info.spawnStage;
+    return r;
+  }
+  r.started = true;
+  r.exitCode = info.exitCode;
+  r.signal = info.signal;
+  r.timedOut = info.timedOut;
+  r.durationUs = info.durationUs;
+  r.out = process->collect(OutputStream::kStdout);
+  r.err = process->collect(OutputStream::kStderr);
+  r.outTruncated = info.stdoutTruncated || info.stdoutDropped > 0;
+  r.errTruncated = info.stderrTruncated || info.stderrDropped > 0;
+  return r;
 }
 
 Result<init::FileResult> EnvironmentManager::file(const std::string& id,
                                                   const init::FileRequest& request) {
-  MOAT_ASSIGN(auto connection, connectionOf(id, nullptr));
-  return connection->file(request);
+  MOAT_ASSIGN(Live live, liveOf(id));
+  return live.connection->file(request);
 }
 
 Result<store::EnvironmentRecord> EnvironmentManager::setTtl(const std::string& id, int64_t ttlS) {
-  MOAT_ASSIGN(auto connection, connectionOf(id, nullptr));
-  (void)connection;
+  MOAT_TRY(liveOf(id));
   MOAT_TRY(store_.setExpiry(id, nowMs() + ttlS * 1000));
   reaperCv_.notify_all();
   return get(id);
@@ -361,6 +467,8 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
     }
   }
   bool failed = reason.rfind("failed", 0) == 0;
+  // Whoever follows a process hears why it ends before the kill lands.
+  if (live.processes) live.processes->close(endReason(reason));
   (void)store_.setState(id, "destroying", reason);
   Status s = spawner_.destroy(id);
   live.connection.reset();  // joins its reader: moat-init is gone by now

@@ -14,7 +14,9 @@
 #include "backend/namespaces/spawner.h"
 #include "common/result.h"
 #include "init/protocol.h"
+#include "manager/clock.h"
 #include "manager/init_connection.h"
+#include "manager/process_table.h"
 #include "store/store.h"
 
 namespace moat::manager {
@@ -32,6 +34,7 @@ struct ManagerConfig {
   // Environments of the default spec and the host template kept ready, so
   // that a create asking for exactly that becomes a claim.
   size_t warmPoolSize = 0;
+  ProcessLimits processLimits;
 };
 
 struct CreateRequest {
@@ -45,6 +48,43 @@ struct CreateRequest {
   std::map<std::string, std::string> labels;
   std::map<std::string, std::string> env;  // added to every command's environment
   std::string owner = "master";
+};
+
+// A command started in the background (or a shell): it runs on while
+// clients attach, detach and read its output from an offset.
+struct ProcessRequest {
+  std::vector<std::string> argv;
+  std::map<std::string, std::string> env;  // added to the environment's set
+  std::string cwd = "/workspace";
+  bool stdinOpen = true;  // false: stdin is /dev/null
+  bool pty = false;
+  uint16_t rows = 24;
+  uint16_t cols = 80;
+  uint64_t timeoutMs = 0;
+  std::string kind = "process";
+};
+
+struct ExecRequest {
+  std::vector<std::string> argv;
+  std::string cwd = "/workspace";
+  std::string stdinData;
+  bool withStdin = false;
+  uint64_t timeoutMs = 0;
+  uint64_t outputLimit = 0;  // bytes kept per stream; 0: 16 MiB
+};
+
+struct ExecResult {
+  bool started = false;      // false: spawnErrno/spawnStage say why
+  int spawnErrno = 0;
+  std::string spawnStage;
+  int exitCode = -1;
+  int signal = 0;
+  bool timedOut = false;
+  std::string out;
+  std::string err;
+  bool outTruncated = false;
+  bool errTruncated = false;
+  uint64_t durationUs = 0;
 };
 
 struct Counters {
@@ -77,8 +117,14 @@ class EnvironmentManager {
   Result<store::EnvironmentRecord> get(const std::string& id);
   Result<std::vector<store::EnvironmentRecord>> list(const store::EnvironmentFilter& filter);
   // The command's environment is the environment's base set plus `env`.
-  Result<ExecResult> exec(const std::string& id, ExecRequest request,
+  // Runs a command to its end: a process like the others (it shows in the
+  // list while it runs) whose whole output comes back at once.
+  Result<ExecResult> exec(const std::string& id, const ExecRequest& request,
                           const std::map<std::string, std::string>& env);
+  // Background processes: started, listed, found by id (docs/API.md).
+  Result<std::shared_ptr<Process>> startProcess(const std::string& id, const ProcessRequest& request);
+  Result<std::vector<std::shared_ptr<Process>>> processes(const std::string& id);
+  Result<std::shared_ptr<Process>> process(const std::string& id, uint64_t processId);
   Result<init::FileResult> file(const std::string& id, const init::FileRequest& request);
   Result<store::EnvironmentRecord> setTtl(const std::string& id, int64_t ttlS);
   // Idempotent: destroying a gone environment is fine.
@@ -92,9 +138,12 @@ class EnvironmentManager {
     std::shared_ptr<InitConnection> connection;
     std::map<std::string, std::string> env;
     uint64_t ramMb = 0;
+    std::shared_ptr<ProcessTable> processes;
   };
-  Result<std::shared_ptr<InitConnection>> connectionOf(const std::string& id,
-                                                       std::map<std::string, std::string>* env);
+  Live makeLive(std::shared_ptr<InitConnection> connection,
+                std::map<std::string, std::string> env, uint64_t ramMb) const;
+  // A copy of the environment's live handles, or why there are none.
+  Result<Live> liveOf(const std::string& id);
   void reaperLoop();
   void stopThreads();  // idempotent
   void onInitGone(const std::string& id);
@@ -134,6 +183,5 @@ class EnvironmentManager {
   std::thread pooler_;
 };
 
-int64_t nowMs();
 
 }  // namespace moat::manager

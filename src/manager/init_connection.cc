@@ -1,16 +1,28 @@
 #include "manager/init_connection.h"
 
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <signal.h>
 
 #include <chrono>
 
 namespace moat::manager {
+namespace {
+
+constexpr auto kFileTimeout = std::chrono::seconds(60);
+
+uint32_t randomStart() {
+  uint32_t v = 0;
+  if (::getrandom(&v, sizeof v, 0) != sizeof v) v = static_cast<uint32_t>(::getpid()) << 16;
+  return (v & 0x7fffffff) | 1;  // far from wrapping, never 0
+}
+
+Error gone(const std::string& reason) { return Error::make("gone", reason); }
+
+}  // namespace
 
 InitConnection::InitConnection(UniqueFd control, std::function<void()> onClosed)
-    : control_(std::move(control)), onClosed_(std::move(onClosed)) {
+    : control_(std::move(control)), onClosed_(std::move(onClosed)), nextKey_(randomStart()) {
   reader_ = std::thread([this] { readLoop(); });
 }
 
@@ -19,7 +31,13 @@ InitConnection::~InitConnection() {
   if (reader_.joinable()) reader_.join();
 }
 
-void InitConnection::close() { ::shutdown(control_.get(), SHUT_RDWR); }
+void InitConnection::close(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closeReason_.empty()) closeReason_ = reason;
+  }
+  ::shutdown(control_.get(), SHUT_RDWR);
+}
 
 bool InitConnection::closed() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -33,74 +51,70 @@ void InitConnection::readLoop() {
     if (!frame.ok()) break;
     dispatch(frame.value());
   }
+  std::map<uint32_t, std::shared_ptr<ProcessSink>> sinks;
+  std::string reason;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     closed_ = true;
+    sinks.swap(sinks_);
+    reason = closeReason_.empty() ? "the environment ended (moat-init exited)" : closeReason_;
   }
   cv_.notify_all();
+  for (auto& [id, sink] : sinks) sink->onLost(reason);
   if (onClosed_) onClosed_();
 }
 
-void InitConnection::dispatch(const init::Frame& frame) {
+std::shared_ptr<ProcessSink> InitConnection::sinkOf(uint32_t id, bool last) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto find = [&](uint32_t key) -> Pending* {
-    auto it = pending_.find(key);
-    return it == pending_.end() ? nullptr : &it->second;
-  };
+  auto it = sinks_.find(id);
+  if (it == sinks_.end()) return nullptr;
+  auto sink = it->second;
+  if (last) sinks_.erase(it);
+  return sink;
+}
+
+void InitConnection::dispatch(const init::Frame& frame) {
   switch (frame.type) {
     case init::MsgType::kOutput: {
       auto m = init::Output::decode(frame.payload);
       if (!m.ok()) return;
-      if (Pending* p = find(m->id)) {
-        (m->stream == init::Stream::kStdout ? p->result.out : p->result.err) += m->data;
-      }
+      if (auto sink = sinkOf(m->id, false)) sink->onOutput(m->stream, m->data);
       return;
     }
     case init::MsgType::kSpawned: {
       auto m = init::Spawned::decode(frame.payload);
-      if (m.ok()) {
-        if (Pending* p = find(m->id)) p->result.started = true;
-      }
+      if (!m.ok()) return;
+      if (auto sink = sinkOf(m->id, false)) sink->onSpawned(m->pid);
       return;
     }
     case init::MsgType::kSpawnFailed: {
       auto m = init::SpawnFailed::decode(frame.payload);
       if (!m.ok()) return;
-      if (Pending* p = find(m->id)) {
-        p->result.spawnErrno = m->err;
-        p->result.spawnStage = m->stage;
-        p->done = true;
-      }
-      break;
+      if (auto sink = sinkOf(m->id, true)) sink->onSpawnFailed(m->err, m->stage);
+      return;
     }
     case init::MsgType::kExited: {
       auto m = init::Exited::decode(frame.payload);
       if (!m.ok()) return;
-      if (Pending* p = find(m->id)) {
-        p->result.started = true;
-        p->result.exitCode = m->exitCode;
-        p->result.signal = m->signal;
-        p->result.timedOut = m->timedOut;
-        p->result.outTruncated = m->stdoutTruncated;
-        p->result.errTruncated = m->stderrTruncated;
-        p->result.durationUs = m->durationUs;
-        p->done = true;
-      }
-      break;
+      if (auto sink = sinkOf(m->id, true)) sink->onExited(m.value());
+      return;
     }
     case init::MsgType::kFileResult: {
       auto m = init::FileResult::decode(frame.payload);
       if (!m.ok()) return;
-      if (Pending* p = find(m->tag)) {
-        p->fileResult = std::move(m.value());
-        p->done = true;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = files_.find(m->tag);
+        if (it == files_.end()) return;
+        it->second.result = std::move(m.value());
+        it->second.done = true;
       }
-      break;
+      cv_.notify_all();
+      return;
     }
     default:
       return;  // Hello, protocol errors: nothing waits on them
   }
-  cv_.notify_all();
 }
 
 Status InitConnection::send(init::MsgType type, const std::string& payload) {
@@ -108,72 +122,71 @@ Status InitConnection::send(init::MsgType type, const std::string& payload) {
   return init::writeFrame(control_.get(), type, payload);
 }
 
-Result<InitConnection::Pending> InitConnection::wait(uint32_t key, uint64_t timeoutMs) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
-  bool finished = cv_.wait_until(lock, deadline, [&] { return pending_[key].done || closed_; });
-  Pending p = std::move(pending_[key]);
-  pending_.erase(key);
-  if (p.done) return p;
-  if (!finished) return Error::make("timeout", "moat-init did not answer in time");
-  return Error::make("gone", "the environment ended");
-}
-
-Result<ExecResult> InitConnection::exec(const ExecRequest& request) {
-  uint32_t id;
+Result<uint32_t> InitConnection::spawn(init::SpawnRequest spawn, std::shared_ptr<ProcessSink> sink,
+                                       const std::string& stdinData, bool closeStdin) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (closed_) return Error::make("gone", "the environment ended");
-    id = nextKey_++;
-    pending_[id];
+    if (closed_) return gone(closeReason_.empty() ? "the environment ended" : closeReason_);
+    spawn.id = nextKey_++;
+    sinks_[spawn.id] = sink;
   }
-  init::SpawnRequest spawn;
-  spawn.id = id;
-  spawn.argv = request.argv;
-  spawn.env = request.env;
-  spawn.cwd = request.cwd;
-  spawn.stdinPipe = request.withStdin;
-  spawn.timeoutMs = request.timeoutMs;
-  spawn.outputLimit = request.outputLimit;
+  uint32_t id = spawn.id;
   Status s = send(init::MsgType::kSpawn, spawn.encode());
-  if (s.ok() && request.withStdin) {
-    if (!request.stdinData.empty()) {
-      s = send(init::MsgType::kStdin, init::StdinData{id, request.stdinData}.encode());
-    }
-    if (s.ok()) s = send(init::MsgType::kCloseStdin, init::ProcessRef{id}.encode());
-  }
+  if (s.ok() && !stdinData.empty()) s = writeStdin(id, stdinData);
+  if (s.ok() && closeStdin) s = this->closeStdin(id);
   if (!s.ok()) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    pending_.erase(id);
-    return Error::make("gone", "the environment ended");
+    // The reader reports the close to every sink still registered.
+    return gone("the environment ended");
   }
-  // moat-init enforces the timeout; the grace covers the kill and the report.
-  uint64_t limit = request.timeoutMs ? request.timeoutMs + 10000 : 24ULL * 3600 * 1000;
-  auto p = wait(id, limit);
-  if (!p.ok()) {
-    // Nobody waits for it any more: it must not run on unseen.
-    if (p.error().code == "timeout") {
-      (void)send(init::MsgType::kSignal, init::SignalRequest{id, SIGKILL, true}.encode());
+  return id;
+}
+
+Status InitConnection::writeStdin(uint32_t id, const std::string& data) {
+  // Frames stay well below kMaxFrame.
+  constexpr size_t kPiece = 1u << 20;
+  for (size_t at = 0; at < data.size(); at += kPiece) {
+    if (!send(init::MsgType::kStdin, init::StdinData{id, data.substr(at, kPiece)}.encode()).ok()) {
+      return gone("the environment ended");
     }
-    return p.error();
   }
-  return std::move(p.value().result);
+  return {};
+}
+
+Status InitConnection::closeStdin(uint32_t id) {
+  if (!send(init::MsgType::kCloseStdin, init::ProcessRef{id}.encode()).ok()) return gone("the environment ended");
+  return {};
+}
+
+Status InitConnection::signal(uint32_t id, int signo, bool wholeGroup) {
+  if (!send(init::MsgType::kSignal, init::SignalRequest{id, signo, wholeGroup}.encode()).ok()) {
+    return gone("the environment ended");
+  }
+  return {};
+}
+
+Status InitConnection::resize(uint32_t id, uint16_t rows, uint16_t cols) {
+  if (!send(init::MsgType::kResize, init::Resize{id, rows, cols}.encode()).ok()) {
+    return gone("the environment ended");
+  }
+  return {};
 }
 
 Result<init::FileResult> InitConnection::file(init::FileRequest request) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (closed_) return Error::make("gone", "the environment ended");
+    if (closed_) return gone("the environment ended");
     request.tag = nextKey_++;
-    pending_[request.tag];
+    files_[request.tag];
   }
-  if (!send(init::MsgType::kFile, request.encode()).ok()) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    pending_.erase(request.tag);
-    return Error::make("gone", "the environment ended");
-  }
-  MOAT_ASSIGN(Pending p, wait(request.tag, 60000));
-  return std::move(p.fileResult);
+  uint32_t tag = request.tag;
+  bool sent = send(init::MsgType::kFile, request.encode()).ok();
+  std::unique_lock<std::mutex> lock(mutex_);
+  bool finished = sent && cv_.wait_for(lock, kFileTimeout, [&] { return files_[tag].done || closed_; });
+  PendingFile p = std::move(files_[tag]);
+  files_.erase(tag);
+  if (p.done) return std::move(p.result);
+  if (sent && !finished) return Error::make("timeout", "moat-init did not answer in time");
+  return gone("the environment ended");
 }
 
 }  // namespace moat::manager

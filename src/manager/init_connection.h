@@ -4,10 +4,10 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
-#include <vector>
 
 #include "common/result.h"
 #include "common/unique_fd.h"
@@ -15,33 +15,23 @@
 
 namespace moat::manager {
 
-struct ExecRequest {
-  std::vector<std::string> argv;
-  std::vector<std::string> env;  // KEY=VALUE, the whole environment
-  std::string cwd = "/workspace";
-  std::string stdinData;
-  bool withStdin = false;
-  uint64_t timeoutMs = 0;
-  uint64_t outputLimit = 0;
-};
-
-struct ExecResult {
-  bool started = false;      // false: spawnErrno/spawnStage say why
-  int spawnErrno = 0;
-  std::string spawnStage;
-  int exitCode = -1;
-  int signal = 0;
-  bool timedOut = false;
-  std::string out;
-  std::string err;
-  bool outTruncated = false;
-  bool errTruncated = false;
-  uint64_t durationUs = 0;
+// Receives what moat-init reports about one spawned command. Called on the
+// connection's reader thread, never with the connection's lock held; after
+// onSpawnFailed, onExited or onLost nothing more arrives.
+class ProcessSink {
+ public:
+  virtual ~ProcessSink() = default;
+  virtual void onSpawned(uint32_t pid) = 0;
+  virtual void onSpawnFailed(int err, const std::string& stage) = 0;
+  virtual void onOutput(init::Stream stream, const std::string& data) = 0;
+  virtual void onExited(const init::Exited& exited) = 0;
+  // The connection closed before the command's end was reported.
+  virtual void onLost(const std::string& reason) = 0;
 };
 
 // moatd's end of one environment's guest protocol connection: a reader
-// thread dispatches moat-init's frames to the requests waiting for them, so
-// many execs and file operations can be in flight at once.
+// thread dispatches moat-init's frames to the processes and file requests
+// waiting for them, so that many can be in flight at once.
 class InitConnection {
  public:
   // onClosed runs (on the reader thread) when moat-init goes away.
@@ -50,32 +40,43 @@ class InitConnection {
   InitConnection(const InitConnection&) = delete;
   InitConnection& operator=(const InitConnection&) = delete;
 
-  // Blocks until the command ends or the environment does.
-  Result<ExecResult> exec(const ExecRequest& request);
+  // Assigns spawn.id, registers `sink` and sends the Spawn (and stdinData,
+  // and CloseStdin when closeStdin). Returns the id moat-init knows it by.
+  Result<uint32_t> spawn(init::SpawnRequest spawn, std::shared_ptr<ProcessSink> sink,
+                         const std::string& stdinData, bool closeStdin);
+  Status writeStdin(uint32_t id, const std::string& data);
+  Status closeStdin(uint32_t id);
+  Status signal(uint32_t id, int signo, bool wholeGroup);
+  Status resize(uint32_t id, uint16_t rows, uint16_t cols);
+
   Result<init::FileResult> file(init::FileRequest request);
   bool closed();
-  // Drops the connection: waiting requests end with "gone" (shutdown).
-  void close();
+  // Drops the connection: processes and requests waiting on it end with `reason`.
+  void close(const std::string& reason);
 
  private:
-  struct Pending {
-    ExecResult result;
-    init::FileResult fileResult;
+  struct PendingFile {
+    init::FileResult result;
     bool done = false;
   };
   void readLoop();
   void dispatch(const init::Frame& frame);
+  std::shared_ptr<ProcessSink> sinkOf(uint32_t id, bool last);
   Status send(init::MsgType type, const std::string& payload);
-  Result<Pending> wait(uint32_t key, uint64_t timeoutMs);
 
   UniqueFd control_;
   std::function<void()> onClosed_;
   std::mutex writeMutex_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::map<uint32_t, Pending> pending_;  // exec ids and file tags share one space
-  uint32_t nextKey_ = 1;
+  std::map<uint32_t, std::shared_ptr<ProcessSink>> sinks_;
+  std::map<uint32_t, PendingFile> files_;
+  // Process ids and file tags share one space. It starts at a random point:
+  // after a moatd restart, commands of the previous moatd may still run
+  // under their ids.
+  uint32_t nextKey_;
   bool closed_ = false;
+  std::string closeReason_;
   std::thread reader_;
 };
 

@@ -457,7 +457,7 @@ TEST_F(MoatdApi, DestroyDuringExecEndsTheExecCleanly) {
   EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + id).status, 204);
   waiter.join();
   EXPECT_EQ(longExec.status, 409) << longExec.body;
-  EXPECT_NE(longExec.body.find("ended"), std::string::npos) << longExec.body;
+  EXPECT_NE(longExec.body.find("the environment was destroyed"), std::string::npos) << longExec.body;
   EXPECT_EQ(exec(createEnv(), {{"cmd", {"true"}}})["exit_code"], 0) << "the daemon keeps serving";
 }
 

@@ -1,0 +1,90 @@
+#include <chrono>
+#include <cstring>
+
+#include "api/api.h"
+#include "api/validation.h"
+#include "common/encoding.h"
+
+// POST /v1/environments/{id}/exec: run a command to its end.
+namespace moat::api {
+
+HttpResponse Api::execRoute(const HttpRequest& req, const std::string& id) {
+  ApiError perr{};
+  if (req.method != "POST") return wrongMethod(req, "POST");
+  auto body = parseObject(req.body, perr);
+  if (!body.ok()) return errorResponse(perr);
+  const json& j = body.value();
+  if (auto e = onlyFields(j, {"cmd", "timeout_ms", "env", "cwd", "stdin", "encoding", "output_limit"}, "")) {
+    return errorResponse(*e);
+  }
+  manager::ExecRequest exec;
+  if (!j.contains("cmd")) return errorResponse(invalid("cmd", "required: a non-empty array of strings"));
+  if (auto e = commandLine(j["cmd"], "cmd", exec.argv)) return errorResponse(*e);
+  std::string encoding = "utf8";
+  if (j.contains("encoding")) {
+    if (!j["encoding"].is_string() || (j["encoding"] != "utf8" && j["encoding"] != "base64")) {
+      return errorResponse(invalid("encoding", "must be \"utf8\" or \"base64\""));
+    }
+    encoding = j["encoding"];
+  }
+  exec.timeoutMs = 0;
+  if (j.contains("timeout_ms")) {
+    if (auto e = number(j["timeout_ms"], "timeout_ms", 1, 86400000, true, exec.timeoutMs)) return errorResponse(*e);
+  }
+  exec.outputLimit = 1u << 20;
+  if (j.contains("output_limit")) {
+    if (auto e = number(j["output_limit"], "output_limit", 0, 16u << 20, true, exec.outputLimit)) return errorResponse(*e);
+  }
+  if (j.contains("cwd")) {
+    if (auto e = absolutePath(j["cwd"], "cwd", exec.cwd)) return errorResponse(*e);
+  }
+  if (j.contains("stdin")) {
+    if (!j["stdin"].is_string()) return errorResponse(invalid("stdin", "must be a string"));
+    exec.withStdin = true;
+    exec.stdinData = j["stdin"];
+    if (encoding == "base64") {
+      auto decoded = base64Decode(exec.stdinData);
+      if (!decoded.ok()) return errorResponse(invalid("stdin", "is not valid base64"));
+      exec.stdinData = decoded.value();
+    }
+  }
+  std::map<std::string, std::string> env;
+  if (j.contains("env")) {
+    if (auto e = stringMap(j["env"], "env", true, env)) return errorResponse(*e);
+  }
+  auto started = std::chrono::steady_clock::now();
+  auto result = manager_.exec(id, exec, env);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  size_t bucket = 0;
+  while (bucket < kBuckets.size() && seconds > kBuckets[bucket]) ++bucket;
+  ++execBuckets_[bucket];
+  execMicros_ += static_cast<uint64_t>(seconds * 1e6);
+  ++execCount_;
+  if (!result.ok()) return errorResponse(fromError(result.error()));
+  const auto& r = result.value();
+  if (!r.started) {
+    bool notFound = r.spawnStage == "exec" && r.spawnErrno == ENOENT;
+    // Not an HTTP error: the agent reads it like a shell's answer.
+    return respond(200, {{"exit_code", notFound ? 127 : 126},
+                         {"stdout", ""},
+                         {"stderr", std::string(notFound ? "command not found: " : "cannot run: ") +
+                                        exec.argv[0] + " (" + r.spawnStage + ": " + std::strerror(r.spawnErrno) + ")\n"},
+                         {"timed_out", false},
+                         {"duration_ms", 0},
+                         {"stdout_truncated", false},
+                         {"stderr_truncated", false},
+                         {"encoding", "utf8"}});
+  }
+  bool asBase64 = encoding == "base64" || !isValidUtf8(r.out) || !isValidUtf8(r.err);
+  return respond(200, {{"exit_code", r.signal ? 128 + r.signal : r.exitCode},
+                       {"signal", r.signal},
+                       {"stdout", asBase64 ? base64Encode(r.out) : r.out},
+                       {"stderr", asBase64 ? base64Encode(r.err) : r.err},
+                       {"timed_out", r.timedOut},
+                       {"duration_ms", r.durationUs / 1000},
+                       {"stdout_truncated", r.outTruncated},
+                       {"stderr_truncated", r.errTruncated},
+                       {"encoding", asBase64 ? "base64" : "utf8"}});
+}
+
+}  // namespace moat::api

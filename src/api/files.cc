@@ -1,0 +1,112 @@
+#include "api/api.h"
+#include "api/validation.h"
+
+// /v1/environments/{id}/files: moat-init resolves every path inside the
+// environment's root (docs/API.md).
+namespace moat::api {
+
+HttpResponse Api::filesRoute(const HttpRequest& req, const std::string& id, const std::string& subsub) {
+  ApiError perr{};
+  auto fileCall = [&](init::FileRequest f) -> HttpResponse {
+    auto r = manager_.file(id, f);
+    if (!r.ok()) return errorResponse(fromError(r.error()));
+    if (r->err != 0) {
+      int status = r->err == ENOENT ? 404 : (r->err == EACCES || r->err == EPERM) ? 403
+                   : r->err == EDQUOT || r->err == ENOSPC ? 507 : 400;
+      std::string code = r->err == ENOENT ? "not_found" : (status == 403 ? "forbidden" : status == 507 ? "no_space" : "file_error");
+      return errorResponse({status, code, r->message, "path"});
+    }
+    HttpResponse ok;
+    ok.status = 200;
+    if (f.op == init::FileOp::kRead) {
+      ok.contentType = "application/octet-stream";
+      ok.body = r->data;
+      return ok;
+    }
+    auto info = [](const init::FileInfo& i) {
+      std::string type = i.type == 'f' ? "file" : i.type == 'd' ? "dir" : i.type == 'l' ? "symlink" : "other";
+      return json{{"name", i.name}, {"type", type}, {"size", i.size}, {"mode", i.mode}, {"mtime", i.mtimeSec}};
+    };
+    if (f.op == init::FileOp::kList) {
+      json arr = json::array();
+      for (const auto& e : r->entries) arr.push_back(info(e));
+      return respond(200, {{"path", f.path}, {"entries", arr}});
+    }
+    if (f.op == init::FileOp::kStat) return respond(200, info(r->info));
+    return respond(200, {{"ok", true}, {"path", f.path}});
+  };
+  init::FileRequest f;
+  auto pathParam = [&]() -> std::optional<ApiError> {
+    auto it = req.query.find("path");
+    if (it == req.query.end()) return invalid("path", "required query parameter");
+    return absolutePath(json(it->second), "path", f.path);
+  };
+  if (subsub.empty()) {
+    if (auto e = pathParam()) return errorResponse(*e);
+    if (req.method == "GET") {
+      if (auto e = onlyQuery(req, {"path", "offset", "length"})) return errorResponse(*e);
+      f.op = init::FileOp::kRead;
+      if (auto e = queryNumber(req, "offset", 1ULL << 53, 10, f.offset)) return errorResponse(*e);
+      if (auto e = queryNumber(req, "length", 1ULL << 53, 10, f.length)) return errorResponse(*e);
+      return fileCall(f);
+    }
+    if (req.method == "PUT") {
+      f.op = init::FileOp::kWrite;
+      f.data = req.body;
+      f.flags = init::kFileCreateParents;
+      if (auto e = onlyQuery(req, {"path", "append", "mode"})) return errorResponse(*e);
+      bool append = false;
+      if (auto e = queryFlag(req, "append", append)) return errorResponse(*e);
+      if (append) f.flags |= init::kFileAppend;
+      uint64_t mode = 0644;
+      if (auto e = queryNumber(req, "mode", 0777, 8, mode)) return errorResponse(*e);
+      f.mode = static_cast<uint32_t>(mode);
+      if (f.data.size() > (16u << 20)) return errorResponse({413, "too_large", "files over 16 MiB: write in parts with append=1", ""});
+      return fileCall(f);
+    }
+    if (req.method == "DELETE") {
+      f.op = init::FileOp::kRemove;
+      if (auto e = onlyQuery(req, {"path", "recursive"})) return errorResponse(*e);
+      bool recursive = false;
+      if (auto e = queryFlag(req, "recursive", recursive)) return errorResponse(*e);
+      if (recursive) f.flags = init::kFileRecursive;
+      return fileCall(f);
+    }
+    return wrongMethod(req, "GET, PUT or DELETE");
+  }
+  if (subsub == "list" || subsub == "stat") {
+    if (req.method != "GET") return wrongMethod(req, "GET");
+    if (auto e = onlyQuery(req, {"path"})) return errorResponse(*e);
+    if (auto e = pathParam()) return errorResponse(*e);
+    f.op = subsub == "list" ? init::FileOp::kList : init::FileOp::kStat;
+    return fileCall(f);
+  }
+  if (subsub == "mkdir" || subsub == "move") {
+    if (req.method != "POST") return wrongMethod(req, "POST");
+    auto body = parseObject(req.body, perr);
+    if (!body.ok()) return errorResponse(perr);
+    const json& j = body.value();
+    if (subsub == "mkdir") {
+      if (auto e = onlyFields(j, {"path", "parents"}, "")) return errorResponse(*e);
+      if (!j.contains("path")) return errorResponse(invalid("path", "required"));
+      if (auto e = absolutePath(j["path"], "path", f.path)) return errorResponse(*e);
+      f.op = init::FileOp::kMkdir;
+      f.mode = 0755;
+      if (j.contains("parents")) {
+        if (!j["parents"].is_boolean()) return errorResponse(invalid("parents", "must be true or false"));
+        if (j["parents"].get<bool>()) f.flags = init::kFileCreateParents;
+      }
+      return fileCall(f);
+    }
+    if (auto e = onlyFields(j, {"from", "to"}, "")) return errorResponse(*e);
+    if (!j.contains("from")) return errorResponse(invalid("from", "required"));
+    if (!j.contains("to")) return errorResponse(invalid("to", "required"));
+    if (auto e = absolutePath(j["from"], "from", f.path)) return errorResponse(*e);
+    if (auto e = absolutePath(j["to"], "to", f.target)) return errorResponse(*e);
+    f.op = init::FileOp::kRename;
+    return fileCall(f);
+  }
+  return errorResponse({404, "not_found", "no such endpoint: " + req.path, ""});
+}
+
+}  // namespace moat::api

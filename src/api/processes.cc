@@ -1,0 +1,213 @@
+#include <chrono>
+
+#include "api/api.h"
+#include "api/process_json.h"
+#include "api/validation.h"
+#include "common/encoding.h"
+
+// /v1/environments/{id}/processes: commands in the background whose output
+// moatd keeps, so that clients attach, detach and read again from an offset.
+namespace moat::api {
+namespace {
+
+// A follower with nothing new hears this often that the stream is alive
+// (and moatd learns whether the client still is).
+constexpr auto kHeartbeat = std::chrono::seconds(15);
+constexpr size_t kReadPiece = 256u << 10;
+
+std::string line(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"; }
+
+HttpResponse startProcess(manager::EnvironmentManager& manager, const HttpRequest& req,
+                          const std::string& id) {
+  ApiError perr{};
+  auto body = parseObject(req.body, perr);
+  if (!body.ok()) return errorResponse(perr);
+  const json& j = body.value();
+  if (auto e = onlyFields(j, {"cmd", "env", "cwd", "timeout_ms", "stdin", "pty", "rows", "cols"}, "")) {
+    return errorResponse(*e);
+  }
+  manager::ProcessRequest request;
+  if (!j.contains("cmd")) return errorResponse(invalid("cmd", "required: a non-empty array of strings"));
+  if (auto e = commandLine(j["cmd"], "cmd", request.argv)) return errorResponse(*e);
+  if (j.contains("env")) {
+    if (auto e = stringMap(j["env"], "env", true, request.env)) return errorResponse(*e);
+  }
+  if (j.contains("cwd")) {
+    if (auto e = absolutePath(j["cwd"], "cwd", request.cwd)) return errorResponse(*e);
+  }
+  if (j.contains("timeout_ms")) {
+    if (auto e = number(j["timeout_ms"], "timeout_ms", 1, 7 * 86400000.0, true, request.timeoutMs)) {
+      return errorResponse(*e);
+    }
+  }
+  for (const char* flag : {"stdin", "pty"}) {
+    if (j.contains(flag) && !j[flag].is_boolean()) return errorResponse(invalid(flag, "must be true or false"));
+  }
+  if (j.contains("stdin")) request.stdinOpen = j["stdin"].get<bool>();
+  if (j.contains("pty")) request.pty = j["pty"].get<bool>();
+  if ((j.contains("rows") || j.contains("cols")) && !request.pty) {
+    return errorResponse(invalid(j.contains("rows") ? "rows" : "cols", "only with \"pty\": true"));
+  }
+  if (j.contains("rows")) {
+    if (auto e = number(j["rows"], "rows", 1, 1000, true, request.rows)) return errorResponse(*e);
+  }
+  if (j.contains("cols")) {
+    if (auto e = number(j["cols"], "cols", 1, 1000, true, request.cols)) return errorResponse(*e);
+  }
+  auto process = manager.startProcess(id, request);
+  if (!process.ok()) return errorResponse(fromError(process.error()));
+  return respond(201, processJson(process.value()->info()));
+}
+
+HttpResponse readOutput(const std::shared_ptr<manager::Process>& process, const HttpRequest& req) {
+  if (auto e = onlyQuery(req, {"since", "follow", "encoding"})) return errorResponse(*e);
+  uint64_t since = 0;
+  if (auto e = queryNumber(req, "since", 1ULL << 62, 10, since)) return errorResponse(*e);
+  bool follow = false;
+  if (auto e = queryFlag(req, "follow", follow)) return errorResponse(*e);
+  bool base64 = false;
+  if (auto it = req.query.find("encoding"); it != req.query.end()) {
+    if (it->second != "utf8" && it->second != "base64") {
+      return errorResponse(invalid("encoding", "must be utf8 or base64"));
+    }
+    base64 = it->second == "base64";
+  }
+  if (!follow) {
+    // What is there now, and the end if the process ended.
+    std::string out;
+    uint64_t pos = since;
+    for (;;) {
+      auto r = process->read(pos, kReadPiece, false, {});
+      for (const auto& item : r.items) out += line(outputEventJson(item, base64));
+      if (r.ended) out += line(terminalEventJson(process->info()));
+      if (r.items.empty() || r.ended) break;
+      pos = r.next;
+    }
+    HttpResponse response;
+    response.contentType = "application/x-ndjson";
+    response.body = std::move(out);
+    return response;
+  }
+  HttpResponse response;
+  response.contentType = "application/x-ndjson";
+  response.stream = [process, since, base64](const BodyWriter& write) {
+    uint64_t pos = since;
+    for (;;) {
+      auto r = process->read(pos, kReadPiece, true, std::chrono::steady_clock::now() + kHeartbeat);
+      std::string out;
+      for (const auto& item : r.items) out += line(outputEventJson(item, base64));
+      if (r.ended) out += line(terminalEventJson(process->info()));
+      if (out.empty()) out = line({{"type", "heartbeat"}, {"offset", r.next}});
+      if (!write(out) || r.ended) return;
+      pos = r.next;
+    }
+  };
+  return response;
+}
+
+HttpResponse writeStdin(const std::shared_ptr<manager::Process>& process, const HttpRequest& req) {
+  ApiError perr{};
+  auto body = parseObject(req.body, perr);
+  if (!body.ok()) return errorResponse(perr);
+  const json& j = body.value();
+  if (auto e = onlyFields(j, {"data", "encoding", "close"}, "")) return errorResponse(*e);
+  std::string data;
+  if (j.contains("data")) {
+    if (!j["data"].is_string()) return errorResponse(invalid("data", "must be a string"));
+    data = j["data"];
+  }
+  if (j.contains("encoding")) {
+    if (!j["encoding"].is_string() || (j["encoding"] != "utf8" && j["encoding"] != "base64")) {
+      return errorResponse(invalid("encoding", "must be \"utf8\" or \"base64\""));
+    }
+    if (j["encoding"] == "base64") {
+      auto decoded = base64Decode(data);
+      if (!decoded.ok()) return errorResponse(invalid("data", "is not valid base64"));
+      data = decoded.value();
+    }
+  }
+  bool close = false;
+  if (j.contains("close")) {
+    if (!j["close"].is_boolean()) return errorResponse(invalid("close", "must be true or false"));
+    close = j["close"];
+  }
+  if (data.empty() && !close) return errorResponse(invalid("data", "required unless \"close\": true"));
+  Status s = process->writeStdin(data, close);
+  if (!s.ok()) return errorResponse(fromError(s.error()));
+  return noContent();
+}
+
+HttpResponse sendSignal(const std::shared_ptr<manager::Process>& process, const HttpRequest& req) {
+  ApiError perr{};
+  auto body = parseObject(req.body, perr);
+  if (!body.ok()) return errorResponse(perr);
+  const json& j = body.value();
+  if (auto e = onlyFields(j, {"signal"}, "")) return errorResponse(*e);
+  if (!j.contains("signal")) return errorResponse(invalid("signal", "required: a name (\"TERM\") or a number"));
+  int signo = parseSignal(j["signal"]);
+  if (signo == 0) return errorResponse(invalid("signal", "unknown signal (a name like \"TERM\" or a number 1-64)"));
+  Status s = process->signal(signo);
+  if (!s.ok()) return errorResponse(fromError(s.error()));
+  return noContent();
+}
+
+HttpResponse resize(const std::shared_ptr<manager::Process>& process, const HttpRequest& req) {
+  ApiError perr{};
+  auto body = parseObject(req.body, perr);
+  if (!body.ok()) return errorResponse(perr);
+  const json& j = body.value();
+  if (auto e = onlyFields(j, {"rows", "cols"}, "")) return errorResponse(*e);
+  uint16_t rows = 0, cols = 0;
+  if (!j.contains("rows")) return errorResponse(invalid("rows", "required"));
+  if (!j.contains("cols")) return errorResponse(invalid("cols", "required"));
+  if (auto e = number(j["rows"], "rows", 1, 1000, true, rows)) return errorResponse(*e);
+  if (auto e = number(j["cols"], "cols", 1, 1000, true, cols)) return errorResponse(*e);
+  Status s = process->resize(rows, cols);
+  if (!s.ok()) return errorResponse(fromError(s.error()));
+  return noContent();
+}
+
+}  // namespace
+
+HttpResponse Api::processesRoute(const HttpRequest& req, const std::string& id) {
+  std::string pid = pathSegment(req.path, 4);
+  std::string action = pathSegment(req.path, 5);
+  if (!pathSegment(req.path, 6).empty()) return errorResponse({404, "not_found", "no such endpoint: " + req.path, ""});
+  if (pid.empty()) {
+    if (req.method == "POST") {
+      if (auto e = onlyQuery(req, {})) return errorResponse(*e);
+      return startProcess(manager_, req, id);
+    }
+    if (req.method != "GET") return wrongMethod(req, "GET or POST");
+    if (auto e = onlyQuery(req, {})) return errorResponse(*e);
+    auto list = manager_.processes(id);
+    if (!list.ok()) return errorResponse(fromError(list.error()));
+    json arr = json::array();
+    for (const auto& p : list.value()) arr.push_back(processJson(p->info()));
+    return respond(200, {{"processes", arr}});
+  }
+  if (pid.size() > 18 || pid.find_first_not_of("0123456789") != std::string::npos) {
+    return errorResponse({404, "not_found", "no process " + pid + " in environment " + id, ""});
+  }
+  auto process = manager_.process(id, std::stoull(pid));
+  if (!process.ok()) return errorResponse(fromError(process.error()));
+  if (action.empty()) {
+    if (req.method != "GET") return wrongMethod(req, "GET");
+    if (auto e = onlyQuery(req, {})) return errorResponse(*e);
+    return respond(200, processJson(process.value()->info()));
+  }
+  if (action == "output") {
+    if (req.method != "GET") return wrongMethod(req, "GET");
+    return readOutput(process.value(), req);
+  }
+  if (action != "stdin" && action != "signal" && action != "resize") {
+    return errorResponse({404, "not_found", "no such endpoint: " + req.path, ""});
+  }
+  if (req.method != "POST") return wrongMethod(req, "POST");
+  if (auto e = onlyQuery(req, {})) return errorResponse(*e);
+  if (action == "stdin") return writeStdin(process.value(), req);
+  if (action == "signal") return sendSignal(process.value(), req);
+  return resize(process.value(), req);
+}
+
+}  // namespace moat::api

@@ -1,0 +1,144 @@
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "api/api.h"
+#include "api/process_json.h"
+#include "api/validation.h"
+
+// GET /v1/environments/{id}/shell: a WebSocket on a terminal in the
+// environment. Binary frames carry terminal bytes both ways; text frames
+// carry JSON control messages (docs/API.md, "Shell").
+namespace moat::api {
+namespace {
+
+constexpr auto kPingEvery = std::chrono::seconds(30);
+constexpr size_t kReplay = 64u << 10;  // what a viewer joining a running shell sees first
+
+// Sends the terminal's output to one viewer until the process ends or the
+// viewer leaves.
+void pumpOutput(const std::shared_ptr<manager::Process>& process, websocket::Connection& socket,
+                const std::atomic<bool>& leaving) {
+  auto first = process->info();
+  uint64_t pos = first.outputEnd > kReplay ? first.outputEnd - kReplay : 0;
+  for (;;) {
+    auto r = process->read(pos, 64u << 10, true, std::chrono::steady_clock::now() + kPingEvery,
+                           [&] { return leaving.load(); });
+    if (leaving) return;
+    bool sent = true;
+    for (const auto& item : r.items) {
+      if (!item.dropped) sent = sent && socket.sendBinary(item.data);
+    }
+    if (r.items.empty() && !r.ended) sent = socket.ping();
+    if (!sent) {
+      socket.abort();  // the viewer is gone or stuck: end its receive too
+      return;
+    }
+    pos = r.next;
+    if (r.ended) {
+      (void)socket.sendText(terminalEventJson(process->info()).dump());
+      socket.close(1000, "the process ended");
+      return;
+    }
+  }
+}
+
+void handleControl(const std::shared_ptr<manager::Process>& process, websocket::Connection& socket,
+                   const std::string& text) {
+  auto reply = [&](const std::string& message) {
+    (void)socket.sendText(json{{"type", "error"}, {"message", message}}.dump());
+  };
+  json j = json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) {
+    return reply("control messages are JSON objects with a \"type\"");
+  }
+  std::string type = j["type"];
+  if (type == "resize") {
+    uint16_t rows = 0, cols = 0;
+    if (!j.contains("rows") || !j.contains("cols")) return reply("resize needs rows and cols");
+    if (auto e = number(j["rows"], "rows", 1, 1000, true, rows)) return reply(e->message);
+    if (auto e = number(j["cols"], "cols", 1, 1000, true, cols)) return reply(e->message);
+    Status s = process->resize(rows, cols);
+    if (!s.ok()) reply(s.error().message());
+    return;
+  }
+  if (type == "signal") {
+    int signo = j.contains("signal") ? parseSignal(j["signal"]) : 0;
+    if (signo == 0) return reply("unknown signal");
+    Status s = process->signal(signo);
+    if (!s.ok()) reply(s.error().message());
+    return;
+  }
+  reply("unknown control message type \"" + type + "\" (resize, signal)");
+}
+
+void runViewer(const std::shared_ptr<manager::Process>& process, websocket::Connection& socket) {
+  process->attachViewer();
+  std::atomic<bool> leaving{false};
+  std::thread pump([&] { pumpOutput(process, socket, leaving); });
+  websocket::Message message;
+  while (socket.receive(message)) {
+    if (message.opcode == websocket::Opcode::kBinary) {
+      Status s = process->writeStdin(message.data, false);
+      if (!s.ok()) break;
+    } else {
+      handleControl(process, socket, message.data);
+    }
+  }
+  leaving = true;
+  process->wake();
+  pump.join();
+  // Like closing a terminal window: the last viewer to leave hangs it up.
+  if (process->detachViewer() == 0 && process->info().kind == "shell") (void)process->signal(SIGHUP);
+}
+
+}  // namespace
+
+HttpResponse Api::shellRoute(const HttpRequest& req, const std::string& id) {
+  if (req.method != "GET") return wrongMethod(req, "GET (a WebSocket upgrade)");
+  if (auto e = onlyQuery(req, {"process", "rows", "cols"})) return errorResponse(*e);
+  if (!req.websocketUpgrade) {
+    return errorResponse({426, "upgrade_required", "this endpoint is a WebSocket: send a version 13 upgrade", ""});
+  }
+  uint64_t rows = 24, cols = 80, processId = 0;
+  if (auto e = queryNumber(req, "rows", 1000, 10, rows)) return errorResponse(*e);
+  if (auto e = queryNumber(req, "cols", 1000, 10, cols)) return errorResponse(*e);
+  if (auto e = queryNumber(req, "process", 1ULL << 53, 10, processId)) return errorResponse(*e);
+  if (rows == 0 || cols == 0) return errorResponse(invalid(rows == 0 ? "rows" : "cols", "out of range (1 to 1000)"));
+  std::shared_ptr<manager::Process> process;
+  if (processId != 0) {
+    // Another viewer of a terminal that already runs.
+    auto found = manager_.process(id, processId);
+    if (!found.ok()) return errorResponse(fromError(found.error()));
+    if (!found.value()->info().pty) {
+      return errorResponse(invalid("process", "process " + std::to_string(processId) + " has no terminal"));
+    }
+    process = found.value();
+  } else {
+    manager::ProcessRequest request;
+    init::FileRequest probe;
+    probe.op = init::FileOp::kStat;
+    probe.path = "/bin/bash";
+    auto bash = manager_.file(id, probe);
+    if (!bash.ok()) return errorResponse(fromError(bash.error()));
+    request.argv = {bash->err == 0 ? "/bin/bash" : "/bin/sh"};
+    request.pty = true;
+    request.rows = static_cast<uint16_t>(rows);
+    request.cols = static_cast<uint16_t>(cols);
+    request.kind = "shell";
+    auto started = manager_.startProcess(id, request);
+    if (!started.ok()) return errorResponse(fromError(started.error()));
+    process = started.value();
+    if (process->info().state == manager::ProcessState::kFailed) {
+      return errorResponse({409, "conflict", processJson(process->info()).value("error", "the shell did not start"), ""});
+    }
+  }
+  HttpResponse response;
+  response.status = 101;
+  response.websocket = [process](websocket::Connection& socket) { runViewer(process, socket); };
+  return response;
+}
+
+}  // namespace moat::api

@@ -1,0 +1,193 @@
+#include "api/validation.h"
+
+#include <cctype>
+#include <ctime>
+
+namespace moat::api {
+namespace {
+
+bool validKey(const std::string& k, size_t max) {
+  if (k.empty() || k.size() > max) return false;
+  for (char c : k) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' || c == '/')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool validEnvName(const std::string& k) {
+  if (k.empty() || k.size() > 256 || std::isdigit(static_cast<unsigned char>(k[0]))) return false;
+  for (char c : k) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+HttpResponse respond(int status, const json& body) {
+  HttpResponse r;
+  r.status = status;
+  r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  return r;
+}
+
+HttpResponse errorResponse(const ApiError& e) {
+  json err = {{"code", e.code}, {"message", e.message}};
+  if (!e.field.empty()) err["field"] = e.field;
+  return respond(e.status, {{"error", err}});
+}
+
+ApiError invalid(const std::string& field, const std::string& message) {
+  return {400, "invalid_request", field + ": " + message, field};
+}
+
+ApiError fromError(const Error& e) {
+  static const std::map<std::string, int> status = {
+      {"not_found", 404},       {"conflict", 409}, {"gone", 409},         {"capacity", 429},
+      {"invalid_argument", 400}, {"timeout", 504}, {"unsupported", 400},
+  };
+  auto it = status.find(e.code);
+  return {it == status.end() ? 500 : it->second, e.code, e.message(), ""};
+}
+
+std::string timestamp(int64_t ms) {
+  std::time_t secs = static_cast<std::time_t>(ms / 1000);
+  std::tm tm;
+  ::gmtime_r(&secs, &tm);
+  char buf[40];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  char out[48];
+  std::snprintf(out, sizeof out, "%s.%03dZ", buf, static_cast<int>(ms % 1000));
+  return out;
+}
+
+Result<json> parseObject(const std::string& body, ApiError& err) {
+  if (body.size() > (1u << 20)) {
+    err = {413, "too_large", "JSON body larger than 1 MiB", ""};
+    return Error::make("invalid", "");
+  }
+  json j = json::parse(body.empty() ? "{}" : body, nullptr, false);
+  if (j.is_discarded()) {
+    err = {400, "bad_json", "the body is not valid JSON", ""};
+    return Error::make("invalid", "");
+  }
+  if (!j.is_object()) {
+    err = {400, "bad_json", "the body must be a JSON object", ""};
+    return Error::make("invalid", "");
+  }
+  return j;
+}
+
+std::optional<ApiError> onlyFields(const json& j, std::initializer_list<const char*> allowed,
+                                   const std::string& prefix) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    bool known = false;
+    for (const char* a : allowed) known |= it.key() == a;
+    if (!known) return ApiError{400, "unknown_field", "unknown field " + prefix + it.key(), prefix + it.key()};
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> stringMap(const json& j, const std::string& field, bool envNames,
+                                  std::map<std::string, std::string>& out) {
+  if (!j.is_object()) return invalid(field, "must be an object of strings");
+  if (j.size() > 256) return invalid(field, "at most 256 entries");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (!it.value().is_string()) return invalid(field + "." + it.key(), "must be a string");
+    bool ok = envNames ? validEnvName(it.key()) : validKey(it.key(), 63);
+    if (!ok) return invalid(field + "." + it.key(), "invalid name");
+    std::string v = it.value().get<std::string>();
+    if (v.size() > 32768 || v.find('\0') != std::string::npos) return invalid(field + "." + it.key(), "value too long or has NUL");
+    out[it.key()] = v;
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> absolutePath(const json& j, const std::string& field, std::string& out) {
+  if (!j.is_string()) return invalid(field, "must be a string");
+  out = j.get<std::string>();
+  if (out.empty() || out[0] != '/' || out.size() > 4096 || out.find('\0') != std::string::npos) {
+    return invalid(field, "must be an absolute path");
+  }
+  return std::nullopt;
+}
+
+// Query parameters are checked like body fields: unknown ones are errors.
+std::optional<ApiError> onlyQuery(const HttpRequest& req, std::initializer_list<const char*> allowed) {
+  for (const auto& [k, v] : req.queryAll) {
+    bool known = false;
+    for (const char* a : allowed) known |= k == a;
+    if (!known) return ApiError{400, "unknown_field", "unknown query parameter " + k, k};
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> queryNumber(const HttpRequest& req, const char* name, uint64_t max, int base,
+                                    uint64_t& out) {
+  auto it = req.query.find(name);
+  if (it == req.query.end()) return std::nullopt;
+  const std::string& v = it->second;
+  const char* digits = base == 8 ? "01234567" : "0123456789";
+  if (v.empty() || v.size() > 16 || v.find_first_not_of(digits) != std::string::npos) {
+    return invalid(name, base == 8 ? "must be an octal number" : "must be a whole number");
+  }
+  out = std::strtoull(v.c_str(), nullptr, base);
+  if (out > max) return invalid(name, "out of range");
+  return std::nullopt;
+}
+
+std::optional<ApiError> queryFlag(const HttpRequest& req, const char* name, bool& out) {
+  auto it = req.query.find(name);
+  if (it == req.query.end()) return std::nullopt;
+  if (it->second == "1" || it->second == "true") {
+    out = true;
+  } else if (it->second == "0" || it->second == "false") {
+    out = false;
+  } else {
+    return invalid(name, "must be 1, 0, true or false");
+  }
+  return std::nullopt;
+}
+
+std::string pathSegment(const std::string& path, size_t index) {
+  size_t start = 0;
+  for (size_t i = 0; i <= index; ++i) {
+    if (start >= path.size()) return "";
+    size_t end = path.find('/', start + 1);
+    if (i == index) return path.substr(start + 1, (end == std::string::npos ? path.size() : end) - start - 1);
+    if (end == std::string::npos) return "";
+    start = end;
+  }
+  return "";
+}
+
+HttpResponse wrongMethod(const HttpRequest& req, const char* allowed) {
+  return errorResponse({405, "method_not_allowed", req.method + " " + req.path + ": use " + allowed, ""});
+}
+
+HttpResponse noContent() {
+  HttpResponse r;
+  r.status = 204;
+  return r;
+}
+
+std::optional<ApiError> commandLine(const json& j, const std::string& field, std::vector<std::string>& out) {
+  if (!j.is_array() || j.empty()) return invalid(field, "required: a non-empty array of strings");
+  if (j.size() > 4096) return invalid(field, "at most 4096 arguments");
+  size_t total = 0;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const json& a = j[i];
+    std::string name = field + "[" + std::to_string(i) + "]";
+    if (!a.is_string()) return invalid(name, "must be a string");
+    std::string arg = a.get<std::string>();
+    if (arg.find('\0') != std::string::npos) return invalid(name, "contains NUL");
+    total += arg.size();
+    out.push_back(arg);
+  }
+  if (total > (256u << 10)) return invalid(field, "longer than 256 KiB in all");
+  return std::nullopt;
+}
+
+}  // namespace moat::api

@@ -1,0 +1,215 @@
+#include "manager/process.h"
+
+#include <signal.h>
+
+#include "manager/clock.h"
+
+namespace moat::manager {
+namespace {
+
+// moat-init answers a Spawn within a fork and an exec; this only bounds a
+// wedged environment.
+constexpr auto kStartTimeout = std::chrono::seconds(30);
+
+}  // namespace
+
+const char* processStateName(ProcessState state) {
+  switch (state) {
+    case ProcessState::kStarting: return "starting";
+    case ProcessState::kRunning: return "running";
+    case ProcessState::kExited: return "exited";
+    case ProcessState::kFailed: return "failed";
+    case ProcessState::kLost: return "lost";
+  }
+  return "unknown";
+}
+
+Process::Process(uint64_t id, std::vector<std::string> argv, std::string kind, bool pty,
+                 bool stdinOpen, size_t outputCapPerStream)
+    : id_(id), log_(outputCapPerStream) {
+  info_.id = id;
+  info_.argv = std::move(argv);
+  info_.kind = std::move(kind);
+  info_.pty = pty;
+  info_.stdinOpen = stdinOpen;
+  info_.startedAtMs = nowMs();
+}
+
+void Process::onSpawned(uint32_t pid) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (info_.state != ProcessState::kStarting) return;
+  info_.pid = pid;
+  info_.state = ProcessState::kRunning;
+  cv_.notify_all();
+}
+
+void Process::onSpawnFailed(int err, const std::string& stage) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (info_.ended()) return;
+  info_.state = ProcessState::kFailed;
+  info_.spawnErrno = err;
+  info_.spawnStage = stage;
+  info_.stdinOpen = false;
+  info_.endedAtMs = nowMs();
+  cv_.notify_all();
+}
+
+void Process::onOutput(init::Stream stream, const std::string& data) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  log_.append(stream == init::Stream::kStdout ? OutputStream::kStdout : OutputStream::kStderr, data);
+  cv_.notify_all();
+}
+
+void Process::onExited(const init::Exited& exited) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (info_.ended()) return;
+  info_.state = ProcessState::kExited;
+  info_.exitCode = exited.exitCode;
+  info_.signal = exited.signal;
+  info_.timedOut = exited.timedOut;
+  info_.durationUs = exited.durationUs;
+  info_.stdoutTruncated = exited.stdoutTruncated;
+  info_.stderrTruncated = exited.stderrTruncated;
+  info_.stdinOpen = false;
+  info_.endedAtMs = nowMs();
+  cv_.notify_all();
+}
+
+void Process::onLost(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (info_.ended()) return;
+  info_.state = ProcessState::kLost;
+  info_.reason = reason;
+  info_.stdinOpen = false;
+  info_.endedAtMs = nowMs();
+  cv_.notify_all();
+}
+
+Status Process::start(const std::shared_ptr<InitConnection>& connection, init::SpawnRequest spawn,
+                      const std::string& stdinData, bool closeStdin) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    connection_ = connection;
+  }
+  MOAT_ASSIGN(uint32_t initId, connection->spawn(std::move(spawn), shared_from_this(), stdinData, closeStdin));
+  std::unique_lock<std::mutex> lock(mutex_);
+  initId_ = initId;
+  if (closeStdin) info_.stdinOpen = false;
+  if (!cv_.wait_for(lock, kStartTimeout, [&] { return info_.state != ProcessState::kStarting; })) {
+    lock.unlock();
+    (void)connection->signal(initId, SIGKILL, true);
+    onLost("moat-init did not start the command within 30 s");
+    return Error::make("timeout", "the environment did not start the command in time");
+  }
+  return {};
+}
+
+Status Process::connectionGone() const {
+  return Error::make("conflict", "process " + std::to_string(id_) + " has ended");
+}
+
+Status Process::writeStdin(const std::string& data, bool close) {
+  std::shared_ptr<InitConnection> connection;
+  uint32_t initId;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (info_.ended()) return connectionGone();
+    if (!info_.stdinOpen) {
+      return Error::make("conflict", "stdin of process " + std::to_string(id_) + " is closed");
+    }
+    connection = connection_.lock();
+    initId = initId_;
+    if (close) info_.stdinOpen = false;
+  }
+  if (!connection) return connectionGone();
+  if (!data.empty()) MOAT_TRY(connection->writeStdin(initId, data));
+  if (close) MOAT_TRY(connection->closeStdin(initId));
+  return {};
+}
+
+Status Process::signal(int signo) {
+  std::shared_ptr<InitConnection> connection;
+  uint32_t initId;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (info_.ended()) return connectionGone();
+    connection = connection_.lock();
+    initId = initId_;
+  }
+  if (!connection) return connectionGone();
+  return connection->signal(initId, signo, true);
+}
+
+Status Process::resize(uint16_t rows, uint16_t cols) {
+  std::shared_ptr<InitConnection> connection;
+  uint32_t initId;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (info_.ended()) return connectionGone();
+    if (!info_.pty) {
+      return Error::make("conflict", "process " + std::to_string(id_) + " has no terminal to resize");
+    }
+    connection = connection_.lock();
+    initId = initId_;
+  }
+  if (!connection) return connectionGone();
+  return connection->resize(initId, rows, cols);
+}
+
+int Process::attachViewer() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return ++viewers_;
+}
+
+int Process::detachViewer() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return --viewers_;
+}
+
+ProcessInfo Process::info() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ProcessInfo info = info_;
+  info.stdoutBytes = log_.bytes(OutputStream::kStdout);
+  info.stderrBytes = log_.bytes(OutputStream::kStderr);
+  info.stdoutDropped = log_.droppedBytes(OutputStream::kStdout);
+  info.stderrDropped = log_.droppedBytes(OutputStream::kStderr);
+  info.outputEnd = log_.end();
+  return info;
+}
+
+Process::Read Process::read(uint64_t since, size_t maxBytes, bool wait,
+                            std::chrono::steady_clock::time_point deadline,
+                            const std::function<bool()>& stop) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (wait) {
+    cv_.wait_until(lock, deadline, [&] {
+      return log_.end() > since || info_.ended() || (stop && stop());
+    });
+  }
+  Read r;
+  r.items = log_.read(since, maxBytes);
+  r.next = std::min(since, log_.end());
+  if (!r.items.empty()) {
+    const auto& last = r.items.back();
+    r.next = last.offset + (last.dropped ? last.length : last.data.size());
+  }
+  r.ended = info_.ended() && r.next >= log_.end();
+  return r;
+}
+
+void Process::wake() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  cv_.notify_all();
+}
+
+bool Process::waitEnded(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return cv_.wait_until(lock, deadline, [&] { return info_.ended(); });
+}
+
+std::string Process::collect(OutputStream stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return log_.collect(stream);
+}
+
+}  // namespace moat::manager

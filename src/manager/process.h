@@ -1,0 +1,108 @@
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "manager/init_connection.h"
+#include "manager/output_log.h"
+
+namespace moat::manager {
+
+enum class ProcessState { kStarting, kRunning, kExited, kFailed, kLost };
+const char* processStateName(ProcessState state);
+
+// A process as the API shows it.
+struct ProcessInfo {
+  uint64_t id = 0;         // moatd's id, unique within the environment
+  uint32_t pid = 0;        // as seen inside the environment (0 until started)
+  std::vector<std::string> argv;
+  std::string kind;        // "process", "exec" or "shell"
+  bool pty = false;
+  bool stdinOpen = false;
+  ProcessState state = ProcessState::kStarting;
+  int exitCode = -1;
+  int signal = 0;
+  bool timedOut = false;
+  int spawnErrno = 0;      // kFailed
+  std::string spawnStage;  // kFailed
+  std::string reason;      // kLost: why the process is no longer followed
+  int64_t startedAtMs = 0;
+  int64_t endedAtMs = 0;
+  uint64_t durationUs = 0;
+  uint64_t stdoutBytes = 0;
+  uint64_t stderrBytes = 0;
+  bool stdoutTruncated = false;  // moat-init stopped forwarding at the output limit
+  bool stderrTruncated = false;
+  uint64_t stdoutDropped = 0;  // no longer retained (the log's cap)
+  uint64_t stderrDropped = 0;
+  uint64_t outputEnd = 0;      // the offset a reader is caught up at
+  bool ended() const { return state != ProcessState::kStarting && state != ProcessState::kRunning; }
+};
+
+// One command running in an environment, fed by the environment's
+// InitConnection. It keeps the process's state and a bounded log of its
+// output; any number of readers may wait on it.
+class Process : public ProcessSink, public std::enable_shared_from_this<Process> {
+ public:
+  Process(uint64_t id, std::vector<std::string> argv, std::string kind, bool pty,
+          bool stdinOpen, size_t outputCapPerStream);
+
+  // ProcessSink: called on the connection's reader thread.
+  void onSpawned(uint32_t pid) override;
+  void onSpawnFailed(int err, const std::string& stage) override;
+  void onOutput(init::Stream stream, const std::string& data) override;
+  void onExited(const init::Exited& exited) override;
+  void onLost(const std::string& reason) override;
+
+  // Sends the Spawn through `connection`, then waits until moat-init says
+  // whether the command started.
+  Status start(const std::shared_ptr<InitConnection>& connection, init::SpawnRequest spawn,
+               const std::string& stdinData, bool closeStdin);
+  // Ends a process that nobody will hear from again (the environment is
+  // being destroyed): readers get `reason` at once.
+  void abandon(const std::string& reason) { onLost(reason); }
+
+  Status writeStdin(const std::string& data, bool close);
+  Status signal(int signo);
+  Status resize(uint16_t rows, uint16_t cols);
+
+  // Terminal viewers (WebSocket shells): counts after the change.
+  int attachViewer();
+  int detachViewer();
+
+  ProcessInfo info();
+  uint64_t id() const { return id_; }
+  // Output from `since`. With `wait`, blocks until there is something new,
+  // the process ended, `stop()` says so, or `deadline` passes.
+  struct Read {
+    std::vector<OutputItem> items;
+    uint64_t next = 0;   // where the following read starts
+    bool ended = false;  // the process ended and everything was read
+  };
+  Read read(uint64_t since, size_t maxBytes, bool wait,
+            std::chrono::steady_clock::time_point deadline, const std::function<bool()>& stop = {});
+  // Wakes readers so that they re-check their stop condition.
+  void wake();
+  bool waitEnded(std::chrono::steady_clock::time_point deadline);
+  std::string collect(OutputStream stream);
+
+ private:
+  Status connectionGone() const;
+
+  const uint64_t id_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  ProcessInfo info_;
+  OutputLog log_;
+  std::weak_ptr<InitConnection> connection_;
+  uint32_t initId_ = 0;
+  int viewers_ = 0;
+};
+
+}  // namespace moat::manager
