@@ -1,5 +1,6 @@
 #include "cli/client.h"
 
+#include <sys/random.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/exit_codes.h"
+#include "common/encoding.h"
 #include "os/file.h"
 
 namespace moat::cli {
@@ -67,6 +69,40 @@ Result<HttpReply> exchange(Stream& stream, const Endpoint& endpoint, const std::
   reply.status = parser.get().result_int();
   reply.body = std::move(parser.get().body());
   return reply;
+}
+
+template <class Stream>
+Result<Client::Upgraded> upgrade(Stream& stream, const Endpoint& endpoint, const std::string& target,
+                                 const std::string& token) {
+  unsigned char nonce[16] = {};
+  if (::getrandom(nonce, sizeof nonce, 0) != sizeof nonce) return Error::fromErrno("getrandom");
+  http::request<http::empty_body> req{http::verb::get, target, 11};
+  req.set(http::field::host, endpoint.transport == Endpoint::Transport::kUnix
+                                 ? std::string("localhost")
+                                 : endpoint.host + ":" + std::to_string(endpoint.port));
+  req.set(http::field::user_agent, "moat-cli");
+  req.set(http::field::authorization, "Bearer " + token);
+  req.set(http::field::upgrade, "websocket");
+  req.set(http::field::connection, "Upgrade");
+  req.set(http::field::sec_websocket_version, "13");
+  req.set(http::field::sec_websocket_key, base64Encode(std::string(reinterpret_cast<char*>(nonce), sizeof nonce)));
+  beast::error_code ec;
+  http::write(stream, req, ec);
+  if (ec) return Error::make("io", "sending the request to moatd at " + endpoint.display() + ": " + ec.message());
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(1u << 20);
+  http::read_header(stream, buffer, parser, ec);
+  if (ec) return Error::make("io", "reading moatd's answer from " + endpoint.display() + ": " + ec.message());
+  if (parser.get().result_int() != 101) {
+    http::read(stream, buffer, parser, ec);  // the error body
+    HttpReply reply{static_cast<int>(parser.get().result_int()), parser.get().body()};
+    return Error::make("refused", describeError(reply));
+  }
+  Client::Upgraded out;
+  out.pending.assign(static_cast<const char*>(buffer.data().data()), buffer.data().size());
+  out.fd.reset(stream.release());
+  return out;
 }
 
 Error unreachable(const Endpoint& endpoint, const beast::error_code& ec) {
@@ -174,6 +210,30 @@ Result<Client> Client::fromOptions(const ConnectionOptions& options) {
 Client::Client(Endpoint endpoint, Result<std::string> token)
     : endpoint_(std::move(endpoint)), token_(std::move(token)) {}
 
+Result<Client::Upgraded> Client::openWebSocket(const std::string& target) {
+  try {
+    asio::io_context io;
+    beast::error_code ec;
+    if (endpoint_.transport == Endpoint::Transport::kUnix) {
+      asio::local::stream_protocol::socket socket(io);
+      socket.connect(asio::local::stream_protocol::endpoint(endpoint_.path), ec);
+      if (ec) return unreachable(endpoint_, ec);
+      if (!token_.ok()) return token_.error();
+      return upgrade(socket, endpoint_, target, token_.value());
+    }
+    asio::ip::tcp::socket socket(io);
+    std::string host = endpoint_.host == "localhost" ? "127.0.0.1" : endpoint_.host;
+    auto address = asio::ip::make_address(host, ec);
+    if (ec) return unreachable(endpoint_, ec);
+    socket.connect(asio::ip::tcp::endpoint(address, endpoint_.port), ec);
+    if (ec) return unreachable(endpoint_, ec);
+    if (!token_.ok()) return token_.error();
+    return upgrade(socket, endpoint_, target, token_.value());
+  } catch (const std::exception& e) {
+    return Error::make("io", std::string("talking to moatd: ") + e.what());
+  }
+}
+
 Result<HttpReply> Client::request(const std::string& method, const std::string& target,
                                   const std::string& body) {
   try {
@@ -201,6 +261,17 @@ Result<HttpReply> Client::request(const std::string& method, const std::string& 
   } catch (const std::exception& e) {
     return Error::make("io", "talking to moatd at " + endpoint_.display() + ": " + e.what());
   }
+}
+
+Result<nlohmann::json> call(Client& client, const std::string& method, const std::string& target,
+                            const std::string& body, int expect) {
+  using json = nlohmann::json;
+  MOAT_ASSIGN(HttpReply reply, client.request(method, target, body));
+  if (reply.status != expect) return Error::make("api", describeError(reply));
+  if (reply.body.empty()) return json();
+  json j = json::parse(reply.body, nullptr, false);
+  if (j.is_discarded()) return Error::make("api", "moatd answered with something that is not JSON");
+  return j;
 }
 
 std::string describeError(const HttpReply& reply) {

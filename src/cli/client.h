@@ -2,11 +2,13 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "common/encoding.h"
 #include "common/result.h"
+#include "common/unique_fd.h"
 
 // What the moatd client commands (`moat env`, `moat exec`) share: finding
 // moatd and its token, a small synchronous HTTP/1.1 client, moatd's error
@@ -52,12 +54,25 @@ class Client {
   Client(Endpoint endpoint, Result<std::string> token);
   Result<HttpReply> request(const std::string& method, const std::string& target,
                             const std::string& body = "");
+  // Opens a WebSocket on `target` (moatd answers 101): the connected socket
+  // and the bytes already read past the handshake. A refusal comes back as
+  // an error carrying moatd's message.
+  struct Upgraded {
+    UniqueFd fd;
+    std::string pending;
+  };
+  Result<Upgraded> openWebSocket(const std::string& target);
   const Endpoint& endpoint() const { return endpoint_; }
 
  private:
   Endpoint endpoint_;
   Result<std::string> token_;
 };
+
+// Calls moatd; an answer other than `expect` is an error carrying moatd's
+// message. The JSON answer (null for an empty body).
+Result<nlohmann::json> call(Client& client, const std::string& method, const std::string& target,
+                            const std::string& body, int expect);
 
 // moatd's {"error":{"code","message","field"}} as one line:
 // "<message> (<code>[, field <field>])".

@@ -12,5 +12,6 @@ int envCommand(const std::vector<std::string>& args);
 int execCommand(const std::vector<std::string>& args);
 int cpCommand(const std::vector<std::string>& args);
 int keysCommand(const std::vector<std::string>& args);
+int shellCommand(const std::vector<std::string>& args);
 
 }  // namespace moat::cli

@@ -45,17 +45,6 @@ int help() {
   return 0;
 }
 
-// Calls moatd; an answer other than `expect` is an error carrying moatd's message.
-Result<json> call(Client& client, const std::string& method, const std::string& target,
-                  const std::string& body, int expect) {
-  MOAT_ASSIGN(HttpReply reply, client.request(method, target, body));
-  if (reply.status != expect) return Error::make("api", describeError(reply));
-  if (reply.body.empty()) return json();
-  json j = json::parse(reply.body, nullptr, false);
-  if (j.is_discarded()) return Error::make("api", "moatd answered with something that is not JSON");
-  return j;
-}
-
 std::string text(const json& j, const char* key) {
   if (!j.is_object() || !j.contains(key)) return "";
   const json& v = j[key];

@@ -26,6 +26,8 @@ commands:
             (moat env create|ls|get|rm, see moat env --help)
   exec      run a command in one of moatd's environments (moat exec --help)
   cp        copy a file between the host and an environment (moat cp --help)
+  shell     a terminal in one of moatd's environments, or in a throwaway one
+            (moat shell --help)
   keys      scoped API keys for agents (moat keys create|ls|rm)
   version   print the version
 
@@ -50,6 +52,7 @@ int main(int argc, char** argv) {
   if (command == "exec") return moat::cli::execCommand(args);
   if (command == "cp") return moat::cli::cpCommand(args);
   if (command == "keys") return moat::cli::keysCommand(args);
+  if (command == "shell") return moat::cli::shellCommand(args);
   if (command == "version" || command == "--version") {
     std::puts("moat " MOAT_VERSION);
     return 0;

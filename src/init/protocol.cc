@@ -186,22 +186,6 @@ Result<ProcessRef> ProcessRef::decode(const std::string& payload) {
   return m;
 }
 
-std::string Resize::encode() const { return Encoder().u32(id).u32(rows).u32(cols).take(); }
-Result<Resize> Resize::decode(const std::string& payload) {
-  Decoder d(payload);
-  Resize m;
-  MOAT_ASSIGN(m.id, d.u32());
-  MOAT_ASSIGN(uint32_t rows, d.u32());
-  MOAT_ASSIGN(uint32_t cols, d.u32());
-  FINISH(d);
-  if (rows == 0 || rows > 65535 || cols == 0 || cols > 65535) {
-    return Error::make("protocol", "window size out of range");
-  }
-  m.rows = static_cast<uint16_t>(rows);
-  m.cols = static_cast<uint16_t>(cols);
-  return m;
-}
-
 std::string SignalRequest::encode() const {
   return Encoder().u32(id).i32(signo).u8(wholeGroup ? 1 : 0).take();
 }
@@ -214,6 +198,22 @@ Result<SignalRequest> SignalRequest::decode(const std::string& payload) {
   FINISH(d);
   m.wholeGroup = group != 0;
   if (m.signo < 1 || m.signo > 64) return Error::make("protocol", "signal out of range");
+  return m;
+}
+
+std::string Resize::encode() const { return Encoder().u32(id).u32(rows).u32(cols).take(); }
+Result<Resize> Resize::decode(const std::string& payload) {
+  Decoder d(payload);
+  Resize m;
+  MOAT_ASSIGN(m.id, d.u32());
+  MOAT_ASSIGN(uint32_t rows, d.u32());
+  MOAT_ASSIGN(uint32_t cols, d.u32());
+  FINISH(d);
+  if (rows < 1 || rows > 0xffff || cols < 1 || cols > 0xffff) {
+    return Error::make("protocol", "window size out of range");
+  }
+  m.rows = static_cast<uint16_t>(rows);
+  m.cols = static_cast<uint16_t>(cols);
   return m;
 }
 

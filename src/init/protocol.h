@@ -84,8 +84,8 @@ struct SpawnRequest {
   std::string cwd = "/";
   uint32_t uid = 0;
   uint32_t gid = 0;
-  bool stdinPipe = false;    // false: stdin is /dev/null
-  bool pty = false;          // reserved for the shell (not served yet)
+  bool stdinPipe = false;    // false: stdin is /dev/null (ignored with pty)
+  bool pty = false;          // run on a new terminal: its master is the only stream
   uint64_t timeoutMs = 0;    // 0: none
   uint64_t outputLimit = 0;  // bytes per stream forwarded; 0: unlimited
   std::string encode() const;
@@ -138,6 +138,8 @@ struct SignalRequest {
   static Result<SignalRequest> decode(const std::string& payload);
 };
 
+// The window size of a pty process's terminal (kResize). Encoded as three
+// u32 so that the wire format has one integer width for ids and sizes.
 struct Resize {
   uint32_t id = 0;
   uint16_t rows = 0;

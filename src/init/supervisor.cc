@@ -4,6 +4,7 @@
 #include <grp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -14,11 +15,16 @@
 #include <vector>
 
 #include "init/file_ops.h"
+#include "init/pty.h"
 #include "os/socket.h"
 #include "os/process.h"
 
 namespace moat::init {
 namespace {
+
+// A new terminal's size until the client sends Resize: the VT100's.
+constexpr uint16_t kInitialRows = 24;
+constexpr uint16_t kInitialCols = 80;
 
 uint64_t nowUs() {
   struct timespec ts;
@@ -63,6 +69,8 @@ struct ExecPlan {
   uid_t uid;
   gid_t gid;
   bool switchIds;
+  int stdio[3] = {-1, -1, -1};  // become the child's 0, 1 and 2
+  bool controllingTty = false;  // stdio[0] is a pty slave: make it the session's terminal
 };
 
 ExecPlan planExec(const SpawnRequest& req) {
@@ -94,7 +102,7 @@ ExecPlan planExec(const SpawnRequest& req) {
 }
 
 // Runs in the vforked child: system calls only, never returns.
-[[noreturn]] void execChild(const ExecPlan& plan, int stdinFd, int outFd, int errFd, int failFd) {
+[[noreturn]] void execChild(const ExecPlan& plan, int failFd) {
   // moat-init reset every disposition when it started (see run()); only what
   // it set itself is undone here: SIGPIPE, and the blocked SIGCHLD.
   sigset_t none;
@@ -105,8 +113,13 @@ ExecPlan planExec(const SpawnRequest& req) {
   dfl.sa_handler = SIG_DFL;
   ::sigaction(SIGPIPE, &dfl, nullptr);
   if (::setsid() < 0) childFail(failFd, "setsid", errno);
-  if (::dup2(stdinFd, 0) < 0 || ::dup2(outFd, 1) < 0 || ::dup2(errFd, 2) < 0) {
-    childFail(failFd, "dup2", errno);
+  // The new session's leader takes the terminal; its process group becomes
+  // the terminal's foreground group (Ctrl-C, SIGWINCH).
+  if (plan.controllingTty && ::ioctl(plan.stdio[0], TIOCSCTTY, 0) != 0) {
+    childFail(failFd, "controlling tty", errno);
+  }
+  for (int target = 0; target < 3; ++target) {
+    if (::dup2(plan.stdio[target], target) < 0) childFail(failFd, "dup2", errno);
   }
   // Everything else closes at exec, including failFd: EOF there means success.
   ::syscall(SYS_close_range, 3, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
@@ -126,6 +139,54 @@ ExecPlan planExec(const SpawnRequest& req) {
     }
   }
   childFail(failFd, "exec", err);
+}
+
+// One spawn's standard streams: the child's ends, closed here once it has
+// exec'd, and ours. With a pty, childIn is the terminal's slave and serves
+// as all three; childOut and childErr stay empty.
+struct Streams {
+  UniqueFd childIn, childOut, childErr;
+  UniqueFd stdinWrite, stdoutRead, stderrRead;
+};
+
+// Errors carry the stage reported in SpawnFailed as their context.
+Result<Streams> openPipes(bool stdinPipe) {
+  Streams s;
+  int fds[2];
+  if (stdinPipe) {
+    if (::pipe2(fds, O_CLOEXEC) != 0) return Error::fromErrno("pipe");
+    s.childIn.reset(fds[0]);
+    s.stdinWrite.reset(fds[1]);
+  } else {
+    s.childIn.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (!s.childIn) return Error::fromErrno("open /dev/null");
+  }
+  if (::pipe2(fds, O_CLOEXEC) != 0) return Error::fromErrno("pipe");
+  s.stdoutRead.reset(fds[0]);
+  s.childOut.reset(fds[1]);
+  if (::pipe2(fds, O_CLOEXEC) != 0) return Error::fromErrno("pipe");
+  s.stderrRead.reset(fds[0]);
+  s.childErr.reset(fds[1]);
+  return s;
+}
+
+// The master is the process's only stream: output is read from it and input
+// written to a second descriptor of it, so that either end can finish alone.
+Result<Streams> openTerminal(const ExecPlan& plan) {
+  auto pty = openPty(kInitialRows, kInitialCols);
+  if (!pty.ok()) return Error::fromErrno("pty", pty.error().sysErrno);
+  // As grantpt would: the terminal belongs to the command's user. Best
+  // effort: an id the environment cannot map fails at setuid anyway.
+  if (plan.switchIds) {
+    int ignored = ::fchown(pty->slave.get(), plan.uid, static_cast<gid_t>(-1));
+    (void)ignored;
+  }
+  Streams s;
+  s.stdoutRead = std::move(pty->master);
+  s.stdinWrite.reset(::fcntl(s.stdoutRead.get(), F_DUPFD_CLOEXEC, 0));
+  if (!s.stdinWrite) return Error::fromErrno("pty");
+  s.childIn = std::move(pty->slave);
+  return s;
 }
 
 }  // namespace
@@ -260,16 +321,27 @@ void Supervisor::handleFrame(const Frame& frame) {
       if (!req.ok()) return protocolError(req.error().message());
       auto it = processes_.find(req->id);
       if (it == processes_.end() || !it->second.stdinFd) return;  // gone or closed: drop
-      it->second.stdinBuffer += req->data;
-      return flushStdin(it->second);
+      Process& p = it->second;
+      p.stdinBuffer += req->data;
+      if (!req->data.empty()) {
+        char last = req->data.back();
+        p.stdinAtLineStart = last == '\n' || last == '\r';
+      }
+      return flushStdin(p);
     }
     case MsgType::kCloseStdin: {
       auto req = ProcessRef::decode(frame.payload);
       if (!req.ok()) return protocolError(req.error().message());
       auto it = processes_.find(req->id);
       if (it == processes_.end()) return;
+      if (it->second.pty) return endPtyInput(it->second);
       it->second.closeStdinWhenDrained = true;
       return flushStdin(it->second);
+    }
+    case MsgType::kResize: {
+      auto req = Resize::decode(frame.payload);
+      if (!req.ok()) return protocolError(req.error().message());
+      return resize(req.value());
     }
     case MsgType::kSignal: {
       auto req = SignalRequest::decode(frame.payload);
@@ -297,35 +369,36 @@ void Supervisor::spawn(const SpawnRequest& req) {
     send(MsgType::kSpawnFailed, SpawnFailed{req.id, err, stage}.encode());
   };
   if (processes_.count(req.id)) return fail(EEXIST, "id in use");
-  if (req.pty) return fail(ENOTSUP, "pty");
-
-  int in[2] = {-1, -1}, out[2], err[2], failPipe[2];
-  if (req.stdinPipe) {
-    if (::pipe2(in, O_CLOEXEC) != 0) return fail(errno, "pipe");
-  } else {
-    in[0] = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (in[0] < 0) return fail(errno, "open /dev/null");
-  }
-  UniqueFd inRead(in[0]), inWrite(in[1]);
-  if (::pipe2(out, O_CLOEXEC) != 0) return fail(errno, "pipe");
-  UniqueFd outRead(out[0]), outWrite(out[1]);
-  if (::pipe2(err, O_CLOEXEC) != 0) return fail(errno, "pipe");
-  UniqueFd errRead(err[0]), errWrite(err[1]);
-  if (::pipe2(failPipe, O_CLOEXEC) != 0) return fail(errno, "pipe");
-  UniqueFd failRead(failPipe[0]), failWrite(failPipe[1]);
 
   ExecPlan plan = planExec(req);
+  auto opened = req.pty ? openTerminal(plan) : openPipes(req.stdinPipe);
+  if (!opened.ok()) return fail(opened.error().sysErrno, opened.error().context);
+  Streams& streams = opened.value();
+  int failPipe[2];
+  if (::pipe2(failPipe, O_CLOEXEC) != 0) return fail(errno, "pipe");
+  UniqueFd failRead(failPipe[0]), failWrite(failPipe[1]);
+  if (req.pty) {
+    plan.stdio[0] = plan.stdio[1] = plan.stdio[2] = streams.childIn.get();
+    plan.controllingTty = true;
+  } else {
+    plan.stdio[0] = streams.childIn.get();
+    plan.stdio[1] = streams.childOut.get();
+    plan.stdio[2] = streams.childErr.get();
+  }
+
   uint64_t start = nowUs();
   // vfork: no copy of our page tables, and we resume once the child has
   // exec'd (or failed), which is when we would read the fail pipe anyway.
   pid_t pid = ::vfork();
   if (pid < 0) return fail(errno, "fork");
-  if (pid == 0) execChild(plan, inRead.get(), outWrite.get(), errWrite.get(), failWrite.get());
+  if (pid == 0) execChild(plan, failWrite.get());
 
   failWrite.reset();
-  inRead.reset();
-  outWrite.reset();
-  errWrite.reset();
+  // Only the child may hold its ends: a pty's master reads EIO, and a pipe
+  // EOF, once the last of them is closed.
+  streams.childIn.reset();
+  streams.childOut.reset();
+  streams.childErr.reset();
   ChildFailure failure;
   ssize_t n;
   do {
@@ -341,15 +414,16 @@ void Supervisor::spawn(const SpawnRequest& req) {
   Process& p = processes_[req.id];
   p.id = req.id;
   p.pid = pid;
+  p.pty = req.pty;
   p.startUs = start;
   p.deadlineUs = req.timeoutMs ? start + req.timeoutMs * 1000 : 0;
   p.outputLimit = req.outputLimit;
-  if (inWrite) setNonBlocking(inWrite.get());
-  setNonBlocking(outRead.get());
-  setNonBlocking(errRead.get());
-  p.stdinFd = std::move(inWrite);
-  p.stdoutFd = std::move(outRead);
-  p.stderrFd = std::move(errRead);
+  for (UniqueFd* fd : {&streams.stdinWrite, &streams.stdoutRead, &streams.stderrRead}) {
+    if (*fd) setNonBlocking(fd->get());
+  }
+  p.stdinFd = std::move(streams.stdinWrite);
+  p.stdoutFd = std::move(streams.stdoutRead);
+  p.stderrFd = std::move(streams.stderrRead);
   send(MsgType::kSpawned, Spawned{req.id, static_cast<uint32_t>(pid)}.encode());
 }
 
@@ -358,6 +432,8 @@ Supervisor::PumpResult Supervisor::pump(Process& p, int streamIndex) {
   char buf[kOutputChunk];
   ssize_t n = ::read(fd, buf, sizeof buf);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return PumpResult::kAgain;
+  // A pipe reads 0 once its writers are gone; a pty's master fails with EIO
+  // once nothing holds the terminal, after what it buffered has been read.
   if (n <= 0) return PumpResult::kEnd;
   uint64_t before = p.bytes[streamIndex];
   p.bytes[streamIndex] += static_cast<uint64_t>(n);
@@ -388,6 +464,24 @@ void Supervisor::flushStdin(Process& p) {
   if (p.closeStdinWhenDrained && p.stdinBuffer.empty()) p.stdinFd.reset();
 }
 
+void Supervisor::endPtyInput(Process& p) {
+  // A terminal is not closed to end input: the line discipline turns its
+  // EOF character into end-of-file for the reader, but only at the start of
+  // a line. After a partial line, the first one just submits that line.
+  if (!p.stdinFd) return;
+  char eof = eofCharacter(p.stdinFd.get());
+  p.stdinBuffer.append(p.stdinAtLineStart ? 1 : 2, eof);
+  p.stdinAtLineStart = true;
+  flushStdin(p);
+}
+
+void Supervisor::resize(const Resize& req) {
+  auto it = processes_.find(req.id);
+  // The master's output end stays open while anything holds the terminal.
+  if (it == processes_.end() || !it->second.pty || !it->second.stdoutFd) return;
+  (void)setWindowSize(it->second.stdoutFd.get(), req.rows, req.cols);
+}
+
 void Supervisor::reapChildren() {
   for (;;) {
     int status = 0;
@@ -403,8 +497,8 @@ void Supervisor::reapChildren() {
 }
 
 void Supervisor::finish(Process& p, int status) {
-  // Forward what is still buffered in the pipes; background children that
-  // keep the pipes open do not hold the exit report back.
+  // Forward what is still buffered in the pipes or the terminal; background
+  // children that keep them open do not hold the exit report back.
   for (int stream = 0; stream < 2; ++stream) {
     UniqueFd& fd = stream == 0 ? p.stdoutFd : p.stderrFd;
     PumpResult r = PumpResult::kData;

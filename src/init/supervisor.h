@@ -31,11 +31,16 @@ class Supervisor {
   struct Process {
     uint32_t id = 0;
     pid_t pid = -1;
+    // With a pty, stdoutFd is the terminal's master and stdinFd a second
+    // descriptor of it (so the output's end and the input's end stay
+    // independent); stderrFd is unused.
+    bool pty = false;
     UniqueFd stdinFd;
     UniqueFd stdoutFd;
     UniqueFd stderrFd;
     std::string stdinBuffer;
     bool closeStdinWhenDrained = false;
+    bool stdinAtLineStart = true;  // pty: the last input byte ended a line
     uint64_t startUs = 0;
     uint64_t deadlineUs = 0;  // 0: none
     uint64_t outputLimit = 0;
@@ -52,6 +57,8 @@ class Supervisor {
   // Reads one chunk of a stream and forwards it (within the output cap).
   PumpResult pump(Process& process, int streamIndex);
   void flushStdin(Process& process);
+  void endPtyInput(Process& process);
+  void resize(const Resize& request);
   void enforceDeadlines();
   int pollTimeoutMs() const;
   void send(MsgType type, const std::string& payload);

@@ -406,5 +406,28 @@ TEST(MoatCliWithoutDaemon, HelpListsTheClientCommands) {
   EXPECT_EQ(moat({"env", "create", "--help"}, "", {{"MOAT_URL", kNoDaemon}}).exitCode, 0);
 }
 
+TEST_F(MoatCli, ShellRunsWhatItIsFedAndExitsWithTheShellsStatus) {
+  MOAT_REQUIRE_ROOT();
+  std::string id = createEnv();
+  // Input from a pipe, not a person: the terminal still echoes and answers.
+  auto r = client({"shell", id}, "echo hi-$((1+2))\nstty size\nexit 7\n");
+  EXPECT_EQ(r.exitCode, 7) << describe(r);
+  EXPECT_NE(r.out.find("hi-3"), std::string::npos) << describe(r);
+  EXPECT_NE(r.out.find("24 80"), std::string::npos) << "not a terminal: default size\n" << describe(r);
+  // Without ENV: a throwaway environment, gone afterwards.
+  auto before = client({"env", "ls", "--label", "moat=shell", "--json"});
+  auto t = client({"shell"}, "hostname > /dev/null; exit 0\n");
+  EXPECT_EQ(t.exitCode, 0) << describe(t);
+  auto after = client({"env", "ls", "--label", "moat=shell", "--json"});
+  EXPECT_EQ(json::parse(after.out).size(), json::parse(before.out).size())
+      << "the throwaway environment must be destroyed";
+  // Errors are one line and 125; usage errors 2.
+  auto missing = client({"shell", "000000000000"});
+  EXPECT_EQ(missing.exitCode, 125) << describe(missing);
+  EXPECT_NE(missing.err.find("no environment"), std::string::npos) << describe(missing);
+  EXPECT_EQ(client({"shell", "--process", "0", id}).exitCode, 2);
+  EXPECT_EQ(client({"shell", id, "extra"}).exitCode, 2);
+}
+
 }  // namespace
 }  // namespace moat::test

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "moat_process.h"
+#include "moatd_fixture.h"
 #include "moatd_process.h"
 #include "os/file.h"
 
@@ -19,43 +20,7 @@ namespace {
 
 using json = nlohmann::json;
 
-class MoatdApi : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!isRoot()) GTEST_SKIP() << "needs root: moatd creates namespaces, cgroups and mounts (CI runs as root)";
-    daemon_ = std::make_unique<Moatd>();
-  }
-
-  json call(const std::string& method, const std::string& target, const json& body, int expectStatus) {
-    auto r = daemon_->request(method, target, body.is_null() ? "" : body.dump());
-    EXPECT_EQ(r.status, expectStatus) << method << " " << target << " -> " << r.body;
-    if (r.body.empty()) return json();
-    auto j = json::parse(r.body, nullptr, false);
-    return j;
-  }
-
-  std::string createEnv(const json& body = json::object()) {
-    json env = call("POST", "/v1/environments", body, 201);
-    return env.value("id", "");
-  }
-
-  json exec(const std::string& id, const json& body) {
-    return call("POST", "/v1/environments/" + id + "/exec", body, 200);
-  }
-
-  // Polls (bounded) until a process named `name` runs in the environment.
-  bool waitForProcess(const std::string& id, const std::string& name) {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (std::chrono::steady_clock::now() < deadline) {
-      auto ps = daemon_->request("POST", "/v1/environments/" + id + "/exec",
-                                 json{{"cmd", {"pgrep", name}}}.dump());
-      if (json::parse(ps.body)["exit_code"] == 0) return true;
-    }
-    return false;
-  }
-
-  std::unique_ptr<Moatd> daemon_;
-};
+class MoatdApi : public MoatdFixture {};
 
 TEST_F(MoatdApi, HealthzNeedsNoTokenButEverythingElseDoes) {
   EXPECT_EQ(daemon_->request("GET", "/healthz", "", false).status, 200);

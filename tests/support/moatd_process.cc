@@ -1,6 +1,7 @@
 #include "moatd_process.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
@@ -147,6 +148,124 @@ HttpResult Moatd::request(const std::string& method, const std::string& target,
   r.body = parser.get().body();
   r.contentType = std::string(parser.get()[http::field::content_type]);
   return r;
+}
+
+namespace {
+
+int connectUnix(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un addr;
+  std::memset(&addr, 0, sizeof addr);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), std::min(path.size(), sizeof addr.sun_path - 1));
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool sendAll(int fd, const std::string& data) {
+  size_t at = 0;
+  while (at < data.size()) {
+    ssize_t n = ::send(fd, data.data() + at, data.size() - at, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    at += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Reads up to the end of the response head; returns the status and leaves
+// what follows the head in `rest`.
+int readHead(int fd, std::string& rest) {
+  std::string data;
+  char buf[4096];
+  for (;;) {
+    auto end = data.find("\r\n\r\n");
+    if (end != std::string::npos) {
+      rest = data.substr(end + 4);
+      std::string head = data.substr(0, end);
+      if (head.size() < 12) return 0;
+      return std::atoi(head.c_str() + 9);
+    }
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) return 0;
+    data.append(buf, static_cast<size_t>(n));
+  }
+}
+
+}  // namespace
+
+EventStream::EventStream(EventStream&& other) noexcept
+    : fd_(other.fd_), status_(other.status_), raw_(std::move(other.raw_)),
+      decoded_(std::move(other.decoded_)), ended_(other.ended_) {
+  other.fd_ = -1;
+}
+
+EventStream::~EventStream() { close(); }
+
+void EventStream::close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+bool EventStream::fill(int timeoutMs) {
+  if (fd_ < 0) return false;
+  struct pollfd p = {fd_, POLLIN, 0};
+  if (::poll(&p, 1, timeoutMs) <= 0) return false;
+  char buf[65536];
+  ssize_t n = ::read(fd_, buf, sizeof buf);
+  if (n <= 0) return false;
+  raw_.append(buf, static_cast<size_t>(n));
+  return true;
+}
+
+bool EventStream::nextLine(std::string& line, int timeoutMs) {
+  for (;;) {
+    auto nl = decoded_.find('\n');
+    if (nl != std::string::npos) {
+      line = decoded_.substr(0, nl);
+      decoded_.erase(0, nl + 1);
+      return true;
+    }
+    if (ended_) return false;
+    // Decode whole chunks: "<hex>\r\n<data>\r\n", "0\r\n\r\n" at the end.
+    auto crlf = raw_.find("\r\n");
+    if (crlf != std::string::npos) {
+      size_t size = std::strtoul(raw_.substr(0, crlf).c_str(), nullptr, 16);
+      if (size == 0) {
+        ended_ = true;
+        continue;
+      }
+      if (raw_.size() >= crlf + 2 + size + 2) {
+        decoded_ += raw_.substr(crlf + 2, size);
+        raw_.erase(0, crlf + 2 + size + 2);
+        continue;
+      }
+    }
+    if (!fill(timeoutMs)) return false;
+  }
+}
+
+EventStream Moatd::stream(const std::string& target) {
+  int fd = connectUnix(socketPath());
+  std::string req = "GET " + target + " HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer " + token_ +
+                    "\r\n\r\n";
+  std::string rest;
+  int status = fd >= 0 && sendAll(fd, req) ? readHead(fd, rest) : 0;
+  return EventStream(fd, status, rest);
+}
+
+Moatd::Upgrade Moatd::websocket(const std::string& target, bool withToken) {
+  Upgrade u;
+  u.fd = connectUnix(socketPath());
+  std::string req = "GET " + target +
+                    " HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                    "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
+  if (withToken) req += "Authorization: Bearer " + token_ + "\r\n";
+  req += "\r\n";
+  if (u.fd >= 0 && sendAll(u.fd, req)) u.status = readHead(u.fd, u.rest);
+  return u;
 }
 
 }  // namespace moat::test

@@ -16,6 +16,27 @@ struct HttpResult {
   std::string contentType;
 };
 
+// A streamed answer (chunked NDJSON) read line by line, as a follower does.
+class EventStream {
+ public:
+  EventStream(int fd, int status, std::string pending) : fd_(fd), status_(status), raw_(std::move(pending)) {}
+  EventStream(EventStream&& other) noexcept;
+  ~EventStream();
+  int status() const { return status_; }
+  // The next line of the body; false at the end of the body, on a closed
+  // connection, or when nothing arrives within timeoutMs.
+  bool nextLine(std::string& line, int timeoutMs = 20000);
+  void close();  // the client goes away (detach)
+
+ private:
+  bool fill(int timeoutMs);
+  int fd_;
+  int status_;
+  std::string raw_;      // undecoded bytes from the socket
+  std::string decoded_;  // body bytes not yet returned as lines
+  bool ended_ = false;
+};
+
 class Moatd {
  public:
   // Starts build/bin/moatd on a fresh state directory with `extraArgs`;
@@ -30,6 +51,17 @@ class Moatd {
   HttpResult request(const std::string& method, const std::string& target,
                      const std::string& body = "", bool withToken = true,
                      const std::map<std::string, std::string>& headers = {});
+  // GET target and keep reading: the follow endpoints.
+  EventStream stream(const std::string& target);
+  // Opens a WebSocket on target: the connected fd (owned by the caller), the
+  // HTTP status (101 on success) and the bytes read past the handshake (the
+  // error body when refused).
+  struct Upgrade {
+    int fd = -1;
+    int status = 0;
+    std::string rest;
+  };
+  Upgrade websocket(const std::string& target, bool withToken = true);
   const std::string& stateDir() const { return stateDir_; }
   const std::string& token() const { return token_; }
   std::string socketPath() const { return stateDir_ + "/moatd.sock"; }

@@ -32,7 +32,7 @@ std::vector<NamedDecoder> allDecoders() {
       decoderFor<Output>("Output"),         decoderFor<StdinData>("StdinData"),
       decoderFor<ProcessRef>("ProcessRef"), decoderFor<SignalRequest>("SignalRequest"),
       decoderFor<Exited>("Exited"),         decoderFor<FileRequest>("FileRequest"),
-      decoderFor<FileResult>("FileResult"),
+      decoderFor<FileResult>("FileResult"), decoderFor<Resize>("Resize"),
   };
 }
 
@@ -111,6 +111,7 @@ std::vector<Sample> allSamples() {
       {"Exited", sampleExited().encode(), decoderFor<Exited>("").decodes},
       {"FileRequest", sampleFileRequest().encode(), decoderFor<FileRequest>("").decodes},
       {"FileResult", sampleFileResult().encode(), decoderFor<FileResult>("").decodes},
+      {"Resize", Resize{10, 40, 120}.encode(), decoderFor<Resize>("").decodes},
   };
 }
 
@@ -234,6 +235,45 @@ TEST(Protocol, SignalRequestOutOfRangeRejected) {
     EXPECT_EQ(back.error().code, "protocol");
     EXPECT_NE(back.error().context.find("signal"), std::string::npos) << back.error().context;
   }
+}
+
+TEST(Protocol, ResizeRoundTrip) {
+  auto back = Resize::decode(Resize{0xabcdef01u, 40, 120}.encode());
+  ASSERT_TRUE(back.ok()) << back.error().message();
+  EXPECT_EQ(back->id, 0xabcdef01u);
+  EXPECT_EQ(back->rows, 40u);
+  EXPECT_EQ(back->cols, 120u);
+  // Three little-endian u32: the sizes are not u16 on the wire.
+  EXPECT_EQ((Resize{1, 2, 3}.encode()), (std::string("\1\0\0\0\2\0\0\0\3\0\0\0", 12)));
+  auto largest = Resize::decode(Resize{1, 65535, 65535}.encode());
+  ASSERT_TRUE(largest.ok()) << largest.error().message();
+  EXPECT_EQ(largest->rows, 65535u);
+  EXPECT_EQ(largest->cols, 65535u);
+  auto smallest = Resize::decode(Resize{1, 1, 1}.encode());
+  ASSERT_TRUE(smallest.ok()) << smallest.error().message();
+}
+
+TEST(Protocol, ResizeOutOfRangeRejected) {
+  struct Case {
+    uint32_t rows, cols;
+  };
+  for (Case c : {Case{0, 80}, Case{24, 0}, Case{0, 0}, Case{65536, 80}, Case{24, 65536},
+                 Case{0xffffffffu, 80}}) {
+    auto back = Resize::decode(Encoder().u32(1).u32(c.rows).u32(c.cols).take());
+    ASSERT_FALSE(back.ok()) << c.rows << "x" << c.cols << " accepted";
+    EXPECT_EQ(back.error().code, "protocol");
+    EXPECT_NE(back.error().context.find("window size"), std::string::npos) << back.error().context;
+  }
+}
+
+TEST(Protocol, ResizeTrailingBytesRejected) {
+  std::string payload = Resize{1, 24, 80}.encode();
+  auto back = Resize::decode(payload + std::string(1, '\0'));
+  ASSERT_FALSE(back.ok());
+  EXPECT_EQ(back.error().code, "protocol");
+  EXPECT_NE(back.error().context.find("trailing"), std::string::npos) << back.error().context;
+  // Sizes as u16 (a shorter encoding) are truncated, not misread.
+  EXPECT_FALSE(Resize::decode(Encoder().u32(1).u8(24).u8(0).u8(80).u8(0).take()).ok());
 }
 
 TEST(Protocol, ExitedRoundTrip) {

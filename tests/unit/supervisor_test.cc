@@ -574,7 +574,7 @@ TEST_F(InitSupervisor, TwoProcessesAtOnce) {
   EXPECT_EQ(a.out, "got first\n");
 }
 
-TEST_F(InitSupervisor, DuplicateIdAndPtyAreRefused) {
+TEST_F(InitSupervisor, DuplicateIdIsRefused) {
   ASSERT_TRUE(send(MsgType::kSpawn, request(40, {"/bin/sleep", "30"}).encode()).ok());
   Outcome first;
   pump(first, 40, [](const Outcome& r) { return r.spawned; });
@@ -582,13 +582,228 @@ TEST_F(InitSupervisor, DuplicateIdAndPtyAreRefused) {
   Outcome dup = runToEnd(request(40, {"/bin/true"}));
   ASSERT_TRUE(dup.failed);
   EXPECT_EQ(dup.failure.err, EEXIST);
+  EXPECT_EQ(dup.failure.stage, "id in use");
+}
 
-  SpawnRequest pty = request(41, {"/bin/true"});
-  pty.pty = true;
-  Outcome p = runToEnd(pty);
-  ASSERT_TRUE(p.failed);
-  EXPECT_EQ(p.failure.stage, "pty");
-  EXPECT_EQ(p.failure.err, ENOTSUP);
+// --- pseudo-terminals (outside an environment: the host's /dev/ptmx) ---------------
+
+size_t countOf(const std::string& haystack, const std::string& needle) {
+  size_t count = 0;
+  for (size_t at = haystack.find(needle); at != std::string::npos;
+       at = haystack.find(needle, at + needle.size())) {
+    ++count;
+  }
+  return count;
+}
+
+// Counts the pty masters among the fds of `pid`; false when its fd table
+// cannot be read (moat-init is not dumpable: only root can).
+bool ptmxFds(pid_t pid, int& count) {
+  std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  auto names = os::listDir(dir);
+  if (!names.ok()) return false;
+  count = 0;
+  for (const auto& name : names.value()) {
+    char target[256];
+    ssize_t n = ::readlink((dir + "/" + name).c_str(), target, sizeof target - 1);
+    if (n > 0 && std::string(target, static_cast<size_t>(n)).find("ptmx") != std::string::npos) {
+      ++count;
+    }
+  }
+  return true;
+}
+
+class InitSupervisorPty : public InitSupervisor {
+ protected:
+  SpawnRequest ptyRequest(uint32_t id, std::vector<std::string> argv) {
+    SpawnRequest req = request(id, std::move(argv));
+    req.pty = true;
+    return req;
+  }
+};
+
+TEST_F(InitSupervisorPty, ProcessSeesATerminal) {
+  // 0, 1 and 2 are the terminal, and it is the controlling one (/dev/tty).
+  Outcome run = runToEnd(ptyRequest(
+      1, {"/bin/sh", "-c", "test -t 0 && test -t 1 && test -t 2 && : </dev/tty && echo tty"}));
+  EXPECT_CLEAN(run);
+  ASSERT_TRUE(run.exited) << (run.failed ? run.failure.stage : "");
+  EXPECT_EQ(run.exit.exitCode, 0);
+  EXPECT_EQ(run.out, "tty\r\n");  // the terminal's ONLCR
+  EXPECT_EQ(run.exit.stdoutBytes, 5u);
+  EXPECT_EQ(run.err, "");
+  EXPECT_EQ(run.exit.stderrBytes, 0u);
+
+  // stderr is the terminal too, and the terminal has a name under /dev/pts.
+  Outcome named = runToEnd(ptyRequest(2, {"/bin/sh", "-c", "tty >&2"}));
+  EXPECT_CLEAN(named);
+  ASSERT_TRUE(named.exited);
+  EXPECT_EQ(named.out.rfind("/dev/pts/", 0), 0u) << named.out;
+  EXPECT_EQ(named.err, "");
+}
+
+TEST_F(InitSupervisorPty, InitialWindowSize) {
+  Outcome run = runToEnd(ptyRequest(3, {"stty", "size"}));
+  EXPECT_CLEAN(run);
+  ASSERT_TRUE(run.exited);
+  EXPECT_EQ(run.out, "24 80\r\n");
+}
+
+TEST_F(InitSupervisorPty, ResizeReachesTheTerminal) {
+  ASSERT_TRUE(
+      send(MsgType::kSpawn, ptyRequest(4, {"/bin/sh", "-c", "read x; stty size"}).encode()).ok());
+  ASSERT_TRUE(send(MsgType::kResize, Resize{4, 40, 120}.encode()).ok());
+  ASSERT_TRUE(send(MsgType::kStdin, StdinData{4, "go\n"}.encode()).ok());
+  Outcome run;
+  pump(run, 4, [](const Outcome&) { return false; });
+  EXPECT_CLEAN(run);
+  ASSERT_TRUE(run.exited);
+  EXPECT_EQ(run.exit.exitCode, 0);
+  EXPECT_NE(run.out.find("40 120"), std::string::npos) << run.out;
+}
+
+TEST_F(InitSupervisorPty, ResizeSendsSigwinch) {
+  SpawnRequest req =
+      ptyRequest(5, {"/bin/sh", "-c",
+                     "trap 'echo winch; exit 0' WINCH; echo ready; while :; do sleep 0.05; done"});
+  req.timeoutMs = 8000;
+  ASSERT_TRUE(send(MsgType::kSpawn, req.encode()).ok());
+  Outcome run;
+  // The trap is set once "ready" shows.
+  pump(run, 5, [](const Outcome& r) { return r.out.find("ready") != std::string::npos; });
+  ASSERT_NE(run.out.find("ready"), std::string::npos) << run.problem;
+  ASSERT_TRUE(send(MsgType::kResize, Resize{5, 30, 100}.encode()).ok());
+  pump(run, 5, [](const Outcome&) { return false; });
+  EXPECT_CLEAN(run);
+  ASSERT_TRUE(run.exited);
+  EXPECT_FALSE(run.exit.timedOut) << "no SIGWINCH reached the shell";
+  EXPECT_EQ(run.exit.exitCode, 0);
+  EXPECT_NE(run.out.find("winch"), std::string::npos) << run.out;
+}
+
+TEST_F(InitSupervisorPty, StdinRoundTripAndCloseStdinEndsCat) {
+  SpawnRequest req = ptyRequest(6, {"/bin/cat"});
+  req.stdinPipe = false;  // ignored: a pty's stdin is the terminal
+  ASSERT_TRUE(send(MsgType::kSpawn, req.encode()).ok());
+  Outcome run;
+  pump(run, 6, [](const Outcome& r) { return r.spawned; });
+  ASSERT_TRUE(run.spawned) << run.problem;
+  ASSERT_TRUE(send(MsgType::kStdin, StdinData{6, "hello\n"}.encode()).ok());
+  // The terminal echoes the line, then cat writes it back.
+  pump(run, 6, [](const Outcome& r) { return countOf(r.out, "hello") >= 2; });
+  EXPECT_EQ(countOf(run.out, "hello\r\n"), 2u) << run.out;
+  EXPECT_FALSE(run.exited) << "cat exited before CloseStdin";
+  ASSERT_TRUE(send(MsgType::kCloseStdin, ProcessRef{6}.encode()).ok());
+  pump(run, 6, [](const Outcome&) { return false; });
+  EXPECT_CLEAN(run);
+  ASSERT_TRUE(run.exited);
+  EXPECT_EQ(run.exit.exitCode, 0);
+  EXPECT_EQ(run.exit.signal, 0);
+}
+
+TEST_F(InitSupervisorPty, CloseStdinAfterAPartialLine) {
+  ASSERT_TRUE(send(MsgType::kSpawn, ptyRequest(7, {"/bin/cat"}).encode()).ok());
+  ASSERT_TRUE(send(MsgType::kStdin, StdinData{7, "abc"}.encode()).ok());
+  ASSERT_TRUE(send(MsgType::kCloseStdin, ProcessRef{7}.encode()).ok());
+  Outcome run;
+  pump(run, 7, [](const Outcome&) { return false; });
+  EXPECT_CLEAN(run);
+  ASSERT_TRUE(run.exited) << "cat still waits for input";
+  EXPECT_EQ(run.exit.exitCode, 0);
+  EXPECT_EQ(countOf(run.out, "abc"), 2u) << run.out;  // the echo, then cat
+}
+
+TEST_F(InitSupervisorPty, LargeOutputArrivesBeforeExited) {
+  // Far more than the terminal buffers: moat-init must keep reading while the
+  // command writes, and drain the rest after it exits.
+  Outcome run = runToEnd(ptyRequest(8, {"/bin/sh", "-c", "head -c 300000 /dev/zero | tr '\\0' a"}));
+  EXPECT_CLEAN(run);
+  ASSERT_TRUE(run.exited);
+  EXPECT_EQ(run.exit.exitCode, 0);
+  EXPECT_EQ(countOf(run.out, "a"), 300000u);
+  EXPECT_EQ(run.out.size(), 300000u);  // no newline, so no \r either
+  EXPECT_EQ(run.exit.stdoutBytes, 300000u);
+  EXPECT_FALSE(run.exit.stdoutTruncated);
+  ASSERT_FALSE(run.order.empty());
+  EXPECT_EQ(run.order.back(), MsgType::kExited);
+}
+
+TEST_F(InitSupervisorPty, OutputLimitApplies) {
+  SpawnRequest req = ptyRequest(9, {"/usr/bin/printf", "1234567890"});
+  req.outputLimit = 4;
+  Outcome run = runToEnd(req);
+  EXPECT_CLEAN(run);
+  ASSERT_TRUE(run.exited);
+  EXPECT_EQ(run.out, "1234");
+  EXPECT_EQ(run.exit.stdoutBytes, 10u);
+  EXPECT_TRUE(run.exit.stdoutTruncated);
+}
+
+TEST_F(InitSupervisorPty, BackgroundHolderDoesNotDelayExited) {
+  // The background sleep ignores the hangup and keeps the terminal open.
+  int64_t start = nowMs();
+  Outcome run = runToEnd(
+      ptyRequest(10, {"/bin/sh", "-c", "(trap '' HUP; exec sleep 30) & echo started"}), 20000);
+  EXPECT_CLEAN(run);
+  ASSERT_TRUE(run.exited);
+  EXPECT_EQ(run.exit.exitCode, 0);
+  EXPECT_EQ(run.out, "started\r\n");
+  EXPECT_LT(nowMs() - start, 10000) << "Exited waited for the background child";
+  // TearDown kills the shell's process group (the background sleep).
+}
+
+TEST_F(InitSupervisorPty, MasterReachesNoOtherProcessAndClosesAtTheEnd) {
+  ASSERT_TRUE(send(MsgType::kSpawn, ptyRequest(11, {"/bin/cat"}).encode()).ok());
+  Outcome cat;
+  pump(cat, 11, [](const Outcome& r) { return r.spawned; });
+  ASSERT_TRUE(cat.spawned) << cat.problem;
+
+  // Neither a plain command nor another pty command inherits cat's master.
+  Outcome plain = runToEnd(request(12, {"/bin/ls", "-l", "/proc/self/fd/"}));
+  EXPECT_CLEAN(plain);
+  ASSERT_TRUE(plain.exited);
+  EXPECT_EQ(plain.out.find("ptmx"), std::string::npos) << plain.out;
+  EXPECT_EQ(plain.out.find("/dev/pts"), std::string::npos) << plain.out;
+  Outcome other = runToEnd(ptyRequest(13, {"/bin/ls", "-l", "/proc/self/fd/"}));
+  EXPECT_CLEAN(other);
+  ASSERT_TRUE(other.exited);
+  EXPECT_EQ(other.out.find("ptmx"), std::string::npos) << other.out;
+  EXPECT_NE(other.out.find("/dev/pts/"), std::string::npos) << other.out;
+
+  int masters = -1;
+  if (!ptmxFds(initPid_, masters)) GTEST_SKIP() << "cannot read moat-init's fds (not root)";
+  // cat's master: one descriptor to read, one to write. ls's closes right
+  // after its Exited.
+  EXPECT_TRUE(waitFor([&] { return ptmxFds(initPid_, masters) && masters == 2; }, 5000))
+      << masters << " pty masters open while one pty process runs";
+  ASSERT_TRUE(send(MsgType::kCloseStdin, ProcessRef{11}.encode()).ok());
+  pump(cat, 11, [](const Outcome&) { return false; });
+  ASSERT_TRUE(cat.exited) << cat.problem;
+  EXPECT_TRUE(waitFor([&] { return ptmxFds(initPid_, masters) && masters == 0; }, 5000))
+      << masters << " pty masters still open after the process finished";
+}
+
+TEST_F(InitSupervisorPty, ResizeForUnknownOrPipeProcessIsIgnored) {
+  ASSERT_TRUE(send(MsgType::kResize, Resize{999, 40, 120}.encode()).ok());
+  SpawnRequest piped = request(14, {"/bin/sh", "-c", "read x; echo got $x"});
+  piped.stdinPipe = true;
+  ASSERT_TRUE(send(MsgType::kSpawn, piped.encode()).ok());
+  ASSERT_TRUE(send(MsgType::kResize, Resize{14, 40, 120}.encode()).ok());
+  ASSERT_TRUE(send(MsgType::kStdin, StdinData{14, "x\n"}.encode()).ok());
+  Outcome run;
+  pump(run, 14, [](const Outcome&) { return false; });
+  EXPECT_CLEAN(run);
+  ASSERT_TRUE(run.exited);
+  EXPECT_EQ(run.out, "got x\n");
+
+  // A malformed Resize is a protocol error, and the connection carries on.
+  ASSERT_TRUE(send(MsgType::kResize, Encoder().u32(1).u32(0).u32(80).take()).ok());
+  auto f = next(kDefaultWaitMs);
+  ASSERT_TRUE(f.ok()) << f.error().message();
+  EXPECT_EQ(f->type, MsgType::kProtocolError);
+  Outcome after = runToEnd(request(15, {"/bin/echo", "ok"}));
+  EXPECT_CLEAN(after);
+  EXPECT_EQ(after.out, "ok\n");
 }
 
 // --- file operations -------------------------------------------------------------

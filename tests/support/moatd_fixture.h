@@ -1,0 +1,56 @@
+#pragma once
+
+// A real moatd per test, and the calls most tests make to it.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "moat_process.h"
+#include "moatd_process.h"
+
+namespace moat::test {
+
+class MoatdFixture : public ::testing::Test {
+ protected:
+  using json = nlohmann::json;
+
+  void SetUp() override {
+    if (!isRoot()) GTEST_SKIP() << "needs root: moatd creates namespaces, cgroups and mounts (CI runs as root)";
+    daemon_ = std::make_unique<Moatd>();
+  }
+
+  json call(const std::string& method, const std::string& target, const json& body, int expectStatus) {
+    auto r = daemon_->request(method, target, body.is_null() ? "" : body.dump());
+    EXPECT_EQ(r.status, expectStatus) << method << " " << target << " -> " << r.body;
+    if (r.body.empty()) return json();
+    auto j = json::parse(r.body, nullptr, false);
+    return j;
+  }
+
+  std::string createEnv(const json& body = json::object()) {
+    json env = call("POST", "/v1/environments", body, 201);
+    return env.value("id", "");
+  }
+
+  json exec(const std::string& id, const json& body) {
+    return call("POST", "/v1/environments/" + id + "/exec", body, 200);
+  }
+
+  // Polls (bounded) until a process named `name` runs in the environment.
+  bool waitForProcess(const std::string& id, const std::string& name) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto ps = daemon_->request("POST", "/v1/environments/" + id + "/exec",
+                                 json{{"cmd", {"pgrep", name}}}.dump());
+      if (json::parse(ps.body)["exit_code"] == 0) return true;
+    }
+    return false;
+  }
+
+  std::unique_ptr<Moatd> daemon_;
+};
+
+}  // namespace moat::test
