@@ -1,9 +1,14 @@
 // moatd API benchmark: create -> exec true -> destroy over HTTP on the unix
 // socket (p50/p99), "create, run ten commands, destroy", and exec
-// throughput with 1, 8 and 64 concurrent clients. Usage:
+// throughput with 1, 8 and 64 concurrent clients, and exec latency while 100
+// clients follow a chatty process's output in another environment. Usage:
 //   moat-api-bench SOCKET TOKEN [ROUNDS] [CREATE_BODY]
 // CREATE_BODY "{}" asks for the default spec, which a warm pool serves.
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -12,6 +17,7 @@
 #include <boost/beast/http.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,6 +66,19 @@ class Client {
 std::string idOf(const std::string& json) {
   auto p = json.find("\"id\":\"");
   return p == std::string::npos ? "" : json.substr(p + 6, 12);
+}
+
+// A follower: a raw connection that asks for the stream and then only reads.
+int openFollower(const std::string& socket, const std::string& token, const std::string& target) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un addr;
+  std::memset(&addr, 0, sizeof addr);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket.data(), std::min(socket.size(), sizeof addr.sun_path - 1));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
+  std::string req = "GET " + target + " HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer " + token + "\r\n\r\n";
+  if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) return -1;
+  return fd;
 }
 
 double pct(std::vector<double> v, double q) {
@@ -141,6 +160,55 @@ int main(int argc, char** argv) {
     std::printf("| %d | %.0f | %.2f | %.2f |\n", clients, static_cast<double>(all.size()) / seconds,
                 pct(all, 0.5), pct(all, 0.99));
   }
+  // Exec latency alone, then with 100 followers of a process that prints a
+  // line every millisecond in another environment.
+  auto execLatency = [&] {
+    std::vector<double> lat;
+    double end = nowMs() + 3000;
+    while (nowMs() < end) {
+      double s = nowMs();
+      c.call(http::verb::post, "/v1/environments/" + id + "/exec", execTrue);
+      lat.push_back(nowMs() - s);
+    }
+    return lat;
+  };
+  std::vector<double> alone = execLatency();
+  std::string chatty = idOf(c.call(http::verb::post, "/v1/environments", createBody).second);
+  auto started = c.call(http::verb::post, "/v1/environments/" + chatty + "/processes",
+                        R"({"cmd":["sh","-c","i=0; while true; do echo line $i; i=$((i+1)); sleep 0.001; done"]})");
+  auto pidAt = started.second.find("\"id\":");
+  std::string pid = pidAt == std::string::npos ? "1" : std::to_string(std::atoi(started.second.c_str() + pidAt + 5));
+  std::vector<int> followers;
+  for (int k = 0; k < 100; ++k) {
+    int fd = openFollower(socket, token, "/v1/environments/" + chatty + "/processes/" + pid + "/output?follow=1");
+    if (fd >= 0) followers.push_back(fd);
+  }
+  std::atomic<bool> stopReading{false};
+  std::atomic<uint64_t> followedBytes{0};
+  std::thread reader([&] {
+    std::vector<pollfd> fds;
+    for (int fd : followers) fds.push_back({fd, POLLIN, 0});
+    char buf[65536];
+    while (!stopReading) {
+      if (::poll(fds.data(), fds.size(), 100) <= 0) continue;
+      for (auto& p : fds) {
+        if (!(p.revents & POLLIN)) continue;
+        ssize_t n = ::read(p.fd, buf, sizeof buf);
+        if (n > 0) followedBytes += static_cast<uint64_t>(n);
+      }
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::vector<double> crowded = execLatency();
+  stopReading = true;
+  reader.join();
+  for (int fd : followers) ::close(fd);
+  std::printf("\n| exec true, 1 client | p50 ms | p99 ms |\n|---|---:|---:|\n");
+  std::printf("| alone | %.2f | %.2f |\n", pct(alone, 0.5), pct(alone, 0.99));
+  std::printf("| while %zu clients follow a process printing every ms (%.1f MB streamed) | %.2f | %.2f |\n",
+              followers.size(), static_cast<double>(followedBytes.load()) / 1e6, pct(crowded, 0.5), pct(crowded, 0.99));
+  std::printf("| ratio p50 | %.2fx | |\n", pct(crowded, 0.5) / pct(alone, 0.5));
+  c.call(http::verb::delete_, "/v1/environments/" + chatty);
   c.call(http::verb::delete_, "/v1/environments/" + id);
   return 0;
 }

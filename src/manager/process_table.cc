@@ -7,9 +7,14 @@ Result<std::shared_ptr<Process>> ProcessTable::add(std::vector<std::string> argv
                                                    size_t outputCapPerStream) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (closed_) return Error::make("gone", closeReason_);
+  // Execs are bounded by their callers' connections and their own output
+  // limits; the cap is for what runs on unattended.
   size_t running = 0;
-  for (auto& [id, p] : processes_) running += p->info().ended() ? 0 : 1;
-  if (running >= limits_.maxRunning) {
+  for (auto& [id, p] : processes_) {
+    auto info = p->info();
+    running += info.ended() || info.kind == "exec" ? 0 : 1;
+  }
+  if (kind != "exec" && running >= limits_.maxRunning) {
     return Error::make("capacity", "at capacity: " + std::to_string(limits_.maxRunning) +
                                        " processes run in this environment");
   }

@@ -13,8 +13,8 @@
 namespace moat::manager {
 
 struct ProcessLimits {
-  size_t maxRunning = 64;                  // per environment, execs included
-  size_t keepEnded = 32;                   // ended processes kept for their output
+  size_t maxRunning = 32;                  // background processes and shells per environment
+  size_t keepEnded = 16;                   // ended processes kept for their output
   size_t outputCapPerStream = 1u << 20;    // background processes and shells
 };
 

@@ -281,9 +281,9 @@ TEST_F(Processes, AKeySeesOnlyItsOwnEnvironmentsProcesses) {
 }
 
 TEST_F(Processes, TooManyRunningIsACapacityAnswer) {
-  for (int i = 0; i < 64; ++i) start({{"cmd", {"sleep", "100"}}, {"stdin", false}});
+  for (int i = 0; i < 32; ++i) start({{"cmd", {"sleep", "100"}}, {"stdin", false}});
   EXPECT_EQ(start({{"cmd", {"sleep", "100"}}}, 429)["error"]["code"], "capacity");
-  EXPECT_EQ(call("GET", base(), nullptr, 200)["processes"].size(), 64u);
+  EXPECT_EQ(call("GET", base(), nullptr, 200)["processes"].size(), 32u);
 }
 
 }  // namespace

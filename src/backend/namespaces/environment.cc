@@ -309,6 +309,7 @@ Result<UniqueFd> Environment::reconnect() {
 Status Environment::destroy() {
   if (destroyed_) return {};
   destroyed_ = true;
+  traceStage("destroy: start");
   Status result;
   control_.reset();  // moat-init kills everything when its client goes
   rendezvous_.reset();
