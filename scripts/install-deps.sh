@@ -20,14 +20,56 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+
+# Node.js >= 20 and npm, for the TypeScript SDK (sdk/typescript) only: its
+# test (sdk.typescript) is skipped without them, so they never fail the
+# install. Debian's nodejs and npm are installed only when there is no node
+# at all: a node from elsewhere (NodeSource, nvm) brings its own npm, and
+# Debian's npm would pull its older nodejs over it.
+want_node=false
+command -v node >/dev/null 2>&1 || want_node=true
+
+node_note() {
+  if ! command -v node >/dev/null 2>&1; then
+    echo "install-deps: note: Node.js is not installed; the TypeScript SDK (sdk/typescript)" \
+         "needs Node.js >= 20 and npm, and its test sdk.typescript is skipped without them" >&2
+    return 0
+  fi
+  local major
+  major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+  if [ "$major" -lt 20 ] 2>/dev/null; then
+    echo "install-deps: note: Node.js $(node --version 2>/dev/null) is too old for the TypeScript SDK" \
+         "(sdk/typescript needs >= 20; Debian 12 ships 18). Install Node.js 20 or later" \
+         "(nodejs.org, NodeSource); until then the sdk.typescript test is skipped" >&2
+  elif ! command -v npm >/dev/null 2>&1; then
+    echo "install-deps: note: npm is missing; the TypeScript SDK (sdk/typescript) needs it" \
+         "and its test sdk.typescript is skipped without it" >&2
+  fi
+}
+
+if [ ${#missing[@]} -eq 0 ] && ! $want_node; then
+  node_note
+  exit 0
+fi
 
 if [ "$(id -u)" -ne 0 ]; then
+  if [ ${#missing[@]} -eq 0 ]; then
+    node_note
+    exit 0
+  fi
   echo "install-deps: missing packages: ${missing[*]}" >&2
   echo "install-deps: run as root (or: sudo apt-get install ${missing[*]})" >&2
   exit 1
 fi
-echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if $want_node; then
+  echo "install-deps: installing nodejs npm (for the TypeScript SDK)"
+  apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null ||
+    echo "install-deps: note: could not install nodejs and npm; the TypeScript SDK's test is skipped" >&2
+fi
+node_note

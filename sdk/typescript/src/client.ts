@@ -1,0 +1,303 @@
+// The transport: one HTTP/1.1 request to moatd over TCP or its unix socket,
+// with the token, a timeout, an AbortSignal, typed errors and bounded retries
+// of idempotent calls. Everything else in the SDK goes through here.
+
+import http from "node:http";
+import https from "node:https";
+import type { Socket } from "node:net";
+import { setTimeout as sleepTimer } from "node:timers/promises";
+
+import { MoatAbortError, MoatConnectionError, MoatError, MoatTimeoutError, errorFromResponse } from "./errors.js";
+
+export const SDK_VERSION = "0.1.0";
+
+export interface MoatOptions {
+  /**
+   * `http://127.0.0.1:7070` (a path prefix is kept), `https://...` behind a
+   * proxy, or `unix:/var/lib/moat/moatd.sock`. Default: `$MOAT_URL`, else
+   * `http://127.0.0.1:7070`.
+   */
+  baseUrl?: string;
+  /** The master token or an API key. Default: `$MOAT_TOKEN`. */
+  token?: string;
+  /** Per-request timeout in ms (default 60 000); each call may override it. 0 waits forever. */
+  timeoutMs?: number;
+  /**
+   * How many times an idempotent call (GET, DELETE, PUT of a file) is retried
+   * after a connection error or a 503/429 answer (default 2). POSTs never are.
+   */
+  maxRetries?: number;
+  /** The first retry's delay in ms (default 200); it doubles each time, with jitter. */
+  retryDelayMs?: number;
+  /** Extra headers sent with every request. */
+  headers?: Record<string, string>;
+}
+
+export type Method = "GET" | "POST" | "PUT" | "DELETE";
+export type QueryValue = string | number | boolean | undefined | null | readonly string[];
+
+export interface Call {
+  method: Method;
+  /** Starts with `/`; segments already escaped (see `seg`). */
+  path: string;
+  query?: Record<string, QueryValue>;
+  /** Sent as JSON. */
+  json?: unknown;
+  /** Sent as is (application/octet-stream). */
+  body?: Uint8Array;
+  headers?: Record<string, string>;
+  timeoutMs?: number | undefined;
+  signal?: AbortSignal | undefined;
+}
+
+export interface Answer {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  body: Buffer;
+}
+
+export interface Upgraded {
+  res: http.IncomingMessage;
+  socket: Socket;
+  head: Buffer;
+}
+
+interface Endpoint {
+  module: typeof http | typeof https;
+  host?: string;
+  port?: number;
+  socketPath?: string;
+  prefix: string;
+  display: string;
+}
+
+/** Escapes one path segment. */
+export function seg(value: string | number): string {
+  return encodeURIComponent(String(value));
+}
+
+function parseBaseUrl(baseUrl: string): Endpoint {
+  if (baseUrl.startsWith("unix:")) {
+    let socketPath = baseUrl.slice("unix:".length);
+    if (socketPath.startsWith("//")) socketPath = socketPath.slice(2);  // unix:///path
+    if (!socketPath.startsWith("/")) throw new TypeError(`baseUrl ${baseUrl}: a unix socket needs an absolute path`);
+    return { module: http, socketPath, prefix: "", display: baseUrl };
+  }
+  let url: URL;
+  try {
+    url = new URL(baseUrl);
+  } catch {
+    throw new TypeError(`baseUrl ${baseUrl} is neither http(s)://host:port nor unix:/path`);
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") {
+    throw new TypeError(`baseUrl ${baseUrl}: only http:, https: and unix: are supported`);
+  }
+  const secure = url.protocol === "https:";
+  return {
+    module: secure ? https : http,
+    host: url.hostname.replace(/^\[(.*)\]$/, "$1"),
+    port: url.port ? Number(url.port) : secure ? 443 : 80,
+    prefix: url.pathname.replace(/\/+$/, ""),
+    display: `${url.protocol}//${url.host}${url.pathname.replace(/\/+$/, "")}`,
+  };
+}
+
+function buildPath(prefix: string, path: string, query?: Record<string, QueryValue>): string {
+  const params = new URLSearchParams();
+  for (const [k, v] of Object.entries(query ?? {})) {
+    if (v === undefined || v === null) continue;
+    if (Array.isArray(v)) {
+      for (const item of v) params.append(k, item);
+    } else if (typeof v === "boolean") {
+      params.append(k, v ? "1" : "0");
+    } else {
+      params.append(k, String(v));
+    }
+  }
+  const qs = params.toString();
+  return prefix + path + (qs ? `?${qs}` : "");
+}
+
+/** Network-level failures worth another attempt of an idempotent call. */
+function retryable(e: unknown): boolean {
+  if (e instanceof MoatConnectionError) return true;
+  return e instanceof MoatError && (e.status === 503 || e.status === 429);
+}
+
+export class Transport {
+  readonly baseUrl: string;
+  readonly timeoutMs: number;
+  readonly maxRetries: number;
+  readonly retryDelayMs: number;
+  private readonly endpoint: Endpoint;
+  private readonly token: string | undefined;
+  private readonly extraHeaders: Record<string, string>;
+  private readonly agent: http.Agent;
+
+  constructor(options: MoatOptions = {}) {
+    this.baseUrl = options.baseUrl ?? process.env.MOAT_URL ?? "http://127.0.0.1:7070";
+    this.endpoint = parseBaseUrl(this.baseUrl);
+    const token = options.token ?? process.env.MOAT_TOKEN;
+    this.token = token ? token.trim() : undefined;
+    this.timeoutMs = options.timeoutMs ?? 60_000;
+    this.maxRetries = Math.max(0, options.maxRetries ?? 2);
+    this.retryDelayMs = options.retryDelayMs ?? 200;
+    this.extraHeaders = { ...(options.headers ?? {}) };
+    // Idle sockets are dropped well before moatd's own idle limit (120 s), so
+    // a request is never sent on a connection moatd is closing.
+    const agentOptions = { keepAlive: true, timeout: 15_000 };
+    this.agent = this.endpoint.module === https ? new https.Agent(agentOptions) : new http.Agent(agentOptions);
+  }
+
+  /** Closes idle keep-alive connections. The client stays usable. */
+  close(): void {
+    this.agent.destroy();
+  }
+
+  /** One call; error answers throw; idempotent calls are retried. */
+  async request(call: Call): Promise<Answer> {
+    return this.withRetries(call, () => this.once(call, "buffer") as Promise<Answer>);
+  }
+
+  /** A call whose JSON answer (or nothing, for 204) is returned. */
+  async json<T>(call: Call): Promise<T> {
+    const answer = await this.request(call);
+    if (answer.status === 204 || answer.body.length === 0) return undefined as T;
+    try {
+      return JSON.parse(answer.body.toString("utf8")) as T;
+    } catch (e) {
+      throw new MoatError({
+        status: answer.status,
+        code: "bad_response",
+        message: `moatd answered ${call.method} ${call.path} with a body that is not JSON`,
+        cause: e,
+      });
+    }
+  }
+
+  /**
+   * A call whose successful answer is handed over unread (a streamed body).
+   * The caller must consume it or destroy `req`. The timeout covers only the
+   * wait for the response head.
+   */
+  async stream(call: Call): Promise<{ req: http.ClientRequest; res: http.IncomingMessage }> {
+    return this.withRetries(call, () => this.once(call, "stream") as Promise<{ req: http.ClientRequest; res: http.IncomingMessage }>);
+  }
+
+  /** A GET with the given upgrade headers, on a connection of its own. */
+  async upgrade(call: Call): Promise<Upgraded> {
+    return this.once(call, "upgrade") as Promise<Upgraded>;
+  }
+
+  /** Waits before retry `attempt` (0-based): exponential with jitter, at most 5 s. */
+  backoff(attempt: number, signal?: AbortSignal): Promise<void> {
+    const base = Math.min(this.retryDelayMs * 2 ** attempt, 5_000);
+    const delay = base / 2 + Math.random() * (base / 2);
+    return sleepTimer(delay, undefined, signal ? { signal } : undefined).catch(() => {
+      throw new MoatAbortError(signal?.reason);
+    });
+  }
+
+  private async withRetries<T>(call: Call, attempt: () => Promise<T>): Promise<T> {
+    const idempotent = call.method === "GET" || call.method === "DELETE" || call.method === "PUT";
+    for (let i = 0; ; i++) {
+      try {
+        return await attempt();
+      } catch (e) {
+        if (!idempotent || i >= this.maxRetries || !retryable(e)) throw e;
+        await this.backoff(i, call.signal);
+      }
+    }
+  }
+
+  private once(call: Call, mode: "buffer" | "stream" | "upgrade"): Promise<unknown> {
+    const { signal } = call;
+    if (signal?.aborted) return Promise.reject(new MoatAbortError(signal.reason));
+    const headers: Record<string, string> = {
+      "User-Agent": `moat-sdk-typescript/${SDK_VERSION}`,
+      ...this.extraHeaders,
+      ...(call.headers ?? {}),
+    };
+    if (this.token) headers.Authorization = `Bearer ${this.token}`;
+    let payload: Uint8Array | undefined;
+    if (call.json !== undefined) {
+      payload = Buffer.from(JSON.stringify(call.json), "utf8");
+      headers["Content-Type"] = "application/json";
+    } else if (call.body !== undefined) {
+      payload = call.body;
+      headers["Content-Type"] = "application/octet-stream";
+    }
+    if (payload !== undefined || call.method === "POST" || call.method === "PUT") {
+      headers["Content-Length"] = String(payload?.length ?? 0);
+    }
+    const ep = this.endpoint;
+    const path = buildPath(ep.prefix, call.path, call.query);
+    const where = `${call.method} ${ep.display}${call.path}`;
+    const timeoutMs = call.timeoutMs ?? this.timeoutMs;
+
+    return new Promise((resolve, reject) => {
+      let settled = false;
+      const req = ep.module.request({
+        method: call.method,
+        path,
+        headers,
+        ...(ep.socketPath ? { socketPath: ep.socketPath } : { host: ep.host, port: ep.port }),
+        ...(mode === "upgrade" ? { agent: false } : { agent: this.agent }),
+      });
+      const timer =
+        timeoutMs > 0
+          ? setTimeout(() => fail(new MoatTimeoutError(`${where}: no answer within ${timeoutMs} ms`)), timeoutMs)
+          : undefined;
+      const onAbort = () => fail(new MoatAbortError(signal?.reason));
+      signal?.addEventListener("abort", onAbort, { once: true });
+      const done = () => {
+        settled = true;
+        if (timer) clearTimeout(timer);
+        signal?.removeEventListener("abort", onAbort);
+      };
+      function fail(err: Error) {
+        if (settled) return;
+        done();
+        req.destroy();
+        reject(err);
+      }
+      req.on("error", (e: NodeJS.ErrnoException) => {
+        fail(new MoatConnectionError(`${where}: cannot reach moatd (${e.code ?? e.message})`, e));
+      });
+      req.on("upgrade", (res, socket, head) => {
+        if (settled) {
+          socket.destroy();
+          return;
+        }
+        done();
+        resolve({ res, socket, head } satisfies Upgraded);
+      });
+      req.on("response", (res) => {
+        const status = res.statusCode ?? 0;
+        if (mode === "stream" && status < 300) {
+          done();
+          resolve({ req, res });
+          return;
+        }
+        const chunks: Buffer[] = [];
+        res.on("data", (c: Buffer) => chunks.push(c));
+        res.on("end", () => {
+          if (settled) return;
+          done();
+          const body = Buffer.concat(chunks);
+          if (status >= 400 || (mode === "upgrade" && status !== 101)) {
+            reject(status >= 400 ? errorFromResponse(status, body)
+                                 : new MoatError({ status, code: "bad_response", message: `${where}: expected a WebSocket upgrade, got HTTP ${status}` }));
+          } else {
+            resolve({ status, headers: res.headers, body } satisfies Answer);
+          }
+        });
+        res.on("error", (e) => fail(new MoatConnectionError(`${where}: the connection broke (${e.message})`, e)));
+        res.on("close", () => {
+          if (!res.complete) fail(new MoatConnectionError(`${where}: the connection closed before the answer ended`));
+        });
+      });
+      req.end(payload);
+    });
+  }
+}

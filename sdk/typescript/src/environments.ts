@@ -1,0 +1,109 @@
+// /v1/environments: create, list, get, destroy, TTL, exec; files, processes
+// and the shell hang off it.
+
+import { type Transport, seg } from "./client.js";
+import { Files } from "./files.js";
+import { Processes } from "./processes.js";
+import { Shell, openShell } from "./shell.js";
+import type {
+  CreateEnvironmentRequest,
+  Environment,
+  ExecRequest,
+  ExecResponse,
+  ExecResult,
+  ListEnvironmentsFilter,
+  RequestOptions,
+  ShellOptions,
+} from "./types.js";
+
+/** How much longer than its own `timeout_ms` an exec call waits for moatd's answer. */
+export const EXEC_MARGIN_MS = 15_000;
+
+export class Environments {
+  /** Files inside environments. */
+  readonly files: Files;
+  /** Background processes in environments. */
+  readonly processes: Processes;
+
+  constructor(private readonly transport: Transport) {
+    this.files = new Files(transport);
+    this.processes = new Processes(transport);
+  }
+
+  /** Creates an environment (never retried: a POST). */
+  create(request: CreateEnvironmentRequest = {}, options: RequestOptions = {}): Promise<Environment> {
+    return this.transport.json<Environment>({ method: "POST", path: "/v1/environments", json: request, ...options });
+  }
+
+  /** Environments, newest first; without `state`, gone ones are left out. */
+  async list(filter: ListEnvironmentsFilter = {}, options: RequestOptions = {}): Promise<Environment[]> {
+    const labels = Object.entries(filter.labels ?? {}).map(([k, v]) => `${k}=${v}`);
+    const answer = await this.transport.json<{ environments: Environment[] }>({
+      method: "GET",
+      path: "/v1/environments",
+      query: { task_id: filter.task_id, state: filter.state, label: labels },
+      ...options,
+    });
+    return answer.environments;
+  }
+
+  get(id: string, options: RequestOptions = {}): Promise<Environment> {
+    return this.transport.json<Environment>({ method: "GET", path: `/v1/environments/${seg(id)}`, ...options });
+  }
+
+  /** Destroys an environment; destroying a gone one is fine (idempotent). */
+  async destroy(id: string, options: RequestOptions = {}): Promise<void> {
+    await this.transport.json({ method: "DELETE", path: `/v1/environments/${seg(id)}`, ...options });
+  }
+
+  /** Makes the environment expire `ttlS` seconds from now (longer or shorter). */
+  setTimeout(id: string, ttlS: number, options: RequestOptions = {}): Promise<Environment> {
+    return this.transport.json<Environment>({
+      method: "POST",
+      path: `/v1/environments/${seg(id)}/timeout`,
+      json: { ttl_s: ttlS },
+      ...options,
+    });
+  }
+
+  /**
+   * Runs a command to its end. A failing command is a normal result (its
+   * exit_code and stderr), not an error. Waits `timeout_ms` plus a margin
+   * (the client's default when the request has no `timeout_ms`). Never
+   * retried: a POST.
+   */
+  async exec(id: string, request: ExecRequest, options: RequestOptions = {}): Promise<ExecResult> {
+    const body: Record<string, unknown> = { ...request };
+    if (request.stdin !== undefined && typeof request.stdin !== "string") {
+      body.stdin = Buffer.from(request.stdin).toString("base64");
+      body.encoding = "base64";
+    } else if (request.stdin !== undefined && request.encoding === "base64") {
+      body.stdin = Buffer.from(request.stdin, "utf8").toString("base64");
+    }
+    const timeoutMs =
+      options.timeoutMs ??
+      (request.timeout_ms ? Math.max(this.transport.timeoutMs, request.timeout_ms + EXEC_MARGIN_MS) : undefined);
+    const answer = await this.transport.json<ExecResponse>({
+      method: "POST",
+      path: `/v1/environments/${seg(id)}/exec`,
+      json: body,
+      timeoutMs,
+      signal: options.signal,
+    });
+    const encoding = answer.encoding === "base64" ? "base64" : "utf8";
+    const stdoutRaw = Buffer.from(answer.stdout, encoding);
+    const stderrRaw = Buffer.from(answer.stderr, encoding);
+    return {
+      ...answer,
+      stdout: encoding === "base64" ? stdoutRaw.toString("utf8") : answer.stdout,
+      stderr: encoding === "base64" ? stderrRaw.toString("utf8") : answer.stderr,
+      stdout_raw: stdoutRaw,
+      stderr_raw: stderrRaw,
+    };
+  }
+
+  /** Opens an interactive terminal (a WebSocket); see Shell. */
+  shell(id: string, options: ShellOptions = {}): Promise<Shell> {
+    return openShell(this.transport, id, options);
+  }
+}

@@ -1,0 +1,101 @@
+// /v1/environments/{id}/files: paths are absolute paths inside the environment.
+
+import { type Transport, seg } from "./client.js";
+import type { FileInfo, FileList, ReadFileOptions, RequestOptions, WriteFileOptions } from "./types.js";
+
+function toBytes(data: string | Uint8Array): Uint8Array {
+  return typeof data === "string" ? Buffer.from(data, "utf8") : data;
+}
+
+export class Files {
+  constructor(private readonly transport: Transport) {}
+
+  private base(envId: string, sub = ""): string {
+    return `/v1/environments/${seg(envId)}/files${sub}`;
+  }
+
+  /** The file's bytes (at most 8 MiB per request; use offset/length for more). */
+  read(envId: string, path: string, options?: ReadFileOptions): Promise<Buffer>;
+  /** The file as text. */
+  read(envId: string, path: string, options: ReadFileOptions & { encoding: BufferEncoding }): Promise<string>;
+  async read(envId: string, path: string, options: ReadFileOptions & { encoding?: BufferEncoding } = {}): Promise<Buffer | string> {
+    const answer = await this.transport.request({
+      method: "GET",
+      path: this.base(envId),
+      query: { path, offset: options.offset, length: options.length },
+      timeoutMs: options.timeoutMs,
+      signal: options.signal,
+    });
+    return options.encoding ? answer.body.toString(options.encoding) : answer.body;
+  }
+
+  /** The file as UTF-8 text. */
+  readText(envId: string, path: string, options: ReadFileOptions = {}): Promise<string> {
+    return this.read(envId, path, { ...options, encoding: "utf8" });
+  }
+
+  /** Writes (or with `append`, appends to) a file, at most 16 MiB; parents are created. */
+  async write(envId: string, path: string, data: string | Uint8Array, options: WriteFileOptions = {}): Promise<void> {
+    const mode = typeof options.mode === "number" ? options.mode.toString(8) : options.mode;
+    await this.transport.json({
+      method: "PUT",
+      path: this.base(envId),
+      query: { path, append: options.append ? true : undefined, mode },
+      body: toBytes(data),
+      timeoutMs: options.timeoutMs,
+      signal: options.signal,
+    });
+  }
+
+  /** The entries of a directory. */
+  async list(envId: string, path: string, options: RequestOptions = {}): Promise<FileInfo[]> {
+    const answer = await this.transport.json<FileList>({
+      method: "GET",
+      path: this.base(envId, "/list"),
+      query: { path },
+      ...options,
+    });
+    return answer.entries;
+  }
+
+  /** lstat of a path. */
+  stat(envId: string, path: string, options: RequestOptions = {}): Promise<FileInfo> {
+    return this.transport.json<FileInfo>({ method: "GET", path: this.base(envId, "/stat"), query: { path }, ...options });
+  }
+
+  /** Does the path exist? (a stat that answers false on not_found) */
+  async exists(envId: string, path: string, options: RequestOptions = {}): Promise<boolean> {
+    try {
+      await this.stat(envId, path, options);
+      return true;
+    } catch (e) {
+      if ((e as { code?: string }).code === "not_found") return false;
+      throw e;
+    }
+  }
+
+  async mkdir(envId: string, path: string, options: RequestOptions & { parents?: boolean } = {}): Promise<void> {
+    const { parents, ...rest } = options;
+    await this.transport.json({
+      method: "POST",
+      path: this.base(envId, "/mkdir"),
+      json: parents === undefined ? { path } : { path, parents },
+      ...rest,
+    });
+  }
+
+  /** Removes a file or an empty directory; `recursive` removes a tree. */
+  async remove(envId: string, path: string, options: RequestOptions & { recursive?: boolean } = {}): Promise<void> {
+    const { recursive, ...rest } = options;
+    await this.transport.json({
+      method: "DELETE",
+      path: this.base(envId),
+      query: { path, recursive: recursive ? true : undefined },
+      ...rest,
+    });
+  }
+
+  async move(envId: string, from: string, to: string, options: RequestOptions = {}): Promise<void> {
+    await this.transport.json({ method: "POST", path: this.base(envId, "/move"), json: { from, to }, ...options });
+  }
+}

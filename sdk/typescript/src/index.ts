@@ -1,0 +1,28 @@
+// @moat/sdk: a TypeScript client for moatd (docs/API.md).
+
+export { Moat } from "./moat.js";
+export { Transport, SDK_VERSION, type MoatOptions } from "./client.js";
+export { Environments, EXEC_MARGIN_MS } from "./environments.js";
+export { Files } from "./files.js";
+export { Keys } from "./keys.js";
+export { Processes, Process, OutputStream, parseOutputEvent } from "./processes.js";
+export { Shell, type ShellEvents } from "./shell.js";
+export { WebSocketClient, FrameParser, encodeFrame, acceptKey } from "./websocket.js";
+export {
+  MoatError,
+  NotFoundError,
+  UnauthorizedError,
+  ForbiddenError,
+  ConflictError,
+  CapacityError,
+  InvalidRequestError,
+  TooLargeError,
+  FileError,
+  UnavailableError,
+  ServerTimeoutError,
+  MoatTimeoutError,
+  MoatConnectionError,
+  MoatAbortError,
+  errorFromResponse,
+} from "./errors.js";
+export type * from "./types.js";

@@ -1,0 +1,37 @@
+// The client: `new Moat({ baseUrl, token })`.
+
+import { type MoatOptions, Transport } from "./client.js";
+import { Environments } from "./environments.js";
+import { Keys } from "./keys.js";
+import type { Health, RequestOptions } from "./types.js";
+
+export class Moat {
+  /** Environments, and under them exec, files, processes and the shell. */
+  readonly environments: Environments;
+  /** Scoped API keys (master token only). */
+  readonly keys: Keys;
+  /** The transport every call goes through (base URL, token, timeouts, retries). */
+  readonly transport: Transport;
+
+  constructor(options: MoatOptions = {}) {
+    this.transport = new Transport(options);
+    this.environments = new Environments(this.transport);
+    this.keys = new Keys(this.transport);
+  }
+
+  /** `GET /healthz` (needs no token). */
+  health(options: RequestOptions = {}): Promise<Health> {
+    return this.transport.json<Health>({ method: "GET", path: "/healthz", ...options });
+  }
+
+  /** `GET /metrics`: Prometheus text. */
+  async metrics(options: RequestOptions = {}): Promise<string> {
+    const answer = await this.transport.request({ method: "GET", path: "/metrics", ...options });
+    return answer.body.toString("utf8");
+  }
+
+  /** Closes idle keep-alive connections (open streams and shells are not touched). */
+  close(): void {
+    this.transport.close();
+  }
+}
