@@ -18,15 +18,19 @@
 #include "common/process_args.h"
 #include "manager/environment_manager.h"
 #include "os/file.h"
+#include "os/process.h"
 #include "store/sqlite/sqlite_store.h"
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT]
+constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT] [--warm-pool N]
+             [--max-environments N]
 
-  --state DIR         state directory (default $MOAT_STATE or /var/lib/moat)
-  --listen HOST:PORT  TCP address (default 127.0.0.1:7070; port 0 picks one)
-  --warm-pool N       keep N environments of the default spec ready (default 0)
+  --state DIR             state directory (default $MOAT_STATE or /var/lib/moat)
+  --listen HOST:PORT      TCP address (default 127.0.0.1:7070; port 0 picks one)
+  --warm-pool N           keep N environments of the default spec ready (default 0)
+  --max-environments N    at most N environments at once, warm ones included
+                          (1 to 100000, default 256); more is 429 capacity
 
 Always also serves <state>/moatd.sock. The master token is <state>/master-token.
 SIGTERM/SIGINT stop moatd and destroy its environments. SIGUSR1 stops moatd
@@ -48,6 +52,7 @@ int main(int argc, char** argv) {
   std::string stateDir = stateEnv && *stateEnv ? stateEnv : "/var/lib/moat";
   std::string listen = "127.0.0.1:7070";
   size_t warmPool = 0;
+  manager::ManagerConfig config;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if ((a == "--state" || a == "--listen") && i + 1 < argc) {
@@ -58,6 +63,13 @@ int main(int argc, char** argv) {
         return fail("--warm-pool needs a number from 0 to 9999");
       }
       warmPool = std::stoul(v);
+    } else if (a == "--max-environments" && i + 1 < argc) {
+      std::string v = argv[++i];
+      if (v.empty() || v.size() > 6 || v.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoul(v) < 1 || std::stoul(v) > 100000) {
+        return fail("--max-environments needs a number from 1 to 100000");
+      }
+      config.maxEnvironments = std::stoul(v);
     } else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
@@ -74,6 +86,19 @@ int main(int argc, char** argv) {
   if (!lock.ok()) return fail(lock.error().message());
   if (::flock(lock->get(), LOCK_EX | LOCK_NB) != 0) {
     return fail("another moatd is serving " + stateDir);
+  }
+
+  // An environment holds one descriptor in moatd and three in the spawner:
+  // the usual soft limit of 1024 would end at about 340 environments. Both
+  // run with the hard limit (the spawner inherits it below); environments
+  // start with the limit moatd was given.
+  auto files = os::raiseOpenFilesLimit();
+  if (!files.ok()) return fail(files.error().message());
+  backend::namespaces::setEnvironmentOpenFilesLimit(files.value());
+  if (rlim_t hard = files->rlim_max; hard != RLIM_INFINITY && hard < 32 + 3 * config.maxEnvironments) {
+    std::fprintf(stderr, "moatd: the open files limit (%llu) leaves room for about %llu environments\n",
+                 static_cast<unsigned long long>(hard),
+                 static_cast<unsigned long long>(hard > 32 ? (hard - 32) / 3 : 0));
   }
 
   // Before any thread: a new spawner is a fork of this process. An earlier
@@ -94,7 +119,6 @@ int main(int argc, char** argv) {
   auto store = store::openSqliteStore(stateDir + "/moat.db");
   if (!store.ok()) return fail(store.error().message());
 
-  manager::ManagerConfig config;
   config.stateDir = stateDir;
   config.warmPoolSize = warmPool;
   bool stopEverything = false;

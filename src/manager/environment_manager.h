@@ -139,9 +139,10 @@ class EnvironmentManager {
     std::map<std::string, std::string> env;
     uint64_t ramMb = 0;
     std::shared_ptr<ProcessTable> processes;
+    int64_t expiresAtMs = 0;  // the store's, kept here for the reaper
   };
   Live makeLive(std::shared_ptr<InitConnection> connection,
-                std::map<std::string, std::string> env, uint64_t ramMb) const;
+                std::map<std::string, std::string> env, uint64_t ramMb, int64_t expiresAtMs) const;
   // A copy of the environment's live handles, or why there are none.
   Result<Live> liveOf(const std::string& id);
   void reaperLoop();
@@ -167,6 +168,7 @@ class EnvironmentManager {
   backend::namespaces::Spawner& spawner_;
   std::mutex mutex_;
   std::map<std::string, Live> live_;
+  int64_t nextExpiryMs_ = 0;  // no live environment expires before; the reaper scans from then
   size_t creating_ = 0;
   std::set<std::string> creatingIds_;      // guarded by mutex_
   std::set<std::string> destroyRequested_; // DELETE arrived while creating

@@ -114,6 +114,19 @@ Status setParentDeathSignal(int signo) {
   return {};
 }
 
+Result<struct rlimit> raiseOpenFilesLimit() {
+  struct rlimit before;
+  if (::getrlimit(RLIMIT_NOFILE, &before) != 0) return Error::fromErrno("getrlimit NOFILE");
+  struct rlimit raised = {before.rlim_max, before.rlim_max};
+  if (::setrlimit(RLIMIT_NOFILE, &raised) != 0) return Error::fromErrno("setrlimit NOFILE");
+  return before;
+}
+
+Status setOpenFilesLimit(const struct rlimit& limit) {
+  if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) return Error::fromErrno("setrlimit NOFILE");
+  return {};
+}
+
 static std::vector<char*> toCArray(const std::vector<std::string>& items) {
   std::vector<char*> out;
   out.reserve(items.size() + 1);

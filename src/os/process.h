@@ -1,5 +1,6 @@
 #pragma once
 
+#include <sys/resource.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -45,6 +46,10 @@ Status closeFrom(int lowest);
 Status setNoNewPrivs();
 Status setDumpable(bool dumpable);
 Status setParentDeathSignal(int signo);
+// RLIMIT_NOFILE: raises the soft limit to the hard one and returns the
+// limits as they were; sets them back.
+Result<struct rlimit> raiseOpenFilesLimit();
+Status setOpenFilesLimit(const struct rlimit& limit);
 // execveat(fd, "", argv, envp, AT_EMPTY_PATH); returns only on failure.
 Error execFd(int fd, const std::vector<std::string>& argv, const std::vector<std::string>& env);
 

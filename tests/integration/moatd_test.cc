@@ -2,6 +2,7 @@
 // HTTP on its unix socket.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <signal.h>
@@ -302,6 +303,29 @@ TEST(MoatdWarmPool, CreateClaimsAReadyEnvironmentAndThePoolRefills) {
   EXPECT_EQ(custom.status, 201);
   EXPECT_EQ(metric("moat_warm_pool_claims_total"), 1);
   EXPECT_EQ(waitReady(2), 2) << "the pool refills in the background";
+}
+
+TEST(MoatdCapacity, MaxEnvironmentsIsAFlagAndEnvironmentsKeepTheUsualOpenFilesLimit) {
+  MOAT_REQUIRE_ROOT();
+  Moatd daemon({"--max-environments", "2"});
+  const std::string spec = R"({"spec":{"ram_mb":64}})";
+  auto first = daemon.request("POST", "/v1/environments", spec);
+  ASSERT_EQ(first.status, 201) << first.body;
+  ASSERT_EQ(daemon.request("POST", "/v1/environments", spec).status, 201);
+  auto third = daemon.request("POST", "/v1/environments", spec);
+  EXPECT_EQ(third.status, 429) << third.body;
+  EXPECT_EQ(json::parse(third.body)["error"]["code"], "capacity");
+  std::string id = json::parse(first.body)["id"];
+  EXPECT_EQ(daemon.request("DELETE", "/v1/environments/" + id).status, 204);
+  EXPECT_EQ(daemon.request("POST", "/v1/environments", spec).status, 201);
+  // moatd and its spawner raise their own soft limit; environments get the
+  // one moatd was started with (this test's).
+  struct rlimit files;
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &files), 0);
+  auto listed = json::parse(daemon.request("GET", "/v1/environments").body);
+  std::string live = listed["environments"][0]["id"];
+  auto r = daemon.request("POST", "/v1/environments/" + live + "/exec", R"({"cmd":["sh","-c","ulimit -n"]})");
+  EXPECT_EQ(json::parse(r.body)["stdout"], std::to_string(files.rlim_cur) + "\n");
 }
 
 TEST_F(MoatdApi, TemplatesCannotExposeTheHostToKeysOrTheStateToAnyone) {

@@ -45,6 +45,16 @@ constexpr int kRendezvousFd = 6;  // new control connections (reattachable only)
 
 }  // namespace
 
+namespace {
+bool haveEnvironmentFileLimit = false;
+struct rlimit environmentFileLimit;
+}  // namespace
+
+void setEnvironmentOpenFilesLimit(const struct rlimit& limit) {
+  environmentFileLimit = limit;
+  haveEnvironmentFileLimit = true;
+}
+
 std::string newEnvironmentId() {
   auto id = randomHex(6);
   // getrandom does not fail for 6 bytes once the kernel's pool is ready.
@@ -65,6 +75,7 @@ struct ChildArgs {
   int rendezvousFd;  // -1: not reattachable
   int errorFd;
   const std::vector<sock_filter>* seccomp;
+  const struct rlimit* fileLimit = nullptr;  // null: keep the creator's
 };
 
 [[noreturn]] void childFail(int errorFd, const std::string& stage, const Error& error) {
@@ -126,6 +137,8 @@ struct ChildArgs {
   if (init < 0) ::close(kInitFd);
   if (rendezvous < 0) ::close(kRendezvousFd);
   CHILD_STEP("close fds", os::closeFrom(kRendezvousFd + 1));
+  // After the dups above: the creator's descriptors may be numbered beyond it.
+  if (a.fileLimit) CHILD_STEP("open files limit", os::setOpenFilesLimit(*a.fileLimit));
   CHILD_STEP("seccomp", os::installSeccomp(*a.seccomp));
   if (init >= 0) {
     std::vector<std::string> argv = {"moat-init"};
@@ -261,6 +274,7 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
   UniqueFd cgroupFd;
   ChildArgs args{env->id_,     plan,         {},           userns.get(), childEnd.get(),
                  initFd.get(), rendezvousChild.get(), errorWrite.get(), &program.filter};
+  if (haveEnvironmentFileLimit) args.fileLimit = &environmentFileLimit;
   if (layout.version == cg::Version::kV2) {
     MOAT_ASSIGN(cgroupFd, env->cgroup_->openDirectory());
     clone.cgroupFd = cgroupFd.get();

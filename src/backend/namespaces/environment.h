@@ -1,5 +1,6 @@
 #pragma once
 
+#include <sys/resource.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -41,6 +42,11 @@ struct EnvironmentSpec {
 };
 
 std::string newEnvironmentId();
+
+// The open files limit pid 1 of a new environment starts with, for a creator
+// that raised its own (moatd's spawner holds three descriptors per
+// environment). Not set: pid 1 inherits the creator's.
+void setEnvironmentOpenFilesLimit(const struct rlimit& limit);
 
 // One environment of the namespace backend: its own user, pid, mount,
 // network, uts, ipc and cgroup namespaces, cgroup limits, an overlay root on
