@@ -19,6 +19,14 @@ int shellExitCode(const manager::ProcessInfo& info) {
   return info.signal ? 128 + info.signal : info.exitCode;
 }
 
+// Why a command did not start, the way a shell would say it.
+std::string startError(const manager::ProcessInfo& info) {
+  bool notFound = info.spawnStage == "exec" && info.spawnErrno == ENOENT;
+  return std::string(notFound ? "command not found: " : "cannot run: ") +
+         (info.argv.empty() ? "" : info.argv[0]) + " (" + info.spawnStage + ": " +
+         std::strerror(info.spawnErrno) + ")";
+}
+
 }  // namespace
 
 json processJson(const manager::ProcessInfo& info) {
@@ -46,12 +54,7 @@ json processJson(const manager::ProcessInfo& info) {
     j["timed_out"] = info.timedOut;
     j["duration_ms"] = info.durationUs / 1000;
   }
-  if (info.state == manager::ProcessState::kFailed) {
-    bool notFound = info.spawnStage == "exec" && info.spawnErrno == ENOENT;
-    j["error"] = std::string(notFound ? "command not found: " : "cannot run: ") +
-                 (info.argv.empty() ? "" : info.argv[0]) + " (" + info.spawnStage + ": " +
-                 std::strerror(info.spawnErrno) + ")";
-  }
+  if (info.state == manager::ProcessState::kFailed) j["error"] = startError(info);
   if (info.state == manager::ProcessState::kLost) j["reason"] = info.reason;
   return j;
 }
@@ -80,6 +83,7 @@ json terminalEventJson(const manager::ProcessInfo& info) {
     j["signal"] = info.signal;
     j["timed_out"] = info.timedOut;
   }
+  if (info.state == manager::ProcessState::kFailed) j["error"] = startError(info);
   return j;
 }
 

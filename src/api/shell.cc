@@ -76,6 +76,9 @@ void handleControl(const std::shared_ptr<manager::Process>& process, websocket::
 
 void runViewer(const std::shared_ptr<manager::Process>& process, websocket::Connection& socket) {
   process->attachViewer();
+  // First, which process this terminal is: other viewers attach with its id.
+  auto info = process->info();
+  (void)socket.sendText(json{{"type", "hello"}, {"process", info.id}, {"pid", info.pid}, {"cmd", info.argv}}.dump());
   std::atomic<bool> leaving{false};
   std::thread pump([&] { pumpOutput(process, socket, leaving); });
   websocket::Message message;

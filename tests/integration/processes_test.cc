@@ -213,6 +213,13 @@ TEST_F(Processes, AFailedStartIsAnAnswerNotAnError) {
   EXPECT_NE(p["error"].get<std::string>().find("not found"), std::string::npos);
   json q = start({{"cmd", {"/etc/passwd"}}});
   EXPECT_EQ(q["exit_code"], 126);
+  // A follower hears why too.
+  auto s = daemon_->stream(base() + "/" + std::to_string(p["id"].get<int>()) + "/output?follow=1");
+  auto events = readToEnd(s);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["state"], "failed");
+  EXPECT_EQ(events[0]["exit_code"], 127);
+  EXPECT_NE(events[0]["error"].get<std::string>().find("not found"), std::string::npos);
 }
 
 TEST_F(Processes, AHundredFollowersEachGetEverythingAndExecStillServes) {

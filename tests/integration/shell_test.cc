@@ -81,6 +81,10 @@ TEST_F(Shell, ARealTerminalThatFollowsItsSize) {
   ASSERT_TRUE(v.socket().sendText(R"({"type":"resize","rows":40,"cols":120})"));
   ASSERT_TRUE(v.type("stty size\n"));
   EXPECT_TRUE(v.waitFor("40 120"));
+  ASSERT_FALSE(v.controls().empty());
+  EXPECT_EQ(v.controls().front()["type"], "hello") << "the first message names the process";
+  EXPECT_EQ(v.controls().front()["process"], shellProcessId());
+  EXPECT_EQ(v.controls().front()["cmd"][0], "/bin/bash");
   ASSERT_TRUE(v.type("exit 3\n"));
   json last = v.finish();
   EXPECT_EQ(last["type"], "exit");
@@ -188,7 +192,7 @@ TEST_F(Shell, ProtocolAbuseClosesThatSessionOnly) {
   EXPECT_TRUE(v.waitFor("still-2")) << "bad control messages are answered, the session goes on";
   int errors = 0;
   for (const auto& c : v.controls()) errors += c["type"] == "error";
-  EXPECT_EQ(errors, 3);
+  EXPECT_EQ(errors, 3) << "and only those: hello is not an error";
   (void)v.socket().sendBinary(std::string((1u << 20) + 10, 'x'));
   v.finish();
   // The daemon keeps serving.

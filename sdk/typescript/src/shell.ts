@@ -11,7 +11,7 @@ import type { FinalEvent, ShellControlMessage, ShellOptions } from "./types.js";
 export interface ShellEvents {
   /** Terminal output. */
   data: [chunk: Buffer];
-  /** A control message from moatd (`exit`, `end`, `error`). */
+  /** A control message from moatd (`hello`, `exit`, `end`, `error`). */
   message: [message: ShellControlMessage];
   /** The final event: how the session ended. */
   exit: [event: FinalEvent];
@@ -30,6 +30,11 @@ export class Shell extends EventEmitter<ShellEvents> implements AsyncIterable<Bu
    * (`close()`, a broken connection), an `end` event saying so. Never rejects.
    */
   readonly exited: Promise<FinalEvent>;
+  /**
+   * moatd's id of the terminal's process (from its first `hello` message):
+   * other viewers attach with `{ process: shell.processId }`.
+   */
+  processId: number | undefined;
   /** Error messages moatd sent about control messages it could not apply. */
   readonly errors: string[] = [];
   private final: FinalEvent | undefined;
@@ -114,7 +119,8 @@ export class Shell extends EventEmitter<ShellEvents> implements AsyncIterable<Bu
       return;
     }
     this.emit("message", message);
-    if (message.type === "exit" || message.type === "end") this.settle(message as FinalEvent);
+    if (message.type === "hello" && typeof message.process === "number") this.processId = message.process;
+    else if (message.type === "exit" || message.type === "end") this.settle(message as FinalEvent);
     else if (message.type === "error" && typeof message.message === "string") this.errors.push(message.message);
   }
 

@@ -194,6 +194,8 @@ export interface ExitEvent {
   exit_code: number;
   signal?: number;
   timed_out?: boolean;
+  /** state "failed": why the command did not start ("command not found: ..."). */
+  error?: string;
 }
 
 export interface EndEvent {
@@ -220,7 +222,15 @@ export interface ShellOptions {
 }
 
 /** A control message from moatd on a shell: the final event or an error about a control message. */
-export type ShellControlMessage = FinalEvent | { type: "error"; message: string } | { type: string; [k: string]: unknown };
+/** The first message of every session: which process the terminal is. */
+export interface ShellHello {
+  type: "hello";
+  process: number;
+  pid: number;
+  cmd: string[];
+}
+
+export type ShellControlMessage = FinalEvent | ShellHello | { type: "error"; message: string } | { type: string; [k: string]: unknown };
 
 // ---- files ----------------------------------------------------------------------
 

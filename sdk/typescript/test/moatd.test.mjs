@@ -301,7 +301,10 @@ describe("against a real moatd", { skip }, () => {
     assert.equal(proc.exit_code, 127);
     assert.match(proc.info.error, /command not found/);
     const { final } = await proc.output({ follow: true }).collect();
-    assert.deepEqual(final, { type: "exit", offset: 0, state: "failed", exit_code: 127 });
+    assert.deepEqual(final, {
+      type: "exit", offset: 0, state: "failed", exit_code: 127,
+      error: "command not found: no-such-command (exec: No such file or directory)",
+    });
     await assert.rejects(client.environments.processes.get(env.id, 999), NotFoundError);
     await assert.rejects(client.environments.processes.start(env.id, { cmd: ["true"], rows: 5 }), { code: "invalid_request", field: "rows" });
   });
@@ -355,14 +358,9 @@ describe("against a real moatd", { skip }, () => {
     assert.equal(stream.final, last);
   });
 
-  it("attaches two shell viewers to a pty process", async (t) => {
+  it("attaches two shell viewers to a pty process", async () => {
     const env = await newEnv();
     const proc = await client.environments.processes.start(env.id, { cmd: ["sh"], pty: true, rows: 10, cols: 50 });
-    if (proc.state === "failed" && /pty/.test(proc.info.error ?? "")) {
-      // moat-init's pty support is being merged separately (see the shell test).
-      t.skip(`moat-init cannot spawn on a pty yet: ${proc.info.error}`);
-      return;
-    }
     assert.equal(proc.state, "running");
     assert.equal(proc.info.pty, true);
     await proc.resize(33, 77);
@@ -385,20 +383,9 @@ describe("against a real moatd", { skip }, () => {
     assert.equal(final.exit_code, 5);
   });
 
-  it("opens a shell, resizes it and sees it exit", async (t) => {
+  it("opens a shell, resizes it and sees it exit", async () => {
     const env = await newEnv();
-    let shell;
-    try {
-      shell = await client.environments.shell(env.id, { rows: 24, cols: 80 });
-    } catch (e) {
-      // moat-init's pty support is being merged separately; until then every
-      // pty spawn fails with ENOTSUP ("pty: Operation not supported").
-      if (e instanceof ConflictError && /pty/.test(e.message) && /not supported/i.test(e.message)) {
-        t.skip(`moat-init cannot spawn on a pty yet: ${e.message}`);
-        return;
-      }
-      throw e;
-    }
+    const shell = await client.environments.shell(env.id, { rows: 24, cols: 80 });
     await shell.resize(40, 120);
     await shell.write("stty size\n");
     let output = "";
@@ -413,6 +400,10 @@ describe("against a real moatd", { skip }, () => {
     }
     clearTimeout(deadline);
     assert.match(output, /40 120/);
+    // The first message named the terminal's process, which the API lists as a shell.
+    assert.equal(typeof shell.processId, "number");
+    const listed = await client.environments.processes.get(env.id, shell.processId);
+    assert.equal(listed.info.kind, "shell");
     const exited = await shell.exited;
     assert.equal(exited.type, "exit");
     assert.equal(exited.exit_code, 0);
