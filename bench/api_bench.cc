@@ -178,6 +178,8 @@ int main(int argc, char** argv) {
                         R"({"cmd":["sh","-c","i=0; while true; do echo line $i; i=$((i+1)); sleep 0.001; done"]})");
   auto pidAt = started.second.find("\"id\":");
   std::string pid = pidAt == std::string::npos ? "1" : std::to_string(std::atoi(started.second.c_str() + pidAt + 5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::vector<double> chattyAlone = execLatency();  // the chatty process's own cost, no followers
   std::vector<int> followers;
   for (int k = 0; k < 100; ++k) {
     int fd = openFollower(socket, token, "/v1/environments/" + chatty + "/processes/" + pid + "/output?follow=1");
@@ -199,15 +201,27 @@ int main(int argc, char** argv) {
     }
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto producedAt = [&] {
+    auto p = c.call(http::verb::get, "/v1/environments/" + chatty + "/processes/" + pid).second;
+    auto at = p.find("\"output_offset\":");
+    return at == std::string::npos ? 0.0 : std::atof(p.c_str() + at + 16);
+  };
+  double producedBefore = producedAt();
+  uint64_t followedBefore = followedBytes;
   std::vector<double> crowded = execLatency();
+  double produced = producedAt() - producedBefore;
+  double followed = static_cast<double>(followedBytes - followedBefore);
   stopReading = true;
   reader.join();
   for (int fd : followers) ::close(fd);
   std::printf("\n| exec true, 1 client | p50 ms | p99 ms |\n|---|---:|---:|\n");
   std::printf("| alone | %.2f | %.2f |\n", pct(alone, 0.5), pct(alone, 0.99));
-  std::printf("| while %zu clients follow a process printing every ms (%.1f MB streamed) | %.2f | %.2f |\n",
-              followers.size(), static_cast<double>(followedBytes.load()) / 1e6, pct(crowded, 0.5), pct(crowded, 0.99));
-  std::printf("| ratio p50 | %.2fx | |\n", pct(crowded, 0.5) / pct(alone, 0.5));
+  std::printf("| while a chatty process runs in another environment, no followers | %.2f | %.2f |\n",
+              pct(chattyAlone, 0.5), pct(chattyAlone, 0.99));
+  std::printf("| while %zu clients follow a chatty process (%.0f KB/s produced, %.1f MB/s streamed) | %.2f | %.2f |\n",
+              followers.size(), produced / 3e3, followed / 3e6, pct(crowded, 0.5), pct(crowded, 0.99));
+  std::printf("| ratio p50, 100 followers vs none (same chatty process) | %.2fx | %.2fx |\n",
+              pct(crowded, 0.5) / pct(chattyAlone, 0.5), pct(crowded, 0.99) / pct(chattyAlone, 0.99));
   c.call(http::verb::delete_, "/v1/environments/" + chatty);
   c.call(http::verb::delete_, "/v1/environments/" + id);
   return 0;

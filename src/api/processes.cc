@@ -1,4 +1,5 @@
 #include <chrono>
+#include <thread>
 
 #include "api/api.h"
 #include "api/process_json.h"
@@ -14,6 +15,10 @@ namespace {
 // (and moatd learns whether the client still is).
 constexpr auto kHeartbeat = std::chrono::seconds(15);
 constexpr size_t kReadPiece = 256u << 10;
+// After the first new bytes, a follower lets more gather this long before it
+// reads and writes: a chatty process then costs each follower ~100 wake-ups
+// and writes a second instead of one per line (the shell stays immediate).
+constexpr auto kCoalesce = std::chrono::milliseconds(10);
 
 std::string line(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"; }
 
@@ -94,6 +99,10 @@ HttpResponse readOutput(const std::shared_ptr<manager::Process>& process, const 
     uint64_t pos = since;
     for (;;) {
       auto r = process->read(pos, kReadPiece, true, std::chrono::steady_clock::now() + kHeartbeat);
+      if (!r.items.empty() && !r.ended) {
+        std::this_thread::sleep_for(kCoalesce);  // not a wait on the process: no wake-ups meanwhile
+        r = process->read(pos, kReadPiece, false, {});
+      }
       std::string out;
       for (const auto& item : r.items) out += line(outputEventJson(item, base64));
       if (r.ended) out += line(terminalEventJson(process->info()));
