@@ -149,6 +149,7 @@ class EnvironmentManager {
   void stopThreads();  // idempotent
   void onInitGone(const std::string& id);
   void refillPool();
+  void warmUp(const std::shared_ptr<InitConnection>& connection, const std::string& id);
   void poolLoop();
   backend::namespaces::EnvironmentSpec specFor(const std::string& templateName, double cpus,
                                                uint64_t ramMb, double storageGb,
@@ -162,6 +163,7 @@ class EnvironmentManager {
   std::vector<Ready> pool_;  // guarded by mutex_
   size_t poolCreating_ = 0;
   uint64_t warmClaims_ = 0;
+  int64_t lastClaimMs_ = 0;  // guarded by mutex_
 
   ManagerConfig config_;
   store::Store& store_;
