@@ -29,6 +29,7 @@ struct EnvironmentRecord {
   int64_t expiresAtMs = 0;
   std::string owner;       // who created it: "master" or an API key id
   std::map<std::string, std::string> env;  // variables every command gets
+  std::string permissions;  // JSON array of permission layers (gate/); "" = the defaults
 };
 
 // A scoped API key. The token itself is never stored: only its SHA-256.
@@ -39,6 +40,29 @@ struct ApiKeyRecord {
   std::vector<std::string> scopes;  // create, read, exec, files, destroy, timeout
   int64_t createdAtMs = 0;
   int64_t revokedAtMs = 0;          // 0: active
+  std::string permissions;          // JSON ceiling for its environments; "" = none
+};
+
+// A pending or decided request for a person's approval (the gate's "ask").
+struct ApprovalRecord {
+  std::string id;           // 12 hex digits
+  std::string environment;
+  std::string scope;        // read_file, write_file, run_command, network
+  std::string action;       // JSON
+  std::string requester;    // "master" or an API key id
+  int64_t createdAtMs = 0;
+  std::string state;        // pending | approved | denied | expired
+  std::string decidedBy;
+  std::string reason;
+  int64_t decidedAtMs = 0;
+  bool remember = false;
+  bool used = false;
+};
+
+struct ApprovalFilter {
+  std::string state;        // empty: any
+  std::string environment;  // empty: any
+  std::vector<std::string> environments;  // non-empty: only these (a key's own)
 };
 
 struct EnvironmentFilter {
@@ -67,6 +91,15 @@ class Store {
   virtual Result<std::optional<ApiKeyRecord>> getKey(const std::string& id) = 0;
   virtual Result<std::vector<ApiKeyRecord>> listKeys() = 0;  // newest first, revoked too
   virtual Status revokeKey(const std::string& id, int64_t atMs) = 0;  // "not_found"
+
+  virtual Status setPermissions(const std::string& environmentId, const std::string& permissions) = 0;
+  virtual Status insertApproval(const ApprovalRecord& approval) = 0;
+  // Writes state, decided_by, reason, decided_at_ms, remember and used.
+  virtual Status updateApproval(const ApprovalRecord& approval) = 0;
+  virtual Result<std::optional<ApprovalRecord>> getApproval(const std::string& id) = 0;
+  virtual Result<std::vector<ApprovalRecord>> listApprovals(const ApprovalFilter& filter) = 0;  // newest first
+  // Pending approvals become expired with `reason` (a restart: nobody waits any more).
+  virtual Status expirePendingApprovals(const std::string& reason, int64_t atMs) = 0;
 };
 
 // Opens (creating if needed) the SQLite store at `path`: WAL journal,

@@ -48,6 +48,26 @@ CREATE TABLE api_keys (
   revoked_at_ms  INTEGER NOT NULL DEFAULT 0
 );
 )sql"},
+    Migration{3, R"sql(
+ALTER TABLE environments ADD COLUMN permissions TEXT NOT NULL DEFAULT '';  -- JSON array of layers; '' = defaults
+ALTER TABLE api_keys ADD COLUMN permissions TEXT NOT NULL DEFAULT '';      -- JSON ceiling; '' = none
+CREATE TABLE approvals (
+  id             TEXT PRIMARY KEY NOT NULL,
+  environment    TEXT NOT NULL,
+  scope          TEXT NOT NULL,
+  action         TEXT NOT NULL,                -- JSON: what would happen
+  requester      TEXT NOT NULL,                -- "master" or an API key id
+  created_at_ms  INTEGER NOT NULL,
+  state          TEXT NOT NULL CHECK (state IN ('pending', 'approved', 'denied', 'expired')),
+  decided_by     TEXT NOT NULL DEFAULT '',
+  reason         TEXT NOT NULL DEFAULT '',
+  decided_at_ms  INTEGER NOT NULL DEFAULT 0,
+  remember       INTEGER NOT NULL DEFAULT 0,
+  used           INTEGER NOT NULL DEFAULT 0    -- an approval granted to a later, repeated request
+);
+CREATE INDEX approvals_state ON approvals (state);
+CREATE INDEX approvals_environment ON approvals (environment);
+)sql"},
 };
 
 inline constexpr int kSchemaVersion = kMigrations.back().version;

@@ -1,5 +1,6 @@
 #include "store/sqlite/sqlite_store.h"
 
+#include <algorithm>
 #include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -210,7 +211,7 @@ Result<std::map<std::string, std::string>> decodeLabels(const std::string& text,
 
 constexpr std::string_view kSelectEnvironments =
     "SELECT id, task_id, template, cpus, ram_mb, storage_gb, pids, labels, state, reason,"
-    " created_at_ms, expires_at_ms, owner, env FROM environments";
+    " created_at_ms, expires_at_ms, owner, env, permissions FROM environments";
 constexpr std::string_view kNewestFirst = " ORDER BY created_at_ms DESC, id";
 
 // Reads the current row of a statement that selected kSelectEnvironments.
@@ -230,6 +231,7 @@ Result<EnvironmentRecord> readEnvironment(const Statement& stmt) {
   record.createdAtMs = stmt.integer(10);
   record.expiresAtMs = stmt.integer(11);
   record.owner = stmt.text(12);
+  record.permissions = stmt.text(14);
   return record;
 }
 
@@ -305,15 +307,16 @@ Status SqliteStore::insertEnvironment(const EnvironmentRecord& record) {
               Statement::prepare(db_.get(),
                                  "INSERT INTO environments (id, task_id, template, cpus, ram_mb,"
                                  " storage_gb, pids, labels, state, reason, created_at_ms,"
-                                 " expires_at_ms, owner, env)"
-                                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 " expires_at_ms, owner, env, permissions)"
+                                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                  what));
   // The unsigned counts are stored as their 64-bit pattern and read back the
   // same way, so every value round-trips.
   MOAT_TRY(stmt.bindAll(record.id, record.taskId, record.templateName, record.cpus,
                         static_cast<int64_t>(record.ramMb), record.storageGb,
                         static_cast<int64_t>(record.pids), labels, record.state, record.reason,
-                        record.createdAtMs, record.expiresAtMs, record.owner, env));
+                        record.createdAtMs, record.expiresAtMs, record.owner, env,
+                        record.permissions));
   return stmt.run();
 }
 
@@ -404,6 +407,17 @@ Status SqliteStore::setExpiry(const std::string& id, int64_t expiresAtMs) {
   return {};
 }
 
+Status SqliteStore::setPermissions(const std::string& id, const std::string& permissions) {
+  const std::string what = "set permissions of environment " + id;
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt,
+              Statement::prepare(db_.get(), "UPDATE environments SET permissions = ? WHERE id = ?", what));
+  MOAT_TRY(stmt.bindAll(permissions, id));
+  MOAT_TRY(stmt.run());
+  if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such environment");
+  return {};
+}
+
 Result<std::vector<EnvironmentRecord>> SqliteStore::liveEnvironments() {
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(),
@@ -417,7 +431,7 @@ Result<std::vector<EnvironmentRecord>> SqliteStore::liveEnvironments() {
 namespace {
 
 constexpr std::string_view kSelectKeys =
-    "SELECT id, name, token_hash, scopes, created_at_ms, revoked_at_ms FROM api_keys";
+    "SELECT id, name, token_hash, scopes, created_at_ms, revoked_at_ms, permissions FROM api_keys";
 
 Result<ApiKeyRecord> readKey(const Statement& stmt) {
   ApiKeyRecord key;
@@ -432,6 +446,7 @@ Result<ApiKeyRecord> readKey(const Statement& stmt) {
   }
   key.createdAtMs = stmt.integer(4);
   key.revokedAtMs = stmt.integer(5);
+  key.permissions = stmt.text(6);
   return key;
 }
 
@@ -444,9 +459,10 @@ Status SqliteStore::insertKey(const ApiKeyRecord& key) {
   MOAT_ASSIGN(Statement stmt,
               Statement::prepare(db_.get(),
                                  "INSERT INTO api_keys (id, name, token_hash, scopes, created_at_ms,"
-                                 " revoked_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
+                                 " revoked_at_ms, permissions) VALUES (?, ?, ?, ?, ?, ?, ?)",
                                  what));
-  MOAT_TRY(stmt.bindAll(key.id, key.name, key.tokenHash, scopes, key.createdAtMs, key.revokedAtMs));
+  MOAT_TRY(stmt.bindAll(key.id, key.name, key.tokenHash, scopes, key.createdAtMs, key.revokedAtMs,
+                        key.permissions));
   return stmt.run();
 }
 
@@ -489,6 +505,103 @@ Status SqliteStore::revokeKey(const std::string& id, int64_t atMs) {
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such active key");
   return {};
+}
+
+namespace {
+
+constexpr std::string_view kSelectApprovals =
+    "SELECT id, environment, scope, action, requester, created_at_ms, state, decided_by, reason,"
+    " decided_at_ms, remember, used FROM approvals";
+
+ApprovalRecord readApproval(const Statement& stmt) {
+  ApprovalRecord a;
+  a.id = stmt.text(0);
+  a.environment = stmt.text(1);
+  a.scope = stmt.text(2);
+  a.action = stmt.text(3);
+  a.requester = stmt.text(4);
+  a.createdAtMs = stmt.integer(5);
+  a.state = stmt.text(6);
+  a.decidedBy = stmt.text(7);
+  a.reason = stmt.text(8);
+  a.decidedAtMs = stmt.integer(9);
+  a.remember = stmt.integer(10) != 0;
+  a.used = stmt.integer(11) != 0;
+  return a;
+}
+
+}  // namespace
+
+Status SqliteStore::insertApproval(const ApprovalRecord& a) {
+  const std::string what = "insert approval " + a.id;
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt,
+              Statement::prepare(db_.get(),
+                                 "INSERT INTO approvals (id, environment, scope, action, requester,"
+                                 " created_at_ms, state, decided_by, reason, decided_at_ms, remember, used)"
+                                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 what));
+  MOAT_TRY(stmt.bindAll(a.id, a.environment, a.scope, a.action, a.requester, a.createdAtMs, a.state,
+                        a.decidedBy, a.reason, a.decidedAtMs, static_cast<int64_t>(a.remember),
+                        static_cast<int64_t>(a.used)));
+  return stmt.run();
+}
+
+Status SqliteStore::updateApproval(const ApprovalRecord& a) {
+  const std::string what = "update approval " + a.id;
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt,
+              Statement::prepare(db_.get(),
+                                 "UPDATE approvals SET state = ?, decided_by = ?, reason = ?,"
+                                 " decided_at_ms = ?, remember = ?, used = ? WHERE id = ?",
+                                 what));
+  MOAT_TRY(stmt.bindAll(a.state, a.decidedBy, a.reason, a.decidedAtMs, static_cast<int64_t>(a.remember),
+                        static_cast<int64_t>(a.used), a.id));
+  MOAT_TRY(stmt.run());
+  if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such approval");
+  return {};
+}
+
+Result<std::optional<ApprovalRecord>> SqliteStore::getApproval(const std::string& id) {
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(), std::string(kSelectApprovals) + " WHERE id = ?",
+                                                 "get approval " + id));
+  MOAT_TRY(stmt.bindAll(id));
+  MOAT_ASSIGN(bool row, stmt.step());
+  if (!row) return std::optional<ApprovalRecord>();
+  return std::optional<ApprovalRecord>(readApproval(stmt));
+}
+
+Result<std::vector<ApprovalRecord>> SqliteStore::listApprovals(const ApprovalFilter& filter) {
+  std::lock_guard lock(mutex_);
+  std::string sql = std::string(kSelectApprovals) + " WHERE (? = '' OR state = ?) AND (? = '' OR environment = ?)"
+                    " ORDER BY created_at_ms DESC, id LIMIT 1000";
+  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(), sql, "list approvals"));
+  MOAT_TRY(stmt.bindAll(filter.state, filter.state, filter.environment, filter.environment));
+  std::vector<ApprovalRecord> out;
+  while (true) {
+    MOAT_ASSIGN(bool row, stmt.step());
+    if (!row) break;
+    ApprovalRecord a = readApproval(stmt);
+    if (!filter.environments.empty() &&
+        std::find(filter.environments.begin(), filter.environments.end(), a.environment) ==
+            filter.environments.end()) {
+      continue;
+    }
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+Status SqliteStore::expirePendingApprovals(const std::string& reason, int64_t atMs) {
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt,
+              Statement::prepare(db_.get(),
+                                 "UPDATE approvals SET state = 'expired', reason = ?, decided_by = 'moatd',"
+                                 " decided_at_ms = ? WHERE state = 'pending'",
+                                 "expire pending approvals"));
+  MOAT_TRY(stmt.bindAll(reason, atMs));
+  return stmt.run();
 }
 
 }  // namespace moat::store::sqlite

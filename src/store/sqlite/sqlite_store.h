@@ -33,6 +33,12 @@ class SqliteStore final : public Store {
   Result<std::optional<ApiKeyRecord>> getKey(const std::string& id) override;
   Result<std::vector<ApiKeyRecord>> listKeys() override;
   Status revokeKey(const std::string& id, int64_t atMs) override;
+  Status setPermissions(const std::string& environmentId, const std::string& permissions) override;
+  Status insertApproval(const ApprovalRecord& approval) override;
+  Status updateApproval(const ApprovalRecord& approval) override;
+  Result<std::optional<ApprovalRecord>> getApproval(const std::string& id) override;
+  Result<std::vector<ApprovalRecord>> listApprovals(const ApprovalFilter& filter) override;
+  Status expirePendingApprovals(const std::string& reason, int64_t atMs) override;
 
  private:
   explicit SqliteStore(DbPtr db) : db_(std::move(db)) {}

@@ -1,0 +1,288 @@
+#include "gate/permissions.h"
+
+#include <algorithm>
+#include <cctype>
+
+namespace moat::gate {
+namespace {
+
+using json = nlohmann::json;
+
+Error invalid(const std::string& field, const std::string& problem) {
+  return Error::make("invalid_request", field + ": " + problem);
+}
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string basename(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+Result<Decision> parseDecision(const json& j, const std::string& field) {
+  if (j.is_string()) {
+    std::string s = j;
+    if (s == "allow") return Decision::kAllow;
+    if (s == "ask") return Decision::kAsk;
+    if (s == "deny") return Decision::kDeny;
+  }
+  return invalid(field, "must be \"allow\", \"ask\" or \"deny\"");
+}
+
+// Matching proper, on byte positions; `**` only when segments.
+bool globAt(const std::string& p, size_t pi, const std::string& t, size_t ti, bool segments, int depth) {
+  if (depth > 64) return false;  // patterns are short; bound pathological ones
+  while (pi < p.size()) {
+    char c = p[pi];
+    if (c == '*') {
+      bool doubleStar = segments && pi + 1 < p.size() && p[pi + 1] == '*';
+      size_t next = pi + (doubleStar ? 2 : 1);
+      for (size_t k = ti; k <= t.size(); ++k) {
+        if (globAt(p, next, t, k, segments, depth + 1)) return true;
+        if (k < t.size() && segments && !doubleStar && t[k] == '/') break;
+      }
+      return false;
+    }
+    if (ti >= t.size()) return false;
+    if (c == '?') {
+      if (segments && t[ti] == '/') return false;
+    } else {
+      if (c == '\\' && pi + 1 < p.size()) c = p[++pi];
+      if (c != t[ti]) return false;
+    }
+    ++pi;
+    ++ti;
+  }
+  return ti == t.size();
+}
+
+}  // namespace
+
+const char* decisionName(Decision d) {
+  switch (d) {
+    case Decision::kAllow: return "allow";
+    case Decision::kAsk: return "ask";
+    case Decision::kDeny: return "deny";
+  }
+  return "deny";
+}
+
+const char* scopeName(Scope s) {
+  switch (s) {
+    case Scope::kReadFile: return "read_file";
+    case Scope::kWriteFile: return "write_file";
+    case Scope::kRunCommand: return "run_command";
+    case Scope::kNetwork: return "network";
+  }
+  return "";
+}
+
+bool globMatch(const std::string& pattern, const std::string& text, bool segments) {
+  return globAt(pattern, 0, text, 0, segments, 0);
+}
+
+std::string globEscape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '*' || c == '?' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::string normalizePath(const std::string& path) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    std::string part = path.substr(start, end - start);
+    if (part == "..") {
+      if (!parts.empty()) parts.pop_back();
+    } else if (!part.empty() && part != ".") {
+      parts.push_back(part);
+    }
+    start = end + 1;
+  }
+  std::string out;
+  for (const auto& p : parts) out += "/" + p;
+  return out.empty() ? "/" : out;
+}
+
+json Action::toJson() const {
+  json j = {{"scope", scopeName(scope)}};
+  if (!op.empty()) j["op"] = op;
+  switch (scope) {
+    case Scope::kRunCommand: j["argv"] = argv; break;
+    case Scope::kReadFile:
+    case Scope::kWriteFile:
+      j["path"] = path;
+      if (scope == Scope::kWriteFile) j["size"] = size;
+      break;
+    case Scope::kNetwork:
+      j["host"] = host;
+      if (port) j["port"] = port;
+      break;
+  }
+  return j;
+}
+
+bool Action::sameTarget(const Action& other) const {
+  return scope == other.scope && argv == other.argv && path == other.path &&
+         lower(host) == lower(other.host) && port == other.port;
+}
+
+bool Rule::matches(const Action& a) const {
+  if (match) {
+    const auto& pats = *match;
+    bool restWildcard = !pats.empty() && pats.back() == "*";
+    size_t fixed = restWildcard ? pats.size() - 1 : pats.size();
+    if (a.argv.size() < fixed || (!restWildcard && a.argv.size() != fixed)) return false;
+    for (size_t i = 0; i < fixed; ++i) {
+      const std::string& arg = a.argv[i];
+      bool ok = globMatch(pats[i], arg, false);
+      // A pattern without '/' names a program: "/usr/bin/rm" is "rm" too.
+      if (!ok && i == 0 && pats[i].find('/') == std::string::npos) ok = globMatch(pats[i], basename(arg), false);
+      if (!ok) return false;
+    }
+  }
+  if (path && !globMatch(*path, normalizePath(a.path), true)) return false;
+  if (host && !globMatch(lower(*host), lower(a.host), false)) return false;
+  if (port && *port != a.port) return false;
+  return true;
+}
+
+json Rule::toJson(Scope) const {
+  json j = json::object();
+  if (match) j["match"] = *match;
+  if (path) j["path"] = *path;
+  if (host) j["host"] = *host;
+  if (port) j["port"] = *port;
+  j["action"] = decisionName(decision);
+  return j;
+}
+
+Permissions Permissions::defaults() {
+  Permissions p;
+  for (Scope s : kScopes) {
+    Rule r;
+    r.decision = s == Scope::kNetwork ? Decision::kDeny : Decision::kAllow;
+    p.scope(s).rules = {r};
+    p.scope(s).word = true;
+  }
+  return p;
+}
+
+Result<Permissions> Permissions::parse(const json& j, const Permissions& base, const std::string& prefix) {
+  if (!j.is_object()) return invalid(prefix, "must be an object of scopes");
+  Permissions p = base;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    std::string field = prefix + "." + it.key();
+    Scope scope;
+    if (it.key() == "read_file") scope = Scope::kReadFile;
+    else if (it.key() == "write_file") scope = Scope::kWriteFile;
+    else if (it.key() == "run_command") scope = Scope::kRunCommand;
+    else if (it.key() == "network") scope = Scope::kNetwork;
+    else return Error::make("unknown_field", "unknown field " + field + " (read_file, write_file, run_command, network)");
+    ScopePolicy policy;
+    if (it.value().is_string()) {
+      MOAT_ASSIGN(Decision d, parseDecision(it.value(), field));
+      Rule r;
+      r.decision = d;
+      policy.rules = {r};
+      policy.word = true;
+      p.scope(scope) = policy;
+      continue;
+    }
+    if (!it.value().is_array() || it.value().empty()) {
+      return invalid(field, "must be \"allow\", \"ask\", \"deny\" or a non-empty array of rules");
+    }
+    if (it.value().size() > 256) return invalid(field, "at most 256 rules");
+    policy.word = false;
+    for (size_t i = 0; i < it.value().size(); ++i) {
+      const json& rj = it.value()[i];
+      std::string rf = field + "[" + std::to_string(i) + "]";
+      if (!rj.is_object()) return invalid(rf, "a rule is an object with \"action\"");
+      Rule r;
+      for (auto f = rj.begin(); f != rj.end(); ++f) {
+        std::string ff = rf + "." + f.key();
+        const std::string& k = f.key();
+        bool known = k == "action" || (scope == Scope::kRunCommand && k == "match") ||
+                     ((scope == Scope::kReadFile || scope == Scope::kWriteFile) && k == "path") ||
+                     (scope == Scope::kNetwork && (k == "host" || k == "port"));
+        if (!known) return Error::make("unknown_field", "unknown field " + ff);
+      }
+      if (!rj.contains("action")) return invalid(rf + ".action", "required");
+      MOAT_ASSIGN(r.decision, parseDecision(rj["action"], rf + ".action"));
+      if (rj.contains("match")) {
+        const json& m = rj["match"];
+        if (!m.is_array() || m.empty() || m.size() > 256) return invalid(rf + ".match", "must be a non-empty array of argument patterns");
+        std::vector<std::string> pats;
+        for (size_t k = 0; k < m.size(); ++k) {
+          if (!m[k].is_string() || m[k].get<std::string>().size() > 4096) {
+            return invalid(rf + ".match[" + std::to_string(k) + "]", "must be a string");
+          }
+          pats.push_back(m[k]);
+        }
+        r.match = pats;
+      }
+      if (rj.contains("path")) {
+        if (!rj["path"].is_string()) return invalid(rf + ".path", "must be a string");
+        std::string path = rj["path"];
+        if (path.empty() || path[0] != '/' || path.size() > 4096) return invalid(rf + ".path", "must be an absolute path pattern");
+        r.path = path;
+      }
+      if (rj.contains("host")) {
+        if (!rj["host"].is_string() || rj["host"].get<std::string>().empty() || rj["host"].get<std::string>().size() > 253) {
+          return invalid(rf + ".host", "must be a host name pattern");
+        }
+        r.host = rj["host"].get<std::string>();
+      }
+      if (rj.contains("port")) {
+        if (!rj["port"].is_number_integer() || rj["port"].get<int64_t>() < 1 || rj["port"].get<int64_t>() > 65535) {
+          return invalid(rf + ".port", "must be a port number (1-65535)");
+        }
+        r.port = static_cast<uint16_t>(rj["port"].get<int64_t>());
+      }
+      policy.rules.push_back(r);
+    }
+    p.scope(scope) = policy;
+  }
+  return p;
+}
+
+json Permissions::toJson() const {
+  json j = json::object();
+  for (Scope s : kScopes) {
+    const ScopePolicy& policy = scope(s);
+    if (policy.word && policy.rules.size() == 1) {
+      j[scopeName(s)] = decisionName(policy.rules[0].decision);
+      continue;
+    }
+    json arr = json::array();
+    for (const auto& r : policy.rules) arr.push_back(r.toJson(s));
+    j[scopeName(s)] = arr;
+  }
+  return j;
+}
+
+Permissions::Verdict Permissions::evaluate(const Action& action) const {
+  const ScopePolicy& policy = scope(action.scope);
+  for (size_t i = 0; i < policy.rules.size(); ++i) {
+    if (policy.rules[i].matches(action)) {
+      return Verdict{policy.rules[i].decision, static_cast<int>(i), policy.rules[i].toJson(action.scope)};
+    }
+  }
+  return Verdict{Decision::kDeny, -1, nullptr};  // deny by default: no rule matched
+}
+
+void Permissions::prepend(Scope s, Rule rule) {
+  ScopePolicy& policy = scope(s);
+  policy.word = false;
+  policy.rules.insert(policy.rules.begin(), std::move(rule));
+}
+
+}  // namespace moat::gate

@@ -1,0 +1,89 @@
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+// The gate's permissions: for each of the four scopes of an environment
+// (read_file, write_file, run_command, network) a decision, allow, ask or
+// deny, either as one word or as ordered rules where the first match wins
+// (docs/GATE.md). Pure data and matching: no I/O.
+namespace moat::gate {
+
+enum class Decision { kAllow = 0, kAsk = 1, kDeny = 2 };  // ordered by strictness
+const char* decisionName(Decision d);
+
+enum class Scope { kReadFile, kWriteFile, kRunCommand, kNetwork };
+const char* scopeName(Scope s);
+constexpr Scope kScopes[] = {Scope::kReadFile, Scope::kWriteFile, Scope::kRunCommand, Scope::kNetwork};
+
+// What an agent is about to do, as the gate sees it.
+struct Action {
+  Scope scope = Scope::kRunCommand;
+  std::vector<std::string> argv;  // run_command
+  std::string path;               // read_file, write_file (absolute)
+  std::string host;               // network
+  uint16_t port = 0;              // network; 0: any
+  uint64_t size = 0;              // write_file: bytes, for the approver's eyes
+  std::string op;                 // files: "read", "write", "list", "remove", ...; exec: "exec", "process", "shell"
+  nlohmann::json toJson() const;
+  // The same action, ignoring size and op: what an approval grants.
+  bool sameTarget(const Action& other) const;
+};
+
+struct Rule {
+  std::optional<std::vector<std::string>> match;  // run_command: argv globs; a last "*" takes any rest
+  std::optional<std::string> path;                // files: glob ("*" within a segment, "**" across)
+  std::optional<std::string> host;                // network: glob, case-insensitive
+  std::optional<uint16_t> port;                   // network
+  Decision decision = Decision::kDeny;
+  bool matches(const Action& action) const;
+  nlohmann::json toJson(Scope scope) const;
+};
+
+struct ScopePolicy {
+  // A bare word is a single rule without conditions.
+  std::vector<Rule> rules;
+  bool word = true;  // written as one word (kept for display)
+};
+
+class Permissions {
+ public:
+  // The documented defaults: read_file, write_file and run_command allow;
+  // network deny.
+  static Permissions defaults();
+  // Parses {"read_file": "allow" | [rules], ...}; scopes left out take
+  // `base`'s. Errors name the offending field under `prefix` (code
+  // "invalid_request", context "<field>: <problem>").
+  static Result<Permissions> parse(const nlohmann::json& j, const Permissions& base,
+                                   const std::string& prefix = "permissions");
+  nlohmann::json toJson() const;
+
+  struct Verdict {
+    Decision decision = Decision::kDeny;
+    int rule = -1;           // index of the matching rule; -1: none matched
+    nlohmann::json ruleJson; // the rule, as written
+  };
+  Verdict evaluate(const Action& action) const;
+  ScopePolicy& scope(Scope s) { return scopes_[static_cast<int>(s)]; }
+  const ScopePolicy& scope(Scope s) const { return scopes_[static_cast<int>(s)]; }
+  // Puts a rule first in its scope: what "remember" does with a decision.
+  void prepend(Scope s, Rule rule);
+
+ private:
+  ScopePolicy scopes_[4];
+};
+
+// Glob matching with "*", "?" and "\" escapes. With `segments`, "*" and "?"
+// stop at '/' and "**" crosses it (paths); otherwise "*" matches anything.
+bool globMatch(const std::string& pattern, const std::string& text, bool segments);
+// A pattern that matches exactly `text` (glob characters escaped).
+std::string globEscape(const std::string& text);
+// "/a//b/./c/../d" -> "/a/b/d"; never above "/".
+std::string normalizePath(const std::string& path);
+
+}  // namespace moat::gate
