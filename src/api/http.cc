@@ -195,6 +195,7 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
     http::response<http::string_body> res{static_cast<http::status>(response.status), version};
     res.set(http::field::server, "moatd");
     res.set(http::field::content_type, response.contentType);
+    for (const auto& [name, value] : response.headers) res.set(name, value);
     res.keep_alive(keepAlive);
     res.body() = std::move(response.body);
     res.prepare_payload();

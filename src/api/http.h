@@ -39,6 +39,7 @@ struct HttpResponse {
   int status = 200;
   std::string contentType = "application/json";
   std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // extra response headers
   // Set: the body is streamed (chunked) by this function instead, on the
   // connection's thread; the connection closes after it returns.
   std::function<void(const BodyWriter& write)> stream;

@@ -15,7 +15,8 @@ namespace moat::api {
 namespace {
 
 constexpr auto kPingEvery = std::chrono::seconds(30);
-constexpr size_t kReplay = 64u << 10;  // what a viewer joining a running shell sees first
+constexpr size_t kReplay = 64u << 10;
+constexpr auto kHangUpGrace = std::chrono::seconds(2);  // what a viewer joining a running shell sees first
 
 // Sends the terminal's output to one viewer until the process ends or the
 // viewer leaves.
@@ -94,7 +95,12 @@ void runViewer(const std::shared_ptr<manager::Process>& process, websocket::Conn
   process->wake();
   pump.join();
   // Like closing a terminal window: the last viewer to leave hangs it up.
-  if (process->detachViewer() == 0 && process->info().kind == "shell") (void)process->signal(SIGHUP);
+  // A shell still starting may not have its SIGHUP handler yet, or ignores
+  // it: it is killed if it is still there after a grace period.
+  if (process->detachViewer() == 0 && process->info().kind == "shell") {
+    (void)process->signal(SIGHUP);
+    if (!process->waitEnded(std::chrono::steady_clock::now() + kHangUpGrace)) (void)process->signal(SIGKILL);
+  }
 }
 
 }  // namespace
@@ -103,7 +109,10 @@ HttpResponse Api::shellRoute(const HttpRequest& req, const std::string& id) {
   if (req.method != "GET") return wrongMethod(req, "GET (a WebSocket upgrade)");
   if (auto e = onlyQuery(req, {"process", "rows", "cols"})) return errorResponse(*e);
   if (!req.websocketUpgrade) {
-    return errorResponse({426, "upgrade_required", "this endpoint is a WebSocket: send a version 13 upgrade", ""});
+    HttpResponse refused =
+        errorResponse({426, "upgrade_required", "this endpoint is a WebSocket: send a version 13 upgrade", ""});
+    refused.headers = {{"Upgrade", "websocket"}, {"Connection", "Upgrade"}};  // RFC 7231 6.5.15
+    return refused;
   }
   uint64_t rows = 24, cols = 80, processId = 0;
   if (auto e = queryNumber(req, "rows", 1000, 10, rows)) return errorResponse(*e);

@@ -1,15 +1,24 @@
 #!/usr/bin/env python3
 """OpenAPI conformance: real moatd responses checked against api/openapi.yaml.
 
-Lints the spec (every $ref resolves, JSON bodies have schemas, request bodies
-are closed with additionalProperties: false, only OpenAPI 3.0 schema keywords),
-then starts the built moatd on a fresh state directory and drives its API over
-the unix socket <state>/moatd.sock. Every exchange is checked:
+Lints the spec (every $ref resolves, JSON and NDJSON bodies have schemas,
+request bodies are closed with additionalProperties: false, only OpenAPI 3.0
+schema keywords, discriminators match their members, only media types this
+checker can validate, 101 and 204 without a body), then starts the built moatd
+on a fresh state directory and drives its API over the unix socket
+<state>/moatd.sock. Every exchange is checked:
 
   - the status is the one the test expects, and the spec declares it for that
     path and method (or `default`); undeclared methods must be 405;
   - the Content-Type is one the spec declares for that response, and a JSON
-    body validates against its schema (refs resolved); 204 has no body;
+    body validates against its schema (refs resolved); an NDJSON body
+    (application/x-ndjson) is one JSON value per newline-ended line, each
+    validated against the schema; 101 and 204 have no body; declared response
+    headers are there (when required) and match their schemas;
+  - a WebSocket upgrade (the shell) is a raw handshake: 101 with the right
+    Sec-WebSocket-Accept, then a few frames (text control messages validated
+    against ShellClientMessage / ShellServerMessage); refusals are ordinary
+    JSON answers;
   - the request itself: a 2xx answer means the spec accepts the request (body
     and query parameters), a 400 unknown_field / invalid_request means the spec
     rejects it too (where a JSON schema can say so);
@@ -31,7 +40,9 @@ import argparse
 import base64
 import calendar
 import copy
+import hashlib
 import http.client
+import io
 import json
 import os
 import re
@@ -41,6 +52,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import urllib.parse
@@ -82,6 +94,13 @@ def scope_names(doc):
 # Errors any request can get from the HTTP layer (src/api/http.cc); operations
 # declare them as `default`. Every other status must be declared explicitly.
 TRANSPORT_CODES = {"bad_request", "too_large", "internal", "unavailable"}
+
+# The media types this checker can hold a body to. JSON is validated against
+# its schema; NDJSON line by line, each line against the schema (which must
+# therefore describe JSON objects); text must be UTF-8; octet-stream is bytes.
+JSON = "application/json"
+NDJSON = "application/x-ndjson"
+KNOWN_MEDIA = {JSON, NDJSON, "application/octet-stream", "text/plain"}
 
 
 class SpecError(Exception):
@@ -196,6 +215,53 @@ def closed_objects(schema, where, problems):
         closed_objects(schema["items"], f"{where}[]", problems)
 
 
+def describes_objects(schema):
+    """A (JSON Schema) schema that only JSON objects can match: an NDJSON
+    line's schema, where each line is one object."""
+    if not isinstance(schema, dict):
+        return False
+    if schema.get("type") == "object":
+        return True
+    for key in ("oneOf", "anyOf"):
+        if schema.get(key):
+            return all(describes_objects(s) for s in schema[key])
+    return any(describes_objects(s) for s in schema.get("allOf", []))
+
+
+def check_discriminator(doc, schema, where, problems):
+    """OpenAPI 3.0 discriminators: over a oneOf/anyOf of $refs, with an
+    explicit mapping (this project's rule) whose values are exactly those
+    members; each member requires the property and fixes it to its mapping
+    key. (JSON Schema ignores `discriminator`, so a wrong one would otherwise
+    go unnoticed.)"""
+    disc = schema.get("discriminator")
+    if disc is None:
+        return
+    name = disc.get("propertyName") if isinstance(disc, dict) else None
+    if not name:
+        problems.append(f"{where}: discriminator without propertyName")
+        return
+    members = schema.get("oneOf") or schema.get("anyOf") or []
+    refs = [m.get("$ref") for m in members if isinstance(m, dict)]
+    if not members or None in refs:
+        problems.append(f"{where}: a discriminator needs a oneOf/anyOf of $refs")
+        return
+    mapping = disc.get("mapping", {})
+    if sorted(mapping.values()) != sorted(refs):
+        problems.append(f"{where}: discriminator mapping {sorted(mapping.values())} is not its members {sorted(refs)}")
+    for value, ref in mapping.items():
+        try:
+            member = resolve_pointer(doc, ref)
+        except SpecError as e:
+            problems.append(f"{where}: discriminator mapping {value}: {e}")
+            continue
+        prop = member.get("properties", {}).get(name, {})
+        if name not in member.get("required", []):
+            problems.append(f"{ref}: does not require the discriminator property {name}")
+        if prop.get("enum") != [value]:
+            problems.append(f"{ref}: {name} must be exactly {value!r} (enum: [{value}]), is {prop.get('enum')}")
+
+
 def lint_spec(doc):
     """Problems that make the spec unusable as the source of truth."""
     problems = []
@@ -221,6 +287,9 @@ def lint_spec(doc):
         problems.append("components/securitySchemes/bearerAuth must be http bearer")
     for name, schema in doc.get("components", {}).get("schemas", {}).items():
         check_schema_keywords(doc, schema, f"#/components/schemas/{name}", problems, set())
+    for where, node in walk(doc.get("components", {}).get("schemas", {}), "#/components/schemas"):
+        if isinstance(node, dict) and "discriminator" in node and not where.endswith("/properties"):
+            check_discriminator(doc, node, where, problems)
     operation_ids = set()
     for path, item in doc["paths"].items():
         path_params = [deref(doc, p) for p in item.get("parameters", [])]
@@ -269,20 +338,42 @@ def lint_spec(doc):
                 if "description" not in response:
                     problems.append(f"{rwhere}: no description")
                 content = response.get("content", {})
+                for header, h in response.get("headers", {}).items():
+                    h = deref(doc, h)
+                    if "schema" not in h:
+                        problems.append(f"{rwhere}: header {header} has no schema")
+                    else:
+                        check_schema_keywords(doc, h["schema"], f"{rwhere} header {header}", problems, set())
+                if status == "101":
+                    # Switching Protocols: no body; it names what it switches to.
+                    if content:
+                        problems.append(f"{rwhere}: a 101 has no body")
+                    if "Upgrade" not in response.get("headers", {}):
+                        problems.append(f"{rwhere}: a 101 declares the Upgrade header it switches to")
+                    if method != "get":
+                        problems.append(f"{rwhere}: only a GET can be upgraded to a WebSocket")
+                    continue
                 if status == "204":
                     if content:
                         problems.append(f"{rwhere}: a 204 has no body")
                     continue
                 if not content:
-                    problems.append(f"{rwhere}: no content (every response but 204 has a body)")
+                    problems.append(f"{rwhere}: no content (every response but 101 and 204 has a body)")
                 for media, body in content.items():
+                    if media not in KNOWN_MEDIA:
+                        problems.append(f"{rwhere}: media type {media} is not one this checker can validate "
+                                        f"({', '.join(sorted(KNOWN_MEDIA))})")
                     if "schema" not in body:
                         problems.append(f"{rwhere} {media}: no schema")
-                    elif media == "application/json":
+                    elif media in (JSON, NDJSON):
                         try:
-                            jsonschema.Draft4Validator.check_schema(to_json_schema(doc, body["schema"]))
+                            schema = to_json_schema(doc, body["schema"])
+                            jsonschema.Draft4Validator.check_schema(schema)
                         except (SpecError, jsonschema.SchemaError) as e:
                             problems.append(f"{rwhere}: bad schema: {e}")
+                            continue
+                        if media == NDJSON and not describes_objects(schema):
+                            problems.append(f"{rwhere} {media}: the schema of a line must describe a JSON object")
             if "requestBody" in op:
                 rb = deref(doc, op["requestBody"])
                 for media, body in rb.get("content", {}).items():
@@ -356,11 +447,13 @@ class UnixHTTPConnection(http.client.HTTPConnection):
 
 
 class Response:
-    def __init__(self, status, headers, body):
+    def __init__(self, status, headers, body, websocket=None):
         self.status = status
         self.headers = headers
         self.body = body
         self.content_type = headers.get("Content-Type", "")
+        self.websocket = websocket  # a WebSocket after a 101 the caller kept open
+        self.websocket_key = None  # the Sec-WebSocket-Key of a handshake
         self._json = None
 
     @property
@@ -368,6 +461,97 @@ class Response:
         if self._json is None:
             self._json = json.loads(self.body)
         return self._json
+
+    @property
+    def events(self):
+        """An NDJSON body: one JSON value per line, every line ended by \\n."""
+        text = self.body.decode("utf-8")
+        if text and not text.endswith("\n"):
+            raise ValueError(f"the last line is not ended by a newline: {text[-80:]!r}")
+        return [json.loads(line) for line in text.split("\n")[:-1]]
+
+
+def websocket_accept(key):
+    """RFC 6455 section 4.2.2: what the server must answer to `key`."""
+    digest = hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()
+    return base64.b64encode(digest).decode()
+
+
+class WebSocket:
+    """The client end of an upgraded connection: masked frames out, frames in
+    (RFC 6455 section 5). Enough for a shell: text, binary, close, ping."""
+
+    def __init__(self, sock, pending=b""):
+        self.sock = sock
+        self.buffer = pending
+
+    def send(self, opcode, payload):
+        payload = payload.encode() if isinstance(payload, str) else payload
+        head = bytes([0x80 | opcode])
+        n = len(payload)
+        if n < 126:
+            head += bytes([0x80 | n])
+        elif n < 1 << 16:
+            head += bytes([0x80 | 126]) + n.to_bytes(2, "big")
+        else:
+            head += bytes([0x80 | 127]) + n.to_bytes(8, "big")
+        mask = os.urandom(4)
+        self.sock.sendall(head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+
+    def send_text(self, text):
+        self.send(0x1, text)
+
+    def send_binary(self, data):
+        self.send(0x2, data)
+
+    def _read(self, n, deadline):
+        while len(self.buffer) < n:
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise socket.timeout()
+                self.sock.settimeout(left)
+                chunk = self.sock.recv(65536)
+            except socket.timeout:
+                raise Failure("no (whole) WebSocket frame from moatd in time") from None
+            if not chunk:
+                raise ConnectionError("the WebSocket connection closed without a close frame")
+            self.buffer += chunk
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        return out
+
+    def receive(self, timeout=10):
+        """(opcode, payload) of the next whole message; pings are answered."""
+        deadline = time.monotonic() + timeout
+        message, first = b"", None
+        while True:
+            b0, b1 = self._read(2, deadline)
+            n = b1 & 0x7F
+            if n == 126:
+                n = int.from_bytes(self._read(2, deadline), "big")
+            elif n == 127:
+                n = int.from_bytes(self._read(8, deadline), "big")
+            mask = self._read(4, deadline) if b1 & 0x80 else None
+            payload = self._read(n, deadline)
+            if mask:
+                raise Failure("a server frame is masked (RFC 6455 section 5.1 forbids it)")
+            opcode = b0 & 0x0F
+            if opcode == 0x9:
+                self.send(0xA, payload)
+                continue
+            if opcode >= 0x8:
+                return opcode, payload
+            first = opcode if first is None else first
+            message += payload
+            if b0 & 0x80:
+                return first, message
+
+    def close(self):
+        try:
+            self.send(0x8, (1000).to_bytes(2, "big"))
+        except OSError:
+            pass
+        self.sock.close()
 
 
 class Moatd:
@@ -418,6 +602,17 @@ class Moatd:
 
     def request(self, method, target, body=None, token=True, headers=None, content_type=None,
                 declared_length=None):
+        conn, r = self.open(method, target, body, token, headers, content_type, declared_length)
+        try:
+            return Response(r.status, r.headers, r.read())
+        finally:
+            conn.close()
+
+    def open(self, method, target, body=None, token=True, headers=None, content_type=None,
+             declared_length=None):
+        """Sends the request and reads the answer's head: (connection, response)
+        with the body still to read (a followed output stream has its head
+        once the stream is established)."""
         conn = UnixHTTPConnection(self.socket_path)
         try:
             conn.putrequest(method, target, skip_accept_encoding=True)
@@ -439,10 +634,62 @@ class Moatd:
             conn.endheaders()
             if data and declared_length is None:
                 conn.send(data)
-            r = conn.getresponse()
-            return Response(r.status, r.headers, r.read())
-        finally:
+            return conn, conn.getresponse()
+        except BaseException:
             conn.close()
+            raise
+
+    def websocket(self, target, token=True, key=None, keep=False, headers=None):
+        """A WebSocket opening handshake over a raw socket (http.client cannot
+        hand over an upgraded connection). Any answer but 101 is read whole;
+        after a 101, Response.websocket is the open WebSocket when `keep`,
+        else the connection is closed at once."""
+        key = key or base64.b64encode(os.urandom(16)).decode()
+        hdrs = {"Host": "localhost", "Upgrade": "websocket", "Connection": "Upgrade",
+                "Sec-WebSocket-Key": key, "Sec-WebSocket-Version": "13"}
+        if token is True:
+            hdrs["Authorization"] = f"Bearer {self.token}"
+        elif token:
+            hdrs["Authorization"] = f"Bearer {token}"
+        hdrs.update(headers or {})
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(60)
+            sock.connect(self.socket_path)
+            sock.sendall((f"GET {target} HTTP/1.1\r\n" +
+                          "".join(f"{k}: {v}\r\n" for k, v in hdrs.items()) + "\r\n").encode())
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError(f"closed before the end of the answer's head: {data[:200]!r}")
+                data += chunk
+            head, rest = data.split(b"\r\n\r\n", 1)
+            status_line, _, header_block = head.partition(b"\r\n")
+            parts = status_line.decode("latin-1").split(" ", 2)
+            if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+                raise ConnectionError(f"not an HTTP status line: {status_line!r}")
+            status = int(parts[1])
+            msg = http.client.parse_headers(io.BytesIO(header_block + b"\r\n\r\n"))
+            if status == 101:
+                r = Response(status, msg, b"", WebSocket(sock, rest) if keep else None)
+                r.websocket_key = key
+                if not keep:
+                    sock.close()
+                return r
+            length = int(msg.get("Content-Length", "0"))
+            while len(rest) < length:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                rest += chunk
+            sock.close()
+            r = Response(status, msg, rest[:length])
+            r.websocket_key = key
+            return r
+        except BaseException:
+            sock.close()
+            raise
 
     def stop(self):
         if self.proc is not None and self.proc.poll() is None:
@@ -502,21 +749,75 @@ class Conformance:
         self.report(not problems, f"spec: {name}", "\n      ".join(problems))
 
     def call(self, method, target, body=None, *, status, code=None, field=None, token=True,
-             check=None, expressible=True, content_type=None, declared_length=None, note=""):
+             check=None, expressible=True, content_type=None, declared_length=None, note="",
+             websocket=False, keep=False, background=False):
         """One exchange. `body` may be a dict (sent as JSON), str or bytes.
         `expressible=False`: the server rejects the request for a reason a JSON
         schema cannot state (labels keys, base64 stdin...), so the spec accepting
-        it is fine. Returns the Response (or None when the request failed)."""
+        it is fine. Returns the Response (or None when the request failed).
+
+        `websocket`: a GET with a WebSocket upgrade handshake (`keep`: after a
+        101 the Response's `websocket` stays open for `check` to use; it is
+        closed after the checks). `background`: the answer's head is read now,
+        its body on a thread (a followed stream); returns a function that
+        waits for the body (at most `timeout` seconds), checks the exchange and
+        returns the Response."""
         shown = target if len(target) <= 90 else target[:87] + "..."
-        line = f"{method} {shown} -> {status}" + (f" {code}" if code else "") + (f" ({note})" if note else "")
+        line = (f"{method} {shown}" + (" [WebSocket]" if websocket else "") + f" -> {status}" +
+                (f" {code}" if code else "") + (f" ({note})" if note else ""))
         raw = json.dumps(body) if isinstance(body, (dict, list)) else body
-        try:
-            r = self.daemon.request(method, target, raw, token=token, content_type=content_type,
-                                    declared_length=declared_length)
-        except Exception as e:  # noqa: BLE001 - any transport failure is a failed exchange
+
+        def failed(e):
             alive = "" if self.daemon.alive() else "; moatd is not running:\n" + self.daemon.log()
             self.report(False, line, f"request failed: {e!r}{alive}")
-            return None
+
+        try:
+            if websocket:
+                r = self.daemon.websocket(target, token=token, keep=keep)
+            elif background:
+                conn, head = self.daemon.open(method, target, raw, token=token, content_type=content_type,
+                                              declared_length=declared_length)
+            else:
+                r = self.daemon.request(method, target, raw, token=token, content_type=content_type,
+                                        declared_length=declared_length)
+        except Exception as e:  # noqa: BLE001 - any transport failure is a failed exchange
+            failed(e)
+            return (lambda timeout=60: None) if background else None
+        if not background:
+            return self.judge(line, method, target, raw, r, status=status, code=code, field=field,
+                              token=token, check=check, expressible=expressible)
+
+        box = {}
+
+        def read_body():
+            try:
+                box["body"] = head.read()
+            except Exception as e:  # noqa: BLE001
+                box["error"] = e
+            finally:
+                conn.close()
+        reader = threading.Thread(target=read_body, daemon=True)
+        reader.start()
+
+        def finish(timeout=60):
+            reader.join(timeout)
+            if reader.is_alive():
+                try:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                except (OSError, AttributeError):
+                    pass
+                self.report(False, line, f"the body did not end within {timeout} s")
+                return None
+            if "error" in box:
+                failed(box["error"])
+                return None
+            r = Response(head.status, head.headers, box["body"])
+            return self.judge(line, method, target, raw, r, status=status, code=code, field=field,
+                              token=token, check=check, expressible=expressible)
+        return finish
+
+    def judge(self, line, method, target, raw, r, *, status, code, field, token, check, expressible):
+        """Checks one exchange's answer (see call) and reports it."""
         try:
             declared = self.validate(method, target, raw, r)
             expect(r.status == status,
@@ -529,6 +830,10 @@ class Conformance:
                        f"error field {r.json['error'].get('field')!r}, expected {field!r}")
             if r.status == 400 and code in ("unknown_field", "invalid_request"):
                 expect("field" in r.json["error"], f"{code} without error.field")
+            if r.status == 101:
+                accept = r.headers.get("Sec-WebSocket-Accept")
+                expect(accept == websocket_accept(r.websocket_key),
+                       f"Sec-WebSocket-Accept {accept!r} does not answer the key {r.websocket_key!r}")
             self.check_scope(method, target, token, r)
             self.check_request(method, target, raw, r, expressible)
             if check is not None:
@@ -538,7 +843,18 @@ class Conformance:
             self.report(False, line, str(e))
         except Exception as e:  # noqa: BLE001 - a broken assertion is a failure too
             self.report(False, line, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+        finally:
+            if r.websocket is not None:
+                r.websocket.close()
         return r
+
+    def conforms(self, ref, value, what):
+        """`value` against the schema at `ref` (a component), or Failure."""
+        schema = self.spec.schema({"$ref": ref})
+        errors = sorted(jsonschema.Draft4Validator(schema).iter_errors(value), key=lambda e: list(e.path))
+        if errors:
+            detail = "; ".join(f"{'/'.join(map(str, e.path)) or '(root)'}: {e.message}" for e in errors[:5])
+            raise Failure(f"{what} does not match {ref}: {detail}\n      value: {json.dumps(value)[:400]}")
 
     def validate(self, method, target, raw, r):
         """The response against the spec; returns what it was checked against."""
@@ -570,6 +886,14 @@ class Conformance:
                 expect(code in TRANSPORT_CODES,
                        f"status {r.status} ({code}) is not declared for {method} {template}; "
                        f"only {', '.join(sorted(TRANSPORT_CODES))} may fall to `default`")
+        for name, h in response.get("headers", {}).items():
+            h = deref(self.spec.doc, h)
+            value = r.headers.get(name)
+            if value is None:
+                expect(not h.get("required"), f"{declared}: required header {name} is missing")
+                continue
+            errors = list(jsonschema.Draft4Validator(self.spec.schema(h["schema"])).iter_errors(value))
+            expect(not errors, f"{declared}: header {name}: {value!r}: {'; '.join(e.message for e in errors)}")
         content = response.get("content", {})
         if not content:
             expect(r.body == b"", f"{declared} has no body, got {r.body[:200]!r}")
@@ -578,7 +902,7 @@ class Conformance:
         expect(media in content, f"Content-Type {r.content_type!r} not declared for {declared} "
                                  f"({', '.join(content)})")
         schema = content[media].get("schema")
-        if media == "application/json":
+        if media == JSON:
             try:
                 body = r.json
             except ValueError as e:
@@ -588,6 +912,19 @@ class Conformance:
             if errors:
                 detail = "; ".join(f"{'/'.join(map(str, e.path)) or '(root)'}: {e.message}" for e in errors[:5])
                 raise Failure(f"body does not match {declared}: {detail}\n      body: {r.body[:400]!r}")
+        elif media == NDJSON:
+            # Every line is one JSON value that validates against the schema.
+            try:
+                events = r.events
+            except ValueError as e:
+                raise Failure(f"{declared}: body is not NDJSON ({e}): {r.body[:200]!r}")
+            validator = jsonschema.Draft4Validator(self.spec.schema(schema))
+            for i, event in enumerate(events):
+                errors = sorted(validator.iter_errors(event), key=lambda e: list(e.path))
+                if errors:
+                    detail = "; ".join(f"{'/'.join(map(str, e.path)) or '(root)'}: {e.message}" for e in errors[:5])
+                    raise Failure(f"line {i + 1} does not match {declared}: {detail}\n"
+                                  f"      line: {json.dumps(event)[:400]}")
         elif media.startswith("text/"):
             try:
                 r.body.decode("utf-8")
@@ -616,7 +953,7 @@ class Conformance:
         op = self.spec.operation(template, method)
         if op is None:
             return
-        accepted = 200 <= r.status < 300
+        accepted = 200 <= r.status < 300 or r.status == 101
         rejected = r.status == 400 and r.json["error"]["code"] in ("unknown_field", "invalid_request")
         if not (accepted or rejected):
             return
@@ -647,7 +984,11 @@ class Conformance:
                 pattern = re.sub(r"\\{[^}]+\\}", "[^/]+", pattern)
                 m = re.match("^" + pattern + "$", split.path)
                 if m:
-                    for e in jsonschema.Draft4Validator(self.spec.schema(p["schema"])).iter_errors(m.group("v")):
+                    schema = self.spec.schema(p["schema"])
+                    value = m.group("v")
+                    if schema.get("type") == "integer" and value.isdigit():
+                        value = int(value)
+                    for e in jsonschema.Draft4Validator(schema).iter_errors(value):
                         problems.append(f"path {name}: {e.message}")
         # The JSON body.
         rb = deref(self.spec.doc, op.get("requestBody", {}))
@@ -868,6 +1209,483 @@ def run_exchanges(c):
     c.call("POST", env(a) + "/exec?shell=1", {"cmd": ["true"]}, status=400, code="unknown_field", field="shell",
            note="query parameter")
 
+    # Processes (docs/API.md "Processes"): commands in the background whose
+    # output moatd keeps and serves as NDJSON events from any offset; stdin,
+    # signals, terminals. Every body line is validated against
+    # ProcessOutputEvent by `validate`; `stream` checks what the spec says in
+    # prose about the events (contiguous offsets, one final event, encodings).
+    procs = env(a) + "/processes"
+    pids = {}
+    no_pid = 999999  # used when a start failed: the dependent exchanges then fail too
+
+    def proc(name, action=""):
+        return f"{procs}/{pids.get(name, no_pid)}" + (f"/{action}" if action else "")
+
+    optional_by_state = {"starting": set(), "running": set(),
+                         "exited": {"ended_at", "exit_code", "signal", "timed_out", "duration_ms"},
+                         "failed": {"ended_at", "exit_code", "error"},
+                         "lost": {"ended_at", "reason"}}
+
+    def process_shape(p):
+        """What the Process schema says in prose: optional fields by state, sums."""
+        have = set(p) & set().union(*optional_by_state.values())
+        want = optional_by_state[p["state"]]
+        expect(have == want, f"process {p['id']} ({p['state']}) has {sorted(have)}, expected {sorted(want)}")
+        expect(p["output_offset"] == p["stdout_bytes"] + p["stderr_bytes"],
+               f"output_offset {p['output_offset']} is not stdout_bytes + stderr_bytes")
+        expect(p["stdout_dropped"] <= p["stdout_bytes"] and p["stderr_dropped"] <= p["stderr_bytes"],
+               f"more dropped than written: {p}")
+        if p["state"] in ("exited", "failed", "lost"):
+            expect(p["stdin_open"] is False, "an ended process's stdin is open")
+            expect(p["ended_at"] >= p["started_at"], f"ended_at {p['ended_at']} before started_at")
+        if p["state"] in ("running", "exited"):
+            expect(p["pid"] > 0, f"pid {p['pid']} of a started process")
+        if p["state"] == "exited":
+            expect(p["exit_code"] == (128 + p["signal"] if p["signal"] else p["exit_code"]) and
+                   0 <= p["exit_code"] <= 255, f"exit_code {p['exit_code']} with signal {p['signal']}")
+        if p["state"] == "failed":
+            expect(p["pid"] == 0 and p["exit_code"] in (126, 127), f"failed start: pid {p['pid']}, "
+                   f"exit_code {p['exit_code']}")
+        if p["pty"]:
+            expect(p["stderr_bytes"] == 0, "a terminal has no stderr")
+
+    def matches(got, want):
+        if isinstance(want, tuple):
+            return got in want
+        if callable(want):
+            return want(got)
+        return got == want
+
+    def is_process(name=None, **want):
+        def check(r):
+            p = r.json
+            if name is not None:
+                pids[name] = p["id"]
+            process_shape(p)
+            for k, v in want.items():
+                expect(matches(p.get(k), v), f"{k} = {p.get(k)!r}, expected {v!r}")
+        return check
+
+    def decoded(e):
+        return base64.b64decode(e["data"], validate=True) if e["encoding"] == "base64" else e["data"].encode()
+
+    def valid_utf8(data):
+        try:
+            data.decode("utf-8")
+            return True
+        except UnicodeDecodeError:
+            return False
+
+    def stream(since=0, final="exit", length=None, stdout=None, stderr=None, contains=(), dropped=None,
+               base64_only=False, heartbeat=False, **final_fields):
+        """An output body: events at contiguous offsets from `since`; `final`
+        (exit, end, or None: none) last and only once; `data` base64 exactly
+        when asked for or not UTF-8; the bytes of each stream."""
+        def check(r):
+            events = r.events
+            pos, out, lost = since, {"stdout": b"", "stderr": b""}, 0
+            finals = [i for i, e in enumerate(events) if e["type"] in ("exit", "end")]
+            if final is None:
+                expect(not finals, f"a final event from a running process: {[events[i] for i in finals]}")
+            else:
+                expect(finals == [len(events) - 1] and events[-1]["type"] == final,
+                       f"expected exactly one final {final!r} event, last; got "
+                       f"{[e['type'] for e in events][-5:]}")
+            for e in events:
+                expect(e["offset"] == pos, f"{e['type']} event at offset {e['offset']}, expected {pos}: "
+                                           f"offsets are contiguous")
+                if e["type"] == "output":
+                    data = decoded(e)
+                    expect(e["encoding"] == ("base64" if base64_only or not valid_utf8(data) else "utf8"),
+                           f"encoding {e['encoding']} for {data[:40]!r}")
+                    out[e["stream"]] += data
+                    pos += len(data)
+                elif e["type"] == "dropped":
+                    lost += e["bytes"]
+                    pos += e["bytes"]
+            if length is not None:
+                expect(pos - since == length, f"{pos - since} bytes from offset {since}, expected {length}")
+            if dropped is not None:
+                expect(lost == dropped, f"{lost} bytes dropped, expected {dropped}")
+            for name, want in (("stdout", stdout), ("stderr", stderr)):
+                if want is not None:
+                    expect(out[name] == want, f"{name} {out[name][:200]!r}, expected {want[:200]!r}")
+            at = -1
+            for needle in contains:
+                found = out["stdout"].find(needle, at + 1)
+                expect(found > at, f"{needle!r} not in stdout (after what came before): {out['stdout'][-300:]!r}")
+                at = found
+            if heartbeat:
+                expect(any(e["type"] == "heartbeat" for e in events), "no heartbeat")
+            if final is not None:
+                last = events[-1]
+                if final == "exit":
+                    ran = last["state"] == "exited"
+                    expect(("signal" in last) == ran and ("timed_out" in last) == ran,
+                           f"signal and timed_out are there exactly when the process ran: {last}")
+                for k, v in final_fields.items():
+                    expect(matches(last.get(k), v), f"final {k} = {last.get(k)!r}, expected {v!r}")
+        return check
+
+    def message_has(text):
+        return lambda r: expect(text in r.json["error"]["message"], f"message {r.json['error']['message']!r}")
+
+    def wait_output(name, needle, timeout=15):
+        """Polls a process's output until `needle` shows (the next check says if it did not)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = d.request("GET", proc(name, "output"))
+            if r.status == 200 and needle in b"".join(
+                    decoded(e) for e in r.events if e["type"] == "output"):
+                return
+            time.sleep(0.05)
+
+    # A follower of a process in `b` hears `end` when `b` is destroyed (below);
+    # the 32 processes that may run in `b` are started meanwhile.
+    bprocs = env(b) + "/processes"
+    follower = {}
+
+    def follow_b(r):
+        follower["id"] = r.json["id"]
+        is_process(state="running")(r)
+    c.call("POST", bprocs, {"cmd": ["sh", "-c", "echo started; exec sleep 600"]}, status=201, check=follow_b)
+    follow_end = c.call("GET", f"{bprocs}/{follower.get('id', no_pid)}/output?follow=1", background=True,
+                        status=200, check=stream(stdout=b"started\n", final="end", heartbeat=True, state="lost",
+                                                 reason="the environment was destroyed", length=8),
+                        note="followed: heartbeat, then end when the environment is destroyed")
+    follow_started = time.monotonic()
+    problems = []
+    for _ in range(31):
+        raw = json.dumps({"cmd": ["sleep", "600"]})
+        r = d.request("POST", bprocs, raw)
+        try:
+            expect(r.status == 201, f"status {r.status}: {r.body[:200]!r}")
+            c.validate("POST", bprocs, raw, r)
+        except Failure as e:
+            problems.append(str(e))
+    c.report(not problems, f"POST {bprocs} -> 201 x31 (32 processes may run)", "; ".join(problems[:3]))
+    c.call("POST", bprocs, {"cmd": ["true"]}, status=429, code="capacity", note="a 33rd running process")
+    c.call("POST", env(b) + "/exec", {"cmd": ["true"]}, status=200, note="a blocking exec does not count")
+    c.call("GET", env(b) + "/shell", websocket=True, status=429, code="capacity", note="a shell counts too")
+
+    def running(n):
+        def check(r):
+            states = [p["state"] for p in r.json["processes"]]
+            expect(states == ["running"] * n, f"states {states}, expected {n} running")
+        return check
+    c.call("GET", bprocs, status=200, check=running(32))
+
+    # Start, follow to the exit, read again, from an offset.
+    echo = ["sh", "-c", "echo out; echo err >&2"]
+    c.call("POST", procs, {"cmd": echo}, status=201,
+           check=is_process("echo", cmd=echo, kind="process", pty=False, state=("running", "exited")))
+    c.call("GET", proc("echo", "output?follow=1"), status=200,
+           check=stream(stdout=b"out\n", stderr=b"err\n", length=8, state="exited", exit_code=0, signal=0,
+                        timed_out=False), note="follow to the exit")
+    c.call("GET", proc("echo"), status=200,
+           check=is_process(state="exited", exit_code=0, signal=0, timed_out=False, stdout_bytes=4,
+                            stderr_bytes=4, output_offset=8, stdout_dropped=0))
+    c.call("GET", proc("echo", "output"), status=200, check=stream(stdout=b"out\n", stderr=b"err\n", exit_code=0),
+           note="without follow: all there is, then the exit")
+    c.call("GET", proc("echo", "output?since=4&encoding=base64&follow=0"), status=200,
+           check=stream(since=4, length=4, base64_only=True, exit_code=0), note="from an offset, base64")
+    c.call("GET", proc("echo", "output?since=8"), status=200, check=stream(since=8, length=0, exit_code=0),
+           note="caught up: only the exit")
+
+    # A start that fails is an answer, not an error.
+    def error_says(text):
+        return lambda r: expect(r.json["error"].startswith(text), f"error {r.json['error']!r}")
+    c.call("POST", procs, {"cmd": ["no-such-command-xyz"]}, status=201,
+           check=lambda r: (is_process("missing", state="failed", exit_code=127, pid=0)(r),
+                            error_says("command not found: no-such-command-xyz")(r)),
+           note="command not found")
+    c.call("POST", procs, {"cmd": ["/etc/hostname"]}, status=201,
+           check=lambda r: (is_process("noexec", state="failed", exit_code=126)(r), error_says("cannot run")(r)),
+           note="not executable")
+    c.call("GET", proc("missing", "output?follow=1"), status=200,
+           check=stream(length=0, state="failed", exit_code=127), note="a failed start's exit")
+
+    # env, cwd, timeout.
+    c.call("POST", procs, {"cmd": ["sh", "-c", "echo $X $GREETING; pwd"], "env": {"X": "own"}, "cwd": "/tmp"},
+           status=201, check=is_process("envcwd"))
+    c.call("GET", proc("envcwd", "output?follow=1"), status=200,
+           check=stream(stdout=b"own hello\n/tmp\n", stderr=b"", exit_code=0), note="env and cwd")
+    c.call("POST", procs, {"cmd": ["sleep", "30"], "timeout_ms": 300}, status=201, check=is_process("slow"))
+    c.call("GET", proc("slow", "output?follow=1"), status=200,
+           check=stream(length=0, state="exited", timed_out=True, signal=lambda s: s > 0,
+                        exit_code=lambda e: e > 128), note="timeout_ms")
+
+    # stdin through cat: text, base64, close (EOF).
+    c.call("POST", procs, {"cmd": ["cat"]}, status=201, check=is_process("cat", state="running", stdin_open=True))
+    c.call("GET", proc("cat", "output"), status=200, check=stream(final=None, length=0),
+           note="running, silent: an empty body")
+    c.call("POST", proc("cat", "stdin"), {"data": "hello\n"}, status=204)
+    c.call("POST", proc("cat", "stdin"), {"data": base64.b64encode(b"\xff\xfe\n").decode(), "encoding": "base64"},
+           status=204, note="base64")
+    c.call("POST", proc("cat", "stdin"), {"close": True}, status=204, note="close: EOF")
+    c.call("GET", proc("cat", "output?follow=1"), status=200,
+           check=stream(stdout=b"hello\n\xff\xfe\n", stderr=b"", exit_code=0),
+           note="what was written (not UTF-8: base64), then the exit")
+    c.call("POST", proc("cat", "stdin"), {"data": "late"}, status=409, code="conflict", check=message_has("ended"),
+           note="the process ended")
+
+    # Signals, closed stdin, no terminal.
+    c.call("POST", procs, {"cmd": ["sleep", "600"]}, status=201, check=is_process("sleep", stdin_open=True))
+    c.call("POST", proc("sleep", "stdin"), {"close": True}, status=204)
+    c.call("GET", proc("sleep"), status=200, check=is_process(state="running", stdin_open=False), note="stdin closed")
+    c.call("POST", proc("sleep", "stdin"), {"data": "x"}, status=409, code="conflict", check=message_has("closed"),
+           note="stdin closed")
+    c.call("POST", procs, {"cmd": ["sleep", "600"], "stdin": False}, status=201,
+           check=is_process("sleep2", state="running", stdin_open=False))
+    c.call("POST", proc("sleep2", "stdin"), {"data": "x"}, status=409, code="conflict", note="no stdin")
+    c.call("POST", proc("sleep", "resize"), {"rows": 40, "cols": 120}, status=409, code="conflict",
+           check=message_has("terminal"), note="no terminal")
+    c.call("POST", proc("sleep", "signal"), {"signal": "NOPE"}, status=400, code="invalid_request", field="signal")
+    c.call("POST", proc("sleep", "signal"), {"signal": "term"}, status=400, code="invalid_request", field="signal",
+           note="names are upper case")
+    c.call("POST", proc("sleep", "signal"), {"signal": "IO"}, status=400, code="invalid_request", field="signal",
+           note="an alias")
+    c.call("POST", proc("sleep", "signal"), {"signal": 65}, status=400, code="invalid_request", field="signal")
+    c.call("POST", proc("sleep", "signal"), {"signal": 0}, status=400, code="invalid_request", field="signal")
+    c.call("POST", proc("sleep", "signal"), {"signal": 15.5}, status=400, code="invalid_request", field="signal")
+    c.call("POST", proc("sleep", "signal"), {}, status=400, code="invalid_request", field="signal", note="none")
+    c.call("POST", proc("sleep", "signal"), {"signal": "TERM", "group": False}, status=400, code="unknown_field",
+           field="group")
+    c.call("POST", proc("sleep", "signal"), {"signal": "SIGTERM"}, status=204, note="by name")
+    c.call("GET", proc("sleep", "output?follow=1"), status=200,
+           check=stream(length=0, state="exited", exit_code=143, signal=15, timed_out=False), note="killed by TERM")
+    c.call("POST", proc("sleep", "signal"), {"signal": "TERM"}, status=409, code="conflict", check=message_has("ended"),
+           note="the process ended")
+    c.call("POST", proc("sleep", "resize"), {"rows": 40, "cols": 120}, status=409, code="conflict",
+           note="the process ended")
+    c.call("GET", proc("sleep"), status=200, check=is_process(state="exited", exit_code=143, signal=15))
+    c.call("POST", proc("sleep2", "signal"), {"signal": 9}, status=204, note="by number")
+    c.call("GET", proc("sleep2", "output?follow=1"), status=200, check=stream(exit_code=137, signal=9),
+           note="killed by 9")
+
+    # A terminal: TERM, the size asked for, resize.
+    tty_script = 'echo "term=$TERM"; read x; stty size; read y; stty size'
+    c.call("POST", procs, {"cmd": ["sh", "-c", tty_script], "pty": True, "rows": 30, "cols": 100}, status=201,
+           check=is_process("tty", pty=True, stdin_open=True))
+    c.call("POST", proc("tty", "stdin"), {"data": "a\n"}, status=204)
+    wait_output("tty", b"30 100")
+    c.call("POST", proc("tty", "resize"), {"rows": 40, "cols": 120}, status=204)
+    c.call("POST", proc("tty", "stdin"), {"data": "b\n"}, status=204)
+
+    def one_stream(r):
+        expect({e["stream"] for e in r.events if e["type"] == "output"} == {"stdout"}, "a terminal is all stdout")
+    c.call("GET", proc("tty", "output?follow=1"), status=200,
+           check=lambda r: (stream(stderr=b"", contains=(b"term=xterm-256color", b"30 100", b"40 120"),
+                                   exit_code=0)(r), one_stream(r)),
+           note="TERM, rows and cols, then the resize")
+    c.call("POST", procs, {"cmd": ["cat"], "pty": True, "stdin": False}, status=201,
+           check=is_process("ptycat", pty=True, stdin_open=True, state="running"),
+           note="a terminal is always the input")
+
+    # Output beyond the 1 MiB kept per stream is reported dropped, not spliced.
+    big = "head -c 1500000 /dev/zero | tr '\\0' x; echo done >&2"
+    kept = 1 << 20
+    c.call("POST", procs, {"cmd": ["sh", "-c", big]}, status=201, check=is_process("big"))
+    c.call("GET", proc("big", "output?follow=1"), status=200, check=stream(length=1500005, exit_code=0),
+           note="1.5 MB followed")
+    c.call("GET", proc("big", "output"), status=200,
+           check=stream(length=1500005, dropped=1500000 - kept, stdout=b"x" * kept, stderr=b"done\n", exit_code=0),
+           note="the last 1 MiB and what was dropped")
+    c.call("GET", proc("big"), status=200,
+           check=is_process(stdout_bytes=1500000, stdout_dropped=1500000 - kept, stderr_bytes=5, stderr_dropped=0,
+                            output_offset=1500005))
+
+    # The list, by id.
+    def listed(r):
+        got = [p["id"] for p in r.json["processes"]]
+        expect(got == sorted(got), f"not by id: {got}")
+        for name in ("echo", "missing", "noexec", "envcwd", "slow", "cat", "sleep", "sleep2", "tty", "ptycat", "big"):
+            expect(pids.get(name) in got, f"{name} (id {pids.get(name)}) not listed: {got}")
+        for p in r.json["processes"]:
+            process_shape(p)
+            expect(p["kind"] == "process", f"kind {p['kind']}")
+    c.call("GET", procs, status=200, check=listed)
+
+    # Request errors.
+    c.call("POST", procs, {"cmd": ["true"], "shell": True}, status=400, code="unknown_field", field="shell")
+    c.call("POST", procs, {}, status=400, code="invalid_request", field="cmd", note="no cmd")
+    c.call("POST", procs, {"cmd": []}, status=400, code="invalid_request", field="cmd")
+    c.call("POST", procs, {"cmd": ["ls", 5]}, status=400, code="invalid_request", field="cmd[1]")
+    c.call("POST", procs, {"cmd": ["true"], "pty": "yes"}, status=400, code="invalid_request", field="pty")
+    c.call("POST", procs, {"cmd": ["true"], "stdin": 1}, status=400, code="invalid_request", field="stdin")
+    c.call("POST", procs, {"cmd": ["true"], "rows": 40}, status=400, code="invalid_request", field="rows",
+           note="rows without pty")
+    c.call("POST", procs, {"cmd": ["true"], "pty": False, "cols": 80}, status=400, code="invalid_request",
+           field="cols", note="cols without pty")
+    c.call("POST", procs, {"cmd": ["true"], "pty": True, "cols": 1001}, status=400, code="invalid_request",
+           field="cols")
+    c.call("POST", procs, {"cmd": ["true"], "pty": True, "rows": 2.5}, status=400, code="invalid_request",
+           field="rows")
+    c.call("POST", procs, {"cmd": ["true"], "timeout_ms": 0}, status=400, code="invalid_request", field="timeout_ms")
+    c.call("POST", procs, {"cmd": ["true"], "timeout_ms": 604800001}, status=400, code="invalid_request",
+           field="timeout_ms")
+    c.call("POST", procs, {"cmd": ["true"], "cwd": "tmp"}, status=400, code="invalid_request", field="cwd")
+    c.call("POST", procs, {"cmd": ["true"], "env": {"A": 1}}, status=400, code="invalid_request", field="env.A")
+    c.call("POST", procs, "{not json", status=400, code="bad_json")
+    c.call("POST", procs + "?detach=1", {"cmd": ["true"]}, status=400, code="unknown_field", field="detach")
+    c.call("GET", procs + "?state=running", status=400, code="unknown_field", field="state")
+    c.call("GET", proc("echo") + "?verbose=1", status=400, code="unknown_field", field="verbose")
+    c.call("GET", proc("echo", "output?tail=1"), status=400, code="unknown_field", field="tail")
+    c.call("GET", proc("echo", "output?since=-1"), status=400, code="invalid_request", field="since")
+    c.call("GET", proc("echo", "output?since=12345678901234567"), status=400, code="invalid_request", field="since",
+           note="17 digits")
+    c.call("GET", proc("echo", "output?follow=yes"), status=400, code="invalid_request", field="follow")
+    c.call("GET", proc("echo", "output?encoding=hex"), status=400, code="invalid_request", field="encoding")
+    c.call("POST", proc("echo", "stdin"), {}, status=400, code="invalid_request", field="data",
+           note="neither data nor close")
+    c.call("POST", proc("echo", "stdin"), {"data": "", "close": False}, status=400, code="invalid_request",
+           field="data")
+    c.call("POST", proc("echo", "stdin"), {"data": 5}, status=400, code="invalid_request", field="data")
+    c.call("POST", proc("echo", "stdin"), {"data": "!!", "encoding": "base64"}, status=400, code="invalid_request",
+           field="data", expressible=False, note="not base64")
+    c.call("POST", proc("echo", "stdin"), {"data": "x", "encoding": "hex"}, status=400, code="invalid_request",
+           field="encoding")
+    c.call("POST", proc("echo", "stdin"), {"data": "x", "close": "yes"}, status=400, code="invalid_request",
+           field="close")
+    c.call("POST", proc("echo", "stdin"), {"data": "x", "eof": True}, status=400, code="unknown_field", field="eof")
+    c.call("POST", proc("echo", "stdin"), "[1]", status=400, code="bad_json", note="not an object")
+    c.call("POST", proc("echo", "resize"), {"rows": 0, "cols": 80}, status=400, code="invalid_request", field="rows")
+    c.call("POST", proc("echo", "resize"), {"rows": 24}, status=400, code="invalid_request", field="cols",
+           note="no cols")
+    c.call("POST", proc("echo", "resize"), {"rows": 24, "cols": 80, "x": 1}, status=400, code="unknown_field",
+           field="x")
+
+    # Unknown processes and methods.
+    c.call("GET", f"{procs}/{no_pid}", status=404, code="not_found", note="unknown process")
+    c.call("GET", procs + "/abc", status=404, code="not_found", note="not a number")
+    c.call("GET", f"{procs}/{no_pid}/output", status=404, code="not_found")
+    c.call("POST", f"{procs}/{no_pid}/stdin", {"data": "x"}, status=404, code="not_found")
+    c.call("POST", f"{procs}/{no_pid}/signal", {"signal": "TERM"}, status=404, code="not_found")
+    c.call("POST", f"{procs}/{no_pid}/resize", {"rows": 24, "cols": 80}, status=404, code="not_found")
+    c.call("GET", env("000000000000") + "/processes", status=404, code="not_found", note="unknown environment")
+    c.call("GET", proc("echo", "nothing"), status=404, code="not_found", note="unknown endpoint")
+    c.call("DELETE", procs, status=405, code="method_not_allowed")
+    c.call("DELETE", proc("echo"), status=405, code="method_not_allowed")
+    c.call("POST", proc("echo", "output"), status=405, code="method_not_allowed")
+    c.call("GET", proc("echo", "signal"), status=405, code="method_not_allowed")
+
+    # The shell WebSocket (docs/API.md "Shell").
+    shell = env(a) + "/shell"
+    c.call("GET", shell, status=426, code="upgrade_required", note="no upgrade")
+    c.call("GET", shell + "?colour=red", websocket=True, status=400, code="unknown_field", field="colour")
+    c.call("GET", shell + "?rows=0", websocket=True, status=400, code="invalid_request", field="rows")
+    c.call("GET", shell + "?cols=1001", websocket=True, status=400, code="invalid_request", field="cols")
+    c.call("GET", shell + "?process=x", websocket=True, status=400, code="invalid_request", field="process")
+    c.call("GET", shell + f"?process={pids.get('echo', no_pid)}", websocket=True, status=400,
+           code="invalid_request", field="process", expressible=False, note="a process without a terminal")
+    c.call("GET", shell + f"?process={no_pid}", websocket=True, status=404, code="not_found")
+    c.call("GET", shell, websocket=True, token=False, status=401, code="unauthorized")
+    c.call("GET", env("000000000000") + "/shell", websocket=True, status=404, code="not_found")
+    c.call("POST", shell, status=405, code="method_not_allowed")
+
+    def text_frame(ws, seen):
+        """The next text frame (binary ones are terminal bytes: kept in `seen`)."""
+        while True:
+            opcode, payload = ws.receive()
+            if opcode == 0x2:
+                seen.append(payload)
+                continue
+            expect(opcode == 0x1, f"opcode {opcode:#x} ({payload[:80]!r}), expected a text frame")
+            return json.loads(payload)
+
+    def hello(ws, process=None):
+        """The first frame of every session: a hello naming the terminal's process."""
+        opcode, payload = ws.receive()
+        expect(opcode == 0x1, f"opcode {opcode:#x}, expected the hello text frame first")
+        first = json.loads(payload)
+        c.conforms("#/components/schemas/ShellServerMessage", first, "the first text frame")
+        expect(first["type"] == "hello", f"{first}, expected hello")
+        if process is not None:
+            expect(first["process"] == process, f"hello names process {first['process']}, expected {process}")
+        return first
+
+    def shell_session(r):
+        ws, seen = r.websocket, []
+        hello(ws)
+        bad = {"type": "resize", "rows": 0, "cols": 5}
+        ws.send_text(json.dumps(bad))
+        error = text_frame(ws, seen)
+        c.conforms("#/components/schemas/ShellServerMessage", error, "the answer to a bad resize")
+        expect(error["type"] == "error", f"{error}, expected an error")
+        resize = {"type": "resize", "rows": 40, "cols": 120}
+        c.conforms("#/components/schemas/ShellClientMessage", resize, "the resize sent")
+        ws.send_text(json.dumps(resize))
+        ws.send_binary(b"stty size; exit 3\n")
+        last = text_frame(ws, seen)
+        c.conforms("#/components/schemas/ShellServerMessage", last, "the last text frame")
+        expect(last["type"] == "exit" and last["exit_code"] == 3, f"last {last}, expected exit 3")
+        expect(b"40 120" in b"".join(seen), f"no '40 120' on the terminal: {b''.join(seen)[-300:]!r}")
+        opcode, payload = ws.receive()
+        expect(opcode == 0x8 and payload[:2] == (1000).to_bytes(2, "big"),
+               f"opcode {opcode:#x} {payload!r}, expected a close frame with status 1000")
+    c.call("GET", shell + "?rows=30&cols=100", websocket=True, keep=True, status=101, check=shell_session,
+           note="bad control message, resize, type, exit")
+
+    def ran_a_command(r):
+        # Left once the shell is past its start-up: an interactive bash that
+        # gets SIGHUP while it starts can miss it (see the hang-up check below).
+        ws, seen = r.websocket, []
+        hello(ws)
+        ws.send_binary(b"echo ready-$((6 * 7))\n")  # the echo of the typed line does not say ready-42
+        deadline = time.monotonic() + 10
+        while b"ready-42" not in b"".join(seen) and time.monotonic() < deadline:
+            opcode, payload = ws.receive()
+            expect(opcode == 0x2, f"opcode {opcode:#x}, expected terminal bytes")
+            seen.append(payload)
+        expect(b"ready-42" in b"".join(seen), f"the shell did not run a command: {b''.join(seen)[-300:]!r}")
+    c.call("GET", shell, websocket=True, keep=True, status=101, check=ran_a_command,
+           note="run a command, then leave")
+
+    def shells(r):
+        found = [p for p in r.json["processes"] if p["kind"] == "shell"]
+        expect(len(found) == 2, f"{len(found)} shells listed, expected 2")
+        for p in found:
+            process_shape(p)
+            expect(p["pty"] and p["cmd"][0] in ("/bin/bash", "/bin/sh"), f"shell {p}")
+        expect(found[0]["exit_code"] == 3, f"the first shell's exit_code {found[0].get('exit_code')}, expected 3")
+        expect(found[1].get("state") == "exited" and found[1].get("signal") == signal.SIGHUP,
+               f"the second shell ({found[1]['state']}, signal {found[1].get('signal')}) was not hung up")
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:  # the hang-up follows the viewer's leaving
+        r = d.request("GET", procs)
+        if r.status == 200 and all(p["state"] != "running" for p in r.json["processes"] if p["kind"] == "shell"):
+            break
+        time.sleep(0.05)
+    c.call("GET", procs, status=200, check=shells, note="shells are processes; the last viewer hangs up")
+
+    def attach(greeting, expect_seen=None):
+        def check(r):
+            ws, seen = r.websocket, []
+            hello(ws, pids.get("ptycat"))
+            if expect_seen is not None:  # a new viewer first gets the recent screen
+                deadline = time.monotonic() + 10
+                while expect_seen not in b"".join(seen) and time.monotonic() < deadline:
+                    opcode, payload = ws.receive()
+                    expect(opcode == 0x2, f"opcode {opcode:#x}, expected terminal bytes")
+                    seen.append(payload)
+                expect(expect_seen in b"".join(seen), f"no {expect_seen!r} replayed: {b''.join(seen)!r}")
+            ws.send_binary(greeting + b"\n")
+            deadline = time.monotonic() + 10
+            while b"".join(seen).count(greeting) < 2 and time.monotonic() < deadline:
+                opcode, payload = ws.receive()
+                expect(opcode == 0x2, f"opcode {opcode:#x}, expected terminal bytes")
+                seen.append(payload)
+            expect(b"".join(seen).count(greeting) >= 2, f"{greeting!r} not echoed and printed: {b''.join(seen)!r}")
+        return check
+    c.call("GET", shell + f"?process={pids.get('ptycat', no_pid)}", websocket=True, keep=True, status=101,
+           check=attach(b"first-42"), note="attach to a pty process")
+    c.call("GET", shell + f"?process={pids.get('ptycat', no_pid)}", websocket=True, keep=True, status=101,
+           check=attach(b"second-7", expect_seen=b"first-42"), note="another viewer: the recent output first")
+    time.sleep(0.5)
+    c.call("GET", proc("ptycat"), status=200, check=is_process(state="running"),
+           note="a pty process is not hung up when its viewers leave")
+    c.call("POST", proc("ptycat", "signal"), {"signal": "KILL"}, status=204)
+
     # Timeout.
     def extended(r):
         expires = calendar.timegm(time.strptime(r.json["expires_at"][:19], "%Y-%m-%dT%H:%M:%S"))
@@ -944,8 +1762,12 @@ def run_exchanges(c):
     c.call("PUT", env(a), {}, status=405, code="method_not_allowed")
     c.call("POST", "/metrics", status=405, code="method_not_allowed")
 
-    # Delete, idempotence, and calls on a destroyed environment.
+    # Delete, idempotence, and calls on a destroyed environment. The follower
+    # of b's process has been waiting: a heartbeat comes after 15 s without
+    # output, then `end` when b is destroyed.
+    time.sleep(max(0.0, follow_started + 16.5 - time.monotonic()))
     c.call("DELETE", env(b), status=204)
+    follow_end(timeout=30)
     c.call("DELETE", env(b), status=204, note="idempotent")
     c.call("GET", env(b), status=200, check=has(state="gone", reason="destroyed"))
     c.call("GET", envs, status=200, check=ids(a), note="gone left out")
@@ -953,6 +1775,11 @@ def run_exchanges(c):
     c.call("POST", env(b) + "/exec", {"cmd": ["true"]}, status=409, code="conflict")
     c.call("POST", env(b) + "/timeout", {"ttl_s": 60}, status=409, code="conflict")
     c.call("GET", env(b) + "/files?path=/etc/hostname", status=409, code="conflict")
+    c.call("GET", bprocs, status=409, code="conflict", note="processes end with their environment")
+    c.call("POST", bprocs, {"cmd": ["true"]}, status=409, code="conflict")
+    c.call("GET", f"{bprocs}/{follower.get('id', no_pid)}/output", status=409, code="conflict")
+    c.call("POST", f"{bprocs}/{follower.get('id', no_pid)}/signal", {"signal": "KILL"}, status=409, code="conflict")
+    c.call("GET", env(b) + "/shell", websocket=True, status=409, code="conflict")
 
     # Scoped API keys. The master token manages them; a key may do only what
     # its scopes allow (403) and only to the environments it created (any
@@ -1022,10 +1849,21 @@ def run_exchanges(c):
            check=body_is(b"by key"))
     c.call("POST", env(mine) + "/timeout", {"ttl_s": 600}, token=tok("agent"), status=403, code="forbidden",
            note="no timeout scope, own environment")
+    c.call("POST", env(mine) + "/processes", {"cmd": ["echo", "agent"]}, token=tok("agent"), status=201,
+           check=is_process(kind="process"), note="key starts a process")
+    c.call("GET", env(mine) + "/processes", token=tok("agent"), status=200,
+           check=lambda r: expect(len(r.json["processes"]) == 1, f"{r.json['processes']}"), note="key lists them")
+    c.call("GET", env(mine) + "/shell", websocket=True, token=tok("agent"), status=101, note="key opens a shell")
 
     # The master's environment does not exist for the key.
     c.call("GET", env(a), token=tok("agent"), status=404, code="not_found", note="master's environment")
     c.call("POST", env(a) + "/exec", {"cmd": ["true"]}, token=tok("agent"), status=404, code="not_found",
+           note="master's environment")
+    c.call("GET", env(a) + "/processes", token=tok("agent"), status=404, code="not_found",
+           note="master's environment")
+    c.call("GET", f"{procs}/{pids.get('echo', no_pid)}/output", token=tok("agent"), status=404, code="not_found",
+           note="master's environment")
+    c.call("GET", env(a) + "/shell", websocket=True, token=tok("agent"), status=404, code="not_found",
            note="master's environment")
     c.call("GET", env(a) + "/files/stat?path=/", token=tok("agent"), status=404, code="not_found",
            note="master's environment")
@@ -1044,6 +1882,12 @@ def run_exchanges(c):
            note="read-only key execs")
     c.call("POST", env(a) + "/exec", {"cmd": ["true"]}, token=tok("reader"), status=403, code="forbidden",
            note="read-only key execs")
+    c.call("GET", env(a) + "/processes", token=tok("reader"), status=403, code="forbidden",
+           note="read-only key lists processes")
+    c.call("POST", env(a) + "/processes", {"cmd": ["true"]}, token=tok("reader"), status=403, code="forbidden",
+           note="read-only key starts a process")
+    c.call("GET", env(a) + "/shell", websocket=True, token=tok("reader"), status=403, code="forbidden",
+           note="read-only key opens a shell")
     c.call("GET", "/metrics", token=tok("runner"), status=403, code="forbidden", note="exec-only key")
     c.call("GET", envs, token=tok("runner"), status=403, code="forbidden", note="exec-only key")
     c.call("GET", env(mine) + "/files/stat?path=/", token=tok("runner"), status=403, code="forbidden",

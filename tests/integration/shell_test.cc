@@ -145,6 +145,7 @@ TEST_F(Shell, DestroyingTheEnvironmentEndsTheSessionWithAReason) {
 TEST_F(Shell, RefusalsComeBeforeTheUpgrade) {
   auto plain = daemon_->request("GET", shellPath());
   EXPECT_EQ(plain.status, 426);
+  EXPECT_EQ(plain.upgrade, "websocket") << "a 426 says what to upgrade to";
   EXPECT_NE(plain.body.find("upgrade_required"), std::string::npos);
   auto noToken = daemon_->websocket(shellPath(), false);
   EXPECT_EQ(noToken.status, 401);

@@ -147,6 +147,7 @@ HttpResult Moatd::request(const std::string& method, const std::string& target,
   r.status = parser.get().result_int();
   r.body = parser.get().body();
   r.contentType = std::string(parser.get()[http::field::content_type]);
+  r.upgrade = std::string(parser.get()[http::field::upgrade]);
   return r;
 }
 

@@ -14,6 +14,7 @@ struct HttpResult {
   int status = 0;
   std::string body;
   std::string contentType;
+  std::string upgrade;  // the Upgrade header, if any
 };
 
 // A streamed answer (chunked NDJSON) read line by line, as a follower does.
