@@ -25,14 +25,20 @@ json environmentJson(const store::EnvironmentRecord& r) {
             {"expires_at", timestamp(r.expiresAtMs)},
             {"labels", r.labels}};
   if (!r.reason.empty()) j["reason"] = r.reason;
+  json layers = json::parse(r.permissions.empty() ? "[]" : r.permissions, nullptr, false);
+  if (layers.is_array() && !layers.empty()) {
+    j["permissions"] = layers[0];
+    if (layers.size() > 1) j["permission_layers"] = layers.size();
+  }
   return j;
 }
 
 }  // namespace
 
-Api::Api(manager::EnvironmentManager& manager, Keys& keys, std::string masterToken,
-         std::string stateDir)
-    : manager_(manager), keys_(keys), masterToken_(std::move(masterToken)), stateDir_(std::move(stateDir)) {}
+Api::Api(manager::EnvironmentManager& manager, Keys& keys, gate::ApprovalCenter& approvals,
+         std::string masterToken, ApiOptions options)
+    : manager_(manager), keys_(keys), approvals_(approvals), masterToken_(std::move(masterToken)),
+      options_(std::move(options)) {}
 
 void Api::countError(const std::string& code) {
   std::lock_guard<std::mutex> lock(errorsMutex_);
@@ -100,6 +106,7 @@ HttpResponse Api::keysRoute(const HttpRequest& req, const Principal& principal) 
   auto keyJson = [](const store::ApiKeyRecord& k) {
     json j = {{"id", k.id}, {"name", k.name}, {"scopes", k.scopes}, {"created_at", timestamp(k.createdAtMs)},
               {"revoked", k.revokedAtMs != 0}};
+    if (!k.permissions.empty()) j["permissions"] = json::parse(k.permissions, nullptr, false);
     return j;
   };
   if (req.method == "GET") {
@@ -114,7 +121,7 @@ HttpResponse Api::keysRoute(const HttpRequest& req, const Principal& principal) 
   auto body = parseObject(req.body, perr);
   if (!body.ok()) return errorResponse(perr);
   const json& j = body.value();
-  if (auto e = onlyFields(j, {"name", "scopes"}, "")) return errorResponse(*e);
+  if (auto e = onlyFields(j, {"name", "scopes", "permissions"}, "")) return errorResponse(*e);
   std::string name;
   if (j.contains("name")) {
     if (!j["name"].is_string() || j["name"].get<std::string>().size() > 128) {
@@ -131,11 +138,18 @@ HttpResponse Api::keysRoute(const HttpRequest& req, const Principal& principal) 
     const auto& known = knownScopes();
     if (!s.is_string() || std::find(known.begin(), known.end(), s.get<std::string>()) == known.end()) {
       return errorResponse(invalid("scopes[" + std::to_string(i) + "]",
-                                   "unknown scope (create, read, exec, files, destroy, timeout)"));
+                                   "unknown scope (create, read, exec, files, destroy, timeout, approve, permissions)"));
     }
     if (std::find(scopes.begin(), scopes.end(), s.get<std::string>()) == scopes.end()) scopes.push_back(s);
   }
-  auto created = keys_.create(name, scopes);
+  std::string ceiling;
+  if (j.contains("permissions")) {
+    // A ceiling: scopes left out are not limited by it.
+    auto parsed = parsePermissions(j["permissions"], gate::Permissions::allowAll(), perr);
+    if (!parsed.ok()) return errorResponse(perr);
+    ceiling = parsed->toJson().dump();
+  }
+  auto created = keys_.create(name, scopes, ceiling);
   if (!created.ok()) return errorResponse(fromError(created.error()));
   json out = keyJson(created->record);
   out["token"] = created->token;
@@ -153,6 +167,7 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     return metrics();
   }
   if (p == "/v1/keys" || p.rfind("/v1/keys/", 0) == 0) return keysRoute(req, principal);
+  if (p == "/v1/approvals" || p.rfind("/v1/approvals/", 0) == 0) return approvalsRoute(req, principal);
   if (p.rfind("/v1/environments", 0) != 0) {
     return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
   }
@@ -195,7 +210,9 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     auto body = parseObject(req.body, perr);
     if (!body.ok()) return errorResponse(perr);
     const json& j = body.value();
-    if (auto e = onlyFields(j, {"task_id", "template", "spec", "ttl_s", "labels", "env"}, "")) return errorResponse(*e);
+    if (auto e = onlyFields(j, {"task_id", "template", "spec", "ttl_s", "labels", "env", "permissions"}, "")) {
+      return errorResponse(*e);
+    }
     manager::CreateRequest create;
     create.owner = principal.owner();
     if (j.contains("task_id")) {
@@ -249,21 +266,27 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     if (j.contains("env")) {
       if (auto e = stringMap(j["env"], "env", true, create.env)) return errorResponse(*e);
     }
+    if (j.contains("permissions")) {
+      auto parsed = parsePermissions(j["permissions"], manager_.config().defaultPermissions, perr);
+      if (!parsed.ok()) return errorResponse(perr);
+      create.permissions = parsed.value();
+    }
     auto created = manager_.create(create);
     if (!created.ok()) return errorResponse(fromError(created.error()));
     return respond(201, environmentJson(created.value()));
   }
 
   if (!sub.empty() && sub != "exec" && sub != "timeout" && sub != "files" && sub != "processes" &&
-      sub != "shell") {
+      sub != "shell" && sub != "permissions") {
     return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
   }
   // A key acts only on its own environments; others look like they do not exist.
   // Processes and shells run commands: they need the exec scope.
   std::string scope = sub.empty() ? (req.method == "DELETE" ? "destroy" : "read")
-                      : sub == "timeout" ? "timeout"
-                      : sub == "files"   ? "files"
-                                         : "exec";
+                      : sub == "timeout"     ? "timeout"
+                      : sub == "files"       ? "files"
+                      : sub == "permissions" ? "read"
+                                             : "exec";
   if (!principal.may(scope)) return forbidden(scope);
   if (!principal.master) {
     auto record = manager_.get(id);
@@ -272,7 +295,7 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     }
   }
 
-  if (sub != "files" && sub != "processes" && sub != "shell") {
+  if (sub != "files" && sub != "processes" && sub != "shell" && sub != "permissions") {
     if (auto e = onlyQuery(req, {})) return errorResponse(*e);
   }
 
@@ -308,10 +331,11 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     return respond(200, environmentJson(r.value()));
   }
 
-  if (sub == "exec" && subsub.empty()) return execRoute(req, id);
-  if (sub == "files") return filesRoute(req, id, subsub);
-  if (sub == "processes") return processesRoute(req, id);
-  if (sub == "shell" && subsub.empty()) return shellRoute(req, id);
+  if (sub == "exec" && subsub.empty()) return execRoute(req, principal, id);
+  if (sub == "files") return filesRoute(req, principal, id, subsub);
+  if (sub == "processes") return processesRoute(req, principal, id);
+  if (sub == "shell" && subsub.empty()) return shellRoute(req, principal, id);
+  if (sub == "permissions" && subsub.empty()) return permissionsRoute(req, principal, id);
   return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
 }
 

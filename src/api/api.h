@@ -8,6 +8,8 @@
 
 #include "api/http.h"
 #include "api/keys.h"
+#include "api/validation.h"
+#include "gate/approvals.h"
 #include "manager/environment_manager.h"
 
 namespace moat::api {
@@ -15,10 +17,16 @@ namespace moat::api {
 // The REST API of moatd (docs/API.md, api/openapi.yaml): authentication,
 // request validation (unknown fields and out-of-range values are errors that
 // name the field), and a typed call into the environment manager.
+struct ApiOptions {
+  std::string stateDir;
+  // How long a request whose action needs a person's approval waits.
+  int64_t approvalTimeoutMs = 120000;
+};
+
 class Api {
  public:
-  Api(manager::EnvironmentManager& manager, Keys& keys, std::string masterToken,
-      std::string stateDir = "");
+  Api(manager::EnvironmentManager& manager, Keys& keys, gate::ApprovalCenter& approvals,
+      std::string masterToken, ApiOptions options = {});
   HttpResponse handle(const HttpRequest& request);
   // Before the body: unauthenticated requests are refused unread, and the
   // body limit is 16 MiB for file writes, 1 MiB for everything else.
@@ -28,17 +36,27 @@ class Api {
   HttpResponse route(const HttpRequest& request, const Principal& principal);
   HttpResponse keysRoute(const HttpRequest& request, const Principal& principal);
   // One file per resource: exec.cc, files.cc, processes.cc, shell.cc.
-  HttpResponse execRoute(const HttpRequest& request, const std::string& id);
-  HttpResponse filesRoute(const HttpRequest& request, const std::string& id, const std::string& sub);
-  HttpResponse processesRoute(const HttpRequest& request, const std::string& id);
-  HttpResponse shellRoute(const HttpRequest& request, const std::string& id);
+  HttpResponse execRoute(const HttpRequest& request, const Principal& principal, const std::string& id);
+  HttpResponse filesRoute(const HttpRequest& request, const Principal& principal, const std::string& id,
+                          const std::string& sub);
+  HttpResponse processesRoute(const HttpRequest& request, const Principal& principal, const std::string& id);
+  HttpResponse shellRoute(const HttpRequest& request, const Principal& principal, const std::string& id);
+  // gate.cc: permissions and approvals.
+  HttpResponse permissionsRoute(const HttpRequest& request, const Principal& principal, const std::string& id);
+  HttpResponse approvalsRoute(const HttpRequest& request, const Principal& principal);
+  // The gate before a side effect: nothing when it may happen; otherwise the
+  // answer (403 denied_by_policy, or 202 while a person decides).
+  std::optional<HttpResponse> check(const HttpRequest& request, const Principal& principal,
+                                    const std::string& id, const gate::Action& action);
+  Result<gate::Permissions> parsePermissions(const json& j, const gate::Permissions& base, ApiError& error);
   HttpResponse metrics();
   void countError(const std::string& code);
 
   manager::EnvironmentManager& manager_;
   Keys& keys_;
+  gate::ApprovalCenter& approvals_;
   std::string masterToken_;
-  std::string stateDir_;
+  ApiOptions options_;
   std::mutex errorsMutex_;
   std::map<std::string, uint64_t> errors_;
   static constexpr std::array<double, 10> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025,

@@ -8,7 +8,7 @@
 // POST /v1/environments/{id}/exec: run a command to its end.
 namespace moat::api {
 
-HttpResponse Api::execRoute(const HttpRequest& req, const std::string& id) {
+HttpResponse Api::execRoute(const HttpRequest& req, const Principal& principal, const std::string& id) {
   ApiError perr{};
   if (req.method != "POST") return wrongMethod(req, "POST");
   auto body = parseObject(req.body, perr);
@@ -52,6 +52,11 @@ HttpResponse Api::execRoute(const HttpRequest& req, const std::string& id) {
   if (j.contains("env")) {
     if (auto e = stringMap(j["env"], "env", true, env)) return errorResponse(*e);
   }
+  gate::Action action;
+  action.scope = gate::Scope::kRunCommand;
+  action.argv = exec.argv;
+  action.op = "exec";
+  if (auto answer = check(req, principal, id, action)) return *answer;
   auto started = std::chrono::steady_clock::now();
   auto result = manager_.exec(id, exec, env);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

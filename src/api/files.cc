@@ -5,9 +5,24 @@
 // environment's root (docs/API.md).
 namespace moat::api {
 
-HttpResponse Api::filesRoute(const HttpRequest& req, const std::string& id, const std::string& subsub) {
+HttpResponse Api::filesRoute(const HttpRequest& req, const Principal& principal, const std::string& id,
+                             const std::string& subsub) {
   ApiError perr{};
   auto fileCall = [&](init::FileRequest f) -> HttpResponse {
+    // The gate: reads (read, stat, list) are read_file; everything that
+    // changes the tree is write_file, for both ends of a move.
+    bool reads = f.op == init::FileOp::kRead || f.op == init::FileOp::kStat || f.op == init::FileOp::kList;
+    static const char* opNames[] = {"", "read", "write", "stat", "list", "mkdir", "remove", "move"};
+    std::vector<std::string> paths = {f.path};
+    if (f.op == init::FileOp::kRename) paths.push_back(f.target);
+    for (const auto& path : paths) {
+      gate::Action action;
+      action.scope = reads ? gate::Scope::kReadFile : gate::Scope::kWriteFile;
+      action.path = gate::normalizePath(path);
+      action.size = f.data.size();
+      action.op = opNames[static_cast<int>(f.op)];
+      if (auto answer = check(req, principal, id, action)) return *answer;
+    }
     auto r = manager_.file(id, f);
     if (!r.ok()) return errorResponse(fromError(r.error()));
     if (r->err != 0) {

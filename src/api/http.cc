@@ -68,6 +68,7 @@ HttpRequest requestHead(const http::request<http::string_body>& req) {
   request.authorization = std::string(req[http::field::authorization]);
   request.host = std::string(req[http::field::host]);
   request.origin = std::string(req[http::field::origin]);
+  request.prefer = std::string(req["Prefer"]);
   auto lower = [](std::string v) {
     for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     return v;

@@ -27,6 +27,7 @@ struct HttpRequest {
   std::string authorization;
   std::string host;
   std::string origin;
+  std::string prefer;  // the Prefer header ("respond-async": answer 202 instead of waiting)
   // A valid WebSocket handshake (GET, Upgrade: websocket, version 13, a key).
   bool websocketUpgrade = false;
   std::string websocketKey;

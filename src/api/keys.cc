@@ -20,7 +20,7 @@ int64_t nowMs() {
 }  // namespace
 
 const std::vector<std::string>& knownScopes() {
-  static const std::vector<std::string> scopes = {"create", "read", "exec", "files", "destroy", "timeout"};
+  static const std::vector<std::string> scopes = {"create", "read", "exec", "files", "destroy", "timeout", "approve", "permissions"};
   return scopes;
 }
 
@@ -31,7 +31,8 @@ std::string sha256Hex(const std::string& data) {
   return toHex(digest, length);
 }
 
-Result<Keys::Created> Keys::create(const std::string& name, const std::vector<std::string>& scopes) {
+Result<Keys::Created> Keys::create(const std::string& name, const std::vector<std::string>& scopes,
+                                   const std::string& permissions) {
   Created created;
   MOAT_ASSIGN(created.record.id, randomHex(6));
   MOAT_ASSIGN(std::string secret, randomHex(32));
@@ -39,6 +40,7 @@ Result<Keys::Created> Keys::create(const std::string& name, const std::vector<st
   created.record.name = name;
   created.record.tokenHash = sha256Hex(created.token);
   created.record.scopes = scopes;
+  created.record.permissions = permissions;
   created.record.createdAtMs = nowMs();
   MOAT_TRY(store_.insertKey(created.record));
   return created;
@@ -65,6 +67,17 @@ Result<Principal> Keys::authenticate(const std::string& token) {
   Principal p;
   p.keyId = id;
   p.scopes.insert(key.value()->scopes.begin(), key.value()->scopes.end());
+  if (!key.value()->permissions.empty()) {
+    auto layers = gate::layersFromJson("[" + key.value()->permissions + "]", gate::Permissions::allowAll());
+    // A ceiling that cannot be read allows nothing.
+    gate::Permissions ceiling = gate::Permissions::allowAll();
+    if (layers.ok()) {
+      ceiling = layers->front();
+    } else {
+      for (gate::Scope s : gate::kScopes) ceiling.scope(s).rules = {gate::Rule{}};
+    }
+    p.ceiling = std::make_shared<const gate::Permissions>(ceiling);
+  }
   return p;
 }
 

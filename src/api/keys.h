@@ -1,10 +1,12 @@
 #pragma once
 
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "common/result.h"
+#include "gate/permissions.h"
 #include "store/store.h"
 
 namespace moat::api {
@@ -14,6 +16,8 @@ struct Principal {
   bool master = false;
   std::string keyId;            // for keys
   std::set<std::string> scopes; // for keys
+  // A key's ceiling: its environments can never do more than this allows.
+  std::shared_ptr<const gate::Permissions> ceiling;
   std::string owner() const { return master ? "master" : keyId; }
   bool may(const std::string& scope) const { return master || scopes.count(scope) > 0; }
 };
@@ -31,7 +35,9 @@ class Keys {
     store::ApiKeyRecord record;
     std::string token;  // shown once
   };
-  Result<Created> create(const std::string& name, const std::vector<std::string>& scopes);
+  // permissions: the ceiling's JSON ("" for none).
+  Result<Created> create(const std::string& name, const std::vector<std::string>& scopes,
+                         const std::string& permissions = "");
   Result<std::vector<store::ApiKeyRecord>> list();
   Status revoke(const std::string& id);
   // Error code "unauthorized" for anything but an active key's exact token.

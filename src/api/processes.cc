@@ -1,4 +1,6 @@
 #include <chrono>
+#include <functional>
+#include <optional>
 #include <thread>
 
 #include "api/api.h"
@@ -22,8 +24,8 @@ constexpr auto kCoalesce = std::chrono::milliseconds(10);
 
 std::string line(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"; }
 
-HttpResponse startProcess(manager::EnvironmentManager& manager, const HttpRequest& req,
-                          const std::string& id) {
+HttpResponse startProcess(manager::EnvironmentManager& manager, const HttpRequest& req, const std::string& id,
+                          const std::function<std::optional<HttpResponse>(const gate::Action&)>& gate) {
   ApiError perr{};
   auto body = parseObject(req.body, perr);
   if (!body.ok()) return errorResponse(perr);
@@ -59,6 +61,11 @@ HttpResponse startProcess(manager::EnvironmentManager& manager, const HttpReques
   if (j.contains("cols")) {
     if (auto e = number(j["cols"], "cols", 1, 1000, true, request.cols)) return errorResponse(*e);
   }
+  gate::Action action;
+  action.scope = gate::Scope::kRunCommand;
+  action.argv = request.argv;
+  action.op = "process";
+  if (auto answer = gate(action)) return *answer;
   auto process = manager.startProcess(id, request);
   if (!process.ok()) return errorResponse(fromError(process.error()));
   return respond(201, processJson(process.value()->info()));
@@ -178,14 +185,16 @@ HttpResponse resize(const std::shared_ptr<manager::Process>& process, const Http
 
 }  // namespace
 
-HttpResponse Api::processesRoute(const HttpRequest& req, const std::string& id) {
+HttpResponse Api::processesRoute(const HttpRequest& req, const Principal& principal, const std::string& id) {
   std::string pid = pathSegment(req.path, 4);
   std::string action = pathSegment(req.path, 5);
   if (!pathSegment(req.path, 6).empty()) return errorResponse({404, "not_found", "no such endpoint: " + req.path, ""});
   if (pid.empty()) {
     if (req.method == "POST") {
       if (auto e = onlyQuery(req, {})) return errorResponse(*e);
-      return startProcess(manager_, req, id);
+      return startProcess(manager_, req, id, [&](const gate::Action& action) {
+        return check(req, principal, id, action);
+      });
     }
     if (req.method != "GET") return wrongMethod(req, "GET or POST");
     if (auto e = onlyQuery(req, {})) return errorResponse(*e);

@@ -105,7 +105,7 @@ void runViewer(const std::shared_ptr<manager::Process>& process, websocket::Conn
 
 }  // namespace
 
-HttpResponse Api::shellRoute(const HttpRequest& req, const std::string& id) {
+HttpResponse Api::shellRoute(const HttpRequest& req, const Principal& principal, const std::string& id) {
   if (req.method != "GET") return wrongMethod(req, "GET (a WebSocket upgrade)");
   if (auto e = onlyQuery(req, {"process", "rows", "cols"})) return errorResponse(*e);
   if (!req.websocketUpgrade) {
@@ -127,6 +127,12 @@ HttpResponse Api::shellRoute(const HttpRequest& req, const std::string& id) {
     if (!found.value()->info().pty) {
       return errorResponse(invalid("process", "process " + std::to_string(processId) + " has no terminal"));
     }
+    // Typing into a terminal runs commands.
+    gate::Action action;
+    action.scope = gate::Scope::kRunCommand;
+    action.argv = found.value()->info().argv;
+    action.op = "shell";
+    if (auto answer = check(req, principal, id, action)) return *answer;
     process = found.value();
   } else {
     manager::ProcessRequest request;
@@ -136,6 +142,12 @@ HttpResponse Api::shellRoute(const HttpRequest& req, const std::string& id) {
     auto bash = manager_.file(id, probe);
     if (!bash.ok()) return errorResponse(fromError(bash.error()));
     request.argv = {bash->err == 0 ? "/bin/bash" : "/bin/sh"};
+    // A shell counts as run_command: its argv is what the rules see.
+    gate::Action action;
+    action.scope = gate::Scope::kRunCommand;
+    action.argv = request.argv;
+    action.op = "shell";
+    if (auto answer = check(req, principal, id, action)) return *answer;
     request.pty = true;
     request.rows = static_cast<uint16_t>(rows);
     request.cols = static_cast<uint16_t>(cols);

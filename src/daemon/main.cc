@@ -17,6 +17,10 @@
 #include "backend/namespaces/spawner.h"
 #include "common/process_args.h"
 #include "manager/environment_manager.h"
+#include <nlohmann/json.hpp>
+
+#include "gate/approvals.h"
+#include "gate/permissions.h"
 #include "os/file.h"
 #include "os/process.h"
 #include "store/sqlite/sqlite_store.h"
@@ -24,13 +28,18 @@
 namespace {
 
 constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT] [--warm-pool N]
-             [--max-environments N]
+             [--max-environments N] [--permissions FILE] [--approval-timeout S]
 
   --state DIR             state directory (default $MOAT_STATE or /var/lib/moat)
   --listen HOST:PORT      TCP address (default 127.0.0.1:7070; port 0 picks one)
   --warm-pool N           keep N environments of the default spec ready (default 0)
   --max-environments N    at most N environments at once, warm ones included
                           (1 to 100000, default 256); more is 429 capacity
+  --permissions FILE      default permissions of new environments, as JSON
+                          (docs/GATE.md; default: read_file, write_file and
+                          run_command allow, network deny)
+  --approval-timeout S    how long an action that asks a person waits for the
+                          decision before it is denied (1 to 86400, default 120)
 
 Always also serves <state>/moatd.sock. The master token is <state>/master-token.
 SIGTERM/SIGINT stop moatd and destroy its environments. SIGUSR1 stops moatd
@@ -52,6 +61,7 @@ int main(int argc, char** argv) {
   std::string stateDir = stateEnv && *stateEnv ? stateEnv : "/var/lib/moat";
   std::string listen = "127.0.0.1:7070";
   size_t warmPool = 0;
+  int64_t approvalTimeoutS = 120;
   manager::ManagerConfig config;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -70,6 +80,22 @@ int main(int argc, char** argv) {
         return fail("--max-environments needs a number from 1 to 100000");
       }
       config.maxEnvironments = std::stoul(v);
+    } else if (a == "--approval-timeout" && i + 1 < argc) {
+      std::string v = argv[++i];
+      if (v.empty() || v.size() > 5 || v.find_first_not_of("0123456789") != std::string::npos ||
+          std::stol(v) < 1 || std::stol(v) > 86400) {
+        return fail("--approval-timeout needs a number of seconds from 1 to 86400");
+      }
+      approvalTimeoutS = std::stol(v);
+    } else if (a == "--permissions" && i + 1 < argc) {
+      std::string path = argv[++i];
+      auto text = os::readFile(path, 1u << 20);
+      if (!text.ok()) return fail("--permissions: " + text.error().message());
+      auto j = nlohmann::json::parse(text.value(), nullptr, false);
+      if (j.is_discarded()) return fail("--permissions: " + path + " is not JSON");
+      auto parsed = gate::Permissions::parse(j, gate::Permissions::defaults());
+      if (!parsed.ok()) return fail("--permissions: " + path + ": " + parsed.error().context);
+      config.defaultPermissions = parsed.value();
     } else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
@@ -130,7 +156,18 @@ int main(int argc, char** argv) {
       return fail("re-attaching to the spawner's environments: " + s.error().message());
     }
     api::Keys keys(*store.value());
-    api::Api api(manager, keys, token.value(), stateDir);
+    gate::ApprovalCenter approvals(*store.value());
+    if (auto s = approvals.recover(); !s.ok()) {
+      manager.detach();
+      return fail("expiring the approvals a previous moatd left pending: " + s.error().message());
+    }
+    manager.onEnded([&approvals](const std::string& id, const std::string& reason) {
+      approvals.closeEnvironment(id, reason);
+    });
+    api::ApiOptions apiOptions;
+    apiOptions.stateDir = stateDir;
+    apiOptions.approvalTimeoutMs = approvalTimeoutS * 1000;
+    api::Api api(manager, keys, approvals, token.value(), apiOptions);
     api::HttpServer server([&api](const api::HttpRequest& r) { return api.handle(r); },
                            [&api](const api::HttpRequest& head) { return api.preflight(head); });
     for (auto s : {server.listenUnix(stateDir + "/moatd.sock"), server.listenTcp(listen)}) {
@@ -155,6 +192,8 @@ int main(int argc, char** argv) {
       ::_exit(1);
     }).detach();
     manager.interrupt();  // waiting execs end; nothing new starts
+    approvals.shutdown();  // requests waiting for a person end too
+    manager.onEnded({});   // the approvals go before the manager does
     server.stop();
     if (keep) {
       manager.detach();

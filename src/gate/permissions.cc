@@ -176,6 +176,16 @@ Permissions Permissions::defaults() {
   return p;
 }
 
+Permissions Permissions::allowAll() {
+  Permissions p;
+  for (Scope s : kScopes) {
+    Rule r;
+    r.decision = Decision::kAllow;
+    p.scope(s).rules = {r};
+  }
+  return p;
+}
+
 Result<Permissions> Permissions::parse(const json& j, const Permissions& base, const std::string& prefix) {
   if (!j.is_object()) return invalid(prefix, "must be an object of scopes");
   Permissions p = base;
@@ -283,6 +293,42 @@ void Permissions::prepend(Scope s, Rule rule) {
   ScopePolicy& policy = scope(s);
   policy.word = false;
   policy.rules.insert(policy.rules.begin(), std::move(rule));
+}
+
+Evaluation evaluate(const std::vector<Permissions>& layers, const Permissions* ceiling, const Action& action) {
+  Evaluation out;
+  out.decision = Decision::kAllow;
+  out.layer = 0;
+  bool first = true;
+  auto consider = [&](const Permissions& p, int layer) {
+    auto v = p.evaluate(action);
+    if (first || static_cast<int>(v.decision) > static_cast<int>(out.decision)) {
+      out = Evaluation{v.decision, layer, v.rule, v.ruleJson};
+      first = false;
+    }
+  };
+  for (size_t i = 0; i < layers.size(); ++i) consider(layers[i], static_cast<int>(i));
+  if (ceiling) consider(*ceiling, -1);
+  if (first) out.decision = Decision::kDeny;  // no layers at all: nothing was allowed
+  return out;
+}
+
+json layersToJson(const std::vector<Permissions>& layers) {
+  json arr = json::array();
+  for (const auto& p : layers) arr.push_back(p.toJson());
+  return arr;
+}
+
+Result<std::vector<Permissions>> layersFromJson(const std::string& text, const Permissions& defaults) {
+  if (text.empty()) return std::vector<Permissions>{defaults};
+  json j = json::parse(text, nullptr, false);
+  if (!j.is_array() || j.empty()) return Error::make("store", "stored permissions are not a JSON array of layers");
+  std::vector<Permissions> layers;
+  for (const auto& layer : j) {
+    MOAT_ASSIGN(Permissions p, Permissions::parse(layer, Permissions::defaults()));
+    layers.push_back(std::move(p));
+  }
+  return layers;
 }
 
 }  // namespace moat::gate

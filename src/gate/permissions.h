@@ -56,6 +56,8 @@ class Permissions {
   // The documented defaults: read_file, write_file and run_command allow;
   // network deny.
   static Permissions defaults();
+  // Every scope "allow": the base of a layer that only adds restrictions.
+  static Permissions allowAll();
   // Parses {"read_file": "allow" | [rules], ...}; scopes left out take
   // `base`'s. Errors name the offending field under `prefix` (code
   // "invalid_request", context "<field>: <problem>").
@@ -77,6 +79,20 @@ class Permissions {
  private:
   ScopePolicy scopes_[4];
 };
+
+// An environment's permissions are layers: the first is what it was created
+// with (or what the master set); a key can only add layers, and every layer
+// and the key's ceiling must allow an action: the strictest verdict wins.
+struct Evaluation {
+  Decision decision = Decision::kDeny;
+  int layer = 0;            // which layer decided; -1: the key's ceiling
+  int rule = -1;            // the rule in it; -1: no rule matched
+  nlohmann::json ruleJson;  // that rule as written (null when none matched)
+};
+Evaluation evaluate(const std::vector<Permissions>& layers, const Permissions* ceiling, const Action& action);
+// The layers as stored: a JSON array of permission objects.
+nlohmann::json layersToJson(const std::vector<Permissions>& layers);
+Result<std::vector<Permissions>> layersFromJson(const std::string& text, const Permissions& defaults);
 
 // Glob matching with "*", "?" and "\" escapes. With `segments`, "*" and "?"
 // stop at '/' and "**" crosses it (paths); otherwise "*" matches anything.

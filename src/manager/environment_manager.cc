@@ -128,7 +128,7 @@ Status EnvironmentManager::recoverAfterRestart() {
                                                        [this, id] { onInitGone(id); });
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      live_[id] = makeLive(connection, r.env, r.ramMb, r.expiresAtMs);
+      live_[id] = makeLive(connection, r);
       nextExpiryMs_ = std::min(nextExpiryMs_, r.expiresAtMs);
       reservedMemoryMb_ += r.ramMb;
     }
@@ -213,6 +213,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   record.labels = request.labels;
   record.env = request.env;
   record.owner = request.owner;
+  record.permissions =
+      gate::layersToJson({request.permissions ? *request.permissions : config_.defaultPermissions}).dump();
   record.state = "creating";
   record.createdAtMs = nowMs();
   int64_t ttl = request.ttlS > 0 ? request.ttlS : config_.defaultTtlS;
@@ -237,7 +239,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
         pool_.push_back(std::move(ready));
         return stored.error();
       }
-      live_[record.id] = makeLive(ready.connection, request.env, record.ramMb, record.expiresAtMs);
+      live_[record.id] = makeLive(ready.connection, record);
       nextExpiryMs_ = std::min(nextExpiryMs_, record.expiresAtMs);
       lock.unlock();
       poolCv_.notify_all();  // refill
@@ -298,7 +300,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     std::lock_guard<std::mutex> lock(mutex_);
     --creating_;
     creatingIds_.erase(id);
-    live_[id] = makeLive(connection, request.env, record.ramMb, record.expiresAtMs);
+    live_[id] = makeLive(connection, record);
     nextExpiryMs_ = std::min(nextExpiryMs_, record.expiresAtMs);
   }
   record.state = "running";
@@ -330,10 +332,67 @@ Result<std::vector<store::EnvironmentRecord>> EnvironmentManager::list(
 }
 
 EnvironmentManager::Live EnvironmentManager::makeLive(std::shared_ptr<InitConnection> connection,
-                                                      std::map<std::string, std::string> env,
-                                                      uint64_t ramMb, int64_t expiresAtMs) const {
-  return Live{std::move(connection), std::move(env), ramMb,
-              std::make_shared<ProcessTable>(config_.processLimits), expiresAtMs};
+                                                      const store::EnvironmentRecord& record) const {
+  auto layers = gate::layersFromJson(record.permissions, config_.defaultPermissions);
+  // A record whose permissions cannot be read gates everything shut.
+  std::vector<gate::Permissions> closed;
+  if (!layers.ok()) {
+    gate::Permissions none = gate::Permissions::defaults();
+    for (gate::Scope scope : gate::kScopes) none.scope(scope).rules = {gate::Rule{}};
+    closed.push_back(none);
+  }
+  return Live{std::move(connection), record.env, record.ramMb,
+              std::make_shared<ProcessTable>(config_.processLimits), record.expiresAtMs,
+              std::make_shared<const std::vector<gate::Permissions>>(layers.ok() ? layers.value() : closed)};
+}
+
+Result<gate::Evaluation> EnvironmentManager::evaluate(const std::string& id, const gate::Action& action,
+                                                      const gate::Permissions* ceiling) {
+  MOAT_ASSIGN(Live live, liveOf(id));
+  return gate::evaluate(*live.permissions, ceiling, action);
+}
+
+Result<std::vector<gate::Permissions>> EnvironmentManager::permissions(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.find(id);
+    if (it != live_.end()) return *it->second.permissions;
+  }
+  MOAT_ASSIGN(auto record, get(id));
+  return gate::layersFromJson(record.permissions, config_.defaultPermissions);
+}
+
+Status EnvironmentManager::setPermissions(const std::string& id, const gate::Permissions& p, bool replace) {
+  constexpr size_t kMaxLayers = 16;
+  std::lock_guard<std::mutex> serial(permissionsMutex_);
+  MOAT_ASSIGN(Live live, liveOf(id));
+  std::vector<gate::Permissions> layers = *live.permissions;
+  if (replace) {
+    layers = {p};
+  } else {
+    if (layers.size() >= kMaxLayers) {
+      return Error::make("invalid_argument", "permissions: at most " + std::to_string(kMaxLayers) +
+                                                 " layers; the master can replace them with one");
+    }
+    layers.push_back(p);
+  }
+  MOAT_TRY(store_.setPermissions(id, gate::layersToJson(layers).dump()));
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(id);
+  if (it != live_.end()) it->second.permissions = std::make_shared<const std::vector<gate::Permissions>>(layers);
+  return {};
+}
+
+Status EnvironmentManager::rememberRule(const std::string& id, gate::Scope scope, const gate::Rule& rule) {
+  std::lock_guard<std::mutex> serial(permissionsMutex_);
+  MOAT_ASSIGN(Live live, liveOf(id));
+  std::vector<gate::Permissions> layers = *live.permissions;
+  layers[0].prepend(scope, rule);
+  MOAT_TRY(store_.setPermissions(id, gate::layersToJson(layers).dump()));
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(id);
+  if (it != live_.end()) it->second.permissions = std::make_shared<const std::vector<gate::Permissions>>(layers);
+  return {};
 }
 
 Result<EnvironmentManager::Live> EnvironmentManager::liveOf(const std::string& id) {
@@ -514,6 +573,7 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   bool failed = reason.rfind("failed", 0) == 0;
   // Whoever follows a process hears why it ends before the kill lands.
   if (live.processes) live.processes->close(endReason(reason));
+  if (endedHook_) endedHook_(id, endReason(reason));
   (void)store_.setState(id, "destroying", reason);
   Status s = spawner_.destroy(id);
   live.connection.reset();  // joins its reader: moat-init is gone by now

@@ -3,7 +3,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <memory>
 #include <mutex>
@@ -14,6 +16,7 @@
 #include "backend/namespaces/spawner.h"
 #include "common/result.h"
 #include "init/protocol.h"
+#include "gate/permissions.h"
 #include "manager/clock.h"
 #include "manager/init_connection.h"
 #include "manager/process_table.h"
@@ -35,6 +38,8 @@ struct ManagerConfig {
   // that a create asking for exactly that becomes a claim.
   size_t warmPoolSize = 0;
   ProcessLimits processLimits;
+  // What an environment created without "permissions" gets (docs/GATE.md).
+  gate::Permissions defaultPermissions = gate::Permissions::defaults();
 };
 
 struct CreateRequest {
@@ -48,6 +53,7 @@ struct CreateRequest {
   std::map<std::string, std::string> labels;
   std::map<std::string, std::string> env;  // added to every command's environment
   std::string owner = "master";
+  std::optional<gate::Permissions> permissions;  // none: the server's defaults
 };
 
 // A command started in the background (or a shell): it runs on while
@@ -127,9 +133,26 @@ class EnvironmentManager {
   Result<std::shared_ptr<Process>> process(const std::string& id, uint64_t processId);
   Result<init::FileResult> file(const std::string& id, const init::FileRequest& request);
   Result<store::EnvironmentRecord> setTtl(const std::string& id, int64_t ttlS);
+
+  // The gate: what the environment's permission layers (and the caller's
+  // ceiling) say about an action.
+  Result<gate::Evaluation> evaluate(const std::string& id, const gate::Action& action,
+                                    const gate::Permissions* ceiling);
+  Result<std::vector<gate::Permissions>> permissions(const std::string& id);
+  // replace: the layers become [p] (loosening is possible: the API lets only
+  // the master or a "permissions" key do it); otherwise p is added as a
+  // further layer, which can only tighten.
+  Status setPermissions(const std::string& id, const gate::Permissions& p, bool replace);
+  // Puts a rule first in the environment's first layer ("remember").
+  Status rememberRule(const std::string& id, gate::Scope scope, const gate::Rule& rule);
   // Idempotent: destroying a gone environment is fine.
   Status destroy(const std::string& id, const std::string& reason);
   void destroyAll(const std::string& reason);
+  // Called (on the destroying thread) when an environment ends, with why:
+  // what waits on it elsewhere (approvals) can end too. Set before serving.
+  void onEnded(std::function<void(const std::string& id, const std::string& reason)> hook) {
+    endedHook_ = std::move(hook);
+  }
   Counters counters();
   const ManagerConfig& config() const { return config_; }
 
@@ -140,9 +163,9 @@ class EnvironmentManager {
     uint64_t ramMb = 0;
     std::shared_ptr<ProcessTable> processes;
     int64_t expiresAtMs = 0;  // the store's, kept here for the reaper
+    std::shared_ptr<const std::vector<gate::Permissions>> permissions;  // replaced whole, never edited
   };
-  Live makeLive(std::shared_ptr<InitConnection> connection,
-                std::map<std::string, std::string> env, uint64_t ramMb, int64_t expiresAtMs) const;
+  Live makeLive(std::shared_ptr<InitConnection> connection, const store::EnvironmentRecord& record) const;
   // A copy of the environment's live handles, or why there are none.
   Result<Live> liveOf(const std::string& id);
   void reaperLoop();
@@ -179,6 +202,8 @@ class EnvironmentManager {
   uint64_t reservedMemoryMb_ = 0;
   std::atomic<uint64_t> execs_{0};
   std::mutex destroyMutex_;
+  std::mutex permissionsMutex_;
+  std::function<void(const std::string&, const std::string&)> endedHook_;  // serializes read-modify-write of permission layers
   bool stopping_ = false;
   bool detached_ = false;
   std::condition_variable reaperCv_;
