@@ -418,6 +418,18 @@ Status parseLabel(const std::string& flag, const std::string& value,
   return {};
 }
 
+Result<nlohmann::json> parsePermissionsFlag(const std::string& flag, const std::string& value) {
+  std::string text = value;
+  if (!value.empty() && value[0] == '@') {
+    auto file = os::readFile(value.substr(1), 1u << 20);
+    if (!file.ok()) return usageError(flag + ": " + file.error().message());
+    text = file.value();
+  }
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object()) return usageError(flag + ": expected a JSON object (or @FILE), e.g. '{\"run_command\": \"ask\"}'");
+  return j;
+}
+
 Result<std::string> environmentPath(const std::string& id) {
   // moatd decodes the path before splitting it, so an encoded '/' would
   // still name another endpoint.

@@ -118,6 +118,9 @@ Status parseVariable(const std::string& flag, const std::string& value,
                      std::map<std::string, std::string>& out);
 Status parseLabel(const std::string& flag, const std::string& value,
                   std::map<std::string, std::string>& out);
+// --permissions: JSON text, or @FILE holding it (docs/GATE.md).
+Result<nlohmann::json> parsePermissionsFlag(const std::string& flag, const std::string& value);
+
 // An environment id as a path segment; ids never contain '/'.
 Result<std::string> environmentPath(const std::string& id);
 

@@ -13,5 +13,6 @@ int execCommand(const std::vector<std::string>& args);
 int cpCommand(const std::vector<std::string>& args);
 int keysCommand(const std::vector<std::string>& args);
 int shellCommand(const std::vector<std::string>& args);
+int approvalsCommand(const std::vector<std::string>& args);
 
 }  // namespace moat::cli

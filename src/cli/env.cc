@@ -28,6 +28,8 @@ commands:
       --ttl S           destroyed after S seconds, default 3600
       --label K=V       a label; repeatable
       -e NAME=VALUE     a variable for every command (-e NAME copies the host's); repeatable
+      --permissions J   the gate's permissions, JSON or @FILE (docs/GATE.md), e.g.
+                        '{"run_command": "ask", "write_file": [{"path": "/workspace/**", "action": "allow"}, {"action": "deny"}]}'
   ls [options]       list the environments that are not gone
       --label K=V       only those with this label; repeatable
       --task-id ID      only those of this task
@@ -185,6 +187,9 @@ int create(const std::vector<std::string>& args) {
     } else if (name == "--storage") {
       MOAT_ASSIGN(std::string v, flags.value());
       MOAT_ASSIGN(spec["storage_gb"], parseNumber(name, v));
+    } else if (name == "--permissions") {
+      MOAT_ASSIGN(std::string v, flags.value());
+      MOAT_ASSIGN(body["permissions"], parsePermissionsFlag(name, v));
     } else if (name == "--pids") {
       MOAT_ASSIGN(std::string v, flags.value());
       MOAT_ASSIGN(spec["pids"], parseWhole(name, v));

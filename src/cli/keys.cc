@@ -41,6 +41,12 @@ int keysCreate(const std::vector<std::string>& args) {
       } else {
         body["name"] = v.value();
       }
+    } else if (flags.name() == "--permissions") {
+      auto v = flags.value();
+      if (!v.ok()) return reportFailure("moat keys create", v.error());
+      auto ceiling = parsePermissionsFlag("--permissions", v.value());
+      if (!ceiling.ok()) return reportFailure("moat keys create", ceiling.error());
+      body["permissions"] = ceiling.value();
     } else if (flags.name() == "--json") {
       asJson = true;
     } else {

@@ -29,6 +29,7 @@ commands:
   shell     a terminal in one of moatd's environments, or in a throwaway one
             (moat shell --help)
   keys      scoped API keys for agents (moat keys create|ls|rm)
+  approvals what the gate asks a person (moat approvals ls|approve|deny|watch)
   version   print the version
 
 Environment: MOAT_STATE (state directory, default /var/lib/moat); for env and
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
   if (command == "cp") return moat::cli::cpCommand(args);
   if (command == "keys") return moat::cli::keysCommand(args);
   if (command == "shell") return moat::cli::shellCommand(args);
+  if (command == "approvals") return moat::cli::approvalsCommand(args);
   if (command == "version" || command == "--version") {
     std::puts("moat " MOAT_VERSION);
     return 0;

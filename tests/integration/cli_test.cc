@@ -6,6 +6,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <thread>
 
 #include "moat_process.h"
 #include "moatd_process.h"
@@ -427,6 +428,56 @@ TEST_F(MoatCli, ShellRunsWhatItIsFedAndExitsWithTheShellsStatus) {
   EXPECT_NE(missing.err.find("no environment"), std::string::npos) << describe(missing);
   EXPECT_EQ(client({"shell", "--process", "0", id}).exitCode, 2);
   EXPECT_EQ(client({"shell", id, "extra"}).exitCode, 2);
+}
+
+TEST_F(MoatCli, ApprovalsAreDecidedFromTheTerminal) {
+  MOAT_REQUIRE_ROOT();
+  std::string id = createEnv({"--permissions", R"({"run_command": [{"match": ["echo", "*"], "action": "ask"}, {"action": "allow"}]})"});
+  auto pendingId = [&]() -> std::string {
+    for (int i = 0; i < 200; ++i) {
+      auto ls = client({"approvals", "ls", "--state", "pending", "--env", id, "--json"});
+      json list = json::parse(ls.out, nullptr, false);
+      if (list.is_array() && !list.empty()) return list[0]["id"];
+    }
+    return "";
+  };
+  ProcessResult approved;
+  std::thread asker([&] { approved = client({"exec", id, "--", "echo", "approved"}); });
+  std::string first = pendingId();
+  ASSERT_FALSE(first.empty());
+  auto table = client({"approvals"});
+  EXPECT_NE(table.out.find("echo approved"), std::string::npos) << describe(table);
+  auto yes = client({"approvals", "approve", first, "--reason", "looks fine"});
+  EXPECT_EQ(yes.exitCode, 0) << describe(yes);
+  asker.join();
+  EXPECT_EQ(approved.exitCode, 0) << describe(approved);
+  EXPECT_EQ(approved.out, "approved\n");
+
+  ProcessResult refused;
+  std::thread asker2([&] { refused = client({"exec", id, "--", "echo", "refused"}); });
+  std::string second = pendingId();
+  ASSERT_FALSE(second.empty());
+  EXPECT_EQ(client({"approvals", "deny", second, "--remember"}).exitCode, 0);
+  asker2.join();
+  EXPECT_EQ(refused.exitCode, 125) << describe(refused);
+  EXPECT_NE(refused.err.find("denied_by_policy"), std::string::npos) << describe(refused);
+  // Remembered: the same command is now denied without asking.
+  auto again = client({"exec", id, "--", "echo", "refused"});
+  EXPECT_EQ(again.exitCode, 125);
+  EXPECT_NE(again.err.find("rule 1"), std::string::npos) << describe(again);
+  // Deciding twice is an error; so is nonsense.
+  EXPECT_EQ(client({"approvals", "approve", second}).exitCode, 125);
+  EXPECT_EQ(client({"approvals", "approve"}).exitCode, 2);
+  EXPECT_EQ(client({"approvals", "frobnicate"}).exitCode, 2);
+
+  // watch: answers come from stdin, one line per pending approval.
+  ProcessResult watched;
+  std::thread asker3([&] { watched = client({"exec", id, "--", "echo", "watched"}); });
+  ASSERT_FALSE(pendingId().empty());
+  auto w = client({"approvals", "watch", "--env", id}, "y\n");
+  asker3.join();
+  EXPECT_NE(w.out.find("approved"), std::string::npos) << describe(w);
+  EXPECT_EQ(watched.exitCode, 0) << describe(watched);
 }
 
 }  // namespace

@@ -1,0 +1,236 @@
+// The gate end to end: permissions on every side effect, people deciding
+// what asks, and what a key may and may not do about it.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "moatd_fixture.h"
+#include "moatd_process.h"
+
+namespace moat::test {
+namespace {
+
+using json = nlohmann::json;
+
+class Gate : public MoatdFixture {
+ protected:
+  void SetUp() override {
+    if (!isRoot()) GTEST_SKIP() << "needs root: moatd creates namespaces, cgroups and mounts (CI runs as root)";
+    daemon_ = std::make_unique<Moatd>(std::vector<std::string>{"--approval-timeout", "3"});
+  }
+
+  std::string envWith(const json& permissions) { return createEnv({{"permissions", permissions}}); }
+
+  HttpResult execRaw(const std::string& id, const std::vector<std::string>& argv,
+                     const std::map<std::string, std::string>& headers = {}) {
+    return daemon_->request("POST", "/v1/environments/" + id + "/exec", json{{"cmd", argv}}.dump(), true, headers);
+  }
+
+  // The first pending approval, waiting (bounded) until one exists.
+  json pendingApproval() {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      json list = call("GET", "/v1/approvals?state=pending", nullptr, 200);
+      if (!list["approvals"].empty()) return list["approvals"][0];
+    }
+    return json();
+  }
+
+  json keyWith(const json& body) { return call("POST", "/v1/keys", body, 201); }
+  HttpResult as(const std::string& token, const std::string& method, const std::string& target,
+                const std::string& body = "", std::map<std::string, std::string> headers = {}) {
+    headers["Authorization"] = "Bearer " + token;
+    return daemon_->request(method, target, body, false, headers);
+  }
+};
+
+TEST_F(Gate, EveryScopeAllowsAsksOrDenies) {
+  std::string id = envWith({{"read_file", "deny"}, {"write_file", "deny"}, {"run_command", "deny"}});
+  auto denied = execRaw(id, {"true"});
+  EXPECT_EQ(denied.status, 403);
+  json err = json::parse(denied.body)["error"];
+  EXPECT_EQ(err["code"], "denied_by_policy");
+  EXPECT_EQ(err["scope"], "run_command");
+  EXPECT_EQ(err["action"]["argv"], json({"true"}));
+  EXPECT_EQ(daemon_->request("PUT", "/v1/environments/" + id + "/files?path=/workspace/a", "x").status, 403);
+  EXPECT_EQ(daemon_->request("GET", "/v1/environments/" + id + "/files?path=/etc/hostname").status, 403);
+  EXPECT_EQ(daemon_->request("GET", "/v1/environments/" + id + "/files/list?path=/").status, 403);
+  EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + id + "/processes", R"({"cmd":["true"]})").status, 403);
+  EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + id + "/files/mkdir", R"({"path":"/workspace/d"})").status, 403);
+  // The defaults allow files and commands.
+  std::string open = createEnv();
+  EXPECT_EQ(exec(open, {{"cmd", {"true"}}})["exit_code"], 0);
+  json p = call("GET", "/v1/environments/" + open + "/permissions", nullptr, 200)["permissions"];
+  EXPECT_EQ(p["network"], "deny");
+  EXPECT_EQ(p["run_command"], "allow");
+}
+
+TEST_F(Gate, RulesAreOrderedAndTheFirstMatchWins) {
+  std::string id = envWith({{"run_command", {{{"match", {"rm", "-rf", "*"}}, {"action", "deny"}},
+                                             {{"match", {"rm", "*"}}, {"action", "allow"}},
+                                             {{"match", {"echo", "*"}}, {"action", "allow"}}}},
+                            {"write_file", {{{"path", "/workspace/**"}, {"action", "allow"}}, {{"action", "deny"}}}}});
+  EXPECT_EQ(execRaw(id, {"rm", "-rf", "/workspace"}).status, 403);
+  EXPECT_EQ(execRaw(id, {"/bin/rm", "-rf", "/"}).status, 403) << "a path to the program is the program";
+  EXPECT_EQ(execRaw(id, {"rm", "-f", "/workspace/none"}).status, 200);
+  EXPECT_EQ(execRaw(id, {"echo"}).status, 200) << "a last \"*\" takes any rest, none included";
+  auto other = execRaw(id, {"true"});
+  EXPECT_EQ(other.status, 403) << "no rule matched: deny";
+  EXPECT_NE(json::parse(other.body)["error"]["message"].get<std::string>().find("no rule"), std::string::npos);
+  EXPECT_EQ(daemon_->request("PUT", "/v1/environments/" + id + "/files?path=/workspace/a/b", "x").status, 200);
+  EXPECT_EQ(daemon_->request("PUT", "/v1/environments/" + id + "/files?path=/workspace/../etc/x", "x").status, 403)
+      << "paths are normalized before they are matched";
+  EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + id + "/files/move",
+                             R"({"from":"/workspace/a/b","to":"/etc/b"})").status,
+            403)
+      << "a move needs both ends";
+}
+
+TEST_F(Gate, AnAskWaitsForAPersonWhoApprovesOrDenies) {
+  std::string id = envWith({{"run_command", "ask"}});
+  HttpResult approved;
+  std::thread asker([&] { approved = execRaw(id, {"echo", "yes"}); });
+  json a = pendingApproval();
+  ASSERT_FALSE(a.is_null());
+  EXPECT_EQ(a["scope"], "run_command");
+  EXPECT_EQ(a["action"]["argv"], json({"echo", "yes"}));
+  EXPECT_EQ(a["requester"], "master");
+  call("POST", "/v1/approvals/" + a["id"].get<std::string>(), {{"decision", "approve"}, {"reason", "fine"}}, 200);
+  asker.join();
+  EXPECT_EQ(approved.status, 200);
+  EXPECT_EQ(json::parse(approved.body)["stdout"], "yes\n");
+
+  HttpResult refused;
+  std::thread asker2([&] { refused = execRaw(id, {"echo", "no"}); });
+  json b = pendingApproval();
+  ASSERT_FALSE(b.is_null());
+  call("POST", "/v1/approvals/" + b["id"].get<std::string>(), {{"decision", "deny"}, {"reason", "not now"}}, 200);
+  asker2.join();
+  EXPECT_EQ(refused.status, 403);
+  json err = json::parse(refused.body)["error"];
+  EXPECT_EQ(err["approval"], b["id"]);
+  EXPECT_NE(err["message"].get<std::string>().find("not now"), std::string::npos);
+  // Deciding twice is a conflict.
+  EXPECT_EQ(call("POST", "/v1/approvals/" + b["id"].get<std::string>(), {{"decision", "approve"}}, 409)["error"]["code"],
+            "conflict");
+}
+
+TEST_F(Gate, NobodyDecidingIsADenyThatSaysSo) {
+  std::string id = envWith({{"write_file", "ask"}});
+  auto r = daemon_->request("PUT", "/v1/environments/" + id + "/files?path=/workspace/f", "data");
+  EXPECT_EQ(r.status, 403);
+  json err = json::parse(r.body)["error"];
+  EXPECT_NE(err["message"].get<std::string>().find("no decision within 3 s"), std::string::npos) << r.body;
+  json a = call("GET", "/v1/approvals/" + err["approval"].get<std::string>(), nullptr, 200);
+  EXPECT_EQ(a["state"], "expired");
+  EXPECT_EQ(a["action"]["size"], 4);
+  EXPECT_EQ(a["action"]["path"], "/workspace/f");
+}
+
+TEST_F(Gate, AsyncAsksGrantOneRepeatAndRememberMakesARule) {
+  std::string id = envWith({{"run_command", "ask"}});
+  auto r = execRaw(id, {"echo", "later"}, {{"Prefer", "respond-async"}});
+  ASSERT_EQ(r.status, 202) << r.body;
+  std::string approval = json::parse(r.body)["approval"]["id"];
+  EXPECT_EQ(call("GET", "/v1/approvals/" + approval + "?wait=1", nullptr, 200)["state"], "pending");
+  call("POST", "/v1/approvals/" + approval, {{"decision", "approve"}}, 200);
+  auto repeated = execRaw(id, {"echo", "later"}, {{"Prefer", "respond-async"}});
+  EXPECT_EQ(repeated.status, 200) << "the approved action runs once";
+  EXPECT_EQ(execRaw(id, {"echo", "later"}, {{"Prefer", "respond-async"}}).status, 202) << "the grant is used up";
+  // remember: the decision becomes a rule for exactly that action.
+  auto again = execRaw(id, {"echo", "always"}, {{"Prefer", "respond-async"}});
+  ASSERT_EQ(again.status, 202);
+  call("POST", "/v1/approvals/" + json::parse(again.body)["approval"]["id"].get<std::string>(),
+       {{"decision", "approve"}, {"remember", true}}, 200);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(execRaw(id, {"echo", "always"}).status, 200);
+  EXPECT_EQ(execRaw(id, {"echo", "always", "more"}, {{"Prefer", "respond-async"}}).status, 202)
+      << "remembered for exactly that argv";
+  json rules = call("GET", "/v1/environments/" + id + "/permissions", nullptr, 200)["permissions"]["run_command"];
+  ASSERT_TRUE(rules.is_array());
+  EXPECT_EQ(rules[0]["match"], json({"echo", "always"}));
+}
+
+TEST_F(Gate, AShellIsARunCommand) {
+  std::string id = envWith({{"run_command", "deny"}});
+  auto shell = daemon_->websocket("/v1/environments/" + id + "/shell");
+  EXPECT_EQ(shell.status, 403);
+  EXPECT_NE(shell.rest.find("denied_by_policy"), std::string::npos);
+  ::close(shell.fd);
+}
+
+TEST_F(Gate, TighteningTakesEffectForTheNextActionAndOnlyTrustedCallersLoosen) {
+  json key = keyWith({{"scopes", {"create", "read", "exec", "files"}}});
+  std::string token = key["token"];
+  auto created = as(token, "POST", "/v1/environments", "{}");
+  ASSERT_EQ(created.status, 201);
+  std::string id = json::parse(created.body)["id"];
+  std::string perms = "/v1/environments/" + id + "/permissions";
+  EXPECT_EQ(as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["true"]})").status, 200);
+  // The key adds a layer: it can only tighten.
+  auto tightened = as(token, "PUT", perms, R"({"permissions":{"run_command":[{"match":["true"],"action":"deny"},{"action":"allow"}]}})");
+  ASSERT_EQ(tightened.status, 200) << tightened.body;
+  EXPECT_EQ(json::parse(tightened.body)["layers"].size(), 2u);
+  EXPECT_EQ(as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["true"]})").status, 403);
+  EXPECT_EQ(as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["echo"]})").status, 200);
+  // A layer that allows everything cannot undo another layer's deny.
+  ASSERT_EQ(as(token, "PUT", perms, R"({"permissions":{"run_command":"allow"}})").status, 200);
+  EXPECT_EQ(as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["true"]})").status, 403);
+  // Replacing can loosen: not for this key.
+  EXPECT_EQ(as(token, "PUT", perms, R"({"permissions":{"run_command":"allow"},"replace":true})").status, 403);
+  // The master can.
+  call("PUT", perms, {{"permissions", {{"run_command", "allow"}}}, {"replace", true}}, 200);
+  EXPECT_EQ(as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["true"]})").status, 200);
+}
+
+TEST_F(Gate, AKeysCeilingHoldsAndItCannotApproveItself) {
+  json key = keyWith({{"scopes", {"create", "read", "exec", "files", "approve"}},
+                      {"permissions", {{"run_command", {{{"match", {"echo", "*"}}, {"action", "ask"}}, {{"action", "allow"}}}},
+                                       {"write_file", "deny"}}}});
+  std::string token = key["token"];
+  EXPECT_EQ(key["permissions"]["write_file"], "deny");
+  auto created = as(token, "POST", "/v1/environments", R"({"permissions":{"write_file":"allow"}})");
+  std::string id = json::parse(created.body)["id"];
+  EXPECT_EQ(as(token, "PUT", "/v1/environments/" + id + "/files?path=/workspace/x", "x").status, 403)
+      << "the environment allows it, the key's ceiling does not";
+  auto pending = as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["echo","hi"]})",
+                    {{"Prefer", "respond-async"}});
+  ASSERT_EQ(pending.status, 202);
+  std::string approval = json::parse(pending.body)["approval"]["id"];
+  EXPECT_EQ(json::parse(pending.body)["approval"]["requester"], key["id"]);
+  auto self = as(token, "POST", "/v1/approvals/" + approval, R"({"decision":"approve"})");
+  EXPECT_EQ(self.status, 403) << "an agent must not approve its own request";
+  json readOnly = keyWith({{"scopes", {"read"}}});
+  EXPECT_EQ(as(readOnly["token"], "GET", "/v1/approvals").status, 403);
+}
+
+TEST_F(Gate, BadPermissionsNameTheField) {
+  auto bad = [&](const json& permissions) {
+    auto r = daemon_->request("POST", "/v1/environments", json{{"permissions", permissions}}.dump());
+    EXPECT_EQ(r.status, 400) << permissions.dump() << " -> " << r.body;
+    return json::parse(r.body)["error"];
+  };
+  EXPECT_EQ(bad({{"run_command", "maybe"}})["field"], "permissions.run_command");
+  EXPECT_EQ(bad({{"run_command", {{{"match", {"ls"}}}}}})["field"], "permissions.run_command[0].action");
+  EXPECT_EQ(bad({{"run_command", {{{"path", "/x"}, {"action", "deny"}}}}})["code"], "unknown_field");
+  EXPECT_EQ(bad({{"write_file", {{{"path", "relative"}, {"action", "deny"}}}}})["field"], "permissions.write_file[0].path");
+  EXPECT_EQ(bad({{"teleport", "allow"}})["code"], "unknown_field");
+  EXPECT_EQ(bad(json::array())["field"], "permissions");
+}
+
+TEST_F(Gate, PendingApprovalsSurviveARestartAsExpired) {
+  std::string id = envWith({{"run_command", "ask"}});
+  auto r = execRaw(id, {"echo", "x"}, {{"Prefer", "respond-async"}});
+  ASSERT_EQ(r.status, 202);
+  std::string approval = json::parse(r.body)["approval"]["id"];
+  daemon_->kill9();
+  daemon_->restart();
+  json a = call("GET", "/v1/approvals/" + approval, nullptr, 200);
+  EXPECT_EQ(a["state"], "expired");
+  EXPECT_NE(a["reason"].get<std::string>().find("restarted"), std::string::npos);
+  // The environment's permissions survived too.
+  EXPECT_EQ(call("GET", "/v1/environments/" + id + "/permissions", nullptr, 200)["permissions"]["run_command"], "ask");
+}
+
+}  // namespace
+}  // namespace moat::test
