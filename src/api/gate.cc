@@ -77,7 +77,7 @@ std::optional<HttpResponse> Api::check(const HttpRequest& req, const Principal& 
   }
   // Ask: a person decides. An approval already granted for this very action
   // (to a caller that chose not to wait) is used up now.
-  if (approvals_.consumeGrant(id, action)) return std::nullopt;
+  if (approvals_.consumeGrant(id, action, principal.owner())) return std::nullopt;
   auto approval = approvals_.request(id, action, principal.owner());
   if (!approval.ok()) return errorResponse(fromError(approval.error()));
   if (req.prefer.find("respond-async") != std::string::npos) {
@@ -90,7 +90,10 @@ std::optional<HttpResponse> Api::check(const HttpRequest& req, const Principal& 
   auto decided = approvals_.await(approval->id, std::chrono::milliseconds(options_.approvalTimeoutMs));
   if (!decided.ok()) return errorResponse(fromError(decided.error()));
   const store::ApprovalRecord& a = decided.value();
-  if (a.state == "approved") return std::nullopt;
+  if (a.state == "approved") {
+    approvals_.markUsed(a.id);  // this request was the one it was for
+    return std::nullopt;
+  }
   std::string why = a.state == "denied" ? "denied by " + a.decidedBy + (a.reason.empty() ? "" : ": " + a.reason)
                                         : "approval expired: " + a.reason;
   return denied(action, std::string(gate::scopeName(action.scope)) + " asked a person (approval " + a.id + "); " + why,
@@ -221,7 +224,9 @@ HttpResponse Api::approvalsRoute(const HttpRequest& req, const Principal& princi
           if (action->port) rule.port = action->port;
           break;
       }
-      Status s = manager_.rememberRule(decided->environment, action->scope, rule);
+      // An allow must hold in every layer that could have asked; a deny
+      // needs only one.
+      Status s = manager_.rememberRule(decided->environment, action->scope, rule, approve);
       if (!s.ok()) return errorResponse(fromError(s.error()));
     }
   }

@@ -112,15 +112,26 @@ Result<store::ApprovalRecord> ApprovalCenter::decide(const std::string& id, bool
   return finish(id, approve ? "approved" : "denied", decidedBy, reason, remember);
 }
 
-bool ApprovalCenter::consumeGrant(const std::string& environment, const Action& action) {
+void ApprovalCenter::markUsed(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto found = store_.getApproval(id);
+  if (!found.ok() || !found.value()) return;
+  store::ApprovalRecord a = *found.value();
+  a.used = true;
+  (void)store_.updateApproval(a);
+}
+
+bool ApprovalCenter::consumeGrant(const std::string& environment, const Action& action,
+                                  const std::string& requester) {
   std::lock_guard<std::mutex> lock(mutex_);
   store::ApprovalFilter filter;
   filter.state = "approved";
   filter.environment = environment;
   auto approved = store_.listApprovals(filter);
   if (!approved.ok()) return false;
+  int64_t oldest = now() - kGrantLifetimeMs;
   for (auto& a : approved.value()) {
-    if (a.used) continue;
+    if (a.used || a.requester != requester || a.decidedAtMs < oldest) continue;
     auto granted = actionFromJson(a.action);
     if (!granted.ok() || !granted->sameTarget(action)) continue;
     a.used = true;

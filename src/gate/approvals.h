@@ -34,9 +34,13 @@ class ApprovalCenter {
   // "conflict" when it is no longer pending.
   Result<store::ApprovalRecord> decide(const std::string& id, bool approve, const std::string& decidedBy,
                                        const std::string& reason, bool remember);
-  // An approved approval for exactly this action that no request has used
-  // yet (the asker chose not to wait): consumed by this call.
-  bool consumeGrant(const std::string& environment, const Action& action);
+  // An approved approval for exactly this action, asked by the same caller,
+  // decided less than kGrantLifetime ago, that no request has used yet (the
+  // asker chose not to wait): consumed by this call.
+  bool consumeGrant(const std::string& environment, const Action& action, const std::string& requester);
+  // The waiting request that asked for it goes ahead: the grant is used.
+  void markUsed(const std::string& id);
+  static constexpr int64_t kGrantLifetimeMs = 10 * 60 * 1000;
   Result<std::optional<store::ApprovalRecord>> get(const std::string& id) { return store_.getApproval(id); }
   Result<std::vector<store::ApprovalRecord>> list(const store::ApprovalFilter& filter) {
     return store_.listApprovals(filter);

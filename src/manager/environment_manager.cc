@@ -383,11 +383,12 @@ Status EnvironmentManager::setPermissions(const std::string& id, const gate::Per
   return {};
 }
 
-Status EnvironmentManager::rememberRule(const std::string& id, gate::Scope scope, const gate::Rule& rule) {
+Status EnvironmentManager::rememberRule(const std::string& id, gate::Scope scope, const gate::Rule& rule,
+                                        bool everyLayer) {
   std::lock_guard<std::mutex> serial(permissionsMutex_);
   MOAT_ASSIGN(Live live, liveOf(id));
   std::vector<gate::Permissions> layers = *live.permissions;
-  layers[0].prepend(scope, rule);
+  for (size_t i = 0; i < (everyLayer ? layers.size() : 1); ++i) layers[i].prepend(scope, rule);
   MOAT_TRY(store_.setPermissions(id, gate::layersToJson(layers).dump()));
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = live_.find(id);

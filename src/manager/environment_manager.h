@@ -143,8 +143,9 @@ class EnvironmentManager {
   // the master or a "permissions" key do it); otherwise p is added as a
   // further layer, which can only tighten.
   Status setPermissions(const std::string& id, const gate::Permissions& p, bool replace);
-  // Puts a rule first in the environment's first layer ("remember").
-  Status rememberRule(const std::string& id, gate::Scope scope, const gate::Rule& rule);
+  // Puts a rule first in the environment's first layer, or in every layer
+  // ("remember": an allow must hold in each layer; a key's ceiling still applies).
+  Status rememberRule(const std::string& id, gate::Scope scope, const gate::Rule& rule, bool everyLayer);
   // Idempotent: destroying a gone environment is fine.
   Status destroy(const std::string& id, const std::string& reason);
   void destroyAll(const std::string& reason);

@@ -103,6 +103,11 @@ NDJSON = "application/x-ndjson"
 KNOWN_MEDIA = {JSON, NDJSON, "application/octet-stream", "text/plain"}
 
 
+# moatd's --approval-timeout here: how long an action that asks waits for a
+# person before it is denied (and its approval expires).
+APPROVAL_TIMEOUT_S = 3
+
+
 class SpecError(Exception):
     pass
 
@@ -203,6 +208,13 @@ def closed_objects(schema, where, problems):
         return
     for sub in schema.get("allOf", []):
         closed_objects(sub, where, problems)
+    # Alternatives that are whole objects or arrays (a permission scope: a
+    # word or an array of rules) must be closed too; partial ones (a
+    # `required` and a property's enum) only constrain the object around them.
+    for key in ("oneOf", "anyOf"):
+        for i, sub in enumerate(schema.get(key, [])):
+            if isinstance(sub, dict) and sub.get("type") in ("object", "array"):
+                closed_objects(sub, f"{where}/{key}/{i}", problems)
     if "properties" in schema or schema.get("type") == "object":
         extra = schema.get("additionalProperties", True)
         if "properties" in schema and extra is not False:
@@ -573,7 +585,8 @@ class Moatd:
                "MOAT_STORAGE_GB": "8"}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [self.bin, "--state", self.state, "--listen", "127.0.0.1:0"],
+                [self.bin, "--state", self.state, "--listen", "127.0.0.1:0",
+                 "--approval-timeout", str(APPROVAL_TIMEOUT_S)],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -734,8 +747,13 @@ class Conformance:
         self.passed = 0
         self.failed = 0
         self.failures = []
+        self.lock = threading.Lock()
 
     def report(self, ok, line, detail=""):
+        with self.lock:
+            self._report(ok, line, detail)
+
+    def _report(self, ok, line, detail):
         if ok:
             self.passed += 1
             print(f"PASS  {line}")
@@ -750,7 +768,7 @@ class Conformance:
 
     def call(self, method, target, body=None, *, status, code=None, field=None, token=True,
              check=None, expressible=True, content_type=None, declared_length=None, note="",
-             websocket=False, keep=False, background=False):
+             websocket=False, keep=False, background=False, headers=None, scope_refusal=True):
         """One exchange. `body` may be a dict (sent as JSON), str or bytes.
         `expressible=False`: the server rejects the request for a reason a JSON
         schema cannot state (labels keys, base64 stdin...), so the spec accepting
@@ -761,7 +779,12 @@ class Conformance:
         closed after the checks). `background`: the answer's head is read now,
         its body on a thread (a followed stream); returns a function that
         waits for the body (at most `timeout` seconds), checks the exchange and
-        returns the Response."""
+        returns the Response.
+
+        `headers`: extra request headers; each must be a header parameter the
+        operation declares, with a value its schema accepts. `scope_refusal`:
+        a 403 `forbidden` to an API key names the operation's x-moat-scope,
+        unless False (a refusal for another reason: deciding its own approval)."""
         shown = target if len(target) <= 90 else target[:87] + "..."
         line = (f"{method} {shown}" + (" [WebSocket]" if websocket else "") + f" -> {status}" +
                 (f" {code}" if code else "") + (f" ({note})" if note else ""))
@@ -773,19 +796,20 @@ class Conformance:
 
         try:
             if websocket:
-                r = self.daemon.websocket(target, token=token, keep=keep)
+                r = self.daemon.websocket(target, token=token, keep=keep, headers=headers)
             elif background:
                 conn, head = self.daemon.open(method, target, raw, token=token, content_type=content_type,
-                                              declared_length=declared_length)
+                                              declared_length=declared_length, headers=headers)
             else:
                 r = self.daemon.request(method, target, raw, token=token, content_type=content_type,
-                                        declared_length=declared_length)
+                                        declared_length=declared_length, headers=headers)
         except Exception as e:  # noqa: BLE001 - any transport failure is a failed exchange
             failed(e)
             return (lambda timeout=60: None) if background else None
         if not background:
             return self.judge(line, method, target, raw, r, status=status, code=code, field=field,
-                              token=token, check=check, expressible=expressible)
+                              token=token, check=check, expressible=expressible, headers=headers,
+                              scope_refusal=scope_refusal)
 
         box = {}
 
@@ -813,10 +837,12 @@ class Conformance:
                 return None
             r = Response(head.status, head.headers, box["body"])
             return self.judge(line, method, target, raw, r, status=status, code=code, field=field,
-                              token=token, check=check, expressible=expressible)
+                              token=token, check=check, expressible=expressible, headers=headers,
+                              scope_refusal=scope_refusal)
         return finish
 
-    def judge(self, line, method, target, raw, r, *, status, code, field, token, check, expressible):
+    def judge(self, line, method, target, raw, r, *, status, code, field, token, check, expressible,
+              headers=None, scope_refusal=True):
         """Checks one exchange's answer (see call) and reports it."""
         try:
             declared = self.validate(method, target, raw, r)
@@ -834,7 +860,9 @@ class Conformance:
                 accept = r.headers.get("Sec-WebSocket-Accept")
                 expect(accept == websocket_accept(r.websocket_key),
                        f"Sec-WebSocket-Accept {accept!r} does not answer the key {r.websocket_key!r}")
-            self.check_scope(method, target, token, r)
+            if scope_refusal:
+                self.check_scope(method, target, token, r)
+            self.check_headers(method, target, headers)
             self.check_request(method, target, raw, r, expressible)
             if check is not None:
                 check(r)
@@ -940,11 +968,27 @@ class Conformance:
         template = self.spec.template_of(urllib.parse.urlsplit(target).path)
         op = self.spec.operation(template, method)
         error = r.json["error"]
-        if op is None or "x-moat-scope" not in op or "field" in error:
+        if op is None or "x-moat-scope" not in op or "field" in error or error["code"] != "forbidden":
             return
         scope = op["x-moat-scope"]
         expect(f"'{scope}'" in error["message"],
                f"403 message {error['message']!r} does not name the declared scope {scope!r}")
+
+    def check_headers(self, method, target, headers):
+        """Request headers the test adds (Prefer) are header parameters the
+        operation declares, with values their schemas accept."""
+        if not headers:
+            return
+        template = self.spec.template_of(urllib.parse.urlsplit(target).path)
+        if self.spec.operation(template, method) is None:
+            return
+        declared = {name.lower(): p for (where, name), p in self.spec.parameters(template, method).items()
+                    if where == "header"}
+        for name, value in headers.items():
+            p = declared.get(name.lower())
+            expect(p is not None, f"request header {name} is not a parameter of {method} {template}")
+            errors = list(jsonschema.Draft4Validator(self.spec.schema(p["schema"])).iter_errors(value))
+            expect(not errors, f"request header {name}: {value!r}: {'; '.join(e.message for e in errors)}")
 
     def check_request(self, method, target, raw, r, expressible):
         """Accepted requests must be valid by the spec; rejected ones invalid."""
@@ -1042,6 +1086,8 @@ def run_exchanges(c):
         expect(j["spec"] == {"cpus": 1, "ram_mb": 256, "storage_gb": 1, "pids": 128}, f"spec {j['spec']}")
         expect(j["labels"] == {"team": "a", "role": "x"}, f"labels {j['labels']}")
         expect("reason" not in j, "a running environment has no reason")
+        expect(j.get("permissions") == DEFAULT_PERMISSIONS and "permission_layers" not in j,
+               f"permissions {j.get('permissions')}, layers {j.get('permission_layers')}: expected the defaults")
 
     c.call("POST", "/v1/environments",
            {"task_id": "conf-a", "template": "host",
@@ -1941,12 +1987,653 @@ def run_exchanges(c):
     c.call("DELETE", env(mine), status=204)
     c.call("DELETE", env(a), status=204)
 
+    run_gate_exchanges(c)
+
     def counted(r):
         text = r.body.decode()
         expect(re.search(r"^moat_exec_total [1-9]", text, re.M), "moat_exec_total did not count")
         expect('moat_api_errors_total{code="invalid_request"}' in text, "errors not counted")
         expect('moat_environments{state="running"} 0' in text, "environments still running")
     c.call("GET", "/metrics", status=200, check=counted, note="counters")
+
+
+# --- the gate -----------------------------------------------------------------
+
+# What an environment created without "permissions" gets (moatd without
+# --permissions).
+DEFAULT_PERMISSIONS = {"read_file": "allow", "write_file": "allow", "run_command": "allow", "network": "deny"}
+
+
+def run_gate_exchanges(c):
+    """The gate: permissions on create (and their validation), deny on every
+    gated operation, ask answered by a person (waiting, or 202 with Prefer:
+    respond-async), remember, expiry after --approval-timeout, layers, key
+    ceilings, the approve and permissions scopes. Every environment made here
+    is destroyed at the end."""
+    d = c.daemon
+    envs = "/v1/environments"
+    env = lambda i: f"{envs}/{i}"  # noqa: E731
+    small = {"ram_mb": 256, "storage_gb": 1, "pids": 128}
+    octet = "application/octet-stream"
+    prefer = {"Prefer": "respond-async"}
+    nobody = "000000000000"
+    no_token = "moat_" + "0" * 12 + "_" + "0" * 64
+    made, keys, asked = {}, {}, {}
+
+    def eid(name):
+        return made.get(name, nobody)
+
+    def tok(label):
+        return keys.get(label, {}).get("token", no_token)
+
+    def kid(label):
+        return keys.get(label, {}).get("id", nobody)
+
+    def aid(name):
+        return asked.get(name, nobody)
+
+    def approval(name):
+        return f"/v1/approvals/{aid(name)}"
+
+    def all_of(*checks):
+        def check(r):
+            for one in checks:
+                one(r)
+        return check
+
+    def has(**want):
+        def check(r):
+            for k, v in want.items():
+                got = r.json.get(k)
+                expect(v(got) if callable(v) else got == v, f"{k} = {got!r}, expected {v!r}")
+        return check
+
+    def lacks(*names):
+        return lambda r: expect(not any(n in r.json for n in names),
+                                f"{[n for n in names if n in r.json]} present: {r.json}")
+
+    def ran(stdout=None):
+        def check(r):
+            expect(r.json["exit_code"] == 0, f"exit_code {r.json['exit_code']}: {r.json['stderr']!r}")
+            if stdout is not None:
+                expect(r.json["stdout"] == stdout, f"stdout {r.json['stdout']!r}, expected {stdout!r}")
+        return check
+
+    def says(*texts):
+        def check(r):
+            message = r.json["error"]["message"]
+            for text in texts:
+                expect(text in message, f"message {message!r} does not say {text!r}")
+        return check
+
+    def environment(name, permissions, layers=None):
+        """A created (or fetched) environment: its permissions as shown."""
+        def check(r):
+            if name is not None:
+                made[name] = r.json["id"]
+            expect(r.json["state"] == "running", f"state {r.json['state']}")
+            expect(r.json.get("permissions") == permissions,
+                   f"permissions {r.json.get('permissions')}, expected {permissions}")
+            expect(r.json.get("permission_layers") == layers,
+                   f"permission_layers {r.json.get('permission_layers')!r}, expected {layers!r}")
+        return check
+
+    def layers_are(*want, ceiling=None):
+        def check(r):
+            j = r.json
+            expect(j["layers"] == list(want), f"layers {j['layers']}, expected {list(want)}")
+            expect(j["permissions"] == want[0], f"permissions {j['permissions']} is not the first layer")
+            expect(j.get("ceiling") == ceiling, f"ceiling {j.get('ceiling')}, expected {ceiling}")
+        return check
+
+    def denied(action, rule=None, approval=None, text=()):
+        """403 denied_by_policy: the scope, exactly this action, the rule that
+        decided (None: absent, no rule matched) and the approval asked (None:
+        absent; a name: that approval's id; True: any)."""
+        def check(r):
+            e = r.json["error"]
+            want = action() if callable(action) else action
+            expect(e["scope"] == want["scope"], f"scope {e['scope']}, expected {want['scope']}")
+            expect(e["action"] == want, f"action {e['action']}, expected {want}")
+            expect(e.get("rule") == rule, f"rule {e.get('rule')}, expected {rule}")
+            if approval is None:
+                expect("approval" not in e, f"approval {e.get('approval')} with nobody asked")
+            elif approval is True:
+                expect("approval" in e, "no approval named")
+            else:
+                expect(e.get("approval") == aid(approval), f"approval {e.get('approval')}, expected {aid(approval)}")
+            says(*text)(r)
+        return check
+
+    def pending(name, env_name, action, requester="master"):
+        """202: the approval (pending, this action), Location naming it."""
+        def check(r):
+            a = r.json["approval"]
+            expect(a["id"] not in asked.values(), f"approval {a['id']} was asked before")
+            asked[name] = a["id"]
+            want = action() if callable(action) else action
+            expect(r.headers.get("Location") == f"/v1/approvals/{a['id']}",
+                   f"Location {r.headers.get('Location')!r}, expected /v1/approvals/{a['id']}")
+            expect(a["state"] == "pending", f"state {a['state']}")
+            expect(a["environment"] == eid(env_name), f"environment {a['environment']}, expected {eid(env_name)}")
+            expect(a["scope"] == want["scope"] and a["action"] == want,
+                   f"scope {a['scope']}, action {a['action']}, expected {want}")
+            expect(a["requester"] == requester, f"requester {a['requester']}, expected {requester}")
+            expect(a["id"] in r.json["message"], f"message {r.json['message']!r} does not name the approval")
+        return check
+
+    def approval_is(name, state, decided_by=None, reason=None, remember=None, requester=None):
+        def check(r):
+            a = r.json
+            expect(a["id"] == aid(name), f"id {a['id']}, expected {aid(name)}")
+            expect(a["state"] == state, f"state {a['state']}, expected {state}")
+            if state == "pending":
+                expect(not {"decided_by", "decided_at", "reason", "remember"} & set(a), f"a pending one is decided: {a}")
+            else:
+                expect(a["decided_at"] >= a["created_at"], f"decided_at {a['decided_at']} before created_at")
+            for k, v in (("decided_by", decided_by), ("reason", reason), ("remember", remember),
+                         ("requester", requester)):
+                if v is not None:
+                    got = a.get(k)
+                    expect(v(got) if callable(v) else got == v, f"{k} {got!r}, expected {v!r}")
+        return check
+
+    def listed(names=(), state=None, environment=None, absent=()):
+        def check(r):
+            got = r.json["approvals"]
+            ids = [a["id"] for a in got]
+            for name in names:
+                expect(aid(name) in ids, f"{name} ({aid(name)}) not listed: {ids}")
+            for name in absent:
+                expect(aid(name) not in ids, f"{name} ({aid(name)}) listed")
+            if state is not None:
+                expect(all(a["state"] == state for a in got), f"states {[a['state'] for a in got]}, only {state} asked")
+            if environment is not None:
+                expect(all(a["environment"] == eid(environment) for a in got),
+                       f"environments {set(a['environment'] for a in got)}, only {eid(environment)} asked")
+            stamps = [a["created_at"] for a in got]
+            expect(stamps == sorted(stamps, reverse=True), f"not newest first: {stamps}")
+        return check
+
+    def wait_asked(env_name, argv, timeout=10):
+        """The id of the pending approval for `argv` in an environment (a
+        request waiting for a person, on another thread, asked it)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = d.request("GET", f"/v1/approvals?state=pending&environment={eid(env_name)}")
+            if r.status == 200:
+                for a in r.json["approvals"]:
+                    if a["action"].get("argv") == argv:
+                        return a["id"]
+            time.sleep(0.05)
+        return nobody
+
+    def in_background(line, call):
+        """Runs an exchange that waits for a person on a thread; the returned
+        function joins it (a failure if it is still waiting)."""
+        box = {}
+        thread = threading.Thread(target=lambda: box.setdefault("r", call()), daemon=True)
+        thread.start()
+
+        def join(timeout=30):
+            thread.join(timeout)
+            if thread.is_alive():
+                c.report(False, line, f"still waiting after {timeout} s")
+            return box.get("r")
+        return join
+
+    def timed(call, low, high, what):
+        started = time.monotonic()
+        r = call()
+        took = time.monotonic() - started
+        c.report(low <= took <= high, f"{what}: {took:.2f} s (expected {low} to {high})",
+                 f"took {took:.2f} s")
+        return r
+
+    # Permissions on create: rules in every scope, shown as written.
+    g_perms = {
+        "read_file": [{"path": "/workspace/private/**", "action": "deny"}, {"path": "/**", "action": "allow"}],
+        "write_file": [{"path": "/workspace/**", "action": "allow"}, {"path": "/tmp/ask-*", "action": "ask"},
+                       {"path": "/etc/**", "action": "deny"}],
+        "run_command": [{"match": ["rm", "*"], "action": "deny"}, {"match": ["bash"], "action": "deny"},
+                        {"match": ["sh"], "action": "deny"}, {"match": ["touch", "*"], "action": "ask"},
+                        {"match": ["*"], "action": "allow"}],
+        "network": [{"host": "*.example.com", "port": 443, "action": "allow"}, {"host": "*", "action": "deny"}],
+    }
+    c.call("POST", envs, {"task_id": "gate", "spec": small, "permissions": g_perms}, status=201,
+           check=environment("g", g_perms), note="rules in every scope")
+    g = eid("g")
+    c.call("GET", env(g), status=200, check=environment(None, g_perms))
+    c.call("GET", env(g) + "/permissions", status=200, check=layers_are(g_perms))
+    h_perms = dict(DEFAULT_PERMISSIONS, run_command="ask", read_file="ask")
+    c.call("POST", envs, {"spec": small, "permissions": {"run_command": "ask", "read_file": "ask"}}, status=201,
+           check=environment("h", h_perms), note="scopes left out get the defaults")
+    h = eid("h")
+
+    # Their validation: errors name the field.
+    bad = [
+        ({"run_command": [{"match": ["ls"], "action": "allow"}, {"match": ["rm"], "action": "maybe"}]},
+         "invalid_request", "permissions.run_command[1].action"),
+        ({"run_command": [{"match": ["ls"]}]}, "invalid_request", "permissions.run_command[0].action"),
+        ({"read_file": [{"path": "/x", "action": "allow", "host": "h"}]}, "unknown_field",
+         "permissions.read_file[0].host"),
+        ({"run_command": [{"path": "/x", "action": "allow"}]}, "unknown_field", "permissions.run_command[0].path"),
+        ({"network": [{"match": ["x"], "action": "allow"}]}, "unknown_field", "permissions.network[0].match"),
+        ({"write_file": [{"path": "/x", "action": "deny", "port": 1}]}, "unknown_field",
+         "permissions.write_file[0].port"),
+        ({"network": [{"host": "a", "port": 70000, "action": "deny"}]}, "invalid_request",
+         "permissions.network[0].port"),
+        ({"network": [{"host": "a", "port": 80.5, "action": "deny"}]}, "invalid_request",
+         "permissions.network[0].port"),
+        ({"network": [{"host": "", "action": "deny"}]}, "invalid_request", "permissions.network[0].host"),
+        ({"write_file": [{"path": "relative/**", "action": "deny"}]}, "invalid_request",
+         "permissions.write_file[0].path"),
+        ({"run_command": [{"match": [], "action": "deny"}]}, "invalid_request", "permissions.run_command[0].match"),
+        ({"run_command": [{"match": ["ls", 5], "action": "deny"}]}, "invalid_request",
+         "permissions.run_command[0].match[1]"),
+        ({"run_command": ["deny"]}, "invalid_request", "permissions.run_command[0]"),
+        ({"run_command": []}, "invalid_request", "permissions.run_command"),
+        ({"run_command": "maybe"}, "invalid_request", "permissions.run_command"),
+        ({"exec": "allow"}, "unknown_field", "permissions.exec"),
+        ("allow", "invalid_request", "permissions"),
+    ]
+    for permissions, code, field in bad:
+        c.call("POST", envs, {"spec": small, "permissions": permissions}, status=400, code=code, field=field)
+
+    # deny, on every gated operation; the rule that decided is named.
+    rm = ["rm", "-rf", "/workspace"]
+    c.call("POST", env(g) + "/exec", {"cmd": rm}, status=403, code="denied_by_policy",
+           check=denied({"scope": "run_command", "op": "exec", "argv": rm}, g_perms["run_command"][0],
+                        text=("rule 1 of the environment's permissions",)), note="exec")
+    c.call("POST", env(g) + "/exec", {"cmd": ["/usr/bin/rm", "-f", "/workspace/x"]}, status=403,
+           code="denied_by_policy",
+           check=denied({"scope": "run_command", "op": "exec", "argv": ["/usr/bin/rm", "-f", "/workspace/x"]},
+                        g_perms["run_command"][0]), note="a program's base name matches")
+    c.call("POST", env(g) + "/processes", {"cmd": ["rm", "/workspace/x"]}, status=403, code="denied_by_policy",
+           check=denied({"scope": "run_command", "op": "process", "argv": ["rm", "/workspace/x"]},
+                        g_perms["run_command"][0]), note="process start")
+
+    def shell_denied(r):
+        e = r.json["error"]
+        argv = e["action"].get("argv")
+        expect(argv in (["/bin/bash"], ["/bin/sh"]), f"argv {argv}")
+        rule = {"match": [argv[0].rsplit("/", 1)[-1]], "action": "deny"}
+        denied({"scope": "run_command", "op": "shell", "argv": argv}, rule)(r)
+    c.call("GET", env(g) + "/shell", websocket=True, status=403, code="denied_by_policy", check=shell_denied,
+           note="shell")
+    files = env(g) + "/files"
+    c.call("PUT", files + "?path=/etc/motd", b"hi", content_type=octet, status=403, code="denied_by_policy",
+           check=denied({"scope": "write_file", "op": "write", "path": "/etc/motd", "size": 2},
+                        g_perms["write_file"][2], text=("rule 3 of",)), note="file write")
+    c.call("PUT", files + "?path=/workspace/../etc/passwd", b"x", content_type=octet, status=403,
+           code="denied_by_policy",
+           check=denied({"scope": "write_file", "op": "write", "path": "/etc/passwd", "size": 1},
+                        g_perms["write_file"][2]), note="the normalized path")
+    c.call("DELETE", files + "?path=/etc/hostname", status=403, code="denied_by_policy",
+           check=denied({"scope": "write_file", "op": "remove", "path": "/etc/hostname", "size": 0},
+                        g_perms["write_file"][2]), note="file remove")
+    c.call("POST", files + "/mkdir", {"path": "/etc/new"}, status=403, code="denied_by_policy",
+           check=denied({"scope": "write_file", "op": "mkdir", "path": "/etc/new", "size": 0},
+                        g_perms["write_file"][2]), note="mkdir")
+    c.call("PUT", files + "?path=/var/tmp/x", b"", content_type=octet, status=403, code="denied_by_policy",
+           check=denied({"scope": "write_file", "op": "write", "path": "/var/tmp/x", "size": 0}, None,
+                        text=("no rule of the environment's permissions matched (deny by default)",)),
+           note="no rule matched")
+    c.call("PUT", files + "?path=/workspace/ok.txt", b"ok", content_type=octet, status=200, note="allowed")
+    c.call("POST", files + "/move", {"from": "/workspace/ok.txt", "to": "/etc/ok.txt"}, status=403,
+           code="denied_by_policy",
+           check=denied({"scope": "write_file", "op": "move", "path": "/etc/ok.txt", "size": 0},
+                        g_perms["write_file"][2]), note="move: the other end")
+    c.call("GET", files + "?path=/workspace/ok.txt", status=200,
+           check=lambda r: expect(r.body == b"ok", f"body {r.body!r}"), note="not moved")
+    c.call("PUT", files + "?path=/workspace/private/key", b"k", content_type=octet, status=200)
+    c.call("POST", files + "/mkdir", {"path": "/workspace/private/d"}, status=200)
+    c.call("GET", files + "?path=/workspace/private/key", status=403, code="denied_by_policy",
+           check=denied({"scope": "read_file", "op": "read", "path": "/workspace/private/key"},
+                        g_perms["read_file"][0]), note="file read")
+    c.call("GET", files + "/stat?path=/workspace/private/key", status=403, code="denied_by_policy",
+           check=denied({"scope": "read_file", "op": "stat", "path": "/workspace/private/key"},
+                        g_perms["read_file"][0]), note="stat")
+    c.call("GET", files + "/list?path=/workspace/private/d", status=403, code="denied_by_policy",
+           check=denied({"scope": "read_file", "op": "list", "path": "/workspace/private/d"},
+                        g_perms["read_file"][0]), note="list")
+    c.call("GET", files + "/list?path=/workspace/private", status=200, note="** does not match the directory itself")
+    c.call("POST", env(g) + "/exec", {"cmd": ["sh", "-c", "echo allowed"]}, status=200, check=ran("allowed\n"),
+           note="[\"sh\"] matches only a bare sh")
+
+    # ask, waiting: a person decides from another thread.
+    t1 = ["touch", "/workspace/t1"]
+    join = in_background("exec waiting for an approval", lambda: c.call(
+        "POST", env(g) + "/exec", {"cmd": t1}, status=200, check=ran(), note="asks, approved: runs"))
+    asked["t1"] = wait_asked("g", t1)
+    c.call("GET", f"/v1/approvals?state=pending&environment={g}", status=200,
+           check=listed(["t1"], state="pending", environment="g"))
+    c.call("GET", approval("t1"), status=200,
+           check=all_of(approval_is("t1", "pending", requester="master"),
+                        has(scope="run_command", environment=g,
+                            action={"scope": "run_command", "op": "exec", "argv": t1})))
+    c.call("POST", approval("t1"), {"decision": "approve", "reason": "fine"}, status=200,
+           check=approval_is("t1", "approved", decided_by="master", reason="fine", remember=False))
+    join()
+    c.call("GET", files + "/stat?path=/workspace/t1", status=200, note="it ran")
+    c.call("POST", approval("t1"), {"decision": "deny"}, status=409, code="conflict",
+           check=says("already approved"), note="decided twice")
+
+    t2 = ["touch", "/workspace/t2"]
+    join = in_background("exec waiting for a denial", lambda: c.call(
+        "POST", env(g) + "/exec", {"cmd": t2}, status=403, code="denied_by_policy",
+        check=denied({"scope": "run_command", "op": "exec", "argv": t2}, g_perms["run_command"][3],
+                     approval="t2", text=("denied by master: not now",)), note="asks, denied"))
+    asked["t2"] = wait_asked("g", t2)
+    c.call("POST", approval("t2"), {"decision": "deny", "reason": "not now"}, status=200,
+           check=approval_is("t2", "denied", decided_by="master", reason="not now"))
+    join()
+    c.call("GET", files + "/stat?path=/workspace/t2", status=404, code="not_found", note="it did not run")
+
+    # Nobody answers: denied after --approval-timeout, the approval expired.
+    late = ["touch", "/workspace/late"]
+
+    def remember_expired(r):
+        asked["late"] = r.json["error"].get("approval", nobody)
+    timed(lambda: c.call("POST", env(g) + "/exec", {"cmd": late}, status=403, code="denied_by_policy",
+                         check=all_of(remember_expired,
+                                      denied({"scope": "run_command", "op": "exec", "argv": late},
+                                             g_perms["run_command"][3], approval="late",
+                                             text=(f"no decision within {APPROVAL_TIMEOUT_S} s",))),
+                         note="nobody decides"),
+          APPROVAL_TIMEOUT_S - 0.2, APPROVAL_TIMEOUT_S + 3, "an unanswered ask waits for --approval-timeout")
+    c.call("GET", approval("late"), status=200,
+           check=approval_is("late", "expired", decided_by="moatd", reason=f"no decision within {APPROVAL_TIMEOUT_S} s",
+                             remember=False))
+    c.call("POST", approval("late"), {"decision": "approve"}, status=409, code="conflict",
+           check=says("already expired"), note="expired")
+
+    # Prefer: respond-async: 202 at once; approve; the repeat runs once.
+    touch_async = ["touch", "/workspace/async"]
+    exec_async = {"scope": "run_command", "op": "exec", "argv": touch_async}
+    c.call("POST", env(g) + "/exec", {"cmd": touch_async}, headers=prefer, status=202,
+           check=pending("async", "g", exec_async), note="Prefer: respond-async")
+    c.call("GET", files + "/stat?path=/workspace/async", status=404, code="not_found", note="nothing ran yet")
+    timed(lambda: c.call("GET", approval("async") + "?wait=1", status=200, check=approval_is("async", "pending"),
+                         note="wait=1: still pending"), 0.9, 5, "wait=1 waits a second")
+    c.call("POST", approval("async"), {"decision": "approve"}, status=200, check=approval_is("async", "approved"))
+    timed(lambda: c.call("GET", approval("async") + "?wait=30", status=200, check=approval_is("async", "approved"),
+                         note="decided: at once"), 0, 2, "wait on a decided approval answers at once")
+    c.call("POST", env(g) + "/exec", {"cmd": touch_async}, headers=prefer, status=200, check=ran(),
+           note="the repeat runs")
+    c.call("GET", files + "/stat?path=/workspace/async", status=200, note="it ran")
+    c.call("POST", env(g) + "/exec", {"cmd": touch_async}, headers=prefer, status=202,
+           check=pending("async2", "g", exec_async), note="a second repeat asks again: the grant is used up")
+
+    # A long poll hears a decision made meanwhile; a denied one is asked again.
+    join = in_background("long poll", lambda: timed(lambda: c.call(
+        "GET", approval("async2") + "?wait=30", status=200, check=approval_is("async2", "denied"),
+        note="wait=30, denied meanwhile"), 0, 10, "a long poll answers when it is decided"))
+    time.sleep(0.3)
+    c.call("POST", approval("async2"), {"decision": "deny"}, status=200, check=approval_is("async2", "denied"))
+    join()
+    c.call("POST", env(g) + "/exec", {"cmd": touch_async}, headers=prefer, status=202,
+           check=pending("async3", "g", exec_async), note="after a denial: asks again")
+    c.call("PUT", files + "?path=/tmp/ask-1", b"asked", content_type=octet, headers=prefer, status=202,
+           check=pending("file", "g", {"scope": "write_file", "op": "write", "path": "/tmp/ask-1", "size": 5}),
+           note="a file write asks")
+    c.call("POST", approval("file"), {"decision": "approve"}, status=200)
+    c.call("PUT", files + "?path=/tmp/ask-1", b"asked", content_type=octet, headers=prefer, status=200,
+           note="approved: written")
+    c.call("GET", files + "?path=/tmp/ask-1", status=200, check=lambda r: expect(r.body == b"asked", f"{r.body!r}"))
+    c.call("DELETE", files + "?path=/tmp/ask-1", headers=prefer, status=202,
+           check=pending("remove", "g", {"scope": "write_file", "op": "remove", "path": "/tmp/ask-1", "size": 0}),
+           note="a remove asks")
+    c.call("POST", files + "/mkdir", {"path": "/tmp/ask-d"}, headers=prefer, status=202,
+           check=pending("mkdir", "g", {"scope": "write_file", "op": "mkdir", "path": "/tmp/ask-d", "size": 0}),
+           note="a mkdir asks")
+    c.call("POST", files + "/move", {"from": "/workspace/ok.txt", "to": "/tmp/ask-moved"}, headers=prefer,
+           status=202,
+           check=pending("move", "g", {"scope": "write_file", "op": "move", "path": "/tmp/ask-moved", "size": 0}),
+           note="a move asks for the end a rule asks for")
+    c.call("POST", env(g) + "/processes", {"cmd": ["touch", "/workspace/p"]}, headers=prefer, status=202,
+           check=pending("process", "g", {"scope": "run_command", "op": "process", "argv": ["touch", "/workspace/p"]}),
+           note="a process start asks")
+
+    # remember: the decision becomes an exact rule, first in the scope.
+    star = ["touch", "/workspace/st*r"]
+    c.call("POST", env(g) + "/exec", {"cmd": star}, headers=prefer, status=202,
+           check=pending("star", "g", {"scope": "run_command", "op": "exec", "argv": star}))
+    c.call("POST", approval("star"), {"decision": "approve", "remember": True}, status=200,
+           check=approval_is("star", "approved", remember=True))
+    star_rule = {"match": ["touch", "/workspace/st\\*r"], "action": "allow"}
+    c.call("GET", env(g), status=200,
+           check=environment(None, dict(g_perms, run_command=[star_rule] + g_perms["run_command"])),
+           note="remembered as a rule, glob characters escaped")
+    for n in (1, 2):
+        c.call("POST", env(g) + "/exec", {"cmd": star}, headers=prefer, status=200, check=ran(),
+               note=f"remembered: no longer asks ({n})")
+    c.call("POST", env(g) + "/exec", {"cmd": ["touch", "/workspace/stXr"]}, headers=prefer, status=202,
+           check=pending("other", "g", {"scope": "run_command", "op": "exec", "argv": ["touch", "/workspace/stXr"]}),
+           note="the rule is exact")
+    never = ["touch", "/workspace/never"]
+    c.call("POST", env(g) + "/exec", {"cmd": never}, headers=prefer, status=202,
+           check=pending("never", "g", {"scope": "run_command", "op": "exec", "argv": never}))
+    c.call("POST", approval("never"), {"decision": "deny", "remember": True}, status=200,
+           check=approval_is("never", "denied", remember=True))
+    c.call("POST", env(g) + "/exec", {"cmd": never}, headers=prefer, status=403, code="denied_by_policy",
+           check=denied({"scope": "run_command", "op": "exec", "argv": never},
+                        {"match": never, "action": "deny"}, text=("rule 1 of",)),
+           note="a remembered denial: denied without asking")
+
+    # ask on the shell and on reads (h: run_command and read_file ask).
+    def shell_pending(r):
+        argv = r.json["approval"]["action"].get("argv")
+        expect(argv in (["/bin/bash"], ["/bin/sh"]), f"argv {argv}")
+        pending("shell", "h", {"scope": "run_command", "op": "shell", "argv": argv})(r)
+    c.call("GET", env(h) + "/shell", websocket=True, headers=prefer, status=202, check=shell_pending,
+           note="a shell asks")
+    c.call("GET", env(h) + "/files/stat?path=/workspace", headers=prefer, status=202,
+           check=pending("stat", "h", {"scope": "read_file", "op": "stat", "path": "/workspace"}), note="stat asks")
+    c.call("GET", env(h) + "/files/list?path=/workspace/../tmp", headers=prefer, status=202,
+           check=pending("list", "h", {"scope": "read_file", "op": "list", "path": "/tmp"}), note="list asks")
+    c.call("PUT", env(h) + "/files?path=/workspace/w", b"w", content_type=octet, headers=prefer, status=200,
+           note="write_file left at its default: allow")
+    c.call("GET", env(h) + "/files?path=/workspace/w", headers=prefer, status=202,
+           check=pending("read", "h", {"scope": "read_file", "op": "read", "path": "/workspace/w"}),
+           note="a read asks")
+
+    # The approvals list and its filters.
+    c.call("GET", "/v1/approvals?state=pending", status=200,
+           check=listed(["async3", "process", "remove", "mkdir", "move", "other", "shell", "stat", "list", "read"],
+                        state="pending",
+                        absent=["t1", "late"]))
+    c.call("GET", f"/v1/approvals?environment={g}", status=200,
+           check=listed(["t1", "t2", "late", "async", "async2", "async3", "star", "never"], environment="g",
+                        absent=["shell"]))
+    c.call("GET", f"/v1/approvals?state=expired&environment={g}", status=200,
+           check=listed(["late"], state="expired", environment="g"))
+    c.call("GET", "/v1/approvals", status=200, check=listed(["t1", "shell"]))
+
+    # Request errors on approvals.
+    c.call("GET", "/v1/approvals?state=bogus", status=400, code="invalid_request", field="state")
+    c.call("GET", "/v1/approvals?colour=red", status=400, code="unknown_field", field="colour")
+    c.call("GET", approval("other") + "?wait=301", status=400, code="invalid_request", field="wait")
+    c.call("GET", approval("other") + "?wait=soon", status=400, code="invalid_request", field="wait")
+    c.call("GET", approval("other") + "?verbose=1", status=400, code="unknown_field", field="verbose")
+    c.call("GET", "/v1/approvals/" + nobody, status=404, code="not_found")
+    c.call("POST", "/v1/approvals/" + nobody, {"decision": "approve"}, status=404, code="not_found")
+    c.call("POST", approval("other"), {"decision": "maybe"}, status=400, code="invalid_request", field="decision")
+    c.call("POST", approval("other"), {}, status=400, code="invalid_request", field="decision", note="no decision")
+    c.call("POST", approval("other"), {"decision": "approve", "remember": "yes"}, status=400,
+           code="invalid_request", field="remember")
+    c.call("POST", approval("other"), {"decision": "deny", "reason": "r" * 1025}, status=400,
+           code="invalid_request", field="reason")
+    c.call("POST", approval("other"), {"decision": "deny", "why": "x"}, status=400, code="unknown_field", field="why")
+    c.call("POST", approval("other"), "{not json", status=400, code="bad_json")
+    c.call("POST", approval("other") + "?now=1", {"decision": "deny"}, status=400, code="unknown_field", field="now")
+    c.call("GET", approval("other"), status=200, check=approval_is("other", "pending"), note="still pending")
+    c.call("POST", "/v1/approvals", {"decision": "deny"}, status=405, code="method_not_allowed")
+    c.call("DELETE", approval("other"), status=405, code="method_not_allowed")
+    c.call("GET", approval("other") + "/more", status=404, code="not_found", note="unknown endpoint")
+
+    # Keys: the approve and permissions scopes, and ceilings.
+    def key_made(label, scopes, ceiling=None):
+        def check(r):
+            keys[label] = r.json
+            expect(r.json["scopes"] == scopes, f"scopes {r.json['scopes']}, expected {scopes}")
+            expect(r.json.get("permissions") == ceiling, f"permissions {r.json.get('permissions')}, expected {ceiling}")
+        return check
+    capped_ceiling = {"read_file": "allow", "write_file": "allow", "run_command": "deny", "network": "allow"}
+    c.call("POST", "/v1/keys", {"name": "gatekeeper", "scopes": ["create", "read", "exec", "files", "approve"]},
+           status=201, check=key_made("gatekeeper", ["create", "read", "exec", "files", "approve"]))
+    c.call("POST", "/v1/keys", {"name": "approver", "scopes": ["approve"]}, status=201,
+           check=key_made("approver", ["approve"]))
+    c.call("POST", "/v1/keys", {"name": "admin", "scopes": ["create", "read", "exec", "permissions"]}, status=201,
+           check=key_made("admin", ["create", "read", "exec", "permissions"]))
+    c.call("POST", "/v1/keys", {"name": "capped", "scopes": ["create", "read", "exec", "files"],
+                                "permissions": {"run_command": "deny"}}, status=201,
+           check=key_made("capped", ["create", "read", "exec", "files"], capped_ceiling),
+           note="a ceiling: scopes left out are not limited")
+    c.call("POST", "/v1/keys", {"scopes": ["exec"],
+                                "permissions": {"run_command": [{"match": ["ls"], "action": "allow", "port": 22}]}},
+           status=400, code="unknown_field", field="permissions.run_command[0].port")
+    c.call("POST", "/v1/keys", {"scopes": ["exec"], "permissions": {"run_command": "never"}}, status=400,
+           code="invalid_request", field="permissions.run_command")
+
+    def ceilings(r):
+        got = {k["id"]: k.get("permissions") for k in r.json["keys"]}
+        for label, ceiling in (("gatekeeper", None), ("approver", None), ("capped", capped_ceiling)):
+            expect(kid(label) in got and got[kid(label)] == ceiling,
+                   f"{label}: permissions {got.get(kid(label))}, expected {ceiling}")
+    c.call("GET", "/v1/keys", status=200, check=ceilings, note="ceilings listed")
+
+    # A key cannot decide its own approval; a key with `approve` can.
+    k_perms = dict(DEFAULT_PERMISSIONS, run_command=[{"match": ["touch", "*"], "action": "ask"},
+                                                     {"match": ["*"], "action": "allow"}])
+    c.call("POST", envs, {"spec": small, "permissions": {"run_command": k_perms["run_command"]}},
+           token=tok("gatekeeper"), status=201, check=environment("k", k_perms))
+    k = eid("k")
+    mine = ["touch", "/workspace/mine"]
+    c.call("POST", env(k) + "/exec", {"cmd": mine}, token=tok("gatekeeper"), headers=prefer, status=202,
+           check=pending("self", "k", {"scope": "run_command", "op": "exec", "argv": mine},
+                         requester=kid("gatekeeper")), note="a key's request asks")
+    c.call("POST", approval("self"), {"decision": "approve"}, token=tok("gatekeeper"), status=403,
+           code="forbidden", scope_refusal=False, check=says("cannot decide"), note="its own approval")
+    c.call("GET", "/v1/approvals", token=tok("capped"), status=403, code="forbidden", note="no approve scope")
+    c.call("GET", approval("self"), token=tok("capped"), status=403, code="forbidden", note="no approve scope")
+    c.call("POST", approval("self"), {"decision": "approve"}, token=tok("capped"), status=403, code="forbidden",
+           note="no approve scope")
+    c.call("GET", "/v1/approvals?state=pending", token=tok("approver"), status=200,
+           check=listed(["self"], state="pending"))
+    c.call("GET", approval("self"), token=tok("approver"), status=200,
+           check=approval_is("self", "pending", requester=kid("gatekeeper")))
+    c.call("POST", approval("self"), {"decision": "approve", "reason": "ok"}, token=tok("approver"), status=200,
+           check=approval_is("self", "approved", decided_by=kid("approver"), reason="ok"))
+    c.call("POST", env(k) + "/exec", {"cmd": mine}, token=tok("gatekeeper"), headers=prefer, status=200,
+           check=ran(), note="approved by another key: runs")
+    c.call("POST", env(k) + "/exec", {"cmd": mine}, token=tok("approver"), status=403, code="forbidden",
+           note="an approver without exec")
+
+    # Layers: a key adds one (it only tightens); replacing needs more.
+    c.call("GET", env(k) + "/permissions", token=tok("gatekeeper"), status=200, check=layers_are(k_perms))
+    c.call("GET", env(k) + "/permissions", token=tok("approver"), status=403, code="forbidden",
+           note="an approver without read")
+    locked = [{"path": "/workspace/locked/**", "action": "deny"}, {"path": "/**", "action": "allow"}]
+    k_layer = {"read_file": "allow", "write_file": locked, "run_command": "allow", "network": "allow"}
+    c.call("PUT", env(k) + "/permissions", {"permissions": {"write_file": locked}}, token=tok("gatekeeper"),
+           status=200, check=layers_are(k_perms, k_layer), note="a key adds a layer")
+    c.call("GET", env(k), token=tok("gatekeeper"), status=200, check=environment(None, k_perms, 2),
+           note="permission_layers")
+    c.call("PUT", env(k) + "/files?path=/workspace/locked/x", b"x", content_type=octet, token=tok("gatekeeper"),
+           status=403, code="denied_by_policy",
+           check=denied({"scope": "write_file", "op": "write", "path": "/workspace/locked/x", "size": 1},
+                        locked[0], text=("permission layer 1",)), note="the added layer denies")
+    c.call("PUT", env(k) + "/files?path=/workspace/free", b"x", content_type=octet, token=tok("gatekeeper"),
+           status=200, note="elsewhere still allowed")
+    c.call("PUT", env(k) + "/permissions", {"permissions": {"write_file": "allow"}, "replace": True},
+           token=tok("gatekeeper"), status=403, code="forbidden", field="replace",
+           note="replace without the permissions scope")
+    c.call("PUT", env(k) + "/permissions", {"permissions": {"run_command": "allow"}, "replace": True}, status=200,
+           check=layers_are(DEFAULT_PERMISSIONS), note="the master replaces")
+    c.call("GET", env(k), token=tok("gatekeeper"), status=200, check=environment(None, DEFAULT_PERMISSIONS),
+           note="one layer again")
+    c.call("PUT", env(k) + "/files?path=/workspace/locked/x", b"x", content_type=octet, token=tok("gatekeeper"),
+           status=200, note="the layer is gone")
+    c.call("POST", env(k) + "/exec", {"cmd": mine}, token=tok("gatekeeper"), headers=prefer, status=200,
+           check=ran(), note="no longer asks")
+    problems = []
+    for _ in range(15):
+        raw = json.dumps({"permissions": {}})
+        r = d.request("PUT", env(k) + "/permissions", raw)
+        try:
+            expect(r.status == 200, f"status {r.status}: {r.body[:200]!r}")
+            c.validate("PUT", env(k) + "/permissions", raw, r)
+        except Failure as e:
+            problems.append(str(e))
+    c.report(not problems, f"PUT {env(k)}/permissions -> 200 x15 (16 layers)", "; ".join(problems[:3]))
+    c.call("GET", env(k), status=200, check=environment(None, DEFAULT_PERMISSIONS, 16))
+    c.call("PUT", env(k) + "/permissions", {"permissions": {}}, status=400, code="invalid_argument",
+           check=says("at most 16 layers"), note="a 17th layer")
+
+    # Request errors on permissions.
+    perms = env(k) + "/permissions"
+    c.call("PUT", perms, {"permissions": {"network": [{"host": "x", "port": "443", "action": "deny"}]}}, status=400,
+           code="invalid_request", field="permissions.network[0].port")
+    c.call("PUT", perms, {"permissions": {"disk": "deny"}}, status=400, code="unknown_field", field="permissions.disk")
+    c.call("PUT", perms, {"replace": True}, status=400, code="invalid_request", field="permissions",
+           note="no permissions")
+    c.call("PUT", perms, {"permissions": {}, "replace": "yes"}, status=400, code="invalid_request", field="replace")
+    c.call("PUT", perms, {"permissions": {}, "extra": 1}, status=400, code="unknown_field", field="extra")
+    c.call("PUT", perms + "?x=1", {"permissions": {}}, status=400, code="unknown_field", field="x")
+    c.call("GET", perms + "?x=1", status=400, code="unknown_field", field="x")
+    c.call("PUT", perms, "{not json", status=400, code="bad_json")
+    c.call("DELETE", perms, status=405, code="method_not_allowed")
+    c.call("POST", perms, {"permissions": {}}, status=405, code="method_not_allowed")
+    c.call("GET", env(nobody) + "/permissions", status=404, code="not_found")
+    c.call("GET", env(k) + "/permissions", token=tok("capped"), status=404, code="not_found",
+           note="another key's environment")
+
+    # A key with the permissions scope replaces its own environment's.
+    c.call("POST", envs, {"spec": small, "permissions": {"run_command": "deny"}}, token=tok("admin"), status=201,
+           check=environment("m", dict(DEFAULT_PERMISSIONS, run_command="deny")))
+    m = eid("m")
+    c.call("POST", env(m) + "/exec", {"cmd": ["true"]}, token=tok("admin"), status=403, code="denied_by_policy",
+           check=denied({"scope": "run_command", "op": "exec", "argv": ["true"]}, {"action": "deny"}))
+    c.call("PUT", env(m) + "/permissions", {"permissions": {"run_command": "allow"}, "replace": True},
+           token=tok("admin"), status=200, check=layers_are(DEFAULT_PERMISSIONS), note="the permissions scope")
+    c.call("POST", env(m) + "/exec", {"cmd": ["true"]}, token=tok("admin"), status=200, check=ran())
+
+    # A ceiling binds its key, whatever the environment allows.
+    allow_all = {"read_file": "allow", "write_file": "allow", "run_command": "allow", "network": "allow"}
+    c.call("POST", envs, {"spec": small, "permissions": allow_all}, token=tok("capped"), status=201,
+           check=environment("capped", allow_all))
+    ce = eid("capped")
+    c.call("POST", env(ce) + "/exec", {"cmd": ["echo", "x"]}, token=tok("capped"), status=403,
+           code="denied_by_policy",
+           check=denied({"scope": "run_command", "op": "exec", "argv": ["echo", "x"]}, {"action": "deny"},
+                        text=("the API key's ceiling",)), note="the ceiling denies")
+    c.call("POST", env(ce) + "/processes", {"cmd": ["echo", "x"]}, token=tok("capped"), status=403,
+           code="denied_by_policy", note="the ceiling denies",
+           check=denied({"scope": "run_command", "op": "process", "argv": ["echo", "x"]}, {"action": "deny"}))
+    c.call("GET", env(ce) + "/shell", websocket=True, token=tok("capped"), status=403, code="denied_by_policy",
+           check=lambda r: expect(r.json["error"]["action"]["op"] == "shell", f"{r.json}"), note="the ceiling denies")
+    c.call("PUT", env(ce) + "/files?path=/workspace/c", b"c", content_type=octet, token=tok("capped"), status=200,
+           note="what the ceiling leaves out is not limited")
+    c.call("GET", env(ce) + "/permissions", token=tok("capped"), status=200,
+           check=layers_are(allow_all, ceiling=capped_ceiling), note="with the key's ceiling")
+    c.call("POST", env(ce) + "/exec", {"cmd": ["echo", "x"]}, status=200, check=ran("x\n"),
+           note="the master is not bound by the key's ceiling")
+
+    # A destroyed environment: its pending approvals expire; no more layers.
+    c.call("DELETE", env(g), status=204)
+    c.call("GET", approval("async3"), status=200,
+           check=approval_is("async3", "expired", decided_by="moatd", reason="the environment was destroyed"),
+           note="expired with its environment")
+    c.call("GET", env(g) + "/permissions", status=200, check=lambda r: expect(
+        r.json["layers"][0]["run_command"][0] == {"match": never, "action": "deny"}, f"{r.json}"),
+        note="a gone environment's")
+    c.call("PUT", env(g) + "/permissions", {"permissions": {}}, status=409, code="conflict")
+    c.call("POST", env(g) + "/exec", {"cmd": rm}, status=409, code="conflict", note="gone before the gate")
+    for name in ("h", "k", "m", "capped"):
+        c.call("DELETE", env(eid(name)), status=204)
+    for label in ("gatekeeper", "approver", "admin", "capped"):
+        c.call("DELETE", "/v1/keys/" + kid(label), status=204)
 
 
 # --- main ---------------------------------------------------------------------

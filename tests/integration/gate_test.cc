@@ -100,6 +100,10 @@ TEST_F(Gate, AnAskWaitsForAPersonWhoApprovesOrDenies) {
   asker.join();
   EXPECT_EQ(approved.status, 200);
   EXPECT_EQ(json::parse(approved.body)["stdout"], "yes\n");
+  auto repeat = execRaw(id, {"echo", "yes"}, {{"Prefer", "respond-async"}});
+  ASSERT_EQ(repeat.status, 202) << "the waiting request used its approval up: a repeat asks again";
+  call("POST", "/v1/approvals/" + json::parse(repeat.body)["approval"]["id"].get<std::string>(),
+       {{"decision", "deny"}}, 200);
 
   HttpResult refused;
   std::thread asker2([&] { refused = execRaw(id, {"echo", "no"}); });
@@ -176,6 +180,16 @@ TEST_F(Gate, TighteningTakesEffectForTheNextActionAndOnlyTrustedCallersLoosen) {
   // A layer that allows everything cannot undo another layer's deny.
   ASSERT_EQ(as(token, "PUT", perms, R"({"permissions":{"run_command":"allow"}})").status, 200);
   EXPECT_EQ(as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["true"]})").status, 403);
+  // A remembered allow holds in every layer: the added layer asks, a person
+  // approves once with remember, and it no longer asks.
+  ASSERT_EQ(as(token, "PUT", perms, R"({"permissions":{"run_command":[{"match":["echo","ask"],"action":"ask"},{"action":"allow"}]}})").status, 200);
+  auto asked = as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["echo","ask"]})", {{"Prefer", "respond-async"}});
+  ASSERT_EQ(asked.status, 202) << asked.body;
+  call("POST", "/v1/approvals/" + json::parse(asked.body)["approval"]["id"].get<std::string>(),
+       {{"decision", "approve"}, {"remember", true}}, 200);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["echo","ask"]})").status, 200);
+  }
   // Replacing can loosen: not for this key.
   EXPECT_EQ(as(token, "PUT", perms, R"({"permissions":{"run_command":"allow"},"replace":true})").status, 403);
   // The master can.
