@@ -7,7 +7,8 @@ import https from "node:https";
 import type { Socket } from "node:net";
 import { setTimeout as sleepTimer } from "node:timers/promises";
 
-import { MoatAbortError, MoatConnectionError, MoatError, MoatTimeoutError, errorFromResponse } from "./errors.js";
+import { MoatAbortError, MoatConnectionError, MoatError, MoatTimeoutError, errorFromResponse, pendingFromResponse } from "./errors.js";
+import type { GatedOptions } from "./types.js";
 
 export const SDK_VERSION = "0.1.0";
 
@@ -69,6 +70,20 @@ interface Endpoint {
   socketPath?: string;
   prefix: string;
   display: string;
+}
+
+/**
+ * The transport fields of a gated call's options: `approval: "async"` becomes
+ * `Prefer: respond-async` (moatd then answers 202 instead of waiting for a
+ * person, which the transport turns into an ApprovalPendingError).
+ */
+export function gatedCall(options: GatedOptions): Pick<Call, "headers" | "timeoutMs" | "signal"> {
+  const call: Pick<Call, "headers" | "timeoutMs" | "signal"> = { timeoutMs: options.timeoutMs, signal: options.signal };
+  if (options.approval === "async") call.headers = { Prefer: "respond-async" };
+  else if (options.approval !== undefined && options.approval !== "wait") {
+    throw new TypeError(`approval: "wait" or "async", not ${JSON.stringify(options.approval)}`);
+  }
+  return call;
 }
 
 /** Escapes one path segment. */
@@ -274,7 +289,7 @@ export class Transport {
       });
       req.on("response", (res) => {
         const status = res.statusCode ?? 0;
-        if (mode === "stream" && status < 300) {
+        if (mode === "stream" && status < 300 && status !== 202) {
           done();
           resolve({ req, res });
           return;
@@ -285,7 +300,11 @@ export class Transport {
           if (settled) return;
           done();
           const body = Buffer.concat(chunks);
-          if (status >= 400 || (mode === "upgrade" && status !== 101)) {
+          // 202: the gate asks a person and the caller chose not to wait.
+          const pending = status === 202 ? pendingFromResponse(body, res.headers.location) : undefined;
+          if (pending) {
+            reject(pending);
+          } else if (status >= 400 || (mode === "upgrade" && status !== 101)) {
             reject(status >= 400 ? errorFromResponse(status, body)
                                  : new MoatError({ status, code: "bad_response", message: `${where}: expected a WebSocket upgrade, got HTTP ${status}` }));
           } else {

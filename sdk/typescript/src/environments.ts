@@ -1,8 +1,9 @@
 // /v1/environments: create, list, get, destroy, TTL, exec; files, processes
 // and the shell hang off it.
 
-import { type Transport, seg } from "./client.js";
+import { type Transport, gatedCall, seg } from "./client.js";
 import { Files } from "./files.js";
+import { EnvironmentPermissions } from "./permissions.js";
 import { Processes } from "./processes.js";
 import { Shell, openShell } from "./shell.js";
 import type {
@@ -11,6 +12,7 @@ import type {
   ExecRequest,
   ExecResponse,
   ExecResult,
+  GatedOptions,
   ListEnvironmentsFilter,
   RequestOptions,
   ShellOptions,
@@ -24,10 +26,13 @@ export class Environments {
   readonly files: Files;
   /** Background processes in environments. */
   readonly processes: Processes;
+  /** What the gate lets each environment do (its permission layers). */
+  readonly permissions: EnvironmentPermissions;
 
   constructor(private readonly transport: Transport) {
     this.files = new Files(transport);
     this.processes = new Processes(transport);
+    this.permissions = new EnvironmentPermissions(transport);
   }
 
   /** Creates an environment (never retried: a POST). */
@@ -71,8 +76,12 @@ export class Environments {
    * exit_code and stderr), not an error. Waits `timeout_ms` plus a margin
    * (the client's default when the request has no `timeout_ms`). Never
    * retried: a POST.
+   *
+   * The gate checks the command first: a denied one throws
+   * DeniedByPolicyError; one that asks a person waits for the decision, or
+   * with `{ approval: "async" }` throws ApprovalPendingError at once.
    */
-  async exec(id: string, request: ExecRequest, options: RequestOptions = {}): Promise<ExecResult> {
+  async exec(id: string, request: ExecRequest, options: GatedOptions = {}): Promise<ExecResult> {
     const body: Record<string, unknown> = { ...request };
     if (request.stdin !== undefined && typeof request.stdin !== "string") {
       body.stdin = Buffer.from(request.stdin).toString("base64");
@@ -87,8 +96,8 @@ export class Environments {
       method: "POST",
       path: `/v1/environments/${seg(id)}/exec`,
       json: body,
+      ...gatedCall(options),
       timeoutMs,
-      signal: options.signal,
     });
     const encoding = answer.encoding === "base64" ? "base64" : "utf8";
     const stdoutRaw = Buffer.from(answer.stdout, encoding);

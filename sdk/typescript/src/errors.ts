@@ -2,6 +2,8 @@
 // each becomes a MoatError (or a subclass picked by its code) carrying the
 // HTTP status, the code and the field. Client-side failures have status 0.
 
+import type { Approval, CommandRule, FileRule, GateAction, GateScope, NetworkRule } from "./types.js";
+
 export interface MoatErrorInit {
   status: number;
   code: string;
@@ -33,6 +35,51 @@ export class NotFoundError extends MoatError {}
 export class UnauthorizedError extends MoatError {}
 /** 403 `forbidden`: the API key lacks the scope, or a file permission. */
 export class ForbiddenError extends MoatError {}
+
+/**
+ * 403 `denied_by_policy`: the gate denied the action (docs/GATE.md): a rule
+ * said deny, no rule matched, or a person denied it (or did not decide in
+ * time). A ForbiddenError too, so `instanceof ForbiddenError` still catches
+ * every 403; `message` explains which rule of which layer, or who decided.
+ */
+export class DeniedByPolicyError extends ForbiddenError {
+  /** `run_command`, `read_file`, `write_file` or `network`. */
+  readonly scope: GateScope | undefined;
+  /** The exact action that was denied. */
+  readonly action: GateAction | undefined;
+  /** The rule that matched; undefined when none did (deny by default). */
+  readonly rule: CommandRule | FileRule | NetworkRule | undefined;
+  /** The approval's id, when a person was asked. */
+  readonly approval: string | undefined;
+
+  constructor(init: MoatErrorInit & { scope?: GateScope; action?: GateAction; rule?: CommandRule | FileRule | NetworkRule; approval?: string }) {
+    super(init);
+    this.scope = init.scope;
+    this.action = init.action;
+    this.rule = init.rule;
+    this.approval = init.approval;
+  }
+}
+
+/**
+ * 202: the gate asks a person and the call was made with `{ approval: "async" }`
+ * (`Prefer: respond-async`), so it did not wait. The action has not happened.
+ * Follow `approval` with `client.approvals.get(e.approval.id, { wait: 60 })`;
+ * once it is `approved`, repeat the same call (a one-time grant for exactly
+ * that action).
+ */
+export class ApprovalPendingError extends MoatError {
+  /** The pending approval. */
+  readonly approval: Approval;
+  /** moatd's `Location`: `/v1/approvals/{id}`. */
+  readonly location: string | undefined;
+
+  constructor(approval: Approval, message: string, location?: string) {
+    super({ status: 202, code: "approval_pending", message });
+    this.approval = approval;
+    this.location = location;
+  }
+}
 /** 409 `conflict`: the environment (or process) is not running, stdin is closed. */
 export class ConflictError extends MoatError {}
 /** 429 `capacity`: the environment, memory or process limit is reached. */
@@ -73,6 +120,7 @@ const byCode: Record<string, typeof MoatError> = {
   not_found: NotFoundError,
   unauthorized: UnauthorizedError,
   forbidden: ForbiddenError,
+  denied_by_policy: DeniedByPolicyError,
   conflict: ConflictError,
   gone: ConflictError,
   capacity: CapacityError,
@@ -107,10 +155,12 @@ export function errorFromResponse(status: number, body: Buffer | string): MoatEr
   let code = `http_${status}`;
   let message = text.trim() || `HTTP ${status}`;
   let field: string | undefined;
+  let details: Record<string, unknown> = {};
   try {
     const parsed = JSON.parse(text) as { error?: { code?: unknown; message?: unknown; field?: unknown } };
     const e = parsed?.error;
     if (e && typeof e === "object") {
+      details = e as Record<string, unknown>;
       if (typeof e.code === "string") code = e.code;
       if (typeof e.message === "string") message = e.message;
       if (typeof e.field === "string" && e.field !== "") field = e.field;
@@ -118,6 +168,32 @@ export function errorFromResponse(status: number, body: Buffer | string): MoatEr
   } catch {
     // not JSON: keep the text
   }
+  if (code === "denied_by_policy") {
+    return new DeniedByPolicyError({
+      status,
+      code,
+      message,
+      field,
+      scope: details.scope as GateScope,
+      action: details.action as GateAction,
+      rule: details.rule as CommandRule | FileRule | NetworkRule,
+      approval: typeof details.approval === "string" ? details.approval : undefined,
+    });
+  }
   const Cls = byCode[code] ?? byStatus[status] ?? MoatError;
   return new Cls({ status, code, message, field });
+}
+
+/** The ApprovalPendingError for a 202 answer whose body names an approval; undefined otherwise. */
+export function pendingFromResponse(body: Buffer | string, location?: string): ApprovalPendingError | undefined {
+  try {
+    const parsed = JSON.parse(typeof body === "string" ? body : body.toString("utf8")) as { approval?: unknown; message?: unknown };
+    if (!parsed || typeof parsed.approval !== "object" || parsed.approval === null) return undefined;
+    const approval = parsed.approval as Approval;
+    const message =
+      typeof parsed.message === "string" ? parsed.message : `waiting for a person's decision on approval ${approval.id}`;
+    return new ApprovalPendingError(approval, message, location);
+  } catch {
+    return undefined;
+  }
 }

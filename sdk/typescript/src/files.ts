@@ -1,7 +1,9 @@
 // /v1/environments/{id}/files: paths are absolute paths inside the environment.
+// Every operation passes the gate (read_file for read, stat and list;
+// write_file for the rest): each takes `approval: "async"` (see GatedOptions).
 
-import { type Transport, seg } from "./client.js";
-import type { FileInfo, FileList, ReadFileOptions, RequestOptions, WriteFileOptions } from "./types.js";
+import { type Transport, gatedCall, seg } from "./client.js";
+import type { FileInfo, FileList, GatedOptions, ReadFileOptions, WriteFileOptions } from "./types.js";
 
 function toBytes(data: string | Uint8Array): Uint8Array {
   return typeof data === "string" ? Buffer.from(data, "utf8") : data;
@@ -23,8 +25,7 @@ export class Files {
       method: "GET",
       path: this.base(envId),
       query: { path, offset: options.offset, length: options.length },
-      timeoutMs: options.timeoutMs,
-      signal: options.signal,
+      ...gatedCall(options),
     });
     return options.encoding ? answer.body.toString(options.encoding) : answer.body;
   }
@@ -42,29 +43,28 @@ export class Files {
       path: this.base(envId),
       query: { path, append: options.append ? true : undefined, mode },
       body: toBytes(data),
-      timeoutMs: options.timeoutMs,
-      signal: options.signal,
+      ...gatedCall(options),
     });
   }
 
   /** The entries of a directory. */
-  async list(envId: string, path: string, options: RequestOptions = {}): Promise<FileInfo[]> {
+  async list(envId: string, path: string, options: GatedOptions = {}): Promise<FileInfo[]> {
     const answer = await this.transport.json<FileList>({
       method: "GET",
       path: this.base(envId, "/list"),
       query: { path },
-      ...options,
+      ...gatedCall(options),
     });
     return answer.entries;
   }
 
   /** lstat of a path. */
-  stat(envId: string, path: string, options: RequestOptions = {}): Promise<FileInfo> {
-    return this.transport.json<FileInfo>({ method: "GET", path: this.base(envId, "/stat"), query: { path }, ...options });
+  stat(envId: string, path: string, options: GatedOptions = {}): Promise<FileInfo> {
+    return this.transport.json<FileInfo>({ method: "GET", path: this.base(envId, "/stat"), query: { path }, ...gatedCall(options) });
   }
 
   /** Does the path exist? (a stat that answers false on not_found) */
-  async exists(envId: string, path: string, options: RequestOptions = {}): Promise<boolean> {
+  async exists(envId: string, path: string, options: GatedOptions = {}): Promise<boolean> {
     try {
       await this.stat(envId, path, options);
       return true;
@@ -74,28 +74,28 @@ export class Files {
     }
   }
 
-  async mkdir(envId: string, path: string, options: RequestOptions & { parents?: boolean } = {}): Promise<void> {
+  async mkdir(envId: string, path: string, options: GatedOptions & { parents?: boolean } = {}): Promise<void> {
     const { parents, ...rest } = options;
     await this.transport.json({
       method: "POST",
       path: this.base(envId, "/mkdir"),
       json: parents === undefined ? { path } : { path, parents },
-      ...rest,
+      ...gatedCall(rest),
     });
   }
 
   /** Removes a file or an empty directory; `recursive` removes a tree. */
-  async remove(envId: string, path: string, options: RequestOptions & { recursive?: boolean } = {}): Promise<void> {
+  async remove(envId: string, path: string, options: GatedOptions & { recursive?: boolean } = {}): Promise<void> {
     const { recursive, ...rest } = options;
     await this.transport.json({
       method: "DELETE",
       path: this.base(envId),
       query: { path, recursive: recursive ? true : undefined },
-      ...rest,
+      ...gatedCall(rest),
     });
   }
 
-  async move(envId: string, from: string, to: string, options: RequestOptions = {}): Promise<void> {
-    await this.transport.json({ method: "POST", path: this.base(envId, "/move"), json: { from, to }, ...options });
+  async move(envId: string, from: string, to: string, options: GatedOptions = {}): Promise<void> {
+    await this.transport.json({ method: "POST", path: this.base(envId, "/move"), json: { from, to }, ...gatedCall(options) });
   }
 }

@@ -2,6 +2,8 @@
 
 export { Moat } from "./moat.js";
 export { Transport, SDK_VERSION, type MoatOptions } from "./client.js";
+export { Approvals } from "./approvals.js";
+export { EnvironmentPermissions } from "./permissions.js";
 export { Environments, EXEC_MARGIN_MS } from "./environments.js";
 export { Files } from "./files.js";
 export { Keys } from "./keys.js";
@@ -13,6 +15,8 @@ export {
   NotFoundError,
   UnauthorizedError,
   ForbiddenError,
+  DeniedByPolicyError,
+  ApprovalPendingError,
   ConflictError,
   CapacityError,
   InvalidRequestError,

@@ -1,5 +1,6 @@
 // The client: `new Moat({ baseUrl, token })`.
 
+import { Approvals } from "./approvals.js";
 import { type MoatOptions, Transport } from "./client.js";
 import { Environments } from "./environments.js";
 import { Keys } from "./keys.js";
@@ -10,6 +11,8 @@ export class Moat {
   readonly environments: Environments;
   /** Scoped API keys (master token only). */
   readonly keys: Keys;
+  /** What the gate asks a person (master token or the `approve` scope). */
+  readonly approvals: Approvals;
   /** The transport every call goes through (base URL, token, timeouts, retries). */
   readonly transport: Transport;
 
@@ -17,6 +20,7 @@ export class Moat {
     this.transport = new Transport(options);
     this.environments = new Environments(this.transport);
     this.keys = new Keys(this.transport);
+    this.approvals = new Approvals(this.transport);
   }
 
   /** `GET /healthz` (needs no token). */

@@ -3,11 +3,12 @@
 
 import type { ClientRequest } from "node:http";
 
-import { type Transport, seg } from "./client.js";
+import { type Transport, gatedCall, seg } from "./client.js";
 import { MoatAbortError, MoatConnectionError, MoatError, MoatTimeoutError } from "./errors.js";
 import type {
   Encoding,
   FinalEvent,
+  GatedOptions,
   OutputEvent,
   OutputOptions,
   ProcessInfo,
@@ -251,9 +252,12 @@ export class Processes {
     return p;
   }
 
-  /** Starts a command in the background; returns at once with its handle. */
-  async start(envId: string, request: StartProcessRequest, options: RequestOptions = {}): Promise<Process> {
-    const info = await this.transport.json<ProcessInfo>({ method: "POST", path: this.base(envId), json: request, ...options });
+  /**
+   * Starts a command in the background; returns at once with its handle (once
+   * the gate allows it: see GatedOptions for `approval: "async"`).
+   */
+  async start(envId: string, request: StartProcessRequest, options: GatedOptions = {}): Promise<Process> {
+    const info = await this.transport.json<ProcessInfo>({ method: "POST", path: this.base(envId), json: request, ...gatedCall(options) });
     return new Process(this, envId, info);
   }
 

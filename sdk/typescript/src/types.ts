@@ -37,6 +37,11 @@ export interface CreateEnvironmentRequest {
   labels?: Record<string, string>;
   /** Variables every command in the environment gets. */
   env?: Record<string, string>;
+  /**
+   * What the gate lets the environment do (docs/GATE.md). Scopes left out get
+   * moatd's defaults (read_file, write_file, run_command allow; network deny).
+   */
+  permissions?: Permissions;
 }
 
 export interface Environment {
@@ -50,6 +55,10 @@ export interface Environment {
   created_at: string;
   expires_at: string;
   labels: Record<string, string>;
+  /** The environment's first permission layer (every scope spelled out). */
+  permissions?: Permissions;
+  /** How many permission layers it has, when more than one. */
+  permission_layers?: number;
 }
 
 export interface ListEnvironmentsFilter {
@@ -63,6 +72,24 @@ export interface ListEnvironmentsFilter {
 // ---- exec -------------------------------------------------------------------
 
 export type Encoding = "utf8" | "base64";
+
+/**
+ * What a gated call (exec, starting a process, every file operation) does
+ * when the environment's permissions say `ask`:
+ * - `"wait"` (default): the request waits for a person's decision (up to
+ *   moatd's `--approval-timeout`, 120 s by default; give the call a
+ *   `timeoutMs` longer than that), then runs or throws DeniedByPolicyError.
+ * - `"async"`: sends `Prefer: respond-async`; the call throws
+ *   ApprovalPendingError at once, carrying the pending `approval`. Follow it
+ *   with `client.approvals.get(id, { wait: 60 })` and, once approved, repeat
+ *   the same call: the approval is a one-time grant for exactly that action.
+ */
+export type ApprovalMode = "wait" | "async";
+
+/** RequestOptions of a call the gate checks. */
+export interface GatedOptions extends RequestOptions {
+  approval?: ApprovalMode;
+}
 
 export interface ExecRequest {
   /** argv, no shell. */
@@ -252,13 +279,13 @@ export interface FileList {
   entries: FileInfo[];
 }
 
-export interface ReadFileOptions extends RequestOptions {
+export interface ReadFileOptions extends GatedOptions {
   offset?: number;
   /** At most 8 MiB per request. */
   length?: number;
 }
 
-export interface WriteFileOptions extends RequestOptions {
+export interface WriteFileOptions extends GatedOptions {
   append?: boolean;
   /** Permission bits of a new file (a number like 0o755, or an octal string "755"). */
   mode?: number | string;
@@ -266,11 +293,17 @@ export interface WriteFileOptions extends RequestOptions {
 
 // ---- keys -------------------------------------------------------------------------
 
-export type Scope = "create" | "read" | "exec" | "files" | "destroy" | "timeout";
+/**
+ * `approve`: decide approvals (give it to people's tools, not to agents).
+ * `permissions`: replace an environment's permissions (which can loosen them).
+ */
+export type Scope = "create" | "read" | "exec" | "files" | "destroy" | "timeout" | "approve" | "permissions";
 
 export interface CreateKeyRequest {
   name?: string;
   scopes: Scope[];
+  /** A ceiling for every environment the key acts on; scopes left out are not limited. */
+  permissions?: Permissions;
 }
 
 export interface ApiKey {
@@ -279,9 +312,119 @@ export interface ApiKey {
   scopes: Scope[];
   created_at: string;
   revoked: boolean;
+  /** The key's ceiling, if it has one. */
+  permissions?: Permissions;
 }
 
 export interface ApiKeyCreated extends ApiKey {
   /** `moat_<id>_<secret>`: shown this once. */
   token: string;
+}
+
+// ---- the gate: permissions and approvals (docs/GATE.md) -------------------------
+
+export type PermissionAction = "allow" | "ask" | "deny";
+
+/**
+ * run_command rule: `match` is one glob per argument (a last `"*"` matches any
+ * number of remaining arguments); a first pattern without `/` names a program.
+ * No `match`: a catch-all.
+ */
+export interface CommandRule {
+  match?: string[];
+  action: PermissionAction;
+}
+
+/** read_file / write_file rule: `path` globs the normalized absolute path (`**` crosses `/`). */
+export interface FileRule {
+  path?: string;
+  action: PermissionAction;
+}
+
+/** network rule: `host` is a case-insensitive glob; `port` optional. */
+export interface NetworkRule {
+  host?: string;
+  port?: number;
+  action: PermissionAction;
+}
+
+/**
+ * Per scope one word, or rules tried in order: the first match wins, and when
+ * none matches the answer is deny (end a list with `{ action: ... }`).
+ */
+export interface Permissions {
+  read_file?: PermissionAction | FileRule[];
+  write_file?: PermissionAction | FileRule[];
+  run_command?: PermissionAction | CommandRule[];
+  network?: PermissionAction | NetworkRule[];
+}
+
+/** `GET /v1/environments/{id}/permissions`. */
+export interface PermissionsView {
+  /** The first layer. */
+  permissions: Permissions;
+  /** Every layer; each must allow an action (the strictest verdict wins). */
+  layers: Permissions[];
+  /** The calling key's ceiling, if it has one. */
+  ceiling?: Permissions;
+}
+
+export interface SetPermissionsOptions extends RequestOptions {
+  /**
+   * Replace every layer with this one (can loosen: needs the master token or
+   * the `permissions` scope). Without it, a layer is added (only tightens).
+   */
+  replace?: boolean;
+}
+
+export type GateScope = "read_file" | "write_file" | "run_command" | "network";
+
+/** The exact action the gate judged. */
+export interface GateAction {
+  scope: GateScope;
+  /** `exec`, `process`, `shell`, `read`, `write`, `stat`, `list`, `mkdir`, `remove`, `move`, ... */
+  op?: string;
+  /** run_command */
+  argv?: string[];
+  /** read_file, write_file */
+  path?: string;
+  /** write_file: bytes written. */
+  size?: number;
+  /** network */
+  host?: string;
+  port?: number;
+}
+
+export type ApprovalState = "pending" | "approved" | "denied" | "expired";
+
+export interface Approval {
+  id: string;
+  environment: string;
+  scope: GateScope;
+  action: GateAction;
+  /** `master` or the asking key's id. */
+  requester: string;
+  created_at: string;
+  state: ApprovalState;
+  /** Set once decided (or expired). */
+  decided_by?: string;
+  decided_at?: string;
+  reason?: string;
+  remember?: boolean;
+}
+
+export interface ListApprovalsFilter {
+  state?: ApprovalState;
+  environment?: string;
+}
+
+export interface GetApprovalOptions extends RequestOptions {
+  /** Seconds (at most 300) to wait while the approval is pending. */
+  wait?: number;
+}
+
+export interface DecideOptions extends RequestOptions {
+  reason?: string;
+  /** Turn the decision into a rule for exactly this action in the environment's first layer. */
+  remember?: boolean;
 }

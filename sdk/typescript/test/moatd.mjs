@@ -18,11 +18,11 @@ function removeState(state) {
   rmSync(state, { recursive: true, force: true });
 }
 
-export async function startMoatd() {
+export async function startMoatd(extraArgs = []) {
   const moatd = join(binDir, "moatd");
   if (!existsSync(moatd)) throw new Error(`${moatd} is not built (set MOAT_BIN_DIR to the build's bin directory)`);
   const state = mkdtempSync(join(tmpdir(), "moatd-sdk-"));
-  const proc = spawn(moatd, ["--state", state, "--listen", "127.0.0.1:0"], {
+  const proc = spawn(moatd, ["--state", state, "--listen", "127.0.0.1:0", ...extraArgs], {
     env: { PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", MOAT_STORAGE_GB: "16" },
     stdio: ["ignore", "pipe", "pipe"],
   });

@@ -8,6 +8,9 @@ import { once } from "node:events";
 import { describe, it } from "node:test";
 
 import {
+  ApprovalPendingError,
+  DeniedByPolicyError,
+  ForbiddenError,
   FrameParser,
   Moat,
   MoatConnectionError,
@@ -159,9 +162,59 @@ describe("errors", () => {
     assert.equal(errorFromResponse(404, '{"error":{"code":"not_found","message":"no environment x"}}').name, "NotFoundError");
     assert.equal(errorFromResponse(429, '{"error":{"code":"capacity","message":"full"}}').name, "CapacityError");
     assert.equal(errorFromResponse(507, '{"error":{"code":"no_space","message":"/x: EDQUOT","field":"path"}}').name, "FileError");
+    const denied = errorFromResponse(403, JSON.stringify({ error: {
+      code: "denied_by_policy", message: "run_command denied by rule 2 of the environment's permissions", scope: "run_command",
+      action: { scope: "run_command", op: "exec", argv: ["rm", "-rf", "/"] }, rule: { match: ["rm", "-rf", "*"], action: "deny" },
+      approval: "a1" } }));
+    assert.ok(denied instanceof DeniedByPolicyError && denied instanceof ForbiddenError);
+    assert.equal(denied.name, "DeniedByPolicyError");
+    assert.equal(denied.scope, "run_command");
+    assert.deepEqual(denied.action.argv, ["rm", "-rf", "/"]);
+    assert.deepEqual(denied.rule, { match: ["rm", "-rf", "*"], action: "deny" });
+    assert.equal(denied.approval, "a1");
+    const forbidden = errorFromResponse(403, '{"error":{"code":"forbidden","message":"this key lacks the \'exec\' scope"}}');
+    assert.ok(forbidden instanceof ForbiddenError && !(forbidden instanceof DeniedByPolicyError));
     const plain = errorFromResponse(502, "Bad Gateway");
     assert.equal(plain.code, "http_502");
     assert.equal(plain.message, "Bad Gateway");
+  });
+});
+
+describe("approvals without waiting (fake moatd)", () => {
+  it("sends Prefer: respond-async only when asked and turns a 202 into ApprovalPendingError", async () => {
+    const prefers = [];
+    const approval = { id: "ap1", environment: "e1", scope: "read_file", action: { scope: "read_file", op: "read", path: "/x" },
+                       requester: "master", created_at: "2025-01-01T00:00:00Z", state: "pending" };
+    const fake = await serve((req, res) => {
+      prefers.push(req.headers.prefer);
+      req.resume();
+      req.on("end", () => {
+        if (req.headers.prefer === "respond-async") {
+          res.writeHead(202, { "Content-Type": "application/json", Location: "/v1/approvals/ap1" });
+          res.end(JSON.stringify({ approval, message: "waiting for a person's decision" }));
+        } else {
+          res.writeHead(200, { "Content-Type": "application/octet-stream" });
+          res.end("content");
+        }
+      });
+    });
+    const client = new Moat({ baseUrl: fake.url, token: "t" });
+    try {
+      assert.equal((await client.environments.files.read("e1", "/x")).toString(), "content");
+      await assert.rejects(client.environments.files.read("e1", "/x", { approval: "async" }), (e) => {
+        assert.ok(e instanceof ApprovalPendingError);
+        assert.equal(e.status, 202);
+        assert.deepEqual(e.approval, approval);
+        assert.equal(e.location, "/v1/approvals/ap1");
+        assert.equal(e.message, "waiting for a person's decision");
+        return true;
+      });
+      await assert.rejects(client.environments.exec("e1", { cmd: ["true"] }, { approval: "async" }), ApprovalPendingError);
+      assert.deepEqual(prefers, [undefined, "respond-async", "respond-async"]);  // a 202 is not retried
+    } finally {
+      client.close();
+      await fake.close();
+    }
   });
 });
 
