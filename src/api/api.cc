@@ -36,9 +36,25 @@ json environmentJson(const store::EnvironmentRecord& r) {
 }  // namespace
 
 Api::Api(manager::EnvironmentManager& manager, Keys& keys, gate::ApprovalCenter& approvals,
-         std::string masterToken, ApiOptions options)
-    : manager_(manager), keys_(keys), approvals_(approvals), masterToken_(std::move(masterToken)),
-      options_(std::move(options)) {}
+         std::string masterToken, ApiOptions options, audit::Log* audit)
+    : manager_(manager),
+      keys_(keys),
+      approvals_(approvals),
+      masterToken_(std::move(masterToken)),
+      options_(std::move(options)),
+      log_(audit),
+      audit_(audit ? static_cast<audit::Recorder&>(*audit) : audit::nullRecorder()) {}
+
+void Api::recordAuthFailure(const HttpRequest& request, const std::string& token, const std::string& why) {
+  json data = {{"reason", why}, {"method", request.method}, {"path", request.path}};
+  if (!request.remote.empty()) data["remote"] = request.remote;
+  // The key a token claims to be (never the token): moat_<12 hex id>_...
+  if (token.size() > 18 && token.compare(0, 5, "moat_") == 0 && token[17] == '_' &&
+      token.find_first_not_of("0123456789abcdef", 5) == 17) {
+    data["key"] = token.substr(5, 12);
+  }
+  audit_.record("auth.failed", "", "anonymous", std::move(data));
+}
 
 void Api::countError(const std::string& code) {
   std::lock_guard<std::mutex> lock(errorsMutex_);
@@ -62,29 +78,48 @@ Preflight Api::preflight(const HttpRequest& head) {
   p.reject = true;
   p.response = errorResponse({401, "unauthorized", why, ""});
   countError("unauthorized");
+  recordAuthFailure(head, token, why);
   return p;
 }
 
 HttpResponse Api::handle(const HttpRequest& request) {
   HttpResponse response;
   std::string token = bearerToken(request.authorization);
+  std::string actor;
   if (request.path == "/healthz" && request.method == "GET") {
     response = respond(200, {{"status", "ok"}});
   } else if (token.empty()) {
+    // Only without a preflight (which refuses these first).
     response = errorResponse({401, "unauthorized", "missing Authorization: Bearer <token>", ""});
+    recordAuthFailure(request, token, "missing Authorization: Bearer <token>");
   } else if (constantTimeEquals(token, masterToken_)) {
     Principal master;
     master.master = true;
+    actor = master.owner();
     response = route(request, master);
   } else {
     auto key = keys_.authenticate(token);
-    response = key.ok() ? route(request, key.value())
-                        : errorResponse({401, "unauthorized", key.error().context, ""});
+    if (key.ok()) {
+      actor = key->owner();
+      response = route(request, key.value());
+    } else {
+      // Revoked between the preflight and now, or no preflight.
+      response = errorResponse({401, "unauthorized", key.error().context, ""});
+      recordAuthFailure(request, token, key.error().context);
+    }
   }
   if (response.status >= 400) {
     auto j = json::parse(response.body, nullptr, false);
     std::string code = j.is_object() && j.contains("error") ? j["error"].value("code", "unknown") : "unknown";
     countError(code);
+    // A refusal is a decision: which caller was refused what, and why. Not
+    // filed under the environment of the path: that may be another key's,
+    // whose audit readers need not learn of the attempt.
+    if (response.status == 403 && code == "forbidden" && !actor.empty()) {
+      audit_.record("auth.denied", "", actor,
+                    {{"method", request.method}, {"path", request.path},
+                     {"reason", j["error"].value("message", "")}});
+    }
   }
   return response;
 }
@@ -99,6 +134,7 @@ HttpResponse Api::keysRoute(const HttpRequest& req, const Principal& principal) 
     if (req.method != "DELETE") return errorResponse({405, "method_not_allowed", "use DELETE", ""});
     Status s = keys_.revoke(id);
     if (!s.ok()) return errorResponse({404, "not_found", "no active key " + id, ""});
+    audit_.record("key.revoked", "", principal.owner(), {{"key", id}});
     HttpResponse r;
     r.status = 204;
     return r;
@@ -138,7 +174,7 @@ HttpResponse Api::keysRoute(const HttpRequest& req, const Principal& principal) 
     const auto& known = knownScopes();
     if (!s.is_string() || std::find(known.begin(), known.end(), s.get<std::string>()) == known.end()) {
       return errorResponse(invalid("scopes[" + std::to_string(i) + "]",
-                                   "unknown scope (create, read, exec, files, destroy, timeout, approve, permissions)"));
+                                   "unknown scope (create, read, exec, files, destroy, timeout, approve, permissions, audit)"));
     }
     if (std::find(scopes.begin(), scopes.end(), s.get<std::string>()) == scopes.end()) scopes.push_back(s);
   }
@@ -151,6 +187,8 @@ HttpResponse Api::keysRoute(const HttpRequest& req, const Principal& principal) 
   }
   auto created = keys_.create(name, scopes, ceiling);
   if (!created.ok()) return errorResponse(fromError(created.error()));
+  audit_.record("key.created", "", principal.owner(),
+                {{"key", created->record.id}, {"name", name}, {"scopes", scopes}});
   json out = keyJson(created->record);
   out["token"] = created->token;
   return respond(201, out);
@@ -168,6 +206,8 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
   }
   if (p == "/v1/keys" || p.rfind("/v1/keys/", 0) == 0) return keysRoute(req, principal);
   if (p == "/v1/approvals" || p.rfind("/v1/approvals/", 0) == 0) return approvalsRoute(req, principal);
+  if (p == "/v1/events") return eventsRoute(req, principal);
+  if (p == "/v1/audit/verify") return verifyRoute(req, principal);
   if (p.rfind("/v1/environments", 0) != 0) {
     return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
   }
@@ -307,7 +347,7 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
       return respond(200, environmentJson(r.value()));
     }
     if (req.method == "DELETE") {
-      Status s = manager_.destroy(id, "destroyed");
+      Status s = manager_.destroy(id, "destroyed", principal.owner());
       if (!s.ok()) return errorResponse(fromError(s.error()));
       HttpResponse r;
       r.status = 204;
@@ -328,6 +368,8 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     }
     auto r = manager_.setTtl(id, ttl);
     if (!r.ok()) return errorResponse(fromError(r.error()));
+    audit_.record("environment.ttl_set", id, principal.owner(),
+                  {{"ttl_s", ttl}, {"expires_at_ms", r->expiresAtMs}});
     return respond(200, environmentJson(r.value()));
   }
 

@@ -10,6 +10,7 @@
 #include "api/keys.h"
 #include "api/validation.h"
 #include "gate/approvals.h"
+#include "audit/log.h"
 #include "manager/environment_manager.h"
 
 namespace moat::api {
@@ -25,8 +26,10 @@ struct ApiOptions {
 
 class Api {
  public:
+  // `audit`: where events are recorded and read from (none: nothing is
+  // recorded and the audit endpoints answer 404).
   Api(manager::EnvironmentManager& manager, Keys& keys, gate::ApprovalCenter& approvals,
-      std::string masterToken, ApiOptions options = {});
+      std::string masterToken, ApiOptions options = {}, audit::Log* audit = nullptr);
   HttpResponse handle(const HttpRequest& request);
   // Before the body: unauthenticated requests are refused unread, and the
   // body limit is 16 MiB for file writes, 1 MiB for everything else.
@@ -35,7 +38,7 @@ class Api {
  private:
   HttpResponse route(const HttpRequest& request, const Principal& principal);
   HttpResponse keysRoute(const HttpRequest& request, const Principal& principal);
-  // One file per resource: exec.cc, files.cc, processes.cc, shell.cc.
+  // One file per resource: exec.cc, files.cc, processes.cc, shell.cc, events.cc.
   HttpResponse execRoute(const HttpRequest& request, const Principal& principal, const std::string& id);
   HttpResponse filesRoute(const HttpRequest& request, const Principal& principal, const std::string& id,
                           const std::string& sub);
@@ -49,6 +52,10 @@ class Api {
   std::optional<HttpResponse> check(const HttpRequest& request, const Principal& principal,
                                     const std::string& id, const gate::Action& action);
   Result<gate::Permissions> parsePermissions(const json& j, const gate::Permissions& base, ApiError& error);
+  HttpResponse eventsRoute(const HttpRequest& request, const Principal& principal);
+  HttpResponse verifyRoute(const HttpRequest& request, const Principal& principal);
+  // A refused token (401), for the audit log.
+  void recordAuthFailure(const HttpRequest& request, const std::string& token, const std::string& why);
   HttpResponse metrics();
   void countError(const std::string& code);
 
@@ -57,6 +64,8 @@ class Api {
   gate::ApprovalCenter& approvals_;
   std::string masterToken_;
   ApiOptions options_;
+  audit::Log* log_;
+  audit::Recorder& audit_;  // log_, or a recorder that drops everything
   std::mutex errorsMutex_;
   std::map<std::string, uint64_t> errors_;
   static constexpr std::array<double, 10> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025,

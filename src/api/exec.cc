@@ -18,6 +18,7 @@ HttpResponse Api::execRoute(const HttpRequest& req, const Principal& principal, 
     return errorResponse(*e);
   }
   manager::ExecRequest exec;
+  exec.actor = principal.owner();
   if (!j.contains("cmd")) return errorResponse(invalid("cmd", "required: a non-empty array of strings"));
   if (auto e = commandLine(j["cmd"], "cmd", exec.argv)) return errorResponse(*e);
   std::string encoding = "utf8";

@@ -1,9 +1,60 @@
+#include <cstring>
+
 #include "api/api.h"
+#include "api/keys.h"
 #include "api/validation.h"
 
 // /v1/environments/{id}/files: moat-init resolves every path inside the
 // environment's root (docs/API.md).
 namespace moat::api {
+namespace {
+
+// What the audit log records of a file operation moat-init answered: the
+// type and its data (with "error" when it failed).
+std::pair<const char*, json> fileEvent(const init::FileRequest& f, const init::FileResult& r) {
+  const char* type = "file.read";
+  json data = {{"path", f.path}};
+  switch (f.op) {
+    case init::FileOp::kRead:
+      data["offset"] = f.offset;
+      data["size"] = r.data.size();
+      break;
+    case init::FileOp::kWrite:
+      type = "file.written";
+      data["size"] = f.data.size();
+      data["sha256"] = sha256Hex(f.data);
+      data["append"] = (f.flags & init::kFileAppend) != 0;
+      data["mode"] = f.mode;
+      break;
+    case init::FileOp::kStat:
+      data["op"] = "stat";
+      break;
+    case init::FileOp::kList:
+      data["op"] = "list";
+      data["entries"] = r.entries.size();
+      break;
+    case init::FileOp::kMkdir:
+      type = "dir.created";
+      data["parents"] = (f.flags & init::kFileCreateParents) != 0;
+      break;
+    case init::FileOp::kRemove:
+      type = "file.removed";
+      data["recursive"] = (f.flags & init::kFileRecursive) != 0;
+      break;
+    case init::FileOp::kRename:
+      type = "file.moved";
+      data = {{"from", f.path}, {"to", f.target}};
+      break;
+  }
+  if (r.err != 0) {
+    data.erase("size");
+    data.erase("entries");
+    data["error"] = r.message.empty() ? std::string(std::strerror(r.err)) : r.message;
+  }
+  return {type, std::move(data)};
+}
+
+}  // namespace
 
 HttpResponse Api::filesRoute(const HttpRequest& req, const Principal& principal, const std::string& id,
                              const std::string& subsub) {
@@ -25,6 +76,8 @@ HttpResponse Api::filesRoute(const HttpRequest& req, const Principal& principal,
     }
     auto r = manager_.file(id, f);
     if (!r.ok()) return errorResponse(fromError(r.error()));
+    auto [type, data] = fileEvent(f, r.value());
+    audit_.record(type, id, principal.owner(), std::move(data));
     if (r->err != 0) {
       int status = r->err == ENOENT ? 404 : (r->err == EACCES || r->err == EPERM) ? 403
                    : r->err == EDQUOT || r->err == ENOSPC ? 507 : 400;

@@ -42,8 +42,9 @@ std::string errorBody(const std::string& code, const std::string& message) {
   return R"({"error":{"code":")" + code + R"(","message":")" + escaped + R"("}})";
 }
 
-HttpRequest requestHead(const http::request<http::string_body>& req) {
+HttpRequest requestHead(const http::request<http::string_body>& req, const std::string& remote) {
   HttpRequest request;
+  request.remote = remote;
   request.method = std::string(req.method_string());
   std::string target(req.target());
   auto q = target.find('?');
@@ -69,6 +70,7 @@ HttpRequest requestHead(const http::request<http::string_body>& req) {
   request.host = std::string(req[http::field::host]);
   request.origin = std::string(req[http::field::origin]);
   request.prefer = std::string(req["Prefer"]);
+  request.lastEventId = std::string(req["Last-Event-ID"]);
   auto lower = [](std::string v) {
     for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     return v;
@@ -135,7 +137,7 @@ void upgradeToWebSocket(Stream& stream, const HttpRequest& request, beast::flat_
 
 template <class Stream>
 void serveStream(Stream& stream, const Handler& handler, const PreflightHandler& preflight,
-                 const ServerLimits& limits) {
+                 const ServerLimits& limits, const std::string& remote) {
   beast::flat_buffer buffer;
   for (;;) {
     http::request_parser<http::string_body> parser;
@@ -145,7 +147,7 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
     http::read_header(stream, buffer, parser, ec);
     std::optional<HttpResponse> early;
     if (!ec && preflight) {
-      Preflight decision = preflight(requestHead(parser.get()));
+      Preflight decision = preflight(requestHead(parser.get(), remote));
       if (decision.reject) {
         early = std::move(decision.response);
       } else {
@@ -175,7 +177,7 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
       auto& req = parser.get();
       version = req.version();
       keepAlive = req.keep_alive();
-      HttpRequest request = requestHead(req);
+      HttpRequest request = requestHead(req, remote);
       request.body = std::move(req.body());
       try {
         response = handler(request);
@@ -203,6 +205,31 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
     http::write(stream, res, ec);
     if (ec || !keepAlive) return;
   }
+}
+
+// The peer, as the audit log names it.
+std::string peerOf(int fd, int family) {
+  if (family == AF_UNIX) {
+    struct ucred cred = {};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return "unix";
+    return "unix pid=" + std::to_string(cred.pid) + " uid=" + std::to_string(cred.uid);
+  }
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "";
+  char host[INET6_ADDRSTRLEN] = "";
+  if (ss.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
+    ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    return std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
+    ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    return "[" + std::string(host) + "]:" + std::to_string(ntohs(in6->sin6_port));
+  }
+  return "";
 }
 
 }  // namespace
@@ -312,15 +339,16 @@ void HttpServer::serve(int fd) {
   struct sockaddr_storage ss;
   socklen_t len = sizeof ss;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  const std::string remote = peerOf(fd, ss.ss_family);
   try {
     asio::io_context io;
     if (ss.ss_family == AF_UNIX) {
       asio::local::stream_protocol::socket socket(io, asio::local::stream_protocol(), fd);
-      serveStream(socket, handler_, preflight_, limits_);
+      serveStream(socket, handler_, preflight_, limits_, remote);
       socket.release();
     } else {
       asio::ip::tcp::socket socket(io, ss.ss_family == AF_INET6 ? asio::ip::tcp::v6() : asio::ip::tcp::v4(), fd);
-      serveStream(socket, handler_, preflight_, limits_);
+      serveStream(socket, handler_, preflight_, limits_, remote);
       socket.release();
     }
   } catch (const std::exception&) {

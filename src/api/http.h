@@ -28,6 +28,10 @@ struct HttpRequest {
   std::string host;
   std::string origin;
   std::string prefer;  // the Prefer header ("respond-async": answer 202 instead of waiting)
+  std::string lastEventId;  // Last-Event-ID: where a Server-Sent Events client resumes
+  // Who is on the other end, for the audit log: "127.0.0.1:50312", or
+  // "unix pid=812 uid=0" (the peer's credentials on the unix socket).
+  std::string remote;
   // A valid WebSocket handshake (GET, Upgrade: websocket, version 13, a key).
   bool websocketUpgrade = false;
   std::string websocketKey;

@@ -20,7 +20,8 @@ int64_t nowMs() {
 }  // namespace
 
 const std::vector<std::string>& knownScopes() {
-  static const std::vector<std::string> scopes = {"create", "read", "exec", "files", "destroy", "timeout", "approve", "permissions"};
+  static const std::vector<std::string> scopes = {"create",  "read",    "exec",        "files", "destroy",
+                                                  "timeout", "approve", "permissions", "audit"};
   return scopes;
 }
 

@@ -25,6 +25,7 @@ constexpr auto kCoalesce = std::chrono::milliseconds(10);
 std::string line(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"; }
 
 HttpResponse startProcess(manager::EnvironmentManager& manager, const HttpRequest& req, const std::string& id,
+                          const std::string& actor,
                           const std::function<std::optional<HttpResponse>(const gate::Action&)>& gate) {
   ApiError perr{};
   auto body = parseObject(req.body, perr);
@@ -34,6 +35,7 @@ HttpResponse startProcess(manager::EnvironmentManager& manager, const HttpReques
     return errorResponse(*e);
   }
   manager::ProcessRequest request;
+  request.actor = actor;
   if (!j.contains("cmd")) return errorResponse(invalid("cmd", "required: a non-empty array of strings"));
   if (auto e = commandLine(j["cmd"], "cmd", request.argv)) return errorResponse(*e);
   if (j.contains("env")) {
@@ -192,7 +194,7 @@ HttpResponse Api::processesRoute(const HttpRequest& req, const Principal& princi
   if (pid.empty()) {
     if (req.method == "POST") {
       if (auto e = onlyQuery(req, {})) return errorResponse(*e);
-      return startProcess(manager_, req, id, [&](const gate::Action& action) {
+      return startProcess(manager_, req, id, principal.owner(), [&](const gate::Action& action) {
         return check(req, principal, id, action);
       });
     }

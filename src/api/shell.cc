@@ -152,6 +152,7 @@ HttpResponse Api::shellRoute(const HttpRequest& req, const Principal& principal,
     request.rows = static_cast<uint16_t>(rows);
     request.cols = static_cast<uint16_t>(cols);
     request.kind = "shell";
+    request.actor = principal.owner();
     auto started = manager_.startProcess(id, request);
     if (!started.ok()) return errorResponse(fromError(started.error()));
     process = started.value();

@@ -72,6 +72,48 @@ Result<HttpReply> exchange(Stream& stream, const Endpoint& endpoint, const std::
 }
 
 template <class Stream>
+Result<HttpReply> streamExchange(Stream& stream, const Endpoint& endpoint, const std::string& target,
+                                 const std::string& token,
+                                 const std::function<bool(const std::string&)>& onData) {
+  http::request<http::empty_body> req{http::verb::get, target, 11};
+  req.set(http::field::host, endpoint.transport == Endpoint::Transport::kUnix
+                                 ? std::string("localhost")
+                                 : endpoint.host + ":" + std::to_string(endpoint.port));
+  req.set(http::field::user_agent, "moat-cli");
+  req.set(http::field::authorization, "Bearer " + token);
+  req.keep_alive(false);
+  beast::error_code ec;
+  http::write(stream, req, ec);
+  if (ec) return Error::make("io", "sending the request to moatd at " + endpoint.display() + ": " + ec.message());
+  beast::flat_buffer buffer;
+  http::response_parser<http::buffer_body> parser;
+  parser.body_limit(boost::none);  // a stream has no end in sight
+  http::read_header(stream, buffer, parser, ec);
+  if (ec) return Error::make("io", "reading moatd's answer from " + endpoint.display() + ": " + ec.message());
+  HttpReply reply;
+  reply.status = parser.get().result_int();
+  char piece[64 << 10];
+  while (!parser.is_done()) {
+    parser.get().body().data = piece;
+    parser.get().body().size = sizeof piece;
+    // read_some: hand over what arrived, do not wait for a full buffer.
+    http::read_some(stream, buffer, parser, ec);
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) {
+      return Error::make("io", "the stream from moatd at " + endpoint.display() + " broke: " + ec.message());
+    }
+    size_t n = sizeof piece - parser.get().body().size;
+    if (n == 0) continue;
+    if (reply.status != 200) {
+      if (reply.body.size() < (1u << 20)) reply.body.append(piece, n);
+      continue;
+    }
+    if (!onData(std::string(piece, n))) break;
+  }
+  return reply;
+}
+
+template <class Stream>
 Result<Client::Upgraded> upgrade(Stream& stream, const Endpoint& endpoint, const std::string& target,
                                  const std::string& token) {
   unsigned char nonce[16] = {};
@@ -261,6 +303,67 @@ Result<HttpReply> Client::request(const std::string& method, const std::string& 
   } catch (const std::exception& e) {
     return Error::make("io", "talking to moatd at " + endpoint_.display() + ": " + e.what());
   }
+}
+
+Result<HttpReply> Client::stream(const std::string& target,
+                                 const std::function<bool(const std::string&)>& onData) {
+  try {
+    asio::io_context io;
+    beast::error_code ec;
+    if (endpoint_.transport == Endpoint::Transport::kUnix) {
+      asio::local::stream_protocol::socket socket(io);
+      socket.connect(asio::local::stream_protocol::endpoint(endpoint_.path), ec);
+      if (ec) return unreachable(endpoint_, ec);
+      if (!token_.ok()) return token_.error();
+      return streamExchange(socket, endpoint_, target, token_.value(), onData);
+    }
+    asio::ip::tcp::socket socket(io);
+    std::string host = endpoint_.host == "localhost" ? "127.0.0.1" : endpoint_.host;
+    auto address = asio::ip::make_address(host, ec);
+    if (ec) return unreachable(endpoint_, ec);
+    socket.connect(asio::ip::tcp::endpoint(address, endpoint_.port), ec);
+    if (ec) return unreachable(endpoint_, ec);
+    if (!token_.ok()) return token_.error();
+    return streamExchange(socket, endpoint_, target, token_.value(), onData);
+  } catch (const std::exception& e) {
+    return Error::make("io", "talking to moatd at " + endpoint_.display() + ": " + e.what());
+  }
+}
+
+bool SseParser::feed(const std::string& bytes, const std::function<bool(const SseEvent&)>& onEvent) {
+  for (char c : bytes) {
+    if (c != '\n') {
+      line_ += c;
+      continue;
+    }
+    if (!line_.empty() && line_.back() == '\r') line_.pop_back();
+    if (line_.empty()) {
+      // A blank line ends an event (one with no data is not dispatched).
+      bool go = true;
+      if (hasData_) go = onEvent(current_);
+      current_ = SseEvent();
+      hasData_ = false;
+      if (!go) return false;
+      continue;
+    }
+    if (line_[0] != ':') {  // ':' starts a comment (heartbeats)
+      auto colon = line_.find(':');
+      std::string field = line_.substr(0, colon);
+      std::string value = colon == std::string::npos ? "" : line_.substr(colon + 1);
+      if (!value.empty() && value[0] == ' ') value.erase(0, 1);
+      if (field == "data") {
+        if (hasData_) current_.data += '\n';
+        current_.data += value;
+        hasData_ = true;
+      } else if (field == "id") {
+        current_.id = value;
+      } else if (field == "event") {
+        current_.event = value;
+      }
+    }
+    line_.clear();
+  }
+  return true;
 }
 
 Result<nlohmann::json> call(Client& client, const std::string& method, const std::string& target,

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -54,6 +55,12 @@ class Client {
   Client(Endpoint endpoint, Result<std::string> token);
   Result<HttpReply> request(const std::string& method, const std::string& target,
                             const std::string& body = "");
+  // GET `target` and hand the body to `onData` piece by piece as it arrives
+  // (a stream that stays open: moat events --follow); `onData` returning
+  // false ends it. An answer other than 200 comes back whole in the reply's
+  // body. A connection lost mid-stream is an error with code "io".
+  Result<HttpReply> stream(const std::string& target,
+                           const std::function<bool(const std::string&)>& onData);
   // Opens a WebSocket on `target` (moatd answers 101): the connected socket
   // and the bytes already read past the handshake. A refusal comes back as
   // an error carrying moatd's message.
@@ -73,6 +80,24 @@ class Client {
 // message. The JSON answer (null for an empty body).
 Result<nlohmann::json> call(Client& client, const std::string& method, const std::string& target,
                             const std::string& body, int expect);
+
+// Server-Sent Events (text/event-stream, what GET /v1/events answers), fed
+// as bytes arrive: each complete event goes to the callback.
+struct SseEvent {
+  std::string id;
+  std::string event;
+  std::string data;  // data lines joined with '\n'
+};
+class SseParser {
+ public:
+  // False when `onEvent` said stop.
+  bool feed(const std::string& bytes, const std::function<bool(const SseEvent&)>& onEvent);
+
+ private:
+  std::string line_;
+  SseEvent current_;
+  bool hasData_ = false;
+};
 
 // moatd's {"error":{"code","message","field"}} as one line:
 // "<message> (<code>[, field <field>])".

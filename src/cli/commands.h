@@ -14,5 +14,7 @@ int cpCommand(const std::vector<std::string>& args);
 int keysCommand(const std::vector<std::string>& args);
 int shellCommand(const std::vector<std::string>& args);
 int approvalsCommand(const std::vector<std::string>& args);
+int eventsCommand(const std::vector<std::string>& args);
+int auditCommand(const std::vector<std::string>& args);
 
 }  // namespace moat::cli

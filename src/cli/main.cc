@@ -30,11 +30,15 @@ commands:
             (moat shell --help)
   keys      scoped API keys for agents (moat keys create|ls|rm)
   approvals what the gate asks a person (moat approvals ls|approve|deny|watch)
+  events    moatd's audit log, listed or followed live (moat events --help)
+  audit     check the audit log's hash chain, export it
+            (moat audit verify|export)
   version   print the version
 
-Environment: MOAT_STATE (state directory, default /var/lib/moat); for env and
-exec also MOAT_URL (moatd's address, default unix:<state>/moatd.sock) and
-MOAT_TOKEN (default: the file <state>/master-token).
+Environment: MOAT_STATE (state directory, default /var/lib/moat); for the
+moatd clients (env, exec, cp, shell, keys, events, audit) also MOAT_URL
+(moatd's address, default unix:<state>/moatd.sock) and MOAT_TOKEN (default:
+the file <state>/master-token).
 )";
 
 }  // namespace
@@ -55,6 +59,8 @@ int main(int argc, char** argv) {
   if (command == "keys") return moat::cli::keysCommand(args);
   if (command == "shell") return moat::cli::shellCommand(args);
   if (command == "approvals") return moat::cli::approvalsCommand(args);
+  if (command == "events") return moat::cli::eventsCommand(args);
+  if (command == "audit") return moat::cli::auditCommand(args);
   if (command == "version" || command == "--version") {
     std::puts("moat " MOAT_VERSION);
     return 0;

@@ -14,6 +14,7 @@
 #include "api/auth.h"
 #include "api/http.h"
 #include "api/keys.h"
+#include "audit/log.h"
 #include "backend/namespaces/spawner.h"
 #include "common/process_args.h"
 #include "manager/environment_manager.h"
@@ -29,6 +30,7 @@ namespace {
 
 constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT] [--warm-pool N]
              [--max-environments N] [--permissions FILE] [--approval-timeout S]
+             [--audit-retention-days N]
 
   --state DIR             state directory (default $MOAT_STATE or /var/lib/moat)
   --listen HOST:PORT      TCP address (default 127.0.0.1:7070; port 0 picks one)
@@ -40,6 +42,10 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
                           run_command allow, network deny)
   --approval-timeout S    how long an action that asks a person waits for the
                           decision before it is denied (1 to 86400, default 120)
+  --audit-retention-days N
+                          prune audit events older than N days (default 30;
+                          0 keeps them forever); a checkpoint event keeps the
+                          chain verifiable
 
 Always also serves <state>/moatd.sock. The master token is <state>/master-token.
 SIGTERM/SIGINT stop moatd and destroy its environments. SIGUSR1 stops moatd
@@ -63,6 +69,7 @@ int main(int argc, char** argv) {
   size_t warmPool = 0;
   int64_t approvalTimeoutS = 120;
   manager::ManagerConfig config;
+  audit::LogOptions auditOptions;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if ((a == "--state" || a == "--listen") && i + 1 < argc) {
@@ -96,6 +103,13 @@ int main(int argc, char** argv) {
       auto parsed = gate::Permissions::parse(j, gate::Permissions::defaults());
       if (!parsed.ok()) return fail("--permissions: " + path + ": " + parsed.error().context);
       config.defaultPermissions = parsed.value();
+    } else if (a == "--audit-retention-days" && i + 1 < argc) {
+      std::string v = argv[++i];
+      if (v.empty() || v.size() > 5 || v.find_first_not_of("0123456789") != std::string::npos ||
+          std::stol(v) > 36500) {
+        return fail("--audit-retention-days needs a number from 0 to 36500");
+      }
+      auditOptions.retentionDays = std::stol(v);
     } else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
@@ -144,12 +158,16 @@ int main(int argc, char** argv) {
   if (!token.ok()) return fail(token.error().message());
   auto store = store::openSqliteStore(stateDir + "/moat.db");
   if (!store.ok()) return fail(store.error().message());
+  // Outlives the manager, which records until its last destroy; writes
+  // what is queued when it goes.
+  auto auditLog = audit::Log::open(*store.value(), auditOptions);
+  if (!auditLog.ok()) return fail("audit log: " + auditLog.error().message());
 
   config.stateDir = stateDir;
   config.warmPoolSize = warmPool;
   bool stopEverything = false;
   {
-    manager::EnvironmentManager manager(config, *store.value(), *spawner.value());
+    manager::EnvironmentManager manager(config, *store.value(), *spawner.value(), auditLog->get());
     // Until serving, a failure must leave the environments as they are.
     if (auto s = manager.recoverAfterRestart(); !s.ok()) {
       manager.detach();
@@ -167,7 +185,7 @@ int main(int argc, char** argv) {
     api::ApiOptions apiOptions;
     apiOptions.stateDir = stateDir;
     apiOptions.approvalTimeoutMs = approvalTimeoutS * 1000;
-    api::Api api(manager, keys, approvals, token.value(), apiOptions);
+    api::Api api(manager, keys, approvals, token.value(), apiOptions, auditLog->get());
     api::HttpServer server([&api](const api::HttpRequest& r) { return api.handle(r); },
                            [&api](const api::HttpRequest& head) { return api.preflight(head); });
     for (auto s : {server.listenUnix(stateDir + "/moatd.sock"), server.listenTcp(listen)}) {
@@ -194,6 +212,7 @@ int main(int argc, char** argv) {
     manager.interrupt();  // waiting execs end; nothing new starts
     approvals.shutdown();  // requests waiting for a person end too
     manager.onEnded({});   // the approvals go before the manager does
+    auditLog.value()->interrupt();  // event streams end
     server.stop();
     if (keep) {
       manager.detach();

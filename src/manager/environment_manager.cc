@@ -3,7 +3,9 @@
 #include <sys/sysinfo.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <set>
 
 #include <signal.h>
@@ -22,6 +24,42 @@ std::string endReason(const std::string& destroyReason) {
   return "the environment ended: " + destroyReason;
 }
 
+// The audit log's data holds integers only (docs/API.md, "Audit"): CPUs in
+// thousandths, storage in MiB.
+nlohmann::json createdData(const store::EnvironmentRecord& r, bool warm) {
+  return {{"template", r.templateName},
+          {"spec",
+           {{"millicpus", static_cast<int64_t>(r.cpus * 1000 + 0.5)},
+            {"ram_mb", r.ramMb},
+            {"storage_mb", static_cast<int64_t>(r.storageGb * 1024 + 0.5)},
+            {"pids", r.pids}}},
+          {"ttl_s", (r.expiresAtMs - r.createdAtMs) / 1000},
+          {"task_id", r.taskId},
+          {"labels", r.labels},
+          {"warm", warm}};
+}
+
+// A command's end as the audit log records it (exec.ended, process.ended).
+nlohmann::json endedData(const ProcessInfo& info) {
+  nlohmann::json j = {{"process", info.id}, {"argv", info.argv}, {"kind", info.kind},
+                      {"state", processStateName(info.state)}};
+  if (info.state == ProcessState::kExited) {
+    j["exit_code"] = info.signal ? 128 + info.signal : info.exitCode;
+    j["signal"] = info.signal;
+    j["timed_out"] = info.timedOut;
+    j["duration_ms"] = info.durationUs / 1000;
+    j["stdout_bytes"] = info.stdoutBytes;
+    j["stderr_bytes"] = info.stderrBytes;
+  } else if (info.state == ProcessState::kFailed) {
+    j["exit_code"] = info.spawnStage == "exec" && info.spawnErrno == ENOENT ? 127 : 126;
+    j["error"] = info.spawnStage + ": " + std::strerror(info.spawnErrno);
+  } else {
+    j["reason"] = info.reason;
+    j["duration_ms"] = info.endedAtMs - info.startedAtMs;
+  }
+  return j;
+}
+
 }  // namespace
 
 int64_t nowMs() {
@@ -31,8 +69,12 @@ int64_t nowMs() {
 }
 
 EnvironmentManager::EnvironmentManager(ManagerConfig config, store::Store& store,
-                                       backend::namespaces::Spawner& spawner)
-    : config_(std::move(config)), store_(store), spawner_(spawner) {
+                                       backend::namespaces::Spawner& spawner,
+                                       audit::Recorder* audit)
+    : config_(std::move(config)),
+      store_(store),
+      spawner_(spawner),
+      audit_(audit ? *audit : audit::nullRecorder()) {
   if (config_.maxTotalMemoryMb == 0) {
     struct sysinfo info;
     config_.maxTotalMemoryMb =
@@ -113,14 +155,19 @@ Status EnvironmentManager::recoverAfterRestart() {
     recorded.insert(r.id);
     if (!running.count(r.id) || r.state == "destroying") {
       if (running.count(r.id)) (void)spawner_.destroy(r.id);
-      (void)store_.setState(r.id, r.state == "destroying" ? "gone" : "failed",
-                            r.state == "destroying" ? r.reason : "moatd restarted and the environment was gone");
+      const std::string state = r.state == "destroying" ? "gone" : "failed";
+      const std::string reason =
+          r.state == "destroying" ? r.reason : "moatd restarted and the environment was gone";
+      (void)store_.setState(r.id, state, reason);
+      audit_.record("environment.destroyed", r.id, "moatd", {{"reason", reason}, {"state", state}});
       continue;
     }
     auto control = spawner_.attach(r.id);
     if (!control.ok()) {
       (void)spawner_.destroy(r.id);
-      (void)store_.setState(r.id, "failed", "re-attach after a moatd restart failed: " + control.error().message());
+      const std::string reason = "re-attach after a moatd restart failed: " + control.error().message();
+      (void)store_.setState(r.id, "failed", reason);
+      audit_.record("environment.destroyed", r.id, "moatd", {{"reason", reason}, {"state", "failed"}});
       continue;
     }
     std::string id = r.id;
@@ -133,6 +180,7 @@ Status EnvironmentManager::recoverAfterRestart() {
       reservedMemoryMb_ += r.ramMb;
     }
     if (r.state != "running") (void)store_.setState(id, "running", "");
+    audit_.record("environment.reattached", id, "moatd", nlohmann::json::object());
   }
   // Made by a moatd that died before recording them: nobody knows of them.
   for (const auto& id : running) {
@@ -243,6 +291,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
       nextExpiryMs_ = std::min(nextExpiryMs_, record.expiresAtMs);
       lock.unlock();
       poolCv_.notify_all();  // refill
+      audit_.record("environment.created", record.id, record.owner, createdData(record, true));
       return record;
     }
   }
@@ -279,19 +328,24 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   if (!created.ok()) {
     release(false);
     (void)store_.setState(record.id, "failed", created.error().message());
+    nlohmann::json data = createdData(record, false);
+    data["error"] = created.error().message();
+    audit_.record("environment.failed", record.id, record.owner, std::move(data));
     return created.error();
   }
   std::string id = record.id;
-  bool destroyedMeanwhile;
+  std::string destroyedBy;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    destroyedMeanwhile = destroyRequested_.count(id) > 0;
+    if (auto it = destroyRequested_.find(id); it != destroyRequested_.end()) destroyedBy = it->second;
   }
-  if (destroyedMeanwhile) {
+  if (!destroyedBy.empty()) {
     // A DELETE came while the spawner was creating it: honour it now.
     (void)spawner_.destroy(id);
     release(false);
     (void)store_.setState(id, "gone", "destroyed");
+    audit_.record("environment.created", id, record.owner, createdData(record, false));
+    audit_.record("environment.destroyed", id, destroyedBy, {{"reason", "destroyed"}, {"state", "gone"}});
     return Error::make("conflict", "environment " + id + " was destroyed while being created");
   }
   auto connection = std::make_shared<InitConnection>(std::move(created->control),
@@ -305,6 +359,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   }
   record.state = "running";
   (void)store_.setState(id, "running", "");
+  audit_.record("environment.created", id, record.owner, createdData(record, false));
   return record;
 }
 
@@ -464,10 +519,19 @@ Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::str
   spawn.stdinPipe = request.stdinOpen;
   spawn.pty = request.pty;
   spawn.timeoutMs = request.timeoutMs;
+  audit_.record("process.started", id, request.actor,
+                {{"process", process->id()}, {"argv", request.argv}, {"kind", request.kind},
+                 {"cwd", request.cwd}, {"pty", request.pty}});
+  process->onEnded([recorder = &audit_, id, actor = request.actor](const ProcessInfo& info) {
+    recorder->record("process.ended", id, actor, endedData(info));
+  });
   Status started = process->start(live.connection, spawn, "", false);
   if (started.ok() && request.pty) (void)process->resize(request.rows, request.cols);
   ++execs_;
-  if (!started.ok()) return started.error();
+  if (!started.ok()) {
+    process->abandon(started.error().message());  // its end is recorded
+    return started.error();
+  }
   return process;
 }
 
@@ -499,7 +563,17 @@ Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecReq
   spawn.timeoutMs = request.timeoutMs;
   spawn.outputLimit = limit;
   ++execs_;
-  MOAT_TRY(process->start(live.connection, spawn, request.stdinData, request.withStdin));
+  audit_.record("exec.started", id, request.actor,
+                {{"process", process->id()}, {"argv", request.argv}, {"cwd", request.cwd}});
+  // Every way out below ends the process; its end is recorded then.
+  process->onEnded([recorder = &audit_, id, actor = request.actor](const ProcessInfo& info) {
+    recorder->record("exec.ended", id, actor, endedData(info));
+  });
+  Status started = process->start(live.connection, spawn, request.stdinData, request.withStdin);
+  if (!started.ok()) {
+    process->abandon(started.error().message());
+    return started.error();
+  }
   // moat-init enforces the timeout; the grace covers the kill and the report.
   auto deadline = std::chrono::steady_clock::now() +
                   (request.timeoutMs ? std::chrono::milliseconds(request.timeoutMs + 10000)
@@ -548,7 +622,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::setTtl(const std::string& i
   return get(id);
 }
 
-Status EnvironmentManager::destroy(const std::string& id, const std::string& reason) {
+Status EnvironmentManager::destroy(const std::string& id, const std::string& reason,
+                                   const std::string& actor) {
   std::lock_guard<std::mutex> serial(destroyMutex_);
   MOAT_ASSIGN(auto record, get(id));
   if (record.state == "gone" || record.state == "failed") {
@@ -560,7 +635,7 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
     std::lock_guard<std::mutex> lock(mutex_);
     if (creatingIds_.count(id)) {
       // The spawner is still creating it; create() destroys it when done.
-      destroyRequested_.insert(id);
+      destroyRequested_.emplace(id, actor);
       (void)store_.setState(id, "destroying", reason);
       return {};
     }
@@ -580,6 +655,12 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   live.connection.reset();  // joins its reader: moat-init is gone by now
   // A failed destroy stays "destroying": the next moatd start finishes it.
   if (s.ok()) (void)store_.setState(id, failed ? "failed" : "gone", reason);
+  nlohmann::json data = {{"reason", reason}, {"state", failed ? "failed" : "gone"}};
+  if (!s.ok()) {
+    data["state"] = "destroying";
+    data["error"] = s.error().message();
+  }
+  audit_.record("environment.destroyed", id, actor, std::move(data));
   return s;
 }
 

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "audit/event.h"
 #include "backend/namespaces/spawner.h"
 #include "common/result.h"
 #include "init/protocol.h"
@@ -68,6 +69,7 @@ struct ProcessRequest {
   uint16_t cols = 80;
   uint64_t timeoutMs = 0;
   std::string kind = "process";
+  std::string actor = "master";  // who asked: for the audit log
 };
 
 struct ExecRequest {
@@ -77,6 +79,7 @@ struct ExecRequest {
   bool withStdin = false;
   uint64_t timeoutMs = 0;
   uint64_t outputLimit = 0;  // bytes kept per stream; 0: 16 MiB
+  std::string actor = "master";  // who asked: for the audit log
 };
 
 struct ExecResult {
@@ -103,10 +106,12 @@ struct Counters {
 // The lifecycle of moatd's environments: creating -> running -> destroying
 // -> gone, or failed. Every transition is written to the store first. Expired
 // environments are destroyed by a reaper thread, with the reason recorded.
+// Lifecycle changes and every command's start and end go to the audit log
+// (`audit`; none: not recorded).
 class EnvironmentManager {
  public:
   EnvironmentManager(ManagerConfig config, store::Store& store,
-                     backend::namespaces::Spawner& spawner);
+                     backend::namespaces::Spawner& spawner, audit::Recorder* audit = nullptr);
   ~EnvironmentManager();
 
   // Re-attaches to the environments a previous moatd left running (the
@@ -146,8 +151,10 @@ class EnvironmentManager {
   // Puts a rule first in the environment's first layer, or in every layer
   // ("remember": an allow must hold in each layer; a key's ceiling still applies).
   Status rememberRule(const std::string& id, gate::Scope scope, const gate::Rule& rule, bool everyLayer);
-  // Idempotent: destroying a gone environment is fine.
-  Status destroy(const std::string& id, const std::string& reason);
+  // Idempotent: destroying a gone environment is fine. `actor`: who asked
+  // ("moatd" for expiry, failure and shutdown).
+  Status destroy(const std::string& id, const std::string& reason,
+                 const std::string& actor = "moatd");
   void destroyAll(const std::string& reason);
   // Called (on the destroying thread) when an environment ends, with why:
   // what waits on it elsewhere (approvals) can end too. Set before serving.
@@ -156,6 +163,7 @@ class EnvironmentManager {
   }
   Counters counters();
   const ManagerConfig& config() const { return config_; }
+  audit::Recorder& audit() { return audit_; }
 
  private:
   struct Live {
@@ -192,12 +200,13 @@ class EnvironmentManager {
   ManagerConfig config_;
   store::Store& store_;
   backend::namespaces::Spawner& spawner_;
+  audit::Recorder& audit_;
   std::mutex mutex_;
   std::map<std::string, Live> live_;
   int64_t nextExpiryMs_ = 0;  // no live environment expires before; the reaper scans from then
   size_t creating_ = 0;
   std::set<std::string> creatingIds_;      // guarded by mutex_
-  std::set<std::string> destroyRequested_; // DELETE arrived while creating
+  std::map<std::string, std::string> destroyRequested_; // DELETE arrived while creating: id -> actor
   int64_t poolRetryAfterMs_ = 0;
   std::vector<std::string> initGone_;
   uint64_t reservedMemoryMb_ = 0;

@@ -2,6 +2,8 @@
 
 #include <signal.h>
 
+#include <utility>
+
 #include "manager/clock.h"
 
 namespace moat::manager {
@@ -44,7 +46,7 @@ void Process::onSpawned(uint32_t pid) {
 }
 
 void Process::onSpawnFailed(int err, const std::string& stage) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   if (info_.ended()) return;
   info_.state = ProcessState::kFailed;
   info_.spawnErrno = err;
@@ -52,6 +54,7 @@ void Process::onSpawnFailed(int err, const std::string& stage) {
   info_.stdinOpen = false;
   info_.endedAtMs = nowMs();
   cv_.notify_all();
+  ended(lock);
 }
 
 void Process::onOutput(init::Stream stream, const std::string& data) {
@@ -61,7 +64,7 @@ void Process::onOutput(init::Stream stream, const std::string& data) {
 }
 
 void Process::onExited(const init::Exited& exited) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   if (info_.ended()) return;
   info_.state = ProcessState::kExited;
   info_.exitCode = exited.exitCode;
@@ -73,16 +76,29 @@ void Process::onExited(const init::Exited& exited) {
   info_.stdinOpen = false;
   info_.endedAtMs = nowMs();
   cv_.notify_all();
+  ended(lock);
 }
 
 void Process::onLost(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   if (info_.ended()) return;
   info_.state = ProcessState::kLost;
   info_.reason = reason;
   info_.stdinOpen = false;
   info_.endedAtMs = nowMs();
   cv_.notify_all();
+  ended(lock);
+}
+
+void Process::onEnded(std::function<void(const ProcessInfo&)> hook) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  endHook_ = std::move(hook);
+}
+
+void Process::ended(std::unique_lock<std::mutex>& lock) {
+  auto hook = std::exchange(endHook_, nullptr);
+  lock.unlock();
+  if (hook) hook(info());
 }
 
 Status Process::start(const std::shared_ptr<InitConnection>& connection, init::SpawnRequest spawn,

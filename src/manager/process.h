@@ -3,6 +3,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -64,6 +65,9 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   // whether the command started.
   Status start(const std::shared_ptr<InitConnection>& connection, init::SpawnRequest spawn,
                const std::string& stdinData, bool closeStdin);
+  // Called once, with the final info, when the process ends (exits, fails
+  // to start, or is lost). Set it before start().
+  void onEnded(std::function<void(const ProcessInfo&)> hook);
   // Ends a process that nobody will hear from again (the environment is
   // being destroyed): readers get `reason` at once.
   void abandon(const std::string& reason) { onLost(reason); }
@@ -94,6 +98,9 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
 
  private:
   Status connectionGone() const;
+  // After a change to an ended state, with mutex_ held by `lock`: releases
+  // it and runs the end hook, if any.
+  void ended(std::unique_lock<std::mutex>& lock);
 
   const uint64_t id_;
   std::mutex mutex_;
@@ -103,6 +110,7 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   std::weak_ptr<InitConnection> connection_;
   uint32_t initId_ = 0;
   int viewers_ = 0;
+  std::function<void(const ProcessInfo&)> endHook_;
 };
 
 }  // namespace moat::manager

@@ -9,8 +9,8 @@
 
 #include "common/result.h"
 
-// moatd's persistent state: environments now; API keys, approvals and the
-// audit log later. SQLite by default (one file in the state directory),
+// moatd's persistent state: environments, API keys and the audit log;
+// approvals later. SQLite by default (one file in the state directory),
 // PostgreSQL in cluster mode later, behind this one interface.
 namespace moat::store {
 
@@ -65,6 +65,27 @@ struct ApprovalFilter {
   std::vector<std::string> environments;  // non-empty: only these (a key's own)
 };
 
+// One audit event as stored. src/audit/ says what the fields mean and how
+// the hashes chain; to the store they are opaque. `data` is JSON text.
+struct EventRecord {
+  uint64_t id = 0;  // 1, 2, ... in append order
+  int64_t timeMs = 0;
+  std::string type;
+  std::string environment;
+  std::string actor;
+  std::string data;
+  std::string prevHash;
+  std::string hash;
+};
+
+struct EventQuery {
+  uint64_t afterId = 0;         // events with a greater id
+  std::string environment;      // empty: any
+  std::string typePrefix;       // empty: any type
+  std::string owner;            // set: only events of the environments this owner created
+  size_t limit = 1000;
+};
+
 struct EnvironmentFilter {
   std::string taskId;                          // empty: any
   std::string state;                           // empty: any state but "gone"
@@ -100,6 +121,19 @@ class Store {
   virtual Result<std::vector<ApprovalRecord>> listApprovals(const ApprovalFilter& filter) = 0;  // newest first
   // Pending approvals become expired with `reason` (a restart: nobody waits any more).
   virtual Status expirePendingApprovals(const std::string& reason, int64_t atMs) = 0;
+  // Audit events: append-only. One transaction deletes every event with an
+  // id up to `pruneThrough` (0: none) and appends `events` in order.
+  virtual Status appendEvents(const std::vector<EventRecord>& events, uint64_t pruneThrough) = 0;
+  // Ascending id.
+  virtual Result<std::vector<EventRecord>> listEvents(const EventQuery& query) = 0;
+  virtual Result<std::optional<EventRecord>> getEvent(uint64_t id) = 0;
+  virtual Result<std::optional<EventRecord>> firstEvent() = 0;
+  virtual Result<std::optional<EventRecord>> lastEvent() = 0;
+  // The end of the oldest events: the greatest id such that it and every
+  // event before it are older than `timeMs` (times grow with the ids; a
+  // clock that stepped back ends the prefix early). 0 when the first event
+  // is not older.
+  virtual Result<uint64_t> lastEventBefore(int64_t timeMs) = 0;
 };
 
 // Opens (creating if needed) the SQLite store at `path`: WAL journal,

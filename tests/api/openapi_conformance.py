@@ -84,6 +84,8 @@ OAS_ONLY_KEYWORDS = ("nullable", "discriminator", "readOnly", "writeOnly", "xml"
 # The path every API-key endpoint lives under; its operations are for the
 # master token only, so they declare no x-moat-scope.
 KEYS_PATH = "/v1/keys"
+# Other master-token-only paths (no x-moat-scope either).
+MASTER_ONLY_PATHS = (KEYS_PATH, "/v1/audit")
 
 
 def scope_names(doc):
@@ -100,7 +102,7 @@ TRANSPORT_CODES = {"bad_request", "too_large", "internal", "unavailable"}
 # therefore describe JSON objects); text must be UTF-8; octet-stream is bytes.
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
-KNOWN_MEDIA = {JSON, NDJSON, "application/octet-stream", "text/plain"}
+KNOWN_MEDIA = {JSON, NDJSON, "application/octet-stream", "text/plain", "text/event-stream"}
 
 
 # moatd's --approval-timeout here: how long an action that asks waits for a
@@ -336,7 +338,7 @@ def lint_spec(doc):
             if secured and "403" not in responses:
                 problems.append(f"{where}: an API key can be refused it but it declares no 403")
             scope = op.get("x-moat-scope")
-            master_only = path == KEYS_PATH or path.startswith(KEYS_PATH + "/")
+            master_only = any(path == p or path.startswith(p + "/") for p in MASTER_ONLY_PATHS)
             if secured and not master_only and scope not in scope_names(doc):
                 problems.append(f"{where}: x-moat-scope {scope!r} is not one of the Scope schema's "
                                 f"{scope_names(doc)}")
@@ -1988,6 +1990,36 @@ def run_exchanges(c):
     c.call("DELETE", env(a), status=204)
 
     run_gate_exchanges(c)
+    # The audit log: everything above is in it, and its chain holds.
+    def sse_events(r):
+        events = [json.loads(line[6:]) for line in r.body.decode().split("\n") if line.startswith("data: ")]
+        for e in events:
+            errors = list(jsonschema.Draft4Validator(c.spec.schema({"$ref": "#/components/schemas/AuditEvent"}))
+                          .iter_errors(e))
+            expect(not errors, f"event {e.get('id')} does not match AuditEvent: {errors[:1]}")
+        return events
+
+    def event_types(*want):
+        def check(r):
+            got = [e["type"] for e in sse_events(r)]
+            expect(got == list(want), f"types {got}, expected {list(want)}")
+        return check
+
+    c.call("GET", "/v1/events?since=0&type=environment.destroyed&environment=" + mine, status=200,
+           check=event_types("environment.destroyed"))
+    c.call("GET", "/v1/events", status=200, check=lambda r: expect(len(sse_events(r)) > 10, "few events"))
+    c.call("GET", "/v1/events?since=abc", status=400, code="invalid_request", field="since")
+    c.call("GET", "/v1/events?follow=maybe", status=400, code="invalid_request", field="follow")
+    c.call("GET", "/v1/events?bogus=1", status=400, code="unknown_field", field="bogus")
+    c.call("GET", "/v1/events", token=tok("reader"), status=403, code="forbidden", note="no audit scope")
+    c.call("POST", "/v1/events", status=405, code="method_not_allowed")
+
+    def holds(r):
+        expect(r.json["ok"] is True and r.json["checked"] > 10, f"verify: {r.json}")
+        expect("first_broken" not in r.json, "first_broken on a chain that holds")
+    c.call("GET", "/v1/audit/verify", status=200, check=holds)
+    c.call("GET", "/v1/audit/verify", token=tok("reader"), status=403, code="forbidden", note="master only")
+    c.call("DELETE", "/v1/audit/verify", status=405, code="method_not_allowed")
 
     def counted(r):
         text = r.body.decode()

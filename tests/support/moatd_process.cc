@@ -248,10 +248,13 @@ bool EventStream::nextLine(std::string& line, int timeoutMs) {
   }
 }
 
-EventStream Moatd::stream(const std::string& target) {
+EventStream Moatd::stream(const std::string& target, const std::map<std::string, std::string>& headers,
+                          bool withToken) {
   int fd = connectUnix(socketPath());
-  std::string req = "GET " + target + " HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer " + token_ +
-                    "\r\n\r\n";
+  std::string req = "GET " + target + " HTTP/1.1\r\nHost: localhost\r\n";
+  if (withToken) req += "Authorization: Bearer " + token_ + "\r\n";
+  for (const auto& [k, v] : headers) req += k + ": " + v + "\r\n";
+  req += "\r\n";
   std::string rest;
   int status = fd >= 0 && sendAll(fd, req) ? readHead(fd, rest) : 0;
   return EventStream(fd, status, rest);

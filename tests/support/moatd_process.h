@@ -52,8 +52,11 @@ class Moatd {
   HttpResult request(const std::string& method, const std::string& target,
                      const std::string& body = "", bool withToken = true,
                      const std::map<std::string, std::string>& headers = {});
-  // GET target and keep reading: the follow endpoints.
-  EventStream stream(const std::string& target);
+  // GET target and keep reading: the follow endpoints. `headers` replace
+  // nothing: they are added (Last-Event-ID, another Authorization with
+  // withToken false).
+  EventStream stream(const std::string& target, const std::map<std::string, std::string>& headers = {},
+                     bool withToken = true);
   // Opens a WebSocket on target: the connected fd (owned by the caller), the
   // HTTP status (101 on success) and the bytes read past the handshake (the
   // error body when refused).

@@ -296,8 +296,10 @@ export interface WriteFileOptions extends GatedOptions {
 /**
  * `approve`: decide approvals (give it to people's tools, not to agents).
  * `permissions`: replace an environment's permissions (which can loosen them).
+ * `audit`: read the audit events of the key's own environments.
  */
-export type Scope = "create" | "read" | "exec" | "files" | "destroy" | "timeout" | "approve" | "permissions";
+export type Scope =
+  | "create" | "read" | "exec" | "files" | "destroy" | "timeout" | "approve" | "permissions" | "audit";
 
 export interface CreateKeyRequest {
   name?: string;

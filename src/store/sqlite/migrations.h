@@ -68,6 +68,28 @@ CREATE TABLE approvals (
 CREATE INDEX approvals_state ON approvals (state);
 CREATE INDEX approvals_environment ON approvals (environment);
 )sql"},
+    // The audit log (src/audit/). Ids are assigned by moatd, consecutive in
+    // append order; the trigger keeps moatd's own code from editing a row
+    // (pruning deletes whole prefixes, see audit::Log). No index on time:
+    // times grow with the ids, and every index is another page written per
+    // batch.
+    Migration{4, R"sql(
+CREATE TABLE events (
+  id           INTEGER PRIMARY KEY NOT NULL,
+  time_ms      INTEGER NOT NULL,
+  type         TEXT NOT NULL,
+  environment  TEXT NOT NULL DEFAULT '',
+  actor        TEXT NOT NULL DEFAULT '',
+  data         TEXT NOT NULL DEFAULT '{}',  -- canonical JSON
+  prev_hash    TEXT NOT NULL,
+  hash         TEXT NOT NULL
+);
+CREATE INDEX events_environment ON events (environment, id);
+CREATE TRIGGER events_append_only BEFORE UPDATE ON events
+BEGIN
+  SELECT RAISE(ABORT, 'audit events are append-only');
+END;
+)sql"},
 };
 
 inline constexpr int kSchemaVersion = kMigrations.back().version;

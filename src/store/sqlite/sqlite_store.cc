@@ -99,6 +99,11 @@ class Statement {
     (void)row;
     return {};
   }
+  // Ready to be bound and run again (a batch reuses one prepared statement).
+  void reset() {
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+  }
 
   std::string text(int column) const {
     const auto* data = reinterpret_cast<const char*>(sqlite3_column_text(stmt_, column));
@@ -602,6 +607,159 @@ Status SqliteStore::expirePendingApprovals(const std::string& reason, int64_t at
                                  "expire pending approvals"));
   MOAT_TRY(stmt.bindAll(reason, atMs));
   return stmt.run();
+}
+
+namespace {
+
+constexpr std::string_view kSelectEvents =
+    "SELECT id, time_ms, type, environment, actor, data, prev_hash, hash FROM events";
+
+EventRecord readEvent(const Statement& stmt) {
+  EventRecord event;
+  event.id = static_cast<uint64_t>(stmt.integer(0));
+  event.timeMs = stmt.integer(1);
+  event.type = stmt.text(2);
+  event.environment = stmt.text(3);
+  event.actor = stmt.text(4);
+  event.data = stmt.text(5);
+  event.prevHash = stmt.text(6);
+  event.hash = stmt.text(7);
+  return event;
+}
+
+Result<std::vector<EventRecord>> readEvents(Statement& stmt) {
+  std::vector<EventRecord> events;
+  while (true) {
+    MOAT_ASSIGN(bool row, stmt.step());
+    if (!row) break;
+    events.push_back(readEvent(stmt));
+  }
+  return events;
+}
+
+}  // namespace
+
+Status SqliteStore::appendEvents(const std::vector<EventRecord>& events, uint64_t pruneThrough) {
+  const std::string what = "append " + std::to_string(events.size()) + " audit events";
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Transaction transaction, Transaction::begin(db_.get(), what));
+  if (pruneThrough > 0) {
+    MOAT_ASSIGN(Statement prune,
+                Statement::prepare(db_.get(), "DELETE FROM events WHERE id <= ?", what));
+    MOAT_TRY(prune.bindAll(static_cast<int64_t>(pruneThrough)));
+    MOAT_TRY(prune.run());
+  }
+  MOAT_ASSIGN(Statement insert,
+              Statement::prepare(db_.get(),
+                                 "INSERT INTO events (id, time_ms, type, environment, actor, data,"
+                                 " prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                 what));
+  for (const EventRecord& e : events) {
+    MOAT_TRY(insert.bindAll(static_cast<int64_t>(e.id), e.timeMs, e.type, e.environment, e.actor,
+                            e.data, e.prevHash, e.hash));
+    MOAT_TRY(insert.run());
+    insert.reset();
+  }
+  return transaction.commit(what);
+}
+
+Result<std::vector<EventRecord>> SqliteStore::listEvents(const EventQuery& query) {
+  // Fixed fragments only; the values are bound. The id range comes first so
+  // that a follower's "what is new" reads from the primary key.
+  std::string sql(kSelectEvents);
+  sql += " WHERE id > ?1";
+  if (!query.environment.empty()) sql += " AND environment = ?2";
+  if (!query.typePrefix.empty()) sql += " AND substr(type, 1, length(?3)) = ?3";
+  if (!query.owner.empty()) {
+    sql += " AND environment IN (SELECT id FROM environments WHERE owner = ?4)";
+  }
+  sql += " ORDER BY id LIMIT ?5";
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(), sql, "list audit events"));
+  MOAT_TRY(stmt.bindAt(1, static_cast<int64_t>(query.afterId)));
+  if (!query.environment.empty()) MOAT_TRY(stmt.bindAt(2, query.environment));
+  if (!query.typePrefix.empty()) MOAT_TRY(stmt.bindAt(3, query.typePrefix));
+  if (!query.owner.empty()) MOAT_TRY(stmt.bindAt(4, query.owner));
+  MOAT_TRY(stmt.bindAt(5, static_cast<int64_t>(query.limit)));
+  return readEvents(stmt);
+}
+
+Result<std::optional<EventRecord>> SqliteStore::getEvent(uint64_t id) {
+  const std::string what = "get audit event " + std::to_string(id);
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt,
+              Statement::prepare(db_.get(), std::string(kSelectEvents) + " WHERE id = ?", what));
+  MOAT_TRY(stmt.bindAll(static_cast<int64_t>(id)));
+  MOAT_ASSIGN(bool row, stmt.step());
+  if (!row) return std::optional<EventRecord>();
+  return std::optional<EventRecord>(readEvent(stmt));
+}
+
+namespace {
+
+Result<std::optional<EventRecord>> oneEvent(::sqlite3* db, const std::string& sql,
+                                            const std::string& what) {
+  MOAT_ASSIGN(Statement stmt, Statement::prepare(db, sql, what));
+  MOAT_ASSIGN(bool row, stmt.step());
+  if (!row) return std::optional<EventRecord>();
+  return std::optional<EventRecord>(readEvent(stmt));
+}
+
+}  // namespace
+
+Result<std::optional<EventRecord>> SqliteStore::firstEvent() {
+  std::lock_guard lock(mutex_);
+  return oneEvent(db_.get(), std::string(kSelectEvents) + " ORDER BY id LIMIT 1",
+                  "read the first audit event");
+}
+
+Result<std::optional<EventRecord>> SqliteStore::lastEvent() {
+  std::lock_guard lock(mutex_);
+  return oneEvent(db_.get(), std::string(kSelectEvents) + " ORDER BY id DESC LIMIT 1",
+                  "read the last audit event");
+}
+
+Result<uint64_t> SqliteStore::lastEventBefore(int64_t timeMs) {
+  const std::string what = "find audit events before " + std::to_string(timeMs);
+  std::lock_guard lock(mutex_);
+  // A binary search over the ids (a few primary key lookups) instead of an
+  // index on time_ms, which every append would have to write.
+  MOAT_ASSIGN(Statement bounds, Statement::prepare(db_.get(),
+                                                   "SELECT coalesce(min(id), 0), coalesce(max(id), 0) FROM events",
+                                                   what));
+  MOAT_ASSIGN(bool row, bounds.step());
+  if (!row || bounds.integer(0) == 0) return uint64_t{0};
+  MOAT_ASSIGN(Statement at, Statement::prepare(db_.get(),
+                                               "SELECT id, time_ms FROM events WHERE id >= ? ORDER BY id LIMIT 1",
+                                               what));
+  // The first event at or after `id` (ids may have gaps): its id and time.
+  auto eventAt = [&](int64_t id, int64_t& foundId, int64_t& foundTime) -> Status {
+    at.reset();
+    MOAT_TRY(at.bindAll(id));
+    MOAT_ASSIGN(bool found, at.step());
+    if (!found) return Error::make("store", what + ": no event at or after " + std::to_string(id));
+    foundId = at.integer(0);
+    foundTime = at.integer(1);
+    return {};
+  };
+  int64_t lo = bounds.integer(0), hi = bounds.integer(1), id = 0, time = 0;
+  MOAT_TRY(eventAt(lo, id, time));
+  if (time >= timeMs) return uint64_t{0};
+  MOAT_TRY(eventAt(hi, id, time));
+  if (time < timeMs) return static_cast<uint64_t>(hi);
+  // lo is older than timeMs, hi is not.
+  while (hi - lo > 1) {
+    int64_t mid = lo + (hi - lo) / 2;
+    MOAT_TRY(eventAt(mid, id, time));
+    if (id >= hi) {
+      hi = mid;  // nothing between mid and hi
+    } else if (time < timeMs) {
+      lo = id;
+    } else {
+      hi = id;
+    }
+  }
+  return static_cast<uint64_t>(lo);
 }
 
 }  // namespace moat::store::sqlite

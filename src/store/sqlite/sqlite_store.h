@@ -39,6 +39,12 @@ class SqliteStore final : public Store {
   Result<std::optional<ApprovalRecord>> getApproval(const std::string& id) override;
   Result<std::vector<ApprovalRecord>> listApprovals(const ApprovalFilter& filter) override;
   Status expirePendingApprovals(const std::string& reason, int64_t atMs) override;
+  Status appendEvents(const std::vector<EventRecord>& events, uint64_t pruneThrough) override;
+  Result<std::vector<EventRecord>> listEvents(const EventQuery& query) override;
+  Result<std::optional<EventRecord>> getEvent(uint64_t id) override;
+  Result<std::optional<EventRecord>> firstEvent() override;
+  Result<std::optional<EventRecord>> lastEvent() override;
+  Result<uint64_t> lastEventBefore(int64_t timeMs) override;
 
  private:
   explicit SqliteStore(DbPtr db) : db_(std::move(db)) {}
