@@ -73,6 +73,7 @@ std::optional<HttpResponse> Api::check(const HttpRequest& req, const Principal& 
   const gate::Evaluation& e = evaluation.value();
   if (e.decision == gate::Decision::kAllow) return std::nullopt;
   if (e.decision == gate::Decision::kDeny) {
+    audit_.record("gate.denied", id, principal.owner(), {{"action", action.toJson()}, {"rule", e.ruleJson}});
     return denied(action, std::string(gate::scopeName(action.scope)) + " denied by " + describe(e), e.ruleJson);
   }
   // Ask: a person decides. An approval already granted for this very action
@@ -80,6 +81,7 @@ std::optional<HttpResponse> Api::check(const HttpRequest& req, const Principal& 
   if (approvals_.consumeGrant(id, action, principal.owner())) return std::nullopt;
   auto approval = approvals_.request(id, action, principal.owner());
   if (!approval.ok()) return errorResponse(fromError(approval.error()));
+  audit_.record("approval.requested", id, principal.owner(), approvalJson(approval.value()));
   if (req.prefer.find("respond-async") != std::string::npos) {
     HttpResponse r = respond(202, {{"approval", approvalJson(approval.value())},
                                    {"message", "waiting for a person's decision: follow GET /v1/approvals/" +
@@ -133,6 +135,8 @@ HttpResponse Api::permissionsRoute(const HttpRequest& req, const Principal& prin
   if (!parsed.ok()) return errorResponse(perr);
   Status s = manager_.setPermissions(id, parsed.value(), replace);
   if (!s.ok()) return errorResponse(fromError(s.error()));
+  audit_.record("policy.changed", id, principal.owner(),
+                {{"permissions", parsed->toJson()}, {"replace", replace}});
   auto layers = manager_.permissions(id);
   if (!layers.ok()) return errorResponse(fromError(layers.error()));
   return respond(200, {{"permissions", layers->front().toJson()}, {"layers", gate::layersToJson(layers.value())}});
@@ -202,6 +206,7 @@ HttpResponse Api::approvalsRoute(const HttpRequest& req, const Principal& princi
   }
   auto decided = approvals_.decide(id, approve, principal.owner(), reason, remember);
   if (!decided.ok()) return errorResponse(fromError(decided.error()));
+  audit_.record("approval.decided", decided->environment, principal.owner(), approvalJson(decided.value()));
   if (remember) {
     // The decision becomes a rule for exactly this action on that environment.
     auto action = gate::actionFromJson(decided->action);

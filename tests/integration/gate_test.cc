@@ -115,6 +115,14 @@ TEST_F(Gate, AnAskWaitsForAPersonWhoApprovesOrDenies) {
   json err = json::parse(refused.body)["error"];
   EXPECT_EQ(err["approval"], b["id"]);
   EXPECT_NE(err["message"].get<std::string>().find("not now"), std::string::npos);
+  // Both questions and both answers are in the audit log, with who decided.
+  std::string events;
+  for (int i = 0; i < 200 && events.find("approval.decided") == std::string::npos; ++i) {
+    events = daemon_->request("GET", "/v1/events?type=approval.&environment=" + id).body;
+  }
+  EXPECT_NE(events.find("approval.requested"), std::string::npos) << events;
+  EXPECT_NE(events.find("approval.decided"), std::string::npos) << events;
+  EXPECT_NE(events.find("not now"), std::string::npos) << events;
   // Deciding twice is a conflict.
   EXPECT_EQ(call("POST", "/v1/approvals/" + b["id"].get<std::string>(), {{"decision", "approve"}}, 409)["error"]["code"],
             "conflict");
