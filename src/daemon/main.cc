@@ -154,14 +154,21 @@ int main(int argc, char** argv) {
   ::pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // threads inherit; sigwait below
   ::signal(SIGPIPE, SIG_IGN);
 
+  // A failure before serving must not leave a spawner behind that runs no
+  // environment (one that runs some is a previous moatd's: it stays).
+  auto failEarly = [&](const std::string& message) {
+    auto owned = spawner.value()->list();
+    if (owned.ok() && owned->empty()) (void)spawner.value()->shutdown();
+    return fail(message);
+  };
   auto token = api::loadOrCreateMasterToken(stateDir);
-  if (!token.ok()) return fail(token.error().message());
+  if (!token.ok()) return failEarly(token.error().message());
   auto store = store::openSqliteStore(stateDir + "/moat.db");
-  if (!store.ok()) return fail(store.error().message());
+  if (!store.ok()) return failEarly(store.error().message());
   // Outlives the manager, which records until its last destroy; writes
   // what is queued when it goes.
   auto auditLog = audit::Log::open(*store.value(), auditOptions);
-  if (!auditLog.ok()) return fail("audit log: " + auditLog.error().message());
+  if (!auditLog.ok()) return failEarly("audit log: " + auditLog.error().message());
 
   config.stateDir = stateDir;
   config.warmPoolSize = warmPool;

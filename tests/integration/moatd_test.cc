@@ -5,6 +5,9 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include <signal.h>
 
 #include <chrono>
@@ -484,6 +487,35 @@ TEST_F(MoatdApi, SigtermDestroysEnvironments) {
   json env = call("GET", "/v1/environments/" + id, nullptr, 200);
   EXPECT_EQ(env["state"], "gone");
   EXPECT_EQ(env.value("reason", ""), "moatd stopped");
+}
+
+}  // namespace
+}  // namespace moat::test
+
+namespace moat::test {
+namespace {
+
+// Any process whose command line mentions `needle` (moatd and its spawner
+// carry the state directory in theirs).
+bool processMentions(const std::string& needle) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream in(entry.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(needle) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST(MoatdStart, ABrokenStoreFailsClearlyAndLeavesNoSpawner) {
+  MOAT_REQUIRE_ROOT();
+  char tmpl[] = "/tmp/moatd-broken-XXXXXX";
+  std::string state = ::mkdtemp(tmpl);
+  { std::ofstream(state + "/moat.db") << "this is not a database"; }
+  auto r = runProcess({binDir() + "/moatd", "--state", state, "--listen", "127.0.0.1:0"});
+  EXPECT_EQ(r.exitCode, 1);
+  EXPECT_NE(r.err.find("not a database"), std::string::npos) << r.err;
+  EXPECT_FALSE(processMentions(state)) << "the spawner moatd started must not outlive a failed start";
+  std::filesystem::remove_all(state);
 }
 
 }  // namespace
