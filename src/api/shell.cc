@@ -16,7 +16,7 @@ namespace {
 
 constexpr auto kPingEvery = std::chrono::seconds(30);
 constexpr size_t kReplay = 64u << 10;
-constexpr auto kHangUpGrace = std::chrono::seconds(2);  // what a viewer joining a running shell sees first
+constexpr auto kHangUpGrace = std::chrono::seconds(5);  // what a viewer joining a running shell sees first
 
 // Sends the terminal's output to one viewer until the process ends or the
 // viewer leaves.
