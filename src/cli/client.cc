@@ -252,82 +252,60 @@ Result<Client> Client::fromOptions(const ConnectionOptions& options) {
 Client::Client(Endpoint endpoint, Result<std::string> token)
     : endpoint_(std::move(endpoint)), token_(std::move(token)) {}
 
-Result<Client::Upgraded> Client::openWebSocket(const std::string& target) {
+namespace {
+
+// Connects to moatd (unix socket or TCP) and hands the connected socket and
+// the token to `talk`: every kind of call shares how moatd is reached and
+// how failing to reach it is reported.
+template <class R, class Talk>
+Result<R> talkToMoatd(const Endpoint& endpoint, const Result<std::string>& token, Talk&& talk) {
   try {
     asio::io_context io;
     beast::error_code ec;
-    if (endpoint_.transport == Endpoint::Transport::kUnix) {
+    if (endpoint.transport == Endpoint::Transport::kUnix) {
       asio::local::stream_protocol::socket socket(io);
-      socket.connect(asio::local::stream_protocol::endpoint(endpoint_.path), ec);
-      if (ec) return unreachable(endpoint_, ec);
-      if (!token_.ok()) return token_.error();
-      return upgrade(socket, endpoint_, target, token_.value());
+      if (endpoint.path.size() >= sizeof(sockaddr_un::sun_path)) {
+        return Error::make("unreachable", "cannot reach moatd at " + endpoint.display() +
+                                              ": the socket path is too long");
+      }
+      socket.connect(asio::local::stream_protocol::endpoint(endpoint.path), ec);
+      if (ec) return unreachable(endpoint, ec);
+      if (!token.ok()) return token.error();
+      return talk(socket, token.value());
     }
     asio::ip::tcp::socket socket(io);
-    std::string host = endpoint_.host == "localhost" ? "127.0.0.1" : endpoint_.host;
+    std::string host = endpoint.host == "localhost" ? "127.0.0.1" : endpoint.host;
     auto address = asio::ip::make_address(host, ec);
-    if (ec) return unreachable(endpoint_, ec);
-    socket.connect(asio::ip::tcp::endpoint(address, endpoint_.port), ec);
-    if (ec) return unreachable(endpoint_, ec);
-    if (!token_.ok()) return token_.error();
-    return upgrade(socket, endpoint_, target, token_.value());
+    if (ec) return unreachable(endpoint, ec);
+    socket.connect(asio::ip::tcp::endpoint(address, endpoint.port), ec);
+    if (ec) return unreachable(endpoint, ec);
+    if (!token.ok()) return token.error();
+    return talk(socket, token.value());
   } catch (const std::exception& e) {
-    return Error::make("io", std::string("talking to moatd: ") + e.what());
+    return Error::make("io", "talking to moatd at " + endpoint.display() + ": " + e.what());
   }
+}
+
+}  // namespace
+
+Result<Client::Upgraded> Client::openWebSocket(const std::string& target) {
+  return talkToMoatd<Upgraded>(endpoint_, token_, [&](auto& socket, const std::string& token) {
+    return upgrade(socket, endpoint_, target, token);
+  });
 }
 
 Result<HttpReply> Client::request(const std::string& method, const std::string& target,
                                   const std::string& body) {
-  try {
-    asio::io_context io;
-    beast::error_code ec;
-    if (endpoint_.transport == Endpoint::Transport::kUnix) {
-      asio::local::stream_protocol::socket socket(io);
-      if (endpoint_.path.size() >= sizeof(sockaddr_un::sun_path)) {
-        return Error::make("unreachable", "cannot reach moatd at " + endpoint_.display() +
-                                              ": the socket path is too long");
-      }
-      socket.connect(asio::local::stream_protocol::endpoint(endpoint_.path), ec);
-      if (ec) return unreachable(endpoint_, ec);
-      if (!token_.ok()) return token_.error();
-      return exchange(socket, endpoint_, method, target, body, token_.value());
-    }
-    asio::ip::tcp::socket socket(io);
-    std::string host = endpoint_.host == "localhost" ? "127.0.0.1" : endpoint_.host;
-    auto address = asio::ip::make_address(host, ec);
-    if (ec) return unreachable(endpoint_, ec);
-    socket.connect(asio::ip::tcp::endpoint(address, endpoint_.port), ec);
-    if (ec) return unreachable(endpoint_, ec);
-    if (!token_.ok()) return token_.error();
-    return exchange(socket, endpoint_, method, target, body, token_.value());
-  } catch (const std::exception& e) {
-    return Error::make("io", "talking to moatd at " + endpoint_.display() + ": " + e.what());
-  }
+  return talkToMoatd<HttpReply>(endpoint_, token_, [&](auto& socket, const std::string& token) {
+    return exchange(socket, endpoint_, method, target, body, token);
+  });
 }
 
 Result<HttpReply> Client::stream(const std::string& target,
                                  const std::function<bool(const std::string&)>& onData) {
-  try {
-    asio::io_context io;
-    beast::error_code ec;
-    if (endpoint_.transport == Endpoint::Transport::kUnix) {
-      asio::local::stream_protocol::socket socket(io);
-      socket.connect(asio::local::stream_protocol::endpoint(endpoint_.path), ec);
-      if (ec) return unreachable(endpoint_, ec);
-      if (!token_.ok()) return token_.error();
-      return streamExchange(socket, endpoint_, target, token_.value(), onData);
-    }
-    asio::ip::tcp::socket socket(io);
-    std::string host = endpoint_.host == "localhost" ? "127.0.0.1" : endpoint_.host;
-    auto address = asio::ip::make_address(host, ec);
-    if (ec) return unreachable(endpoint_, ec);
-    socket.connect(asio::ip::tcp::endpoint(address, endpoint_.port), ec);
-    if (ec) return unreachable(endpoint_, ec);
-    if (!token_.ok()) return token_.error();
-    return streamExchange(socket, endpoint_, target, token_.value(), onData);
-  } catch (const std::exception& e) {
-    return Error::make("io", "talking to moatd at " + endpoint_.display() + ": " + e.what());
-  }
+  return talkToMoatd<HttpReply>(endpoint_, token_, [&](auto& socket, const std::string& token) {
+    return streamExchange(socket, endpoint_, target, token, onData);
+  });
 }
 
 bool SseParser::feed(const std::string& bytes, const std::function<bool(const SseEvent&)>& onEvent) {
