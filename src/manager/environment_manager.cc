@@ -417,6 +417,16 @@ Result<std::vector<gate::Permissions>> EnvironmentManager::permissions(const std
   return gate::layersFromJson(record.permissions, config_.defaultPermissions);
 }
 
+Status EnvironmentManager::storeLayers(const std::string& id, std::vector<gate::Permissions> layers) {
+  MOAT_TRY(store_.setPermissions(id, gate::layersToJson(layers).dump()));
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(id);
+  if (it != live_.end()) {
+    it->second.permissions = std::make_shared<const std::vector<gate::Permissions>>(std::move(layers));
+  }
+  return {};
+}
+
 Status EnvironmentManager::setPermissions(const std::string& id, const gate::Permissions& p, bool replace) {
   constexpr size_t kMaxLayers = 16;
   std::lock_guard<std::mutex> serial(permissionsMutex_);
@@ -431,11 +441,7 @@ Status EnvironmentManager::setPermissions(const std::string& id, const gate::Per
     }
     layers.push_back(p);
   }
-  MOAT_TRY(store_.setPermissions(id, gate::layersToJson(layers).dump()));
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = live_.find(id);
-  if (it != live_.end()) it->second.permissions = std::make_shared<const std::vector<gate::Permissions>>(layers);
-  return {};
+  return storeLayers(id, std::move(layers));
 }
 
 Status EnvironmentManager::rememberRule(const std::string& id, gate::Scope scope, const gate::Rule& rule,
@@ -444,11 +450,7 @@ Status EnvironmentManager::rememberRule(const std::string& id, gate::Scope scope
   MOAT_ASSIGN(Live live, liveOf(id));
   std::vector<gate::Permissions> layers = *live.permissions;
   for (size_t i = 0; i < (everyLayer ? layers.size() : 1); ++i) layers[i].prepend(scope, rule);
-  MOAT_TRY(store_.setPermissions(id, gate::layersToJson(layers).dump()));
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = live_.find(id);
-  if (it != live_.end()) it->second.permissions = std::make_shared<const std::vector<gate::Permissions>>(layers);
-  return {};
+  return storeLayers(id, std::move(layers));
 }
 
 Result<EnvironmentManager::Live> EnvironmentManager::liveOf(const std::string& id) {

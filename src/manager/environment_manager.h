@@ -175,6 +175,9 @@ class EnvironmentManager {
     std::shared_ptr<const std::vector<gate::Permissions>> permissions;  // replaced whole, never edited
   };
   Live makeLive(std::shared_ptr<InitConnection> connection, const store::EnvironmentRecord& record) const;
+  // Writes an environment's permission layers to the store, then swaps them
+  // in (permissionsMutex_ held by the caller).
+  Status storeLayers(const std::string& id, std::vector<gate::Permissions> layers);
   // A copy of the environment's live handles, or why there are none.
   Result<Live> liveOf(const std::string& id);
   void reaperLoop();

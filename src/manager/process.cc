@@ -124,52 +124,39 @@ Status Process::connectionGone() const {
   return Error::make("conflict", "process " + std::to_string(id_) + " has ended");
 }
 
+Result<Process::Channel> Process::channel(const std::function<Status()>& check) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (info_.ended()) return connectionGone().error();
+  if (check) MOAT_TRY(check());
+  auto connection = connection_.lock();
+  if (!connection) return connectionGone().error();
+  return Channel{std::move(connection), initId_};
+}
+
 Status Process::writeStdin(const std::string& data, bool close) {
-  std::shared_ptr<InitConnection> connection;
-  uint32_t initId;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (info_.ended()) return connectionGone();
+  MOAT_ASSIGN(Channel c, channel([&]() -> Status {
     if (!info_.stdinOpen) {
       return Error::make("conflict", "stdin of process " + std::to_string(id_) + " is closed");
     }
-    connection = connection_.lock();
-    initId = initId_;
     if (close) info_.stdinOpen = false;
-  }
-  if (!connection) return connectionGone();
-  if (!data.empty()) MOAT_TRY(connection->writeStdin(initId, data));
-  if (close) MOAT_TRY(connection->closeStdin(initId));
+    return {};
+  }));
+  if (!data.empty()) MOAT_TRY(c.connection->writeStdin(c.initId, data));
+  if (close) MOAT_TRY(c.connection->closeStdin(c.initId));
   return {};
 }
 
 Status Process::signal(int signo) {
-  std::shared_ptr<InitConnection> connection;
-  uint32_t initId;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (info_.ended()) return connectionGone();
-    connection = connection_.lock();
-    initId = initId_;
-  }
-  if (!connection) return connectionGone();
-  return connection->signal(initId, signo, true);
+  MOAT_ASSIGN(Channel c, channel({}));
+  return c.connection->signal(c.initId, signo, true);
 }
 
 Status Process::resize(uint16_t rows, uint16_t cols) {
-  std::shared_ptr<InitConnection> connection;
-  uint32_t initId;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (info_.ended()) return connectionGone();
-    if (!info_.pty) {
-      return Error::make("conflict", "process " + std::to_string(id_) + " has no terminal to resize");
-    }
-    connection = connection_.lock();
-    initId = initId_;
-  }
-  if (!connection) return connectionGone();
-  return connection->resize(initId, rows, cols);
+  MOAT_ASSIGN(Channel c, channel([&]() -> Status {
+    if (info_.pty) return {};
+    return Error::make("conflict", "process " + std::to_string(id_) + " has no terminal to resize");
+  }));
+  return c.connection->resize(c.initId, rows, cols);
 }
 
 int Process::attachViewer() {

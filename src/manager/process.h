@@ -98,6 +98,13 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
 
  private:
   Status connectionGone() const;
+  // The way to the running process: its connection and moat-init's id for
+  // it, once `check` (run with the lock held) agrees.
+  struct Channel {
+    std::shared_ptr<InitConnection> connection;
+    uint32_t initId;
+  };
+  Result<Channel> channel(const std::function<Status()>& check);
   // After a change to an ended state, with mutex_ held by `lock`: releases
   // it and runs the end hook, if any.
   void ended(std::unique_lock<std::mutex>& lock);
