@@ -30,6 +30,10 @@ json environmentJson(const store::EnvironmentRecord& r) {
     j["permissions"] = layers[0];
     if (layers.size() > 1) j["permission_layers"] = layers.size();
   }
+  json network = json::parse(r.network.empty() ? "{\"mode\": \"none\"}" : r.network, nullptr, false);
+  j["network"] = network.is_object() ? network["mode"] : json("none");
+  auto secrets = egress::secretsFromStored(r.secrets);
+  if (secrets.ok() && !secrets->empty()) j["secrets"] = egress::secretsToPublic(secrets.value());
   return j;
 }
 
@@ -250,7 +254,9 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     auto body = parseObject(req.body, perr);
     if (!body.ok()) return errorResponse(perr);
     const json& j = body.value();
-    if (auto e = onlyFields(j, {"task_id", "template", "spec", "ttl_s", "labels", "env", "permissions"}, "")) {
+    if (auto e = onlyFields(j, {"task_id", "template", "spec", "ttl_s", "labels", "env", "permissions", "network",
+                                "secrets"},
+                            "")) {
       return errorResponse(*e);
     }
     manager::CreateRequest create;
@@ -311,13 +317,14 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
       if (!parsed.ok()) return errorResponse(perr);
       create.permissions = parsed.value();
     }
+    if (auto e = parseNetwork(j, create)) return errorResponse(*e);
     auto created = manager_.create(create);
     if (!created.ok()) return errorResponse(fromError(created.error()));
     return respond(201, environmentJson(created.value()));
   }
 
   if (!sub.empty() && sub != "exec" && sub != "timeout" && sub != "files" && sub != "processes" &&
-      sub != "shell" && sub != "permissions") {
+      sub != "shell" && sub != "permissions" && sub != "network") {
     return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
   }
   // A key acts only on its own environments; others look like they do not exist.
@@ -326,6 +333,7 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
                       : sub == "timeout"     ? "timeout"
                       : sub == "files"       ? "files"
                       : sub == "permissions" ? "read"
+                      : sub == "network"     ? "read"
                                              : "exec";
   if (!principal.may(scope)) return forbidden(scope);
   if (!principal.master) {
@@ -335,7 +343,7 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     }
   }
 
-  if (sub != "files" && sub != "processes" && sub != "shell" && sub != "permissions") {
+  if (sub != "files" && sub != "processes" && sub != "shell" && sub != "permissions" && sub != "network") {
     if (auto e = onlyQuery(req, {})) return errorResponse(*e);
   }
 
@@ -378,6 +386,7 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
   if (sub == "processes") return processesRoute(req, principal, id);
   if (sub == "shell" && subsub.empty()) return shellRoute(req, principal, id);
   if (sub == "permissions" && subsub.empty()) return permissionsRoute(req, principal, id);
+  if (sub == "network" && subsub.empty()) return networkRoute(req, principal, id);
   return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
 }
 

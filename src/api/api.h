@@ -34,6 +34,11 @@ class Api {
   // Before the body: unauthenticated requests are refused unread, and the
   // body limit is 16 MiB for file writes, 1 MiB for everything else.
   Preflight preflight(const HttpRequest& head);
+  // network.cc: the gate's say on a destination off an environment's
+  // allowlist (asks a person and waits when the permission is "ask"), and
+  // whether it would ask, for the egress controller.
+  egress::GateAnswer networkGate(const std::string& id, const std::string& host, uint16_t port);
+  bool networkAsks(const std::string& id, const std::string& host);
 
  private:
   HttpResponse route(const HttpRequest& request, const Principal& principal);
@@ -47,6 +52,10 @@ class Api {
   // gate.cc: permissions and approvals.
   HttpResponse permissionsRoute(const HttpRequest& request, const Principal& principal, const std::string& id);
   HttpResponse approvalsRoute(const HttpRequest& request, const Principal& principal);
+  // network.cc: an environment's network policy.
+  HttpResponse networkRoute(const HttpRequest& request, const Principal& principal, const std::string& id);
+  // The create request's "network" and "secrets".
+  std::optional<ApiError> parseNetwork(const json& body, manager::CreateRequest& create);
   // The gate before a side effect: nothing when it may happen; otherwise the
   // answer (403 denied_by_policy, or 202 while a person decides).
   std::optional<HttpResponse> check(const HttpRequest& request, const Principal& principal,

@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "audit/log.h"
 #include "backend/namespaces/spawner.h"
 #include "common/process_args.h"
+#include "egress/controller.h"
 #include "manager/environment_manager.h"
 #include <nlohmann/json.hpp>
 
@@ -30,7 +32,8 @@ namespace {
 
 constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT] [--warm-pool N]
              [--max-environments N] [--permissions FILE] [--approval-timeout S]
-             [--audit-retention-days N]
+             [--audit-retention-days N] [--egress-hosts FILE]
+             [--egress-ca-bundle FILE] [--no-egress]
 
   --state DIR             state directory (default $MOAT_STATE or /var/lib/moat)
   --listen HOST:PORT      TCP address (default 127.0.0.1:7070; port 0 picks one)
@@ -46,6 +49,12 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
                           prune audit events older than N days (default 30;
                           0 keeps them forever); a checkpoint event keeps the
                           chain verifiable
+  --egress-hosts FILE     names the egress proxy resolves itself ("ADDRESS NAME..."
+                          lines) before asking the host's resolver
+  --egress-ca-bundle FILE CA certificates that upstream servers are verified
+                          against (default: the system's)
+  --no-egress             no egress proxy: every environment stays on network
+                          mode "none" (docs/EGRESS.md)
 
 Always also serves <state>/moatd.sock. The master token is <state>/master-token.
 SIGTERM/SIGINT stop moatd and destroy its environments. SIGUSR1 stops moatd
@@ -70,6 +79,8 @@ int main(int argc, char** argv) {
   int64_t approvalTimeoutS = 120;
   manager::ManagerConfig config;
   audit::LogOptions auditOptions;
+  egress::EgressConfig egressConfig;
+  bool egressOn = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if ((a == "--state" || a == "--listen") && i + 1 < argc) {
@@ -110,6 +121,12 @@ int main(int argc, char** argv) {
         return fail("--audit-retention-days needs a number from 0 to 36500");
       }
       auditOptions.retentionDays = std::stol(v);
+    } else if ((a == "--egress-hosts" || a == "--egress-ca-bundle") && i + 1 < argc) {
+      std::string path = argv[++i];
+      if (::access(path.c_str(), R_OK) != 0) return fail(a + ": cannot read " + path);
+      (a == "--egress-hosts" ? egressConfig.hostsFile : egressConfig.upstreamCaBundle) = path;
+    } else if (a == "--no-egress") {
+      egressOn = false;
     } else if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
@@ -173,8 +190,31 @@ int main(int argc, char** argv) {
   config.stateDir = stateDir;
   config.warmPoolSize = warmPool;
   bool stopEverything = false;
+  // The egress proxy asks the gate (in the API) about hosts off an
+  // allowlist; it serves before the API exists, so through a pointer.
+  std::atomic<api::Api*> apiForEgress{nullptr};
+  std::unique_ptr<egress::Controller> egress;
+  if (egressOn) {
+    egressConfig.stateDir = stateDir;
+    auto started = egress::Controller::start(
+        egressConfig, *auditLog->get(),
+        [&apiForEgress](const std::string& id, const std::string& host, uint16_t port) {
+          api::Api* a = apiForEgress.load();
+          return a ? a->networkGate(id, host, port) : egress::GateAnswer{false, "moatd is not serving"};
+        },
+        [&apiForEgress](const std::string& id, const std::string& host) {
+          api::Api* a = apiForEgress.load();
+          return a && a->networkAsks(id, host);
+        });
+    if (!started.ok()) {
+      return failEarly("egress: " + started.error().message() +
+                       " (moatd --no-egress runs without network access for environments)");
+    }
+    egress = std::move(started.value());
+  }
   {
     manager::EnvironmentManager manager(config, *store.value(), *spawner.value(), auditLog->get());
+    manager.setEgress(egress.get());
     // Until serving, a failure must leave the environments as they are.
     if (auto s = manager.recoverAfterRestart(); !s.ok()) {
       manager.detach();
@@ -193,6 +233,7 @@ int main(int argc, char** argv) {
     apiOptions.stateDir = stateDir;
     apiOptions.approvalTimeoutMs = approvalTimeoutS * 1000;
     api::Api api(manager, keys, approvals, token.value(), apiOptions, auditLog->get());
+    apiForEgress = &api;
     api::HttpServer server([&api](const api::HttpRequest& r) { return api.handle(r); },
                            [&api](const api::HttpRequest& head) { return api.preflight(head); });
     for (auto s : {server.listenUnix(stateDir + "/moatd.sock"), server.listenTcp(listen)}) {
@@ -221,12 +262,17 @@ int main(int argc, char** argv) {
     manager.onEnded({});   // the approvals go before the manager does
     auditLog.value()->interrupt();  // event streams end
     server.stop();
+    apiForEgress = nullptr;
+    if (egress) egress->stop();  // no connection outlives the API it asks
     if (keep) {
       manager.detach();
     } else {
       stopEverything = true;
     }
   }  // unless detached, the manager destroys its environments
-  if (stopEverything) (void)spawner.value()->shutdown();
+  if (stopEverything) {
+    (void)spawner.value()->shutdown();
+    if (egress) (void)egress->removeNamespace();
+  }
   return 0;
 }

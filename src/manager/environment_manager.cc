@@ -1,5 +1,7 @@
 #include "manager/environment_manager.h"
 
+#include <arpa/inet.h>
+
 #include <sys/sysinfo.h>
 
 #include <algorithm>
@@ -180,6 +182,13 @@ Status EnvironmentManager::recoverAfterRestart() {
       reservedMemoryMb_ += r.ramMb;
     }
     if (r.state != "running") (void)store_.setState(id, "running", "");
+    if (egress_ && r.netSlot >= 0) {
+      auto policy = egress::Policy::parse(nlohmann::json::parse(r.network, nullptr, false));
+      auto secrets = egress::secretsFromStored(r.secrets);
+      // A policy that cannot be read any more adopts the link shut.
+      egress_->adopt(id, static_cast<uint32_t>(r.netSlot), policy.ok() ? policy.value() : egress::Policy{},
+                     secrets.ok() ? secrets.value() : std::vector<egress::Secret>{});
+    }
     audit_.record("environment.reattached", id, "moatd", nlohmann::json::object());
   }
   // Made by a moatd that died before recording them: nobody knows of them.
@@ -260,7 +269,16 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   record.pids = request.pids > 0 ? request.pids : config_.defaultPids;
   record.labels = request.labels;
   record.env = request.env;
+  for (const auto& secret : request.secrets) record.env[secret.name] = secret.placeholder;
   record.owner = request.owner;
+  if (request.network.mode != egress::Mode::kNone || !request.secrets.empty()) {
+    if (!egress_) {
+      return Error::make("unavailable", "egress control is not running in this moatd (see moatd --help): "
+                                        "only network mode \"none\" is available");
+    }
+    record.network = request.network.toJson().dump();
+    record.secrets = egress::secretsToStored(request.secrets).dump();
+  }
   record.permissions =
       gate::layersToJson({request.permissions ? *request.permissions : config_.defaultPermissions}).dump();
   record.state = "creating";
@@ -292,6 +310,13 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
       lock.unlock();
       poolCv_.notify_all();  // refill
       audit_.record("environment.created", record.id, record.owner, createdData(record, true));
+      if (request.network.mode != egress::Mode::kNone) {
+        Status plugged = connectNetwork(record.id, request.network, request.secrets);
+        if (!plugged.ok()) {
+          (void)destroy(record.id, "failed: " + plugged.error().message());
+          return plugged.error();
+        }
+      }
       return record;
     }
   }
@@ -360,6 +385,13 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   record.state = "running";
   (void)store_.setState(id, "running", "");
   audit_.record("environment.created", id, record.owner, createdData(record, false));
+  if (request.network.mode != egress::Mode::kNone) {
+    Status plugged = connectNetwork(id, request.network, request.secrets);
+    if (!plugged.ok()) {
+      (void)destroy(id, "failed: " + plugged.error().message());
+      return plugged.error();
+    }
+  }
   return record;
 }
 
@@ -396,7 +428,14 @@ EnvironmentManager::Live EnvironmentManager::makeLive(std::shared_ptr<InitConnec
     for (gate::Scope scope : gate::kScopes) none.scope(scope).rules = {gate::Rule{}};
     closed.push_back(none);
   }
-  return Live{std::move(connection), record.env, record.ramMb,
+  std::map<std::string, std::string> env = record.env;
+  if (record.netSlot >= 0) {
+    for (auto& [k, v] : egress::Controller::environmentVariables(
+             egress::EgressNetwork::linkFor(static_cast<uint32_t>(record.netSlot)))) {
+      env.emplace(k, v);
+    }
+  }
+  return Live{std::move(connection), std::move(env), record.ramMb,
               std::make_shared<ProcessTable>(config_.processLimits), record.expiresAtMs,
               std::make_shared<const std::vector<gate::Permissions>>(layers.ok() ? layers.value() : closed)};
 }
@@ -624,6 +663,94 @@ Result<store::EnvironmentRecord> EnvironmentManager::setTtl(const std::string& i
   return get(id);
 }
 
+Status EnvironmentManager::writeNetworkFiles(const std::shared_ptr<InitConnection>& connection,
+                                            const egress::EgressNetwork::Link& link) {
+  auto write = [&](const std::string& path, const std::string& data) -> Status {
+    init::FileRequest w;
+    w.op = init::FileOp::kWrite;
+    w.path = path;
+    w.data = data;
+    w.mode = 0644;
+    w.flags = init::kFileCreateParents;
+    MOAT_ASSIGN(init::FileResult r, connection->file(w));
+    if (r.err != 0) return Error::fromErrno("write " + path + " in the environment", r.err);
+    return {};
+  };
+  const std::string& ca = egress_->caCertificatePem();
+  // The environment's own bundle plus moatd's CA, for programs that only
+  // read the system's (and for the variables that name ours).
+  std::string bundle;
+  init::FileRequest read;
+  read.op = init::FileOp::kRead;
+  read.path = "/etc/ssl/certs/ca-certificates.crt";
+  read.length = 4 << 20;
+  auto existing = connection->file(read);
+  bool haveSystemBundle = existing.ok() && existing->err == 0;
+  if (haveSystemBundle) bundle = existing->data;
+  if (!bundle.empty() && bundle.back() != '\n') bundle += '\n';
+  bundle += ca;
+  MOAT_TRY(write(egress::Controller::kCaPath, ca));
+  MOAT_TRY(write(egress::Controller::kCaBundlePath, bundle));
+  if (haveSystemBundle) MOAT_TRY(write(read.path, bundle));
+  std::string gateway = egress::formatIpv4(ntohl(link.gateway));
+  MOAT_TRY(write("/etc/resolv.conf", "# moat: names are answered by moatd's resolver (docs/EGRESS.md)\nnameserver " +
+                                         gateway + "\noptions timeout:2 attempts:2\n"));
+  return {};
+}
+
+Status EnvironmentManager::connectNetwork(const std::string& id, const egress::Policy& policy,
+                                          const std::vector<egress::Secret>& secrets) {
+  if (!egress_) return Error::make("unavailable", "egress control is not running in this moatd");
+  MOAT_ASSIGN(Live live, liveOf(id));
+  MOAT_ASSIGN(UniqueFd netns, spawner_.networkNamespace(id));
+  MOAT_ASSIGN(auto link, egress_->attach(id, netns.get(), policy, secrets));
+  Status s = writeNetworkFiles(live.connection, link);
+  if (s.ok()) s = store_.setNetwork(id, policy.toJson().dump(), link.slot);
+  if (!s.ok()) {
+    (void)egress_->detach(id);
+    return s;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (auto it = live_.find(id); it != live_.end()) {
+    for (auto& [k, v] : egress::Controller::environmentVariables(link)) it->second.env[k] = v;
+  }
+  return {};
+}
+
+Result<egress::Policy> EnvironmentManager::network(const std::string& id) {
+  MOAT_ASSIGN(auto record, get(id));
+  if (record.network.empty()) return egress::Policy{};
+  return egress::Policy::parse(nlohmann::json::parse(record.network, nullptr, false));
+}
+
+Status EnvironmentManager::setNetwork(const std::string& id, const egress::Policy& policy) {
+  std::lock_guard<std::mutex> serial(networkMutex_);
+  MOAT_TRY(liveOf(id));
+  if (!egress_) {
+    if (policy.mode == egress::Mode::kNone) return {};
+    return Error::make("unavailable", "egress control is not running in this moatd: only mode \"none\" is available");
+  }
+  bool linked = egress_->slotOf(id).has_value();
+  if (policy.mode == egress::Mode::kNone) {
+    if (linked) MOAT_TRY(egress_->detach(id));
+    MOAT_TRY(store_.setNetwork(id, policy.toJson().dump(), -1));
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = live_.find(id); it != live_.end()) {
+      for (auto& [k, v] : egress::Controller::environmentVariables(egress::EgressNetwork::linkFor(0))) {
+        it->second.env.erase(k);
+      }
+    }
+    return {};
+  }
+  if (linked) {
+    MOAT_TRY(egress_->setPolicy(id, policy));
+    return store_.setNetwork(id, policy.toJson().dump(), *egress_->slotOf(id));
+  }
+  MOAT_ASSIGN(auto record, get(id));
+  auto secrets = egress::secretsFromStored(record.secrets);
+  return connectNetwork(id, policy, secrets.ok() ? secrets.value() : std::vector<egress::Secret>{});
+}
+
 Status EnvironmentManager::destroy(const std::string& id, const std::string& reason,
                                    const std::string& actor) {
   std::lock_guard<std::mutex> serial(destroyMutex_);
@@ -652,6 +779,7 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   // Whoever follows a process hears why it ends before the kill lands.
   if (live.processes) live.processes->close(endReason(reason));
   if (endedHook_) endedHook_(id, endReason(reason));
+  if (egress_) egress_->forget(id);  // its link goes with its namespace
   (void)store_.setState(id, "destroying", reason);
   Status s = spawner_.destroy(id);
   live.connection.reset();  // joins its reader: moat-init is gone by now

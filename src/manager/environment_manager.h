@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "audit/event.h"
+#include "egress/controller.h"
 #include "backend/namespaces/spawner.h"
 #include "common/result.h"
 #include "init/protocol.h"
@@ -55,6 +56,8 @@ struct CreateRequest {
   std::map<std::string, std::string> env;  // added to every command's environment
   std::string owner = "master";
   std::optional<gate::Permissions> permissions;  // none: the server's defaults
+  egress::Policy network;                   // mode none: loopback only
+  std::vector<egress::Secret> secrets;      // their placeholders go into `env`
 };
 
 // A command started in the background (or a shell): it runs on while
@@ -151,6 +154,13 @@ class EnvironmentManager {
   // Puts a rule first in the environment's first layer, or in every layer
   // ("remember": an allow must hold in each layer; a key's ceiling still applies).
   Status rememberRule(const std::string& id, gate::Scope scope, const gate::Rule& rule, bool everyLayer);
+  // Egress (docs/EGRESS.md): without a controller, only mode "none" works.
+  void setEgress(egress::Controller* egress) { egress_ = egress; }
+  // The policy as stored (mode "none" when there is none).
+  Result<egress::Policy> network(const std::string& id);
+  // Changes the policy of a running environment: plugs its link in or out
+  // as the mode requires; open connections finish as they were.
+  Status setNetwork(const std::string& id, const egress::Policy& policy);
   // Idempotent: destroying a gone environment is fine. `actor`: who asked
   // ("moatd" for expiry, failure and shutdown).
   Status destroy(const std::string& id, const std::string& reason,
@@ -175,6 +185,11 @@ class EnvironmentManager {
     std::shared_ptr<const std::vector<gate::Permissions>> permissions;  // replaced whole, never edited
   };
   Live makeLive(std::shared_ptr<InitConnection> connection, const store::EnvironmentRecord& record) const;
+  // Gives a running environment its egress link and the files and variables
+  // that go with it (resolver, CA bundle, proxy variables).
+  Status connectNetwork(const std::string& id, const egress::Policy& policy,
+                        const std::vector<egress::Secret>& secrets);
+  Status writeNetworkFiles(const std::shared_ptr<InitConnection>& connection, const egress::EgressNetwork::Link& link);
   // Writes an environment's permission layers to the store, then swaps them
   // in (permissionsMutex_ held by the caller).
   Status storeLayers(const std::string& id, std::vector<gate::Permissions> layers);
@@ -204,6 +219,8 @@ class EnvironmentManager {
   store::Store& store_;
   backend::namespaces::Spawner& spawner_;
   audit::Recorder& audit_;
+  egress::Controller* egress_ = nullptr;
+  std::mutex networkMutex_;  // serializes network changes
   std::mutex mutex_;
   std::map<std::string, Live> live_;
   int64_t nextExpiryMs_ = 0;  // no live environment expires before; the reaper scans from then

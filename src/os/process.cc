@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #ifndef P_PIDFD
@@ -161,6 +162,27 @@ std::string describeWaitStatus(int status) {
   if (WIFEXITED(status)) return "exited with " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return std::string("killed by signal ") + ::strsignal(WTERMSIG(status));
   return "status " + std::to_string(status);
+}
+
+Result<UniqueFd> networkNamespaceOf(int pidfd) {
+  // The pid from the pidfd's fdinfo, then /proc (PIDFD_GET_NET_NAMESPACE
+  // needs 6.11). The pidfd keeps the pid from being reused while it is open.
+  std::string info;
+  {
+    UniqueFd f(::open(("/proc/self/fdinfo/" + std::to_string(pidfd)).c_str(), O_RDONLY | O_CLOEXEC));
+    if (!f) return Error::fromErrno("open fdinfo of pidfd");
+    char buf[1024];
+    ssize_t n = ::read(f.get(), buf, sizeof buf);
+    if (n <= 0) return Error::fromErrno("read fdinfo of pidfd");
+    info.assign(buf, static_cast<size_t>(n));
+  }
+  auto at = info.find("Pid:\t");
+  if (at == std::string::npos) return Error::make("not_found", "pidfd has no Pid in fdinfo");
+  long pid = std::strtol(info.c_str() + at + 5, nullptr, 10);
+  if (pid <= 0) return Error::make("not_found", "the process behind the pidfd has exited");
+  UniqueFd ns(::open(("/proc/" + std::to_string(pid) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
+  if (!ns) return Error::fromErrno("open /proc/" + std::to_string(pid) + "/ns/net");
+  return ns;
 }
 
 }  // namespace moat::os

@@ -36,6 +36,8 @@ Result<Child> cloneLight(uint64_t flags, int (*fn)(void*), void* arg);
 // Waits for the child behind pidfd; returns the wait status (as waitpid).
 Result<int> waitPidfd(int pidfd);
 Status pidfdSendSignal(int pidfd, int signo);
+// The network namespace of the process behind pidfd (an nsfs fd).
+Result<UniqueFd> networkNamespaceOf(int pidfd);
 
 Status setNamespace(int fd, int nstype);
 Status unshareNamespaces(int flags);

@@ -30,6 +30,9 @@ struct EnvironmentRecord {
   std::string owner;       // who created it: "master" or an API key id
   std::map<std::string, std::string> env;  // variables every command gets
   std::string permissions;  // JSON array of permission layers (gate/); "" = the defaults
+  std::string network;      // egress policy JSON (egress/policy.h); "" = none
+  std::string secrets;      // egress secrets as stored (egress/secrets.h); "" = none
+  int64_t netSlot = -1;     // the egress link's slot; -1: no link
 };
 
 // A scoped API key. The token itself is never stored: only its SHA-256.
@@ -114,6 +117,7 @@ class Store {
   virtual Status revokeKey(const std::string& id, int64_t atMs) = 0;  // "not_found"
 
   virtual Status setPermissions(const std::string& environmentId, const std::string& permissions) = 0;
+  virtual Status setNetwork(const std::string& environmentId, const std::string& network, int64_t netSlot) = 0;
   virtual Status insertApproval(const ApprovalRecord& approval) = 0;
   // Writes state, decided_by, reason, decided_at_ms, remember and used.
   virtual Status updateApproval(const ApprovalRecord& approval) = 0;

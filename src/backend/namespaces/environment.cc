@@ -387,4 +387,9 @@ void collectLeftovers(const std::string& stateDir) {
   }
 }
 
+Result<UniqueFd> Environment::networkNamespace() const {
+  if (!initPidfd_ || destroyed_) return Error::make("not_found", "environment " + id_ + " has no pid 1");
+  return os::networkNamespaceOf(initPidfd_.get());
+}
+
 }  // namespace moat::backend::namespaces

@@ -67,6 +67,8 @@ class Environment {
   // A fresh control connection to moat-init, which drops the old one
   // (reattachable environments only).
   Result<UniqueFd> reconnect();
+  // pid 1's network namespace: where moatd plugs an egress link in.
+  Result<UniqueFd> networkNamespace() const;
   uint64_t oomKills() const { return cgroup_ ? cgroup_->oomKills() : 0; }
   // Kills everything inside and removes every trace outside the volume
   // directory, then the volume itself. Idempotent.

@@ -18,7 +18,7 @@ namespace moat::backend::namespaces {
 namespace {
 
 constexpr size_t kMaxMessage = 1 << 16;
-enum Op : uint8_t { kCreate = 1, kDestroy = 2, kAttach = 3, kList = 4, kShutdown = 5 };
+enum Op : uint8_t { kCreate = 1, kDestroy = 2, kAttach = 3, kList = 4, kShutdown = 5, kNetns = 6 };
 
 uint64_t bitsOf(double v) {
   uint64_t bits;
@@ -149,6 +149,19 @@ std::string reply(const Status& status, const std::string& value = "") {
       UniqueFd control = env.value()->releaseControl();
       environments[id] = std::move(env.value());
       (void)sendMessage(client, reply(Status{}, id), control.get());
+    } else if (op.value() == kNetns) {
+      auto id = d.bytes();
+      auto it = id.ok() ? environments.find(id.value()) : environments.end();
+      if (it == environments.end()) {
+        (void)sendMessage(client, reply(Error::make("not_found", "spawner has no such environment")));
+        continue;
+      }
+      auto ns = it->second->networkNamespace();
+      if (!ns.ok()) {
+        (void)sendMessage(client, reply(ns.error()));
+        continue;
+      }
+      (void)sendMessage(client, reply(Status{}, id.value()), ns->get());
     } else if (op.value() == kDestroy || op.value() == kAttach) {
       auto id = d.bytes();
       if (!id.ok()) {
@@ -244,6 +257,14 @@ Result<UniqueFd> Spawner::attach(const std::string& id) {
   (void)ignored;
   if (!control) return Error::make("internal", "spawner sent no control socket");
   return control;
+}
+
+Result<UniqueFd> Spawner::networkNamespace(const std::string& id) {
+  UniqueFd ns;
+  MOAT_ASSIGN(std::string ignored, call(init::Encoder().u8(kNetns).bytes(id).take(), &ns));
+  (void)ignored;
+  if (!ns) return Error::make("internal", "spawner sent no namespace");
+  return ns;
 }
 
 Result<std::vector<std::string>> Spawner::list() {

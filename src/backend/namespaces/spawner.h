@@ -41,6 +41,8 @@ class Spawner {
   Status destroy(const std::string& id);
   // A new control connection to a running environment.
   Result<UniqueFd> attach(const std::string& id);
+  // The environment's network namespace (for its egress link).
+  Result<UniqueFd> networkNamespace(const std::string& id);
   // Ids of the environments the spawner owns.
   Result<std::vector<std::string>> list();
   // Destroys every environment and ends the spawner.

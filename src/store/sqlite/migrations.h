@@ -90,6 +90,14 @@ BEGIN
   SELECT RAISE(ABORT, 'audit events are append-only');
 END;
 )sql"},
+    // Egress (src/egress/): the network policy as given (JSON, "" = none),
+    // the secrets with their placeholders (JSON; the state directory is
+    // private to moatd) and the slot of the environment's link (-1: none).
+    Migration{5, R"sql(
+ALTER TABLE environments ADD COLUMN network TEXT NOT NULL DEFAULT '';
+ALTER TABLE environments ADD COLUMN secrets TEXT NOT NULL DEFAULT '';
+ALTER TABLE environments ADD COLUMN net_slot INTEGER NOT NULL DEFAULT -1;
+)sql"},
 };
 
 inline constexpr int kSchemaVersion = kMigrations.back().version;

@@ -216,7 +216,7 @@ Result<std::map<std::string, std::string>> decodeLabels(const std::string& text,
 
 constexpr std::string_view kSelectEnvironments =
     "SELECT id, task_id, template, cpus, ram_mb, storage_gb, pids, labels, state, reason,"
-    " created_at_ms, expires_at_ms, owner, env, permissions FROM environments";
+    " created_at_ms, expires_at_ms, owner, env, permissions, network, secrets, net_slot FROM environments";
 constexpr std::string_view kNewestFirst = " ORDER BY created_at_ms DESC, id";
 
 // Reads the current row of a statement that selected kSelectEnvironments.
@@ -237,6 +237,9 @@ Result<EnvironmentRecord> readEnvironment(const Statement& stmt) {
   record.expiresAtMs = stmt.integer(11);
   record.owner = stmt.text(12);
   record.permissions = stmt.text(14);
+  record.network = stmt.text(15);
+  record.secrets = stmt.text(16);
+  record.netSlot = stmt.integer(17);
   return record;
 }
 
@@ -312,8 +315,8 @@ Status SqliteStore::insertEnvironment(const EnvironmentRecord& record) {
               Statement::prepare(db_.get(),
                                  "INSERT INTO environments (id, task_id, template, cpus, ram_mb,"
                                  " storage_gb, pids, labels, state, reason, created_at_ms,"
-                                 " expires_at_ms, owner, env, permissions)"
-                                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 " expires_at_ms, owner, env, permissions, network, secrets, net_slot)"
+                                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                  what));
   // The unsigned counts are stored as their 64-bit pattern and read back the
   // same way, so every value round-trips.
@@ -321,7 +324,7 @@ Status SqliteStore::insertEnvironment(const EnvironmentRecord& record) {
                         static_cast<int64_t>(record.ramMb), record.storageGb,
                         static_cast<int64_t>(record.pids), labels, record.state, record.reason,
                         record.createdAtMs, record.expiresAtMs, record.owner, env,
-                        record.permissions));
+                        record.permissions, record.network, record.secrets, record.netSlot));
   return stmt.run();
 }
 
@@ -418,6 +421,17 @@ Status SqliteStore::setPermissions(const std::string& id, const std::string& per
   MOAT_ASSIGN(Statement stmt,
               Statement::prepare(db_.get(), "UPDATE environments SET permissions = ? WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(permissions, id));
+  MOAT_TRY(stmt.run());
+  if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such environment");
+  return {};
+}
+
+Status SqliteStore::setNetwork(const std::string& id, const std::string& network, int64_t netSlot) {
+  const std::string what = "set network of environment " + id;
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(),
+                                                 "UPDATE environments SET network = ?, net_slot = ? WHERE id = ?", what));
+  MOAT_TRY(stmt.bindAll(network, netSlot, id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such environment");
   return {};

@@ -34,6 +34,7 @@ class SqliteStore final : public Store {
   Result<std::vector<ApiKeyRecord>> listKeys() override;
   Status revokeKey(const std::string& id, int64_t atMs) override;
   Status setPermissions(const std::string& environmentId, const std::string& permissions) override;
+  Status setNetwork(const std::string& environmentId, const std::string& network, int64_t netSlot) override;
   Status insertApproval(const ApprovalRecord& approval) override;
   Status updateApproval(const ApprovalRecord& approval) override;
   Result<std::optional<ApprovalRecord>> getApproval(const std::string& id) override;

@@ -1,0 +1,117 @@
+#include <arpa/inet.h>
+
+#include "api/api.h"
+#include "api/validation.h"
+
+// Egress in the API (docs/EGRESS.md): an environment's network policy and
+// secrets, and the gate's part in egress decisions.
+namespace moat::api {
+namespace {
+
+// Policy::parse and parseSecrets name the field: "<field>: <problem>".
+ApiError fieldError(const Error& e) {
+  return {400, "invalid_request", e.context, e.context.substr(0, e.context.find(": "))};
+}
+
+json networkJson(const egress::Policy& policy, const store::EnvironmentRecord& record) {
+  json j = {{"network", policy.toJson()}};
+  if (record.netSlot >= 0) {
+    auto link = egress::EgressNetwork::linkFor(static_cast<uint32_t>(record.netSlot));
+    std::string gateway = egress::formatIpv4(ntohl(link.gateway));
+    j["link"] = json{{"address", egress::formatIpv4(ntohl(link.address))},
+                     {"gateway", gateway},
+                     {"proxy", "http://" + gateway + ":" + std::to_string(egress::kProxyPort)}};
+  }
+  return j;
+}
+
+}  // namespace
+
+std::optional<ApiError> Api::parseNetwork(const json& body, manager::CreateRequest& create) {
+  if (body.contains("network")) {
+    auto policy = egress::Policy::parse(body["network"]);
+    if (!policy.ok()) return fieldError(policy.error());
+    create.network = policy.value();
+  }
+  if (body.contains("secrets")) {
+    auto secrets = egress::parseSecrets(body["secrets"]);
+    if (!secrets.ok()) return fieldError(secrets.error());
+    for (const auto& s : secrets.value()) {
+      if (create.env.count(s.name)) return invalid("secrets", "secret " + s.name + " is also in \"env\"");
+    }
+    create.secrets = secrets.value();
+  }
+  return std::nullopt;
+}
+
+HttpResponse Api::networkRoute(const HttpRequest& req, const Principal& principal, const std::string& id) {
+  if (auto e = onlyQuery(req, {})) return errorResponse(*e);
+  if (req.method == "GET") {
+    auto policy = manager_.network(id);
+    if (!policy.ok()) return errorResponse(fromError(policy.error()));
+    auto record = manager_.get(id);
+    if (!record.ok()) return errorResponse(fromError(record.error()));
+    return respond(200, networkJson(policy.value(), record.value()));
+  }
+  if (req.method != "PUT") return wrongMethod(req, "GET or PUT");
+  // A new policy can open the network: like replacing permissions.
+  if (!principal.may("permissions")) {
+    return errorResponse({403, "forbidden",
+                          "changing the network policy can loosen it: it needs the master token or the "
+                          "'permissions' scope",
+                          ""});
+  }
+  ApiError perr{};
+  auto body = parseObject(req.body, perr);
+  if (!body.ok()) return errorResponse(perr);
+  if (auto e = onlyFields(body.value(), {"network"}, "")) return errorResponse(*e);
+  if (!body->contains("network")) return errorResponse(invalid("network", "required"));
+  auto policy = egress::Policy::parse((*body)["network"]);
+  if (!policy.ok()) return errorResponse(fieldError(policy.error()));
+  Status s = manager_.setNetwork(id, policy.value());
+  if (!s.ok()) return errorResponse(fromError(s.error()));
+  audit_.record("network.changed", id, principal.owner(), {{"network", policy->toJson()}});
+  auto record = manager_.get(id);
+  if (!record.ok()) return errorResponse(fromError(record.error()));
+  return respond(200, networkJson(policy.value(), record.value()));
+}
+
+egress::GateAnswer Api::networkGate(const std::string& id, const std::string& host, uint16_t port) {
+  gate::Action action;
+  action.scope = gate::Scope::kNetwork;
+  action.host = host;
+  action.port = port;
+  action.op = "connect";
+  auto evaluation = manager_.evaluate(id, action, nullptr);
+  if (!evaluation.ok()) return {false, evaluation.error().message()};
+  const gate::Evaluation& e = evaluation.value();
+  if (e.decision == gate::Decision::kAllow) return {true, "allowed by the network permission"};
+  if (e.decision == gate::Decision::kDeny) {
+    audit_.record("gate.denied", id, "environment", {{"action", action.toJson()}, {"rule", e.ruleJson}});
+    return {false, "the network permission denies it"};
+  }
+  if (approvals_.consumeGrant(id, action, "environment")) return {true, "approved"};
+  auto approval = approvals_.request(id, action, "environment");
+  if (!approval.ok()) return {false, approval.error().message()};
+  audit_.record("approval.requested", id, "environment",
+                {{"id", approval->id}, {"scope", "network"}, {"action", action.toJson()}});
+  auto decided = approvals_.await(approval->id, std::chrono::milliseconds(options_.approvalTimeoutMs));
+  if (!decided.ok()) return {false, decided.error().message()};
+  if (decided->state == "approved") {
+    approvals_.markUsed(decided->id);
+    return {true, "approved by " + decided->decidedBy + " (approval " + decided->id + ")"};
+  }
+  return {false, decided->state == "denied"
+                     ? "a person denied it (approval " + decided->id + ")"
+                     : "the approval expired (approval " + decided->id + "): " + decided->reason};
+}
+
+bool Api::networkAsks(const std::string& id, const std::string& host) {
+  gate::Action action;
+  action.scope = gate::Scope::kNetwork;
+  action.host = host;
+  auto evaluation = manager_.evaluate(id, action, nullptr);
+  return evaluation.ok() && evaluation->decision == gate::Decision::kAsk;
+}
+
+}  // namespace moat::api

@@ -1,0 +1,150 @@
+#pragma once
+
+#include <netinet/in.h>
+#include <openssl/ssl.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "audit/event.h"
+#include "common/result.h"
+#include "common/unique_fd.h"
+#include "egress/network.h"
+#include "egress/policy.h"
+#include "egress/resolver.h"
+#include "egress/secrets.h"
+#include "egress/channel.h"
+#include "egress/tls_authority.h"
+
+// Egress control (docs/EGRESS.md): every environment with network access
+// has a veth into moatd's egress namespace, where this controller's proxy
+// (HTTP forward proxy on 3128, transparent HTTP on 80 and HTTPS on 443) and
+// resolver (UDP 53) are the only things listening. Each connection is
+// decided by the environment's policy, then the gate, and recorded.
+namespace moat::egress {
+
+struct EgressConfig {
+  std::string stateDir;
+  std::string upstreamCaBundle;  // empty: the system's
+  std::string hostsFile;         // empty: none (see Resolver)
+  std::chrono::milliseconds idleTimeout{std::chrono::minutes(5)};
+  std::chrono::milliseconds connectTimeout{std::chrono::seconds(10)};
+};
+
+constexpr uint16_t kProxyPort = 3128;
+
+// The gate's say on a destination that no allowlist entry matched: waits
+// for a person when the environment's network permission is "ask".
+struct GateAnswer {
+  bool allowed = false;
+  std::string why;  // for the refusal and the event
+};
+using GateHook = std::function<GateAnswer(const std::string& environment, const std::string& host, uint16_t port)>;
+// Whether that question would be "ask" (then the resolver may answer a name
+// before the decision, with a stand-in address; nothing goes upstream).
+using GateProbe = std::function<bool(const std::string& environment, const std::string& host)>;
+
+class Controller {
+ public:
+  static Result<std::unique_ptr<Controller>> start(EgressConfig config, audit::Recorder& audit,
+                                                   GateHook gate, GateProbe asks);
+  ~Controller();  // stop()s; the namespace and its links stay (a restart adopts them)
+  // Stops serving: listeners close and every open connection ends. Idempotent.
+  void stop();
+
+  // Plugs an environment in (a new link in a free slot) with its policy and
+  // secrets; returns the link. Failure leaves nothing behind.
+  Result<EgressNetwork::Link> attach(const std::string& environment, int netnsFd, Policy policy,
+                                     std::vector<Secret> secrets);
+  // After a moatd restart: the link is still there, only moatd forgot it.
+  void adopt(const std::string& environment, uint32_t slot, Policy policy, std::vector<Secret> secrets);
+  // New connections follow the new policy; open ones finish as they were.
+  Status setPolicy(const std::string& environment, Policy policy);
+  // Removes the environment's link (its mode became "none").
+  Status detach(const std::string& environment);
+  // The environment is gone (its namespace took the link with it).
+  void forget(const std::string& environment);
+  std::optional<uint32_t> slotOf(const std::string& environment);
+  // moatd's orderly stop: nothing is left of the egress namespace.
+  Status removeNamespace();
+
+  const std::string& caCertificatePem() const { return authority_->caCertificatePem(); }
+  // What every command of a networked environment gets: proxy variables and
+  // the CA bundle paths (files written by the manager, see kCaBundlePath).
+  static std::map<std::string, std::string> environmentVariables(const EgressNetwork::Link& link);
+  static constexpr const char* kCaPath = "/etc/moat/ca.crt";
+  static constexpr const char* kCaBundlePath = "/etc/moat/ca-bundle.crt";
+
+  struct Stats {
+    uint64_t accepted = 0, refused = 0, dnsQueries = 0;
+  };
+  Stats stats() const { return {accepted_.load(), refused_.load(), dnsQueries_.load()}; }
+
+ private:
+  struct Env;
+  struct Decision;
+  enum class Entry { kForward, kHttp, kTls };
+  Controller() = default;
+
+  std::shared_ptr<Env> envByAddress(uint32_t address);
+  void acceptLoop(int listenFd, Entry entry);
+  void dnsLoop();
+  void answerDns(std::shared_ptr<Env> env, std::string packet, struct sockaddr_in from);
+  void serve(UniqueFd client, Entry entry);
+  void serveConnection(const std::shared_ptr<Env>& env, UniqueFd client, Entry entry);
+  Decision authorize(const std::shared_ptr<Env>& env, const std::string& host, uint16_t port,
+                     const std::string& method, const std::string& path);
+  Result<UniqueFd> connectUpstream(uint32_t address, uint16_t port);
+  std::optional<std::string> standInName(uint32_t address);
+  static constexpr size_t kMaxThreads = 4096;
+  static constexpr uint32_t kStandInBase = 0xC6120000;  // 198.18.0.0/15 (benchmarking: never real)
+  static constexpr uint32_t kStandInCount = 1 << 17;
+  void record(const std::shared_ptr<Env>& env, bool allowed, nlohmann::json data);
+  void handleForward(const std::shared_ptr<Env>& env, UniqueFd client);
+  // TLS from the client: passed through as it is, or (secrets, request
+  // rules) intercepted with moatd's certificate and handled as HTTP.
+  void tlsTunnel(const std::shared_ptr<Env>& env, UniqueFd client, std::string buffered,
+                 const std::string& requested, uint16_t port, uint32_t destination, const std::string& via,
+                 const Decision* decided);
+  void handleHttp(const std::shared_ptr<Env>& env, Channel& client, const std::string& fixedHost,
+                  uint16_t fixedPort, std::unique_ptr<Channel> upstream, Decision decided, const std::string& via);
+  void throttle(const std::shared_ptr<Env>& env, size_t bytes);
+
+  EgressConfig config_;
+  audit::Recorder* audit_ = nullptr;
+  GateHook gate_;
+  GateProbe asks_;
+  std::unique_ptr<EgressNetwork> network_;
+  std::unique_ptr<TlsAuthority> authority_;
+  std::shared_ptr<SSL_CTX> upstreamTls_;
+  Resolver resolver_;
+
+  std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<Env>> byId_;
+  std::map<uint32_t, std::shared_ptr<Env>> bySlot_;
+  // Stand-in addresses (198.18.0.0/15) for names waiting on an "ask".
+  std::map<std::string, uint32_t> standInByName_;
+  std::map<uint32_t, std::string> nameByStandIn_;
+  uint32_t nextStandIn_ = 0;
+
+  std::vector<UniqueFd> listeners_;
+  UniqueFd dns_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stopping_{false};
+  std::mutex connectionsMutex_;
+  std::condition_variable connectionsCv_;
+  std::set<int> openFds_;  // shut down on stop so that every connection thread ends
+  size_t running_ = 0;
+  std::atomic<uint64_t> accepted_{0}, refused_{0}, dnsQueries_{0};
+};
+
+}  // namespace moat::egress

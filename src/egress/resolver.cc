@@ -1,0 +1,63 @@
+#include "egress/resolver.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+
+#include <cctype>
+#include <fstream>
+#include <sstream>
+
+#include "egress/policy.h"
+
+namespace moat::egress {
+
+Result<Resolver> Resolver::load(const std::string& hostsFile) {
+  Resolver r;
+  if (hostsFile.empty()) return r;
+  std::ifstream in(hostsFile);
+  if (!in) return Error::make("not_found", "cannot read the egress hosts file " + hostsFile);
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    line = line.substr(0, line.find('#'));
+    std::istringstream words(line);
+    std::string address, name;
+    if (!(words >> address)) continue;
+    auto a = parseIpv4(address);
+    if (!a) {
+      return Error::make("invalid_argument",
+                         hostsFile + ":" + std::to_string(number) + ": '" + address + "' is not an IPv4 address");
+    }
+    while (words >> name) {
+      for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      r.overrides_[name].push_back(*a);
+    }
+  }
+  return r;
+}
+
+Result<std::vector<uint32_t>> Resolver::resolve(const std::string& hostIn) const {
+  std::string host = hostIn;
+  for (auto& c : host) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (auto literal = parseIpv4(host)) return std::vector<uint32_t>{*literal};
+  if (auto it = overrides_.find(host); it != overrides_.end()) return it->second;
+  struct addrinfo hints {};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* list = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &list);
+  if (rc != 0) return Error::make("not_found", "cannot resolve " + host + ": " + gai_strerror(rc));
+  std::vector<uint32_t> out;
+  for (auto* p = list; p; p = p->ai_next) {
+    uint32_t a = ntohl(reinterpret_cast<sockaddr_in*>(p->ai_addr)->sin_addr.s_addr);
+    bool seen = false;
+    for (uint32_t x : out) seen = seen || x == a;
+    if (!seen) out.push_back(a);
+  }
+  ::freeaddrinfo(list);
+  if (out.empty()) return Error::make("not_found", "no IPv4 address for " + host);
+  return out;
+}
+
+}  // namespace moat::egress

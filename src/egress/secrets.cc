@@ -1,0 +1,157 @@
+#include "egress/secrets.h"
+
+#include <algorithm>
+#include <cctype>
+#include <set>
+
+#include "common/hex.h"
+#include "gate/permissions.h"
+
+namespace moat::egress {
+namespace {
+
+using json = nlohmann::json;
+
+Error invalid(const std::string& field, const std::string& problem) {
+  return Error::make("invalid_request", field + ": " + problem);
+}
+
+bool envName(const std::string& s) {
+  if (s.empty() || s.size() > 128 || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+}
+
+bool headerName(const std::string& s) {
+  return !s.empty() && s.size() <= 128 && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
+  });
+}
+
+bool headerSafe(const std::string& s) {
+  return std::none_of(s.begin(), s.end(), [](char c) { return c == '\r' || c == '\n' || c == '\0'; });
+}
+
+void replaceAll(std::string& text, const std::string& from, const std::string& to) {
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+}
+
+}  // namespace
+
+bool Secret::boundTo(const std::string& host) const {
+  std::string h = host;
+  for (auto& c : h) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return std::any_of(hosts.begin(), hosts.end(), [&](const std::string& g) { return gate::globMatch(g, h, false); });
+}
+
+Result<std::vector<Secret>> parseSecrets(const json& j) {
+  if (!j.is_array() || j.size() > 64) return invalid("secrets", "must be an array of at most 64 secrets");
+  std::vector<Secret> out;
+  std::set<std::string> names;
+  for (size_t i = 0; i < j.size(); ++i) {
+    std::string f = "secrets[" + std::to_string(i) + "]";
+    const json& s = j[i];
+    if (!s.is_object()) return invalid(f, "must be an object {name, value, hosts, header?}");
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      if (it.key() != "name" && it.key() != "value" && it.key() != "hosts" && it.key() != "header") {
+        return invalid(f + "." + it.key(), "unknown field (name, value, hosts, header)");
+      }
+    }
+    Secret secret;
+    if (!s.contains("name") || !s["name"].is_string() || !envName(s["name"])) {
+      return invalid(f + ".name", "required: an environment variable name (letters, digits, '_')");
+    }
+    secret.name = s["name"];
+    if (!names.insert(secret.name).second) return invalid(f + ".name", "duplicate secret " + secret.name);
+    if (!s.contains("value") || !s["value"].is_string() || s["value"].get<std::string>().empty() ||
+        s["value"].get<std::string>().size() > 16384 || !headerSafe(s["value"])) {
+      return invalid(f + ".value", "required: a non-empty string (at most 16 KiB, no line breaks)");
+    }
+    secret.value = s["value"];
+    if (!s.contains("hosts") || !s["hosts"].is_array() || s["hosts"].empty() || s["hosts"].size() > 64) {
+      return invalid(f + ".hosts", "required: the hosts (globs) that may receive it");
+    }
+    for (size_t k = 0; k < s["hosts"].size(); ++k) {
+      const json& h = s["hosts"][k];
+      std::string hf = f + ".hosts[" + std::to_string(k) + "]";
+      if (!h.is_string() || h.get<std::string>().empty() || h.get<std::string>().size() > 253) {
+        return invalid(hf, "must be a host name or glob");
+      }
+      std::string host = h;
+      for (auto& c : host) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (host == "*" || host.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789.-_*?") != std::string::npos) {
+        return invalid(hf, "must be a host name or glob (and not \"*\": a secret belongs to named hosts)");
+      }
+      secret.hosts.push_back(host);
+    }
+    if (s.contains("header")) {
+      if (!s["header"].is_string() || !headerSafe(s["header"])) return invalid(f + ".header", "must be a header");
+      std::string h = s["header"];
+      auto colon = h.find(':');
+      secret.header = h.substr(0, colon);
+      secret.headerFormat = colon == std::string::npos ? "{value}" : h.substr(colon + 1);
+      while (!secret.headerFormat.empty() && secret.headerFormat[0] == ' ') secret.headerFormat.erase(0, 1);
+      if (!headerName(secret.header) || secret.headerFormat.find("{value}") == std::string::npos) {
+        return invalid(f + ".header", "must be \"Name\" or \"Name: text with {value}\"");
+      }
+    }
+    MOAT_ASSIGN(std::string random, randomHex(16));
+    secret.placeholder = "moat-secret-" + random;
+    out.push_back(std::move(secret));
+  }
+  return out;
+}
+
+json secretsToStored(const std::vector<Secret>& secrets) {
+  json out = json::array();
+  for (const auto& s : secrets) {
+    out.push_back({{"name", s.name}, {"value", s.value}, {"hosts", s.hosts}, {"header", s.header},
+                   {"header_format", s.headerFormat}, {"placeholder", s.placeholder}});
+  }
+  return out;
+}
+
+Result<std::vector<Secret>> secretsFromStored(const std::string& text) {
+  std::vector<Secret> out;
+  if (text.empty()) return out;
+  json j = json::parse(text, nullptr, false);
+  if (!j.is_array()) return Error::make("corrupt", "stored secrets are not a JSON array");
+  for (const auto& s : j) {
+    Secret secret;
+    try {
+      secret.name = s.at("name");
+      secret.value = s.at("value");
+      secret.hosts = s.at("hosts").get<std::vector<std::string>>();
+      secret.header = s.at("header");
+      secret.headerFormat = s.at("header_format");
+      secret.placeholder = s.at("placeholder");
+    } catch (const json::exception& e) {
+      return Error::make("corrupt", std::string("stored secret: ") + e.what());
+    }
+    out.push_back(std::move(secret));
+  }
+  return out;
+}
+
+json secretsToPublic(const std::vector<Secret>& secrets) {
+  json out = json::array();
+  for (const auto& s : secrets) {
+    json one = {{"name", s.name}, {"hosts", s.hosts}};
+    if (!s.header.empty()) one["header"] = s.header;
+    out.push_back(one);
+  }
+  return out;
+}
+
+std::optional<std::string> substitute(const std::vector<Secret>& secrets, const std::string& host,
+                                      std::string& text) {
+  for (const auto& s : secrets) {
+    if (text.find(s.placeholder) == std::string::npos) continue;
+    if (!s.boundTo(host)) return s.name;
+  }
+  for (const auto& s : secrets) replaceAll(text, s.placeholder, s.value);
+  return std::nullopt;
+}
+
+}  // namespace moat::egress

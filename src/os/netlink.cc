@@ -1,0 +1,397 @@
+#include "os/netlink.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <linux/if_link.h>
+#include <linux/magic.h>
+#include <linux/netlink.h>
+#include <linux/nsfs.h>
+#include <linux/rtnetlink.h>
+#include <linux/veth.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/scope_exit.h"
+#include "os/file.h"
+
+namespace moat::os {
+namespace {
+
+constexpr char kThreadNetns[] = "/proc/thread-self/ns/net";
+
+// One rtnetlink request: the header, the family struct, then attributes,
+// some nested. Requests here are small and bounded (names are checked
+// against IFNAMSIZ first), so running out of room is a programming error.
+class Request {
+ public:
+  Request(uint16_t type, uint16_t flags) {
+    header()->nlmsg_len = NLMSG_LENGTH(0);
+    header()->nlmsg_type = type;
+    header()->nlmsg_flags = static_cast<uint16_t>(flags | NLM_F_REQUEST | NLM_F_ACK);
+  }
+
+  nlmsghdr* header() { return reinterpret_cast<nlmsghdr*>(buffer_); }
+
+  // The family struct (ifinfomsg, ifaddrmsg, rtmsg) right after the header.
+  template <class T>
+  T* body() {
+    return static_cast<T*>(reserve(sizeof(T)));
+  }
+
+  void addAttr(uint16_t type, const void* data, size_t length) {
+    auto* attr = static_cast<rtattr*>(reserve(RTA_LENGTH(length)));
+    attr->rta_type = type;
+    attr->rta_len = static_cast<uint16_t>(RTA_LENGTH(length));
+    std::memcpy(RTA_DATA(attr), data, length);
+  }
+  void addU32(uint16_t type, uint32_t value) { addAttr(type, &value, sizeof value); }
+  void addString(uint16_t type, const std::string& value) {
+    addAttr(type, value.c_str(), value.size() + 1);
+  }
+
+  // Returns the nest's offset, for endNested once its contents are added.
+  size_t beginNested(uint16_t type) {
+    size_t offset = header()->nlmsg_len;
+    auto* attr = static_cast<rtattr*>(reserve(RTA_LENGTH(0)));
+    attr->rta_type = type;
+    return offset;
+  }
+  void endNested(size_t offset) {
+    auto* attr = reinterpret_cast<rtattr*>(buffer_ + offset);
+    attr->rta_len = static_cast<uint16_t>(header()->nlmsg_len - offset);
+  }
+
+ private:
+  void* reserve(size_t length) {
+    size_t offset = NLMSG_ALIGN(header()->nlmsg_len);
+    size_t end = offset + NLMSG_ALIGN(length);
+    if (end > sizeof buffer_) {
+      std::fprintf(stderr, "moat: netlink request overflow\n");
+      std::abort();
+    }
+    header()->nlmsg_len = static_cast<uint32_t>(end);
+    return buffer_ + offset;
+  }
+
+  alignas(nlmsghdr) char buffer_[512] = {};
+};
+
+Status checkIfName(const std::string& name) {
+  if (name.empty() || name.size() >= IFNAMSIZ) {
+    return Error::make("invalid_argument", "interface name '" + name + "'");
+  }
+  return {};
+}
+
+// The kernel's extended-ACK text ("Invalid prefix for given prefix
+// length"), when it sent one.
+std::string extendedAckMessage(const nlmsghdr* header) {
+  if (!(header->nlmsg_flags & NLM_F_ACK_TLVS)) return "";
+  const auto* err = static_cast<const nlmsgerr*>(NLMSG_DATA(header));
+  size_t offset = NLMSG_HDRLEN + sizeof(nlmsgerr);
+  if (!(header->nlmsg_flags & NLM_F_CAPPED)) offset += err->msg.nlmsg_len - NLMSG_HDRLEN;
+  const char* base = reinterpret_cast<const char*>(header);
+  while (offset + NLA_HDRLEN <= header->nlmsg_len) {
+    const auto* attr = reinterpret_cast<const nlattr*>(base + offset);
+    if (attr->nla_len < NLA_HDRLEN || offset + attr->nla_len > header->nlmsg_len) break;
+    if (attr->nla_type == NLMSGERR_ATTR_MSG) {
+      return std::string(base + offset + NLA_HDRLEN,
+                         strnlen(base + offset + NLA_HDRLEN, attr->nla_len - NLA_HDRLEN));
+    }
+    offset += NLA_ALIGN(attr->nla_len);
+  }
+  return "";
+}
+
+// Brings the calling thread back to `original`. A thread left in another
+// network namespace would open every later socket there: not recoverable.
+void returnToNamespace(int original) {
+  if (::setns(original, CLONE_NEWNET) != 0) {
+    std::fprintf(stderr, "moat: cannot return to the original network namespace: %s\n",
+                 std::strerror(errno));
+    std::abort();
+  }
+}
+
+Result<UniqueFd> openInetSocket(int type, uint32_t addr, uint16_t port) {
+  std::string what = std::string(type == SOCK_STREAM ? "tcp " : "udp ") + ipv4ToString(addr) + ":" +
+                     std::to_string(port);
+  UniqueFd fd(::socket(AF_INET, type | SOCK_CLOEXEC, 0));
+  if (!fd) return Error::fromErrno("socket for " + what);
+  int one = 1;
+  if (::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0) {
+    return Error::fromErrno("SO_REUSEADDR on " + what);
+  }
+  sockaddr_in sin{};
+  sin.sin_family = AF_INET;
+  sin.sin_addr.s_addr = addr;
+  sin.sin_port = htons(port);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&sin), sizeof sin) != 0) {
+    return Error::fromErrno("bind " + what);
+  }
+  if (type == SOCK_STREAM && ::listen(fd.get(), 512) != 0)
+    return Error::fromErrno("listen " + what);
+  return fd;
+}
+
+Result<UniqueFd> openInetSocketIn(int netnsFd, int type, uint32_t addr, uint16_t port) {
+  if (netnsFd < 0) return openInetSocket(type, addr, port);
+  UniqueFd socket;
+  MOAT_TRY(inNetworkNamespace(netnsFd, [&]() -> Status {
+    MOAT_ASSIGN(socket, openInetSocket(type, addr, port));
+    return {};
+  }));
+  return socket;
+}
+
+}  // namespace
+
+std::string ipv4ToString(uint32_t address) {
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &address, text, sizeof text);
+  return text;
+}
+
+Result<Netlink> Netlink::open(int netnsFd) {
+  UniqueFd fd;
+  auto openSocket = [&]() -> Status {
+    fd.reset(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE));
+    if (!fd) return Error::fromErrno("socket NETLINK_ROUTE");
+    return {};
+  };
+  MOAT_TRY(netnsFd < 0 ? openSocket() : inNetworkNamespace(netnsFd, openSocket));
+  int one = 1;
+  // Error text from the kernel, and ACKs without a copy of the request.
+  // Both are optional: an old kernel just gives less detail.
+  ::setsockopt(fd.get(), SOL_NETLINK, NETLINK_EXT_ACK, &one, sizeof one);
+  ::setsockopt(fd.get(), SOL_NETLINK, NETLINK_CAP_ACK, &one, sizeof one);
+  sockaddr_nl local{};
+  local.nl_family = AF_NETLINK;
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&local), sizeof local) != 0) {
+    return Error::fromErrno("bind NETLINK_ROUTE");
+  }
+  return Netlink(std::move(fd));
+}
+
+Status Netlink::transact(void* request, const std::string& what,
+                         const std::function<void(const void* message)>& onReply) {
+  auto* header = static_cast<nlmsghdr*>(request);
+  header->nlmsg_seq = ++sequence_;
+  sockaddr_nl kernel{};
+  kernel.nl_family = AF_NETLINK;
+  ssize_t sent;
+  do {
+    sent = ::sendto(fd_.get(), header, header->nlmsg_len, 0, reinterpret_cast<sockaddr*>(&kernel),
+                    sizeof kernel);
+  } while (sent < 0 && errno == EINTR);
+  if (sent < 0) return Error::fromErrno("netlink send for " + what);
+
+  alignas(nlmsghdr) static thread_local char buffer[32768];
+  for (;;) {
+    ssize_t received = ::recv(fd_.get(), buffer, sizeof buffer, 0);
+    if (received < 0) {
+      if (errno == EINTR) continue;
+      return Error::fromErrno("netlink receive for " + what);
+    }
+    size_t remaining = static_cast<size_t>(received);
+    for (auto* reply = reinterpret_cast<nlmsghdr*>(buffer); NLMSG_OK(reply, remaining);
+         reply = NLMSG_NEXT(reply, remaining)) {
+      if (reply->nlmsg_seq != header->nlmsg_seq) continue;  // left over from an earlier request
+      if (reply->nlmsg_type == NLMSG_ERROR) {
+        const auto* err = static_cast<const nlmsgerr*>(NLMSG_DATA(reply));
+        if (err->error == 0) return {};
+        std::string detail = extendedAckMessage(reply);
+        return Error::fromErrno(detail.empty() ? what : what + " (" + detail + ")", -err->error);
+      }
+      if (reply->nlmsg_type != NLMSG_DONE && onReply) onReply(reply);
+    }
+  }
+}
+
+Status Netlink::createVethPair(const std::string& name, const std::string& peerName,
+                               int peerNetnsFd) {
+  MOAT_TRY(checkIfName(name));
+  MOAT_TRY(checkIfName(peerName));
+  Request request(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL);
+  request.body<ifinfomsg>()->ifi_family = AF_UNSPEC;
+  request.addString(IFLA_IFNAME, name);
+  size_t linkInfo = request.beginNested(IFLA_LINKINFO);
+  request.addString(IFLA_INFO_KIND, "veth");
+  size_t infoData = request.beginNested(IFLA_INFO_DATA);
+  size_t peer = request.beginNested(VETH_INFO_PEER);
+  request.body<ifinfomsg>()->ifi_family = AF_UNSPEC;
+  request.addString(IFLA_IFNAME, peerName);
+  request.addU32(IFLA_NET_NS_FD, static_cast<uint32_t>(peerNetnsFd));
+  request.endNested(peer);
+  request.endNested(infoData);
+  request.endNested(linkInfo);
+  return transact(request.header(), "create veth " + name + " (peer " + peerName + ")");
+}
+
+Result<int> Netlink::linkIndex(const std::string& name) {
+  MOAT_TRY(checkIfName(name));
+  Request request(RTM_GETLINK, 0);
+  request.body<ifinfomsg>()->ifi_family = AF_UNSPEC;
+  request.addString(IFLA_IFNAME, name);
+  request.addU32(IFLA_EXT_MASK, RTEXT_FILTER_SKIP_STATS);
+  int index = 0;
+  MOAT_TRY(transact(request.header(), "find link " + name, [&](const void* message) {
+    const auto* reply = static_cast<const nlmsghdr*>(message);
+    if (reply->nlmsg_type != RTM_NEWLINK) return;
+    index = static_cast<const ifinfomsg*>(NLMSG_DATA(reply))->ifi_index;
+  }));
+  if (index <= 0) return Error::fromErrno("find link " + name, ENODEV);
+  return index;
+}
+
+Status Netlink::addAddress(const std::string& ifName, uint32_t address, uint8_t prefixLen) {
+  std::string what =
+      "add address " + ipv4ToString(address) + "/" + std::to_string(prefixLen) + " to " + ifName;
+  MOAT_ASSIGN(int index, linkIndex(ifName));
+  Request request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_REPLACE);
+  auto* ifa = request.body<ifaddrmsg>();
+  ifa->ifa_family = AF_INET;
+  ifa->ifa_prefixlen = prefixLen;
+  ifa->ifa_scope = RT_SCOPE_UNIVERSE;
+  ifa->ifa_index = static_cast<uint32_t>(index);
+  request.addAttr(IFA_LOCAL, &address, sizeof address);
+  request.addAttr(IFA_ADDRESS, &address, sizeof address);
+  return transact(request.header(), what);
+}
+
+Status Netlink::setLinkUp(const std::string& ifName) {
+  MOAT_TRY(checkIfName(ifName));
+  Request request(RTM_NEWLINK, 0);
+  auto* ifi = request.body<ifinfomsg>();
+  ifi->ifi_family = AF_UNSPEC;
+  ifi->ifi_flags = IFF_UP;
+  ifi->ifi_change = IFF_UP;
+  request.addString(IFLA_IFNAME, ifName);
+  return transact(request.header(), "set link " + ifName + " up");
+}
+
+Status Netlink::addDefaultRoute(uint32_t gateway, const std::string& ifName) {
+  std::string what = "add default route via " + ipv4ToString(gateway) + " dev " + ifName;
+  MOAT_ASSIGN(int index, linkIndex(ifName));
+  Request request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE);
+  auto* rtm = request.body<rtmsg>();
+  rtm->rtm_family = AF_INET;
+  rtm->rtm_table = RT_TABLE_MAIN;
+  rtm->rtm_protocol = RTPROT_BOOT;
+  rtm->rtm_scope = RT_SCOPE_UNIVERSE;
+  rtm->rtm_type = RTN_UNICAST;
+  request.addAttr(RTA_GATEWAY, &gateway, sizeof gateway);
+  request.addU32(RTA_OIF, static_cast<uint32_t>(index));
+  return transact(request.header(), what);
+}
+
+Status Netlink::addAnyIpLocalRoute() {
+  MOAT_ASSIGN(int loopback, linkIndex("lo"));
+  Request request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE);
+  auto* rtm = request.body<rtmsg>();
+  rtm->rtm_family = AF_INET;
+  rtm->rtm_dst_len = 0;
+  rtm->rtm_table = RT_TABLE_LOCAL;
+  rtm->rtm_protocol = RTPROT_BOOT;
+  rtm->rtm_scope = RT_SCOPE_HOST;
+  rtm->rtm_type = RTN_LOCAL;
+  request.addU32(RTA_OIF, static_cast<uint32_t>(loopback));
+  return transact(request.header(), "add route local 0.0.0.0/0 dev lo table local");
+}
+
+Status Netlink::addLocalThrowRoute(uint32_t network, uint8_t prefixLen) {
+  Request request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE);
+  auto* rtm = request.body<rtmsg>();
+  rtm->rtm_family = AF_INET;
+  rtm->rtm_dst_len = prefixLen;
+  rtm->rtm_table = RT_TABLE_LOCAL;
+  rtm->rtm_protocol = RTPROT_BOOT;
+  rtm->rtm_scope = RT_SCOPE_UNIVERSE;
+  rtm->rtm_type = RTN_THROW;
+  request.addAttr(RTA_DST, &network, sizeof network);
+  return transact(request.header(), "add route throw " + ipv4ToString(network) + "/" +
+                                        std::to_string(prefixLen) + " table local");
+}
+
+Status Netlink::addUnreachableRoute(uint32_t network, uint8_t prefixLen) {
+  Request request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE);
+  auto* rtm = request.body<rtmsg>();
+  rtm->rtm_family = AF_INET;
+  rtm->rtm_dst_len = prefixLen;
+  rtm->rtm_table = RT_TABLE_MAIN;
+  rtm->rtm_protocol = RTPROT_BOOT;
+  rtm->rtm_scope = RT_SCOPE_UNIVERSE;
+  rtm->rtm_type = RTN_UNREACHABLE;
+  request.addAttr(RTA_DST, &network, sizeof network);
+  return transact(request.header(), "add route unreachable " + ipv4ToString(network) + "/" +
+                                        std::to_string(prefixLen));
+}
+
+Status Netlink::deleteLink(const std::string& name) {
+  MOAT_TRY(checkIfName(name));
+  Request request(RTM_DELLINK, 0);
+  request.body<ifinfomsg>()->ifi_family = AF_UNSPEC;
+  request.addString(IFLA_IFNAME, name);
+  return transact(request.header(), "delete link " + name);
+}
+
+Status inNetworkNamespace(int netnsFd, const std::function<Status()>& fn) {
+  MOAT_ASSIGN(UniqueFd original, open(kThreadNetns, O_RDONLY));
+  if (::setns(netnsFd, CLONE_NEWNET) != 0) return Error::fromErrno("setns network namespace");
+  ScopeExit back([&] { returnToNamespace(original.get()); });
+  return fn();
+}
+
+Result<UniqueFd> newNetworkNamespace() {
+  // unshare moves only the calling thread (CLONE_NEWNET has no
+  // single-threaded requirement); the fd keeps the namespace alive once the
+  // thread has gone back.
+  MOAT_ASSIGN(UniqueFd original, open(kThreadNetns, O_RDONLY));
+  if (::unshare(CLONE_NEWNET) != 0) return Error::fromErrno("unshare network namespace");
+  ScopeExit back([&] { returnToNamespace(original.get()); });
+  return open(kThreadNetns, O_RDONLY);
+}
+
+Result<UniqueFd> openNetworkNamespace(const std::string& path) {
+  MOAT_ASSIGN(UniqueFd fd, open(path, O_RDONLY));
+  struct statfs sfs;
+  if (::fstatfs(fd.get(), &sfs) != 0) return Error::fromErrno("fstatfs " + path);
+  if (sfs.f_type != static_cast<decltype(sfs.f_type)>(NSFS_MAGIC)) {
+    return Error::make("not_netns", path + " is not a namespace file");
+  }
+  int type = ::ioctl(fd.get(), NS_GET_NSTYPE);
+  if (type < 0) return Error::fromErrno("NS_GET_NSTYPE " + path);
+  if (type != CLONE_NEWNET) return Error::make("not_netns", path + " is not a network namespace");
+  return fd;
+}
+
+Status writeNetSysctls(int netnsFd,
+                       const std::vector<std::pair<std::string, std::string>>& values) {
+  auto write = [&]() -> Status {
+    for (const auto& [key, value] : values) {
+      MOAT_TRY(writeExisting("/proc/sys/net/" + key, value));
+    }
+    return {};
+  };
+  return netnsFd < 0 ? write() : inNetworkNamespace(netnsFd, write);
+}
+
+Result<UniqueFd> openTcpListener(int netnsFd, uint32_t addr, uint16_t port) {
+  return openInetSocketIn(netnsFd, SOCK_STREAM, addr, port);
+}
+
+Result<UniqueFd> openUdpSocket(int netnsFd, uint32_t addr, uint16_t port) {
+  return openInetSocketIn(netnsFd, SOCK_DGRAM, addr, port);
+}
+
+}  // namespace moat::os
