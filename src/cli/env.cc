@@ -7,6 +7,7 @@
 #include "cli/client.h"
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
+#include "cli/network_flags.h"
 
 namespace moat::cli {
 namespace {
@@ -30,11 +31,21 @@ commands:
       -e NAME=VALUE     a variable for every command (-e NAME copies the host's); repeatable
       --permissions J   the gate's permissions, JSON or @FILE (docs/GATE.md), e.g.
                         '{"run_command": "ask", "write_file": [{"path": "/workspace/**", "action": "allow"}, {"action": "deny"}]}'
+      --network P       none (default), open, or a policy as JSON or @FILE (docs/EGRESS.md)
+      --allow HOST      allow a host (glob, host:port, address or range); repeatable
+      --deny HOST       refuse a host even in open mode; repeatable
+      --secret NAME@HOST[,HOST...]
+                        a secret from the variable NAME: the environment sees a placeholder,
+                        the proxy sends the value to those hosts only; repeatable
+      --secret-header NAME=HEADER
+                        a header the proxy sets with it, e.g. 'Authorization: Bearer {value}'
   ls [options]       list the environments that are not gone
       --label K=V       only those with this label; repeatable
       --task-id ID      only those of this task
       --state S         only those in state S (creating, running, destroying, failed, gone)
   get ID             one environment, as key: value lines
+  network ID [options]
+                     show the network policy, or change it with --network, --allow, --deny
   rm ID...           destroy environments (done when the command returns)
 
   --json             print moatd's JSON instead (create, ls, get)
@@ -170,10 +181,17 @@ int create(const std::vector<std::string>& args) {
   json body = json::object();
   json spec = json::object();
   std::map<std::string, std::string> labels, env;
+  NetworkFlags network;
+  SecretFlags secrets;
   Parsed parsed;
   Status s = parseArgs(args, parsed, [&](FlagReader& flags, bool& matched) -> Status {
     matched = true;
     const std::string& name = flags.name();
+    MOAT_ASSIGN(bool ours, network.read(flags));
+    if (!ours) {
+      MOAT_ASSIGN(ours, secrets.read(flags));
+    }
+    if (ours) return {};
     if (name == "--task-id") {
       MOAT_ASSIGN(body["task_id"], flags.value());
     } else if (name == "--template") {
@@ -208,6 +226,16 @@ int create(const std::vector<std::string>& args) {
     return {};
   });
   if (s.ok()) s = noPositional(parsed);
+  if (s.ok()) {
+    auto policy = network.policy();
+    if (!policy.ok()) s = policy.error();
+    else if (policy.value()) body["network"] = *policy.value();
+  }
+  if (s.ok()) {
+    auto list = secrets.secrets();
+    if (!list.ok()) s = list.error();
+    else if (list.value()) body["secrets"] = *list.value();
+  }
   if (!s.ok()) return reportFailure("env create", s.error());
   if (parsed.help) return help();
   if (!spec.empty()) body["spec"] = spec;
@@ -360,6 +388,39 @@ int remove(const std::vector<std::string>& args) {
   return code;
 }
 
+int networkOf(const std::vector<std::string>& args) {
+  NetworkFlags network;
+  Parsed parsed;
+  Status s = parseArgs(args, parsed, [&](FlagReader& flags, bool& matched) -> Status {
+    MOAT_ASSIGN(matched, network.read(flags));
+    return {};
+  });
+  if (s.ok() && !parsed.help && parsed.positional.size() != 1) {
+    s = usageError("usage: moat env network ID [--network P] [--allow HOST]... [--deny HOST]...");
+  }
+  std::optional<json> policy;
+  if (s.ok()) {
+    auto p = network.policy();
+    if (!p.ok()) s = p.error();
+    else policy = p.value();
+  }
+  std::string path;
+  if (s.ok() && !parsed.help) {
+    auto p = environmentPath(parsed.positional[0]);
+    if (!p.ok()) s = p.error();
+    else path = p.value() + "/network";
+  }
+  if (!s.ok()) return reportFailure("env network", s.error());
+  if (parsed.help) return help();
+  auto client = Client::fromOptions(parsed.connection);
+  if (!client.ok()) return reportFailure("env network", client.error());
+  auto answer = policy ? call(client.value(), "PUT", path, json{{"network", *policy}}.dump(), 200)
+                       : call(client.value(), "GET", path, "", 200);
+  if (!answer.ok()) return reportFailure("env network", answer.error());
+  std::puts(answer->dump(2).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int envCommand(const std::vector<std::string>& args) {
@@ -373,9 +434,10 @@ int envCommand(const std::vector<std::string>& args) {
   if (sub == "ls" || sub == "list") return list(rest);
   if (sub == "get" || sub == "inspect") return get(rest);
   if (sub == "rm" || sub == "remove") return remove(rest);
+  if (sub == "network") return networkOf(rest);
   if (sub == "-h" || sub == "--help" || sub == "help") return help();
   std::fprintf(stderr,
-               "moat env: unknown command '%s' (create, ls, get or rm; see moat env --help)\n",
+               "moat env: unknown command '%s' (create, ls, get, rm or network; see moat env --help)\n",
                sub.c_str());
   return kExitUsage;
 }

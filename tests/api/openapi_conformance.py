@@ -1991,6 +1991,7 @@ def run_exchanges(c):
     c.call("DELETE", env(a), status=204)
 
     run_gate_exchanges(c)
+    run_egress_exchanges(c)
     # The audit log: everything above is in it, and its chain holds.
     def sse_events(r):
         events = [json.loads(line[6:]) for line in r.body.decode().split("\n") if line.startswith("data: ")]
@@ -2035,6 +2036,69 @@ def run_exchanges(c):
 # What an environment created without "permissions" gets (moatd without
 # --permissions).
 DEFAULT_PERMISSIONS = {"read_file": "allow", "write_file": "allow", "run_command": "allow", "network": "deny"}
+
+
+def run_egress_exchanges(c):
+    """Egress (docs/EGRESS.md): network policies and secrets on create, the
+    network endpoint (GET, PUT changing modes), validation naming the field,
+    and secrets shown without their values."""
+    envs = "/v1/environments"
+    env = lambda i: f"{envs}/{i}"  # noqa: E731
+    small = {"ram_mb": 256, "storage_gb": 1, "pids": 128}
+    made = {}
+
+    def keep(name):
+        def check(r):
+            made[name] = r.json["id"]
+        return check
+
+    def eid(name):
+        return made.get(name, "000000000000")
+
+    def mode_is(mode):
+        return lambda r: expect(r.json["network"] == mode if isinstance(r.json["network"], str)
+                                else r.json["network"]["mode"] == mode, f"network {r.json['network']}")
+
+    def no_value(r):
+        expect("hunter2-never-shown" not in json.dumps(r.json), "a secret value is in the answer")
+
+    policy = {"mode": "allowlist", "allow": ["*.pypi.org", "api.example.com:443",
+                                             {"host": "api.github.com", "methods": ["GET"], "paths": ["/repos/**"]},
+                                             "203.0.113.0/24"],
+              "deny": ["upload.pypi.org"], "max_connections": 8}
+    secrets = [{"name": "API_TOKEN", "value": "hunter2-never-shown", "hosts": ["api.example.com"],
+                "header": "Authorization: Bearer {value}"}]
+    c.call("POST", envs, {"spec": small, "network": policy, "secrets": secrets}, status=201,
+           check=lambda r: (keep("n")(r), mode_is("allowlist")(r), no_value(r),
+                            expect(r.json["secrets"][0]["name"] == "API_TOKEN", "secret not listed")),
+           note="allowlist and a secret")
+    c.call("GET", env(eid("n")) + "/network", status=200,
+           check=lambda r: (mode_is("allowlist")(r), expect("link" in r.json, "no link")))
+    c.call("GET", env(eid("n")), status=200, check=no_value)
+    c.call("POST", f"{env(eid('n'))}/exec", {"cmd": ["sh", "-c", "echo $API_TOKEN; echo $HTTPS_PROXY"]},
+           status=200, check=lambda r: (expect(r.json["stdout"].startswith("moat-secret-"), r.json["stdout"]),
+                                        expect(":3128" in r.json["stdout"], r.json["stdout"])))
+    c.call("PUT", env(eid("n")) + "/network", {"network": "open"}, status=200, check=mode_is("open"))
+    c.call("PUT", env(eid("n")) + "/network", {"network": "none"}, status=200,
+           check=lambda r: (mode_is("none")(r), expect("link" not in r.json, "a link after none")))
+    c.call("PUT", env(eid("n")) + "/network", {"network": {"allow": ["example.org"]}}, status=200,
+           check=mode_is("allowlist"), note="back from none")
+    c.call("POST", envs, {"spec": small, "network": "open"}, status=201,
+           check=lambda r: (keep("o")(r), mode_is("open")(r)))
+    for network, field in (({"mode": "sometimes"}, "network.mode"),
+                           ({"allow": ["[::1]:443"]}, "network.allow[0]"),
+                           ({"allow": ["10.0.0.0/40"]}, "network.allow[0]"),
+                           ({"allow": [{"host": "x.example", "ports": [0]}]}, "network.allow[0].ports[0]")):
+        c.call("POST", envs, {"network": network}, status=400, code="invalid_request", field=field,
+               expressible=False)
+    c.call("POST", envs, {"network": {"allow": [{"host": "x", "verbs": ["GET"]}]}}, status=400,
+           code="invalid_request", field="network.allow[0].verbs")
+    c.call("POST", envs, {"secrets": [{"name": "A", "value": "v", "hosts": ["*"]}]}, status=400,
+           code="invalid_request", field="secrets[0].hosts[0]", expressible=False)
+    c.call("PUT", env(eid("n")) + "/network", {"network": "none", "extra": 1}, status=400, code="unknown_field",
+           field="extra")
+    for name in ("n", "o"):
+        c.call("DELETE", env(eid(name)), status=204)
 
 
 def run_gate_exchanges(c):

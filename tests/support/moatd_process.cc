@@ -114,6 +114,9 @@ Moatd::~Moatd() {
   }
   if (s >= 0) ::close(s);
   ::umount2((stateDir_ + "/storage").c_str(), MNT_DETACH);
+  // A moatd killed with SIGKILL leaves its egress namespace mounted (the
+  // next moatd would adopt it).
+  ::umount2((stateDir_ + "/run/egress.netns").c_str(), MNT_DETACH);
   (void)os::removeTree(stateDir_);
   ::unlink(logPath_.c_str());
 }
