@@ -165,12 +165,17 @@ class UnixHTTPConnection(http.client.HTTPConnection):
 class Moatd:
     def __init__(self, bin_dir, world):
         self.bin_dir = bin_dir
+        self.world = world
         self.state = tempfile.mkdtemp(prefix="moatd-egress-")
         self.log_path = self.state + ".log"
+        self.start()
+
+    def start(self):
+        world = self.world
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "MOAT_STORAGE_GB": "8"}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [os.path.join(bin_dir, "moatd"), "--state", self.state, "--listen", "127.0.0.1:0",
+                [os.path.join(self.bin_dir, "moatd"), "--state", self.state, "--listen", "127.0.0.1:0",
                  "--egress-hosts", world.hosts, "--egress-ca-bundle", world.ca, "--approval-timeout", "60"],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
         deadline = time.monotonic() + 30
@@ -218,6 +223,21 @@ class Moatd:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    def kill9(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def remove(self):
+        """After stop(): moatd keeps its storage pool mounted by design."""
+        storage = os.path.join(self.state, "storage")
+        if os.path.ismount(storage):
+            subprocess.run(["umount", "-l", storage], check=False)
+        shutil.rmtree(self.state, ignore_errors=True)
+        try:
+            os.unlink(self.log_path)
+        except OSError:
+            pass
 
 
 class Env:
@@ -275,6 +295,7 @@ class EgressTest(unittest.TestCase):
     def tearDownClass(cls):
         if cls.moatd:
             cls.moatd.stop()
+            cls.moatd.remove()
 
     def setUp(self):
         self.envs = []
@@ -616,6 +637,35 @@ class EgressTest(unittest.TestCase):
             time.sleep(0.05)
             links = run(["nsenter", "--net=" + netns, "ip", "-o", "link"]).stdout
         self.assertNotIn("mx", links)
+
+
+class EgressRestartTest(unittest.TestCase):
+    """A moatd of its own: killed and restarted, then stopped."""
+
+    def test_links_and_secrets_survive_a_moatd_crash_and_go_at_stop(self):
+        moatd = Moatd(BIN_DIR, WORLD)
+        try:
+            e = Env(moatd, WORLD, network=allow(API), secrets=[
+                {"name": "API_TOKEN", "value": SECRET_VALUE, "hosts": [API], "header": "X-Key: {value}"}])
+            code, out, err = e.exec(["curl", "-sS", "-m", "10", f"https://{API}/before"])
+            self.assertEqual(code, 0, err)
+            moatd.kill9()
+            netns = os.path.join(moatd.state, "run", "egress.netns")
+            self.assertTrue(os.path.exists(netns), "the egress namespace went with moatd")
+            moatd.start()
+            code, out, err = e.exec(["curl", "-sS", "-m", "10", f"https://{API}/after"])
+            self.assertEqual(code, 0, err)
+            self.assertEqual(json.loads(out)["headers"]["x-key"], SECRET_VALUE)
+            self.assertNotEqual(e.exec(["curl", "-sS", "-m", "10", f"https://{OTHER}/"])[0], 0)
+        finally:
+            moatd.stop()
+        self.assertFalse(os.path.exists(os.path.join(moatd.state, "run", "egress.netns")),
+                         "an orderly stop leaves the egress namespace behind")
+        with open("/proc/self/mountinfo") as f:
+            mounts = [line for line in f if moatd.state in line]
+        moatd.remove()
+        # The storage pool stays mounted by design; nothing else may.
+        self.assertEqual([m for m in mounts if not m.split()[4].endswith("/storage")], [])
 
 
 def main():
