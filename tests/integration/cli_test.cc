@@ -480,5 +480,44 @@ TEST_F(MoatCli, ApprovalsAreDecidedFromTheTerminal) {
   EXPECT_EQ(watched.exitCode, 0) << describe(watched);
 }
 
+TEST_F(MoatCli, NetworkPolicyAndSecretsFromTheCommandLine) {
+  MOAT_REQUIRE_ROOT();
+  // The secret's value comes from the caller's variable, never from argv.
+  auto r = client({"env", "create", "--allow", "*.pypi.org", "--allow", "api.example.com:443", "--deny",
+                   "upload.pypi.org", "--secret", "API_TOKEN@api.example.com", "--secret-header",
+                   "API_TOKEN=Authorization: Bearer {value}"},
+                  "", {{"API_TOKEN", "never-in-argv"}});
+  ASSERT_EQ(r.exitCode, 0) << describe(r);
+  std::string id = r.out.substr(0, r.out.find('\n'));
+  r = client({"env", "network", id});
+  ASSERT_EQ(r.exitCode, 0) << describe(r);
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["network"]["mode"], "allowlist");
+  EXPECT_EQ(j["network"]["allow"], nlohmann::json({"*.pypi.org", "api.example.com:443"}));
+  EXPECT_EQ(j["network"]["deny"], nlohmann::json({"upload.pypi.org"}));
+  EXPECT_TRUE(j.contains("link")) << r.out;
+  r = client({"exec", id, "--", "sh", "-c", "echo $API_TOKEN"});
+  EXPECT_EQ(r.out.rfind("moat-secret-", 0), 0u) << describe(r);
+  r = client({"env", "get", id, "--json"});
+  EXPECT_EQ(r.out.find("never-in-argv"), std::string::npos);
+  EXPECT_NE(r.out.find("API_TOKEN"), std::string::npos) << r.out;
+
+  r = client({"env", "network", id, "--network", "none"});
+  ASSERT_EQ(r.exitCode, 0) << describe(r);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["network"]["mode"], "none");
+  EXPECT_FALSE(nlohmann::json::parse(r.out).contains("link"));
+
+  // Mistakes are usage errors that name the flag.
+  r = client({"env", "create", "--secret", "UNSET_VARIABLE_X@h.example"});
+  EXPECT_EQ(r.exitCode, 2) << describe(r);
+  EXPECT_NE(r.err.find("UNSET_VARIABLE_X"), std::string::npos) << r.err;
+  r = client({"env", "create", "--network", "open", "--allow", "x.example"});
+  EXPECT_EQ(r.exitCode, 2) << describe(r);
+  r = client({"env", "network", id, "--allow", "[::1]"});
+  EXPECT_NE(r.exitCode, 0);
+  EXPECT_NE(r.err.find("network.allow[0]"), std::string::npos) << r.err;
+  client({"env", "rm", id});
+}
+
 }  // namespace
 }  // namespace moat::test
