@@ -613,6 +613,18 @@ class EgressTest(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertTrue("503" in out or "closed" in out, out)
 
+    def test_bandwidth_limit_holds(self):
+        # 8 Mbit/s is 1 MB/s: 3 MB cannot arrive in much less than 3 s (the
+        # bucket starts empty; allow for a second of burst). A lower bound
+        # only: a slow machine makes it slower, never faster.
+        e = self.env(network=allow(API, bandwidth_mbps=8))
+        code, out, err = e.sh(f"curl -sS -m 60 -o /dev/null -w '%{{size_download}} %{{time_total}}' "
+                              f"http://{API}/big/3000000")
+        self.assertEqual(code, 0, err)
+        size, seconds = out.split()
+        self.assertEqual(int(size), 3000000)
+        self.assertGreater(float(seconds), 1.8, "the download beat the bandwidth limit")
+
     def test_bad_policies_are_refused_with_the_field(self):
         for network, field in (({"mode": "sometimes"}, "network.mode"),
                                ({"allow": ["[::1]:80"]}, "network.allow[0]"),
