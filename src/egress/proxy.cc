@@ -55,19 +55,31 @@ class ChannelStream {
     if (ec) throw boost::system::system_error(ec);
     return n;
   }
+  // One write for the whole sequence: Beast hands a message head over as a
+  // buffer per field, and each write here is a TLS record and, with
+  // TCP_NODELAY, a packet of its own (a 7-field head went out as 7 records).
   template <class Buffers>
   size_t write_some(const Buffers& buffers, boost::system::error_code& ec) {
     ec = {};
-    size_t total = 0;
+    size_t total = 0, pieces = 0;
+    boost::asio::const_buffer only;
     for (auto it = boost::asio::buffer_sequence_begin(buffers); it != boost::asio::buffer_sequence_end(buffers);
          ++it) {
       boost::asio::const_buffer b = *it;
       if (b.size() == 0) continue;
-      if (!writeAll(channel_, static_cast<const char*>(b.data()), b.size(), Clock::now() + idle_).ok()) {
-        ec = boost::asio::error::broken_pipe;
-        return total;
-      }
+      only = b;
       total += b.size();
+      ++pieces;
+    }
+    if (pieces > 1) {
+      joined_.resize(total);
+      boost::asio::buffer_copy(boost::asio::buffer(joined_), buffers);
+      only = boost::asio::buffer(joined_);
+    }
+    if (total > 0 &&
+        !writeAll(channel_, static_cast<const char*>(only.data()), only.size(), Clock::now() + idle_).ok()) {
+      ec = boost::asio::error::broken_pipe;
+      return 0;
     }
     return total;
   }
@@ -82,6 +94,7 @@ class ChannelStream {
  private:
   Channel& channel_;
   std::chrono::milliseconds idle_;
+  std::string joined_;
 };
 
 std::string lower(std::string s) {
