@@ -1,5 +1,8 @@
 #include <arpa/inet.h>
 
+#include <mutex>
+#include <optional>
+
 #include "api/api.h"
 #include "api/validation.h"
 
@@ -91,7 +94,35 @@ egress::GateAnswer Api::networkGate(const std::string& id, const std::string& ho
     return {false, "the network permission denies it"};
   }
   if (approvals_.consumeGrant(id, action, "environment")) return {true, "approved"};
-  auto approval = approvals_.request(id, action, "environment");
+  // The same question already waiting for a person (a client opening
+  // several connections, a program retrying) is not asked again: this
+  // connection waits for that answer, so that an environment cannot bury
+  // the person in copies.
+  std::optional<store::ApprovalRecord> waiting;
+  Result<store::ApprovalRecord> approval = Error::make("internal", "no approval");
+  {
+    static std::mutex asking;  // one look-then-ask at a time
+    std::lock_guard<std::mutex> lock(asking);
+    store::ApprovalFilter filter;
+    filter.state = "pending";
+    filter.environment = id;
+    if (auto pending = approvals_.list(filter); pending.ok()) {
+      for (const auto& a : pending.value()) {
+        auto asked = gate::actionFromJson(a.action);
+        if (a.requester == "environment" && asked.ok() && asked->sameTarget(action)) waiting = a;
+      }
+    }
+    if (!waiting) approval = approvals_.request(id, action, "environment");
+  }
+  if (waiting) {
+    auto decided = approvals_.watch(waiting->id, std::chrono::milliseconds(options_.approvalTimeoutMs));
+    if (!decided.ok()) return {false, decided.error().message()};
+    if (decided->state == "approved") {
+      return {true, "approved by " + decided->decidedBy + " (approval " + decided->id + ")"};
+    }
+    return {false, decided->state == "denied" ? "a person denied it (approval " + decided->id + ")"
+                                              : "the approval was not decided (approval " + decided->id + ")"};
+  }
   if (!approval.ok()) return {false, approval.error().message()};
   audit_.record("approval.requested", id, "environment",
                 {{"id", approval->id}, {"scope", "network"}, {"action", action.toJson()}});

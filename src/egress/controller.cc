@@ -5,8 +5,11 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <linux/rtnetlink.h>
+
 #include "egress/controller_internal.h"
 #include "egress/dns_message.h"
+#include "os/netlink.h"
 
 namespace moat::egress {
 
@@ -152,6 +155,19 @@ std::shared_ptr<Controller::Env> Controller::envByAddress(uint32_t address) {
 
 void Controller::record(const std::shared_ptr<Env>& env, bool allowed, nlohmann::json data) {
   (allowed ? accepted_ : refused_)++;
+  if (!allowed) {
+    // Refusals cost the environment nothing to provoke (a UDP packet, a
+    // connection): at a bounded rate, the rest counted.
+    std::lock_guard<std::mutex> lock(env->mutex);
+    if (!env->deniedEvents.take(kDeniedEventRate, kDeniedEventBurst)) {
+      ++env->deniedSuppressed;
+      return;
+    }
+    if (env->deniedSuppressed) {
+      data["suppressed"] = env->deniedSuppressed;
+      env->deniedSuppressed = 0;
+    }
+  }
   audit_->record(allowed ? "egress.allowed" : "egress.denied", env->id, "environment", std::move(data));
 }
 
@@ -210,15 +226,27 @@ void Controller::dnsLoop() {
     auto env = envByAddress(ntohl(from.sin_addr.s_addr));
     if (!env) continue;
     ++dnsQueries_;
+    {
+      // Beyond its rate or its resolutions at once, an environment's
+      // questions go unanswered (its resolver asks again): a flood neither
+      // takes moatd's threads from others nor fills the audit log.
+      std::lock_guard<std::mutex> lock(env->mutex);
+      if (!env->dnsQuestions.take(kDnsRate, kDnsBurst) || env->dnsInFlight.load() >= kDnsInFlight) {
+        ++dnsDropped_;
+        continue;
+      }
+    }
     std::string packet(buf, static_cast<size_t>(n));
     {
       std::lock_guard<std::mutex> lock(connectionsMutex_);
       if (running_ >= kMaxThreads) continue;
       ++running_;
     }
+    ++env->dnsInFlight;  // only this thread adds: the check above holds
     // Resolution may wait on the host's resolver: one thread per question.
     std::thread([this, env, packet = std::move(packet), from]() mutable {
       answerDns(env, std::move(packet), from);
+      --env->dnsInFlight;
       std::lock_guard<std::mutex> lock(connectionsMutex_);
       --running_;
       connectionsCv_.notify_all();
@@ -250,15 +278,19 @@ void Controller::answerDns(std::shared_ptr<Env> env, std::string packet, sockadd
       // Nothing goes upstream before a person says yes: a stand-in address
       // that the proxy maps back to the name when the connection comes.
       if (q.type != kA) return send(dnsAnswer(q, {}, 5));
-      std::lock_guard<std::mutex> lock(mutex_);
       uint32_t standIn;
-      if (auto it = standInByName_.find(q.name); it != standInByName_.end()) {
-        standIn = it->second;
-      } else {
-        standIn = kStandInBase + (nextStandIn_++ % kStandInCount);
-        if (auto old = nameByStandIn_.find(standIn); old != nameByStandIn_.end()) standInByName_.erase(old->second);
-        standInByName_[q.name] = standIn;
-        nameByStandIn_[standIn] = q.name;
+      {
+        std::lock_guard<std::mutex> lock(env->mutex);
+        if (auto it = env->standInByName.find(q.name); it != env->standInByName.end()) {
+          standIn = it->second;
+        } else {
+          standIn = kStandInBase + (env->nextStandIn++ % kStandInsPerEnvironment);
+          if (auto old = env->nameByStandIn.find(standIn); old != env->nameByStandIn.end()) {
+            env->standInByName.erase(old->second);
+          }
+          env->standInByName[q.name] = standIn;
+          env->nameByStandIn[standIn] = q.name;
+        }
       }
       return send(dnsAnswer(q, {htonl(standIn)}, 5));
     }
@@ -273,7 +305,9 @@ void Controller::answerDns(std::shared_ptr<Env> env, std::string packet, sockadd
   std::vector<uint32_t> answer;
   std::string refusedBy;
   for (uint32_t a : addresses.value()) {
-    Verdict withAddress = decide(*policy, Destination{q.name, 0, a, "", ""});
+    Destination withA{q.name, 0, a, "", ""};
+    withA.hostLocal = !isSpecialAddress(a) && hostLocal(a);
+    Verdict withAddress = decide(*policy, withA);
     if (withAddress.outcome == Outcome::kDeny) refusedBy = withAddress.rule;
     else answer.push_back(htonl(a));
   }
@@ -281,11 +315,21 @@ void Controller::answerDns(std::shared_ptr<Env> env, std::string packet, sockadd
   send(dnsAnswer(q, answer, 60));
 }
 
-std::optional<std::string> Controller::standInName(uint32_t address) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = nameByStandIn_.find(address);
-  if (it == nameByStandIn_.end()) return std::nullopt;
+std::optional<std::string> Controller::standInName(const std::shared_ptr<Env>& env, uint32_t address) {
+  std::lock_guard<std::mutex> lock(env->mutex);
+  auto it = env->nameByStandIn.find(address);
+  if (it == env->nameByStandIn.end()) return std::nullopt;
   return it->second;
+}
+
+bool Controller::hostLocal(uint32_t address) {
+  if (resolver_.pinned(address)) return false;
+  // This thread is in moatd's own network namespace, where upstream
+  // connections start: a local route there means a service of the host.
+  auto netlink = os::Netlink::open();
+  if (!netlink.ok()) return true;
+  auto type = netlink->routeType(htonl(address));
+  return type.ok() && type.value() == RTN_LOCAL;
 }
 
 }  // namespace moat::egress

@@ -85,9 +85,9 @@ class Controller {
   static constexpr const char* kCaBundlePath = "/etc/moat/ca-bundle.crt";
 
   struct Stats {
-    uint64_t accepted = 0, refused = 0, dnsQueries = 0;
+    uint64_t accepted = 0, refused = 0, dnsQueries = 0, dnsDropped = 0;
   };
-  Stats stats() const { return {accepted_.load(), refused_.load(), dnsQueries_.load()}; }
+  Stats stats() const { return {accepted_.load(), refused_.load(), dnsQueries_.load(), dnsDropped_.load()}; }
 
  private:
   struct Env;
@@ -104,10 +104,18 @@ class Controller {
   Decision authorize(const std::shared_ptr<Env>& env, const std::string& host, uint16_t port,
                      const std::string& method, const std::string& path);
   Result<UniqueFd> connectUpstream(uint32_t address, uint16_t port);
-  std::optional<std::string> standInName(uint32_t address);
+  std::optional<std::string> standInName(const std::shared_ptr<Env>& env, uint32_t address);
+  // `address` is one of moatd's host's own (a route of type local) and no
+  // --egress-hosts line names it. Fails closed.
+  bool hostLocal(uint32_t address);
   static constexpr size_t kMaxThreads = 4096;
   static constexpr uint32_t kStandInBase = 0xC6120000;  // 198.18.0.0/15 (benchmarking: never real)
-  static constexpr uint32_t kStandInCount = 1 << 17;
+  static constexpr uint32_t kStandInsPerEnvironment = 4096;
+  // Per environment: DNS questions a second (and saved up), resolutions at
+  // once, refusals recorded a second (and saved up).
+  static constexpr double kDnsRate = 200, kDnsBurst = 400;
+  static constexpr uint32_t kDnsInFlight = 32;
+  static constexpr double kDeniedEventRate = 50, kDeniedEventBurst = 200;
   void record(const std::shared_ptr<Env>& env, bool allowed, nlohmann::json data);
   void handleForward(const std::shared_ptr<Env>& env, UniqueFd client);
   // TLS from the client: passed through as it is, or (secrets, request
@@ -131,10 +139,6 @@ class Controller {
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Env>> byId_;
   std::map<uint32_t, std::shared_ptr<Env>> bySlot_;
-  // Stand-in addresses (198.18.0.0/15) for names waiting on an "ask".
-  std::map<std::string, uint32_t> standInByName_;
-  std::map<uint32_t, std::string> nameByStandIn_;
-  uint32_t nextStandIn_ = 0;
 
   std::vector<UniqueFd> listeners_;
   UniqueFd dns_;
@@ -144,7 +148,7 @@ class Controller {
   std::condition_variable connectionsCv_;
   std::set<int> openFds_;  // shut down on stop so that every connection thread ends
   size_t running_ = 0;
-  std::atomic<uint64_t> accepted_{0}, refused_{0}, dnsQueries_{0};
+  std::atomic<uint64_t> accepted_{0}, refused_{0}, dnsQueries_{0}, dnsDropped_{0};
 };
 
 }  // namespace moat::egress

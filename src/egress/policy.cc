@@ -69,7 +69,7 @@ Status parseTarget(const std::string& text, const std::string& field, Entry& e, 
     return {};
   }
   if (slash != std::string::npos) return invalid(field, "'" + text + "' is neither a host name nor an address range");
-  std::string host = lower(target);
+  std::string host = canonicalHost(target);
   if (!validHostGlob(host)) {
     return invalid(field, "'" + text + "' is not a host name (letters, digits, '.', '-', '_', '*' and '?')");
   }
@@ -145,6 +145,11 @@ Result<std::vector<Entry>> parseEntries(const json& j, const std::string& field)
   return out;
 }
 
+std::string upper(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
 bool hostMatches(const Entry& e, const Destination& d) {
   if (e.host) return gate::globMatch(*e.host, d.host, false);
   if (!e.network) return false;
@@ -157,18 +162,67 @@ bool portMatches(const Entry& e, uint16_t port) {
   return e.ports.empty() || port == 0 || std::find(e.ports.begin(), e.ports.end(), port) != e.ports.end();
 }
 
-bool requestMatches(const Entry& e, const Destination& d) {
-  if (!e.methods.empty() && std::find(e.methods.begin(), e.methods.end(), d.method) == e.methods.end()) {
+// Methods compare in upper case: a server that takes "delete" for DELETE
+// must not get it past a rule about DELETE. Paths: an allow entry must match
+// every form of the path (`all`), a deny entry any form.
+bool requestMatches(const Entry& e, const Destination& d, bool all) {
+  if (!e.methods.empty() && std::find(e.methods.begin(), e.methods.end(), upper(d.method)) == e.methods.end()) {
     return false;
   }
   if (e.paths.empty()) return true;
-  std::string path = d.path.substr(0, d.path.find('?'));
-  path = gate::normalizePath(path.empty() ? "/" : path);
-  return std::any_of(e.paths.begin(), e.paths.end(),
-                     [&](const std::string& p) { return gate::globMatch(p, path, true); });
+  auto matches = [&](const std::string& path) {
+    return std::any_of(e.paths.begin(), e.paths.end(),
+                       [&](const std::string& p) { return gate::globMatch(p, path, true); });
+  };
+  auto forms = requestPathForms(d.path);
+  return all ? std::all_of(forms.begin(), forms.end(), matches) : std::any_of(forms.begin(), forms.end(), matches);
+}
+
+int hexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
 }
 
 }  // namespace
+
+std::string canonicalHost(std::string host) {
+  host = lower(std::move(host));
+  if (host.size() > 1 && host.back() == '.') host.pop_back();
+  return host;
+}
+
+std::vector<std::string> requestPathForms(const std::string& target) {
+  // Only the query goes: a server that keeps '#' would resolve
+  // "/a#/../../b" to "/b", so the fragment stays part of the path here.
+  std::string path = target.substr(0, target.find('?'));
+  if (path.empty()) path = "/";
+  std::string decoded;
+  for (size_t i = 0; i < path.size(); ++i) {
+    int hi = 0, lo = 0;
+    if (path[i] == '%' && i + 2 < path.size() && (hi = hexValue(path[i + 1])) >= 0 &&
+        (lo = hexValue(path[i + 2])) >= 0) {
+      decoded.push_back(static_cast<char>(hi * 16 + lo));
+      i += 2;
+    } else {
+      decoded.push_back(path[i]);
+    }
+  }
+  std::replace(decoded.begin(), decoded.end(), '\\', '/');
+  std::string plain;  // without ";parameters" in any segment
+  for (size_t i = 0; i < decoded.size(); ++i) {
+    if (decoded[i] == ';') {
+      while (i + 1 < decoded.size() && decoded[i + 1] != '/') ++i;
+      continue;
+    }
+    plain.push_back(decoded[i]);
+  }
+  std::vector<std::string> forms{gate::normalizePath(path)};
+  std::string other = gate::normalizePath(plain.empty() ? "/" : plain);
+  if (other != forms[0]) forms.push_back(other);
+  return forms;
+}
 
 const char* modeName(Mode m) {
   switch (m) {
@@ -289,7 +343,7 @@ json Policy::toJson() const {
 
 Verdict decide(const Policy& policy, const Destination& dIn) {
   Destination d = dIn;
-  d.host = lower(d.host);
+  d.host = canonicalHost(d.host);
   if (!d.address) d.address = parseIpv4(d.host);
   bool requestVisible = !d.method.empty();
   bool inspect = false;
@@ -302,19 +356,20 @@ Verdict decide(const Policy& policy, const Destination& dIn) {
         inspect = true;  // decided per request once visible
         continue;
       }
-      if (!requestMatches(e, d)) continue;
+      if (!requestMatches(e, d, false)) continue;
     }
     return {Outcome::kDeny, "deny[" + std::to_string(i) + "]", e.written, false};
   }
-  if (d.address && isSpecialAddress(*d.address)) {
+  if (d.address && (isSpecialAddress(*d.address) || d.hostLocal)) {
     for (size_t i = 0; i < policy.allow.size(); ++i) {
       const Entry& e = policy.allow[i];
       if (e.network && e.network->contains(*d.address) && portMatches(e, d.port) &&
-          (!requestVisible || requestMatches(e, d))) {
+          (!requestVisible || requestMatches(e, d, true))) {
         return {Outcome::kAllow, "allow[" + std::to_string(i) + "]", e.written, inspect || (!requestVisible && e.inspectsRequests())};
       }
     }
-    return {Outcome::kDeny, "special address " + formatIpv4(*d.address), nullptr, false};
+    return {Outcome::kDeny, (d.hostLocal ? "address of moatd's host " : "special address ") + formatIpv4(*d.address),
+            nullptr, false};
   }
   if (policy.mode == Mode::kOpen) return {Outcome::kAllow, "open", "open", inspect};
   for (size_t i = 0; i < policy.allow.size(); ++i) {
@@ -322,7 +377,7 @@ Verdict decide(const Policy& policy, const Destination& dIn) {
     if (!hostMatches(e, d) || !portMatches(e, d.port)) continue;
     if (e.inspectsRequests()) {
       if (!requestVisible) return {Outcome::kAllow, "allow[" + std::to_string(i) + "]", e.written, true};
-      if (!requestMatches(e, d)) continue;
+      if (!requestMatches(e, d, true)) continue;
     }
     return {Outcome::kAllow, "allow[" + std::to_string(i) + "]", e.written, inspect};
   }

@@ -27,6 +27,14 @@ std::string formatIpv4(uint32_t address);
 // Addresses no public destination has: private, loopback, link-local (and
 // so cloud metadata), CGNAT, multicast, reserved, "this network", broadcast.
 bool isSpecialAddress(uint32_t address);
+// A host name as policies see it: lower case, without the trailing dot of a
+// fully qualified name ("API.example.com." is "api.example.com").
+std::string canonicalHost(std::string host);
+// The forms of a request path that rules must agree on (query gone, dot
+// segments resolved): as sent, and as a server that decodes %XX,
+// takes '\' for '/' and drops ";parameters" before resolving "..". An
+// allow rule must match every form, a deny rule any.
+std::vector<std::string> requestPathForms(const std::string& target);
 
 struct Entry {
   std::optional<std::string> host;  // glob over a lower-case name ("*.pypi.org")
@@ -61,6 +69,9 @@ struct Destination {
   std::optional<uint32_t> address;  // host byte order
   std::string method;               // empty: not visible (a TLS tunnel)
   std::string path;
+  // `address` is one of moatd's own host's (its services listen there):
+  // refused like a special address.
+  bool hostLocal = false;
 };
 
 enum class Outcome { kAllow, kDeny, kUnlisted };

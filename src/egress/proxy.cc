@@ -102,12 +102,13 @@ std::string lower(std::string s) {
   return s;
 }
 
-// "host", "host:port", "[v6]:port" -> host (lower case) and port.
+// "host", "host:port", "[v6]:port" -> host (canonical: lower case, no
+// trailing dot, so "evil.com." is "evil.com" to every rule) and port.
 bool splitAuthority(const std::string& authority, uint16_t defaultPort, std::string& host, uint16_t& port) {
   if (authority.empty() || authority.size() > 300) return false;
   if (authority[0] == '[') return false;  // IPv6: environments have none
   auto colon = authority.rfind(':');
-  host = lower(authority.substr(0, colon));
+  host = canonicalHost(authority.substr(0, colon));
   port = defaultPort;
   if (colon != std::string::npos) {
     std::string p = authority.substr(colon + 1);
@@ -116,7 +117,7 @@ bool splitAuthority(const std::string& authority, uint16_t defaultPort, std::str
     if (v < 1 || v > 65535) return false;
     port = static_cast<uint16_t>(v);
   }
-  if (host.empty() || host.size() > 253) return false;
+  if (host.empty() || host.size() > 253 || host.back() == '.') return false;
   return std::all_of(host.begin(), host.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_';
   });
@@ -173,6 +174,38 @@ bool relayMessage(http::parser<isRequest, http::buffer_body>& p, ChannelStream& 
     if (ec) return false;
   } while (!p.is_done() && !sr.is_done());
   return true;
+}
+
+// Replaces the value of every secret bound to `host` with its placeholder
+// in the response's status line and header values.
+void scrubSecrets(http::response_header<>& h, const std::vector<Secret>& secrets, const std::string& host) {
+  std::vector<const Secret*> bound;
+  for (const auto& s : secrets) {
+    if (!s.value.empty() && s.boundTo(host)) bound.push_back(&s);
+  }
+  if (bound.empty()) return;
+  auto scrub = [&](std::string& text) {
+    bool changed = false;
+    for (const Secret* s : bound) {
+      for (size_t at = text.find(s->value); at != std::string::npos; at = text.find(s->value, at + s->placeholder.size())) {
+        text.replace(at, s->value.size(), s->placeholder);
+        changed = true;
+      }
+    }
+    return changed;
+  };
+  std::string reason(h.reason());
+  if (scrub(reason)) h.reason(reason);
+  std::vector<std::pair<std::string, std::string>> fields;
+  bool changed = false;
+  for (const auto& f : h) {
+    std::string value(f.value());
+    changed = scrub(value) || changed;
+    fields.emplace_back(std::string(f.name_string()), std::move(value));
+  }
+  if (!changed) return;
+  for (const auto& [name, value] : fields) h.erase(name);
+  for (const auto& [name, value] : fields) h.insert(name, value);
 }
 
 }  // namespace
@@ -244,7 +277,9 @@ Controller::Decision Controller::authorize(const std::shared_ptr<Env>& env, cons
     return d;
   }
   d.address = addresses->front();
-  Verdict withAddress = decide(*policy, Destination{host, port, d.address, method, path});
+  Destination withAddressDestination{host, port, d.address, method, path};
+  withAddressDestination.hostLocal = !isSpecialAddress(d.address) && hostLocal(d.address);
+  Verdict withAddress = decide(*policy, withAddressDestination);
   if (withAddress.outcome == Outcome::kDeny) {
     d.rule = withAddress.rule;
     d.why = host + " resolves to " + formatIpv4(d.address) + ", which the policy refuses (" + withAddress.rule + ")";
@@ -257,16 +292,20 @@ Controller::Decision Controller::authorize(const std::shared_ptr<Env>& env, cons
 
 void Controller::serveConnection(const std::shared_ptr<Env>& env, UniqueFd client, Entry entry) {
   auto policy = env->currentPolicy();
-  if (env->connections.load() >= policy->maxConnections) {
-    record(env, false, {{"via", "proxy"}, {"rule", "max_connections"},
-                        {"reason", "more than " + std::to_string(policy->maxConnections) + " connections open"}});
-    if (entry == Entry::kForward) {
-      std::string r = denialResponse(503, "Service Unavailable", "too many connections open from this environment");
-      ::send(client.get(), r.data(), r.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  // Check and count at once: connections arriving together must not all
+  // see room for one more.
+  uint32_t open = env->connections.load();
+  do {
+    if (open >= policy->maxConnections) {
+      record(env, false, {{"via", "proxy"}, {"rule", "max_connections"},
+                          {"reason", "more than " + std::to_string(policy->maxConnections) + " connections open"}});
+      if (entry == Entry::kForward) {
+        std::string r = denialResponse(503, "Service Unavailable", "too many connections open from this environment");
+        ::send(client.get(), r.data(), r.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+      return;
     }
-    return;
-  }
-  ++env->connections;
+  } while (!env->connections.compare_exchange_weak(open, open + 1));
   struct Release {
     std::atomic<uint32_t>& c;
     ~Release() { --c; }
@@ -284,7 +323,7 @@ void Controller::serveConnection(const std::shared_ptr<Env>& env, UniqueFd clien
     case Entry::kHttp: {
       auto channel = plainChannel(std::move(client));
       std::string host = formatIpv4(destination);
-      if (auto name = standInName(destination)) host = *name;
+      if (auto name = standInName(env, destination)) host = *name;
       return handleHttp(env, *channel, "", port, nullptr, Decision{}, "transparent:" + host);
     }
     case Entry::kTls: return tlsTunnel(env, std::move(client), "", "", port, destination, "transparent", nullptr);
@@ -344,7 +383,7 @@ void Controller::tlsTunnel(const std::shared_ptr<Env>& env, UniqueFd client, std
   std::string target = requested;
   if (target.empty()) {
     target = formatIpv4(destination);
-    if (auto name = standInName(destination)) target = *name;
+    if (auto name = standInName(env, destination)) target = *name;
   }
   json event = {{"via", via}, {"host", target}, {"port", port}};
   if (status != HelloStatus::kOk) {
@@ -454,6 +493,18 @@ void Controller::handleHttp(const std::shared_ptr<Env>& env, Channel& client, co
     if (m.count(http::field::host) > 1) {
       return deny(400, "Bad Request", event, "more than one Host header");
     }
+    // Framing: the upstream must read the body exactly as it was read here
+    // (and decided). Beast reads a chunked body when any Transfer-Encoding
+    // field ends in chunked, but writes chunks only when the first one does:
+    // two fields would hand the upstream decoded bytes it reads as requests
+    // of their own. One field, ending in chunked, on HTTP/1.1 (RFC 9112 6.3).
+    if (size_t te = m.count(http::field::transfer_encoding); te > 1 || (te == 1 && (!req.chunked() || m.version() < 11))) {
+      return deny(400, "Bad Request", event, "a Transfer-Encoding the proxy cannot frame");
+    }
+    if (m.count(http::field::content_length) > 1 ||
+        m[http::field::content_length].find(',') != boost::beast::string_view::npos) {
+      m.set(http::field::content_length, std::to_string(req.content_length().value_or(0)));
+    }
     std::string hostHeader(m[http::field::host]);
     std::string host, path;
     uint16_t port = 0;
@@ -560,6 +611,13 @@ void Controller::handleHttp(const std::shared_ptr<Env>& env, Channel& client, co
     m.target(path);
     m.erase("Proxy-Connection");
     m.erase("Proxy-Authorization");
+    // Only a WebSocket upgrade turns the connection into a relay: after any
+    // other (h2c above all) the upstream would take requests nobody decided.
+    bool websocket = m.count(http::field::upgrade) == 1 && boost::beast::iequals(m[http::field::upgrade], "websocket");
+    if (!websocket && m.count(http::field::upgrade)) {
+      m.erase(http::field::upgrade);
+      m.erase("HTTP2-Settings");
+    }
     if (fixedHost.empty() && hostHeader.empty()) m.set(http::field::host, host);
     if (boost::beast::iequals(m[http::field::expect], "100-continue")) {
       m.erase(http::field::expect);
@@ -588,6 +646,12 @@ void Controller::handleHttp(const std::shared_ptr<Env>& env, Channel& client, co
     http::read_header(upstreamStream, upstreamBuf, res, ec);
     if (ec) return deny(502, "Bad Gateway", event, "no valid response from " + host + ": " + ec.message());
     int status = res.get().result_int();
+    if (status == 101 && !(websocket && boost::beast::iequals(res.get()[http::field::upgrade], "websocket"))) {
+      return deny(502, "Bad Gateway", event, host + " switched to a protocol the proxy does not relay");
+    }
+    // A value goes to its hosts and never comes back: a redirect that keeps
+    // the query, a cookie made of a header, carry the placeholder instead.
+    scrubSecrets(res.get(), *secrets, host);
     bool keepAlive = req.get().keep_alive() && res.get().keep_alive();
     if (!relayMessage(res, upstreamStream, upstreamBuf, clientStream, down, limit)) keepAlive = false;
     event["status"] = status;

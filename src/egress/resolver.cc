@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 
+#include <algorithm>
 #include <cctype>
 #include <fstream>
 #include <sstream>
@@ -29,17 +30,20 @@ Result<Resolver> Resolver::load(const std::string& hostsFile) {
       return Error::make("invalid_argument",
                          hostsFile + ":" + std::to_string(number) + ": '" + address + "' is not an IPv4 address");
     }
-    while (words >> name) {
-      for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      r.overrides_[name].push_back(*a);
-    }
+    while (words >> name) r.overrides_[canonicalHost(name)].push_back(*a);
   }
   return r;
 }
 
+bool Resolver::pinned(uint32_t address) const {
+  for (const auto& [name, addresses] : overrides_) {
+    if (std::find(addresses.begin(), addresses.end(), address) != addresses.end()) return true;
+  }
+  return false;
+}
+
 Result<std::vector<uint32_t>> Resolver::resolve(const std::string& hostIn) const {
-  std::string host = hostIn;
-  for (auto& c : host) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string host = canonicalHost(hostIn);
   if (auto literal = parseIpv4(host)) return std::vector<uint32_t>{*literal};
   if (auto it = overrides_.find(host); it != overrides_.end()) return it->second;
   struct addrinfo hints {};

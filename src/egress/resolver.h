@@ -18,6 +18,9 @@ class Resolver {
   static Result<Resolver> load(const std::string& hostsFile);
   // Addresses in host byte order; an address literal resolves to itself.
   Result<std::vector<uint32_t>> resolve(const std::string& host) const;
+  // Whether a line of the hosts file names this address: the operator made
+  // it a destination, even when it is one of moatd's host's own.
+  bool pinned(uint32_t address) const;
 
  private:
   std::map<std::string, std::vector<uint32_t>> overrides_;

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "common/hex.h"
+#include "egress/policy.h"
 #include "gate/permissions.h"
 
 namespace moat::egress {
@@ -40,8 +41,7 @@ void replaceAll(std::string& text, const std::string& from, const std::string& t
 }  // namespace
 
 bool Secret::boundTo(const std::string& host) const {
-  std::string h = host;
-  for (auto& c : h) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string h = canonicalHost(host);
   return std::any_of(hosts.begin(), hosts.end(), [&](const std::string& g) { return gate::globMatch(g, h, false); });
 }
 
@@ -78,8 +78,7 @@ Result<std::vector<Secret>> parseSecrets(const json& j) {
       if (!h.is_string() || h.get<std::string>().empty() || h.get<std::string>().size() > 253) {
         return invalid(hf, "must be a host name or glob");
       }
-      std::string host = h;
-      for (auto& c : host) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      std::string host = canonicalHost(h);
       if (host == "*" || host.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789.-_*?") != std::string::npos) {
         return invalid(hf, "must be a host name or glob (and not \"*\": a secret belongs to named hosts)");
       }

@@ -254,6 +254,21 @@ Result<int> Netlink::linkIndex(const std::string& name) {
   return index;
 }
 
+Result<uint8_t> Netlink::routeType(uint32_t destination) {
+  Request request(RTM_GETROUTE, 0);
+  auto* rtm = request.body<rtmsg>();
+  rtm->rtm_family = AF_INET;
+  rtm->rtm_dst_len = 32;
+  request.addAttr(RTA_DST, &destination, sizeof destination);
+  int type = -1;
+  MOAT_TRY(transact(request.header(), "route to " + ipv4ToString(destination), [&](const void* message) {
+    const auto* reply = static_cast<const nlmsghdr*>(message);
+    if (reply->nlmsg_type == RTM_NEWROUTE) type = static_cast<const rtmsg*>(NLMSG_DATA(reply))->rtm_type;
+  }));
+  if (type < 0) return Error::make("not_found", "no route to " + ipv4ToString(destination));
+  return static_cast<uint8_t>(type);
+}
+
 Status Netlink::addAddress(const std::string& ifName, uint32_t address, uint8_t prefixLen) {
   std::string what =
       "add address " + ipv4ToString(address) + "/" + std::to_string(prefixLen) + " to " + ifName;

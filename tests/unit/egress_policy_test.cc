@@ -107,6 +107,50 @@ TEST(EgressPolicy, MethodAndPathRulesNeedTheRequest) {
   EXPECT_EQ(outcome(d, "api.example.com", 443, {}, "GET", "/x"), Outcome::kAllow);
 }
 
+TEST(EgressPolicy, TrailingDotIsTheSameHost) {
+  Policy p = parsed({{"mode", "open"}, {"deny", {"evil.example.com", "blocked.example.org."}}});
+  EXPECT_EQ(outcome(p, "evil.example.com.", 443), Outcome::kDeny);
+  EXPECT_EQ(outcome(p, "EVIL.example.COM.", 443), Outcome::kDeny);
+  EXPECT_EQ(outcome(p, "blocked.example.org", 443), Outcome::kDeny);
+  EXPECT_EQ(canonicalHost("Api.Example.COM."), "api.example.com");
+  EXPECT_EQ(canonicalHost("."), ".");
+  Secret s;
+  s.hosts = {"api.example.com"};
+  EXPECT_TRUE(s.boundTo("API.example.com."));
+}
+
+TEST(EgressPolicy, HostLocalAddressesAreSpecial) {
+  Policy open = parsed("open");
+  Destination d{"host.example.com", 443, 0xCB007105u, "", ""};  // 203.0.113.5
+  EXPECT_EQ(decide(open, d).outcome, Outcome::kAllow);
+  d.hostLocal = true;
+  EXPECT_EQ(decide(open, d).outcome, Outcome::kDeny);
+  EXPECT_EQ(decide(parsed({{"allow", {"203.0.113.0/24"}}}), d).outcome, Outcome::kAllow);  // an explicit range
+}
+
+TEST(EgressPolicy, PathRulesSeeWhatServersSee) {
+  Policy p = parsed({{"allow", {{{"host", "api.example.com"}, {"paths", {"/repos/**"}}}}},
+                     {"deny", {{{"host", "api.example.com"}, {"paths", {"/repos/secret/**"}}}}}});
+  for (const char* path : {"/repos/%2e%2e/admin", "/repos/%2E%2E/admin", "/repos/..%2fadmin", "/repos/..;/admin",
+                           "/repos/..\\admin", "/repos/x/..%5c..%5cadmin", "/repos/x#/../../admin",
+                           "/admin/%2e%2e/repos/x", "/repos/%73ecret/key", "/repos/secret;x/key"}) {
+    EXPECT_NE(outcome(p, "api.example.com", 443, {}, "GET", path), Outcome::kAllow) << path;
+  }
+  for (const char* path : {"/repos/a", "/repos/a%20b", "/repos/a/../b", "/repos/x?q=/../../admin"}) {
+    EXPECT_EQ(outcome(p, "api.example.com", 443, {}, "GET", path), Outcome::kAllow) << path;
+  }
+  EXPECT_EQ(requestPathForms("/a/%2e%2e/b?x"), (std::vector<std::string>{"/a/%2e%2e/b", "/b"}));
+  EXPECT_EQ(requestPathForms("/a/b"), (std::vector<std::string>{"/a/b"}));
+}
+
+TEST(EgressPolicy, MethodsCompareInUpperCase) {
+  Policy p = parsed({{"allow", {"api.example.com"}},
+                     {"deny", {{{"host", "api.example.com"}, {"methods", {"DELETE"}}}}}});
+  EXPECT_EQ(outcome(p, "api.example.com", 443, {}, "delete", "/x"), Outcome::kDeny);
+  EXPECT_EQ(outcome(p, "api.example.com", 443, {}, "Delete", "/x"), Outcome::kDeny);
+  EXPECT_EQ(outcome(p, "api.example.com", 443, {}, "GET", "/x"), Outcome::kAllow);
+}
+
 TEST(EgressPolicy, RoundTripsAsWritten) {
   json written = {{"mode", "allowlist"},
                   {"allow", {"*.pypi.org", {{"host", "api.github.com"}, {"methods", {"GET"}}}}},
