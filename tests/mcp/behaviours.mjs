@@ -130,7 +130,7 @@ export function toolBehaviours(ctx) {
     return Number(r.json.stdout.trim());
   }
 
-  it("initialize negotiates the latest protocol version and announces tools and resources", () => {
+  it("initialize negotiates the latest protocol version and announces tools and resources", { timeout: 30_000 }, () => {
     const init = ctx.conn.received.find((m) => m.result?.protocolVersion);
     assert.ok(init, "the initialize answer was seen");
     assert.equal(init.result.protocolVersion, LATEST);
@@ -141,11 +141,11 @@ export function toolBehaviours(ctx) {
     assert.ok(caps?.resources, `resources capability: ${JSON.stringify(caps)}`);
   });
 
-  it("ping is answered", async () => {
+  it("ping is answered", { timeout: 30_000 }, async () => {
     assert.deepEqual(await ctx.conn.client.ping(), {});
   });
 
-  it("tools/list lists the documented tools with descriptions and valid JSON Schemas", async () => {
+  it("tools/list lists the documented tools with descriptions and valid JSON Schemas", { timeout: 30_000 }, async () => {
     const { tools } = await ctx.conn.client.listTools();
     const names = tools.map((t) => t.name).sort();
     assert.deepEqual(names, Object.keys(DOCUMENTED_TOOLS).sort(), "exactly the tools of docs/MCP.md");
@@ -197,7 +197,7 @@ export function toolBehaviours(ctx) {
     assert.deepEqual(problems, []);
   });
 
-  it("create_environment creates a running environment that list_environments and REST show", async () => {
+  it("create_environment creates a running environment that list_environments and REST show", { timeout: 30_000 }, async () => {
     const e = await ok("create_environment", {
       template: "host",
       cpus: 0.5,
@@ -217,7 +217,7 @@ export function toolBehaviours(ctx) {
     await ok("destroy_environment", { environment_id: e.id });
   });
 
-  it("run_command runs a shell command: echo hi gives stdout hi and exit code 0", async () => {
+  it("run_command runs a shell command: echo hi gives stdout hi and exit code 0", { timeout: 30_000 }, async () => {
     const r = await call("run_command", { environment_id: await env(), command: "echo hi" });
     assert.ok(!r.isError, describeResult(r));
     const s = r.structuredContent;
@@ -229,14 +229,14 @@ export function toolBehaviours(ctx) {
     assert.match(text(r), /hi/);
   });
 
-  it("run_command: a command that fails is a normal result with its exit code, not isError", async () => {
+  it("run_command: a command that fails is a normal result with its exit code, not isError", { timeout: 30_000 }, async () => {
     const r = await call("run_command", { environment_id: await env(), command: "echo oops >&2; exit 3" });
     assert.notEqual(r.isError, true, describeResult(r));
     assert.equal(r.structuredContent.exit_code, 3);
     assert.equal(r.structuredContent.stderr, "oops\n");
   });
 
-  it("run_command takes argv, cwd (default /workspace) and stdin", async () => {
+  it("run_command takes argv, cwd (default /workspace) and stdin", { timeout: 30_000 }, async () => {
     const id = await env();
     assert.equal((await ok("run_command", { environment_id: id, argv: ["pwd"] })).stdout, "/workspace\n");
     assert.equal((await ok("run_command", { environment_id: id, argv: ["pwd"], cwd: "/tmp" })).stdout, "/tmp\n");
@@ -245,14 +245,14 @@ export function toolBehaviours(ctx) {
     assert.equal((await ok("run_command", { environment_id: id, command: "tr a-z A-Z", stdin: "piped in\n" })).stdout, "PIPED IN\n");
   });
 
-  it("run_command: timeout_s stops the command and says timed_out", async () => {
+  it("run_command: timeout_s stops the command and says timed_out", { timeout: 30_000 }, async () => {
     const t0 = Date.now();
     const r = await call("run_command", { environment_id: await env(), command: "sleep 20", timeout_s: 1 });
     assert.equal(r.structuredContent?.timed_out, true, describeResult(r));
     assert.ok(Date.now() - t0 < 10_000, `took ${Date.now() - t0} ms`);
   });
 
-  it("run_command caps each stream at 32 KiB, keeping the first 8 KiB and the last 24 KiB", async () => {
+  it("run_command caps each stream at 32 KiB, keeping the first 8 KiB and the last 24 KiB", { timeout: 30_000 }, async () => {
     // seq 1 30000: 168,894 bytes
     const s = await ok("run_command", { environment_id: await env(), command: "seq 1 30000" });
     assert.equal(s.exit_code, 0);
@@ -264,14 +264,14 @@ export function toolBehaviours(ctx) {
     assert.match(middle, new RegExp(String(full.length - 32 * 1024)), `the line in between says how many bytes were left out: ${JSON.stringify(middle)}`);
   });
 
-  it("run_command with bad arguments is a tool error, not a JSON-RPC error", async () => {
+  it("run_command with bad arguments is a tool error, not a JSON-RPC error", { timeout: 30_000 }, async () => {
     const id = await env();
     await toolError("run_command", { environment_id: id }); // neither command nor argv
     await toolError("run_command", { environment_id: id, command: "true", timeout_s: 4000 }); // above 3600
     await toolError("run_command", { environment_id: "000000000000", command: "true" }); // no such environment
   });
 
-  it("write_file creates parents; read_file reads it back, whole and by line range", async () => {
+  it("write_file creates parents; read_file reads it back, whole and by line range", { timeout: 30_000 }, async () => {
     const id = await env();
     const content = "one\ntwo\nthree\nfour\nfive\n";
     const w = await ok("write_file", { environment_id: id, path: "/workspace/deep/er/f.txt", content });
@@ -284,12 +284,12 @@ export function toolBehaviours(ctx) {
     assert.equal((await ok("run_command", { environment_id: id, command: "wc -l < deep/er/f.txt" })).stdout.trim(), "5");
   });
 
-  it("read_file of a missing file is a tool error", async () => {
+  it("read_file of a missing file is a tool error", { timeout: 30_000 }, async () => {
     const r = await toolError("read_file", { environment_id: await env(), path: "/workspace/no/such/file" });
     assert.match(text(r), /no such|not found|does not exist|ENOENT/i);
   });
 
-  it("edit_file replaces exactly old_string; missing or ambiguous old_string is a tool error", async () => {
+  it("edit_file replaces exactly old_string; missing or ambiguous old_string is a tool error", { timeout: 30_000 }, async () => {
     const id = await env();
     const path = "/workspace/edit.py";
     await ok("write_file", { environment_id: id, path, content: "x = 1\ny = 2\nx = 1\nz = 3\n" });
@@ -307,7 +307,7 @@ export function toolBehaviours(ctx) {
     assert.equal(text(await call("read_file", { environment_id: id, path })), "x = 5\ny = 20\nx = 5\nz = 3\n");
   });
 
-  it("list_files lists entries with type and size", async () => {
+  it("list_files lists entries with type and size", { timeout: 30_000 }, async () => {
     const id = await env();
     await ok("write_file", { environment_id: id, path: "/workspace/ls/a.txt", content: "12345" });
     await ok("write_file", { environment_id: id, path: "/workspace/ls/sub/b.txt", content: "b" });
@@ -326,7 +326,7 @@ export function toolBehaviours(ctx) {
     assert.ok(top.entries.some((e) => e.name === "ls"), JSON.stringify(top));
   });
 
-  it("search_files finds matching lines as file:line:text, filtered by glob", async () => {
+  it("search_files finds matching lines as file:line:text, filtered by glob", { timeout: 30_000 }, async () => {
     const id = await env();
     await ok("write_file", { environment_id: id, path: "/workspace/srch/a.py", content: "import os\nneedle = 42\n" });
     await ok("write_file", { environment_id: id, path: "/workspace/srch/b.txt", content: "a needle too\n" });
@@ -341,7 +341,7 @@ export function toolBehaviours(ctx) {
     assert.match(def, /srch\/a\.py:2:needle = 42/, def);
   });
 
-  it("start_process, read_process_output, send_input and kill_process drive a background process", async () => {
+  it("start_process, read_process_output, send_input and kill_process drive a background process", { timeout: 30_000 }, async () => {
     const id = await env();
     const started = await ok("start_process", {
       environment_id: id,
@@ -376,7 +376,7 @@ export function toolBehaviours(ctx) {
     assert.notEqual(end.state, "running");
   });
 
-  it("send_input with close ends the process's stdin; read_process_output reports the exit code", async () => {
+  it("send_input with close ends the process's stdin; read_process_output reports the exit code", { timeout: 30_000 }, async () => {
     const id = await env();
     const { process_id } = await ok("start_process", { environment_id: id, argv: ["sh", "-c", "cat; exit 4"] });
     await ok("send_input", { environment_id: id, process_id, input: "abc", close: true });
@@ -389,7 +389,7 @@ export function toolBehaviours(ctx) {
     assert.equal(s.exit_code, 4);
   });
 
-  it("a command the environment's permissions deny is a tool error reading 'denied by policy'", async () => {
+  it("a command the environment's permissions deny is a tool error reading 'denied by policy'", { timeout: 30_000 }, async () => {
     const e = await ok("create_environment", {
       permissions: { run_command: [{ match: ["rm", "*"], action: "deny" }, { action: "allow" }] },
     });
@@ -401,7 +401,7 @@ export function toolBehaviours(ctx) {
     await ok("destroy_environment", { environment_id: e.id });
   });
 
-  it("an 'ask' permission waits for a person's decision, with progress notifications, then runs", async () => {
+  it("an 'ask' permission waits for a person's decision, with progress notifications, then runs", { timeout: 30_000 }, async () => {
     const e = await ok("create_environment", {
       permissions: { run_command: [{ match: ["echo", "ask-me"], action: "ask" }, { action: "allow" }] },
     });
@@ -427,7 +427,7 @@ export function toolBehaviours(ctx) {
     await ok("destroy_environment", { environment_id: e.id });
   });
 
-  it("a command longer than the request timeout completes, kept alive by progress notifications", async () => {
+  it("a command longer than the request timeout completes, kept alive by progress notifications", { timeout: 30_000 }, async () => {
     const progress = [];
     const t0 = Date.now();
     const r = await call("run_command", { environment_id: await env(), command: "sleep 3; echo done" }, {
@@ -442,7 +442,7 @@ export function toolBehaviours(ctx) {
     }
   });
 
-  it("cancelling a run_command (AbortSignal) returns at once and kills the command; the session keeps serving", async () => {
+  it("cancelling a run_command (AbortSignal) returns at once and kills the command; the session keeps serving", { timeout: 30_000 }, async () => {
     const id = await env();
     const ac = new AbortController();
     const pending = call("run_command", { environment_id: id, argv: ["sleep", "30.25"] }, { options: { signal: ac.signal, timeout: 60_000 } });
@@ -456,7 +456,7 @@ export function toolBehaviours(ctx) {
     assert.equal((await ok("run_command", { environment_id: id, command: "echo still here" })).stdout, "still here\n");
   });
 
-  it("set_network_policy sets the network policy and reports it", async () => {
+  it("set_network_policy sets the network policy and reports it", { timeout: 30_000 }, async () => {
     const id = await env();
     const s = await ok("set_network_policy", {
       environment_id: id,
@@ -471,7 +471,7 @@ export function toolBehaviours(ctx) {
     await toolError("set_network_policy", { environment_id: id, network: { mode: "no-such-mode" } });
   });
 
-  it("destroy_environment destroys it; later calls on it are tool errors", async () => {
+  it("destroy_environment destroys it; later calls on it are tool errors", { timeout: 30_000 }, async () => {
     const e = await ok("create_environment", {});
     await ok("destroy_environment", { environment_id: e.id });
     assert.ok(await (await ctx.rest()).isGone(e.id), "REST sees it gone");
@@ -479,7 +479,7 @@ export function toolBehaviours(ctx) {
     assert.match(text(r), new RegExp(`${e.id}|not found|gone|no such`, "i"));
   });
 
-  it("without environment_id the session's default environment is created on first use and reused", async () => {
+  it("without environment_id the session's default environment is created on first use and reused", { timeout: 30_000 }, async () => {
     const rest = await ctx.rest();
     const before = await rest.runningIds();
     await ok("write_file", { path: "/workspace/default.txt", content: "default env\n" });
@@ -497,7 +497,7 @@ export function toolBehaviours(ctx) {
   });
 
   if (ctx.fresh) {
-    it("ending the session destroys its default environment; environments it created outlive it", async () => {
+    it("ending the session destroys its default environment; environments it created outlive it", { timeout: 30_000 }, async () => {
       const rest = await ctx.rest();
       const conn = await ctx.fresh();
       let closed = false;
@@ -518,7 +518,7 @@ export function toolBehaviours(ctx) {
     });
   }
 
-  it("resources/list lists each environment's state and events; resources/read reads them", async () => {
+  it("resources/list lists each environment's state and events; resources/read reads them", { timeout: 30_000 }, async () => {
     const id = await env();
     const { resources } = await ctx.conn.client.listResources();
     const uris = resources.map((r) => r.uri);
@@ -542,7 +542,7 @@ export function toolBehaviours(ctx) {
     await assert.rejects(ctx.conn.client.readResource({ uri: "moat://environments/000000000000" }), McpError);
   });
 
-  it("an unknown tool or method is a JSON-RPC error, and the server keeps serving", async () => {
+  it("an unknown tool or method is a JSON-RPC error, and the server keeps serving", { timeout: 30_000 }, async () => {
     await assert.rejects(ctx.conn.client.callTool({ name: "no_such_tool", arguments: {} }), McpError);
     await assert.rejects(
       ctx.conn.client.request({ method: "no/such_method", params: {} }, (await import("@modelcontextprotocol/sdk/types.js")).EmptyResultSchema),

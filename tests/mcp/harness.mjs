@@ -177,10 +177,13 @@ function tapTransport(transport) {
   let handler;
   Object.defineProperty(transport, "onmessage", {
     configurable: true,
-    get: () => (message, extra) => {
-      received.push(message);
-      handler?.(message, extra);
-    },
+    // undefined until set: Protocol.connect() chains to what it finds here
+    get: () =>
+      handler &&
+      ((message, extra) => {
+        received.push(message);
+        handler(message, extra);
+      }),
     set: (h) => {
       handler = h;
     },

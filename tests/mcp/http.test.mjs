@@ -34,7 +34,7 @@ function messagesOf(r) {
   throw new Error(`unexpected answer ${r.status} ${type}: ${r.text}`);
 }
 
-describe("MCP over Streamable HTTP (moatd POST /mcp)", { skip: skipReason, timeout: 60_000 }, () => {
+describe("MCP over Streamable HTTP (moatd POST /mcp)", { skip: skipReason, timeout: 240_000 }, () => {
   let moatd;
   const ctx = { kind: "http" };
   ctx.rest = async () => moatd.rest;
@@ -81,7 +81,7 @@ describe("MCP over Streamable HTTP (moatd POST /mcp)", { skip: skipReason, timeo
 
   const shared = toolBehaviours(ctx);
 
-  it("initialize answers with the client's protocol version when supported, else the latest, with a session id", async () => {
+  it("initialize answers with the client's protocol version when supported, else the latest, with a session id", { timeout: 30_000 }, async () => {
     const ids = new Set();
     for (const [asked, answered] of [
       ["2025-11-25", "2025-11-25"],
@@ -105,7 +105,7 @@ describe("MCP over Streamable HTTP (moatd POST /mcp)", { skip: skipReason, timeo
     assert.ok(ctx.conn.transport.sessionId, "the SDK client holds a session id");
   });
 
-  it("notifications and responses are accepted with 202", async () => {
+  it("notifications and responses are accepted with 202", { timeout: 30_000 }, async () => {
     const session = await rawSession();
     const n = await mcp({ body: { jsonrpc: "2.0", method: "notifications/cancelled", params: { requestId: 99 } }, session });
     assert.equal(n.status, 202, n.text);
@@ -115,7 +115,7 @@ describe("MCP over Streamable HTTP (moatd POST /mcp)", { skip: skipReason, timeo
     await mcp({ method: "DELETE", session });
   });
 
-  it("a tools/call with a progressToken is answered as an event stream, everything else as JSON", async () => {
+  it("a tools/call with a progressToken is answered as an event stream, everything else as JSON", { timeout: 30_000 }, async () => {
     const session = await rawSession();
     const plain = await mcp({ body: { jsonrpc: "2.0", id: 2, method: "tools/list" }, session });
     assert.equal(plain.status, 200, plain.text);
@@ -153,14 +153,14 @@ describe("MCP over Streamable HTTP (moatd POST /mcp)", { skip: skipReason, timeo
     await mcp({ method: "DELETE", session });
   });
 
-  it("GET /mcp is 405 (the server sends nothing unasked)", async () => {
+  it("GET /mcp is 405 (the server sends nothing unasked)", { timeout: 30_000 }, async () => {
     const session = await rawSession();
     const r = await mcp({ method: "GET", session, headers: { Accept: "text/event-stream" } });
     assert.equal(r.status, 405, r.text);
     await mcp({ method: "DELETE", session });
   });
 
-  it("a request with a foreign Origin is refused with 403, before anything else", async () => {
+  it("a request with a foreign Origin is refused with 403, before anything else", { timeout: 30_000 }, async () => {
     for (const origin of ["http://evil.example", "https://evil.example", "http://localhost.evil.example", "null"]) {
       const r = await mcp({ body: INIT(), headers: { Origin: origin } });
       assert.equal(r.status, 403, `Origin ${origin}: ${r.status} ${r.text}`);
@@ -176,7 +176,7 @@ describe("MCP over Streamable HTTP (moatd POST /mcp)", { skip: skipReason, timeo
     }
   });
 
-  it("a request with a foreign Host is refused with 403, before anything else", async () => {
+  it("a request with a foreign Host is refused with 403, before anything else", { timeout: 30_000 }, async () => {
     for (const host of ["evil.example:80", "evil.example", `evil.example:${moatd.port}`, "127.0.0.1.evil.example"]) {
       const r = await mcp({ body: INIT(), headers: { Host: host } });
       assert.equal(r.status, 403, `Host ${host}: ${r.status} ${r.text}`);
@@ -189,7 +189,7 @@ describe("MCP over Streamable HTTP (moatd POST /mcp)", { skip: skipReason, timeo
     }
   });
 
-  it("a wrong or missing bearer token is 401", async () => {
+  it("a wrong or missing bearer token is 401", { timeout: 30_000 }, async () => {
     const wrong = await mcp({ body: INIT(), token: "0".repeat(64) });
     assert.equal(wrong.status, 401, wrong.text);
     assert.equal((await mcp({ body: INIT(), token: null })).status, 401);
@@ -199,14 +199,14 @@ describe("MCP over Streamable HTTP (moatd POST /mcp)", { skip: skipReason, timeo
     await mcp({ method: "DELETE", session });
   });
 
-  it("a request without Mcp-Session-Id is 400; an unknown one is 404", async () => {
+  it("a request without Mcp-Session-Id is 400; an unknown one is 404", { timeout: 30_000 }, async () => {
     const none = await mcp({ body: { jsonrpc: "2.0", id: 2, method: "tools/list" } });
     assert.equal(none.status, 400, none.text);
     const unknown = await mcp({ body: { jsonrpc: "2.0", id: 2, method: "tools/list" }, session: "no-such-session-0123456789" });
     assert.equal(unknown.status, 404, unknown.text);
   });
 
-  it("DELETE /mcp ends the session: later requests with its id are 404", async () => {
+  it("DELETE /mcp ends the session: later requests with its id are 404", { timeout: 30_000 }, async () => {
     const session = await rawSession();
     assert.equal((await mcp({ body: { jsonrpc: "2.0", id: 2, method: "ping" }, session })).status, 200);
     const del = await mcp({ method: "DELETE", session });
@@ -214,7 +214,7 @@ describe("MCP over Streamable HTTP (moatd POST /mcp)", { skip: skipReason, timeo
     assert.equal((await mcp({ body: { jsonrpc: "2.0", id: 3, method: "ping" }, session })).status, 404);
   });
 
-  it("a session opened with one token is 404 with another; a key may do over MCP what it may over REST", async () => {
+  it("a session opened with one token is 404 with another; a key may do over MCP what it may over REST", { timeout: 30_000 }, async () => {
     const key = await moatd.rest.call("POST", "/v1/keys", { name: "mcp-reader", scopes: ["read"] });
     assert.equal(key.status, 201, key.text);
     const keySession = await rawSession(key.json.token);
@@ -253,7 +253,7 @@ describe("MCP over Streamable HTTP (moatd POST /mcp)", { skip: skipReason, timeo
     await mcp({ method: "DELETE", session: keySession, token: key.json.token });
   });
 
-  it("a malformed JSON body is a JSON-RPC parse error, and the server keeps serving", async () => {
+  it("a malformed JSON body is a JSON-RPC parse error, and the server keeps serving", { timeout: 30_000 }, async () => {
     const session = await rawSession();
     const bad = await mcp({ body: "{this is not json", session });
     assert.ok(bad.status === 200 || bad.status === 400, `${bad.status} ${bad.text}`);

@@ -10,7 +10,7 @@ import { after, before, describe, it } from "node:test";
 import { toolBehaviours } from "./behaviours.mjs";
 import { alive, connectStdio, mountedUnder, privateMoatd, removeState, restClient, skipReason, waitFor } from "./harness.mjs";
 
-describe("MCP over stdio (moat mcp --standalone)", { skip: skipReason, timeout: 60_000 }, () => {
+describe("MCP over stdio (moat mcp --standalone)", { skip: skipReason, timeout: 240_000 }, () => {
   const ctx = { kind: "standalone" };
   let priv; // {pid, state} of the private moatd
   let rest;
@@ -39,7 +39,7 @@ describe("MCP over stdio (moat mcp --standalone)", { skip: skipReason, timeout: 
 
   toolBehaviours(ctx);
 
-  it("ending the session stops the private moatd and its environments, and removes its state directory", async () => {
+  it("ending the session stops the private moatd and its environments, and removes its state directory", { timeout: 30_000 }, async () => {
     await ctx.rest();
     const { pid, state } = priv;
     const r = await rest.call("GET", "/v1/environments");

@@ -7,7 +7,7 @@ import { after, before, describe, it } from "node:test";
 import { toolBehaviours } from "./behaviours.mjs";
 import { LATEST, alive, connectStdio, skipReason, spawnRawStdio, startMoatd, waitFor } from "./harness.mjs";
 
-describe("MCP over stdio (moat mcp)", { skip: skipReason, timeout: 60_000 }, () => {
+describe("MCP over stdio (moat mcp)", { skip: skipReason, timeout: 240_000 }, () => {
   let moatd;
   const ctx = { kind: "stdio" };
   ctx.rest = async () => moatd.rest;
@@ -26,7 +26,7 @@ describe("MCP over stdio (moat mcp)", { skip: skipReason, timeout: 60_000 }, () 
 
   const shared = toolBehaviours(ctx);
 
-  it("initialize answers with the client's protocol version when supported, else the latest", async () => {
+  it("initialize answers with the client's protocol version when supported, else the latest", { timeout: 30_000 }, async () => {
     for (const [asked, answered] of [
       ["2025-11-25", "2025-11-25"],
       ["2025-06-18", "2025-06-18"],
@@ -50,7 +50,7 @@ describe("MCP over stdio (moat mcp)", { skip: skipReason, timeout: 60_000 }, () 
     }
   });
 
-  it("a malformed line is a JSON-RPC parse error; the server keeps serving; stdout is only JSON-RPC", async () => {
+  it("a malformed line is a JSON-RPC parse error; the server keeps serving; stdout is only JSON-RPC", { timeout: 30_000 }, async () => {
     const raw = spawnRawStdio({ state: moatd.state });
     try {
       raw.send({ jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: LATEST, capabilities: {}, clientInfo: { name: "raw", version: "0" } } });
@@ -75,7 +75,7 @@ describe("MCP over stdio (moat mcp)", { skip: skipReason, timeout: 60_000 }, () 
     }
   });
 
-  it("moat mcp exits (status 0) when its stdin closes", async () => {
+  it("moat mcp exits (status 0) when its stdin closes", { timeout: 30_000 }, async () => {
     const raw = spawnRawStdio({ state: moatd.state });
     raw.send({ jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: LATEST, capabilities: {}, clientInfo: { name: "raw", version: "0" } } });
     await raw.next((m) => m.id === 1);
