@@ -71,6 +71,14 @@ Preflight Api::preflight(const HttpRequest& head) {
                    head.path.compare(head.path.size() - 6, 6, "/files") == 0;
   p.bodyLimit = fileWrite ? (16u << 20) : (1u << 20);
   if (head.path == "/healthz") return p;
+  if (head.path == "/mcp") {
+    if (auto refused = mcpGuard(head)) {
+      p.reject = true;
+      p.response = *refused;
+      countError("forbidden");
+      return p;
+    }
+  }
   std::string token = bearerToken(head.authorization);
   std::string why = "missing Authorization: Bearer <token>";
   if (!token.empty()) {
@@ -207,6 +215,10 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     if (req.method != "GET") return errorResponse({405, "method_not_allowed", "use GET", ""});
     if (!principal.may("read")) return forbidden("read");
     return metrics();
+  }
+  if (p == "/mcp") {
+    (void)principal;  // the tools call this API with the caller's own token
+    return mcpRoute(req);
   }
   if (p == "/v1/keys" || p.rfind("/v1/keys/", 0) == 0) return keysRoute(req, principal);
   if (p == "/v1/approvals" || p.rfind("/v1/approvals/", 0) == 0) return approvalsRoute(req, principal);

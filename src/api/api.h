@@ -3,6 +3,8 @@
 #include <array>
 #include <atomic>
 #include <map>
+#include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 
@@ -30,6 +32,7 @@ class Api {
   // recorded and the audit endpoints answer 404).
   Api(manager::EnvironmentManager& manager, Keys& keys, gate::ApprovalCenter& approvals,
       std::string masterToken, ApiOptions options = {}, audit::Log* audit = nullptr);
+  ~Api();  // ends the MCP sessions while everything they call still exists
   HttpResponse handle(const HttpRequest& request);
   // Before the body: unauthenticated requests are refused unread, and the
   // body limit is 16 MiB for file writes, 1 MiB for everything else.
@@ -39,6 +42,8 @@ class Api {
   // whether it would ask, for the egress controller.
   egress::GateAnswer networkGate(const std::string& id, const std::string& host, uint16_t port);
   bool networkAsks(const std::string& id, const std::string& host);
+  // mcp.cc: ends every MCP session (their default environments go). At stop.
+  void closeMcpSessions();
 
  private:
   HttpResponse route(const HttpRequest& request, const Principal& principal);
@@ -65,6 +70,12 @@ class Api {
   HttpResponse verifyRoute(const HttpRequest& request, const Principal& principal);
   // A refused token (401), for the audit log.
   void recordAuthFailure(const HttpRequest& request, const std::string& token, const std::string& why);
+  // mcp.cc: Streamable HTTP at /mcp (docs/MCP.md).
+  struct McpHttpSession;
+  HttpResponse mcpRoute(const HttpRequest& request);
+  // Host and Origin must be local (DNS rebinding); before authentication.
+  std::optional<HttpResponse> mcpGuard(const HttpRequest& head);
+  void expireMcpSessions();
   HttpResponse metrics();
   void countError(const std::string& code);
 
@@ -75,6 +86,8 @@ class Api {
   ApiOptions options_;
   audit::Log* log_;
   audit::Recorder& audit_;  // log_, or a recorder that drops everything
+  std::mutex mcpMutex_;
+  std::map<std::string, std::shared_ptr<McpHttpSession>> mcpSessions_;
   std::mutex errorsMutex_;
   std::map<std::string, uint64_t> errors_;
   static constexpr std::array<double, 10> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025,

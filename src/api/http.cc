@@ -46,31 +46,16 @@ HttpRequest requestHead(const http::request<http::string_body>& req, const std::
   HttpRequest request;
   request.remote = remote;
   request.method = std::string(req.method_string());
-  std::string target(req.target());
-  auto q = target.find('?');
-  request.path = urlDecode(target.substr(0, q), false);
-  if (q != std::string::npos) {
-    std::string query = target.substr(q + 1);
-    size_t start = 0;
-    while (start <= query.size()) {
-      size_t end = query.find('&', start);
-      if (end == std::string::npos) end = query.size();
-      std::string pair = query.substr(start, end - start);
-      if (!pair.empty()) {
-        auto eq = pair.find('=');
-        std::string key = urlDecode(pair.substr(0, eq), true);
-        std::string value = eq == std::string::npos ? "" : urlDecode(pair.substr(eq + 1), true);
-        request.query[key] = value;
-        request.queryAll.emplace_back(key, value);
-      }
-      start = end + 1;
-    }
-  }
+  parseTarget(std::string(req.target()), request);
   request.authorization = std::string(req[http::field::authorization]);
   request.host = std::string(req[http::field::host]);
   request.origin = std::string(req[http::field::origin]);
   request.prefer = std::string(req["Prefer"]);
   request.lastEventId = std::string(req["Last-Event-ID"]);
+  request.accept = std::string(req[http::field::accept]);
+  request.contentType = std::string(req[http::field::content_type]);
+  request.mcpSessionId = std::string(req["Mcp-Session-Id"]);
+  request.mcpProtocolVersion = std::string(req["MCP-Protocol-Version"]);
   auto lower = [](std::string v) {
     for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     return v;
@@ -368,6 +353,29 @@ void HttpServer::stop() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (int fd : connections_) ::shutdown(fd, SHUT_RDWR);
   idle_.wait(lock, [this] { return active_ == 0; });
+}
+
+void parseTarget(const std::string& target, HttpRequest& request) {
+  auto q = target.find('?');
+  request.path = urlDecode(target.substr(0, q), false);
+  request.query.clear();
+  request.queryAll.clear();
+  if (q == std::string::npos) return;
+  std::string query = target.substr(q + 1);
+  size_t start = 0;
+  while (start <= query.size()) {
+    size_t end = query.find('&', start);
+    if (end == std::string::npos) end = query.size();
+    std::string pair = query.substr(start, end - start);
+    if (!pair.empty()) {
+      auto eq = pair.find('=');
+      std::string key = urlDecode(pair.substr(0, eq), true);
+      std::string value = eq == std::string::npos ? "" : urlDecode(pair.substr(eq + 1), true);
+      request.query[key] = value;
+      request.queryAll.emplace_back(key, value);
+    }
+    start = end + 1;
+  }
 }
 
 }  // namespace moat::api

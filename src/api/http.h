@@ -29,6 +29,10 @@ struct HttpRequest {
   std::string origin;
   std::string prefer;  // the Prefer header ("respond-async": answer 202 instead of waiting)
   std::string lastEventId;  // Last-Event-ID: where a Server-Sent Events client resumes
+  std::string accept;
+  std::string contentType;
+  std::string mcpSessionId;        // Mcp-Session-Id (docs/MCP.md)
+  std::string mcpProtocolVersion;  // MCP-Protocol-Version
   // Who is on the other end, for the audit log: "127.0.0.1:50312", or
   // "unix pid=812 uid=0" (the peer's credentials on the unix socket).
   std::string remote;
@@ -101,5 +105,7 @@ class HttpServer {
 };
 
 std::string urlDecode(const std::string& s, bool plusIsSpace);
+// "/a%20b?x=1&y" -> path "/a b", query {x: 1, y: ""} (decoded).
+void parseTarget(const std::string& target, HttpRequest& request);
 
 }  // namespace moat::api

@@ -33,6 +33,8 @@ commands:
   events    moatd's audit log, listed or followed live (moat events --help)
   audit     check the audit log's hash chain, export it
             (moat audit verify|export)
+  mcp       serve the Model Context Protocol on stdio, for agents
+            (moat mcp [--standalone], see docs/MCP.md)
   version   print the version
 
 Environment: MOAT_STATE (state directory, default /var/lib/moat); for the
@@ -61,6 +63,7 @@ int main(int argc, char** argv) {
   if (command == "approvals") return moat::cli::approvalsCommand(args);
   if (command == "events") return moat::cli::eventsCommand(args);
   if (command == "audit") return moat::cli::auditCommand(args);
+  if (command == "mcp") return moat::cli::mcpCommand(args);
   if (command == "version" || command == "--version") {
     std::puts("moat " MOAT_VERSION);
     return 0;

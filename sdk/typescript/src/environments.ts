@@ -1,8 +1,9 @@
-// /v1/environments: create, list, get, destroy, TTL, exec; files, processes
-// and the shell hang off it.
+// /v1/environments: create, list, get, destroy, TTL, exec; files, processes,
+// the shell, permissions and the network policy hang off it.
 
 import { type Transport, gatedCall, seg } from "./client.js";
 import { Files } from "./files.js";
+import { EnvironmentNetwork } from "./network.js";
 import { EnvironmentPermissions } from "./permissions.js";
 import { Processes } from "./processes.js";
 import { Shell, openShell } from "./shell.js";
@@ -28,14 +29,21 @@ export class Environments {
   readonly processes: Processes;
   /** What the gate lets each environment do (its permission layers). */
   readonly permissions: EnvironmentPermissions;
+  /** Where each environment may connect (its egress policy, docs/EGRESS.md). */
+  readonly network: EnvironmentNetwork;
 
   constructor(private readonly transport: Transport) {
     this.files = new Files(transport);
     this.processes = new Processes(transport);
     this.permissions = new EnvironmentPermissions(transport);
+    this.network = new EnvironmentNetwork(transport);
   }
 
-  /** Creates an environment (never retried: a POST). */
+  /**
+   * Creates an environment (never retried: a POST). With a `network` policy
+   * other than `"none"`, or `secrets`, it needs moatd's egress control
+   * (UnavailableError from a moatd run with `--no-egress`).
+   */
   create(request: CreateEnvironmentRequest = {}, options: RequestOptions = {}): Promise<Environment> {
     return this.transport.json<Environment>({ method: "POST", path: "/v1/environments", json: request, ...options });
   }

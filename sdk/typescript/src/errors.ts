@@ -90,7 +90,11 @@ export class InvalidRequestError extends MoatError {}
 export class TooLargeError extends MoatError {}
 /** 400 `file_error` (another errno) and 507 `no_space` (the storage quota): `message` names the path and errno. */
 export class FileError extends MoatError {}
-/** 503 `unavailable`: moatd has too many open connections. */
+/**
+ * 503 `unavailable`: moatd has too many open connections (retried, for
+ * idempotent calls), or the call needs egress control and moatd runs with
+ * `--no-egress` (a network policy other than `"none"`, or secrets).
+ */
 export class UnavailableError extends MoatError {}
 /** 504 `timeout`: moatd's own wait for the environment timed out (not the client's: see MoatTimeoutError). */
 export class ServerTimeoutError extends MoatError {}

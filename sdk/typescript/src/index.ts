@@ -5,6 +5,7 @@ export { Transport, SDK_VERSION, type MoatOptions } from "./client.js";
 export { Approvals } from "./approvals.js";
 export { EnvironmentPermissions } from "./permissions.js";
 export { Environments, EXEC_MARGIN_MS } from "./environments.js";
+export { EnvironmentNetwork } from "./network.js";
 export { Files } from "./files.js";
 export { Keys } from "./keys.js";
 export { Processes, Process, OutputStream, parseOutputEvent } from "./processes.js";

@@ -42,6 +42,21 @@ export interface CreateEnvironmentRequest {
    * moatd's defaults (read_file, write_file, run_command allow; network deny).
    */
   permissions?: Permissions;
+  /**
+   * Egress (docs/EGRESS.md): `"none"` (the default: loopback only), `"open"`,
+   * or a policy object (an allowlist unless it says otherwise). Needs moatd's
+   * egress control: a moatd run with `--no-egress` answers anything but
+   * `"none"` with UnavailableError (503). Errors name the field (`network.allow[0]`).
+   * A host no entry matches is the gate's to decide: `permissions.network`.
+   */
+  network?: EgressPolicy;
+  /**
+   * Credentials the environment never sees: each variable `name` holds a
+   * `moat-secret-...` placeholder, which the egress proxy replaces with the
+   * value in requests to the secret's `hosts` only (at most 64; a name may
+   * not also be in `env`).
+   */
+  secrets?: SecretRequest[];
 }
 
 export interface Environment {
@@ -59,6 +74,10 @@ export interface Environment {
   permissions?: Permissions;
   /** How many permission layers it has, when more than one. */
   permission_layers?: number;
+  /** The network mode; the whole policy is `environments.network.get(id)`. */
+  network: NetworkMode;
+  /** Its secrets, without their values; absent when it has none. */
+  secrets?: SecretPublic[];
 }
 
 export interface ListEnvironmentsFilter {
@@ -429,4 +448,104 @@ export interface DecideOptions extends RequestOptions {
   reason?: string;
   /** Turn the decision into a rule for exactly this action in the environment's first layer. */
   remember?: boolean;
+}
+
+// ---- egress: network policies and secrets (docs/EGRESS.md) ------------------------
+
+/**
+ * `none`: loopback only. `allowlist`: the hosts an `allow` entry matches (and
+ * no `deny` entry does), through moatd's proxy. `open`: any public host,
+ * through the proxy, `deny` entries still apply.
+ */
+export type NetworkMode = "none" | "allowlist" | "open";
+
+/**
+ * An entry with conditions: `host` in any of the string forms (a name glob,
+ * an IPv4 address or range, with an optional `:port`), and optionally the
+ * ports, HTTP methods and paths it covers. Paths are globs on the normalized
+ * path (`*` within a segment, `**` across them); method and path rules make
+ * the proxy look inside HTTPS.
+ */
+export interface EgressEntryObject {
+  host: string;
+  /** 1 to 64 ports (1-65535). */
+  ports?: number[];
+  /** 1 to 16 methods, e.g. `["GET", "HEAD"]`. */
+  methods?: string[];
+  /** 1 to 64 path globs, each starting with `/`. */
+  paths?: string[];
+}
+
+/**
+ * An `allow` or `deny` entry: `"pypi.org"`, `"*.pypi.org"` (any run of
+ * characters: matches `files.pypi.org`, not `pypi.org`),
+ * `"files.pythonhosted.org:443"`, `"203.0.113.7"`, `"203.0.113.0/24"` (each
+ * with an optional `:port`), or an object with conditions. IPv6 is refused.
+ */
+export type EgressEntry = string | EgressEntryObject;
+
+/** A policy object; without `mode` it is an allowlist. */
+export interface EgressPolicyObject {
+  /** Default `allowlist`. */
+  mode?: NetworkMode;
+  /** At most 1024 entries; the first match allows. */
+  allow?: EgressEntry[];
+  /** At most 1024 entries; checked first, the first match refuses (in `open` too). */
+  deny?: EgressEntry[];
+  /** Connections open at once (1 to 4096, default 64). */
+  max_connections?: number;
+  /** Both directions together (0.01 to 100000); no limit when left out. */
+  bandwidth_mbps?: number;
+}
+
+/** `"none"` and `"open"` are shorthands for `{ mode: "none" }` and `{ mode: "open" }`. */
+export type EgressPolicy = "none" | "open" | EgressPolicyObject;
+
+/** A policy as moatd stores it: every field written out. */
+export interface EgressPolicyView {
+  mode: NetworkMode;
+  allow: EgressEntry[];
+  deny: EgressEntry[];
+  max_connections: number;
+  /** Present when the policy limits bandwidth. */
+  bandwidth_mbps?: number;
+}
+
+/** The environment's end of its link into moatd's egress namespace. */
+export interface EgressLink {
+  /** The environment's address (`eth0`, in 100.64.0.0/10). */
+  address: string;
+  /** moatd's side: the resolver, and the default route. */
+  gateway: string;
+  /** The proxy URL its `HTTP_PROXY`/`HTTPS_PROXY` name: `http://<gateway>:3128`. */
+  proxy: string;
+}
+
+/** `GET` / `PUT /v1/environments/{id}/network`. */
+export interface EgressState {
+  network: EgressPolicyView;
+  /** Present while the environment has a link (any mode but `none`). */
+  link?: EgressLink;
+}
+
+/** A secret as given on create. */
+export interface SecretRequest {
+  /** The variable that holds the placeholder (`[A-Za-z_][A-Za-z0-9_]*`, at most 128 bytes). */
+  name: string;
+  /** The real value (1 to 16384 bytes, no line breaks): never shown again, never in the environment. */
+  value: string;
+  /** 1 to 64 host globs that may receive it (`*` alone is refused). */
+  hosts: string[];
+  /**
+   * `"Name"` or `"Name: text with {value}"` (e.g. `"Authorization: Bearer
+   * {value}"`): a header the proxy sets on every request to `hosts`.
+   */
+  header?: string;
+}
+
+/** A secret as moatd shows it: no value, and of `header` only the header's name. */
+export interface SecretPublic {
+  name: string;
+  hosts: string[];
+  header?: string;
 }

@@ -1,0 +1,220 @@
+// moatd's MCP endpoint: Streamable HTTP at /mcp (docs/MCP.md). The tools
+// call this same API in process, with the caller's own token, so MCP can do
+// exactly what the caller may do over REST.
+#include <cctype>
+
+#include "api/api.h"
+#include "api/validation.h"
+#include "common/hex.h"
+#include "mcp/session.h"
+
+namespace moat::api {
+namespace {
+
+constexpr auto kSessionIdle = std::chrono::minutes(30);
+constexpr size_t kMaxSessions = 256;
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// "localhost", "127.0.0.1", "[::1]", each with an optional port.
+bool localName(const std::string& hostPort) {
+  std::string h = lower(hostPort);
+  std::string host = h;
+  if (!h.empty() && h[0] == '[') {
+    auto close = h.find(']');
+    if (close == std::string::npos) return false;
+    host = h.substr(0, close + 1);
+    std::string rest = h.substr(close + 1);
+    if (!rest.empty() && (rest[0] != ':' || rest.find_first_not_of("0123456789", 1) != std::string::npos)) return false;
+  } else if (auto colon = h.find(':'); colon != std::string::npos) {
+    host = h.substr(0, colon);
+    if (h.find_first_not_of("0123456789", colon + 1) != std::string::npos) return false;
+  }
+  return host == "localhost" || host == "127.0.0.1" || host == "[::1]";
+}
+
+HttpResponse rpcError(int status, const json& id, int code, const std::string& message) {
+  HttpResponse r = respond(status, mcp::errorResponse(id, code, message));
+  return r;
+}
+
+}  // namespace
+
+// The API in process, for the tools of one MCP session.
+class InProcessRest : public mcp::RestBackend {
+ public:
+  InProcessRest(Api& api, std::string authorization, std::string remote)
+      : api_(api), authorization_(std::move(authorization)), remote_(std::move(remote)) {}
+  mcp::RestResponse call(const std::string& method, const std::string& target, const std::string& body) override {
+    HttpRequest r;
+    r.method = method;
+    parseTarget(target, r);
+    r.body = body;
+    r.authorization = authorization_;
+    r.remote = remote_;
+    HttpResponse answer = api_.handle(r);
+    if (answer.stream || answer.websocket) return {500, "a streamed answer where none was asked for", ""};
+    return {answer.status, answer.body, answer.contentType};
+  }
+
+ private:
+  Api& api_;
+  std::string authorization_;
+  std::string remote_;
+};
+
+struct Api::McpHttpSession {
+  std::string authorization;  // the token that opened it; only it may use it
+  std::unique_ptr<InProcessRest> rest;
+  std::unique_ptr<mcp::Session> session;
+  std::chrono::steady_clock::time_point lastUsed = std::chrono::steady_clock::now();
+};
+
+std::optional<HttpResponse> Api::mcpGuard(const HttpRequest& head) {
+  // DNS rebinding: a web page's script reaching moatd through a name it
+  // controls carries that name in Host, and its origin in Origin.
+  if (!head.host.empty() && !localName(head.host)) {
+    return errorResponse({403, "forbidden", "/mcp answers only local Host names (localhost, 127.0.0.1, [::1]); got " +
+                                                head.host, ""});
+  }
+  if (!head.origin.empty()) {
+    std::string o = lower(head.origin);
+    std::string rest = o.rfind("http://", 0) == 0 ? o.substr(7) : o.rfind("https://", 0) == 0 ? o.substr(8) : "";
+    if (rest.empty() || !localName(rest)) {
+      return errorResponse({403, "forbidden", "/mcp refuses requests from the web origin " + head.origin, ""});
+    }
+  }
+  return std::nullopt;
+}
+
+void Api::expireMcpSessions() {
+  std::vector<std::shared_ptr<McpHttpSession>> expired;
+  {
+    std::lock_guard<std::mutex> lock(mcpMutex_);
+    auto now = std::chrono::steady_clock::now();
+    for (auto it = mcpSessions_.begin(); it != mcpSessions_.end();) {
+      if (now - it->second->lastUsed > kSessionIdle) {
+        expired.push_back(it->second);
+        it = mcpSessions_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& s : expired) s->session->close();
+}
+
+Api::~Api() { closeMcpSessions(); }
+
+void Api::closeMcpSessions() {
+  std::map<std::string, std::shared_ptr<McpHttpSession>> all;
+  {
+    std::lock_guard<std::mutex> lock(mcpMutex_);
+    all.swap(mcpSessions_);
+  }
+  for (auto& [id, s] : all) s->session->close();
+}
+
+HttpResponse Api::mcpRoute(const HttpRequest& req) {
+  if (auto refused = mcpGuard(req)) return *refused;
+  expireMcpSessions();
+  if (req.method == "GET") {
+    HttpResponse r = errorResponse({405, "method_not_allowed", "GET /mcp: this server sends nothing unasked; POST requests", ""});
+    r.headers = {{"Allow", "POST, DELETE"}};
+    return r;
+  }
+  if (!req.mcpProtocolVersion.empty() &&
+      std::find(mcp::kProtocolVersions.begin(), mcp::kProtocolVersions.end(), req.mcpProtocolVersion) ==
+          mcp::kProtocolVersions.end()) {
+    return rpcError(400, nullptr, mcp::kInvalidRequest, "unsupported MCP-Protocol-Version " + req.mcpProtocolVersion);
+  }
+  auto find = [&]() -> std::shared_ptr<McpHttpSession> {
+    std::lock_guard<std::mutex> lock(mcpMutex_);
+    auto it = mcpSessions_.find(req.mcpSessionId);
+    // Another token's session does not exist for this caller.
+    if (it == mcpSessions_.end() || it->second->authorization != req.authorization) return nullptr;
+    it->second->lastUsed = std::chrono::steady_clock::now();
+    return it->second;
+  };
+  if (req.method == "DELETE") {
+    if (req.mcpSessionId.empty()) return rpcError(400, nullptr, mcp::kInvalidRequest, "DELETE /mcp needs Mcp-Session-Id");
+    auto s = find();
+    if (!s) return rpcError(404, nullptr, mcp::kInvalidRequest, "no such MCP session");
+    {
+      std::lock_guard<std::mutex> lock(mcpMutex_);
+      mcpSessions_.erase(req.mcpSessionId);
+    }
+    s->session->close();
+    return noContent();
+  }
+  if (req.method != "POST") return wrongMethod(req, "POST or DELETE");
+  json message = json::parse(req.body, nullptr, false);
+  if (message.is_discarded()) return respond(400, mcp::Session::parseError("the body is not JSON"));
+  if (message.is_array()) {
+    return rpcError(400, nullptr, mcp::kInvalidRequest, "JSON-RPC batches are not supported: send one message per POST");
+  }
+  mcp::Kind kind = mcp::kindOf(message);
+  bool initialize = kind == mcp::Kind::kRequest && message["method"] == "initialize";
+  std::shared_ptr<McpHttpSession> s;
+  std::string sessionId = req.mcpSessionId;
+  if (initialize) {
+    {
+      std::lock_guard<std::mutex> lock(mcpMutex_);
+      if (mcpSessions_.size() >= kMaxSessions) {
+        return rpcError(429, message["id"], mcp::kInternalError,
+                        "too many MCP sessions open (" + std::to_string(kMaxSessions) + "); end some with DELETE /mcp");
+      }
+    }
+    auto id = randomHex(16);
+    if (!id.ok()) return rpcError(500, message["id"], mcp::kInternalError, id.error().message());
+    sessionId = id.value();
+    s = std::make_shared<McpHttpSession>();
+    s->authorization = req.authorization;
+    s->rest = std::make_unique<InProcessRest>(*this, req.authorization, req.remote + " mcp");
+    s->session = std::make_unique<mcp::Session>(*s->rest, "moat");
+    std::lock_guard<std::mutex> lock(mcpMutex_);
+    mcpSessions_[sessionId] = s;
+  } else {
+    if (sessionId.empty()) return rpcError(400, nullptr, mcp::kInvalidRequest, "missing Mcp-Session-Id (initialize first)");
+    s = find();
+    if (!s) return rpcError(404, nullptr, mcp::kInvalidRequest, "no such MCP session (it ended or expired): initialize again");
+  }
+  std::vector<std::pair<std::string, std::string>> headers = {{"Mcp-Session-Id", sessionId}};
+  if (kind != mcp::Kind::kRequest) {
+    (void)s->session->handle(message, nullptr);
+    HttpResponse r;
+    r.status = 202;
+    r.contentType = "";
+    r.headers = headers;
+    return r;
+  }
+  bool progress = message.contains("params") && message["params"].is_object() &&
+                  message["params"].contains("_meta") && message["params"]["_meta"].is_object() &&
+                  message["params"]["_meta"].contains("progressToken");
+  bool sseOk = req.accept.find("text/event-stream") != std::string::npos;
+  if (message["method"] == "tools/call" && progress && sseOk) {
+    // Progress notifications, then the answer, on this request's own stream.
+    HttpResponse r;
+    r.contentType = "text/event-stream";
+    r.headers = headers;
+    r.stream = [s, message](const BodyWriter& write) {
+      std::mutex writeMutex;
+      auto frame = [&](const json& m) {
+        std::lock_guard<std::mutex> lock(writeMutex);
+        return write("event: message\ndata: " + m.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n");
+      };
+      auto answer = s->session->handle(message, [&](const json& n) { (void)frame(n); });
+      if (answer) (void)frame(*answer);
+    };
+    return r;
+  }
+  auto answer = s->session->handle(message, nullptr);
+  HttpResponse r = respond(200, answer ? *answer : json::object());
+  r.headers = headers;
+  return r;
+}
+
+}  // namespace moat::api
