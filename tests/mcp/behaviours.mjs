@@ -8,12 +8,12 @@
 import assert from "node:assert/strict";
 import { it } from "node:test";
 
-import { McpError } from "@modelcontextprotocol/sdk/types.js";
+import { EmptyResultSchema, McpError } from "@modelcontextprotocol/sdk/types.js";
 import Ajv from "ajv";
 import Ajv2019 from "ajv/dist/2019.js";
 import Ajv2020 from "ajv/dist/2020.js";
 
-import { LATEST, describeResult, sleep, text, waitFor } from "./harness.mjs";
+import { LATEST, describeResult, environmentOf, sleep, text, waitFor } from "./harness.mjs";
 
 // docs/MCP.md, "Tools": each tool and the arguments it documents.
 export const DOCUMENTED_TOOLS = {
@@ -111,11 +111,20 @@ export function toolBehaviours(ctx) {
     return result;
   }
 
+  // create_environment: the environment it returns (docs/MCP.md: "the
+  // environment (id, state, spec)": structuredContent is it, or holds it as
+  // "environment").
+  async function create(args = {}, opts) {
+    const e = environmentOf(await ok("create_environment", args, opts));
+    assert.match(String(e?.id), /^[0-9a-f]{12}$/, `create_environment gives the environment's id: ${JSON.stringify(e)}`);
+    return e;
+  }
+
   // One environment for the tool tests (created by the first that needs it).
   let envId;
   async function env() {
     if (envId) return envId;
-    const e = await ok("create_environment", { labels: { suite: "mcp-test", transport: ctx.kind }, cpus: 1, ram_mb: 512 });
+    const e = await create({ labels: { suite: "mcp-test", transport: ctx.kind }, cpus: 1, ram_mb: 512 });
     envId = e.id;
     return envId;
   }
@@ -145,13 +154,12 @@ export function toolBehaviours(ctx) {
     assert.deepEqual(await ctx.conn.client.ping(), {});
   });
 
-  it("tools/list lists the documented tools with descriptions and valid JSON Schemas", { timeout: 30_000 }, async () => {
+  it("tools/list lists the documented tools, each with a valid JSON Schema taking the documented arguments", { timeout: 30_000 }, async () => {
     const { tools } = await ctx.conn.client.listTools();
     const names = tools.map((t) => t.name).sort();
     assert.deepEqual(names, Object.keys(DOCUMENTED_TOOLS).sort(), "exactly the tools of docs/MCP.md");
     const problems = [];
     for (const t of tools) {
-      if (typeof t.description !== "string" || t.description.trim().length < 10) problems.push(`${t.name}: no description`);
       const schema = t.inputSchema;
       if (schema?.type !== "object") {
         problems.push(`${t.name}: inputSchema.type is not "object"`);
@@ -178,9 +186,6 @@ export function toolBehaviours(ctx) {
       }
       const props = schema.properties ?? {};
       const required = schema.required ?? [];
-      for (const [p, s] of Object.entries(props)) {
-        if (typeof s?.description !== "string" || s.description.trim() === "") problems.push(`${t.name}.${p}: no description`);
-      }
       const expected = [...(DOCUMENTED_TOOLS[t.name] ?? [])];
       if (!NO_ENVIRONMENT_ID.has(t.name)) expected.push("environment_id");
       for (const p of new Set(expected)) {
@@ -197,8 +202,20 @@ export function toolBehaviours(ctx) {
     assert.deepEqual(problems, []);
   });
 
+  it("every tool and every argument of its inputSchema has a description", { timeout: 30_000 }, async () => {
+    const { tools } = await ctx.conn.client.listTools();
+    const missing = [];
+    for (const t of tools) {
+      if (typeof t.description !== "string" || t.description.trim().length < 10) missing.push(t.name);
+      for (const [p, s] of Object.entries(t.inputSchema?.properties ?? {})) {
+        if (typeof s?.description !== "string" || s.description.trim() === "") missing.push(`${t.name}.${p}`);
+      }
+    }
+    assert.deepEqual(missing, [], "these have no description");
+  });
+
   it("create_environment creates a running environment that list_environments and REST show", { timeout: 30_000 }, async () => {
-    const e = await ok("create_environment", {
+    const e = await create({
       template: "host",
       cpus: 0.5,
       ram_mb: 256,
@@ -284,6 +301,17 @@ export function toolBehaviours(ctx) {
     assert.equal((await ok("run_command", { environment_id: id, command: "wc -l < deep/er/f.txt" })).stdout.trim(), "5");
   });
 
+  it("read_file returns at most 256 KiB", { timeout: 30_000 }, async () => {
+    const id = await env();
+    // 342,858 bytes: lines "00000\n".."57142\n"
+    await ok("run_command", { environment_id: id, command: "seq -w 0 57142 > /workspace/big.txt" });
+    const t = text(await call("read_file", { environment_id: id, path: "/workspace/big.txt" }));
+    assert.ok(t.length <= 256 * 1024 + 200, `read_file gave ${t.length} bytes`);
+    assert.ok(t.startsWith("00000\n00001\n"), t.slice(0, 40));
+    // a line range far into the file still works
+    assert.equal(text(await call("read_file", { environment_id: id, path: "/workspace/big.txt", start_line: 50001, end_line: 50002 })), "50000\n50001\n");
+  });
+
   it("read_file of a missing file is a tool error", { timeout: 30_000 }, async () => {
     const r = await toolError("read_file", { environment_id: await env(), path: "/workspace/no/such/file" });
     assert.match(text(r), /no such|not found|does not exist|ENOENT/i);
@@ -341,6 +369,14 @@ export function toolBehaviours(ctx) {
     assert.match(def, /srch\/a\.py:2:needle = 42/, def);
   });
 
+  it("search_files gives at most 200 matching lines", { timeout: 30_000 }, async () => {
+    const id = await env();
+    await ok("run_command", { environment_id: id, command: "mkdir -p /workspace/many && seq 1 300 | sed 's/^/hit /' > /workspace/many/m.txt" });
+    const t = text(await call("search_files", { environment_id: id, pattern: "^hit", path: "/workspace/many" }));
+    const hits = t.split("\n").filter((l) => /m\.txt:\d+:hit \d+$/.test(l));
+    assert.ok(hits.length > 0 && hits.length <= 200, `${hits.length} matching lines`);
+  });
+
   it("start_process, read_process_output, send_input and kill_process drive a background process", { timeout: 30_000 }, async () => {
     const id = await env();
     const started = await ok("start_process", {
@@ -376,6 +412,25 @@ export function toolBehaviours(ctx) {
     assert.notEqual(end.state, "running");
   });
 
+  it("kill_process sends TERM by default, and the signal asked for", { timeout: 30_000 }, async () => {
+    const id = await env();
+    // ignores TERM: only KILL ends it
+    const { process_id } = await ok("start_process", { environment_id: id, command: "trap '' TERM; echo armed; while :; do sleep 0.1; done" });
+    assert.ok(await waitFor(async () => {
+      const r = await ok("read_process_output", { environment_id: id, process_id, wait_s: 1 });
+      return (r.output ?? r.stdout ?? "").includes("armed");
+    }, 10_000), "the process started");
+    await ok("kill_process", { environment_id: id, process_id });
+    await sleep(500);
+    assert.equal((await ok("read_process_output", { environment_id: id, process_id })).state, "running", "TERM was ignored");
+    await ok("kill_process", { environment_id: id, process_id, signal: "KILL" });
+    const s = await waitFor(async () => {
+      const r = await ok("read_process_output", { environment_id: id, process_id, wait_s: 1 });
+      return r.state !== "running" && r;
+    }, 10_000);
+    assert.ok(s, "KILL ended it");
+  });
+
   it("send_input with close ends the process's stdin; read_process_output reports the exit code", { timeout: 30_000 }, async () => {
     const id = await env();
     const { process_id } = await ok("start_process", { environment_id: id, argv: ["sh", "-c", "cat; exit 4"] });
@@ -390,7 +445,7 @@ export function toolBehaviours(ctx) {
   });
 
   it("a command the environment's permissions deny is a tool error reading 'denied by policy'", { timeout: 30_000 }, async () => {
-    const e = await ok("create_environment", {
+    const e = await create({
       permissions: { run_command: [{ match: ["rm", "*"], action: "deny" }, { action: "allow" }] },
     });
     const r = await toolError("run_command", { environment_id: e.id, argv: ["rm", "-rf", "/workspace"] });
@@ -402,7 +457,7 @@ export function toolBehaviours(ctx) {
   });
 
   it("an 'ask' permission waits for a person's decision, with progress notifications, then runs", { timeout: 30_000 }, async () => {
-    const e = await ok("create_environment", {
+    const e = await create({
       permissions: { run_command: [{ match: ["echo", "ask-me"], action: "ask" }, { action: "allow" }] },
     });
     const rest = await ctx.rest();
@@ -472,7 +527,7 @@ export function toolBehaviours(ctx) {
   });
 
   it("destroy_environment destroys it; later calls on it are tool errors", { timeout: 30_000 }, async () => {
-    const e = await ok("create_environment", {});
+    const e = await create({});
     await ok("destroy_environment", { environment_id: e.id });
     assert.ok(await (await ctx.rest()).isGone(e.id), "REST sees it gone");
     const r = await toolError("run_command", { environment_id: e.id, command: "true" });
@@ -506,7 +561,7 @@ export function toolBehaviours(ctx) {
         await ok("run_command", { command: "echo default" }, { conn });
         const defaults = [...(await rest.runningIds())].filter((id) => !before.has(id));
         assert.equal(defaults.length, 1, JSON.stringify(defaults));
-        const kept = await ok("create_environment", { labels: { suite: "mcp-test", case: "outlives" } }, { conn });
+        const kept = await create({ labels: { suite: "mcp-test", case: "outlives" } }, { conn });
         await conn.close();
         closed = true;
         assert.ok(await waitFor(() => rest.isGone(defaults[0]), 15_000), `the default environment ${defaults[0]} is destroyed`);
@@ -545,7 +600,7 @@ export function toolBehaviours(ctx) {
   it("an unknown tool or method is a JSON-RPC error, and the server keeps serving", { timeout: 30_000 }, async () => {
     await assert.rejects(ctx.conn.client.callTool({ name: "no_such_tool", arguments: {} }), McpError);
     await assert.rejects(
-      ctx.conn.client.request({ method: "no/such_method", params: {} }, (await import("@modelcontextprotocol/sdk/types.js")).EmptyResultSchema),
+      ctx.conn.client.request({ method: "no/such_method", params: {} }, EmptyResultSchema),
       (e) => e instanceof McpError && e.code === -32601,
     );
     assert.deepEqual(await ctx.conn.client.ping(), {});
@@ -558,4 +613,3 @@ export function toolBehaviours(ctx) {
   };
 }
 
-export { sleep };

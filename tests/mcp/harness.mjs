@@ -212,13 +212,22 @@ export async function connectStdio({ state, standalone = false } = {}) {
   });
   const received = tapTransport(transport);
   const client = newClient();
+  const connecting = client.connect(transport, { timeout: 30_000 });
+  const pid = transport.pid; // spawned synchronously by connect()
   try {
-    await client.connect(transport, { timeout: 60_000 });
+    await connecting;
   } catch (e) {
+    // A --standalone that never answered: its moatd and state go too.
+    const priv = standalone ? privateMoatd(pid) : undefined;
     await client.close().catch(() => {});
+    if (priv) {
+      if (alive(priv.pid)) process.kill(priv.pid, "SIGTERM");
+      await waitFor(() => !alive(priv.pid), 20_000);
+      if (alive(priv.pid)) process.kill(priv.pid, "SIGKILL");
+      if (priv.state?.startsWith("/tmp/")) removeState(priv.state);
+    }
     throw new Error(`${e.message}\nmoat mcp stderr:\n${stderr}`);
   }
-  const pid = transport.pid;
   return {
     kind: standalone ? "standalone" : "stdio",
     client,
@@ -262,6 +271,12 @@ export async function connectHttp({ mcpUrl, token }) {
 
 export function text(result) {
   return (result.content ?? []).filter((c) => c.type === "text").map((c) => c.text).join("");
+}
+
+// create_environment's structuredContent: the environment itself, or
+// {"environment": {...}}.
+export function environmentOf(structuredContent) {
+  return structuredContent?.environment ?? structuredContent;
 }
 
 export function describeResult(result) {

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 
 import { toolBehaviours } from "./behaviours.mjs";
-import { LATEST, connectHttp, httpRequest, skipReason, startMoatd, text } from "./harness.mjs";
+import { LATEST, connectHttp, environmentOf, httpRequest, skipReason, startMoatd, text } from "./harness.mjs";
 
 const INIT = (version = LATEST, id = 1) => ({
   jsonrpc: "2.0",
@@ -123,7 +123,7 @@ describe("MCP over Streamable HTTP (moatd POST /mcp)", { skip: skipReason, timeo
     assert.ok(messagesOf(plain)[0].result.tools.length > 0);
 
     const env = await ctx.conn.client.callTool({ name: "create_environment", arguments: {} });
-    const id = env.structuredContent.id;
+    const id = environmentOf(env.structuredContent).id;
     const streamed = await mcp({
       body: {
         jsonrpc: "2.0",
@@ -242,14 +242,14 @@ describe("MCP over Streamable HTTP (moatd POST /mcp)", { skip: skipReason, timeo
     });
     const [lm] = messagesOf(list);
     assert.ok(!lm.result?.isError, list.text);
-    assert.ok(!JSON.stringify(lm.result).includes(masterEnv.structuredContent.id), `a key sees only its own environments: ${list.text}`);
+    assert.ok(!JSON.stringify(lm.result).includes(environmentOf(masterEnv.structuredContent).id), `a key sees only its own environments: ${list.text}`);
     const res = await mcp({
-      body: { jsonrpc: "2.0", id: 5, method: "tools/call", params: { name: "run_command", arguments: { environment_id: masterEnv.structuredContent.id, command: "true" } } },
+      body: { jsonrpc: "2.0", id: 5, method: "tools/call", params: { name: "run_command", arguments: { environment_id: environmentOf(masterEnv.structuredContent).id, command: "true" } } },
       session: keySession,
       token: key.json.token,
     });
     assert.equal(messagesOf(res)[0].result?.isError, true, res.text);
-    await ctx.conn.client.callTool({ name: "destroy_environment", arguments: { environment_id: masterEnv.structuredContent.id } });
+    await ctx.conn.client.callTool({ name: "destroy_environment", arguments: { environment_id: environmentOf(masterEnv.structuredContent).id } });
     await mcp({ method: "DELETE", session: keySession, token: key.json.token });
   });
 

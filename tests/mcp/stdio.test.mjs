@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 
 import { toolBehaviours } from "./behaviours.mjs";
-import { LATEST, alive, connectStdio, skipReason, spawnRawStdio, startMoatd, waitFor } from "./harness.mjs";
+import { LATEST, connectStdio, skipReason, spawnRawStdio, startMoatd } from "./harness.mjs";
 
 describe("MCP over stdio (moat mcp)", { skip: skipReason, timeout: 240_000 }, () => {
   let moatd;
