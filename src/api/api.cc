@@ -122,7 +122,7 @@ HttpResponse Api::handle(const HttpRequest& request) {
   }
   if (response.status >= 400) {
     auto j = json::parse(response.body, nullptr, false);
-    std::string code = j.is_object() && j.contains("error") ? j["error"].value("code", "unknown") : "unknown";
+    std::string code = j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].contains("code") && j["error"]["code"].is_string() ? j["error"]["code"].get<std::string>() : "unknown";
     countError(code);
     // A refusal is a decision: which caller was refused what, and why. Not
     // filed under the environment of the path: that may be another key's,

@@ -77,10 +77,12 @@ class PrivateMoatd {
     }
     ConnectionOptions options;
     options.stateDir = state_;
-    MOAT_ASSIGN(Client client, Client::fromOptions(options));
     for (int i = 0; i < 600; ++i) {  // up to a minute: the first start builds the host template
-      auto reply = client.request("GET", "/healthz");
-      if (reply.ok() && reply->status == 200) return options;
+      auto client = Client::fromOptions(options);  // the token file appears once moatd runs
+      if (client.ok()) {
+        auto reply = client->request("GET", "/healthz");
+        if (reply.ok() && reply->status == 200) return options;
+      }
       int status;
       if (::waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = -1;
@@ -140,6 +142,20 @@ int mcpCommand(const std::vector<std::string>& args) {
   ::signal(SIGPIPE, SIG_IGN);
 
   PrivateMoatd own;
+  // A client that stops the server with a signal still gets its session's
+  // environment (and a --standalone moatd) cleaned up, also while starting.
+  std::atomic<mcp::Session*> current{nullptr};
+  sigset_t stopSignals;
+  sigemptyset(&stopSignals);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&stopSignals, sig);
+  ::pthread_sigmask(SIG_BLOCK, &stopSignals, nullptr);
+  std::thread([&current, &own, stopSignals] {
+    int sig = 0;
+    ::sigwait(&stopSignals, &sig);
+    if (mcp::Session* s = current.load()) s->close();
+    own.stop();
+    ::_exit(128 + sig);
+  }).detach();
   if (standalone) {
     auto started = own.start();
     if (!started.ok()) return reportFailure("mcp", started.error());
@@ -149,20 +165,7 @@ int mcpCommand(const std::vector<std::string>& args) {
   if (!client.ok()) return reportFailure("mcp", client.error());
   HttpRest rest(std::move(client.value()));
   mcp::Session session(rest, "moat");
-  // A client that stops the server with a signal still gets its session's
-  // environment (and a --standalone moatd) cleaned up.
-  sigset_t stopSignals;
-  sigemptyset(&stopSignals);
-  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&stopSignals, sig);
-  ::pthread_sigmask(SIG_BLOCK, &stopSignals, nullptr);
-  std::thread([&session, &own, stopSignals] {
-    int sig = 0;
-    ::sigwait(&stopSignals, &sig);
-    session.close();
-    own.stop();
-    ::_exit(128 + sig);
-  }).detach();
-
+  current = &session;
   std::mutex outMutex;
   auto send = [&](const nlohmann::json& message) {
     std::string line = message.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
@@ -216,6 +219,7 @@ int mcpCommand(const std::vector<std::string>& args) {
   }
   session.close();
   for (auto& r : running) r.thread.join();
+  current = nullptr;
   return 0;
 }
 

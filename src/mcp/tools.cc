@@ -27,7 +27,7 @@ const char* kToolDefinitions = R"json([
    "storage_gb": {"type": "number", "minimum": 0.01, "description": "writable storage in GB, default 4"},
    "pids": {"type": "integer", "minimum": 4, "description": "process limit, default 1024"},
    "ttl_s": {"type": "integer", "minimum": 1, "maximum": 604800, "description": "destroyed after this many seconds, default 3600"},
-   "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+   "labels": {"type": "object", "additionalProperties": {"type": "string"}, "description": "your own key=value tags, to find it by later"},
    "network": {"description": "'none' (default: no network), 'open', or {\"mode\": \"allowlist\", \"allow\": [\"pypi.org\", \"*.github.com\"]}", "anyOf": [{"type": "string", "enum": ["none", "open"]}, {"type": "object"}]},
    "permissions": {"type": "object", "description": "what the environment may do without asking a person: {\"run_command\": \"allow\"|\"ask\"|\"deny\"|[rules], \"read_file\": ..., \"write_file\": ..., \"network\": ...}"}}}},
 {"name": "list_environments",
@@ -57,42 +57,42 @@ const char* kToolDefinitions = R"json([
  "description": "Read what a background process wrote since an offset. Returns the output, 'next' (pass it as since next time) and whether the process is still running (with its exit code once it ended). wait_s waits for new output or the end.",
  "inputSchema": {"type": "object", "additionalProperties": false, "required": ["process_id"], "properties": {
    "environment_id": {"type": "string", "description": "default: this session's environment"},
-   "process_id": {"type": "integer", "minimum": 1},
+   "process_id": {"type": "integer", "minimum": 1, "description": "the id start_process returned"},
    "since": {"type": "integer", "minimum": 0, "description": "offset to read from, default 0"},
    "wait_s": {"type": "number", "minimum": 0, "maximum": 30, "description": "wait up to this long for new output, default 0"}}}},
 {"name": "send_input",
  "description": "Write text to a background process's standard input (add \\n to end a line).",
  "inputSchema": {"type": "object", "additionalProperties": false, "required": ["process_id", "input"], "properties": {
    "environment_id": {"type": "string", "description": "default: this session's environment"},
-   "process_id": {"type": "integer", "minimum": 1},
-   "input": {"type": "string"},
+   "process_id": {"type": "integer", "minimum": 1, "description": "the id start_process returned"},
+   "input": {"type": "string", "description": "the text to write, e.g. \"yes\\n\""},
    "close": {"type": "boolean", "description": "close stdin afterwards (end of input)"}}}},
 {"name": "kill_process",
  "description": "Send a signal to a background process and its children (default TERM; KILL cannot be ignored).",
  "inputSchema": {"type": "object", "additionalProperties": false, "required": ["process_id"], "properties": {
    "environment_id": {"type": "string", "description": "default: this session's environment"},
-   "process_id": {"type": "integer", "minimum": 1},
-   "signal": {"type": "string", "enum": ["TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2", "STOP", "CONT"]}}}},
+   "process_id": {"type": "integer", "minimum": 1, "description": "the id start_process returned"},
+   "signal": {"type": "string", "enum": ["TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2", "STOP", "CONT"], "description": "the signal, default TERM"}}}},
 {"name": "read_file",
  "description": "Read a text file in the environment, whole or a range of lines (1-based, inclusive). At most 256 KiB are returned.",
  "inputSchema": {"type": "object", "additionalProperties": false, "required": ["path"], "properties": {
    "environment_id": {"type": "string", "description": "default: this session's environment"},
    "path": {"type": "string", "description": "absolute path, or relative to /workspace"},
-   "start_line": {"type": "integer", "minimum": 1},
-   "end_line": {"type": "integer", "minimum": 1}}}},
+   "start_line": {"type": "integer", "minimum": 1, "description": "first line to return (1-based), default 1"},
+   "end_line": {"type": "integer", "minimum": 1, "description": "last line to return (inclusive), default the end"}}}},
 {"name": "write_file",
  "description": "Create or overwrite a file in the environment with the given content (parent directories are created).",
  "inputSchema": {"type": "object", "additionalProperties": false, "required": ["path", "content"], "properties": {
    "environment_id": {"type": "string", "description": "default: this session's environment"},
    "path": {"type": "string", "description": "absolute path, or relative to /workspace"},
-   "content": {"type": "string"}}}},
+   "content": {"type": "string", "description": "the whole new content of the file"}}}},
 {"name": "edit_file",
  "description": "Replace exact text in a file: old_string must appear exactly once (or use replace_all). Include enough surrounding lines to make it unique. Fails without changing anything if old_string is not found.",
  "inputSchema": {"type": "object", "additionalProperties": false, "required": ["path", "old_string", "new_string"], "properties": {
    "environment_id": {"type": "string", "description": "default: this session's environment"},
    "path": {"type": "string", "description": "absolute path, or relative to /workspace"},
-   "old_string": {"type": "string", "minLength": 1},
-   "new_string": {"type": "string"},
+   "old_string": {"type": "string", "minLength": 1, "description": "the exact text to replace, whitespace included"},
+   "new_string": {"type": "string", "description": "what replaces it"},
    "replace_all": {"type": "boolean", "description": "replace every occurrence"}}}},
 {"name": "list_files",
  "description": "List a directory in the environment: names, types and sizes.",
@@ -103,14 +103,14 @@ const char* kToolDefinitions = R"json([
  "description": "Search file contents under a directory with a regular expression (grep -E). Returns matching lines as file:line:text, at most 200.",
  "inputSchema": {"type": "object", "additionalProperties": false, "required": ["pattern"], "properties": {
    "environment_id": {"type": "string", "description": "default: this session's environment"},
-   "pattern": {"type": "string", "minLength": 1},
+   "pattern": {"type": "string", "minLength": 1, "description": "an extended regular expression (grep -E)"},
    "path": {"type": "string", "description": "directory or file, default /workspace"},
    "glob": {"type": "string", "description": "only files whose name matches, e.g. *.py"}}}},
 {"name": "set_network_policy",
  "description": "Change what the environment may reach on the network: 'none' (nothing), 'open' (any public host, recorded), or an allowlist {\"mode\": \"allowlist\", \"allow\": [\"pypi.org\", \"*.pythonhosted.org\"], \"deny\": [...]}. Takes effect for new connections.",
  "inputSchema": {"type": "object", "additionalProperties": false, "required": ["network"], "properties": {
    "environment_id": {"type": "string", "description": "default: this session's environment"},
-   "network": {"anyOf": [{"type": "string", "enum": ["none", "open"]}, {"type": "object"}]}}}}
+   "network": {"description": "'none', 'open', or {\"mode\": \"allowlist\", \"allow\": [...], \"deny\": [...]}", "anyOf": [{"type": "string", "enum": ["none", "open"]}, {"type": "object"}]}}}}
 ])json";
 
 const json& definitions() {

@@ -357,7 +357,7 @@ TEST(MoatCliWithoutDaemon, BadUsageExits2AndNamesTheProblem) {
       {{"env", "get"}, "moat env get: missing environment id (usage: moat env get ID)\n"},
       {{"env", "rm"}, "moat env rm: missing environment id (usage: moat env rm ID...)\n"},
       {{"env", "frob"},
-       "moat env: unknown command 'frob' (create, ls, get or rm; see moat env --help)\n"},
+       "moat env: unknown command 'frob' (create, ls, get, rm or network; see moat env --help)\n"},
       {{"exec"},
        "moat exec: missing environment id (usage: moat exec ENV [options] -- COMMAND...)\n"},
       {{"exec", "abc"},
