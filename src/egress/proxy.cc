@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <set>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
@@ -358,11 +359,36 @@ void Controller::handleForward(const std::shared_ptr<Env>& env, UniqueFd client)
     (void)writeAll(*channel, denialResponse(403, "Forbidden", d.why), deadline);
     return;
   }
+  // Open mode is for any protocol: a CONNECT to a port other than 443 is
+  // relayed as it is (ssh, databases; some servers speak first, so nothing
+  // is waited for). Not with secrets, whose placeholders must stay where the
+  // proxy can see them, nor with request rules.
+  bool raw = env->currentPolicy()->mode == Mode::kOpen && port != 443 && !d.inspect &&
+             env->currentSecrets()->empty();
+  std::optional<UniqueFd> upstream;
+  if (raw) {
+    auto connected = connectUpstream(d.address, port);
+    if (!connected.ok()) {
+      record(env, false, {{"via", "connect"}, {"host", host}, {"port", port}, {"rule", d.rule},
+                          {"reason", connected.error().message()}});
+      (void)writeAll(*channel, denialResponse(502, "Bad Gateway", connected.error().message()), deadline);
+      return;
+    }
+    upstream = std::move(connected.value());
+  }
   if (!writeAll(*channel, "HTTP/1.1 200 Connection established\r\n\r\n", deadline).ok()) return;
   std::string rest = buffer.substr(headEnd.value());
-  UniqueFd raw(::dup(fd));
+  UniqueFd tunnel(::dup(fd));
   channel.reset();
-  tlsTunnel(env, std::move(raw), rest, host, port, 0, "connect", &d);
+  if (raw) {
+    auto a = plainChannel(std::move(tunnel), std::move(rest));
+    auto b = plainChannel(std::move(*upstream));
+    RelayCounts counts = relay(*a, *b, config_.idleTimeout, [&](size_t n) { throttle(env, n); });
+    record(env, true, {{"via", "connect-raw"}, {"host", host}, {"port", port}, {"rule", d.rule},
+                       {"address", formatIpv4(d.address)}, {"bytes_up", counts.up}, {"bytes_down", counts.down}});
+    return;
+  }
+  tlsTunnel(env, std::move(tunnel), rest, host, port, 0, "connect", &d);
 }
 
 void Controller::tlsTunnel(const std::shared_ptr<Env>& env, UniqueFd client, std::string buffered,

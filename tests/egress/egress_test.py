@@ -112,6 +112,11 @@ class World:
             self.serve(name, address, 443, self.tls)
         self.serve("plain", PLAIN_IP, 80, None)
         self.serve("host-service", "127.0.0.1", HOST_SERVICE_PORT, None)
+        banner = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        banner.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        banner.bind((API_IP, 2222))
+        banner.listen(16)
+        threading.Thread(target=self.banner_loop, args=(banner,), daemon=True).start()
         udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         udp.bind((API_IP, 9999))
         threading.Thread(target=self.udp_loop, args=(udp,), daemon=True).start()
@@ -144,6 +149,13 @@ class World:
             server.socket = tls.wrap_socket(server.socket, server_side=True)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         self.servers.append(server)
+
+    def banner_loop(self, sock):
+        # A server that speaks first, like ssh.
+        while True:
+            conn, _ = sock.accept()
+            conn.sendall(b"SSH-2.0-test-internet\r\n")
+            conn.close()
 
     def udp_loop(self, sock):
         while True:
@@ -612,6 +624,25 @@ class EgressTest(unittest.TestCase):
             "print((s.recv(100) or b'closed').decode().splitlines()[0])")
         self.assertEqual(code, 0, err)
         self.assertTrue("503" in out or "closed" in out, out)
+
+    def test_open_mode_relays_other_protocols_through_connect(self):
+        script = ("import socket,os\nhost,port=os.environ['HTTP_PROXY'][7:].split(':')\n"
+                  "s=socket.create_connection((host,int(port)),timeout=5)\n"
+                  f"s.sendall(b'CONNECT {API}:2222 HTTP/1.1\\r\\nHost: {API}:2222\\r\\n\\r\\n')\n"
+                  "head=s.recv(39)\nprint(head.split(b'\\r\\n')[0].decode())\n"
+                  "s.settimeout(3)\n"
+                  "try:\n print(s.recv(100).decode().strip() or 'closed')\n"
+                  "except OSError:\n print('no banner')")
+        e = self.env(network={"mode": "open"})
+        code, out, err = e.python(script)
+        self.assertEqual(code, 0, err)
+        self.assertIn("SSH-2.0-test-internet", out)
+        raw = self.wait_event(e, "egress.allowed", lambda d: d.get("via") == "connect-raw")
+        self.assertTrue(raw)
+        # An allowlist lets only TLS through a tunnel.
+        e2 = self.env(network=allow(API))
+        code, out, err = e2.python(script)
+        self.assertNotIn("SSH-2.0", out)
 
     def test_bandwidth_limit_holds(self):
         # 8 Mbit/s is 1 MB/s: 3 MB cannot arrive in much less than 3 s (the
