@@ -324,32 +324,28 @@ Status Netlink::addAnyIpLocalRoute() {
   return transact(request.header(), "add route local 0.0.0.0/0 dev lo table local");
 }
 
-Status Netlink::addLocalThrowRoute(uint32_t network, uint8_t prefixLen) {
+Status Netlink::addNetworkRoute(uint8_t type, uint8_t table, uint32_t network, uint8_t prefixLen,
+                                const std::string& what) {
   Request request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE);
   auto* rtm = request.body<rtmsg>();
   rtm->rtm_family = AF_INET;
   rtm->rtm_dst_len = prefixLen;
-  rtm->rtm_table = RT_TABLE_LOCAL;
+  rtm->rtm_table = table;
   rtm->rtm_protocol = RTPROT_BOOT;
   rtm->rtm_scope = RT_SCOPE_UNIVERSE;
-  rtm->rtm_type = RTN_THROW;
+  rtm->rtm_type = type;
   request.addAttr(RTA_DST, &network, sizeof network);
-  return transact(request.header(), "add route throw " + ipv4ToString(network) + "/" +
-                                        std::to_string(prefixLen) + " table local");
+  return transact(request.header(), "add route " + what + " " + ipv4ToString(network) + "/" +
+                                        std::to_string(prefixLen) +
+                                        (table == RT_TABLE_LOCAL ? " table local" : ""));
+}
+
+Status Netlink::addLocalThrowRoute(uint32_t network, uint8_t prefixLen) {
+  return addNetworkRoute(RTN_THROW, RT_TABLE_LOCAL, network, prefixLen, "throw");
 }
 
 Status Netlink::addUnreachableRoute(uint32_t network, uint8_t prefixLen) {
-  Request request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE);
-  auto* rtm = request.body<rtmsg>();
-  rtm->rtm_family = AF_INET;
-  rtm->rtm_dst_len = prefixLen;
-  rtm->rtm_table = RT_TABLE_MAIN;
-  rtm->rtm_protocol = RTPROT_BOOT;
-  rtm->rtm_scope = RT_SCOPE_UNIVERSE;
-  rtm->rtm_type = RTN_UNREACHABLE;
-  request.addAttr(RTA_DST, &network, sizeof network);
-  return transact(request.header(), "add route unreachable " + ipv4ToString(network) + "/" +
-                                        std::to_string(prefixLen));
+  return addNetworkRoute(RTN_UNREACHABLE, RT_TABLE_MAIN, network, prefixLen, "unreachable");
 }
 
 Status Netlink::deleteLink(const std::string& name) {

@@ -51,6 +51,10 @@ class Netlink {
   Status transact(void* request, const std::string& what,
                   const std::function<void(const void* message)>& onReply = {});
 
+  // A route of `type` (throw, unreachable) for network/prefixLen in `table`.
+  Status addNetworkRoute(uint8_t type, uint8_t table, uint32_t network, uint8_t prefixLen,
+                         const std::string& what);
+
   UniqueFd fd_;
   uint32_t sequence_ = 0;
 };
