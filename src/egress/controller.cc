@@ -144,6 +144,26 @@ std::optional<uint32_t> Controller::slotOf(const std::string& environment) {
 
 Status Controller::removeNamespace() { return network_->remove(); }
 
+Result<std::set<uint32_t>> Controller::presentSlots() const {
+  MOAT_ASSIGN(auto slots, network_->linkedSlots());
+  return std::set<uint32_t>(slots.begin(), slots.end());
+}
+
+size_t Controller::removeUnadoptedLinks() {
+  auto slots = network_->linkedSlots();
+  if (!slots.ok()) return 0;
+  size_t removed = 0;
+  for (uint32_t slot : slots.value()) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (bySlot_.count(slot)) continue;
+    }
+    // Deleting this end takes the environment's end (eth0) with it.
+    if (network_->detach(slot).ok()) ++removed;
+  }
+  return removed;
+}
+
 std::shared_ptr<Controller::Env> Controller::envByAddress(uint32_t address) {
   auto slot = EgressNetwork::slotOf(htonl(address));
   if (!slot.ok()) return nullptr;

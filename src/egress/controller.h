@@ -74,6 +74,12 @@ class Controller {
   // The environment is gone (its namespace took the link with it).
   void forget(const std::string& environment);
   std::optional<uint32_t> slotOf(const std::string& environment);
+  // After a moatd restart: the slots whose link is in the egress namespace
+  // now, and the removal of every link no adopted environment holds (an
+  // attach that a killed moatd did not live to record); best effort, it
+  // returns how many went.
+  Result<std::set<uint32_t>> presentSlots() const;
+  size_t removeUnadoptedLinks();
   // moatd's orderly stop: nothing is left of the egress namespace.
   Status removeNamespace();
 

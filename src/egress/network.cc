@@ -140,6 +140,21 @@ Status EgressNetwork::detach(uint32_t slot) const {
   return egress.deleteLink(linkFor(slot).hostIfName);
 }
 
+Result<std::vector<uint32_t>> EgressNetwork::linkedSlots() const {
+  MOAT_ASSIGN(os::Netlink egress, os::Netlink::open(fd_.get()));
+  MOAT_ASSIGN(auto names, egress.linkNames());
+  std::vector<uint32_t> slots;
+  for (const auto& name : names) {
+    if (name.size() < 3 || name.compare(0, 2, "mx") != 0 ||
+        name.find_first_not_of("0123456789abcdef", 2) != std::string::npos || name.size() > 2 + 8) {
+      continue;
+    }
+    uint32_t slot = static_cast<uint32_t>(std::stoul(name.substr(2), nullptr, 16));
+    if (slot < kSlotCount && linkFor(slot).hostIfName == name) slots.push_back(slot);
+  }
+  return slots;
+}
+
 Status EgressNetwork::remove() {
   Status unmounted = os::unmount(path_, MNT_DETACH);
   if (!unmounted.ok() && unmounted.error().sysErrno != EINVAL)

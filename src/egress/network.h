@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 #include <utility>
 
 #include "common/result.h"
@@ -63,6 +64,8 @@ class EgressNetwork {
   // Deletes the pair (synchronous, ~30 ms). An environment whose namespace
   // is about to go away needs no detach: its veth goes with it.
   Status detach(uint32_t slot) const;
+  // The slots of the links in the egress namespace now (mx<slot>).
+  Result<std::vector<uint32_t>> linkedSlots() const;
 
   // Unmounts and deletes the persisted file (orderly shutdown). The
   // namespace and every veth go away once no fd holds it, this one included.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -153,6 +154,21 @@ Status EnvironmentManager::recoverAfterRestart() {
   std::set<std::string> running(owned.begin(), owned.end());
   MOAT_ASSIGN(auto live, store_.liveEnvironments());
   std::set<std::string> recorded;
+  // The egress links there are now. A moatd killed during an attach or a
+  // detach may have left a link its store does not name, or named one that
+  // is gone: links are adopted only where the store and the namespace agree.
+  // If they cannot be listed, links are adopted as the store says.
+  std::optional<std::set<uint32_t>> linked;
+  if (egress_) {
+    auto present = egress_->presentSlots();
+    if (present.ok()) {
+      linked = std::move(present.value());
+    } else {
+      std::fprintf(stderr, "moatd: listing the egress links: %s (adopting them as the store says)\n",
+                   present.error().message().c_str());
+    }
+  }
+  std::vector<std::string> relink;
   for (const auto& r : live) {
     recorded.insert(r.id);
     if (!running.count(r.id) || r.state == "destroying") {
@@ -182,19 +198,66 @@ Status EnvironmentManager::recoverAfterRestart() {
       reservedMemoryMb_ += r.ramMb;
     }
     if (r.state != "running") (void)store_.setState(id, "running", "");
-    if (egress_ && r.netSlot >= 0) {
+    bool wantsLink = false;
+    if (!r.network.empty()) {
+      auto stored = egress::Policy::parse(nlohmann::json::parse(r.network, nullptr, false));
+      wantsLink = stored.ok() && stored->mode != egress::Mode::kNone;
+    }
+    if (egress_ && r.netSlot >= 0 && (!linked || linked->count(static_cast<uint32_t>(r.netSlot)))) {
       auto policy = egress::Policy::parse(nlohmann::json::parse(r.network, nullptr, false));
       auto secrets = egress::secretsFromStored(r.secrets);
       // A policy that cannot be read any more adopts the link shut.
       egress_->adopt(id, static_cast<uint32_t>(r.netSlot), policy.ok() ? policy.value() : egress::Policy{},
                      secrets.ok() ? secrets.value() : std::vector<egress::Secret>{});
+    } else if (egress_ && (r.netSlot >= 0 || wantsLink)) {
+      relink.push_back(id);  // once the links nobody holds are gone, below
     }
     audit_.record("environment.reattached", id, "moatd", nlohmann::json::object());
+  }
+  if (egress_ && linked) {
+    // Left by an attach the previous moatd did not record: an environment
+    // whose store says "none" must not keep a device. Best effort: what
+    // cannot be removed now stays unused (no policy names its address, so
+    // the proxy and the resolver ignore it) until its slot is taken again.
+    egress_->removeUnadoptedLinks();
+    // Created, or given a policy, with a link the previous moatd never
+    // recorded (killed in between), or a recorded link that is gone: the
+    // stored policy is put in force again.
+    for (const auto& id : relink) {
+      Status s = restoreNetwork(id);
+      if (!s.ok()) {
+        (void)destroy(id, "failed: its network could not be restored after a moatd restart: " +
+                              s.error().message(), "moatd");
+      }
+    }
   }
   // Made by a moatd that died before recording them: nobody knows of them.
   for (const auto& id : running) {
     if (!recorded.count(id)) (void)spawner_.destroy(id);
   }
+  return {};
+}
+
+Status EnvironmentManager::restoreNetwork(const std::string& id) {
+  MOAT_ASSIGN(auto record, get(id));
+  egress::Policy policy;  // mode none
+  if (!record.network.empty()) {
+    MOAT_ASSIGN(policy, egress::Policy::parse(nlohmann::json::parse(record.network, nullptr, false)));
+  }
+  if (policy.mode == egress::Mode::kNone) {
+    MOAT_TRY(store_.setNetwork(id, policy.toJson().dump(), -1));
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = live_.find(id); it != live_.end()) {
+      for (auto& [k, v] : egress::Controller::environmentVariables(egress::EgressNetwork::linkFor(0))) {
+        it->second.env.erase(k);
+      }
+    }
+    return {};
+  }
+  auto secrets = egress::secretsFromStored(record.secrets);
+  MOAT_TRY(connectNetwork(id, policy, secrets.ok() ? secrets.value() : std::vector<egress::Secret>{}));
+  audit_.record("network.changed", id, "moatd",
+                {{"network", policy.toJson()}, {"reason", "moatd restarted: the stored policy had no link"}});
   return {};
 }
 
@@ -753,7 +816,22 @@ Status EnvironmentManager::setNetwork(const std::string& id, const egress::Polic
 
 Status EnvironmentManager::destroy(const std::string& id, const std::string& reason,
                                    const std::string& actor) {
-  std::lock_guard<std::mutex> serial(destroyMutex_);
+  // One destroy per environment at a time; the one that waited finds it
+  // gone. A single lock for all destroys made every DELETE queue behind the
+  // others' spawner round trips: with 64 clients, 58 of them waited there
+  // and a destroy took seconds (docs/BENCHMARKS.md, "Load").
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    destroyCv_.wait(lock, [&] { return !destroying_.count(id); });
+    destroying_.insert(id);
+  }
+  ScopeExit done([&] {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      destroying_.erase(id);
+    }
+    destroyCv_.notify_all();
+  });
   MOAT_ASSIGN(auto record, get(id));
   if (record.state == "gone" || record.state == "failed") {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -119,7 +119,9 @@ class EnvironmentManager {
 
   // Re-attaches to the environments a previous moatd left running (the
   // spawner still owns them); records whose environment is gone are marked
-  // failed, and environments without a record are destroyed.
+  // failed, and environments without a record are destroyed. Egress links
+  // are reconciled with the store: links nobody's record names are removed,
+  // and a recorded policy without its link gets a new one.
   Status recoverAfterRestart();
   // Stop without destroying: the environments keep running for the next moatd.
   void detach();
@@ -190,6 +192,9 @@ class EnvironmentManager {
   Status connectNetwork(const std::string& id, const egress::Policy& policy,
                         const std::vector<egress::Secret>& secrets);
   Status writeNetworkFiles(const std::shared_ptr<InitConnection>& connection, const egress::EgressNetwork::Link& link);
+  // After a restart, for a re-attached environment whose link the store and
+  // the egress namespace disagree on: puts its stored policy in force again.
+  Status restoreNetwork(const std::string& id);
   // Writes an environment's permission layers to the store, then swaps them
   // in (permissionsMutex_ held by the caller).
   Status storeLayers(const std::string& id, std::vector<gate::Permissions> layers);
@@ -231,7 +236,11 @@ class EnvironmentManager {
   std::vector<std::string> initGone_;
   uint64_t reservedMemoryMb_ = 0;
   std::atomic<uint64_t> execs_{0};
-  std::mutex destroyMutex_;
+  // Environments being destroyed (guarded by mutex_): a second destroy of
+  // the same one waits on destroyCv_ for the first; destroys of different
+  // environments overlap (their spawner calls are serial in the spawner).
+  std::set<std::string> destroying_;
+  std::condition_variable destroyCv_;
   std::mutex permissionsMutex_;
   std::function<void(const std::string&, const std::string&)> endedHook_;  // serializes read-modify-write of permission layers
   bool stopping_ = false;

@@ -213,6 +213,13 @@ Status Netlink::transact(void* request, const std::string& what,
         std::string detail = extendedAckMessage(reply);
         return Error::fromErrno(detail.empty() ? what : what + " (" + detail + ")", -err->error);
       }
+      if (reply->nlmsg_type == NLMSG_DONE && (header->nlmsg_flags & NLM_F_DUMP) == NLM_F_DUMP) {
+        // The end of a dump (its payload: 0 or a negative errno).
+        int error = 0;
+        if (reply->nlmsg_len >= NLMSG_LENGTH(sizeof error)) std::memcpy(&error, NLMSG_DATA(reply), sizeof error);
+        if (error < 0) return Error::fromErrno(what, -error);
+        return {};
+      }
       if (reply->nlmsg_type != NLMSG_DONE && onReply) onReply(reply);
     }
   }
@@ -252,6 +259,30 @@ Result<int> Netlink::linkIndex(const std::string& name) {
   }));
   if (index <= 0) return Error::fromErrno("find link " + name, ENODEV);
   return index;
+}
+
+Result<std::vector<std::string>> Netlink::linkNames() {
+  Request request(RTM_GETLINK, NLM_F_DUMP);
+  request.body<ifinfomsg>()->ifi_family = AF_UNSPEC;
+  request.addU32(IFLA_EXT_MASK, RTEXT_FILTER_SKIP_STATS);
+  std::vector<std::string> names;
+  MOAT_TRY(transact(request.header(), "list links", [&](const void* message) {
+    const auto* reply = static_cast<const nlmsghdr*>(message);
+    if (reply->nlmsg_type != RTM_NEWLINK) return;
+    const auto* info = static_cast<const ifinfomsg*>(NLMSG_DATA(reply));
+    const char* base = static_cast<const char*>(message);
+    size_t offset = NLMSG_LENGTH(NLMSG_ALIGN(sizeof *info));
+    while (offset + RTA_LENGTH(0) <= reply->nlmsg_len) {
+      const auto* attr = reinterpret_cast<const rtattr*>(base + offset);
+      if (attr->rta_len < RTA_LENGTH(0) || offset + attr->rta_len > reply->nlmsg_len) break;
+      if (attr->rta_type == IFLA_IFNAME) {
+        const char* name = base + offset + RTA_LENGTH(0);
+        names.emplace_back(name, strnlen(name, attr->rta_len - RTA_LENGTH(0)));
+      }
+      offset += RTA_ALIGN(attr->rta_len);
+    }
+  }));
+  return names;
 }
 
 Result<uint8_t> Netlink::routeType(uint32_t destination) {

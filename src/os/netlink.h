@@ -40,6 +40,8 @@ class Netlink {
   // Deleting one end of a veth deletes the pair. ENODEV when there is none.
   Status deleteLink(const std::string& name);
   Result<int> linkIndex(const std::string& name);
+  // The names of every link in this socket's namespace (a dump).
+  Result<std::vector<std::string>> linkNames();
   // The type of the route this namespace takes to `destination` (RTM_GETROUTE):
   // RTN_LOCAL when the address is one of its own, RTN_UNICAST, ...
   Result<uint8_t> routeType(uint32_t destination);

@@ -436,10 +436,24 @@ TEST_F(EgressNetworkTest, ReopeningFindsTheSameNamespaceAndItsVeths) {
   server.join();
   EXPECT_EQ(reached.error, 0) << std::strerror(reached.error);
   EXPECT_EQ(reached.received, "pong");
+  // What a restarted moatd reconciles its store with: the slots there are.
+  auto slots = reopened->linkedSlots();
+  ASSERT_TRUE(slots.ok()) << slots.error().message();
+  EXPECT_EQ(*slots, std::vector<uint32_t>{9});
   // A re-attach of the same slot replaces the stale pair.
   UniqueFd newEnv = newEnvironmentNamespace();
   auto relink = reopened->attach(newEnv.get(), 9);
   EXPECT_TRUE(relink.ok()) << relink.error().message();
+  UniqueFd thirdEnv = newEnvironmentNamespace();
+  ASSERT_TRUE(reopened->attach(thirdEnv.get(), 0x1a2).ok());
+  slots = reopened->linkedSlots();
+  ASSERT_TRUE(slots.ok()) << slots.error().message();
+  std::sort(slots->begin(), slots->end());
+  EXPECT_EQ(*slots, (std::vector<uint32_t>{9, 0x1a2}));
+  ASSERT_TRUE(reopened->detach(9).ok());
+  slots = reopened->linkedSlots();
+  ASSERT_TRUE(slots.ok());
+  EXPECT_EQ(*slots, std::vector<uint32_t>{0x1a2});
 
   ASSERT_TRUE(reopened->remove().ok());
   EXPECT_FALSE(mounted(path));
