@@ -84,7 +84,26 @@ Preflight Api::preflight(const HttpRequest& head) {
   if (!token.empty()) {
     if (constantTimeEquals(token, masterToken_)) return p;
     auto key = keys_.authenticate(token);
-    if (key.ok()) return p;
+    if (key.ok()) {
+      std::string id = key->keyId;
+      std::lock_guard<std::mutex> lock(inFlightMutex_);
+      size_t& n = inFlight_[id];
+      if (n >= options_.maxRequestsPerKey) {
+        p.reject = true;
+        p.response = errorResponse({429, "capacity", "at capacity: this key has " + std::to_string(n) +
+                                                         " requests in progress; retry when some have ended", ""});
+        countError("capacity");
+        return p;
+      }
+      ++n;
+      // The server holds this until the request is answered (or its stream ends).
+      p.hold = std::shared_ptr<void>(nullptr, [this, id](void*) {
+        std::lock_guard<std::mutex> lock(inFlightMutex_);
+        auto it = inFlight_.find(id);
+        if (it != inFlight_.end() && --it->second == 0) inFlight_.erase(it);
+      });
+      return p;
+    }
     why = key.error().context;
   }
   p.reject = true;

@@ -24,6 +24,11 @@ struct ApiOptions {
   std::string stateDir;
   // How long a request whose action needs a person's approval waits.
   int64_t approvalTimeoutMs = 120000;
+  // Requests one API key may have in progress at once (from its headers
+  // until its answer, or its stream, ends); one more is 429 `capacity`.
+  // Half of moatd's connections: a flooding key leaves the rest to others.
+  // The master token is not counted.
+  size_t maxRequestsPerKey = 256;
 };
 
 class Api {
@@ -90,6 +95,8 @@ class Api {
   std::map<std::string, std::shared_ptr<McpHttpSession>> mcpSessions_;
   std::mutex errorsMutex_;
   std::map<std::string, uint64_t> errors_;
+  std::mutex inFlightMutex_;
+  std::map<std::string, size_t> inFlight_;  // requests in progress per key id
   static constexpr std::array<double, 10> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025,
                                                       0.05,  0.1,    0.5,   1,    10};
   std::array<std::atomic<uint64_t>, 11> execBuckets_{};

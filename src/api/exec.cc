@@ -1,3 +1,5 @@
+#include <malloc.h>
+
 #include <chrono>
 #include <cstring>
 
@@ -58,6 +60,9 @@ HttpResponse Api::execRoute(const HttpRequest& req, const Principal& principal, 
   action.argv = exec.argv;
   action.op = "exec";
   if (auto answer = check(req, principal, id, action)) return *answer;
+  // Held until the answer is written: the output is in memory until then.
+  auto reservation = manager_.reserveExecOutput(exec.actor, exec.outputLimit);
+  if (!reservation.ok()) return errorResponse(fromError(reservation.error()));
   auto started = std::chrono::steady_clock::now();
   auto result = manager_.exec(id, exec, env);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -67,7 +72,7 @@ HttpResponse Api::execRoute(const HttpRequest& req, const Principal& principal, 
   execMicros_ += static_cast<uint64_t>(seconds * 1e6);
   ++execCount_;
   if (!result.ok()) return errorResponse(fromError(result.error()));
-  const auto& r = result.value();
+  auto& r = result.value();
   if (!r.started) {
     bool notFound = r.spawnStage == "exec" && r.spawnErrno == ENOENT;
     // Not an HTTP error: the agent reads it like a shell's answer.
@@ -82,15 +87,31 @@ HttpResponse Api::execRoute(const HttpRequest& req, const Principal& principal, 
                          {"encoding", "utf8"}});
   }
   bool asBase64 = encoding == "base64" || !isValidUtf8(r.out) || !isValidUtf8(r.err);
-  return respond(200, {{"exit_code", r.signal ? 128 + r.signal : r.exitCode},
-                       {"signal", r.signal},
-                       {"stdout", asBase64 ? base64Encode(r.out) : r.out},
-                       {"stderr", asBase64 ? base64Encode(r.err) : r.err},
-                       {"timed_out", r.timedOut},
-                       {"duration_ms", r.durationUs / 1000},
-                       {"stdout_truncated", r.outTruncated},
-                       {"stderr_truncated", r.errTruncated},
-                       {"encoding", asBase64 ? "base64" : "utf8"}});
+  // Up to 16 MiB a stream: moved, not copied (an initializer list would copy
+  // each twice), and each released once it is in the answer. The log held
+  // the output in many small pieces, freed by now but kept by malloc: their
+  // pages go back before the answer is built (large buffers are mapped on
+  // their own and go back when freed; see moatd's main).
+  bool large = r.out.size() + r.err.size() >= (1u << 20);
+  if (large) ::malloc_trim(0);
+  HttpResponse response;
+  {
+    json answer = json::object();
+    answer["exit_code"] = r.signal ? 128 + r.signal : r.exitCode;
+    answer["signal"] = r.signal;
+    answer["stdout"] = asBase64 ? base64Encode(r.out) : std::move(r.out);
+    std::string().swap(r.out);
+    answer["stderr"] = asBase64 ? base64Encode(r.err) : std::move(r.err);
+    std::string().swap(r.err);
+    answer["timed_out"] = r.timedOut;
+    answer["duration_ms"] = r.durationUs / 1000;
+    answer["stdout_truncated"] = r.outTruncated;
+    answer["stderr_truncated"] = r.errTruncated;
+    answer["encoding"] = asBase64 ? "base64" : "utf8";
+    response = respond(200, answer);
+  }
+  response.hold = std::move(reservation.value());  // until the answer is written
+  return response;
 }
 
 }  // namespace moat::api

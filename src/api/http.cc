@@ -120,19 +120,27 @@ void upgradeToWebSocket(Stream& stream, const HttpRequest& request, beast::flat_
   socket.close(1000, "");
 }
 
+// `mark(busy)` tells the server whether a request is in progress (false:
+// the connection waits for the next one); it answers false once the server
+// has closed the connection for a newcomer, and then nothing more is done.
 template <class Stream>
 void serveStream(Stream& stream, const Handler& handler, const PreflightHandler& preflight,
-                 const ServerLimits& limits, const std::string& remote) {
+                 const ServerLimits& limits, const std::string& remote,
+                 const std::function<bool(bool busy)>& mark) {
   beast::flat_buffer buffer;
   for (;;) {
+    if (!mark(false)) return;
     http::request_parser<http::string_body> parser;
     parser.body_limit(limits.maxBodyBytes);
     parser.header_limit(static_cast<uint32_t>(limits.maxHeaderBytes));
     beast::error_code ec;
     http::read_header(stream, buffer, parser, ec);
+    if (!ec && !mark(true)) return;
     std::optional<HttpResponse> early;
+    std::shared_ptr<void> hold;  // released after the answer (end of this iteration)
     if (!ec && preflight) {
       Preflight decision = preflight(requestHead(parser.get(), remote));
+      hold = std::move(decision.hold);
       if (decision.reject) {
         early = std::move(decision.response);
       } else {
@@ -301,7 +309,23 @@ void HttpServer::acceptLoop(int listenFd) {
       return;
     }
     std::unique_lock<std::mutex> lock(mutex_);
-    if (active_ >= limits_.maxConnections || stopping_) {
+    bool full = active_ >= limits_.maxConnections;
+    if (full && !stopping_) {
+      // Make room: close the connection that has waited longest for a
+      // request. Idle connections cost a thread each; a client holding
+      // hundreds open must not lock everyone else out.
+      auto oldest = connections_.end();
+      for (auto it = connections_.begin(); it != connections_.end(); ++it) {
+        if (it->second.busy || it->second.evicted) continue;
+        if (oldest == connections_.end() || it->second.since < oldest->second.since) oldest = it;
+      }
+      if (oldest != connections_.end()) {
+        oldest->second.evicted = true;
+        ::shutdown(oldest->first, SHUT_RDWR);  // its thread ends and gives back its place
+        full = false;
+      }
+    }
+    if (full || stopping_) {
       lock.unlock();
       static const std::string body = errorBody("unavailable", "too many connections; retry later");
       static const std::string busy =
@@ -313,7 +337,7 @@ void HttpServer::acceptLoop(int listenFd) {
       continue;
     }
     ++active_;
-    connections_.insert(fd);
+    connections_[fd] = Connection{false, false, std::chrono::steady_clock::now()};
     std::thread([this, fd] { serve(fd); }).detach();
   }
 }
@@ -325,15 +349,16 @@ void HttpServer::serve(int fd) {
   socklen_t len = sizeof ss;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
   const std::string remote = peerOf(fd, ss.ss_family);
+  auto mark = [this, fd](bool busy) { return markBusy(fd, busy); };
   try {
     asio::io_context io;
     if (ss.ss_family == AF_UNIX) {
       asio::local::stream_protocol::socket socket(io, asio::local::stream_protocol(), fd);
-      serveStream(socket, handler_, preflight_, limits_, remote);
+      serveStream(socket, handler_, preflight_, limits_, remote, mark);
       socket.release();
     } else {
       asio::ip::tcp::socket socket(io, ss.ss_family == AF_INET6 ? asio::ip::tcp::v6() : asio::ip::tcp::v4(), fd);
-      serveStream(socket, handler_, preflight_, limits_, remote);
+      serveStream(socket, handler_, preflight_, limits_, remote, mark);
       socket.release();
     }
   } catch (const std::exception&) {
@@ -345,13 +370,22 @@ void HttpServer::serve(int fd) {
   idle_.notify_all();
 }
 
+bool HttpServer::markBusy(int fd, bool busy) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = connections_.find(fd);
+  if (it == connections_.end() || it->second.evicted) return false;
+  it->second.busy = busy;
+  if (!busy) it->second.since = std::chrono::steady_clock::now();
+  return true;
+}
+
 void HttpServer::stop() {
   if (stopping_.exchange(true)) return;
   for (int fd : listenFds_) ::shutdown(fd, SHUT_RDWR);
   for (auto& t : acceptors_) t.join();
   for (int fd : listenFds_) ::close(fd);
   std::unique_lock<std::mutex> lock(mutex_);
-  for (int fd : connections_) ::shutdown(fd, SHUT_RDWR);
+  for (const auto& [fd, connection] : connections_) ::shutdown(fd, SHUT_RDWR);
   idle_.wait(lock, [this] { return active_ == 0; });
 }
 

@@ -1,9 +1,11 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -55,6 +57,8 @@ struct HttpResponse {
   // Set (on a request with websocketUpgrade): the server answers 101 and
   // runs this with the WebSocket on the connection's thread.
   std::function<void(websocket::Connection& socket)> websocket;
+  // Released once the answer is written (or the stream ends).
+  std::shared_ptr<void> hold;
 };
 
 using Handler = std::function<HttpResponse(const HttpRequest&)>;
@@ -65,12 +69,18 @@ struct Preflight {
   bool reject = false;
   HttpResponse response;  // when rejected
   size_t bodyLimit = 1u << 20;
+  // Kept by the server until the request is answered (or its stream or
+  // WebSocket ends), then released: what the preflight counted goes back.
+  std::shared_ptr<void> hold;
 };
 using PreflightHandler = std::function<Preflight(const HttpRequest& head)>;
 
 struct ServerLimits {
   size_t maxBodyBytes = 17u << 20;  // without a preflight
   size_t maxHeaderBytes = 16u << 10;
+  // At this many, a new connection takes the place of the one that has
+  // waited longest for its next request (idle keep-alive, or a request
+  // head still arriving); only when every one is busy is it refused (503).
   size_t maxConnections = 512;
   int idleTimeoutS = 120;  // a connection silent this long is closed
 };
@@ -95,8 +105,19 @@ class HttpServer {
   ServerLimits limits_;
   std::vector<int> listenFds_;
   std::vector<std::thread> acceptors_;
+  // One connection: busy from a complete request head until its answer is
+  // written; otherwise idle since `since` (and may be closed for a newcomer).
+  struct Connection {
+    bool busy = false;
+    bool evicted = false;
+    std::chrono::steady_clock::time_point since;
+  };
+  // Called by the connection's thread around each request: false when the
+  // connection was evicted meanwhile (the request must not run).
+  bool markBusy(int fd, bool busy);
+
   std::mutex mutex_;
-  std::set<int> connections_;
+  std::map<int, Connection> connections_;
   std::vector<std::thread> finished_;
   std::atomic<bool> stopping_{false};
   int tcpPort_ = 0;

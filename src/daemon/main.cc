@@ -1,5 +1,6 @@
 // moatd: the environments service. See docs/API.md.
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -157,6 +158,12 @@ int main(int argc, char** argv) {
                  static_cast<unsigned long long>(hard),
                  static_cast<unsigned long long>(hard > 32 ? (hard - 32) / 3 : 0));
   }
+
+  // Large buffers (an exec's output, its JSON answer: up to tens of MiB)
+  // are mapped and unmapped on their own, so moatd's memory goes back down
+  // once they are sent. glibc's default raises this threshold to 32 MiB
+  // after the first large free, keeping such buffers in the heap for good.
+  ::mallopt(M_MMAP_THRESHOLD, 256 << 10);
 
   // Before any thread: a new spawner is a fork of this process. An earlier
   // moatd's spawner, still running its environments, is reused.

@@ -653,6 +653,26 @@ Result<std::shared_ptr<Process>> EnvironmentManager::process(const std::string& 
   return process;
 }
 
+Result<std::shared_ptr<void>> EnvironmentManager::reserveExecOutput(const std::string& caller,
+                                                                   uint64_t outputLimit) {
+  uint64_t limit = outputLimit ? std::min(outputLimit, kExecOutputMax) : kExecOutputMax;
+  uint64_t reserve = 2 * limit;  // two streams
+  std::lock_guard<std::mutex> lock(execOutputMutex_);
+  uint64_t held = execOutputReserved_.count(caller) ? execOutputReserved_[caller] : 0;
+  if (held + reserve > config_.execOutputPerCaller) {
+    return Error::make("capacity", "at capacity: this caller's execs in flight already hold " +
+                                       std::to_string(held >> 20) + " MiB of output limits (at most " +
+                                       std::to_string(config_.execOutputPerCaller >> 20) +
+                                       " MiB; each exec counts twice its output_limit); retry later or lower output_limit");
+  }
+  execOutputReserved_[caller] = held + reserve;
+  return std::shared_ptr<void>(nullptr, [this, caller, reserve](void*) {
+    std::lock_guard<std::mutex> lock(execOutputMutex_);
+    auto it = execOutputReserved_.find(caller);
+    if (it != execOutputReserved_.end() && (it->second -= reserve) == 0) execOutputReserved_.erase(it);
+  });
+}
+
 Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecRequest& request,
                                             const std::map<std::string, std::string>& env) {
   MOAT_ASSIGN(Live live, liveOf(id));
@@ -700,8 +720,8 @@ Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecReq
   r.signal = info.signal;
   r.timedOut = info.timedOut;
   r.durationUs = info.durationUs;
-  r.out = process->collect(OutputStream::kStdout);
-  r.err = process->collect(OutputStream::kStderr);
+  r.out = process->take(OutputStream::kStdout);
+  r.err = process->take(OutputStream::kStderr);
   r.outTruncated = info.stdoutTruncated || info.stdoutDropped > 0;
   r.errTruncated = info.stderrTruncated || info.stderrDropped > 0;
   return r;

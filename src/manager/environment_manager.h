@@ -40,6 +40,12 @@ struct ManagerConfig {
   // that a create asking for exactly that becomes a claim.
   size_t warmPoolSize = 0;
   ProcessLimits processLimits;
+  // What one caller's (a key's, or the master token's) blocking execs in
+  // flight may hold of output at once: each reserves twice its output
+  // limit (two streams) while it runs; an exec beyond is refused with
+  // `capacity`. Bounds what a flood of execs makes moatd hold, and keeps a
+  // flooding key's execs from using up another's.
+  uint64_t execOutputPerCaller = 256u << 20;
   // What an environment created without "permissions" gets (docs/GATE.md).
   gate::Permissions defaultPermissions = gate::Permissions::defaults();
 };
@@ -137,6 +143,10 @@ class EnvironmentManager {
   // list while it runs) whose whole output comes back at once.
   Result<ExecResult> exec(const std::string& id, const ExecRequest& request,
                           const std::map<std::string, std::string>& env);
+  // Before an exec: counts twice its output limit (0: the maximum) against
+  // what `caller` may hold in flight (ManagerConfig::execOutputPerCaller),
+  // until the returned handle is released; `capacity` when it would not fit.
+  Result<std::shared_ptr<void>> reserveExecOutput(const std::string& caller, uint64_t outputLimit);
   // Background processes: started, listed, found by id (docs/API.md).
   Result<std::shared_ptr<Process>> startProcess(const std::string& id, const ProcessRequest& request);
   Result<std::vector<std::shared_ptr<Process>>> processes(const std::string& id);
@@ -241,6 +251,8 @@ class EnvironmentManager {
   // environments overlap (their spawner calls are serial in the spawner).
   std::set<std::string> destroying_;
   std::condition_variable destroyCv_;
+  std::mutex execOutputMutex_;
+  std::map<std::string, uint64_t> execOutputReserved_;  // per caller (actor)
   std::mutex permissionsMutex_;
   std::function<void(const std::string&, const std::string&)> endedHook_;  // serializes read-modify-write of permission layers
   bool stopping_ = false;

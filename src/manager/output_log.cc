@@ -80,4 +80,17 @@ std::string OutputLog::collect(OutputStream stream) const {
   return out;
 }
 
+std::string OutputLog::take(OutputStream stream) {
+  std::string out;
+  out.reserve(static_cast<size_t>(retained_[index(stream)]));
+  for (auto& c : chunks_) {
+    if (c.stream != stream) continue;
+    out += c.data;
+    std::string().swap(c.data);
+  }
+  std::erase_if(chunks_, [&](const Chunk& c) { return c.stream == stream; });
+  retained_[index(stream)] = 0;
+  return out;
+}
+
 }  // namespace moat::manager

@@ -37,6 +37,10 @@ class OutputLog {
   std::vector<OutputItem> read(uint64_t since, size_t maxBytes) const;
   // Everything retained of one stream, concatenated (for blocking exec).
   std::string collect(OutputStream stream) const;
+  // The same, moved out: each chunk's memory is released as it is copied,
+  // so a large exec result is not held twice. The counters stay; the taken
+  // range reads back as dropped.
+  std::string take(OutputStream stream);
 
  private:
   struct Chunk {

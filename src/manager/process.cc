@@ -215,4 +215,9 @@ std::string Process::collect(OutputStream stream) {
   return log_.collect(stream);
 }
 
+std::string Process::take(OutputStream stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return log_.take(stream);
+}
+
 }  // namespace moat::manager

@@ -95,6 +95,8 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   void wake();
   bool waitEnded(std::chrono::steady_clock::time_point deadline);
   std::string collect(OutputStream stream);
+  // Moves the retained output of one stream out (a blocking exec's result).
+  std::string take(OutputStream stream);
 
  private:
   Status connectionGone() const;

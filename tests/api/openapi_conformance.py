@@ -93,9 +93,11 @@ def scope_names(doc):
     return doc.get("components", {}).get("schemas", {}).get("Scope", {}).get("enum", [])
 
 
-# Errors any request can get from the HTTP layer (src/api/http.cc); operations
-# declare them as `default`. Every other status must be declared explicitly.
-TRANSPORT_CODES = {"bad_request", "too_large", "internal", "unavailable"}
+# Errors any request can get from the HTTP layer (src/api/http.cc), and the
+# preflight's 429 `capacity` for an API key with 256 requests in progress;
+# operations declare them as `default`. Every other status must be declared
+# explicitly.
+TRANSPORT_CODES = {"bad_request", "too_large", "internal", "unavailable", "capacity"}
 
 # The media types this checker can hold a body to. JSON is validated against
 # its schema; NDJSON line by line, each line against the schema (which must

@@ -207,7 +207,7 @@ TEST(CgroupLimits, V2Writes) {
   limits.pids = 64;
   auto writes = limitWrites(Version::kV2, limits);
   EXPECT_EQ(describe(writes),
-            "[] cpu.max=150000 100000\n"
+            "[] cpu.max=15000 10000\n"
             "[] memory.max=536870912\n"
             "[] memory.swap.max=0 (opt)\n"
             "[] pids.max=64\n");
@@ -220,8 +220,8 @@ TEST(CgroupLimits, V1Writes) {
   limits.pids = 64;
   auto writes = limitWrites(Version::kV1, limits);
   EXPECT_EQ(describe(writes),
-            "[cpu] cpu.cfs_period_us=100000\n"
-            "[cpu] cpu.cfs_quota_us=150000\n"
+            "[cpu] cpu.cfs_period_us=10000\n"
+            "[cpu] cpu.cfs_quota_us=15000\n"
             "[memory] memory.limit_in_bytes=536870912\n"
             "[memory] memory.memsw.limit_in_bytes=536870912 (opt)\n"
             "[memory] memory.swappiness=0 (opt)\n"
@@ -233,12 +233,17 @@ TEST(CgroupLimits, FractionalCpusRound) {
   limits.cpus = 0.01;
   auto v2 = limitWrites(Version::kV2, limits);
   ASSERT_EQ(v2.size(), 1u);
-  EXPECT_EQ(v2[0].value, "1000 100000");
+  EXPECT_EQ(v2[0].value, "1000 100000") << "the kernel's smallest quota, 1 ms, in a longer period";
+  limits.cpus = 0.05;
+  EXPECT_EQ(limitWrites(Version::kV2, limits)[0].value, "1000 20000");
+  limits.cpus = 0.1;
+  EXPECT_EQ(limitWrites(Version::kV2, limits)[0].value, "1000 10000");
   limits.cpus = 2.333333;
   auto v1 = limitWrites(Version::kV1, limits);
   ASSERT_EQ(v1.size(), 2u);
+  EXPECT_EQ(v1[0].value, "10000");
   EXPECT_EQ(v1[1].file, "cpu.cfs_quota_us");
-  EXPECT_EQ(v1[1].value, "233333");
+  EXPECT_EQ(v1[1].value, "23333");
 }
 
 TEST(CgroupLimits, ZeroLimitsWriteNothing) {

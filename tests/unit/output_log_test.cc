@@ -87,5 +87,22 @@ TEST(OutputLog, EverythingDroppedIsStillAccountedFor) {
   EXPECT_EQ(log.bytes(OutputStream::kStdout), 10u);
 }
 
+TEST(OutputLog, TakeMovesOneStreamOutAndKeepsTheCounts) {
+  // A blocking exec's result: each stream taken once, never held twice.
+  OutputLog log(1u << 20);
+  for (int i = 0; i < 50; ++i) {
+    log.append(OutputStream::kStdout, std::string(5000, 'o'));
+    log.append(OutputStream::kStderr, "e");
+  }
+  EXPECT_EQ(log.take(OutputStream::kStdout), std::string(250000, 'o'));
+  EXPECT_EQ(log.collect(OutputStream::kStdout), "") << "taken, not copied";
+  EXPECT_EQ(log.take(OutputStream::kStderr), std::string(50, 'e'));
+  EXPECT_EQ(log.bytes(OutputStream::kStdout), 250000u);
+  EXPECT_EQ(log.droppedBytes(OutputStream::kStdout), 0u);
+  EXPECT_EQ(log.end(), 250050u);
+  log.append(OutputStream::kStdout, "later");
+  EXPECT_EQ(log.collect(OutputStream::kStdout), "later");
+}
+
 }  // namespace
 }  // namespace moat::manager

@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -71,13 +72,23 @@ Result<Cgroup> Cgroup::create(const Layout& layout, const std::string& name, con
 std::vector<KnobWrite> limitWrites(Version version, const Limits& limits) {
   const bool v2 = version == Version::kV2;
   std::vector<KnobWrite> writes;
-  constexpr uint64_t kPeriodUs = 100000;
   if (limits.cpus > 0) {
-    auto quota = std::to_string(static_cast<uint64_t>(std::llround(limits.cpus * kPeriodUs)));
+    // Within one period an environment may run on every core until its
+    // quota is spent: with the kernel's usual 100 ms, a 1-CPU environment
+    // on 2 cores holds both for 50 ms at a time, and everyone else waits
+    // that long. 10 ms keeps the burst short (a neighbour's exec p99 under
+    // a fork bomb: ~60 ms -> ~15 ms; docs/BENCHMARKS.md, "Exhaustion").
+    // The kernel's smallest quota is 1 ms: small fractions get a longer
+    // period (0.01 CPU: 1 ms every 100 ms).
+    constexpr double kPeriodUs = 10000, kMinQuotaUs = 1000, kMaxPeriodUs = 100000;
+    double period = kPeriodUs;
+    if (limits.cpus * period < kMinQuotaUs) period = std::min(kMaxPeriodUs, std::ceil(kMinQuotaUs / limits.cpus));
+    auto periodText = std::to_string(static_cast<uint64_t>(period));
+    auto quota = std::to_string(static_cast<uint64_t>(std::llround(limits.cpus * period)));
     if (v2) {
-      writes.push_back({"", "cpu.max", quota + " " + std::to_string(kPeriodUs)});
+      writes.push_back({"", "cpu.max", quota + " " + periodText});
     } else {
-      writes.push_back({"cpu", "cpu.cfs_period_us", std::to_string(kPeriodUs)});
+      writes.push_back({"cpu", "cpu.cfs_period_us", periodText});
       writes.push_back({"cpu", "cpu.cfs_quota_us", quota});
     }
   }
