@@ -45,7 +45,12 @@ Result<store::ApprovalRecord> ApprovalCenter::request(const std::string& environ
   MOAT_ASSIGN(a.id, randomHex(6));
   a.environment = environment;
   a.scope = scopeName(action.scope);
-  a.action = action.toJson().dump();
+  // A file path is bytes (a query parameter may carry any): bytes that are
+  // not UTF-8 are shown, and stored, as U+FFFD instead of failing the request
+  // with an exception (found by fuzz/permissions.cc). Such an approval still
+  // answers the request that waits on it; a grant or a remembered rule made
+  // from it names the replaced path, matches nothing, and the gate asks again.
+  a.action = action.toJson().dump(-1, ' ', false, json::error_handler_t::replace);
   a.requester = requester;
   a.createdAtMs = now();
   a.state = "pending";
