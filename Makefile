@@ -3,7 +3,10 @@ BUILD ?= build
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build run test bench sanitize clean
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 10
+
+.PHONY: all deps build run test bench sanitize fuzz clean
 
 all: build
 
@@ -18,8 +21,11 @@ build: deps
 run: build
 	@scripts/demo.sh $(BUILD)/bin
 
+# The tests, then a short fuzz pass (FUZZ_SECONDS per target; 0 replays the
+# fuzz corpora only).
 test: build
 	@cd $(BUILD) && ctest --output-on-failure --timeout 300 -j 2
+	@FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) scripts/fuzz.sh
 
 bench: build
 	@bench/run.sh $(BUILD)/bin
@@ -27,5 +33,10 @@ bench: build
 sanitize:
 	@$(MAKE) test BUILD=build-asan CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Debug -DMOAT_SANITIZE=ON"
 
+# libFuzzer targets (clang) for the parsers of untrusted input: each runs
+# FUZZ_SECONDS from fuzz/corpus/<name>/; docs/SECURITY.md, "Fuzzing".
+fuzz: deps
+	@FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) scripts/fuzz.sh
+
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan $(FUZZ_BUILD)

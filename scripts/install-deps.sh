@@ -12,6 +12,7 @@ packages=(
   python3                                        # used by tests inside environments
   bubblewrap util-linux                          # peers in bench/ (bwrap, unshare)
   python3-yaml python3-jsonschema                # tests/api: OpenAPI conformance
+  clang libclang-rt-dev llvm                     # fuzz/: libFuzzer, sanitizers, llvm-symbolizer
 )
 
 missing=()

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# `make fuzz`: builds the libFuzzer targets (fuzz/*.cc) with clang in
+# $FUZZ_BUILD and runs each for $FUZZ_SECONDS from its seed corpus
+# fuzz/corpus/<name>/ (every file there is replayed first: seeds and the
+# inputs of crashes found before, kept as regression tests). New inputs go to
+# $FUZZ_BUILD/fuzz/corpus/<name>/; a crash leaves its input in
+# $FUZZ_BUILD/fuzz/crashes/<name>/ and fails the run. FUZZ_SECONDS=0 only
+# replays the corpora. FUZZ_TARGETS picks targets (default: all).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${FUZZ_BUILD:-build-fuzz}
+seconds=${FUZZ_SECONDS:-10}
+jobs=${JOBS:-$(nproc)}
+all="api_request permissions egress_policy path_resolution proxy_http init_protocol mcp"
+targets=${FUZZ_TARGETS:-$all}
+
+# The longest input each target is given: what its parser sees in one piece
+# is short (a request head, a policy, a frame), and shorter inputs fuzz faster.
+max_len() {
+  case $1 in
+    path_resolution) echo 1024 ;;
+    proxy_http | mcp) echo 8192 ;;
+    *) echo 4096 ;;
+  esac
+}
+
+for tool in clang clang++; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "fuzz: $tool is missing (scripts/install-deps.sh installs it)" >&2
+    exit 1
+  fi
+done
+
+# -O1 and line tables only: a fuzz build compiles fast and still names the
+# line of a crash. Only what the targets need is built (target moat_fuzz).
+CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DMOAT_FUZZ=ON -DCMAKE_BUILD_TYPE= \
+  -DCMAKE_C_FLAGS=-O1 -DCMAKE_CXX_FLAGS=-O1 >/dev/null
+cmake --build "$build" -j "$jobs" --target moat_fuzz
+
+if command -v llvm-symbolizer >/dev/null 2>&1; then
+  export ASAN_SYMBOLIZER_PATH=${ASAN_SYMBOLIZER_PATH:-$(command -v llvm-symbolizer)}
+fi
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
+
+passed=0
+failed=0
+for t in $targets; do
+  bin="$build/bin/fuzz_$t"
+  seeds="fuzz/corpus/$t"
+  corpus="$build/fuzz/corpus/$t"
+  crashes="$build/fuzz/crashes/$t"
+  log="$build/fuzz/$t.log"
+  mkdir -p "$corpus" "$crashes" "$seeds"
+  if [ "$seconds" -gt 0 ]; then
+    budget=(-max_total_time="$seconds")
+  else
+    budget=(-runs=0)
+  fi
+  started=$(date +%s)
+  status=0
+  "$bin" "${budget[@]}" -max_len="$(max_len "$t")" -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="$crashes/" "$corpus" "$seeds" >"$log" 2>&1 || status=$?
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  cov=$(grep -oE '(INITED|DONE|pulse|NEW|REDUCE)[^#]* cov: [0-9]+ ft: [0-9]+ corp: [0-9]+' "$log" | tail -1 |
+        sed -E 's/.*(cov: [0-9]+ ft: [0-9]+ corp: [0-9]+).*/\1/')
+  if [ "$status" -eq 0 ]; then
+    passed=$((passed + 1))
+    printf 'fuzz %-16s ok     %ss, %s runs, %s\n' "$t" "$(($(date +%s) - started))" "${execs:-?}" "${cov:-}"
+  else
+    failed=$((failed + 1))
+    printf 'fuzz %-16s FAILED (exit %s) after %ss; the end of %s:\n' "$t" "$status" "$(($(date +%s) - started))" "$log"
+    grep -v '^#' "$log" | tail -40 | sed 's/^/  /'
+    for input in $(sed -n 's/.*Test unit written to //p' "$log"); do
+      echo "  crashing input: $input"
+      echo "  reproduce:      $bin $input"
+      echo "  once fixed, keep it as a regression test: cp $input $seeds/"
+    done
+  fi
+done
+echo "fuzz: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
