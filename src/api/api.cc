@@ -13,7 +13,6 @@
 #include "os/file.h"
 
 namespace moat::api {
-namespace {
 
 json environmentJson(const store::EnvironmentRecord& r) {
   json j = {{"id", r.id},
@@ -36,8 +35,6 @@ json environmentJson(const store::EnvironmentRecord& r) {
   if (secrets.ok() && !secrets->empty()) j["secrets"] = egress::secretsToPublic(secrets.value());
   return j;
 }
-
-}  // namespace
 
 Api::Api(manager::EnvironmentManager& manager, Keys& keys, gate::ApprovalCenter& approvals,
          std::string masterToken, ApiOptions options, audit::Log* audit)
@@ -205,7 +202,7 @@ HttpResponse Api::keysRoute(const HttpRequest& req, const Principal& principal) 
     const auto& known = knownScopes();
     if (!s.is_string() || std::find(known.begin(), known.end(), s.get<std::string>()) == known.end()) {
       return errorResponse(invalid("scopes[" + std::to_string(i) + "]",
-                                   "unknown scope (create, read, exec, files, destroy, timeout, approve, permissions, audit)"));
+                                   "unknown scope (create, read, exec, files, destroy, timeout, approve, permissions, audit, snapshots)"));
     }
     if (std::find(scopes.begin(), scopes.end(), s.get<std::string>()) == scopes.end()) scopes.push_back(s);
   }
@@ -242,6 +239,7 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
   if (p == "/v1/keys" || p.rfind("/v1/keys/", 0) == 0) return keysRoute(req, principal);
   if (p == "/v1/approvals" || p.rfind("/v1/approvals/", 0) == 0) return approvalsRoute(req, principal);
   if (p == "/v1/events") return eventsRoute(req, principal);
+  if (p == "/v1/snapshots" || p.rfind("/v1/snapshots/", 0) == 0) return snapshotsRoute(req, principal);
   if (p == "/v1/audit/verify") return verifyRoute(req, principal);
   if (p.rfind("/v1/environments", 0) != 0) {
     return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
@@ -286,7 +284,7 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     if (!body.ok()) return errorResponse(perr);
     const json& j = body.value();
     if (auto e = onlyFields(j, {"task_id", "template", "spec", "ttl_s", "labels", "env", "permissions", "network",
-                                "secrets"},
+                                "secrets", "snapshot"},
                             "")) {
       return errorResponse(*e);
     }
@@ -349,13 +347,23 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
       create.permissions = parsed.value();
     }
     if (auto e = parseNetwork(j, create)) return errorResponse(*e);
+    if (j.contains("snapshot")) {
+      // The files come from the snapshot; so does the template under them.
+      if (j.contains("template")) return errorResponse(invalid("template", "a snapshot brings its own template"));
+      if (auto e = snapshotField(j, "snapshot", create.fromSnapshot)) return errorResponse(*e);
+      auto snap = manager_.getSnapshot(create.fromSnapshot);
+      if (!snap.ok() || (!principal.master && snap->owner != principal.keyId)) {
+        return errorResponse({404, "not_found", "no snapshot " + create.fromSnapshot, "snapshot"});
+      }
+    }
     auto created = manager_.create(create);
     if (!created.ok()) return errorResponse(fromError(created.error()));
     return respond(201, environmentJson(created.value()));
   }
 
   if (!sub.empty() && sub != "exec" && sub != "timeout" && sub != "files" && sub != "processes" &&
-      sub != "shell" && sub != "permissions" && sub != "network") {
+      sub != "shell" && sub != "permissions" && sub != "network" && sub != "snapshots" && sub != "restore" &&
+      sub != "fork") {
     return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
   }
   // A key acts only on its own environments; others look like they do not exist.
@@ -365,6 +373,8 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
                       : sub == "files"       ? "files"
                       : sub == "permissions" ? "read"
                       : sub == "network"     ? "read"
+                      : sub == "snapshots" || sub == "restore" ? "snapshots"
+                      : sub == "fork"        ? "create"
                                              : "exec";
   if (!principal.may(scope)) return forbidden(scope);
   if (!principal.master) {
@@ -374,7 +384,8 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     }
   }
 
-  if (sub != "files" && sub != "processes" && sub != "shell" && sub != "permissions" && sub != "network") {
+  if (sub != "files" && sub != "processes" && sub != "shell" && sub != "permissions" && sub != "network" &&
+      sub != "snapshots") {
     if (auto e = onlyQuery(req, {})) return errorResponse(*e);
   }
 
@@ -418,6 +429,9 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
   if (sub == "shell" && subsub.empty()) return shellRoute(req, principal, id);
   if (sub == "permissions" && subsub.empty()) return permissionsRoute(req, principal, id);
   if (sub == "network" && subsub.empty()) return networkRoute(req, principal, id);
+  if ((sub == "snapshots" || sub == "restore" || sub == "fork") && subsub.empty()) {
+    return environmentSnapshotsRoute(req, principal, id, sub);
+  }
   return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
 }
 

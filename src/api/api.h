@@ -31,6 +31,9 @@ struct ApiOptions {
   size_t maxRequestsPerKey = 256;
 };
 
+// An environment as the API shows it.
+nlohmann::json environmentJson(const store::EnvironmentRecord& record);
+
 class Api {
  public:
   // `audit`: where events are recorded and read from (none: nothing is
@@ -64,6 +67,10 @@ class Api {
   HttpResponse approvalsRoute(const HttpRequest& request, const Principal& principal);
   // network.cc: an environment's network policy.
   HttpResponse networkRoute(const HttpRequest& request, const Principal& principal, const std::string& id);
+  // snapshots.cc: /v1/snapshots, and an environment's snapshots, restore and fork.
+  HttpResponse snapshotsRoute(const HttpRequest& request, const Principal& principal);
+  HttpResponse environmentSnapshotsRoute(const HttpRequest& request, const Principal& principal,
+                                         const std::string& id, const std::string& sub);
   // The create request's "network" and "secrets".
   std::optional<ApiError> parseNetwork(const json& body, manager::CreateRequest& create);
   // The gate before a side effect: nothing when it may happen; otherwise the

@@ -21,7 +21,8 @@ int64_t nowMs() {
 
 const std::vector<std::string>& knownScopes() {
   static const std::vector<std::string> scopes = {"create",  "read",    "exec",        "files", "destroy",
-                                                  "timeout", "approve", "permissions", "audit"};
+                                                  "timeout", "approve", "permissions", "audit",
+                                                  "snapshots"};
   return scopes;
 }
 

@@ -45,6 +45,8 @@ std::optional<ApiError> onlyQuery(const HttpRequest& req, std::initializer_list<
 std::optional<ApiError> queryNumber(const HttpRequest& req, const char* name, uint64_t max, int base,
                                     uint64_t& out);
 std::optional<ApiError> queryFlag(const HttpRequest& req, const char* name, bool& out);
+// A snapshot id ("snap-" and 12 hex digits) in body[field], required.
+std::optional<ApiError> snapshotField(const json& body, const char* field, std::string& out);
 // The index-th segment of a path ("/v1/environments/x" -> 0 "v1", 1 "environments", 2 "x").
 std::string pathSegment(const std::string& path, size_t index);
 

@@ -22,6 +22,7 @@ commands:
   create [options]   create one; prints its id (or the JSON with --json)
       --task-id ID      a caller's id to find it by
       --template T      'host' (default) or a root file system directory
+      --snapshot SNAP   start from a snapshot's files (moat snapshot --help)
       --cpus N          CPU time per second (fractional), default 1
       --memory MB       memory limit, default 1024
       --storage GB      writable storage limit (fractional), default 4
@@ -196,6 +197,8 @@ int create(const std::vector<std::string>& args) {
       MOAT_ASSIGN(body["task_id"], flags.value());
     } else if (name == "--template") {
       MOAT_ASSIGN(body["template"], flags.value());
+    } else if (name == "--snapshot") {
+      MOAT_ASSIGN(body["snapshot"], flags.value());
     } else if (name == "--cpus") {
       MOAT_ASSIGN(std::string v, flags.value());
       MOAT_ASSIGN(spec["cpus"], parseNumber(name, v));

@@ -16,7 +16,8 @@ constexpr const char* kKeysUsage = R"(usage: moat keys create --scope S [--scope
        moat keys rm ID...
 
 Scoped API keys for agents, so they never need the master token. Scopes:
-create, read, exec, files, destroy, timeout, audit. A key sees and touches only the
+create, read, exec, files, destroy, timeout, approve, permissions, audit,
+snapshots. A key sees and touches only the
 environments it created. `create` prints the token once (keep it: only its
 hash is stored). Needs the master token.
 )";

@@ -28,6 +28,8 @@ commands:
   cp        copy a file between the host and an environment (moat cp --help)
   shell     a terminal in one of moatd's environments, or in a throwaway one
             (moat shell --help)
+  snapshot  snapshots of environments' files, restores and forks
+            (moat snapshot create|ls|restore|fork|rm)
   keys      scoped API keys for agents (moat keys create|ls|rm)
   approvals what the gate asks a person (moat approvals ls|approve|deny|watch)
   events    moatd's audit log, listed or followed live (moat events --help)
@@ -64,6 +66,7 @@ int main(int argc, char** argv) {
   if (command == "events") return moat::cli::eventsCommand(args);
   if (command == "audit") return moat::cli::auditCommand(args);
   if (command == "mcp") return moat::cli::mcpCommand(args);
+  if (command == "snapshot") return moat::cli::snapshotCommand(args);
   if (command == "version" || command == "--version") {
     std::puts("moat " MOAT_VERSION);
     return 0;

@@ -224,7 +224,7 @@ Status EnvironmentManager::recoverAfterRestart() {
     // recorded (killed in between), or a recorded link that is gone: the
     // stored policy is put in force again.
     for (const auto& id : relink) {
-      Status s = restoreNetwork(id);
+      Status s = restoreNetwork(id, "moatd restarted: the stored policy had no link");
       if (!s.ok()) {
         (void)destroy(id, "failed: its network could not be restored after a moatd restart: " +
                               s.error().message(), "moatd");
@@ -235,10 +235,11 @@ Status EnvironmentManager::recoverAfterRestart() {
   for (const auto& id : running) {
     if (!recorded.count(id)) (void)spawner_.destroy(id);
   }
+  recoverSnapshots();
   return {};
 }
 
-Status EnvironmentManager::restoreNetwork(const std::string& id) {
+Status EnvironmentManager::restoreNetwork(const std::string& id, const std::string& why) {
   MOAT_ASSIGN(auto record, get(id));
   egress::Policy policy;  // mode none
   if (!record.network.empty()) {
@@ -257,7 +258,7 @@ Status EnvironmentManager::restoreNetwork(const std::string& id) {
   auto secrets = egress::secretsFromStored(record.secrets);
   MOAT_TRY(connectNetwork(id, policy, secrets.ok() ? secrets.value() : std::vector<egress::Secret>{}));
   audit_.record("network.changed", id, "moatd",
-                {{"network", policy.toJson()}, {"reason", "moatd restarted: the stored policy had no link"}});
+                {{"network", policy.toJson()}, {"reason", why}});
   return {};
 }
 
@@ -344,13 +345,23 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   }
   record.permissions =
       gate::layersToJson({request.permissions ? *request.permissions : config_.defaultPermissions}).dump();
+  std::optional<store::SnapshotRecord> from;
+  if (!request.fromSnapshot.empty()) {
+    MOAT_ASSIGN(auto snap, getSnapshot(request.fromSnapshot));
+    if (request.owner != "master" && snap.owner != request.owner) {
+      return Error::make("not_found", "no snapshot " + request.fromSnapshot);
+    }
+    record.templateName = snap.templateName;
+    if (request.storageGb <= 0) record.storageGb = snap.storageGb;
+    from = std::move(snap);
+  }
   record.state = "creating";
   record.createdAtMs = nowMs();
   int64_t ttl = request.ttlS > 0 ? request.ttlS : config_.defaultTtlS;
   record.expiresAtMs = record.createdAtMs + ttl * 1000;
   // A warm environment of exactly this template and spec: a claim.
   const auto warm = poolSpec();
-  if (record.templateName == warm.templateName && record.cpus == warm.cpus &&
+  if (!from && record.templateName == warm.templateName && record.cpus == warm.cpus &&
       record.ramMb == warm.memoryMb && record.storageGb == warm.storageGb &&
       record.pids == warm.pids) {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -412,6 +423,10 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   }
   auto spec = specFor(record.templateName, record.cpus, record.ramMb, record.storageGb, record.pids);
   spec.id = record.id;
+  if (from) {
+    spec.fromSnapshot = from->id;
+    spec.snapshotHostBase = from->hostBase;
+  }
   auto created = spawner_.create(spec);
   if (!created.ok()) {
     release(false);
@@ -447,7 +462,10 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   }
   record.state = "running";
   (void)store_.setState(id, "running", "");
-  audit_.record("environment.created", id, record.owner, createdData(record, false));
+  nlohmann::json createdEvent = createdData(record, false);
+  if (from && request.forkedFrom.empty()) createdEvent["from_snapshot"] = from->id;
+  if (!request.forkedFrom.empty()) createdEvent["forked_from"] = request.forkedFrom;
+  audit_.record("environment.created", id, record.owner, std::move(createdEvent));
   if (request.network.mode != egress::Mode::kNone) {
     Status plugged = connectNetwork(id, request.network, request.secrets);
     if (!plugged.ok()) {
@@ -834,24 +852,28 @@ Status EnvironmentManager::setNetwork(const std::string& id, const egress::Polic
   return connectNetwork(id, policy, secrets.ok() ? secrets.value() : std::vector<egress::Secret>{});
 }
 
+ScopeExit<std::function<void()>> EnvironmentManager::exclusive(const std::string& id) {
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    exclusiveCv_.wait(lock, [&] { return !exclusive_.count(id); });
+    exclusive_.insert(id);
+  }
+  return ScopeExit<std::function<void()>>([this, id] {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      exclusive_.erase(id);
+    }
+    exclusiveCv_.notify_all();
+  });
+}
+
 Status EnvironmentManager::destroy(const std::string& id, const std::string& reason,
                                    const std::string& actor) {
   // One destroy per environment at a time; the one that waited finds it
   // gone. A single lock for all destroys made every DELETE queue behind the
   // others' spawner round trips: with 64 clients, 58 of them waited there
   // and a destroy took seconds (docs/BENCHMARKS.md, "Load").
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    destroyCv_.wait(lock, [&] { return !destroying_.count(id); });
-    destroying_.insert(id);
-  }
-  ScopeExit done([&] {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      destroying_.erase(id);
-    }
-    destroyCv_.notify_all();
-  });
+  auto held = exclusive(id);
   MOAT_ASSIGN(auto record, get(id));
   if (record.state == "gone" || record.state == "failed") {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -942,6 +964,17 @@ void EnvironmentManager::reaperLoop() {
     for (const auto& id : deadReady) (void)spawner_.destroy(id);
     poolCv_.notify_all();
     for (const auto& id : gone) {
+      {
+        std::lock_guard<std::mutex> relock(mutex_);
+        // Being destroyed, snapshotted or restored: decided once that ends.
+        if (exclusive_.count(id)) {
+          initGone_.push_back(id);
+          continue;
+        }
+        // A restore replaced the connection that went: this one is alive.
+        auto it = live_.find(id);
+        if (it != live_.end() && it->second.connection && !it->second.connection->closed()) continue;
+      }
       auto record = store_.getEnvironment(id);
       if (record.ok() && record.value() && record.value()->state == "running") {
         (void)destroy(id, "failed: pid 1 of the environment exited");

@@ -17,6 +17,7 @@
 #include "egress/controller.h"
 #include "backend/namespaces/spawner.h"
 #include "common/result.h"
+#include "common/scope_exit.h"
 #include "init/protocol.h"
 #include "gate/permissions.h"
 #include "manager/clock.h"
@@ -46,6 +47,8 @@ struct ManagerConfig {
   // `capacity`. Bounds what a flood of execs makes moatd hold, and keeps a
   // flooding key's execs from using up another's.
   uint64_t execOutputPerCaller = 256u << 20;
+  // Snapshots one owner (a key, or the master token) may keep at once.
+  size_t maxSnapshotsPerOwner = 64;
   // What an environment created without "permissions" gets (docs/GATE.md).
   gate::Permissions defaultPermissions = gate::Permissions::defaults();
 };
@@ -64,6 +67,20 @@ struct CreateRequest {
   std::optional<gate::Permissions> permissions;  // none: the server's defaults
   egress::Policy network;                   // mode none: loopback only
   std::vector<egress::Secret> secrets;      // their placeholders go into `env`
+  // Not empty: a fork. The writable layer starts as this snapshot (its
+  // template is the environment's; the storage limit defaults to its).
+  std::string fromSnapshot;
+  std::string forkedFrom;  // a fork of this environment (for the audit log)
+};
+
+// A fork: a new environment with a copy of a running one's files and all
+// its settings (spec, template, variables, permission layers, network
+// policy, secrets); these may differ.
+struct ForkRequest {
+  std::optional<std::string> taskId;
+  std::optional<std::map<std::string, std::string>> labels;
+  int64_t ttlS = 0;  // 0: the default
+  std::string owner = "master";
 };
 
 // A command started in the background (or a shell): it runs on while
@@ -173,6 +190,18 @@ class EnvironmentManager {
   // Changes the policy of a running environment: plugs its link in or out
   // as the mode requires; open connections finish as they were.
   Status setNetwork(const std::string& id, const egress::Policy& policy);
+  // Snapshots (docs/API.md, "Snapshots"): the writable layer's files at one
+  // point in time (like a power cut: written data is in, processes are not).
+  Result<store::SnapshotRecord> snapshot(const std::string& id, const std::string& name, const std::string& actor);
+  Result<store::SnapshotRecord> getSnapshot(const std::string& snapshotId);
+  Result<std::vector<store::SnapshotRecord>> snapshots(const std::string& owner, const std::string& environment);
+  Status deleteSnapshot(const std::string& snapshotId, const std::string& actor);
+  Result<store::EnvironmentRecord> fork(const std::string& id, const ForkRequest& request);
+  // Puts the environment's files back as the snapshot has them: every
+  // process ends (the environment restarts on the snapshot, same id, same
+  // settings, network and permissions).
+  Result<store::EnvironmentRecord> restore(const std::string& id, const std::string& snapshotId,
+                                           const std::string& actor);
   // Idempotent: destroying a gone environment is fine. `actor`: who asked
   // ("moatd" for expiry, failure and shutdown).
   Status destroy(const std::string& id, const std::string& reason,
@@ -202,9 +231,18 @@ class EnvironmentManager {
   Status connectNetwork(const std::string& id, const egress::Policy& policy,
                         const std::vector<egress::Secret>& secrets);
   Status writeNetworkFiles(const std::shared_ptr<InitConnection>& connection, const egress::EgressNetwork::Link& link);
+  // After a restart: snapshots a killed moatd left half made are rolled
+  // back, and snapshot volumes without a record are removed.
+  void recoverSnapshots();
+  // transient: for a fork (not counted, not listed for long, not an event).
+  Result<store::SnapshotRecord> takeSnapshot(const std::string& id, const std::string& name,
+                                             const std::string& actor, bool transient);
+  // One destroy, snapshot or restore of an environment at a time: waits for
+  // the one in progress, then holds the environment until the handle goes.
+  ScopeExit<std::function<void()>> exclusive(const std::string& id);
   // After a restart, for a re-attached environment whose link the store and
   // the egress namespace disagree on: puts its stored policy in force again.
-  Status restoreNetwork(const std::string& id);
+  Status restoreNetwork(const std::string& id, const std::string& why);
   // Writes an environment's permission layers to the store, then swaps them
   // in (permissionsMutex_ held by the caller).
   Status storeLayers(const std::string& id, std::vector<gate::Permissions> layers);
@@ -246,11 +284,12 @@ class EnvironmentManager {
   std::vector<std::string> initGone_;
   uint64_t reservedMemoryMb_ = 0;
   std::atomic<uint64_t> execs_{0};
-  // Environments being destroyed (guarded by mutex_): a second destroy of
-  // the same one waits on destroyCv_ for the first; destroys of different
-  // environments overlap (their spawner calls are serial in the spawner).
-  std::set<std::string> destroying_;
-  std::condition_variable destroyCv_;
+  // Environments being destroyed, snapshotted or restored (guarded by
+  // mutex_): a second such operation on the same one waits on exclusiveCv_;
+  // operations on different environments overlap (their spawner calls are
+  // serial in the spawner).
+  std::set<std::string> exclusive_;
+  std::condition_variable exclusiveCv_;
   std::mutex execOutputMutex_;
   std::map<std::string, uint64_t> execOutputReserved_;  // per caller (actor)
   std::mutex permissionsMutex_;

@@ -106,6 +106,23 @@ const char* kToolDefinitions = R"json([
    "pattern": {"type": "string", "minLength": 1, "description": "an extended regular expression (grep -E)"},
    "path": {"type": "string", "description": "directory or file, default /workspace"},
    "glob": {"type": "string", "description": "only files whose name matches, e.g. *.py"}}}},
+{"name": "snapshot_environment",
+ "description": "Save the environment's files as they are now (a snapshot: instant, whatever the size). Running processes are not saved. Take one before a risky change; restore_environment goes back to it, fork_environment or create_environment-from-snapshot branches from it. Returns the snapshot id.",
+ "inputSchema": {"type": "object", "additionalProperties": false, "properties": {
+   "environment_id": {"type": "string", "description": "default: this session's environment"},
+   "name": {"type": "string", "maxLength": 256, "description": "a label for people, e.g. 'before refactor'"}}}},
+{"name": "restore_environment",
+ "description": "Put the environment's files back exactly as a snapshot has them (files changed, added or deleted since are undone). Every process in it ends; the environment keeps its id and settings.",
+ "inputSchema": {"type": "object", "additionalProperties": false, "required": ["snapshot_id"], "properties": {
+   "environment_id": {"type": "string", "description": "default: this session's environment"},
+   "snapshot_id": {"type": "string", "pattern": "^snap-[0-9a-f]{12}$", "description": "from snapshot_environment"}}}},
+{"name": "fork_environment",
+ "description": "Create a second environment that starts as a copy of this one's files and settings (not its processes), to try something without touching the original. Returns the new environment's id; pass it as environment_id to other tools.",
+ "inputSchema": {"type": "object", "additionalProperties": false, "properties": {
+   "environment_id": {"type": "string", "description": "the one to copy; default: this session's environment"},
+   "task_id": {"type": "string", "description": "your name for the fork's task"},
+   "labels": {"type": "object", "additionalProperties": {"type": "string"}, "description": "key=value tags for the fork"},
+   "ttl_s": {"type": "integer", "minimum": 1, "maximum": 604800, "description": "destroyed after this many seconds, default 3600"}}}},
 {"name": "set_network_policy",
  "description": "Change what the environment may reach on the network: 'none' (nothing), 'open' (any public host, recorded), or an allowlist {\"mode\": \"allowlist\", \"allow\": [\"pypi.org\", \"*.pythonhosted.org\"], \"deny\": [...]}. Takes effect for new connections.",
  "inputSchema": {"type": "object", "additionalProperties": false, "required": ["network"], "properties": {
@@ -272,6 +289,9 @@ json Tools::call(const std::string& name, const json& args) {
   if (name == "edit_file") return editFile(*env, args);
   if (name == "list_files") return listFiles(*env, args);
   if (name == "search_files") return searchFiles(*env, args);
+  if (name == "snapshot_environment") return snapshotEnvironment(*env, args);
+  if (name == "restore_environment") return restoreEnvironment(*env, args);
+  if (name == "fork_environment") return forkEnvironment(*env, args);
   return setNetworkPolicy(*env, args);
 }
 
@@ -571,6 +591,36 @@ json Tools::setNetworkPolicy(const std::string& env, const json& args) {
   Rest r = rest("PUT", envPath(env) + "/network", json{{"network", args["network"]}}.dump());
   if (r.status != 200) return toolError(r.error);
   return toolResult("network policy of " + env + " is now " + r.body["network"].dump(), r.body);
+}
+
+json Tools::snapshotEnvironment(const std::string& env, const json& args) {
+  json body = json::object();
+  if (args.contains("name")) body["name"] = args["name"];
+  Rest r = rest("POST", envPath(env) + "/snapshots", body.dump());
+  if (r.status != 201) return toolError(r.error);
+  return toolResult("snapshot " + r.body.value("id", "") + " of environment " + env +
+                        " (its files now; restore_environment puts them back)",
+                    r.body);
+}
+
+json Tools::restoreEnvironment(const std::string& env, const json& args) {
+  Rest r = rest("POST", envPath(env) + "/restore", json{{"snapshot", args["snapshot_id"]}}.dump());
+  if (r.status != 200) return toolError(r.error);
+  return toolResult("environment " + env + " now has the files of snapshot " + args["snapshot_id"].get<std::string>() +
+                        "; every process in it was ended",
+                    r.body);
+}
+
+json Tools::forkEnvironment(const std::string& env, const json& args) {
+  json body = json::object();
+  for (const char* k : {"task_id", "labels", "ttl_s"}) {
+    if (args.contains(k)) body[k] = args[k];
+  }
+  Rest r = rest("POST", envPath(env) + "/fork", body.dump());
+  if (r.status != 201) return toolError(r.error);
+  return toolResult("forked environment " + env + " as " + r.body.value("id", "") +
+                        " (a copy of its files and settings; pass environment_id to use it)",
+                    r.body);
 }
 
 }  // namespace moat::mcp

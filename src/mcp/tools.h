@@ -40,6 +40,9 @@ class Tools {
   json listFiles(const std::string& env, const json& args);
   json searchFiles(const std::string& env, const json& args);
   json setNetworkPolicy(const std::string& env, const json& args);
+  json snapshotEnvironment(const std::string& env, const json& args);
+  json restoreEnvironment(const std::string& env, const json& args);
+  json forkEnvironment(const std::string& env, const json& args);
   // Output of a process from `since`, until it ends or `deadline` (waiting
   // for more while `wait`); fills stdout/stderr and returns the last event.
   struct Collected {

@@ -79,6 +79,25 @@ Status destroySubvolume(const std::string& parentDir, const std::string& name) {
   return subvolumeIoctl(parentDir, name, BTRFS_IOC_SNAP_DESTROY, "destroy subvolume");
 }
 
+Status snapshotSubvolume(const std::string& sourcePath, const std::string& parentDir, const std::string& name,
+                         bool readOnly) {
+  if (name.empty() || name.size() > BTRFS_SUBVOL_NAME_MAX || name.find('/') != std::string::npos ||
+      name == "." || name == "..") {
+    return Error::make("invalid_argument", "snapshot subvolume: bad name " + name);
+  }
+  MOAT_ASSIGN(UniqueFd source, open(sourcePath, O_RDONLY | O_DIRECTORY));
+  MOAT_ASSIGN(UniqueFd dir, open(parentDir, O_RDONLY | O_DIRECTORY));
+  struct btrfs_ioctl_vol_args_v2 args;
+  std::memset(&args, 0, sizeof args);
+  args.fd = source.get();
+  if (readOnly) args.flags = BTRFS_SUBVOL_RDONLY;
+  std::memcpy(args.name, name.data(), name.size());
+  if (::ioctl(dir.get(), BTRFS_IOC_SNAP_CREATE_V2, &args) != 0) {
+    return Error::fromErrno("snapshot " + sourcePath + " as " + parentDir + "/" + name);
+  }
+  return {};
+}
+
 Status limitSubvolume(const std::string& subvolumePath, uint64_t bytes) {
   MOAT_ASSIGN(UniqueFd dir, open(subvolumePath, O_RDONLY | O_DIRECTORY));
   struct btrfs_ioctl_qgroup_limit_args args;

@@ -22,6 +22,10 @@ enum class QuotaMode { kSimple, kFull };
 Result<QuotaMode> enableBtrfsQuota(const std::string& mountPoint, bool preferSimple);
 Status createSubvolume(const std::string& parentDir, const std::string& name);
 Status destroySubvolume(const std::string& parentDir, const std::string& name);
+// A snapshot of the subvolume at sourcePath as parentDir/name (both on one
+// btrfs): instant, sharing every extent until one side writes.
+Status snapshotSubvolume(const std::string& sourcePath, const std::string& parentDir, const std::string& name,
+                         bool readOnly);
 // Caps the bytes a subvolume may hold (its qgroup's referenced and exclusive limit).
 Status limitSubvolume(const std::string& subvolumePath, uint64_t bytes);
 

@@ -237,4 +237,66 @@ Result<std::string> selfDirectory() {
   return exe.substr(0, slash);
 }
 
+namespace {
+
+constexpr int kMaxShiftDepth = 512;
+
+uint32_t shifted(uint32_t id, uint32_t fromBase, uint32_t toBase, uint32_t count) {
+  return id >= fromBase && id - fromBase < count ? id - fromBase + toBase : id;
+}
+
+// Re-owns `name` in `dirFd` (the root itself when name is empty) and, for
+// a directory, what it holds.
+Status shiftEntry(int dirFd, const char* name, const std::string& shown, uint32_t fromBase, uint32_t toBase,
+                  uint32_t count, int depth) {
+  struct stat st;
+  int flags = AT_SYMLINK_NOFOLLOW | (*name ? 0 : AT_EMPTY_PATH);
+  if (::fstatat(dirFd, name, &st, flags) != 0) return Error::fromErrno("stat " + shown);
+  uid_t uid = shifted(st.st_uid, fromBase, toBase, count);
+  gid_t gid = shifted(st.st_gid, fromBase, toBase, count);
+  if (uid != st.st_uid || gid != st.st_gid) {
+    if (::fchownat(dirFd, name, uid, gid, flags) != 0) return Error::fromErrno("chown " + shown);
+    // A chown clears set-id bits; the tree is nobody else's, so the name
+    // still is the regular file just changed.
+    if (*name && S_ISREG(st.st_mode) && (st.st_mode & (S_ISUID | S_ISGID)) &&
+        ::fchmodat(dirFd, name, st.st_mode & 07777, 0) != 0) {
+      return Error::fromErrno("chmod " + shown);
+    }
+  }
+  if (!S_ISDIR(st.st_mode)) return {};
+  if (depth >= kMaxShiftDepth) {
+    return Error::make("invalid_argument", "re-own " + shown + ": more than " + std::to_string(kMaxShiftDepth) +
+                                               " directories deep");
+  }
+  int fd = *name ? ::openat(dirFd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) : ::dup(dirFd);
+  if (fd < 0) return Error::fromErrno("open " + shown);
+  DIR* dir = ::fdopendir(fd);
+  if (!dir) {
+    int err = errno;
+    ::close(fd);
+    return Error::fromErrno("open " + shown, err);
+  }
+  Status result;
+  while (result.ok()) {
+    errno = 0;
+    struct dirent* entry = ::readdir(dir);
+    if (!entry) {
+      if (errno != 0) result = Error::fromErrno("read " + shown);
+      break;
+    }
+    if (std::strcmp(entry->d_name, ".") == 0 || std::strcmp(entry->d_name, "..") == 0) continue;
+    result = shiftEntry(::dirfd(dir), entry->d_name, shown + "/" + entry->d_name, fromBase, toBase, count, depth + 1);
+  }
+  ::closedir(dir);
+  return result;
+}
+
+}  // namespace
+
+Status shiftOwnership(const std::string& root, uint32_t fromBase, uint32_t toBase, uint32_t count) {
+  if (fromBase == toBase) return {};
+  MOAT_ASSIGN(UniqueFd fd, open(root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW));
+  return shiftEntry(fd.get(), "", root, fromBase, toBase, count, 0);
+}
+
 }  // namespace moat::os

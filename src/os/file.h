@@ -38,6 +38,11 @@ std::string joinPath(const std::string& a, const std::string& b);
 Status changeDirectory(const std::string& path);
 // Canonical absolute path (symlinks resolved); the file must exist.
 Result<std::string> realPath(const std::string& path);
+// Re-owns the tree at `root` (symlinks not followed, the root included):
+// every uid and gid in [fromBase, fromBase + count) moves by toBase -
+// fromBase; other ids stay. Set-id bits survive (a chown clears them). For
+// trees nobody else is using; at most 512 directories deep.
+Status shiftOwnership(const std::string& root, uint32_t fromBase, uint32_t toBase, uint32_t count);
 // Directory of the running executable.
 Result<std::string> selfDirectory();
 

@@ -89,6 +89,19 @@ struct EventQuery {
   size_t limit = 1000;
 };
 
+// A snapshot of an environment's writable layer (files, not processes).
+struct SnapshotRecord {
+  std::string id;           // "s" + 12 hex digits
+  std::string environment;  // what it was taken of
+  std::string owner;        // the environment's owner: "master" or an API key id
+  std::string templateName; // the lower layer it sits on
+  double storageGb = 0;     // the environment's storage limit
+  uint32_t hostBase = 0;    // host uid of root inside when it was taken
+  std::string name;         // the caller's label; may be empty
+  std::string state;        // creating | ready
+  int64_t createdAtMs = 0;
+};
+
 struct EnvironmentFilter {
   std::string taskId;                          // empty: any
   std::string state;                           // empty: any state but "gone"
@@ -118,6 +131,14 @@ class Store {
 
   virtual Status setPermissions(const std::string& environmentId, const std::string& permissions) = 0;
   virtual Status setNetwork(const std::string& environmentId, const std::string& network, int64_t netSlot) = 0;
+  virtual Status insertSnapshot(const SnapshotRecord& snapshot) = 0;  // "conflict" on a duplicate id
+  // "creating" -> "ready", with the host uid its files' root had. "not_found".
+  virtual Status setSnapshotReady(const std::string& id, uint32_t hostBase) = 0;
+  virtual Result<std::optional<SnapshotRecord>> getSnapshot(const std::string& id) = 0;
+  // Newest first; owner "" lists everyone's, environment "" every environment's.
+  virtual Result<std::vector<SnapshotRecord>> listSnapshots(const std::string& owner,
+                                                            const std::string& environment) = 0;
+  virtual Status deleteSnapshot(const std::string& id) = 0;  // no error when already gone
   virtual Status insertApproval(const ApprovalRecord& approval) = 0;
   // Writes state, decided_by, reason, decided_at_ms, remember and used.
   virtual Status updateApproval(const ApprovalRecord& approval) = 0;

@@ -1994,6 +1994,7 @@ def run_exchanges(c):
 
     run_gate_exchanges(c)
     run_egress_exchanges(c)
+    run_snapshot_exchanges(c)
     # The audit log: everything above is in it, and its chain holds.
     def sse_events(r):
         events = [json.loads(line[6:]) for line in r.body.decode().split("\n") if line.startswith("data: ")]
@@ -2101,6 +2102,54 @@ def run_egress_exchanges(c):
            field="extra")
     for name in ("n", "o"):
         c.call("DELETE", env(eid(name)), status=204)
+
+
+def run_snapshot_exchanges(c):
+    """Snapshots (docs/API.md, "Snapshots"): take, list, get, restore, fork,
+    create from a snapshot, delete; ids that could name a path are refused."""
+    envs = "/v1/environments"
+    env = lambda i: f"{envs}/{i}"  # noqa: E731
+    small = {"ram_mb": 256, "storage_gb": 1, "pids": 128}
+    made = {}
+
+    def keep(name):
+        def check(r):
+            made[name] = r.json["id"]
+        return check
+
+    def mid(name, default="000000000000"):
+        return made.get(name, default)
+
+    c.call("POST", envs, {"spec": small}, status=201, check=keep("e"))
+    c.call("POST", f"{env(mid('e'))}/exec", {"cmd": ["sh", "-c", "echo one > /workspace/f"]}, status=200)
+    c.call("POST", f"{env(mid('e'))}/snapshots", {"name": "one"}, status=201,
+           check=lambda r: (keep("s")(r), expect(r.json["name"] == "one", r.json)))
+    c.call("POST", f"{env(mid('e'))}/snapshots", None, status=201, check=keep("s2"), note="no body")
+    c.call("GET", f"{env(mid('e'))}/snapshots", status=200,
+           check=lambda r: expect(len(r.json["snapshots"]) == 2, r.json))
+    c.call("GET", "/v1/snapshots", status=200, check=lambda r: expect(len(r.json["snapshots"]) >= 2, r.json))
+    c.call("GET", f"/v1/snapshots?environment_id={mid('e')}", status=200)
+    c.call("GET", f"/v1/snapshots/{mid('s', 'snap-000000000000')}", status=200)
+    c.call("POST", f"{env(mid('e'))}/exec", {"cmd": ["sh", "-c", "echo two > /workspace/f"]}, status=200)
+    c.call("POST", f"{env(mid('e'))}/restore", {"snapshot": mid("s", "snap-000000000000")}, status=200)
+    c.call("POST", f"{env(mid('e'))}/exec", {"cmd": ["cat", "/workspace/f"]}, status=200,
+           check=lambda r: expect(r.json["stdout"] == "one\n", r.json))
+    c.call("POST", f"{env(mid('e'))}/fork", {"task_id": "fork", "ttl_s": 600}, status=201, check=keep("f"))
+    c.call("POST", envs, {"snapshot": mid("s", "snap-000000000000"), "spec": small}, status=201, check=keep("g"))
+    c.call("POST", f"{env(mid('e'))}/snapshots", {"tag": "x"}, status=400, code="unknown_field", field="tag")
+    c.call("POST", f"{env(mid('e'))}/restore", {}, status=400, code="invalid_request", field="snapshot")
+    c.call("POST", f"{env(mid('e'))}/restore", {"snapshot": "../envs/x"}, status=400, code="invalid_request",
+           field="snapshot", expressible=False)
+    c.call("POST", f"{env(mid('e'))}/restore", {"snapshot": "snap-000000000000"}, status=404, code="not_found")
+    c.call("POST", envs, {"snapshot": mid("s", "snap-000000000000"), "template": "host"}, status=400,
+           code="invalid_request", field="template", expressible=False)
+    c.call("POST", f"{env(mid('e'))}/fork", {"spec": small}, status=400, code="unknown_field", field="spec")
+    c.call("GET", "/v1/snapshots/snap-000000000000", status=404, code="not_found")
+    c.call("DELETE", f"/v1/snapshots/{mid('s', 'snap-000000000000')}", status=204)
+    c.call("DELETE", f"/v1/snapshots/{mid('s2', 'snap-000000000000')}", status=204)
+    c.call("DELETE", f"/v1/snapshots/{mid('s2', 'snap-000000000000')}", status=404, code="not_found")
+    for name in ("e", "f", "g"):
+        c.call("DELETE", env(mid(name)), status=204)
 
 
 def run_gate_exchanges(c):

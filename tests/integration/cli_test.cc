@@ -480,6 +480,46 @@ TEST_F(MoatCli, ApprovalsAreDecidedFromTheTerminal) {
   EXPECT_EQ(watched.exitCode, 0) << describe(watched);
 }
 
+TEST_F(MoatCli, SnapshotRestoreAndForkFromTheCommandLine) {
+  MOAT_REQUIRE_ROOT();
+  auto r = client({"env", "create"});
+  ASSERT_EQ(r.exitCode, 0) << describe(r);
+  std::string id = r.out.substr(0, r.out.find('\n'));
+  ASSERT_EQ(client({"exec", id, "--", "sh", "-c", "echo one > /workspace/f"}).exitCode, 0);
+  r = client({"snapshot", "create", id, "--name", "first"});
+  ASSERT_EQ(r.exitCode, 0) << describe(r);
+  std::string snap = r.out.substr(0, r.out.find('\n'));
+  EXPECT_EQ(snap.rfind("snap-", 0), 0u) << r.out;
+  r = client({"snapshot", "ls", id});
+  EXPECT_NE(r.out.find(snap), std::string::npos) << describe(r);
+  EXPECT_NE(r.out.find("first"), std::string::npos) << describe(r);
+  ASSERT_EQ(client({"exec", id, "--", "sh", "-c", "echo two > /workspace/f"}).exitCode, 0);
+  r = client({"snapshot", "restore", id, snap});
+  ASSERT_EQ(r.exitCode, 0) << describe(r);
+  EXPECT_EQ(client({"exec", id, "--", "cat", "/workspace/f"}).out, "one\n");
+  r = client({"snapshot", "fork", id, "--task-id", "branch", "--label", "k=v"});
+  ASSERT_EQ(r.exitCode, 0) << describe(r);
+  std::string fork = r.out.substr(0, r.out.find('\n'));
+  EXPECT_EQ(client({"exec", fork, "--", "cat", "/workspace/f"}).out, "one\n");
+  r = client({"env", "create", "--snapshot", snap});
+  ASSERT_EQ(r.exitCode, 0) << describe(r);
+  std::string third = r.out.substr(0, r.out.find('\n'));
+  EXPECT_EQ(client({"exec", third, "--", "cat", "/workspace/f"}).out, "one\n");
+  EXPECT_EQ(client({"snapshot", "rm", snap}).exitCode, 0);
+  // Mistakes: usage errors (2) that say what is wrong; moatd's refusals (125).
+  r = client({"snapshot", "restore", id, "../../envs/x"});
+  EXPECT_EQ(r.exitCode, 2) << describe(r);
+  EXPECT_NE(r.err.find("not a snapshot id"), std::string::npos) << r.err;
+  r = client({"snapshot", "create"});
+  EXPECT_EQ(r.exitCode, 2) << describe(r);
+  r = client({"snapshot", "restore", id, snap});
+  EXPECT_EQ(r.exitCode, 125) << describe(r);
+  EXPECT_NE(r.err.find("no snapshot"), std::string::npos) << r.err;
+  r = client({"snapshot", "frobnicate"});
+  EXPECT_EQ(r.exitCode, 2) << describe(r);
+  EXPECT_EQ(client({"env", "rm", id, fork, third}).exitCode, 0);
+}
+
 TEST_F(MoatCli, NetworkPolicyAndSecretsFromTheCommandLine) {
   MOAT_REQUIRE_ROOT();
   // The secret's value comes from the caller's variable, never from argv.

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <set>
 #include <fstream>
 
 #include <signal.h>
@@ -95,6 +96,21 @@ TEST_F(MoatdApi, ExecStdinTimeoutNotFoundAndBinaryOutput) {
   // Commands start with default signal dispositions, whatever moatd ignores.
   EXPECT_EQ(exec(id, {{"cmd", {"sh", "-c", "kill -TERM $$"}}})["exit_code"], 128 + 15);
   EXPECT_EQ(exec(id, {{"cmd", {"grep", "SigIgn", "/proc/self/status"}}})["stdout"], "SigIgn:\t0000000000000000\n");
+}
+
+// Each live environment has a host uid range of its own: sharing one would
+// let two environments' processes count against each other's per-uid limits
+// and own each other's files on the host.
+TEST_F(MoatdApi, LiveEnvironmentsNeverShareAHostIdRange) {
+  std::set<std::string> maps;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 8; ++i) {
+    ids.push_back(createEnv());
+    std::string map = exec(ids.back(), {{"cmd", {"cat", "/proc/self/uid_map"}}})["stdout"];
+    ASSERT_FALSE(map.empty());
+    EXPECT_TRUE(maps.insert(map).second) << "two environments share " << map;
+  }
+  for (const auto& id : ids) EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + id).status, 204);
 }
 
 TEST_F(MoatdApi, HugeOutputIsCappedAndSaysSo) {

@@ -31,6 +31,9 @@ export const DOCUMENTED_TOOLS = {
   list_files: ["path"],
   search_files: ["pattern", "path", "glob"],
   set_network_policy: ["network"],
+  snapshot_environment: ["name"],
+  restore_environment: ["snapshot_id"],
+  fork_environment: ["task_id", "labels", "ttl_s"],
 };
 // Arguments that are optional by the docs (so must not be "required").
 const OPTIONAL = {
@@ -46,6 +49,9 @@ const OPTIONAL = {
   list_files: ["environment_id", "path"],
   search_files: ["environment_id", "path", "glob"],
   set_network_policy: ["environment_id"],
+  snapshot_environment: ["environment_id", "name"],
+  restore_environment: ["environment_id"],
+  fork_environment: ["environment_id", "task_id", "labels", "ttl_s"],
 };
 // Tools about one environment take environment_id (create/list are not).
 const NO_ENVIRONMENT_ID = new Set(["create_environment", "list_environments"]);
@@ -524,6 +530,30 @@ export function toolBehaviours(ctx) {
     const none = await ok("set_network_policy", { environment_id: id, network: "none" });
     assert.match(JSON.stringify(none), /"none"/, JSON.stringify(none));
     await toolError("set_network_policy", { environment_id: id, network: { mode: "no-such-mode" } });
+  });
+
+  it("snapshot_environment saves the files, restore_environment puts them back, fork_environment copies them", { timeout: 60_000 }, async () => {
+    const rest = await ctx.rest();
+    const e = await create({ labels: { suite: "mcp-test", transport: ctx.kind } });
+    await ok("write_file", { environment_id: e.id, path: "/workspace/state.txt", content: "v1\n" });
+    const snap = await ok("snapshot_environment", { environment_id: e.id, name: "v1" });
+    assert.match(String(snap?.id), /^snap-[0-9a-f]{12}$/, JSON.stringify(snap));
+    await ok("write_file", { environment_id: e.id, path: "/workspace/state.txt", content: "v2\n" });
+    await ok("write_file", { environment_id: e.id, path: "/workspace/later.txt", content: "later\n" });
+    await ok("restore_environment", { environment_id: e.id, snapshot_id: snap.id });
+    assert.equal((await ok("run_command", { environment_id: e.id, command: "cat state.txt; ls later.txt 2>&1 | grep -c 'No such'" })).stdout, "v1\n1\n");
+    const fork = environmentOf(await ok("fork_environment", { environment_id: e.id, task_id: "branch" }));
+    assert.match(String(fork?.id), /^[0-9a-f]{12}$/, JSON.stringify(fork));
+    assert.notEqual(fork.id, e.id);
+    await ok("write_file", { environment_id: fork.id, path: "/workspace/state.txt", content: "fork\n" });
+    assert.equal((await ok("run_command", { environment_id: e.id, command: "cat state.txt" })).stdout, "v1\n", "the original is untouched");
+    assert.equal((await ok("run_command", { environment_id: fork.id, command: "cat state.txt" })).stdout, "fork\n");
+    // A snapshot that does not exist, or an id that could be a path: tool errors.
+    await toolError("restore_environment", { environment_id: e.id, snapshot_id: "snap-000000000000" });
+    const bad = await call("restore_environment", { environment_id: e.id, snapshot_id: "../../etc" }, { raw: true }).catch((err) => ({ isError: true, content: [{ type: "text", text: String(err) }] }));
+    assert.equal(bad.isError, true, describeResult(bad));
+    for (const id of [fork.id, e.id]) assert.equal((await rest.call("DELETE", `/v1/environments/${id}`)).status, 204);
+    assert.equal((await rest.call("DELETE", `/v1/snapshots/${snap.id}`)).status, 204);
   });
 
   it("destroy_environment destroys it; later calls on it are tool errors", { timeout: 30_000 }, async () => {

@@ -8,6 +8,7 @@ export { Environments, EXEC_MARGIN_MS } from "./environments.js";
 export { EnvironmentNetwork } from "./network.js";
 export { Files } from "./files.js";
 export { Keys } from "./keys.js";
+export { Snapshots } from "./snapshots.js";
 export { Processes, Process, OutputStream, parseOutputEvent } from "./processes.js";
 export { Shell, type ShellEvents } from "./shell.js";
 export { WebSocketClient, FrameParser, encodeFrame, acceptKey } from "./websocket.js";

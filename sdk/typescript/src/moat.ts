@@ -4,11 +4,14 @@ import { Approvals } from "./approvals.js";
 import { type MoatOptions, Transport } from "./client.js";
 import { Environments } from "./environments.js";
 import { Keys } from "./keys.js";
+import { Snapshots } from "./snapshots.js";
 import type { Health, RequestOptions } from "./types.js";
 
 export class Moat {
   /** Environments, and under them exec, files, processes and the shell. */
   readonly environments: Environments;
+  /** Snapshots of environments' files, restores and forks. */
+  readonly snapshots: Snapshots;
   /** Scoped API keys (master token only). */
   readonly keys: Keys;
   /** What the gate asks a person (master token or the `approve` scope). */
@@ -19,6 +22,7 @@ export class Moat {
   constructor(options: MoatOptions = {}) {
     this.transport = new Transport(options);
     this.environments = new Environments(this.transport);
+    this.snapshots = new Snapshots(this.transport);
     this.keys = new Keys(this.transport);
     this.approvals = new Approvals(this.transport);
   }

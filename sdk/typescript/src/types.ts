@@ -57,6 +57,28 @@ export interface CreateEnvironmentRequest {
    * not also be in `env`).
    */
   secrets?: SecretRequest[];
+  /**
+   * Start from this snapshot's files (one of the caller's own). The template
+   * is the snapshot's (giving `template` too is an InvalidRequestError).
+   */
+  snapshot?: string;
+}
+
+/** A snapshot of an environment's files (docs/API.md, "Snapshots"). */
+export interface Snapshot {
+  id: string;
+  environment_id: string;
+  name: string;
+  template: string;
+  storage_gb: number;
+  created_at: string;
+}
+
+/** What a fork may change; everything else is the source's. */
+export interface ForkRequest {
+  task_id?: string;
+  labels?: Record<string, string>;
+  ttl_s?: number;
 }
 
 export interface Environment {
@@ -318,7 +340,7 @@ export interface WriteFileOptions extends GatedOptions {
  * `audit`: read the audit events of the key's own environments.
  */
 export type Scope =
-  | "create" | "read" | "exec" | "files" | "destroy" | "timeout" | "approve" | "permissions" | "audit";
+  | "create" | "read" | "exec" | "files" | "destroy" | "timeout" | "approve" | "permissions" | "audit" | "snapshots";
 
 export interface CreateKeyRequest {
   name?: string;

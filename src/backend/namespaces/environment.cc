@@ -216,11 +216,25 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
   }
   traceStage("pool");
   MOAT_ASSIGN(fs::Template tmpl, fs::resolveTemplate(spec.templateName, spec.stateDir));
-  MOAT_ASSIGN(std::string volume, pool.createVolume(env->id_, storageBytes));
-  env->haveVolume_ = true;
-
+  std::string volume;
+  if (spec.fromSnapshot.empty()) {
+    MOAT_ASSIGN(volume, pool.createVolume(env->id_, storageBytes));
+    env->haveVolume_ = true;
+    MOAT_ASSIGN(env->idmap_, isolation::namespaces::leaseIdMap());
+  } else {
+    MOAT_ASSIGN(volume, pool.createVolumeFromSnapshot(spec.fromSnapshot, env->id_, storageBytes));
+    env->haveVolume_ = true;
+    // The snapshot's own range when it is free (a restore): nothing to re-own.
+    constexpr uint32_t kWindow = 0x40000000u;
+    std::optional<uint32_t> preferred;
+    if (spec.snapshotHostBase >= kWindow) preferred = (spec.snapshotHostBase - kWindow) / 65536u;
+    MOAT_ASSIGN(env->idmap_, isolation::namespaces::leaseIdMap(isolation::namespaces::kIdMapLockDir, preferred));
+    MOAT_TRY(os::shiftOwnership(volume, spec.snapshotHostBase, env->idmap_.map.hostBase, env->idmap_.map.count));
+    // The overlay's work directory must start empty.
+    MOAT_TRY(os::removeTree(volume + "/work"));
+  }
+  const auto& idmap = env->idmap_.map;
   traceStage("volume");
-  auto idmap = isolation::namespaces::allocateIdMap();
   MOAT_ASSIGN(fs::RootPlan plan,
               fs::prepareRoot(volume, tmpl.lowerDir, env->id_, idmap.hostBase, idmap.hostBase));
   MOAT_ASSIGN(plan.devDir, fs::ensureDevSkeleton(spec.stateDir));
@@ -348,11 +362,20 @@ Status Environment::destroy() {
     haveVolume_ = false;
     traceStage("destroy: volume");
   }
+  // Its files and processes are gone: the host id range may serve another.
+  idmap_ = {};
   if (lock_) {
     ::unlink((stateDir_ + "/run/" + id_ + ".lock").c_str());
     lock_.reset();
   }
   return result;
+}
+
+Result<uint32_t> Environment::snapshot(const std::string& name) const {
+  if (!haveVolume_) return Error::make("conflict", "environment " + id_ + " has no writable layer");
+  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
+  MOAT_TRY(pool.snapshotVolume(id_, name));
+  return idmap_.map.hostBase;
 }
 
 Environment::~Environment() { (void)destroy(); }

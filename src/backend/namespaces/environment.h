@@ -12,6 +12,7 @@
 #include "common/unique_fd.h"
 #include "isolation/cgroup/cgroup.h"
 #include "isolation/fs/rootfs.h"
+#include "isolation/namespaces/user_namespace.h"
 
 namespace moat::backend::namespaces {
 
@@ -36,6 +37,11 @@ struct EnvironmentSpec {
   std::string firstFrames;
   // 12 lowercase hex digits; empty: a new random one.
   std::string id;
+  // Not empty: the writable layer starts as a copy of this snapshot of the
+  // storage pool (fork, restore) instead of empty; its files were owned by
+  // the host id range from snapshotHostBase and are moved to the new one.
+  std::string fromSnapshot;
+  uint32_t snapshotHostBase = 0;
   // Survives the loss of its control connection: a new one can be handed
   // over (reconnect()), as moatd's spawner does after a moatd restart.
   bool reattachable = false;
@@ -69,6 +75,10 @@ class Environment {
   Result<UniqueFd> reconnect();
   // pid 1's network namespace: where moatd plugs an egress link in.
   Result<UniqueFd> networkNamespace() const;
+  // A read-only snapshot of the writable layer, named `name` in the storage
+  // pool (point in time, like a power cut: what was written is in it,
+  // processes are not); returns the host uid its files' root maps to.
+  Result<uint32_t> snapshot(const std::string& name) const;
   uint64_t oomKills() const { return cgroup_ ? cgroup_->oomKills() : 0; }
   // Kills everything inside and removes every trace outside the volume
   // directory, then the volume itself. Idempotent.
@@ -84,6 +94,7 @@ class Environment {
   UniqueFd lock_;  // held for the environment's life; a free lock marks a leftover
   UniqueFd rendezvous_;  // reattachable: where new control connections are sent
   std::unique_ptr<isolation::cgroup::Cgroup> cgroup_;
+  isolation::namespaces::IdMapLease idmap_;  // this environment's host uid/gid range
   bool haveVolume_ = false;
   bool destroyed_ = false;
 };

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "init/protocol.h"
@@ -18,7 +19,7 @@ namespace moat::backend::namespaces {
 namespace {
 
 constexpr size_t kMaxMessage = 1 << 16;
-enum Op : uint8_t { kCreate = 1, kDestroy = 2, kAttach = 3, kList = 4, kShutdown = 5, kNetns = 6 };
+enum Op : uint8_t { kCreate = 1, kDestroy = 2, kAttach = 3, kList = 4, kShutdown = 5, kNetns = 6, kSnapshot = 7 };
 
 uint64_t bitsOf(double v) {
   uint64_t bits;
@@ -45,6 +46,7 @@ std::string encodeSpec(const EnvironmentSpec& spec) {
       .bytes(spec.id)
       .u32(static_cast<uint32_t>(spec.volumes.size()));
   for (const auto& v : spec.volumes) e.bytes(v.source).bytes(v.target).u8(v.readOnly ? 1 : 0);
+  e.bytes(spec.fromSnapshot).u32(spec.snapshotHostBase);
   return e.take();
 }
 
@@ -70,6 +72,8 @@ Result<EnvironmentSpec> decodeSpec(init::Decoder& d) {
     v.readOnly = ro != 0;
     spec.volumes.push_back(v);
   }
+  MOAT_ASSIGN(spec.fromSnapshot, d.bytes());
+  MOAT_ASSIGN(spec.snapshotHostBase, d.u32());
   return spec;
 }
 
@@ -149,6 +153,16 @@ std::string reply(const Status& status, const std::string& value = "") {
       UniqueFd control = env.value()->releaseControl();
       environments[id] = std::move(env.value());
       (void)sendMessage(client, reply(Status{}, id), control.get());
+    } else if (op.value() == kSnapshot) {
+      auto id = d.bytes();
+      auto name = id.ok() ? d.bytes() : Result<std::string>(id.error());
+      auto it = name.ok() ? environments.find(id.value()) : environments.end();
+      if (!name.ok() || it == environments.end()) {
+        (void)sendMessage(client, reply(Error::make("not_found", "spawner has no such environment")));
+        continue;
+      }
+      auto base = it->second->snapshot(name.value());
+      (void)sendMessage(client, base.ok() ? reply(Status{}, std::to_string(base.value())) : reply(base.error()));
     } else if (op.value() == kNetns) {
       auto id = d.bytes();
       auto it = id.ok() ? environments.find(id.value()) : environments.end();
@@ -292,6 +306,11 @@ Result<Spawner::Created> Spawner::create(const EnvironmentSpec& spec) {
   MOAT_ASSIGN(created.id, call(encodeSpec(spec), &created.control));
   if (!created.control) return Error::make("internal", "spawner sent no control socket");
   return created;
+}
+
+Result<uint32_t> Spawner::snapshot(const std::string& id, const std::string& name) {
+  MOAT_ASSIGN(std::string base, call(init::Encoder().u8(kSnapshot).bytes(id).bytes(name).take(), nullptr));
+  return static_cast<uint32_t>(std::strtoul(base.c_str(), nullptr, 10));
 }
 
 Status Spawner::destroy(const std::string& id) {

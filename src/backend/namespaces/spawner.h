@@ -43,6 +43,9 @@ class Spawner {
   Result<UniqueFd> attach(const std::string& id);
   // The environment's network namespace (for its egress link).
   Result<UniqueFd> networkNamespace(const std::string& id);
+  // A read-only snapshot of the environment's writable layer, `name` in the
+  // storage pool; the host uid its files' root maps to.
+  Result<uint32_t> snapshot(const std::string& id, const std::string& name);
   // Ids of the environments the spawner owns.
   Result<std::vector<std::string>> list();
   // Destroys every environment and ends the spawner.

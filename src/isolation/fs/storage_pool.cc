@@ -130,4 +130,33 @@ Status StoragePool::destroyVolume(const std::string& name) {
   return os::destroySubvolume(root_ + "/envs", name);
 }
 
+Status StoragePool::snapshotVolume(const std::string& volume, const std::string& snapshot) {
+  MOAT_TRY(os::makeDir(root_ + "/snapshots", 0700));
+  if (!os::exists(volumePath(volume))) return Error::make("not_found", "no volume " + volume);
+  return os::snapshotSubvolume(volumePath(volume), root_ + "/snapshots", snapshot, true);
+}
+
+Result<std::string> StoragePool::createVolumeFromSnapshot(const std::string& snapshot, const std::string& name,
+                                                          uint64_t limitBytes) {
+  if (!os::exists(snapshotPath(snapshot))) return Error::make("not_found", "no snapshot " + snapshot);
+  MOAT_TRY(os::snapshotSubvolume(snapshotPath(snapshot), root_ + "/envs", name, false));
+  std::string path = volumePath(name);
+  Status s = os::limitSubvolume(path, limitBytes);
+  if (!s.ok()) {
+    (void)os::destroySubvolume(root_ + "/envs", name);
+    return s.error();
+  }
+  return path;
+}
+
+Status StoragePool::destroySnapshot(const std::string& snapshot) {
+  if (!os::exists(snapshotPath(snapshot))) return {};
+  return os::destroySubvolume(root_ + "/snapshots", snapshot);
+}
+
+Result<std::vector<std::string>> StoragePool::snapshots() const {
+  if (!os::exists(root_ + "/snapshots")) return std::vector<std::string>{};
+  return os::listDir(root_ + "/snapshots");
+}
+
 }  // namespace moat::isolation::fs

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/result.h"
 
@@ -24,6 +25,16 @@ class StoragePool {
   std::string volumePath(const std::string& name) const { return root_ + "/envs/" + name; }
   Result<std::string> createVolume(const std::string& name, uint64_t limitBytes);
   Status destroyVolume(const std::string& name);
+
+  // Snapshots: read-only copies of a volume, kept in <pool>/snapshots until
+  // deleted (they share every extent with their source until either side
+  // writes). A volume made from a snapshot is a writable copy of it.
+  std::string snapshotPath(const std::string& name) const { return root_ + "/snapshots/" + name; }
+  Status snapshotVolume(const std::string& volume, const std::string& snapshot);
+  Result<std::string> createVolumeFromSnapshot(const std::string& snapshot, const std::string& name,
+                                               uint64_t limitBytes);
+  Status destroySnapshot(const std::string& snapshot);
+  Result<std::vector<std::string>> snapshots() const;
   uint64_t capacityBytes() const { return capacity_; }
 
  private:

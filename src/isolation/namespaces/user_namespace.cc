@@ -5,6 +5,8 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <cerrno>
+
 #include <string>
 
 #include "os/file.h"
@@ -12,12 +14,27 @@
 
 namespace moat::isolation::namespaces {
 
-IdMap allocateIdMap() {
-  uint16_t slot = 0;
-  if (::getrandom(&slot, sizeof slot, 0) != sizeof slot) slot = static_cast<uint16_t>(::getpid());
-  IdMap map;
-  map.hostBase = 0x40000000u + static_cast<uint32_t>(slot % 16384) * 65536u;
-  return map;
+Result<IdMapLease> leaseIdMap(const std::string& lockDir, std::optional<uint32_t> start) {
+  MOAT_TRY(os::makeDirs(lockDir, 0700));
+  if (!start) {
+    uint16_t random = 0;
+    if (::getrandom(&random, sizeof random, 0) != sizeof random) random = static_cast<uint16_t>(::getpid());
+    start = random;
+  }
+  for (uint32_t i = 0; i < kIdMapSlots; ++i) {
+    uint32_t slot = (*start + i) % kIdMapSlots;
+    auto lock = os::FileLock::tryAcquire(lockDir + "/" + std::to_string(slot));
+    if (!lock.ok()) {
+      if (lock.error().sysErrno == EWOULDBLOCK) continue;  // another environment's
+      return lock.error();
+    }
+    IdMapLease lease;
+    lease.map.hostBase = 0x40000000u + slot * 65536u;
+    lease.lock = std::move(lock.value());
+    return lease;
+  }
+  return Error::make("exhausted", "every one of the " + std::to_string(kIdMapSlots) +
+                                      " host id ranges is held by a live environment");
 }
 
 namespace {

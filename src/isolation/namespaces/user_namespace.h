@@ -3,9 +3,12 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "common/result.h"
 #include "common/unique_fd.h"
+#include "os/file_lock.h"
 
 namespace moat::isolation::namespaces {
 
@@ -16,9 +19,21 @@ struct IdMap {
   uint32_t count = 65536;
 };
 
-// Picks a host id range for a new environment from moat's reserved window
-// (0x40000000 upwards, far above any real user's ids).
-IdMap allocateIdMap();
+// A host id range held for one environment's life: no other environment on
+// this host (of this moatd, another moatd, or a `moat run`) gets the same
+// range while the lease lives. Each of the 16,384 ranges of moat's window
+// (0x40000000 upwards, far above any real user's ids) is a lock file in
+// `lockDir`; a process that dies gives its ranges back.
+struct IdMapLease {
+  IdMap map;
+  os::FileLock lock;
+};
+inline constexpr const char* kIdMapLockDir = "/run/moat/idmaps";
+inline constexpr uint32_t kIdMapSlots = 16384;
+// Takes the first free range from a random one on (from `start`, in tests);
+// `exhausted` when every range is held.
+Result<IdMapLease> leaseIdMap(const std::string& lockDir = kIdMapLockDir,
+                              std::optional<uint32_t> start = std::nullopt);
 
 // Creates a user namespace with `map` for uids and gids and returns an fd to
 // it. The short-lived process that created it is reaped before returning; the

@@ -98,6 +98,24 @@ ALTER TABLE environments ADD COLUMN network TEXT NOT NULL DEFAULT '';
 ALTER TABLE environments ADD COLUMN secrets TEXT NOT NULL DEFAULT '';
 ALTER TABLE environments ADD COLUMN net_slot INTEGER NOT NULL DEFAULT -1;
 )sql"},
+    // Snapshots of environments' writable layers (btrfs snapshots in the
+    // storage pool): who owns each, what it was taken of and the host uid
+    // its files' root had (to re-own them in a fork). "creating" until the
+    // snapshot exists: a restart finds those and rolls them back.
+    Migration{6, R"sql(
+CREATE TABLE snapshots (
+  id             TEXT PRIMARY KEY NOT NULL,
+  environment    TEXT NOT NULL,
+  owner          TEXT NOT NULL,
+  template       TEXT NOT NULL,
+  storage_gb     REAL NOT NULL,
+  host_base      INTEGER NOT NULL DEFAULT 0,
+  name           TEXT NOT NULL DEFAULT '',
+  state          TEXT NOT NULL,
+  created_at_ms  INTEGER NOT NULL
+);
+CREATE INDEX snapshots_owner ON snapshots (owner, created_at_ms);
+)sql"},
 };
 
 inline constexpr int kSchemaVersion = kMigrations.back().version;

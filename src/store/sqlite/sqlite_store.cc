@@ -551,6 +551,83 @@ ApprovalRecord readApproval(const Statement& stmt) {
 
 }  // namespace
 
+namespace {
+
+constexpr std::string_view kSelectSnapshots =
+    "SELECT id, environment, owner, template, storage_gb, host_base, name, state, created_at_ms FROM snapshots";
+
+SnapshotRecord readSnapshot(const Statement& stmt) {
+  SnapshotRecord r;
+  r.id = stmt.text(0);
+  r.environment = stmt.text(1);
+  r.owner = stmt.text(2);
+  r.templateName = stmt.text(3);
+  r.storageGb = stmt.real(4);
+  r.hostBase = static_cast<uint32_t>(stmt.integer(5));
+  r.name = stmt.text(6);
+  r.state = stmt.text(7);
+  r.createdAtMs = stmt.integer(8);
+  return r;
+}
+
+}  // namespace
+
+Status SqliteStore::insertSnapshot(const SnapshotRecord& r) {
+  const std::string what = "insert snapshot " + r.id;
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt,
+              Statement::prepare(db_.get(),
+                                 "INSERT INTO snapshots (id, environment, owner, template, storage_gb, host_base,"
+                                 " name, state, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 what));
+  MOAT_TRY(stmt.bindAll(r.id, r.environment, r.owner, r.templateName, r.storageGb,
+                        static_cast<int64_t>(r.hostBase), r.name, r.state, r.createdAtMs));
+  return stmt.run();
+}
+
+Status SqliteStore::setSnapshotReady(const std::string& id, uint32_t hostBase) {
+  const std::string what = "set snapshot ready " + id;
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(), "UPDATE snapshots SET state = 'ready', host_base = ? WHERE id = ?", what));
+  MOAT_TRY(stmt.bindAll(static_cast<int64_t>(hostBase), id));
+  MOAT_TRY(stmt.run());
+  if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such snapshot");
+  return {};
+}
+
+Result<std::optional<SnapshotRecord>> SqliteStore::getSnapshot(const std::string& id) {
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(), std::string(kSelectSnapshots) + " WHERE id = ?",
+                                                 "get snapshot " + id));
+  MOAT_TRY(stmt.bindAll(id));
+  MOAT_ASSIGN(bool row, stmt.step());
+  if (!row) return std::optional<SnapshotRecord>();
+  return std::optional<SnapshotRecord>(readSnapshot(stmt));
+}
+
+Result<std::vector<SnapshotRecord>> SqliteStore::listSnapshots(const std::string& owner,
+                                                               const std::string& environment) {
+  std::lock_guard lock(mutex_);
+  std::string sql = std::string(kSelectSnapshots) +
+                    " WHERE (? = '' OR owner = ?) AND (? = '' OR environment = ?) ORDER BY created_at_ms DESC, id";
+  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(), sql, "list snapshots"));
+  MOAT_TRY(stmt.bindAll(owner, owner, environment, environment));
+  std::vector<SnapshotRecord> out;
+  while (true) {
+    MOAT_ASSIGN(bool row, stmt.step());
+    if (!row) break;
+    out.push_back(readSnapshot(stmt));
+  }
+  return out;
+}
+
+Status SqliteStore::deleteSnapshot(const std::string& id) {
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(), "DELETE FROM snapshots WHERE id = ?", "delete snapshot " + id));
+  MOAT_TRY(stmt.bindAll(id));
+  return stmt.run();
+}
+
 Status SqliteStore::insertApproval(const ApprovalRecord& a) {
   const std::string what = "insert approval " + a.id;
   std::lock_guard lock(mutex_);

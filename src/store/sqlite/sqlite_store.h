@@ -35,6 +35,11 @@ class SqliteStore final : public Store {
   Status revokeKey(const std::string& id, int64_t atMs) override;
   Status setPermissions(const std::string& environmentId, const std::string& permissions) override;
   Status setNetwork(const std::string& environmentId, const std::string& network, int64_t netSlot) override;
+  Status insertSnapshot(const SnapshotRecord& snapshot) override;
+  Status setSnapshotReady(const std::string& id, uint32_t hostBase) override;
+  Result<std::optional<SnapshotRecord>> getSnapshot(const std::string& id) override;
+  Result<std::vector<SnapshotRecord>> listSnapshots(const std::string& owner, const std::string& environment) override;
+  Status deleteSnapshot(const std::string& id) override;
   Status insertApproval(const ApprovalRecord& approval) override;
   Status updateApproval(const ApprovalRecord& approval) override;
   Result<std::optional<ApprovalRecord>> getApproval(const std::string& id) override;

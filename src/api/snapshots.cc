@@ -1,0 +1,147 @@
+#include "api/api.h"
+#include "api/validation.h"
+
+// Snapshots, forks and restores (docs/API.md, "Snapshots"): a snapshot is
+// an environment's files at one point in time; a fork is a new environment
+// from a running one's files and settings; a restore puts an environment's
+// files back as a snapshot has them.
+namespace moat::api {
+namespace {
+
+json snapshotJson(const store::SnapshotRecord& s) {
+  return {{"id", s.id},
+          {"environment_id", s.environment},
+          {"name", s.name},
+          {"template", s.templateName},
+          {"storage_gb", s.storageGb},
+          {"created_at", timestamp(s.createdAtMs)}};
+}
+
+// "snap-" and 12 lowercase hex digits: anything else names no snapshot
+// (and never reaches a path in the storage pool).
+bool validSnapshotId(const std::string& id) {
+  return id.size() == 17 && id.compare(0, 5, "snap-") == 0 &&
+         id.find_first_not_of("0123456789abcdef", 5) == std::string::npos;
+}
+
+}  // namespace
+
+std::optional<ApiError> snapshotField(const json& body, const char* field, std::string& out) {
+  if (!body.contains(field)) return invalid(field, "required");
+  if (!body[field].is_string() || !validSnapshotId(body[field].get<std::string>())) {
+    return invalid(field, "must be a snapshot id (snap- and 12 hex digits)");
+  }
+  out = body[field].get<std::string>();
+  return std::nullopt;
+}
+
+// /v1/snapshots and /v1/snapshots/{id}: a key sees only its own.
+HttpResponse Api::snapshotsRoute(const HttpRequest& req, const Principal& principal) {
+  if (!principal.may("snapshots")) {
+    return errorResponse({403, "forbidden", "this key lacks the 'snapshots' scope", ""});
+  }
+  std::string id = pathSegment(req.path, 2);
+  if (pathSegment(req.path, 3) != "") return errorResponse({404, "not_found", "no such endpoint: " + req.path, ""});
+  if (id.empty()) {
+    if (req.method != "GET") return wrongMethod(req, "GET");
+    if (auto e = onlyQuery(req, {"environment_id"})) return errorResponse(*e);
+    std::string environment;
+    if (auto it = req.query.find("environment_id"); it != req.query.end()) environment = it->second;
+    auto list = manager_.snapshots(principal.master ? "" : principal.keyId, environment);
+    if (!list.ok()) return errorResponse(fromError(list.error()));
+    json arr = json::array();
+    for (const auto& s : list.value()) arr.push_back(snapshotJson(s));
+    return respond(200, {{"snapshots", arr}});
+  }
+  if (auto e = onlyQuery(req, {})) return errorResponse(*e);
+  auto snap = validSnapshotId(id) ? manager_.getSnapshot(id)
+                                  : Result<store::SnapshotRecord>(Error::make("not_found", "no snapshot " + id));
+  if (snap.ok() && !principal.master && snap->owner != principal.keyId) {
+    snap = Error::make("not_found", "no snapshot " + id);
+  }
+  if (!snap.ok()) return errorResponse(fromError(snap.error()));
+  if (req.method == "GET") return respond(200, snapshotJson(snap.value()));
+  if (req.method != "DELETE") return wrongMethod(req, "GET or DELETE");
+  Status s = manager_.deleteSnapshot(id, principal.owner());
+  if (!s.ok()) return errorResponse(fromError(s.error()));
+  return noContent();
+}
+
+// /v1/environments/{id}/snapshots, /restore and /fork (the caller owns the
+// environment and holds the scope: checked by route()).
+HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Principal& principal,
+                                            const std::string& id, const std::string& sub) {
+  if (auto e = onlyQuery(req, {})) return errorResponse(*e);
+  ApiError perr{};
+  if (sub == "snapshots") {
+    if (req.method == "GET") {
+      auto list = manager_.snapshots(principal.master ? "" : principal.keyId, id);
+      if (!list.ok()) return errorResponse(fromError(list.error()));
+      json arr = json::array();
+      for (const auto& s : list.value()) arr.push_back(snapshotJson(s));
+      return respond(200, {{"snapshots", arr}});
+    }
+    if (req.method != "POST") return wrongMethod(req, "GET or POST");
+    auto body = parseObject(req.body, perr);
+    if (!body.ok()) return errorResponse(perr);
+    if (auto e = onlyFields(body.value(), {"name"}, "")) return errorResponse(*e);
+    std::string name;
+    if (body->contains("name")) {
+      const json& n = (*body)["name"];
+      if (!n.is_string() || n.get<std::string>().size() > 256) {
+        return errorResponse(invalid("name", "must be a string of at most 256 bytes"));
+      }
+      name = n.get<std::string>();
+    }
+    auto snap = manager_.snapshot(id, name, principal.owner());
+    if (!snap.ok()) return errorResponse(fromError(snap.error()));
+    return respond(201, snapshotJson(snap.value()));
+  }
+  if (req.method != "POST") return wrongMethod(req, "POST");
+  auto body = parseObject(req.body, perr);
+  if (!body.ok()) return errorResponse(perr);
+  if (sub == "restore") {
+    if (auto e = onlyFields(body.value(), {"snapshot"}, "")) return errorResponse(*e);
+    std::string snapshotId;
+    if (auto e = snapshotField(body.value(), "snapshot", snapshotId)) return errorResponse(*e);
+    auto snap = manager_.getSnapshot(snapshotId);
+    if (!snap.ok() || (!principal.master && snap->owner != principal.keyId)) {
+      return errorResponse({404, "not_found", "no snapshot " + snapshotId, "snapshot"});
+    }
+    // A restore rewrites every file: the gate's write_file for "/".
+    gate::Action action;
+    action.scope = gate::Scope::kWriteFile;
+    action.path = "/";
+    action.op = "restore";
+    if (auto answer = check(req, principal, id, action)) return *answer;
+    auto restored = manager_.restore(id, snapshotId, principal.owner());
+    if (!restored.ok()) return errorResponse(fromError(restored.error()));
+    return respond(200, environmentJson(restored.value()));
+  }
+  // fork
+  if (auto e = onlyFields(body.value(), {"task_id", "labels", "ttl_s"}, "")) return errorResponse(*e);
+  manager::ForkRequest fork;
+  fork.owner = principal.owner();
+  if (body->contains("task_id")) {
+    const json& t = (*body)["task_id"];
+    if (!t.is_string() || t.get<std::string>().size() > 256) {
+      return errorResponse(invalid("task_id", "must be a string of at most 256 bytes"));
+    }
+    fork.taskId = t.get<std::string>();
+  }
+  if (body->contains("labels")) {
+    std::map<std::string, std::string> labels;
+    if (auto e = stringMap((*body)["labels"], "labels", false, labels)) return errorResponse(*e);
+    fork.labels = labels;
+  }
+  if (body->contains("ttl_s")) {
+    if (auto e = number((*body)["ttl_s"], "ttl_s", 1, static_cast<double>(manager_.config().maxTtlS), true, fork.ttlS)) {
+      return errorResponse(*e);
+    }
+  }
+  auto created = manager_.fork(id, fork);
+  if (!created.ok()) return errorResponse(fromError(created.error()));
+  return respond(201, environmentJson(created.value()));
+}
+
+}  // namespace moat::api

@@ -1,0 +1,227 @@
+// Snapshots, forks and restores of environments' writable layers: the
+// EnvironmentManager's part (the storage is btrfs snapshots in the storage
+// pool, made by the spawner; docs/API.md, "Snapshots").
+#include <cstdio>
+
+#include <set>
+
+#include "common/hex.h"
+#include "isolation/fs/storage_pool.h"
+#include "manager/clock.h"
+#include "manager/environment_manager.h"
+
+namespace moat::manager {
+
+namespace {
+
+std::string newSnapshotId() {
+  auto hex = randomHex(6);
+  return "snap-" + (hex.ok() ? hex.value() : std::string(12, '0'));
+}
+
+nlohmann::json snapshotData(const store::SnapshotRecord& s) {
+  return {{"snapshot", s.id}, {"name", s.name}};
+}
+
+}  // namespace
+
+Result<store::SnapshotRecord> EnvironmentManager::snapshot(const std::string& id, const std::string& name,
+                                                           const std::string& actor) {
+  return takeSnapshot(id, name, actor, false);
+}
+
+Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string& id, const std::string& name,
+                                                               const std::string& actor, bool transient) {
+  auto held = exclusive(id);
+  MOAT_ASSIGN(auto record, get(id));
+  MOAT_ASSIGN(Live live, liveOf(id));  // running: its volume is there
+  (void)live;
+  MOAT_ASSIGN(auto mine, store_.listSnapshots(record.owner, ""));
+  if (!transient && mine.size() >= config_.maxSnapshotsPerOwner) {
+    return Error::make("capacity", "at capacity: " + std::to_string(mine.size()) + " snapshots are kept (at most " +
+                                       std::to_string(config_.maxSnapshotsPerOwner) + "); delete some first");
+  }
+  store::SnapshotRecord snap;
+  snap.id = newSnapshotId();
+  snap.environment = id;
+  snap.owner = record.owner;
+  snap.templateName = record.templateName;
+  snap.storageGb = record.storageGb;
+  snap.name = name;
+  snap.state = "creating";
+  snap.createdAtMs = nowMs();
+  // Recorded first: a moatd killed before the snapshot is finished leaves a
+  // record the next one finds and rolls back (recoverSnapshots).
+  MOAT_TRY(store_.insertSnapshot(snap));
+  auto base = spawner_.snapshot(id, snap.id);
+  if (!base.ok()) {
+    (void)store_.deleteSnapshot(snap.id);
+    return base.error();
+  }
+  snap.hostBase = base.value();
+  snap.state = "ready";
+  Status stored = store_.setSnapshotReady(snap.id, snap.hostBase);
+  if (!stored.ok()) {
+    if (auto pool = isolation::fs::StoragePool::open(config_.stateDir); pool.ok()) {
+      (void)pool->destroySnapshot(snap.id);
+    }
+    return stored.error();
+  }
+  if (!transient) audit_.record("snapshot.created", id, actor, snapshotData(snap));
+  return snap;
+}
+
+Result<store::EnvironmentRecord> EnvironmentManager::fork(const std::string& id, const ForkRequest& request) {
+  MOAT_ASSIGN(auto source, get(id));
+  MOAT_ASSIGN(auto layers, permissions(id));
+  CreateRequest copy;
+  copy.taskId = request.taskId ? *request.taskId : source.taskId;
+  copy.labels = request.labels ? *request.labels : source.labels;
+  copy.ttlS = request.ttlS;
+  copy.owner = request.owner;
+  copy.cpus = source.cpus;
+  copy.ramMb = source.ramMb;
+  copy.storageGb = source.storageGb;
+  copy.pids = source.pids;
+  copy.env = source.env;
+  if (!layers.empty()) copy.permissions = layers.front();
+  if (!source.network.empty()) {
+    MOAT_ASSIGN(copy.network, egress::Policy::parse(nlohmann::json::parse(source.network, nullptr, false)));
+  }
+  if (!source.secrets.empty()) {
+    MOAT_ASSIGN(copy.secrets, egress::secretsFromStored(source.secrets));
+  }
+  // Through a snapshot nobody keeps: gone once the fork has its own copy.
+  MOAT_ASSIGN(auto snap, takeSnapshot(id, "fork", request.owner, true));
+  ScopeExit dropSnapshot([&] {
+    if (auto pool = isolation::fs::StoragePool::open(config_.stateDir); pool.ok()) (void)pool->destroySnapshot(snap.id);
+    (void)store_.deleteSnapshot(snap.id);
+  });
+  copy.fromSnapshot = snap.id;
+  copy.forkedFrom = id;
+  MOAT_ASSIGN(auto created, create(copy));
+  // The source's further layers (a key's tightening) hold in the fork too.
+  for (size_t i = 1; i < layers.size(); ++i) {
+    Status s = setPermissions(created.id, layers[i], false);
+    if (!s.ok()) {
+      (void)destroy(created.id, "failed: its permission layers could not be copied: " + s.error().message());
+      return s.error();
+    }
+  }
+  return get(created.id);
+}
+
+Result<store::SnapshotRecord> EnvironmentManager::getSnapshot(const std::string& snapshotId) {
+  MOAT_ASSIGN(auto snap, store_.getSnapshot(snapshotId));
+  if (!snap || snap->state != "ready") return Error::make("not_found", "no snapshot " + snapshotId);
+  return snap.value();
+}
+
+Result<std::vector<store::SnapshotRecord>> EnvironmentManager::snapshots(const std::string& owner,
+                                                                         const std::string& environment) {
+  MOAT_ASSIGN(auto all, store_.listSnapshots(owner, environment));
+  std::erase_if(all, [](const store::SnapshotRecord& s) { return s.state != "ready"; });
+  return all;
+}
+
+Status EnvironmentManager::deleteSnapshot(const std::string& snapshotId, const std::string& actor) {
+  MOAT_ASSIGN(auto snap, getSnapshot(snapshotId));
+  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(config_.stateDir));
+  MOAT_TRY(pool.destroySnapshot(snap.id));
+  MOAT_TRY(store_.deleteSnapshot(snap.id));
+  audit_.record("snapshot.deleted", snap.environment, actor, snapshotData(snap));
+  return {};
+}
+
+Result<store::EnvironmentRecord> EnvironmentManager::restore(const std::string& id, const std::string& snapshotId,
+                                                             const std::string& actor) {
+  auto held = exclusive(id);
+  MOAT_ASSIGN(auto record, get(id));
+  MOAT_ASSIGN(auto snap, getSnapshot(snapshotId));
+  if (snap.templateName != record.templateName) {
+    return Error::make("invalid_argument", "snapshot " + snap.id + " is of template " + snap.templateName +
+                                               "; environment " + id + " has " + record.templateName);
+  }
+  Live old;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.find(id);
+    if (it == live_.end()) {
+      return Error::make("conflict", "environment " + id + " is " + record.state + ": only a running one can be restored");
+    }
+    old = it->second;
+  }
+  const std::string why = "environment restored from snapshot " + snap.id;
+  if (old.processes) old.processes->close(why);
+  if (egress_) egress_->forget(id);  // its link goes with its namespace
+  auto spec = specFor(record.templateName, record.cpus, record.ramMb, record.storageGb, record.pids);
+  spec.id = id;
+  spec.fromSnapshot = snap.id;
+  spec.snapshotHostBase = snap.hostBase;
+  // The environment is started again on the snapshot: no part of the old
+  // one (processes, /tmp, /dev/shm, its network namespace) carries over.
+  Status destroyed = spawner_.destroy(id);
+  auto created = destroyed.ok() ? spawner_.create(spec) : Result<backend::namespaces::Spawner::Created>(destroyed.error());
+  if (!created.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (live_.erase(id)) reservedMemoryMb_ -= record.ramMb;
+    }
+    std::string reason = "failed: restoring snapshot " + snap.id + ": " + created.error().message();
+    (void)spawner_.destroy(id);
+    (void)store_.setState(id, "failed", reason);
+    if (endedHook_) endedHook_(id, reason);
+    audit_.record("environment.destroyed", id, actor, {{"reason", reason}, {"state", "failed"}});
+    return created.error();
+  }
+  auto connection = std::make_shared<InitConnection>(std::move(created->control), [this, id] { onInitGone(id); });
+  (void)store_.setNetwork(id, record.network, -1);  // the link went with the old namespace
+  record.netSlot = -1;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Live fresh = makeLive(connection, record);
+    fresh.expiresAtMs = old.expiresAtMs;
+    live_[id] = std::move(fresh);
+  }
+  old.connection.reset();  // joins its reader (outside mutex_: it reports the old pid 1 gone)
+  old.processes.reset();
+  audit_.record("environment.restored", id, actor, snapshotData(snap));
+  if (!record.network.empty()) {
+    Status s = restoreNetwork(id, "restored from snapshot " + snap.id + ": the stored policy is put in force again");
+    if (!s.ok()) {
+      (void)destroy(id, "failed: its network could not be restored with snapshot " + snap.id + ": " +
+                            s.error().message(),
+                    actor);
+      return s.error();
+    }
+  }
+  return get(id);
+}
+
+void EnvironmentManager::recoverSnapshots() {
+  auto pool = isolation::fs::StoragePool::open(config_.stateDir);
+  if (!pool.ok()) return;
+  auto all = store_.listSnapshots("", "");
+  if (!all.ok()) return;
+  std::set<std::string> kept;
+  for (const auto& snap : all.value()) {
+    if (snap.state == "ready") {
+      kept.insert(snap.id);
+      continue;
+    }
+    // Begun by a moatd that was killed before it finished: rolled back.
+    (void)pool->destroySnapshot(snap.id);
+    (void)store_.deleteSnapshot(snap.id);
+    audit_.record("snapshot.failed", snap.environment, "moatd",
+                  {{"snapshot", snap.id}, {"reason", "moatd stopped while the snapshot was being taken"}});
+  }
+  auto present = pool->snapshots();
+  if (!present.ok()) return;
+  for (const auto& name : present.value()) {
+    if (kept.count(name)) continue;
+    Status s = pool->destroySnapshot(name);
+    if (!s.ok()) std::fprintf(stderr, "moatd: removing stray snapshot %s: %s\n", name.c_str(), s.error().message().c_str());
+  }
+}
+
+}  // namespace moat::manager

@@ -1,0 +1,227 @@
+// Snapshots, forks and restores through moatd's API: files come back as they
+// were, processes do not, ownership follows the environment, keys see only
+// their own, and a moatd killed mid-way leaves nothing half made.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "moatd_fixture.h"
+#include "os/block.h"
+#include "store/store.h"
+
+namespace moat::test {
+namespace {
+
+class Snapshots : public MoatdFixture {
+ protected:
+  std::string sh(const std::string& id, const std::string& script, int expectExit = 0) {
+    json r = exec(id, {{"cmd", {"sh", "-c", script}}});
+    EXPECT_EQ(r["exit_code"], expectExit) << script << ": " << r.dump();
+    return r.value("stdout", "");
+  }
+  json snapshot(const std::string& id, const json& body = json::object()) {
+    return call("POST", "/v1/environments/" + id + "/snapshots", body, 201);
+  }
+  std::vector<std::string> poolSnapshots() {
+    std::vector<std::string> names;
+    std::string dir = daemon_->stateDir() + "/storage/snapshots";
+    if (!std::filesystem::exists(dir)) return names;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename());
+    return names;
+  }
+};
+
+TEST_F(Snapshots, RestorePutsTheFilesBackAndEndsTheProcesses) {
+  std::string id = createEnv();
+  sh(id, "mkdir -p /workspace/app && echo v1 > /workspace/app/state && echo etc1 > /etc/moat-test");
+  json snap = snapshot(id, {{"name", "before the change"}});
+  std::string sid = snap["id"];
+  EXPECT_EQ(sid.rfind("snap-", 0), 0u);
+  EXPECT_EQ(snap["environment_id"], id);
+  EXPECT_EQ(snap["name"], "before the change");
+  // What happens after the snapshot: changed, new and deleted files, and a
+  // process that would still be running.
+  sh(id, "echo v2 > /workspace/app/state && echo new > /workspace/new && rm /etc/moat-test");
+  call("POST", "/v1/environments/" + id + "/processes", {{"cmd", {"sleep", "600"}}}, 201);
+  ASSERT_TRUE(waitForProcess(id, "sleep"));
+
+  json restored = call("POST", "/v1/environments/" + id + "/restore", {{"snapshot", sid}}, 200);
+  EXPECT_EQ(restored["id"], id);
+  EXPECT_EQ(restored["state"], "running");
+  EXPECT_EQ(sh(id, "cat /workspace/app/state /etc/moat-test"), "v1\netc1\n");
+  sh(id, "test ! -e /workspace/new");
+  EXPECT_EQ(exec(id, {{"cmd", {"pgrep", "sleep"}}})["exit_code"], 1) << "processes do not survive a restore";
+  // Files still belong to root inside, and the environment works as before.
+  EXPECT_EQ(sh(id, "stat -c %u:%g /workspace/app/state"), "0:0\n");
+  sh(id, "echo v3 > /workspace/app/state");
+  // A snapshot can be restored again and again.
+  call("POST", "/v1/environments/" + id + "/restore", {{"snapshot", sid}}, 200);
+  EXPECT_EQ(sh(id, "cat /workspace/app/state"), "v1\n");
+  std::string events = daemon_->request("GET", "/v1/events?environment=" + id).body;
+  EXPECT_NE(events.find("environment.restored"), std::string::npos) << events;
+  EXPECT_NE(events.find("snapshot.created"), std::string::npos) << events;
+  // The old pid 1's end was not taken for the environment's.
+  EXPECT_EQ(events.find("environment.destroyed"), std::string::npos) << events;
+  EXPECT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "running");
+}
+
+TEST_F(Snapshots, AForkHasTheFilesAndSettingsButIsItsOwnEnvironment) {
+  std::string id = createEnv({{"env", {{"PROJECT", "moat"}}}, {"labels", {{"team", "a"}}},
+                              {"spec", {{"ram_mb", 256}, {"pids", 200}}}});
+  sh(id, "echo original > /workspace/f && cp /bin/true /workspace/suid && chmod 4755 /workspace/suid");
+  json fork = call("POST", "/v1/environments/" + id + "/fork", {{"task_id", "branch"}}, 201);
+  std::string forked = fork["id"];
+  ASSERT_NE(forked, id);
+  EXPECT_EQ(fork["task_id"], "branch");
+  EXPECT_EQ(fork["labels"]["team"], "a");
+  EXPECT_EQ(fork["spec"]["ram_mb"], 256);
+  EXPECT_EQ(sh(forked, "cat /workspace/f; echo $PROJECT"), "original\nmoat\n");
+  // Owned by root inside the fork (its files were re-owned to its own host
+  // range), the set-uid bit kept.
+  EXPECT_EQ(sh(forked, "stat -c '%u:%g %a' /workspace/f /workspace/suid"), "0:0 644\n0:0 4755\n");
+  EXPECT_NE(sh(forked, "cat /proc/self/uid_map"), sh(id, "cat /proc/self/uid_map"));
+  EXPECT_EQ(sh(forked, "cat /etc/hostname"), forked + "\n");
+  // The two go their own ways.
+  sh(forked, "echo changed > /workspace/f");
+  EXPECT_EQ(sh(id, "cat /workspace/f"), "original\n");
+  sh(id, "rm /workspace/f");
+  EXPECT_EQ(sh(forked, "cat /workspace/f"), "changed\n");
+  // The snapshot a fork goes through is not kept.
+  EXPECT_TRUE(poolSnapshots().empty());
+  EXPECT_EQ(call("GET", "/v1/snapshots", nullptr, 200)["snapshots"].size(), 0u);
+
+  // A new environment from a kept snapshot: POST /v1/environments with it.
+  std::string sid = snapshot(forked)["id"];
+  json fromSnap = call("POST", "/v1/environments", {{"snapshot", sid}, {"spec", {{"ram_mb", 128}}}}, 201);
+  EXPECT_EQ(sh(fromSnap["id"], "cat /workspace/f"), "changed\n");
+  EXPECT_EQ(fromSnap["spec"]["ram_mb"], 128);
+  // Snapshots outlive their environment.
+  EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + forked).status, 204);
+  json again = call("POST", "/v1/environments", {{"snapshot", sid}}, 201);
+  EXPECT_EQ(sh(again["id"], "cat /workspace/f"), "changed\n");
+  EXPECT_EQ(daemon_->request("DELETE", "/v1/snapshots/" + sid).status, 204);
+  EXPECT_TRUE(poolSnapshots().empty());
+  EXPECT_EQ(daemon_->request("GET", "/v1/snapshots/" + sid).status, 404);
+}
+
+TEST_F(Snapshots, BadSnapshotRequestsGetClearErrors) {
+  std::string id = createEnv();
+  std::string sid = snapshot(id)["id"];
+  struct Case {
+    std::string method, target, body;
+    int status;
+    std::string needle;
+  } cases[] = {
+      {"POST", "/v1/environments/" + id + "/snapshots", R"({"label":"x"})", 400, "label"},
+      {"POST", "/v1/environments/" + id + "/snapshots", R"({"name":7})", 400, "name"},
+      {"POST", "/v1/environments/" + id + "/snapshots", "{not json", 400, "JSON"},
+      {"POST", "/v1/environments/" + id + "/restore", "{}", 400, "snapshot"},
+      {"POST", "/v1/environments/" + id + "/restore", R"({"snapshot":"../../envs/x"})", 400, "snapshot id"},
+      {"POST", "/v1/environments/" + id + "/restore", R"({"snapshot":"snap-000000000000"})", 404, "no snapshot"},
+      {"POST", "/v1/environments", R"({"snapshot":"snap-../../../etc"})", 400, "snapshot id"},
+      {"POST", "/v1/environments", R"({"snapshot":")" + sid + R"(","template":"/"})", 400, "template"},
+      {"GET", "/v1/snapshots/..%2f..%2fenvs", "", 404, "not_found"},
+      {"GET", "/v1/snapshots/snap-..", "", 404, "no snapshot"},
+      {"DELETE", "/v1/snapshots/snap-%2e%2e%2fenvs", "", 404, "not_found"},
+      {"PUT", "/v1/snapshots/" + sid, "", 405, "GET or DELETE"},
+      {"POST", "/v1/environments/" + id + "/fork", R"({"spec":{}})", 400, "spec"},
+      {"POST", "/v1/environments/000000000000/snapshots", "{}", 404, "000000000000"},
+  };
+  for (const auto& c : cases) {
+    auto r = daemon_->request(c.method, c.target, c.body);
+    EXPECT_EQ(r.status, c.status) << c.method << " " << c.target << " " << c.body << " -> " << r.body;
+    EXPECT_NE(r.body.find(c.needle), std::string::npos) << r.body;
+  }
+  // A gone environment has nothing to snapshot or restore; its snapshot stays usable.
+  EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + id).status, 204);
+  EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + id + "/snapshots", "{}").status, 409);
+  EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + id + "/restore", R"({"snapshot":")" + sid + "\"}").status,
+            409);
+  EXPECT_EQ(daemon_->request("GET", "/healthz", "", false).status, 200);
+}
+
+TEST_F(Snapshots, KeysSeeAndUseOnlyTheirOwnSnapshots) {
+  json agent = call("POST", "/v1/keys", {{"name", "agent"}, {"scopes", {"create", "read", "exec", "snapshots"}}}, 201);
+  json noScope = call("POST", "/v1/keys", {{"name", "plain"}, {"scopes", {"create", "read", "exec"}}}, 201);
+  auto as = [&](const json& key, const std::string& method, const std::string& target, const std::string& body = "") {
+    return daemon_->request(method, target, body, false,
+                            {{"Authorization", "Bearer " + key["token"].get<std::string>()}});
+  };
+  std::string masters = createEnv();
+  sh(masters, "echo master-secret > /workspace/secret");
+  std::string masterSnap = snapshot(masters)["id"];
+
+  auto created = as(agent, "POST", "/v1/environments", "{}");
+  ASSERT_EQ(created.status, 201);
+  std::string mine = json::parse(created.body)["id"];
+  // The master's snapshot does not exist for the key: not to read, fork,
+  // restore into its own environment or delete.
+  EXPECT_EQ(as(agent, "GET", "/v1/snapshots/" + masterSnap).status, 404);
+  EXPECT_EQ(as(agent, "POST", "/v1/environments", R"({"snapshot":")" + masterSnap + "\"}").status, 404);
+  EXPECT_EQ(as(agent, "POST", "/v1/environments/" + mine + "/restore", R"({"snapshot":")" + masterSnap + "\"}").status,
+            404);
+  EXPECT_EQ(as(agent, "DELETE", "/v1/snapshots/" + masterSnap).status, 404);
+  EXPECT_EQ(as(agent, "POST", "/v1/environments/" + masters + "/snapshots", "{}").status, 404);
+  EXPECT_EQ(as(agent, "POST", "/v1/environments/" + masters + "/fork", "{}").status, 404);
+  EXPECT_EQ(json::parse(as(agent, "GET", "/v1/snapshots").body)["snapshots"].size(), 0u);
+  // Its own work fine; a key without the scope cannot.
+  auto own = as(agent, "POST", "/v1/environments/" + mine + "/snapshots", "{}");
+  ASSERT_EQ(own.status, 201) << own.body;
+  EXPECT_EQ(json::parse(as(agent, "GET", "/v1/snapshots").body)["snapshots"].size(), 1u);
+  auto plainEnv = as(noScope, "POST", "/v1/environments", "{}");
+  ASSERT_EQ(plainEnv.status, 201);
+  std::string plainId = json::parse(plainEnv.body)["id"];
+  EXPECT_EQ(as(noScope, "POST", "/v1/environments/" + plainId + "/snapshots", "{}").status, 403);
+  EXPECT_EQ(as(noScope, "GET", "/v1/snapshots").status, 403);
+  // The master's secret never showed up anywhere the key could read.
+  EXPECT_EQ(json::parse(as(agent, "POST", "/v1/environments/" + mine + "/exec",
+                           R"({"cmd":["sh","-c","cat /workspace/secret || true"]})").body)["stdout"], "");
+}
+
+TEST_F(Snapshots, RestoreIsAWriteTheGateDecides) {
+  std::string id = createEnv({{"permissions", {{"write_file", "deny"}}}});
+  std::string sid = snapshot(id)["id"];
+  auto r = daemon_->request("POST", "/v1/environments/" + id + "/restore", R"({"snapshot":")" + sid + "\"}");
+  EXPECT_EQ(r.status, 403) << r.body;
+  EXPECT_NE(r.body.find("write_file"), std::string::npos) << r.body;
+}
+
+TEST_F(Snapshots, AKilledMoatdLeavesNoHalfMadeSnapshot) {
+  std::string id = createEnv();
+  sh(id, "echo kept > /workspace/f");
+  std::string sid = snapshot(id)["id"];
+  // What a moatd killed between recording a snapshot and finishing it
+  // leaves: a record still "creating" and a volume, and a volume nobody recorded.
+  daemon_->kill9();
+  std::string storage = daemon_->stateDir() + "/storage";
+  for (const char* name : {"snap-00000000000a", "snap-00000000000b"}) {
+    ASSERT_TRUE(os::snapshotSubvolume(storage + "/envs/" + id, storage + "/snapshots", name, true).ok());
+  }
+  {
+    auto store = store::openSqliteStore(daemon_->stateDir() + "/moat.db");
+    ASSERT_TRUE(store.ok()) << store.error().message();
+    store::SnapshotRecord half;
+    half.id = "snap-00000000000a";
+    half.environment = id;
+    half.owner = "master";
+    half.templateName = "host";
+    half.storageGb = 4;
+    half.state = "creating";
+    half.createdAtMs = 1;
+    ASSERT_TRUE((*store)->insertSnapshot(half).ok());
+  }
+  daemon_->restart();
+  auto left = poolSnapshots();
+  EXPECT_EQ(left, std::vector<std::string>{sid});
+  EXPECT_EQ(daemon_->request("GET", "/v1/snapshots/snap-00000000000a").status, 404);
+  std::string events = daemon_->request("GET", "/v1/events?environment=" + id).body;
+  EXPECT_NE(events.find("snapshot.failed"), std::string::npos) << events;
+  // The finished one is there and works.
+  call("POST", "/v1/environments/" + id + "/restore", {{"snapshot", sid}}, 200);
+  EXPECT_EQ(sh(id, "cat /workspace/f"), "kept\n");
+}
+
+}  // namespace
+}  // namespace moat::test
