@@ -27,6 +27,8 @@
 #include "gate/permissions.h"
 #include "os/file.h"
 #include "os/process.h"
+#include "os/security.h"
+#include "isolation/seccomp/policy.h"
 #include "store/sqlite/sqlite_store.h"
 
 namespace {
@@ -66,6 +68,17 @@ or kill -9 they keep running too.
 int fail(const std::string& message) {
   std::fprintf(stderr, "moatd: %s\n", message.c_str());
   return 1;
+}
+
+}  // namespace
+
+namespace {
+
+// policy/seccomp/moatd.policy on every thread of this process.
+moat::Status installOwnSeccompProfile() {
+  MOAT_ASSIGN(auto policy, moat::isolation::seccomp::parsePolicy(moat::isolation::seccomp::moatdPolicyText()));
+  MOAT_ASSIGN(auto program, moat::isolation::seccomp::compile(policy));
+  return moat::os::installSeccomp(program.filter, true);
 }
 
 }  // namespace
@@ -169,6 +182,14 @@ int main(int argc, char** argv) {
   // moatd's spawner, still running its environments, is reused.
   auto spawner = backend::namespaces::Spawner::connectOrStart(stateDir + "/spawner.sock");
   if (!spawner.ok()) return fail(spawner.error().message());
+  // moatd's own seccomp profile, on every thread from here on (the spawner,
+  // forked above, creates environments and is not under it): see
+  // policy/seccomp/moatd.policy and docs/SECURITY.md.
+  if (Status confined = installOwnSeccompProfile(); !confined.ok()) {
+    auto owned = spawner.value()->list();
+    if (owned.ok() && owned->empty()) (void)spawner.value()->shutdown();
+    return fail("moatd's seccomp profile: " + confined.error().message());
+  }
 
   sigset_t signals;
   sigemptyset(&signals);

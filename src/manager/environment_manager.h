@@ -234,6 +234,9 @@ class EnvironmentManager {
   // After a restart: snapshots a killed moatd left half made are rolled
   // back, and snapshot volumes without a record are removed.
   void recoverSnapshots();
+  // restore() up to its network: the environment runs on the snapshot's files.
+  Result<store::EnvironmentRecord> restoreFiles(const std::string& id, const std::string& snapshotId,
+                                                const std::string& actor);
   // transient: for a fork (not counted, not listed for long, not an event).
   Result<store::SnapshotRecord> takeSnapshot(const std::string& id, const std::string& name,
                                              const std::string& actor, bool transient);

@@ -135,6 +135,22 @@ Status EnvironmentManager::deleteSnapshot(const std::string& snapshotId, const s
 
 Result<store::EnvironmentRecord> EnvironmentManager::restore(const std::string& id, const std::string& snapshotId,
                                                              const std::string& actor) {
+  MOAT_ASSIGN(auto record, restoreFiles(id, snapshotId, actor));
+  if (!record.network.empty()) {
+    // Outside the exclusive hold: a failure destroys the environment, which takes it.
+    Status s = restoreNetwork(id, "restored from snapshot " + snapshotId + ": the stored policy is put in force again");
+    if (!s.ok()) {
+      (void)destroy(id, "failed: its network could not be restored with snapshot " + snapshotId + ": " +
+                            s.error().message(),
+                    actor);
+      return s.error();
+    }
+  }
+  return get(id);
+}
+
+Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::string& id, const std::string& snapshotId,
+                                                                  const std::string& actor) {
   auto held = exclusive(id);
   MOAT_ASSIGN(auto record, get(id));
   MOAT_ASSIGN(auto snap, getSnapshot(snapshotId));
@@ -186,16 +202,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::restore(const std::string& 
   old.connection.reset();  // joins its reader (outside mutex_: it reports the old pid 1 gone)
   old.processes.reset();
   audit_.record("environment.restored", id, actor, snapshotData(snap));
-  if (!record.network.empty()) {
-    Status s = restoreNetwork(id, "restored from snapshot " + snap.id + ": the stored policy is put in force again");
-    if (!s.ok()) {
-      (void)destroy(id, "failed: its network could not be restored with snapshot " + snap.id + ": " +
-                            s.error().message(),
-                    actor);
-      return s.error();
-    }
-  }
-  return get(id);
+  return record;
 }
 
 void EnvironmentManager::recoverSnapshots() {

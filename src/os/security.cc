@@ -47,11 +47,12 @@ Status restrictCapabilities(const std::vector<int>& keep) {
   return {};
 }
 
-Status installSeccomp(const std::vector<sock_filter>& program) {
+Status installSeccomp(const std::vector<sock_filter>& program, bool allThreads) {
   struct sock_fprog prog;
   prog.len = static_cast<unsigned short>(program.size());
   prog.filter = const_cast<sock_filter*>(program.data());
-  if (::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) != 0) {
+  unsigned int flags = allThreads ? SECCOMP_FILTER_FLAG_TSYNC : 0;
+  if (::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, flags, &prog) != 0) {
     return Error::fromErrno("seccomp install");
   }
   return {};

@@ -14,7 +14,7 @@ int lastCapability();
 // inheritable and ambient sets.
 Status restrictCapabilities(const std::vector<int>& keep);
 // Installs a classic-BPF seccomp filter (needs no_new_privs first).
-Status installSeccomp(const std::vector<sock_filter>& program);
+Status installSeccomp(const std::vector<sock_filter>& program, bool allThreads = false);
 // Landlock ABI version, or 0 when the kernel has none.
 int landlockAbi();
 // Confines signals and abstract unix sockets to the caller's Landlock domain

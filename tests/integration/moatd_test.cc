@@ -98,6 +98,21 @@ TEST_F(MoatdApi, ExecStdinTimeoutNotFoundAndBinaryOutput) {
   EXPECT_EQ(exec(id, {{"cmd", {"grep", "SigIgn", "/proc/self/status"}}})["stdout"], "SigIgn:\t0000000000000000\n");
 }
 
+// policy/seccomp/moatd.policy holds on every thread moatd runs (API,
+// egress proxy, resolver, audit writer...), not just the first.
+TEST_F(MoatdApi, EveryMoatdThreadRunsUnderItsSeccompProfile) {
+  createEnv();  // the manager's, the pool's and the connections' threads exist
+  std::string task = "/proc/" + std::to_string(daemon_->pid()) + "/task";
+  size_t threads = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(task)) {
+    auto status = os::readFile((entry.path() / "status").string());
+    if (!status.ok()) continue;  // a thread that ended meanwhile
+    ++threads;
+    EXPECT_NE(status->find("Seccomp:\t2\n"), std::string::npos) << entry.path() << ":\n" << status.value();
+  }
+  EXPECT_GT(threads, 3u);
+}
+
 // Each live environment has a host uid range of its own: sharing one would
 // let two environments' processes count against each other's per-uid limits
 // and own each other's files on the host.

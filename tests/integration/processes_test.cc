@@ -180,7 +180,9 @@ TEST_F(Processes, SignalsByNameOrNumberReachTheGroup) {
   EXPECT_EQ(call("POST", pathC + "/signal", {{"signal", "NOPE"}}, 400)["error"]["field"], "signal");
   EXPECT_EQ(call("POST", pathC + "/signal", {{"signal", 65}}, 400)["error"]["field"], "signal");
   EXPECT_EQ(call("POST", pathC + "/signal", {{"signal", "SIGKILL"}}, 204), json());
-  // No process of the environment survived its group's signal.
+  EXPECT_EQ(waitEnded(c["id"])["exit_code"], 128 + 9);
+  // No process of the environment survived its group's signal (pgrep also
+  // counts a killed one that is not reaped yet: hence the wait above).
   EXPECT_EQ(exec(env_, {{"cmd", {"pgrep", "sleep"}}})["exit_code"], 1);
 }
 

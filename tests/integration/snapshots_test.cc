@@ -67,6 +67,21 @@ TEST_F(Snapshots, RestorePutsTheFilesBackAndEndsTheProcesses) {
   EXPECT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "running");
 }
 
+TEST_F(Snapshots, ARestoredEnvironmentKeepsItsNetworkPolicyAndLink) {
+  std::string id = createEnv({{"network", {{"mode", "allowlist"}, {"allow", {"example.org"}}}}});
+  json before = call("GET", "/v1/environments/" + id + "/network", nullptr, 200);
+  ASSERT_TRUE(before.contains("link")) << before.dump();
+  std::string sid = snapshot(id)["id"];
+  call("POST", "/v1/environments/" + id + "/restore", {{"snapshot", sid}}, 200);
+  json after = call("GET", "/v1/environments/" + id + "/network", nullptr, 200);
+  EXPECT_EQ(after["network"], before["network"]);
+  ASSERT_TRUE(after.contains("link")) << after.dump();
+  // The new namespace has its link and the proxy variables point at it.
+  std::string proxy = sh(id, "echo $HTTPS_PROXY");
+  EXPECT_EQ(proxy, after["link"]["proxy"].get<std::string>() + "\n");
+  EXPECT_EQ(sh(id, "tail -n +3 /proc/net/dev | wc -l"), "2\n") << "lo and the egress link";
+}
+
 TEST_F(Snapshots, AForkHasTheFilesAndSettingsButIsItsOwnEnvironment) {
   std::string id = createEnv({{"env", {{"PROJECT", "moat"}}}, {"labels", {{"team", "a"}}},
                               {"spec", {{"ram_mb", 256}, {"pids", 200}}}});

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Crash recovery: moatd killed with SIGKILL in the middle of creates,
-execs, file writes, network policy changes and destroys, restarted on the
+execs, file writes, network policy changes, destroys, and snapshots,
+restores and forks, restarted on the
 same state directory, and checked.
 
   crash_test.py --bin-dir build/bin [--rounds 1] [--seed N] [--json FILE]
@@ -480,6 +481,66 @@ class Suite:
             self.f.check(ok, f"{label}: proxy from {id_}: {r}")
         self.destroy_all_but(keep=set())
 
+    def snapshots(self, round_):
+        """Snapshots, restores and forks in flight at the kill. After the
+        restart: every acknowledged snapshot is there and the store and the
+        storage pool list the same snapshots (none half made); every
+        acknowledged fork runs with its source's file; a restored
+        environment runs with the snapshot's file (or, killed halfway, is
+        failed with a reason: consistent() checks that); restores work again."""
+        label = f"snapshots#{round_}"
+        m = self.moatd
+        envs = [self.create({"spec": {"ram_mb": 64, "storage_gb": 0.5}}) for _ in range(4)]
+        base = {}
+        for i, env in enumerate(envs):
+            status, r = m.call("PUT", f"/v1/environments/{env}/files?path=/workspace/mark", f"base-{i}\n".encode())
+            assert status == 200, (status, r)
+            status, snap = m.call("POST", f"/v1/environments/{env}/snapshots", {"name": "base"})
+            assert status == 201, (status, snap)
+            base[env] = snap["id"]
+
+        def next_op(w):
+            env = envs[w.n % len(envs)]
+            kind = ("snapshot", "restore", "fork")[w.n % 3]
+            if kind == "snapshot":
+                return Op("snapshot", method="POST", path=f"/v1/environments/{env}/snapshots", payload={},
+                          raw=False, expect=201, env=env)
+            if kind == "restore":
+                return Op("restore", method="POST", path=f"/v1/environments/{env}/restore",
+                          payload={"snapshot": base[env]}, raw=False, expect=200, env=env)
+            return Op("fork", method="POST", path=f"/v1/environments/{env}/fork", payload={"ttl_s": 600},
+                      raw=False, expect=201, env=env)
+
+        workers = [Worker(m, n, next_op, random.Random(self.rng.random())) for n in range(THREADS)]
+        self.kills += 1
+        inflight = kill_during(m, workers, self.rng, min_acked=2)
+        all_envs, running = self.consistent(label)
+        self.note("snapshots", inflight, sum(len(w.acked) for w in workers))
+        status, listed = m.call("GET", "/v1/snapshots")
+        stored = {s["id"] for s in listed.get("snapshots", [])}
+        pool = set(os.listdir(os.path.join(m.state, "storage", "snapshots")))
+        self.f.check(stored == pool, f"{label}: the store lists {sorted(stored - pool)} the pool lacks, the pool "
+                                     f"holds {sorted(pool - stored)} the store does not list")
+        for w in workers:
+            self.f.extend(f"{label}: {e}" for e in w.errors)
+            for op in w.acked:
+                if op.kind == "snapshot":
+                    self.f.check(op.body["id"] in stored, f"{label}: acknowledged snapshot {op.body['id']} is gone")
+                elif op.kind == "fork":
+                    fork = op.body["id"]
+                    self.f.check(fork in running, f"{label}: acknowledged fork {fork} is "
+                                                  f"{all_envs.get(fork, {}).get('state')}")
+        for i, env in enumerate(envs):
+            if env not in running:
+                continue
+            status, data = m.call("GET", f"/v1/environments/{env}/files?path=/workspace/mark", raw=True)
+            self.f.check(status == 200 and data == f"base-{i}\n".encode(), f"{label}: {env}'s mark: {status} {data[:40]}")
+            status, r = m.call("POST", f"/v1/environments/{env}/restore", {"snapshot": base[env]})
+            self.f.check(status == 200, f"{label}: a restore after the restart: {status} {r}")
+        for snap in stored:
+            m.call("DELETE", f"/v1/snapshots/{snap}")
+        self.destroy_all_but(keep=set())
+
     def final_stop(self):
         """An orderly stop after it all: nothing of moatd's is left."""
         m = self.moatd
@@ -520,7 +581,7 @@ def main():
     ap.add_argument("--bin-dir", required=True)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--scenarios", default="creates,execs,writes,network,destroys,links,restarts")
+    ap.add_argument("--scenarios", default="creates,execs,writes,network,destroys,snapshots,links,restarts")
     ap.add_argument("--json")
     args = ap.parse_args()
     if not h.is_root():

@@ -282,6 +282,55 @@ TEST(SeccompFilter, DefaultFilterDeniesInARealProcess) {
   EXPECT_EQ(outcome.report, "");
 }
 
+// moatd's own profile (policy/seccomp/moatd.policy): the exploit primitives
+// and other processes are out of reach; what moatd itself does (mounts and
+// network namespaces for egress, sockets, threads, exec of mkfs) is not.
+TEST(SeccompPolicy, MoatdProfileDeniesPrimitivesAndKeepsWhatMoatdNeeds) {
+  auto p = parsePolicy(moatdPolicyText());
+  ASSERT_TRUE(p.ok()) << p.error().message();
+  std::set<std::string> denied;
+  for (const auto& r : p->rules) {
+    denied.insert(r.syscall);
+    EXPECT_FALSE(r.why.empty()) << r.syscall << " (line " << r.line << ") says not why";
+  }
+  for (const char* must : {"bpf", "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "keyctl",
+                           "kexec_load", "init_module", "finit_module", "userfaultfd", "perf_event_open",
+                           "io_uring_setup", "open_by_handle_at"}) {
+    EXPECT_TRUE(denied.count(must)) << must << " is not denied to moatd";
+  }
+  for (const char* needed : {"mount", "umount2", "unshare", "setns", "clone", "clone3", "socket", "ioctl", "execve",
+                             "openat", "sendmsg", "seccomp", "pidfd_open", "pidfd_send_signal"}) {
+    EXPECT_FALSE(denied.count(needed)) << needed << " is denied but moatd uses it";
+  }
+  auto program = compile(p.value());
+  ASSERT_TRUE(program.ok()) << program.error().message();
+  auto outcome = runFiltered(program->filter, [](std::string& report) {
+    errno = 0;
+    long rc = ::syscall(SYS_bpf, 0 /* BPF_MAP_CREATE */, nullptr, 0);
+    expectErrno(report, "bpf", rc, EPERM);
+    errno = 0;
+    rc = ::syscall(SYS_ptrace, 16 /* PTRACE_ATTACH */, ::getppid(), 0, 0);
+    expectErrno(report, "ptrace", rc, EPERM);
+    errno = 0;
+    rc = ::syscall(SYS_pidfd_getfd, 0, 0, 0);
+    expectErrno(report, "pidfd_getfd", rc, EPERM);
+    // Allowed: a mount attempt fails for its own reasons, not EPERM from the filter.
+    errno = 0;
+    rc = ::syscall(SYS_mount, "none", "/nonexistent-moat-test", "tmpfs", 0, nullptr);
+    if (rc == 0 || (errno == EPERM && ::geteuid() == 0)) {
+      report += "mount: rc=" + std::to_string(rc) + " errno=" + std::to_string(errno) + "; ";
+    }
+    int p2[2];
+    if (::pipe(p2) != 0 || ::write(p2[1], "ok", 2) != 2) report += "write failed; ";
+    bool ran = false;
+    std::thread t([&] { ran = true; });
+    t.join();
+    if (!ran) report += "thread did not run; ";
+  });
+  ASSERT_TRUE(WIFEXITED(outcome.status)) << "child died: status " << outcome.status;
+  EXPECT_EQ(outcome.report, "");
+}
+
 TEST(SeccompFilter, PersonalityQueryIsAllowed) {
   // personality(0xffffffff) only reads the persona (gdb, setarch do it before
   // changing ADDR_NO_RANDOMIZE); it sets no bit and must not be denied.

@@ -11,6 +11,7 @@
 #include "common/unique_fd.h"
 
 extern const char kMoatDefaultSeccompPolicy[];
+extern const char kMoatdSeccompPolicy[];
 
 namespace moat::isolation::seccomp {
 namespace {
@@ -30,6 +31,11 @@ Error lineError(int line, const std::string& what) {
 
 const std::string& defaultPolicyText() {
   static const std::string text(kMoatDefaultSeccompPolicy);
+  return text;
+}
+
+const std::string& moatdPolicyText() {
+  static const std::string text(kMoatdSeccompPolicy);
   return text;
 }
 

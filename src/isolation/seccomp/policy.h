@@ -28,6 +28,8 @@ struct Policy {
 
 Result<Policy> parsePolicy(const std::string& text);
 const std::string& defaultPolicyText();
+// moatd's own profile (policy/seccomp/moatd.policy): what moatd never calls.
+const std::string& moatdPolicyText();
 
 struct Program {
   std::vector<sock_filter> filter;
