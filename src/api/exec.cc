@@ -86,7 +86,7 @@ HttpResponse Api::execRoute(const HttpRequest& req, const Principal& principal, 
                          {"stderr_truncated", false},
                          {"encoding", "utf8"}});
   }
-  bool asBase64 = encoding == "base64" || !isValidUtf8(r.out) || !isValidUtf8(r.err);
+  bool asBase64 = encoding == "base64" || !travelsAsJsonText(r.out) || !travelsAsJsonText(r.err);
   // Up to 16 MiB a stream: moved, not copied (an initializer list would copy
   // each twice), and each released once it is in the answer. The log held
   // the output in many small pieces, freed by now but kept by malloc: their

@@ -63,7 +63,7 @@ json outputEventJson(const manager::OutputItem& item, bool forceBase64) {
   if (item.dropped) {
     return {{"type", "dropped"}, {"offset", item.offset}, {"bytes", item.length}};
   }
-  bool asBase64 = forceBase64 || !isValidUtf8(item.data);
+  bool asBase64 = forceBase64 || !travelsAsJsonText(item.data);
   return {{"type", "output"},
           {"stream", item.stream == manager::OutputStream::kStdout ? "stdout" : "stderr"},
           {"offset", item.offset},

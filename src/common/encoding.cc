@@ -95,4 +95,15 @@ Result<std::string> base64Decode(const std::string& s) {
   return out;
 }
 
+bool travelsAsJsonText(const std::string& s) {
+  // Only the \u00XX escapes matter (quotes, backslashes and \n cost a byte),
+  // and only in bulk: a few escapes in a short answer are not worth base64.
+  size_t extra = 0;
+  for (unsigned char c : s) {
+    if (c < 0x20 && c != '\n' && c != '\t' && c != '\r' && c != '\b' && c != '\f') extra += 5;
+  }
+  if (extra > 4096 && extra > s.size() / 3) return false;
+  return isValidUtf8(s);
+}
+
 }  // namespace moat

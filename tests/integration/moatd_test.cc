@@ -128,6 +128,21 @@ TEST_F(MoatdApi, LiveEnvironmentsNeverShareAHostIdRange) {
   for (const auto& id : ids) EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + id).status, 204);
 }
 
+// Output of control bytes is valid UTF-8 but six times its size as JSON
+// text: it comes as base64 (a third larger at most) instead.
+TEST_F(MoatdApi, ControlByteOutputComesAsBase64NotSixfold) {
+  std::string id = createEnv();
+  auto r = daemon_->request("POST", "/v1/environments/" + id + "/exec",
+                            R"({"cmd":["head","-c","1000000","/dev/zero"]})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_LT(r.body.size(), 1400000u);
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["encoding"], "base64");
+  EXPECT_EQ(j["stdout"].get<std::string>().size(), 1333336u);
+  // Ordinary text stays text.
+  EXPECT_EQ(exec(id, {{"cmd", {"printf", "a\\tb\\n"}}})["encoding"], "utf8");
+}
+
 TEST_F(MoatdApi, HugeOutputIsCappedAndSaysSo) {
   std::string id = createEnv();
   json r = exec(id, {{"cmd", {"sh", "-c", "head -c 5000000 /dev/zero | tr '\\0' x"}}});
