@@ -107,7 +107,7 @@ const char* kToolDefinitions = R"json([
    "path": {"type": "string", "description": "directory or file, default /workspace"},
    "glob": {"type": "string", "description": "only files whose name matches, e.g. *.py"}}}},
 {"name": "snapshot_environment",
- "description": "Save the environment's files as they are now (a snapshot: instant, whatever the size). Running processes are not saved. Take one before a risky change; restore_environment goes back to it, fork_environment or create_environment-from-snapshot branches from it. Returns the snapshot id.",
+ "description": "Save the environment's files as they are now (a snapshot: fast, no data is copied). Running processes are not saved. Take one before a risky change; restore_environment goes back to it, fork_environment or create_environment-from-snapshot branches from it. Returns the snapshot id.",
  "inputSchema": {"type": "object", "additionalProperties": false, "properties": {
    "environment_id": {"type": "string", "description": "default: this session's environment"},
    "name": {"type": "string", "maxLength": 256, "description": "a label for people, e.g. 'before refactor'"}}}},
