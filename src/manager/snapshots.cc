@@ -9,6 +9,7 @@
 #include "isolation/fs/storage_pool.h"
 #include "manager/clock.h"
 #include "manager/environment_manager.h"
+#include "os/file.h"
 
 namespace moat::manager {
 
@@ -206,10 +207,13 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
 }
 
 void EnvironmentManager::recoverSnapshots() {
-  auto pool = isolation::fs::StoragePool::open(config_.stateDir);
-  if (!pool.ok()) return;
   auto all = store_.listSnapshots("", "");
   if (!all.ok()) return;
+  // Nothing recorded and no snapshot volumes: nothing to do, and no reason
+  // to set up the storage pool before the first environment needs it.
+  if (all->empty() && !os::exists(config_.stateDir + "/storage/snapshots")) return;
+  auto pool = isolation::fs::StoragePool::open(config_.stateDir);
+  if (!pool.ok()) return;
   std::set<std::string> kept;
   for (const auto& snap : all.value()) {
     if (snap.state == "ready") {
