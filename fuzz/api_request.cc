@@ -148,7 +148,9 @@ void helpers(const HttpRequest& req) {
   uint64_t n = 0;
   bool flag = false;
   (void)onlyQuery(req, {"path", "offset", "length"});
+  // A parameter that is not there leaves `n` as it was: start each at 0.
   if (!queryNumber(req, "offset", 1ULL << 53, 10, n) && n > (1ULL << 53)) fail("queryNumber out of range");
+  n = 0;
   if (!queryNumber(req, "mode", 0777, 8, n) && n > 0777) fail("queryNumber out of range");
   (void)queryFlag(req, "append", flag);
 }
