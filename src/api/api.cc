@@ -351,8 +351,7 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
       // The files come from the snapshot; so does the template under them.
       if (j.contains("template")) return errorResponse(invalid("template", "a snapshot brings its own template"));
       if (auto e = snapshotField(j, "snapshot", create.fromSnapshot)) return errorResponse(*e);
-      auto snap = manager_.getSnapshot(create.fromSnapshot);
-      if (!snap.ok() || (!principal.master && snap->owner != principal.keyId)) {
+      if (!visibleSnapshot(principal, create.fromSnapshot).ok()) {
         return errorResponse({404, "not_found", "no snapshot " + create.fromSnapshot, "snapshot"});
       }
     }

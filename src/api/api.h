@@ -71,6 +71,8 @@ class Api {
   HttpResponse snapshotsRoute(const HttpRequest& request, const Principal& principal);
   HttpResponse environmentSnapshotsRoute(const HttpRequest& request, const Principal& principal,
                                          const std::string& id, const std::string& sub);
+  // A ready snapshot the caller may use (a key: only its own); not_found otherwise.
+  Result<store::SnapshotRecord> visibleSnapshot(const Principal& principal, const std::string& id);
   // The create request's "network" and "secrets".
   std::optional<ApiError> parseNetwork(const json& body, manager::CreateRequest& create);
   // The gate before a side effect: nothing when it may happen; otherwise the

@@ -35,6 +35,12 @@ std::optional<ApiError> snapshotField(const json& body, const char* field, std::
   return std::nullopt;
 }
 
+Result<store::SnapshotRecord> Api::visibleSnapshot(const Principal& principal, const std::string& id) {
+  MOAT_ASSIGN(auto snap, manager_.getSnapshot(id));
+  if (!principal.master && snap.owner != principal.keyId) return Error::make("not_found", "no snapshot " + id);
+  return snap;
+}
+
 // /v1/snapshots and /v1/snapshots/{id}: a key sees only its own.
 HttpResponse Api::snapshotsRoute(const HttpRequest& req, const Principal& principal) {
   if (!principal.may("snapshots")) {
@@ -54,11 +60,8 @@ HttpResponse Api::snapshotsRoute(const HttpRequest& req, const Principal& princi
     return respond(200, {{"snapshots", arr}});
   }
   if (auto e = onlyQuery(req, {})) return errorResponse(*e);
-  auto snap = validSnapshotId(id) ? manager_.getSnapshot(id)
+  auto snap = validSnapshotId(id) ? visibleSnapshot(principal, id)
                                   : Result<store::SnapshotRecord>(Error::make("not_found", "no snapshot " + id));
-  if (snap.ok() && !principal.master && snap->owner != principal.keyId) {
-    snap = Error::make("not_found", "no snapshot " + id);
-  }
   if (!snap.ok()) return errorResponse(fromError(snap.error()));
   if (req.method == "GET") return respond(200, snapshotJson(snap.value()));
   if (req.method != "DELETE") return wrongMethod(req, "GET or DELETE");
@@ -104,8 +107,7 @@ HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Princi
     if (auto e = onlyFields(body.value(), {"snapshot"}, "")) return errorResponse(*e);
     std::string snapshotId;
     if (auto e = snapshotField(body.value(), "snapshot", snapshotId)) return errorResponse(*e);
-    auto snap = manager_.getSnapshot(snapshotId);
-    if (!snap.ok() || (!principal.master && snap->owner != principal.keyId)) {
+    if (!visibleSnapshot(principal, snapshotId).ok()) {
       return errorResponse({404, "not_found", "no snapshot " + snapshotId, "snapshot"});
     }
     // A restore rewrites every file: the gate's write_file for "/".

@@ -187,14 +187,6 @@ int main(int argc, char** argv) {
   // moatd's spawner, still running its environments, is reused.
   auto spawner = backend::namespaces::Spawner::connectOrStart(stateDir + "/spawner.sock");
   if (!spawner.ok()) return fail(spawner.error().message());
-  // moatd's own seccomp profile, on every thread from here on (the spawner,
-  // forked above, creates environments and is not under it): see
-  // policy/seccomp/moatd.policy and docs/SECURITY.md.
-  if (Status confined = installOwnSeccompProfile(); !confined.ok()) {
-    auto owned = spawner.value()->list();
-    if (owned.ok() && owned->empty()) (void)spawner.value()->shutdown();
-    return fail("moatd's seccomp profile: " + confined.error().message());
-  }
 
   sigset_t signals;
   sigemptyset(&signals);
@@ -211,6 +203,12 @@ int main(int argc, char** argv) {
     if (owned.ok() && owned->empty()) (void)spawner.value()->shutdown();
     return fail(message);
   };
+  // moatd's own seccomp profile, on every thread (TSYNC; the spawner,
+  // forked above, creates environments and is not under it): see
+  // policy/seccomp/moatd.policy and docs/SECURITY.md.
+  if (Status confined = installOwnSeccompProfile(); !confined.ok()) {
+    return failEarly("moatd's seccomp profile: " + confined.error().message());
+  }
   auto token = api::loadOrCreateMasterToken(stateDir);
   if (!token.ok()) return failEarly(token.error().message());
   auto store = store::openSqliteStore(stateDir + "/moat.db");

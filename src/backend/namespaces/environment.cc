@@ -225,10 +225,8 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
     MOAT_ASSIGN(volume, pool.createVolumeFromSnapshot(spec.fromSnapshot, env->id_, storageBytes));
     env->haveVolume_ = true;
     // The snapshot's own range when it is free (a restore): nothing to re-own.
-    constexpr uint32_t kWindow = 0x40000000u;
-    std::optional<uint32_t> preferred;
-    if (spec.snapshotHostBase >= kWindow) preferred = (spec.snapshotHostBase - kWindow) / 65536u;
-    MOAT_ASSIGN(env->idmap_, isolation::namespaces::leaseIdMap(isolation::namespaces::kIdMapLockDir, preferred));
+    MOAT_ASSIGN(env->idmap_, isolation::namespaces::leaseIdMap(isolation::namespaces::kIdMapLockDir,
+                                                               isolation::namespaces::idMapSlotOf(spec.snapshotHostBase)));
     MOAT_TRY(os::shiftOwnership(volume, spec.snapshotHostBase, env->idmap_.map.hostBase, env->idmap_.map.count));
     // The overlay's work directory must start empty.
     MOAT_TRY(os::removeTree(volume + "/work"));

@@ -114,8 +114,7 @@ Result<StoragePool> StoragePool::open(const std::string& stateDir, uint64_t imag
   return pool;
 }
 
-Result<std::string> StoragePool::createVolume(const std::string& name, uint64_t limitBytes) {
-  MOAT_TRY(os::createSubvolume(root_ + "/envs", name));
+Result<std::string> StoragePool::limitNewVolume(const std::string& name, uint64_t limitBytes) {
   std::string path = volumePath(name);
   Status s = os::limitSubvolume(path, limitBytes);
   if (!s.ok()) {
@@ -123,6 +122,11 @@ Result<std::string> StoragePool::createVolume(const std::string& name, uint64_t 
     return s.error();
   }
   return path;
+}
+
+Result<std::string> StoragePool::createVolume(const std::string& name, uint64_t limitBytes) {
+  MOAT_TRY(os::createSubvolume(root_ + "/envs", name));
+  return limitNewVolume(name, limitBytes);
 }
 
 Status StoragePool::destroyVolume(const std::string& name) {
@@ -140,13 +144,7 @@ Result<std::string> StoragePool::createVolumeFromSnapshot(const std::string& sna
                                                           uint64_t limitBytes) {
   if (!os::exists(snapshotPath(snapshot))) return Error::make("not_found", "no snapshot " + snapshot);
   MOAT_TRY(os::snapshotSubvolume(snapshotPath(snapshot), root_ + "/envs", name, false));
-  std::string path = volumePath(name);
-  Status s = os::limitSubvolume(path, limitBytes);
-  if (!s.ok()) {
-    (void)os::destroySubvolume(root_ + "/envs", name);
-    return s.error();
-  }
-  return path;
+  return limitNewVolume(name, limitBytes);
 }
 
 Status StoragePool::destroySnapshot(const std::string& snapshot) {

@@ -38,6 +38,8 @@ class StoragePool {
   uint64_t capacityBytes() const { return capacity_; }
 
  private:
+  // Gives the volume just made its byte limit, or removes it again.
+  Result<std::string> limitNewVolume(const std::string& name, uint64_t limitBytes);
   std::string root_;
   uint64_t capacity_ = 0;
 };

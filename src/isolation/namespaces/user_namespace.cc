@@ -14,6 +14,13 @@
 
 namespace moat::isolation::namespaces {
 
+std::optional<uint32_t> idMapSlotOf(uint32_t hostBase) {
+  if (hostBase < kIdMapWindow || (hostBase - kIdMapWindow) % 65536u != 0) return std::nullopt;
+  uint32_t slot = (hostBase - kIdMapWindow) / 65536u;
+  if (slot >= kIdMapSlots) return std::nullopt;
+  return slot;
+}
+
 Result<IdMapLease> leaseIdMap(const std::string& lockDir, std::optional<uint32_t> start) {
   MOAT_TRY(os::makeDirs(lockDir, 0700));
   if (!start) {
@@ -29,7 +36,7 @@ Result<IdMapLease> leaseIdMap(const std::string& lockDir, std::optional<uint32_t
       return lock.error();
     }
     IdMapLease lease;
-    lease.map.hostBase = 0x40000000u + slot * 65536u;
+    lease.map.hostBase = kIdMapWindow + slot * 65536u;
     lease.lock = std::move(lock.value());
     return lease;
   }

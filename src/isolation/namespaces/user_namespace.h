@@ -30,6 +30,9 @@ struct IdMapLease {
 };
 inline constexpr const char* kIdMapLockDir = "/run/moat/idmaps";
 inline constexpr uint32_t kIdMapSlots = 16384;
+inline constexpr uint32_t kIdMapWindow = 0x40000000u;  // host id of range 0's root
+// The range `hostBase` begins, if it is one of the window's.
+std::optional<uint32_t> idMapSlotOf(uint32_t hostBase);
 // Takes the first free range from a random one on (from `start`, in tests);
 // `exhausted` when every range is held.
 Result<IdMapLease> leaseIdMap(const std::string& lockDir = kIdMapLockDir,
