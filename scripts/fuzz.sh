@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make fuzz`: builds the libFuzzer targets (fuzz/*.cc) with clang in
-# $FUZZ_BUILD and runs each for $FUZZ_SECONDS from its seed corpus
+# `make fuzz`: builds the libFuzzer targets (fuzz/*.cc) in $FUZZ_BUILD (the
+# clang build `make asan-configure` sets up) and runs each for $FUZZ_SECONDS from its seed corpus
 # fuzz/corpus/<name>/ (every file there is replayed first: seeds and the
 # inputs of crashes found before, kept as regression tests). New inputs go to
 # $FUZZ_BUILD/fuzz/corpus/<name>/; a crash leaves its input in
@@ -8,7 +8,7 @@
 # replays the corpora. FUZZ_TARGETS picks targets (default: all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${FUZZ_BUILD:-build-fuzz}
+build=${FUZZ_BUILD:-build-asan}
 seconds=${FUZZ_SECONDS:-10}
 jobs=${JOBS:-$(nproc)}
 all="api_request permissions egress_policy path_resolution proxy_http init_protocol mcp"
@@ -24,17 +24,12 @@ max_len() {
   esac
 }
 
-for tool in clang clang++; do
-  if ! command -v "$tool" >/dev/null 2>&1; then
-    echo "fuzz: $tool is missing (scripts/install-deps.sh installs it)" >&2
-    exit 1
-  fi
-done
-
-# -O1 and line tables only: a fuzz build compiles fast and still names the
-# line of a crash. Only what the targets need is built (target moat_fuzz).
-CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DMOAT_FUZZ=ON -DCMAKE_BUILD_TYPE= \
-  -DCMAKE_C_FLAGS=-O1 -DCMAKE_CXX_FLAGS=-O1 >/dev/null
+if [ ! -f "$build/build.ninja" ] || ! grep -q '^MOAT_FUZZ:BOOL=ON' "$build/CMakeCache.txt"; then
+  echo "fuzz: $build is not a fuzz build; \`make fuzz\` configures it (clang, -DMOAT_FUZZ=ON)" >&2
+  exit 1
+fi
+# Only what the targets need is built here (target moat_fuzz); the same
+# build serves `make sanitize`.
 cmake --build "$build" -j "$jobs" --target moat_fuzz
 
 if command -v llvm-symbolizer >/dev/null 2>&1; then

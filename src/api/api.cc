@@ -6,6 +6,7 @@
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "api/auth.h"
 #include "api/validation.h"
@@ -44,7 +45,8 @@ Api::Api(manager::EnvironmentManager& manager, Keys& keys, gate::ApprovalCenter&
       masterToken_(std::move(masterToken)),
       options_(std::move(options)),
       log_(audit),
-      audit_(audit ? static_cast<audit::Recorder&>(*audit) : audit::nullRecorder()) {}
+      audit_(audit ? static_cast<audit::Recorder&>(*audit) : audit::nullRecorder()),
+      keyRate_({options_.keyRequestsPerSecond, 2 * options_.keyRequestsPerSecond}) {}
 
 void Api::recordAuthFailure(const HttpRequest& request, const std::string& token, const std::string& why) {
   json data = {{"reason", why}, {"method", request.method}, {"path", request.path}};
@@ -83,22 +85,40 @@ Preflight Api::preflight(const HttpRequest& head) {
     auto key = keys_.authenticate(token);
     if (key.ok()) {
       std::string id = key->keyId;
-      std::lock_guard<std::mutex> lock(inFlightMutex_);
-      size_t& n = inFlight_[id];
-      if (n >= options_.maxRequestsPerKey) {
-        p.reject = true;
-        p.response = errorResponse({429, "capacity", "at capacity: this key has " + std::to_string(n) +
-                                                         " requests in progress; retry when some have ended", ""});
-        countError("capacity");
-        return p;
+      {
+        std::lock_guard<std::mutex> lock(inFlightMutex_);
+        size_t& n = inFlight_[id];
+        if (n >= options_.maxRequestsPerKey) {
+          p.reject = true;
+          p.response = errorResponse({429, "capacity", "at capacity: this key has " + std::to_string(n) +
+                                                           " requests in progress; retry when some have ended", ""});
+          countError("capacity");
+          return p;
+        }
+        ++n;
       }
-      ++n;
-      // The server holds this until the request is answered (or its stream ends).
+      // The server holds this until the request is answered (or its stream
+      // ends); a request waiting for its turn below counts as in progress.
       p.hold = std::shared_ptr<void>(nullptr, [this, id](void*) {
         std::lock_guard<std::mutex> lock(inFlightMutex_);
         auto it = inFlight_.find(id);
         if (it != inFlight_.end() && --it->second == 0) inFlight_.erase(it);
       });
+      auto turn = keyRate_.admit(id, RateLimiter::Clock::now());
+      if (!turn.admitted) {
+        auto secs = std::chrono::ceil<std::chrono::seconds>(turn.retryAfter).count();
+        p.reject = true;
+        p.hold.reset();
+        p.response = errorResponse(
+            {429, "capacity",
+             "rate limited: this key may send " + std::to_string(static_cast<long>(keyRate_.limits().perSecond)) +
+                 " requests per second (moatd --key-rate); retry in " + std::to_string(secs) + " s",
+             ""});
+        p.response.headers.emplace_back("Retry-After", std::to_string(secs));
+        countError("capacity");
+        return p;
+      }
+      if (turn.wait.count() > 0) std::this_thread::sleep_for(turn.wait);
       return p;
     }
     why = key.error().context;

@@ -10,6 +10,7 @@
 
 #include "api/http.h"
 #include "api/keys.h"
+#include "api/rate_limit.h"
 #include "api/validation.h"
 #include "gate/approvals.h"
 #include "audit/log.h"
@@ -29,6 +30,11 @@ struct ApiOptions {
   // Half of moatd's connections: a flooding key leaves the rest to others.
   // The master token is not counted.
   size_t maxRequestsPerKey = 256;
+  // Requests per second one API key may send (bursts of twice that); more
+  // wait their turn, up to 2 s, and beyond are 429 `capacity` with a
+  // Retry-After (moatd --key-rate; 0: no limit). The master token is not
+  // limited.
+  double keyRequestsPerSecond = 200;
 };
 
 // An environment as the API shows it.
@@ -106,6 +112,7 @@ class Api {
   std::map<std::string, uint64_t> errors_;
   std::mutex inFlightMutex_;
   std::map<std::string, size_t> inFlight_;  // requests in progress per key id
+  RateLimiter keyRate_;
   static constexpr std::array<double, 10> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025,
                                                       0.05,  0.1,    0.5,   1,    10};
   std::array<std::atomic<uint64_t>, 11> execBuckets_{};

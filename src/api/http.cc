@@ -123,6 +123,10 @@ void upgradeToWebSocket(Stream& stream, const HttpRequest& request, beast::flat_
 // `mark(busy)` tells the server whether a request is in progress (false:
 // the connection waits for the next one); it answers false once the server
 // has closed the connection for a newcomer, and then nothing more is done.
+// The largest body of a refused request that is read (and dropped) to keep
+// its connection open; a larger one closes the connection unread.
+constexpr uint64_t kDrainBytes = 64u << 10;
+
 template <class Stream>
 void serveStream(Stream& stream, const Handler& handler, const PreflightHandler& preflight,
                  const ServerLimits& limits, const std::string& remote,
@@ -147,7 +151,16 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
         parser.body_limit(decision.bodyLimit);
       }
     }
-    if (!ec && !early) http::read(stream, buffer, parser, ec);
+    bool drained = false;  // a refused request's small body, read and dropped
+    if (!ec && !early) {
+      http::read(stream, buffer, parser, ec);
+    } else if (!ec && !parser.chunked() && parser.content_length().value_or(0) <= kDrainBytes) {
+      // So the connection can go on: a client told to slow down keeps it.
+      parser.body_limit(kDrainBytes);
+      beast::error_code drainEc;
+      http::read(stream, buffer, parser, drainEc);
+      drained = !drainEc;
+    }
     if (ec == http::error::end_of_stream || ec == asio::error::eof ||
         ec == asio::error::connection_reset || ec == asio::error::operation_aborted ||
         ec == asio::error::bad_descriptor) {
@@ -157,8 +170,9 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
     bool keepAlive = false;
     unsigned version = 11;
     if (early) {
-      response = std::move(*early);  // the body, if any, was never read: close after
+      response = std::move(*early);  // unless drained, the body was never read: close after
       version = parser.get().version();
+      keepAlive = drained && parser.get().keep_alive();
     } else if (ec) {
       bool tooBig = ec == http::error::body_limit || ec == http::error::header_limit;
       response.status = tooBig ? 413 : 400;

@@ -15,6 +15,7 @@
 #include "api/api.h"
 #include "api/auth.h"
 #include "api/http.h"
+#include "common/sanitizer.h"
 #include "api/keys.h"
 #include "audit/log.h"
 #include "backend/namespaces/spawner.h"
@@ -36,7 +37,7 @@ namespace {
 constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT] [--warm-pool N]
              [--max-environments N] [--permissions FILE] [--approval-timeout S]
              [--audit-retention-days N] [--egress-hosts FILE]
-             [--egress-ca-bundle FILE] [--no-egress]
+             [--egress-ca-bundle FILE] [--no-egress] [--key-rate N]
 
   --state DIR             state directory (default $MOAT_STATE or /var/lib/moat)
   --listen HOST:PORT      TCP address (default 127.0.0.1:7070; port 0 picks one)
@@ -52,6 +53,9 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
                           prune audit events older than N days (default 30;
                           0 keeps them forever); a checkpoint event keeps the
                           chain verifiable
+  --key-rate N            requests per second one API key may send (bursts of
+                          2N; default 200; 0: no limit); more wait their turn,
+                          up to 2 s, then are 429 capacity with a Retry-After
   --egress-hosts FILE     names the egress proxy resolves itself ("ADDRESS NAME..."
                           lines) before asking the host's resolver
   --egress-ca-bundle FILE CA certificates that upstream servers are verified
@@ -77,7 +81,7 @@ namespace {
 // policy/seccomp/moatd.policy on every thread of this process.
 moat::Status installOwnSeccompProfile() {
   MOAT_ASSIGN(auto policy, moat::isolation::seccomp::parsePolicy(moat::isolation::seccomp::moatdPolicyText()));
-#if defined(__SANITIZE_ADDRESS__)
+#if MOAT_ASAN
   // A sanitizer build (make sanitize) keeps ptrace: LeakSanitizer stops
   // moatd's threads with it at exit to look for leaks.
   std::erase_if(policy.rules, [](const auto& rule) { return rule.syscall == "ptrace"; });
@@ -96,6 +100,7 @@ int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7070";
   size_t warmPool = 0;
   int64_t approvalTimeoutS = 120;
+  unsigned long keyRate = 200;  // api::ApiOptions::keyRequestsPerSecond
   manager::ManagerConfig config;
   audit::LogOptions auditOptions;
   egress::EgressConfig egressConfig;
@@ -117,6 +122,13 @@ int main(int argc, char** argv) {
         return fail("--max-environments needs a number from 1 to 100000");
       }
       config.maxEnvironments = std::stoul(v);
+    } else if (a == "--key-rate" && i + 1 < argc) {
+      std::string v = argv[++i];
+      if (v.empty() || v.size() > 6 || v.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoul(v) > 100000) {
+        return fail("--key-rate needs a number of requests per second from 0 (no limit) to 100000");
+      }
+      keyRate = std::stoul(v);
     } else if (a == "--approval-timeout" && i + 1 < argc) {
       std::string v = argv[++i];
       if (v.empty() || v.size() > 5 || v.find_first_not_of("0123456789") != std::string::npos ||
@@ -263,6 +275,7 @@ int main(int argc, char** argv) {
     api::ApiOptions apiOptions;
     apiOptions.stateDir = stateDir;
     apiOptions.approvalTimeoutMs = approvalTimeoutS * 1000;
+    apiOptions.keyRequestsPerSecond = static_cast<double>(keyRate);
     api::Api api(manager, keys, approvals, token.value(), apiOptions, auditLog->get());
     apiForEgress = &api;
     api::HttpServer server([&api](const api::HttpRequest& r) { return api.handle(r); },

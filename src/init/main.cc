@@ -6,16 +6,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/sanitizer.h"
 #include "init/supervisor.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-// pid 1 ignores the signals it has no handler for, which is what keeps the
-// environment's processes from killing it. The sanitizer's handlers for
-// SIGSEGV and friends would undo that in sanitizer builds.
-extern "C" const char* __asan_default_options() {
-  return "handle_segv=0:handle_sigbus=0:handle_sigfpe=0:handle_sigill=0:handle_abort=0";
-}
-#endif
+MOAT_PID1_SANITIZER_OPTIONS()
 
 int main(int argc, char** argv) {
   int controlFd = 3;

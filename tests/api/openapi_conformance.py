@@ -2833,12 +2833,13 @@ def main():
     except Exception as e:  # noqa: BLE001
         checker.report(False, "harness", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
     finally:
-        if checker.failed:
-            print("---- moatd log (tail) ----\n" + daemon.log())
-        daemon.cleanup()
+        daemon.stop()
         code = daemon.proc.returncode if daemon.proc else None
         if code not in (None, 0):
             checker.report(False, "moatd exits 0 on SIGTERM", f"exit status {code}")
+        if checker.failed:
+            print("---- moatd log (tail) ----\n" + daemon.log())
+        daemon.cleanup()
     if checker.failures:
         print("\nfailures:")
         for f in checker.failures:

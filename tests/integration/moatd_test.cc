@@ -377,6 +377,59 @@ TEST(MoatdCapacity, MaxEnvironmentsIsAFlagAndEnvironmentsKeepTheUsualOpenFilesLi
   EXPECT_EQ(json::parse(r.body)["stdout"], std::to_string(files.rlim_cur) + "\n");
 }
 
+TEST(MoatdCapacity, AKeyBeyondItsRateWaitsItsTurnOrIsToldWhenToComeBackAndKeepsItsConnection) {
+  MOAT_REQUIRE_ROOT();
+  // 1 request per second, bursts of 2, a turn at most 2 s away.
+  Moatd daemon({"--key-rate", "1"});
+  auto keyToken = [&daemon] {
+    auto r = daemon.request("POST", "/v1/keys", R"({"scopes":["read"]})");
+    EXPECT_EQ(r.status, 201) << r.body;
+    return json::parse(r.body)["token"].get<std::string>();
+  };
+  const std::string flooder = keyToken(), neighbour = keyToken();
+  // Eight at once: two go through, two wait their turn (1 s and 2 s), the
+  // rest would wait longer and are refused with when to come back.
+  constexpr int kAtOnce = 8;
+  std::vector<std::unique_ptr<HttpConnection>> connections;
+  for (int i = 0; i < kAtOnce; ++i) connections.push_back(std::make_unique<HttpConnection>(daemon.socketPath()));
+  std::vector<HttpResult> results(kAtOnce);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kAtOnce; ++i) {
+    threads.emplace_back([&, i] { results[i] = connections[i]->request("GET", "/v1/environments", flooder); });
+  }
+  for (auto& t : threads) t.join();
+  int answered = 0;
+  int refused = -1;
+  for (int i = 0; i < kAtOnce; ++i) {
+    if (results[i].status == 200) {
+      ++answered;
+      continue;
+    }
+    ASSERT_EQ(results[i].status, 429) << results[i].body;
+    EXPECT_EQ(json::parse(results[i].body)["error"]["code"], "capacity");
+    EXPECT_NE(results[i].body.find("--key-rate"), std::string::npos) << results[i].body;
+    ASSERT_FALSE(results[i].retryAfter.empty());
+    EXPECT_GE(std::stoi(results[i].retryAfter), 1);
+    EXPECT_TRUE(results[i].keepAlive) << "a refused request without a large body keeps its connection";
+    refused = i;
+  }
+  EXPECT_GE(answered, 2);
+  // Each second of the test lets one more through; all eight never are.
+  EXPECT_LE(answered, 5);
+  ASSERT_GE(refused, 0) << "none of " << kAtOnce << " requests at once was refused";
+  // Another key has a bucket of its own, and the master token has none.
+  EXPECT_EQ(HttpConnection(daemon.socketPath()).request("GET", "/v1/environments", neighbour).status, 200);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(daemon.request("GET", "/v1/environments").status, 200);
+  // The refused request's connection still serves: the last waiter's turn
+  // has passed (the threads joined after it), so the next one's turn is at
+  // most a second away and it waits for it.
+  EXPECT_EQ(connections[refused]->request("GET", "/v1/environments", flooder).status, 200);
+  // A bad value is named.
+  auto bad = runProcess({binDir() + "/moatd", "--key-rate", "fast"});
+  EXPECT_EQ(bad.exitCode, 1);
+  EXPECT_NE(bad.err.find("--key-rate needs a number"), std::string::npos) << bad.err;
+}
+
 TEST_F(MoatdApi, TemplatesCannotExposeTheHostToKeysOrTheStateToAnyone) {
   json key = call("POST", "/v1/keys", {{"scopes", {"create", "read", "files"}}}, 201);
   auto asKey = daemon_->request("POST", "/v1/environments",

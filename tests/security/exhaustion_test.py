@@ -13,8 +13,8 @@ Each test creates an environment through moatd's API with small limits
   no process of the environment's uid range left its cgroup (nor outlived
   its destroy);
 - other environments keep working: a neighbour environment runs `true`
-  through the exec API back to back during every attack; all its execs must
-  succeed. Their p50/p99 are recorded but not asserted (a benchmark, not a
+  through the exec API (one every 10 ms at most) during every attack; all
+  its execs must succeed. Their p50/p99 are recorded but not asserted (a benchmark, not a
   timed test: bench/exhaustion.py runs each attack longer and prints them).
 
   exhaustion_test.py --bin-dir build/bin [-k NAME] [--seconds S] [--report FILE]
@@ -46,6 +46,8 @@ import unittest
 BIN_DIR = None
 ATTACK_S = 3.0          # how long each attack runs (--seconds; the benchmark runs longer)
 REPORT = None           # --report FILE: the measurements as JSON, for bench/exhaustion.py
+KEY_RATE = 200          # moatd's default --key-rate: requests per second per API key
+NEIGHBOUR_PERIOD_S = 0.01  # the neighbour runs at most one exec this often (100/s)
 RESULTS = []            # one dict per attack, in the order they ran
 MIB = 1 << 20
 LIMITS = {"cpus": 1, "ram_mb": 256, "pids": 128, "storage_gb": 0.5}
@@ -490,6 +492,10 @@ def neighbour_main(sock, token, env_id):
             time.sleep(0.01)
             continue
         latencies.append((time.monotonic() - t) * 1000)
+        # At most one exec per NEIGHBOUR_PERIOD_S: a probe of latency, and
+        # under moatd's per-key rate limit (--key-rate) so it measures no wait
+        # of its own making.
+        stopping.wait(max(0.0, t + NEIGHBOUR_PERIOD_S - time.monotonic()))
     client.close()
     json.dump({"latencies": latencies, "failures": failures}, sys.stdout)
     return 0
@@ -981,6 +987,44 @@ class ExhaustionTest(unittest.TestCase):
         self.assertLessEqual(info["stdout_bytes"] - info["stdout_dropped"], MIB, info)
         self.assertDestroyedClean(e)
 
+    def test_api_exec_flood(self):
+        # One key, 32 clients running `true` back to back in its environment:
+        # the key gets its rate (moatd --key-rate) and no more of moatd's time.
+        e = self.victim()
+        stopping = threading.Event()
+        counts = {"ok": 0, "refused": 0, "errors": 0}
+        lock = threading.Lock()
+
+        def flood():
+            c = self.client(timeout=30)
+            while not stopping.is_set():
+                try:
+                    status, _ = c.call("POST", f"/v1/environments/{e.id}/exec", {"cmd": ["true"]})
+                    with lock:
+                        counts["ok" if status == 200 else "refused"] += 1
+                except (OSError, http.client.HTTPException):
+                    with lock:
+                        counts["errors"] += 1
+                    time.sleep(0.01)
+            c.close()
+
+        threads = [threading.Thread(target=flood, daemon=True) for _ in range(32)]
+        with self.attack("API exec flood", e, fds_allowance=4 * 32 + 64, threads_allowance=32 + 16) as w:
+            started = time.monotonic()
+            for t in threads:
+                t.start()
+            time.sleep(ATTACK_S)
+            stopping.set()
+            for t in threads:
+                t.join(30)
+            flood_s = time.monotonic() - started
+            w.extra = dict(counts, flood_s=round(flood_s, 1), execs_per_s=round(counts["ok"] / flood_s))
+        self.assertEqual(counts["errors"], 0, counts)
+        self.assertLessEqual(counts["ok"], KEY_RATE * flood_s + 2 * KEY_RATE, counts)
+        # Limited, not starved: the key got a good part of its rate.
+        self.assertGreater(counts["ok"], KEY_RATE * flood_s / 4, counts)
+        self.assertDestroyedClean(e)
+
     def test_api_flood(self):
         # One key, everything at once: clients running `true` back to back in
         # its environment, more followers holding a request open than it may
@@ -1020,6 +1064,7 @@ class ExhaustionTest(unittest.TestCase):
             cleanup.callback(lambda: [s.close() for s in followers + idle])
             cleanup.callback(lambda: [t.join(30) for t in threads])
             cleanup.callback(stopping.set)
+            flood_started = time.monotonic()
             for t in threads:
                 t.start()
             for _ in range(300):
@@ -1039,14 +1084,18 @@ class ExhaustionTest(unittest.TestCase):
             status_other, _ = self.moatd.call("GET", "/v1/environments", bearer=self.keys["neighbour"])
             other_ms = (time.monotonic() - t) * 1000
             cleanup.close()
+            flood_s = time.monotonic() - flood_started
             w.extra = dict(counts, follow_answers=answers, other_caller=status_other,
-                           other_caller_ms=round(other_ms, 1))
+                           other_caller_ms=round(other_ms, 1), flood_s=round(flood_s, 1))
         self.assertEqual(status_other, 200)
         self.assertGreater(counts["ok"], 0)
         # The key got at most its share of requests in progress; the rest were refused.
         accepted = answers.get("HTTP/1.1 200 OK", 0)
         self.assertLessEqual(accepted, 256, answers)
         self.assertGreater(answers.get("HTTP/1.1 429 Too Many Requests", 0), 0, answers)
+        # And no more than its rate: moatd's default --key-rate (200 per
+        # second, bursts of 400), whatever number of connections it used.
+        self.assertLessEqual(counts["ok"] + accepted, KEY_RATE * flood_s + 2 * KEY_RATE, counts)
         self.assertDestroyedClean(e)
 
 

@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,22 @@ struct HttpResult {
   std::string body;
   std::string contentType;
   std::string upgrade;  // the Upgrade header, if any
+  std::string retryAfter;  // the Retry-After header, if any
+  bool keepAlive = false;  // the server keeps the connection open after it
+};
+
+// One keep-alive HTTP connection to moatd's unix socket: requests go one
+// after another on the same connection (request throws once it is closed).
+class HttpConnection {
+ public:
+  explicit HttpConnection(const std::string& socketPath);
+  ~HttpConnection();
+  HttpResult request(const std::string& method, const std::string& target, const std::string& token,
+                     const std::string& body = "");
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
 };
 
 // A streamed answer (chunked NDJSON) read line by line, as a follower does.

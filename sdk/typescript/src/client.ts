@@ -25,7 +25,8 @@ export interface MoatOptions {
   timeoutMs?: number;
   /**
    * How many times an idempotent call (GET, DELETE, PUT of a file) is retried
-   * after a connection error or a 503/429 answer (default 2). POSTs never are.
+   * after a connection error or a 503/429 answer (default 2), waiting at
+   * least what a 429's Retry-After asks. POSTs never are.
    */
   maxRetries?: number;
   /** The first retry's delay in ms (default 200); it doubles each time, with jitter. */
@@ -204,10 +205,13 @@ export class Transport {
     return this.once(call, "upgrade") as Promise<Upgraded>;
   }
 
-  /** Waits before retry `attempt` (0-based): exponential with jitter, at most 5 s. */
-  backoff(attempt: number, signal?: AbortSignal): Promise<void> {
+  /**
+   * Waits before retry `attempt` (0-based): exponential with jitter, at most
+   * 5 s, or as long as moatd asked (Retry-After, e.g. a key over its rate) when longer.
+   */
+  backoff(attempt: number, signal?: AbortSignal, atLeastMs = 0): Promise<void> {
     const base = Math.min(this.retryDelayMs * 2 ** attempt, 5_000);
-    const delay = base / 2 + Math.random() * (base / 2);
+    const delay = Math.max(base / 2 + Math.random() * (base / 2), atLeastMs);
     return sleepTimer(delay, undefined, signal ? { signal } : undefined).catch(() => {
       throw new MoatAbortError(signal?.reason);
     });
@@ -220,7 +224,7 @@ export class Transport {
         return await attempt();
       } catch (e) {
         if (!idempotent || i >= this.maxRetries || !retryable(e)) throw e;
-        await this.backoff(i, call.signal);
+        await this.backoff(i, call.signal, e instanceof MoatError ? e.retryAfterMs ?? 0 : 0);
       }
     }
   }
@@ -305,7 +309,8 @@ export class Transport {
           if (pending) {
             reject(pending);
           } else if (status >= 400 || (mode === "upgrade" && status !== 101)) {
-            reject(status >= 400 ? errorFromResponse(status, body)
+            const retryAfter = res.headers["retry-after"];
+            reject(status >= 400 ? errorFromResponse(status, body, typeof retryAfter === "string" ? retryAfter : undefined)
                                  : new MoatError({ status, code: "bad_response", message: `${where}: expected a WebSocket upgrade, got HTTP ${status}` }));
           } else {
             resolve({ status, headers: res.headers, body } satisfies Answer);

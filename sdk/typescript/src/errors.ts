@@ -10,6 +10,7 @@ export interface MoatErrorInit {
   message: string;
   field?: string | undefined;
   cause?: unknown;
+  retryAfterMs?: number | undefined;
 }
 
 export class MoatError extends Error {
@@ -19,6 +20,8 @@ export class MoatError extends Error {
   readonly code: string;
   /** The request field at fault (`spec.cpus`, `cmd[1]`, `path`), when moatd names one. */
   readonly field: string | undefined;
+  /** How long moatd asked the caller to wait before trying again (its Retry-After), if it said. */
+  readonly retryAfterMs: number | undefined;
 
   constructor(init: MoatErrorInit) {
     super(init.message, init.cause === undefined ? undefined : { cause: init.cause });
@@ -26,6 +29,7 @@ export class MoatError extends Error {
     this.status = init.status;
     this.code = init.code;
     this.field = init.field;
+    this.retryAfterMs = init.retryAfterMs;
   }
 }
 
@@ -153,8 +157,10 @@ const byStatus: Record<number, typeof MoatError> = {
   504: ServerTimeoutError,
 };
 
-/** Builds the error for an HTTP error answer (any status >= 400). */
-export function errorFromResponse(status: number, body: Buffer | string): MoatError {
+/** Builds the error for an HTTP error answer (any status >= 400); `retryAfter` is its Retry-After header. */
+export function errorFromResponse(status: number, body: Buffer | string, retryAfter?: string): MoatError {
+  const seconds = retryAfter !== undefined && /^\d{1,6}$/.test(retryAfter.trim()) ? Number(retryAfter.trim()) : undefined;
+  const retryAfterMs = seconds === undefined ? undefined : seconds * 1000;
   const text = typeof body === "string" ? body : body.toString("utf8");
   let code = `http_${status}`;
   let message = text.trim() || `HTTP ${status}`;
@@ -185,7 +191,7 @@ export function errorFromResponse(status: number, body: Buffer | string): MoatEr
     });
   }
   const Cls = byCode[code] ?? byStatus[status] ?? MoatError;
-  return new Cls({ status, code, message, field });
+  return new Cls({ status, code, message, field, retryAfterMs });
 }
 
 /** The ApprovalPendingError for a 202 answer whose body names an approval; undefined otherwise. */

@@ -79,6 +79,32 @@ describe("retries", () => {
     }
   });
 
+  it("waits what a 429's Retry-After asks before the retry (a key over its rate)", async () => {
+    const at = [];
+    const fake = await serve((req, res, n) => {
+      at.push(performance.now());
+      if (n === 1) {
+        res.writeHead(429, { "Content-Type": "application/json", "Retry-After": "1" });
+        res.end(JSON.stringify({ error: { code: "capacity", message: "rate limited: retry in 1 s" } }));
+        return;
+      }
+      res.writeHead(200, { "Content-Type": "application/json" });
+      res.end(JSON.stringify({ environments: [] }));
+    });
+    const client = new Moat({ baseUrl: fake.url, token: "t", retryDelayMs: 1 });
+    try {
+      assert.deepEqual(await client.environments.list(), []);
+      assert.equal(fake.count, 2);
+      assert.ok(at[1] - at[0] >= 990, `retried after ${at[1] - at[0]} ms, not the 1 s asked`);
+      const e = errorFromResponse(429, "{}", "3");
+      assert.equal(e.retryAfterMs, 3000);
+      assert.equal(errorFromResponse(429, "{}", "Wed, 21 Oct 2026 07:28:00 GMT").retryAfterMs, undefined);
+    } finally {
+      client.close();
+      await fake.close();
+    }
+  });
+
   it("does not retry a POST whose connection broke, and a GET succeeds on a later try", async () => {
     const fake = await serve((req, res, n) => {
       if (req.method === "POST" || n < 4) {
