@@ -154,8 +154,10 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
     bool drained = false;  // a refused request's small body, read and dropped
     if (!ec && !early) {
       http::read(stream, buffer, parser, ec);
-    } else if (!ec && !parser.chunked() && parser.content_length().value_or(0) <= kDrainBytes) {
+    } else if (!ec && !parser.chunked() && parser.content_length().value_or(0) <= kDrainBytes &&
+               parser.get()[http::field::expect].empty()) {
       // So the connection can go on: a client told to slow down keeps it.
+      // (One that waits for "100 Continue" is answered at once instead.)
       parser.body_limit(kDrainBytes);
       beast::error_code drainEc;
       http::read(stream, buffer, parser, drainEc);

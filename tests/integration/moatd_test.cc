@@ -452,6 +452,25 @@ TEST_F(MoatdApi, UnauthenticatedBodiesAreRefusedBeforeTheyAreRead) {
   EXPECT_EQ(r.status, 401);
   auto big = daemon_->request("POST", "/v1/environments", std::string(3u << 20, ' '));
   EXPECT_EQ(big.status, 413);
+  // A small refused body is read and dropped, so the connection goes on...
+  HttpConnection c(daemon_->socketPath());
+  auto small = c.raw("POST /v1/environments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
+                     "Content-Length: 5\r\n\r\nhello");
+  EXPECT_EQ(small.status, 401);
+  EXPECT_TRUE(small.keepAlive);
+  EXPECT_EQ(c.request("GET", "/v1/environments", daemon_->token()).status, 200);
+  // ...but a client waiting for "100 Continue" before its body is answered at
+  // once, and one that declares a large body is not read: both connections close.
+  HttpConnection waiting(daemon_->socketPath());
+  auto expect = waiting.raw("PUT /v1/environments/000000000000/files?path=/x HTTP/1.1\r\nHost: x\r\n"
+                            "Expect: 100-continue\r\nContent-Length: 1000\r\n\r\n");
+  EXPECT_EQ(expect.status, 401);
+  EXPECT_FALSE(expect.keepAlive);
+  HttpConnection large(daemon_->socketPath());
+  auto declared = large.raw("PUT /v1/environments/000000000000/files?path=/x HTTP/1.1\r\nHost: x\r\n"
+                            "Content-Length: 10000000\r\n\r\n");
+  EXPECT_EQ(declared.status, 401);
+  EXPECT_FALSE(declared.keepAlive);
 }
 
 TEST_F(MoatdApi, DeleteDuringCreateLeavesAConsistentState) {

@@ -28,6 +28,8 @@ if ! cmp -s package-lock.json "$stamp" 2>/dev/null; then
   cp package-lock.json "$stamp"
 fi
 
-# One file at a time: each starts its own moatd. Arguments pick files.
+# The files run at once: each starts its own moatd (state, socket, port) and
+# most of their time is spent waiting (timeouts, approvals, progress
+# notifications). Arguments pick files.
 if [ "$#" -gt 0 ]; then files=("$@"); else files=(*.test.mjs); fi
-exec node --test --test-reporter=spec --test-concurrency=1 "${files[@]}"
+exec node --test --test-reporter=spec --test-concurrency=3 "${files[@]}"

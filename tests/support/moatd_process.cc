@@ -198,6 +198,19 @@ HttpResult HttpConnection::request(const std::string& method, const std::string&
     req.prepare_payload();
   }
   http::write(state_->socket, req);
+  return readAnswer();
+}
+
+HttpResult HttpConnection::raw(const std::string& bytes) {
+  asio::write(state_->socket, asio::buffer(bytes));
+  return readAnswer();
+}
+
+HttpResult HttpConnection::readAnswer() {
+  if (state_->buffer.size() == 0) {
+    struct pollfd p = {state_->socket.native_handle(), POLLIN, 0};
+    if (::poll(&p, 1, 10000) != 1) throw std::runtime_error("moatd sent no answer within 10 s");
+  }
   http::response_parser<http::string_body> parser;
   parser.body_limit(16u << 20);
   http::read(state_->socket, state_->buffer, parser);

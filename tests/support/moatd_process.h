@@ -28,8 +28,12 @@ class HttpConnection {
   ~HttpConnection();
   HttpResult request(const std::string& method, const std::string& target, const std::string& token,
                      const std::string& body = "");
+  // Sends `bytes` as they are (e.g. a request head without its body) and
+  // reads one answer. Both throw when no answer starts within 10 s.
+  HttpResult raw(const std::string& bytes);
 
  private:
+  HttpResult readAnswer();
   struct State;
   std::unique_ptr<State> state_;
 };
