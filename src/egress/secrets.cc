@@ -38,6 +38,38 @@ void replaceAll(std::string& text, const std::string& from, const std::string& t
   }
 }
 
+// Why `host` (canonical) cannot receive a secret, or "" when it can: a name
+// (letters, digits, "-", "_", dots between non-empty labels) or a glob whose
+// wildcards ("*", "?") all lie left of at least two literal labels, so that
+// it stays inside one named domain ("*.example.com", "api-?.example.com";
+// not "*", "*.*", "*.com", "api.*").
+std::string secretHostProblem(const std::string& host) {
+  if (host.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789.-_*?") != std::string::npos) {
+    return "must be a host name or glob";
+  }
+  size_t labels = 0, literalAfterWildcard = 0;
+  bool wildcard = false;
+  size_t start = 0;
+  while (start <= host.size()) {
+    size_t end = host.find('.', start);
+    if (end == std::string::npos) end = host.size();
+    if (end == start) return "must be a host name or glob (an empty label)";
+    ++labels;
+    if (host.find_first_of("*?", start) < end) {
+      wildcard = true;
+      literalAfterWildcard = 0;
+    } else {
+      ++literalAfterWildcard;
+    }
+    start = end + 1;
+  }
+  if (wildcard && literalAfterWildcard < 2) {
+    return "a glob must keep its wildcards left of two named labels (\"*.example.com\", not \"" + host +
+           "\"): a secret belongs to named hosts";
+  }
+  return "";
+}
+
 }  // namespace
 
 bool Secret::boundTo(const std::string& host) const {
@@ -79,9 +111,7 @@ Result<std::vector<Secret>> parseSecrets(const json& j) {
         return invalid(hf, "must be a host name or glob");
       }
       std::string host = canonicalHost(h);
-      if (host == "*" || host.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789.-_*?") != std::string::npos) {
-        return invalid(hf, "must be a host name or glob (and not \"*\": a secret belongs to named hosts)");
-      }
+      if (std::string problem = secretHostProblem(host); !problem.empty()) return invalid(hf, problem);
       secret.hosts.push_back(host);
     }
     if (s.contains("header")) {

@@ -196,6 +196,18 @@ TEST(EgressSecrets, RefusesWhatCouldLeakOrConfuse) {
     return s.ok() ? std::string() : s.error().context;
   };
   EXPECT_EQ(err(R"([{"name": "A", "value": "v", "hosts": ["*"]}])").rfind("secrets[0].hosts[0]:", 0), 0u);
+  // Globs that match (nearly) any host, or any host under a public suffix or
+  // a name's last label, are refused as "*" is.
+  for (const char* broad : {"*.*", "**", "?*", "*?", "*.com", "api.*", "api.example.*", "*.*.com", "10.0.0.*",
+                            "a..b", ".example.com"}) {
+    std::string text = std::string(R"([{"name": "A", "value": "v", "hosts": [")") + broad + R"("]}])";
+    EXPECT_EQ(err(text.c_str()).rfind("secrets[0].hosts[0]:", 0), 0u) << broad;
+  }
+  for (const char* named : {"api.github.com", "*.github.com", "api-?.example.com", "*.a.example.co.uk", "localhost",
+                            "registry.npmjs.org"}) {
+    std::string text = std::string(R"([{"name": "A", "value": "v", "hosts": [")") + named + R"("]}])";
+    EXPECT_EQ(err(text.c_str()), "") << named;
+  }
   EXPECT_EQ(err(R"([{"name": "1A", "value": "v", "hosts": ["x"]}])").rfind("secrets[0].name:", 0), 0u);
   EXPECT_EQ(err(R"([{"name": "A", "value": "a\r\nX-Evil: 1", "hosts": ["x"]}])").rfind("secrets[0].value:", 0), 0u);
   EXPECT_EQ(err(R"([{"name": "A", "value": "v", "hosts": ["x"], "header": "Bad Name"}])").rfind("secrets[0].header:", 0),
