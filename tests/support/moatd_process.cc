@@ -33,7 +33,12 @@ Moatd::Moatd(std::vector<std::string> extraArgs) : extraArgs_(std::move(extraArg
   char tmpl[] = "/tmp/moatd-test-XXXXXX";
   stateDir_ = ::mkdtemp(tmpl);
   logPath_ = stateDir_ + ".log";
-  start();
+  try {
+    start();
+  } catch (...) {
+    removeState();  // no destructor runs for an object whose constructor threw
+    throw;
+  }
 }
 
 void Moatd::start() {
@@ -107,6 +112,10 @@ void Moatd::restart() {
 
 Moatd::~Moatd() {
   stop();
+  removeState();
+}
+
+void Moatd::removeState() {
   // A test that failed half-way may have left the spawner (which outlives
   // moatd by design) with environments: ask it to destroy them and exit.
   int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);

@@ -95,6 +95,9 @@ class Moatd {
 
  private:
   void start();
+  // Ends what a moatd left (its spawner, storage pool, egress namespace)
+  // and removes the state directory and the log.
+  void removeState();
   std::string stateDir_;
   std::string token_;
   std::string logPath_;
