@@ -21,11 +21,9 @@ Runs in the world of egress_test.py (its own network namespace, a test
 Needs root (exits 0 with SKIP otherwise).
 """
 
-import argparse
 import json
 import os
 import re
-import shutil
 import socket
 import ssl
 import struct
@@ -38,7 +36,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import egress_test as base  # noqa: E402
 from egress_test import (API, API_IP, HOST_SERVICE_PORT, LOOPBACK_NAME, METADATA_NAME, OTHER,  # noqa: E402
-                         OTHER_IP, PLAIN_IP, SECRET_VALUE, Env, Moatd, World, allow)
+                         OTHER_IP, PLAIN_IP, SECRET_VALUE, Env, Moatd, allow)
 
 HOST_PUBLIC_IP = "198.51.100.77"   # moatd's host's own address, named in no --egress-hosts line
 HOST_WIDE_PORT = 8100              # a host service on 0.0.0.0: every address of the host
@@ -293,6 +291,7 @@ class AbuseTest(unittest.TestCase):
     def tearDownClass(cls):
         if cls.moatd:
             cls.moatd.stop()
+            cls.moatd.remove()
 
     def setUp(self):
         self.envs = []
@@ -1074,23 +1073,11 @@ open('/tmp/result', 'w').write(json.dumps(out))
 
 
 def main():
-    global WORLD
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--bin-dir", required=True)
-    args, rest = parser.parse_known_args()
-    if os.geteuid() != 0:
-        print("SKIP: egress tests need root (moatd creates namespaces)")
-        return 0
-    for tool in ("ip", "openssl", "nsenter"):
-        if not shutil.which(tool):
-            print(f"FAIL: {tool} is missing (scripts/install-deps.sh installs it)")
-            return 1
-    base.BIN_DIR = os.path.abspath(args.bin_dir)
-    base.enter_private_network()
-    WORLD = base.WORLD = World()
-    extend_world(WORLD)
-    result = unittest.main(argv=[sys.argv[0], "-v", *rest], exit=False).result
-    return 0 if result.wasSuccessful() else 1
+    def prepare(world):
+        global WORLD
+        WORLD = world
+        extend_world(world)
+    return base.main(prepare)
 
 
 if __name__ == "__main__":

@@ -711,7 +711,9 @@ class EgressRestartTest(unittest.TestCase):
         self.assertEqual([m for m in mounts if not m.split()[4].endswith("/storage")], [])
 
 
-def main():
+def main(prepare_world=None):
+    """Runs the unittest cases of __main__ in a test internet of their own
+    (`prepare_world(world)` may add to it first); egress_abuse_test.py too."""
     global BIN_DIR, WORLD
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin-dir", required=True)
@@ -726,7 +728,12 @@ def main():
     BIN_DIR = os.path.abspath(args.bin_dir)
     enter_private_network()
     WORLD = World()
-    result = unittest.main(argv=[sys.argv[0], "-v", *rest], exit=False).result
+    try:
+        if prepare_world:
+            prepare_world(WORLD)
+        result = unittest.main(argv=[sys.argv[0], "-v", *rest], exit=False).result
+    finally:
+        shutil.rmtree(WORLD.dir, ignore_errors=True)  # its CA key, certificates, hosts file
     return 0 if result.wasSuccessful() else 1
 
 
