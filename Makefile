@@ -41,7 +41,7 @@ bench: build
 # line tables compiles fast, runs the suite faster than -O0 and still names
 # the line of a finding. No benchmarks in it.
 asan-configure: deps
-	@CC=clang CXX=clang++ cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE= \
+	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE= \
 	  -DMOAT_SANITIZE=ON -DMOAT_FUZZ=ON -DMOAT_BENCHMARKS=OFF \
 	  "-DCMAKE_C_FLAGS=-O1 -gline-tables-only" "-DCMAKE_CXX_FLAGS=-O1 -gline-tables-only" >/dev/null
 
@@ -60,4 +60,4 @@ fuzz: asan-configure
 	@FUZZ_BUILD=$(ASAN_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) scripts/fuzz.sh
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz

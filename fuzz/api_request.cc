@@ -73,6 +73,7 @@ Daemon* daemon() {
     d->approvals = std::make_unique<gate::ApprovalCenter>(*d->store);
     ApiOptions options;
     options.stateDir = dir;
+    options.keyRequestsPerSecond = 0;  // a rate limit would make the fuzzer sleep
     options.approvalTimeoutMs = 1;
     d->api = std::make_unique<Api>(*d->manager, *d->keys, *d->approvals, kMaster, options);
     auto ceiling = gate::Permissions::parse(

@@ -92,6 +92,7 @@ Preflight Api::preflight(const HttpRequest& head) {
           p.reject = true;
           p.response = errorResponse({429, "capacity", "at capacity: this key has " + std::to_string(n) +
                                                            " requests in progress; retry when some have ended", ""});
+          p.response.headers.emplace_back("Retry-After", "1");
           countError("capacity");
           return p;
         }

@@ -142,7 +142,14 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
     if (!ec && !mark(true)) return;
     std::optional<HttpResponse> early;
     std::shared_ptr<void> hold;  // released after the answer (end of this iteration)
-    if (!ec && preflight) {
+    // Only "chunked" frames a body whose end moatd can find; with any other
+    // Transfer-Encoding the body would be read as the next request.
+    const bool badFraming = !ec && !parser.get()[http::field::transfer_encoding].empty() && !parser.chunked();
+    if (badFraming) {
+      early = HttpResponse();
+      early->status = 400;
+      early->body = errorBody("bad_request", "unsupported Transfer-Encoding (only chunked)");
+    } else if (!ec && preflight) {
       Preflight decision = preflight(requestHead(parser.get(), remote));
       hold = std::move(decision.hold);
       if (decision.reject) {
@@ -154,10 +161,14 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
     bool drained = false;  // a refused request's small body, read and dropped
     if (!ec && !early) {
       http::read(stream, buffer, parser, ec);
-    } else if (!ec && !parser.chunked() && parser.content_length().value_or(0) <= kDrainBytes &&
-               parser.get()[http::field::expect].empty()) {
+    } else if (!ec && !badFraming && !parser.chunked() &&
+               parser.content_length().value_or(0) <= kDrainBytes && parser.get()[http::field::expect].empty()) {
       // So the connection can go on: a client told to slow down keeps it.
       // (One that waits for "100 Continue" is answered at once instead.)
+      // Meanwhile the connection counts as idle: one that never sends its
+      // body is closed for a newcomer at the connection limit, as an idle
+      // one is, and holds no place that the busy ones need.
+      if (!mark(false)) return;
       parser.body_limit(kDrainBytes);
       beast::error_code drainEc;
       http::read(stream, buffer, parser, drainEc);

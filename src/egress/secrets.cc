@@ -42,7 +42,8 @@ void replaceAll(std::string& text, const std::string& from, const std::string& t
 // (letters, digits, "-", "_", dots between non-empty labels) or a glob whose
 // wildcards ("*", "?") all lie left of at least two literal labels, so that
 // it stays inside one named domain ("*.example.com", "api-?.example.com";
-// not "*", "*.*", "*.com", "api.*").
+// not "*", "*.*", "*.com", "api.*", nor "*.0.1", which matches addresses).
+// A public suffix of two labels ("*.co.uk") is not recognized as one.
 std::string secretHostProblem(const std::string& host) {
   if (host.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789.-_*?") != std::string::npos) {
     return "must be a host name or glob";
@@ -62,6 +63,10 @@ std::string secretHostProblem(const std::string& host) {
       ++literalAfterWildcard;
     }
     start = end + 1;
+  }
+  std::string last = host.substr(host.rfind('.') + 1);
+  if (wildcard && last.find_first_not_of("0123456789") == std::string::npos) {
+    return "a glob cannot stand for addresses (\"" + host + "\" matches IP literals): a secret belongs to named hosts";
   }
   if (wildcard && literalAfterWildcard < 2) {
     return "a glob must keep its wildcards left of two named labels (\"*.example.com\", not \"" + host +

@@ -471,6 +471,14 @@ TEST_F(MoatdApi, UnauthenticatedBodiesAreRefusedBeforeTheyAreRead) {
                             "Content-Length: 10000000\r\n\r\n");
   EXPECT_EQ(declared.status, 401);
   EXPECT_FALSE(declared.keepAlive);
+  // A body framed other than by Content-Length or chunked would be read as
+  // the next request: refused, and the connection closed.
+  HttpConnection framed(daemon_->socketPath());
+  auto gzip = framed.raw("POST /v1/environments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + daemon_->token() +
+                         "\r\nTransfer-Encoding: gzip\r\n\r\nGET /v1/environments HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(gzip.status, 400) << gzip.body;
+  EXPECT_NE(gzip.body.find("Transfer-Encoding"), std::string::npos) << gzip.body;
+  EXPECT_FALSE(gzip.keepAlive);
 }
 
 TEST_F(MoatdApi, DeleteDuringCreateLeavesAConsistentState) {

@@ -1028,7 +1028,7 @@ class ExhaustionTest(unittest.TestCase):
     def test_api_flood(self):
         # One key, everything at once: clients running `true` back to back in
         # its environment, more followers holding a request open than it may
-        # have, and more idle connections than moatd serves.
+        # have, and more idle or stalled connections than moatd serves.
         e = self.victim()
         quiet = e.start(["sleep", "3600"])
         stopping = threading.Event()
@@ -1076,8 +1076,13 @@ class ExhaustionTest(unittest.TestCase):
                 except OSError as ex:
                     head = repr(ex)
                 answers[head] = answers.get(head, 0) + 1
-            for _ in range(600):
-                idle.append(raw())
+            # Idle connections, and (as many) unauthenticated requests that
+            # declare a body and never send it: moatd reads a refused request's
+            # small body to keep its connection, and must count such a
+            # connection as idle (closable for a newcomer), not busy.
+            stalled = "POST /v1/environments HTTP/1.1\r\nHost: x\r\nContent-Length: 65536\r\n\r\n"
+            for i in range(600):
+                idle.append(raw(stalled if i % 2 else None))
             time.sleep(ATTACK_S)
             # Another caller is served, on a fresh connection.
             t = time.monotonic()

@@ -196,10 +196,10 @@ TEST(EgressSecrets, RefusesWhatCouldLeakOrConfuse) {
     return s.ok() ? std::string() : s.error().context;
   };
   EXPECT_EQ(err(R"([{"name": "A", "value": "v", "hosts": ["*"]}])").rfind("secrets[0].hosts[0]:", 0), 0u);
-  // Globs that match (nearly) any host, or any host under a public suffix or
-  // a name's last label, are refused as "*" is.
+  // Globs that match (nearly) any host, any host under a top-level domain,
+  // any last label, or IP addresses are refused as "*" is.
   for (const char* broad : {"*.*", "**", "?*", "*?", "*.com", "api.*", "api.example.*", "*.*.com", "10.0.0.*",
-                            "a..b", ".example.com"}) {
+                            "*.0.1", "?.1.2.3", "a..b", ".example.com"}) {
     std::string text = std::string(R"([{"name": "A", "value": "v", "hosts": [")") + broad + R"("]}])";
     EXPECT_EQ(err(text.c_str()).rfind("secrets[0].hosts[0]:", 0), 0u) << broad;
   }

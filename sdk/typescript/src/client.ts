@@ -26,7 +26,8 @@ export interface MoatOptions {
   /**
    * How many times an idempotent call (GET, DELETE, PUT of a file) is retried
    * after a connection error or a 503/429 answer (default 2), waiting at
-   * least what a 429's Retry-After asks. POSTs never are.
+   * least what a 429's Retry-After asks (up to 30 s; a longer one is thrown
+   * at once). POSTs never are.
    */
   maxRetries?: number;
   /** The first retry's delay in ms (default 200); it doubles each time, with jitter. */
@@ -134,6 +135,9 @@ function buildPath(prefix: string, path: string, query?: Record<string, QueryVal
   return prefix + path + (qs ? `?${qs}` : "");
 }
 
+/** A Retry-After longer than this is not waited for: the error goes to the caller. */
+const MAX_RETRY_AFTER_MS = 30_000;
+
 /** Network-level failures worth another attempt of an idempotent call. */
 function retryable(e: unknown): boolean {
   if (e instanceof MoatConnectionError) return true;
@@ -211,7 +215,8 @@ export class Transport {
    */
   backoff(attempt: number, signal?: AbortSignal, atLeastMs = 0): Promise<void> {
     const base = Math.min(this.retryDelayMs * 2 ** attempt, 5_000);
-    const delay = Math.max(base / 2 + Math.random() * (base / 2), atLeastMs);
+    // Jitter on top of what moatd asked, so that refused clients do not all come back at once.
+    const delay = Math.max(base / 2 + Math.random() * (base / 2), atLeastMs * (1 + Math.random() * 0.2));
     return sleepTimer(delay, undefined, signal ? { signal } : undefined).catch(() => {
       throw new MoatAbortError(signal?.reason);
     });
@@ -224,7 +229,9 @@ export class Transport {
         return await attempt();
       } catch (e) {
         if (!idempotent || i >= this.maxRetries || !retryable(e)) throw e;
-        await this.backoff(i, call.signal, e instanceof MoatError ? e.retryAfterMs ?? 0 : 0);
+        const asked = e instanceof MoatError ? e.retryAfterMs ?? 0 : 0;
+        if (asked > MAX_RETRY_AFTER_MS) throw e;  // the caller decides whether to wait that long
+        await this.backoff(i, call.signal, asked);
       }
     }
   }

@@ -96,6 +96,19 @@ describe("retries", () => {
       assert.deepEqual(await client.environments.list(), []);
       assert.equal(fake.count, 2);
       assert.ok(at[1] - at[0] >= 990, `retried after ${at[1] - at[0]} ms, not the 1 s asked`);
+      // A wait longer than 30 s is the caller's to decide: the error comes at once.
+      const far = await serve((req, res) => {
+        res.writeHead(429, { "Content-Type": "application/json", "Retry-After": "3600" });
+        res.end(JSON.stringify({ error: { code: "capacity", message: "rate limited: retry in 3600 s" } }));
+      });
+      const impatient = new Moat({ baseUrl: far.url, token: "t", retryDelayMs: 1 });
+      try {
+        await assert.rejects(impatient.environments.list(), (err) => err.retryAfterMs === 3_600_000);
+        assert.equal(far.count, 1);
+      } finally {
+        impatient.close();
+        await far.close();
+      }
       const e = errorFromResponse(429, "{}", "3");
       assert.equal(e.retryAfterMs, 3000);
       assert.equal(errorFromResponse(429, "{}", "Wed, 21 Oct 2026 07:28:00 GMT").retryAfterMs, undefined);
