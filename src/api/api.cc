@@ -6,7 +6,6 @@
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <thread>
 
 #include "api/auth.h"
 #include "api/validation.h"
@@ -119,7 +118,15 @@ Preflight Api::preflight(const HttpRequest& head) {
         countError("capacity");
         return p;
       }
-      if (turn.wait.count() > 0) std::this_thread::sleep_for(turn.wait);
+      if (turn.wait.count() > 0) {
+        std::unique_lock<std::mutex> lock(turnMutex_);
+        if (turnCv_.wait_for(lock, turn.wait, [this] { return stopping_; })) {
+          p.reject = true;
+          p.hold.reset();
+          p.response = errorResponse({503, "unavailable", "moatd is stopping", ""});
+          return p;
+        }
+      }
       return p;
     }
     why = key.error().context;
@@ -129,6 +136,14 @@ Preflight Api::preflight(const HttpRequest& head) {
   countError("unauthorized");
   recordAuthFailure(head, token, why);
   return p;
+}
+
+void Api::stopWaiting() {
+  {
+    std::lock_guard<std::mutex> lock(turnMutex_);
+    stopping_ = true;
+  }
+  turnCv_.notify_all();
 }
 
 HttpResponse Api::handle(const HttpRequest& request) {

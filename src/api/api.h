@@ -2,6 +2,7 @@
 
 #include <array>
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <optional>
@@ -58,6 +59,9 @@ class Api {
   bool networkAsks(const std::string& id, const std::string& host);
   // mcp.cc: ends every MCP session (their default environments go). At stop.
   void closeMcpSessions();
+  // At stop: requests waiting for their turn under the key rate limit are
+  // answered 503 at once, and none waits from now on.
+  void stopWaiting();
 
  private:
   HttpResponse route(const HttpRequest& request, const Principal& principal);
@@ -113,6 +117,9 @@ class Api {
   std::mutex inFlightMutex_;
   std::map<std::string, size_t> inFlight_;  // requests in progress per key id
   RateLimiter keyRate_;
+  std::mutex turnMutex_;
+  std::condition_variable turnCv_;  // wakes requests waiting for their turn at stop
+  bool stopping_ = false;
   static constexpr std::array<double, 10> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025,
                                                       0.05,  0.1,    0.5,   1,    10};
   std::array<std::atomic<uint64_t>, 11> execBuckets_{};
