@@ -120,7 +120,10 @@ Preflight Api::preflight(const HttpRequest& head) {
       }
       if (turn.wait.count() > 0) {
         std::unique_lock<std::mutex> lock(turnMutex_);
-        if (turnCv_.wait_for(lock, turn.wait, [this] { return stopping_; })) {
+        ++waitingTurn_;
+        bool stopped = turnCv_.wait_for(lock, turn.wait, [this] { return stopping_; });
+        --waitingTurn_;
+        if (stopped) {
           p.reject = true;
           p.hold.reset();
           p.response = errorResponse({503, "unavailable", "moatd is stopping", ""});
@@ -493,6 +496,9 @@ HttpResponse Api::metrics() {
   out << "moat_exec_duration_seconds_bucket{le=\"+Inf\"} " << cumulative << "\n";
   out << "moat_exec_duration_seconds_sum " << execMicros_.load() / 1e6 << "\n";
   out << "moat_exec_duration_seconds_count " << execCount_.load() << "\n";
+  out << "# HELP moat_api_requests_waiting Requests waiting for their turn under their key's rate limit.\n"
+         "# TYPE moat_api_requests_waiting gauge\n";
+  out << "moat_api_requests_waiting " << waitingTurn_.load() << "\n";
   out << "# HELP moat_api_errors_total API error responses by code.\n# TYPE moat_api_errors_total counter\n";
   {
     std::lock_guard<std::mutex> lock(errorsMutex_);

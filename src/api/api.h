@@ -120,6 +120,7 @@ class Api {
   std::mutex turnMutex_;
   std::condition_variable turnCv_;  // wakes requests waiting for their turn at stop
   bool stopping_ = false;
+  std::atomic<uint64_t> waitingTurn_{0};  // requests waiting for their turn now (/metrics)
   static constexpr std::array<double, 10> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025,
                                                       0.05,  0.1,    0.5,   1,    10};
   std::array<std::atomic<uint64_t>, 11> execBuckets_{};

@@ -436,6 +436,50 @@ TEST(MoatdCapacity, AKeyBeyondItsRateWaitsItsTurnOrIsToldWhenToComeBackAndKeepsI
   EXPECT_NE(bad.err.find("--key-rate needs a number"), std::string::npos) << bad.err;
 }
 
+TEST(MoatdCapacity, RequestsWaitingTheirTurnAreCountedAndNotLetThroughWhenMoatdStops) {
+  MOAT_REQUIRE_ROOT();
+  Moatd daemon({"--key-rate", "1"});  // bursts of 2; the next turns are 1 s and 2 s away
+  auto created = daemon.request("POST", "/v1/keys", R"({"scopes":["read"]})");
+  ASSERT_EQ(created.status, 201) << created.body;
+  const std::string key = json::parse(created.body)["token"];
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(HttpConnection(daemon.socketPath()).request("GET", "/v1/environments", key).status, 200);
+  }
+  std::vector<std::unique_ptr<HttpConnection>> connections;
+  for (int i = 0; i < 2; ++i) connections.push_back(std::make_unique<HttpConnection>(daemon.socketPath()));
+  std::vector<HttpResult> results(2);
+  std::vector<std::thread> waiting;
+  for (int i = 0; i < 2; ++i) {
+    waiting.emplace_back([&, i] {
+      try {
+        results[i] = connections[i]->request("GET", "/v1/environments", key);
+      } catch (const std::exception& e) {
+        results[i].body = e.what();
+      }
+    });
+  }
+  // Both are waiting in moatd before it is told to stop (their turns are a
+  // second and more away; the master token's /metrics is not limited).
+  auto waitingNow = [&daemon] {
+    std::string body = daemon.request("GET", "/metrics").body;
+    auto at = body.find("\nmoat_api_requests_waiting ");
+    return at == std::string::npos ? -1L : std::stol(body.substr(at + 27));
+  };
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(900);
+  while (waitingNow() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(waitingNow(), 2) << "both requests should be waiting for their turn";
+  daemon.stop();  // also fails this test unless moatd exits 0
+  for (auto& t : waiting) t.join();
+  // Neither was let through: each got 503 "moatd is stopping" or, when the
+  // server closed its connection before that answer was written, nothing.
+  for (const auto& r : results) {
+    EXPECT_TRUE(r.status == 0 || (r.status == 503 && r.body.find("moatd is stopping") != std::string::npos))
+        << r.status << " " << r.body;
+  }
+}
+
 TEST_F(MoatdApi, TemplatesCannotExposeTheHostToKeysOrTheStateToAnyone) {
   json key = call("POST", "/v1/keys", {{"scopes", {"create", "read", "files"}}}, 201);
   auto asKey = daemon_->request("POST", "/v1/environments",
