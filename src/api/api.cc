@@ -77,6 +77,15 @@ Preflight Api::preflight(const HttpRequest& head) {
       return p;
     }
   }
+  // Refused before the body: nothing held, counted by its code.
+  auto refuse = [&](const ApiError& e, const std::string& retryAfter = "") {
+    p.reject = true;
+    p.hold.reset();
+    p.response = errorResponse(e);
+    if (!retryAfter.empty()) p.response.headers.emplace_back("Retry-After", retryAfter);
+    countError(e.code);
+    return p;
+  };
   std::string token = bearerToken(head.authorization);
   std::string why = "missing Authorization: Bearer <token>";
   if (!token.empty()) {
@@ -88,12 +97,9 @@ Preflight Api::preflight(const HttpRequest& head) {
         std::lock_guard<std::mutex> lock(inFlightMutex_);
         size_t& n = inFlight_[id];
         if (n >= options_.maxRequestsPerKey) {
-          p.reject = true;
-          p.response = errorResponse({429, "capacity", "at capacity: this key has " + std::to_string(n) +
-                                                           " requests in progress; retry when some have ended", ""});
-          p.response.headers.emplace_back("Retry-After", "1");
-          countError("capacity");
-          return p;
+          return refuse({429, "capacity", "at capacity: this key has " + std::to_string(n) +
+                                              " requests in progress; retry when some have ended", ""},
+                        "1");
         }
         ++n;
       }
@@ -106,17 +112,13 @@ Preflight Api::preflight(const HttpRequest& head) {
       });
       auto turn = keyRate_.admit(id, RateLimiter::Clock::now());
       if (!turn.admitted) {
-        auto secs = std::chrono::ceil<std::chrono::seconds>(turn.retryAfter).count();
-        p.reject = true;
-        p.hold.reset();
-        p.response = errorResponse(
-            {429, "capacity",
-             "rate limited: this key may send " + std::to_string(static_cast<long>(keyRate_.limits().perSecond)) +
-                 " requests per second (moatd --key-rate); retry in " + std::to_string(secs) + " s",
-             ""});
-        p.response.headers.emplace_back("Retry-After", std::to_string(secs));
-        countError("capacity");
-        return p;
+        auto secs = std::to_string(std::chrono::ceil<std::chrono::seconds>(turn.retryAfter).count());
+        return refuse({429, "capacity",
+                       "rate limited: this key may send " +
+                           std::to_string(static_cast<long>(keyRate_.limits().perSecond)) +
+                           " requests per second (moatd --key-rate); retry in " + secs + " s",
+                       ""},
+                      secs);
       }
       if (turn.wait.count() > 0) {
         std::unique_lock<std::mutex> lock(turnMutex_);
@@ -134,11 +136,8 @@ Preflight Api::preflight(const HttpRequest& head) {
     }
     why = key.error().context;
   }
-  p.reject = true;
-  p.response = errorResponse({401, "unauthorized", why, ""});
-  countError("unauthorized");
   recordAuthFailure(head, token, why);
-  return p;
+  return refuse({401, "unauthorized", why, ""});
 }
 
 void Api::stopWaiting() {

@@ -990,10 +990,10 @@ class ExhaustionTest(unittest.TestCase):
         self.assertLessEqual(info["stdout_bytes"] - info["stdout_dropped"], MIB, info)
         self.assertDestroyedClean(e)
 
-    def test_api_exec_flood(self):
-        # One key, 32 clients running `true` back to back in its environment:
-        # the key gets its rate (moatd --key-rate) and no more of moatd's time.
-        e = self.victim()
+    def exec_flooders(self, e, n):
+        """n threads (not started) running `true` in e back to back under the
+        attacker's key until `stopping` is set; `counts` tallies ok, refused
+        (any other status) and errors (a broken connection)."""
         stopping = threading.Event()
         counts = {"ok": 0, "refused": 0, "errors": 0}
         lock = threading.Lock()
@@ -1010,8 +1010,13 @@ class ExhaustionTest(unittest.TestCase):
                         counts["errors"] += 1
                     time.sleep(0.01)
             c.close()
+        return stopping, counts, [threading.Thread(target=flood, daemon=True) for _ in range(n)]
 
-        threads = [threading.Thread(target=flood, daemon=True) for _ in range(32)]
+    def test_api_exec_flood(self):
+        # One key, 32 clients running `true` back to back in its environment:
+        # the key gets its rate (moatd --key-rate) and no more of moatd's time.
+        e = self.victim()
+        stopping, counts, threads = self.exec_flooders(e, 32)
         with self.attack("API exec flood", e, fds_allowance=4 * 32 + 64, threads_allowance=32 + 16) as w:
             started = time.monotonic()
             for t in threads:
@@ -1034,22 +1039,7 @@ class ExhaustionTest(unittest.TestCase):
         # have, and more idle or stalled connections than moatd serves.
         e = self.victim()
         quiet = e.start(["sleep", "3600"])
-        stopping = threading.Event()
-        counts = {"ok": 0, "refused": 0, "errors": 0}
-        lock = threading.Lock()
-
-        def flood():
-            c = self.client(timeout=30)
-            while not stopping.is_set():
-                try:
-                    status, _ = c.call("POST", f"/v1/environments/{e.id}/exec", {"cmd": ["true"]})
-                    with lock:
-                        counts["ok" if status == 200 else "refused"] += 1
-                except (OSError, http.client.HTTPException):
-                    with lock:
-                        counts["errors"] += 1
-                    time.sleep(0.01)
-            c.close()
+        stopping, counts, threads = self.exec_flooders(e, 32)
 
         def raw(request=None):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -1059,8 +1049,6 @@ class ExhaustionTest(unittest.TestCase):
                 s.sendall(request.encode())
             return s
         followers, idle, answers = [], [], {}
-        flooders = 32
-        threads = [threading.Thread(target=flood, daemon=True) for _ in range(flooders)]
         # Each connection costs moatd a thread and four descriptors (the socket, asio's epoll, eventfd, timerfd).
         with self.attack("API flood", e, fds_allowance=4 * 512 + 64, threads_allowance=512 + 16) as w, \
                 contextlib.ExitStack() as cleanup:

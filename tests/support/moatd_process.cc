@@ -158,6 +158,23 @@ HttpResult resultOf(http::response<http::string_body> res) {
   return r;
 }
 
+// A request as the tests send it: `authorization` (when not empty) and
+// `headers` set before the JSON body, which POST and PUT always have.
+http::request<http::string_body> requestOf(const std::string& method, const std::string& target,
+                                           const std::string& body, const std::string& authorization,
+                                           const std::map<std::string, std::string>& headers = {}) {
+  http::request<http::string_body> req{http::string_to_verb(method), target, 11};
+  req.set(http::field::host, "localhost");
+  if (!authorization.empty()) req.set(http::field::authorization, authorization);
+  for (const auto& [k, v] : headers) req.set(k, v);
+  if (!body.empty() || method == "POST" || method == "PUT") {
+    req.set(http::field::content_type, "application/json");
+    req.body() = body;
+    req.prepare_payload();
+  }
+  return req;
+}
+
 }  // namespace
 
 HttpResult Moatd::request(const std::string& method, const std::string& target,
@@ -166,16 +183,7 @@ HttpResult Moatd::request(const std::string& method, const std::string& target,
   asio::io_context io;
   asio::local::stream_protocol::socket socket(io);
   socket.connect(asio::local::stream_protocol::endpoint(socketPath()));
-  http::request<http::string_body> req{http::string_to_verb(method), target, 11};
-  req.set(http::field::host, "localhost");
-  if (withToken) req.set(http::field::authorization, "Bearer " + token_);
-  for (const auto& [k, v] : headers) req.set(k, v);
-  if (!body.empty() || method == "POST" || method == "PUT") {
-    req.set(http::field::content_type, "application/json");
-    req.body() = body;
-    req.prepare_payload();
-  }
-  http::write(socket, req);
+  http::write(socket, requestOf(method, target, body, withToken ? "Bearer " + token_ : "", headers));
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
   parser.body_limit(256u << 20);
@@ -197,16 +205,7 @@ HttpConnection::~HttpConnection() = default;
 
 HttpResult HttpConnection::request(const std::string& method, const std::string& target,
                                    const std::string& token, const std::string& body) {
-  http::request<http::string_body> req{http::string_to_verb(method), target, 11};
-  req.set(http::field::host, "localhost");
-  req.set(http::field::authorization, "Bearer " + token);
-  req.keep_alive(true);
-  if (!body.empty() || method == "POST" || method == "PUT") {
-    req.set(http::field::content_type, "application/json");
-    req.body() = body;
-    req.prepare_payload();
-  }
-  http::write(state_->socket, req);
+  http::write(state_->socket, requestOf(method, target, body, "Bearer " + token));  // HTTP/1.1: keep-alive
   return readAnswer();
 }
 
