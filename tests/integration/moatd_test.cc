@@ -322,14 +322,17 @@ TEST_F(MoatdApi, EnvironmentVariablesFromCreateSurviveARestart) {
   EXPECT_EQ(exec(id, {{"cmd", {"sh", "-c", "echo $PROJECT"}}})["stdout"], "moat\n");
 }
 
+// One unlabelled value from moatd's /metrics; -1 when it is not there.
+long metricOf(Moatd& daemon, const std::string& name) {
+  auto body = daemon.request("GET", "/metrics").body;
+  auto at = body.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::stol(body.substr(at + name.size() + 2));
+}
+
 TEST(MoatdWarmPool, CreateClaimsAReadyEnvironmentAndThePoolRefills) {
   MOAT_REQUIRE_ROOT();
   Moatd daemon({"--warm-pool", "2"});
-  auto metric = [&](const std::string& name) {
-    auto body = daemon.request("GET", "/metrics").body;
-    auto at = body.find("\n" + name + " ");
-    return at == std::string::npos ? -1 : std::stol(body.substr(at + name.size() + 2));
-  };
+  auto metric = [&](const std::string& name) { return metricOf(daemon, name); };
   auto waitReady = [&](long n) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (metric("moat_warm_pool_ready") != n && std::chrono::steady_clock::now() < deadline) {
@@ -460,11 +463,7 @@ TEST(MoatdCapacity, RequestsWaitingTheirTurnAreCountedAndNotLetThroughWhenMoatdS
   }
   // Both are waiting in moatd before it is told to stop (their turns are a
   // second and more away; the master token's /metrics is not limited).
-  auto waitingNow = [&daemon] {
-    std::string body = daemon.request("GET", "/metrics").body;
-    auto at = body.find("\nmoat_api_requests_waiting ");
-    return at == std::string::npos ? -1L : std::stol(body.substr(at + 27));
-  };
+  auto waitingNow = [&daemon] { return metricOf(daemon, "moat_api_requests_waiting"); };
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(900);
   while (waitingNow() < 2 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
