@@ -134,7 +134,10 @@ int main(int argc, char** argv) {
   std::printf("| create, 10 x exec true, destroy | %.2f | %.2f |\n", pct(tenCommands, 0.5),
               pct(tenCommands, 0.99));
 
-  std::string id = idOf(c.call(http::verb::post, "/v1/environments", R"({"spec":{"ram_mb":512,"pids":4096}})").second);
+  std::string id = idOf(c.call(http::verb::post, "/v1/environments", R"({"spec":{"cpus":2,"ram_mb":512,"pids":4096}})").second);
+  std::vector<std::string> ids{id};
+  for (int e = 1; e < (getenv("BENCH_ENVS") ? atoi(getenv("BENCH_ENVS")) : 1); ++e)
+    ids.push_back(idOf(c.call(http::verb::post, "/v1/environments", R"({"spec":{"cpus":2,"ram_mb":512,"pids":4096}})").second));
   std::printf("\n| concurrent clients | exec/s (true) | p50 ms | p99 ms |\n|---:|---:|---:|---:|\n");
   for (int clients : {1, 8, 64}) {
     std::atomic<bool> stop{false};
@@ -146,7 +149,7 @@ int main(int argc, char** argv) {
         Client mine(socket, token);
         while (!stop) {
           double s = nowMs();
-          mine.call(http::verb::post, "/v1/environments/" + id + "/exec", execTrue);
+          mine.call(http::verb::post, "/v1/environments/" + ids[k % ids.size()] + "/exec", execTrue);
           lat[static_cast<size_t>(k)].push_back(nowMs() - s);
         }
       });

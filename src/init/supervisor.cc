@@ -1,12 +1,9 @@
 #include "init/supervisor.h"
 
 #include <fcntl.h>
-#include <grp.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/ioctl.h>
 #include <sys/signalfd.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -22,9 +19,10 @@
 namespace moat::init {
 namespace {
 
-// A new terminal's size until the client sends Resize: the VT100's.
-constexpr uint16_t kInitialRows = 24;
-constexpr uint16_t kInitialCols = 80;
+// Launch threads: vforks waiting for their children's exec. More than the
+// two cores here would not exec faster; a few keep a slow exec (a large
+// binary on a cold cache) from holding up the others.
+constexpr size_t kLaunchThreads = 4;
 
 uint64_t nowUs() {
   struct timespec ts;
@@ -32,171 +30,36 @@ uint64_t nowUs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000 + static_cast<uint64_t>(ts.tv_nsec) / 1000;
 }
 
-void setNonBlocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+// For a descriptor this loop just made: it has no other status flag to keep.
+void setNonBlocking(int fd) { ::fcntl(fd, F_SETFL, O_NONBLOCK); }
 
-struct ChildFailure {
-  int32_t err;
-  char stage[28];
-};
-
-[[noreturn]] void childFail(int errFd, const char* stage, int err) {
-  ChildFailure failure;
-  std::memset(&failure, 0, sizeof failure);
-  failure.err = err;
-  std::strncpy(failure.stage, stage, sizeof failure.stage - 1);
-  ssize_t ignored = ::write(errFd, &failure, sizeof failure);
-  (void)ignored;
-  ::_exit(127);
-}
-
-std::string lookupEnv(const std::vector<std::string>& env, const std::string& key) {
-  for (const auto& entry : env) {
-    if (entry.size() > key.size() && entry.compare(0, key.size(), key) == 0 &&
-        entry[key.size()] == '=') {
-      return entry.substr(key.size() + 1);
-    }
-  }
-  return "";
-}
-
-// Everything the child needs, built before vfork: the child shares our
-// memory and may only make system calls.
-struct ExecPlan {
-  std::vector<std::string> candidates;  // paths to try, in PATH order
-  std::vector<char*> argv;
-  std::vector<char*> envp;
-  const char* cwd;
-  uid_t uid;
-  gid_t gid;
-  bool switchIds;
-  int stdio[3] = {-1, -1, -1};  // become the child's 0, 1 and 2
-  bool controllingTty = false;  // stdio[0] is a pty slave: make it the session's terminal
-};
-
-ExecPlan planExec(const SpawnRequest& req) {
-  ExecPlan plan;
-  for (const auto& a : req.argv) plan.argv.push_back(const_cast<char*>(a.c_str()));
-  plan.argv.push_back(nullptr);
-  for (const auto& e : req.env) plan.envp.push_back(const_cast<char*>(e.c_str()));
-  plan.envp.push_back(nullptr);
-  plan.cwd = req.cwd.c_str();
-  plan.uid = req.uid;
-  plan.gid = req.gid;
-  plan.switchIds = req.uid != ::getuid() || req.gid != ::getgid();
-  const std::string& name = req.argv[0];
-  if (name.find('/') != std::string::npos) {
-    plan.candidates.push_back(name);
-    return plan;
-  }
-  std::string path = lookupEnv(req.env, "PATH");
-  if (path.empty()) path = "/usr/local/bin:/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= path.size()) {
-    size_t end = path.find(':', start);
-    if (end == std::string::npos) end = path.size();
-    std::string dir = path.substr(start, end - start);
-    plan.candidates.push_back((dir.empty() ? "." : dir) + "/" + name);
-    start = end + 1;
-  }
-  return plan;
-}
-
-// Runs in the vforked child: system calls only, never returns.
-[[noreturn]] void execChild(const ExecPlan& plan, int failFd) {
-  // moat-init reset every disposition when it started (see run()); only what
-  // it set itself is undone here: SIGPIPE, and the blocked SIGCHLD.
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  struct sigaction dfl;
-  std::memset(&dfl, 0, sizeof dfl);
-  dfl.sa_handler = SIG_DFL;
-  ::sigaction(SIGPIPE, &dfl, nullptr);
-  if (::setsid() < 0) childFail(failFd, "setsid", errno);
-  // The new session's leader takes the terminal; its process group becomes
-  // the terminal's foreground group (Ctrl-C, SIGWINCH).
-  if (plan.controllingTty && ::ioctl(plan.stdio[0], TIOCSCTTY, 0) != 0) {
-    childFail(failFd, "controlling tty", errno);
-  }
-  for (int target = 0; target < 3; ++target) {
-    if (::dup2(plan.stdio[target], target) < 0) childFail(failFd, "dup2", errno);
-  }
-  // Everything else closes at exec, including failFd: EOF there means success.
-  ::syscall(SYS_close_range, 3, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */);
-  if (plan.switchIds && (::setgroups(0, nullptr) != 0 || ::setresgid(plan.gid, plan.gid, plan.gid) != 0 ||
-                         ::setresuid(plan.uid, plan.uid, plan.uid) != 0)) {
-    childFail(failFd, "setuid", errno);
-  }
-  if (::chdir(plan.cwd) != 0) childFail(failFd, "chdir", errno);
-  int err = ENOENT;
-  for (const auto& candidate : plan.candidates) {
-    ::execve(candidate.c_str(), plan.argv.data(), plan.envp.data());
-    if (errno == EACCES) {
-      err = EACCES;
-    } else if (errno != ENOENT && errno != ENOTDIR) {
-      err = errno;
-      break;
-    }
-  }
-  childFail(failFd, "exec", err);
-}
-
-// One spawn's standard streams: the child's ends, closed here once it has
-// exec'd, and ours. With a pty, childIn is the terminal's slave and serves
-// as all three; childOut and childErr stay empty.
-struct Streams {
-  UniqueFd childIn, childOut, childErr;
-  UniqueFd stdinWrite, stdoutRead, stderrRead;
-};
-
-// Errors carry the stage reported in SpawnFailed as their context.
-Result<Streams> openPipes(bool stdinPipe) {
-  Streams s;
-  int fds[2];
-  if (stdinPipe) {
-    if (::pipe2(fds, O_CLOEXEC) != 0) return Error::fromErrno("pipe");
-    s.childIn.reset(fds[0]);
-    s.stdinWrite.reset(fds[1]);
-  } else {
-    s.childIn.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-    if (!s.childIn) return Error::fromErrno("open /dev/null");
-  }
-  if (::pipe2(fds, O_CLOEXEC) != 0) return Error::fromErrno("pipe");
-  s.stdoutRead.reset(fds[0]);
-  s.childOut.reset(fds[1]);
-  if (::pipe2(fds, O_CLOEXEC) != 0) return Error::fromErrno("pipe");
-  s.stderrRead.reset(fds[0]);
-  s.childErr.reset(fds[1]);
-  return s;
-}
-
-// The master is the process's only stream: output is read from it and input
-// written to a second descriptor of it, so that either end can finish alone.
-Result<Streams> openTerminal(const ExecPlan& plan) {
-  auto pty = openPty(kInitialRows, kInitialCols);
-  if (!pty.ok()) return Error::fromErrno("pty", pty.error().sysErrno);
-  // As grantpt would: the terminal belongs to the command's user. Best
-  // effort: an id the environment cannot map fails at setuid anyway.
-  if (plan.switchIds) {
-    int ignored = ::fchown(pty->slave.get(), plan.uid, static_cast<gid_t>(-1));
-    (void)ignored;
-  }
-  Streams s;
-  s.stdoutRead = std::move(pty->master);
-  s.stdinWrite.reset(::fcntl(s.stdoutRead.get(), F_DUPFD_CLOEXEC, 0));
-  if (!s.stdinWrite) return Error::fromErrno("pty");
-  s.childIn = std::move(pty->slave);
-  return s;
-}
+// Gathered frames are written once this much waits.
+constexpr size_t kOutboxFlush = 1u << 20;
 
 }  // namespace
 
 Supervisor::Supervisor(int controlFd, bool isPidOne, int rendezvousFd)
-    : control_(controlFd), pidOne_(isPidOne), rendezvous_(rendezvousFd) {}
+    : control_(controlFd), pidOne_(isPidOne), rendezvous_(rendezvousFd), launcher_(kLaunchThreads) {}
 
 void Supervisor::send(MsgType type, const std::string& payload) {
   if (!running_ || control_ < 0) return;  // no client: output is dropped
-  if (!writeFrame(control_, type, payload).ok()) disconnect();
+  if (payload.size() > kMaxFrame) return;  // never built: frames stay far below
+  outbox_ += encodeFrame(type, payload);
+  if (outbox_.size() >= kOutboxFlush) flush();
+}
+
+void Supervisor::flush() {
+  size_t off = 0;
+  while (off < outbox_.size() && control_ >= 0) {
+    ssize_t n = ::write(control_, outbox_.data() + off, outbox_.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      outbox_.clear();
+      return disconnect();
+    }
+    off += static_cast<size_t>(n);
+  }
+  outbox_.clear();
 }
 
 void Supervisor::disconnect() {
@@ -208,6 +71,7 @@ void Supervisor::disconnect() {
   if (control_ >= 0) ::close(control_);
   control_ = -1;
   reader_ = FrameReader();
+  outbox_.clear();
 }
 
 void Supervisor::adoptConnection() {
@@ -221,6 +85,7 @@ void Supervisor::adoptConnection() {
   if (control_ >= 0) ::close(control_);
   control_ = fd.release();
   reader_ = FrameReader();
+  outbox_.clear();  // frames for the connection that went away
   send(MsgType::kHello, Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode());
 }
 
@@ -243,17 +108,22 @@ int Supervisor::run() {
   send(MsgType::kHello, Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode());
 
   while (running_) {
+    flush();
+    if (!running_) break;
     std::vector<pollfd> fds;
     std::vector<std::pair<uint32_t, int>> owners;  // process id, stream (0,1 out; 2 stdin)
     fds.push_back({control_, POLLIN, 0});  // -1 while disconnected: poll skips it
     fds.push_back({signalFd_.get(), POLLIN, 0});
     fds.push_back({rendezvous_, POLLIN, 0});
+    fds.push_back({launcher_.readyFd(), POLLIN, 0});
+    constexpr size_t kFirstStream = 4;
     for (auto& [id, p] : processes_) {
-      if (p.stdoutFd) {
+      // Output waits in the pipe until the launch is reported: Spawned first.
+      if (p.stdoutFd && p.pid >= 0) {
         fds.push_back({p.stdoutFd.get(), POLLIN, 0});
         owners.emplace_back(id, 0);
       }
-      if (p.stderrFd) {
+      if (p.stderrFd && p.pid >= 0) {
         fds.push_back({p.stderrFd.get(), POLLIN, 0});
         owners.emplace_back(id, 1);
       }
@@ -285,9 +155,14 @@ int Supervisor::run() {
           }
         }
       }
-      for (size_t i = 3; i < fds.size(); ++i) {
+      // Before the streams: a process's Spawned goes out before its output.
+      if (fds[3].revents & POLLIN) {
+        for (auto& launch : launcher_.takeFinished()) launched(std::move(launch));
+        if (launcher_.pending() == 0) unclaimed_.clear();  // orphans
+      }
+      for (size_t i = kFirstStream; i < fds.size(); ++i) {
         if (!fds[i].revents) continue;
-        auto [id, stream] = owners[i - 3];
+        auto [id, stream] = owners[i - kFirstStream];
         auto it = processes_.find(id);
         if (it == processes_.end()) continue;
         if (stream == 2) {
@@ -305,6 +180,7 @@ int Supervisor::run() {
     }
     enforceDeadlines();
   }
+  flush();
   killEverything();
   return 0;
 }
@@ -348,8 +224,7 @@ void Supervisor::handleFrame(const Frame& frame) {
       if (!req.ok()) return protocolError(req.error().message());
       auto it = processes_.find(req->id);
       if (it == processes_.end()) return;
-      ::kill(req->wholeGroup ? -it->second.pid : it->second.pid, req->signo);
-      return;
+      return signalProcess(it->second, req->signo, req->wholeGroup);
     }
     case MsgType::kShutdown:
       running_ = false;
@@ -365,66 +240,60 @@ void Supervisor::handleFrame(const Frame& frame) {
 }
 
 void Supervisor::spawn(const SpawnRequest& req) {
-  auto fail = [&](int err, const std::string& stage) {
-    send(MsgType::kSpawnFailed, SpawnFailed{req.id, err, stage}.encode());
-  };
-  if (processes_.count(req.id)) return fail(EEXIST, "id in use");
-
-  ExecPlan plan = planExec(req);
-  auto opened = req.pty ? openTerminal(plan) : openPipes(req.stdinPipe);
-  if (!opened.ok()) return fail(opened.error().sysErrno, opened.error().context);
-  Streams& streams = opened.value();
-  int failPipe[2];
-  if (::pipe2(failPipe, O_CLOEXEC) != 0) return fail(errno, "pipe");
-  UniqueFd failRead(failPipe[0]), failWrite(failPipe[1]);
-  if (req.pty) {
-    plan.stdio[0] = plan.stdio[1] = plan.stdio[2] = streams.childIn.get();
-    plan.controllingTty = true;
-  } else {
-    plan.stdio[0] = streams.childIn.get();
-    plan.stdio[1] = streams.childOut.get();
-    plan.stdio[2] = streams.childErr.get();
+  if (processes_.count(req.id)) return send(MsgType::kSpawnFailed, SpawnFailed{req.id, EEXIST, "id in use"}.encode());
+  if (!devNull_) devNull_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  LaunchEnds ends;
+  auto launch = prepareLaunch(req, devNull_.get(), ends);
+  if (!launch.ok()) {
+    return send(MsgType::kSpawnFailed,
+                SpawnFailed{req.id, launch.error().sysErrno, launch.error().context}.encode());
   }
-
-  uint64_t start = nowUs();
-  // vfork: no copy of our page tables, and we resume once the child has
-  // exec'd (or failed), which is when we would read the fail pipe anyway.
-  pid_t pid = ::vfork();
-  if (pid < 0) return fail(errno, "fork");
-  if (pid == 0) execChild(plan, failWrite.get());
-
-  failWrite.reset();
-  // Only the child may hold its ends: a pty's master reads EIO, and a pipe
-  // EOF, once the last of them is closed.
-  streams.childIn.reset();
-  streams.childOut.reset();
-  streams.childErr.reset();
-  ChildFailure failure;
-  ssize_t n;
-  do {
-    n = ::read(failRead.get(), &failure, sizeof failure);
-  } while (n < 0 && errno == EINTR);
-  if (n == static_cast<ssize_t>(sizeof failure)) {
-    int status;
-    ::waitpid(pid, &status, 0);
-    failure.stage[sizeof failure.stage - 1] = '\0';
-    return fail(failure.err, failure.stage);
-  }
-
+  // The process exists from now on: stdin, signals and its deadline apply
+  // while it launches.
   Process& p = processes_[req.id];
   p.id = req.id;
-  p.pid = pid;
   p.pty = req.pty;
-  p.startUs = start;
-  p.deadlineUs = req.timeoutMs ? start + req.timeoutMs * 1000 : 0;
+  p.startUs = nowUs();
+  p.deadlineUs = req.timeoutMs ? p.startUs + req.timeoutMs * 1000 : 0;
   p.outputLimit = req.outputLimit;
-  for (UniqueFd* fd : {&streams.stdinWrite, &streams.stdoutRead, &streams.stderrRead}) {
+  for (UniqueFd* fd : {&ends.stdinFd, &ends.stdoutFd, &ends.stderrFd}) {
     if (*fd) setNonBlocking(fd->get());
   }
-  p.stdinFd = std::move(streams.stdinWrite);
-  p.stdoutFd = std::move(streams.stdoutRead);
-  p.stderrFd = std::move(streams.stderrRead);
-  send(MsgType::kSpawned, Spawned{req.id, static_cast<uint32_t>(pid)}.encode());
+  p.stdinFd = std::move(ends.stdinFd);
+  p.stdoutFd = std::move(ends.stdoutFd);
+  p.stderrFd = std::move(ends.stderrFd);
+  launcher_.submit(std::move(launch.value()));
+}
+
+void Supervisor::launched(std::unique_ptr<Launch> launch) {
+  const uint32_t id = launch->request.id;
+  auto it = processes_.find(id);
+  if (it == processes_.end()) return;  // cannot happen: only launched() and reaping end one
+  Process& p = it->second;
+  if (launch->pid < 0) {
+    processes_.erase(it);
+    send(MsgType::kSpawnFailed, SpawnFailed{id, launch->err, launch->stage}.encode());
+  } else {
+    p.pid = launch->pid;
+    send(MsgType::kSpawned, Spawned{id, static_cast<uint32_t>(p.pid)}.encode());
+    for (auto [signo, wholeGroup] : p.pendingSignals) signalProcess(p, signo, wholeGroup);
+    p.pendingSignals.clear();
+    if (p.timedOut) signalProcess(p, SIGKILL, true);
+    if (auto reaped = unclaimed_.find(p.pid); reaped != unclaimed_.end()) {
+      int status = reaped->second;
+      unclaimed_.erase(reaped);
+      finish(p, status);
+      processes_.erase(it);
+    }
+  }
+}
+
+void Supervisor::signalProcess(Process& p, int signo, bool wholeGroup) {
+  if (p.pid < 0) {
+    p.pendingSignals.emplace_back(signo, wholeGroup);
+    return;
+  }
+  ::kill(wholeGroup ? -p.pid : p.pid, signo);
 }
 
 Supervisor::PumpResult Supervisor::pump(Process& p, int streamIndex) {
@@ -487,12 +356,16 @@ void Supervisor::reapChildren() {
     int status = 0;
     pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid <= 0) return;
+    bool known = false;
     for (auto it = processes_.begin(); it != processes_.end(); ++it) {
       if (it->second.pid != pid) continue;
       finish(it->second, status);
       processes_.erase(it);
+      known = true;
       break;
     }
+    // A command whose launch is not reported yet, or an orphan.
+    if (!known && launcher_.pending() > 0) unclaimed_[pid] = status;
   }
 }
 
@@ -525,6 +398,7 @@ void Supervisor::enforceDeadlines() {
   for (auto& [id, p] : processes_) {
     if (p.deadlineUs && !p.timedOut && now >= p.deadlineUs) {
       p.timedOut = true;
+      if (p.pid < 0) continue;  // killed once launched
       ::kill(-p.pid, SIGKILL);
       ::kill(p.pid, SIGKILL);
     }
@@ -542,6 +416,12 @@ int Supervisor::pollTimeoutMs() const {
 }
 
 void Supervisor::killEverything() {
+  // Launches under way finish; their processes are killed with the rest.
+  for (auto& launch : launcher_.stop()) {
+    auto it = processes_.find(launch->request.id);
+    if (it != processes_.end()) it->second.pid = launch->pid;
+  }
+  std::erase_if(processes_, [](const auto& entry) { return entry.second.pid < 0; });
   if (pidOne_) {
     ::kill(-1, SIGKILL);
   } else {

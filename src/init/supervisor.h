@@ -4,9 +4,13 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/unique_fd.h"
+#include "init/launcher.h"
 #include "init/protocol.h"
 
 namespace moat::init {
@@ -30,7 +34,9 @@ class Supervisor {
  private:
   struct Process {
     uint32_t id = 0;
-    pid_t pid = -1;
+    pid_t pid = -1;  // -1 while its launch runs
+    // Signals asked for while it was launching: (signo, whole group).
+    std::vector<std::pair<int, bool>> pendingSignals;
     // With a pty, stdoutFd is the terminal's master and stdinFd a second
     // descriptor of it (so the output's end and the input's end stay
     // independent); stderrFd is unused.
@@ -51,6 +57,9 @@ class Supervisor {
 
   void handleFrame(const Frame& frame);
   void spawn(const SpawnRequest& request);
+  // A launch finished: the process runs (Spawned) or failed (SpawnFailed).
+  void launched(std::unique_ptr<Launch> launch);
+  void signalProcess(Process& process, int signo, bool wholeGroup);
   void reapChildren();
   void finish(Process& process, int status);
   enum class PumpResult { kData, kAgain, kEnd };
@@ -61,7 +70,11 @@ class Supervisor {
   void resize(const Resize& request);
   void enforceDeadlines();
   int pollTimeoutMs() const;
+  // Frames are gathered while the loop handles what woke it and written at
+  // once before it waits again (or when many gather): one wake-up of moatd
+  // for a command's Spawned and Exited, or for many commands' under load.
   void send(MsgType type, const std::string& payload);
+  void flush();
   void protocolError(const std::string& message);
   void killEverything();
 
@@ -74,7 +87,14 @@ class Supervisor {
   bool running_ = true;
   UniqueFd signalFd_;
   FrameReader reader_;
+  std::string outbox_;
+  UniqueFd devNull_;  // stdin of commands without a stdin pipe
   std::map<uint32_t, Process> processes_;
+  Launcher launcher_;
+  // Children reaped before their launch was reported to the loop (a
+  // command that exits at once): pid -> wait status. Claimed by launched();
+  // what is left once no launch is pending were orphans.
+  std::map<pid_t, int> unclaimed_;
 };
 
 }  // namespace moat::init

@@ -98,6 +98,17 @@ Status closeFrom(int lowest) {
   return {};
 }
 
+int markCloseOnExecFrom(int lowest) {
+  return ::syscall(SYS_close_range, lowest, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */) == 0 ? 0 : errno;
+}
+
+int switchIdsInChild(uid_t uid, gid_t gid) {
+  if (::syscall(SYS_setgroups, 0, nullptr) != 0) return errno;
+  if (::syscall(SYS_setresgid, gid, gid, gid) != 0) return errno;
+  if (::syscall(SYS_setresuid, uid, uid, uid) != 0) return errno;
+  return 0;
+}
+
 Status setNoNewPrivs() {
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return Error::fromErrno("prctl NO_NEW_PRIVS");
   return {};

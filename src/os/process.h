@@ -45,6 +45,14 @@ Status setHostname(const std::string& name);
 // Become uid/gid `id` in the current user namespace and drop supplementary groups.
 Status becomeId(uid_t uid, gid_t gid);
 Status closeFrom(int lowest);
+// Marks every descriptor from `lowest` on close-on-exec (close_range).
+// Returns 0 or errno; async-signal-safe.
+int markCloseOnExecFrom(int lowest);
+// becomeId for a vforked child of a process with threads: raw system calls,
+// because glibc's wrappers apply an id change to every thread of the
+// process, and the child would reach its parent's threads. Returns 0 or the
+// errno of the step that failed; async-signal-safe.
+int switchIdsInChild(uid_t uid, gid_t gid);
 Status setNoNewPrivs();
 Status setDumpable(bool dumpable);
 Status setParentDeathSignal(int signo);

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -583,6 +584,117 @@ TEST_F(InitSupervisor, DuplicateIdIsRefused) {
   ASSERT_TRUE(dup.failed);
   EXPECT_EQ(dup.failure.err, EEXIST);
   EXPECT_EQ(dup.failure.stage, "id in use");
+}
+
+// Launches run on threads of their own; a command that exits before its
+// launch is reported must still get Spawned, then its output, then Exited
+// with its status. Sent in one write, so they are launched while others end.
+TEST_F(InitSupervisor, ManyCommandsAtOnceEachGetSpawnedThenExited) {
+  constexpr uint32_t kCount = 64;
+  std::string burst;
+  for (uint32_t id = 100; id < 100 + kCount; ++id) {
+    SpawnRequest req = id % 2 ? request(id, {"/bin/true"})
+                              : request(id, {"/bin/sh", "-c", "echo " + std::to_string(id) + "; exit " + std::to_string(id % 7)});
+    burst += encodeFrame(MsgType::kSpawn, req.encode());
+  }
+  ASSERT_EQ(::write(fd_, burst.data(), burst.size()), static_cast<ssize_t>(burst.size()));
+  std::map<uint32_t, Outcome> runs;
+  size_t finished = 0;
+  int64_t deadline = nowMs() + kDefaultWaitMs;
+  while (finished < kCount && nowMs() < deadline) {
+    auto frame = next(static_cast<int>(std::max<int64_t>(deadline - nowMs(), 0)));
+    ASSERT_TRUE(frame.ok()) << frame.error().message() << " after " << finished << " of " << kCount;
+    Decoder d(frame->payload);
+    auto id = d.u32();
+    ASSERT_TRUE(id.ok());
+    ASSERT_GE(id.value(), 100u);
+    ASSERT_LT(id.value(), 100 + kCount);
+    Outcome& run = runs[id.value()];
+    handle(run, id.value(), frame.value());
+    if (run.finished()) ++finished;
+  }
+  ASSERT_EQ(finished, kCount) << "some commands never reported their end";
+  for (auto& [id, run] : runs) {
+    EXPECT_CLEAN(run);
+    std::vector<MsgType> expected{MsgType::kSpawned, MsgType::kExited};
+    if (id % 2 == 0) expected.insert(expected.begin() + 1, MsgType::kOutput);
+    EXPECT_EQ(run.order, expected) << "id " << id;
+    EXPECT_EQ(run.out, id % 2 ? "" : std::to_string(id) + "\n") << "id " << id;
+    EXPECT_EQ(run.exit.exitCode, id % 2 ? 0 : static_cast<int>(id % 7)) << "id " << id;
+  }
+}
+
+// A signal or a deadline that arrives while the command is still being
+// launched is not lost, and never goes to a pid the command does not have yet.
+TEST_F(InitSupervisor, SignalAndTimeoutDuringTheLaunchReachTheCommand) {
+  std::string both = encodeFrame(MsgType::kSpawn, request(200, {"/bin/sleep", "30"}).encode()) +
+                     encodeFrame(MsgType::kSignal, SignalRequest{200, SIGTERM, true}.encode());
+  SpawnRequest quick = request(201, {"/bin/sleep", "30"});
+  quick.timeoutMs = 1;
+  both += encodeFrame(MsgType::kSpawn, quick.encode());
+  ASSERT_EQ(::write(fd_, both.data(), both.size()), static_cast<ssize_t>(both.size()));
+  std::map<uint32_t, Outcome> runs;
+  int64_t deadline = nowMs() + kDefaultWaitMs;
+  while (!(runs[200].finished() && runs[201].finished()) && nowMs() < deadline) {
+    auto frame = next(static_cast<int>(std::max<int64_t>(deadline - nowMs(), 0)));
+    ASSERT_TRUE(frame.ok()) << frame.error().message();
+    Decoder d(frame->payload);
+    auto id = d.u32();
+    ASSERT_TRUE(id.ok());
+    handle(runs[id.value()], id.value(), frame.value());
+  }
+  ASSERT_TRUE(runs[200].exited) << runs[200].problem;
+  EXPECT_EQ(runs[200].exit.signal, SIGTERM);
+  ASSERT_TRUE(runs[201].exited) << runs[201].problem;
+  EXPECT_TRUE(runs[201].exit.timedOut);
+  EXPECT_EQ(runs[201].exit.signal, SIGKILL);
+  EXPECT_EQ(::kill(initPid_, 0), 0) << "moat-init itself was signalled";
+}
+
+// The child of a launch switches ids with raw system calls: glibc's wrappers
+// would apply the switch to every thread of moat-init (or hang on them).
+TEST_F(InitSupervisor, CommandsRunAsAnotherUserWhileMoatInitKeepsItsIds) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching to another uid needs root";
+  constexpr uint32_t kCount = 8;
+  std::string burst;
+  for (uint32_t id = 300; id < 300 + kCount; ++id) {
+    SpawnRequest req = request(id, {"/bin/sh", "-c", "sleep 0.2; id -u; id -g"});
+    req.uid = 65534;
+    req.gid = 65534;
+    burst += encodeFrame(MsgType::kSpawn, req.encode());
+  }
+  ASSERT_EQ(::write(fd_, burst.data(), burst.size()), static_cast<ssize_t>(burst.size()));
+  std::map<uint32_t, Outcome> runs;
+  size_t finished = 0;
+  int64_t deadline = nowMs() + kDefaultWaitMs;
+  while (finished < kCount && nowMs() < deadline) {
+    auto frame = next(static_cast<int>(std::max<int64_t>(deadline - nowMs(), 0)));
+    ASSERT_TRUE(frame.ok()) << frame.error().message();
+    Decoder d(frame->payload);
+    auto id = d.u32();
+    ASSERT_TRUE(id.ok());
+    Outcome& run = runs[id.value()];
+    handle(run, id.value(), frame.value());
+    if (run.finished()) ++finished;
+  }
+  ASSERT_EQ(finished, kCount);
+  for (auto& [id, run] : runs) {
+    EXPECT_CLEAN(run);
+    EXPECT_EQ(run.out, "65534\n65534\n") << "id " << id;
+  }
+  // Every thread of moat-init is still root.
+  auto tasks = os::listDir("/proc/" + std::to_string(initPid_) + "/task");
+  ASSERT_TRUE(tasks.ok()) << tasks.error().message();
+  EXPECT_GT(tasks->size(), 1u) << "no launch thread ran";
+  for (const auto& task : tasks.value()) {
+    std::ifstream status("/proc/" + std::to_string(initPid_) + "/task/" + task + "/status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("Uid:", 0) == 0 || line.rfind("Gid:", 0) == 0) {
+        EXPECT_EQ(line.find("65534"), std::string::npos) << "thread " << task << ": " << line;
+      }
+    }
+  }
 }
 
 // --- pseudo-terminals (outside an environment: the host's /dev/ptmx) ---------------

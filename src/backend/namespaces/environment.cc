@@ -9,7 +9,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <mutex>
+#include <optional>
 
 #include "common/hex.h"
 #include "common/process_args.h"
@@ -64,6 +67,37 @@ std::string newEnvironmentId() {
 namespace {
 
 std::string cgroupName(const std::string& id) { return "moat-" + id; }
+
+// The host's cgroup layout with moat's parent cgroups made, once per process:
+// moatd's spawner creates every environment, and reading mountinfo and
+// walking the parents took ~0.5 ms of each create. `again` re-reads both
+// (the parents were removed under us).
+Result<cg::Layout> preparedLayout(bool again) {
+  static std::mutex mutex;
+  static std::optional<cg::Layout> cached;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!cached || again) {
+    cached.reset();
+    MOAT_ASSIGN(cg::Layout layout, cg::detectHostLayout());
+    MOAT_TRY(cg::prepareParents(layout));
+    cached = std::move(layout);
+  }
+  return *cached;
+}
+
+// Leftovers of processes that died holding environments (their locks are
+// free) are collected at the first create of a process and then at most
+// every 10 s: the scan opens every lock, ~1,000 of them beside a full moatd.
+bool leftoversDue() {
+  using clock = std::chrono::steady_clock;
+  static std::mutex mutex;
+  static std::optional<clock::time_point> last;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto now = clock::now();
+  if (last && now - *last < std::chrono::seconds(10)) return false;
+  last = now;
+  return true;
+}
 
 struct ChildArgs {
   std::string id;
@@ -192,7 +226,7 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
 
   std::string runDir = spec.stateDir + "/run";
   MOAT_TRY(os::makeDirs(runDir, 0700));
-  collectLeftovers(spec.stateDir);
+  if (leftoversDue()) collectLeftovers(spec.stateDir);
   {
     // Lock before the name is visible, so a collector never takes a live one.
     std::string tmp = runDir + "/." + env->id_;
@@ -204,8 +238,7 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
   }
 
   traceStage("locked");
-  MOAT_ASSIGN(cg::Layout layout, cg::detectHostLayout());
-  MOAT_TRY(cg::prepareParents(layout));
+  MOAT_ASSIGN(cg::Layout layout, preparedLayout(false));
   traceStage("cgroup parents");
   MOAT_ASSIGN(fs::StoragePool pool, fs::StoragePool::open(spec.stateDir));
   auto storageBytes = static_cast<uint64_t>(spec.storageGb * static_cast<double>(kGiB));
@@ -244,8 +277,18 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
   limits.cpus = spec.cpus;
   limits.memoryBytes = spec.memoryMb * kMiB;
   limits.pids = spec.pids;
-  MOAT_ASSIGN(cg::Cgroup cgroup, cg::Cgroup::create(layout, cgroupName(env->id_), limits));
-  env->cgroup_ = std::make_unique<cg::Cgroup>(std::move(cgroup));
+  {
+    auto cgroup = cg::Cgroup::create(layout, cgroupName(env->id_), limits);
+    if (!cgroup.ok() && cgroup.error().sysErrno == ENOENT) {
+      MOAT_ASSIGN(layout, preparedLayout(true));
+      auto again = cg::Cgroup::create(layout, cgroupName(env->id_), limits);
+      if (!again.ok()) return again.error();
+      env->cgroup_ = std::make_unique<cg::Cgroup>(std::move(again.value()));
+    } else {
+      if (!cgroup.ok()) return cgroup.error();
+      env->cgroup_ = std::make_unique<cg::Cgroup>(std::move(cgroup.value()));
+    }
+  }
 
   traceStage("cgroup");
   MOAT_ASSIGN(UniqueFd userns, isolation::namespaces::createUserNamespace(idmap));

@@ -1,0 +1,55 @@
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/unique_fd.h"
+#include "init/launch.h"
+
+namespace moat::init {
+
+// Runs launches (vfork + exec) on a few threads of their own. A vfork
+// suspends the thread that calls it until the child has exec'd: on moat-init's
+// loop that was half of its time under concurrent execs, with every other
+// command's output, exit and new spawn waiting behind it. Threads start on
+// demand, up to maxThreads, and stay.
+class Launcher {
+ public:
+  explicit Launcher(size_t maxThreads);
+  // Launches already running finish; queued ones are dropped (their
+  // descriptors close). Finished ones not taken are dropped.
+  ~Launcher();
+  Launcher(const Launcher&) = delete;
+  Launcher& operator=(const Launcher&) = delete;
+
+  void submit(std::unique_ptr<Launch> launch);
+  // Readable while finished launches wait to be taken.
+  int readyFd() const { return ready_.get(); }
+  // The finished launches, in the order they finished; clears readyFd.
+  std::vector<std::unique_ptr<Launch>> takeFinished();
+  // Submitted and not yet taken.
+  size_t pending() const;
+  // Stops the threads (see the destructor) and returns what finished.
+  std::vector<std::unique_ptr<Launch>> stop();
+
+ private:
+  void work();
+
+  size_t maxThreads_;
+  UniqueFd ready_;  // eventfd
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Launch>> queue_;
+  std::vector<std::unique_ptr<Launch>> finished_;
+  std::vector<std::thread> threads_;
+  size_t idle_ = 0;
+  size_t running_ = 0;
+  bool stopping_ = false;
+};
+
+}  // namespace moat::init
