@@ -134,6 +134,7 @@ int main(int argc, char** argv) {
   std::printf("| create, 10 x exec true, destroy | %.2f | %.2f |\n", pct(tenCommands, 0.5),
               pct(tenCommands, 0.99));
 
+  if (std::getenv("BENCH_CYCLE_ONLY")) return 0;  // A/B runs of the create path
   std::string id = idOf(c.call(http::verb::post, "/v1/environments", R"({"spec":{"cpus":2,"ram_mb":512,"pids":4096}})").second);
   std::vector<std::string> ids{id};
   for (int e = 1; e < (getenv("BENCH_ENVS") ? atoi(getenv("BENCH_ENVS")) : 1); ++e)

@@ -128,6 +128,45 @@ TEST_F(MoatdApi, LiveEnvironmentsNeverShareAHostIdRange) {
   for (const auto& id : ids) EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + id).status, 204);
 }
 
+// The spawner makes network namespaces ahead of the creates that join them:
+// each environment still gets one of its own, used by nobody before, with
+// only its loopback (up), and what listens in one is out of reach of the
+// next, also across destroys.
+TEST_F(MoatdApi, EveryEnvironmentGetsAFreshNetworkNamespaceOfItsOwn) {
+  struct stat host;
+  ASSERT_EQ(::stat("/proc/self/ns/net", &host), 0);
+  const std::string hostNs = "net:[" + std::to_string(host.st_ino) + "]";
+  // Listens on 127.0.0.1:7000 (in the background) and says when it does.
+  const json listen = {{"cmd", {"python3", "-c",
+                                "import socket,os,sys\n"
+                                "s=socket.socket(); s.bind(('127.0.0.1',7000)); s.listen()\n"
+                                "if os.fork(): print('listening'); sys.exit(0)\n"
+                                "os.setsid(); s.accept()\n"}}};
+  const json probe = {{"cmd", {"python3", "-c",
+                               "import socket\n"
+                               "try: socket.create_connection(('127.0.0.1',7000),timeout=2); print('reached')\n"
+                               "except OSError as e: print(type(e).__name__)\n"}}};
+  std::set<std::string> seen;
+  std::string previous;
+  for (int i = 0; i < 6; ++i) {
+    std::string id = createEnv();
+    std::string ns = exec(id, {{"cmd", {"readlink", "/proc/self/ns/net"}}})["stdout"];
+    ASSERT_FALSE(ns.empty());
+    EXPECT_NE(ns, hostNs + "\n") << "the host's network namespace";
+    EXPECT_TRUE(seen.insert(ns).second) << "two environments share " << ns;
+    std::string devices = exec(id, {{"cmd", {"sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"}}})["stdout"];
+    EXPECT_EQ(devices, "lo\n");
+    EXPECT_EQ(exec(id, probe)["stdout"], "ConnectionRefusedError\n") << "reached a listener of an earlier environment";
+    EXPECT_EQ(exec(id, listen)["stdout"], "listening\n");
+    EXPECT_EQ(exec(id, probe)["stdout"], "reached\n") << "its own loopback is not up";
+    if (!previous.empty()) {
+      EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + previous).status, 204);
+    }
+    previous = id;
+  }
+  EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + previous).status, 204);
+}
+
 // Output of control bytes is valid UTF-8 but six times its size as JSON
 // text: it comes as base64 (a third larger at most) instead.
 TEST_F(MoatdApi, ControlByteOutputComesAsBase64NotSixfold) {

@@ -108,6 +108,7 @@ struct ChildArgs {
   int initFd;  // -1: run the supervisor in process
   int rendezvousFd;  // -1: not reattachable
   int errorFd;
+  int networkFd;  // -1: the clone made a new network namespace
   const std::vector<sock_filter>* seccomp;
   const struct rlimit* fileLimit = nullptr;  // null: keep the creator's
 };
@@ -130,11 +131,12 @@ struct ChildArgs {
 // exec of moat-init. Errors go to the parent through errorFd.
 [[noreturn]] void runChild(const ChildArgs& a) {
   int errFd = a.errorFd;
+  if (a.networkFd >= 0) CHILD_STEP("network namespace", os::setNamespace(a.networkFd, CLONE_NEWNET));
   for (const auto& file : a.joinFiles) CHILD_STEP("join cgroup", os::writeExisting(file, "0"));
   CHILD_STEP("cgroup namespace", os::unshareNamespaces(CLONE_NEWCGROUP));
   CHILD_STEP("root file system", fs::buildRoot(a.plan, a.usernsFd));
   CHILD_STEP("hostname", os::setHostname(a.id));
-  CHILD_STEP("loopback", os::bringLoopbackUp());
+  if (a.networkFd < 0) CHILD_STEP("loopback", os::bringLoopbackUp());  // a pooled one has it up
   CHILD_STEP("enter user namespace", os::setNamespace(a.usernsFd, CLONE_NEWUSER));
   CHILD_STEP("become root of the user namespace", os::becomeId(0, 0));
   CHILD_STEP("capabilities", os::restrictCapabilities(isolation::caps::environmentCapabilities()));
@@ -325,10 +327,12 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
   UniqueFd errorRead(errorPipe[0]), errorWrite(errorPipe[1]);
 
   os::CloneOptions clone;
-  clone.flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC;
+  clone.flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC;
+  if (spec.networkNamespaceFd < 0) clone.flags |= CLONE_NEWNET;
   UniqueFd cgroupFd;
   ChildArgs args{env->id_,     plan,         {},           userns.get(), childEnd.get(),
-                 initFd.get(), rendezvousChild.get(), errorWrite.get(), &program.filter};
+                 initFd.get(), rendezvousChild.get(), errorWrite.get(), spec.networkNamespaceFd,
+                 &program.filter};
   if (haveEnvironmentFileLimit) args.fileLimit = &environmentFileLimit;
   if (layout.version == cg::Version::kV2) {
     MOAT_ASSIGN(cgroupFd, env->cgroup_->openDirectory());

@@ -45,6 +45,11 @@ struct EnvironmentSpec {
   // Survives the loss of its control connection: a new one can be handed
   // over (reconnect()), as moatd's spawner does after a moatd restart.
   bool reattachable = false;
+  // A fresh network namespace (os::newNetworkNamespace) to join instead of
+  // making one at clone time, which is the costliest namespace (~0.5 ms);
+  // moatd's spawner keeps a few ready. The caller keeps the descriptor and
+  // must not hand the namespace out again. -1: make one.
+  int networkNamespaceFd = -1;
 };
 
 std::string newEnvironmentId();

@@ -1,6 +1,7 @@
 #include "backend/namespaces/spawner.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -10,8 +11,11 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 
 #include "init/protocol.h"
+#include "os/net.h"
+#include "os/netlink.h"
 #include "os/process.h"
 #include "os/socket.h"
 
@@ -19,6 +23,8 @@ namespace moat::backend::namespaces {
 namespace {
 
 constexpr size_t kMaxMessage = 1 << 16;
+// Network namespaces made ahead of the creates that join them.
+constexpr size_t kNetworkPool = 2;
 enum Op : uint8_t { kCreate = 1, kDestroy = 2, kAttach = 3, kList = 4, kShutdown = 5, kNetns = 6, kSnapshot = 7 };
 
 uint64_t bitsOf(double v) {
@@ -95,6 +101,18 @@ std::string reply(const Status& status, const std::string& value = "") {
   return e.take();
 }
 
+// A new network namespace with its loopback up, as an environment's starts.
+Result<UniqueFd> readyNetwork() {
+  MOAT_ASSIGN(UniqueFd made, os::newNetworkNamespace());
+  MOAT_TRY(os::inNetworkNamespace(made.get(), [] { return os::bringLoopbackUp(); }));
+  return made;
+}
+
+bool readable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
+}
+
 }  // namespace
 
 [[noreturn]] void runSpawner(int channel, int listenFd) {
@@ -116,8 +134,16 @@ std::string reply(const Status& status, const std::string& value = "") {
   ::signal(SIGHUP, SIG_IGN);
   ::signal(SIGPIPE, SIG_IGN);
   std::map<std::string, std::unique_ptr<Environment>> environments;
+  std::deque<UniqueFd> networks;  // fresh network namespaces, loopback up
   int client = channel;
   for (;;) {
+    // Between requests: make the network namespaces the next creates join,
+    // unless moatd is already waiting for an answer.
+    while (client >= 0 && networks.size() < kNetworkPool && !readable(client)) {
+      auto made = readyNetwork();
+      if (!made.ok()) break;  // the next create makes its own and reports what fails
+      networks.push_back(std::move(made.value()));
+    }
     if (client < 0) {
       client = ::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC);
       if (client < 0) {
@@ -144,7 +170,15 @@ std::string reply(const Status& status, const std::string& value = "") {
         continue;
       }
       spec.value().reattachable = true;
+      // Used once, whatever comes of the create.
+      UniqueFd network;
+      if (!networks.empty()) {
+        network = std::move(networks.front());
+        networks.pop_front();
+        spec.value().networkNamespaceFd = network.get();
+      }
       auto env = Environment::create(spec.value());
+      network.reset();
       if (!env.ok()) {
         (void)sendMessage(client, reply(env.error()));
         continue;
