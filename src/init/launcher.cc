@@ -1,5 +1,6 @@
 #include "init/launcher.h"
 
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -19,24 +20,58 @@ std::vector<std::unique_ptr<Launch>> Launcher::stop() {
     queue_.clear();
   }
   cv_.notify_all();
-  for (auto& t : threads_) {
-    if (t.joinable()) t.join();
-  }
+  for (pthread_t t : threads_) ::pthread_join(t, nullptr);
   threads_.clear();
   return takeFinished();
 }
 
 void Launcher::submit(std::unique_ptr<Launch> launch) {
-  bool startThread = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) return;
-    queue_.push_back(std::move(launch));
-    // Every thread busy (or none yet): one more, within the cap.
-    startThread = idle_ < queue_.size() && threads_.size() < maxThreads_;
-    if (startThread) threads_.emplace_back([this] { work(); });
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (stopping_) return;
+  queue_.push_back(std::move(launch));
+  // Every thread busy (or none yet): one more, within the cap.
+  if (idle_ < queue_.size() && threads_.size() < maxThreads_) {
+    if (startThread()) return;  // it takes the launch
+    if (threads_.empty()) {
+      // No thread at all (the environment's pids limit is reached): launch
+      // on the caller's, whose vfork then fails or succeeds the same way.
+      std::unique_ptr<Launch> now = std::move(queue_.back());
+      queue_.pop_back();
+      ++running_;
+      lock.unlock();
+      runLaunch(*now);
+      lock.lock();
+      --running_;
+      finish(std::move(now));
+      return;
+    }
   }
-  if (!startThread) cv_.notify_one();
+  lock.unlock();
+  cv_.notify_one();
+}
+
+bool Launcher::startThread() {
+  pthread_attr_t attr;
+  if (::pthread_attr_init(&attr) != 0) return false;
+  ::pthread_attr_setstacksize(&attr, kThreadStack);
+  pthread_t thread;
+  int err = ::pthread_create(
+      &thread, &attr, [](void* self) -> void* {
+        static_cast<Launcher*>(self)->work();
+        return nullptr;
+      },
+      this);
+  ::pthread_attr_destroy(&attr);
+  if (err != 0) return false;
+  threads_.push_back(thread);
+  return true;
+}
+
+void Launcher::finish(std::unique_ptr<Launch> launch) {
+  finished_.push_back(std::move(launch));
+  uint64_t one = 1;
+  ssize_t ignored = ::write(ready_.get(), &one, sizeof one);
+  (void)ignored;
 }
 
 void Launcher::work() {
@@ -53,10 +88,7 @@ void Launcher::work() {
     runLaunch(*launch);
     lock.lock();
     --running_;
-    finished_.push_back(std::move(launch));
-    uint64_t one = 1;
-    ssize_t ignored = ::write(ready_.get(), &one, sizeof one);
-    (void)ignored;
+    finish(std::move(launch));
   }
 }
 

@@ -5,7 +5,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
-#include <thread>
+#include <pthread.h>
 #include <vector>
 
 #include "common/unique_fd.h"
@@ -17,7 +17,8 @@ namespace moat::init {
 // suspends the thread that calls it until the child has exec'd: on moat-init's
 // loop that was half of its time under concurrent execs, with every other
 // command's output, exit and new spawn waiting behind it. Threads start on
-// demand, up to maxThreads, and stay.
+// demand, up to maxThreads, and stay. They count against the environment's
+// pids limit: when none can start, a launch runs on the submitting thread.
 class Launcher {
  public:
   explicit Launcher(size_t maxThreads);
@@ -39,6 +40,10 @@ class Launcher {
 
  private:
   void work();
+  bool startThread();  // with mutex_ held
+  void finish(std::unique_ptr<Launch> launch);  // with mutex_ held
+  // A launch needs little: vfork and the child's few calls run on it.
+  static constexpr size_t kThreadStack = 512 * 1024;
 
   size_t maxThreads_;
   UniqueFd ready_;  // eventfd
@@ -46,7 +51,7 @@ class Launcher {
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Launch>> queue_;
   std::vector<std::unique_ptr<Launch>> finished_;
-  std::vector<std::thread> threads_;
+  std::vector<pthread_t> threads_;
   size_t idle_ = 0;
   size_t running_ = 0;
   bool stopping_ = false;

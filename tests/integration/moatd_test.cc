@@ -167,6 +167,47 @@ TEST_F(MoatdApi, EveryEnvironmentGetsAFreshNetworkNamespaceOfItsOwn) {
   EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + previous).status, 204);
 }
 
+// moat-init launches commands on threads that count against the pids limit.
+// With the limit reached by the environment's own processes, concurrent
+// execs get a clear "cannot run" (fork fails) and pid 1 survives: it once
+// died on a thread it could not start, and the environment with it.
+TEST_F(MoatdApi, ExecsAtAFullPidsLimitFailCleanlyAndTheEnvironmentSurvives) {
+  std::string id = createEnv({{"spec", {{"pids", 16}}}});
+  // The shell starts sleepers until it cannot fork (and exits 2 then).
+  json filled = exec(id, {{"cmd", {"sh", "-c", "i=0; while [ $i -lt 40 ]; do sleep 3 & i=$((i+1)); done 2>/dev/null"}}});
+  ASSERT_EQ(filled["exit_code"], 2) << "the pids limit did not stop the shell: " << filled.dump();
+  std::vector<std::thread> clients;
+  std::vector<int> statuses(8, 0);
+  std::vector<int> exitCodes(8, -1);
+  for (size_t k = 0; k < statuses.size(); ++k) {
+    clients.emplace_back([&, k] {
+      auto r = daemon_->request("POST", "/v1/environments/" + id + "/exec", json{{"cmd", {"true"}}}.dump());
+      statuses[k] = r.status;
+      auto j = json::parse(r.body, nullptr, false);
+      if (j.is_object() && j.contains("exit_code")) exitCodes[k] = j["exit_code"];
+    });
+  }
+  for (auto& c : clients) c.join();
+  int refused = 0;
+  for (size_t k = 0; k < statuses.size(); ++k) {
+    EXPECT_EQ(statuses[k], 200) << "exec " << k;
+    EXPECT_TRUE(exitCodes[k] == 0 || exitCodes[k] == 126) << "exec " << k << ": " << exitCodes[k];
+    refused += exitCodes[k] == 126;
+  }
+  EXPECT_GT(refused, 0) << "the pids limit did not hold";
+  // Once the sleepers end, the environment runs commands again.
+  bool alive = false;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (!alive && std::chrono::steady_clock::now() < deadline) {
+    auto r = daemon_->request("POST", "/v1/environments/" + id + "/exec", json{{"cmd", {"echo", "alive"}}}.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    alive = json::parse(r.body)["stdout"] == "alive\n";
+    if (!alive) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the sleepers hold the pids for 3 s
+  }
+  EXPECT_TRUE(alive) << "the environment never ran a command again";
+  EXPECT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "running");
+}
+
 // Output of control bytes is valid UTF-8 but six times its size as JSON
 // text: it comes as base64 (a third larger at most) instead.
 TEST_F(MoatdApi, ControlByteOutputComesAsBase64NotSixfold) {

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -695,6 +696,69 @@ TEST_F(InitSupervisor, CommandsRunAsAnotherUserWhileMoatInitKeepsItsIds) {
       }
     }
   }
+}
+
+// moat-init's launch threads count against a pids limit. Where no thread
+// (and no process) can start at all, a spawn fails with the fork's error
+// and moat-init keeps serving; it once died on the thread it could not start.
+// RLIMIT_NPROC 0 for an unprivileged user stands in for a full pids cgroup.
+TEST(InitSupervisorLimits, NoThreadOrProcessCanStartSpawnsFailAndMoatInitServesOn) {
+  if (::geteuid() != 0) GTEST_SKIP() << "running moat-init as another user needs root";
+  std::string bin = test::binDir() + "/moat-init";
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    struct rlimit none = {0, 0};
+    if (::dup2(sv[1], kControlFd) < 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0 ||
+        ::setrlimit(RLIMIT_NPROC, &none) != 0) {
+      ::_exit(120);
+    }
+    const char* argv[] = {"moat-init", "--control-fd", "7", nullptr};
+    ::execv(bin.c_str(), const_cast<char* const*>(argv));
+    ::_exit(121);
+  }
+  ::close(sv[1]);
+  UniqueFd control(sv[0]);
+  FrameReader reader;
+  auto hello = readFrame(control.get(), reader);
+  ASSERT_TRUE(hello.ok()) << hello.error().message();
+  ASSERT_EQ(hello->type, MsgType::kHello);
+  auto spawn = [](uint32_t id) {
+    SpawnRequest req;
+    req.id = id;
+    req.argv = {"/bin/true"};
+    req.cwd = "/";
+    req.uid = 65534;
+    req.gid = 65534;
+    return encodeFrame(MsgType::kSpawn, req.encode());
+  };
+  // Two at once: the second would want a second thread.
+  std::string both = spawn(1) + spawn(2);
+  ASSERT_EQ(::write(control.get(), both.data(), both.size()), static_cast<ssize_t>(both.size()));
+  for (int i = 0; i < 2; ++i) {
+    auto frame = readFrame(control.get(), reader);
+    ASSERT_TRUE(frame.ok()) << "moat-init went away: " << frame.error().message();
+    ASSERT_EQ(frame->type, MsgType::kSpawnFailed);
+    auto failed = SpawnFailed::decode(frame->payload);
+    ASSERT_TRUE(failed.ok());
+    EXPECT_EQ(failed->err, EAGAIN);
+    EXPECT_EQ(failed->stage, "fork");
+  }
+  // Still serving: a file request gets its answer.
+  FileRequest stat;
+  stat.op = FileOp::kStat;
+  stat.tag = 9;
+  stat.path = "/";
+  ASSERT_TRUE(writeFrame(control.get(), MsgType::kFile, stat.encode()).ok());
+  auto answer = readFrame(control.get(), reader);
+  ASSERT_TRUE(answer.ok()) << answer.error().message();
+  EXPECT_EQ(answer->type, MsgType::kFileResult);
+  control.reset();
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "moat-init ended with status " << status;
 }
 
 // --- pseudo-terminals (outside an environment: the host's /dev/ptmx) ---------------
