@@ -414,11 +414,8 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
                       : sub == "fork"        ? "create"
                                              : "exec";
   if (!principal.may(scope)) return forbidden(scope);
-  if (!principal.master) {
-    auto record = manager_.get(id);
-    if (!record.ok() || record->owner != principal.keyId) {
-      return errorResponse({404, "not_found", "no environment " + id, ""});
-    }
+  if (!principal.master && manager_.ownerOf(id) != principal.keyId) {
+    return errorResponse({404, "not_found", "no environment " + id, ""});
   }
 
   if (sub != "files" && sub != "processes" && sub != "shell" && sub != "permissions" && sub != "network" &&

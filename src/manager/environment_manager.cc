@@ -494,6 +494,15 @@ Result<store::EnvironmentRecord> EnvironmentManager::get(const std::string& id) 
   return record.value();
 }
 
+std::string EnvironmentManager::ownerOf(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = live_.find(id); it != live_.end()) return it->second.owner;
+  }
+  auto record = get(id);
+  return record.ok() ? record->owner : std::string();
+}
+
 Result<std::vector<store::EnvironmentRecord>> EnvironmentManager::list(
     const store::EnvironmentFilter& filter) {
   return store_.listEnvironments(filter);
@@ -518,7 +527,8 @@ EnvironmentManager::Live EnvironmentManager::makeLive(std::shared_ptr<InitConnec
   }
   return Live{std::move(connection), std::move(env), record.ramMb,
               std::make_shared<ProcessTable>(config_.processLimits), record.expiresAtMs,
-              std::make_shared<const std::vector<gate::Permissions>>(layers.ok() ? layers.value() : closed)};
+              std::make_shared<const std::vector<gate::Permissions>>(layers.ok() ? layers.value() : closed),
+              record.owner};
 }
 
 Result<gate::Evaluation> EnvironmentManager::evaluate(const std::string& id, const gate::Action& action,
@@ -874,10 +884,18 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   // others' spawner round trips: with 64 clients, 58 of them waited there
   // and a destroy took seconds (docs/BENCHMARKS.md, "Load").
   auto held = exclusive(id);
-  MOAT_ASSIGN(auto record, get(id));
-  if (record.state == "gone" || record.state == "failed") {
+  bool here;
+  {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!live_.count(id)) return {};
+    here = live_.count(id) || creatingIds_.count(id);
+  }
+  if (!here) {
+    // Not running here: known (gone, failed: done already) or not at all.
+    MOAT_ASSIGN(auto record, get(id));
+    if (record.state == "gone" || record.state == "failed") {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!live_.count(id)) return {};
+    }
   }
   Live live;
   {

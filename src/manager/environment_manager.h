@@ -154,6 +154,10 @@ class EnvironmentManager {
 
   Result<store::EnvironmentRecord> create(const CreateRequest& request);
   Result<store::EnvironmentRecord> get(const std::string& id);
+  // Who created the environment ("master" or a key id); from memory while it
+  // runs (no store read on every keyed request), else from the store; empty
+  // when there is no such environment.
+  std::string ownerOf(const std::string& id);
   Result<std::vector<store::EnvironmentRecord>> list(const store::EnvironmentFilter& filter);
   // The command's environment is the environment's base set plus `env`.
   // Runs a command to its end: a process like the others (it shows in the
@@ -224,6 +228,7 @@ class EnvironmentManager {
     std::shared_ptr<ProcessTable> processes;
     int64_t expiresAtMs = 0;  // the store's, kept here for the reaper
     std::shared_ptr<const std::vector<gate::Permissions>> permissions;  // replaced whole, never edited
+    std::string owner;  // never changes
   };
   Live makeLive(std::shared_ptr<InitConnection> connection, const store::EnvironmentRecord& record) const;
   // Gives a running environment its egress link and the files and variables

@@ -115,8 +115,10 @@ Status Cgroup::applyLimits(const Limits& limits) {
     std::string dir = dirs_[0];
     if (layout_.version == Version::kV1) dir = w.controller == "cpu" ? dirs_[0] : w.controller == "memory" ? dirs_[1] : dirs_[2];
     std::string path = dir + "/" + w.file;
-    if (w.optional && !os::exists(path)) continue;
-    MOAT_TRY(os::writeExisting(path, w.value));
+    Status written = os::writeExisting(path, w.value);
+    // An optional knob this kernel does not have (swap accounting off).
+    if (!written.ok() && w.optional && written.error().sysErrno == ENOENT) continue;
+    MOAT_TRY(written);
   }
   return {};
 }
