@@ -14,6 +14,10 @@ namespace moat::init {
 namespace {
 
 constexpr uint64_t kMaxRead = 8u << 20;  // per request; read larger files in ranges
+// A listing's encoded size: names plus at most this much per entry, within
+// a budget well below the protocol's frame limit.
+constexpr uint64_t kListEntryOverhead = 64;
+constexpr uint64_t kMaxListBytes = 12u << 20;
 
 FileResult failure(const FileRequest& req, int err, const std::string& what) {
   FileResult r;
@@ -104,10 +108,18 @@ FileResult doList(const FileRequest& req) {
   if (dir == nullptr) return failure(req, errno, "list");
   FileResult r;
   r.tag = req.tag;
+  uint64_t bytes = 0;
   while (struct dirent* entry = ::readdir(dir)) {
     if (std::strcmp(entry->d_name, ".") == 0 || std::strcmp(entry->d_name, "..") == 0) continue;
     struct stat st;
     if (::fstatat(::dirfd(dir), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    // The answer is one frame: a directory too large for it is refused by
+    // name, not sent as a frame moatd would never get.
+    bytes += std::strlen(entry->d_name) + kListEntryOverhead;
+    if (bytes > kMaxListBytes) {
+      ::closedir(dir);
+      return failure(req, E2BIG, "list (more than " + std::to_string(r.entries.size()) + " entries)");
+    }
     r.entries.push_back(infoFrom(entry->d_name, st));
   }
   ::closedir(dir);

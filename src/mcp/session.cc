@@ -5,6 +5,18 @@
 #include "mcp/tools.h"
 
 namespace moat::mcp {
+namespace {
+
+// A string member of a client's object, "" when it is absent or not a string
+// (json::value throws on another type, and a client's message must not end
+// the session or moatd).
+std::string stringField(const json& object, const char* key) {
+  if (!object.is_object()) return "";
+  auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+}  // namespace
 
 void CallContext::cancel() {
   cancelled_ = true;
@@ -53,7 +65,7 @@ void Session::close() {
 }
 
 json Session::initialize(const json& params) {
-  std::string requested = params.is_object() ? params.value("protocolVersion", "") : "";
+  std::string requested = stringField(params, "protocolVersion");
   version_ = negotiateVersion(requested);
   return {{"protocolVersion", version_},
           {"capabilities", {{"tools", {{"listChanged", false}}}, {"resources", {{"listChanged", false}}}}},
@@ -199,7 +211,7 @@ json Session::listResources() {
 }
 
 std::optional<json> Session::readResource(const json& params, std::string& error) {
-  std::string uri = params.is_object() ? params.value("uri", "") : "";
+  std::string uri = stringField(params, "uri");
   const std::string prefix = "moat://environments/";
   if (uri.compare(0, prefix.size(), prefix) != 0) {
     error = "unknown resource " + uri + " (moat://environments/{id} or moat://environments/{id}/events)";

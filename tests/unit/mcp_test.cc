@@ -2,6 +2,7 @@
 
 #include "mcp/output.h"
 #include "mcp/protocol.h"
+#include "mcp/session.h"
 #include "mcp/tools.h"
 
 namespace moat::mcp {
@@ -25,6 +26,24 @@ TEST(McpProtocol, NegotiatesTheClientsVersionWhenKnown) {
   EXPECT_EQ(negotiateVersion("2024-11-05"), "2024-11-05");
   EXPECT_EQ(negotiateVersion("1999-01-01"), kProtocolVersions.front());
   EXPECT_EQ(negotiateVersion(""), kProtocolVersions.front());
+}
+
+// Members a client sends with the wrong type are answered, not thrown on
+// (the fuzzer found `protocolVersion` as an object ending the process).
+TEST(McpSession, WrongTypesInAClientsParamsGetAnAnswer) {
+  struct NoBackend : RestBackend {
+    RestResponse call(const std::string&, const std::string&, const std::string&) override { return {}; }
+  } backend;
+  Session session(backend, "test");
+  auto notify = [](const json&) {};
+  auto init = session.handle(
+      json::parse(R"({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":{"v":"1"}}})"), notify);
+  ASSERT_TRUE(init.has_value());
+  EXPECT_EQ((*init)["result"]["protocolVersion"], kProtocolVersions.front());
+  auto read = session.handle(
+      json::parse(R"({"jsonrpc":"2.0","id":2,"method":"resources/read","params":{"uri":["moat://x"]}})"), notify);
+  ASSERT_TRUE(read.has_value());
+  EXPECT_TRUE(read->contains("error")) << read->dump();
 }
 
 TEST(McpOutput, KeepsHeadAndTailOnUtf8Boundaries) {

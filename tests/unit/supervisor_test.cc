@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -1121,6 +1122,34 @@ TEST_F(InitSupervisorFiles, WriteReadStatListRenameRemove) {
   ASSERT_TRUE(rmEmpty.ok());
   EXPECT_EQ(rmEmpty->err, 0) << rmEmpty->message;
   EXPECT_FALSE(os::exists(dir + "/m"));
+}
+
+// A listing is one frame: a directory whose listing would not fit is
+// refused by name (E2BIG), and moat-init keeps serving. The files' names are
+// long so that 42,000 of them are enough.
+TEST_F(InitSupervisorFiles, ADirectoryTooLargeToListIsRefusedByName) {
+  // On tmpfs: 42,000 files are made and removed in well under a second.
+  char tmpl[] = "/dev/shm/moat-supervisor-list-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr) << std::strerror(errno);
+  std::string big = tmpl;
+  struct Remove {
+    std::string path;
+    ~Remove() { (void)os::removeTree(path); }
+  } remove{big};
+  const std::string stem(250, 'n');
+  for (int i = 0; i < 42000; ++i) {
+    int fd = ::open((big + "/" + stem + std::to_string(i)).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    ::close(fd);
+  }
+  auto listed = file(req(FileOp::kList, big));
+  ASSERT_TRUE(listed.ok()) << listed.error().message();
+  EXPECT_EQ(listed->err, E2BIG);
+  EXPECT_NE(listed->message.find("list (more than"), std::string::npos) << listed->message;
+  EXPECT_TRUE(listed->entries.empty());
+  auto after = file(req(FileOp::kStat, big));
+  ASSERT_TRUE(after.ok()) << after.error().message();
+  EXPECT_EQ(after->err, 0);
 }
 
 TEST_F(InitSupervisorFiles, ReadErrors) {
