@@ -18,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -248,6 +249,37 @@ class InitSupervisor : public ::testing::Test {
     }
     pump(run, req.id, [](const Outcome&) { return false; }, timeoutMs);
     return run;
+  }
+
+  // Writes `frames` in one write (so moat-init handles them together), then
+  // reads until every id in `ids` has finished or kDefaultWaitMs passes.
+  // Trouble (a frame for another id, none in time) goes to `problem`.
+  std::map<uint32_t, Outcome> sendAndCollect(const std::string& frames, const std::set<uint32_t>& ids,
+                                             std::string& problem) {
+    std::map<uint32_t, Outcome> runs;
+    if (::write(fd_, frames.data(), frames.size()) != static_cast<ssize_t>(frames.size())) {
+      problem = "short write to moat-init";
+      return runs;
+    }
+    size_t finished = 0;
+    int64_t deadline = nowMs() + kDefaultWaitMs;
+    while (finished < ids.size()) {
+      auto frame = next(static_cast<int>(std::max<int64_t>(deadline - nowMs(), 0)));
+      if (!frame.ok()) {
+        problem = frame.error().message() + " after " + std::to_string(finished) + " of " +
+                  std::to_string(ids.size()) + " ended";
+        return runs;
+      }
+      auto id = Decoder(frame->payload).u32();
+      if (!id.ok() || !ids.count(id.value())) {
+        problem = "a frame for no command of this test";
+        return runs;
+      }
+      Outcome& run = runs[id.value()];
+      handle(run, id.value(), frame.value());
+      if (run.finished()) ++finished;
+    }
+    return runs;
   }
 
   Result<FileResult> file(const FileRequest& req) {
@@ -594,28 +626,16 @@ TEST_F(InitSupervisor, DuplicateIdIsRefused) {
 TEST_F(InitSupervisor, ManyCommandsAtOnceEachGetSpawnedThenExited) {
   constexpr uint32_t kCount = 64;
   std::string burst;
+  std::set<uint32_t> ids;
   for (uint32_t id = 100; id < 100 + kCount; ++id) {
+    ids.insert(id);
     SpawnRequest req = id % 2 ? request(id, {"/bin/true"})
                               : request(id, {"/bin/sh", "-c", "echo " + std::to_string(id) + "; exit " + std::to_string(id % 7)});
     burst += encodeFrame(MsgType::kSpawn, req.encode());
   }
-  ASSERT_EQ(::write(fd_, burst.data(), burst.size()), static_cast<ssize_t>(burst.size()));
-  std::map<uint32_t, Outcome> runs;
-  size_t finished = 0;
-  int64_t deadline = nowMs() + kDefaultWaitMs;
-  while (finished < kCount && nowMs() < deadline) {
-    auto frame = next(static_cast<int>(std::max<int64_t>(deadline - nowMs(), 0)));
-    ASSERT_TRUE(frame.ok()) << frame.error().message() << " after " << finished << " of " << kCount;
-    Decoder d(frame->payload);
-    auto id = d.u32();
-    ASSERT_TRUE(id.ok());
-    ASSERT_GE(id.value(), 100u);
-    ASSERT_LT(id.value(), 100 + kCount);
-    Outcome& run = runs[id.value()];
-    handle(run, id.value(), frame.value());
-    if (run.finished()) ++finished;
-  }
-  ASSERT_EQ(finished, kCount) << "some commands never reported their end";
+  std::string problem;
+  auto runs = sendAndCollect(burst, ids, problem);
+  ASSERT_EQ(problem, "") << "some commands never reported their end";
   for (auto& [id, run] : runs) {
     EXPECT_CLEAN(run);
     std::vector<MsgType> expected{MsgType::kSpawned, MsgType::kExited};
@@ -634,17 +654,9 @@ TEST_F(InitSupervisor, SignalAndTimeoutDuringTheLaunchReachTheCommand) {
   SpawnRequest quick = request(201, {"/bin/sleep", "30"});
   quick.timeoutMs = 1;
   both += encodeFrame(MsgType::kSpawn, quick.encode());
-  ASSERT_EQ(::write(fd_, both.data(), both.size()), static_cast<ssize_t>(both.size()));
-  std::map<uint32_t, Outcome> runs;
-  int64_t deadline = nowMs() + kDefaultWaitMs;
-  while (!(runs[200].finished() && runs[201].finished()) && nowMs() < deadline) {
-    auto frame = next(static_cast<int>(std::max<int64_t>(deadline - nowMs(), 0)));
-    ASSERT_TRUE(frame.ok()) << frame.error().message();
-    Decoder d(frame->payload);
-    auto id = d.u32();
-    ASSERT_TRUE(id.ok());
-    handle(runs[id.value()], id.value(), frame.value());
-  }
+  std::string problem;
+  auto runs = sendAndCollect(both, {200, 201}, problem);
+  ASSERT_EQ(problem, "");
   ASSERT_TRUE(runs[200].exited) << runs[200].problem;
   EXPECT_EQ(runs[200].exit.signal, SIGTERM);
   ASSERT_TRUE(runs[201].exited) << runs[201].problem;
@@ -659,27 +671,17 @@ TEST_F(InitSupervisor, CommandsRunAsAnotherUserWhileMoatInitKeepsItsIds) {
   if (::geteuid() != 0) GTEST_SKIP() << "switching to another uid needs root";
   constexpr uint32_t kCount = 8;
   std::string burst;
+  std::set<uint32_t> ids;
   for (uint32_t id = 300; id < 300 + kCount; ++id) {
+    ids.insert(id);
     SpawnRequest req = request(id, {"/bin/sh", "-c", "sleep 0.2; id -u; id -g"});
     req.uid = 65534;
     req.gid = 65534;
     burst += encodeFrame(MsgType::kSpawn, req.encode());
   }
-  ASSERT_EQ(::write(fd_, burst.data(), burst.size()), static_cast<ssize_t>(burst.size()));
-  std::map<uint32_t, Outcome> runs;
-  size_t finished = 0;
-  int64_t deadline = nowMs() + kDefaultWaitMs;
-  while (finished < kCount && nowMs() < deadline) {
-    auto frame = next(static_cast<int>(std::max<int64_t>(deadline - nowMs(), 0)));
-    ASSERT_TRUE(frame.ok()) << frame.error().message();
-    Decoder d(frame->payload);
-    auto id = d.u32();
-    ASSERT_TRUE(id.ok());
-    Outcome& run = runs[id.value()];
-    handle(run, id.value(), frame.value());
-    if (run.finished()) ++finished;
-  }
-  ASSERT_EQ(finished, kCount);
+  std::string problem;
+  auto runs = sendAndCollect(burst, ids, problem);
+  ASSERT_EQ(problem, "");
   for (auto& [id, run] : runs) {
     EXPECT_CLEAN(run);
     EXPECT_EQ(run.out, "65534\n65534\n") << "id " << id;
