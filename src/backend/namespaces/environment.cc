@@ -85,6 +85,19 @@ Result<cg::Layout> preparedLayout(bool again) {
   return *cached;
 }
 
+// The environment's cgroup under the prepared parents; should those have
+// gone since (ENOENT), they are prepared again (into `layout`) and it is
+// tried once more.
+Result<std::unique_ptr<cg::Cgroup>> createCgroup(cg::Layout& layout, const std::string& name,
+                                                 const cg::Limits& limits) {
+  for (bool again = false;; again = true) {
+    auto cgroup = cg::Cgroup::create(layout, name, limits);
+    if (cgroup.ok()) return std::make_unique<cg::Cgroup>(std::move(cgroup.value()));
+    if (again || cgroup.error().sysErrno != ENOENT) return cgroup.error();
+    MOAT_ASSIGN(layout, preparedLayout(true));
+  }
+}
+
 // Leftovers of processes that died holding environments (their locks are
 // free) are collected at the first create of a process and then at most
 // every 10 s: the scan opens every lock, ~1,000 of them beside a full moatd.
@@ -279,18 +292,7 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
   limits.cpus = spec.cpus;
   limits.memoryBytes = spec.memoryMb * kMiB;
   limits.pids = spec.pids;
-  {
-    auto cgroup = cg::Cgroup::create(layout, cgroupName(env->id_), limits);
-    if (!cgroup.ok() && cgroup.error().sysErrno == ENOENT) {
-      MOAT_ASSIGN(layout, preparedLayout(true));
-      auto again = cg::Cgroup::create(layout, cgroupName(env->id_), limits);
-      if (!again.ok()) return again.error();
-      env->cgroup_ = std::make_unique<cg::Cgroup>(std::move(again.value()));
-    } else {
-      if (!cgroup.ok()) return cgroup.error();
-      env->cgroup_ = std::make_unique<cg::Cgroup>(std::move(cgroup.value()));
-    }
-  }
+  MOAT_ASSIGN(env->cgroup_, createCgroup(layout, cgroupName(env->id_), limits));
 
   traceStage("cgroup");
   MOAT_ASSIGN(UniqueFd userns, isolation::namespaces::createUserNamespace(idmap));
