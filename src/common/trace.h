@@ -9,8 +9,11 @@
 namespace moat {
 
 // Stage timing for performance work: with MOAT_TRACE=1, prints
-// "moat-trace <pid> <ms since first trace> <stage>" to stderr. Async-signal
-// safe enough for the cloned child (snprintf + write, no allocation).
+// "moat-trace <pid> <ms since this process's first trace> <CLOCK_MONOTONIC ms>
+// <stage>" to stderr. The absolute column puts the lines of moatd, the spawner
+// and the cloned children on one clock (bench/trace.sh merges them).
+// Async-signal safe enough for the cloned child (snprintf + write, no
+// allocation).
 inline void traceStage(const char* stage) {
   static const bool enabled = std::getenv("MOAT_TRACE") != nullptr;
   if (!enabled) return;
@@ -22,8 +25,9 @@ inline void traceStage(const char* stage) {
   struct timespec now;
   ::clock_gettime(CLOCK_MONOTONIC, &now);
   double ms = (now.tv_sec - start.tv_sec) * 1e3 + (now.tv_nsec - start.tv_nsec) / 1e6;
-  char line[160];
-  int n = std::snprintf(line, sizeof line, "moat-trace %d %8.3f %s\n", ::getpid(), ms, stage);
+  double clock = now.tv_sec * 1e3 + now.tv_nsec / 1e6;
+  char line[192];
+  int n = std::snprintf(line, sizeof line, "moat-trace %d %8.3f %.3f %s\n", ::getpid(), ms, clock, stage);
   if (n > 0) {
     ssize_t ignored = ::write(2, line, static_cast<size_t>(n));
     (void)ignored;

@@ -15,6 +15,7 @@
 
 #include "cli/run_options.h"
 #include "common/scope_exit.h"
+#include "common/trace.h"
 
 namespace moat::manager {
 
@@ -416,11 +417,13 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     destroyRequested_.erase(record.id);
     if (!keepMemory) reservedMemoryMb_ -= record.ramMb;
   };
+  traceStage("moatd: create");
   Status stored = store_.insertEnvironment(record);
   if (!stored.ok()) {
     release(false);
     return stored.error();
   }
+  traceStage("moatd: inserted");
   auto spec = specFor(record.templateName, record.cpus, record.ramMb, record.storageGb, record.pids);
   spec.id = record.id;
   if (from) {
@@ -428,6 +431,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     spec.snapshotHostBase = from->hostBase;
   }
   auto created = spawner_.create(spec);
+  traceStage("moatd: spawner answered");
   if (!created.ok()) {
     release(false);
     (void)store_.setState(record.id, "failed", created.error().message());
@@ -462,6 +466,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   }
   record.state = "running";
   (void)store_.setState(id, "running", "");
+  traceStage("moatd: running stored");
   nlohmann::json createdEvent = createdData(record, false);
   if (from && request.forkedFrom.empty()) createdEvent["from_snapshot"] = from->id;
   if (!request.forkedFrom.empty()) createdEvent["forked_from"] = request.forkedFrom;
@@ -721,11 +726,13 @@ Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecReq
   process->onEnded([recorder = &audit_, id, actor = request.actor](const ProcessInfo& info) {
     recorder->record("exec.ended", id, actor, endedData(info));
   });
+  traceStage("moatd: exec");
   Status started = process->start(live.connection, spawn, request.stdinData, request.withStdin);
   if (!started.ok()) {
     process->abandon(started.error().message());
     return started.error();
   }
+  traceStage("moatd: exec sent");
   // moat-init enforces the timeout; the grace covers the kill and the report.
   auto deadline = std::chrono::steady_clock::now() +
                   (request.timeoutMs ? std::chrono::milliseconds(request.timeoutMs + 10000)
@@ -735,6 +742,7 @@ Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecReq
     process->abandon("moat-init did not report the end of the command in time");
     return Error::make("timeout", "moat-init did not report the end of the command in time");
   }
+  traceStage("moatd: exec ended");
   ProcessInfo info = process->info();
   ExecResult r;
   if (info.state == ProcessState::kLost) return Error::make("gone", info.reason);
@@ -883,6 +891,7 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   // gone. A single lock for all destroys made every DELETE queue behind the
   // others' spawner round trips: with 64 clients, 58 of them waited there
   // and a destroy took seconds (docs/BENCHMARKS.md, "Load").
+  traceStage("moatd: destroy");
   auto held = exclusive(id);
   bool here;
   {
@@ -919,10 +928,13 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   if (endedHook_) endedHook_(id, endReason(reason));
   if (egress_) egress_->forget(id);  // its link goes with its namespace
   (void)store_.setState(id, "destroying", reason);
+  traceStage("moatd: destroying stored");
   Status s = spawner_.destroy(id);
+  traceStage("moatd: spawner destroyed");
   live.connection.reset();  // joins its reader: moat-init is gone by now
   // A failed destroy stays "destroying": the next moatd start finishes it.
   if (s.ok()) (void)store_.setState(id, failed ? "failed" : "gone", reason);
+  traceStage("moatd: gone stored");
   nlohmann::json data = {{"reason", reason}, {"state", failed ? "failed" : "gone"}};
   if (!s.ok()) {
     data["state"] = "destroying";

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 
+#include "common/trace.h"
 #include "init/protocol.h"
 #include "os/net.h"
 #include "os/netlink.h"
@@ -157,6 +158,7 @@ bool readable(int fd) {
       client = -1;
       continue;
     }
+    traceStage("spawner: request");
     init::Decoder d(message.value());
     auto op = d.u8();
     if (!op.ok()) {
@@ -187,6 +189,7 @@ bool readable(int fd) {
       UniqueFd control = env.value()->releaseControl();
       environments[id] = std::move(env.value());
       (void)sendMessage(client, reply(Status{}, id), control.get());
+      traceStage("spawner: created sent");
     } else if (op.value() == kSnapshot) {
       auto id = d.bytes();
       auto name = id.ok() ? d.bytes() : Result<std::string>(id.error());
@@ -237,6 +240,7 @@ bool readable(int fd) {
         environments.erase(it);
       }
       (void)sendMessage(client, reply(s));
+      traceStage("spawner: destroyed sent");
     } else if (op.value() == kList) {
       std::vector<std::string> ids;
       for (const auto& [id, env] : environments) ids.push_back(id);
