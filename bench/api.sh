@@ -5,6 +5,7 @@
 # With WARM=N, moatd keeps N environments ready and creates ask for the
 # default spec, so they are claims.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 bin=${1:-build/bin}
 rounds=${2:-200}
 state=$(mktemp -d /tmp/moat-bench-XXXXXX)
@@ -16,7 +17,7 @@ cleanup() {
 trap cleanup EXIT
 MOAT_STORAGE_GB=8 "$bin/moatd" --state "$state" --listen 127.0.0.1:0 --warm-pool "${WARM:-0}" 2>"$state.log" &
 pid=$!
-for _ in $(seq 200); do [ -S "$state/moatd.sock" ] && [ -s "$state/master-token" ] && break; sleep 0.05; done
+wait_for_moatd "$state"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -r) $(nproc) cpus, $rounds rounds"
 if [ "${WARM:-0}" -gt 0 ]; then
   sleep 1  # the pool fills

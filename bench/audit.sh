@@ -6,6 +6,7 @@
 # MOATD_BIN=DIR runs the moatd (and moat-init) of another build, e.g. one
 # from before the audit log, under the same load: its events/s read 0.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 bin=${1:-build/bin}
 rate=${2:-1200}
 seconds=${3:-5}
@@ -18,7 +19,7 @@ cleanup() {
 trap cleanup EXIT
 MOAT_STORAGE_GB=8 "${MOATD_BIN:-$bin}/moatd" --state "$state" --listen 127.0.0.1:0 2>"$state.log" &
 pid=$!
-for _ in $(seq 200); do [ -S "$state/moatd.sock" ] && [ -s "$state/master-token" ] && break; sleep 0.05; done
+wait_for_moatd "$state"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -r) $(nproc) cpus, load $rate/s, $seconds s per phase"
 MOATD_PID=$pid "$bin/moat-audit-bench" "$state/moatd.sock" "$(cat "$state/master-token")" "$rate" "$seconds"
 rm -f "$state.log"

@@ -10,6 +10,7 @@
 # Exit status 0 only when all N were created, both execs worked and nothing
 # leaked.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 bin=$(cd "${1:-build/bin}" && pwd)
 n=${2:-1000}
 ram=${RAM_MB:-16}
@@ -100,7 +101,7 @@ cgroup_dirs_of() {
 MOAT_STORAGE_GB=${MOAT_STORAGE_GB:-8} "$bin/moatd" --state "$state" --listen 127.0.0.1:0 \
   --max-environments "$n" 2>"$log" &
 pid=$!
-for _ in $(seq 200); do [ -S "$state/moatd.sock" ] && [ -s "$state/master-token" ] && break; sleep 0.05; done
+wait_for_moatd "$state"
 [ -S "$state/moatd.sock" ] || { echo "moatd did not start:"; cat "$log"; exit 1; }
 spawner=$(ps -o pid= --ppid "$pid" | awk 'NR == 1 {print $1}')
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -r) $(nproc) cpus, $(awk '/MemTotal/ {printf "%.1f", $2 / 1048576}' /proc/meminfo) GiB;" \

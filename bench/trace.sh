@@ -8,6 +8,7 @@
 # The times exclude HTTP and the client: bench/api.sh measures those too.
 # Usage: bench/trace.sh [BIN_DIR] [ROUNDS]
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 bin=${1:-build/bin}
 rounds=${2:-100}
 state=$(mktemp -d /tmp/moat-trace-XXXXXX)
@@ -20,7 +21,7 @@ cleanup() {
 trap cleanup EXIT
 MOAT_TRACE=1 MOAT_STORAGE_GB=8 "$bin/moatd" --state "$state" --listen 127.0.0.1:0 2>"$log" &
 pid=$!
-for _ in $(seq 200); do [ -S "$state/moatd.sock" ] && [ -s "$state/master-token" ] && break; sleep 0.05; done
+wait_for_moatd "$state"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -r) $(nproc) cpus, $rounds cycles"
 BENCH_CYCLE_ONLY=1 "$bin/moat-api-bench" "$state/moatd.sock" "$(cat "$state/master-token")" "$rounds" >/dev/null
 kill "$pid" && wait "$pid" 2>/dev/null || true
@@ -44,12 +45,15 @@ for t, p, stage in lines:
 whole = [c for c in cycles if c[-1][2] == "moatd: gone stored"]
 def execs(c):
     return sum(1 for _, _, stage in c if stage == "moatd: exec")
-ten = [(c[-1][0] - c[0][0]) * 1000 for c in whole if execs(c) == 10]
+def span(c):  # us from the cycle's first line to its last
+    return (c[-1][0] - c[0][0]) * 1000
+ten = [span(c) for c in whole if execs(c) == 10]
 cycles = [c for c in whole if execs(c) == 1]  # create -> one exec -> destroy
 if not cycles:
     sys.exit("no whole cycle traced (is moatd built with traceStage?)")
+measured = cycles[len(cycles) // 10:]  # the first tenth warms up
 gaps, order = {}, []
-for c in cycles[len(cycles) // 10:]:  # the first tenth warms up
+for c in measured:
     seen = {}
     for (t0, _, _), (t, _, stage) in zip(c, c[1:]):
         n = seen.get(stage, 0); seen[stage] = n + 1
@@ -57,7 +61,7 @@ for c in cycles[len(cycles) // 10:]:  # the first tenth warms up
         if key not in gaps:
             gaps[key] = []; order.append(key)
         gaps[key].append((t - t0) * 1000)
-total = [(c[-1][0] - c[0][0]) * 1000 for c in cycles[len(cycles) // 10:]]
+total = [span(c) for c in measured]
 print(f"\n{len(total)} cycles, median {statistics.median(total):.0f} us from moatd's create to its gone stored\n")
 if ten:
     print(f"{len(ten)} cycles with 10 execs, median {statistics.median(ten):.0f} us\n")
