@@ -287,6 +287,42 @@ TEST_F(StoreTest, SetStateAndExpiryOfUnknownIdAreNotFound) {
   EXPECT_EQ(got.value()->expiresAtMs, 60001);
 }
 
+// Statements are compiled once and reused (SqliteStore keeps up to 64).
+// Each reuse must start clean: no bindings, no error, no read transaction
+// left open by the caller before.
+TEST_F(StoreTest, ReusedStatementsStartCleanEveryTime) {
+  Store& store = open();
+  insert(makeRecord("a", 1));
+  // A failed insert leaves its statement in error; the next one succeeds.
+  Status duplicate = store.insertEnvironment(makeRecord("a", 2));
+  ASSERT_FALSE(duplicate.ok());
+  insert(makeRecord("b", 2));
+  // A lookup reads one row and stops. Had its statement stayed active, this
+  // connection would keep reading the snapshot from before the change below.
+  auto before = store.getEnvironment("a");
+  ASSERT_TRUE(before.ok() && before.value().has_value());
+  EXPECT_EQ(before.value()->state, "running");
+  RawDb raw(path_);
+  raw.exec("UPDATE environments SET state = 'failed', reason = 'by hand' WHERE id = 'a'");
+  auto after = store.getEnvironment("a");
+  ASSERT_TRUE(after.ok() && after.value().has_value());
+  EXPECT_EQ(after.value()->state, "failed");
+  EXPECT_EQ(after.value()->reason, "by hand");
+  // Many distinct queries (one per number of labels asked for): more than
+  // the cache holds, so the later ones are compiled for one use; all answer.
+  auto many = makeRecord("many", 3);
+  for (int i = 0; i < 80; ++i) many.labels["k" + std::to_string(i)] = "v";
+  insert(many);
+  std::map<std::string, std::string> wanted;
+  for (int i = 0; i < 80; ++i) {
+    wanted["k" + std::to_string(i)] = "v";
+    ASSERT_EQ(list({.labels = wanted}), (std::vector<std::string>{"many"})) << i + 1 << " labels";
+  }
+  wanted["k80"] = "v";
+  EXPECT_EQ(list({.labels = wanted}), (std::vector<std::string>{}));
+  EXPECT_EQ(list({}), (std::vector<std::string>{"many", "b", "a"}));
+}
+
 TEST_F(StoreTest, LiveEnvironmentsExcludeGoneAndFailed) {
   Store& store = open();
   insert(makeRecord("creating", 1, "creating"));

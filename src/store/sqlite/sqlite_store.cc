@@ -26,6 +26,10 @@ namespace moat::store::sqlite {
 
 void DbCloser::operator()(::sqlite3* db) const { sqlite3_close_v2(db); }
 
+SqliteStore::~SqliteStore() {
+  for (auto& [sql, cached] : statements_) sqlite3_finalize(cached.stmt);
+}
+
 namespace {
 
 // The connection's last error as an Error that says what was being done:
@@ -56,19 +60,40 @@ Status exec(::sqlite3* db, const char* sql, const std::string& what) {
 class Statement {
  public:
   static Result<Statement> prepare(::sqlite3* db, std::string_view sql, std::string what) {
-    ::sqlite3_stmt* stmt = nullptr;
-    if (sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &stmt, nullptr) !=
-        SQLITE_OK) {
-      sqlite3_finalize(stmt);
-      return sqliteError(db, what);
+    MOAT_ASSIGN(::sqlite3_stmt * stmt, compile(db, sql, 0, what));
+    return Statement(db, stmt, std::move(what), nullptr);
+  }
+
+  // From the cache, compiled on first use; reset for the next caller when
+  // this one goes out of scope. A statement in use elsewhere (or a full
+  // cache: SQL built from filters varies) gets one of its own.
+  static Result<Statement> cached(StatementCache& cache, ::sqlite3* db, std::string_view sql,
+                                  std::string what) {
+    constexpr size_t kMaxCached = 64;
+    auto it = cache.find(std::string(sql));
+    if (it == cache.end() && cache.size() < kMaxCached) {
+      MOAT_ASSIGN(::sqlite3_stmt * stmt, compile(db, sql, SQLITE_PREPARE_PERSISTENT, what));
+      it = cache.emplace(std::string(sql), CachedStatement{stmt, false}).first;
     }
-    return Statement(db, stmt, std::move(what));
+    if (it == cache.end() || it->second.inUse) return prepare(db, sql, std::move(what));
+    it->second.inUse = true;
+    return Statement(db, it->second.stmt, std::move(what), &it->second.inUse);
   }
 
   Statement(Statement&& other) noexcept
-      : db_(other.db_), stmt_(std::exchange(other.stmt_, nullptr)), what_(std::move(other.what_)) {}
+      : db_(other.db_),
+        stmt_(std::exchange(other.stmt_, nullptr)),
+        what_(std::move(other.what_)),
+        inUse_(std::exchange(other.inUse_, nullptr)) {}
   Statement& operator=(Statement&&) = delete;
-  ~Statement() { sqlite3_finalize(stmt_); }  // a no-op on nullptr
+  ~Statement() {
+    if (inUse_ != nullptr) {
+      reset();
+      *inUse_ = false;
+    } else {
+      sqlite3_finalize(stmt_);  // a no-op on nullptr
+    }
+  }
 
   Status bindAt(int index, std::string_view value) {
     return check(sqlite3_bind_text64(stmt_, index, value.data(), value.size(), SQLITE_TRANSIENT,
@@ -114,8 +139,19 @@ class Statement {
   double real(int column) const { return sqlite3_column_double(stmt_, column); }
 
  private:
-  Statement(::sqlite3* db, ::sqlite3_stmt* stmt, std::string what)
-      : db_(db), stmt_(stmt), what_(std::move(what)) {}
+  Statement(::sqlite3* db, ::sqlite3_stmt* stmt, std::string what, bool* inUse)
+      : db_(db), stmt_(stmt), what_(std::move(what)), inUse_(inUse) {}
+
+  static Result<::sqlite3_stmt*> compile(::sqlite3* db, std::string_view sql, unsigned flags,
+                                         const std::string& what) {
+    ::sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v3(db, sql.data(), static_cast<int>(sql.size()), flags, &stmt, nullptr) !=
+        SQLITE_OK) {
+      sqlite3_finalize(stmt);
+      return sqliteError(db, what);
+    }
+    return stmt;
+  }
 
   Status check(int rc) const {
     if (rc != SQLITE_OK) return sqliteError(db_, what_);
@@ -125,6 +161,7 @@ class Statement {
   ::sqlite3* db_;
   ::sqlite3_stmt* stmt_;
   std::string what_;
+  bool* inUse_;  // the cache's flag, when the statement is the cache's
 };
 
 // BEGIN IMMEDIATE ... COMMIT; rolled back unless committed.
@@ -312,7 +349,7 @@ Status SqliteStore::insertEnvironment(const EnvironmentRecord& record) {
   MOAT_ASSIGN(std::string env, encodeLabels(record.env, what));
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
-              Statement::prepare(db_.get(),
+              Statement::cached(statements_, db_.get(),
                                  "INSERT INTO environments (id, task_id, template, cpus, ram_mb,"
                                  " storage_gb, pids, labels, state, reason, created_at_ms,"
                                  " expires_at_ms, owner, env, permissions, network, secrets, net_slot)"
@@ -333,7 +370,7 @@ Result<std::optional<EnvironmentRecord>> SqliteStore::getEnvironment(const std::
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(
       Statement stmt,
-      Statement::prepare(db_.get(), std::string(kSelectEnvironments) + " WHERE id = ?", what));
+      Statement::cached(statements_, db_.get(), std::string(kSelectEnvironments) + " WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(id));
   MOAT_ASSIGN(bool row, stmt.step());
   if (!row) return std::optional<EnvironmentRecord>();
@@ -372,7 +409,7 @@ Result<std::vector<EnvironmentRecord>> SqliteStore::listEnvironments(
   std::vector<EnvironmentRecord> records;
   {
     std::lock_guard lock(mutex_);
-    MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(), sql, "list environments"));
+    MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(), sql, "list environments"));
     for (size_t i = 0; i < values.size(); ++i) {
       MOAT_TRY(stmt.bindAt(static_cast<int>(i) + 1, values[i]));
     }
@@ -391,8 +428,8 @@ Status SqliteStore::setState(const std::string& id, const std::string& state,
   const std::string what = "set state of environment " + id + " to " + state;
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
-              Statement::prepare(
-                  db_.get(), "UPDATE environments SET state = ?, reason = ? WHERE id = ?", what));
+              Statement::cached(statements_, db_.get(),
+                                "UPDATE environments SET state = ?, reason = ? WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(state, reason, id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) {
@@ -405,7 +442,7 @@ Status SqliteStore::setExpiry(const std::string& id, int64_t expiresAtMs) {
   const std::string what = "set expiry of environment " + id;
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
-              Statement::prepare(db_.get(),
+              Statement::cached(statements_, db_.get(),
                                  "UPDATE environments SET expires_at_ms = ? WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(expiresAtMs, id));
   MOAT_TRY(stmt.run());
@@ -419,7 +456,7 @@ Status SqliteStore::setPermissions(const std::string& id, const std::string& per
   const std::string what = "set permissions of environment " + id;
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
-              Statement::prepare(db_.get(), "UPDATE environments SET permissions = ? WHERE id = ?", what));
+              Statement::cached(statements_, db_.get(), "UPDATE environments SET permissions = ? WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(permissions, id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such environment");
@@ -429,7 +466,7 @@ Status SqliteStore::setPermissions(const std::string& id, const std::string& per
 Status SqliteStore::setNetwork(const std::string& id, const std::string& network, int64_t netSlot) {
   const std::string what = "set network of environment " + id;
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(),
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
                                                  "UPDATE environments SET network = ?, net_slot = ? WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(network, netSlot, id));
   MOAT_TRY(stmt.run());
@@ -439,7 +476,7 @@ Status SqliteStore::setNetwork(const std::string& id, const std::string& network
 
 Result<std::vector<EnvironmentRecord>> SqliteStore::liveEnvironments() {
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(),
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
                                                  std::string(kSelectEnvironments) +
                                                      " WHERE state NOT IN ('gone', 'failed')" +
                                                      std::string(kNewestFirst),
@@ -476,7 +513,7 @@ Status SqliteStore::insertKey(const ApiKeyRecord& key) {
   std::string scopes = nlohmann::json(key.scopes).dump();
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
-              Statement::prepare(db_.get(),
+              Statement::cached(statements_, db_.get(),
                                  "INSERT INTO api_keys (id, name, token_hash, scopes, created_at_ms,"
                                  " revoked_at_ms, permissions) VALUES (?, ?, ?, ?, ?, ?, ?)",
                                  what));
@@ -489,7 +526,7 @@ Result<std::optional<ApiKeyRecord>> SqliteStore::getKey(const std::string& id) {
   const std::string what = "get api key " + id;
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
-              Statement::prepare(db_.get(), std::string(kSelectKeys) + " WHERE id = ?", what));
+              Statement::cached(statements_, db_.get(), std::string(kSelectKeys) + " WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(id));
   MOAT_ASSIGN(bool row, stmt.step());
   if (!row) return std::optional<ApiKeyRecord>();
@@ -500,7 +537,7 @@ Result<std::optional<ApiKeyRecord>> SqliteStore::getKey(const std::string& id) {
 Result<std::vector<ApiKeyRecord>> SqliteStore::listKeys() {
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
-              Statement::prepare(db_.get(),
+              Statement::cached(statements_, db_.get(),
                                  std::string(kSelectKeys) + " ORDER BY created_at_ms DESC, id",
                                  "list api keys"));
   std::vector<ApiKeyRecord> keys;
@@ -517,7 +554,7 @@ Status SqliteStore::revokeKey(const std::string& id, int64_t atMs) {
   const std::string what = "revoke api key " + id;
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
-              Statement::prepare(db_.get(),
+              Statement::cached(statements_, db_.get(),
                                  "UPDATE api_keys SET revoked_at_ms = ? WHERE id = ? AND revoked_at_ms = 0",
                                  what));
   MOAT_TRY(stmt.bindAll(atMs, id));
@@ -576,7 +613,7 @@ Status SqliteStore::insertSnapshot(const SnapshotRecord& r) {
   const std::string what = "insert snapshot " + r.id;
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
-              Statement::prepare(db_.get(),
+              Statement::cached(statements_, db_.get(),
                                  "INSERT INTO snapshots (id, environment, owner, template, storage_gb, host_base,"
                                  " name, state, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                  what));
@@ -588,7 +625,7 @@ Status SqliteStore::insertSnapshot(const SnapshotRecord& r) {
 Status SqliteStore::setSnapshotReady(const std::string& id, uint32_t hostBase) {
   const std::string what = "set snapshot ready " + id;
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(), "UPDATE snapshots SET state = 'ready', host_base = ? WHERE id = ?", what));
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(), "UPDATE snapshots SET state = 'ready', host_base = ? WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(static_cast<int64_t>(hostBase), id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such snapshot");
@@ -597,7 +634,7 @@ Status SqliteStore::setSnapshotReady(const std::string& id, uint32_t hostBase) {
 
 Result<std::optional<SnapshotRecord>> SqliteStore::getSnapshot(const std::string& id) {
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(), std::string(kSelectSnapshots) + " WHERE id = ?",
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(), std::string(kSelectSnapshots) + " WHERE id = ?",
                                                  "get snapshot " + id));
   MOAT_TRY(stmt.bindAll(id));
   MOAT_ASSIGN(bool row, stmt.step());
@@ -610,7 +647,7 @@ Result<std::vector<SnapshotRecord>> SqliteStore::listSnapshots(const std::string
   std::lock_guard lock(mutex_);
   std::string sql = std::string(kSelectSnapshots) +
                     " WHERE (? = '' OR owner = ?) AND (? = '' OR environment = ?) ORDER BY created_at_ms DESC, id";
-  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(), sql, "list snapshots"));
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(), sql, "list snapshots"));
   MOAT_TRY(stmt.bindAll(owner, owner, environment, environment));
   std::vector<SnapshotRecord> out;
   while (true) {
@@ -623,7 +660,7 @@ Result<std::vector<SnapshotRecord>> SqliteStore::listSnapshots(const std::string
 
 Status SqliteStore::deleteSnapshot(const std::string& id) {
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(), "DELETE FROM snapshots WHERE id = ?", "delete snapshot " + id));
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(), "DELETE FROM snapshots WHERE id = ?", "delete snapshot " + id));
   MOAT_TRY(stmt.bindAll(id));
   return stmt.run();
 }
@@ -632,7 +669,7 @@ Status SqliteStore::insertApproval(const ApprovalRecord& a) {
   const std::string what = "insert approval " + a.id;
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
-              Statement::prepare(db_.get(),
+              Statement::cached(statements_, db_.get(),
                                  "INSERT INTO approvals (id, environment, scope, action, requester,"
                                  " created_at_ms, state, decided_by, reason, decided_at_ms, remember, used)"
                                  " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -647,7 +684,7 @@ Status SqliteStore::updateApproval(const ApprovalRecord& a) {
   const std::string what = "update approval " + a.id;
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
-              Statement::prepare(db_.get(),
+              Statement::cached(statements_, db_.get(),
                                  "UPDATE approvals SET state = ?, decided_by = ?, reason = ?,"
                                  " decided_at_ms = ?, remember = ?, used = ? WHERE id = ?",
                                  what));
@@ -660,7 +697,7 @@ Status SqliteStore::updateApproval(const ApprovalRecord& a) {
 
 Result<std::optional<ApprovalRecord>> SqliteStore::getApproval(const std::string& id) {
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(), std::string(kSelectApprovals) + " WHERE id = ?",
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(), std::string(kSelectApprovals) + " WHERE id = ?",
                                                  "get approval " + id));
   MOAT_TRY(stmt.bindAll(id));
   MOAT_ASSIGN(bool row, stmt.step());
@@ -672,7 +709,7 @@ Result<std::vector<ApprovalRecord>> SqliteStore::listApprovals(const ApprovalFil
   std::lock_guard lock(mutex_);
   std::string sql = std::string(kSelectApprovals) + " WHERE (? = '' OR state = ?) AND (? = '' OR environment = ?)"
                     " ORDER BY created_at_ms DESC, id LIMIT 1000";
-  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(), sql, "list approvals"));
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(), sql, "list approvals"));
   MOAT_TRY(stmt.bindAll(filter.state, filter.state, filter.environment, filter.environment));
   std::vector<ApprovalRecord> out;
   while (true) {
@@ -692,7 +729,7 @@ Result<std::vector<ApprovalRecord>> SqliteStore::listApprovals(const ApprovalFil
 Status SqliteStore::expirePendingApprovals(const std::string& reason, int64_t atMs) {
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
-              Statement::prepare(db_.get(),
+              Statement::cached(statements_, db_.get(),
                                  "UPDATE approvals SET state = 'expired', reason = ?, decided_by = 'moatd',"
                                  " decided_at_ms = ? WHERE state = 'pending'",
                                  "expire pending approvals"));
@@ -736,12 +773,12 @@ Status SqliteStore::appendEvents(const std::vector<EventRecord>& events, uint64_
   MOAT_ASSIGN(Transaction transaction, Transaction::begin(db_.get(), what));
   if (pruneThrough > 0) {
     MOAT_ASSIGN(Statement prune,
-                Statement::prepare(db_.get(), "DELETE FROM events WHERE id <= ?", what));
+                Statement::cached(statements_, db_.get(), "DELETE FROM events WHERE id <= ?", what));
     MOAT_TRY(prune.bindAll(static_cast<int64_t>(pruneThrough)));
     MOAT_TRY(prune.run());
   }
   MOAT_ASSIGN(Statement insert,
-              Statement::prepare(db_.get(),
+              Statement::cached(statements_, db_.get(),
                                  "INSERT INTO events (id, time_ms, type, environment, actor, data,"
                                  " prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                                  what));
@@ -766,7 +803,7 @@ Result<std::vector<EventRecord>> SqliteStore::listEvents(const EventQuery& query
   }
   sql += " ORDER BY id LIMIT ?5";
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt, Statement::prepare(db_.get(), sql, "list audit events"));
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(), sql, "list audit events"));
   MOAT_TRY(stmt.bindAt(1, static_cast<int64_t>(query.afterId)));
   if (!query.environment.empty()) MOAT_TRY(stmt.bindAt(2, query.environment));
   if (!query.typePrefix.empty()) MOAT_TRY(stmt.bindAt(3, query.typePrefix));
@@ -779,7 +816,7 @@ Result<std::optional<EventRecord>> SqliteStore::getEvent(uint64_t id) {
   const std::string what = "get audit event " + std::to_string(id);
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
-              Statement::prepare(db_.get(), std::string(kSelectEvents) + " WHERE id = ?", what));
+              Statement::cached(statements_, db_.get(), std::string(kSelectEvents) + " WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(static_cast<int64_t>(id)));
   MOAT_ASSIGN(bool row, stmt.step());
   if (!row) return std::optional<EventRecord>();
@@ -815,12 +852,12 @@ Result<uint64_t> SqliteStore::lastEventBefore(int64_t timeMs) {
   std::lock_guard lock(mutex_);
   // A binary search over the ids (a few primary key lookups) instead of an
   // index on time_ms, which every append would have to write.
-  MOAT_ASSIGN(Statement bounds, Statement::prepare(db_.get(),
+  MOAT_ASSIGN(Statement bounds, Statement::cached(statements_, db_.get(),
                                                    "SELECT coalesce(min(id), 0), coalesce(max(id), 0) FROM events",
                                                    what));
   MOAT_ASSIGN(bool row, bounds.step());
   if (!row || bounds.integer(0) == 0) return uint64_t{0};
-  MOAT_ASSIGN(Statement at, Statement::prepare(db_.get(),
+  MOAT_ASSIGN(Statement at, Statement::cached(statements_, db_.get(),
                                                "SELECT id, time_ms FROM events WHERE id >= ? ORDER BY id LIMIT 1",
                                                what));
   // The first event at or after `id` (ids may have gaps): its id and time.
