@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libseccomp-dev                    # libraries
   libboost-dev nlohmann-json3-dev                # moatd: HTTP (Beast/Asio), JSON
   libsqlite3-dev libssl-dev                      # moatd: the store, API key hashing
+  publicsuffix                                   # moatd: checks secrets' host globs
   btrfs-progs                                    # mkfs.btrfs for the storage pool
   python3                                        # used by tests inside environments
   bubblewrap util-linux                          # peers in bench/ (bwrap, unshare)

@@ -37,7 +37,9 @@ class [[nodiscard]] Result {
   T&& value() && { return std::get<0>(std::move(data_)); }
   const T& value() const& { return std::get<0>(data_); }
   T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
   T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
   const Error& error() const { return std::get<1>(data_); }
 
  private:

@@ -6,6 +6,7 @@
 
 #include "common/hex.h"
 #include "egress/policy.h"
+#include "egress/public_suffix.h"
 #include "gate/permissions.h"
 
 namespace moat::egress {
@@ -43,14 +44,17 @@ void replaceAll(std::string& text, const std::string& from, const std::string& t
 // wildcards ("*", "?") all lie left of at least two literal labels, so that
 // it stays inside one named domain ("*.example.com", "api-?.example.com";
 // not "*", "*.*", "*.com", "api.*", nor "*.0.1", which matches addresses).
-// A public suffix of two labels ("*.co.uk") is not recognized as one.
+// Nor may what follows the last wildcard be a public suffix ("*.co.uk",
+// "*.github.io") or hold one ("*.amazonaws.com" reaches into
+// "s3.amazonaws.com"): "*" crosses dots, so the glob would match hosts that
+// anyone can register.
 std::string secretHostProblem(const std::string& host) {
   if (host.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789.-_*?") != std::string::npos) {
     return "must be a host name or glob";
   }
   size_t labels = 0, literalAfterWildcard = 0;
   bool wildcard = false;
-  size_t start = 0;
+  size_t start = 0, literalStart = 0;
   while (start <= host.size()) {
     size_t end = host.find('.', start);
     if (end == std::string::npos) end = host.size();
@@ -59,6 +63,7 @@ std::string secretHostProblem(const std::string& host) {
     if (host.find_first_of("*?", start) < end) {
       wildcard = true;
       literalAfterWildcard = 0;
+      literalStart = end + 1;
     } else {
       ++literalAfterWildcard;
     }
@@ -71,6 +76,21 @@ std::string secretHostProblem(const std::string& host) {
   if (wildcard && literalAfterWildcard < 2) {
     return "a glob must keep its wildcards left of two named labels (\"*.example.com\", not \"" + host +
            "\"): a secret belongs to named hosts";
+  }
+  if (!wildcard) return "";
+  const auto& suffixes = systemPublicSuffixes();
+  if (!suffixes.ok()) {
+    return "a glob cannot be checked against the public suffix list: " + suffixes.error().message() +
+           "; name the hosts instead";
+  }
+  const std::string domain = host.substr(literalStart);
+  if (suffixes->isPublicSuffix(domain)) {
+    return "\"" + domain + "\" is a public suffix (publicsuffix.org): \"" + host +
+           "\" would match hosts that anyone can register; name the hosts, or glob inside one registered domain";
+  }
+  if (std::string below = suffixes->suffixBelow(domain); !below.empty()) {
+    return "\"" + domain + "\" holds public suffixes (\"" + below + "\"), and \"*\" crosses dots: \"" + host +
+           "\" would match hosts that anyone can register there; name the hosts";
   }
   return "";
 }

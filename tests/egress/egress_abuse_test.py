@@ -708,6 +708,22 @@ print(s.recv(100))
                     self.assertEqual(j["server"], API, line)
         self.assertGreaterEqual(injected, 2, out)
 
+    def test_secret_globs_that_reach_hosts_anyone_can_register_are_refused(self):
+        # "*" crosses dots: under a public suffix, or above one, a glob
+        # would hand the value to other people's hosts. Refused at create,
+        # naming the field; nothing is created.
+        for i, glob in enumerate(("*.co.uk", "*.github.io", "*.amazonaws.com", "api-?.s3.amazonaws.com")):
+            status, body = self.moatd.call("POST", "/v1/environments", {
+                "network": allow(API), "task_id": f"psl-{i}",
+                "secrets": [{"name": "API_TOKEN", "value": SECRET_VALUE, "hosts": [API, glob]}]})
+            self.assertEqual(status, 400, body)
+            self.assertIn("secrets[0].hosts[1]", json.dumps(body))
+            self.assertIn("public suffix", json.dumps(body))
+            self.assertNotIn(SECRET_VALUE, json.dumps(body))
+            for state in ("running", "failed"):
+                status, body = self.moatd.call("GET", f"/v1/environments?task_id=psl-{i}&state={state}")
+                self.assertEqual((status, body["environments"]), (200, []), body)
+
     # --- (4) hurting moatd ---------------------------------------------------
 
     def test_huge_heads_are_cut_off(self):

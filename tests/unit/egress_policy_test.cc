@@ -164,7 +164,7 @@ TEST(EgressPolicy, RoundTripsAsWritten) {
 
 TEST(EgressSecrets, ParseAndSubstitute) {
   auto s = parseSecrets(json::parse(
-      R"([{"name": "GH_TOKEN", "value": "ghp_real", "hosts": ["api.github.com", "*.githubusercontent.com"],
+      R"([{"name": "GH_TOKEN", "value": "ghp_real", "hosts": ["api.github.com", "raw.githubusercontent.com", "*.github.com"],
            "header": "Authorization: Bearer {value}"}])"));
   ASSERT_TRUE(s.ok()) << s.error().context;
   const Secret& secret = s->front();
@@ -173,6 +173,7 @@ TEST(EgressSecrets, ParseAndSubstitute) {
   EXPECT_EQ(secret.headerFormat, "Bearer {value}");
   EXPECT_TRUE(secret.boundTo("API.github.com"));
   EXPECT_TRUE(secret.boundTo("raw.githubusercontent.com"));
+  EXPECT_TRUE(secret.boundTo("uploads.github.com"));
   EXPECT_FALSE(secret.boundTo("github.com.evil.test"));
   std::string header = "token " + secret.placeholder;
   EXPECT_FALSE(substitute(*s, "api.github.com", header).has_value());

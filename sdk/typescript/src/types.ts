@@ -556,7 +556,11 @@ export interface SecretRequest {
   name: string;
   /** The real value (1 to 16384 bytes, no line breaks): never shown again, never in the environment. */
   value: string;
-  /** 1 to 64 host globs that may receive it (`*` alone is refused). */
+  /**
+   * 1 to 64 host names or globs that may receive it. A glob stays inside one
+   * registered domain (`*.example.com`); `*`, `*.com`, `*.co.uk`,
+   * `*.github.io` and other public suffixes are refused (docs/EGRESS.md).
+   */
   hosts: string[];
   /**
    * `"Name"` or `"Name: text with {value}"` (e.g. `"Authorization: Bearer
