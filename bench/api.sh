@@ -17,7 +17,7 @@ cleanup() {
 trap cleanup EXIT
 MOAT_STORAGE_GB=8 "$bin/moatd" --state "$state" --listen 127.0.0.1:0 --warm-pool "${WARM:-0}" 2>"$state.log" &
 pid=$!
-wait_for_moatd "$state"
+wait_for_moatd "$state" "$state.log" "$pid"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -r) $(nproc) cpus, $rounds rounds"
 if [ "${WARM:-0}" -gt 0 ]; then
   sleep 1  # the pool fills

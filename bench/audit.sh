@@ -19,7 +19,7 @@ cleanup() {
 trap cleanup EXIT
 MOAT_STORAGE_GB=8 "${MOATD_BIN:-$bin}/moatd" --state "$state" --listen 127.0.0.1:0 2>"$state.log" &
 pid=$!
-wait_for_moatd "$state"
+wait_for_moatd "$state" "$state.log" "$pid"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -r) $(nproc) cpus, load $rate/s, $seconds s per phase"
 MOATD_PID=$pid "$bin/moat-audit-bench" "$state/moatd.sock" "$(cat "$state/master-token")" "$rate" "$seconds"
 rm -f "$state.log"

@@ -101,8 +101,7 @@ cgroup_dirs_of() {
 MOAT_STORAGE_GB=${MOAT_STORAGE_GB:-8} "$bin/moatd" --state "$state" --listen 127.0.0.1:0 \
   --max-environments "$n" 2>"$log" &
 pid=$!
-wait_for_moatd "$state"
-[ -S "$state/moatd.sock" ] || { echo "moatd did not start:"; cat "$log"; exit 1; }
+wait_for_moatd "$state" "$log" "$pid"
 spawner=$(ps -o pid= --ppid "$pid" | awk 'NR == 1 {print $1}')
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -r) $(nproc) cpus, $(awk '/MemTotal/ {printf "%.1f", $2 / 1048576}' /proc/meminfo) GiB;" \
      "$n idle environments (ram_mb $ram, storage_gb $storage); state $state"

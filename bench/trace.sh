@@ -21,7 +21,7 @@ cleanup() {
 trap cleanup EXIT
 MOAT_TRACE=1 MOAT_STORAGE_GB=8 "$bin/moatd" --state "$state" --listen 127.0.0.1:0 2>"$log" &
 pid=$!
-wait_for_moatd "$state"
+wait_for_moatd "$state" "$log" "$pid"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -r) $(nproc) cpus, $rounds cycles"
 BENCH_CYCLE_ONLY=1 "$bin/moat-api-bench" "$state/moatd.sock" "$(cat "$state/master-token")" "$rounds" >/dev/null
 kill "$pid" && wait "$pid" 2>/dev/null || true

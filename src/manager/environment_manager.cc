@@ -933,8 +933,10 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   traceStage("moatd: spawner destroyed");
   live.connection.reset();  // joins its reader: moat-init is gone by now
   // A failed destroy stays "destroying": the next moatd start finishes it.
-  if (s.ok()) (void)store_.setState(id, failed ? "failed" : "gone", reason);
-  traceStage("moatd: gone stored");
+  if (s.ok()) {
+    (void)store_.setState(id, failed ? "failed" : "gone", reason);
+    traceStage("moatd: gone stored");
+  }
   nlohmann::json data = {{"reason", reason}, {"state", failed ? "failed" : "gone"}};
   if (!s.ok()) {
     data["state"] = "destroying";
