@@ -175,17 +175,22 @@ std::shared_ptr<Controller::Env> Controller::envByAddress(uint32_t address) {
 
 void Controller::record(const std::shared_ptr<Env>& env, bool allowed, nlohmann::json data) {
   (allowed ? accepted_ : refused_)++;
-  if (!allowed) {
+  {
     // Refusals cost the environment nothing to provoke (a UDP packet, a
-    // connection): at a bounded rate, the rest counted.
+    // connection), allowed requests one round trip each to a host it may
+    // reach: either, unbounded, would fill the audit log and the disk under
+    // it. At a bounded rate each, the rest counted.
     std::lock_guard<std::mutex> lock(env->mutex);
-    if (!env->deniedEvents.take(kDeniedEventRate, kDeniedEventBurst)) {
-      ++env->deniedSuppressed;
+    RateBucket& bucket = allowed ? env->allowedEvents : env->deniedEvents;
+    uint64_t& suppressed = allowed ? env->allowedSuppressed : env->deniedSuppressed;
+    if (!bucket.take(allowed ? kAllowedEventRate : kDeniedEventRate,
+                     allowed ? kAllowedEventBurst : kDeniedEventBurst)) {
+      ++suppressed;
       return;
     }
-    if (env->deniedSuppressed) {
-      data["suppressed"] = env->deniedSuppressed;
-      env->deniedSuppressed = 0;
+    if (suppressed) {
+      data["suppressed"] = suppressed;
+      suppressed = 0;
     }
   }
   audit_->record(allowed ? "egress.allowed" : "egress.denied", env->id, "environment", std::move(data));

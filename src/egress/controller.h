@@ -118,10 +118,12 @@ class Controller {
   static constexpr uint32_t kStandInBase = 0xC6120000;  // 198.18.0.0/15 (benchmarking: never real)
   static constexpr uint32_t kStandInsPerEnvironment = 4096;
   // Per environment: DNS questions a second (and saved up), resolutions at
-  // once, refusals recorded a second (and saved up).
+  // once, refusals and allowed connections or requests recorded a second
+  // (and saved up).
   static constexpr double kDnsRate = 200, kDnsBurst = 400;
   static constexpr uint32_t kDnsInFlight = 32;
   static constexpr double kDeniedEventRate = 50, kDeniedEventBurst = 200;
+  static constexpr double kAllowedEventRate = 200, kAllowedEventBurst = 1000;
   void record(const std::shared_ptr<Env>& env, bool allowed, nlohmann::json data);
   void handleForward(const std::shared_ptr<Env>& env, UniqueFd client);
   // TLS from the client: passed through as it is, or (secrets, request

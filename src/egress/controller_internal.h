@@ -38,10 +38,13 @@ struct Controller::Env {
   // (a flood costs this environment its own answers, nobody else's).
   RateBucket dnsQuestions{kDnsBurst};
   std::atomic<uint32_t> dnsInFlight{0};
-  // Refusals are recorded at a bounded rate; the ones left out are counted
-  // into the next one recorded ("suppressed").
+  // Refusals, and allowed connections and requests, are recorded at a
+  // bounded rate each; the ones left out are counted into the next one
+  // recorded of their kind ("suppressed").
   RateBucket deniedEvents{kDeniedEventBurst};
   uint64_t deniedSuppressed = 0;
+  RateBucket allowedEvents{kAllowedEventBurst};
+  uint64_t allowedSuppressed = 0;
   // Stand-in addresses (198.18.0.0/15) for names waiting on an "ask": this
   // environment's own, so no other learns what it looked up.
   std::map<std::string, uint32_t> standInByName;

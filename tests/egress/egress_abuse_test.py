@@ -913,6 +913,48 @@ print('answered', len(answered))
         self.assertGreater(suppressed, 0)
         self.assertEqual(len(recorded) + suppressed, refusals)
 
+    def test_allowed_connection_flood_is_recorded_at_a_bounded_rate(self):
+        # Each tunnel to an allowed host (and each request, where requests
+        # are visible) is an audit event: a loop of them would fill the audit
+        # log and the disk under it. Recorded at a bounded rate, the rest
+        # counted into the next one recorded. (Open mode relays a CONNECT to
+        # a port other than 443 as it is: the cheapest allowed tunnel. Some
+        # are refused, 64 being open at once: those are not counted here.)
+        e = self.env(network="open")
+        connect = f"CONNECT {API}:{RAW_PORT} HTTP/1.1\\r\\nHost: {API}:{RAW_PORT}\\r\\n\\r\\n"
+        out = self.py(e, f'''
+import threading
+opened, t0 = [], time.monotonic()
+def churn():
+    while len(opened) < 4000 and time.monotonic() - t0 < 60:
+        try:
+            s = proxy()
+            if ask(s, '{connect}')[0] == 200: opened.append(1)
+            s.close()
+        except OSError:
+            pass
+ts = [threading.Thread(target=churn) for _ in range(4)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print('opened', len(opened), time.monotonic() - t0)
+''', timeout_ms=180000)
+        tunnels, seconds = int(out.split()[1]), float(out.split()[2])
+        self.assertGreaterEqual(tunnels, 4000, out)
+        recorded = self.events(e, "egress.allowed")
+        # 200 a second, 1,000 saved up.
+        self.assertLess(len(recorded), min(tunnels, 1000 + 200 * seconds + 100), out)
+        # The next tunnel recorded carries the count of those left out (its
+        # event is written when it ends, just after the program does).
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            self.py(e, f"s = proxy(); ask(s, '{connect}'); s.close()")
+            tunnels += 1
+            recorded = self.events(e, "egress.allowed")
+            if any(ev["data"].get("suppressed") for ev in recorded):
+                break
+        suppressed = sum(ev["data"].get("suppressed", 0) for ev in recorded)
+        self.assertGreater(suppressed, 0)
+        self.assertEqual(len(recorded) + suppressed, tunnels)
+
     def test_dns_flood_with_a_slow_upstream_does_not_starve_others(self):
         # Names an "open" environment may resolve go to the host's resolver;
         # a resolver that does not answer kept one thread per question, and
