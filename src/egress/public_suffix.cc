@@ -13,6 +13,10 @@ namespace {
 
 constexpr char kDebianList[] = "/usr/share/publicsuffix/public_suffix_list.dat";
 
+// Punycode's parameters (RFC 3492, section 5).
+constexpr uint32_t kBase = 36, kTmin = 1, kTmax = 26, kSkew = 38, kDamp = 700, kInitialBias = 72;
+constexpr char32_t kInitialN = 0x80;
+
 // UTF-8 to code points; false for bytes that are not UTF-8.
 bool decodeUtf8(std::string_view s, std::u32string& out) {
   for (size_t i = 0; i < s.size();) {
@@ -35,7 +39,6 @@ bool decodeUtf8(std::string_view s, std::u32string& out) {
 
 // RFC 3492's bias adaptation.
 uint32_t adapt(uint32_t delta, uint32_t points, bool first) {
-  constexpr uint32_t kBase = 36, kTmin = 1, kTmax = 26, kSkew = 38, kDamp = 700;
   delta = first ? delta / kDamp : delta / 2;
   delta += delta / points;
   uint32_t k = 0;
@@ -74,11 +77,10 @@ std::string asciiLabel(std::string_view utf8) {
   if (out.size() == points.size()) return out;
   // Punycode (RFC 3492): the basic code points, "-", then the others as
   // generalized variable-length integers.
-  constexpr uint32_t kBase = 36, kTmin = 1, kTmax = 26;
   const uint32_t basic = static_cast<uint32_t>(out.size());
   if (basic > 0) out += '-';
   auto digit = [](uint32_t d) { return static_cast<char>(d < 26 ? 'a' + d : '0' + d - 26); };
-  uint32_t n = 0x80, delta = 0, bias = 72, handled = basic;
+  uint32_t n = kInitialN, delta = 0, bias = kInitialBias, handled = basic;
   while (handled < points.size()) {
     char32_t next = 0x10ffff + 1;
     for (char32_t c : points) {

@@ -312,6 +312,22 @@ class AbuseTest(unittest.TestCase):
         self.assertEqual(code_, 0, f"inside: {out}\n{err}")
         return out
 
+    def assert_every_one_counted(self, env, type_, happened, probe):
+        """After a flood of `happened` events of `type_`, some recorded and the
+        rest left out: runs `probe` (one more such event) until a recorded one
+        carries the count of those left out, then checks that recorded plus
+        suppressed is every one that happened."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            self.py(env, probe)
+            happened += 1
+            recorded = self.events(env, type_)
+            if any(ev["data"].get("suppressed") for ev in recorded):
+                break
+        suppressed = sum(ev["data"].get("suppressed", 0) for ev in recorded)
+        self.assertGreater(suppressed, 0)
+        self.assertEqual(len(recorded) + suppressed, happened)
+
     def events(self, env, type_="egress."):
         out, since = [], 0
         while True:
@@ -902,16 +918,8 @@ print('answered', len(answered))
         recorded = self.events(e, "egress.denied")
         self.assertLess(len(recorded), 1000, f"{len(recorded)} events for {refusals} refusals")
         # The next refusal recorded carries the count of those left out.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            self.py(e, f"s = proxy(); s.sendall(b'CONNECT {OTHER}:443 HTTP/1.1\\r\\n\\r\\n'); s.recv(100)")
-            refusals += 1
-            recorded = self.events(e, "egress.denied")
-            if any(ev["data"].get("suppressed") for ev in recorded):
-                break
-        suppressed = sum(ev["data"].get("suppressed", 0) for ev in recorded)
-        self.assertGreater(suppressed, 0)
-        self.assertEqual(len(recorded) + suppressed, refusals)
+        self.assert_every_one_counted(
+            e, "egress.denied", refusals, f"s = proxy(); s.sendall(b'CONNECT {OTHER}:443 HTTP/1.1\\r\\n\\r\\n'); s.recv(100)")
 
     def test_allowed_connection_flood_is_recorded_at_a_bounded_rate(self):
         # Each tunnel to an allowed host (and each request, where requests
@@ -944,16 +952,7 @@ print('opened', len(opened), time.monotonic() - t0)
         self.assertLess(len(recorded), min(tunnels, 1000 + 200 * seconds + 100), out)
         # The next tunnel recorded carries the count of those left out (its
         # event is written when it ends, just after the program does).
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            self.py(e, f"s = proxy(); ask(s, '{connect}'); s.close()")
-            tunnels += 1
-            recorded = self.events(e, "egress.allowed")
-            if any(ev["data"].get("suppressed") for ev in recorded):
-                break
-        suppressed = sum(ev["data"].get("suppressed", 0) for ev in recorded)
-        self.assertGreater(suppressed, 0)
-        self.assertEqual(len(recorded) + suppressed, tunnels)
+        self.assert_every_one_counted(e, "egress.allowed", tunnels, f"s = proxy(); ask(s, '{connect}'); s.close()")
 
     def test_dns_flood_with_a_slow_upstream_does_not_starve_others(self):
         # Names an "open" environment may resolve go to the host's resolver;
