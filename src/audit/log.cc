@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace moat::audit {
@@ -41,16 +42,19 @@ Result<std::unique_ptr<Log>> Log::open(store::Store& store, LogOptions options) 
   if (!options.clock) options.clock = systemNowMs;
   if (options.maxBatch == 0) options.maxBatch = 1;
   MOAT_ASSIGN(auto last, store.lastEvent());
+  MOAT_ASSIGN(auto first, store.firstEvent());
   uint64_t lastId = last ? last->id : 0;
+  uint64_t firstId = first ? first->id : lastId + 1;
   std::string lastHash = last ? last->hash : kGenesisHash;
-  return std::unique_ptr<Log>(new Log(store, std::move(options), lastId, std::move(lastHash)));
+  return std::unique_ptr<Log>(new Log(store, std::move(options), firstId, lastId, std::move(lastHash)));
 }
 
-Log::Log(store::Store& store, LogOptions options, uint64_t lastId, std::string lastHash)
+Log::Log(store::Store& store, LogOptions options, uint64_t firstId, uint64_t lastId, std::string lastHash)
     : store_(store),
       options_(std::move(options)),
       nextId_(lastId + 1),
       committedId_(lastId),
+      firstId_(firstId),
       lastHash_(std::move(lastHash)) {
   writer_ = std::thread([this] {
     ::pthread_setname_np(::pthread_self(), "moatd-audit");  // for top and bench/audit.sh
@@ -177,56 +181,71 @@ void Log::writeBatch(std::unique_lock<std::mutex>& lock) {
 
 Result<uint64_t> Log::prune(std::unique_lock<std::mutex>& lock, int64_t cutoffMs) {
   lock.unlock();
-  std::unique_lock<std::mutex> noVerify(verifyMutex_);
   // Only stored events are pruned; queued ones have greater ids.
   auto through = store_.lastEventBefore(cutoffMs);
-  Result<std::optional<store::EventRecord>> first = std::optional<store::EventRecord>();
-  Result<std::optional<store::EventRecord>> last = std::optional<store::EventRecord>();
-  if (through.ok() && through.value() > 0) {
-    first = store_.firstEvent();
-    last = store_.getEvent(through.value());
-  }
   lock.lock();
   if (!through.ok()) return through.error();
-  if (through.value() == 0) return uint64_t{0};
+  return pruneThrough(lock, through.value(), {{"before_ms", cutoffMs}});
+}
+
+Result<uint64_t> Log::pruneThrough(std::unique_lock<std::mutex>& lock, uint64_t through,
+                                   const nlohmann::json& why) {
+  if (through == 0) return uint64_t{0};
+  lock.unlock();
+  std::unique_lock<std::mutex> noVerify(verifyMutex_);
+  auto first = store_.firstEvent();
+  auto last = store_.getEvent(through);
+  lock.lock();
   if (!first.ok()) return first.error();
   if (!last.ok()) return last.error();
   if (!first.value() || !last.value()) {
-    return Error::make(
-        "store", "audit event " + std::to_string(through.value()) + " vanished while being pruned");
+    return Error::make("store", "audit event " + std::to_string(through) + " vanished while being pruned");
   }
-  const uint64_t count = through.value() - first.value()->id + 1;
+  const uint64_t count = through - first.value()->id + 1;
   // The checkpoint comes after everything recorded so far: those go into
   // the same transaction, before it, so the ids stay consecutive.
   std::vector<Pending> batch;
   batch.reserve(queue_.size() + 1);
   for (auto& p : queue_) batch.push_back(std::move(p));
   queue_.clear();
-  batch.push_back(Pending{nextId_++,
-                          now(),
-                          "audit.checkpoint",
-                          "",
-                          "moatd",
-                          {{"pruned_through", through.value()},
-                           {"pruned_hash", last.value()->hash},
-                           {"pruned_count", count},
-                           {"before_ms", cutoffMs}}});
+  nlohmann::json data = {{"pruned_through", through},
+                         {"pruned_hash", last.value()->hash},
+                         {"pruned_count", count}};
+  data.update(why);
+  batch.push_back(Pending{nextId_++, now(), "audit.checkpoint", "", "moatd", std::move(data)});
   lock.unlock();
-  Status s = append(batch, through.value());
+  Status s = append(batch, through);
   lock.lock();
   if (!s.ok()) {
     // Nothing was pruned; the checkpoint's id is taken, so it becomes a
     // record of the failure (a gap would read as a deleted event).
     Pending& checkpoint = batch.back();
     checkpoint.type = "audit.prune_failed";
-    checkpoint.data = {{"error", s.error().message()}, {"before_ms", cutoffMs}};
+    checkpoint.data = {{"error", s.error().message()}};
+    checkpoint.data.update(why);
     for (auto it = batch.rbegin(); it != batch.rend(); ++it) queue_.push_front(std::move(*it));
     failing_ = true;
     return s.error();
   }
   committedId_ = batch.back().id;
+  firstId_ = through + 1;
   committedCv_.notify_all();
   return count;
+}
+
+void Log::capSize(std::unique_lock<std::mutex>& lock) {
+  const uint64_t cap = options_.maxEvents;
+  if (cap == 0 || committedId_ + 1 - firstId_ <= cap) return;
+  // Down to nine tenths: one prune for many batches, not one for each.
+  const uint64_t keep = cap - cap / 10;
+  auto pruned = pruneThrough(lock, committedId_ - std::max<uint64_t>(keep, 1) + 1, {{"max_events", cap}});
+  if (pruned.ok()) {
+    std::fprintf(stderr, "moatd: audit log: more than %llu events: pruned the oldest %llu (--audit-max-events)\n",
+                 static_cast<unsigned long long>(cap), static_cast<unsigned long long>(pruned.value()));
+  } else {
+    std::fprintf(stderr, "moatd: audit log: pruning beyond %llu events: %s\n",
+                 static_cast<unsigned long long>(cap), pruned.error().message().c_str());
+  }
 }
 
 Result<uint64_t> Log::pruneBefore(int64_t cutoffMs) {
@@ -283,7 +302,10 @@ void Log::writerLoop() {
       if (!hurry()) writerCv_.wait_for(lock, options_.coalesce, hurry);
       flushWanted_ = false;
       writeBatch(lock);
-      if (!failing_) failures = 0;
+      if (!failing_) {
+        failures = 0;
+        capSize(lock);
+      }
       continue;
     }
     if (stopping_) break;

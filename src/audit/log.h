@@ -23,6 +23,10 @@ struct LogOptions {
   // 0 keeps everything.
   int64_t retentionDays = 30;
   std::chrono::milliseconds pruneEvery = std::chrono::hours(1);
+  // At most this many events are kept: beyond it, the oldest are pruned
+  // (down to nine tenths of it) the same way; 0: no cap. Retention bounds
+  // the log's age, this its size, whatever the rate of events.
+  uint64_t maxEvents = 1'000'000;
   // Unix time in milliseconds; the system clock unless a test sets one.
   std::function<int64_t()> clock;
   // Events per transaction. A batch holds the store's lock while it is
@@ -75,7 +79,7 @@ class Log final : public Recorder {
   Result<uint64_t> pruneBefore(int64_t cutoffMs);
 
  private:
-  Log(store::Store& store, LogOptions options, uint64_t lastId, std::string lastHash);
+  Log(store::Store& store, LogOptions options, uint64_t firstId, uint64_t lastId, std::string lastHash);
 
   struct Pending {
     uint64_t id;
@@ -95,6 +99,12 @@ class Log final : public Recorder {
   // With mutex_ held on entry and exit; unlocks it around store calls.
   void writeBatch(std::unique_lock<std::mutex>& lock);
   Result<uint64_t> prune(std::unique_lock<std::mutex>& lock, int64_t cutoffMs);
+  // Prunes events up to id `through` (0: nothing), with a checkpoint that
+  // also carries `why`.
+  Result<uint64_t> pruneThrough(std::unique_lock<std::mutex>& lock, uint64_t through,
+                                const nlohmann::json& why);
+  // Prunes the oldest events while more than maxEvents are stored.
+  void capSize(std::unique_lock<std::mutex>& lock);
   Status append(std::vector<Pending>& batch, uint64_t pruneThrough);
   int64_t now() const;
 
@@ -107,6 +117,7 @@ class Log final : public Recorder {
   std::deque<Pending> queue_;
   uint64_t nextId_;       // the id the next record() gets
   uint64_t committedId_;  // the newest id in the store
+  uint64_t firstId_;      // the oldest id in the store (committedId_ + 1: none)
   std::string lastHash_;  // its hash (the writer's alone)
   std::vector<PruneRequest*> pruneRequests_;
   bool stopping_ = false;

@@ -36,7 +36,7 @@ namespace {
 
 constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT] [--warm-pool N]
              [--max-environments N] [--permissions FILE] [--approval-timeout S]
-             [--audit-retention-days N] [--egress-hosts FILE]
+             [--audit-retention-days N] [--audit-max-events N] [--egress-hosts FILE]
              [--egress-ca-bundle FILE] [--no-egress] [--key-rate N]
 
   --state DIR             state directory (default $MOAT_STATE or /var/lib/moat)
@@ -53,6 +53,9 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
                           prune audit events older than N days (default 30;
                           0 keeps them forever); a checkpoint event keeps the
                           chain verifiable
+  --audit-max-events N    keep at most N audit events (default 1000000, 0.3 to
+                          0.6 GB; 1000 to 1000000000, 0: no cap): beyond it the
+                          oldest are pruned the same way, down to 9/10 of N
   --key-rate N            requests per second one API key may send (bursts of
                           2N; default 200; 0: no limit); more wait their turn,
                           up to 2 s, then are 429 capacity with a Retry-After
@@ -152,6 +155,13 @@ int main(int argc, char** argv) {
         return fail("--audit-retention-days needs a number from 0 to 36500");
       }
       auditOptions.retentionDays = std::stol(v);
+    } else if (a == "--audit-max-events" && i + 1 < argc) {
+      std::string v = argv[++i];
+      if (v.empty() || v.size() > 10 || v.find_first_not_of("0123456789") != std::string::npos ||
+          (std::stoull(v) != 0 && (std::stoull(v) < 1000 || std::stoull(v) > 1000000000))) {
+        return fail("--audit-max-events needs 0 or a number from 1000 to 1000000000");
+      }
+      auditOptions.maxEvents = std::stoull(v);
     } else if ((a == "--egress-hosts" || a == "--egress-ca-bundle") && i + 1 < argc) {
       std::string path = argv[++i];
       if (::access(path.c_str(), R_OK) != 0) return fail(a + ": cannot read " + path);

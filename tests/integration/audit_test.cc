@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -359,6 +360,47 @@ TEST_F(Audit, MoatEventsPrintsOneLinePerEvent) {
     EXPECT_EQ(e["hash"].get<std::string>().size(), 64u);
   }
   EXPECT_EQ(moatCli({"events", "--bogus"}).exitCode, 2);
+}
+
+// Unauthenticated requests are recorded one event each: a flood of them
+// must not grow the log (and the disk) without bound. Past
+// --audit-max-events the oldest go, and the chain still verifies.
+TEST(AuditSize, AFloodOfEventsKeepsTheLogWithinItsCap) {
+  if (!isRoot()) GTEST_SKIP() << "needs root: moatd";
+  Moatd daemon({"--audit-max-events", "1000"});
+  const int requests = 1200;
+  std::unique_ptr<HttpConnection> connection;
+  for (int i = 0; i < requests; ++i) {
+    if (!connection) connection = std::make_unique<HttpConnection>(daemon.socketPath());
+    auto r = connection->request("GET", "/v1/environments", "moat_0123456789ab_" + std::string(64, 'f'));
+    ASSERT_EQ(r.status, 401) << r.body;
+    if (!r.keepAlive) connection.reset();
+  }
+  // The writer prunes after the batch that passed the cap.
+  auto s = daemon.stream("/v1/events?type=audit.checkpoint&follow=1");
+  json checkpoint;
+  ASSERT_TRUE(nextEvent(s, checkpoint)) << "nothing was pruned after " << requests << " events";
+  EXPECT_EQ(checkpoint["data"]["max_events"], 1000);
+  auto verified = daemon.request("GET", "/v1/audit/verify");
+  ASSERT_EQ(verified.status, 200);
+  json v = json::parse(verified.body);
+  EXPECT_EQ(v["ok"], true) << verified.body;
+  EXPECT_LE(v["checked"].get<uint64_t>(), 1000u) << verified.body;
+  EXPECT_GE(v["last"]["id"].get<uint64_t>(), static_cast<uint64_t>(requests)) << "none lost from the end";
+  // moatd serves on, and records on.
+  EXPECT_EQ(daemon.request("GET", "/v1/environments").status, 200);
+}
+
+TEST(AuditFlags, ABadMaxEventsIsRefusedAtStart) {
+  if (!isRoot()) GTEST_SKIP() << "needs root: moatd";
+  for (const char* bad : {"12", "lots", "-1", "5000000000"}) {
+    try {
+      Moatd daemon({"--audit-max-events", bad});
+      ADD_FAILURE() << "moatd started with --audit-max-events " << bad;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("--audit-max-events needs"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(AuditFlags, ABadRetentionIsRefusedAtStart) {

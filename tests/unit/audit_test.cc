@@ -409,6 +409,66 @@ TEST_F(AuditLog, RetentionPrunesOnItsOwn) {
   EXPECT_TRUE(verify().ok);
 }
 
+// Events arrive faster than retention removes them: past maxEvents the
+// oldest go, down to nine tenths, with a checkpoint that says why; a
+// reopened log knows how many are stored. (Which ids go depends on how the
+// writer batches them, so the test checks what must hold for any.)
+TEST_F(AuditLog, BeyondMaxEventsTheOldestArePruned) {
+  LogOptions options;
+  options.maxEvents = 10;
+  open(options);
+  // The events once the writer has pruned past `after` (it prunes after
+  // writing a batch; flush() does not wait for that).
+  auto prunedAfter = [&](uint64_t after) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (;;) {
+      auto events = all();
+      if (events.back().type == "audit.checkpoint" && events.back().id > after &&
+          events.back().data.contains("max_events")) {
+        return events;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        ADD_FAILURE() << "no prune after event " << after;
+        return events;
+      }
+    }
+  };
+  auto checkPruned = [&](const std::vector<Event>& events) {
+    EXPECT_LE(events.size(), 10u);
+    const Event& checkpoint = events.back();
+    EXPECT_EQ(checkpoint.data["max_events"], 10);
+    EXPECT_FALSE(checkpoint.data.contains("before_ms"));
+    EXPECT_EQ(checkpoint.data["pruned_through"].get<uint64_t>() + 1, events.front().id);
+    EXPECT_TRUE(verify().ok);
+  };
+  recordN(25);
+  auto events = prunedAfter(25);
+  checkPruned(events);
+  EXPECT_EQ(events.back().data["pruned_count"], events.front().id - 1);
+
+  log_.reset();
+  open(options);
+  const uint64_t last = events.back().id;
+  const uint64_t firstBefore = events.front().id;
+  recordN(static_cast<int>(11 - events.size()), 100);  // eleven stored: one too many
+  events = prunedAfter(last);
+  checkPruned(events);
+  EXPECT_EQ(events.back().data["pruned_count"], events.front().id - firstBefore)
+      << "the reopened log counted from the first stored event";
+}
+
+TEST_F(AuditLog, WithoutACapNothingIsPrunedForSize) {
+  LogOptions options;
+  options.maxEvents = 0;
+  options.retentionDays = 0;
+  open(options);
+  recordN(40);
+  ASSERT_TRUE(log_->flush().ok());
+  auto events = all();
+  ASSERT_EQ(events.size(), 40u);
+  EXPECT_EQ(events.front().id, 1u);
+}
+
 TEST_F(AuditLog, AReopenedLogContinuesTheChain) {
   open();
   recordN(3);
