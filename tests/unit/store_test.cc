@@ -308,8 +308,8 @@ TEST_F(StoreTest, ReusedStatementsStartCleanEveryTime) {
   ASSERT_TRUE(after.ok() && after.value().has_value());
   EXPECT_EQ(after.value()->state, "failed");
   EXPECT_EQ(after.value()->reason, "by hand");
-  // Many distinct queries (one per number of labels asked for): more than
-  // the cache holds, so the later ones are compiled for one use; all answer.
+  // Label filters of every size answer (they are matched after the query:
+  // the SQL, and so the cached statement, is the same for all of them).
   auto many = makeRecord("many", 3);
   for (int i = 0; i < 80; ++i) many.labels["k" + std::to_string(i)] = "v";
   insert(many);
