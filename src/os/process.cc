@@ -5,6 +5,7 @@
 #include <linux/sched.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -36,6 +37,80 @@ Result<Child> clone3(const CloneOptions& options) {
   child.pid = static_cast<pid_t>(pid);
   if (pid > 0) child.pidfd.reset(pidfd);
   return child;
+}
+
+namespace {
+
+// Calls clone3; in the child (on its new stack) calls fn(arg) and exits
+// with its result, never returning into the caller's frames.
+long clone3Run(struct clone_args* args, int (*fn)(void*), void* arg) {
+#if defined(__x86_64__)
+  register long rax asm("rax") = SYS_clone3;
+  register struct clone_args* rdi asm("rdi") = args;
+  register size_t rsi asm("rsi") = sizeof *args;
+  register int (*r12)(void*) asm("r12") = fn;
+  register void* r13 asm("r13") = arg;
+  asm volatile(
+      "syscall\n\t"
+      "test %%rax, %%rax\n\t"
+      "jnz 1f\n\t"
+      "xor %%ebp, %%ebp\n\t"  // the child: an outermost frame on its own stack
+      "mov %%r13, %%rdi\n\t"
+      "call *%%r12\n\t"
+      "mov %%eax, %%edi\n\t"
+      "mov %[exit], %%eax\n\t"
+      "syscall\n\t"
+      "hlt\n"
+      "1:"
+      : "+r"(rax)
+      : "r"(rdi), "r"(rsi), "r"(r12), "r"(r13), [exit] "i"(SYS_exit)
+      : "rcx", "r11", "memory");
+  return rax;
+#else
+  (void)args;
+  (void)fn;
+  (void)arg;
+  return -ENOSYS;
+#endif
+}
+
+}  // namespace
+
+Result<Child> cloneVfork(const CloneOptions& options, int (*fn)(void*), void* arg) {
+#if defined(__x86_64__)
+  constexpr size_t kStackSize = 256 * 1024;
+  // One per thread that makes children, made once; the child is done with
+  // it (exec or exit) before the thread can call again.
+  thread_local void* stack = nullptr;
+  if (stack == nullptr) {
+    void* p = ::mmap(nullptr, kStackSize, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return Error::fromErrno("mmap a stack for clone3");
+    stack = p;
+  }
+  int pidfd = -1;
+  struct clone_args args;
+  std::memset(&args, 0, sizeof args);
+  args.flags = options.flags | CLONE_PIDFD | CLONE_VM | CLONE_VFORK;
+  args.pidfd = reinterpret_cast<uint64_t>(&pidfd);
+  args.exit_signal = SIGCHLD;
+  args.stack = reinterpret_cast<uint64_t>(stack);
+  args.stack_size = kStackSize;
+  if (options.cgroupFd >= 0) {
+    args.flags |= CLONE_INTO_CGROUP;
+    args.cgroup = static_cast<uint64_t>(options.cgroupFd);
+  }
+  long pid = clone3Run(&args, fn, arg);
+  if (pid < 0) return Error::fromErrno("clone3", static_cast<int>(-pid));
+  Child child;
+  child.pid = static_cast<pid_t>(pid);
+  child.pidfd.reset(pidfd);
+  return child;
+#else
+  MOAT_ASSIGN(Child child, clone3(options));
+  if (child.pid == 0) ::_exit(fn(arg));
+  return child;
+#endif
 }
 
 Result<Child> cloneLight(uint64_t flags, int (*fn)(void*), void* arg) {
@@ -87,9 +162,7 @@ Status setHostname(const std::string& name) {
 }
 
 Status becomeId(uid_t uid, gid_t gid) {
-  if (::setgroups(0, nullptr) != 0) return Error::fromErrno("setgroups");
-  if (::setresgid(gid, gid, gid) != 0) return Error::fromErrno("setresgid");
-  if (::setresuid(uid, uid, uid) != 0) return Error::fromErrno("setresuid");
+  if (int err = switchIdsInChild(uid, gid)) return Error::fromErrno("set uid and gid", err);
   return {};
 }
 
@@ -150,7 +223,11 @@ static std::vector<char*> toCArray(const std::vector<std::string>& items) {
 Error execFd(int fd, const std::vector<std::string>& argv, const std::vector<std::string>& env) {
   auto cargv = toCArray(argv);
   auto cenv = toCArray(env);
-  ::syscall(SYS_execveat, fd, "", cargv.data(), cenv.data(), AT_EMPTY_PATH);
+  return execFd(fd, cargv.data(), cenv.data());
+}
+
+Error execFd(int fd, char* const argv[], char* const env[]) {
+  ::syscall(SYS_execveat, fd, "", argv, env, AT_EMPTY_PATH);
   return Error::fromErrno("execveat moat-init");
 }
 

@@ -1,0 +1,83 @@
+// The namespace backend's create path in this process: the child that
+// becomes pid 1 shares its creator's memory until it execs moat-init
+// (os::cloneVfork), so it must leave that memory as it found it.
+#include <gtest/gtest.h>
+#include <malloc.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <memory>
+
+#include "backend/namespaces/environment.h"
+#include "moat_process.h"
+#include "os/process.h"
+
+namespace moat::test {
+namespace {
+
+using backend::namespaces::Environment;
+using backend::namespaces::EnvironmentSpec;
+
+#if defined(__x86_64__)
+TEST(CloneVfork, TheChildRunsInTheCallersMemoryUntilItExecs) {
+  static int seen = 0;
+  auto child = os::cloneVfork(
+      {},
+      [](void* p) -> int {
+        *static_cast<int*>(p) = 42;
+        char name[] = "true";
+        char* argv[] = {name, nullptr};
+        ::execv("/bin/true", argv);
+        return 127;
+      },
+      &seen);
+  ASSERT_TRUE(child.ok()) << child.error().message();
+  // Back here only once the child has exec'd: its write is already ours.
+  EXPECT_EQ(seen, 42);
+  auto status = os::waitPidfd(child.value().pidfd.get());
+  ASSERT_TRUE(status.ok());
+  EXPECT_TRUE(WIFEXITED(status.value()) && WEXITSTATUS(status.value()) == 0) << status.value();
+}
+#endif
+
+TEST(CloneVfork, AChildThatReturnsExitsWithItsValueAndErrorsNameClone3) {
+  auto child = os::cloneVfork({}, [](void*) -> int { return 7; }, nullptr);
+  ASSERT_TRUE(child.ok()) << child.error().message();
+  auto status = os::waitPidfd(child.value().pidfd.get());
+  ASSERT_TRUE(status.ok());
+  EXPECT_TRUE(WIFEXITED(status.value()) && WEXITSTATUS(status.value()) == 7) << status.value();
+  // The kernel refuses a new mount namespace that shares the file system
+  // information (CLONE_FS): an error, and no child.
+  os::CloneOptions bad;
+  bad.flags = CLONE_NEWNS | CLONE_FS;
+  auto refused = os::cloneVfork(bad, [](void*) -> int { return 0; }, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message().find("clone3"), std::string::npos) << refused.error().message();
+  EXPECT_EQ(refused.error().sysErrno, EINVAL);
+}
+
+// What the child allocates and does not free before its exec would stay
+// allocated in the creator (moatd's spawner) once per environment.
+TEST(EnvironmentCreate, ManyCreatesLeaveTheCreatorsHeapAsItWas) {
+  MOAT_REQUIRE_ROOT();
+  ::setenv("MOAT_STORAGE_GB", "8", 0);
+  EnvironmentSpec spec;
+  spec.stateDir = testStateDir();
+  spec.memoryMb = 64;
+  spec.storageGb = 0.1;
+  auto cycle = [&] {
+    auto env = Environment::create(spec);
+    ASSERT_TRUE(env.ok()) << env.error().message();
+    ASSERT_TRUE(env.value()->destroy().ok());
+  };
+  cycle();  // what is made once per process (cgroup layout, pool) is made
+  const size_t before = ::mallinfo2().uordblks;
+  for (int i = 0; i < 20; ++i) cycle();
+  const size_t after = ::mallinfo2().uordblks;
+  EXPECT_LE(after, before + 256) << "heap in use grew by " << (after - before) << " bytes over 20 creates";
+}
+
+}  // namespace
+}  // namespace moat::test
