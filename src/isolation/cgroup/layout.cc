@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <sstream>
+#include <string_view>
 #include <vector>
 
 #include "os/file.h"
@@ -11,11 +12,17 @@
 namespace moat::isolation::cgroup {
 namespace {
 
-std::vector<std::string> split(const std::string& s, char sep) {
+// Items between separators, as std::getline gives them: empty ones between
+// two separators count, an empty last one does not. (No stream: this runs
+// in every `moat run`, and a stream per line cost ~0.1 ms of it.)
+std::vector<std::string> split(std::string_view s, char sep) {
   std::vector<std::string> out;
-  std::string item;
-  std::istringstream in(s);
-  while (std::getline(in, item, sep)) out.push_back(item);
+  while (!s.empty()) {
+    size_t end = s.find(sep);
+    out.emplace_back(s.substr(0, end));
+    if (end == std::string_view::npos) break;
+    s.remove_prefix(end + 1);
+  }
   return out;
 }
 
