@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "backend/namespaces/environment.h"
+#include "common/sanitizer.h"
 #include "moat_process.h"
 #include "os/process.h"
 
@@ -20,7 +21,7 @@ namespace {
 using backend::namespaces::Environment;
 using backend::namespaces::EnvironmentSpec;
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !MOAT_ASAN
 TEST(CloneVfork, TheChildRunsInTheCallersMemoryUntilItExecs) {
   static int seen = 0;
   auto child = os::cloneVfork(
