@@ -2,7 +2,6 @@
 
 #include <pthread.h>
 
-#include <algorithm>
 #include <cstdio>
 
 namespace moat::audit {
@@ -238,7 +237,7 @@ void Log::capSize(std::unique_lock<std::mutex>& lock) {
   if (cap == 0 || committedId_ + 1 - firstId_ <= cap) return;
   // Down to nine tenths: one prune for many batches, not one for each.
   const uint64_t keep = cap - cap / 10;
-  auto pruned = pruneThrough(lock, committedId_ - std::max<uint64_t>(keep, 1) + 1, {{"max_events", cap}});
+  auto pruned = pruneThrough(lock, committedId_ - keep + 1, {{"max_events", cap}});
   if (pruned.ok()) {
     std::fprintf(stderr, "moatd: audit log: more than %llu events: pruned the oldest %llu (--audit-max-events)\n",
                  static_cast<unsigned long long>(cap), static_cast<unsigned long long>(pruned.value()));

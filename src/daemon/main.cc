@@ -157,11 +157,12 @@ int main(int argc, char** argv) {
       auditOptions.retentionDays = std::stol(v);
     } else if (a == "--audit-max-events" && i + 1 < argc) {
       std::string v = argv[++i];
-      if (v.empty() || v.size() > 10 || v.find_first_not_of("0123456789") != std::string::npos ||
-          (std::stoull(v) != 0 && (std::stoull(v) < 1000 || std::stoull(v) > 1000000000))) {
+      const bool digits = !v.empty() && v.size() <= 10 && v.find_first_not_of("0123456789") == std::string::npos;
+      const uint64_t n = digits ? std::stoull(v) : 1;  // 1: refused below
+      if (n != 0 && (n < 1000 || n > 1000000000)) {
         return fail("--audit-max-events needs 0 or a number from 1000 to 1000000000");
       }
-      auditOptions.maxEvents = std::stoull(v);
+      auditOptions.maxEvents = n;
     } else if ((a == "--egress-hosts" || a == "--egress-ca-bundle") && i + 1 < argc) {
       std::string path = argv[++i];
       if (::access(path.c_str(), R_OK) != 0) return fail(a + ": cannot read " + path);

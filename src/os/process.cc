@@ -1,9 +1,6 @@
 #include "os/process.h"
 
-#include "common/sanitizer.h"
-
 #include <fcntl.h>
-#include <grp.h>
 #include <linux/sched.h>
 #include <sched.h>
 #include <signal.h>
@@ -16,23 +13,34 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/sanitizer.h"
+
 #ifndef P_PIDFD
 #define P_PIDFD 3
 #endif
 
 namespace moat::os {
+namespace {
 
-Result<Child> clone3(const CloneOptions& options) {
-  int pidfd = -1;
+// clone3's arguments for `options`, the child's pidfd going to *pidfd.
+struct clone_args cloneArgs(const CloneOptions& options, int* pidfd) {
   struct clone_args args;
   std::memset(&args, 0, sizeof args);
   args.flags = options.flags | CLONE_PIDFD;
-  args.pidfd = reinterpret_cast<uint64_t>(&pidfd);
+  args.pidfd = reinterpret_cast<uint64_t>(pidfd);
   args.exit_signal = SIGCHLD;
   if (options.cgroupFd >= 0) {
     args.flags |= CLONE_INTO_CGROUP;
     args.cgroup = static_cast<uint64_t>(options.cgroupFd);
   }
+  return args;
+}
+
+}  // namespace
+
+Result<Child> clone3(const CloneOptions& options) {
+  int pidfd = -1;
+  struct clone_args args = cloneArgs(options, &pidfd);
   long pid = ::syscall(SYS_clone3, &args, sizeof args);
   if (pid < 0) return Error::fromErrno("clone3");
   Child child;
@@ -95,17 +103,10 @@ Result<Child> cloneVfork(const CloneOptions& options, int (*fn)(void*), void* ar
     stack = p;
   }
   int pidfd = -1;
-  struct clone_args args;
-  std::memset(&args, 0, sizeof args);
-  args.flags = options.flags | CLONE_PIDFD | CLONE_VM | CLONE_VFORK;
-  args.pidfd = reinterpret_cast<uint64_t>(&pidfd);
-  args.exit_signal = SIGCHLD;
+  struct clone_args args = cloneArgs(options, &pidfd);
+  args.flags |= CLONE_VM | CLONE_VFORK;
   args.stack = reinterpret_cast<uint64_t>(stack);
   args.stack_size = kStackSize;
-  if (options.cgroupFd >= 0) {
-    args.flags |= CLONE_INTO_CGROUP;
-    args.cgroup = static_cast<uint64_t>(options.cgroupFd);
-  }
   long pid = clone3Run(&args, fn, arg);
   if (pid < 0) return Error::fromErrno("clone3", static_cast<int>(-pid));
   Child child;
@@ -216,20 +217,6 @@ Result<struct rlimit> raiseOpenFilesLimit() {
 Status setOpenFilesLimit(const struct rlimit& limit) {
   if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) return Error::fromErrno("setrlimit NOFILE");
   return {};
-}
-
-static std::vector<char*> toCArray(const std::vector<std::string>& items) {
-  std::vector<char*> out;
-  out.reserve(items.size() + 1);
-  for (const auto& s : items) out.push_back(const_cast<char*>(s.c_str()));
-  out.push_back(nullptr);
-  return out;
-}
-
-Error execFd(int fd, const std::vector<std::string>& argv, const std::vector<std::string>& env) {
-  auto cargv = toCArray(argv);
-  auto cenv = toCArray(env);
-  return execFd(fd, cargv.data(), cenv.data());
 }
 
 Error execFd(int fd, char* const argv[], char* const env[]) {

@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "common/result.h"
 #include "common/unique_fd.h"
@@ -75,8 +74,7 @@ Status setParentDeathSignal(int signo);
 Result<struct rlimit> raiseOpenFilesLimit();
 Status setOpenFilesLimit(const struct rlimit& limit);
 // execveat(fd, "", argv, envp, AT_EMPTY_PATH); returns only on failure.
-Error execFd(int fd, const std::vector<std::string>& argv, const std::vector<std::string>& env);
-// The same with arrays made beforehand: nothing allocated on the way to
+// Null-terminated arrays made beforehand: nothing allocated on the way to
 // the exec (for a cloneVfork child, whose allocations the caller keeps).
 Error execFd(int fd, char* const argv[], char* const env[]);
 
