@@ -46,15 +46,15 @@ void Process::onSpawned(uint32_t pid) {
 }
 
 void Process::onSpawnFailed(int err, const std::string& stage) {
-  std::unique_lock<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   if (info_.ended()) return;
   info_.state = ProcessState::kFailed;
   info_.spawnErrno = err;
   info_.spawnStage = stage;
   info_.stdinOpen = false;
   info_.endedAtMs = nowMs();
+  ended();
   cv_.notify_all();
-  ended(lock);
 }
 
 void Process::onOutput(init::Stream stream, const std::string& data) {
@@ -64,7 +64,7 @@ void Process::onOutput(init::Stream stream, const std::string& data) {
 }
 
 void Process::onExited(const init::Exited& exited) {
-  std::unique_lock<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   if (info_.ended()) return;
   info_.state = ProcessState::kExited;
   info_.exitCode = exited.exitCode;
@@ -75,19 +75,19 @@ void Process::onExited(const init::Exited& exited) {
   info_.stderrTruncated = exited.stderrTruncated;
   info_.stdinOpen = false;
   info_.endedAtMs = nowMs();
+  ended();
   cv_.notify_all();
-  ended(lock);
 }
 
 void Process::onLost(const std::string& reason) {
-  std::unique_lock<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   if (info_.ended()) return;
   info_.state = ProcessState::kLost;
   info_.reason = reason;
   info_.stdinOpen = false;
   info_.endedAtMs = nowMs();
+  ended();
   cv_.notify_all();
-  ended(lock);
 }
 
 void Process::onEnded(std::function<void(const ProcessInfo&)> hook) {
@@ -95,10 +95,10 @@ void Process::onEnded(std::function<void(const ProcessInfo&)> hook) {
   endHook_ = std::move(hook);
 }
 
-void Process::ended(std::unique_lock<std::mutex>& lock) {
-  auto hook = std::exchange(endHook_, nullptr);
-  lock.unlock();
-  if (hook) hook(info());
+void Process::ended() {
+  // Under the lock: whoever waits for the end (an exec's answer, a stream's
+  // last item) sees it only after the hook has recorded it.
+  if (auto hook = std::exchange(endHook_, nullptr)) hook(infoLocked());
 }
 
 Status Process::start(const std::shared_ptr<InitConnection>& connection, init::SpawnRequest spawn,
@@ -171,6 +171,10 @@ int Process::detachViewer() {
 
 ProcessInfo Process::info() {
   std::lock_guard<std::mutex> lock(mutex_);
+  return infoLocked();
+}
+
+ProcessInfo Process::infoLocked() const {
   ProcessInfo info = info_;
   info.stdoutBytes = log_.bytes(OutputStream::kStdout);
   info.stderrBytes = log_.bytes(OutputStream::kStderr);

@@ -66,7 +66,9 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   Status start(const std::shared_ptr<InitConnection>& connection, init::SpawnRequest spawn,
                const std::string& stdinData, bool closeStdin);
   // Called once, with the final info, when the process ends (exits, fails
-  // to start, or is lost). Set it before start().
+  // to start, or is lost), before anyone waiting for the end sees it. Set it
+  // before start(). It runs with the process's lock held: it must not call
+  // back into this Process.
   void onEnded(std::function<void(const ProcessInfo&)> hook);
   // Ends a process that nobody will hear from again (the environment is
   // being destroyed): readers get `reason` at once.
@@ -107,9 +109,10 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
     uint32_t initId;
   };
   Result<Channel> channel(const std::function<Status()>& check);
-  // After a change to an ended state, with mutex_ held by `lock`: releases
-  // it and runs the end hook, if any.
-  void ended(std::unique_lock<std::mutex>& lock);
+  // After a change to an ended state, with mutex_ held: runs the end hook,
+  // if any, before any waiter can see the end.
+  void ended();
+  ProcessInfo infoLocked() const;  // with mutex_ held
 
   const uint64_t id_;
   std::mutex mutex_;
