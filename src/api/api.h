@@ -62,6 +62,9 @@ class Api {
   // At stop: requests waiting for their turn under the key rate limit are
   // answered 503 at once, and none waits from now on.
   void stopWaiting();
+  // A connection the HTTP server turned away (503): counted in /metrics
+  // with the errors the handlers answer.
+  void countRefusedConnection() { countError("unavailable"); }
 
  private:
   HttpResponse route(const HttpRequest& request, const Principal& principal);

@@ -269,8 +269,12 @@ std::string urlDecode(const std::string& s, bool plusIsSpace) {
   return out;
 }
 
-HttpServer::HttpServer(Handler handler, PreflightHandler preflight, ServerLimits limits)
-    : handler_(std::move(handler)), preflight_(std::move(preflight)), limits_(limits) {}
+HttpServer::HttpServer(Handler handler, PreflightHandler preflight, ServerLimits limits,
+                       std::function<void()> refused)
+    : handler_(std::move(handler)),
+      preflight_(std::move(preflight)),
+      limits_(limits),
+      refused_(std::move(refused)) {}
 
 HttpServer::~HttpServer() { stop(); }
 
@@ -360,7 +364,16 @@ void HttpServer::acceptLoop(int listenFd) {
           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
       ssize_t ignored = ::send(fd, busy.data(), busy.size(), MSG_NOSIGNAL);
       (void)ignored;
+      // The answer and its end first; then what of the request already
+      // arrived is read and dropped, so that closing does not reset the
+      // connection (TCP sends a reset for unread data, and the client's
+      // kernel may then drop the 503 before the client reads it).
+      ::shutdown(fd, SHUT_WR);
+      char sink[4096];
+      for (int i = 0; i < 16 && ::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+      }
       ::close(fd);
+      if (refused_) refused_();
       continue;
     }
     ++active_;

@@ -87,7 +87,10 @@ struct ServerLimits {
 
 class HttpServer {
  public:
-  explicit HttpServer(Handler handler, PreflightHandler preflight = nullptr, ServerLimits limits = {});
+  // `refused`: called for each connection turned away with 503 (every
+  // connection busy, or stopping), which no handler sees.
+  explicit HttpServer(Handler handler, PreflightHandler preflight = nullptr, ServerLimits limits = {},
+                      std::function<void()> refused = nullptr);
   ~HttpServer();
   // host:port (port 0 picks one; see tcpPort()) and a unix socket path
   // (created 0600 by the caller's umask rules; an old socket is replaced).
@@ -103,6 +106,7 @@ class HttpServer {
   Handler handler_;
   PreflightHandler preflight_;
   ServerLimits limits_;
+  std::function<void()> refused_;
   std::vector<int> listenFds_;
   std::vector<std::thread> acceptors_;
   // One connection: busy from a complete request head until its answer is

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -35,7 +36,8 @@
 namespace {
 
 constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT] [--warm-pool N]
-             [--max-environments N] [--permissions FILE] [--approval-timeout S]
+             [--max-environments N] [--max-connections N] [--permissions FILE]
+             [--approval-timeout S]
              [--audit-retention-days N] [--audit-max-events N] [--egress-hosts FILE]
              [--egress-ca-bundle FILE] [--no-egress] [--key-rate N]
 
@@ -44,6 +46,9 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
   --warm-pool N           keep N environments of the default spec ready (default 0)
   --max-environments N    at most N environments at once, warm ones included
                           (1 to 100000, default 256); more is 429 capacity
+  --max-connections N     at most N client connections at once (1 to 100000,
+                          default 512): a newcomer takes the place of the one
+                          idle longest; with all N busy it gets 503
   --permissions FILE      default permissions of new environments, as JSON
                           (docs/GATE.md; default: read_file, write_file and
                           run_command allow, network deny)
@@ -71,6 +76,14 @@ SIGTERM/SIGINT stop moatd and destroy its environments. SIGUSR1 stops moatd
 and leaves them running: the next moatd re-attaches (upgrades). After a crash
 or kill -9 they keep running too.
 )";
+
+// A decimal number from `lo` to `hi`, or nothing (not digits, or out of range).
+std::optional<uint64_t> number(const std::string& v, uint64_t lo, uint64_t hi) {
+  if (v.empty() || v.size() > 10 || v.find_first_not_of("0123456789") != std::string::npos) return {};
+  const uint64_t n = std::stoull(v);
+  if (n < lo || n > hi) return {};
+  return n;
+}
 
 int fail(const std::string& message) {
   std::fprintf(stderr, "moatd: %s\n", message.c_str());
@@ -107,38 +120,32 @@ int main(int argc, char** argv) {
   manager::ManagerConfig config;
   audit::LogOptions auditOptions;
   egress::EgressConfig egressConfig;
+  api::ServerLimits serverLimits;
   bool egressOn = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if ((a == "--state" || a == "--listen") && i + 1 < argc) {
       (a == "--state" ? stateDir : listen) = argv[++i];
     } else if (a == "--warm-pool" && i + 1 < argc) {
-      std::string v = argv[++i];
-      if (v.empty() || v.size() > 4 || v.find_first_not_of("0123456789") != std::string::npos) {
-        return fail("--warm-pool needs a number from 0 to 9999");
-      }
-      warmPool = std::stoul(v);
+      auto n = number(argv[++i], 0, 9999);
+      if (!n) return fail("--warm-pool needs a number from 0 to 9999");
+      warmPool = *n;
     } else if (a == "--max-environments" && i + 1 < argc) {
-      std::string v = argv[++i];
-      if (v.empty() || v.size() > 6 || v.find_first_not_of("0123456789") != std::string::npos ||
-          std::stoul(v) < 1 || std::stoul(v) > 100000) {
-        return fail("--max-environments needs a number from 1 to 100000");
-      }
-      config.maxEnvironments = std::stoul(v);
+      auto n = number(argv[++i], 1, 100000);
+      if (!n) return fail("--max-environments needs a number from 1 to 100000");
+      config.maxEnvironments = *n;
+    } else if (a == "--max-connections" && i + 1 < argc) {
+      auto n = number(argv[++i], 1, 100000);
+      if (!n) return fail("--max-connections needs a number from 1 to 100000");
+      serverLimits.maxConnections = *n;
     } else if (a == "--key-rate" && i + 1 < argc) {
-      std::string v = argv[++i];
-      if (v.empty() || v.size() > 6 || v.find_first_not_of("0123456789") != std::string::npos ||
-          std::stoul(v) > 100000) {
-        return fail("--key-rate needs a number of requests per second from 0 (no limit) to 100000");
-      }
-      keyRate = std::stoul(v);
+      auto n = number(argv[++i], 0, 100000);
+      if (!n) return fail("--key-rate needs a number of requests per second from 0 (no limit) to 100000");
+      keyRate = *n;
     } else if (a == "--approval-timeout" && i + 1 < argc) {
-      std::string v = argv[++i];
-      if (v.empty() || v.size() > 5 || v.find_first_not_of("0123456789") != std::string::npos ||
-          std::stol(v) < 1 || std::stol(v) > 86400) {
-        return fail("--approval-timeout needs a number of seconds from 1 to 86400");
-      }
-      approvalTimeoutS = std::stol(v);
+      auto n = number(argv[++i], 1, 86400);
+      if (!n) return fail("--approval-timeout needs a number of seconds from 1 to 86400");
+      approvalTimeoutS = static_cast<int64_t>(*n);
     } else if (a == "--permissions" && i + 1 < argc) {
       std::string path = argv[++i];
       auto text = os::readFile(path, 1u << 20);
@@ -149,20 +156,15 @@ int main(int argc, char** argv) {
       if (!parsed.ok()) return fail("--permissions: " + path + ": " + parsed.error().context);
       config.defaultPermissions = parsed.value();
     } else if (a == "--audit-retention-days" && i + 1 < argc) {
-      std::string v = argv[++i];
-      if (v.empty() || v.size() > 5 || v.find_first_not_of("0123456789") != std::string::npos ||
-          std::stol(v) > 36500) {
-        return fail("--audit-retention-days needs a number from 0 to 36500");
-      }
-      auditOptions.retentionDays = std::stol(v);
+      auto n = number(argv[++i], 0, 36500);
+      if (!n) return fail("--audit-retention-days needs a number from 0 to 36500");
+      auditOptions.retentionDays = static_cast<int64_t>(*n);
     } else if (a == "--audit-max-events" && i + 1 < argc) {
-      std::string v = argv[++i];
-      const bool digits = !v.empty() && v.size() <= 10 && v.find_first_not_of("0123456789") == std::string::npos;
-      const uint64_t n = digits ? std::stoull(v) : 1;  // 1: refused below
-      if (n != 0 && (n < 1000 || n > 1000000000)) {
+      auto n = number(argv[++i], 0, 1000000000);
+      if (!n || (*n != 0 && *n < 1000)) {
         return fail("--audit-max-events needs 0 or a number from 1000 to 1000000000");
       }
-      auditOptions.maxEvents = n;
+      auditOptions.maxEvents = *n;
     } else if ((a == "--egress-hosts" || a == "--egress-ca-bundle") && i + 1 < argc) {
       std::string path = argv[++i];
       if (::access(path.c_str(), R_OK) != 0) return fail(a + ": cannot read " + path);
@@ -290,7 +292,8 @@ int main(int argc, char** argv) {
     api::Api api(manager, keys, approvals, token.value(), apiOptions, auditLog->get());
     apiForEgress = &api;
     api::HttpServer server([&api](const api::HttpRequest& r) { return api.handle(r); },
-                           [&api](const api::HttpRequest& head) { return api.preflight(head); });
+                           [&api](const api::HttpRequest& head) { return api.preflight(head); },
+                           serverLimits, [&api] { api.countRefusedConnection(); });
     for (auto s : {server.listenUnix(stateDir + "/moatd.sock"), server.listenTcp(listen)}) {
       if (!s.ok()) {
         manager.detach();

@@ -460,6 +460,55 @@ TEST(MoatdCapacity, MaxEnvironmentsIsAFlagAndEnvironmentsKeepTheUsualOpenFilesLi
   EXPECT_EQ(json::parse(r.body)["stdout"], std::to_string(files.rlim_cur) + "\n");
 }
 
+// moatd serves at most --max-connections clients at once. An idle one makes
+// room for a newcomer; with every one busy (here two shells' WebSockets) a
+// newcomer is told to retry (503, counted in /metrics), and once one is
+// free moatd serves again.
+TEST(MoatdCapacity, BeyondMaxConnectionsTheIdleMakeRoomAndWithAllBusyANewcomerIsToldToRetry) {
+  MOAT_REQUIRE_ROOT();
+  Moatd daemon({"--max-connections", "2"});
+  auto created = daemon.request("POST", "/v1/environments", R"({"spec":{"ram_mb":64}})");
+  ASSERT_EQ(created.status, 201) << created.body;
+  const std::string shell = "/v1/environments/" + json::parse(created.body)["id"].get<std::string>() + "/shell";
+  HttpConnection idle(daemon.socketPath());
+  ASSERT_EQ(idle.request("GET", "/healthz", daemon.token()).status, 200);
+  auto a = daemon.websocket(shell);
+  ASSERT_EQ(a.status, 101) << a.rest;
+  auto b = daemon.websocket(shell);  // takes the idle connection's place
+  ASSERT_EQ(b.status, 101) << b.rest;
+  EXPECT_ANY_THROW(idle.request("GET", "/healthz", daemon.token())) << "the idle connection was closed";
+  // moatd answers a connection it refuses at once and closes it unread: the
+  // request's write may find it closed, and the answer is read all the same.
+  auto onANewConnection = [&](const std::string& target) {
+    HttpConnection c(daemon.socketPath());
+    try {
+      return c.request("GET", target, daemon.token());
+    } catch (const std::exception&) {
+      return c.raw("");
+    }
+  };
+  int refused = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto r = onANewConnection("/healthz");
+    EXPECT_EQ(r.status, 503) << r.body;
+    EXPECT_NE(r.body.find("too many connections; retry later"), std::string::npos) << r.body;
+    refused += r.status == 503;
+  }
+  ::close(a.fd);  // one shell's viewer goes: its connection is free again
+  HttpResult served;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    served = onANewConnection("/metrics");
+    if (served.status != 503) break;
+    ++refused;
+  }
+  ASSERT_EQ(served.status, 200) << served.body;
+  EXPECT_NE(served.body.find("moat_api_errors_total{code=\"unavailable\"} " + std::to_string(refused) + "\n"),
+            std::string::npos)
+      << "every refused connection counted: " << refused << "\n" << served.body;
+  ::close(b.fd);
+}
+
 TEST(MoatdCapacity, AKeyBeyondItsRateWaitsItsTurnOrIsToldWhenToComeBackAndKeepsItsConnection) {
   MOAT_REQUIRE_ROOT();
   // 1 request per second, bursts of 2, a turn at most 2 s away.
@@ -517,6 +566,27 @@ TEST(MoatdCapacity, AKeyBeyondItsRateWaitsItsTurnOrIsToldWhenToComeBackAndKeepsI
   auto bad = runProcess({binDir() + "/moatd", "--key-rate", "fast"});
   EXPECT_EQ(bad.exitCode, 1);
   EXPECT_NE(bad.err.find("--key-rate needs a number"), std::string::npos) << bad.err;
+}
+
+// Every numeric flag refuses what is not a number in its range, by name,
+// before moatd touches anything.
+TEST(MoatdFlags, ANumberOutOfRangeOrNotANumberIsRefusedByName) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"--warm-pool", {"-1", "10000", "four", ""}},
+      {"--max-environments", {"0", "100001", "1e3"}},
+      {"--max-connections", {"0", "100001", "many", "99999999999"}},
+      {"--key-rate", {"100001", "fast"}},
+      {"--approval-timeout", {"0", "86401", "2m"}},
+      {"--audit-retention-days", {"36501", "forever"}},
+      {"--audit-max-events", {"999", "1000000001", " 1000"}},
+  };
+  for (const auto& [flag, values] : cases) {
+    for (const auto& value : values) {
+      auto r = runProcess({binDir() + "/moatd", "--state", "/nonexistent/moat", flag, value});
+      EXPECT_EQ(r.exitCode, 1) << flag << " " << value;
+      EXPECT_NE(r.err.find(flag + " needs"), std::string::npos) << flag << " '" << value << "': " << r.err;
+    }
+  }
 }
 
 TEST(MoatdCapacity, RequestsWaitingTheirTurnAreCountedAndNotLetThroughWhenMoatdStops) {
