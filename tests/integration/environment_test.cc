@@ -8,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "backend/namespaces/environment.h"
 #include "common/sanitizer.h"
@@ -74,10 +76,17 @@ TEST(EnvironmentCreate, ManyCreatesLeaveTheCreatorsHeapAsItWas) {
     ASSERT_TRUE(env.value()->destroy().ok());
   };
   cycle();  // what is made once per process (cgroup layout, pool) is made
-  const size_t before = ::mallinfo2().uordblks;
-  for (int i = 0; i < 20; ++i) cycle();
-  const size_t after = ::mallinfo2().uordblks;
-  EXPECT_LE(after, before + 256) << "heap in use grew by " << (after - before) << " bytes over 20 creates";
+  // Two rounds of 20: what each create leaves grows both; a one-off (the
+  // cgroup parents made again after a neighbouring test removed them) at
+  // most one.
+  std::vector<long> grew;
+  for (int round = 0; round < 2; ++round) {
+    const size_t before = ::mallinfo2().uordblks;
+    for (int i = 0; i < 20; ++i) cycle();
+    grew.push_back(static_cast<long>(::mallinfo2().uordblks) - static_cast<long>(before));
+  }
+  EXPECT_LE(std::min(grew[0], grew[1]), 256)
+      << "heap in use grew by " << grew[0] << " and " << grew[1] << " bytes over two rounds of 20 creates";
 }
 
 }  // namespace
