@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <set>
+#include <sstream>
 #include <fstream>
 
 #include <signal.h>
@@ -165,6 +166,41 @@ TEST_F(MoatdApi, EveryEnvironmentGetsAFreshNetworkNamespaceOfItsOwn) {
     previous = id;
   }
   EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + previous).status, 204);
+}
+
+// moatd's spawner makes user namespaces (each with its id range) ahead of
+// the creates that take them: none may be handed out twice, and every
+// environment alive at once has a range of its own, never the host's ids.
+TEST_F(MoatdApi, EveryEnvironmentGetsAUserNamespaceAndIdRangeOfItsOwn) {
+  struct stat host;
+  ASSERT_EQ(::stat("/proc/self/ns/user", &host), 0);
+  const std::string hostNs = "user:[" + std::to_string(host.st_ino) + "]\n";
+  std::set<std::string> namespaces, ranges;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 6; ++i) {
+    // One created, one destroyed and created again: ready namespaces are
+    // taken in turns and refilled between requests.
+    std::string id = createEnv();
+    if (i % 2 == 1) {
+      EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + id).status, 204);
+      id = createEnv();
+    }
+    ids.push_back(id);
+    std::string ns = exec(id, {{"cmd", {"readlink", "/proc/self/ns/user"}}})["stdout"];
+    std::string map = exec(id, {{"cmd", {"cat", "/proc/self/uid_map"}}})["stdout"];
+    EXPECT_NE(ns, hostNs) << "the host's user namespace";
+    EXPECT_TRUE(namespaces.insert(ns).second) << "two live environments share " << ns;
+    std::istringstream fields(map);
+    uint64_t inside = 1, outside = 0, count = 0;
+    fields >> inside >> outside >> count;
+    EXPECT_EQ(inside, 0u) << map;
+    EXPECT_GE(outside, 0x40000000u) << map;
+    EXPECT_EQ(count, 65536u) << map;
+    EXPECT_TRUE(ranges.insert(std::to_string(outside)).second) << "two live environments map " << outside;
+    std::string gidMap = exec(id, {{"cmd", {"cat", "/proc/self/gid_map"}}})["stdout"];
+    EXPECT_EQ(gidMap, map) << "uids and gids map alike";
+  }
+  for (const auto& id : ids) EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + id).status, 204);
 }
 
 // moat-init launches commands on threads that count against the pids limit.

@@ -240,7 +240,8 @@ Result<std::string> findInitBinary() {
   return path;
 }
 
-Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& spec) {
+Result<std::unique_ptr<Environment>> Environment::create(
+    const EnvironmentSpec& spec, std::optional<isolation::namespaces::ReadyUserNamespace> userNamespace) {
   MOAT_TRY(checkSpec(spec));
   std::unique_ptr<Environment> env(new Environment);
   env->id_ = spec.id.empty() ? newEnvironmentId() : spec.id;
@@ -272,10 +273,16 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
   traceStage("pool");
   MOAT_ASSIGN(fs::Template tmpl, fs::resolveTemplate(spec.templateName, spec.stateDir));
   std::string volume;
+  UniqueFd userns;
   if (spec.fromSnapshot.empty()) {
     MOAT_ASSIGN(volume, pool.createVolume(env->id_, storageBytes));
     env->haveVolume_ = true;
-    MOAT_ASSIGN(env->idmap_, isolation::namespaces::leaseIdMap());
+    if (userNamespace) {
+      env->idmap_ = std::move(userNamespace->lease);
+      userns = std::move(userNamespace->ns);
+    } else {
+      MOAT_ASSIGN(env->idmap_, isolation::namespaces::leaseIdMap());
+    }
   } else {
     MOAT_ASSIGN(volume, pool.createVolumeFromSnapshot(spec.fromSnapshot, env->id_, storageBytes));
     env->haveVolume_ = true;
@@ -302,8 +309,10 @@ Result<std::unique_ptr<Environment>> Environment::create(const EnvironmentSpec& 
   MOAT_ASSIGN(env->cgroup_, createCgroup(layout, cgroupName(env->id_), limits));
 
   traceStage("cgroup");
-  MOAT_ASSIGN(UniqueFd userns, isolation::namespaces::createUserNamespace(idmap));
-  traceStage("userns");
+  if (!userns) {
+    MOAT_ASSIGN(userns, isolation::namespaces::createUserNamespace(idmap));
+    traceStage("userns");
+  }
   MOAT_ASSIGN(auto program, isolation::seccomp::defaultProgram());
   UniqueFd initFd;
   if (spec.initMode == InitMode::kExec) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,7 +66,12 @@ void setEnvironmentOpenFilesLimit(const struct rlimit& limit);
 // with moat-init as pid 1 serving the guest protocol on controlFd().
 class Environment {
  public:
-  static Result<std::unique_ptr<Environment>> create(const EnvironmentSpec& spec);
+  // `userNamespace`: one made ahead (isolation::namespaces::readyUserNamespace),
+  // taken over with its id range instead of making one; ignored (and
+  // dropped) by a create from a snapshot, whose range the snapshot decides.
+  static Result<std::unique_ptr<Environment>> create(
+      const EnvironmentSpec& spec,
+      std::optional<isolation::namespaces::ReadyUserNamespace> userNamespace = std::nullopt);
   ~Environment();
   Environment(const Environment&) = delete;
   Environment& operator=(const Environment&) = delete;

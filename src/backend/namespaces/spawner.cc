@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <optional>
 
 #include "common/trace.h"
 #include "init/protocol.h"
@@ -26,6 +27,7 @@ namespace {
 constexpr size_t kMaxMessage = 1 << 16;
 // Network namespaces made ahead of the creates that join them.
 constexpr size_t kNetworkPool = 2;
+constexpr size_t kUserPool = 2;
 enum Op : uint8_t { kCreate = 1, kDestroy = 2, kAttach = 3, kList = 4, kShutdown = 5, kNetns = 6, kSnapshot = 7 };
 
 uint64_t bitsOf(double v) {
@@ -136,14 +138,22 @@ bool readable(int fd) {
   ::signal(SIGPIPE, SIG_IGN);
   std::map<std::string, std::unique_ptr<Environment>> environments;
   std::deque<UniqueFd> networks;  // fresh network namespaces, loopback up
+  std::deque<isolation::namespaces::ReadyUserNamespace> users;  // with their id ranges leased
   int client = channel;
   for (;;) {
-    // Between requests: make the network namespaces the next creates join,
-    // unless moatd is already waiting for an answer.
+    // Between requests: make the network and user namespaces the next
+    // creates take, unless moatd is already waiting for an answer. (Kernel
+    // objects and leases held by this process alone: nothing of them
+    // outlives it.)
     while (client >= 0 && networks.size() < kNetworkPool && !readable(client)) {
       auto made = readyNetwork();
       if (!made.ok()) break;  // the next create makes its own and reports what fails
       networks.push_back(std::move(made.value()));
+    }
+    while (client >= 0 && users.size() < kUserPool && !readable(client)) {
+      auto made = isolation::namespaces::readyUserNamespace();
+      if (!made.ok()) break;
+      users.push_back(std::move(made.value()));
     }
     if (client < 0) {
       client = ::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC);
@@ -179,7 +189,12 @@ bool readable(int fd) {
         networks.pop_front();
         spec.value().networkNamespaceFd = network.get();
       }
-      auto env = Environment::create(spec.value());
+      std::optional<isolation::namespaces::ReadyUserNamespace> user;
+      if (spec.value().fromSnapshot.empty() && !users.empty()) {
+        user = std::move(users.front());
+        users.pop_front();
+      }
+      auto env = Environment::create(spec.value(), std::move(user));
       network.reset();
       if (!env.ok()) {
         (void)sendMessage(client, reply(env.error()));

@@ -75,4 +75,11 @@ Result<UniqueFd> createUserNamespace(const IdMap& map) {
   return fd;
 }
 
+Result<ReadyUserNamespace> readyUserNamespace() {
+  ReadyUserNamespace ready;
+  MOAT_ASSIGN(ready.lease, leaseIdMap());
+  MOAT_ASSIGN(ready.ns, createUserNamespace(ready.lease.map));
+  return ready;
+}
+
 }  // namespace moat::isolation::namespaces

@@ -44,4 +44,13 @@ Result<IdMapLease> leaseIdMap(const std::string& lockDir = kIdMapLockDir,
 // environment's init after its mounts are in place.
 Result<UniqueFd> createUserNamespace(const IdMap& map);
 
+// A user namespace made ahead, with the lease on the range it maps: for a
+// creator that keeps a few ready between requests (moatd's spawner), since
+// leasing a range and making its namespace take ~0.2-0.3 ms of a create.
+struct ReadyUserNamespace {
+  IdMapLease lease;
+  UniqueFd ns;
+};
+Result<ReadyUserNamespace> readyUserNamespace();
+
 }  // namespace moat::isolation::namespaces
