@@ -1,6 +1,8 @@
 // moat run end to end, as root on the real kernel: what a user sees.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -266,6 +268,35 @@ TEST_F(Run, KilledClientTakesTheEnvironmentWithItAndTheNextRunCollectsTheRest) {
       << "processes of the environment outlived its client";
   ASSERT_EQ(runMoat({"run", "true"}).exitCode, 0);
   expectNoTraces(before);
+}
+
+// A lock file is made under a temporary name and renamed; one whose creator
+// died in between is removed by a later run once it is a minute old and
+// nobody holds it. A fresh one (a creator between its open and its lock) and
+// a held one stay.
+TEST_F(Run, AnOrphanedUnrenamedLockFileIsCollected) {
+  const std::string run = testStateDir() + "/run/";
+  const std::string tag = std::to_string(::getpid());
+  auto make = [&](const std::string& name, bool old) {
+    std::ofstream(run + name).put('\0');
+    if (old) {
+      struct timespec times[2] = {{::time(nullptr) - 3600, 0}, {::time(nullptr) - 3600, 0}};
+      ASSERT_EQ(::utimensat(AT_FDCWD, (run + name).c_str(), times, 0), 0);
+    }
+  };
+  make(".orphan-" + tag, true);
+  make(".fresh-" + tag, false);
+  make(".held-" + tag, true);
+  int held = ::open((run + ".held-" + tag).c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);
+  ASSERT_EQ(runMoat({"run", "true"}).exitCode, 0);
+  EXPECT_NE(::access((run + ".orphan-" + tag).c_str(), F_OK), 0) << "the orphan is still there";
+  EXPECT_EQ(::access((run + ".fresh-" + tag).c_str(), F_OK), 0) << "a fresh one was taken";
+  EXPECT_EQ(::access((run + ".held-" + tag).c_str(), F_OK), 0) << "a held one was taken";
+  ::close(held);
+  ::unlink((run + ".fresh-" + tag).c_str());
+  ::unlink((run + ".held-" + tag).c_str());
 }
 
 TEST_F(Run, InterruptIsForwardedToTheCommand) {

@@ -7,6 +7,7 @@
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -455,9 +456,24 @@ void collectLeftovers(const std::string& stateDir) {
   std::string runDir = stateDir + "/run";
   auto names = os::listDir(runDir);
   if (!names.ok()) return;
+  const auto now = std::chrono::system_clock::now();
   for (const auto& name : names.value()) {
+    if (!name.empty() && name[0] == '.') {
+      // A lock file not yet renamed: its creator died between the two, or
+      // is between its open and its flock right now, for microseconds.
+      // Removed once unlocked and a minute old.
+      std::string path = runDir + "/" + name;
+      struct stat st;
+      auto lock = os::open(path, O_RDWR | O_NOFOLLOW);
+      if (lock.ok() && ::fstat(lock->get(), &st) == 0 && S_ISREG(st.st_mode) &&
+          now - std::chrono::system_clock::from_time_t(st.st_mtime) > std::chrono::minutes(1) &&
+          ::flock(lock->get(), LOCK_EX | LOCK_NB) == 0) {
+        ::unlink(path.c_str());
+      }
+      continue;
+    }
     const std::string suffix = ".lock";
-    if (name.empty() || name[0] == '.' || name.size() <= suffix.size() ||
+    if (name.empty() || name.size() <= suffix.size() ||
         name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
       continue;
     }
