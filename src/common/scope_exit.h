@@ -16,6 +16,13 @@ class ScopeExit {
     if (active_) fn_();
   }
   void dismiss() { active_ = false; }
+  // Runs it now rather than at the end of the scope (once).
+  void run() {
+    if (active_) {
+      active_ = false;
+      fn_();
+    }
+  }
 
  private:
   F fn_;

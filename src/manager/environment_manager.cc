@@ -374,6 +374,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
       lock.unlock();
       record.id = ready.id;
       record.state = "running";
+      // A DELETE of the id (seen in a listing) waits until it is live.
+      auto held = exclusive(record.id);
       Status stored = store_.insertEnvironment(record);
       lock.lock();
       if (!stored.ok()) {
@@ -383,6 +385,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
       live_[record.id] = makeLive(ready.connection, record);
       nextExpiryMs_ = std::min(nextExpiryMs_, record.expiresAtMs);
       lock.unlock();
+      held.run();
       poolCv_.notify_all();  // refill
       audit_.record("environment.created", record.id, record.owner, createdData(record, true));
       if (request.network.mode != egress::Mode::kNone) {
@@ -441,6 +444,10 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     return created.error();
   }
   std::string id = record.id;
+  // From here until "running" is stored, a DELETE waits (and then finds the
+  // environment live), or it came before and is honoured below. Checked and
+  // made live in two steps, a DELETE between them was answered 204 and lost.
+  auto held = exclusive(id);
   std::string destroyedBy;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -466,6 +473,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   }
   record.state = "running";
   (void)store_.setState(id, "running", "");
+  held.run();
   traceStage("moatd: running stored");
   nlohmann::json createdEvent = createdData(record, false);
   if (from && request.forkedFrom.empty()) createdEvent["from_snapshot"] = from->id;
