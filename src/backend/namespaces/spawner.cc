@@ -145,16 +145,15 @@ bool readable(int fd) {
     // creates take, unless moatd is already waiting for an answer. (Kernel
     // objects and leases held by this process alone: nothing of them
     // outlives it.)
-    while (client >= 0 && networks.size() < kNetworkPool && !readable(client)) {
-      auto made = readyNetwork();
-      if (!made.ok()) break;  // the next create makes its own and reports what fails
-      networks.push_back(std::move(made.value()));
-    }
-    while (client >= 0 && users.size() < kUserPool && !readable(client)) {
-      auto made = isolation::namespaces::readyUserNamespace();
-      if (!made.ok()) break;
-      users.push_back(std::move(made.value()));
-    }
+    auto refill = [&](auto& ready, size_t want, auto make) {
+      while (client >= 0 && ready.size() < want && !readable(client)) {
+        auto made = make();
+        if (!made.ok()) break;  // the next create makes its own and reports what fails
+        ready.push_back(std::move(made.value()));
+      }
+    };
+    refill(networks, kNetworkPool, readyNetwork);
+    refill(users, kUserPool, isolation::namespaces::readyUserNamespace);
     if (client < 0) {
       client = ::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC);
       if (client < 0) {
