@@ -39,7 +39,8 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
              [--max-environments N] [--max-connections N] [--permissions FILE]
              [--approval-timeout S]
              [--audit-retention-days N] [--audit-max-events N] [--egress-hosts FILE]
-             [--egress-ca-bundle FILE] [--no-egress] [--key-rate N]
+             [--egress-ca-bundle FILE] [--egress-head-timeout S] [--no-egress]
+             [--key-rate N]
 
   --state DIR             state directory (default $MOAT_STATE or /var/lib/moat)
   --listen HOST:PORT      TCP address (default 127.0.0.1:7070; port 0 picks one)
@@ -68,6 +69,9 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
                           lines) before asking the host's resolver
   --egress-ca-bundle FILE CA certificates that upstream servers are verified
                           against (default: the system's)
+  --egress-head-timeout S a request head, or a TLS ClientHello and handshake,
+                          must reach the egress proxy whole within S seconds
+                          (1 to 3600, default 30), however slowly it trickles
   --no-egress             no egress proxy: every environment stays on network
                           mode "none" (docs/EGRESS.md)
 
@@ -169,6 +173,10 @@ int main(int argc, char** argv) {
       std::string path = argv[++i];
       if (::access(path.c_str(), R_OK) != 0) return fail(a + ": cannot read " + path);
       (a == "--egress-hosts" ? egressConfig.hostsFile : egressConfig.upstreamCaBundle) = path;
+    } else if (a == "--egress-head-timeout" && i + 1 < argc) {
+      auto n = number(argv[++i], 1, 3600);
+      if (!n) return fail("--egress-head-timeout needs a number of seconds from 1 to 3600");
+      egressConfig.headTimeout = std::chrono::seconds(*n);
     } else if (a == "--no-egress") {
       egressOn = false;
     } else if (a == "-h" || a == "--help") {

@@ -37,6 +37,9 @@ struct EgressConfig {
   std::string upstreamCaBundle;  // empty: the system's
   std::string hostsFile;         // empty: none (see Resolver)
   std::chrono::milliseconds idleTimeout{std::chrono::minutes(5)};
+  // A request head (or a TLS ClientHello and handshake) must arrive whole
+  // within this, however slowly it trickles.
+  std::chrono::milliseconds headTimeout{std::chrono::seconds(30)};
   std::chrono::milliseconds connectTimeout{std::chrono::seconds(10)};
 };
 
@@ -134,6 +137,8 @@ class Controller {
   void handleHttp(const std::shared_ptr<Env>& env, Channel& client, const std::string& fixedHost,
                   uint16_t fixedPort, std::unique_ptr<Channel> upstream, Decision decided, const std::string& via);
   void throttle(const std::shared_ptr<Env>& env, size_t bytes);
+  // Why a connection got 408: its request head did not arrive in time.
+  std::string headTimedOut() const;
 
   EgressConfig config_;
   audit::Recorder* audit_ = nullptr;

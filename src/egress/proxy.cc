@@ -26,13 +26,15 @@ namespace http = boost::beast::http;
 using json = nlohmann::json;
 
 constexpr size_t kMaxHead = 64 * 1024;
-constexpr auto kHeadTimeout = std::chrono::seconds(30);
 
 // Beast's synchronous stream concepts over a Channel: every wait has a
-// deadline that moves with progress (an idle timeout).
+// deadline that moves with progress (an idle timeout), and reads may also
+// have one that does not (until(): a whole request head must arrive in
+// time, however it trickles in).
 class ChannelStream {
  public:
   ChannelStream(Channel& c, std::chrono::milliseconds idle) : channel_(c), idle_(idle) {}
+  void until(std::optional<Clock::time_point> deadline) { until_ = deadline; }
   template <class Buffers>
   size_t read_some(const Buffers& buffers, boost::system::error_code& ec) {
     ec = {};
@@ -40,9 +42,11 @@ class ChannelStream {
          ++it) {
       boost::asio::mutable_buffer b = *it;
       if (b.size() == 0) continue;
-      auto n = readWait(channel_, static_cast<char*>(b.data()), b.size(), Clock::now() + idle_);
+      auto deadline = Clock::now() + idle_;
+      if (until_ && *until_ < deadline) deadline = *until_;
+      auto n = readWait(channel_, static_cast<char*>(b.data()), b.size(), deadline);
       if (!n.ok()) {
-        ec = boost::asio::error::connection_reset;
+        ec = n.error().code == "timeout" ? boost::asio::error::timed_out : boost::asio::error::connection_reset;
         return 0;
       }
       if (n.value() == 0) ec = boost::asio::error::eof;
@@ -96,6 +100,7 @@ class ChannelStream {
  private:
   Channel& channel_;
   std::chrono::milliseconds idle_;
+  std::optional<Clock::time_point> until_;
   std::string joined_;
 };
 
@@ -112,9 +117,9 @@ std::string denialResponse(int status, const std::string& reason, const std::str
 
 void setNonBlocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
-// Reads until the end of an HTTP head (or kMaxHead); what follows stays in `buffer`.
-Result<size_t> readHead(Channel& c, std::string& buffer) {
-  auto deadline = Clock::now() + kHeadTimeout;
+// Reads until the end of an HTTP head (or kMaxHead) by `deadline`; what
+// follows stays in `buffer`.
+Result<size_t> readHead(Channel& c, std::string& buffer, Clock::time_point deadline) {
   char chunk[4096];
   while (true) {
     auto end = buffer.find("\r\n\r\n");
@@ -311,12 +316,24 @@ void Controller::serveConnection(const std::shared_ptr<Env>& env, UniqueFd clien
   }
 }
 
+std::string Controller::headTimedOut() const {
+  return "the request head did not arrive whole within " +
+         std::to_string(std::chrono::duration_cast<std::chrono::seconds>(config_.headTimeout).count()) + " s";
+}
+
 void Controller::handleForward(const std::shared_ptr<Env>& env, UniqueFd client) {
   int fd = client.get();
   auto channel = plainChannel(std::move(client));
   std::string buffer;
-  auto headEnd = readHead(*channel, buffer);
-  if (!headEnd.ok()) return;
+  auto headEnd = readHead(*channel, buffer, Clock::now() + config_.headTimeout);
+  if (!headEnd.ok()) {
+    if (headEnd.error().code == "timeout" && !buffer.empty()) {
+      record(env, false, {{"via", "forward"}, {"rule", "head_timeout"}, {"reason", headTimedOut()}});
+      (void)writeAll(*channel, denialResponse(408, "Request Timeout", headTimedOut()),
+                     Clock::now() + config_.headTimeout);
+    }
+    return;
+  }
   if (buffer.compare(0, 8, "CONNECT ") != 0) {
     auto withHead = plainChannel(UniqueFd(::dup(fd)), buffer);
     channel.reset();
@@ -327,7 +344,7 @@ void Controller::handleForward(const std::shared_ptr<Env>& env, UniqueFd client)
   std::string target = line.substr(8, line.find(' ', 8) - 8);
   std::string host;
   uint16_t port = 0;
-  auto deadline = Clock::now() + kHeadTimeout;
+  auto deadline = Clock::now() + config_.headTimeout;
   if (!splitAuthority(target, 0, host, port) || port == 0) {
     record(env, false, {{"via", "connect"}, {"host", target}, {"rule", "syntax"}, {"reason", "bad CONNECT target"}});
     (void)writeAll(*channel, denialResponse(400, "Bad Request", "CONNECT needs host:port"), deadline);
@@ -374,7 +391,7 @@ void Controller::handleForward(const std::shared_ptr<Env>& env, UniqueFd client)
 void Controller::tlsTunnel(const std::shared_ptr<Env>& env, UniqueFd client, std::string buffered,
                            const std::string& requested, uint16_t port, uint32_t destination,
                            const std::string& via, const Decision* decided) {
-  auto deadline = Clock::now() + kHeadTimeout;
+  auto deadline = Clock::now() + config_.headTimeout;
   ClientHello hello;
   HelloStatus status = HelloStatus::kNeedMore;
   {
@@ -382,6 +399,9 @@ void Controller::tlsTunnel(const std::shared_ptr<Env>& env, UniqueFd client, std
     char chunk[4096];
     while ((status = parseClientHello(buffered, &hello)) == HelloStatus::kNeedMore && buffered.size() < 20000) {
       auto n = readWait(*reader, chunk, sizeof chunk, deadline);
+      if (!n.ok() && n.error().code == "timeout" && !buffered.empty()) {
+        record(env, false, {{"via", via}, {"port", port}, {"rule", "head_timeout"}, {"reason", headTimedOut()}});
+      }
       if (!n.ok() || n.value() == 0) return;
       buffered.append(chunk, n.value());
     }
@@ -447,8 +467,11 @@ void Controller::tlsTunnel(const std::shared_ptr<Env>& env, UniqueFd client, std
     record(env, false, event);
     return;
   }
+  // The handshake's own time, counted from here: the decision above may
+  // have waited for a person.
   std::string presented;
-  auto clientTls = acceptTls(std::move(client), std::move(buffered), context.value().get(), deadline, &presented);
+  auto clientTls = acceptTls(std::move(client), std::move(buffered), context.value().get(),
+                             Clock::now() + config_.headTimeout, &presented);
   if (!clientTls.ok()) {
     event["reason"] = "TLS with the client failed: " + clientTls.error().message();
     record(env, false, event);
@@ -459,7 +482,8 @@ void Controller::tlsTunnel(const std::shared_ptr<Env>& env, UniqueFd client, std
   if (!upstreamTls.ok()) {
     event["reason"] = upstreamTls.error().message();
     record(env, false, event);
-    (void)writeAll(*clientTls.value(), denialResponse(502, "Bad Gateway", upstreamTls.error().message()), deadline);
+    (void)writeAll(*clientTls.value(), denialResponse(502, "Bad Gateway", upstreamTls.error().message()),
+                   Clock::now() + config_.headTimeout);
     return;
   }
   handleHttp(env, *clientTls.value(), host, port, std::move(upstreamTls.value()), d, via + "+tls");
@@ -478,16 +502,22 @@ void Controller::handleHttp(const std::shared_ptr<Env>& env, Channel& client, co
   auto deny = [&](int status, const char* reason, json event, const std::string& why) {
     event["reason"] = why;
     record(env, false, event);
-    (void)writeAll(client, denialResponse(status, reason, why), Clock::now() + kHeadTimeout);
+    (void)writeAll(client, denialResponse(status, reason, why), Clock::now() + config_.headTimeout);
   };
   while (true) {
     http::request_parser<http::buffer_body> req;
     req.header_limit(kMaxHead);
     req.body_limit(std::numeric_limits<std::uint64_t>::max());  // boost::none misbehaves in 1.74
     boost::system::error_code ec;
+    // The whole head in time: a client that sends it a byte at a time
+    // (within the idle timeout each) must not hold the connection forever.
+    clientStream.until(Clock::now() + config_.headTimeout);
     http::read_header(clientStream, clientBuf, req, ec);
+    clientStream.until(std::nullopt);
     if (ec) {
-      if (ec != boost::asio::error::eof && ec != http::error::end_of_stream && clientBuf.size() > 0) {
+      if (ec == boost::asio::error::timed_out && clientBuf.size() > 0) {
+        deny(408, "Request Timeout", {{"via", via}, {"rule", "head_timeout"}}, headTimedOut());
+      } else if (ec != boost::asio::error::eof && ec != http::error::end_of_stream && clientBuf.size() > 0) {
         deny(400, "Bad Request", {{"via", via}, {"rule", "syntax"}}, "malformed HTTP request: " + ec.message());
       }
       return;
@@ -627,7 +657,7 @@ void Controller::handleHttp(const std::shared_ptr<Env>& env, Channel& client, co
     if (fixedHost.empty() && hostHeader.empty()) m.set(http::field::host, host);
     if (boost::beast::iequals(m[http::field::expect], "100-continue")) {
       m.erase(http::field::expect);
-      if (!writeAll(client, "HTTP/1.1 100 Continue\r\n\r\n", Clock::now() + kHeadTimeout).ok()) return;
+      if (!writeAll(client, "HTTP/1.1 100 Continue\r\n\r\n", Clock::now() + config_.headTimeout).ok()) return;
     }
     if (!upstream || host != upstreamHost || port != upstreamPort) {
       auto fd = connectUpstream(d.address, port);

@@ -42,6 +42,7 @@ HOST_PUBLIC_IP = "198.51.100.77"   # moatd's host's own address, named in no --e
 HOST_WIDE_PORT = 8100              # a host service on 0.0.0.0: every address of the host
 RAW_PORT, RAW_TLS_PORT = 8081, 8443
 DENY_ME = "deny-me.spy.test"       # the spy resolves it to OTHER_IP
+HEAD_TIMEOUT_S = 5                 # this suite's moatd --egress-head-timeout (the default is 30)
 WORLD = None
 RAW = None
 RAW_TLS = None
@@ -285,7 +286,7 @@ class AbuseTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.moatd = Moatd(base.BIN_DIR, WORLD)
+        cls.moatd = Moatd(base.BIN_DIR, WORLD, ["--egress-head-timeout", str(HEAD_TIMEOUT_S)])
 
     @classmethod
     def tearDownClass(cls):
@@ -351,6 +352,57 @@ class AbuseTest(unittest.TestCase):
     def moatd_counts(self):
         pid = self.moatd.proc.pid
         return len(os.listdir(f"/proc/{pid}/fd")), len(os.listdir(f"/proc/{pid}/task"))
+
+    def moatd_fds(self):
+        """moatd's descriptors: number -> what it points at, a socket with
+        its kind and addresses where /proc/<moatd>/net knows it."""
+        pid = self.moatd.proc.pid
+        by_netns = {}   # a path to each network namespace: processes' and those moatd holds open
+        paths = [f"/proc/{p}/ns/net" for p in os.listdir("/proc") if p.isdigit()]
+        paths += [f"/proc/{pid}/fd/{fd}" for fd in os.listdir(f"/proc/{pid}/fd")]
+        for path in paths:
+            try:
+                target = os.readlink(path)
+            except OSError:
+                continue
+            if target.startswith("net:["):
+                by_netns.setdefault(target, path)
+        sockets = {}
+        for netns, path in by_netns.items():
+            listing = subprocess.run(
+                ["nsenter", f"--net={path}", "sh", "-c",
+                 "for k in tcp tcp6 udp udp6 unix; do echo \"# $k\"; cat /proc/self/net/$k; done"],
+                capture_output=True, text=True).stdout
+            kind = None
+            for line in listing.splitlines():
+                f = line.split()
+                if line.startswith("# "):
+                    kind = f[1]
+                elif kind == "unix" and len(f) > 6 and f[6].isdigit():
+                    sockets.setdefault(f[6], f"unix {f[7] if len(f) > 7 else '(unnamed)'}")
+                elif kind and kind != "unix" and len(f) > 9 and f[9].isdigit():
+                    sockets.setdefault(f[9], f"{kind} {f[1]}->{f[2]} state {f[3]} in {netns}")
+        fds = {}
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            inode = target[8:-1] if target.startswith("socket:[") else None
+            fds[int(fd)] = f"{target} {sockets.get(inode, '')}".strip()
+        return fds
+
+    def assert_fds_back(self, before, slack=2, wait_s=15):
+        """moatd's descriptor count comes back to within `slack` of `before`
+        (a moatd_fds() taken earlier); on failure names the new ones."""
+        deadline = time.monotonic() + wait_s
+        while len(self.moatd_fds()) > len(before) + slack and time.monotonic() < deadline:
+            time.sleep(0.05)
+        now = self.moatd_fds()
+        new = {fd: t for fd, t in now.items() if before.get(fd) != t}
+        self.assertLessEqual(len(now), len(before) + slack,
+                             "descriptors moatd holds now and did not before:\n" +
+                             "\n".join(f"  {fd}: {t}" for fd, t in sorted(new.items())))
 
     # --- (1) reaching what is not allowed ---------------------------------
 
@@ -764,7 +816,7 @@ for target in ('proxy', 'transparent'):
 
     def test_garbage_on_every_listener(self):
         e = self.env(network=allow(API))
-        fds, _ = self.moatd_counts()
+        fds = self.moatd_fds()
         out = self.py(e, f'''
 import random
 random.seed(7)
@@ -797,14 +849,102 @@ print(json.load(urllib.request.urlopen('https://{API}/after'))['path'])
 ''', timeout_ms=120000)
         self.assertIn("/after", out)
         self.healthy()
-        deadline = time.monotonic() + 10
-        while self.moatd_counts()[0] > fds + 2 and time.monotonic() < deadline:
+        self.assert_fds_back(fds, wait_s=10)
+
+    def test_a_request_head_that_trickles_in_is_cut_at_the_head_timeout(self):
+        # Slowloris: a byte at a time, each well within the 5-minute idle
+        # timeout, would hold a connection (and a thread of moatd) forever.
+        # A whole head (or TLS ClientHello) must arrive within the head
+        # timeout on every entry: a first head to the proxy, a later one on a
+        # kept-alive connection, plain HTTP and TLS sent to the destination.
+        e = self.env(network=allow(API))
+        out = self.py(e, f'''
+import threading
+GET = 'GET http://{API}/%s HTTP/1.1\\r\\nHost: {API}\\r\\nX-Pad: ' + 'a' * 400
+def trickle(name, target, first, drip, results):
+    s = socket.create_connection(target, timeout=5)
+    if first:
+        status, _, _ = ask(s, first)
+        if status != 200: results[name] = ('first request', status); return
+    t0 = time.monotonic(); answer = b''
+    s.setblocking(False)
+    for b in drip:
+        try:
+            s.send(bytes([b]))
+        except OSError:
+            break
+        r, _, _ = __import__('select').select([s], [], [], 0.25)
+        if r:
+            try:
+                got = s.recv(4096)
+            except OSError:
+                break
+            if not got: break
+            answer += got
+        if time.monotonic() - t0 > 40: break
+    results[name] = (round(time.monotonic() - t0, 2), answer.split(b'\\r\\n')[0].decode('latin-1'))
+hello = b'\\x16\\x03\\x01\\x02\\x00\\x01\\x00\\x01\\xfc\\x03\\x03' + b'\\x00' * 400
+cases = {{
+    'forward, first head': ((PH, PP), None, (GET % 'one').encode()),
+    'forward, kept alive': ((PH, PP), GET % 'one' + '\\r\\n\\r\\n', (GET % 'two').encode()),
+    'plain http': (('{API_IP}', 80), None, (GET % 'one').encode()),
+    'tls': (('{API_IP}', 443), None, hello),
+}}
+results = {{}}
+ts = [threading.Thread(target=trickle, args=(n, *c, results)) for n, c in cases.items()]
+[t.start() for t in ts]; [t.join() for t in ts]
+print(json.dumps(results))
+''', timeout_ms=120000)
+        results = json.loads(out.strip().splitlines()[-1])
+        self.assertEqual(len(results), 4, results)
+        for name, (seconds, first_line) in results.items():
+            self.assertIsInstance(seconds, float, f"{name}: {results}")
+            self.assertGreaterEqual(seconds, HEAD_TIMEOUT_S - 1, f"{name}: {results}")
+            self.assertLess(seconds, HEAD_TIMEOUT_S + 10, f"{name}: {results}")
+            if name != "tls":
+                self.assertIn(" 408 ", first_line, f"{name}: {results}")
+        timed_out = [ev["data"] for ev in self.events(e, "egress.denied")
+                     if ev["data"].get("rule") == "head_timeout"]
+        self.assertEqual(len(timed_out), 4, timed_out)
+        self.assertTrue(all("within 5 s" in ev["reason"] for ev in timed_out), timed_out)
+        self.healthy()
+
+    def test_a_slow_approval_does_not_cut_an_intercepted_tls_handshake(self):
+        # TLS sent straight to an address (no CONNECT, no name asked of moat's
+        # resolver) is decided once its ClientHello names the host; with
+        # "ask" that waits for a person.
+        # The handshake that follows (intercepted: the environment has a
+        # secret) gets its own head timeout, not what the wait left of it.
+        e = self.env(network=allow(API), permissions={"network": "ask"},
+                     secrets=[{"name": "API_TOKEN", "value": SECRET_VALUE, "hosts": [API]}])
+        status, body = self.moatd.call(
+            "POST", f"/v1/environments/{e.id}/processes",
+            {"cmd": ["curl", "-sS", "-m", "60", "--noproxy", "*", "--resolve", f"{OTHER}:443:{OTHER_IP}",
+                     f"https://{OTHER}/asked"]})
+        self.assertEqual(status, 201, body)
+        pid = body["id"]
+        deadline = time.monotonic() + 20
+        pending = []
+        while not pending and time.monotonic() < deadline:
+            pending = self.moatd.call("GET", f"/v1/approvals?state=pending&environment={e.id}")[1]["approvals"]
             time.sleep(0.05)
-        self.assertLessEqual(self.moatd_counts()[0], fds + 2)
+        self.assertTrue(pending, "no approval was requested")
+        asked = time.monotonic()
+        while time.monotonic() < asked + HEAD_TIMEOUT_S + 1:   # the person takes longer than a head may
+            time.sleep(0.1)
+        status, body = self.moatd.call("POST", f"/v1/approvals/{pending[0]['id']}", {"decision": "approve"})
+        self.assertEqual(status, 200, body)
+        deadline = time.monotonic() + 30
+        body = {"state": "running"}
+        while body.get("state") == "running" and time.monotonic() < deadline:
+            status, body = self.moatd.call("GET", f"/v1/environments/{e.id}/processes/{pid}")
+            time.sleep(0.05)
+        self.assertEqual(body.get("exit_code"), 0, body)
 
     def test_connection_churn_leaks_no_descriptors_or_threads(self):
         e = self.env(network=allow(API, max_connections=8))
-        fds, threads = self.moatd_counts()
+        fds = self.moatd_fds()
+        threads = self.moatd_counts()[1]
         self.py(e, f'''
 import threading
 def churn(n):
@@ -820,13 +960,10 @@ def churn(n):
 ts = [threading.Thread(target=churn, args=(40,)) for _ in range(6)]
 [t.start() for t in ts]; [t.join() for t in ts]
 ''', timeout_ms=120000)
+        self.assert_fds_back(fds)
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            now_fds, now_threads = self.moatd_counts()
-            if now_fds <= fds + 2 and now_threads <= threads + 2:
-                break
+        while self.moatd_counts()[1] > threads + 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        self.assertLessEqual(self.moatd_counts()[0], fds + 2)
         self.assertLessEqual(self.moatd_counts()[1], threads + 2)
 
     def test_connection_limit_holds_under_a_burst(self):

@@ -175,9 +175,10 @@ class UnixHTTPConnection(http.client.HTTPConnection):
 
 
 class Moatd:
-    def __init__(self, bin_dir, world):
+    def __init__(self, bin_dir, world, extra_args=()):
         self.bin_dir = bin_dir
         self.world = world
+        self.extra_args = list(extra_args)
         self.state = tempfile.mkdtemp(prefix="moatd-egress-")
         self.log_path = self.state + ".log"
         self.start()
@@ -188,7 +189,7 @@ class Moatd:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [os.path.join(self.bin_dir, "moatd"), "--state", self.state, "--listen", "127.0.0.1:0",
-                 "--egress-hosts", world.hosts, "--egress-ca-bundle", world.ca, "--approval-timeout", "60"],
+                 "--egress-hosts", world.hosts, "--egress-ca-bundle", world.ca, "--approval-timeout", "60", *self.extra_args],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
         deadline = time.monotonic() + 30
         while True:

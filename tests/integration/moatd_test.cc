@@ -615,6 +615,7 @@ TEST(MoatdFlags, ANumberOutOfRangeOrNotANumberIsRefusedByName) {
       {"--approval-timeout", {"0", "86401", "2m"}},
       {"--audit-retention-days", {"36501", "forever"}},
       {"--audit-max-events", {"999", "1000000001", " 1000"}},
+      {"--egress-head-timeout", {"0", "3601", "30s"}},
   };
   for (const auto& [flag, values] : cases) {
     for (const auto& value : values) {
