@@ -122,7 +122,8 @@ void upgradeToWebSocket(Stream& stream, const HttpRequest& request, beast::flat_
 
 // `mark(busy)` tells the server whether a request is in progress (false:
 // the connection waits for the next one); it answers false once the server
-// has closed the connection for a newcomer, and then nothing more is done.
+// has closed the connection for a newcomer or is stopping, and then no
+// request starts (one already read may still write its answer).
 // The largest body of a refused request that is read (and dropped) to keep
 // its connection open; a larger one closes the connection unread.
 constexpr uint64_t kDrainBytes = 64u << 10;
@@ -167,12 +168,14 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
       // (One that waits for "100 Continue" is answered at once instead.)
       // Meanwhile the connection counts as idle: one that never sends its
       // body is closed for a newcomer at the connection limit, as an idle
-      // one is, and holds no place that the busy ones need.
-      if (!mark(false)) return;
-      parser.body_limit(kDrainBytes);
-      beast::error_code drainEc;
-      http::read(stream, buffer, parser, drainEc);
-      drained = !drainEc;
+      // one is, and holds no place that the busy ones need. (Not while the
+      // server stops: the answer goes out at once, and the connection ends.)
+      if (mark(false)) {
+        parser.body_limit(kDrainBytes);
+        beast::error_code drainEc;
+        http::read(stream, buffer, parser, drainEc);
+        drained = !drainEc;
+      }
     }
     if (ec == http::error::end_of_stream || ec == asio::error::eof ||
         ec == asio::error::connection_reset || ec == asio::error::operation_aborted ||
@@ -414,6 +417,7 @@ bool HttpServer::markBusy(int fd, bool busy) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = connections_.find(fd);
   if (it == connections_.end() || it->second.evicted) return false;
+  if (stopping_) return false;  // stop() waits for the answer in progress, not for more
   it->second.busy = busy;
   if (!busy) it->second.since = std::chrono::steady_clock::now();
   return true;
@@ -425,8 +429,16 @@ void HttpServer::stop() {
   for (auto& t : acceptors_) t.join();
   for (int fd : listenFds_) ::close(fd);
   std::unique_lock<std::mutex> lock(mutex_);
-  for (const auto& [fd, connection] : connections_) ::shutdown(fd, SHUT_RDWR);
-  idle_.wait(lock, [this] { return active_ == 0; });
+  // A busy connection's request is told to end by its owner (moatd stops
+  // waiting execs and approvals first): its answer, an error that says
+  // why, still reaches the client.
+  for (const auto& [fd, connection] : connections_) {
+    if (!connection.busy) ::shutdown(fd, SHUT_RDWR);
+  }
+  if (!idle_.wait_for(lock, limits_.stopGrace, [this] { return active_ == 0; })) {
+    for (const auto& [fd, connection] : connections_) ::shutdown(fd, SHUT_RDWR);
+    idle_.wait(lock, [this] { return active_ == 0; });
+  }
 }
 
 void parseTarget(const std::string& target, HttpRequest& request) {

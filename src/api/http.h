@@ -83,6 +83,9 @@ struct ServerLimits {
   // head still arriving); only when every one is busy is it refused (503).
   size_t maxConnections = 512;
   int idleTimeoutS = 120;  // a connection silent this long is closed
+  // stop(): how long a request in progress may take to write its answer
+  // before its connection is cut.
+  std::chrono::milliseconds stopGrace{5000};
 };
 
 class HttpServer {
@@ -97,6 +100,9 @@ class HttpServer {
   Status listenTcp(const std::string& hostPort);
   Status listenUnix(const std::string& path);
   int tcpPort() const { return tcpPort_; }
+  // Stops accepting (newcomers get 503) and ends the connections: idle ones
+  // at once, each busy one once its answer is written (no new request
+  // starts on it), or after limits.stopGrace. Returns when all are gone.
   void stop();
 
  private:

@@ -2,7 +2,9 @@
 // HTTP on its unix socket.
 #include <gtest/gtest.h>
 
+#include <poll.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -658,11 +660,11 @@ TEST(MoatdCapacity, RequestsWaitingTheirTurnAreCountedAndNotLetThroughWhenMoatdS
   ASSERT_EQ(waitingNow(), 2) << "both requests should be waiting for their turn";
   daemon.stop();  // also fails this test unless moatd exits 0
   for (auto& t : waiting) t.join();
-  // Neither was let through: each got 503 "moatd is stopping" or, when the
-  // server closed its connection before that answer was written, nothing.
+  // Neither was let through: each got 503 "moatd is stopping" (the server
+  // lets a busy connection write its answer before it closes it).
   for (const auto& r : results) {
-    EXPECT_TRUE(r.status == 0 || (r.status == 503 && r.body.find("moatd is stopping") != std::string::npos))
-        << r.status << " " << r.body;
+    EXPECT_EQ(r.status, 503) << r.body;
+    EXPECT_NE(r.body.find("moatd is stopping"), std::string::npos) << r.status << " " << r.body;
   }
 }
 
@@ -764,9 +766,52 @@ TEST_F(MoatdApi, SigtermEndsWaitingExecsAndStopsPromptly) {
   daemon_->waitExit();
   waiter.join();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  // An answer that says why, not a connection cut under it.
+  EXPECT_NE(longExec.status, -1) << "the exec's connection was closed before its answer";
   EXPECT_NE(longExec.status, 200);
+  EXPECT_NE(longExec.body.find("shutting down"), std::string::npos) << longExec.status << " " << longExec.body;
   daemon_->restart();
   EXPECT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "gone");
+}
+
+// SIGTERM while moatd writes a large answer to a client that has not read it
+// yet: the answer still arrives whole (a busy connection may finish), while
+// an idle connection is closed at once.
+TEST_F(MoatdApi, SigtermLetsAnAnswerBeingWrittenArriveWhole) {
+  std::string id = createEnv();
+  constexpr size_t kOut = 8u << 20;  // far beyond a socket's buffer: moatd blocks writing it
+  int busy = connectUnix(daemon_->socketPath());
+  int idle = connectUnix(daemon_->socketPath());
+  ASSERT_GE(busy, 0);
+  ASSERT_GE(idle, 0);
+  struct timeval wait = {30, 0};
+  ::setsockopt(busy, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+  std::string body = json{{"cmd", {"sh", "-c", "head -c " + std::to_string(kOut) + " /dev/zero | tr '\\0' a"}},
+                          {"output_limit", kOut}}.dump();
+  std::string request = "POST /v1/environments/" + id + "/exec HTTP/1.1\r\nHost: moatd\r\nAuthorization: Bearer " +
+                        daemon_->token() + "\r\nContent-Type: application/json\r\nContent-Length: " +
+                        std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(busy, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  struct pollfd started = {busy, POLLIN, 0};
+  ASSERT_EQ(::poll(&started, 1, 30000), 1) << "no answer started";
+  ::kill(daemon_->pid(), SIGTERM);
+  // The server is stopping once it has closed the idle connection.
+  struct pollfd closed = {idle, POLLIN, 0};
+  ASSERT_EQ(::poll(&closed, 1, 10000), 1) << "the idle connection was not closed";
+  char c;
+  EXPECT_EQ(::recv(idle, &c, 1, 0), 0);
+  std::string answer;
+  char buf[65536];
+  for (ssize_t n; (n = ::recv(busy, buf, sizeof buf, 0)) > 0;) answer.append(buf, static_cast<size_t>(n));
+  ::close(busy);
+  ::close(idle);
+  daemon_->waitExit();
+  auto headEnd = answer.find("\r\n\r\n");
+  ASSERT_NE(headEnd, std::string::npos) << answer.substr(0, 200);
+  EXPECT_EQ(answer.compare(0, 12, "HTTP/1.1 200"), 0) << answer.substr(0, 200);
+  auto j = json::parse(answer.substr(headEnd + 4), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << "the answer was cut after " << answer.size() << " bytes";
+  EXPECT_EQ(j["stdout"].get<std::string>(), std::string(kOut, 'a'));
 }
 
 TEST_F(MoatdApi, ASecondMoatdOnTheSameStateRefusesToStart) {

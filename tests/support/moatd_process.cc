@@ -225,8 +225,6 @@ HttpResult HttpConnection::readAnswer() {
   return resultOf(parser.release());
 }
 
-namespace {
-
 int connectUnix(const std::string& path) {
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_un addr;
@@ -239,6 +237,8 @@ int connectUnix(const std::string& path) {
   }
   return fd;
 }
+
+namespace {
 
 bool sendAll(int fd, const std::string& data) {
   size_t at = 0;

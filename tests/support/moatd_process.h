@@ -20,6 +20,9 @@ struct HttpResult {
   bool keepAlive = false;  // the server keeps the connection open after it
 };
 
+// A connected stream socket to `path` (owned by the caller), or -1.
+int connectUnix(const std::string& path);
+
 // One keep-alive HTTP connection to moatd's unix socket: requests go one
 // after another on the same connection (request throws once it is closed).
 class HttpConnection {
