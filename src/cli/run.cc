@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
+#include <thread>
 
 #include "cli/client.h"
 #include "cli/commands.h"
@@ -17,6 +19,7 @@
 #include "common/trace.h"
 #include "common/unique_fd.h"
 #include "init/protocol.h"
+#include "isolation/namespaces/ready_network.h"
 
 namespace moat::cli {
 namespace {
@@ -183,8 +186,24 @@ int runCommand(const std::vector<std::string>& args) {
   options.spec.id = backend::namespaces::newEnvironmentId();
   options.spec.firstFrames = init::encodeFrame(
       init::MsgType::kSpawn, commandRequest(options.spec.id, options).encode());
+  // The network namespace made ahead by an earlier run, if any; the next
+  // one is made while this run's command runs (docs/ARCHITECTURE.md).
+  std::optional<UniqueFd> network = isolation::namespaces::takeReadyNetwork();
+  if (network) options.spec.networkNamespaceFd = network->get();
   auto env = Environment::create(options.spec);
+  network.reset();  // joined by the environment (or the create failed)
   if (!env.ok()) return complain(kExitEnvironment, "cannot create environment: " + env.error().message());
+  traceStage("created");
+  std::jthread next;
+  {
+    // With every signal blocked: a signal for this run (SIGINT, ...) must
+    // reach the command through superviseCommand, not end this thread.
+    sigset_t all, old;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_BLOCK, &all, &old);
+    next = std::jthread([] { (void)isolation::namespaces::makeReadyNetwork(); });
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  }
   int code = superviseCommand(*env.value(), options);
   Status destroyed = env.value()->destroy();
   if (!destroyed.ok()) complain(0, "warning: cleanup: " + destroyed.error().message());

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +18,8 @@
 #include "isolation/cgroup/layout.h"
 #include "moat_process.h"
 #include "os/file.h"
+#include "os/file_lock.h"
+#include "os/mount.h"
 
 namespace moat::test {
 namespace {
@@ -342,6 +345,72 @@ TEST_F(Run, HostnameIsTheEnvironmentId) {
   EXPECT_TRUE(std::regex_match(name, std::regex("[0-9a-f]{12}"))) << name;
   EXPECT_EQ(name, file);
   EXPECT_NE(trim(b.out), name);
+}
+
+// The network namespace a run's environment gets: "net:[inode]" as its
+// /proc/self/ns/net reads, and whether only a loopback that is up is in it.
+std::pair<std::string, bool> networkOfARun() {
+  auto r = runMoat({"run", "--", "sh", "-c",
+                     "readlink /proc/self/ns/net; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; "
+                     "python3 -c 'import socket; s = socket.create_server((\"127.0.0.1\", 0)); "
+                     "socket.create_connection(s.getsockname(), timeout=5); print(\"up\")'"});
+  EXPECT_EQ(r.exitCode, 0) << r.err;
+  std::istringstream in(r.out);
+  std::string ns, rest;
+  std::getline(in, ns);
+  std::getline(in, rest, '\0');
+  return {ns, rest == "lo\nup\n"};
+}
+
+// What the ready network namespace slot holds: "net:[inode]", or "".
+std::string readyNetwork() {
+  struct stat st;
+  if (::stat("/run/moat/netns/ready", &st) != 0 || st.st_size != 0 || !S_ISREG(st.st_mode)) return "";
+  auto target = os::readFile("/proc/self/mountinfo", 1 << 22);
+  if (!target.ok() || target->find(" /run/moat/netns/ready ") == std::string::npos) return "";
+  return "net:[" + std::to_string(st.st_ino) + "]";
+}
+
+TEST_F(Run, EachRunGetsANetworkNamespaceNobodyElseHadAndTheNextIsMadeAhead) {
+  std::set<std::string> seen;
+  auto host = os::readLink("/proc/self/ns/net");
+  ASSERT_TRUE(host.ok());
+  seen.insert(host.value());
+  for (int i = 0; i < 3; ++i) {
+    std::string ready = readyNetwork();
+    ASSERT_FALSE(ready.empty()) << "the run before made none ahead";
+    EXPECT_EQ(seen.count(ready), 0u) << ready << " was someone's already";
+    auto [ns, onlyLoopbackUp] = networkOfARun();
+    EXPECT_EQ(ns, ready) << "the run took the one made ahead";
+    EXPECT_TRUE(onlyLoopbackUp);
+    EXPECT_TRUE(seen.insert(ns).second) << ns << " served twice";
+  }
+  EXPECT_EQ(seen.count(readyNetwork()), 0u) << "the one made ahead is fresh";
+}
+
+TEST_F(Run, ABusyOrForeignReadyNetworkSlotIsLeftAlone) {
+  // Another run at the slot: this one makes its own namespace (in its
+  // clone) and neither takes nor replaces the ready one.
+  std::string ready = readyNetwork();
+  ASSERT_FALSE(ready.empty());
+  {
+    auto held = os::FileLock::tryAcquire("/run/moat/netns/ready.lock");
+    ASSERT_TRUE(held.ok()) << held.error().message();
+    auto [ns, onlyLoopbackUp] = networkOfARun();
+    EXPECT_NE(ns, ready);
+    EXPECT_TRUE(onlyLoopbackUp);
+    EXPECT_EQ(readyNetwork(), ready);
+  }
+  // The slot holds a plain file, not a namespace (nothing ready): not
+  // joined; the run makes the next one.
+  ASSERT_TRUE(os::unmount("/run/moat/netns/ready", MNT_DETACH).ok());
+  EXPECT_EQ(readyNetwork(), "");
+  auto [ns, onlyLoopbackUp] = networkOfARun();
+  EXPECT_TRUE(onlyLoopbackUp);
+  EXPECT_NE(ns, ready);
+  std::string next = readyNetwork();
+  EXPECT_FALSE(next.empty());
+  EXPECT_NE(next, ns);
 }
 
 TEST_F(Run, EnvironmentIsCleanPlusExplicitVariables) {

@@ -16,6 +16,7 @@
 
 #include "common/trace.h"
 #include "init/protocol.h"
+#include "isolation/namespaces/ready_network.h"
 #include "os/net.h"
 #include "os/netlink.h"
 #include "os/process.h"
@@ -104,13 +105,6 @@ std::string reply(const Status& status, const std::string& value = "") {
   return e.take();
 }
 
-// A new network namespace with its loopback up, as an environment's starts.
-Result<UniqueFd> readyNetwork() {
-  MOAT_ASSIGN(UniqueFd made, os::newNetworkNamespace());
-  MOAT_TRY(os::inNetworkNamespace(made.get(), [] { return os::bringLoopbackUp(); }));
-  return made;
-}
-
 bool readable(int fd) {
   pollfd p{fd, POLLIN, 0};
   return ::poll(&p, 1, 0) > 0;
@@ -152,7 +146,7 @@ bool readable(int fd) {
         ready.push_back(std::move(made.value()));
       }
     };
-    refill(networks, kNetworkPool, readyNetwork);
+    refill(networks, kNetworkPool, isolation::namespaces::readyNetwork);
     refill(users, kUserPool, isolation::namespaces::readyUserNamespace);
     if (client < 0) {
       client = ::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC);
