@@ -331,7 +331,8 @@ Status HttpServer::listenUnix(const std::string& path) {
 }
 
 void HttpServer::acceptLoop(int listenFd) {
-  while (!stopping_) {
+  // Until stop() shuts the listener down; while stopping, newcomers get 503.
+  for (;;) {
     int fd = ::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
@@ -424,7 +425,8 @@ bool HttpServer::markBusy(int fd, bool busy) {
 }
 
 void HttpServer::stop() {
-  if (stopping_.exchange(true)) return;
+  if (stopped_.exchange(true)) return;
+  stopping_ = true;
   for (int fd : listenFds_) ::shutdown(fd, SHUT_RDWR);
   for (auto& t : acceptors_) t.join();
   for (int fd : listenFds_) ::close(fd);

@@ -100,9 +100,13 @@ class HttpServer {
   Status listenTcp(const std::string& hostPort);
   Status listenUnix(const std::string& path);
   int tcpPort() const { return tcpPort_; }
-  // Stops accepting (newcomers get 503) and ends the connections: idle ones
-  // at once, each busy one once its answer is written (no new request
-  // starts on it), or after limits.stopGrace. Returns when all are gone.
+  // From now on no request starts and newcomers get 503; requests in
+  // progress go on and write their answers. For the caller to call before
+  // it tells those requests to end, so that none of them is taken for idle.
+  void beginStop() { stopping_ = true; }
+  // beginStop(), then ends the connections: idle ones at once, each busy one
+  // once its answer is written, or after limits.stopGrace. Returns when all
+  // are gone.
   void stop();
 
  private:
@@ -130,6 +134,7 @@ class HttpServer {
   std::map<int, Connection> connections_;
   std::vector<std::thread> finished_;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> stopped_{false};
   int tcpPort_ = 0;
   size_t active_ = 0;
   std::condition_variable_any idle_;

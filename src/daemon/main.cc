@@ -323,6 +323,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "moatd: %s again, exiting at once\n", ::strsignal(again));
       ::_exit(1);
     }).detach();
+    server.beginStop();  // no request starts; those in progress still answer
     api.stopWaiting();  // requests waiting under the key rate limit: 503 now
     api.closeMcpSessions();  // their own environments go with them
     manager.interrupt();  // waiting execs end; nothing new starts

@@ -28,13 +28,23 @@ using json = nlohmann::json;
 constexpr size_t kMaxHead = 64 * 1024;
 
 // Beast's synchronous stream concepts over a Channel: every wait has a
-// deadline that moves with progress (an idle timeout), and reads may also
-// have one that does not (until(): a whole request head must arrive in
-// time, however it trickles in).
+// deadline that moves with progress (an idle timeout), and while a request
+// head is expected, reads also have one that does not: the head must be
+// whole within `limit` of its first byte (of now, when it has begun
+// already), however slowly it trickles in. The wait for that first byte is
+// the idle timeout's (a kept-alive connection may rest between requests).
 class ChannelStream {
  public:
   ChannelStream(Channel& c, std::chrono::milliseconds idle) : channel_(c), idle_(idle) {}
-  void until(std::optional<Clock::time_point> deadline) { until_ = deadline; }
+  void expectHead(std::chrono::milliseconds limit, bool begun) {
+    headLimit_ = limit;
+    until_.reset();
+    if (begun) until_ = Clock::now() + limit;
+  }
+  void headDone() {
+    headLimit_.reset();
+    until_.reset();
+  }
   template <class Buffers>
   size_t read_some(const Buffers& buffers, boost::system::error_code& ec) {
     ec = {};
@@ -50,6 +60,7 @@ class ChannelStream {
         return 0;
       }
       if (n.value() == 0) ec = boost::asio::error::eof;
+      if (n.value() > 0 && headLimit_ && !until_) until_ = Clock::now() + *headLimit_;
       return n.value();
     }
     return 0;
@@ -100,6 +111,7 @@ class ChannelStream {
  private:
   Channel& channel_;
   std::chrono::milliseconds idle_;
+  std::optional<std::chrono::milliseconds> headLimit_;
   std::optional<Clock::time_point> until_;
   std::string joined_;
 };
@@ -511,9 +523,9 @@ void Controller::handleHttp(const std::shared_ptr<Env>& env, Channel& client, co
     boost::system::error_code ec;
     // The whole head in time: a client that sends it a byte at a time
     // (within the idle timeout each) must not hold the connection forever.
-    clientStream.until(Clock::now() + config_.headTimeout);
+    clientStream.expectHead(config_.headTimeout, clientBuf.size() > 0);
     http::read_header(clientStream, clientBuf, req, ec);
-    clientStream.until(std::nullopt);
+    clientStream.headDone();
     if (ec) {
       if (ec == boost::asio::error::timed_out && clientBuf.size() > 0) {
         deny(408, "Request Timeout", {{"via", via}, {"rule", "head_timeout"}}, headTimedOut());

@@ -13,6 +13,7 @@
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
@@ -415,6 +416,12 @@ Result<UniqueFd> openNetworkNamespace(const std::string& path) {
   if (type < 0) return Error::fromErrno("NS_GET_NSTYPE " + path);
   if (type != CLONE_NEWNET) return Error::make("not_netns", path + " is not a network namespace");
   return fd;
+}
+
+Result<std::string> namespaceIdentity(int nsFd) {
+  struct stat st;
+  if (::fstat(nsFd, &st) != 0) return Error::fromErrno("fstat namespace");
+  return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
 }
 
 Status writeNetSysctls(int netnsFd,

@@ -76,6 +76,10 @@ Result<UniqueFd> newNetworkNamespace();
 // but is something else.
 Result<UniqueFd> openNetworkNamespace(const std::string& path);
 
+// "dev:inode" of a namespace file: which namespace it is, unique while the
+// namespace lives.
+Result<std::string> namespaceIdentity(int nsFd);
+
 // Writes sysctls under /proc/sys/net inside netnsFd (those files belong to
 // the namespace of the thread that opens them). Keys are relative paths
 // such as "ipv4/conf/all/rp_filter".

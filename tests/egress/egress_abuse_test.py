@@ -857,6 +857,8 @@ print(json.load(urllib.request.urlopen('https://{API}/after'))['path'])
         # A whole head (or TLS ClientHello) must arrive within the head
         # timeout on every entry: a first head to the proxy, a later one on a
         # kept-alive connection, plain HTTP and TLS sent to the destination.
+        # A kept-alive connection that rests longer than that between two
+        # requests is not cut (the idle timeout is 5 minutes).
         e = self.env(network=allow(API))
         out = self.py(e, f'''
 import threading
@@ -890,12 +892,20 @@ cases = {{
     'plain http': (('{API_IP}', 80), None, (GET % 'one').encode()),
     'tls': (('{API_IP}', 443), None, hello),
 }}
+def rest(results):
+    # Resting between requests is no trickle: only the idle timeout applies.
+    s = proxy()
+    first, _, _ = ask(s, GET % 'one' + '\\r\\n\\r\\n')
+    time.sleep({HEAD_TIMEOUT_S} + 1)
+    results['rested'] = (first, ask(s, GET % 'two' + '\\r\\n\\r\\n')[0])
 results = {{}}
 ts = [threading.Thread(target=trickle, args=(n, *c, results)) for n, c in cases.items()]
+ts.append(threading.Thread(target=rest, args=(results,)))
 [t.start() for t in ts]; [t.join() for t in ts]
 print(json.dumps(results))
 ''', timeout_ms=120000)
         results = json.loads(out.strip().splitlines()[-1])
+        self.assertEqual(results.pop("rested", None), [200, 200], results)
         self.assertEqual(len(results), 4, results)
         for name, (seconds, first_line) in results.items():
             self.assertIsInstance(seconds, float, f"{name}: {results}")

@@ -20,6 +20,7 @@
 #include "os/file.h"
 #include "os/file_lock.h"
 #include "os/mount.h"
+#include "os/netlink.h"
 
 namespace moat::test {
 namespace {
@@ -371,14 +372,23 @@ std::string readyNetwork() {
   return "net:[" + std::to_string(st.st_ino) + "]";
 }
 
+// Keeps the namespace at the slot alive (its inode number is not given to
+// another namespace while the test compares numbers).
+UniqueFd holdReadyNetwork() {
+  auto fd = os::openNetworkNamespace("/run/moat/netns/ready");
+  return fd.ok() ? std::move(fd.value()) : UniqueFd();
+}
+
 TEST_F(Run, EachRunGetsANetworkNamespaceNobodyElseHadAndTheNextIsMadeAhead) {
   std::set<std::string> seen;
+  std::vector<UniqueFd> held;
   auto host = os::readLink("/proc/self/ns/net");
   ASSERT_TRUE(host.ok());
   seen.insert(host.value());
   for (int i = 0; i < 3; ++i) {
     std::string ready = readyNetwork();
     ASSERT_FALSE(ready.empty()) << "the run before made none ahead";
+    held.push_back(holdReadyNetwork());
     EXPECT_EQ(seen.count(ready), 0u) << ready << " was someone's already";
     auto [ns, onlyLoopbackUp] = networkOfARun();
     EXPECT_EQ(ns, ready) << "the run took the one made ahead";
@@ -403,6 +413,8 @@ TEST_F(Run, ABusyOrForeignReadyNetworkSlotIsLeftAlone) {
   }
   // The slot holds a plain file, not a namespace (nothing ready): not
   // joined; the run makes the next one.
+  UniqueFd keep = holdReadyNetwork();
+  ASSERT_TRUE(keep.valid());
   ASSERT_TRUE(os::unmount("/run/moat/netns/ready", MNT_DETACH).ok());
   EXPECT_EQ(readyNetwork(), "");
   auto [ns, onlyLoopbackUp] = networkOfARun();
@@ -411,6 +423,32 @@ TEST_F(Run, ABusyOrForeignReadyNetworkSlotIsLeftAlone) {
   std::string next = readyNetwork();
   EXPECT_FALSE(next.empty());
   EXPECT_NE(next, ns);
+}
+
+TEST_F(Run, AReadyNetworkNamespaceTakenElsewhereIsNotHandedOutAgain) {
+  // A mount made in one mount namespace can show in another (propagation,
+  // or a copy when one is made), and unmounting it there leaves it here. A
+  // run in such a namespace takes the ready one; simulated: the namespace
+  // at the slot is not the one its maker named (here the test's own).
+  auto mine = os::newNetworkNamespace();
+  ASSERT_TRUE(mine.ok());
+  std::string foreign = "net:[" + std::to_string([&] {
+                          struct stat st;
+                          ::fstat(mine->get(), &st);
+                          return st.st_ino;
+                        }()) + "]";
+  (void)os::unmount("/run/moat/netns/ready", MNT_DETACH);
+  ASSERT_TRUE(os::bindMount("/proc/self/fd/" + std::to_string(mine->get()), "/run/moat/netns/ready").ok());
+  ASSERT_EQ(readyNetwork(), foreign);
+  auto [ns, onlyLoopbackUp] = networkOfARun();
+  EXPECT_NE(ns, foreign) << "a namespace its maker did not name was handed out";
+  EXPECT_TRUE(onlyLoopbackUp);
+  std::string next = readyNetwork();
+  EXPECT_FALSE(next.empty());
+  EXPECT_NE(next, foreign) << "the foreign one was not replaced";
+  // And the next run takes the one that was made for it.
+  UniqueFd keep = holdReadyNetwork();
+  EXPECT_EQ(networkOfARun().first, next);
 }
 
 TEST_F(Run, EnvironmentIsCleanPlusExplicitVariables) {

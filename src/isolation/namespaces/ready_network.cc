@@ -9,6 +9,32 @@
 #include "os/netlink.h"
 
 namespace moat::isolation::namespaces {
+namespace {
+
+// The slot is a mount point, and a mount made in one mount namespace shows
+// in others too (propagation, or a copy when a namespace is made): unmounting
+// it in one leaves it in the rest. So the namespace is also named in a file
+// beside it (the same file in every mount namespace: /run is one tmpfs), set
+// by its maker and cleared by its taker, and only the named one is handed
+// out. Both are called with the slot's lock held.
+struct Slot {
+  std::string mountPoint, record;
+  explicit Slot(const std::string& dir) : mountPoint(dir + "/ready"), record(dir + "/ready.id") {}
+
+  // The namespace at the slot if it is the one the record names.
+  std::optional<UniqueFd> named() const {
+    auto netns = os::openNetworkNamespace(mountPoint);
+    if (!netns.ok()) return std::nullopt;
+    auto identity = os::namespaceIdentity(netns->get());
+    auto recorded = os::readFile(record, 256);
+    if (!identity.ok() || !recorded.ok() || recorded.value() != identity.value()) return std::nullopt;
+    return std::move(netns.value());
+  }
+  // Drops whatever is mounted there (nothing to hand out).
+  void clear() const { (void)os::unmount(mountPoint, MNT_DETACH); }
+};
+
+}  // namespace
 
 Result<UniqueFd> readyNetwork() {
   MOAT_ASSIGN(UniqueFd made, os::newNetworkNamespace());
@@ -20,24 +46,31 @@ std::optional<UniqueFd> takeReadyNetwork(const std::string& dir) {
   if (!os::isDirectory(dir)) return std::nullopt;
   auto lock = os::FileLock::tryAcquire(dir + "/ready.lock");
   if (!lock.ok()) return std::nullopt;
-  const std::string slot = dir + "/ready";
-  auto netns = os::openNetworkNamespace(slot);
-  if (!netns.ok()) return std::nullopt;
-  // Only once it is no longer pinned at the slot may it serve: nobody
-  // else can then open it.
-  if (!os::unmount(slot, MNT_DETACH).ok()) return std::nullopt;
-  return std::move(netns.value());
+  Slot slot(dir);
+  auto netns = slot.named();
+  if (!netns) {
+    slot.clear();  // someone else's (taken in another mount namespace), or not a namespace
+    return std::nullopt;
+  }
+  // Claimed for every mount namespace, then gone from this one: nobody can
+  // open it any more, and it ends with the environment that joins it.
+  if (!os::writeFile(slot.record, "", 0600).ok()) return std::nullopt;
+  slot.clear();
+  return netns;
 }
 
 Status makeReadyNetwork(const std::string& dir) {
   MOAT_TRY(os::makeDirs(dir, 0700));
   auto lock = os::FileLock::tryAcquire(dir + "/ready.lock");
   if (!lock.ok()) return {};  // another run is at it
-  const std::string slot = dir + "/ready";
-  if (os::openNetworkNamespace(slot).ok()) return {};
+  Slot slot(dir);
+  if (slot.named()) return {};
+  slot.clear();
   MOAT_ASSIGN(UniqueFd made, readyNetwork());
-  if (!os::exists(slot)) MOAT_TRY(os::writeFile(slot, "", 0600));
-  return os::bindMount("/proc/self/fd/" + std::to_string(made.get()), slot);
+  MOAT_ASSIGN(std::string identity, os::namespaceIdentity(made.get()));
+  if (!os::exists(slot.mountPoint)) MOAT_TRY(os::writeFile(slot.mountPoint, "", 0600));
+  MOAT_TRY(os::bindMount("/proc/self/fd/" + std::to_string(made.get()), slot.mountPoint));
+  return os::writeFile(slot.record, identity, 0600);
 }
 
 }  // namespace moat::isolation::namespaces

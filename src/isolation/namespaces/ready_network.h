@@ -16,9 +16,11 @@ namespace moat::isolation::namespaces {
 Result<UniqueFd> readyNetwork();
 
 // One such namespace kept for the next `moat run` on this host, as an nsfs
-// bind mount at <dir>/ready (root's directory, 0700). A run takes it: it is
-// unmounted first, so the run holds the only reference and the namespace
-// ends with the environment; never shared, never used twice. The run then
+// bind mount at <dir>/ready (root's directory, 0700), named in
+// <dir>/ready.id. A run takes it under <dir>/ready.lock: it clears the name
+// (a copy of the mount in another mount namespace is then no longer handed
+// out) and unmounts it, so the run holds the only reference and the
+// namespace ends with the environment; never shared, never used twice. The run then
 // makes the next one while its command runs, off the start-up path. A run
 // that finds none (the first one, or one beside another run) gets a new
 // namespace from its clone as before.
