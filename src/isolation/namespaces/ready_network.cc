@@ -43,8 +43,7 @@ Result<UniqueFd> readyNetwork() {
 }
 
 std::optional<UniqueFd> takeReadyNetwork(const std::string& dir) {
-  if (!os::isDirectory(dir)) return std::nullopt;
-  auto lock = os::FileLock::tryAcquire(dir + "/ready.lock");
+  auto lock = os::FileLock::tryAcquire(dir + "/ready.lock");  // fails too when there is no slot yet
   if (!lock.ok()) return std::nullopt;
   Slot slot(dir);
   auto netns = slot.named();
