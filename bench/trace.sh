@@ -7,11 +7,14 @@
 # previous stage (whichever process traced it), and one cycle's timeline.
 # The times exclude HTTP and the client: bench/api.sh measures those too.
 # Usage: bench/trace.sh [BIN_DIR] [ROUNDS]
+# BENCH_TMP=DIR puts the scratch state directory there (default /tmp): on
+# ext4 without a journal, file creation in a directory whose block group saw
+# heavy deletes is slow (docs/BENCHMARKS.md, session 12).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 bin=${1:-build/bin}
 rounds=${2:-100}
-state=$(mktemp -d /tmp/moat-trace-XXXXXX)
+state=$(mktemp -d ${BENCH_TMP:-/tmp}/moat-trace-XXXXXX)
 log=$(mktemp /tmp/moat-trace-XXXXXX.log)
 cleanup() {
   [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true

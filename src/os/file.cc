@@ -165,9 +165,25 @@ Result<std::vector<std::string>> listDir(const std::string& path) {
   return names;
 }
 
-Status copyTree(const std::string& from, const std::string& to) {
+namespace {
+
+// What a link would share with the source is what a copy made by root has.
+bool linkable(const struct stat& st) {
+  if (st.st_uid != 0 || st.st_gid != 0) return false;
+  return S_ISLNK(st.st_mode) || (S_ISREG(st.st_mode) && (st.st_mode & (07000 | 022)) == 0);
+}
+
+}  // namespace
+
+Status copyTree(const std::string& from, const std::string& to, CopyMode mode) {
   struct stat st;
   if (::lstat(from.c_str(), &st) != 0) return Error::fromErrno("stat " + from);
+  // flags 0: a symlink is linked itself, never followed. Any failure (another
+  // file system, the link count at its limit) falls back to a copy.
+  if (mode == CopyMode::kLinkRootOwned && linkable(st) &&
+      ::linkat(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), 0) == 0) {
+    return {};
+  }
   if (S_ISLNK(st.st_mode)) {
     MOAT_ASSIGN(std::string target, readLink(from));
     return symlink(target, to);
@@ -176,7 +192,7 @@ Status copyTree(const std::string& from, const std::string& to) {
     MOAT_TRY(makeDir(to, st.st_mode & 07777));
     MOAT_ASSIGN(auto names, listDir(from));
     for (const auto& name : names) {
-      Status s = copyTree(from + "/" + name, to + "/" + name);
+      Status s = copyTree(from + "/" + name, to + "/" + name, mode);
       // Unreadable entries (e.g. a private key dir) are skipped, not copied.
       if (!s.ok() && s.error().sysErrno != EACCES) return s;
     }

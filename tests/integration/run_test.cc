@@ -477,6 +477,56 @@ TEST_F(Run, RootInsideOwnsTheTemplateFilesButCannotWriteUsr) {
   EXPECT_NE(r.err.find("Read-only file system"), std::string::npos) << r.err;
 }
 
+// The host template's /etc shares the host's inodes where only root could
+// change them (hard links, os::CopyMode::kLinkRootOwned). Whatever root in
+// the environment does to those files must stay in its own upper layer.
+TEST_F(Run, TheHostFilesTheTemplateSharesCannotBeChangedFromInside) {
+  std::string etc = testStateDir() + "/templates/host-v1/etc";
+  std::string file, link;  // a shared regular file and a shared symlink
+  for (const char* name : {"inputrc", "debian_version", "os-release", "ssl/certs/ca-certificates.crt"}) {
+    struct stat st;
+    if (::lstat((etc + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink > 1) file = name;
+  }
+  auto alternatives = os::listDir(etc + "/alternatives");
+  for (const auto& n : alternatives.ok() ? alternatives.value() : std::vector<std::string>{}) {
+    struct stat st;
+    if (::lstat((etc + "/alternatives/" + n).c_str(), &st) == 0 && S_ISLNK(st.st_mode) && st.st_nlink > 1) {
+      link = "alternatives/" + n;
+      break;
+    }
+  }
+  ASSERT_FALSE(file.empty()) << "no /etc file of the template is shared with the host";
+  ASSERT_FALSE(link.empty()) << "no /etc/alternatives link of the template is shared with the host";
+  struct stat fileBefore, shared;
+  ASSERT_EQ(::lstat(("/etc/" + file).c_str(), &fileBefore), 0);
+  ASSERT_EQ(::lstat((etc + "/" + file).c_str(), &shared), 0);
+  ASSERT_EQ(shared.st_ino, fileBefore.st_ino) << file << " of the template is not the host's";
+  auto content = os::readFile("/etc/" + file, 8 << 20);
+  auto target = os::readLink("/etc/" + link);
+  ASSERT_TRUE(content.ok() && target.ok());
+
+  std::string f = "/etc/" + file, l = "/etc/" + link;
+  auto r = runMoat({"run", "--", "sh", "-c",
+                    "echo hostile >> " + f + " && chmod 4777 " + f + " && chown 123:456 " + f +
+                        " && touch -d 2001-01-01 " + f + " && ln -f " + f + " /workspace/hard && echo more >> /workspace/hard" +
+                        " && ln -sfn /bin/hostile " + l + " && rm " + f + " && echo done"});
+  EXPECT_EQ(r.exitCode, 0) << r.err;
+  EXPECT_EQ(r.out, "done\n");
+
+  struct stat fileAfter;
+  ASSERT_EQ(::lstat(f.c_str(), &fileAfter), 0);
+  EXPECT_EQ(os::readFile(f, 8 << 20).value(), content.value());
+  EXPECT_EQ(fileAfter.st_mode, fileBefore.st_mode);
+  EXPECT_EQ(fileAfter.st_uid, 0u);
+  EXPECT_EQ(fileAfter.st_gid, 0u);
+  EXPECT_EQ(fileAfter.st_mtim.tv_sec, fileBefore.st_mtim.tv_sec);
+  EXPECT_EQ(os::readLink(l).value(), target.value());
+  // The next environment sees the template as it was.
+  auto next = runMoat({"run", "--", "sh", "-c", "cat " + f + " | tail -c 100; readlink " + l});
+  EXPECT_EQ(next.exitCode, 0) << next.err;
+  EXPECT_EQ(next.out.find("hostile"), std::string::npos) << next.out;
+}
+
 TEST_F(Run, WritesDoNotCarryOverBetweenEnvironments) {
   ASSERT_EQ(runMoat({"run", "--", "sh", "-c", "echo secret > /etc/leftover; echo x > /workspace/y"}).exitCode, 0);
   auto r = runMoat({"run", "--", "sh", "-c", "ls /etc/leftover /workspace/y"});

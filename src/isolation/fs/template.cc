@@ -56,7 +56,10 @@ Status buildHostSkeleton(const std::string& dir) {
   for (const char* name : kCopiedEtc) {
     std::string from = std::string("/etc/") + name;
     if (!os::exists(from)) continue;
-    MOAT_TRY(os::copyTree(from, etc + "/" + name));
+    // Linked where only root could change the host's file anyway: the
+    // environment sees it through a read-only lower layer, and a write
+    // there is copied up into its own upper layer (the host's stays as is).
+    MOAT_TRY(os::copyTree(from, etc + "/" + name, os::CopyMode::kLinkRootOwned));
   }
   bool haveBash = ::access("/usr/bin/bash", X_OK) == 0;
   MOAT_TRY(os::writeFile(etc + "/passwd", generatedPasswd(haveBash)));
