@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "common/encoding.h"
+#include "os/socket.h"
 
 namespace moat::api {
 namespace {
@@ -127,6 +128,10 @@ void upgradeToWebSocket(Stream& stream, const HttpRequest& request, beast::flat_
 // The largest body of a refused request that is read (and dropped) to keep
 // its connection open; a larger one closes the connection unread.
 constexpr uint64_t kDrainBytes = 64u << 10;
+// After such an answer, what the client still sends is dropped until it
+// closes, stays silent this long, or this much time has passed.
+constexpr std::chrono::milliseconds kLingerIdle{2000};
+constexpr std::chrono::seconds kLingerTotal{30};
 
 template <class Stream>
 void serveStream(Stream& stream, const Handler& handler, const PreflightHandler& preflight,
@@ -184,6 +189,7 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
     }
     HttpResponse response;
     bool keepAlive = false;
+    bool tooLarge = false;  // answered 413 with the rest of the request unread
     unsigned version = 11;
     if (early) {
       response = std::move(*early);  // unless drained, the body was never read: close after
@@ -191,6 +197,7 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
       keepAlive = drained && parser.get().keep_alive();
     } else if (ec) {
       bool tooBig = ec == http::error::body_limit || ec == http::error::header_limit;
+      tooLarge = tooBig;
       response.status = tooBig ? 413 : 400;
       response.body = errorBody(tooBig ? "too_large" : "bad_request",
                                 tooBig ? "request larger than the limit of " +
@@ -226,6 +233,13 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
     res.body() = std::move(response.body);
     res.prepare_payload();
     http::write(stream, res, ec);
+    // Refused with its body (or the rest of it) unread: the client may still
+    // be sending, and closing now would reset the connection under it before
+    // it reads why. Idle meanwhile (a newcomer at the limit, or the server's
+    // stop, closes it like any idle one).
+    if (!ec && !keepAlive && (early || tooLarge) && !drained && mark(false)) {
+      os::drainBeforeClose(stream.native_handle(), kLingerIdle, std::chrono::steady_clock::now() + kLingerTotal);
+    }
     if (ec || !keepAlive) return;
   }
 }

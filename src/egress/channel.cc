@@ -1,6 +1,7 @@
 #include "egress/channel.h"
 
 #include "egress/tls_authority.h"
+#include "os/socket.h"
 
 #include <openssl/err.h>
 #include <poll.h>
@@ -247,6 +248,12 @@ Status writeAll(Channel& c, const char* buf, size_t n, Clock::time_point deadlin
     MOAT_TRY(waitFor(c, deadline));
   }
   return {};
+}
+
+void lingerAfterAnswer(Channel& c, std::chrono::milliseconds idle, Clock::time_point deadline) {
+  c.shutdownWrite();  // TLS: its close_notify first
+  // Below TLS: what still arrives is dropped as it is, never decrypted.
+  os::drainBeforeClose(c.fd(), idle, deadline);
 }
 
 RelayCounts relay(Channel& a, Channel& b, std::chrono::milliseconds idle,

@@ -61,6 +61,10 @@ inline Status writeAll(Channel& c, const std::string& s, Clock::time_point deadl
   return writeAll(c, s.data(), s.size(), deadline);
 }
 
+// After a final answer: ends the channel's sending side (TLS: close_notify
+// first) and drops what the peer still sends (os::drainBeforeClose).
+void lingerAfterAnswer(Channel& c, std::chrono::milliseconds idle, Clock::time_point deadline);
+
 // Copies both ways until both ends close or `idle` passes without a byte.
 // `limit(bytes)` is called before each write (rate limits; it may sleep).
 struct RelayCounts {

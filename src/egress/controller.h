@@ -137,6 +137,10 @@ class Controller {
   void handleHttp(const std::shared_ptr<Env>& env, Channel& client, const std::string& fixedHost,
                   uint16_t fixedPort, std::unique_ptr<Channel> upstream, Decision decided, const std::string& via);
   void throttle(const std::shared_ptr<Env>& env, size_t bytes);
+  // Records a refused request (event["reason"] = why unless it has one) and
+  // answers it with `status` and why, then lingers (lingerAfterAnswer).
+  void refuse(const std::shared_ptr<Env>& env, Channel& client, int status, const char* statusText,
+              nlohmann::json event, const std::string& why);
   // Why a connection got 408: its request head did not arrive in time.
   std::string headTimedOut() const;
 

@@ -328,6 +328,17 @@ void Controller::serveConnection(const std::shared_ptr<Env>& env, UniqueFd clien
   }
 }
 
+void Controller::refuse(const std::shared_ptr<Env>& env, Channel& client, int status, const char* statusText,
+                        json event, const std::string& why) {
+  if (!event.contains("reason")) event["reason"] = why;
+  record(env, false, std::move(event));
+  auto deadline = Clock::now() + config_.headTimeout;
+  if (!writeAll(client, denialResponse(status, statusText, why), deadline).ok()) return;
+  // Bounded like a request head: a client that keeps sending cannot hold the
+  // connection (and its place under max_connections) longer.
+  lingerAfterAnswer(client, std::min<std::chrono::milliseconds>(config_.headTimeout, std::chrono::seconds(2)), deadline);
+}
+
 std::string Controller::headTimedOut() const {
   return "the request head did not arrive whole within " +
          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(config_.headTimeout).count()) + " s";
@@ -340,9 +351,7 @@ void Controller::handleForward(const std::shared_ptr<Env>& env, UniqueFd client)
   auto headEnd = readHead(*channel, buffer, Clock::now() + config_.headTimeout);
   if (!headEnd.ok()) {
     if (headEnd.error().code == "timeout" && !buffer.empty()) {
-      record(env, false, {{"via", "forward"}, {"rule", "head_timeout"}, {"reason", headTimedOut()}});
-      (void)writeAll(*channel, denialResponse(408, "Request Timeout", headTimedOut()),
-                     Clock::now() + config_.headTimeout);
+      refuse(env, *channel, 408, "Request Timeout", {{"via", "forward"}, {"rule", "head_timeout"}}, headTimedOut());
     }
     return;
   }
@@ -356,17 +365,15 @@ void Controller::handleForward(const std::shared_ptr<Env>& env, UniqueFd client)
   std::string target = line.substr(8, line.find(' ', 8) - 8);
   std::string host;
   uint16_t port = 0;
-  auto deadline = Clock::now() + config_.headTimeout;
   if (!splitAuthority(target, 0, host, port) || port == 0) {
-    record(env, false, {{"via", "connect"}, {"host", target}, {"rule", "syntax"}, {"reason", "bad CONNECT target"}});
-    (void)writeAll(*channel, denialResponse(400, "Bad Request", "CONNECT needs host:port"), deadline);
-    return;
+    return refuse(env, *channel, 400, "Bad Request",
+                  {{"via", "connect"}, {"host", target}, {"rule", "syntax"}, {"reason", "bad CONNECT target"}},
+                  "CONNECT needs host:port");
   }
   Decision d = authorize(env, host, port, "", "");
   if (!d.allowed) {
-    record(env, false, {{"via", "connect"}, {"host", host}, {"port", port}, {"rule", d.rule}, {"reason", d.why}});
-    (void)writeAll(*channel, denialResponse(403, "Forbidden", d.why), deadline);
-    return;
+    return refuse(env, *channel, 403, "Forbidden", {{"via", "connect"}, {"host", host}, {"port", port}, {"rule", d.rule}},
+                  d.why);
   }
   // Open mode is for any protocol: a CONNECT to a port other than 443 is
   // relayed as it is (ssh, databases; some servers speak first, so nothing
@@ -378,14 +385,15 @@ void Controller::handleForward(const std::shared_ptr<Env>& env, UniqueFd client)
   if (raw) {
     auto connected = connectUpstream(d.address, port);
     if (!connected.ok()) {
-      record(env, false, {{"via", "connect"}, {"host", host}, {"port", port}, {"rule", d.rule},
-                          {"reason", connected.error().message()}});
-      (void)writeAll(*channel, denialResponse(502, "Bad Gateway", connected.error().message()), deadline);
-      return;
+      return refuse(env, *channel, 502, "Bad Gateway",
+                    {{"via", "connect"}, {"host", host}, {"port", port}, {"rule", d.rule}},
+                    connected.error().message());
     }
     upstream = std::move(connected.value());
   }
-  if (!writeAll(*channel, "HTTP/1.1 200 Connection established\r\n\r\n", deadline).ok()) return;
+  if (!writeAll(*channel, "HTTP/1.1 200 Connection established\r\n\r\n", Clock::now() + config_.headTimeout).ok()) {
+    return;
+  }
   std::string rest = buffer.substr(headEnd.value());
   UniqueFd tunnel(::dup(fd));
   channel.reset();
@@ -492,11 +500,7 @@ void Controller::tlsTunnel(const std::shared_ptr<Env>& env, UniqueFd client, std
   auto upstreamTls = connectTls(std::move(upstreamFd.value()), upstreamTls_.get(), host,
                                 Clock::now() + config_.connectTimeout);
   if (!upstreamTls.ok()) {
-    event["reason"] = upstreamTls.error().message();
-    record(env, false, event);
-    (void)writeAll(*clientTls.value(), denialResponse(502, "Bad Gateway", upstreamTls.error().message()),
-                   Clock::now() + config_.headTimeout);
-    return;
+    return refuse(env, *clientTls.value(), 502, "Bad Gateway", event, upstreamTls.error().message());
   }
   handleHttp(env, *clientTls.value(), host, port, std::move(upstreamTls.value()), d, via + "+tls");
 }
@@ -513,8 +517,7 @@ void Controller::handleHttp(const std::shared_ptr<Env>& env, Channel& client, co
   auto limit = [&](size_t n) { throttle(env, n); };
   auto deny = [&](int status, const char* reason, json event, const std::string& why) {
     event["reason"] = why;
-    record(env, false, event);
-    (void)writeAll(client, denialResponse(status, reason, why), Clock::now() + config_.headTimeout);
+    refuse(env, client, status, reason, std::move(event), why);
   };
   while (true) {
     http::request_parser<http::buffer_body> req;

@@ -1,5 +1,6 @@
 #include "os/socket.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -59,6 +60,24 @@ Result<std::string> receiveWithFd(int socket, UniqueFd* fd, size_t maxBytes) {
   if (n == 0) return Error::make("eof", "peer closed the socket");
   data.resize(static_cast<size_t>(n));
   return data;
+}
+
+void drainBeforeClose(int socket, std::chrono::milliseconds idle,
+                      std::chrono::steady_clock::time_point deadline) {
+  ::shutdown(socket, SHUT_WR);
+  char sink[16384];
+  for (;;) {
+    auto now = std::chrono::steady_clock::now();
+    auto wait = std::min(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now), idle);
+    if (wait.count() <= 0) return;
+    pollfd p{socket, POLLIN, 0};
+    int ready = ::poll(&p, 1, static_cast<int>(wait.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return;  // quiet for `idle`, or an error
+    ssize_t n = ::recv(socket, sink, sizeof sink, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) return;  // the peer closed (or reset)
+  }
 }
 
 }  // namespace moat::os

@@ -1,11 +1,13 @@
 #pragma once
 
+#include <chrono>
 #include <string>
 
 #include "common/result.h"
 #include "common/unique_fd.h"
 
-// Unix-socket messages that carry a file descriptor (SCM_RIGHTS).
+// Unix-socket messages that carry a file descriptor (SCM_RIGHTS), and the
+// end of a connection after its last answer.
 namespace moat::os {
 
 // Sends one message (a whole SEQPACKET packet, or bytes on a stream), with
@@ -15,5 +17,13 @@ Status sendWithFd(int socket, const std::string& data, int fd = -1);
 // Receives one message of at most maxBytes; an attached fd lands in *fd
 // (closed when fd is null). Error code "eof" when the peer has gone.
 Result<std::string> receiveWithFd(int socket, UniqueFd* fd, size_t maxBytes = 1 << 16);
+
+// For a connection about to be closed after its final answer while the peer
+// may still be sending its request (a body never read): ends the sending
+// side, then reads and drops what arrives until the peer closes, `idle`
+// passes without a byte, or `deadline`. Closing with unread data sends a
+// reset, and a client still sending could lose the answer before reading it.
+void drainBeforeClose(int socket, std::chrono::milliseconds idle,
+                      std::chrono::steady_clock::time_point deadline);
 
 }  // namespace moat::os

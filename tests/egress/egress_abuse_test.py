@@ -919,6 +919,32 @@ print(json.dumps(results))
         self.assertTrue(all("within 5 s" in ev["reason"] for ev in timed_out), timed_out)
         self.healthy()
 
+    def test_a_refused_client_that_keeps_sending_is_cut_off(self):
+        # After a refusal the proxy drops what still arrives, so that a client
+        # still sending its body can read why (not a reset). Only for so long:
+        # a client that never stops holds the connection (and its place under
+        # max_connections) at most the head timeout more.
+        e = self.env(network=allow(API))
+        out = self.py(e, f'''
+s = proxy()
+s.sendall(b'POST http://{OTHER}/x HTTP/1.1\\r\\nHost: {OTHER}\\r\\nContent-Length: 100000000\\r\\n\\r\\n')
+answer = s.recv(4096)
+t0 = time.monotonic(); ended = 'still open'
+while time.monotonic() - t0 < 30:
+    try:
+        s.send(b'x' * 1000)
+    except OSError as e:
+        ended = type(e).__name__; break
+    time.sleep(0.2)
+print(json.dumps([answer.split(b'\\r\\n')[0].decode(), round(time.monotonic() - t0, 1), ended]))
+''', timeout_ms=60000)
+        first_line, seconds, ended = json.loads(out.strip().splitlines()[-1])
+        self.assertIn(" 403 ", first_line)
+        self.assertNotEqual(ended, "still open")
+        self.assertGreaterEqual(seconds, HEAD_TIMEOUT_S - 1, "cut before the client could finish")
+        self.assertLess(seconds, HEAD_TIMEOUT_S + 3)
+        self.healthy()
+
     def test_a_slow_approval_does_not_cut_an_intercepted_tls_handshake(self):
         # TLS sent straight to an address (no CONNECT, no name asked of moat's
         # resolver) is decided once its ClientHello names the host; with

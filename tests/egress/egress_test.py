@@ -567,6 +567,30 @@ class EgressTest(unittest.TestCase):
         code, out, err = self.curl(e, f"https://{API}/repos/../admin")
         self.assertNotIn('"server"', out)
 
+    def test_a_refused_upload_still_gets_its_reason(self):
+        # The proxy refuses after the head, with the body still on its way:
+        # closing with it unread would reset the connection under a client
+        # that is still sending, and the reason would be lost. ("Expect:" off:
+        # curl would otherwise wait for an answer before sending the body.)
+        e = self.env(network={"mode": "allowlist", "allow": [{"host": API, "methods": ["GET"]}]})
+        code, _, err = e.sh("head -c 8000000 /dev/zero > /tmp/upload")
+        self.assertEqual(code, 0, err)
+        for url in (f"http://{OTHER}/upload", f"http://{API}/upload", f"https://{API}/upload"):
+            for attempt in range(3):
+                code, out, err = self.curl(e, "-X", "POST", "-H", "Expect:", "-H", "Content-Type: application/octet-stream",
+                                           "--data-binary", "@/tmp/upload", "-w", "\n%{http_code}", url)
+                self.assertEqual(code, 0, f"{url}, attempt {attempt}: curl failed: {err}")
+                self.assertIn("moat:", out, url)
+                self.assertTrue(out.endswith("\n403"), f"{url}: {out}")
+            # Python's urllib sends the whole body before it reads an answer.
+            code, out, err = e.python(
+                "import urllib.request, urllib.error\n"
+                f"r = urllib.request.Request('{url}', data=open('/tmp/upload', 'rb').read(), method='POST')\n"
+                "try:\n    urllib.request.urlopen(r, timeout=10)\n"
+                "except urllib.error.HTTPError as e:\n    print(e.code, e.read().decode().strip())")
+            self.assertEqual(code, 0, f"{url}: {err}")
+            self.assertTrue(out.startswith("403 moat:"), f"{url}: {out}")
+
     def test_allowlist_changes_apply_to_new_connections(self):
         e = self.env(network=allow(API))
         self.assertNotEqual(self.curl(e, f"https://{OTHER}/")[0], 0)

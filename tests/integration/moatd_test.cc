@@ -14,7 +14,9 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -549,6 +551,39 @@ TEST(MoatdCapacity, BeyondMaxConnectionsTheIdleMakeRoomAndWithAllBusyANewcomerIs
   ::close(b.fd);
 }
 
+// After a refusal moatd drops what the client still sends (so that it can
+// read the answer; MoatdApi.ARefusedUploadStillGetsItsAnswer), but such a
+// connection counts as idle: one that never stops sending holds no place a
+// newcomer needs.
+TEST(MoatdCapacity, ARefusedClientThatKeepsSendingMakesRoomLikeAnIdleOne) {
+  MOAT_REQUIRE_ROOT();
+  Moatd daemon({"--max-connections", "1"});
+  int fd = connectUnix(daemon.socketPath());
+  ASSERT_GE(fd, 0);
+  struct timeval wait = {10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+  std::string head = "PUT /v1/environments/abcdefabcdef/files?path=/x HTTP/1.1\r\nHost: moatd\r\n"
+                     "Authorization: Bearer not-a-token\r\nContent-Length: 10000000\r\n\r\n";
+  ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  char buf[4096];
+  ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+  ASSERT_GT(n, 12);
+  EXPECT_EQ(std::string(buf, 12), "HTTP/1.1 401");
+  std::atomic<bool> stop{false};
+  std::thread sender([&] {
+    const std::string drip(1024, 'x');
+    while (!stop && ::send(fd, drip.data(), drip.size(), MSG_NOSIGNAL) > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  HttpConnection newcomer(daemon.socketPath());
+  auto r = newcomer.request("GET", "/healthz", daemon.token());
+  stop = true;
+  sender.join();
+  ::close(fd);
+  EXPECT_EQ(r.status, 200) << r.body;
+}
+
 TEST(MoatdCapacity, AKeyBeyondItsRateWaitsItsTurnOrIsToldWhenToComeBackAndKeepsItsConnection) {
   MOAT_REQUIRE_ROOT();
   // 1 request per second, bursts of 2, a turn at most 2 s away.
@@ -814,6 +849,39 @@ TEST_F(MoatdApi, SigtermLetsAnAnswerBeingWrittenArriveWhole) {
   auto j = json::parse(answer.substr(headEnd + 4), nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << "the answer was cut after " << answer.size() << " bytes";
   EXPECT_EQ(j["stdout"].get<std::string>(), std::string(kOut, 'a'));
+}
+
+// A client that sends its whole request before it reads (Python's
+// http.client does) must get the refusal, not a reset: moatd answers before
+// the body and must not close with the body unread under it.
+TEST_F(MoatdApi, ARefusedUploadStillGetsItsAnswer) {
+  constexpr size_t kBody = 64u << 20;  // beyond the body limit and far beyond a socket's buffer
+  const std::string chunk(1u << 20, 'x');
+  for (const std::string& token : {std::string("not-a-token"), daemon_->token()}) {
+    int fd = connectUnix(daemon_->socketPath());
+    ASSERT_GE(fd, 0);
+    struct timeval wait = {30, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &wait, sizeof wait);
+    std::string head = "PUT /v1/environments/abcdefabcdef/files?path=/big HTTP/1.1\r\nHost: moatd\r\n"
+                       "Authorization: Bearer " + token + "\r\nContent-Length: " + std::to_string(kBody) + "\r\n\r\n";
+    ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+    size_t sent = 0;
+    while (sent < kBody) {
+      ssize_t n = ::send(fd, chunk.data(), std::min(chunk.size(), kBody - sent), MSG_NOSIGNAL);
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+    EXPECT_EQ(sent, kBody) << "sending the body failed: " << std::strerror(errno);
+    std::string answer;
+    char buf[65536];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) answer.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+    EXPECT_TRUE(answer.compare(0, 12, "HTTP/1.1 413") == 0 || answer.compare(0, 12, "HTTP/1.1 401") == 0)
+        << "answer: '" << answer.substr(0, 200) << "' (" << std::strerror(errno) << ")";
+    EXPECT_NE(answer.find("\"error\""), std::string::npos) << answer.substr(0, 200);
+  }
+  EXPECT_EQ(daemon_->request("GET", "/healthz").status, 200) << "moatd keeps serving";
 }
 
 TEST_F(MoatdApi, ASecondMoatdOnTheSameStateRefusesToStart) {
