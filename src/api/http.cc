@@ -229,6 +229,9 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
     res.set(http::field::server, "moatd");
     res.set(http::field::content_type, response.contentType);
     for (const auto& [name, value] : response.headers) res.set(name, value);
+    // Not when the server has begun to stop (or a newcomer took this
+    // connection's place): the client learns it must not send another.
+    if (keepAlive && !mark(true)) keepAlive = false;
     res.keep_alive(keepAlive);
     res.body() = std::move(response.body);
     res.prepare_payload();

@@ -807,6 +807,7 @@ TEST_F(MoatdApi, SigtermEndsWaitingExecsAndStopsPromptly) {
   EXPECT_NE(longExec.status, -1) << "the exec's connection was closed before its answer";
   EXPECT_NE(longExec.status, 200);
   EXPECT_NE(longExec.body.find("shutting down"), std::string::npos) << longExec.status << " " << longExec.body;
+  EXPECT_FALSE(longExec.keepAlive) << "an answer written while moatd stops says it closes the connection";
   daemon_->restart();
   EXPECT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "gone");
 }
