@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <filesystem>
 #include <set>
@@ -800,7 +801,8 @@ TEST_F(MoatdApi, SigtermEndsWaitingExecsAndStopsPromptly) {
   ASSERT_TRUE(waitForProcess(id, "sleep"));
   auto start = std::chrono::steady_clock::now();
   ::kill(daemon_->pid(), SIGTERM);
-  daemon_->waitExit();
+  int exited = daemon_->waitExit();
+  EXPECT_TRUE(WIFEXITED(exited) && WEXITSTATUS(exited) == 0) << "moatd's wait status after SIGTERM: " << exited;
   waiter.join();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
   // An answer that says why, not a connection cut under it.
@@ -843,7 +845,8 @@ TEST_F(MoatdApi, SigtermLetsAnAnswerBeingWrittenArriveWhole) {
   for (ssize_t n; (n = ::recv(busy, buf, sizeof buf, 0)) > 0;) answer.append(buf, static_cast<size_t>(n));
   ::close(busy);
   ::close(idle);
-  daemon_->waitExit();
+  int exited = daemon_->waitExit();
+  EXPECT_TRUE(WIFEXITED(exited) && WEXITSTATUS(exited) == 0) << "moatd's wait status after SIGTERM: " << exited;
   auto headEnd = answer.find("\r\n\r\n");
   ASSERT_NE(headEnd, std::string::npos) << answer.substr(0, 200);
   EXPECT_EQ(answer.compare(0, 12, "HTTP/1.1 200"), 0) << answer.substr(0, 200);
@@ -953,7 +956,8 @@ TEST_F(MoatdApi, Sigusr1LeavesEnvironmentsRunningForTheNextMoatd) {
   std::string id = createEnv();
   exec(id, {{"cmd", {"sh", "-c", "echo kept > /workspace/k"}}});
   ::kill(daemon_->pid(), SIGUSR1);
-  daemon_->waitExit();
+  int exited = daemon_->waitExit();
+  EXPECT_TRUE(WIFEXITED(exited) && WEXITSTATUS(exited) == 0) << "moatd's wait status after SIGUSR1: " << exited;
   daemon_->restart();
   EXPECT_EQ(exec(id, {{"cmd", {"cat", "/workspace/k"}}})["stdout"], "kept\n");
 }

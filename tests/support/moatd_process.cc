@@ -99,10 +99,12 @@ void Moatd::kill9() {
   pid_ = -1;
 }
 
-void Moatd::waitExit() {
-  if (pid_ <= 0) return;
-  ::waitpid(pid_, nullptr, 0);
+int Moatd::waitExit() {
+  if (pid_ <= 0) return -1;
+  int status = -1;
+  ::waitpid(pid_, &status, 0);
   pid_ = -1;
+  return status;
 }
 
 void Moatd::restart() {

@@ -70,7 +70,8 @@ class Moatd {
   ~Moatd();
   void stop();     // SIGTERM and wait
   void kill9();    // SIGKILL and wait
-  void waitExit(); // after a signal sent by the test
+  // After a signal sent by the test: its wait status (as waitpid gives it).
+  int waitExit();
   void restart();  // start again on the same state directory
 
   HttpResult request(const std::string& method, const std::string& target,
