@@ -347,26 +347,14 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
       }
     }
     if (j.contains("spec")) {
-      const json& s = j["spec"];
-      if (!s.is_object()) return errorResponse(invalid("spec", "must be an object"));
-      if (auto e = onlyFields(s, {"cpus", "ram_mb", "storage_gb", "pids"}, "spec.")) return errorResponse(*e);
-      if (s.contains("cpus")) {
-        if (auto e = number(s["cpus"], "spec.cpus", 0.01, 1024, false, create.cpus)) return errorResponse(*e);
+      SpecFields spec;
+      if (auto e = specFields(j["spec"], "spec.", static_cast<double>(manager_.config().maxTotalMemoryMb), spec)) {
+        return errorResponse(*e);
       }
-      if (s.contains("ram_mb")) {
-        if (auto e = number(s["ram_mb"], "spec.ram_mb", 16,
-                            static_cast<double>(manager_.config().maxTotalMemoryMb), true, create.ramMb)) {
-          return errorResponse(*e);
-        }
-      }
-      if (s.contains("storage_gb")) {
-        if (auto e = number(s["storage_gb"], "spec.storage_gb", 0.01, 65536, false, create.storageGb)) {
-          return errorResponse(*e);
-        }
-      }
-      if (s.contains("pids")) {
-        if (auto e = number(s["pids"], "spec.pids", 4, 4194304, true, create.pids)) return errorResponse(*e);
-      }
+      create.cpus = spec.cpus;
+      create.ramMb = spec.ramMb;
+      create.storageGb = spec.storageGb;
+      create.pids = spec.pids;
     }
     if (j.contains("ttl_s")) {
       if (auto e = number(j["ttl_s"], "ttl_s", 1, static_cast<double>(manager_.config().maxTtlS), true, create.ttlS)) {

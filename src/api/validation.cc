@@ -52,6 +52,24 @@ ApiError fromError(const Error& e) {
   return {it == status.end() ? 500 : it->second, e.code, e.message(), ""};
 }
 
+std::optional<ApiError> specFields(const json& spec, const std::string& prefix, double maxRamMb, SpecFields& out) {
+  if (!spec.is_object()) return invalid(prefix.empty() ? "spec" : prefix.substr(0, prefix.size() - 1), "must be an object");
+  if (auto e = onlyFields(spec, {"cpus", "ram_mb", "storage_gb", "pids"}, prefix)) return e;
+  if (spec.contains("cpus")) {
+    if (auto e = number(spec["cpus"], prefix + "cpus", 0.01, 1024, false, out.cpus)) return e;
+  }
+  if (spec.contains("ram_mb")) {
+    if (auto e = number(spec["ram_mb"], prefix + "ram_mb", 16, maxRamMb, true, out.ramMb)) return e;
+  }
+  if (spec.contains("storage_gb")) {
+    if (auto e = number(spec["storage_gb"], prefix + "storage_gb", 0.01, 65536, false, out.storageGb)) return e;
+  }
+  if (spec.contains("pids")) {
+    if (auto e = number(spec["pids"], prefix + "pids", 4, 4194304, true, out.pids)) return e;
+  }
+  return std::nullopt;
+}
+
 std::string timestamp(int64_t ms) {
   std::time_t secs = static_cast<std::time_t>(ms / 1000);
   std::tm tm;

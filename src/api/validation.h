@@ -47,6 +47,18 @@ std::optional<ApiError> queryNumber(const HttpRequest& req, const char* name, ui
 std::optional<ApiError> queryFlag(const HttpRequest& req, const char* name, bool& out);
 // A snapshot id ("snap-" and 12 hex digits) in body[field], required.
 std::optional<ApiError> snapshotField(const json& body, const char* field, std::string& out);
+// An environment's resources: a create's `spec` object, or a warm pool's
+// (moatd --warm-pool). 0: the default.
+struct SpecFields {
+  double cpus = 0;
+  uint64_t ramMb = 0;
+  double storageGb = 0;
+  uint64_t pids = 0;
+};
+// Reads cpus, ram_mb (at most maxRamMb), storage_gb and pids from `spec`
+// (fields named "<prefix>cpus" etc. in errors); absent ones keep their value.
+std::optional<ApiError> specFields(const json& spec, const std::string& prefix, double maxRamMb, SpecFields& out);
+
 // The index-th segment of a path ("/v1/environments/x" -> 0 "v1", 1 "environments", 2 "x").
 std::string pathSegment(const std::string& path, size_t index);
 

@@ -16,6 +16,7 @@
 #include "api/api.h"
 #include "api/auth.h"
 #include "api/http.h"
+#include "api/warm_pool_flag.h"
 #include "common/sanitizer.h"
 #include "api/keys.h"
 #include "audit/log.h"
@@ -35,7 +36,7 @@
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT] [--warm-pool N]
+constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT] [--warm-pool N[:SPEC]]...
              [--max-environments N] [--max-connections N] [--permissions FILE]
              [--approval-timeout S]
              [--audit-retention-days N] [--audit-max-events N] [--egress-hosts FILE]
@@ -44,7 +45,10 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
 
   --state DIR             state directory (default $MOAT_STATE or /var/lib/moat)
   --listen HOST:PORT      TCP address (default 127.0.0.1:7070; port 0 picks one)
-  --warm-pool N           keep N environments of the default spec ready (default 0)
+  --warm-pool N[:SPEC]    keep N environments ready (default 0): of the default
+                          spec, or of SPEC, key=value pairs (template, cpus,
+                          ram_mb, storage_gb, pids) joined by commas; repeatable,
+                          one pool per (template, spec)
   --max-environments N    at most N environments at once, warm ones included
                           (1 to 100000, default 256); more is 429 capacity
   --max-connections N     at most N client connections at once (1 to 100000,
@@ -118,7 +122,6 @@ int main(int argc, char** argv) {
   const char* stateEnv = std::getenv("MOAT_STATE");
   std::string stateDir = stateEnv && *stateEnv ? stateEnv : "/var/lib/moat";
   std::string listen = "127.0.0.1:7070";
-  size_t warmPool = 0;
   int64_t approvalTimeoutS = 120;
   unsigned long keyRate = 200;  // api::ApiOptions::keyRequestsPerSecond
   manager::ManagerConfig config;
@@ -131,9 +134,9 @@ int main(int argc, char** argv) {
     if ((a == "--state" || a == "--listen") && i + 1 < argc) {
       (a == "--state" ? stateDir : listen) = argv[++i];
     } else if (a == "--warm-pool" && i + 1 < argc) {
-      auto n = number(argv[++i], 0, 9999);
-      if (!n) return fail("--warm-pool needs a number from 0 to 9999");
-      warmPool = *n;
+      auto pool = api::parseWarmPoolFlag(argv[++i], static_cast<double>(os::totalMemoryMb()));
+      if (!pool.ok()) return fail("--warm-pool needs " + pool.error().message());
+      config.warmPools.push_back(pool.value());
     } else if (a == "--max-environments" && i + 1 < argc) {
       auto n = number(argv[++i], 1, 100000);
       if (!n) return fail("--max-environments needs a number from 1 to 100000");
@@ -252,7 +255,6 @@ int main(int argc, char** argv) {
   if (!auditLog.ok()) return failEarly("audit log: " + auditLog.error().message());
 
   config.stateDir = stateDir;
-  config.warmPoolSize = warmPool;
   bool stopEverything = false;
   // The egress proxy asks the gate (in the API) about hosts off an
   // allowlist; it serves before the API exists, so through a pointer.

@@ -2,9 +2,9 @@
 
 #include <arpa/inet.h>
 
-#include <sys/sysinfo.h>
 
 #include <algorithm>
+#include <numeric>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -16,6 +16,7 @@
 #include "cli/run_options.h"
 #include "common/scope_exit.h"
 #include "common/trace.h"
+#include "os/process.h"
 
 namespace moat::manager {
 
@@ -79,14 +80,34 @@ EnvironmentManager::EnvironmentManager(ManagerConfig config, store::Store& store
       store_(store),
       spawner_(spawner),
       audit_(audit ? *audit : audit::nullRecorder()) {
-  if (config_.maxTotalMemoryMb == 0) {
-    struct sysinfo info;
-    config_.maxTotalMemoryMb =
-        ::sysinfo(&info) == 0 ? info.totalram * info.mem_unit / (1024 * 1024) : 1024;
+  if (config_.maxTotalMemoryMb == 0) config_.maxTotalMemoryMb = os::totalMemoryMb();
+  // A pool's 0 resources are the default spec's; pools of no size are dropped.
+  std::erase_if(config_.warmPools, [](const WarmPool& p) { return p.size == 0; });
+  for (auto& p : config_.warmPools) {
+    if (p.cpus <= 0) p.cpus = config_.defaultCpus;
+    if (p.ramMb == 0) p.ramMb = config_.defaultRamMb;
+    if (p.storageGb <= 0) p.storageGb = config_.defaultStorageGb;
+    if (p.pids == 0) p.pids = config_.defaultPids;
   }
+  // One pool per (template, spec): the sizes of repeated ones add up.
+  std::vector<WarmPool> pools;
+  for (const auto& p : config_.warmPools) {
+    auto same = std::find_if(pools.begin(), pools.end(), [&](const WarmPool& q) {
+      return q.templateName == p.templateName && q.cpus == p.cpus && q.ramMb == p.ramMb &&
+             q.storageGb == p.storageGb && q.pids == p.pids;
+    });
+    if (same == pools.end()) {
+      pools.push_back(p);
+    } else {
+      same->size += p.size;
+    }
+  }
+  config_.warmPools = std::move(pools);
+  poolCreating_.assign(config_.warmPools.size(), 0);
+  poolRetryAfterMs_.assign(config_.warmPools.size(), 0);
   reaper_ = std::thread([this] { reaperLoop(); });
   // The pool fills on its own thread: a slow create must not hold up expiry.
-  if (config_.warmPoolSize > 0) pooler_ = std::thread([this] { poolLoop(); });
+  if (!config_.warmPools.empty()) pooler_ = std::thread([this] { poolLoop(); });
 }
 
 void EnvironmentManager::poolLoop() {
@@ -282,25 +303,46 @@ backend::namespaces::EnvironmentSpec EnvironmentManager::specFor(
   return spec;
 }
 
-backend::namespaces::EnvironmentSpec EnvironmentManager::poolSpec() const {
-  return specFor("host", config_.defaultCpus, config_.defaultRamMb, config_.defaultStorageGb,
-                 config_.defaultPids);
+backend::namespaces::EnvironmentSpec EnvironmentManager::poolSpec(size_t pool) const {
+  const WarmPool& p = config_.warmPools[pool];
+  return specFor(p.templateName, p.cpus, p.ramMb, p.storageGb, p.pids);
+}
+
+std::optional<size_t> EnvironmentManager::poolFor(const store::EnvironmentRecord& record) const {
+  for (size_t i = 0; i < config_.warmPools.size(); ++i) {
+    const WarmPool& p = config_.warmPools[i];
+    if (record.templateName == p.templateName && record.cpus == p.cpus && record.ramMb == p.ramMb &&
+        record.storageGb == p.storageGb && record.pids == p.pids) {
+      return i;
+    }
+  }
+  return std::nullopt;
 }
 
 void EnvironmentManager::refillPool() {
   for (;;) {
+    size_t pool = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (stopping_ || detached_ || pool_.size() + poolCreating_ >= config_.warmPoolSize) return;
-      if (nowMs() < poolRetryAfterMs_) return;
-      if (live_.size() + pool_.size() + creating_ + poolCreating_ >= config_.maxEnvironments ||
-          reservedMemoryMb_ + config_.defaultRamMb > config_.maxTotalMemoryMb) {
+      if (stopping_ || detached_) return;
+      // The first pool short of its size and not backing off.
+      const int64_t now = nowMs();
+      std::vector<size_t> ready(config_.warmPools.size(), 0);
+      for (const auto& r : pool_) ++ready[r.pool];
+      for (pool = 0; pool < config_.warmPools.size(); ++pool) {
+        if (ready[pool] + poolCreating_[pool] < config_.warmPools[pool].size && now >= poolRetryAfterMs_[pool]) break;
+      }
+      if (pool == config_.warmPools.size()) return;
+      size_t creating = std::accumulate(poolCreating_.begin(), poolCreating_.end(), size_t{0});
+      const uint64_t ramMb = config_.warmPools[pool].ramMb;
+      if (live_.size() + pool_.size() + creating_ + creating >= config_.maxEnvironments ||
+          reservedMemoryMb_ + ramMb > config_.maxTotalMemoryMb) {
         return;  // real requests come first
       }
-      ++poolCreating_;
-      reservedMemoryMb_ += config_.defaultRamMb;
+      ++poolCreating_[pool];
+      reservedMemoryMb_ += ramMb;
     }
-    auto created = spawner_.create(poolSpec());
+    auto created = spawner_.create(poolSpec(pool));
     std::shared_ptr<InitConnection> connection;
     if (created.ok()) {
       std::string id = created->id;
@@ -313,13 +355,13 @@ void EnvironmentManager::refillPool() {
       }
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    --poolCreating_;
+    --poolCreating_[pool];
     if (!created.ok()) {
-      reservedMemoryMb_ -= config_.defaultRamMb;
-      poolRetryAfterMs_ = nowMs() + 5000;  // back off: the next try in 5 s
-      return;
+      reservedMemoryMb_ -= config_.warmPools[pool].ramMb;
+      poolRetryAfterMs_[pool] = nowMs() + 5000;  // back off: this pool's next try in 5 s
+      continue;
     }
-    pool_.push_back(Ready{created->id, std::move(connection)});
+    pool_.push_back(Ready{created->id, std::move(connection), pool});
   }
 }
 
@@ -361,14 +403,12 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   int64_t ttl = request.ttlS > 0 ? request.ttlS : config_.defaultTtlS;
   record.expiresAtMs = record.createdAtMs + ttl * 1000;
   // A warm environment of exactly this template and spec: a claim.
-  const auto warm = poolSpec();
-  if (!from && record.templateName == warm.templateName && record.cpus == warm.cpus &&
-      record.ramMb == warm.memoryMb && record.storageGb == warm.storageGb &&
-      record.pids == warm.pids) {
+  if (auto warm = from ? std::nullopt : poolFor(record)) {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!pool_.empty()) {
-      Ready ready = std::move(pool_.back());
-      pool_.pop_back();
+    auto it = std::find_if(pool_.rbegin(), pool_.rend(), [&](const Ready& r) { return r.pool == *warm; });
+    if (it != pool_.rend()) {
+      Ready ready = std::move(*it);
+      pool_.erase(std::next(it).base());
       ++warmClaims_;
       lastClaimMs_ = nowMs();
       lock.unlock();
@@ -995,8 +1035,8 @@ void EnvironmentManager::reaperLoop() {
     for (const auto& id : gone) {
       auto it = std::find_if(pool_.begin(), pool_.end(), [&](const Ready& r) { return r.id == id; });
       if (it != pool_.end()) {
+        reservedMemoryMb_ -= config_.warmPools[it->pool].ramMb;
         pool_.erase(it);
-        reservedMemoryMb_ -= config_.defaultRamMb;
         deadReady.push_back(id);
       }
     }

@@ -27,6 +27,17 @@
 
 namespace moat::manager {
 
+// One warm pool: `size` environments of this template and spec kept ready.
+// A 0 resource is the default spec's.
+struct WarmPool {
+  std::string templateName = "host";
+  double cpus = 0;
+  uint64_t ramMb = 0;
+  double storageGb = 0;
+  uint64_t pids = 0;
+  size_t size = 0;
+};
+
 struct ManagerConfig {
   std::string stateDir;
   int64_t defaultTtlS = 3600;
@@ -37,9 +48,9 @@ struct ManagerConfig {
   uint64_t defaultRamMb = 1024;
   double defaultStorageGb = 4;
   uint64_t defaultPids = 1024;
-  // Environments of the default spec and the host template kept ready, so
-  // that a create asking for exactly that becomes a claim.
-  size_t warmPoolSize = 0;
+  // Environments kept ready per (template, spec), so that a create asking
+  // for exactly that becomes a claim (moatd --warm-pool).
+  std::vector<WarmPool> warmPools;
   ProcessLimits processLimits;
   // What one caller's (a key's, or the master token's) blocking execs in
   // flight may hold of output at once: each reserves twice its output
@@ -259,20 +270,26 @@ class EnvironmentManager {
   void reaperLoop();
   void stopThreads();  // idempotent
   void onInitGone(const std::string& id);
+  // Fills every warm pool up to its size; returns when all are full, at
+  // capacity, or backing off.
   void refillPool();
   void warmUp(const std::shared_ptr<InitConnection>& connection, const std::string& id);
   void poolLoop();
   backend::namespaces::EnvironmentSpec specFor(const std::string& templateName, double cpus,
                                                uint64_t ramMb, double storageGb,
                                                uint64_t pids) const;
-  backend::namespaces::EnvironmentSpec poolSpec() const;
+  backend::namespaces::EnvironmentSpec poolSpec(size_t pool) const;
+  // The warm pool whose template and spec a create asks for exactly.
+  std::optional<size_t> poolFor(const store::EnvironmentRecord& record) const;
 
   struct Ready {
     std::string id;
     std::shared_ptr<InitConnection> connection;
+    size_t pool = 0;  // index into config_.warmPools
   };
   std::vector<Ready> pool_;  // guarded by mutex_
-  size_t poolCreating_ = 0;
+  std::vector<size_t> poolCreating_;       // per pool; guarded by mutex_
+  std::vector<int64_t> poolRetryAfterMs_;  // per pool: after a failed create; guarded by mutex_
   uint64_t warmClaims_ = 0;
   int64_t lastClaimMs_ = 0;  // guarded by mutex_
 
@@ -288,7 +305,6 @@ class EnvironmentManager {
   size_t creating_ = 0;
   std::set<std::string> creatingIds_;      // guarded by mutex_
   std::map<std::string, std::string> destroyRequested_; // DELETE arrived while creating: id -> actor
-  int64_t poolRetryAfterMs_ = 0;
   std::vector<std::string> initGone_;
   uint64_t reservedMemoryMb_ = 0;
   std::atomic<uint64_t> execs_{0};

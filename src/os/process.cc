@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/sysinfo.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -264,6 +265,12 @@ Result<UniqueFd> networkNamespaceOf(int pidfd) {
   UniqueFd ns(::open(("/proc/" + std::to_string(pid) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
   if (!ns) return Error::fromErrno("open /proc/" + std::to_string(pid) + "/ns/net");
   return ns;
+}
+
+uint64_t totalMemoryMb() {
+  struct sysinfo info;
+  if (::sysinfo(&info) != 0) return 1024;
+  return static_cast<uint64_t>(info.totalram) * info.mem_unit / (1024 * 1024);
 }
 
 }  // namespace moat::os

@@ -73,6 +73,8 @@ Status setParentDeathSignal(int signo);
 // limits as they were; sets them back.
 Result<struct rlimit> raiseOpenFilesLimit();
 Status setOpenFilesLimit(const struct rlimit& limit);
+// The machine's memory in MiB (sysinfo); 1024 when it cannot be read.
+uint64_t totalMemoryMb();
 // execveat(fd, "", argv, envp, AT_EMPTY_PATH); returns only on failure.
 // Null-terminated arrays made beforehand: nothing allocated on the way to
 // the exec (for a cloneVfork child, whose allocations the caller keeps).

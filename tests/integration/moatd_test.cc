@@ -24,6 +24,7 @@
 #include "moat_process.h"
 #include "moatd_fixture.h"
 #include "moatd_process.h"
+#include "isolation/cgroup/layout.h"
 #include "os/file.h"
 
 namespace moat::test {
@@ -452,17 +453,21 @@ long metricOf(Moatd& daemon, const std::string& name) {
   return at == std::string::npos ? -1 : std::stol(body.substr(at + name.size() + 2));
 }
 
+// Waits up to 30 s for the warm pools to hold n ready environments; returns
+// how many they hold.
+long waitWarmReady(Moatd& daemon, long n) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (metricOf(daemon, "moat_warm_pool_ready") != n && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return metricOf(daemon, "moat_warm_pool_ready");
+}
+
 TEST(MoatdWarmPool, CreateClaimsAReadyEnvironmentAndThePoolRefills) {
   MOAT_REQUIRE_ROOT();
   Moatd daemon({"--warm-pool", "2"});
   auto metric = [&](const std::string& name) { return metricOf(daemon, name); };
-  auto waitReady = [&](long n) {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (metric("moat_warm_pool_ready") != n && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return metric("moat_warm_pool_ready");
-  };
+  auto waitReady = [&](long n) { return waitWarmReady(daemon, n); };
   ASSERT_EQ(waitReady(2), 2);
   auto created = daemon.request("POST", "/v1/environments", R"({"task_id":"warm","env":{"A":"1"}})");
   ASSERT_EQ(created.status, 201) << created.body;
@@ -478,6 +483,39 @@ TEST(MoatdWarmPool, CreateClaimsAReadyEnvironmentAndThePoolRefills) {
   EXPECT_EQ(custom.status, 201);
   EXPECT_EQ(metric("moat_warm_pool_claims_total"), 1);
   EXPECT_EQ(waitReady(2), 2) << "the pool refills in the background";
+}
+
+// One pool per (template, spec): a create claims only from the pool of
+// exactly its spec, and the environment it gets has that spec's limits.
+TEST(MoatdWarmPool, EachSpecHasItsOwnPoolAndACreateClaimsOnlyItsOwn) {
+  MOAT_REQUIRE_ROOT();
+  Moatd daemon({"--warm-pool", "1", "--warm-pool", "2:ram_mb=256,pids=128", "--warm-pool", "1:ram_mb=256,pids=128"});
+  auto metric = [&](const std::string& name) { return metricOf(daemon, name); };
+  auto waitReady = [&](long n) { return waitWarmReady(daemon, n); };
+  ASSERT_EQ(waitReady(4), 4) << "1 of the default spec, 2 + 1 of the small one";
+  auto small = daemon.request("POST", "/v1/environments", R"({"spec":{"ram_mb":256,"pids":128}})");
+  ASSERT_EQ(small.status, 201) << small.body;
+  EXPECT_EQ(metric("moat_warm_pool_claims_total"), 1);
+  json env = json::parse(small.body);
+  EXPECT_EQ(env["spec"]["ram_mb"], 256);
+  EXPECT_EQ(env["spec"]["pids"], 128);
+  // The claimed environment's cgroup has the small spec's limits.
+  auto layout = isolation::cgroup::detectHostLayout();
+  ASSERT_TRUE(layout.ok());
+  std::string cg = "moat-" + env["id"].get<std::string>();
+  bool v2 = layout->version == isolation::cgroup::Version::kV2;
+  auto memory = os::readFile(v2 ? layout->v2Parent + "/" + cg + "/memory.max"
+                                : layout->v1Parents.at("memory") + "/" + cg + "/memory.limit_in_bytes");
+  auto pids = os::readFile((v2 ? layout->v2Parent : layout->v1Parents.at("pids")) + "/" + cg + "/pids.max");
+  ASSERT_TRUE(memory.ok() && pids.ok());
+  EXPECT_EQ(memory.value(), std::to_string(256ull << 20) + "\n");
+  EXPECT_EQ(pids.value(), "128\n");
+  // The default spec claims from its own pool; another spec is created fresh.
+  ASSERT_EQ(daemon.request("POST", "/v1/environments", "{}").status, 201);
+  EXPECT_EQ(metric("moat_warm_pool_claims_total"), 2);
+  ASSERT_EQ(daemon.request("POST", "/v1/environments", R"({"spec":{"ram_mb":256}})").status, 201);
+  EXPECT_EQ(metric("moat_warm_pool_claims_total"), 2) << "ram_mb 256 with the default pids is not the pool's spec";
+  EXPECT_EQ(waitReady(4), 4) << "each pool refills";
 }
 
 TEST(MoatdCapacity, MaxEnvironmentsIsAFlagAndEnvironmentsKeepTheUsualOpenFilesLimit) {
@@ -648,7 +686,8 @@ TEST(MoatdCapacity, AKeyBeyondItsRateWaitsItsTurnOrIsToldWhenToComeBackAndKeepsI
 // before moatd touches anything.
 TEST(MoatdFlags, ANumberOutOfRangeOrNotANumberIsRefusedByName) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
-      {"--warm-pool", {"-1", "10000", "four", ""}},
+      {"--warm-pool", {"-1", "10000", "four", "", "2:ram_mb=8", "2:bogus=1", "2:cpus=fast", "2:pids=1.5",
+                       "2:template=relative", "2:template=/nonexistent", "2:ram_mb", "2:", "2:cpus=1,cpus=2"}},
       {"--max-environments", {"0", "100001", "1e3"}},
       {"--max-connections", {"0", "100001", "many", "99999999999"}},
       {"--key-rate", {"100001", "fast"}},
