@@ -2,8 +2,9 @@
 # Where the CPU goes while cold create -> exec `true` -> destroy cycles run
 # back to back: samples every CPU with `perf record -a -g` while
 # moat-api-bench runs ROUNDS cycles (BENCH_CYCLE_ONLY) against a scratch
-# moatd, and sorts each sample into the first kernel or user-space area its
-# call chain passes through. bench/trace.sh gives the critical path in time;
+# moatd, and sorts each sample into an area: the first in the script's list
+# one of whose functions is in the sample's call chain, else the sampled
+# process's user space or "other kernel". bench/trace.sh gives the critical path in time;
 # this gives the work, including what runs beside it (the spawner making the
 # next namespaces, the kernel freeing the last ones).
 # Usage: bench/profile.sh [BIN_DIR] [ROUNDS]   (needs root and perf)
@@ -77,7 +78,7 @@ for line in sys.stdin:
         close(chain, comm, user); chain = []; continue
     if not line[0].isspace():
         close(chain, comm, user); chain = []
-        comm = line.rsplit(None, 0)[0].strip(); user = None; continue
+        comm = line.strip(); user = None; continue
     parts = line.split()
     if len(parts) < 2: continue
     if user is None: user = "kernel.kallsyms" not in line  # the sampled frame

@@ -121,10 +121,6 @@ void upgradeToWebSocket(Stream& stream, const HttpRequest& request, beast::flat_
   socket.close(1000, "");
 }
 
-// `mark(busy)` tells the server whether a request is in progress (false:
-// the connection waits for the next one); it answers false once the server
-// has closed the connection for a newcomer or is stopping, and then no
-// request starts (one already read may still write its answer).
 // The largest body of a refused request that is read (and dropped) to keep
 // its connection open; a larger one closes the connection unread.
 constexpr uint64_t kDrainBytes = 64u << 10;
@@ -133,6 +129,10 @@ constexpr uint64_t kDrainBytes = 64u << 10;
 constexpr std::chrono::milliseconds kLingerIdle{2000};
 constexpr std::chrono::seconds kLingerTotal{30};
 
+// `mark(busy)` tells the server whether a request is in progress (false:
+// the connection waits for the next one); it answers false once the server
+// has closed the connection for a newcomer or is stopping, and then no
+// request starts (one already read may still write its answer).
 template <class Stream>
 void serveStream(Stream& stream, const Handler& handler, const PreflightHandler& preflight,
                  const ServerLimits& limits, const std::string& remote,
@@ -241,6 +241,7 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
     // it reads why. Idle meanwhile (a newcomer at the limit, or the server's
     // stop, closes it like any idle one).
     if (!ec && !keepAlive && (early || tooLarge) && !drained && mark(false)) {
+      hold.reset();  // the caller's place among its requests in progress, if it took one
       os::drainBeforeClose(stream.native_handle(), kLingerIdle, std::chrono::steady_clock::now() + kLingerTotal);
     }
     if (ec || !keepAlive) return;

@@ -334,6 +334,8 @@ void Controller::refuse(const std::shared_ptr<Env>& env, Channel& client, int st
   record(env, false, std::move(event));
   auto deadline = Clock::now() + config_.headTimeout;
   if (!writeAll(client, denialResponse(status, statusText, why), deadline).ok()) return;
+  // A client whose head trickled in past its deadline gets no more time.
+  if (status == 408) return;
   // Bounded like a request head: a client that keeps sending cannot hold the
   // connection (and its place under max_connections) longer.
   lingerAfterAnswer(client, std::min<std::chrono::milliseconds>(config_.headTimeout, std::chrono::seconds(2)), deadline);
@@ -695,9 +697,13 @@ void Controller::handleHttp(const std::shared_ptr<Env>& env, Channel& client, co
     res.body_limit(std::numeric_limits<std::uint64_t>::max());
     if (method == "HEAD") res.skip(true);
     http::read_header(upstreamStream, upstreamBuf, res, ec);
-    if (ec) return deny(502, "Bad Gateway", event, "no valid response from " + host + ": " + ec.message());
+    if (ec) {
+      upstream.reset();  // not kept open while the client's refusal lingers
+      return deny(502, "Bad Gateway", event, "no valid response from " + host + ": " + ec.message());
+    }
     int status = res.get().result_int();
     if (status == 101 && !(websocket && boost::beast::iequals(res.get()[http::field::upgrade], "websocket"))) {
+      upstream.reset();
       return deny(502, "Bad Gateway", event, host + " switched to a protocol the proxy does not relay");
     }
     // A value goes to its hosts and never comes back: a redirect that keeps

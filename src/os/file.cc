@@ -178,11 +178,13 @@ bool linkable(const struct stat& st) {
 Status copyTree(const std::string& from, const std::string& to, CopyMode mode) {
   struct stat st;
   if (::lstat(from.c_str(), &st) != 0) return Error::fromErrno("stat " + from);
-  // flags 0: a symlink is linked itself, never followed. Any failure (another
-  // file system, the link count at its limit) falls back to a copy.
-  if (mode == CopyMode::kLinkRootOwned && linkable(st) &&
-      ::linkat(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), 0) == 0) {
-    return {};
+  // flags 0: a symlink is linked itself, never followed. Another file system,
+  // the link count at its limit or a refused link fall back to a copy; any
+  // other failure (`to` exists above all: a copy would write through it) is
+  // an error.
+  if (mode == CopyMode::kLinkRootOwned && linkable(st)) {
+    if (::linkat(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), 0) == 0) return {};
+    if (errno != EXDEV && errno != EMLINK && errno != EPERM) return Error::fromErrno("link " + from + " to " + to);
   }
   if (S_ISLNK(st.st_mode)) {
     MOAT_ASSIGN(std::string target, readLink(from));

@@ -28,7 +28,7 @@ Status symlink(const std::string& target, const std::string& linkPath);
 Status chown(const std::string& path, uid_t uid, gid_t gid);  // no symlink follow
 // How copyTree makes each regular file and symlink.
 enum class CopyMode {
-  kCopy,  // new files with the same bytes and permission bits, owned by the caller
+  kCopy,  // new files with the same bytes and permission bits (less the umask), owned by the caller
   // A hard link to the same inode when only root can change it (owned by
   // root:root, no group/other write, no set-id bits) and it is on the same
   // file system; a copy otherwise. No inode is allocated for a link: on ext4

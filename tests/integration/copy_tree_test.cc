@@ -65,6 +65,20 @@ TEST_F(CopyTreeLinks, LinksOnlyWhatOnlyRootCanChangeAndCopiesTheRest) {
   EXPECT_EQ(readLink(dir_ + "/to/user-link").value(), "root-owned");
 }
 
+TEST_F(CopyTreeLinks, AnExistingTargetIsAnErrorNeverAWriteThroughIt) {
+  // Were a failed link followed by a copy, the copy would open the existing
+  // target (here a link to the source) and rewrite the source's inode.
+  ASSERT_TRUE(makeDirs(dir_ + "/from").ok());
+  ASSERT_TRUE(makeDirs(dir_ + "/to").ok());
+  file("root-owned", 0644);
+  ASSERT_EQ(::link((dir_ + "/from/root-owned").c_str(), (dir_ + "/to/root-owned").c_str()), 0);
+  ASSERT_TRUE(writeFile(dir_ + "/from/other", "x").ok());
+  Status s = copyTree(dir_ + "/from", dir_ + "/to", CopyMode::kLinkRootOwned);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.ok() ? 0 : s.error().sysErrno, EEXIST);
+  EXPECT_EQ(readFile(dir_ + "/from/root-owned").value(), "bytes of root-owned");
+}
+
 TEST_F(CopyTreeLinks, TheDefaultModeAlwaysCopies) {
   ASSERT_TRUE(makeDirs(dir_ + "/from").ok());
   file("root-owned", 0644);
