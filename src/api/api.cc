@@ -468,6 +468,24 @@ HttpResponse Api::metrics() {
   out << "moat_warm_pool_ready " << counters.warmReady << "\n";
   out << "# HELP moat_warm_pool_claims_total Creates served from the warm pool.\n# TYPE moat_warm_pool_claims_total counter\n";
   out << "moat_warm_pool_claims_total " << counters.warmClaims << "\n";
+  if (!counters.warmPools.empty()) {
+    auto labels = [](const manager::WarmPool& p) {
+      std::string t;  // label value escaping: backslash, quote, newline
+      for (char c : p.templateName) t += c == '\\' ? "\\\\" : c == '"' ? "\\\"" : c == '\n' ? "\\n" : std::string(1, c);
+      char numbers[160];
+      std::snprintf(numbers, sizeof numbers, "\",cpus=\"%g\",ram_mb=\"%llu\",storage_gb=\"%g\",pids=\"%llu\"}", p.cpus,
+                    static_cast<unsigned long long>(p.ramMb), p.storageGb, static_cast<unsigned long long>(p.pids));
+      return "{template=\"" + t + numbers;
+    };
+    out << "# HELP moat_warm_pool_ready_by_spec Warm environments ready to be claimed, per pool.\n"
+           "# TYPE moat_warm_pool_ready_by_spec gauge\n";
+    for (const auto& p : counters.warmPools) out << "moat_warm_pool_ready_by_spec" << labels(p.spec) << " " << p.ready << "\n";
+    out << "# HELP moat_warm_pool_claims_by_spec_total Creates served from each warm pool.\n"
+           "# TYPE moat_warm_pool_claims_by_spec_total counter\n";
+    for (const auto& p : counters.warmPools) {
+      out << "moat_warm_pool_claims_by_spec_total" << labels(p.spec) << " " << p.claims << "\n";
+    }
+  }
   out << "# HELP moat_exec_total Commands run through the exec API.\n# TYPE moat_exec_total counter\n";
   out << "moat_exec_total " << execCount_.load() << "\n";
   out << "# HELP moat_exec_duration_seconds Exec latency.\n# TYPE moat_exec_duration_seconds histogram\n";

@@ -104,6 +104,7 @@ EnvironmentManager::EnvironmentManager(ManagerConfig config, store::Store& store
   }
   config_.warmPools = std::move(pools);
   poolCreating_.assign(config_.warmPools.size(), 0);
+  poolClaims_.assign(config_.warmPools.size(), 0);
   poolRetryAfterMs_.assign(config_.warmPools.size(), 0);
   reaper_ = std::thread([this] { reaperLoop(); });
   // The pool fills on its own thread: a slow create must not hold up expiry.
@@ -410,6 +411,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
       Ready ready = std::move(*it);
       pool_.erase(std::next(it).base());
       ++warmClaims_;
+      ++poolClaims_[*warm];
       lastClaimMs_ = nowMs();
       lock.unlock();
       record.id = ready.id;
@@ -1072,6 +1074,8 @@ Counters EnvironmentManager::counters() {
     std::lock_guard<std::mutex> lock(mutex_);
     c.warmReady = pool_.size();
     c.warmClaims = warmClaims_;
+    for (size_t i = 0; i < config_.warmPools.size(); ++i) c.warmPools.push_back({config_.warmPools[i], 0, poolClaims_[i]});
+    for (const auto& r : pool_) ++c.warmPools[r.pool].ready;
   }
   auto all = store_.listEnvironments({"", "", {}, ""});
   if (all.ok()) {

@@ -138,6 +138,13 @@ struct Counters {
   uint64_t execs = 0;
   uint64_t warmReady = 0;
   uint64_t warmClaims = 0;
+  // Per warm pool (template and spec resolved): ready now, claims so far.
+  struct Pool {
+    WarmPool spec;
+    uint64_t ready = 0;
+    uint64_t claims = 0;
+  };
+  std::vector<Pool> warmPools;
 };
 
 // The lifecycle of moatd's environments: creating -> running -> destroying
@@ -291,6 +298,7 @@ class EnvironmentManager {
   std::vector<size_t> poolCreating_;       // per pool; guarded by mutex_
   std::vector<int64_t> poolRetryAfterMs_;  // per pool: after a failed create; guarded by mutex_
   uint64_t warmClaims_ = 0;
+  std::vector<uint64_t> poolClaims_;  // per pool; guarded by mutex_
   int64_t lastClaimMs_ = 0;  // guarded by mutex_
 
   ManagerConfig config_;

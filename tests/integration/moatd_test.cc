@@ -516,6 +516,14 @@ TEST(MoatdWarmPool, EachSpecHasItsOwnPoolAndACreateClaimsOnlyItsOwn) {
   ASSERT_EQ(daemon.request("POST", "/v1/environments", R"({"spec":{"ram_mb":256}})").status, 201);
   EXPECT_EQ(metric("moat_warm_pool_claims_total"), 2) << "ram_mb 256 with the default pids is not the pool's spec";
   EXPECT_EQ(waitReady(4), 4) << "each pool refills";
+  // Per pool (the two small ones are one pool of 3), as resolved.
+  auto body = daemon.request("GET", "/metrics").body;
+  const std::string small_ = R"({template="host",cpus="1",ram_mb="256",storage_gb="4",pids="128"})";
+  const std::string default_ = R"({template="host",cpus="1",ram_mb="1024",storage_gb="4",pids="1024"})";
+  EXPECT_NE(body.find("\nmoat_warm_pool_ready_by_spec" + small_ + " 3\n"), std::string::npos) << body;
+  EXPECT_NE(body.find("\nmoat_warm_pool_ready_by_spec" + default_ + " 1\n"), std::string::npos) << body;
+  EXPECT_NE(body.find("\nmoat_warm_pool_claims_by_spec_total" + small_ + " 1\n"), std::string::npos) << body;
+  EXPECT_NE(body.find("\nmoat_warm_pool_claims_by_spec_total" + default_ + " 1\n"), std::string::npos) << body;
 }
 
 TEST(MoatdCapacity, MaxEnvironmentsIsAFlagAndEnvironmentsKeepTheUsualOpenFilesLimit) {
