@@ -52,6 +52,8 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import moatd_harness as h  # noqa: E402
 
+READ_MAX = 8 << 20  # the most one file GET answers (docs/API.md)
+
 THREADS = 8
 POLICY_A = {"mode": "allowlist", "allow": ["a.example.invalid"]}
 POLICY_B = {"mode": "allowlist", "allow": ["b.example.invalid", "*.b.example.invalid"]}
@@ -289,6 +291,18 @@ class Suite:
             self.f.check(status == 200, f"{label}: processes of {env}: {status} {ps}")
         self.destroy_all_but(keep=set())
 
+    def read_whole(self, env, path):
+        """A file's status and all its bytes: a GET answers at most 8 MiB
+        (docs/API.md), and the appends of one thread may add up to more."""
+        status, got = self.moatd.call("GET", f"/v1/environments/{env}/files?path={path}", raw=True)
+        while status == 200 and len(got) % READ_MAX == 0 and got:
+            status, more = self.moatd.call("GET", f"/v1/environments/{env}/files?path={path}&offset={len(got)}",
+                                           raw=True)
+            if status != 200 or not more:
+                break
+            got += more
+        return status, got
+
     def writes(self, round_):
         label = f"writes#{round_}"
         envs = [self.create({"spec": {"ram_mb": 128, "storage_gb": 1}}) for _ in range(4)]
@@ -327,7 +341,7 @@ class Suite:
             fl = w.inflight
             for path, data in expect.items():
                 env = envs[w.n % len(envs)]
-                status, got = self.moatd.call("GET", f"/v1/environments/{env}/files?path={path}", raw=True)
+                status, got = self.read_whole(env, path)
                 alternatives = [data]
                 if fl is not None and fl.file == path:
                     alternatives.append(data + fl.data if fl.kind == "append" else fl.data)
