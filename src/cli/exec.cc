@@ -8,6 +8,7 @@
 #include "cli/client.h"
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
+#include "cli/process_follow.h"
 #include "os/file.h"
 
 namespace moat::cli {
@@ -17,9 +18,10 @@ using json = nlohmann::json;
 
 constexpr const char* kExecUsage = R"(usage: moat exec ENV [options] [--] COMMAND [ARG...]
 
-Runs COMMAND in environment ENV (see moat env) and waits for it to end; then
-prints its stdout and stderr to ours. Options end at `--` or at the first
-argument after ENV that does not start with `-`.
+Runs COMMAND in environment ENV (see moat env) as if it ran here: its stdout
+and stderr reach ours as it produces them. ^C, a hang-up and TERM are sent
+on to it; a second ^C kills it; a third leaves without waiting. Options end
+at `--` or at the first argument after ENV that does not start with `-`.
 
 Exit status: the command's (128+N if signal N killed it); 124 timeout;
 126 cannot run; 127 not found; 125 moatd or the environment failed (one line
@@ -27,10 +29,11 @@ on stderr: moat: <message> (<code>)); 2 bad usage.
 
 options:
   --timeout S       kill the command after S seconds (default: none)
-  -i, --interactive send all of stdin to the command (default: no stdin)
+  -i, --interactive send our stdin to the command as it comes (default: none)
   -e NAME=VALUE     set a variable (-e NAME copies the host's value); repeatable
   -w, --workdir DIR working directory inside, default /workspace
-  --json            print moatd's whole answer instead of the output
+  --json            wait for the command to end, then print moatd's whole
+                    answer (POST .../exec) instead of the output
 )";
 
 struct ExecOptions {
@@ -133,14 +136,19 @@ Status checkText(const ExecOptions& o) {
   return {};
 }
 
-Result<json> requestBody(const ExecOptions& o) {
-  MOAT_TRY(checkText(o));
+json commonFields(const ExecOptions& o) {
   json body = {{"cmd", o.command}};
   if (o.timeoutSeconds > 0) {
     body["timeout_ms"] = std::max<int64_t>(1, std::llround(o.timeoutSeconds * 1000));
   }
   if (!o.env.empty()) body["env"] = o.env;
   if (!o.workdir.empty()) body["cwd"] = o.workdir;
+  return body;
+}
+
+// --json: one POST .../exec, stdin read whole first.
+Result<json> execBody(const ExecOptions& o) {
+  json body = commonFields(o);
   if (o.interactive) {
     MOAT_ASSIGN(std::string input, readStdin());
     if (isValidUtf8(input)) {
@@ -153,14 +161,11 @@ Result<json> requestBody(const ExecOptions& o) {
   return body;
 }
 
-Result<std::string> stream(const json& reply, const char* key, bool base64) {
-  if (!reply.contains(key) || !reply[key].is_string()) return std::string();
-  std::string data = reply[key].get<std::string>();
-  if (!base64) return data;
-  auto decoded = base64Decode(data);
-  if (!decoded.ok())
-    return Error::make("api", std::string("moatd's ") + key + " is not valid base64");
-  return decoded.value();
+// The command as a process moatd keeps, followed live.
+json processBody(const ExecOptions& o) {
+  json body = commonFields(o);
+  body["stdin"] = o.interactive;
+  return body;
 }
 
 int exitCodeOf(const json& reply) {
@@ -169,6 +174,20 @@ int exitCodeOf(const json& reply) {
     return kExitEnvironment;
   int code = reply["exit_code"].get<int>();
   return code < 0 || code > 255 ? kExitEnvironment : code;
+}
+
+// --json: the whole answer of a blocking exec.
+int execWhole(Client& client, const std::string& path, const ExecOptions& o) {
+  auto body = execBody(o);
+  if (!body.ok()) return reportFailure("exec", body.error());
+  auto reply = client.request("POST", path + "/exec", body->dump());
+  if (!reply.ok()) return reportFailure("exec", reply.error());
+  if (reply->status != 200) return complain(kExitEnvironment, describeError(reply.value()));
+  json result = json::parse(reply->body, nullptr, false);
+  if (!result.is_object())
+    return complain(kExitEnvironment, "moatd answered with something that is not JSON");
+  std::puts(result.dump(2).c_str());
+  return exitCodeOf(result);
 }
 
 }  // namespace
@@ -184,46 +203,22 @@ int execCommand(const std::vector<std::string>& args) {
   }
   auto path = environmentPath(o.environment);
   if (!path.ok()) return reportFailure("exec", path.error());
+  if (Status s = checkText(o); !s.ok()) return reportFailure("exec", s.error());
   auto client = Client::fromOptions(o.connection);
   if (!client.ok()) return reportFailure("exec", client.error());
-  auto body = requestBody(o);
-  if (!body.ok()) return reportFailure("exec", body.error());
+  if (o.json) return execWhole(client.value(), path.value(), o);
 
-  std::string request;
-  try {
-    request = body->dump();
-  } catch (const json::exception&) {  // checkText covers what can reach here
-    return reportFailure("exec", usageError("values must be valid UTF-8 (moatd's API is JSON)"));
-  }
-  auto reply = client->request("POST", path.value() + "/exec", request);
-  if (!reply.ok()) return reportFailure("exec", reply.error());
-  if (reply->status != 200) return complain(kExitEnvironment, describeError(reply.value()));
-  json result = json::parse(reply->body, nullptr, false);
-  if (!result.is_object())
-    return complain(kExitEnvironment, "moatd answered with something that is not JSON");
-  int code = exitCodeOf(result);
-  if (o.json) {
-    std::puts(result.dump(2).c_str());
-    return code;
-  }
-  bool base64 = result.value("encoding", "utf8") == "base64";
-  auto out = stream(result, "stdout", base64);
-  auto err = stream(result, "stderr", base64);
-  if (!out.ok()) return complain(kExitEnvironment, out.error().message());
-  if (!err.ok()) return complain(kExitEnvironment, err.error().message());
-  writeAll(1, out.value());
-  writeAll(2, err.value());
-  for (const char* s : {"stdout", "stderr"}) {
-    if (result.value(std::string(s) + "_truncated", false)) {
-      complain(0, std::string(s) + " was cut short at moatd's output limit");
-    }
-  }
-  if (code == kExitTimeout && result.value("timed_out", false)) {
-    char secs[32];
-    std::snprintf(secs, sizeof secs, "%g", o.timeoutSeconds);
-    complain(0, std::string("timeout: killed after ") + secs + "s");
-  }
-  return code;
+  auto started = call(client.value(), "POST", path.value() + "/processes", processBody(o).dump(), 201);
+  if (!started.ok()) return reportFailure("exec", started.error());
+  FollowOptions follow;
+  follow.environment = o.environment;
+  follow.process = started->is_object() && started->contains("id") && started->at("id").is_number_unsigned()
+                       ? started->at("id").get<uint64_t>()
+                       : 0;
+  if (follow.process == 0) return complain(kExitEnvironment, "moatd's answer names no process");
+  follow.forwardStdin = o.interactive;
+  follow.timeoutSeconds = o.timeoutSeconds;
+  return followProcess(client.value(), follow);
 }
 
 }  // namespace moat::cli

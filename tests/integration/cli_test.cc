@@ -1,6 +1,7 @@
 // `moat env` and `moat exec` end to end: the built moat binary against a real
 // moatd, as a user or a script would call them.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <memory>
@@ -10,6 +11,7 @@
 
 #include "moat_process.h"
 #include "moatd_process.h"
+#include "common/scope_exit.h"
 #include "os/file.h"
 
 namespace moat::test {
@@ -65,6 +67,29 @@ class MoatCli : public ::testing::Test {
     EXPECT_TRUE(std::regex_match(id, std::regex("[0-9a-f]{12}")))
         << "not an id alone: '" << r.out << "'";
     return id;
+  }
+
+  // moat running while the test talks to it (stdin, stdout lines, signals).
+  static std::unique_ptr<RunningProcess> startClient(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {binDir() + "/moat"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return std::make_unique<RunningProcess>(argv, std::map<std::string, std::string>{{"MOAT_STATE", daemon().stateDir()}});
+  }
+
+  // The states of environment `id`'s processes, oldest first.
+  static std::vector<std::string> processStates(const std::string& id) {
+    auto list = daemon().request("GET", "/v1/environments/" + id + "/processes");
+    json j = json::parse(list.body, nullptr, false);
+    std::vector<std::string> states;
+    if (!j.is_object() || !j.contains("processes")) return states;
+    for (const auto& p : j["processes"]) states.push_back(p.value("state", ""));
+    return states;
+  }
+
+  static int stillRunning(const std::string& id) {
+    int n = 0;
+    for (const auto& s : processStates(id)) n += s == "running" || s == "starting";
+    return n;
   }
 
   static inline std::unique_ptr<Moatd> daemon_;
@@ -195,6 +220,121 @@ TEST_F(MoatCli, ExecPassesBytesTimeoutsAndExitCodesThrough) {
   json whole = json::parse(r.out, nullptr, false);
   EXPECT_EQ(whole.value("stdout", ""), "hi\n") << r.out;
   EXPECT_EQ(whole.value("exit_code", -1), 4) << r.out;
+}
+
+TEST_F(MoatCli, ExecPrintsOutputWhileTheCommandRuns) {
+  MOAT_REQUIRE_ROOT();
+  std::string id = createEnv();
+  auto exec = startClient({"exec", id, "--", "sh", "-c",
+                           "mkfifo /tmp/go && echo first && echo to-stderr >&2 && read x < /tmp/go && "
+                           "echo \"second $x\" && exit 7"});
+  // The command waits on the fifo: this line can only have come while it runs.
+  EXPECT_EQ(exec->readLine(), "first\n");
+  EXPECT_EQ(client({"exec", id, "--", "sh", "-c", "echo now > /tmp/go"}).exitCode, 0);
+  auto r = exec->wait();
+  EXPECT_EQ(r.exitCode, 7) << describe(r);
+  EXPECT_EQ(r.out, "second now\n");
+  EXPECT_EQ(r.err, "to-stderr\n");
+}
+
+TEST_F(MoatCli, ExecSendsStdinAsItComes) {
+  MOAT_REQUIRE_ROOT();
+  std::string id = createEnv();
+  auto exec = startClient({"exec", id, "-i", "--", "sh", "-c", "read a; echo got $a; read b; echo got $b; cat"});
+  ASSERT_TRUE(exec->write("one\n"));
+  // The answer to the first line comes before the second line is written.
+  EXPECT_EQ(exec->readLine(), "got one\n");
+  ASSERT_TRUE(exec->write("two\nrest"));
+  EXPECT_EQ(exec->readLine(), "got two\n");
+  auto r = exec->wait();  // closes our stdin: cat sees its end
+  EXPECT_EQ(r.exitCode, 0) << describe(r);
+  EXPECT_EQ(r.out, "rest");
+}
+
+TEST_F(MoatCli, ExecPassesSignalsOnAndASecondInterruptKills) {
+  MOAT_REQUIRE_ROOT();
+  std::string id = createEnv();
+  auto exec = startClient({"exec", id, "--", "sh", "-c", "trap 'echo got INT' INT; echo ready; while :; do sleep 1; done"});
+  ASSERT_EQ(exec->readLine(), "ready\n");
+  ::kill(exec->pid(), SIGINT);
+  EXPECT_EQ(exec->readLine(), "got INT\n") << "the command heard the first ^C and went on";
+  ::kill(exec->pid(), SIGINT);
+  auto r = exec->wait();
+  EXPECT_EQ(r.exitCode, 128 + SIGKILL) << describe(r);
+  EXPECT_EQ(stillRunning(id), 0);
+
+  exec = startClient({"exec", id, "--", "sh", "-c", "trap 'echo got TERM; exit 3' TERM; echo ready; while :; do sleep 1; done"});
+  ASSERT_EQ(exec->readLine(), "ready\n");
+  ::kill(exec->pid(), SIGTERM);
+  r = exec->wait();
+  EXPECT_EQ(r.exitCode, 3) << describe(r);
+  EXPECT_EQ(r.out, "got TERM\n");
+}
+
+TEST_F(MoatCli, ExecLeavesAtTheThirdInterruptEvenWhenMoatdDoesNotAnswer) {
+  MOAT_REQUIRE_ROOT();
+  std::string id = createEnv();
+  auto exec = startClient({"exec", id, "--", "sh", "-c", "trap '' INT; echo ready; sleep 1000"});
+  ASSERT_EQ(exec->readLine(), "ready\n");
+  ::kill(daemon().pid(), SIGSTOP);  // the first ^C's request to moatd now hangs
+  ScopeExit resume([&] { ::kill(daemon().pid(), SIGCONT); });
+  bool left = false;
+  // Signals do not queue: one more ^C until moat has counted three.
+  for (int i = 0; i < 100 && !left; ++i) {
+    ::kill(exec->pid(), SIGINT);
+    left = exec->exitsWithin(100);
+  }
+  resume.run();
+  ASSERT_TRUE(left);
+  auto r = exec->wait();
+  EXPECT_EQ(r.exitCode, 128 + SIGINT) << describe(r);
+  EXPECT_NE(r.err.find("moat: left without waiting: process "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(id + " may still be running"), std::string::npos) << r.err;
+  EXPECT_EQ(client({"env", "rm", id}).exitCode, 0);
+}
+
+TEST_F(MoatCli, ExecGivesTheCommandSigpipeWhenItsReaderGoesAway) {
+  MOAT_REQUIRE_ROOT();
+  std::string id = createEnv();
+  auto r = runProcess({"/bin/bash", "-c", binDir() + "/moat exec " + id + " -- yes | head -n 2; echo \"moat ${PIPESTATUS[0]}\" >&2"},
+                      "", {{"MOAT_STATE", daemon().stateDir()}});
+  EXPECT_EQ(r.out, "y\ny\n");
+  EXPECT_EQ(r.err, "moat " + std::to_string(128 + SIGPIPE) + "\n") << "yes died of SIGPIPE, as it would here";
+  EXPECT_EQ(stillRunning(id), 0);
+}
+
+TEST_F(MoatCli, ExecCountsOutputItFellBehindOn) {
+  MOAT_REQUIRE_ROOT();
+  std::string id = createEnv();
+  constexpr size_t kBytes = 8u << 20;
+  auto exec = startClient({"exec", id, "--", "head", "-c", std::to_string(kBytes), "/dev/zero"});
+  // Nobody reads moat's stdout until the command has ended: moat falls
+  // behind by more than moatd keeps (1 MiB per stream).
+  bool ended = false;
+  for (int i = 0; i < 20000 && !ended; ++i) {
+    auto states = processStates(id);
+    ended = !states.empty() && states.back() == "exited";
+  }
+  ASSERT_TRUE(ended);
+  auto r = exec->wait();
+  EXPECT_EQ(r.exitCode, 0) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, std::regex("moat: ([0-9]+) bytes of the command's output were lost")))
+      << r.err;
+  EXPECT_GT(std::stoull(m[1]), 0u);
+  EXPECT_EQ(r.out.size() + std::stoull(m[1]), kBytes) << "every byte printed or counted";
+  EXPECT_EQ(r.out.find_first_not_of('\0'), std::string::npos) << "no bytes but the command's";
+}
+
+TEST_F(MoatCli, ExecSaysWhenTheEnvironmentGoesAwayUnderIt) {
+  MOAT_REQUIRE_ROOT();
+  std::string id = createEnv();
+  auto exec = startClient({"exec", id, "--", "sh", "-c", "echo ready; sleep 1000"});
+  ASSERT_EQ(exec->readLine(), "ready\n");
+  EXPECT_EQ(client({"env", "rm", id}).exitCode, 0);
+  auto r = exec->wait();
+  EXPECT_EQ(r.exitCode, 125) << describe(r);
+  EXPECT_NE(r.err.find("moat: the command can no longer be followed: "), std::string::npos) << r.err;
 }
 
 TEST_F(MoatCli, MoatdErrorsAreOneLineAndExit125) {

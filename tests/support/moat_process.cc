@@ -4,11 +4,14 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "os/file.h"
 
@@ -27,25 +30,35 @@ const std::string& testStateDir() {
   return dir;
 }
 
+namespace {
+
+pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env, int in,
+            int out, int err) {
+  std::vector<std::string> envStrings = {"PATH=/usr/local/bin:/usr/bin:/bin"};
+  for (const auto& [k, v] : env) envStrings.push_back(k + "=" + v);
+  std::vector<char*> args, envp;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  for (const auto& e : envStrings) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(in, 0);
+    ::dup2(out, 1);
+    ::dup2(err, 2);
+    ::execve(args[0], args.data(), envp.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
 ProcessResult runProcess(const std::vector<std::string>& argv, const std::string& input,
                          const std::map<std::string, std::string>& env) {
   int in[2], out[2], err[2];
   if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC)) std::abort();
-  std::vector<std::string> envStrings = {"PATH=/usr/local/bin:/usr/bin:/bin"};
-  for (const auto& [k, v] : env) envStrings.push_back(k + "=" + v);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(in[0], 0);
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    std::vector<char*> args, envp;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    for (const auto& e : envStrings) envp.push_back(const_cast<char*>(e.c_str()));
-    envp.push_back(nullptr);
-    ::execve(args[0], args.data(), envp.data());
-    ::_exit(127);
-  }
+  pid_t pid = spawn(argv, env, in[0], out[1], err[1]);
   ::close(in[0]);
   ::close(out[1]);
   ::close(err[1]);
@@ -88,6 +101,107 @@ ProcessResult runProcess(const std::vector<std::string>& argv, const std::string
   int status = 0;
   ::waitpid(pid, &status, 0);
   result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+RunningProcess::RunningProcess(const std::vector<std::string>& argv,
+                               const std::map<std::string, std::string>& env) {
+  int in[2], out[2], err[2];
+  if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC)) std::abort();
+  ::signal(SIGPIPE, SIG_IGN);
+  pid_ = spawn(argv, env, in[0], out[1], err[1]);
+  ::close(in[0]);
+  ::close(out[1]);
+  ::close(err[1]);
+  in_ = in[1];
+  out_ = out[0];
+  err_ = err[0];
+  pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+}
+
+RunningProcess::~RunningProcess() {
+  if (status_ < 0 && pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, &status_, 0);
+  }
+  for (int fd : {in_, out_, err_, pidfd_}) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+bool RunningProcess::write(const std::string& data) {
+  size_t done = 0;
+  while (in_ >= 0 && done < data.size()) {
+    ssize_t n = ::write(in_, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return in_ >= 0;
+}
+
+void RunningProcess::closeInput() {
+  if (in_ >= 0) ::close(in_);
+  in_ = -1;
+}
+
+void RunningProcess::pump(int timeoutMs) {
+  pollfd fds[2] = {{out_, POLLIN, 0}, {err_, POLLIN, 0}};
+  if (::poll(fds, 2, timeoutMs) <= 0) return;
+  char buf[65536];
+  for (int i = 0; i < 2; ++i) {
+    if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    int& fd = i == 0 ? out_ : err_;
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      fd = -1;
+    } else {
+      (i == 0 ? outBuffer_ : errBuffer_).append(buf, static_cast<size_t>(n));
+    }
+  }
+}
+
+std::string RunningProcess::readLine(int timeoutMs) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
+  for (;;) {
+    auto nl = outBuffer_.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = outBuffer_.substr(0, nl + 1);
+      outBuffer_.erase(0, nl + 1);
+      return line;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (out_ < 0 || left.count() <= 0) return std::exchange(outBuffer_, "");
+    pump(static_cast<int>(left.count()));
+  }
+}
+
+bool RunningProcess::exitsWithin(int timeoutMs) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
+  while (status_ < 0) {
+    if (::waitpid(pid_, &status_, WNOHANG) == pid_) return true;
+    status_ = -1;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    // Until it exits (its pidfd turns readable) its output keeps flowing: a
+    // full pipe would hold it up.
+    pollfd fds[3] = {{pidfd_, POLLIN, 0}, {out_, POLLIN, 0}, {err_, POLLIN, 0}};
+    if (::poll(fds, 3, static_cast<int>(left.count())) <= 0) continue;
+    if (fds[1].revents || fds[2].revents) pump(0);
+  }
+  return true;
+}
+
+ProcessResult RunningProcess::wait() {
+  closeInput();
+  while (out_ >= 0 || err_ >= 0) pump(-1);
+  if (status_ < 0) ::waitpid(pid_, &status_, 0);
+  ProcessResult result;
+  result.out = std::exchange(outBuffer_, "");
+  result.err = std::exchange(errBuffer_, "");
+  result.exitCode = WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
   return result;
 }
 

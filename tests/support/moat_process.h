@@ -19,6 +19,35 @@ struct ProcessResult {
 ProcessResult runProcess(const std::vector<std::string>& argv, const std::string& input = "",
                          const std::map<std::string, std::string>& env = {});
 
+// A process the test talks to while it runs: writes to its stdin, reads its
+// stdout line by line, signals it. Killed and reaped if the test leaves first.
+class RunningProcess {
+ public:
+  RunningProcess(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {});
+  ~RunningProcess();
+  RunningProcess(const RunningProcess&) = delete;
+  RunningProcess& operator=(const RunningProcess&) = delete;
+
+  int pid() const { return pid_; }
+  bool write(const std::string& data);
+  void closeInput();
+  // The next line of stdout with its newline; what there is (maybe "") when
+  // stdout ends or nothing completes a line within timeoutMs.
+  std::string readLine(int timeoutMs = 20000);
+  // True when the process ended within timeoutMs (then wait() returns at once).
+  bool exitsWithin(int timeoutMs);
+  // Closes stdin, reads the rest of stdout and stderr, reaps: what readLine
+  // has not returned yet.
+  ProcessResult wait();
+
+ private:
+  void pump(int timeoutMs);  // one poll round: reads what is ready into out_/err_
+  int pid_ = -1;
+  int in_ = -1, out_ = -1, err_ = -1, pidfd_ = -1;
+  std::string outBuffer_, errBuffer_;
+  int status_ = -1;  // wait status once reaped
+};
+
 // Runs build/bin/moat with args, with MOAT_STATE pointing at testStateDir().
 ProcessResult runMoat(const std::vector<std::string>& args, const std::string& input = "",
                       const std::map<std::string, std::string>& env = {});

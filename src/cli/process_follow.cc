@@ -1,0 +1,245 @@
+#include "cli/process_follow.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli/exit_codes.h"
+#include "common/encoding.h"
+
+namespace moat::cli {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr size_t kStdinPiece = 256u << 10;  // one POST .../stdin per piece read
+
+std::string processPath(const FollowOptions& o) {
+  return "/v1/environments/" + urlEncode(o.environment) + "/processes/" + std::to_string(o.process);
+}
+
+// One request to the process whose answer does not matter to us: the
+// command may have ended meanwhile (409), and its end is what we report.
+bool post(Client& client, const std::string& target, const json& body) {
+  auto reply = client.request("POST", target, body.dump());
+  return reply.ok() && reply->status == 204;
+}
+
+bool sendSignal(Client& client, const FollowOptions& o, int signo) {
+  return post(client, processPath(o) + "/signal", {{"signal", signo}});
+}
+
+// Reads the output stream (newline-delimited JSON events) and acts on it.
+class OutputPrinter {
+ public:
+  OutputPrinter(Client& client, const FollowOptions& options) : client_(client), options_(options) {}
+
+  // False once the stream must stop: its final event, or a line we cannot read.
+  bool feed(const std::string& bytes) {
+    pending_ += bytes;
+    size_t start = 0;
+    for (size_t nl; (nl = pending_.find('\n', start)) != std::string::npos; start = nl + 1) {
+      if (!handle(pending_.substr(start, nl - start))) return false;
+    }
+    pending_.erase(0, start);
+    return true;
+  }
+
+  bool ended() const { return ended_; }
+  int exitCode() const { return exitCode_; }
+  const std::string& message() const { return message_; }
+  // Bytes lost between moatd and a reader still there (dropped events do not
+  // say which stream: once a reader left, losing its output is no news).
+  uint64_t dropped() const { return readerGone_[0] || readerGone_[1] ? 0 : dropped_; }
+
+ private:
+  bool fail(const std::string& message) {
+    message_ = message;
+    return false;
+  }
+
+  bool handle(const std::string& line) {
+    json event = json::parse(line, nullptr, false);
+    if (!event.is_object() || !event.contains("type") || !event["type"].is_string()) {
+      return fail("moatd sent an output line that is not an event");
+    }
+    const std::string type = event["type"];
+    if (type == "output") return print(event);
+    if (type == "dropped") {
+      if (event.contains("bytes") && event["bytes"].is_number_unsigned()) dropped_ += event["bytes"].get<uint64_t>();
+      return true;
+    }
+    if (type == "exit") return finish(event);
+    if (type == "end") {
+      ended_ = true;
+      return fail("the command can no longer be followed: " + event.value("reason", std::string("no reason given")));
+    }
+    return true;  // heartbeat, or a kind added later
+  }
+
+  bool print(const json& event) {
+    if (!event.contains("data") || !event["data"].is_string()) return fail("moatd sent output without data");
+    auto data = base64Decode(event["data"].get<std::string>());  // asked for with encoding=base64
+    if (!data.ok()) return fail("moatd sent output that is not valid base64");
+    int stream = event.value("stream", "") == "stderr" ? 1 : 0;
+    if (readerGone_[stream] || writeAll(stream + 1, data.value())) return true;
+    // Whoever read it is gone (`moat exec ENV -- yes | head -1`): the command
+    // gets SIGPIPE, as it would writing to a closed pipe itself.
+    readerGone_[stream] = true;
+    (void)sendSignal(client_, options_, SIGPIPE);
+    return true;
+  }
+
+  bool finish(const json& event) {
+    ended_ = true;
+    int code = event.contains("exit_code") && event["exit_code"].is_number_integer() ? event["exit_code"].get<int>()
+                                                                                     : -1;
+    if (event.value("state", "") == "failed") {
+      // Could not start: what the shell would have said, as the command's stderr.
+      writeAll(2, event.value("error", std::string("the command could not start")) + "\n");
+    }
+    if (event.value("timed_out", false)) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%g", options_.timeoutSeconds);
+      message_ = std::string("timeout: killed after ") + secs + "s";
+      exitCode_ = kExitTimeout;
+    } else if (code >= 0 && code <= 255) {
+      exitCode_ = code;
+    } else {
+      message_ = "moatd reported no exit status for the command";
+    }
+    return false;
+  }
+
+  Client& client_;
+  const FollowOptions& options_;
+  std::string pending_;
+  bool ended_ = false;
+  int exitCode_ = kExitEnvironment;
+  std::string message_;
+  uint64_t dropped_ = 0;
+  bool readerGone_[2] = {false, false};
+};
+
+// The signals we pass on. A handler, not a signalfd: a third ^C must leave
+// even while a request to a stuck moatd holds the forwarding thread.
+constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+int signalPipe = -1;               // the handler's way to the forwarding thread
+std::atomic<int> interrupts{0};    // ^C so far
+char leaveMessage[256];            // written by the handler: formatted beforehand
+
+void onSignal(int signo) {
+  int saved = errno;
+  if (signo == SIGINT && interrupts.fetch_add(1) + 1 >= 3) {
+    (void)!::write(2, leaveMessage, std::strlen(leaveMessage));
+    ::_exit(128 + SIGINT);
+  }
+  char byte = static_cast<char>(signo);
+  (void)!::write(signalPipe, &byte, 1);
+  errno = saved;
+}
+
+Status installHandlers(const FollowOptions& o, int pipeWrite) {
+  std::snprintf(leaveMessage, sizeof leaveMessage,
+                "moat: left without waiting: process %llu of environment %.64s may still be running\n",
+                static_cast<unsigned long long>(o.process), o.environment.c_str());
+  signalPipe = pipeWrite;
+  struct sigaction action = {};
+  action.sa_handler = onSignal;
+  action.sa_flags = SA_RESTART;  // requests in progress go on
+  sigemptyset(&action.sa_mask);
+  for (int s : kForwarded) {
+    if (::sigaction(s, &action, nullptr) != 0) return Error::fromErrno("sigaction");
+  }
+  return {};
+}
+
+// Until `doneFd` is readable: our stdin and signals go to the command.
+void forwardLoop(Client& client, const FollowOptions& o, int doneFd, int signalFd) {
+  bool stdinOpen = o.forwardStdin;
+  bool interrupted = false;
+  std::string buf(kStdinPiece, '\0');
+  for (;;) {
+    pollfd fds[3] = {{doneFd, POLLIN, 0}, {signalFd, POLLIN, 0}, {stdinOpen ? 0 : -1, POLLIN, 0}};
+    if (::poll(fds, 3, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[0].revents) return;
+    if (fds[1].revents & POLLIN) {
+      char signo = 0;
+      if (::read(signalFd, &signo, 1) == 1) {
+        // A second ^C is for a command that did not stop at the first.
+        bool again = signo == SIGINT && interrupted;
+        interrupted = interrupted || signo == SIGINT;
+        (void)sendSignal(client, o, again ? SIGKILL : signo);
+      }
+    }
+    if (stdinOpen && (fds[2].revents & (POLLIN | POLLHUP | POLLERR))) {
+      ssize_t n = ::read(0, buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n > 0) {
+        std::string piece(buf.data(), static_cast<size_t>(n));
+        // Refused: the command closed its stdin or ended; the rest has nowhere to go.
+        stdinOpen = post(client, processPath(o) + "/stdin", {{"data", base64Encode(piece)}, {"encoding", "base64"}});
+      } else {
+        stdinOpen = false;
+        (void)post(client, processPath(o) + "/stdin", {{"close", true}});
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int followProcess(Client& client, const FollowOptions& options) {
+  // From here on a ^C, a terminal hang-up or a supervisor's TERM is for the
+  // command (before, they end us: the command may not exist yet).
+  ::signal(SIGPIPE, SIG_IGN);
+  int done[2], signalled[2];
+  if (::pipe2(done, O_CLOEXEC) != 0 || ::pipe2(signalled, O_CLOEXEC | O_NONBLOCK) != 0) {
+    return complain(kExitEnvironment, std::string("pipe: ") + std::strerror(errno));
+  }
+  UniqueFd doneRead(done[0]), doneWrite(done[1]), signalRead(signalled[0]), signalWrite(signalled[1]);
+  if (Status s = installHandlers(options, signalWrite.get()); !s.ok()) {
+    return complain(kExitEnvironment, s.error().message());
+  }
+  std::thread forwarder([&] { forwardLoop(client, options, doneRead.get(), signalRead.get()); });
+
+  OutputPrinter printer(client, options);
+  auto streamed = client.stream(processPath(options) + "/output?follow=1&encoding=base64",
+                                [&](const std::string& bytes) { return printer.feed(bytes); });
+  char one = 1;
+  (void)!::write(doneWrite.get(), &one, 1);
+  forwarder.join();
+  for (int sig : kForwarded) ::signal(sig, SIG_DFL);
+
+  if (printer.dropped() > 0) {
+    complain(0, std::to_string(printer.dropped()) +
+                    " bytes of the command's output were lost: this reader fell more than 1 MiB behind it");
+  }
+  if (!streamed.ok()) {
+    return complain(kExitEnvironment, "following process " + std::to_string(options.process) + " of environment " +
+                                          options.environment + ": " + streamed.error().message() +
+                                          " (the command may still be running)");
+  }
+  if (streamed->status != 200) return complain(kExitEnvironment, describeError(streamed.value()));
+  if (!printer.message().empty()) {
+    complain(0, printer.message());
+    return printer.ended() && printer.exitCode() != kExitEnvironment ? printer.exitCode() : kExitEnvironment;
+  }
+  if (!printer.ended()) {
+    return complain(kExitEnvironment, "moatd ended the output stream of process " + std::to_string(options.process) +
+                                          " before the command ended");
+  }
+  return printer.exitCode();
+}
+
+}  // namespace moat::cli
