@@ -11,6 +11,7 @@
 #include "cli/exit_codes.h"
 #include "common/unique_fd.h"
 #include "os/file.h"
+#include "os/terminal.h"
 
 namespace moat::cli {
 namespace {
@@ -21,9 +22,43 @@ constexpr const char* kCpUsage = R"(usage: moat cp HOST_PATH ENV:PATH
 Copies one regular file between the host and an environment of moatd, in
 8 MiB pieces (any size). Parent directories inside are created. `-` as
 HOST_PATH is stdin or stdout.
+
+options:
+  --progress     show progress on stderr, one line per piece (the default
+                 when stderr is a terminal: one line, rewritten)
+  --no-progress  do not
 )";
 
 constexpr size_t kChunk = 8u << 20;
+
+// How far a copy of more than one piece got, on stderr: on a terminal one
+// line rewritten in place and cleared at the end; elsewhere a line per piece.
+class Progress {
+ public:
+  Progress(bool shown, uint64_t total) : shown_(shown), total_(total), terminal_(os::isTerminal(2)) {}
+  ~Progress() {
+    if (drawn_ && terminal_) std::fputs("\r\033[K", stderr);  // the copy's end, or its error, is the news
+  }
+  void update(uint64_t done) {
+    if (!shown_ || done < kChunk) return;  // one piece: over before a line would help
+    std::string line = "moat cp: " + mib(done);
+    if (total_ > 0) line += " of " + mib(total_) + " (" + std::to_string(done * 100 / total_) + "%)";
+    std::fputs((terminal_ ? "\r\033[K" + line : line + "\n").c_str(), stderr);
+    std::fflush(stderr);
+    drawn_ = true;
+  }
+
+ private:
+  static std::string mib(uint64_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1u << 20));
+    return text;
+  }
+  bool shown_;
+  uint64_t total_;  // 0: not known (stdin)
+  bool terminal_;
+  bool drawn_ = false;
+};
 
 struct Remote {
   std::string env;
@@ -42,18 +77,19 @@ bool parseRemote(const std::string& arg, Remote& out) {
   return true;
 }
 
-int upload(Client& client, const std::string& host, const Remote& remote) {
+int upload(Client& client, const std::string& host, const Remote& remote, bool showProgress) {
   auto envPath = environmentPath(remote.env);
   if (!envPath.ok()) return reportFailure("moat cp", envPath.error());
   UniqueFd fd(host == "-" ? ::dup(0) : ::open(host.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return complain(kExitEnvironment, "cannot read " + host + ": " + std::strerror(errno));
-  struct stat st;
+  struct stat st = {};
   if (::fstat(fd.get(), &st) == 0 && S_ISDIR(st.st_mode)) {
     return complain(kExitUsage, host + " is a directory; moat cp copies files");
   }
   std::string base = envPath.value() + "/files?path=" + urlEncode(remote.path);
+  Progress progress(showProgress, S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0);
   bool first = true;
-  for (;;) {
+  for (uint64_t sent = 0;;) {
     std::string chunk(kChunk, '\0');
     size_t got = 0;
     while (got < kChunk) {
@@ -69,18 +105,27 @@ int upload(Client& client, const std::string& host, const Remote& remote) {
     if (!reply.ok()) return reportFailure("moat cp", reply.error());
     if (reply->status != 200) return complain(kExitEnvironment, describeError(reply.value()));
     first = false;
+    progress.update(sent += got);
     if (got < kChunk) break;
   }
   return 0;
 }
 
-int download(Client& client, const Remote& remote, const std::string& host) {
+int download(Client& client, const Remote& remote, const std::string& host, bool showProgress) {
   auto envPath = environmentPath(remote.env);
   if (!envPath.ok()) return reportFailure("moat cp", envPath.error());
   UniqueFd fd(host == "-" ? ::dup(1)
                           : ::open(host.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!fd) return complain(kExitEnvironment, "cannot write " + host + ": " + std::strerror(errno));
   std::string base = envPath.value() + "/files?path=" + urlEncode(remote.path);
+  uint64_t total = 0;
+  if (showProgress) {  // the total, for the progress line only: the file may still grow
+    auto stat = call(client, "GET", envPath.value() + "/files/stat?path=" + urlEncode(remote.path), "", 200);
+    if (stat.ok() && stat->is_object() && stat->contains("size") && (*stat)["size"].is_number_unsigned()) {
+      total = (*stat)["size"].get<uint64_t>();
+    }
+  }
+  Progress progress(showProgress, total);
   for (uint64_t offset = 0;;) {
     auto reply = client.request("GET", base + "&offset=" + std::to_string(offset) +
                                            "&length=" + std::to_string(kChunk));
@@ -90,6 +135,7 @@ int download(Client& client, const Remote& remote, const std::string& host) {
       return complain(kExitEnvironment, "write " + host + ": " + std::strerror(errno));
     }
     offset += reply->body.size();
+    progress.update(offset);
     if (reply->body.size() < kChunk) break;
   }
   return 0;
@@ -100,6 +146,7 @@ int download(Client& client, const Remote& remote, const std::string& host) {
 int cpCommand(const std::vector<std::string>& args) {
   ConnectionOptions connection;
   std::vector<std::string> positional;
+  bool showProgress = os::isTerminal(2);
   FlagReader flags(args);
   while (!flags.done()) {
     if (!flags.currentIsFlag()) {
@@ -113,7 +160,13 @@ int cpCommand(const std::vector<std::string>& args) {
     }
     Status s = flags.next();
     if (!s.ok()) return reportFailure("moat cp", s.error());
-    bool matched = false;
+    bool matched = true;
+    if (flags.name() == "--progress" || flags.name() == "--no-progress") {
+      s = flags.noValue();
+      if (!s.ok()) return reportFailure("moat cp", s.error());
+      showProgress = flags.name() == "--progress";
+      continue;
+    }
     s = readConnectionFlag(flags, connection, matched);
     if (!s.ok()) return reportFailure("moat cp", s.error());
     if (!matched) return reportFailure("moat cp", usageError("unknown option " + flags.name()));
@@ -129,8 +182,8 @@ int cpCommand(const std::vector<std::string>& args) {
   }
   auto client = Client::fromOptions(connection);
   if (!client.ok()) return reportFailure("moat cp", client.error());
-  return toRemote ? upload(client.value(), positional[0], to)
-                  : download(client.value(), from, positional[1]);
+  return toRemote ? upload(client.value(), positional[0], to, showProgress)
+                  : download(client.value(), from, positional[1], showProgress);
 }
 
 }  // namespace moat::cli

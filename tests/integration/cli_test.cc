@@ -406,15 +406,25 @@ TEST_F(MoatCli, CpCopiesFilesBothWaysInPieces) {
   ASSERT_TRUE(os::writeFile(dir + "/big.bin", data).ok());
   auto up = client({"cp", dir + "/big.bin", id + ":/workspace/sub/big.bin"});
   ASSERT_EQ(up.exitCode, 0) << describe(up);
+  EXPECT_EQ(up.err, "") << "no progress unless stderr is a terminal or it is asked for";
+  // --progress: a line per piece, with the total.
+  const std::string progress =
+      "moat cp: 8.0 MiB of 20.0 MiB (40%)\nmoat cp: 16.0 MiB of 20.0 MiB (80%)\nmoat cp: 20.0 MiB of 20.0 MiB (100%)\n";
+  up = client({"cp", "--progress", dir + "/big.bin", id + ":/workspace/sub/big.bin"});
+  ASSERT_EQ(up.exitCode, 0) << describe(up);
+  EXPECT_EQ(up.err, progress);
   auto size = client({"exec", id, "--", "stat", "-c", "%s", "/workspace/sub/big.bin"});
   EXPECT_EQ(size.out, std::to_string(data.size()) + "\n");
-  auto down = client({"cp", id + ":/workspace/sub/big.bin", dir + "/back.bin"});
+  auto down = client({"cp", "--progress", id + ":/workspace/sub/big.bin", dir + "/back.bin"});
   ASSERT_EQ(down.exitCode, 0) << describe(down);
+  EXPECT_EQ(down.err, progress);
   auto back = os::readFile(dir + "/back.bin", 64u << 20);
   ASSERT_TRUE(back.ok());
   EXPECT_TRUE(back.value() == data) << "round trip changed the bytes";
   // stdin and stdout as `-`.
-  EXPECT_EQ(client({"cp", "-", id + ":/workspace/s.txt"}, "from stdin").exitCode, 0);
+  auto piped = client({"cp", "--progress", "-", id + ":/workspace/s.txt"}, "from stdin");
+  EXPECT_EQ(piped.exitCode, 0) << describe(piped);
+  EXPECT_EQ(piped.err, "") << "one piece: over before a progress line would help";
   EXPECT_EQ(client({"cp", id + ":/workspace/s.txt", "-"}).out, "from stdin");
   // Clear errors.
   auto missing = client({"cp", id + ":/workspace/none", dir + "/x"});
@@ -422,6 +432,7 @@ TEST_F(MoatCli, CpCopiesFilesBothWaysInPieces) {
   EXPECT_NE(missing.err.find("not_found"), std::string::npos) << describe(missing);
   EXPECT_EQ(client({"cp", dir + "/a", dir + "/b"}).exitCode, 2);
   EXPECT_EQ(client({"cp", dir, id + ":/workspace/d"}).exitCode, 2);
+  EXPECT_EQ(client({"cp", "--progress=yes", dir + "/big.bin", id + ":/workspace/d"}).exitCode, 2);
   (void)os::removeTree(dir);
 }
 
