@@ -196,11 +196,10 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
       version = parser.get().version();
       keepAlive = drained && parser.get().keep_alive();
     } else if (ec) {
-      bool tooBig = ec == http::error::body_limit || ec == http::error::header_limit;
-      tooLarge = tooBig;
-      response.status = tooBig ? 413 : 400;
-      response.body = errorBody(tooBig ? "too_large" : "bad_request",
-                                tooBig ? "request larger than the limit of " +
+      tooLarge = ec == http::error::body_limit || ec == http::error::header_limit;
+      response.status = tooLarge ? 413 : 400;
+      response.body = errorBody(tooLarge ? "too_large" : "bad_request",
+                                tooLarge ? "request larger than the limit of " +
                                              std::to_string(limits.maxBodyBytes) + " bytes"
                                        : "malformed HTTP request: " + ec.message());
     } else {

@@ -37,6 +37,7 @@ json processJson(const manager::ProcessInfo& info) {
             {"pty", info.pty},
             {"state", manager::processStateName(info.state)},
             {"stdin_open", info.stdinOpen},
+            {"lossless", info.lossless},
             {"started_at", timestamp(info.startedAtMs)},
             {"stdout_bytes", info.stdoutBytes},
             {"stderr_bytes", info.stderrBytes},

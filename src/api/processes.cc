@@ -7,6 +7,7 @@
 #include "api/process_json.h"
 #include "api/validation.h"
 #include "common/encoding.h"
+#include "common/scope_exit.h"
 
 // /v1/environments/{id}/processes: commands in the background whose output
 // moatd keeps, so that clients attach, detach and read again from an offset.
@@ -17,9 +18,10 @@ namespace {
 // (and moatd learns whether the client still is).
 constexpr auto kHeartbeat = std::chrono::seconds(15);
 constexpr size_t kReadPiece = 256u << 10;
-// After the first new bytes, a follower lets more gather this long before it
-// reads and writes: a chatty process then costs each follower ~100 wake-ups
-// and writes a second instead of one per line (the shell stays immediate).
+// After the first new bytes, a follower that was caught up lets more gather
+// this long before it reads and writes: a chatty process then costs each
+// follower ~100 wake-ups and writes a second instead of one per line (the
+// shell stays immediate). One that is behind reads on at once.
 constexpr auto kCoalesce = std::chrono::milliseconds(10);
 
 std::string line(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"; }
@@ -31,7 +33,7 @@ HttpResponse startProcess(manager::EnvironmentManager& manager, const HttpReques
   auto body = parseObject(req.body, perr);
   if (!body.ok()) return errorResponse(perr);
   const json& j = body.value();
-  if (auto e = onlyFields(j, {"cmd", "env", "cwd", "timeout_ms", "stdin", "pty", "rows", "cols"}, "")) {
+  if (auto e = onlyFields(j, {"cmd", "env", "cwd", "timeout_ms", "stdin", "pty", "rows", "cols", "lossless"}, "")) {
     return errorResponse(*e);
   }
   manager::ProcessRequest request;
@@ -49,11 +51,12 @@ HttpResponse startProcess(manager::EnvironmentManager& manager, const HttpReques
       return errorResponse(*e);
     }
   }
-  for (const char* flag : {"stdin", "pty"}) {
+  for (const char* flag : {"stdin", "pty", "lossless"}) {
     if (j.contains(flag) && !j[flag].is_boolean()) return errorResponse(invalid(flag, "must be true or false"));
   }
   if (j.contains("stdin")) request.stdinOpen = j["stdin"].get<bool>();
   if (j.contains("pty")) request.pty = j["pty"].get<bool>();
+  if (j.contains("lossless")) request.lossless = j["lossless"].get<bool>();
   if ((j.contains("rows") || j.contains("cols")) && !request.pty) {
     return errorResponse(invalid(j.contains("rows") ? "rows" : "cols", "only with \"pty\": true"));
   }
@@ -106,9 +109,12 @@ HttpResponse readOutput(const std::shared_ptr<manager::Process>& process, const 
   response.contentType = "application/x-ndjson";
   response.stream = [process, since, base64](const BodyWriter& write) {
     uint64_t pos = since;
+    // A lossless process's output waits for its slowest follower.
+    uint64_t follower = process->attachFollower(since);
+    ScopeExit detach([&] { process->detachFollower(follower); });
     for (;;) {
       auto r = process->read(pos, kReadPiece, true, std::chrono::steady_clock::now() + kHeartbeat);
-      if (!r.items.empty() && !r.ended) {
+      if (!r.items.empty() && !r.ended && !r.more) {
         std::this_thread::sleep_for(kCoalesce);  // not a wait on the process: no wake-ups meanwhile
         r = process->read(pos, kReadPiece, false, {});
       }
@@ -118,6 +124,7 @@ HttpResponse readOutput(const std::shared_ptr<manager::Process>& process, const 
       if (out.empty()) out = line({{"type", "heartbeat"}, {"offset", r.next}});
       if (!write(out) || r.ended) return;
       pos = r.next;
+      process->advanceFollower(follower, pos);
     }
   };
   return response;

@@ -165,6 +165,7 @@ Result<json> execBody(const ExecOptions& o) {
 json processBody(const ExecOptions& o) {
   json body = commonFields(o);
   body["stdin"] = o.interactive;
+  body["lossless"] = true;  // a slow reader of ours holds the command up instead of losing its output
   return body;
 }
 

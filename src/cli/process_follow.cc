@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -25,15 +26,18 @@ std::string processPath(const FollowOptions& o) {
   return "/v1/environments/" + urlEncode(o.environment) + "/processes/" + std::to_string(o.process);
 }
 
-// One request to the process whose answer does not matter to us: the
-// command may have ended meanwhile (409), and its end is what we report.
-bool post(Client& client, const std::string& target, const json& body) {
+// One request about the process. A 409 (the command ended, or closed its
+// stdin) is no news: its end is what we report. Anything else is said once.
+bool post(Client& client, const std::string& target, const json& body, const std::string& what) {
   auto reply = client.request("POST", target, body.dump());
-  return reply.ok() && reply->status == 204;
+  if (reply.ok() && reply->status == 204) return true;
+  if (reply.ok() && reply->status == 409) return false;
+  complain(0, what + ": " + (reply.ok() ? describeError(reply.value()) : reply.error().message()));
+  return false;
 }
 
 bool sendSignal(Client& client, const FollowOptions& o, int signo) {
-  return post(client, processPath(o) + "/signal", {{"signal", signo}});
+  return post(client, processPath(o) + "/signal", {{"signal", signo}}, "sending signal " + std::to_string(signo));
 }
 
 // Reads the output stream (newline-delimited JSON events) and acts on it.
@@ -68,7 +72,7 @@ class OutputPrinter {
   bool handle(const std::string& line) {
     json event = json::parse(line, nullptr, false);
     if (!event.is_object() || !event.contains("type") || !event["type"].is_string()) {
-      return fail("moatd sent an output line that is not an event");
+      return fail("moatd sent an output line that is not an event (the command may still be running)");
     }
     const std::string type = event["type"];
     if (type == "output") return print(event);
@@ -146,6 +150,11 @@ void onSignal(int signo) {
   errno = saved;
 }
 
+// The dispositions before ours: a signal ignored when we started (nohup,
+// a script's `&`) stays ignored, and each is put back at the end.
+struct sigaction previous[std::size(kForwarded)];
+bool handled[std::size(kForwarded)];
+
 Status installHandlers(const FollowOptions& o, int pipeWrite) {
   std::snprintf(leaveMessage, sizeof leaveMessage,
                 "moat: left without waiting: process %llu of environment %.64s may still be running\n",
@@ -155,10 +164,24 @@ Status installHandlers(const FollowOptions& o, int pipeWrite) {
   action.sa_handler = onSignal;
   action.sa_flags = SA_RESTART;  // requests in progress go on
   sigemptyset(&action.sa_mask);
-  for (int s : kForwarded) {
-    if (::sigaction(s, &action, nullptr) != 0) return Error::fromErrno("sigaction");
+  sigset_t ours;
+  sigemptyset(&ours);
+  for (size_t i = 0; i < std::size(kForwarded); ++i) {
+    handled[i] = false;
+    if (::sigaction(kForwarded[i], nullptr, &previous[i]) != 0) return Error::fromErrno("sigaction");
+    if (previous[i].sa_handler == SIG_IGN) continue;
+    if (::sigaction(kForwarded[i], &action, nullptr) != 0) return Error::fromErrno("sigaction");
+    handled[i] = true;
+    sigaddset(&ours, kForwarded[i]);
   }
+  ::pthread_sigmask(SIG_UNBLOCK, &ours, nullptr);  // a blocked mask is inherited too
   return {};
+}
+
+void restoreHandlers() {
+  for (size_t i = 0; i < std::size(kForwarded); ++i) {
+    if (handled[i]) ::sigaction(kForwarded[i], &previous[i], nullptr);
+  }
 }
 
 // Until `doneFd` is readable: our stdin and signals go to the command.
@@ -182,16 +205,19 @@ void forwardLoop(Client& client, const FollowOptions& o, int doneFd, int signalF
         (void)sendSignal(client, o, again ? SIGKILL : signo);
       }
     }
-    if (stdinOpen && (fds[2].revents & (POLLIN | POLLHUP | POLLERR))) {
-      ssize_t n = ::read(0, buf.data(), buf.size());
-      if (n < 0 && errno == EINTR) continue;
+    if (stdinOpen && (fds[2].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL))) {
+      ssize_t n = (fds[2].revents & POLLNVAL) ? 0 : ::read(0, buf.data(), buf.size());
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      std::string target = processPath(o) + "/stdin";
       if (n > 0) {
         std::string piece(buf.data(), static_cast<size_t>(n));
-        // Refused: the command closed its stdin or ended; the rest has nowhere to go.
-        stdinOpen = post(client, processPath(o) + "/stdin", {{"data", base64Encode(piece)}, {"encoding", "base64"}});
+        stdinOpen = post(client, target, {{"data", base64Encode(piece)}, {"encoding", "base64"}}, "sending stdin");
+        // Refused: the command ended or closed its stdin (the rest has
+        // nowhere to go), or moatd failed (then the command still gets its end).
+        if (!stdinOpen) (void)client.request("POST", target, json{{"close", true}}.dump());
       } else {
         stdinOpen = false;
-        (void)post(client, processPath(o) + "/stdin", {{"close", true}});
+        (void)post(client, target, {{"close", true}}, "closing stdin");
       }
     }
   }
@@ -203,11 +229,11 @@ int followProcess(Client& client, const FollowOptions& options) {
   // From here on a ^C, a terminal hang-up or a supervisor's TERM is for the
   // command (before, they end us: the command may not exist yet).
   ::signal(SIGPIPE, SIG_IGN);
-  int done[2], signalled[2];
-  if (::pipe2(done, O_CLOEXEC) != 0 || ::pipe2(signalled, O_CLOEXEC | O_NONBLOCK) != 0) {
-    return complain(kExitEnvironment, std::string("pipe: ") + std::strerror(errno));
-  }
+  int done[2] = {-1, -1}, signalled[2] = {-1, -1};
+  bool piped = ::pipe2(done, O_CLOEXEC) == 0 && ::pipe2(signalled, O_CLOEXEC | O_NONBLOCK) == 0;
+  int pipeErrno = errno;
   UniqueFd doneRead(done[0]), doneWrite(done[1]), signalRead(signalled[0]), signalWrite(signalled[1]);
+  if (!piped) return complain(kExitEnvironment, std::string("pipe: ") + std::strerror(pipeErrno));
   if (Status s = installHandlers(options, signalWrite.get()); !s.ok()) {
     return complain(kExitEnvironment, s.error().message());
   }
@@ -219,7 +245,7 @@ int followProcess(Client& client, const FollowOptions& options) {
   char one = 1;
   (void)!::write(doneWrite.get(), &one, 1);
   forwarder.join();
-  for (int sig : kForwarded) ::signal(sig, SIG_DFL);
+  restoreHandlers();
 
   if (printer.dropped() > 0) {
     complain(0, std::to_string(printer.dropped()) +

@@ -201,6 +201,16 @@ Result<SignalRequest> SignalRequest::decode(const std::string& payload) {
   return m;
 }
 
+std::string OutputCredit::encode() const { return Encoder().u32(id).u64(bytes).take(); }
+Result<OutputCredit> OutputCredit::decode(const std::string& payload) {
+  Decoder d(payload);
+  OutputCredit m;
+  MOAT_ASSIGN(m.id, d.u32());
+  MOAT_ASSIGN(m.bytes, d.u64());
+  FINISH(d);
+  return m;
+}
+
 std::string Resize::encode() const { return Encoder().u32(id).u32(rows).u32(cols).take(); }
 Result<Resize> Resize::decode(const std::string& payload) {
   Decoder d(payload);

@@ -28,6 +28,7 @@ enum class MsgType : uint8_t {
   kSignal = 4,
   kResize = 5,
   kShutdown = 6,
+  kOutputCredit = 7,
   kFile = 16,
   // init -> client
   kHello = 64,
@@ -136,6 +137,20 @@ struct SignalRequest {
   bool wholeGroup = true;
   std::string encode() const;
   static Result<SignalRequest> decode(const std::string& payload);
+};
+
+// Flow control of one process's output (kOutputCredit). A process starts
+// unlimited: moat-init forwards its output as it comes. The first credit
+// limits it: moat-init forwards at most `bytes` more (both streams counted
+// together) and leaves the rest in the pipe, so the process waits in its
+// writes; each later credit adds to what may be forwarded. kUnlimited lifts
+// the limit for good.
+struct OutputCredit {
+  static constexpr uint64_t kUnlimited = ~0ULL;
+  uint32_t id = 0;
+  uint64_t bytes = 0;
+  std::string encode() const;
+  static Result<OutputCredit> decode(const std::string& payload);
 };
 
 // The window size of a pty process's terminal (kResize). Encoded as three

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -118,12 +119,14 @@ int Supervisor::run() {
     fds.push_back({launcher_.readyFd(), POLLIN, 0});
     constexpr size_t kFirstStream = 4;
     for (auto& [id, p] : processes_) {
-      // Output waits in the pipe until the launch is reported: Spawned first.
-      if (p.stdoutFd && p.pid >= 0) {
+      // Output waits in the pipe until the launch is reported (Spawned
+      // first), and while the client gives no credit for more.
+      bool forward = p.pid >= 0 && p.credit > 0;
+      if (p.stdoutFd && forward) {
         fds.push_back({p.stdoutFd.get(), POLLIN, 0});
         owners.emplace_back(id, 0);
       }
-      if (p.stderrFd && p.pid >= 0) {
+      if (p.stderrFd && forward) {
         fds.push_back({p.stderrFd.get(), POLLIN, 0});
         owners.emplace_back(id, 1);
       }
@@ -178,6 +181,7 @@ int Supervisor::run() {
         reapChildren();
       }
     }
+    finishDrained();
     enforceDeadlines();
   }
   flush();
@@ -204,6 +208,23 @@ void Supervisor::handleFrame(const Frame& frame) {
         p.stdinAtLineStart = last == '\n' || last == '\r';
       }
       return flushStdin(p);
+    }
+    case MsgType::kOutputCredit: {
+      auto req = OutputCredit::decode(frame.payload);
+      if (!req.ok()) return protocolError(req.error().message());
+      auto it = processes_.find(req->id);
+      if (it == processes_.end()) return;  // ended meanwhile
+      Process& p = it->second;
+      if (req->bytes == OutputCredit::kUnlimited) {
+        p.credit = OutputCredit::kUnlimited;
+        p.limited = true;
+      } else if (!p.limited) {
+        p.credit = req->bytes;  // the first: flow control starts
+        p.limited = true;
+      } else if (p.credit != OutputCredit::kUnlimited) {
+        p.credit += req->bytes;
+      }
+      return;
     }
     case MsgType::kCloseStdin: {
       auto req = ProcessRef::decode(frame.payload);
@@ -287,15 +308,14 @@ void Supervisor::launched(std::unique_ptr<Launch> launch) {
     p.pendingSignals.clear();
     if (p.timedOut) signalProcess(p, SIGKILL, true);
     if (auto reaped = unclaimed_.find(p.pid); reaped != unclaimed_.end()) {
-      int status = reaped->second;
+      p.exitStatus = reaped->second;  // reported by finishDrained
       unclaimed_.erase(reaped);
-      finish(p, status);
-      processes_.erase(it);
     }
   }
 }
 
 void Supervisor::signalProcess(Process& p, int signo, bool wholeGroup) {
+  if (p.exitStatus >= 0) return;  // reaped: its pid may be another's now
   if (p.pid < 0) {
     p.pendingSignals.emplace_back(signo, wholeGroup);
     return;
@@ -306,7 +326,8 @@ void Supervisor::signalProcess(Process& p, int signo, bool wholeGroup) {
 Supervisor::PumpResult Supervisor::pump(Process& p, int streamIndex) {
   int fd = streamIndex == 0 ? p.stdoutFd.get() : p.stderrFd.get();
   char buf[kOutputChunk];
-  ssize_t n = ::read(fd, buf, sizeof buf);
+  if (p.credit == 0) return PumpResult::kAgain;  // the other stream used it up
+  ssize_t n = ::read(fd, buf, std::min<uint64_t>(sizeof buf, p.credit));
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return PumpResult::kAgain;
   // A pipe reads 0 once its writers are gone; a pty's master fails with EIO
   // once nothing holds the terminal, after what it buffered has been read.
@@ -318,6 +339,8 @@ Supervisor::PumpResult Supervisor::pump(Process& p, int streamIndex) {
     p.truncated[streamIndex] = true;
     forward = before >= p.outputLimit ? 0 : static_cast<size_t>(p.outputLimit - before);
   }
+  // Credit counts what is forwarded: the client's offsets count the same.
+  if (p.credit != OutputCredit::kUnlimited) p.credit -= forward;
   if (forward > 0) {
     Output out{p.id, streamIndex == 0 ? Stream::kStdout : Stream::kStderr, std::string(buf, forward)};
     send(MsgType::kOutput, out.encode());
@@ -365,10 +388,9 @@ void Supervisor::reapChildren() {
     if (pid <= 0) return;
     bool known = false;
     for (auto it = processes_.begin(); it != processes_.end(); ++it) {
-      if (it->second.pid != pid) continue;
-      finish(it->second, status);
-      processes_.erase(it);
+      if (it->second.pid != pid || it->second.exitStatus >= 0) continue;
       known = true;
+      it->second.exitStatus = status;
       break;
     }
     // A command whose launch is not reported yet, or an orphan.
@@ -376,14 +398,32 @@ void Supervisor::reapChildren() {
   }
 }
 
-void Supervisor::finish(Process& p, int status) {
-  // Forward what is still buffered in the pipes or the terminal; background
-  // children that keep them open do not hold the exit report back.
-  for (int stream = 0; stream < 2; ++stream) {
-    UniqueFd& fd = stream == 0 ? p.stdoutFd : p.stderrFd;
-    PumpResult r = PumpResult::kData;
-    while (fd && r == PumpResult::kData) r = pump(p, stream);
+void Supervisor::finishDrained() {
+  for (auto it = processes_.begin(); it != processes_.end();) {
+    Process& p = it->second;
+    if (p.exitStatus < 0) {
+      ++it;
+      continue;
+    }
+    // Forward what is still buffered in the pipes or the terminal; background
+    // children that keep them open do not hold the exit report back. Output
+    // under flow control may have to wait for credit first.
+    for (int stream = 0; stream < 2; ++stream) {
+      UniqueFd& fd = stream == 0 ? p.stdoutFd : p.stderrFd;
+      PumpResult r = PumpResult::kData;
+      while (fd && p.credit > 0 && r == PumpResult::kData) r = pump(p, stream);
+      if (r == PumpResult::kEnd) fd.reset();
+    }
+    if (p.credit == 0 && (p.stdoutFd || p.stderrFd)) {
+      ++it;
+      continue;
+    }
+    finish(p, p.exitStatus);
+    it = processes_.erase(it);
   }
+}
+
+void Supervisor::finish(Process& p, int status) {
   Exited e;
   e.id = p.id;
   if (WIFEXITED(status)) {
@@ -403,7 +443,7 @@ void Supervisor::finish(Process& p, int status) {
 void Supervisor::enforceDeadlines() {
   uint64_t now = nowUs();
   for (auto& [id, p] : processes_) {
-    if (p.deadlineUs && !p.timedOut && now >= p.deadlineUs) {
+    if (p.deadlineUs && !p.timedOut && p.exitStatus < 0 && now >= p.deadlineUs) {
       p.timedOut = true;
       if (p.pid < 0) continue;  // killed once launched
       ::kill(-p.pid, SIGKILL);
@@ -415,7 +455,7 @@ void Supervisor::enforceDeadlines() {
 int Supervisor::pollTimeoutMs() const {
   uint64_t next = 0;
   for (const auto& [id, p] : processes_) {
-    if (p.deadlineUs && !p.timedOut && (next == 0 || p.deadlineUs < next)) next = p.deadlineUs;
+    if (p.deadlineUs && !p.timedOut && p.exitStatus < 0 && (next == 0 || p.deadlineUs < next)) next = p.deadlineUs;
   }
   if (next == 0) return -1;
   uint64_t now = nowUs();
@@ -428,7 +468,7 @@ void Supervisor::killEverything() {
     auto it = processes_.find(launch->request.id);
     if (it != processes_.end()) it->second.pid = launch->pid;
   }
-  std::erase_if(processes_, [](const auto& entry) { return entry.second.pid < 0; });
+  std::erase_if(processes_, [](const auto& entry) { return entry.second.pid < 0 || entry.second.exitStatus >= 0; });
   if (pidOne_) {
     ::kill(-1, SIGKILL);
   } else {

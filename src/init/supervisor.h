@@ -53,6 +53,13 @@ class Supervisor {
     bool timedOut = false;
     uint64_t bytes[2] = {0, 0};
     bool truncated[2] = {false, false};
+    // What may still be forwarded (OutputCredit); kUnlimited unless the
+    // client asked for flow control. At 0 the output waits in the pipe.
+    uint64_t credit = OutputCredit::kUnlimited;
+    bool limited = false;  // a credit came: from now on credits add up
+    // Reaped while output still waited for credit: its wait status, and its
+    // Exited goes out once what its pipes hold is forwarded. -1: running.
+    int exitStatus = -1;
   };
 
   void handleFrame(const Frame& frame);
@@ -62,6 +69,9 @@ class Supervisor {
   void signalProcess(Process& process, int signo, bool wholeGroup);
   void reapChildren();
   void finish(Process& process, int status);
+  // Reports the processes reaped while their output waited for credit, once
+  // what their pipes hold is forwarded.
+  void finishDrained();
   enum class PumpResult { kData, kAgain, kEnd };
   // Reads one chunk of a stream and forwards it (within the output cap).
   PumpResult pump(Process& process, int streamIndex);

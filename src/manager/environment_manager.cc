@@ -93,8 +93,7 @@ EnvironmentManager::EnvironmentManager(ManagerConfig config, store::Store& store
   std::vector<WarmPool> pools;
   for (const auto& p : config_.warmPools) {
     auto same = std::find_if(pools.begin(), pools.end(), [&](const WarmPool& q) {
-      return q.templateName == p.templateName && q.cpus == p.cpus && q.ramMb == p.ramMb &&
-             q.storageGb == p.storageGb && q.pids == p.pids;
+      return q.keeps(p.templateName, p.cpus, p.ramMb, p.storageGb, p.pids);
     });
     if (same == pools.end()) {
       pools.push_back(p);
@@ -312,10 +311,7 @@ backend::namespaces::EnvironmentSpec EnvironmentManager::poolSpec(size_t pool) c
 std::optional<size_t> EnvironmentManager::poolFor(const store::EnvironmentRecord& record) const {
   for (size_t i = 0; i < config_.warmPools.size(); ++i) {
     const WarmPool& p = config_.warmPools[i];
-    if (record.templateName == p.templateName && record.cpus == p.cpus && record.ramMb == p.ramMb &&
-        record.storageGb == p.storageGb && record.pids == p.pids) {
-      return i;
-    }
+    if (p.keeps(record.templateName, record.cpus, record.ramMb, record.storageGb, record.pids)) return i;
   }
   return std::nullopt;
 }
@@ -712,6 +708,7 @@ Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::str
   process->onEnded([recorder = &audit_, id, actor = request.actor](const ProcessInfo& info) {
     recorder->record("process.ended", id, actor, endedData(info));
   });
+  if (request.lossless) process->makeLossless();
   Status started = process->start(live.connection, spawn, "", false);
   if (started.ok() && request.pty) (void)process->resize(request.rows, request.cols);
   ++execs_;

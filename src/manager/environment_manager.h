@@ -36,6 +36,10 @@ struct WarmPool {
   double storageGb = 0;
   uint64_t pids = 0;
   size_t size = 0;
+  // Whether an environment of this template and spec is one this pool keeps.
+  bool keeps(const std::string& templ, double c, uint64_t ram, double storage, uint64_t p) const {
+    return templ == templateName && c == cpus && ram == ramMb && storage == storageGb && p == pids;
+  }
 };
 
 struct ManagerConfig {
@@ -105,6 +109,7 @@ struct ProcessRequest {
   uint16_t rows = 24;
   uint16_t cols = 80;
   uint64_t timeoutMs = 0;
+  bool lossless = false;  // output waits for its followers (Process::makeLossless)
   std::string kind = "process";
   std::string actor = "master";  // who asked: for the audit log
 };

@@ -164,6 +164,13 @@ Status InitConnection::signal(uint32_t id, int signo, bool wholeGroup) {
   return {};
 }
 
+Status InitConnection::grantOutput(uint32_t id, uint64_t bytes) {
+  if (!send(init::MsgType::kOutputCredit, init::OutputCredit{id, bytes}.encode()).ok()) {
+    return gone("the environment ended");
+  }
+  return {};
+}
+
 Status InitConnection::resize(uint32_t id, uint16_t rows, uint16_t cols) {
   if (!send(init::MsgType::kResize, init::Resize{id, rows, cols}.encode()).ok()) {
     return gone("the environment ended");

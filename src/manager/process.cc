@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "manager/clock.h"
@@ -108,6 +109,13 @@ Status Process::start(const std::shared_ptr<InitConnection>& connection, init::S
     connection_ = connection;
   }
   MOAT_ASSIGN(uint32_t initId, connection->spawn(std::move(spawn), shared_from_this(), stdinData, closeStdin));
+  bool lossless;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    lossless = info_.lossless;
+  }
+  // Right behind the Spawn: moat-init reads it before the first output.
+  if (lossless) (void)connection->grantOutput(initId, kLosslessWindow);
   std::unique_lock<std::mutex> lock(mutex_);
   initId_ = initId;
   if (closeStdin) info_.stdinOpen = false;
@@ -118,6 +126,67 @@ Status Process::start(const std::shared_ptr<InitConnection>& connection, init::S
     return Error::make("timeout", "the environment did not start the command in time");
   }
   return {};
+}
+
+void Process::makeLossless() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  info_.lossless = true;
+  granted_ = kLosslessWindow;
+}
+
+uint64_t Process::attachFollower(uint64_t since) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  followed_ = true;
+  followers_[nextFollower_] = since;
+  return nextFollower_++;
+}
+
+void Process::advanceFollower(uint64_t follower, uint64_t position) {
+  uint64_t credit;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    followers_[follower] = position;
+    credit = creditLocked();
+  }
+  if (credit) sendCredit(credit);
+}
+
+void Process::detachFollower(uint64_t follower) {
+  uint64_t credit;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    followers_.erase(follower);
+    credit = creditLocked();
+  }
+  if (credit) sendCredit(credit);
+}
+
+uint64_t Process::creditLocked() {
+  if (!info_.lossless || info_.ended() || !followed_) return 0;  // none yet: waits for its first
+  if (followers_.empty()) {
+    info_.lossless = false;  // nobody follows any more: back to dropping what nobody reads
+    return init::OutputCredit::kUnlimited;
+  }
+  uint64_t slowest = ~0ULL;
+  for (const auto& [key, at] : followers_) slowest = std::min(slowest, at);
+  uint64_t target = slowest + kLosslessWindow;
+  // A quarter of the window at a time: a credit per chunk would cost a
+  // message to moat-init per chunk.
+  if (target < granted_ + kLosslessWindow / 4) return 0;
+  uint64_t more = target - granted_;
+  granted_ = target;
+  return more;
+}
+
+void Process::sendCredit(uint64_t bytes) {
+  std::shared_ptr<InitConnection> connection;
+  uint32_t initId;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    connection = connection_.lock();
+    initId = initId_;
+  }
+  if (connection) (void)connection->grantOutput(initId, bytes);
 }
 
 Status Process::connectionGone() const {
@@ -201,6 +270,7 @@ Process::Read Process::read(uint64_t since, size_t maxBytes, bool wait,
     r.next = last.offset + (last.dropped ? last.length : last.data.size());
   }
   r.ended = info_.ended() && r.next >= log_.end();
+  r.more = r.next < log_.end();
   return r;
 }
 

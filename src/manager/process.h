@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,6 +27,7 @@ struct ProcessInfo {
   std::string kind;        // "process", "exec" or "shell"
   bool pty = false;
   bool stdinOpen = false;
+  bool lossless = false;   // its output waits for its followers instead of being dropped
   ProcessState state = ProcessState::kStarting;
   int exitCode = -1;
   int signal = 0;
@@ -74,6 +76,18 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   // being destroyed): readers get `reason` at once.
   void abandon(const std::string& reason) { onLost(reason); }
 
+  // Before start(): output is never dropped. moat-init forwards at most
+  // kLosslessWindow bytes beyond what the slowest follower has read and the
+  // process waits in its writes meanwhile. It waits for its first follower;
+  // once the last one leaves, it goes back to dropping (nobody reads it).
+  void makeLossless();
+  static constexpr uint64_t kLosslessWindow = 512u << 10;
+  // Followers of the output stream (GET .../output?follow=1): attach at the
+  // offset they start from, advance as they deliver, detach when they go.
+  uint64_t attachFollower(uint64_t since);
+  void advanceFollower(uint64_t follower, uint64_t position);
+  void detachFollower(uint64_t follower);
+
   Status writeStdin(const std::string& data, bool close);
   Status signal(int signo);
   Status resize(uint16_t rows, uint16_t cols);
@@ -90,6 +104,7 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
     std::vector<OutputItem> items;
     uint64_t next = 0;   // where the following read starts
     bool ended = false;  // the process ended and everything was read
+    bool more = false;   // more was there than maxBytes allowed
   };
   Read read(uint64_t since, size_t maxBytes, bool wait,
             std::chrono::steady_clock::time_point deadline, const std::function<bool()>& stop = {});
@@ -113,6 +128,9 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   // if any, before any waiter can see the end.
   void ended();
   ProcessInfo infoLocked() const;  // with mutex_ held
+  // With mutex_ held: the output credit to send now (after unlocking), or 0.
+  uint64_t creditLocked();
+  void sendCredit(uint64_t bytes);
 
   const uint64_t id_;
   std::mutex mutex_;
@@ -123,6 +141,10 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   uint32_t initId_ = 0;
   int viewers_ = 0;
   std::function<void(const ProcessInfo&)> endHook_;
+  bool followed_ = false;                // a follower came (lossless)
+  std::map<uint64_t, uint64_t> followers_;  // follower -> offset delivered up to
+  uint64_t nextFollower_ = 1;
+  uint64_t granted_ = 0;                 // the offset moat-init may forward up to
 };
 
 }  // namespace moat::manager

@@ -147,6 +147,54 @@ TEST_F(Processes, OutputBeyondTheLogIsReportedDroppedNotSpliced) {
   EXPECT_EQ(events.back()["type"], "exit");
 }
 
+TEST_F(Processes, ALosslessProcessWaitsForItsReadersInsteadOfDropping) {
+  // 3 MiB: three times what the log keeps of a stream.
+  const std::string cmd = "head -c 3000000 /dev/zero | tr '\\0' x; echo -n END; touch /tmp/wrote-all";
+  json p = start({{"cmd", {"sh", "-c", cmd}}, {"lossless", true}});
+  EXPECT_EQ(p["lossless"], true);
+  std::string path = base() + "/" + std::to_string(p["id"].get<int>());
+  // Before its first follower, moat-init forwards exactly one window and the
+  // process waits in its writes.
+  json now;
+  for (int i = 0; i < 2000; ++i) {
+    now = call("GET", path, nullptr, 200);
+    if (now["stdout_bytes"] == 512 * 1024) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(now["stdout_bytes"], 512 * 1024) << now.dump();
+  EXPECT_EQ(now["state"], "running");
+  auto probe = call("POST", "/v1/environments/" + env_ + "/exec", {{"cmd", {"test", "-e", "/tmp/wrote-all"}}}, 200);
+  EXPECT_EQ(probe["exit_code"], 1) << "the process went on without a reader";
+  // A follower gets every byte, in order, with nothing dropped.
+  auto s = daemon_->stream(path + "/output?follow=1");
+  ASSERT_EQ(s.status(), 200);
+  auto events = readToEnd(s);
+  for (const auto& e : events) EXPECT_NE(e["type"], "dropped") << e.dump();
+  std::string out = stdoutOf(events);
+  EXPECT_EQ(out.size(), 3000003u);
+  EXPECT_EQ(out.find_first_not_of('x'), 3000000u);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back()["type"], "exit");
+  EXPECT_EQ(events.back()["exit_code"], 0);
+}
+
+TEST_F(Processes, ALosslessProcessWhoseLastFollowerLeftGoesOnDropping) {
+  json p = start({{"cmd", {"sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' x"}}, {"lossless", true}});
+  std::string path = base() + "/" + std::to_string(p["id"].get<int>());
+  {
+    auto s = daemon_->stream(path + "/output?follow=1");
+    std::string line;
+    ASSERT_TRUE(s.nextLine(line));  // it follows, then goes away
+    s.close();
+  }
+  // Nobody reads any more: the process is not held up for good.
+  json ended = waitEnded(p["id"]);
+  EXPECT_EQ(ended["state"], "exited") << ended.dump();
+  EXPECT_EQ(ended["lossless"], false);
+  EXPECT_EQ(ended["stdout_bytes"], 3000000);
+  EXPECT_GT(ended["stdout_dropped"].get<uint64_t>(), 0u);
+}
+
 TEST_F(Processes, StdinReachesTheProcessAndCloseIsEof) {
   json p = start({{"cmd", {"cat"}}});
   std::string path = base() + "/" + std::to_string(p["id"].get<int>());

@@ -43,6 +43,12 @@ pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, st
   envp.push_back(nullptr);
   pid_t pid = ::fork();
   if (pid == 0) {
+    // As a user's shell would start it: the test's own SIGPIPE ignore (and
+    // any blocked signal) must not be inherited.
+    ::signal(SIGPIPE, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::dup2(in, 0);
     ::dup2(out, 1);
     ::dup2(err, 2);
@@ -196,6 +202,9 @@ bool RunningProcess::exitsWithin(int timeoutMs) {
 
 ProcessResult RunningProcess::wait() {
   closeInput();
+  // Bounded: a process that does not end fails its test instead of hanging
+  // the suite (it is killed; its exit code then says 137).
+  if (!exitsWithin(120000)) ::kill(pid_, SIGKILL);
   while (out_ >= 0 || err_ >= 0) pump(-1);
   if (status_ < 0) ::waitpid(pid_, &status_, 0);
   ProcessResult result;

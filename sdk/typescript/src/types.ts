@@ -188,6 +188,8 @@ export interface StartProcessRequest {
   /** Only with pty (1 to 1000). */
   rows?: number;
   cols?: number;
+  /** Never drop output: the process waits for its slowest follower (at most 512 KiB ahead). */
+  lossless?: boolean;
 }
 
 export interface ProcessInfo {
@@ -200,6 +202,8 @@ export interface ProcessInfo {
   pty: boolean;
   state: ProcessState;
   stdin_open: boolean;
+  /** Output waits for followers instead of being dropped (false once the last follower left). */
+  lossless: boolean;
   started_at: string;
   stdout_bytes: number;
   stderr_bytes: number;
