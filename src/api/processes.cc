@@ -122,7 +122,8 @@ HttpResponse readOutput(const std::shared_ptr<manager::Process>& process, const 
       for (const auto& item : r.items) out += line(outputEventJson(item, base64));
       if (r.ended) out += line(terminalEventJson(process->info()));
       if (out.empty()) out = line({{"type", "heartbeat"}, {"offset", r.next}});
-      if (!write(out) || r.ended) return;
+      if (!write(out)) return;
+      if (r.ended) return process->markDelivered();
       pos = r.next;
       process->advanceFollower(follower, pos);
     }

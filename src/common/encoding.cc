@@ -75,6 +75,7 @@ Result<std::string> base64Decode(const std::string& s) {
   };
   if (s.size() % 4 != 0) return Error::make("invalid", "base64 length is not a multiple of 4");
   std::string out;
+  out.reserve(s.size() / 4 * 3);
   for (size_t i = 0; i < s.size(); i += 4) {
     int v[4];
     int pad = 0;

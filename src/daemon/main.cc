@@ -59,6 +59,10 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
                           run_command allow, network deny)
   --approval-timeout S    how long an action that asks a person waits for the
                           decision before it is denied (1 to 86400, default 120)
+  --lossless-wait S       how long a lossless process (moat exec's) that nobody
+                          follows any more, or yet, waits for a reader before
+                          its output is dropped like any other's (1 to 86400,
+                          default 30)
   --audit-retention-days N
                           prune audit events older than N days (default 30;
                           0 keeps them forever); a checkpoint event keeps the
@@ -153,6 +157,10 @@ int main(int argc, char** argv) {
       auto n = number(argv[++i], 1, 86400);
       if (!n) return fail("--approval-timeout needs a number of seconds from 1 to 86400");
       approvalTimeoutS = static_cast<int64_t>(*n);
+    } else if (a == "--lossless-wait" && i + 1 < argc) {
+      auto n = number(argv[++i], 1, 86400);
+      if (!n) return fail("--lossless-wait needs a number of seconds from 1 to 86400");
+      config.processLimits.losslessWaitMs = static_cast<int64_t>(*n) * 1000;
     } else if (a == "--permissions" && i + 1 < argc) {
       std::string path = argv[++i];
       auto text = os::readFile(path, 1u << 20);

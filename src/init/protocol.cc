@@ -201,12 +201,12 @@ Result<SignalRequest> SignalRequest::decode(const std::string& payload) {
   return m;
 }
 
-std::string OutputCredit::encode() const { return Encoder().u32(id).u64(bytes).take(); }
+std::string OutputCredit::encode() const { return Encoder().u32(id).u64(upTo).take(); }
 Result<OutputCredit> OutputCredit::decode(const std::string& payload) {
   Decoder d(payload);
   OutputCredit m;
   MOAT_ASSIGN(m.id, d.u32());
-  MOAT_ASSIGN(m.bytes, d.u64());
+  MOAT_ASSIGN(m.upTo, d.u64());
   FINISH(d);
   return m;
 }

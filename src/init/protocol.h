@@ -141,14 +141,15 @@ struct SignalRequest {
 
 // Flow control of one process's output (kOutputCredit). A process starts
 // unlimited: moat-init forwards its output as it comes. The first credit
-// limits it: moat-init forwards at most `bytes` more (both streams counted
-// together) and leaves the rest in the pipe, so the process waits in its
-// writes; each later credit adds to what may be forwarded. kUnlimited lifts
-// the limit for good.
+// limits it: moat-init forwards output only while the total it forwarded
+// of the process (both streams together) is below `upTo`, and leaves the
+// rest in the pipe, so the process waits in its writes. Later credits raise
+// the limit (a lower one changes nothing: order does not matter), and
+// kUnlimited lifts it for good.
 struct OutputCredit {
   static constexpr uint64_t kUnlimited = ~0ULL;
   uint32_t id = 0;
-  uint64_t bytes = 0;
+  uint64_t upTo = 0;
   std::string encode() const;
   static Result<OutputCredit> decode(const std::string& payload);
 };

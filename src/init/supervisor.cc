@@ -69,6 +69,12 @@ void Supervisor::disconnect() {
     return;
   }
   // A client restart: keep everything running until the next connection.
+  // The next client knows nothing of flow control: output waiting for a
+  // credit would wait for good.
+  for (auto& [id, p] : processes_) {
+    p.limit = OutputCredit::kUnlimited;
+    p.limited = true;
+  }
   if (control_ >= 0) ::close(control_);
   control_ = -1;
   reader_ = FrameReader();
@@ -121,7 +127,7 @@ int Supervisor::run() {
     for (auto& [id, p] : processes_) {
       // Output waits in the pipe until the launch is reported (Spawned
       // first), and while the client gives no credit for more.
-      bool forward = p.pid >= 0 && p.credit > 0;
+      bool forward = p.pid >= 0 && p.available() > 0;
       if (p.stdoutFd && forward) {
         fds.push_back({p.stdoutFd.get(), POLLIN, 0});
         owners.emplace_back(id, 0);
@@ -215,15 +221,12 @@ void Supervisor::handleFrame(const Frame& frame) {
       auto it = processes_.find(req->id);
       if (it == processes_.end()) return;  // ended meanwhile
       Process& p = it->second;
-      if (req->bytes == OutputCredit::kUnlimited) {
-        p.credit = OutputCredit::kUnlimited;
-        p.limited = true;
-      } else if (!p.limited) {
-        p.credit = req->bytes;  // the first: flow control starts
-        p.limited = true;
-      } else if (p.credit != OutputCredit::kUnlimited) {
-        p.credit += req->bytes;
+      if (!p.limited || req->upTo == OutputCredit::kUnlimited) {
+        p.limit = req->upTo;  // the first starts flow control; kUnlimited ends it
+      } else if (p.limit != OutputCredit::kUnlimited) {
+        p.limit = std::max(p.limit, req->upTo);
       }
+      p.limited = true;
       return;
     }
     case MsgType::kCloseStdin: {
@@ -304,30 +307,34 @@ void Supervisor::launched(std::unique_ptr<Launch> launch) {
   } else {
     p.pid = launch->pid;
     send(MsgType::kSpawned, Spawned{id, static_cast<uint32_t>(p.pid)}.encode());
-    for (auto [signo, wholeGroup] : p.pendingSignals) signalProcess(p, signo, wholeGroup);
-    p.pendingSignals.clear();
-    if (p.timedOut) signalProcess(p, SIGKILL, true);
+    // Reaped before its launch was reported: signals reach its group only.
     if (auto reaped = unclaimed_.find(p.pid); reaped != unclaimed_.end()) {
       p.exitStatus = reaped->second;  // reported by finishDrained
       unclaimed_.erase(reaped);
     }
+    for (auto [signo, wholeGroup] : p.pendingSignals) signalProcess(p, signo, wholeGroup);
+    p.pendingSignals.clear();
+    if (p.timedOut) signalProcess(p, SIGKILL, true);
   }
 }
 
 void Supervisor::signalProcess(Process& p, int signo, bool wholeGroup) {
-  if (p.exitStatus >= 0) return;  // reaped: its pid may be another's now
   if (p.pid < 0) {
     p.pendingSignals.emplace_back(signo, wholeGroup);
     return;
   }
+  // Reaped (its Exited waits for its output): the pid may be another's, but
+  // the group id is not reused while the group has members, and those are
+  // what still holds its pipes.
+  if (p.exitStatus >= 0 && !wholeGroup) return;
   ::kill(wholeGroup ? -p.pid : p.pid, signo);
 }
 
 Supervisor::PumpResult Supervisor::pump(Process& p, int streamIndex) {
   int fd = streamIndex == 0 ? p.stdoutFd.get() : p.stderrFd.get();
   char buf[kOutputChunk];
-  if (p.credit == 0) return PumpResult::kAgain;  // the other stream used it up
-  ssize_t n = ::read(fd, buf, std::min<uint64_t>(sizeof buf, p.credit));
+  if (p.available() == 0) return PumpResult::kAgain;  // the other stream used it up
+  ssize_t n = ::read(fd, buf, std::min<uint64_t>(sizeof buf, p.available()));
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return PumpResult::kAgain;
   // A pipe reads 0 once its writers are gone; a pty's master fails with EIO
   // once nothing holds the terminal, after what it buffered has been read.
@@ -340,7 +347,7 @@ Supervisor::PumpResult Supervisor::pump(Process& p, int streamIndex) {
     forward = before >= p.outputLimit ? 0 : static_cast<size_t>(p.outputLimit - before);
   }
   // Credit counts what is forwarded: the client's offsets count the same.
-  if (p.credit != OutputCredit::kUnlimited) p.credit -= forward;
+  p.forwarded += forward;
   if (forward > 0) {
     Output out{p.id, streamIndex == 0 ? Stream::kStdout : Stream::kStderr, std::string(buf, forward)};
     send(MsgType::kOutput, out.encode());
@@ -411,10 +418,10 @@ void Supervisor::finishDrained() {
     for (int stream = 0; stream < 2; ++stream) {
       UniqueFd& fd = stream == 0 ? p.stdoutFd : p.stderrFd;
       PumpResult r = PumpResult::kData;
-      while (fd && p.credit > 0 && r == PumpResult::kData) r = pump(p, stream);
+      while (fd && p.available() > 0 && r == PumpResult::kData) r = pump(p, stream);
       if (r == PumpResult::kEnd) fd.reset();
     }
-    if (p.credit == 0 && (p.stdoutFd || p.stderrFd)) {
+    if (p.available() == 0 && (p.stdoutFd || p.stderrFd)) {
       ++it;
       continue;
     }
@@ -443,6 +450,7 @@ void Supervisor::finish(Process& p, int status) {
 void Supervisor::enforceDeadlines() {
   uint64_t now = nowUs();
   for (auto& [id, p] : processes_) {
+    // Not for one reaped already: it ended in time (its Exited waits for its output).
     if (p.deadlineUs && !p.timedOut && p.exitStatus < 0 && now >= p.deadlineUs) {
       p.timedOut = true;
       if (p.pid < 0) continue;  // killed once launched

@@ -53,10 +53,15 @@ class Supervisor {
     bool timedOut = false;
     uint64_t bytes[2] = {0, 0};
     bool truncated[2] = {false, false};
-    // What may still be forwarded (OutputCredit); kUnlimited unless the
-    // client asked for flow control. At 0 the output waits in the pipe.
-    uint64_t credit = OutputCredit::kUnlimited;
-    bool limited = false;  // a credit came: from now on credits add up
+    // Flow control (OutputCredit): output is forwarded while `forwarded`
+    // (both streams) is below `limit`; kUnlimited unless the client asked.
+    uint64_t limit = OutputCredit::kUnlimited;
+    uint64_t forwarded = 0;
+    bool limited = false;  // a credit came: later ones only raise the limit
+    uint64_t available() const {
+      if (limit == OutputCredit::kUnlimited) return OutputCredit::kUnlimited;
+      return limit > forwarded ? limit - forwarded : 0;
+    }
     // Reaped while output still waited for credit: its wait status, and its
     // Exited goes out once what its pipes hold is forwarded. -1: running.
     int exitStatus = -1;

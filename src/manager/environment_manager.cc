@@ -708,7 +708,11 @@ Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::str
   process->onEnded([recorder = &audit_, id, actor = request.actor](const ProcessInfo& info) {
     recorder->record("process.ended", id, actor, endedData(info));
   });
-  if (request.lossless) process->makeLossless();
+  if (request.lossless) {
+    process->makeLossless();
+    std::lock_guard<std::mutex> lock(mutex_);
+    lossless_.push_back(process);  // the reaper lets it go once nobody follows it
+  }
   Status started = process->start(live.connection, spawn, "", false);
   if (started.ok() && request.pty) (void)process->resize(request.rows, request.cols);
   ++execs_;
@@ -1029,6 +1033,8 @@ void EnvironmentManager::reaperLoop() {
     }
     std::vector<std::string> gone = std::move(initGone_);
     initGone_.clear();
+    std::vector<std::weak_ptr<Process>> lossless = std::move(lossless_);
+    lossless_.clear();
     // A pool member that died is dropped and destroyed.
     std::vector<std::string> deadReady;
     for (const auto& id : gone) {
@@ -1060,7 +1066,13 @@ void EnvironmentManager::reaperLoop() {
       }
     }
     for (const auto& id : expired) (void)destroy(id, "expired");
+    // Lossless processes nobody follows any more go back to dropping.
+    std::erase_if(lossless, [&](const std::weak_ptr<Process>& weak) {
+      auto process = weak.lock();
+      return !process || !process->releaseIfUnfollowed(now, config_.processLimits.losslessWaitMs);
+    });
     lock.lock();
+    lossless_.insert(lossless_.end(), lossless.begin(), lossless.end());
   }
 }
 

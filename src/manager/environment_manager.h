@@ -333,6 +333,7 @@ class EnvironmentManager {
   std::function<void(const std::string&, const std::string&)> endedHook_;  // serializes read-modify-write of permission layers
   bool stopping_ = false;
   bool detached_ = false;
+  std::vector<std::weak_ptr<Process>> lossless_;  // watched by the reaper (releaseIfUnfollowed)
   std::condition_variable reaperCv_;
   std::thread reaper_;
   std::condition_variable poolCv_;

@@ -112,12 +112,13 @@ Status Process::start(const std::shared_ptr<InitConnection>& connection, init::S
   bool lossless;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    initId_ = initId;
     lossless = info_.lossless;
   }
-  // Right behind the Spawn: moat-init reads it before the first output.
+  // Right behind the Spawn. A limit, not an amount: output moat-init
+  // forwarded before it arrives counts against it all the same.
   if (lossless) (void)connection->grantOutput(initId, kLosslessWindow);
   std::unique_lock<std::mutex> lock(mutex_);
-  initId_ = initId;
   if (closeStdin) info_.stdinOpen = false;
   if (!cv_.wait_for(lock, kStartTimeout, [&] { return info_.state != ProcessState::kStarting; })) {
     lock.unlock();
@@ -132,13 +133,19 @@ void Process::makeLossless() {
   std::lock_guard<std::mutex> lock(mutex_);
   info_.lossless = true;
   granted_ = kLosslessWindow;
+  unfollowedSinceMs_ = nowMs();
 }
 
 uint64_t Process::attachFollower(uint64_t since) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  followed_ = true;
-  followers_[nextFollower_] = since;
-  return nextFollower_++;
+  uint64_t credit, follower;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    follower = nextFollower_++;
+    followers_[follower] = std::min(since, log_.end());  // a reader ahead waits for the end
+    credit = creditLocked();
+  }
+  if (credit) sendCredit(credit);
+  return follower;
 }
 
 void Process::advanceFollower(uint64_t follower, uint64_t position) {
@@ -152,33 +159,45 @@ void Process::advanceFollower(uint64_t follower, uint64_t position) {
 }
 
 void Process::detachFollower(uint64_t follower) {
-  uint64_t credit;
+  std::lock_guard<std::mutex> lock(mutex_);
+  followers_.erase(follower);
+  if (followers_.empty()) unfollowedSinceMs_ = nowMs();  // see releaseIfUnfollowed
+}
+
+bool Process::releaseIfUnfollowed(int64_t now, int64_t waitMs) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    followers_.erase(follower);
-    credit = creditLocked();
+    if (!info_.lossless || info_.ended()) return false;
+    if (!followers_.empty() || now - unfollowedSinceMs_ < waitMs) return true;
+    info_.lossless = false;  // nobody reads it: back to dropping what nobody reads
   }
-  if (credit) sendCredit(credit);
+  sendCredit(init::OutputCredit::kUnlimited);
+  return false;
+}
+
+void Process::markDelivered() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  delivered_ = true;
+}
+
+bool Process::delivered() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return delivered_;
 }
 
 uint64_t Process::creditLocked() {
-  if (!info_.lossless || info_.ended() || !followed_) return 0;  // none yet: waits for its first
-  if (followers_.empty()) {
-    info_.lossless = false;  // nobody follows any more: back to dropping what nobody reads
-    return init::OutputCredit::kUnlimited;
-  }
+  if (!info_.lossless || info_.ended() || followers_.empty()) return 0;
   uint64_t slowest = ~0ULL;
   for (const auto& [key, at] : followers_) slowest = std::min(slowest, at);
-  uint64_t target = slowest + kLosslessWindow;
+  uint64_t target = slowest + kLosslessWindow;  // offsets are below 2^62
   // A quarter of the window at a time: a credit per chunk would cost a
   // message to moat-init per chunk.
   if (target < granted_ + kLosslessWindow / 4) return 0;
-  uint64_t more = target - granted_;
   granted_ = target;
-  return more;
+  return target;
 }
 
-void Process::sendCredit(uint64_t bytes) {
+void Process::sendCredit(uint64_t upTo) {
   std::shared_ptr<InitConnection> connection;
   uint32_t initId;
   {
@@ -186,7 +205,7 @@ void Process::sendCredit(uint64_t bytes) {
     connection = connection_.lock();
     initId = initId_;
   }
-  if (connection) (void)connection->grantOutput(initId, bytes);
+  if (connection) (void)connection->grantOutput(initId, upTo);
 }
 
 Status Process::connectionGone() const {
@@ -270,7 +289,7 @@ Process::Read Process::read(uint64_t since, size_t maxBytes, bool wait,
     r.next = last.offset + (last.dropped ? last.length : last.data.size());
   }
   r.ended = info_.ended() && r.next >= log_.end();
-  r.more = r.next < log_.end();
+  r.more = r.next < log_.end() || (info_.lossless && log_.end() + kLosslessWindow / 2 >= granted_);
   return r;
 }
 

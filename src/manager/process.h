@@ -77,9 +77,8 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   void abandon(const std::string& reason) { onLost(reason); }
 
   // Before start(): output is never dropped. moat-init forwards at most
-  // kLosslessWindow bytes beyond what the slowest follower has read and the
-  // process waits in its writes meanwhile. It waits for its first follower;
-  // once the last one leaves, it goes back to dropping (nobody reads it).
+  // kLosslessWindow bytes beyond what the slowest follower has read (beyond
+  // offset 0 until one comes) and the process waits in its writes meanwhile.
   void makeLossless();
   static constexpr uint64_t kLosslessWindow = 512u << 10;
   // Followers of the output stream (GET .../output?follow=1): attach at the
@@ -87,6 +86,15 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   uint64_t attachFollower(uint64_t since);
   void advanceFollower(uint64_t follower, uint64_t position);
   void detachFollower(uint64_t follower);
+  // A lossless process nobody has followed for `waitMs` (none came, or the
+  // last left and none came back) goes back to dropping: it is not held up
+  // for good by a client that went away. False once there is nothing left
+  // to watch (not lossless, or ended).
+  bool releaseIfUnfollowed(int64_t nowMs, int64_t waitMs);
+  // A follower got everything up to the final event: this process's record
+  // is the first to go when the environment keeps too many ended ones.
+  void markDelivered();
+  bool delivered();
 
   Status writeStdin(const std::string& data, bool close);
   Status signal(int signo);
@@ -104,7 +112,8 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
     std::vector<OutputItem> items;
     uint64_t next = 0;   // where the following read starts
     bool ended = false;  // the process ended and everything was read
-    bool more = false;   // more was there than maxBytes allowed
+    bool more = false;   // more was there than maxBytes allowed, or the process
+                         // (lossless) is near its limit: it waits for its readers
   };
   Read read(uint64_t since, size_t maxBytes, bool wait,
             std::chrono::steady_clock::time_point deadline, const std::function<bool()>& stop = {});
@@ -128,9 +137,9 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   // if any, before any waiter can see the end.
   void ended();
   ProcessInfo infoLocked() const;  // with mutex_ held
-  // With mutex_ held: the output credit to send now (after unlocking), or 0.
+  // With mutex_ held: the output limit to send now (after unlocking), or 0.
   uint64_t creditLocked();
-  void sendCredit(uint64_t bytes);
+  void sendCredit(uint64_t upTo);
 
   const uint64_t id_;
   std::mutex mutex_;
@@ -141,10 +150,11 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   uint32_t initId_ = 0;
   int viewers_ = 0;
   std::function<void(const ProcessInfo&)> endHook_;
-  bool followed_ = false;                // a follower came (lossless)
+  int64_t unfollowedSinceMs_ = 0;        // lossless, without followers since
+  bool delivered_ = false;               // a follower read to the final event
   std::map<uint64_t, uint64_t> followers_;  // follower -> offset delivered up to
   uint64_t nextFollower_ = 1;
-  uint64_t granted_ = 0;                 // the offset moat-init may forward up to
+  uint64_t granted_ = 0;                 // the limit moat-init has: the offset it may forward up to
 };
 
 }  // namespace moat::manager

@@ -26,11 +26,18 @@ Result<std::shared_ptr<Process>> ProcessTable::add(std::vector<std::string> argv
 }
 
 void ProcessTable::pruneEnded() {
-  std::vector<uint64_t> ended;
+  // Those a follower read to the end (a `moat exec`, say) go first: nobody
+  // needs their output again as much as that of one nobody read.
+  std::vector<uint64_t> delivered, unread;
   for (auto& [id, p] : processes_) {
-    if (p->info().ended()) ended.push_back(id);  // ids grow: oldest first
+    if (p->info().ended()) (p->delivered() ? delivered : unread).push_back(id);  // ids grow: oldest first
   }
-  for (size_t i = 0; i + limits_.keepEnded < ended.size(); ++i) processes_.erase(ended[i]);
+  size_t excess = delivered.size() + unread.size() > limits_.keepEnded
+                      ? delivered.size() + unread.size() - limits_.keepEnded
+                      : 0;
+  for (const auto* ids : {&delivered, &unread}) {
+    for (size_t i = 0; i < ids->size() && excess > 0; ++i, --excess) processes_.erase((*ids)[i]);
+  }
 }
 
 std::shared_ptr<Process> ProcessTable::find(uint64_t id) {

@@ -16,6 +16,9 @@ struct ProcessLimits {
   size_t maxRunning = 32;                  // background processes and shells per environment
   size_t keepEnded = 16;                   // ended processes kept for their output
   size_t outputCapPerStream = 1u << 20;    // background processes and shells
+  // A lossless process nobody follows for this long goes back to dropping
+  // (moatd --lossless-wait).
+  int64_t losslessWaitMs = 30000;
 };
 
 // The processes of one environment, by moatd's id (1, 2, ...).

@@ -723,6 +723,7 @@ TEST(MoatdFlags, ANumberOutOfRangeOrNotANumberIsRefusedByName) {
       {"--max-connections", {"0", "100001", "many", "99999999999"}},
       {"--key-rate", {"100001", "fast"}},
       {"--approval-timeout", {"0", "86401", "2m"}},
+      {"--lossless-wait", {"0", "86401", "30s"}},
       {"--audit-retention-days", {"36501", "forever"}},
       {"--audit-max-events", {"999", "1000000001", " 1000"}},
       {"--egress-head-timeout", {"0", "3601", "30s"}},
