@@ -351,7 +351,10 @@ Result<bool> FrameReader::next(Frame& out) {
 
 Status writeFrame(int fd, MsgType type, const std::string& payload) {
   if (payload.size() > kMaxFrame) return Error::make("protocol", "frame too large");
-  std::string frame = encodeFrame(type, payload);
+  return writeFrames(fd, encodeFrame(type, payload));
+}
+
+Status writeFrames(int fd, const std::string& frame) {
   size_t off = 0;
   while (off < frame.size()) {
     ssize_t n = ::write(fd, frame.data() + off, frame.size() - off);

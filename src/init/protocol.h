@@ -246,6 +246,9 @@ class FrameReader {
 
 // Blocking helpers for a stream fd.
 Status writeFrame(int fd, MsgType type, const std::string& payload);
+// Frames already encoded (encodeFrame, concatenated), in one write: the
+// reader finds them together.
+Status writeFrames(int fd, const std::string& frames);
 // Reads one frame (blocking); returns an error with code "eof" on clean EOF.
 Result<Frame> readFrame(int fd, FrameReader& reader);
 

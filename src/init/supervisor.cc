@@ -405,6 +405,17 @@ void Supervisor::reapChildren() {
   }
 }
 
+namespace {
+
+// Nothing left to read and no writer: the end, seen without reading (there
+// may be no credit for a read).
+bool drained(int fd) {
+  pollfd p = {fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR)) && !(p.revents & POLLIN);
+}
+
+}  // namespace
+
 void Supervisor::finishDrained() {
   for (auto it = processes_.begin(); it != processes_.end();) {
     Process& p = it->second;
@@ -419,7 +430,7 @@ void Supervisor::finishDrained() {
       UniqueFd& fd = stream == 0 ? p.stdoutFd : p.stderrFd;
       PumpResult r = PumpResult::kData;
       while (fd && p.available() > 0 && r == PumpResult::kData) r = pump(p, stream);
-      if (r == PumpResult::kEnd) fd.reset();
+      if (r == PumpResult::kEnd || (fd && p.available() == 0 && drained(fd.get()))) fd.reset();
     }
     if (p.available() == 0 && (p.stdoutFd || p.stderrFd)) {
       ++it;

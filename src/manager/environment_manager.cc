@@ -1067,9 +1067,11 @@ void EnvironmentManager::reaperLoop() {
     }
     for (const auto& id : expired) (void)destroy(id, "expired");
     // Lossless processes nobody follows any more go back to dropping.
+    const auto wait = std::chrono::milliseconds(config_.processLimits.losslessWaitMs);
+    const auto checked = std::chrono::steady_clock::now();  // after the destroys above
     std::erase_if(lossless, [&](const std::weak_ptr<Process>& weak) {
       auto process = weak.lock();
-      return !process || !process->releaseIfUnfollowed(now, config_.processLimits.losslessWaitMs);
+      return !process || !process->releaseIfUnfollowed(checked, wait);
     });
     lock.lock();
     lossless_.insert(lossless_.end(), lossless.begin(), lossless.end());

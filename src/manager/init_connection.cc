@@ -123,7 +123,7 @@ Status InitConnection::send(init::MsgType type, const std::string& payload) {
 }
 
 Result<uint32_t> InitConnection::spawn(init::SpawnRequest spawn, std::shared_ptr<ProcessSink> sink,
-                                       const std::string& stdinData, bool closeStdin) {
+                                       const std::string& stdinData, bool closeStdin, uint64_t outputLimit) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return gone(closeReason_.empty() ? "the environment ended" : closeReason_);
@@ -131,7 +131,15 @@ Result<uint32_t> InitConnection::spawn(init::SpawnRequest spawn, std::shared_ptr
     sinks_[spawn.id] = sink;
   }
   uint32_t id = spawn.id;
-  Status s = send(init::MsgType::kSpawn, spawn.encode());
+  Status s;
+  if (outputLimit == 0) {
+    s = send(init::MsgType::kSpawn, spawn.encode());
+  } else {
+    std::string frames = init::encodeFrame(init::MsgType::kSpawn, spawn.encode()) +
+                         init::encodeFrame(init::MsgType::kOutputCredit, init::OutputCredit{id, outputLimit}.encode());
+    std::lock_guard<std::mutex> lock(writeMutex_);
+    s = init::writeFrames(control_.get(), frames);
+  }
   if (s.ok() && !stdinData.empty()) s = writeStdin(id, stdinData);
   if (s.ok() && closeStdin) s = this->closeStdin(id);
   if (!s.ok()) {

@@ -41,9 +41,12 @@ class InitConnection {
   InitConnection& operator=(const InitConnection&) = delete;
 
   // Assigns spawn.id, registers `sink` and sends the Spawn (and stdinData,
-  // and CloseStdin when closeStdin). Returns the id moat-init knows it by.
+  // and CloseStdin when closeStdin). A `outputLimit` other than 0 starts
+  // flow control of its output (init::OutputCredit) in the same write as the
+  // Spawn, so none of the output escapes it. Returns the id moat-init knows
+  // it by.
   Result<uint32_t> spawn(init::SpawnRequest spawn, std::shared_ptr<ProcessSink> sink,
-                         const std::string& stdinData, bool closeStdin);
+                         const std::string& stdinData, bool closeStdin, uint64_t outputLimit = 0);
   Status writeStdin(uint32_t id, const std::string& data);
   Status closeStdin(uint32_t id);
   Status signal(uint32_t id, int signo, bool wholeGroup);

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -28,6 +29,8 @@ class OutputLog {
   explicit OutputLog(size_t capPerStream) : cap_(capPerStream) {}
 
   void append(OutputStream stream, const std::string& data);
+  // Raises what each stream keeps (never lowers it).
+  void keepAtLeast(size_t capPerStream) { cap_ = std::max(cap_, capPerStream); }
   // Offset after the last byte ever appended.
   uint64_t end() const { return end_; }
   uint64_t bytes(OutputStream stream) const { return total_[index(stream)]; }

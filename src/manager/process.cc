@@ -104,21 +104,16 @@ void Process::ended() {
 
 Status Process::start(const std::shared_ptr<InitConnection>& connection, init::SpawnRequest spawn,
                       const std::string& stdinData, bool closeStdin) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    connection_ = connection;
-  }
-  MOAT_ASSIGN(uint32_t initId, connection->spawn(std::move(spawn), shared_from_this(), stdinData, closeStdin));
   bool lossless;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    initId_ = initId;
+    connection_ = connection;
     lossless = info_.lossless;
   }
-  // Right behind the Spawn. A limit, not an amount: output moat-init
-  // forwarded before it arrives counts against it all the same.
-  if (lossless) (void)connection->grantOutput(initId, kLosslessWindow);
+  MOAT_ASSIGN(uint32_t initId, connection->spawn(std::move(spawn), shared_from_this(), stdinData, closeStdin,
+                                                 lossless ? kLosslessWindow : 0));
   std::unique_lock<std::mutex> lock(mutex_);
+  initId_ = initId;
   if (closeStdin) info_.stdinOpen = false;
   if (!cv_.wait_for(lock, kStartTimeout, [&] { return info_.state != ProcessState::kStarting; })) {
     lock.unlock();
@@ -133,7 +128,8 @@ void Process::makeLossless() {
   std::lock_guard<std::mutex> lock(mutex_);
   info_.lossless = true;
   granted_ = kLosslessWindow;
-  unfollowedSinceMs_ = nowMs();
+  unfollowedSince_ = std::chrono::steady_clock::now();
+  log_.keepAtLeast(kLosslessRetention);
 }
 
 uint64_t Process::attachFollower(uint64_t since) {
@@ -159,16 +155,21 @@ void Process::advanceFollower(uint64_t follower, uint64_t position) {
 }
 
 void Process::detachFollower(uint64_t follower) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  followers_.erase(follower);
-  if (followers_.empty()) unfollowedSinceMs_ = nowMs();  // see releaseIfUnfollowed
+  uint64_t credit;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    followers_.erase(follower);
+    if (followers_.empty()) unfollowedSince_ = std::chrono::steady_clock::now();  // see releaseIfUnfollowed
+    credit = creditLocked();  // the slowest may have been the one that left
+  }
+  if (credit) sendCredit(credit);
 }
 
-bool Process::releaseIfUnfollowed(int64_t now, int64_t waitMs) {
+bool Process::releaseIfUnfollowed(std::chrono::steady_clock::time_point now, std::chrono::milliseconds wait) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!info_.lossless || info_.ended()) return false;
-    if (!followers_.empty() || now - unfollowedSinceMs_ < waitMs) return true;
+    if (!followers_.empty() || now - unfollowedSince_ < wait) return true;
     info_.lossless = false;  // nobody reads it: back to dropping what nobody reads
   }
   sendCredit(init::OutputCredit::kUnlimited);

@@ -81,6 +81,11 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   // offset 0 until one comes) and the process waits in its writes meanwhile.
   void makeLossless();
   static constexpr uint64_t kLosslessWindow = 512u << 10;
+  // What the log of a lossless process keeps per stream: a follower's
+  // position is what moatd wrote, so besides the window up to a read piece
+  // and the socket's buffers may be on their way when it leaves; one that
+  // comes back from the offset it got finds them still there.
+  static constexpr size_t kLosslessRetention = 2u << 20;
   // Followers of the output stream (GET .../output?follow=1): attach at the
   // offset they start from, advance as they deliver, detach when they go.
   uint64_t attachFollower(uint64_t since);
@@ -90,7 +95,7 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   // last left and none came back) goes back to dropping: it is not held up
   // for good by a client that went away. False once there is nothing left
   // to watch (not lossless, or ended).
-  bool releaseIfUnfollowed(int64_t nowMs, int64_t waitMs);
+  bool releaseIfUnfollowed(std::chrono::steady_clock::time_point now, std::chrono::milliseconds wait);
   // A follower got everything up to the final event: this process's record
   // is the first to go when the environment keeps too many ended ones.
   void markDelivered();
@@ -150,7 +155,7 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   uint32_t initId_ = 0;
   int viewers_ = 0;
   std::function<void(const ProcessInfo&)> endHook_;
-  int64_t unfollowedSinceMs_ = 0;        // lossless, without followers since
+  std::chrono::steady_clock::time_point unfollowedSince_;  // lossless, without followers since
   bool delivered_ = false;               // a follower read to the final event
   std::map<uint64_t, uint64_t> followers_;  // follower -> offset delivered up to
   uint64_t nextFollower_ = 1;

@@ -193,6 +193,9 @@ TEST_F(Processes, ALosslessFollowerThatComesBackFromItsOffsetLosesNothing) {
     next = e["offset"].get<uint64_t>() + out.size();
     s.close();  // gone for a moment (moatd's --lossless-wait is 30 s)
   }
+  json held = call("GET", path, nullptr, 200);
+  EXPECT_EQ(held["state"], "running") << "held while nobody follows";
+  EXPECT_EQ(held["lossless"], true);
   auto s = daemon_->stream(path + "/output?follow=1&since=" + std::to_string(next));
   auto events = readToEnd(s);
   for (const auto& e : events) EXPECT_NE(e["type"], "dropped") << e.dump();

@@ -33,6 +33,7 @@ std::vector<NamedDecoder> allDecoders() {
       decoderFor<ProcessRef>("ProcessRef"), decoderFor<SignalRequest>("SignalRequest"),
       decoderFor<Exited>("Exited"),         decoderFor<FileRequest>("FileRequest"),
       decoderFor<FileResult>("FileResult"), decoderFor<Resize>("Resize"),
+      decoderFor<OutputCredit>("OutputCredit"),
   };
 }
 
@@ -112,6 +113,7 @@ std::vector<Sample> allSamples() {
       {"FileRequest", sampleFileRequest().encode(), decoderFor<FileRequest>("").decodes},
       {"FileResult", sampleFileResult().encode(), decoderFor<FileResult>("").decodes},
       {"Resize", Resize{10, 40, 120}.encode(), decoderFor<Resize>("").decodes},
+      {"OutputCredit", OutputCredit{11, 524288}.encode(), decoderFor<OutputCredit>("").decodes},
   };
 }
 
@@ -153,6 +155,15 @@ TEST(Protocol, SpawnRoundTripPtyAndEmptyEnv) {
   EXPECT_FALSE(back->stdinPipe);
   EXPECT_EQ(back->timeoutMs, UINT64_MAX);
   EXPECT_EQ(back->outputLimit, 0u);
+}
+
+TEST(Protocol, OutputCreditRoundTrip) {
+  for (uint64_t upTo : {uint64_t{0}, uint64_t{524288}, OutputCredit::kUnlimited}) {
+    auto back = OutputCredit::decode(OutputCredit{42, upTo}.encode());
+    ASSERT_TRUE(back.ok()) << back.error().message();
+    EXPECT_EQ(back->id, 42u);
+    EXPECT_EQ(back->upTo, upTo);
+  }
 }
 
 TEST(Protocol, HelloRoundTrip) {

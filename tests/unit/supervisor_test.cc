@@ -491,6 +491,34 @@ TEST_F(InitSupervisor, OutputLimitPerStream) {
   EXPECT_EQ(run.exit.stderrBytes, 12u);
 }
 
+TEST_F(InitSupervisor, OutputCreditHoldsOutputInThePipeAndExitedWaitsForIt) {
+  // 150,000 bytes: with 100,000 forwarded, the rest fits the pipe and head
+  // exits while it waits there.
+  SpawnRequest req = request(13, {"/usr/bin/head", "-c", "150000", "/dev/zero"});
+  ASSERT_TRUE(writeFrames(fd_, encodeFrame(MsgType::kSpawn, req.encode()) +
+                                   encodeFrame(MsgType::kOutputCredit, OutputCredit{13, 100000}.encode()))
+                  .ok());
+  Outcome run;
+  pump(run, 13, [](const Outcome& o) { return o.out.size() >= 100000; });
+  ASSERT_TRUE(run.spawned) << run.problem;
+  EXPECT_EQ(run.out.size(), 100000u) << "exactly up to the limit";
+  // head is gone (reaped), but its Exited waits for what its pipe still holds.
+  ASSERT_TRUE(waitFor([&] { return pidGone(static_cast<pid_t>(run.spawnedMsg.pid)); }, kDefaultWaitMs));
+  pump(run, 13, [](const Outcome& o) { return o.exited; }, 200);
+  EXPECT_FALSE(run.exited) << "Exited before the output it still held";
+  EXPECT_EQ(run.out.size(), 100000u);
+  run.problem.clear();  // the short pump's timeout
+  // A lower limit changes nothing; a higher one lets the rest through.
+  ASSERT_TRUE(send(MsgType::kOutputCredit, OutputCredit{13, 50}.encode()).ok());
+  ASSERT_TRUE(send(MsgType::kOutputCredit, OutputCredit{13, 150000}.encode()).ok());
+  pump(run, 13, [](const Outcome&) { return false; });
+  EXPECT_CLEAN(run);
+  ASSERT_TRUE(run.exited);
+  EXPECT_EQ(run.out, std::string(150000, '\0'));
+  EXPECT_EQ(run.exit.exitCode, 0);
+  EXPECT_EQ(run.order.back(), MsgType::kExited) << "after all its output";
+}
+
 TEST_F(InitSupervisor, CommandNotFound) {
   Outcome run = runToEnd(request(13, {"moat-definitely-not-a-command"}));
   EXPECT_CLEAN(run);
