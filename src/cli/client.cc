@@ -1,6 +1,7 @@
 #include "cli/client.h"
 
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -10,11 +11,15 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cctype>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "cli/exit_codes.h"
 #include "common/encoding.h"
@@ -71,6 +76,77 @@ Result<HttpReply> exchange(Stream& stream, const Endpoint& endpoint, const std::
   return reply;
 }
 
+// How long a stream may stay silent: moatd's streams send a heartbeat every
+// 15 s, so three missed ones mean the connection is lost (a network that
+// drops packets without a reset); $MOAT_STREAM_IDLE_S overrides it.
+std::chrono::seconds streamIdleLimit() {
+  std::string v = fromEnvironment("MOAT_STREAM_IDLE_S");
+  if (!v.empty() && v.size() <= 6 && v.find_first_not_of("0123456789") == std::string::npos && std::stoul(v) > 0) {
+    return std::chrono::seconds(std::stoul(v));
+  }
+  return std::chrono::seconds(45);
+}
+
+// Shuts a connection down once nothing arrived on it for `limit`: the
+// blocking read on it then ends.
+class IdleWatch {
+ public:
+  IdleWatch(int fd, std::chrono::seconds limit) : fd_(fd), limit_(limit), thread_([this] { run(); }) {}
+  ~IdleWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void alive() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    last_ = std::chrono::steady_clock::now();
+  }
+  // Between reads: the time our own reader takes (a paused pager, say) is
+  // not the connection's silence.
+  void busy(bool b) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      busy_ = b;
+      last_ = std::chrono::steady_clock::now();
+    }
+    cv_.notify_all();
+  }
+  bool fired() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return fired_;
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!done_) {
+      if (busy_) {
+        cv_.wait(lock);
+        continue;
+      }
+      auto deadline = last_ + limit_;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        fired_ = true;
+        ::shutdown(fd_, SHUT_RDWR);
+        return;
+      }
+      cv_.wait_until(lock, deadline);
+    }
+  }
+  int fd_;
+  std::chrono::seconds limit_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+  bool done_ = false;
+  bool busy_ = false;
+  bool fired_ = false;
+  std::thread thread_;  // last: starts once the rest is set
+};
+
 template <class Stream>
 Result<HttpReply> streamExchange(Stream& stream, const Endpoint& endpoint, const std::string& target,
                                  const std::string& token,
@@ -85,11 +161,21 @@ Result<HttpReply> streamExchange(Stream& stream, const Endpoint& endpoint, const
   beast::error_code ec;
   http::write(stream, req, ec);
   if (ec) return Error::make("io", "sending the request to moatd at " + endpoint.display() + ": " + ec.message());
+  const auto idleLimit = streamIdleLimit();
+  IdleWatch watch(stream.native_handle(), idleLimit);
+  auto lost = [&](const std::string& what, const beast::error_code& ec) {
+    if (watch.fired()) {
+      return Error::make("io", "moatd at " + endpoint.display() + " sent nothing for " +
+                                   std::to_string(idleLimit.count()) +
+                                   " s, not even a heartbeat: the connection is taken for lost");
+    }
+    return Error::make("io", what + ec.message());
+  };
   beast::flat_buffer buffer;
   http::response_parser<http::buffer_body> parser;
   parser.body_limit(boost::none);  // a stream has no end in sight
   http::read_header(stream, buffer, parser, ec);
-  if (ec) return Error::make("io", "reading moatd's answer from " + endpoint.display() + ": " + ec.message());
+  if (ec) return lost("reading moatd's answer from " + endpoint.display() + ": ", ec);
   HttpReply reply;
   reply.status = parser.get().result_int();
   char piece[64 << 10];
@@ -99,16 +185,18 @@ Result<HttpReply> streamExchange(Stream& stream, const Endpoint& endpoint, const
     // read_some: hand over what arrived, do not wait for a full buffer.
     http::read_some(stream, buffer, parser, ec);
     if (ec == http::error::need_buffer) ec = {};
-    if (ec) {
-      return Error::make("io", "the stream from moatd at " + endpoint.display() + " broke: " + ec.message());
-    }
+    if (ec) return lost("the stream from moatd at " + endpoint.display() + " broke: ", ec);
+    watch.alive();
     size_t n = sizeof piece - parser.get().body().size;
     if (n == 0) continue;
     if (reply.status != 200) {
       if (reply.body.size() < (1u << 20)) reply.body.append(piece, n);
       continue;
     }
-    if (!onData(std::string(piece, n))) break;
+    watch.busy(true);
+    bool more = onData(std::string(piece, n));
+    watch.busy(false);
+    if (!more) break;
   }
   return reply;
 }

@@ -1,9 +1,15 @@
 // `moat env` and `moat exec` end to end: the built moat binary against a real
 // moatd, as a user or a script would call them.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdio>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -11,6 +17,7 @@
 
 #include "moat_process.h"
 #include "moatd_process.h"
+#include "common/encoding.h"
 #include "common/scope_exit.h"
 #include "os/file.h"
 
@@ -477,6 +484,114 @@ TEST_F(MoatCli, KeysCreateListRemoveAndAKeyWorksForItsOwnEnvironments) {
   EXPECT_NE(revoked.err.find("revoked"), std::string::npos) << describe(revoked);
   EXPECT_EQ(client({"keys", "create"}).exitCode, 2);
   EXPECT_EQ(client({"env", "rm", id}).exitCode, 0);
+}
+
+// A stand-in for moatd on a unix socket: answers the start of a process
+// (POST .../processes), then opens its output stream and hands it to
+// `stream`; records whether moat hung up.
+class FakeMoatd {
+ public:
+  explicit FakeMoatd(std::function<void(int fd)> stream) : stream_(std::move(stream)) {
+    path_ = "/tmp/moat-fake-" + std::to_string(::getpid()) + ".sock";
+    ::unlink(path_.c_str());
+    listener_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path_.c_str());
+    ok_ = listener_ >= 0 && ::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+          ::listen(listener_, 4) == 0;
+    if (ok_) thread_ = std::thread([this] { serve(); });
+  }
+  ~FakeMoatd() {
+    if (thread_.joinable()) thread_.join();
+    if (listener_ >= 0) ::close(listener_);
+    ::unlink(path_.c_str());
+  }
+  bool ok() const { return ok_; }
+  std::string url() const { return "unix:" + path_; }
+  void join() { thread_.join(); }
+  bool hungUp() const { return hungUp_; }
+
+  static void send(int fd, const std::string& text) { (void)!::write(fd, text.data(), text.size()); }
+  static std::string chunk(const std::string& data) {
+    char size[32];
+    std::snprintf(size, sizeof size, "%zx\r\n", data.size());
+    return size + data + "\r\n";
+  }
+
+ private:
+  static void readHead(int fd) {
+    std::string in;
+    char buf[4096];
+    while (in.find("\r\n\r\n") == std::string::npos) {
+      ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n <= 0) return;
+      in.append(buf, static_cast<size_t>(n));
+    }
+  }
+  void serve() {
+    int first = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+    readHead(first);
+    send(first, "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 8\r\n"
+                "Connection: close\r\n\r\n{\"id\":1}");
+    ::close(first);
+    int second = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+    readHead(second);
+    send(second, "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n");
+    stream_(second);
+    // Bounded: a moat that never hangs up fails the test instead of hanging it.
+    pollfd p = {second, POLLIN, 0};
+    char byte;
+    hungUp_ = ::poll(&p, 1, 20000) == 1 && ::read(second, &byte, 1) == 0;
+    ::close(second);
+  }
+  std::function<void(int)> stream_;
+  std::string path_;
+  int listener_ = -1;
+  bool ok_ = false;
+  std::atomic<bool> hungUp_{false};
+  std::thread thread_;
+};
+
+// As a connection lost without a reset looks: moat gives up after
+// MOAT_STREAM_IDLE_S instead of waiting for good.
+TEST(MoatCliWithoutDaemon, AStreamThatFallsSilentIsTakenForLost) {
+  FakeMoatd fake([](int) {});  // then silence
+  ASSERT_TRUE(fake.ok());
+  auto r = moat({"exec", "abc", "--", "sleep", "1000"}, "",
+                {{"MOAT_URL", fake.url()}, {"MOAT_TOKEN", "t"}, {"MOAT_STREAM_IDLE_S", "1"}});
+  fake.join();
+  EXPECT_EQ(r.exitCode, 125) << describe(r);
+  EXPECT_NE(r.err.find("sent nothing for 1 s, not even a heartbeat: the connection is taken for lost"),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(the command may still be running)"), std::string::npos) << r.err;
+  EXPECT_TRUE(fake.hungUp()) << "moat closed its end";
+}
+
+// The time moat's own reader takes is not the connection's silence: moat
+// blocked on a full stdout for longer than the limit still gets the rest.
+TEST(MoatCliWithoutDaemon, ASlowReaderOfMoatIsNotASilentStream) {
+  const std::string data(256u << 10, 'x');  // more than a pipe holds
+  std::atomic<bool> release{false};
+  FakeMoatd fake([&](int fd) {
+    FakeMoatd::send(fd, FakeMoatd::chunk(json{{"data", base64Encode(data)}, {"encoding", "base64"}, {"offset", 0},
+                                              {"stream", "stdout"}, {"type", "output"}}.dump() + "\n"));
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    FakeMoatd::send(fd, FakeMoatd::chunk(json{{"type", "exit"}, {"offset", data.size()}, {"state", "exited"},
+                                              {"exit_code", 0}, {"signal", 0}, {"timed_out", false}}.dump() + "\n") +
+                            "0\r\n\r\n");
+  });
+  ASSERT_TRUE(fake.ok());
+  RunningProcess exec({binDir() + "/moat", "exec", "abc", "--", "cat", "big"},
+                      {{"MOAT_URL", fake.url()}, {"MOAT_TOKEN", "t"}, {"MOAT_STREAM_IDLE_S", "1"}});
+  // Nobody reads moat's stdout for twice the limit: a wait on time itself.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  release = true;
+  auto r = exec.wait();
+  fake.join();
+  EXPECT_EQ(r.exitCode, 0) << r.err;
+  EXPECT_EQ(r.out.size(), data.size());
+  EXPECT_EQ(r.err, "");
 }
 
 TEST(MoatCliWithoutDaemon, AMissingDaemonIsNamed) {
