@@ -172,8 +172,8 @@ Status InitConnection::signal(uint32_t id, int signo, bool wholeGroup) {
   return {};
 }
 
-Status InitConnection::grantOutput(uint32_t id, uint64_t bytes) {
-  if (!send(init::MsgType::kOutputCredit, init::OutputCredit{id, bytes}.encode()).ok()) {
+Status InitConnection::grantOutput(uint32_t id, uint64_t upTo) {
+  if (!send(init::MsgType::kOutputCredit, init::OutputCredit{id, upTo}.encode()).ok()) {
     return gone("the environment ended");
   }
   return {};

@@ -51,8 +51,9 @@ class InitConnection {
   Status closeStdin(uint32_t id);
   Status signal(uint32_t id, int signo, bool wholeGroup);
   Status resize(uint32_t id, uint16_t rows, uint16_t cols);
-  // Flow control of process `id`'s output (init::OutputCredit).
-  Status grantOutput(uint32_t id, uint64_t bytes);
+  // Flow control of process `id`'s output: moat-init may forward it up to
+  // offset `upTo` (init::OutputCredit).
+  Status grantOutput(uint32_t id, uint64_t upTo);
 
   Result<init::FileResult> file(init::FileRequest request);
   bool closed();

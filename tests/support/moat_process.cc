@@ -62,52 +62,9 @@ pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, st
 
 ProcessResult runProcess(const std::vector<std::string>& argv, const std::string& input,
                          const std::map<std::string, std::string>& env) {
-  int in[2], out[2], err[2];
-  if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC)) std::abort();
-  pid_t pid = spawn(argv, env, in[0], out[1], err[1]);
-  ::close(in[0]);
-  ::close(out[1]);
-  ::close(err[1]);
-  ::signal(SIGPIPE, SIG_IGN);
-  size_t written = 0;
-  if (input.empty()) {
-    ::close(in[1]);
-    in[1] = -1;
-  } else {
-    ::fcntl(in[1], F_SETFL, O_NONBLOCK);
-  }
-  ProcessResult result;
-  bool outOpen = true, errOpen = true;
-  while (outOpen || errOpen) {
-    pollfd fds[3] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}, {in[1], POLLOUT, 0}};
-    if (::poll(fds, in[1] >= 0 ? 3 : 2, -1) < 0) continue;
-    char buf[65536];
-    for (int i = 0; i < 2; ++i) {
-      if (!(fds[i].revents & (POLLIN | POLLHUP))) continue;
-      ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
-      if (n <= 0) {
-        (i == 0 ? outOpen : errOpen) = false;
-        fds[i].fd = -1;
-      } else {
-        (i == 0 ? result.out : result.err).append(buf, static_cast<size_t>(n));
-      }
-    }
-    if (!outOpen) out[0] = -1;
-    if (!errOpen) err[0] = -1;
-    if (in[1] >= 0 && (fds[2].revents & (POLLOUT | POLLERR | POLLHUP))) {
-      ssize_t n = ::write(in[1], input.data() + written, input.size() - written);
-      if (n > 0) written += static_cast<size_t>(n);
-      if (n < 0 || written == input.size()) {
-        ::close(in[1]);
-        in[1] = -1;
-      }
-    }
-  }
-  if (in[1] >= 0) ::close(in[1]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
+  RunningProcess process(argv, env);
+  process.feed(input);
+  return process.collect();
 }
 
 RunningProcess::RunningProcess(const std::vector<std::string>& argv,
@@ -149,11 +106,24 @@ bool RunningProcess::write(const std::string& data) {
 void RunningProcess::closeInput() {
   if (in_ >= 0) ::close(in_);
   in_ = -1;
+  input_.clear();
+  inputWritten_ = 0;
+}
+
+void RunningProcess::feed(std::string data) {
+  if (data.empty()) return closeInput();
+  ::fcntl(in_, F_SETFL, O_NONBLOCK);
+  input_ = std::move(data);
 }
 
 void RunningProcess::pump(int timeoutMs) {
-  pollfd fds[2] = {{out_, POLLIN, 0}, {err_, POLLIN, 0}};
-  if (::poll(fds, 2, timeoutMs) <= 0) return;
+  pollfd fds[3] = {{out_, POLLIN, 0}, {err_, POLLIN, 0}, {input_.empty() ? -1 : in_, POLLOUT, 0}};
+  if (::poll(fds, 3, timeoutMs) <= 0) return;
+  if (fds[2].revents & (POLLOUT | POLLERR | POLLHUP)) {
+    ssize_t n = ::write(in_, input_.data() + inputWritten_, input_.size() - inputWritten_);
+    if (n > 0) inputWritten_ += static_cast<size_t>(n);
+    if (n < 0 || inputWritten_ == input_.size()) closeInput();  // all of it, or a reader that is gone
+  }
   char buf[65536];
   for (int i = 0; i < 2; ++i) {
     if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
@@ -205,7 +175,12 @@ ProcessResult RunningProcess::wait() {
   // Bounded: a process that does not end fails its test instead of hanging
   // the suite (it is killed; its exit code then says 137).
   if (!exitsWithin(120000)) ::kill(pid_, SIGKILL);
+  return collect();
+}
+
+ProcessResult RunningProcess::collect() {
   while (out_ >= 0 || err_ >= 0) pump(-1);
+  closeInput();
   if (status_ < 0) ::waitpid(pid_, &status_, 0);
   ProcessResult result;
   result.out = std::exchange(outBuffer_, "");

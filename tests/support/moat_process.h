@@ -36,14 +36,21 @@ class RunningProcess {
   std::string readLine(int timeoutMs = 20000);
   // True when the process ended within timeoutMs (then wait() returns at once).
   bool exitsWithin(int timeoutMs);
+  // Writes `data` to stdin while output is read (pump), then closes it.
+  void feed(std::string data);
   // Closes stdin, reads the rest of stdout and stderr, reaps: what readLine
   // has not returned yet.
   ProcessResult wait();
+  // Reads stdout and stderr (and writes what feed() holds) until both end,
+  // then reaps, without a bound: runProcess.
+  ProcessResult collect();
 
  private:
-  void pump(int timeoutMs);  // one poll round: reads what is ready into out_/err_
+  void pump(int timeoutMs);  // one poll round: writes input_, reads what is ready
   int pid_ = -1;
   int in_ = -1, out_ = -1, err_ = -1, pidfd_ = -1;
+  std::string input_;  // fed; written up to inputWritten_
+  size_t inputWritten_ = 0;
   std::string outBuffer_, errBuffer_;
   int status_ = -1;  // wait status once reaped
 };
