@@ -387,7 +387,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
       gate::layersToJson({request.permissions ? *request.permissions : config_.defaultPermissions}).dump();
   std::optional<store::SnapshotRecord> from;
   if (!request.fromSnapshot.empty()) {
-    MOAT_ASSIGN(auto snap, getSnapshot(request.fromSnapshot));
+    MOAT_ASSIGN(auto snap, usableSnapshot(request.fromSnapshot, request.forkedFrom));
     if (request.owner != "master" && snap.owner != request.owner) {
       return Error::make("not_found", "no snapshot " + request.fromSnapshot);
     }

@@ -220,7 +220,7 @@ class EnvironmentManager {
   // Snapshots (docs/API.md, "Snapshots"): the writable layer's files at one
   // point in time (like a power cut: written data is in, processes are not).
   Result<store::SnapshotRecord> snapshot(const std::string& id, const std::string& name, const std::string& actor);
-  Result<store::SnapshotRecord> getSnapshot(const std::string& snapshotId);
+  Result<store::SnapshotRecord> getSnapshot(const std::string& snapshotId) { return usableSnapshot(snapshotId, ""); }
   Result<std::vector<store::SnapshotRecord>> snapshots(const std::string& owner, const std::string& environment);
   Status deleteSnapshot(const std::string& snapshotId, const std::string& actor);
   Result<store::EnvironmentRecord> fork(const std::string& id, const ForkRequest& request);
@@ -259,13 +259,17 @@ class EnvironmentManager {
   Status connectNetwork(const std::string& id, const egress::Policy& policy,
                         const std::vector<egress::Secret>& secrets);
   Status writeNetworkFiles(const std::shared_ptr<InitConnection>& connection, const egress::EgressNetwork::Link& link);
-  // After a restart: snapshots a killed moatd left half made are rolled
-  // back, and snapshot volumes without a record are removed.
+  // After a restart: snapshots a killed moatd left half made, half deleted
+  // or made for a fork are rolled back, and snapshot volumes without a
+  // record are removed.
   void recoverSnapshots();
   // restore() up to its network: the environment runs on the snapshot's files.
   Result<store::EnvironmentRecord> restoreFiles(const std::string& id, const std::string& snapshotId,
                                                 const std::string& actor);
-  // transient: for a fork (not counted, not listed for long, not an event).
+  // transient: for a fork (not counted, never listed, not an event; state
+  // "transient", so a moatd killed before the fork removed it rolls it back).
+  // A ready snapshot, or the transient one taken for a fork of `forkOf`.
+  Result<store::SnapshotRecord> usableSnapshot(const std::string& snapshotId, const std::string& forkOf);
   Result<store::SnapshotRecord> takeSnapshot(const std::string& id, const std::string& name,
                                              const std::string& actor, bool transient);
   // One destroy, snapshot or restore of an environment at a time: waits for

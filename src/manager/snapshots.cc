@@ -60,12 +60,13 @@ Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string
     return base.error();
   }
   snap.hostBase = base.value();
-  snap.state = "ready";
-  Status stored = store_.setSnapshotReady(snap.id, snap.hostBase);
+  snap.state = transient ? "transient" : "ready";
+  Status stored = store_.setSnapshotState(snap.id, snap.state, snap.hostBase);
   if (!stored.ok()) {
     if (auto pool = isolation::fs::StoragePool::open(config_.stateDir); pool.ok()) {
       (void)pool->destroySnapshot(snap.id);
     }
+    (void)store_.deleteSnapshot(snap.id);
     return stored.error();
   }
   if (!transient) audit_.record("snapshot.created", id, actor, snapshotData(snap));
@@ -92,7 +93,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::fork(const std::string& id,
   if (!source.secrets.empty()) {
     MOAT_ASSIGN(copy.secrets, egress::secretsFromStored(source.secrets));
   }
-  // Through a snapshot nobody keeps: gone once the fork has its own copy.
+  // Through a snapshot nobody keeps: gone once the fork has its own copy
+  // (volume first: a kill in between leaves a transient record, rolled back).
   MOAT_ASSIGN(auto snap, takeSnapshot(id, "fork", request.owner, true));
   ScopeExit dropSnapshot([&] {
     if (auto pool = isolation::fs::StoragePool::open(config_.stateDir); pool.ok()) (void)pool->destroySnapshot(snap.id);
@@ -112,9 +114,12 @@ Result<store::EnvironmentRecord> EnvironmentManager::fork(const std::string& id,
   return get(created.id);
 }
 
-Result<store::SnapshotRecord> EnvironmentManager::getSnapshot(const std::string& snapshotId) {
+Result<store::SnapshotRecord> EnvironmentManager::usableSnapshot(const std::string& snapshotId,
+                                                                 const std::string& forkOf) {
   MOAT_ASSIGN(auto snap, store_.getSnapshot(snapshotId));
-  if (!snap || snap->state != "ready") return Error::make("not_found", "no snapshot " + snapshotId);
+  bool usable = snap && (snap->state == "ready" ||
+                         (snap->state == "transient" && !forkOf.empty() && snap->environment == forkOf));
+  if (!usable) return Error::make("not_found", "no snapshot " + snapshotId);
   return snap.value();
 }
 
@@ -128,7 +133,13 @@ Result<std::vector<store::SnapshotRecord>> EnvironmentManager::snapshots(const s
 Status EnvironmentManager::deleteSnapshot(const std::string& snapshotId, const std::string& actor) {
   MOAT_ASSIGN(auto snap, getSnapshot(snapshotId));
   MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(config_.stateDir));
-  MOAT_TRY(pool.destroySnapshot(snap.id));
+  // Marked first: a moatd killed after the volume went and before the
+  // record did would otherwise list a snapshot that is not there.
+  MOAT_TRY(store_.setSnapshotState(snap.id, "deleting", snap.hostBase));
+  if (Status s = pool.destroySnapshot(snap.id); !s.ok()) {
+    (void)store_.setSnapshotState(snap.id, "ready", snap.hostBase);
+    return s.error();
+  }
   MOAT_TRY(store_.deleteSnapshot(snap.id));
   audit_.record("snapshot.deleted", snap.environment, actor, snapshotData(snap));
   return {};
@@ -220,11 +231,17 @@ void EnvironmentManager::recoverSnapshots() {
       kept.insert(snap.id);
       continue;
     }
-    // Begun by a moatd that was killed before it finished: rolled back.
+    // Begun by a moatd that was killed before it finished: rolled back
+    // (a deletion is finished; a fork's snapshot was never announced).
     (void)pool->destroySnapshot(snap.id);
     (void)store_.deleteSnapshot(snap.id);
-    audit_.record("snapshot.failed", snap.environment, "moatd",
-                  {{"snapshot", snap.id}, {"reason", "moatd stopped while the snapshot was being taken"}});
+    if (snap.state == "deleting") {
+      audit_.record("snapshot.deleted", snap.environment, "moatd",
+                    {{"snapshot", snap.id}, {"name", snap.name}, {"reason", "moatd stopped while deleting it"}});
+    } else if (snap.state != "transient") {
+      audit_.record("snapshot.failed", snap.environment, "moatd",
+                    {{"snapshot", snap.id}, {"reason", "moatd stopped while the snapshot was being taken"}});
+    }
   }
   auto present = pool->snapshots();
   if (!present.ok()) return;

@@ -98,7 +98,10 @@ struct SnapshotRecord {
   double storageGb = 0;     // the environment's storage limit
   uint32_t hostBase = 0;    // host uid of root inside when it was taken
   std::string name;         // the caller's label; may be empty
-  std::string state;        // creating | ready
+  // creating: being taken; ready: kept and listed; transient: a fork's,
+  // used by the fork's create and then removed; deleting: being removed.
+  // A moatd that starts finds only ready ones: it rolls back the rest.
+  std::string state;
   int64_t createdAtMs = 0;
 };
 
@@ -132,8 +135,8 @@ class Store {
   virtual Status setPermissions(const std::string& environmentId, const std::string& permissions) = 0;
   virtual Status setNetwork(const std::string& environmentId, const std::string& network, int64_t netSlot) = 0;
   virtual Status insertSnapshot(const SnapshotRecord& snapshot) = 0;  // "conflict" on a duplicate id
-  // "creating" -> "ready", with the host uid its files' root had. "not_found".
-  virtual Status setSnapshotReady(const std::string& id, uint32_t hostBase) = 0;
+  // The state and the host uid its files' root had. "not_found".
+  virtual Status setSnapshotState(const std::string& id, const std::string& state, uint32_t hostBase) = 0;
   virtual Result<std::optional<SnapshotRecord>> getSnapshot(const std::string& id) = 0;
   // Newest first; owner "" lists everyone's, environment "" every environment's.
   virtual Result<std::vector<SnapshotRecord>> listSnapshots(const std::string& owner,

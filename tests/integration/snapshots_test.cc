@@ -207,32 +207,42 @@ TEST_F(Snapshots, AKilledMoatdLeavesNoHalfMadeSnapshot) {
   std::string id = createEnv();
   sh(id, "echo kept > /workspace/f");
   std::string sid = snapshot(id)["id"];
-  // What a moatd killed between recording a snapshot and finishing it
-  // leaves: a record still "creating" and a volume, and a volume nobody recorded.
+  // What a moatd killed halfway leaves: a record still "creating" with its
+  // volume; a volume nobody recorded; a fork's "transient" snapshot (killed
+  // before the fork removed it); a deletion killed after the volume went
+  // and one killed before it did.
   daemon_->kill9();
   std::string storage = daemon_->stateDir() + "/storage";
-  for (const char* name : {"snap-00000000000a", "snap-00000000000b"}) {
+  for (const char* name : {"snap-00000000000a", "snap-00000000000b", "snap-00000000000c", "snap-00000000000e"}) {
     ASSERT_TRUE(os::snapshotSubvolume(storage + "/envs/" + id, storage + "/snapshots", name, true).ok());
   }
   {
     auto store = store::openSqliteStore(daemon_->stateDir() + "/moat.db");
     ASSERT_TRUE(store.ok()) << store.error().message();
-    store::SnapshotRecord half;
-    half.id = "snap-00000000000a";
-    half.environment = id;
-    half.owner = "master";
-    half.templateName = "host";
-    half.storageGb = 4;
-    half.state = "creating";
-    half.createdAtMs = 1;
-    ASSERT_TRUE((*store)->insertSnapshot(half).ok());
+    for (auto [name, state] : {std::pair{"snap-00000000000a", "creating"}, {"snap-00000000000c", "transient"},
+                               {"snap-00000000000d", "deleting"}, {"snap-00000000000e", "deleting"}}) {
+      store::SnapshotRecord half;
+      half.id = name;
+      half.environment = id;
+      half.owner = "master";
+      half.templateName = "host";
+      half.storageGb = 4;
+      half.state = state;
+      half.createdAtMs = 1;
+      ASSERT_TRUE((*store)->insertSnapshot(half).ok());
+    }
   }
   daemon_->restart();
-  auto left = poolSnapshots();
-  EXPECT_EQ(left, std::vector<std::string>{sid});
-  EXPECT_EQ(daemon_->request("GET", "/v1/snapshots/snap-00000000000a").status, 404);
+  EXPECT_EQ(poolSnapshots(), std::vector<std::string>{sid});
+  auto listed = nlohmann::json::parse(daemon_->request("GET", "/v1/snapshots").body)["snapshots"];
+  ASSERT_EQ(listed.size(), 1u) << listed.dump();
+  EXPECT_EQ(listed[0]["id"], sid);
+  for (const char* gone : {"snap-00000000000a", "snap-00000000000c", "snap-00000000000d"}) {
+    EXPECT_EQ(daemon_->request("GET", std::string("/v1/snapshots/") + gone).status, 404) << gone;
+  }
   std::string events = daemon_->request("GET", "/v1/events?environment=" + id).body;
   EXPECT_NE(events.find("snapshot.failed"), std::string::npos) << events;
+  EXPECT_NE(events.find("moatd stopped while deleting it"), std::string::npos) << events;
   // The finished one is there and works.
   call("POST", "/v1/environments/" + id + "/restore", {{"snapshot", sid}}, 200);
   EXPECT_EQ(sh(id, "cat /workspace/f"), "kept\n");

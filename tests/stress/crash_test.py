@@ -532,6 +532,8 @@ class Suite:
         self.note("snapshots", inflight, sum(len(w.acked) for w in workers))
         status, listed = m.call("GET", "/v1/snapshots")
         stored = {s["id"] for s in listed.get("snapshots", [])}
+        forks = [s["id"] for s in listed.get("snapshots", []) if s.get("name") == "fork"]
+        self.f.check(not forks, f"{label}: snapshots a fork went through are listed: {forks}")
         pool = set(os.listdir(os.path.join(m.state, "storage", "snapshots")))
         self.f.check(stored == pool, f"{label}: the store lists {sorted(stored - pool)} the pool lacks, the pool "
                                      f"holds {sorted(pool - stored)} the store does not list")

@@ -622,11 +622,12 @@ Status SqliteStore::insertSnapshot(const SnapshotRecord& r) {
   return stmt.run();
 }
 
-Status SqliteStore::setSnapshotReady(const std::string& id, uint32_t hostBase) {
-  const std::string what = "set snapshot ready " + id;
+Status SqliteStore::setSnapshotState(const std::string& id, const std::string& state, uint32_t hostBase) {
+  const std::string what = "set snapshot " + id + " " + state;
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(), "UPDATE snapshots SET state = 'ready', host_base = ? WHERE id = ?", what));
-  MOAT_TRY(stmt.bindAll(static_cast<int64_t>(hostBase), id));
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
+                                                 "UPDATE snapshots SET state = ?, host_base = ? WHERE id = ?", what));
+  MOAT_TRY(stmt.bindAll(state, static_cast<int64_t>(hostBase), id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such snapshot");
   return {};
