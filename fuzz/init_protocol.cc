@@ -42,6 +42,8 @@ void everyDecoder(const std::string& payload) {
   roundTrip<ProcessRef>(payload);
   roundTrip<SignalRequest>(payload);
   roundTrip<Resize>(payload);
+  roundTrip<OutputCredit>(payload);
+  roundTrip<StdinTaken>(payload);
   roundTrip<Exited>(payload);
   roundTrip<FileRequest>(payload);
   roundTrip<FileResult>(payload);
@@ -54,6 +56,8 @@ void decodeAs(MsgType type, const std::string& payload) {
     case MsgType::kCloseStdin: roundTrip<ProcessRef>(payload); break;
     case MsgType::kSignal: roundTrip<SignalRequest>(payload); break;
     case MsgType::kResize: roundTrip<Resize>(payload); break;
+    case MsgType::kOutputCredit: roundTrip<OutputCredit>(payload); break;
+    case MsgType::kStdinTaken: roundTrip<StdinTaken>(payload); break;
     case MsgType::kFile: roundTrip<FileRequest>(payload); break;
     case MsgType::kHello: roundTrip<Hello>(payload); break;
     case MsgType::kSpawned: roundTrip<Spawned>(payload); break;

@@ -136,7 +136,7 @@ HttpResponse writeStdin(const std::shared_ptr<manager::Process>& process, const 
   auto body = parseObject(req.body, perr);
   if (!body.ok()) return errorResponse(perr);
   const json& j = body.value();
-  if (auto e = onlyFields(j, {"data", "encoding", "close"}, "")) return errorResponse(*e);
+  if (auto e = onlyFields(j, {"data", "encoding", "close", "wait_ms"}, "")) return errorResponse(*e);
   std::string data;
   if (j.contains("data")) {
     if (!j["data"].is_string()) return errorResponse(invalid("data", "must be a string"));
@@ -158,7 +158,11 @@ HttpResponse writeStdin(const std::shared_ptr<manager::Process>& process, const 
     close = j["close"];
   }
   if (data.empty() && !close) return errorResponse(invalid("data", "required unless \"close\": true"));
-  Status s = process->writeStdin(data, close);
+  int64_t waitMs = manager::Process::kStdinWait.count();
+  if (j.contains("wait_ms")) {
+    if (auto e = number(j["wait_ms"], "wait_ms", 0, 300000, true, waitMs)) return errorResponse(*e);
+  }
+  Status s = process->writeStdin(data, close, std::chrono::milliseconds(waitMs));
   if (!s.ok()) return errorResponse(fromError(s.error()));
   return noContent();
 }

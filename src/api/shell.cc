@@ -17,6 +17,7 @@ namespace {
 constexpr auto kPingEvery = std::chrono::seconds(30);
 constexpr size_t kReplay = 64u << 10;
 constexpr auto kHangUpGrace = std::chrono::seconds(5);  // what a viewer joining a running shell sees first
+constexpr auto kInputWait = std::chrono::seconds(5);  // for a terminal program to read earlier input
 
 // Sends the terminal's output to one viewer until the process ends or the
 // viewer leaves.
@@ -85,7 +86,15 @@ void runViewer(const std::shared_ptr<manager::Process>& process, websocket::Conn
   websocket::Message message;
   while (socket.receive(message)) {
     if (message.opcode == websocket::Opcode::kBinary) {
-      Status s = process->writeStdin(message.data, false);
+      // Input its program does not read waits (1 MiB of it, then this
+      // viewer waits too), but not for long: meanwhile its signals and
+      // resizes wait behind it. Beyond that the piece is not delivered, and
+      // the viewer is told.
+      Status s = process->writeStdin(message.data, false, kInputWait);
+      if (!s.ok() && s.error().code == "stdin_full") {
+        (void)socket.sendText(json{{"type", "error"}, {"message", "input not delivered: " + s.error().message()}}.dump());
+        continue;
+      }
       if (!s.ok()) break;
     } else {
       handleControl(process, socket, message.data);

@@ -47,6 +47,7 @@ ApiError fromError(const Error& e) {
   static const std::map<std::string, int> status = {
       {"not_found", 404},       {"conflict", 409}, {"gone", 409},         {"capacity", 429},
       {"invalid_argument", 400}, {"timeout", 504}, {"unsupported", 400}, {"unavailable", 503},
+      {"stdin_full", 409},
   };
   auto it = status.find(e.code);
   return {it == status.end() ? 500 : it->second, e.code, e.message(), ""};

@@ -22,6 +22,10 @@ namespace {
 using json = nlohmann::json;
 
 constexpr size_t kStdinPiece = 256u << 10;  // one POST .../stdin per piece read
+// How long one POST .../stdin may wait for a command that is not reading
+// (moatd holds at most 1 MiB of input for it): short, so that signals are
+// still forwarded meanwhile; the piece is sent again until it is taken.
+constexpr int kStdinWaitMs = 250;
 
 std::string processPath(const FollowOptions& o) {
   return "/v1/environments/" + urlEncode(o.environment) + "/processes/" + std::to_string(o.process);
@@ -35,6 +39,29 @@ bool post(Client& client, const std::string& target, const json& body, const std
   if (reply.ok() && reply->status == 409) return false;
   complain(0, what + ": " + (reply.ok() ? describeError(reply.value()) : reply.error().message()));
   return false;
+}
+
+enum class Sent { kTaken, kFull, kRefused };
+
+// One piece of our stdin. Full: the command has not read what came before;
+// nothing of this piece was taken. A moatd from before the input window
+// knows no wait_ms (400 naming it): then it is sent without.
+Sent sendStdin(Client& client, const std::string& target, const std::string& piece, bool& withWait) {
+  json body = {{"data", base64Encode(piece)}, {"encoding", "base64"}};
+  if (withWait) body["wait_ms"] = kStdinWaitMs;
+  auto reply = client.request("POST", target, body.dump());
+  if (withWait && reply.ok() && reply->status == 400 && reply->body.find("wait_ms") != std::string::npos) {
+    withWait = false;
+    return sendStdin(client, target, piece, withWait);
+  }
+  if (reply.ok() && reply->status == 409) {
+    auto j = json::parse(reply->body, nullptr, false);
+    if (j.is_object() && j["error"].is_object() && j["error"].value("code", "") == "stdin_full") return Sent::kFull;
+    return Sent::kRefused;
+  }
+  if (reply.ok() && reply->status == 204) return Sent::kTaken;
+  complain(0, "sending stdin: " + (reply.ok() ? describeError(reply.value()) : reply.error().message()));
+  return Sent::kRefused;
 }
 
 bool sendSignal(Client& client, const FollowOptions& o, int signo) {
@@ -205,10 +232,14 @@ void restoreHandlers() {
 void forwardLoop(Client& client, const FollowOptions& o, int doneFd, int signalFd) {
   bool stdinOpen = o.forwardStdin;
   bool interrupted = false;
+  const std::string target = processPath(o) + "/stdin";
   std::string buf(kStdinPiece, '\0');
+  std::string piece;  // read, not yet taken (the command is not reading)
+  bool withWait = true;
   for (;;) {
-    pollfd fds[3] = {{doneFd, POLLIN, 0}, {signalFd, POLLIN, 0}, {stdinOpen ? 0 : -1, POLLIN, 0}};
-    if (::poll(fds, 3, -1) < 0) {
+    bool reading = stdinOpen && piece.empty();
+    pollfd fds[3] = {{doneFd, POLLIN, 0}, {signalFd, POLLIN, 0}, {reading ? 0 : -1, POLLIN, 0}};
+    if (::poll(fds, 3, piece.empty() ? -1 : 0) < 0) {
       if (errno == EINTR) continue;
       return;
     }
@@ -222,19 +253,25 @@ void forwardLoop(Client& client, const FollowOptions& o, int doneFd, int signalF
         (void)sendSignal(client, o, again ? SIGKILL : signo);
       }
     }
-    if (stdinOpen && (fds[2].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL))) {
+    if (reading && (fds[2].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL))) {
       ssize_t n = (fds[2].revents & POLLNVAL) ? 0 : ::read(0, buf.data(), buf.size());
       if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      std::string target = processPath(o) + "/stdin";
       if (n > 0) {
-        std::string piece(buf.data(), static_cast<size_t>(n));
-        stdinOpen = post(client, target, {{"data", base64Encode(piece)}, {"encoding", "base64"}}, "sending stdin");
-        // Refused: the command ended or closed its stdin (the rest has
-        // nowhere to go), or moatd failed (then the command still gets its end).
-        if (!stdinOpen) (void)client.request("POST", target, json{{"close", true}}.dump());
+        piece.assign(buf.data(), static_cast<size_t>(n));
       } else {
         stdinOpen = false;
         (void)post(client, target, {{"close", true}}, "closing stdin");
+      }
+    }
+    if (!piece.empty()) {
+      Sent sent = sendStdin(client, target, piece, withWait);
+      if (sent == Sent::kFull) continue;
+      piece.clear();
+      if (sent == Sent::kRefused) {
+        // The command ended or closed its stdin (the rest has nowhere to
+        // go), or moatd failed (then the command still gets its end).
+        stdinOpen = false;
+        (void)client.request("POST", target, json{{"close", true}}.dump());
       }
     }
   }

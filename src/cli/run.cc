@@ -4,6 +4,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -63,11 +64,16 @@ int superviseCommand(Environment& env, const RunOptions& options) {
   ::signal(SIGPIPE, SIG_IGN);
 
   bool stdinOpen = options.interactive;
+  // Input is read while at most this much sent earlier waits in moat-init
+  // (StdinTaken): a command that does not read holds up `moat run`'s own
+  // reading, not moat-init's memory.
+  constexpr uint64_t kStdinWindow = 1u << 20;
+  uint64_t stdinSent = 0, stdinTaken = 0;
   bool readerGone[2] = {false, false};
   init::FrameReader reader;
   for (;;) {
     pollfd fds[3] = {{control, POLLIN, 0}, {signals.get(), POLLIN, 0}, {0, POLLIN, 0}};
-    nfds_t count = stdinOpen ? 3 : 2;
+    nfds_t count = stdinOpen && stdinSent - stdinTaken < kStdinWindow ? 3 : 2;
     if (::poll(fds, count, -1) < 0) {
       if (errno == EINTR) continue;
       return complain(kExitEnvironment, std::string("poll: ") + std::strerror(errno));
@@ -79,12 +85,13 @@ int superviseCommand(Environment& env, const RunOptions& options) {
         (void)init::writeFrame(control, init::MsgType::kSignal, forward.encode());
       }
     }
-    if (stdinOpen && (fds[2].revents & (POLLIN | POLLHUP | POLLERR))) {
+    if (count == 3 && (fds[2].revents & (POLLIN | POLLHUP | POLLERR))) {
       char buf[init::kOutputChunk];
       ssize_t n = ::read(0, buf, sizeof buf);
       if (n > 0) {
         init::StdinData data{kCommandId, std::string(buf, static_cast<size_t>(n))};
         (void)init::writeFrame(control, init::MsgType::kStdin, data.encode());
+        stdinSent += static_cast<uint64_t>(n);
       } else if (n == 0 || errno != EINTR) {
         stdinOpen = false;
         (void)init::writeFrame(control, init::MsgType::kCloseStdin,
@@ -151,6 +158,11 @@ int superviseCommand(Environment& env, const RunOptions& options) {
             return complain(kExitEnvironment, "environment failed: moat-init speaks another protocol");
           }
           traceStage("hello");
+          break;
+        }
+        case init::MsgType::kStdinTaken: {
+          auto taken = init::StdinTaken::decode(frame.payload);
+          if (taken.ok()) stdinTaken = std::max(stdinTaken, std::min(taken->total, stdinSent));
           break;
         }
         case init::MsgType::kProtocolError:

@@ -211,6 +211,16 @@ Result<OutputCredit> OutputCredit::decode(const std::string& payload) {
   return m;
 }
 
+std::string StdinTaken::encode() const { return Encoder().u32(id).u64(total).take(); }
+Result<StdinTaken> StdinTaken::decode(const std::string& payload) {
+  Decoder d(payload);
+  StdinTaken m;
+  MOAT_ASSIGN(m.id, d.u32());
+  MOAT_ASSIGN(m.total, d.u64());
+  FINISH(d);
+  return m;
+}
+
 std::string Resize::encode() const { return Encoder().u32(id).u32(rows).u32(cols).take(); }
 Result<Resize> Resize::decode(const std::string& payload) {
   Decoder d(payload);

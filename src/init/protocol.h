@@ -16,7 +16,12 @@
 // a frame larger than kMaxFrame is a protocol error.
 namespace moat::init {
 
-constexpr uint32_t kProtocolVersion = 1;
+// What Hello announces. 1: the first; 2: OutputCredit (message 7) and
+// StdinTaken (message 69). A moatd
+// re-attaching after an upgrade may meet a moat-init of an older version:
+// it sends each only what that version knows.
+constexpr uint32_t kProtocolVersion = 2;
+constexpr uint32_t kFlowControlSince = 2;  // OutputCredit and StdinTaken
 constexpr uint32_t kMaxFrame = 16u << 20;
 constexpr size_t kOutputChunk = 64u << 10;
 
@@ -36,6 +41,7 @@ enum class MsgType : uint8_t {
   kSpawnFailed = 66,
   kOutput = 67,
   kExited = 68,
+  kStdinTaken = 69,
   kFileResult = 80,
   kProtocolError = 81,
 };
@@ -123,6 +129,16 @@ struct StdinData {
   std::string data;
   std::string encode() const;
   static Result<StdinData> decode(const std::string& payload);
+};
+
+// How much of a process's input moat-init has taken off the connection so
+// far (written to the process, or dropped because nobody reads it any more):
+// what the client has sent beyond it is what moat-init holds.
+struct StdinTaken {
+  uint32_t id = 0;
+  uint64_t total = 0;
+  std::string encode() const;
+  static Result<StdinTaken> decode(const std::string& payload);
 };
 
 struct ProcessRef {  // kCloseStdin

@@ -206,8 +206,10 @@ void Supervisor::handleFrame(const Frame& frame) {
       auto req = StdinData::decode(frame.payload);
       if (!req.ok()) return protocolError(req.error().message());
       auto it = processes_.find(req->id);
-      if (it == processes_.end() || !it->second.stdinFd) return;  // gone or closed: drop
+      if (it == processes_.end()) return;  // gone: its Exited tells the client
       Process& p = it->second;
+      p.stdinReceived += req->data.size();
+      if (!p.stdinFd) return reportStdin(p);  // closed: dropped
       p.stdinBuffer += req->data;
       if (!req->data.empty()) {
         char last = req->data.back();
@@ -359,15 +361,25 @@ void Supervisor::flushStdin(Process& p) {
   while (p.stdinFd && !p.stdinBuffer.empty()) {
     ssize_t n = ::write(p.stdinFd.get(), p.stdinBuffer.data(), p.stdinBuffer.size());
     if (n < 0) {
-      if (errno == EAGAIN) return;
+      if (errno == EAGAIN) break;
       if (errno == EINTR) continue;
       p.stdinBuffer.clear();  // EPIPE: the reader is gone
       p.stdinFd.reset();
-      return;
+      break;
     }
     p.stdinBuffer.erase(0, static_cast<size_t>(n));
   }
   if (p.closeStdinWhenDrained && p.stdinBuffer.empty()) p.stdinFd.reset();
+  reportStdin(p);
+}
+
+void Supervisor::reportStdin(Process& p) {
+  p.stdinOwnBytes = std::min(p.stdinOwnBytes, p.stdinBuffer.size());
+  uint64_t held = std::min<uint64_t>(p.stdinBuffer.size() - p.stdinOwnBytes, p.stdinReceived);
+  uint64_t taken = p.stdinReceived - held;
+  if (taken == p.stdinReported) return;
+  p.stdinReported = taken;
+  send(MsgType::kStdinTaken, StdinTaken{p.id, taken}.encode());
 }
 
 void Supervisor::endPtyInput(Process& p) {
@@ -376,7 +388,9 @@ void Supervisor::endPtyInput(Process& p) {
   // a line. After a partial line, the first one just submits that line.
   if (!p.stdinFd) return;
   char eof = eofCharacter(p.stdinFd.get());
-  p.stdinBuffer.append(p.stdinAtLineStart ? 1 : 2, eof);
+  size_t count = p.stdinAtLineStart ? 1 : 2;
+  p.stdinBuffer.append(count, eof);
+  p.stdinOwnBytes += count;
   p.stdinAtLineStart = true;
   flushStdin(p);
 }

@@ -45,6 +45,12 @@ class Supervisor {
     UniqueFd stdoutFd;
     UniqueFd stderrFd;
     std::string stdinBuffer;
+    // The client's input: bytes received (StdinData), what was reported
+    // taken (StdinTaken), and how many of the buffer's last bytes are not
+    // the client's (a pty's EOF characters).
+    uint64_t stdinReceived = 0;
+    uint64_t stdinReported = 0;
+    size_t stdinOwnBytes = 0;
     bool closeStdinWhenDrained = false;
     bool stdinAtLineStart = true;  // pty: the last input byte ended a line
     uint64_t startUs = 0;
@@ -81,6 +87,8 @@ class Supervisor {
   // Reads one chunk of a stream and forwards it (within the output cap).
   PumpResult pump(Process& process, int streamIndex);
   void flushStdin(Process& process);
+  // Sends StdinTaken when more of the client's input left the buffer.
+  void reportStdin(Process& process);
   void endPtyInput(Process& process);
   void resize(const Resize& request);
   void enforceDeadlines();

@@ -39,6 +39,12 @@ void InitConnection::close(const std::string& reason) {
   ::shutdown(control_.get(), SHUT_RDWR);
 }
 
+uint32_t InitConnection::peerVersion() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait_for(lock, std::chrono::seconds(5), [&] { return peerVersion_ != 0 || closed_; });
+  return peerVersion_;
+}
+
 bool InitConnection::closed() {
   std::lock_guard<std::mutex> lock(mutex_);
   return closed_;
@@ -81,6 +87,12 @@ void InitConnection::dispatch(const init::Frame& frame) {
       if (auto sink = sinkOf(m->id, false)) sink->onOutput(m->stream, m->data);
       return;
     }
+    case init::MsgType::kStdinTaken: {
+      auto m = init::StdinTaken::decode(frame.payload);
+      if (!m.ok()) return;
+      if (auto sink = sinkOf(m->id, false)) sink->onStdinTaken(m->total);
+      return;
+    }
     case init::MsgType::kSpawned: {
       auto m = init::Spawned::decode(frame.payload);
       if (!m.ok()) return;
@@ -112,8 +124,18 @@ void InitConnection::dispatch(const init::Frame& frame) {
       cv_.notify_all();
       return;
     }
+    case init::MsgType::kHello: {
+      auto m = init::Hello::decode(frame.payload);
+      if (!m.ok() || m->version == 0) return;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        peerVersion_ = m->version;
+      }
+      cv_.notify_all();
+      return;
+    }
     default:
-      return;  // Hello, protocol errors: nothing waits on them
+      return;  // protocol errors: nothing waits on them
   }
 }
 

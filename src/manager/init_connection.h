@@ -27,6 +27,8 @@ class ProcessSink {
   virtual void onExited(const init::Exited& exited) = 0;
   // The connection closed before the command's end was reported.
   virtual void onLost(const std::string& reason) = 0;
+  // moat-init has taken `total` bytes of the process's input so far.
+  virtual void onStdinTaken(uint64_t total) { (void)total; }
 };
 
 // moatd's end of one environment's guest protocol connection: a reader
@@ -56,6 +58,10 @@ class InitConnection {
   Status grantOutput(uint32_t id, uint64_t upTo);
 
   Result<init::FileResult> file(init::FileRequest request);
+  // The protocol version moat-init announced in its Hello (it comes first
+  // on every connection; waited for up to 5 s). 0: none came (moat-init is
+  // gone or silent).
+  uint32_t peerVersion();
   bool closed();
   // Drops the connection: processes and requests waiting on it end with `reason`.
   void close(const std::string& reason);
@@ -82,6 +88,7 @@ class InitConnection {
   // under their ids.
   uint32_t nextKey_;
   bool closed_ = false;
+  uint32_t peerVersion_ = 0;
   std::string closeReason_;
   std::thread reader_;
 };

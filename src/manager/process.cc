@@ -109,6 +109,7 @@ Status Process::start(const std::shared_ptr<InitConnection>& connection, init::S
     std::lock_guard<std::mutex> lock(mutex_);
     connection_ = connection;
     lossless = info_.lossless;
+    stdinSent_ = stdinData.size();
   }
   MOAT_ASSIGN(uint32_t initId, connection->spawn(std::move(spawn), shared_from_this(), stdinData, closeStdin,
                                                  lossless ? kLosslessWindow : 0));
@@ -215,6 +216,10 @@ Status Process::connectionGone() const {
 
 Result<Process::Channel> Process::channel(const std::function<Status()>& check) {
   std::lock_guard<std::mutex> lock(mutex_);
+  return channelLocked(check);
+}
+
+Result<Process::Channel> Process::channelLocked(const std::function<Status()>& check) {
   if (info_.ended()) return connectionGone().error();
   if (check) MOAT_TRY(check());
   auto connection = connection_.lock();
@@ -222,17 +227,51 @@ Result<Process::Channel> Process::channel(const std::function<Status()>& check) 
   return Channel{std::move(connection), initId_};
 }
 
-Status Process::writeStdin(const std::string& data, bool close) {
-  MOAT_ASSIGN(Channel c, channel([&]() -> Status {
+Status Process::writeStdin(const std::string& data, bool close, std::chrono::milliseconds wait) {
+  auto check = [&]() -> Status {
     if (!info_.stdinOpen) {
       return Error::make("conflict", "stdin of process " + std::to_string(id_) + " is closed");
     }
-    if (close) info_.stdinOpen = false;
     return {};
-  }));
+  };
+  MOAT_ASSIGN(Channel c, channel(check));
+  // A moat-init from before flow control (an environment older than an
+  // upgrade) does not say what it took: it is sent as before.
+  bool bounded = !data.empty() && c.connection->peerVersion() >= init::kFlowControlSince;
+  {
+    // The room found and taken under one hold: concurrent writers (two
+    // requests, two terminal viewers) do not both fit into the same room.
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (bounded) MOAT_TRY(waitForStdinRoom(lock, data.size(), wait));
+    MOAT_ASSIGN(c, channelLocked([&]() -> Status {
+      MOAT_TRY(check());
+      if (close) {
+        info_.stdinOpen = false;
+        cv_.notify_all();  // writers waiting for room: their answer is "closed" now
+      }
+      stdinSent_ += data.size();
+      return {};
+    }));
+  }
   if (!data.empty()) MOAT_TRY(c.connection->writeStdin(c.initId, data));
   if (close) MOAT_TRY(c.connection->closeStdin(c.initId));
   return {};
+}
+
+Status Process::waitForStdinRoom(std::unique_lock<std::mutex>& lock, size_t size, std::chrono::milliseconds wait) {
+  auto held = [&] { return stdinSent_ - stdinTaken_; };
+  auto room = [&] { return info_.ended() || !info_.stdinOpen || held() == 0 || held() + size <= kStdinWindow; };
+  if (cv_.wait_for(lock, wait, room)) return {};
+  return Error::make("stdin_full", "process " + std::to_string(id_) + " is not reading its input: " +
+                                       std::to_string(held()) + " bytes sent earlier still wait in the environment (" +
+                                       std::to_string(kStdinWindow >> 10) + " KiB may); none of this piece was sent, "
+                                       "send it again later");
+}
+
+void Process::onStdinTaken(uint64_t total) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stdinTaken_ = std::max(stdinTaken_, std::min(total, stdinSent_));
+  cv_.notify_all();
 }
 
 Status Process::signal(int signo) {

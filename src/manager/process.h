@@ -62,6 +62,7 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   void onOutput(init::Stream stream, const std::string& data) override;
   void onExited(const init::Exited& exited) override;
   void onLost(const std::string& reason) override;
+  void onStdinTaken(uint64_t total) override;
 
   // Sends the Spawn through `connection`, then waits until moat-init says
   // whether the command started.
@@ -101,7 +102,13 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   void markDelivered();
   bool delivered();
 
-  Status writeStdin(const std::string& data, bool close);
+  // Input for the process. At most kStdinWindow bytes sent earlier wait in
+  // the environment (moat-init holds them, in memory the environment pays
+  // for): a piece that does not fit waits up to `wait` for the process to
+  // read, then fails (code "stdin_full") with none of it sent.
+  Status writeStdin(const std::string& data, bool close, std::chrono::milliseconds wait = kStdinWait);
+  static constexpr uint64_t kStdinWindow = 1u << 20;
+  static constexpr std::chrono::milliseconds kStdinWait{30000};
   Status signal(int signo);
   Status resize(uint16_t rows, uint16_t cols);
 
@@ -138,6 +145,10 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
     uint32_t initId;
   };
   Result<Channel> channel(const std::function<Status()>& check);
+  Result<Channel> channelLocked(const std::function<Status()>& check);  // with mutex_ held
+  // With mutex_ held (by `lock`): until at most kStdinWindow would be held
+  // with `size` more, or `wait` passes ("stdin_full").
+  Status waitForStdinRoom(std::unique_lock<std::mutex>& lock, size_t size, std::chrono::milliseconds wait);
   // After a change to an ended state, with mutex_ held: runs the end hook,
   // if any, before any waiter can see the end.
   void ended();
@@ -160,6 +171,8 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   std::map<uint64_t, uint64_t> followers_;  // follower -> offset delivered up to
   uint64_t nextFollower_ = 1;
   uint64_t granted_ = 0;                 // the limit moat-init has: the offset it may forward up to
+  uint64_t stdinSent_ = 0;               // input sent to moat-init
+  uint64_t stdinTaken_ = 0;              // of it, taken off by moat-init (StdinTaken)
 };
 
 }  // namespace moat::manager

@@ -258,6 +258,20 @@ TEST_F(MoatCli, ExecSendsStdinAsItComes) {
   EXPECT_EQ(r.out, "rest");
 }
 
+// moatd holds at most 1 MiB of input a command has not read; moat sends
+// the rest as the command reads it, however long it waits first. Before,
+// moat-init held all moat sent meanwhile, in the environment's memory: a
+// 32 MB environment died of it here (moat-init killed) within the 3 s.
+TEST_F(MoatCli, ExecFeedsACommandThatReadsItsInputLate) {
+  MOAT_REQUIRE_ROOT();
+  std::string id = createEnv({"--memory", "32"});
+  const std::string input(64u << 20, 'j');
+  auto r = client({"exec", id, "-i", "--", "sh", "-c", "sleep 3; exec wc -c"}, input);
+  EXPECT_EQ(r.exitCode, 0) << describe(r);
+  EXPECT_EQ(r.out, std::to_string(input.size()) + "\n");
+  EXPECT_EQ(r.err, "");
+}
+
 TEST_F(MoatCli, ExecPassesSignalsOnAndASecondInterruptKills) {
   MOAT_REQUIRE_ROOT();
   std::string id = createEnv();

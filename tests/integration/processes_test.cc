@@ -261,6 +261,44 @@ TEST_F(Processes, StdinReachesTheProcessAndCloseIsEof) {
   EXPECT_EQ(waitEnded(devnull["id"])["exit_code"], 0);
 }
 
+// Input a process does not read waits in moatd's client, not in the
+// environment: at most 1 MiB is held there (in memory the environment pays
+// for); beyond it a write waits, then is refused whole and can be sent again.
+TEST_F(Processes, InputAProcessDoesNotReadIsRefusedBeyondAMebibyteAndNothingIsLost) {
+  json p = start({{"cmd", {"sh", "-c", "until [ -e /workspace/go ]; do sleep 0.01; done; exec wc -c"}}});
+  std::string path = base() + "/" + std::to_string(p["id"].get<int>());
+  const std::string piece(256u << 10, 'i');
+  uint64_t accepted = 0;
+  json full;
+  for (int i = 0; i < 12 && full.is_null(); ++i) {
+    auto r = daemon_->request("POST", path + "/stdin", json{{"data", piece}, {"wait_ms", 0}}.dump());
+    if (r.status == 204) {
+      accepted += piece.size();
+    } else {
+      ASSERT_EQ(r.status, 409) << r.body;
+      full = json::parse(r.body);
+    }
+  }
+  ASSERT_FALSE(full.is_null()) << "3 MiB taken for a process that reads nothing";
+  EXPECT_EQ(full["error"]["code"], "stdin_full");
+  EXPECT_NE(full["error"]["message"].get<std::string>().find("not reading its input"), std::string::npos) << full;
+  EXPECT_GE(accepted, 1u << 20);
+  EXPECT_LE(accepted, (1u << 20) + (64u << 10)) << "more held than the window and a pipe";
+  EXPECT_EQ(call("POST", path + "/stdin", {{"data", "x"}, {"wait_ms", 300001}}, 400)["error"]["field"], "wait_ms");
+  EXPECT_EQ(call("POST", path + "/stdin", {{"data", "x"}, {"wait_ms", "soon"}}, 400)["error"]["field"], "wait_ms");
+  // It reads: the refused piece, sent again, and the rest get there once each.
+  auto go = daemon_->request("PUT", "/v1/environments/" + env_ + "/files?path=/workspace/go", "");
+  ASSERT_EQ(go.status, 200) << go.body;
+  for (int i = 0; i < 4; ++i) {
+    call("POST", path + "/stdin", {{"data", piece}}, 204);
+    accepted += piece.size();
+  }
+  call("POST", path + "/stdin", {{"close", true}}, 204);
+  auto s = daemon_->stream(path + "/output?follow=1");
+  auto events = readToEnd(s);
+  EXPECT_EQ(stdoutOf(events), std::to_string(accepted) + "\n");
+}
+
 TEST_F(Processes, SignalsByNameOrNumberReachTheGroup) {
   json a = start({{"cmd", {"sh", "-c", "sleep 100 & wait"}}});
   call("POST", base() + "/" + std::to_string(a["id"].get<int>()) + "/signal", {{"signal", "TERM"}}, 204);

@@ -166,6 +166,15 @@ TEST(Protocol, OutputCreditRoundTrip) {
   }
 }
 
+TEST(Protocol, StdinTakenRoundTrip) {
+  auto back = StdinTaken::decode(StdinTaken{7, (1ULL << 40) + 3}.encode());
+  ASSERT_TRUE(back.ok()) << back.error().message();
+  EXPECT_EQ(back->id, 7u);
+  EXPECT_EQ(back->total, (1ULL << 40) + 3);
+  EXPECT_FALSE(StdinTaken::decode(std::string(11, '\0')).ok());  // truncated
+  EXPECT_FALSE(StdinTaken::decode(std::string(13, '\0')).ok());  // trailing byte
+}
+
 TEST(Protocol, HelloRoundTrip) {
   auto back = Hello::decode(Hello{kProtocolVersion, 4242}.encode());
   ASSERT_TRUE(back.ok()) << back.error().message();

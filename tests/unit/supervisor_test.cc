@@ -74,6 +74,7 @@ struct Outcome {
   Exited exit;
   std::string out;
   std::string err;
+  uint64_t stdinTaken = 0;     // the last StdinTaken
   std::vector<MsgType> order;  // message types seen for this id, in order
   std::string problem;         // protocol trouble, timeout, eof
   bool finished() const { return failed || exited || !problem.empty(); }
@@ -228,6 +229,14 @@ class InitSupervisor : public ::testing::Test {
         run.exit = m.value();
         return;
       }
+      case MsgType::kStdinTaken: {
+        auto m = StdinTaken::decode(f.payload);
+        if (!m.ok()) run.problem = "bad StdinTaken: " + m.error().message();
+        if (!m.ok() || m->id != id) return;
+        if (m->total < run.stdinTaken) run.problem = "StdinTaken went back";
+        run.stdinTaken = m->total;
+        return;
+      }
       case MsgType::kProtocolError: {
         Decoder d(f.payload);
         auto msg = d.bytes();
@@ -315,7 +324,7 @@ TEST_F(InitSupervisor, HelloComesFirst) {
   ASSERT_EQ(helloFrame_.type, MsgType::kHello);
   auto hello = Hello::decode(helloFrame_.payload);
   ASSERT_TRUE(hello.ok()) << hello.error().message();
-  EXPECT_EQ(hello->version, 1u);
+  EXPECT_EQ(hello->version, 2u);
   EXPECT_EQ(hello->version, kProtocolVersion);
   EXPECT_EQ(hello->initPid, static_cast<uint32_t>(initPid_));
 }
@@ -411,6 +420,55 @@ TEST_F(InitSupervisor, LargeStdinIsBufferedAndDelivered) {
   EXPECT_CLEAN(run);
   ASSERT_TRUE(run.exited);
   EXPECT_EQ(run.out, std::to_string(16 * 64 * 1024) + "\n");
+}
+
+// moat-init says how much input it took off the connection: a client
+// bounds what it sends beyond that, so moat-init holds little of it.
+TEST_F(InitSupervisor, StdinTakenSaysWhatLeftMoatInit) {
+  // More than a pipe holds: the first write is a partial one.
+  const std::string chunk(100000, 'q');
+  constexpr uint64_t kSent = 4 * 100000;
+  // A command that does not read: what it took is what the pipe holds.
+  SpawnRequest idle = request(20, {"/bin/sleep", "60"});
+  idle.stdinPipe = true;
+  ASSERT_TRUE(send(MsgType::kSpawn, idle.encode()).ok());
+  Outcome held;
+  pump(held, 20, [](const Outcome& r) { return r.spawned; });
+  ASSERT_TRUE(held.spawned) << held.problem;
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(send(MsgType::kStdin, StdinData{20, chunk}.encode()).ok());
+  pump(held, 20, [](const Outcome& r) { return r.stdinTaken > 0; });
+  EXPECT_GT(held.stdinTaken, 0u) << held.problem;
+  EXPECT_LT(held.stdinTaken, kSent) << "all taken by a command that reads nothing";
+  held.problem.clear();
+
+  // One that reads everything: all of it, said before its end.
+  SpawnRequest reader = request(21, {"/usr/bin/wc", "-c"});
+  reader.stdinPipe = true;
+  ASSERT_TRUE(send(MsgType::kSpawn, reader.encode()).ok());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(send(MsgType::kStdin, StdinData{21, chunk}.encode()).ok());
+  ASSERT_TRUE(send(MsgType::kCloseStdin, ProcessRef{21}.encode()).ok());
+  Outcome read;
+  pump(read, 21, [](const Outcome&) { return false; });
+  EXPECT_CLEAN(read);
+  ASSERT_TRUE(read.exited);
+  EXPECT_EQ(read.out, std::to_string(kSent) + "\n");
+  EXPECT_EQ(read.stdinTaken, kSent);
+
+  // One that closed its stdin: what comes is dropped (the write fails), and taken.
+  SpawnRequest closer = request(22, {"/bin/sh", "-c", "exec 0<&-; echo closed; exec sleep 60"});
+  closer.stdinPipe = true;
+  ASSERT_TRUE(send(MsgType::kSpawn, closer.encode()).ok());
+  Outcome dropped;
+  pump(dropped, 22, [](const Outcome& r) { return r.out == "closed\n"; });
+  ASSERT_EQ(dropped.out, "closed\n") << dropped.problem;
+  ASSERT_TRUE(send(MsgType::kStdin, StdinData{22, "nobody reads this"}.encode()).ok());
+  pump(dropped, 22, [](const Outcome& r) { return r.stdinTaken == 17; });
+  EXPECT_EQ(dropped.stdinTaken, 17u) << dropped.problem;
+  dropped.problem.clear();
+  // Later input goes the same way.
+  ASSERT_TRUE(send(MsgType::kStdin, StdinData{22, "nor this"}.encode()).ok());
+  pump(dropped, 22, [](const Outcome& r) { return r.stdinTaken == 25; });
+  EXPECT_EQ(dropped.stdinTaken, 25u) << dropped.problem;
 }
 
 TEST_F(InitSupervisor, SignalRequestTerminates) {

@@ -84,7 +84,7 @@ export class ApprovalPendingError extends MoatError {
     this.location = location;
   }
 }
-/** 409 `conflict`: the environment (or process) is not running, stdin is closed. */
+/** 409 `conflict`: the environment (or process) is not running, stdin is closed; `stdin_full`: the process has not read earlier input (nothing of the piece was taken: send it again). */
 export class ConflictError extends MoatError {}
 /** 429 `capacity`: the environment, memory or process limit is reached. */
 export class CapacityError extends MoatError {}
@@ -131,6 +131,7 @@ const byCode: Record<string, typeof MoatError> = {
   denied_by_policy: DeniedByPolicyError,
   conflict: ConflictError,
   gone: ConflictError,
+  stdin_full: ConflictError,
   capacity: CapacityError,
   invalid_request: InvalidRequestError,
   unknown_field: InvalidRequestError,

@@ -210,8 +210,13 @@ export class Process {
     return this.api.output(this.envId, this.id, options);
   }
 
-  /** Writes to its stdin (a Buffer goes as base64). */
-  write(data: string | Uint8Array, options: RequestOptions & { close?: boolean } = {}): Promise<void> {
+  /**
+   * Writes to its stdin (a Buffer goes as base64). While 1 MiB of earlier
+   * input waits unread, it waits up to `waitMs` (default 30 s) for the
+   * process to read, then throws ConflictError `stdin_full` (none of `data`
+   * was taken: write it again).
+   */
+  write(data: string | Uint8Array, options: RequestOptions & { close?: boolean; waitMs?: number } = {}): Promise<void> {
     return this.api.writeStdin(this.envId, this.id, data, options);
   }
 
@@ -281,15 +286,16 @@ export class Processes {
     envId: string,
     id: number,
     data: string | Uint8Array,
-    options: RequestOptions & { close?: boolean } = {},
+    options: RequestOptions & { close?: boolean; waitMs?: number } = {},
   ): Promise<void> {
-    const { close, ...rest } = options;
+    const { close, waitMs, ...rest } = options;
     const encoding: Encoding = typeof data === "string" ? "utf8" : "base64";
     const body: Record<string, unknown> = {
       data: typeof data === "string" ? data : Buffer.from(data).toString("base64"),
       encoding,
     };
     if (close) body.close = true;
+    if (waitMs !== undefined) body.wait_ms = waitMs;
     await this.transport.json({ method: "POST", path: this.base(envId, id, "stdin"), json: body, ...rest });
   }
 

@@ -1,0 +1,51 @@
+#include "manager/init_connection.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "init/protocol.h"
+
+namespace moat::manager {
+namespace {
+
+// A moat-init stand-in on the other end of a socketpair: it says what it is
+// told to and nothing else.
+struct Peer {
+  UniqueFd ours, theirs;
+  Peer() {
+    int fds[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+    ours.reset(fds[0]);
+    theirs.reset(fds[1]);
+  }
+  void hello(uint32_t version) {
+    std::string frame = init::encodeFrame(init::MsgType::kHello, init::Hello{version, 1}.encode());
+    ASSERT_EQ(::write(theirs.get(), frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
+  }
+};
+
+// moatd re-attaching after an upgrade meets moat-inits of older versions:
+// what it may send depends on the version each announced.
+TEST(InitConnection, KnowsTheVersionMoatInitAnnounced) {
+  for (uint32_t version : {1u, init::kProtocolVersion}) {
+    Peer peer;
+    peer.hello(version);
+    InitConnection connection(std::move(peer.ours), nullptr);
+    EXPECT_EQ(connection.peerVersion(), version);
+  }
+  EXPECT_GE(init::kProtocolVersion, init::kFlowControlSince);
+}
+
+TEST(InitConnection, AMoatInitGoneBeforeItsHelloHasNoVersion) {
+  Peer peer;
+  InitConnection connection(std::move(peer.ours), nullptr);
+  peer.theirs.reset();
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(connection.peerVersion(), 0u);
+  // Not the 5 s wait: the end of the connection answers it.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+}
+
+}  // namespace
+}  // namespace moat::manager
