@@ -191,6 +191,13 @@ Status EnvironmentManager::recoverAfterRestart() {
     }
   }
   std::vector<std::string> relink;
+  // A slot two records name (left by a moatd killed between freeing it and
+  // storing so) is adopted by neither: which one's namespace holds the link
+  // is not known, so both are relinked.
+  std::map<int64_t, int> named;
+  for (const auto& r : live) {
+    if (r.netSlot >= 0 && r.state != "destroying" && running.count(r.id)) ++named[r.netSlot];
+  }
   for (const auto& r : live) {
     recorded.insert(r.id);
     if (!running.count(r.id) || r.state == "destroying") {
@@ -225,7 +232,8 @@ Status EnvironmentManager::recoverAfterRestart() {
       auto stored = egress::Policy::parse(nlohmann::json::parse(r.network, nullptr, false));
       wantsLink = stored.ok() && stored->mode != egress::Mode::kNone;
     }
-    if (egress_ && r.netSlot >= 0 && (!linked || linked->count(static_cast<uint32_t>(r.netSlot)))) {
+    if (egress_ && r.netSlot >= 0 && (!linked || linked->count(static_cast<uint32_t>(r.netSlot))) &&
+        named[r.netSlot] == 1) {
       auto policy = egress::Policy::parse(nlohmann::json::parse(r.network, nullptr, false));
       auto secrets = egress::secretsFromStored(r.secrets);
       // A policy that cannot be read any more adopts the link shut.
@@ -383,8 +391,9 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     record.network = request.network.toJson().dump();
     record.secrets = egress::secretsToStored(request.secrets).dump();
   }
-  record.permissions =
-      gate::layersToJson({request.permissions ? *request.permissions : config_.defaultPermissions}).dump();
+  std::vector<gate::Permissions> layers = {request.permissions ? *request.permissions : config_.defaultPermissions};
+  layers.insert(layers.end(), request.furtherLayers.begin(), request.furtherLayers.end());
+  record.permissions = gate::layersToJson(layers).dump();
   std::optional<store::SnapshotRecord> from;
   if (!request.fromSnapshot.empty()) {
     MOAT_ASSIGN(auto snap, usableSnapshot(request.fromSnapshot, request.forkedFrom));
@@ -708,7 +717,9 @@ Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::str
   process->onEnded([recorder = &audit_, id, actor = request.actor](const ProcessInfo& info) {
     recorder->record("process.ended", id, actor, endedData(info));
   });
-  if (request.lossless) {
+  // A moat-init older than flow control (an environment started before an
+  // upgrade) forwards everything: the process is an ordinary one there.
+  if (request.lossless && live.connection->peerVersion() >= init::kFlowControlSince) {
     process->makeLossless();
     std::lock_guard<std::mutex> lock(mutex_);
     lossless_.push_back(process);  // the reaper lets it go once nobody follows it
@@ -977,8 +988,10 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   // Whoever follows a process hears why it ends before the kill lands.
   if (live.processes) live.processes->close(endReason(reason));
   if (endedHook_) endedHook_(id, endReason(reason));
-  if (egress_) egress_->forget(id);  // its link goes with its namespace
+  // Stored before its link's slot is freed: a moatd killed after another
+  // environment took the slot must not find two records naming it.
   (void)store_.setState(id, "destroying", reason);
+  if (egress_) egress_->forget(id);  // its link goes with its namespace
   traceStage("moatd: destroying stored");
   Status s = spawner_.destroy(id);
   traceStage("moatd: spawner destroyed");

@@ -80,6 +80,9 @@ struct CreateRequest {
   std::map<std::string, std::string> env;  // added to every command's environment
   std::string owner = "master";
   std::optional<gate::Permissions> permissions;  // none: the server's defaults
+  // Layers over it (a fork's: its source's tightenings), stored with it in
+  // one write, so no moment or kill finds the environment without them.
+  std::vector<gate::Permissions> furtherLayers;
   egress::Policy network;                   // mode none: loopback only
   std::vector<egress::Secret> secrets;      // their placeholders go into `env`
   // Not empty: a fork. The writable layer starts as this snapshot (its

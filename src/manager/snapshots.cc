@@ -86,7 +86,10 @@ Result<store::EnvironmentRecord> EnvironmentManager::fork(const std::string& id,
   copy.storageGb = source.storageGb;
   copy.pids = source.pids;
   copy.env = source.env;
-  if (!layers.empty()) copy.permissions = layers.front();
+  if (!layers.empty()) {
+    copy.permissions = layers.front();
+    copy.furtherLayers.assign(layers.begin() + 1, layers.end());
+  }
   if (!source.network.empty()) {
     MOAT_ASSIGN(copy.network, egress::Policy::parse(nlohmann::json::parse(source.network, nullptr, false)));
   }
@@ -102,16 +105,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::fork(const std::string& id,
   });
   copy.fromSnapshot = snap.id;
   copy.forkedFrom = id;
-  MOAT_ASSIGN(auto created, create(copy));
-  // The source's further layers (a key's tightening) hold in the fork too.
-  for (size_t i = 1; i < layers.size(); ++i) {
-    Status s = setPermissions(created.id, layers[i], false);
-    if (!s.ok()) {
-      (void)destroy(created.id, "failed: its permission layers could not be copied: " + s.error().message());
-      return s.error();
-    }
-  }
-  return get(created.id);
+  return create(copy);
 }
 
 Result<store::SnapshotRecord> EnvironmentManager::usableSnapshot(const std::string& snapshotId,
@@ -181,7 +175,11 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
   }
   const std::string why = "environment restored from snapshot " + snap.id;
   if (old.processes) old.processes->close(why);
-  if (egress_) egress_->forget(id);  // its link goes with its namespace
+  // The link goes with the old namespace. Stored first: once its slot is
+  // free another environment may take it, and a moatd killed then must not
+  // find two records naming it (this one is relinked at the next start).
+  (void)store_.setNetwork(id, record.network, -1);
+  if (egress_) egress_->forget(id);
   auto spec = specFor(record.templateName, record.cpus, record.ramMb, record.storageGb, record.pids);
   spec.id = id;
   spec.fromSnapshot = snap.id;
@@ -203,7 +201,6 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
     return created.error();
   }
   auto connection = std::make_shared<InitConnection>(std::move(created->control), [this, id] { onInitGone(id); });
-  (void)store_.setNetwork(id, record.network, -1);  // the link went with the old namespace
   record.netSlot = -1;
   {
     std::lock_guard<std::mutex> lock(mutex_);

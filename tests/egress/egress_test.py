@@ -25,6 +25,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import ssl
 import subprocess
 import sys
@@ -734,6 +735,34 @@ class EgressRestartTest(unittest.TestCase):
         moatd.remove()
         # The storage pool stays mounted by design; nothing else may.
         self.assertEqual([m for m in mounts if not m.split()[4].endswith("/storage")], [])
+
+
+    def test_a_slot_two_records_name_is_relinked_for_both(self):
+        """What a moatd killed between freeing a link's slot and storing so
+        could leave: two records naming one slot. Neither is adopted (which
+        namespace holds the device is not known): both are relinked, and each
+        environment is judged by its own policy."""
+        moatd = Moatd(BIN_DIR, WORLD)
+        try:
+            a = Env(moatd, WORLD, network=allow(API))
+            b = Env(moatd, WORLD, network=allow(OTHER))
+            moatd.kill9()
+            db = sqlite3.connect(os.path.join(moatd.state, "moat.db"))
+            with db:
+                (slot,) = db.execute("SELECT net_slot FROM environments WHERE id = ?", (a.id,)).fetchone()
+                self.assertGreaterEqual(slot, 0)
+                db.execute("UPDATE environments SET net_slot = ? WHERE id = ?", (slot, b.id))
+            db.close()
+            moatd.start()
+            for env, mine, theirs in ((a, API, OTHER), (b, OTHER, API)):
+                env.trust(WORLD)  # a relink writes moatd's CA files afresh
+                code, out, err = env.exec(["curl", "-sS", "-m", "10", f"https://{mine}/"])
+                self.assertEqual(code, 0, f"{env.id} to {mine}: {err}")
+                code, out, err = env.exec(["curl", "-sS", "-m", "10", f"https://{theirs}/"])
+                self.assertNotEqual(code, 0, f"{env.id} reached {theirs} under the other's policy")
+        finally:
+            moatd.stop()
+            moatd.remove()
 
 
 def main(prepare_world=None):

@@ -14,7 +14,10 @@
 
 #include "backend/namespaces/environment.h"
 #include "common/sanitizer.h"
+#include "isolation/fs/storage_pool.h"
 #include "moat_process.h"
+#include "os/block.h"
+#include "os/file.h"
 #include "os/process.h"
 
 namespace moat::test {
@@ -87,6 +90,32 @@ TEST(EnvironmentCreate, ManyCreatesLeaveTheCreatorsHeapAsItWas) {
   }
   EXPECT_LE(std::min(grew[0], grew[1]), 256)
       << "heap in use grew by " << grew[0] << " and " << grew[1] << " bytes over two rounds of 20 creates";
+}
+
+// What an environment's destroy could not remove (a volume holding another)
+// stays marked by its unlocked lock file, and every later collection tries
+// again until it is gone. Before, the mark went with the first try.
+TEST(EnvironmentLeftovers, WhatCouldNotBeRemovedIsTriedAgainUntilItIsGone) {
+  MOAT_REQUIRE_ROOT();
+  ::setenv("MOAT_STORAGE_GB", "8", 0);
+  const std::string state = testStateDir();
+  auto pool = isolation::fs::StoragePool::open(state);
+  ASSERT_TRUE(pool.ok()) << pool.error().message();
+  const std::string id = "env-leftover01";
+  auto volume = pool->createVolume(id, 64u << 20);
+  ASSERT_TRUE(volume.ok()) << volume.error().message();
+  ASSERT_TRUE(os::makeDir(state + "/run", 0700).ok());
+  const std::string lock = state + "/run/" + id + ".lock";
+  ASSERT_TRUE(os::writeFile(lock, "").ok());
+  // A volume inside it: btrfs refuses to delete it (ENOTEMPTY).
+  ASSERT_TRUE(os::createSubvolume(volume.value(), "inner").ok());
+  backend::namespaces::collectLeftovers(state);
+  EXPECT_TRUE(os::exists(volume.value()));
+  EXPECT_TRUE(os::exists(lock)) << "the mark went while the volume stayed";
+  ASSERT_TRUE(os::destroySubvolume(volume.value(), "inner").ok());
+  backend::namespaces::collectLeftovers(state);
+  EXPECT_FALSE(os::exists(volume.value()));
+  EXPECT_FALSE(os::exists(lock));
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
@@ -437,7 +438,9 @@ Status Environment::destroy() {
   // Its files and processes are gone: the host id range may serve another.
   idmap_ = {};
   if (lock_) {
-    ::unlink((stateDir_ + "/run/" + id_ + ".lock").c_str());
+    // Kept, unlocked, while something could not be removed: that is how a
+    // later collector (collectLeftovers) finds it and tries again.
+    if (result.ok()) ::unlink((stateDir_ + "/run/" + id_ + ".lock").c_str());
     lock_.reset();
   }
   return result;
@@ -481,7 +484,9 @@ void collectLeftovers(const std::string& stateDir) {
     auto lock = os::open(path, O_RDWR);
     if (!lock.ok() || ::flock(lock->get(), LOCK_EX | LOCK_NB) != 0) continue;  // alive
     std::string id = name.substr(0, name.size() - suffix.size());
+    bool gone = true;
     auto layout = cg::detectHostLayout();
+    if (!layout.ok()) gone = false;
     if (layout.ok()) {
       std::vector<std::string> dirs;
       if (layout->version == cg::Version::kV2) {
@@ -489,11 +494,13 @@ void collectLeftovers(const std::string& stateDir) {
       } else {
         for (const auto& [c, parent] : layout->v1Parents) dirs.push_back(parent + "/" + cgroupName(id));
       }
-      for (const auto& d : dirs) ::rmdir(d.c_str());
+      for (const auto& d : dirs) {
+        if (::rmdir(d.c_str()) != 0 && errno != ENOENT) gone = false;
+      }
     }
     auto pool = isolation::fs::StoragePool::open(stateDir);
-    if (pool.ok()) (void)pool->destroyVolume(id);
-    ::unlink(path.c_str());
+    if (!pool.ok() || !pool->destroyVolume(id).ok()) gone = false;
+    if (gone) ::unlink(path.c_str());  // else tried again next time
   }
 }
 
