@@ -395,6 +395,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   layers.insert(layers.end(), request.furtherLayers.begin(), request.furtherLayers.end());
   record.permissions = gate::layersToJson(layers).dump();
   std::optional<store::SnapshotRecord> from;
+  auto snapshotHeld = holdSnapshot(request.fromSnapshot);  // until the spawner has copied it
   if (!request.fromSnapshot.empty()) {
     MOAT_ASSIGN(auto snap, usableSnapshot(request.fromSnapshot, request.forkedFrom));
     if (request.owner != "master" && snap.owner != request.owner) {
@@ -481,6 +482,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     spec.snapshotHostBase = from->hostBase;
   }
   auto created = spawner_.create(spec);
+  snapshotHeld.run();
   traceStage("moatd: spawner answered");
   if (!created.ok()) {
     release(false);

@@ -275,6 +275,10 @@ class EnvironmentManager {
   Result<store::SnapshotRecord> usableSnapshot(const std::string& snapshotId, const std::string& forkOf);
   Result<store::SnapshotRecord> takeSnapshot(const std::string& id, const std::string& name,
                                              const std::string& actor, bool transient);
+  // Held by a create or restore from the snapshot until its copy is made:
+  // a deletion waits for the holds, and a hold for a deletion in progress
+  // (which then leaves the snapshot not found). No-op for "".
+  ScopeExit<std::function<void()>> holdSnapshot(const std::string& snapshotId);
   // One destroy, snapshot or restore of an environment at a time: waits for
   // the one in progress, then holds the environment until the handle goes.
   ScopeExit<std::function<void()>> exclusive(const std::string& id);
@@ -334,6 +338,10 @@ class EnvironmentManager {
   // serial in the spawner).
   std::set<std::string> exclusive_;
   std::condition_variable exclusiveCv_;
+  std::mutex snapshotMutex_;
+  std::map<std::string, int> snapshotHolds_;    // guarded by snapshotMutex_
+  std::set<std::string> snapshotsDeleting_;     // guarded by snapshotMutex_
+  std::condition_variable snapshotCv_;
   std::mutex execOutputMutex_;
   std::map<std::string, uint64_t> execOutputReserved_;  // per caller (actor)
   std::mutex permissionsMutex_;

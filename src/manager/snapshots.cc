@@ -124,7 +124,37 @@ Result<std::vector<store::SnapshotRecord>> EnvironmentManager::snapshots(const s
   return all;
 }
 
+ScopeExit<std::function<void()>> EnvironmentManager::holdSnapshot(const std::string& snapshotId) {
+  if (snapshotId.empty()) return ScopeExit<std::function<void()>>([] {});
+  {
+    std::unique_lock<std::mutex> lock(snapshotMutex_);
+    snapshotCv_.wait(lock, [&] { return !snapshotsDeleting_.count(snapshotId); });
+    ++snapshotHolds_[snapshotId];
+  }
+  return ScopeExit<std::function<void()>>([this, snapshotId] {
+    {
+      std::lock_guard<std::mutex> lock(snapshotMutex_);
+      if (--snapshotHolds_[snapshotId] == 0) snapshotHolds_.erase(snapshotId);
+    }
+    snapshotCv_.notify_all();
+  });
+}
+
 Status EnvironmentManager::deleteSnapshot(const std::string& snapshotId, const std::string& actor) {
+  // A restore or create copying from it finishes first: its environment
+  // would fail (a restore's old files are already gone by then).
+  {
+    std::unique_lock<std::mutex> lock(snapshotMutex_);
+    snapshotCv_.wait(lock, [&] { return !snapshotHolds_.count(snapshotId) && !snapshotsDeleting_.count(snapshotId); });
+    snapshotsDeleting_.insert(snapshotId);
+  }
+  ScopeExit<std::function<void()>> deleted([this, snapshotId] {
+    {
+      std::lock_guard<std::mutex> lock(snapshotMutex_);
+      snapshotsDeleting_.erase(snapshotId);
+    }
+    snapshotCv_.notify_all();
+  });
   MOAT_ASSIGN(auto snap, getSnapshot(snapshotId));
   MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(config_.stateDir));
   // Marked first: a moatd killed after the volume went and before the
@@ -159,6 +189,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
                                                                   const std::string& actor) {
   auto held = exclusive(id);
   MOAT_ASSIGN(auto record, get(id));
+  auto snapshotHeld = holdSnapshot(snapshotId);
   MOAT_ASSIGN(auto snap, getSnapshot(snapshotId));
   if (snap.templateName != record.templateName) {
     return Error::make("invalid_argument", "snapshot " + snap.id + " is of template " + snap.templateName +
@@ -188,6 +219,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
   // one (processes, /tmp, /dev/shm, its network namespace) carries over.
   Status destroyed = spawner_.destroy(id);
   auto created = destroyed.ok() ? spawner_.create(spec) : Result<backend::namespaces::Spawner::Created>(destroyed.error());
+  snapshotHeld.run();
   if (!created.ok()) {
     {
       std::lock_guard<std::mutex> lock(mutex_);

@@ -3,9 +3,13 @@
 // their own, and a moatd killed mid-way leaves nothing half made.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
+
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "moatd_fixture.h"
 #include "os/block.h"
@@ -201,6 +205,39 @@ TEST_F(Snapshots, RestoreIsAWriteTheGateDecides) {
   auto r = daemon_->request("POST", "/v1/environments/" + id + "/restore", R"({"snapshot":")" + sid + "\"}");
   EXPECT_EQ(r.status, 403) << r.body;
   EXPECT_NE(r.body.find("write_file"), std::string::npos) << r.body;
+}
+
+TEST_F(Snapshots, ADeletionDuringARestoreFromItLosesNeitherTheEnvironmentNorTheRestore) {
+  // A restore reads the snapshot, ends the environment's processes and old
+  // files, then copies the snapshot: a deletion in between left nothing to
+  // copy, and the environment failed with its files gone. Raced a number of
+  // times, the deletion a little later each round: each restore is whole (200, the snapshot's files) or never began
+  // (404, the snapshot was gone first), and the environment keeps running.
+  std::string id = createEnv();
+  int restored = 0, refused = 0;
+  for (int round = 0; round < 15; ++round) {
+    sh(id, "echo " + std::to_string(round) + " > /workspace/round");
+    std::string sid = snapshot(id)["id"];
+    sh(id, "echo after > /workspace/round");
+    HttpResult restore;
+    std::thread restorer([&] {
+      restore = daemon_->request("POST", "/v1/environments/" + id + "/restore", R"({"snapshot":")" + sid + "\"}");
+    });
+    // Not a wait for anything: the deletion starts a little later each round,
+    // so that some rounds find the restore before its copy and some after.
+    std::this_thread::sleep_for(std::chrono::microseconds(round * 250));
+    auto deleted = daemon_->request("DELETE", "/v1/snapshots/" + sid);
+    restorer.join();
+    EXPECT_EQ(deleted.status, 204) << deleted.body;
+    ASSERT_TRUE(restore.status == 200 || restore.status == 404) << "round " << round << ": " << restore.status << " "
+                                                                << restore.body;
+    ASSERT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "running") << "round " << round;
+    std::string expect = restore.status == 200 ? std::to_string(round) + "\n" : "after\n";
+    EXPECT_EQ(sh(id, "cat /workspace/round"), expect) << "round " << round;
+    (restore.status == 200 ? restored : refused)++;
+  }
+  EXPECT_EQ(poolSnapshots(), std::vector<std::string>{});
+  std::printf("restored %d, snapshot gone first %d\n", restored, refused);
 }
 
 TEST_F(Snapshots, AKilledMoatdLeavesNoHalfMadeSnapshot) {
