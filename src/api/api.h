@@ -59,6 +59,9 @@ class Api {
   bool networkAsks(const std::string& id, const std::string& host);
   // mcp.cc: ends every MCP session (their default environments go). At stop.
   void closeMcpSessions();
+  // mcp.cc: at start, before serving: destroys the default environments of
+  // the MCP sessions a previous moatd held (it was killed; they ended with it).
+  void endOrphanedMcpEnvironments();
   // At stop: requests waiting for their turn under the key rate limit are
   // answered 503 at once, and none waits from now on.
   void stopWaiting();

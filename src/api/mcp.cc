@@ -118,6 +118,17 @@ void Api::closeMcpSessions() {
   for (auto& [id, s] : all) s->session->close();
 }
 
+void Api::endOrphanedMcpEnvironments() {
+  store::EnvironmentFilter filter;
+  filter.labels[mcp::kSessionLabel] = mcp::kMoatdSession;
+  auto orphans = manager_.list(filter);
+  if (!orphans.ok()) return;
+  for (const auto& e : orphans.value()) {
+    if (e.state != "running") continue;
+    (void)manager_.destroy(e.id, "its MCP session ended with the moatd that held it", "moatd");
+  }
+}
+
 HttpResponse Api::mcpRoute(const HttpRequest& req) {
   if (auto refused = mcpGuard(req)) return *refused;
   expireMcpSessions();
@@ -174,7 +185,7 @@ HttpResponse Api::mcpRoute(const HttpRequest& req) {
     s = std::make_shared<McpHttpSession>();
     s->authorization = req.authorization;
     s->rest = std::make_unique<InProcessRest>(*this, req.authorization, req.remote + " mcp");
-    s->session = std::make_unique<mcp::Session>(*s->rest, "moat");
+    s->session = std::make_unique<mcp::Session>(*s->rest, "moat", mcp::kMoatdSession);
     std::lock_guard<std::mutex> lock(mcpMutex_);
     mcpSessions_[sessionId] = s;
   } else {

@@ -309,6 +309,7 @@ int main(int argc, char** argv) {
     apiOptions.keyRequestsPerSecond = static_cast<double>(keyRate);
     api::Api api(manager, keys, approvals, token.value(), apiOptions, auditLog->get());
     apiForEgress = &api;
+    api.endOrphanedMcpEnvironments();
     api::HttpServer server([&api](const api::HttpRequest& r) { return api.handle(r); },
                            [&api](const api::HttpRequest& head) { return api.preflight(head); },
                            serverLimits, [&api] { api.countRefusedConnection(); });

@@ -46,7 +46,8 @@ bool CallContext::sleepFor(std::chrono::milliseconds d) {
   return cv_.wait_for(lock, d, [this] { return cancelled_.load(); });
 }
 
-Session::Session(RestBackend& backend, std::string name) : rest_(backend), name_(std::move(name)) {}
+Session::Session(RestBackend& backend, std::string name, std::string kind)
+    : rest_(backend), name_(std::move(name)), kind_(std::move(kind)) {}
 
 Session::~Session() { close(); }
 
@@ -180,7 +181,7 @@ std::optional<std::string> Session::environmentFor(const json& args, std::string
     return std::nullopt;
   }
   if (!defaultEnvironment_.empty()) return defaultEnvironment_;
-  RestResponse r = rest_.call("POST", "/v1/environments", json{{"labels", {{"moat-mcp", "session"}}}}.dump());
+  RestResponse r = rest_.call("POST", "/v1/environments", json{{"labels", {{kSessionLabel, kind_}}}}.dump());
   json body = json::parse(r.body, nullptr, false);
   if (r.status != 201 || !body.is_object() || !body.contains("id")) {
     error = "could not create this session's environment: " + Tools::describeFailure(r);

@@ -44,9 +44,15 @@ class CallContext {
   double progress_ = 0;
 };
 
+// The label a session's default environment carries: {kSessionLabel: kind}
+// ("session" for `moat mcp`, kMoatdSession for moatd's /mcp, whose sessions
+// end with the moatd that holds them).
+inline constexpr const char* kSessionLabel = "moat-mcp";
+inline constexpr const char* kMoatdSession = "moatd-session";
+
 class Session {
  public:
-  explicit Session(RestBackend& backend, std::string name = "moat");
+  explicit Session(RestBackend& backend, std::string name = "moat", std::string kind = "session");
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -74,6 +80,7 @@ class Session {
 
   RestBackend& rest_;
   std::string name_;
+  std::string kind_;
   std::string version_;
   std::atomic<bool> initialized_{false};
   std::mutex mutex_;

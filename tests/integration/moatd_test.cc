@@ -1033,6 +1033,40 @@ TEST_F(MoatdApi, Sigusr1LeavesEnvironmentsRunningForTheNextMoatd) {
   EXPECT_EQ(exec(id, {{"cmd", {"cat", "/workspace/k"}}})["stdout"], "kept\n");
 }
 
+TEST_F(MoatdApi, TheEnvironmentsOfMcpSessionsAKilledMoatdHeldAreDestroyedByTheNextOne) {
+  // An MCP session over moatd's /mcp lives in moatd: killed, its session is
+  // gone, and so must its default environment be (not left to its TTL). An
+  // environment a `moat mcp` (stdio) session made is that process's to end.
+  const std::map<std::string, std::string> mcp = {{"Accept", "application/json, text/event-stream"},
+                                                  {"Content-Type", "application/json"}};
+  auto opened = daemon_->request("POST", "/mcp",
+                                 R"({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":)"
+                                 R"("2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}})",
+                                 true, mcp);
+  ASSERT_EQ(opened.status, 200) << opened.body;
+  ASSERT_FALSE(opened.mcpSessionId.empty()) << opened.body;
+  auto inSession = mcp;
+  inSession["Mcp-Session-Id"] = opened.mcpSessionId;
+  inSession["MCP-Protocol-Version"] = "2025-06-18";
+  auto ran = daemon_->request("POST", "/mcp",
+                              R"({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"run_command",)"
+                              R"("arguments":{"command":"echo hi"}}})",
+                              true, inSession);
+  ASSERT_EQ(ran.status, 200) << ran.body;
+  json sessions = call("GET", "/v1/environments?label=moat-mcp=moatd-session", nullptr, 200)["environments"];
+  ASSERT_EQ(sessions.size(), 1u) << sessions.dump();
+  std::string held = sessions[0]["id"];
+  std::string stdio = createEnv({{"labels", {{"moat-mcp", "session"}}}});
+  daemon_->kill9();
+  daemon_->restart();
+  json gone = call("GET", "/v1/environments/" + held, nullptr, 200);
+  EXPECT_EQ(gone["state"], "gone") << gone.dump();
+  EXPECT_EQ(gone.value("reason", ""), "its MCP session ended with the moatd that held it") << gone.dump();
+  EXPECT_EQ(call("GET", "/v1/environments/" + stdio, nullptr, 200)["state"], "running");
+  std::string events = daemon_->request("GET", "/v1/events?environment=" + held).body;
+  EXPECT_NE(events.find("its MCP session ended"), std::string::npos) << events;
+}
+
 TEST_F(MoatdApi, SigtermDestroysEnvironments) {
   std::string id = createEnv();
   daemon_->stop();

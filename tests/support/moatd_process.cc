@@ -155,6 +155,7 @@ HttpResult resultOf(http::response<http::string_body> res) {
   r.contentType = std::string(res[http::field::content_type]);
   r.upgrade = std::string(res[http::field::upgrade]);
   r.retryAfter = std::string(res[http::field::retry_after]);
+  r.mcpSessionId = std::string(res["Mcp-Session-Id"]);
   r.keepAlive = res.keep_alive();
   r.body = std::move(res.body());
   return r;

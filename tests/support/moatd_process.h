@@ -17,6 +17,7 @@ struct HttpResult {
   std::string contentType;
   std::string upgrade;  // the Upgrade header, if any
   std::string retryAfter;  // the Retry-After header, if any
+  std::string mcpSessionId;  // the Mcp-Session-Id header, if any
   bool keepAlive = false;  // the server keeps the connection open after it
 };
 
