@@ -4,7 +4,12 @@
 // clients follow a chatty process's output in another environment. Usage:
 //   moat-api-bench SOCKET TOKEN [ROUNDS] [CREATE_BODY]
 // CREATE_BODY "{}" asks for the default spec, which a warm pool serves.
+// Every table has a peer row measured in the same run: the machine's floor,
+// posix_spawn + waitpid of /bin/true on the host with no moat at all (what
+// any exec of `true` costs here, whatever runs it).
 #include <poll.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -81,6 +86,33 @@ int openFollower(const std::string& socket, const std::string& token, const std:
   return fd;
 }
 
+// The floor: /bin/true started and reaped on the host, one at a time per
+// thread, for `ms` milliseconds from `threads` threads; the latencies.
+std::vector<double> spawnTrue(int threads, double ms) {
+  std::vector<std::vector<double>> lat(static_cast<size_t>(threads));
+  std::vector<std::thread> workers;
+  for (int k = 0; k < threads; ++k) {
+    workers.emplace_back([&, k] {
+      char arg0[] = "/bin/true";
+      char* argv[] = {arg0, nullptr};
+      char* envp[] = {nullptr};
+      double end = nowMs() + ms;
+      while (nowMs() < end) {
+        double s = nowMs();
+        pid_t pid = -1;
+        if (posix_spawn(&pid, "/bin/true", nullptr, nullptr, argv, envp) != 0) return;
+        int status = 0;
+        ::waitpid(pid, &status, 0);
+        lat[static_cast<size_t>(k)].push_back(nowMs() - s);
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  std::vector<double> all;
+  for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
+  return all;
+}
+
 double pct(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
@@ -133,6 +165,9 @@ int main(int argc, char** argv) {
   std::printf("| create -> exec true -> destroy | %.2f | %.2f |\n", pct(cycle, 0.5), pct(cycle, 0.99));
   std::printf("| create, 10 x exec true, destroy | %.2f | %.2f |\n", pct(tenCommands, 0.5),
               pct(tenCommands, 0.99));
+  std::vector<double> floor = spawnTrue(1, 2000);
+  std::printf("| peer: posix_spawn /bin/true on the host (the machine's floor for one exec) | %.2f | %.2f |\n",
+              pct(floor, 0.5), pct(floor, 0.99));
 
   if (std::getenv("BENCH_CYCLE_ONLY")) return 0;  // A/B runs of the create path
   std::string id = idOf(c.call(http::verb::post, "/v1/environments", R"({"spec":{"cpus":2,"ram_mb":512,"pids":4096}})").second);
@@ -163,6 +198,12 @@ int main(int argc, char** argv) {
     for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
     std::printf("| %d | %.0f | %.2f | %.2f |\n", clients, static_cast<double>(all.size()) / seconds,
                 pct(all, 0.5), pct(all, 0.99));
+  }
+  for (int threads : {1, 2}) {
+    std::vector<double> spawned = spawnTrue(threads, 3000);
+    std::printf("| peer: posix_spawn /bin/true on the host, %d thread%s | %.0f | %.2f | %.2f |\n", threads,
+                threads == 1 ? "" : "s", static_cast<double>(spawned.size()) / 3.0, pct(spawned, 0.5),
+                pct(spawned, 0.99));
   }
   // Exec latency alone, then with 100 followers of a process that prints a
   // line every millisecond in another environment.

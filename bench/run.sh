@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-shot start-up benchmark: `moat run -- /bin/true` against bubblewrap and
-# unshare(1), interleaved in one run; prints a markdown table with medians
+# unshare(1) and /bin/true with no isolation (the machine's floor),
+# interleaved in one run; prints a markdown table with medians
 # and ratios to moat. Usage: bench/run.sh [BIN_DIR] [ROUNDS]
 set -euo pipefail
 bin=${1:-build/bin}
@@ -13,4 +14,5 @@ echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -r) $(nproc) cpus, $rounds rounds"
 "$bin/moat-startup-bench" "$rounds" \
   "moat run=$bin/moat run -- /bin/true" \
   "bwrap=$bwrap_cmd" \
-  "unshare=$unshare_cmd"
+  "unshare=$unshare_cmd" \
+  "no isolation (the floor)=/bin/true"
