@@ -55,7 +55,9 @@ class Api {
   // network.cc: the gate's say on a destination off an environment's
   // allowlist (asks a person and waits when the permission is "ask"), and
   // whether it would ask, for the egress controller.
-  egress::GateAnswer networkGate(const std::string& id, const std::string& host, uint16_t port);
+  // listed: the policy allows the destination (only the creating key's
+  // ceiling can still refuse it or ask).
+  egress::GateAnswer networkGate(const std::string& id, const std::string& host, uint16_t port, bool listed);
   bool networkAsks(const std::string& id, const std::string& host);
   // mcp.cc: ends every MCP session (their default environments go). At stop.
   void closeMcpSessions();
@@ -102,6 +104,9 @@ class Api {
   void recordAuthFailure(const HttpRequest& request, const std::string& token, const std::string& why);
   // mcp.cc: Streamable HTTP at /mcp (docs/MCP.md).
   struct McpHttpSession;
+  // network.cc: the ceiling of the key that created the environment (null
+  // for the master's or a key without one).
+  Result<std::shared_ptr<const gate::Permissions>> ownerCeiling(const std::string& id);
   HttpResponse mcpRoute(const HttpRequest& request);
   // Host and Origin must be local (DNS rebinding); before authentication.
   std::optional<HttpResponse> mcpGuard(const HttpRequest& head);

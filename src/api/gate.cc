@@ -200,9 +200,13 @@ HttpResponse Api::approvalsRoute(const HttpRequest& req, const Principal& princi
   auto existing = approvals_.get(id);
   if (!existing.ok()) return errorResponse(fromError(existing.error()));
   if (!existing.value()) return errorResponse({404, "not_found", "no approval " + id, ""});
-  // An agent must not wave its own requests through.
+  // An agent must not wave its own requests through, nor those of the
+  // programs it runs (its environments' connections ask as "environment").
   if (!principal.master && existing.value()->requester == principal.keyId) {
     return errorResponse({403, "forbidden", "a key cannot decide the approvals it asked for", ""});
+  }
+  if (!principal.master && manager_.ownerOf(existing.value()->environment) == principal.keyId) {
+    return errorResponse({403, "forbidden", "a key cannot decide the approvals of the environments it created", ""});
   }
   auto decided = approvals_.decide(id, approve, principal.owner(), reason, remember);
   if (!decided.ok()) return errorResponse(fromError(decided.error()));

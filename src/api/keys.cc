@@ -11,6 +11,19 @@ namespace moat::api {
 namespace {
 
 
+// A key's ceiling as stored ("" for none): one that cannot be read allows nothing.
+std::shared_ptr<const gate::Permissions> ceilingFrom(const std::string& stored) {
+  if (stored.empty()) return nullptr;
+  auto layers = gate::layersFromJson("[" + stored + "]", gate::Permissions::allowAll());
+  gate::Permissions ceiling = gate::Permissions::allowAll();
+  if (layers.ok()) {
+    ceiling = layers->front();
+  } else {
+    for (gate::Scope s : gate::kScopes) ceiling.scope(s).rules = {gate::Rule{}};
+  }
+  return std::make_shared<const gate::Permissions>(ceiling);
+}
+
 int64_t nowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -69,18 +82,21 @@ Result<Principal> Keys::authenticate(const std::string& token) {
   Principal p;
   p.keyId = id;
   p.scopes.insert(key.value()->scopes.begin(), key.value()->scopes.end());
-  if (!key.value()->permissions.empty()) {
-    auto layers = gate::layersFromJson("[" + key.value()->permissions + "]", gate::Permissions::allowAll());
-    // A ceiling that cannot be read allows nothing.
-    gate::Permissions ceiling = gate::Permissions::allowAll();
-    if (layers.ok()) {
-      ceiling = layers->front();
-    } else {
-      for (gate::Scope s : gate::kScopes) ceiling.scope(s).rules = {gate::Rule{}};
-    }
-    p.ceiling = std::make_shared<const gate::Permissions>(ceiling);
-  }
+  p.ceiling = ceilingFrom(key.value()->permissions);
   return p;
+}
+
+Result<std::shared_ptr<const gate::Permissions>> Keys::ceilingOf(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(ceilingsMutex_);
+    if (auto it = ceilings_.find(id); it != ceilings_.end()) return it->second;
+  }
+  MOAT_ASSIGN(auto key, store_.getKey(id));
+  if (!key) return Error::make("not_found", "no key " + id);
+  auto ceiling = ceilingFrom(key->permissions);
+  std::lock_guard<std::mutex> lock(ceilingsMutex_);
+  ceilings_[id] = ceiling;
+  return ceiling;
 }
 
 }  // namespace moat::api

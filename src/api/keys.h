@@ -1,6 +1,8 @@
 #pragma once
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -42,9 +44,15 @@ class Keys {
   Status revoke(const std::string& id);
   // Error code "unauthorized" for anything but an active key's exact token.
   Result<Principal> authenticate(const std::string& token);
+  // The ceiling of the key `id` (revoked or not; null when it has none):
+  // what the environments it created may do on their own (their network).
+  // A ceiling never changes, so it is read from the store once.
+  Result<std::shared_ptr<const gate::Permissions>> ceilingOf(const std::string& id);
 
  private:
   store::Store& store_;
+  std::mutex ceilingsMutex_;
+  std::map<std::string, std::shared_ptr<const gate::Permissions>> ceilings_;  // by key id
 };
 
 std::string sha256Hex(const std::string& data);

@@ -79,19 +79,39 @@ HttpResponse Api::networkRoute(const HttpRequest& req, const Principal& principa
   return respond(200, networkJson(policy.value(), record.value()));
 }
 
-egress::GateAnswer Api::networkGate(const std::string& id, const std::string& host, uint16_t port) {
+Result<std::shared_ptr<const gate::Permissions>> Api::ownerCeiling(const std::string& id) {
+  std::string owner = manager_.ownerOf(id);
+  if (owner.empty() || owner == "master") return std::shared_ptr<const gate::Permissions>();
+  return keys_.ceilingOf(owner);
+}
+
+egress::GateAnswer Api::networkGate(const std::string& id, const std::string& host, uint16_t port, bool listed) {
+  // An environment's own connections answer to the ceiling of the key that
+  // created it, listed destinations too: the policy it was created with
+  // cannot take it past that (docs/GATE.md, "Key ceilings").
+  auto ceiling = ownerCeiling(id);
+  if (!ceiling.ok()) return {false, "the ceiling of the key that created it cannot be read: " + ceiling.error().message()};
+  if (listed && !ceiling.value()) return {true, "on the allowlist"};
   gate::Action action;
   action.scope = gate::Scope::kNetwork;
   action.host = host;
   action.port = port;
   action.op = "connect";
-  auto evaluation = manager_.evaluate(id, action, nullptr);
+  Result<gate::Evaluation> evaluation = Error::make("internal", "not evaluated");
+  if (listed) {
+    auto v = ceiling.value()->evaluate(action);
+    evaluation = gate::Evaluation{v.decision, -1, v.rule, v.ruleJson};
+  } else {
+    evaluation = manager_.evaluate(id, action, ceiling.value().get());
+  }
   if (!evaluation.ok()) return {false, evaluation.error().message()};
   const gate::Evaluation& e = evaluation.value();
-  if (e.decision == gate::Decision::kAllow) return {true, "allowed by the network permission"};
+  const std::string who = e.layer < 0 ? "the ceiling of the API key that created the environment" : "the network permission";
+  if (e.decision == gate::Decision::kAllow) return {true, listed ? "on the allowlist" : "allowed by " + who};
   if (e.decision == gate::Decision::kDeny) {
-    audit_.record("gate.denied", id, "environment", {{"action", action.toJson()}, {"rule", e.ruleJson}});
-    return {false, "the network permission denies it"};
+    audit_.record("gate.denied", id, "environment",
+                  {{"action", action.toJson()}, {"rule", e.ruleJson}, {"layer", e.layer}});
+    return {false, who + " denies it"};
   }
   if (approvals_.consumeGrant(id, action, "environment")) return {true, "approved"};
   // The same question already waiting for a person (a client opening
@@ -141,7 +161,9 @@ bool Api::networkAsks(const std::string& id, const std::string& host) {
   gate::Action action;
   action.scope = gate::Scope::kNetwork;
   action.host = host;
-  auto evaluation = manager_.evaluate(id, action, nullptr);
+  auto ceiling = ownerCeiling(id);
+  if (!ceiling.ok()) return false;
+  auto evaluation = manager_.evaluate(id, action, ceiling.value().get());
   return evaluation.ok() && evaluation->decision == gate::Decision::kAsk;
 }
 

@@ -272,9 +272,9 @@ int main(int argc, char** argv) {
     egressConfig.stateDir = stateDir;
     auto started = egress::Controller::start(
         egressConfig, *auditLog->get(),
-        [&apiForEgress](const std::string& id, const std::string& host, uint16_t port) {
+        [&apiForEgress](const std::string& id, const std::string& host, uint16_t port, bool listed) {
           api::Api* a = apiForEgress.load();
-          return a ? a->networkGate(id, host, port) : egress::GateAnswer{false, "moatd is not serving"};
+          return a ? a->networkGate(id, host, port, listed) : egress::GateAnswer{false, "moatd is not serving"};
         },
         [&apiForEgress](const std::string& id, const std::string& host) {
           api::Api* a = apiForEgress.load();

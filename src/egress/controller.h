@@ -45,13 +45,17 @@ struct EgressConfig {
 
 constexpr uint16_t kProxyPort = 3128;
 
-// The gate's say on a destination that no allowlist entry matched: waits
-// for a person when the environment's network permission is "ask".
+// The gate's say on a destination: one that no allowlist entry matched
+// (listed false), where the environment's network permission decides and
+// waits for a person when it is "ask"; and one the policy allows (listed
+// true), which the ceiling of the key that created the environment may
+// still refuse or ask about.
 struct GateAnswer {
   bool allowed = false;
   std::string why;  // for the refusal and the event
 };
-using GateHook = std::function<GateAnswer(const std::string& environment, const std::string& host, uint16_t port)>;
+using GateHook = std::function<GateAnswer(const std::string& environment, const std::string& host, uint16_t port,
+                                          bool listed)>;
 // Whether that question would be "ask" (then the resolver may answer a name
 // before the decision, with a stand-in address; nothing goes upstream).
 using GateProbe = std::function<bool(const std::string& environment, const std::string& host)>;

@@ -260,7 +260,7 @@ Controller::Decision Controller::authorize(const std::shared_ptr<Env>& env, cons
     return d;
   }
   if (v.outcome == Outcome::kUnlisted) {
-    GateAnswer g = gate_ ? gate_(env->id, host, port) : GateAnswer{false, "not on the allowlist"};
+    GateAnswer g = gate_ ? gate_(env->id, host, port, false) : GateAnswer{false, "not on the allowlist"};
     if (!g.allowed) {
       d.rule = "gate";
       d.why = host + ":" + std::to_string(port) + " is not on the allowlist (" + g.why + ")";
@@ -268,6 +268,13 @@ Controller::Decision Controller::authorize(const std::shared_ptr<Env>& env, cons
     }
     d.rule = "gate";
     d.byGate = true;
+  } else if (gate_) {
+    GateAnswer g = gate_(env->id, host, port, true);
+    if (!g.allowed) {
+      d.rule = "ceiling";
+      d.why = host + ":" + std::to_string(port) + " is refused (" + g.why + ")";
+      return d;
+    }
   }
   auto addresses = resolver_.resolve(host);
   if (!addresses.ok()) {

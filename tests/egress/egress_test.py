@@ -216,7 +216,8 @@ class Moatd:
 
     def call(self, method, path, body=None, token=True, timeout=120):
         conn = UnixHTTPConnection(os.path.join(self.state, "moatd.sock"), timeout=timeout)
-        headers = {"Authorization": "Bearer " + self.token} if token else {}
+        # token: True for the master token, a string for that token, False for none.
+        headers = {"Authorization": "Bearer " + (token if isinstance(token, str) else self.token)} if token else {}
         data = None
         if body is not None:
             data = json.dumps(body).encode()
@@ -257,9 +258,9 @@ class Moatd:
 class Env:
     """One environment; exec() runs a command in it and returns (code, out, err)."""
 
-    def __init__(self, moatd, world, **create):
+    def __init__(self, moatd, world, token=True, **create):
         self.moatd = moatd
-        status, body = moatd.call("POST", "/v1/environments", create)
+        status, body = moatd.call("POST", "/v1/environments", create, token=token)
         if status != 201:
             raise AssertionError(f"create failed: {status} {body}")
         self.id = body["id"]
@@ -614,6 +615,65 @@ class EgressTest(unittest.TestCase):
         status, body = e.set_network("none")
         self.assertEqual(status, 200, body)
         self.assertNotEqual(e.exec(["curl", "-sS", "-m", "5", "--noproxy", "*", f"http://{API_IP}/"])[0], 0)
+
+    def key(self, scopes, ceiling=None):
+        body = {"name": "agent", "scopes": scopes}
+        if ceiling is not None:
+            body["permissions"] = ceiling
+        status, body = self.moatd.call("POST", "/v1/keys", body)
+        self.assertEqual(status, 201, body)
+        return body["token"]
+
+    def test_a_keys_ceiling_holds_for_its_environments_connections(self):
+        # The key's environments can never do more than its ceiling allows,
+        # whatever policy and permissions it creates them with: listed
+        # destinations, open mode and unlisted ones alike.
+        agent = self.key(["create", "read", "exec"],
+                         {"network": [{"host": API, "action": "allow"}, {"action": "deny"}]})
+        opened = self.env(token=agent, network="open", permissions={"network": "allow"})
+        self.assertEqual(self.curl(opened, f"https://{API}/in-ceiling")[0], 0)
+        code, out, err = self.curl(opened, f"https://{OTHER}/open-mode")
+        self.assertNotEqual(code, 0, out)
+        listed = self.env(token=agent, network=allow(OTHER), permissions={"network": "allow"})
+        self.assertNotEqual(self.curl(listed, f"https://{OTHER}/listed")[0], 0)
+        unlisted = self.env(token=agent, network=allow(), permissions={"network": "allow"})
+        self.assertNotEqual(self.curl(unlisted, f"https://{OTHER}/unlisted")[0], 0)
+        self.assertEqual(self.curl(unlisted, f"https://{API}/unlisted-in-ceiling")[0], 0)
+        refused = [e["data"] for e in self.events(opened) if e["data"].get("rule") == "ceiling"]
+        self.assertTrue(refused, self.events(opened))
+        self.assertIn("ceiling of the API key", json.dumps(refused))
+        # The same policy made by the master (no ceiling) reaches OTHER.
+        mine = self.env(network="open")
+        self.assertEqual(self.curl(mine, f"https://{OTHER}/master")[0], 0)
+
+    def test_a_key_cannot_approve_its_own_environments_connections(self):
+        agent = self.key(["create", "read", "exec", "approve"])
+        e = self.env(token=agent, network=allow(), permissions={"network": "ask"})
+        status, body = self.moatd.call(
+            "POST", f"/v1/environments/{e.id}/processes",
+            {"cmd": ["curl", "-sS", "-m", "50", f"https://{OTHER}/self-approved"]}, token=agent)
+        self.assertEqual(status, 201, body)
+        pid = body["id"]
+        deadline = time.monotonic() + 20
+        pending = []
+        while not pending and time.monotonic() < deadline:
+            status, body = self.moatd.call("GET", f"/v1/approvals?state=pending&environment={e.id}")
+            pending = body["approvals"]
+            time.sleep(0.05)
+        self.assertTrue(pending, "no approval was requested")
+        approval = pending[0]["id"]
+        status, body = self.moatd.call("POST", f"/v1/approvals/{approval}", {"decision": "approve", "remember": True},
+                                       token=agent)
+        self.assertEqual(status, 403, body)
+        self.assertIn("environments it created", body["error"]["message"])
+        status, body = self.moatd.call("POST", f"/v1/approvals/{approval}", {"decision": "deny"})
+        self.assertEqual(status, 200, body)
+        status, body = self.moatd.call("GET", f"/v1/environments/{e.id}/processes/{pid}")
+        deadline = time.monotonic() + 30
+        while body.get("state") == "running" and time.monotonic() < deadline:
+            status, body = self.moatd.call("GET", f"/v1/environments/{e.id}/processes/{pid}")
+            time.sleep(0.05)
+        self.assertNotEqual(body.get("exit_code"), 0, body)
 
     def test_network_ask_waits_for_a_person(self):
         e = self.env(network={"mode": "allowlist", "allow": []}, permissions={"network": "ask"})
