@@ -616,6 +616,26 @@ class EgressTest(unittest.TestCase):
         self.assertEqual(status, 200, body)
         self.assertNotEqual(e.exec(["curl", "-sS", "-m", "5", "--noproxy", "*", f"http://{API_IP}/"])[0], 0)
 
+    def pending_approvals(self, e):
+        """Waits (up to 20 s) for the environment's first pending approval."""
+        deadline = time.monotonic() + 20
+        pending = []
+        while not pending and time.monotonic() < deadline:
+            status, body = self.moatd.call("GET", f"/v1/approvals?state=pending&environment={e.id}")
+            pending = body["approvals"]
+            time.sleep(0.05)
+        self.assertTrue(pending, "no approval was requested")
+        return pending
+
+    def process_end(self, e, pid):
+        """The process as it ended (or as it is after 30 s)."""
+        status, body = self.moatd.call("GET", f"/v1/environments/{e.id}/processes/{pid}")
+        deadline = time.monotonic() + 30
+        while body.get("state") == "running" and time.monotonic() < deadline:
+            status, body = self.moatd.call("GET", f"/v1/environments/{e.id}/processes/{pid}")
+            time.sleep(0.05)
+        return body
+
     def key(self, scopes, ceiling=None):
         body = {"name": "agent", "scopes": scopes}
         if ceiling is not None:
@@ -654,13 +674,7 @@ class EgressTest(unittest.TestCase):
             {"cmd": ["curl", "-sS", "-m", "50", f"https://{OTHER}/self-approved"]}, token=agent)
         self.assertEqual(status, 201, body)
         pid = body["id"]
-        deadline = time.monotonic() + 20
-        pending = []
-        while not pending and time.monotonic() < deadline:
-            status, body = self.moatd.call("GET", f"/v1/approvals?state=pending&environment={e.id}")
-            pending = body["approvals"]
-            time.sleep(0.05)
-        self.assertTrue(pending, "no approval was requested")
+        pending = self.pending_approvals(e)
         approval = pending[0]["id"]
         status, body = self.moatd.call("POST", f"/v1/approvals/{approval}", {"decision": "approve", "remember": True},
                                        token=agent)
@@ -668,11 +682,7 @@ class EgressTest(unittest.TestCase):
         self.assertIn("environments it created", body["error"]["message"])
         status, body = self.moatd.call("POST", f"/v1/approvals/{approval}", {"decision": "deny"})
         self.assertEqual(status, 200, body)
-        status, body = self.moatd.call("GET", f"/v1/environments/{e.id}/processes/{pid}")
-        deadline = time.monotonic() + 30
-        while body.get("state") == "running" and time.monotonic() < deadline:
-            status, body = self.moatd.call("GET", f"/v1/environments/{e.id}/processes/{pid}")
-            time.sleep(0.05)
+        body = self.process_end(e, pid)
         self.assertNotEqual(body.get("exit_code"), 0, body)
 
     def test_network_ask_waits_for_a_person(self):
@@ -682,21 +692,11 @@ class EgressTest(unittest.TestCase):
             {"cmd": ["curl", "-sS", "-m", "50", f"https://{OTHER}/asked"]})
         self.assertEqual(status, 201, body)
         pid = body["id"]
-        deadline = time.monotonic() + 20
-        pending = []
-        while not pending and time.monotonic() < deadline:
-            status, body = self.moatd.call("GET", f"/v1/approvals?state=pending&environment={e.id}")
-            pending = body["approvals"]
-            time.sleep(0.05)
-        self.assertTrue(pending, "no approval was requested")
+        pending = self.pending_approvals(e)
         self.assertEqual(pending[0]["action"]["host"], OTHER)
         status, body = self.moatd.call("POST", f"/v1/approvals/{pending[0]['id']}", {"decision": "approve"})
         self.assertEqual(status, 200, body)
-        status, body = self.moatd.call("GET", f"/v1/environments/{e.id}/processes/{pid}")
-        deadline = time.monotonic() + 30
-        while body.get("state") == "running" and time.monotonic() < deadline:
-            status, body = self.moatd.call("GET", f"/v1/environments/{e.id}/processes/{pid}")
-            time.sleep(0.05)
+        body = self.process_end(e, pid)
         self.assertEqual(body.get("exit_code"), 0, body)
 
     def test_connection_limit(self):
