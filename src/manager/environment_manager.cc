@@ -347,7 +347,10 @@ void EnvironmentManager::refillPool() {
       ++poolCreating_[pool];
       reservedMemoryMb_ += ramMb;
     }
-    auto created = spawner_.create(poolSpec(pool));
+    auto spec = poolSpec(pool);
+    spec.id = backend::namespaces::newEnvironmentId();  // named, so that a failed create can be cleaned up
+    auto created = spawner_.create(spec);
+    if (!created.ok()) (void)spawner_.destroy(spec.id);  // made but not handed over (a lost descriptor)
     std::shared_ptr<InitConnection> connection;
     if (created.ok()) {
       std::string id = created->id;
@@ -416,8 +419,6 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     if (it != pool_.rend()) {
       Ready ready = std::move(*it);
       pool_.erase(std::next(it).base());
-      ++warmClaims_;
-      ++poolClaims_[*warm];
       lastClaimMs_ = nowMs();
       lock.unlock();
       record.id = ready.id;
@@ -428,16 +429,20 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
       lock.lock();
       if (!stored.ok()) {
         pool_.push_back(std::move(ready));
+        lock.unlock();
+        held.run();  // its release takes mutex_
         return stored.error();
       }
       live_[record.id] = makeLive(ready.connection, record);
       nextExpiryMs_ = std::min(nextExpiryMs_, record.expiresAtMs);
+      ++warmClaims_;  // counted once it is one
+      ++poolClaims_[*warm];
       lock.unlock();
       held.run();
       poolCv_.notify_all();  // refill
       audit_.record("environment.created", record.id, record.owner, createdData(record, true));
       if (request.network.mode != egress::Mode::kNone) {
-        Status plugged = connectNetwork(record.id, request.network, request.secrets);
+        Status plugged = connectNetworkUnlessSet(record.id, request.network, request.secrets);
         if (!plugged.ok()) {
           (void)destroy(record.id, "failed: " + plugged.error().message());
           return plugged.error();
@@ -485,6 +490,9 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   snapshotHeld.run();
   traceStage("moatd: spawner answered");
   if (!created.ok()) {
+    // The spawner may have made it and failed only to hand it over (its
+    // descriptor lost at moatd's limit): nothing of it may stay running.
+    (void)spawner_.destroy(record.id);
     release(false);
     (void)store_.setState(record.id, "failed", created.error().message());
     nlohmann::json data = createdData(record, false);
@@ -529,7 +537,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   if (!request.forkedFrom.empty()) createdEvent["forked_from"] = request.forkedFrom;
   audit_.record("environment.created", id, record.owner, std::move(createdEvent));
   if (request.network.mode != egress::Mode::kNone) {
-    Status plugged = connectNetwork(id, request.network, request.secrets);
+    Status plugged = connectNetworkUnlessSet(id, request.network, request.secrets);
     if (!plugged.ok()) {
       (void)destroy(id, "failed: " + plugged.error().message());
       return plugged.error();
@@ -898,6 +906,15 @@ Status EnvironmentManager::connectNetwork(const std::string& id, const egress::P
     for (auto& [k, v] : egress::Controller::environmentVariables(link)) it->second.env[k] = v;
   }
   return {};
+}
+
+Status EnvironmentManager::connectNetworkUnlessSet(const std::string& id, const egress::Policy& policy,
+                                                   const std::vector<egress::Secret>& secrets) {
+  std::lock_guard<std::mutex> serial(networkMutex_);
+  // A PUT .../network that came between "running" and here has put its
+  // policy in force: it is the later word.
+  if (egress_ && egress_->slotOf(id)) return {};
+  return connectNetwork(id, policy, secrets);
 }
 
 Result<egress::Policy> EnvironmentManager::network(const std::string& id) {

@@ -261,6 +261,10 @@ class EnvironmentManager {
   // that go with it (resolver, CA bundle, proxy variables).
   Status connectNetwork(const std::string& id, const egress::Policy& policy,
                         const std::vector<egress::Secret>& secrets);
+  // connectNetwork for a create, under networkMutex_, unless a policy was
+  // set meanwhile.
+  Status connectNetworkUnlessSet(const std::string& id, const egress::Policy& policy,
+                                 const std::vector<egress::Secret>& secrets);
   Status writeNetworkFiles(const std::shared_ptr<InitConnection>& connection, const egress::EgressNetwork::Link& link);
   // After a restart: snapshots a killed moatd left half made, half deleted
   // or made for a fork are rolled back, and snapshot volumes without a
@@ -322,7 +326,7 @@ class EnvironmentManager {
   backend::namespaces::Spawner& spawner_;
   audit::Recorder& audit_;
   egress::Controller* egress_ = nullptr;
-  std::mutex networkMutex_;  // serializes network changes
+  std::mutex networkMutex_;  // serializes network changes (and restores, which redo the network); before exclusive()
   std::mutex mutex_;
   std::map<std::string, Live> live_;
   int64_t nextExpiryMs_ = 0;  // no live environment expires before; the reaper scans from then

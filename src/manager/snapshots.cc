@@ -171,11 +171,15 @@ Status EnvironmentManager::deleteSnapshot(const std::string& snapshotId, const s
 
 Result<store::EnvironmentRecord> EnvironmentManager::restore(const std::string& id, const std::string& snapshotId,
                                                              const std::string& actor) {
+  // No network change between the old link going and the new one coming:
+  // it would find no link, attach one, and the restore's own would fail.
+  std::unique_lock<std::mutex> serial(networkMutex_);
   MOAT_ASSIGN(auto record, restoreFiles(id, snapshotId, actor));
   if (!record.network.empty()) {
     // Outside the exclusive hold: a failure destroys the environment, which takes it.
     Status s = restoreNetwork(id, "restored from snapshot " + snapshotId + ": the stored policy is put in force again");
     if (!s.ok()) {
+      serial.unlock();
       (void)destroy(id, "failed: its network could not be restored with snapshot " + snapshotId + ": " +
                             s.error().message(),
                     actor);

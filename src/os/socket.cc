@@ -46,6 +46,7 @@ Result<std::string> receiveWithFd(int socket, UniqueFd* fd, size_t maxBytes) {
     n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
   if (n < 0) return Error::fromErrno("recvmsg");
+  const bool truncated = (msg.msg_flags & MSG_CTRUNC) != 0;
   for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
       int received;
@@ -58,6 +59,11 @@ Result<std::string> receiveWithFd(int socket, UniqueFd* fd, size_t maxBytes) {
     }
   }
   if (n == 0) return Error::make("eof", "peer closed the socket");
+  if (truncated) {
+    // The kernel dropped a descriptor that came with the message (no room
+    // for it: this process is at its descriptor limit).
+    return Error::make("resource", "recvmsg: a descriptor sent with the message was lost (at the open file limit?)");
+  }
   data.resize(static_cast<size_t>(n));
   return data;
 }

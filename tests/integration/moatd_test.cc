@@ -15,7 +15,10 @@
 
 #include <signal.h>
 
+#include <sqlite3.h>
+
 #include <atomic>
+#include <future>
 #include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -483,6 +486,47 @@ TEST(MoatdWarmPool, CreateClaimsAReadyEnvironmentAndThePoolRefills) {
   EXPECT_EQ(custom.status, 201);
   EXPECT_EQ(metric("moat_warm_pool_claims_total"), 1);
   EXPECT_EQ(waitReady(2), 2) << "the pool refills in the background";
+}
+
+// A claim whose record the store refuses (a full disk, say) is an error that
+// names it; the environment goes back to the pool and moatd keeps serving.
+// Before, the failed claim left its thread blocked on moatd's own lock and
+// every later request hung.
+TEST(MoatdWarmPool, AClaimTheStoreRefusesIsAClearErrorAndMoatdKeepsServing) {
+  MOAT_REQUIRE_ROOT();
+  Moatd daemon({"--warm-pool", "1"});
+  ASSERT_EQ(waitWarmReady(daemon, 1), 1);
+  auto sql = [&](const std::string& statement) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open_v2((daemon.stateDir() + "/moat.db").c_str(), &db, SQLITE_OPEN_READWRITE, nullptr),
+              SQLITE_OK);
+    sqlite3_busy_timeout(db, 5000);
+    EXPECT_EQ(sqlite3_exec(db, statement.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
+    sqlite3_close_v2(db);
+  };
+  sql("CREATE TRIGGER refuse_environments BEFORE INSERT ON environments "
+      "BEGIN SELECT RAISE(ABORT, 'no room on the disk (the test says so)'); END");
+  // Answered in time, or moatd hangs (the request runs aside, so that the
+  // test fails rather than waits for ever).
+  auto within = [&](const std::string& method, const std::string& target, const std::string& body = "") {
+    auto answer = std::async(std::launch::async, [&, method, target, body] { return daemon.request(method, target, body); });
+    if (answer.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+      ADD_FAILURE() << method << " " << target << ": no answer in 30 s";
+      daemon.kill9();  // ends the request's read
+      return HttpResult{};
+    }
+    return answer.get();
+  };
+  auto refused = within("POST", "/v1/environments", "{}");
+  EXPECT_GE(refused.status, 500) << refused.body;
+  EXPECT_NE(refused.body.find("no room on the disk"), std::string::npos) << refused.body;
+  EXPECT_EQ(within("GET", "/healthz").status, 200);
+  sql("DROP TRIGGER refuse_environments");
+  auto claimed = within("POST", "/v1/environments", "{}");
+  ASSERT_EQ(claimed.status, 201) << claimed.body;
+  EXPECT_EQ(metricOf(daemon, "moat_warm_pool_claims_total"), 1) << "the pool environment was kept for the next claim";
+  std::string id = json::parse(claimed.body)["id"];
+  EXPECT_EQ(json::parse(within("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["true"]})").body)["exit_code"], 0);
 }
 
 // One pool per (template, spec): a create claims only from the pool of

@@ -86,6 +86,44 @@ TEST_F(Snapshots, ARestoredEnvironmentKeepsItsNetworkPolicyAndLink) {
   EXPECT_EQ(sh(id, "tail -n +3 /proc/net/dev | wc -l"), "2\n") << "lo and the egress link";
 }
 
+TEST_F(Snapshots, ANetworkChangeDuringARestoreLosesNeitherTheEnvironmentNorTheChange) {
+  // A restore drops the old namespace's link and attaches a new one; a PUT
+  // .../network between the two found no link and attached its own, and
+  // the restore's then failed: the environment was destroyed. Raced a few
+  // times, the change a little later each round.
+  std::string id = createEnv({{"network", {{"mode", "allowlist"}, {"allow", {"example.org"}}}}});
+  std::string sid = snapshot(id)["id"];
+  for (int round = 0; round < 10; ++round) {
+    const std::string host = "round" + std::to_string(round) + ".example.org";
+    // Either request may find moatd gone (it crashed on this before): an
+    // exception is an answer of status 0 here, so that the thread is joined.
+    auto request = [&](const std::string& method, const std::string& target, const std::string& body) {
+      try {
+        return daemon_->request(method, target, body);
+      } catch (const std::exception& e) {
+        return HttpResult{0, e.what()};
+      }
+    };
+    HttpResult restore;
+    std::thread restorer([&] {
+      restore = request("POST", "/v1/environments/" + id + "/restore", R"({"snapshot":")" + sid + "\"}");
+    });
+    // Not a wait for anything: it varies where the change falls.
+    std::this_thread::sleep_for(std::chrono::microseconds(round * 300));
+    auto changed = request("PUT", "/v1/environments/" + id + "/network",
+                           json{{"network", {{"mode", "allowlist"}, {"allow", {host}}}}}.dump());
+    restorer.join();
+    ASSERT_EQ(changed.status, 200) << "round " << round << ": " << changed.body;
+    ASSERT_EQ(restore.status, 200) << "round " << round << ": " << restore.body;
+    json now = call("GET", "/v1/environments/" + id, nullptr, 200);
+    ASSERT_EQ(now["state"], "running") << "round " << round << ": " << now.dump();
+    json network = call("GET", "/v1/environments/" + id + "/network", nullptr, 200);
+    EXPECT_EQ(network["network"]["allow"], json::array({host})) << "round " << round << ": the change holds";
+    ASSERT_TRUE(network.contains("link")) << network.dump();
+    EXPECT_EQ(sh(id, "echo $HTTPS_PROXY"), network["link"]["proxy"].get<std::string>() + "\n");
+  }
+}
+
 TEST_F(Snapshots, AForkHasTheFilesAndSettingsButIsItsOwnEnvironment) {
   std::string id = createEnv({{"env", {{"PROJECT", "moat"}}}, {"labels", {{"team", "a"}}},
                               {"spec", {{"ram_mb", 256}, {"pids", 200}}}});
