@@ -72,6 +72,9 @@ HttpResponse Api::filesRoute(const HttpRequest& req, const Principal& principal,
       action.path = gate::normalizePath(path);
       action.size = f.data.size();
       action.op = opNames[static_cast<int>(f.op)];
+      // What a recursive remove or a move reaches: everything below too.
+      action.tree = f.op == init::FileOp::kRename ||
+                    (f.op == init::FileOp::kRemove && (f.flags & init::kFileRecursive) != 0);
       if (auto answer = check(req, principal, id, action)) return *answer;
     }
     auto r = manager_.file(id, f);

@@ -8,6 +8,16 @@
 namespace moat::api {
 namespace {
 
+// What the gate sees of an operation on every file of an environment.
+gate::Action wholeTree(gate::Scope scope, const std::string& op) {
+  gate::Action action;
+  action.scope = scope;
+  action.path = "/";
+  action.op = op;
+  action.tree = true;
+  return action;
+}
+
 json snapshotJson(const store::SnapshotRecord& s) {
   return {{"id", s.id},
           {"environment_id", s.environment},
@@ -96,6 +106,9 @@ HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Princi
       }
       name = n.get<std::string>();
     }
+    // A snapshot reads every file (and a create from it shows them under
+    // other permissions): the gate's read_file for the whole tree.
+    if (auto answer = check(req, principal, id, wholeTree(gate::Scope::kReadFile, "snapshot"))) return *answer;
     auto snap = manager_.snapshot(id, name, principal.owner());
     if (!snap.ok()) return errorResponse(fromError(snap.error()));
     return respond(201, snapshotJson(snap.value()));
@@ -110,12 +123,8 @@ HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Princi
     if (!visibleSnapshot(principal, snapshotId).ok()) {
       return errorResponse({404, "not_found", "no snapshot " + snapshotId, "snapshot"});
     }
-    // A restore rewrites every file: the gate's write_file for "/".
-    gate::Action action;
-    action.scope = gate::Scope::kWriteFile;
-    action.path = "/";
-    action.op = "restore";
-    if (auto answer = check(req, principal, id, action)) return *answer;
+    // A restore rewrites every file: the gate's write_file for the whole tree.
+    if (auto answer = check(req, principal, id, wholeTree(gate::Scope::kWriteFile, "restore"))) return *answer;
     auto restored = manager_.restore(id, snapshotId, principal.owner());
     if (!restored.ok()) return errorResponse(fromError(restored.error()));
     return respond(200, environmentJson(restored.value()));

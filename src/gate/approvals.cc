@@ -32,6 +32,7 @@ Result<Action> actionFromJson(const std::string& text) {
   a.port = static_cast<uint16_t>(j.value("port", 0));
   a.size = j.value("size", static_cast<uint64_t>(0));
   a.op = j.value("op", "");
+  a.tree = j.value("tree", false);
   return a;
 }
 

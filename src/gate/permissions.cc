@@ -153,6 +153,7 @@ json Action::toJson() const {
     case Scope::kReadFile:
     case Scope::kWriteFile:
       j["path"] = path;
+      if (tree) j["tree"] = true;
       if (scope == Scope::kWriteFile) j["size"] = size;
       break;
     case Scope::kNetwork:
@@ -164,7 +165,7 @@ json Action::toJson() const {
 }
 
 bool Action::sameTarget(const Action& other) const {
-  return scope == other.scope && argv == other.argv && path == other.path &&
+  return scope == other.scope && argv == other.argv && path == other.path && tree == other.tree &&
          lower(host) == lower(other.host) && port == other.port;
 }
 
@@ -312,14 +313,61 @@ json Permissions::toJson() const {
   return j;
 }
 
+namespace {
+
+bool hasGlob(const std::string& pattern) { return pattern.find_first_of("*?[\\") != std::string::npos; }
+
+// Whether a path pattern surely matches every path below `dir` (and `dir`):
+// "X/**" with a literal X that is `dir` or above it.
+bool coversTree(const std::string& pattern, const std::string& dir) {
+  if (pattern == "/**" || pattern == "**") return true;
+  if (pattern.size() < 3 || pattern.compare(pattern.size() - 3, 3, "/**") != 0) return false;
+  std::string x = pattern.substr(0, pattern.size() - 3);
+  if (hasGlob(x)) return false;
+  return dir == x || dir.rfind(x + "/", 0) == 0;
+}
+
+// Whether a path pattern may match some path below `dir`: judged by its
+// literal start (what comes before its first glob character), so it may
+// say yes to a pattern that could not match (the safe side), never no to
+// one that could.
+bool mayMatchBelow(const std::string& pattern, const std::string& dir) {
+  const std::string below = dir == "/" ? "/" : dir + "/";
+  size_t glob = pattern.find_first_of("*?[\\");
+  if (glob == std::string::npos) return pattern.size() > below.size() && pattern.rfind(below, 0) == 0;
+  std::string literal = pattern.substr(0, glob);
+  return literal.size() >= below.size() ? literal.rfind(below, 0) == 0 : below.rfind(literal, 0) == 0;
+}
+
+}  // namespace
+
 Permissions::Verdict Permissions::evaluate(const Action& action) const {
   const ScopePolicy& policy = scope(action.scope);
+  Verdict out{Decision::kDeny, -1, nullptr};  // deny by default: no rule matched
+  bool decided = false;
   for (size_t i = 0; i < policy.rules.size(); ++i) {
     if (policy.rules[i].matches(action)) {
-      return Verdict{policy.rules[i].decision, static_cast<int>(i), policy.rules[i].toJson(action.scope)};
+      out = Verdict{policy.rules[i].decision, static_cast<int>(i), policy.rules[i].toJson(action.scope)};
+      decided = true;
+      break;
     }
   }
-  return Verdict{Decision::kDeny, -1, nullptr};  // deny by default: no rule matched
+  const bool files = action.scope == Scope::kReadFile || action.scope == Scope::kWriteFile;
+  if (!action.tree || !files || out.decision == Decision::kDeny) return out;
+  // Below the path, each path gets the first rule that matches it: every
+  // rule up to one that surely covers the whole tree may be that rule.
+  const std::string dir = normalizePath(action.path);
+  bool covered = false;
+  for (size_t i = 0; i < policy.rules.size() && !covered; ++i) {
+    const Rule& r = policy.rules[i];
+    covered = !r.path || coversTree(*r.path, dir);
+    if (!covered && !mayMatchBelow(*r.path, dir)) continue;
+    if (static_cast<int>(r.decision) > static_cast<int>(out.decision)) {
+      out = Verdict{r.decision, static_cast<int>(i), r.toJson(action.scope)};
+    }
+  }
+  if (!covered && decided) out = Verdict{Decision::kDeny, -1, nullptr};  // some path below matches no rule
+  return out;
 }
 
 void Permissions::prepend(Scope s, Rule rule) {

@@ -30,6 +30,10 @@ struct Action {
   uint16_t port = 0;              // network; 0: any
   uint64_t size = 0;              // write_file: bytes, for the approver's eyes
   std::string op;                 // files: "read", "write", "list", "remove", ...; exec: "exec", "process", "shell"
+  // files: the action reaches everything under `path` too (a recursive
+  // remove, a move, a restore, a snapshot): a rule that may match any path
+  // below counts, not only the first that matches `path` itself.
+  bool tree = false;
   nlohmann::json toJson() const;
   // The same action, ignoring size and op: what an approval grants.
   bool sameTarget(const Action& other) const;

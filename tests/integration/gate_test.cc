@@ -87,6 +87,41 @@ TEST_F(Gate, RulesAreOrderedAndTheFirstMatchWins) {
       << "a move needs both ends";
 }
 
+TEST_F(Gate, WhatReachesAWholeTreeAnswersToEveryRuleBelowIt) {
+  // GATE.md's own example: /workspace/locked/** may not be written. Before,
+  // removing /workspace recursively, moving /workspace/locked away, or
+  // restoring the environment passed (the rule does not match those paths
+  // themselves), and a snapshot read files read_file denies.
+  std::string id = envWith({{"write_file", {{{"path", "/workspace/locked/**"}, {"action", "deny"}}, {{"action", "allow"}}}},
+                            {"read_file", {{{"path", "/workspace/secret/**"}, {"action", "deny"}}, {{"action", "allow"}}}}});
+  exec(id, {{"cmd", {"sh", "-c", "mkdir -p /workspace/locked /workspace/secret /workspace/free && "
+                                 "echo kept > /workspace/locked/f && echo s > /workspace/secret/s"}}});
+  const std::string files = "/v1/environments/" + id + "/files";
+  for (std::string path : {"/workspace", "/workspace/locked", "/"}) {
+    auto removed = daemon_->request("DELETE", files + "?path=" + path + "&recursive=1");
+    EXPECT_EQ(removed.status, 403) << path << ": " << removed.body;
+    EXPECT_NE(removed.body.find("locked/**"), std::string::npos) << "names the rule: " << removed.body;
+  }
+  EXPECT_EQ(daemon_->request("POST", files + "/move", R"({"from":"/workspace/locked","to":"/workspace/x"})").status, 403);
+  EXPECT_EQ(daemon_->request("POST", files + "/move", R"({"from":"/workspace","to":"/w2"})").status, 403);
+  EXPECT_EQ(daemon_->request("GET", files + "?path=/workspace/locked/f").body, "kept\n");
+  // What no rule below protects is as before.
+  EXPECT_EQ(daemon_->request("DELETE", files + "?path=/workspace/free&recursive=1").status, 200);
+  EXPECT_EQ(daemon_->request("POST", files + "/move", R"({"from":"/workspace/locked/f","to":"/workspace/g"})").status, 403);
+  auto snapshot = daemon_->request("POST", "/v1/environments/" + id + "/snapshots", "{}");
+  EXPECT_EQ(snapshot.status, 403) << snapshot.body;
+  EXPECT_NE(snapshot.body.find("read_file"), std::string::npos) << snapshot.body;
+  // Without the read rule, the snapshot is taken; restoring it rewrites
+  // the locked tree, so the write rule refuses it.
+  call("PUT", "/v1/environments/" + id + "/permissions",
+       {{"permissions", {{"write_file", {{{"path", "/workspace/locked/**"}, {"action", "deny"}}, {{"action", "allow"}}}}}},
+        {"replace", true}},
+       200);
+  std::string sid = call("POST", "/v1/environments/" + id + "/snapshots", json::object(), 201)["id"];
+  auto restored = daemon_->request("POST", "/v1/environments/" + id + "/restore", json{{"snapshot", sid}}.dump());
+  EXPECT_EQ(restored.status, 403) << restored.body;
+}
+
 TEST_F(Gate, AnAskWaitsForAPersonWhoApprovesOrDenies) {
   std::string id = envWith({{"run_command", "ask"}});
   HttpResult approved;
