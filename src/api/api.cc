@@ -270,10 +270,7 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     if (!principal.may("read")) return forbidden("read");
     return metrics();
   }
-  if (p == "/mcp") {
-    (void)principal;  // the tools call this API with the caller's own token
-    return mcpRoute(req);
-  }
+  if (p == "/mcp") return mcpRoute(req, principal);  // the tools call this API with the caller's own token
   if (p == "/v1/keys" || p.rfind("/v1/keys/", 0) == 0) return keysRoute(req, principal);
   if (p == "/v1/approvals" || p.rfind("/v1/approvals/", 0) == 0) return approvalsRoute(req, principal);
   if (p == "/v1/events") return eventsRoute(req, principal);

@@ -107,7 +107,7 @@ class Api {
   // network.cc: the ceiling of the key that created the environment (null
   // for the master's or a key without one).
   Result<std::shared_ptr<const gate::Permissions>> ownerCeiling(const std::string& id);
-  HttpResponse mcpRoute(const HttpRequest& request);
+  HttpResponse mcpRoute(const HttpRequest& request, const Principal& principal);
   // Host and Origin must be local (DNS rebinding); before authentication.
   std::optional<HttpResponse> mcpGuard(const HttpRequest& head);
   void expireMcpSessions();

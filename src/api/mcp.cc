@@ -13,6 +13,7 @@ namespace {
 
 constexpr auto kSessionIdle = std::chrono::minutes(30);
 constexpr size_t kMaxSessions = 256;
+constexpr size_t kMaxSessionsPerKey = 16;  // one key cannot take every session
 
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -68,6 +69,7 @@ class InProcessRest : public mcp::RestBackend {
 
 struct Api::McpHttpSession {
   std::string authorization;  // the token that opened it; only it may use it
+  std::string owner;          // the master or the key id, for the per-key limit
   std::unique_ptr<InProcessRest> rest;
   std::unique_ptr<mcp::Session> session;
   std::chrono::steady_clock::time_point lastUsed = std::chrono::steady_clock::now();
@@ -129,7 +131,7 @@ void Api::endOrphanedMcpEnvironments() {
   }
 }
 
-HttpResponse Api::mcpRoute(const HttpRequest& req) {
+HttpResponse Api::mcpRoute(const HttpRequest& req, const Principal& principal) {
   if (auto refused = mcpGuard(req)) return *refused;
   expireMcpSessions();
   if (req.method == "GET") {
@@ -178,12 +180,20 @@ HttpResponse Api::mcpRoute(const HttpRequest& req) {
         return rpcError(429, message["id"], mcp::kInternalError,
                         "too many MCP sessions open (" + std::to_string(kMaxSessions) + "); end some with DELETE /mcp");
       }
+      size_t mine = 0;
+      for (const auto& [id, open] : mcpSessions_) mine += open->owner == principal.owner() ? 1 : 0;
+      if (!principal.master && mine >= kMaxSessionsPerKey) {
+        return rpcError(429, message["id"], mcp::kInternalError,
+                        "this key has " + std::to_string(mine) + " MCP sessions open (at most " +
+                            std::to_string(kMaxSessionsPerKey) + " per key); end some with DELETE /mcp");
+      }
     }
     auto id = randomHex(16);
     if (!id.ok()) return rpcError(500, message["id"], mcp::kInternalError, id.error().message());
     sessionId = id.value();
     s = std::make_shared<McpHttpSession>();
     s->authorization = req.authorization;
+    s->owner = principal.owner();
     s->rest = std::make_unique<InProcessRest>(*this, req.authorization, req.remote + " mcp");
     s->session = std::make_unique<mcp::Session>(*s->rest, "moat", mcp::kMoatdSession);
     std::lock_guard<std::mutex> lock(mcpMutex_);

@@ -253,6 +253,27 @@ describe("MCP over Streamable HTTP (moatd POST /mcp)", { skip: skipReason, timeo
     await mcp({ method: "DELETE", session: keySession, token: key.json.token });
   });
 
+  it("one key cannot take every session: at most 16 each, and others still open theirs", { timeout: 60_000 }, async () => {
+    const key = await moatd.rest.call("POST", "/v1/keys", { name: "mcp-hog", scopes: ["read"] });
+    assert.equal(key.status, 201, key.text);
+    const opened = [];
+    for (let i = 0; i < 16; i++) opened.push(await rawSession(key.json.token));
+    const refused = await mcp({ body: INIT(), token: key.json.token });
+    assert.equal(refused.status, 429, refused.text);
+    assert.match(refused.text, /16 per key/);
+    const other = await moatd.rest.call("POST", "/v1/keys", { name: "mcp-other", scopes: ["read"] });
+    const theirs = await rawSession(other.json.token);
+    const mine = await rawSession();  // the master's
+    for (const [session, token] of [[theirs, other.json.token], [mine, moatd.token]]) {
+      await mcp({ method: "DELETE", session, token });
+    }
+    await mcp({ method: "DELETE", session: opened[0], token: key.json.token });
+    const again = await mcp({ body: INIT(), token: key.json.token });
+    assert.equal(again.status, 200, "one ended, one more may open");
+    opened.push(again.headers["mcp-session-id"]);
+    for (const session of opened.slice(1)) await mcp({ method: "DELETE", session, token: key.json.token });
+  });
+
   it("a malformed JSON body is a JSON-RPC parse error, and the server keeps serving", { timeout: 30_000 }, async () => {
     const session = await rawSession();
     const bad = await mcp({ body: "{this is not json", session });
