@@ -77,12 +77,17 @@ HttpResponse Api::eventsRoute(const HttpRequest& req, const Principal& principal
     for (const auto& e : events.value()) response.body += frame(e);
     return response;
   }
-  response.stream = [log = log_, query](const BodyWriter& write) mutable {
+  // Revoking the key ends it (the revocation is an event: followers wake).
+  response.stream = [log = log_, query, stillActive = keys_.stillActive(principal)](const BodyWriter& write) mutable {
     // `scanned`: every matching event up to it was sent. Events are written
     // to the store in id order, so once the log says N is stored, a read
     // sees everything up to N.
     uint64_t scanned = query.afterId;
     for (;;) {
+      if (!stillActive()) {
+        (void)write(": error: the API key of this request was revoked\n\n");
+        return;
+      }
       uint64_t stored = log->committedId();
       query.afterId = scanned;
       auto events = log->read(query);

@@ -63,7 +63,30 @@ Result<Keys::Created> Keys::create(const std::string& name, const std::vector<st
 
 Result<std::vector<store::ApiKeyRecord>> Keys::list() { return store_.listKeys(); }
 
-Status Keys::revoke(const std::string& id) { return store_.revokeKey(id, nowMs()); }
+Status Keys::revoke(const std::string& id) {
+  Status s = store_.revokeKey(id, nowMs());
+  ++revocations_;
+  return s;
+}
+
+std::function<bool()> Keys::stillActive(const Principal& principal) {
+  if (principal.master) return [] { return true; };
+  struct Seen {
+    uint64_t revocations;
+    bool active = true;
+  };
+  auto seen = std::make_shared<Seen>(Seen{revocations_.load()});
+  return [this, seen, id = principal.keyId] {
+    uint64_t now = revocations_.load();
+    if (seen->active && now != seen->revocations) {
+      seen->revocations = now;
+      auto key = store_.getKey(id);
+      // A store that cannot answer does not end the stream; a revoked or gone key does.
+      if (key.ok()) seen->active = key.value() && key.value()->revokedAtMs == 0;
+    }
+    return seen->active;
+  };
+}
 
 Result<Principal> Keys::authenticate(const std::string& token) {
   // moat_<12 hex id>_<64 hex secret>

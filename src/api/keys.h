@@ -1,5 +1,7 @@
 #pragma once
 
+#include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -48,9 +50,14 @@ class Keys {
   // what the environments it created may do on their own (their network).
   // A ceiling never changes, so it is read from the store once.
   Result<std::shared_ptr<const gate::Permissions>> ceilingOf(const std::string& id);
+  // For a stream that outlives its request: true while the caller's key
+  // is not revoked (the master's always). Cheap: the store is read again
+  // only after some key was revoked.
+  std::function<bool()> stillActive(const Principal& principal);
 
  private:
   store::Store& store_;
+  std::atomic<uint64_t> revocations_{0};
   std::mutex ceilingsMutex_;
   std::map<std::string, std::shared_ptr<const gate::Permissions>> ceilings_;  // by key id
 };

@@ -76,7 +76,10 @@ HttpResponse startProcess(manager::EnvironmentManager& manager, const HttpReques
   return respond(201, processJson(process.value()->info()));
 }
 
-HttpResponse readOutput(const std::shared_ptr<manager::Process>& process, const HttpRequest& req) {
+// stillActive: false once the caller's key is revoked; a follow ends then
+// (within a heartbeat, or at the process's next output).
+HttpResponse readOutput(const std::shared_ptr<manager::Process>& process, const HttpRequest& req,
+                        std::function<bool()> stillActive) {
   if (auto e = onlyQuery(req, {"since", "follow", "encoding"})) return errorResponse(*e);
   uint64_t since = 0;
   if (auto e = queryNumber(req, "since", 1ULL << 62, 10, since)) return errorResponse(*e);
@@ -107,7 +110,7 @@ HttpResponse readOutput(const std::shared_ptr<manager::Process>& process, const 
   }
   HttpResponse response;
   response.contentType = "application/x-ndjson";
-  response.stream = [process, since, base64](const BodyWriter& write) {
+  response.stream = [process, since, base64, stillActive](const BodyWriter& write) {
     uint64_t pos = since;
     // A lossless process's output waits for its slowest follower.
     uint64_t follower = process->attachFollower(since);
@@ -117,6 +120,10 @@ HttpResponse readOutput(const std::shared_ptr<manager::Process>& process, const 
       if (!r.items.empty() && !r.ended && !r.more) {
         std::this_thread::sleep_for(kCoalesce);  // not a wait on the process: no wake-ups meanwhile
         r = process->read(pos, kReadPiece, false, {});
+      }
+      if (!stillActive()) {
+        (void)write(line({{"type", "error"}, {"message", "the API key of this request was revoked"}}));
+        return;
       }
       std::string out;
       for (const auto& item : r.items) out += line(outputEventJson(item, base64));
@@ -230,7 +237,7 @@ HttpResponse Api::processesRoute(const HttpRequest& req, const Principal& princi
   }
   if (action == "output") {
     if (req.method != "GET") return wrongMethod(req, "GET");
-    return readOutput(process.value(), req);
+    return readOutput(process.value(), req, keys_.stillActive(principal));
   }
   if (action != "stdin" && action != "signal" && action != "resize") {
     return errorResponse({404, "not_found", "no such endpoint: " + req.path, ""});

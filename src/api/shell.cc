@@ -22,13 +22,19 @@ constexpr auto kInputWait = std::chrono::seconds(5);  // for a terminal program 
 // Sends the terminal's output to one viewer until the process ends or the
 // viewer leaves.
 void pumpOutput(const std::shared_ptr<manager::Process>& process, websocket::Connection& socket,
-                const std::atomic<bool>& leaving) {
+                const std::atomic<bool>& leaving, const std::function<bool()>& stillActive) {
   auto first = process->info();
   uint64_t pos = first.outputEnd > kReplay ? first.outputEnd - kReplay : 0;
   for (;;) {
     auto r = process->read(pos, 64u << 10, true, std::chrono::steady_clock::now() + kPingEvery,
                            [&] { return leaving.load(); });
     if (leaving) return;
+    if (!stillActive()) {
+      (void)socket.sendText(json{{"type", "error"}, {"message", "the API key of this viewer was revoked"}}.dump());
+      socket.close(1008, "the API key was revoked");
+      socket.abort();  // its input ends here too, whether or not it answers the close
+      return;
+    }
     bool sent = true;
     for (const auto& item : r.items) {
       if (!item.dropped) sent = sent && socket.sendBinary(item.data);
@@ -76,13 +82,16 @@ void handleControl(const std::shared_ptr<manager::Process>& process, websocket::
   reply("unknown control message type \"" + type + "\" (resize, signal)");
 }
 
-void runViewer(const std::shared_ptr<manager::Process>& process, websocket::Connection& socket) {
+// stillActive: false once the viewer's key is revoked (checked at each
+// output and each ping, every 30 s at most): the viewer is closed.
+void runViewer(const std::shared_ptr<manager::Process>& process, websocket::Connection& socket,
+               const std::function<bool()>& stillActive) {
   process->attachViewer();
   // First, which process this terminal is: other viewers attach with its id.
   auto info = process->info();
   (void)socket.sendText(json{{"type", "hello"}, {"process", info.id}, {"pid", info.pid}, {"cmd", info.argv}}.dump());
   std::atomic<bool> leaving{false};
-  std::thread pump([&] { pumpOutput(process, socket, leaving); });
+  std::thread pump([&] { pumpOutput(process, socket, leaving, stillActive); });
   websocket::Message message;
   while (socket.receive(message)) {
     if (message.opcode == websocket::Opcode::kBinary) {
@@ -171,7 +180,9 @@ HttpResponse Api::shellRoute(const HttpRequest& req, const Principal& principal,
   }
   HttpResponse response;
   response.status = 101;
-  response.websocket = [process](websocket::Connection& socket) { runViewer(process, socket); };
+  response.websocket = [process, stillActive = keys_.stillActive(principal)](websocket::Connection& socket) {
+    runViewer(process, socket, stillActive);
+  };
   return response;
 }
 

@@ -441,6 +441,52 @@ TEST_F(MoatdApi, ScopedKeysTouchOnlyTheirOwnEnvironments) {
   EXPECT_EQ(daemon_->request("POST", "/v1/keys", R"({"scopes":["root"]})").status, 400);
 }
 
+TEST_F(MoatdApi, RevokingAKeyEndsItsOpenStreams) {
+  // From then on the key's token is 401: that holds for streams it opened
+  // before too (an event follow, an output follow), not only new requests.
+  json agent = call("POST", "/v1/keys", {{"name", "agent"}, {"scopes", {"create", "read", "exec", "audit"}}}, 201);
+  const std::map<std::string, std::string> auth = {{"Authorization", "Bearer " + agent["token"].get<std::string>()}};
+  auto created = daemon_->request("POST", "/v1/environments", "{}", false, auth);
+  ASSERT_EQ(created.status, 201) << created.body;
+  std::string id = json::parse(created.body)["id"];
+  auto started = daemon_->request("POST", "/v1/environments/" + id + "/processes",
+                                  R"({"cmd":["sh","-c","while read line; do echo got $line; done"],"stdin":true})",
+                                  false, auth);
+  ASSERT_EQ(started.status, 201) << started.body;
+  std::string process = std::to_string(json::parse(started.body)["id"].get<int>());
+  const std::string processPath = "/v1/environments/" + id + "/processes/" + process;
+  auto events = daemon_->stream("/v1/events?follow=1&environment=" + id, auth, false);
+  auto output = daemon_->stream(processPath + "/output?follow=1", auth, false);
+  ASSERT_EQ(events.status(), 200);
+  ASSERT_EQ(output.status(), 200);
+  std::string line;
+  ASSERT_TRUE(events.nextLine(line)) << "the environment's first event";
+  call("POST", processPath + "/stdin", {{"data", "before\n"}}, 204);
+  bool before = false;
+  while (!before && output.nextLine(line)) before = line.find("got before") != std::string::npos;
+  ASSERT_TRUE(before);
+  EXPECT_EQ(daemon_->request("DELETE", "/v1/keys/" + agent["id"].get<std::string>()).status, 204);
+  // The process goes on (it is the environment's); the key's streams end.
+  call("POST", processPath + "/stdin", {{"data", "after\n"}}, 204);
+  // Read until the stream ends, or for 20 s (a stream that goes on sends
+  // heartbeats for ever).
+  auto readToEnd = [&line](EventStream& s) {
+    std::string seen;
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < until && s.nextLine(line, 5000)) seen += line + "\n";
+    return seen;
+  };
+  std::string seen = readToEnd(output);
+  EXPECT_NE(seen.find("was revoked"), std::string::npos) << seen;
+  EXPECT_EQ(seen.find("got after"), std::string::npos) << "nothing after the revocation: " << seen;
+  seen = readToEnd(events);
+  EXPECT_NE(seen.find("was revoked"), std::string::npos) << seen;
+  auto master = daemon_->stream(processPath + "/output?follow=1");
+  bool after = false;
+  while (!after && master.nextLine(line)) after = line.find("got after") != std::string::npos;
+  EXPECT_TRUE(after) << "the master still follows it";
+}
+
 TEST_F(MoatdApi, EnvironmentVariablesFromCreateSurviveARestart) {
   std::string id = createEnv({{"env", {{"PROJECT", "moat"}}}});
   EXPECT_EQ(exec(id, {{"cmd", {"sh", "-c", "echo $PROJECT"}}})["stdout"], "moat\n");
