@@ -143,10 +143,22 @@ HttpResponse Api::permissionsRoute(const HttpRequest& req, const Principal& prin
 }
 
 HttpResponse Api::approvalsRoute(const HttpRequest& req, const Principal& principal) {
-  if (!principal.may("approve")) {
-    return errorResponse({403, "forbidden", "approvals need the master token or the 'approve' scope", ""});
-  }
   std::string id = pathSegment(req.path, 2);
+  if (!principal.may("approve")) {
+    // A key follows the approvals it asked for (a 202's Location), nothing
+    // more: another's, or none, is the same 403.
+    bool own = false;
+    if (req.method == "GET" && !id.empty() && pathSegment(req.path, 3).empty()) {
+      auto a = approvals_.get(id);
+      own = a.ok() && a.value() && !principal.keyId.empty() && a.value()->requester == principal.keyId;
+    }
+    if (!own) {
+      return errorResponse({403, "forbidden",
+                            "approvals need the master token or the 'approve' scope (a key may follow the ones it "
+                            "asked for)",
+                            ""});
+    }
+  }
   if (!pathSegment(req.path, 3).empty()) return errorResponse({404, "not_found", "no such endpoint: " + req.path, ""});
   if (id.empty()) {
     if (req.method != "GET") return wrongMethod(req, "GET");

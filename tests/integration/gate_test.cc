@@ -261,6 +261,35 @@ TEST_F(Gate, AKeysCeilingHoldsAndItCannotApproveItself) {
   EXPECT_EQ(as(readOnly["token"], "GET", "/v1/approvals").status, 403);
 }
 
+TEST_F(Gate, AKeyWithoutApproveFollowsTheApprovalsItAskedForAndNoOthers) {
+  // GATE.md tells a client that got a 202 to follow its Location; an agent
+  // key (no `approve`, as advised) got 403 there.
+  json agent = keyWith({{"scopes", {"create", "read", "exec"}}});
+  std::string token = agent["token"];
+  auto created = as(token, "POST", "/v1/environments", R"({"permissions":{"run_command":"ask"}})");
+  ASSERT_EQ(created.status, 201) << created.body;
+  std::string id = json::parse(created.body)["id"];
+  auto pending = as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["echo","hi"]})",
+                    {{"Prefer", "respond-async"}});
+  ASSERT_EQ(pending.status, 202) << pending.body;
+  std::string approval = json::parse(pending.body)["approval"]["id"];
+  auto followed = as(token, "GET", "/v1/approvals/" + approval + "?wait=0");
+  EXPECT_EQ(followed.status, 200) << followed.body;
+  EXPECT_EQ(json::parse(followed.body)["state"], "pending");
+  EXPECT_EQ(as(token, "POST", "/v1/approvals/" + approval, R"({"decision":"approve"})").status, 403);
+  EXPECT_EQ(as(token, "GET", "/v1/approvals").status, 403) << "not the list";
+  // Another's approval, or none, looks the same: 403.
+  std::string masters = envWith({{"run_command", "ask"}});
+  auto other = execRaw(masters, {"echo", "master"}, {{"Prefer", "respond-async"}});
+  ASSERT_EQ(other.status, 202);
+  auto foreign = as(token, "GET", "/v1/approvals/" + json::parse(other.body)["approval"]["id"].get<std::string>());
+  EXPECT_EQ(foreign.status, 403) << foreign.body;
+  EXPECT_EQ(as(token, "GET", "/v1/approvals/000000000000").status, 403);
+  call("POST", "/v1/approvals/" + approval, {{"decision", "approve"}}, 200);
+  followed = as(token, "GET", "/v1/approvals/" + approval);
+  EXPECT_EQ(json::parse(followed.body)["state"], "approved");
+}
+
 TEST_F(Gate, BadPermissionsNameTheField) {
   auto bad = [&](const json& permissions) {
     auto r = daemon_->request("POST", "/v1/environments", json{{"permissions", permissions}}.dump());
