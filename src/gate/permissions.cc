@@ -317,14 +317,17 @@ namespace {
 
 bool hasGlob(const std::string& pattern) { return pattern.find_first_of("*?[\\") != std::string::npos; }
 
-// Whether a path pattern surely matches every path below `dir` (and `dir`):
-// "X/**" with a literal X that is `dir` or above it.
+// Whether a path pattern surely matches every path below `dir`: "X/**"
+// where X matches `dir` or a directory above it.
 bool coversTree(const std::string& pattern, const std::string& dir) {
   if (pattern == "/**" || pattern == "**") return true;
   if (pattern.size() < 3 || pattern.compare(pattern.size() - 3, 3, "/**") != 0) return false;
   std::string x = pattern.substr(0, pattern.size() - 3);
-  if (hasGlob(x)) return false;
-  return dir == x || dir.rfind(x + "/", 0) == 0;
+  if (!hasGlob(x)) return dir == x || dir.rfind(x + "/", 0) == 0;
+  for (size_t end = dir.find('/', 1);; end = dir.find('/', end + 1)) {
+    if (globMatch(x, dir.substr(0, end), true)) return true;
+    if (end == std::string::npos) return false;
+  }
 }
 
 // Whether a path pattern may match some path below `dir`: judged by its

@@ -2342,7 +2342,9 @@ def run_gate_exchanges(c):
     g_perms = {
         "read_file": [{"path": "/workspace/private/**", "action": "deny"}, {"path": "/**", "action": "allow"}],
         "write_file": [{"path": "/workspace/**", "action": "allow"}, {"path": "/tmp/ask-*", "action": "ask"},
-                       {"path": "/etc/**", "action": "deny"}],
+                       {"path": "/etc/**", "action": "deny"},
+                       # a move reaches what is below its ends (docs/GATE.md, "Actions on a whole tree")
+                       {"path": "/tmp/ask-*/**", "action": "ask"}],
         "run_command": [{"match": ["rm", "*"], "action": "deny"}, {"match": ["bash"], "action": "deny"},
                         {"match": ["sh"], "action": "deny"}, {"match": ["touch", "*"], "action": "ask"},
                         {"match": ["*"], "action": "allow"}],
@@ -2430,7 +2432,7 @@ def run_gate_exchanges(c):
     c.call("PUT", files + "?path=/workspace/ok.txt", b"ok", content_type=octet, status=200, note="allowed")
     c.call("POST", files + "/move", {"from": "/workspace/ok.txt", "to": "/etc/ok.txt"}, status=403,
            code="denied_by_policy",
-           check=denied({"scope": "write_file", "op": "move", "path": "/etc/ok.txt", "size": 0},
+           check=denied({"scope": "write_file", "op": "move", "path": "/etc/ok.txt", "size": 0, "tree": True},
                         g_perms["write_file"][2]), note="move: the other end")
     c.call("GET", files + "?path=/workspace/ok.txt", status=200,
            check=lambda r: expect(r.body == b"ok", f"body {r.body!r}"), note="not moved")
@@ -2537,7 +2539,8 @@ def run_gate_exchanges(c):
            note="a mkdir asks")
     c.call("POST", files + "/move", {"from": "/workspace/ok.txt", "to": "/tmp/ask-moved"}, headers=prefer,
            status=202,
-           check=pending("move", "g", {"scope": "write_file", "op": "move", "path": "/tmp/ask-moved", "size": 0}),
+           check=pending("move", "g", {"scope": "write_file", "op": "move", "path": "/tmp/ask-moved", "size": 0,
+                                       "tree": True}),
            note="a move asks for the end a rule asks for")
     c.call("POST", env(g) + "/processes", {"cmd": ["touch", "/workspace/p"]}, headers=prefer, status=202,
            check=pending("process", "g", {"scope": "run_command", "op": "process", "argv": ["touch", "/workspace/p"]}),

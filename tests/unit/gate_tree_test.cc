@@ -50,6 +50,13 @@ TEST(GateTree, AskBelowAsksAndAnEarlierRuleCoveringTheTreeDecidesAlone) {
   EXPECT_EQ(treeVerdict(covered, "/").decision, Decision::kDeny);
 }
 
+TEST(GateTree, AGlobbedDirectoryFollowedByStarStarCoversItsTree) {
+  Permissions p = writes({{{"path", "/tmp/ask-*"}, {"action", "ask"}}, {{"path", "/tmp/ask-*/**"}, {"action", "ask"}}});
+  EXPECT_EQ(treeVerdict(p, "/tmp/ask-moved").decision, Decision::kAsk);
+  EXPECT_EQ(treeVerdict(p, "/tmp/ask-moved/deeper").decision, Decision::kAsk);
+  EXPECT_EQ(treeVerdict(p, "/tmp/other").decision, Decision::kDeny);
+}
+
 TEST(GateTree, PathsBelowThatNoRuleMatchesAreDenied) {
   // Only .txt files may be written: a directory may hold anything else.
   Permissions p = writes({{{"path", "/workspace/*.txt"}, {"action", "allow"}}});
