@@ -23,6 +23,14 @@
 namespace moat::api {
 namespace {
 
+// Connections the kernel holds before moatd accepts them. A flood of them
+// (each accepted one costs a thread) must not turn a newcomer away: with
+// 512, a burst of ~900 made a health check's non-blocking connect fail
+// with EAGAIN while moatd caught up (security.exhaustion, API flood, under
+// load). The kernel caps it at net.core.somaxconn (4096 by default).
+constexpr int kListenBacklog = 4096;
+
+
 namespace beast = boost::beast;
 namespace http = boost::beast::http;
 namespace asio = boost::asio;
@@ -314,7 +322,7 @@ Status HttpServer::listenTcp(const std::string& hostPort) {
   if (fd < 0) return Error::fromErrno("socket");
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 512) != 0) {
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, kListenBacklog) != 0) {
     int err = errno;
     ::close(fd);
     return Error::fromErrno("listen on " + hostPort, err);
@@ -336,7 +344,7 @@ Status HttpServer::listenUnix(const std::string& path) {
   ::unlink(path.c_str());
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Error::fromErrno("socket");
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 512) != 0) {
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, kListenBacklog) != 0) {
     int err = errno;
     ::close(fd);
     return Error::fromErrno("listen on " + path, err);

@@ -315,12 +315,33 @@ TEST(Escape, SethostnameDenied) { EXPECT_BLOCKED({"sethostname"}); }
 TEST(Escape, IoplAndIopermDenied) { EXPECT_BLOCKED({"iopl"}); }
 TEST(Escape, AcctDenied) { EXPECT_BLOCKED({"acct"}); }
 
+// Whether this kernel serves the i386 entry at all (a kernel built or
+// booted without IA32 emulation answers int $0x80 with SIGSEGV): asked in a
+// child on the host, outside any filter.
+bool kernelServesI386() {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    long r;
+    asm volatile("int $0x80" : "=a"(r) : "a"(20L) : "memory", "cc", "r8", "r9", "r10", "r11");
+    ::_exit(r == ::getpid() ? 0 : 1);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 // The i386 entry (int $0x80) numbers system calls differently: a filter
-// that let it through would be bypassed entirely.
+// that let it through would be bypassed entirely. Where the kernel serves
+// it, the filter must be what kills it (SIGSYS); where it does not, the
+// call never reaches a system call table and the probe only has to fail.
 TEST(Escape, Int80SyscallKilled) {
   MOAT_REQUIRE_ROOT();
   auto r = runProbe({"int80"});
   EXPECT_TRUE(Blocked(r));
+  if (!kernelServesI386()) {
+    std::printf("this kernel has no IA32 emulation: int $0x80 is refused before the filter (%s)\n", r.out.c_str());
+    return;
+  }
   EXPECT_NE(r.out.find("SIGSYS"), std::string::npos)
       << "expected the filter to kill: " << describe(r);
 }
