@@ -58,7 +58,9 @@ class Api {
   // listed: the policy allows the destination (only the creating key's
   // ceiling can still refuse it or ask).
   egress::GateAnswer networkGate(const std::string& id, const std::string& host, uint16_t port, bool listed);
-  bool networkAsks(const std::string& id, const std::string& host);
+  // What the resolver may do with a name, without waiting (listed: the
+  // policy allows it; only the creating key's ceiling still counts).
+  egress::GateProbeAnswer networkProbe(const std::string& id, const std::string& host, bool listed);
   // mcp.cc: ends every MCP session (their default environments go). At stop.
   void closeMcpSessions();
   // mcp.cc: at start, before serving: destroys the default environments of

@@ -64,11 +64,15 @@ HttpResponse Api::filesRoute(const HttpRequest& req, const Principal& principal,
     // changes the tree is write_file, for both ends of a move.
     bool reads = f.op == init::FileOp::kRead || f.op == init::FileOp::kStat || f.op == init::FileOp::kList;
     static const char* opNames[] = {"", "read", "write", "stat", "list", "mkdir", "remove", "move"};
-    std::vector<std::string> paths = {f.path};
-    if (f.op == init::FileOp::kRename) paths.push_back(f.target);
-    for (const auto& path : paths) {
+    // A move also reads what it moves (elsewhere it may be read): read_file
+    // for its source tree first.
+    std::vector<std::pair<std::string, gate::Scope>> paths;
+    if (f.op == init::FileOp::kRename) paths.emplace_back(f.path, gate::Scope::kReadFile);
+    paths.emplace_back(f.path, reads ? gate::Scope::kReadFile : gate::Scope::kWriteFile);
+    if (f.op == init::FileOp::kRename) paths.emplace_back(f.target, gate::Scope::kWriteFile);
+    for (const auto& [path, scope] : paths) {
       gate::Action action;
-      action.scope = reads ? gate::Scope::kReadFile : gate::Scope::kWriteFile;
+      action.scope = scope;
       action.path = gate::normalizePath(path);
       action.size = f.data.size();
       action.op = opNames[static_cast<int>(f.op)];

@@ -75,7 +75,9 @@ std::function<bool()> Keys::stillActive(const Principal& principal) {
     uint64_t revocations;
     bool active = true;
   };
-  auto seen = std::make_shared<Seen>(Seen{revocations_.load()});
+  // The first call reads the store: a revocation between this request's
+  // authentication and its stream's start counts too.
+  auto seen = std::make_shared<Seen>(Seen{UINT64_MAX});
   return [this, seen, id = principal.keyId] {
     uint64_t now = revocations_.load();
     if (seen->active && now != seen->revocations) {

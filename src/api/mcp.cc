@@ -174,7 +174,16 @@ HttpResponse Api::mcpRoute(const HttpRequest& req, const Principal& principal) {
   std::shared_ptr<McpHttpSession> s;
   std::string sessionId = req.mcpSessionId;
   if (initialize) {
+    auto id = randomHex(16);
+    if (!id.ok()) return rpcError(500, message["id"], mcp::kInternalError, id.error().message());
+    sessionId = id.value();
+    s = std::make_shared<McpHttpSession>();
+    s->authorization = req.authorization;
+    s->owner = principal.owner();
+    s->rest = std::make_unique<InProcessRest>(*this, req.authorization, req.remote + " mcp");
+    s->session = std::make_unique<mcp::Session>(*s->rest, "moat", mcp::kMoatdSession);
     {
+      // Counted and added at once: parallel initializes cannot all fit.
       std::lock_guard<std::mutex> lock(mcpMutex_);
       if (mcpSessions_.size() >= kMaxSessions) {
         return rpcError(429, message["id"], mcp::kInternalError,
@@ -187,17 +196,8 @@ HttpResponse Api::mcpRoute(const HttpRequest& req, const Principal& principal) {
                         "this key has " + std::to_string(mine) + " MCP sessions open (at most " +
                             std::to_string(kMaxSessionsPerKey) + " per key); end some with DELETE /mcp");
       }
+      mcpSessions_[sessionId] = s;
     }
-    auto id = randomHex(16);
-    if (!id.ok()) return rpcError(500, message["id"], mcp::kInternalError, id.error().message());
-    sessionId = id.value();
-    s = std::make_shared<McpHttpSession>();
-    s->authorization = req.authorization;
-    s->owner = principal.owner();
-    s->rest = std::make_unique<InProcessRest>(*this, req.authorization, req.remote + " mcp");
-    s->session = std::make_unique<mcp::Session>(*s->rest, "moat", mcp::kMoatdSession);
-    std::lock_guard<std::mutex> lock(mcpMutex_);
-    mcpSessions_[sessionId] = s;
   } else {
     if (sessionId.empty()) return rpcError(400, nullptr, mcp::kInvalidRequest, "missing Mcp-Session-Id (initialize first)");
     s = find();

@@ -157,14 +157,24 @@ egress::GateAnswer Api::networkGate(const std::string& id, const std::string& ho
                      : "the approval expired (approval " + decided->id + "): " + decided->reason};
 }
 
-bool Api::networkAsks(const std::string& id, const std::string& host) {
+egress::GateProbeAnswer Api::networkProbe(const std::string& id, const std::string& host, bool listed) {
   gate::Action action;
   action.scope = gate::Scope::kNetwork;
   action.host = host;
   auto ceiling = ownerCeiling(id);
-  if (!ceiling.ok()) return false;
-  auto evaluation = manager_.evaluate(id, action, ceiling.value().get());
-  return evaluation.ok() && evaluation->decision == gate::Decision::kAsk;
+  if (!ceiling.ok()) return egress::GateProbeAnswer::kDeny;
+  gate::Decision decision = gate::Decision::kDeny;
+  if (listed) {
+    if (!ceiling.value()) return egress::GateProbeAnswer::kAllow;
+    decision = ceiling.value()->evaluate(action).decision;
+  } else {
+    auto evaluation = manager_.evaluate(id, action, ceiling.value().get());
+    if (!evaluation.ok()) return egress::GateProbeAnswer::kDeny;
+    decision = evaluation->decision;
+  }
+  return decision == gate::Decision::kAllow ? egress::GateProbeAnswer::kAllow
+         : decision == gate::Decision::kAsk ? egress::GateProbeAnswer::kAsk
+                                            : egress::GateProbeAnswer::kDeny;
 }
 
 }  // namespace moat::api

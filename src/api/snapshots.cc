@@ -1,5 +1,6 @@
 #include "api/api.h"
 #include "api/validation.h"
+#include "mcp/session.h"
 
 // Snapshots, forks and restores (docs/API.md, "Snapshots"): a snapshot is
 // an environment's files at one point in time; a fork is a new environment
@@ -148,6 +149,17 @@ HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Princi
   if (body->contains("ttl_s")) {
     if (auto e = number((*body)["ttl_s"], "ttl_s", 1, static_cast<double>(manager_.config().maxTtlS), true, fork.ttlS)) {
       return errorResponse(*e);
+    }
+  }
+  if (!fork.labels) {
+    // The source's labels, but not the mark of a /mcp session's own
+    // environment: a fork outlives the session (a restarted moatd destroys
+    // what carries that mark).
+    auto source = manager_.get(id);
+    if (!source.ok()) return errorResponse(fromError(source.error()));
+    fork.labels = source->labels;
+    if (auto it = fork.labels->find(mcp::kSessionLabel); it != fork.labels->end() && it->second == mcp::kMoatdSession) {
+      fork.labels->erase(it);
     }
   }
   auto created = manager_.fork(id, fork);

@@ -276,9 +276,9 @@ int main(int argc, char** argv) {
           api::Api* a = apiForEgress.load();
           return a ? a->networkGate(id, host, port, listed) : egress::GateAnswer{false, "moatd is not serving"};
         },
-        [&apiForEgress](const std::string& id, const std::string& host) {
+        [&apiForEgress](const std::string& id, const std::string& host, bool listed) {
           api::Api* a = apiForEgress.load();
-          return a && a->networkAsks(id, host);
+          return a ? a->networkProbe(id, host, listed) : egress::GateProbeAnswer::kDeny;
         });
     if (!started.ok()) {
       return failEarly("egress: " + started.error().message() +

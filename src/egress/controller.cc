@@ -298,8 +298,16 @@ void Controller::answerDns(std::shared_ptr<Env> env, std::string packet, sockadd
   std::shared_ptr<const Policy> policy = env->currentPolicy();
   Verdict v = decide(*policy, Destination{q.name, 0, std::nullopt, "", ""});
   if (v.outcome == Outcome::kDeny) return refuse(v.rule, "denied by the network policy");
-  if (v.outcome == Outcome::kUnlisted) {
-    if (asks_ && asks_(env->id, q.name)) {
+  // Listed (or open mode): the ceiling of the key that created the
+  // environment still decides whether the name goes upstream at all.
+  const bool listed = v.outcome != Outcome::kUnlisted;
+  GateProbeAnswer probe = asks_ ? asks_(env->id, q.name, listed)
+                                : (listed ? GateProbeAnswer::kAllow : GateProbeAnswer::kDeny);
+  if (listed && probe == GateProbeAnswer::kDeny) {
+    return refuse("ceiling", "the ceiling of the API key that created the environment denies it");
+  }
+  if (!listed || probe == GateProbeAnswer::kAsk) {
+    if (probe == GateProbeAnswer::kAsk) {
       // Nothing goes upstream before a person says yes: a stand-in address
       // that the proxy maps back to the name when the connection comes.
       if (q.type != kA) return send(dnsAnswer(q, {}, 5));

@@ -56,9 +56,11 @@ struct GateAnswer {
 };
 using GateHook = std::function<GateAnswer(const std::string& environment, const std::string& host, uint16_t port,
                                           bool listed)>;
-// Whether that question would be "ask" (then the resolver may answer a name
-// before the decision, with a stand-in address; nothing goes upstream).
-using GateProbe = std::function<bool(const std::string& environment, const std::string& host)>;
+// What that question would get, without waiting for anyone, for the
+// resolver: deny (refused), ask (a stand-in address: nothing goes upstream
+// before the decision) or allow (resolved).
+enum class GateProbeAnswer { kAllow, kAsk, kDeny };
+using GateProbe = std::function<GateProbeAnswer(const std::string& environment, const std::string& host, bool listed)>;
 
 class Controller {
  public:

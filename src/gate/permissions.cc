@@ -321,6 +321,9 @@ bool hasGlob(const std::string& pattern) { return pattern.find_first_of("*?[\\")
 // where X matches `dir` or a directory above it.
 bool coversTree(const std::string& pattern, const std::string& dir) {
   if (pattern == "/**" || pattern == "**") return true;
+  // Only those cover the whole file system: "/*/**" misses /secret, "//**"
+  // matches nothing normalized.
+  if (dir == "/") return false;
   if (pattern.size() < 3 || pattern.compare(pattern.size() - 3, 3, "/**") != 0) return false;
   std::string x = pattern.substr(0, pattern.size() - 3);
   if (!hasGlob(x)) return dir == x || dir.rfind(x + "/", 0) == 0;

@@ -659,6 +659,9 @@ class EgressTest(unittest.TestCase):
         unlisted = self.env(token=agent, network=allow(), permissions={"network": "allow"})
         self.assertNotEqual(self.curl(unlisted, f"https://{OTHER}/unlisted")[0], 0)
         self.assertEqual(self.curl(unlisted, f"https://{API}/unlisted-in-ceiling")[0], 0)
+        # Nor does the name go upstream: the resolver refuses it too.
+        self.assertNotEqual(opened.exec(["getent", "hosts", OTHER])[0], 0)
+        self.assertEqual(opened.exec(["getent", "hosts", API])[0], 0)
         refused = [e["data"] for e in self.events(opened) if e["data"].get("rule") == "ceiling"]
         self.assertTrue(refused, self.events(opened))
         self.assertIn("ceiling of the API key", json.dumps(refused))

@@ -108,6 +108,11 @@ TEST_F(Gate, WhatReachesAWholeTreeAnswersToEveryRuleBelowIt) {
   // What no rule below protects is as before.
   EXPECT_EQ(daemon_->request("DELETE", files + "?path=/workspace/free&recursive=1").status, 200);
   EXPECT_EQ(daemon_->request("POST", files + "/move", R"({"from":"/workspace/locked/f","to":"/workspace/g"})").status, 403);
+  // A move reads what it moves: moved where it may be read, a file read_file
+  // denies would be readable.
+  auto carried = daemon_->request("POST", files + "/move", R"({"from":"/workspace/secret","to":"/workspace/free2"})");
+  EXPECT_EQ(carried.status, 403) << carried.body;
+  EXPECT_NE(carried.body.find("read_file"), std::string::npos) << carried.body;
   auto snapshot = daemon_->request("POST", "/v1/environments/" + id + "/snapshots", "{}");
   EXPECT_EQ(snapshot.status, 403) << snapshot.body;
   EXPECT_NE(snapshot.body.find("read_file"), std::string::npos) << snapshot.body;

@@ -1147,12 +1147,16 @@ TEST_F(MoatdApi, TheEnvironmentsOfMcpSessionsAKilledMoatdHeldAreDestroyedByTheNe
   ASSERT_EQ(sessions.size(), 1u) << sessions.dump();
   std::string held = sessions[0]["id"];
   std::string stdio = createEnv({{"labels", {{"moat-mcp", "session"}}}});
+  // A fork of it is the caller's own: it does not carry the session's mark.
+  json fork = call("POST", "/v1/environments/" + held + "/fork", json::object(), 201);
+  EXPECT_FALSE(fork["labels"].contains("moat-mcp")) << fork.dump();
   daemon_->kill9();
   daemon_->restart();
   json gone = call("GET", "/v1/environments/" + held, nullptr, 200);
   EXPECT_EQ(gone["state"], "gone") << gone.dump();
   EXPECT_EQ(gone.value("reason", ""), "its MCP session ended with the moatd that held it") << gone.dump();
   EXPECT_EQ(call("GET", "/v1/environments/" + stdio, nullptr, 200)["state"], "running");
+  EXPECT_EQ(call("GET", "/v1/environments/" + fork["id"].get<std::string>(), nullptr, 200)["state"], "running");
   std::string events = daemon_->request("GET", "/v1/events?environment=" + held).body;
   EXPECT_NE(events.find("its MCP session ended"), std::string::npos) << events;
 }

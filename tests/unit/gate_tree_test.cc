@@ -57,6 +57,18 @@ TEST(GateTree, AGlobbedDirectoryFollowedByStarStarCoversItsTree) {
   EXPECT_EQ(treeVerdict(p, "/tmp/other").decision, Decision::kDeny);
 }
 
+TEST(GateTree, OnlyAllOfItCoversTheWholeFileSystem) {
+  // "/*/**" covers every directory's tree but misses /secret itself;
+  // "//**" matches no normalized path: neither ends the scan at "/".
+  for (const char* first : {"/*/**", "//**"}) {
+    Permissions p = writes({{{"path", first}, {"action", "allow"}}, {{"path", "/secret"}, {"action", "deny"}},
+                            {{"action", "allow"}}});
+    auto v = treeVerdict(p, "/");
+    EXPECT_EQ(v.decision, Decision::kDeny) << first;
+    EXPECT_EQ(v.rule, 1) << first;
+  }
+}
+
 TEST(GateTree, PathsBelowThatNoRuleMatchesAreDenied) {
   // Only .txt files may be written: a directory may hold anything else.
   Permissions p = writes({{{"path", "/workspace/*.txt"}, {"action", "allow"}}});
