@@ -106,9 +106,10 @@ class Api {
   void recordAuthFailure(const HttpRequest& request, const std::string& token, const std::string& why);
   // mcp.cc: Streamable HTTP at /mcp (docs/MCP.md).
   struct McpHttpSession;
-  // network.cc: the ceiling of the key that created the environment (null
-  // for the master's or a key without one).
-  Result<std::shared_ptr<const gate::Permissions>> ownerCeiling(const std::string& id);
+  // network.cc: what a network action of the environment's own gets: with
+  // the ceiling of the key that created it (none for the master's); listed
+  // (the policy allows it): from that ceiling alone.
+  Result<gate::Evaluation> networkEvaluation(const std::string& id, const gate::Action& action, bool listed);
   HttpResponse mcpRoute(const HttpRequest& request, const Principal& principal);
   // Host and Origin must be local (DNS rebinding); before authentication.
   std::optional<HttpResponse> mcpGuard(const HttpRequest& head);

@@ -79,31 +79,33 @@ HttpResponse Api::networkRoute(const HttpRequest& req, const Principal& principa
   return respond(200, networkJson(policy.value(), record.value()));
 }
 
-Result<std::shared_ptr<const gate::Permissions>> Api::ownerCeiling(const std::string& id) {
-  std::string owner = manager_.ownerOf(id);
-  if (owner.empty() || owner == "master") return std::shared_ptr<const gate::Permissions>();
-  return keys_.ceilingOf(owner);
-}
-
-egress::GateAnswer Api::networkGate(const std::string& id, const std::string& host, uint16_t port, bool listed) {
+Result<gate::Evaluation> Api::networkEvaluation(const std::string& id, const gate::Action& action, bool listed) {
   // An environment's own connections answer to the ceiling of the key that
   // created it, listed destinations too: the policy it was created with
   // cannot take it past that (docs/GATE.md, "Key ceilings").
-  auto ceiling = ownerCeiling(id);
-  if (!ceiling.ok()) return {false, "the ceiling of the key that created it cannot be read: " + ceiling.error().message()};
-  if (listed && !ceiling.value()) return {true, "on the allowlist"};
+  std::string owner = manager_.ownerOf(id);
+  std::shared_ptr<const gate::Permissions> ceiling;
+  if (!owner.empty() && owner != "master") {
+    auto read = keys_.ceilingOf(owner);
+    if (!read.ok()) {
+      return Error::make(read.error().code,
+                         "the ceiling of the key that created it cannot be read: " + read.error().message());
+    }
+    ceiling = read.value();
+  }
+  if (!listed) return manager_.evaluate(id, action, ceiling.get());
+  if (!ceiling) return gate::Evaluation{gate::Decision::kAllow, 0, -1, nullptr};  // the policy's word stands
+  auto v = ceiling->evaluate(action);
+  return gate::Evaluation{v.decision, -1, v.rule, v.ruleJson};
+}
+
+egress::GateAnswer Api::networkGate(const std::string& id, const std::string& host, uint16_t port, bool listed) {
   gate::Action action;
   action.scope = gate::Scope::kNetwork;
   action.host = host;
   action.port = port;
   action.op = "connect";
-  Result<gate::Evaluation> evaluation = Error::make("internal", "not evaluated");
-  if (listed) {
-    auto v = ceiling.value()->evaluate(action);
-    evaluation = gate::Evaluation{v.decision, -1, v.rule, v.ruleJson};
-  } else {
-    evaluation = manager_.evaluate(id, action, ceiling.value().get());
-  }
+  auto evaluation = networkEvaluation(id, action, listed);
   if (!evaluation.ok()) return {false, evaluation.error().message()};
   const gate::Evaluation& e = evaluation.value();
   const std::string who = e.layer < 0 ? "the ceiling of the API key that created the environment" : "the network permission";
@@ -161,17 +163,9 @@ egress::GateProbeAnswer Api::networkProbe(const std::string& id, const std::stri
   gate::Action action;
   action.scope = gate::Scope::kNetwork;
   action.host = host;
-  auto ceiling = ownerCeiling(id);
-  if (!ceiling.ok()) return egress::GateProbeAnswer::kDeny;
-  gate::Decision decision = gate::Decision::kDeny;
-  if (listed) {
-    if (!ceiling.value()) return egress::GateProbeAnswer::kAllow;
-    decision = ceiling.value()->evaluate(action).decision;
-  } else {
-    auto evaluation = manager_.evaluate(id, action, ceiling.value().get());
-    if (!evaluation.ok()) return egress::GateProbeAnswer::kDeny;
-    decision = evaluation->decision;
-  }
+  auto evaluation = networkEvaluation(id, action, listed);
+  if (!evaluation.ok()) return egress::GateProbeAnswer::kDeny;
+  const gate::Decision decision = evaluation->decision;
   return decision == gate::Decision::kAllow ? egress::GateProbeAnswer::kAllow
          : decision == gate::Decision::kAsk ? egress::GateProbeAnswer::kAsk
                                             : egress::GateProbeAnswer::kDeny;

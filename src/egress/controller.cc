@@ -303,31 +303,29 @@ void Controller::answerDns(std::shared_ptr<Env> env, std::string packet, sockadd
   const bool listed = v.outcome != Outcome::kUnlisted;
   GateProbeAnswer probe = asks_ ? asks_(env->id, q.name, listed)
                                 : (listed ? GateProbeAnswer::kAllow : GateProbeAnswer::kDeny);
-  if (listed && probe == GateProbeAnswer::kDeny) {
-    return refuse("ceiling", "the ceiling of the API key that created the environment denies it");
-  }
-  if (!listed || probe == GateProbeAnswer::kAsk) {
-    if (probe == GateProbeAnswer::kAsk) {
-      // Nothing goes upstream before a person says yes: a stand-in address
-      // that the proxy maps back to the name when the connection comes.
-      if (q.type != kA) return send(dnsAnswer(q, {}, 5));
-      uint32_t standIn;
-      {
-        std::lock_guard<std::mutex> lock(env->mutex);
-        if (auto it = env->standInByName.find(q.name); it != env->standInByName.end()) {
-          standIn = it->second;
-        } else {
-          standIn = kStandInBase + (env->nextStandIn++ % kStandInsPerEnvironment);
-          if (auto old = env->nameByStandIn.find(standIn); old != env->nameByStandIn.end()) {
-            env->standInByName.erase(old->second);
-          }
-          env->standInByName[q.name] = standIn;
-          env->nameByStandIn[standIn] = q.name;
+  if (probe == GateProbeAnswer::kAsk) {
+    // Nothing goes upstream before a person says yes: a stand-in address
+    // that the proxy maps back to the name when the connection comes.
+    if (q.type != kA) return send(dnsAnswer(q, {}, 5));
+    uint32_t standIn;
+    {
+      std::lock_guard<std::mutex> lock(env->mutex);
+      if (auto it = env->standInByName.find(q.name); it != env->standInByName.end()) {
+        standIn = it->second;
+      } else {
+        standIn = kStandInBase + (env->nextStandIn++ % kStandInsPerEnvironment);
+        if (auto old = env->nameByStandIn.find(standIn); old != env->nameByStandIn.end()) {
+          env->standInByName.erase(old->second);
         }
+        env->standInByName[q.name] = standIn;
+        env->nameByStandIn[standIn] = q.name;
       }
-      return send(dnsAnswer(q, {htonl(standIn)}, 5));
     }
-    return refuse(v.rule, "not on the allowlist");
+    return send(dnsAnswer(q, {htonl(standIn)}, 5));
+  }
+  if (!listed) return refuse(v.rule, "not on the allowlist");
+  if (probe == GateProbeAnswer::kDeny) {
+    return refuse("ceiling", "the ceiling of the API key that created the environment denies it");
   }
   if (q.type != kA) return send(dnsAnswer(q, {}, 60));  // no IPv6 inside: an empty answer
   auto addresses = resolver_.resolve(q.name);
