@@ -30,7 +30,6 @@ namespace {
 // load). The kernel caps it at net.core.somaxconn (4096 by default).
 constexpr int kListenBacklog = 4096;
 
-
 namespace beast = boost::beast;
 namespace http = boost::beast::http;
 namespace asio = boost::asio;
@@ -382,7 +381,11 @@ void HttpServer::acceptLoop(int listenFd) {
       if (oldest != connections_.end()) {
         oldest->second.evicted = true;
         ::shutdown(oldest->first, SHUT_RDWR);  // its thread ends and gives back its place
-        full = false;
+        // Taken once that thread has ended: a burst of newcomers (the
+        // backlog holds thousands) must not each evict one and start its
+        // thread before the evicted ones are gone.
+        full = !idle_.wait_for(lock, std::chrono::seconds(1),
+                               [this] { return active_ < limits_.maxConnections || stopping_; });
       }
     }
     if (full || stopping_) {
