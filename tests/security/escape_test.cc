@@ -354,6 +354,8 @@ TEST(Escape, RawInetSocketDenied) { EXPECT_BLOCKED({"raw-inet"}); }
 
 TEST(Escape, PacketSocketDenied) { EXPECT_BLOCKED({"raw-packet"}); }
 
+TEST(Escape, VsockSocketDenied) { EXPECT_BLOCKED({"vsock"}); }
+
 TEST(Escape, OnlyLoopbackInterface) {
   MOAT_REQUIRE_ROOT();
   auto r = runProbe({"net-ifaces"});
@@ -696,6 +698,8 @@ TEST(Sanity, ProbeDetectsEscapesOnTheHost) {
   EXPECT_TRUE(startsWith(p.out, "ESCAPED:")) << describe(p);
   auto e = runProcess({binDir() + "/moat-probe", "env"}, "", {{"MOAT_TEST_SECRET", "x"}});
   EXPECT_TRUE(startsWith(e.out, "ESCAPED:")) << describe(e);
+  auto v = runProcess({binDir() + "/moat-probe", "vsock"});
+  EXPECT_TRUE(startsWith(v.out, "ESCAPED:")) << describe(v);
 }
 
 }  // namespace

@@ -1107,6 +1107,25 @@ constexpr NsFlag kNsFlags[] = {
   o.finish();
 }
 
+// vsock: AF_VSOCK is not network-namespaced (a bound port is taken on the
+// host and in every environment; on a VM host it reaches the hypervisor):
+// the filter refuses the family with EPERM, also when the int argument's
+// high half is set (the kernel reads the low 32 bits). Only EPERM counts:
+// a kernel without vsock answers EAFNOSUPPORT whatever the filter does.
+[[noreturn]] void vsock(const Args&) {
+  Outcome o;
+  for (long family : {40L, 0x100000000L | 40L}) {
+    errno = 0;
+    long fd = ::syscall(SYS_socket, family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int err = errno;
+    if (fd >= 0) ::close(static_cast<int>(fd));
+    char what[64];
+    std::snprintf(what, sizeof what, "socket(0x%lx = AF_VSOCK)", family);
+    o.call(what, fd, err, {EPERM});
+  }
+  o.finish();
+}
+
 // net-ifaces: the only interface is lo, and there is no route anywhere.
 [[noreturn]] void netIfaces(const Args&) {
   Outcome o;
@@ -1730,6 +1749,7 @@ const Attempt kAttempts[] = {
     {"x32", x32},
     {"raw-inet", rawInet},
     {"raw-packet", rawPacket},
+    {"vsock", vsock},
     {"net-ifaces", netIfaces},
     {"connect", connectHost},
     {"abstract-unix", abstractUnix},

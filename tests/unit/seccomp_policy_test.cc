@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -144,9 +145,14 @@ TEST(SeccompPolicy, ParsesActionsAndArgRules) {
       "\n"
       "   keyctl   KILL   # kill it\n"
       "clone EACCES arg2 has-any 0x30 # two bits\n"
-      "bpf ENOTSUP#tight comment\n");
+      "bpf ENOTSUP#tight comment\n"
+      "socket EPERM arg0 == 40 # one value\n");
   ASSERT_TRUE(policy.ok()) << policy.error().message();
-  ASSERT_EQ(policy->rules.size(), 3u);
+  ASSERT_EQ(policy->rules.size(), 4u);
+  EXPECT_TRUE(policy->rules[3].equals);
+  EXPECT_EQ(policy->rules[3].value, 40u);
+  EXPECT_EQ(policy->rules[3].argIndex, 0);
+  EXPECT_FALSE(policy->rules[1].equals);
   EXPECT_EQ(policy->rules[0].syscall, "keyctl");
   EXPECT_TRUE(policy->rules[0].kill);
   EXPECT_EQ(policy->rules[0].line, 3);
@@ -173,6 +179,8 @@ TEST(SeccompPolicy, ParseErrorsNameLineAndProblem) {
       {"bad argN (name)", "clone EPERM flags has-any 0x1 # why", "argN"},
       {"missing has-any", "clone EPERM arg0 any-of 0x1 # why", "has-any"},
       {"zero mask", "clone EPERM arg0 has-any 0x0 # why", "bad mask"},
+      {"value beyond 32 bits", "socket EPERM arg0 == 0x100000028 # why", "bad value"},
+      {"non-numeric value", "socket EPERM arg0 == vsock # why", "bad value"},
       {"non-numeric mask", "clone EPERM arg0 has-any 0xZZ # why", "bad mask"},
       {"missing comment", "keyctl EPERM", "no comment"},
       {"blank comment", "keyctl EPERM #   ", "no comment"},
@@ -255,6 +263,17 @@ TEST(SeccompFilter, DefaultFilterDeniesInARealProcess) {
     errno = 0;
     rc = ::syscall(SYS_clone3, nullptr, 0);
     expectErrno(report, "clone3", rc, ENOSYS);
+    // AF_VSOCK (40), also with the high half of the int argument set: the
+    // kernel reads only the low 32 bits.
+    errno = 0;
+    rc = ::syscall(SYS_socket, 40, SOCK_STREAM, 0);
+    expectErrno(report, "socket(AF_VSOCK)", rc, EPERM);
+    errno = 0;
+    rc = ::syscall(SYS_socket, 0x100000000L | 40, SOCK_STREAM, 0);
+    expectErrno(report, "socket(AF_VSOCK | 1 << 32)", rc, EPERM);
+    int unixSocket = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    if (unixSocket < 0) report += "socket(AF_UNIX) failed; ";
+    else ::close(unixSocket);
     errno = 0;
     rc = ::syscall(SYS_clone, CLONE_NEWUSER | SIGCHLD, 0, 0, 0, 0);
     if (rc == 0) ::_exit(0);  // the filter let it through: the parent reports it

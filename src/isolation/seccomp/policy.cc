@@ -79,11 +79,22 @@ Result<Policy> parsePolicy(const std::string& text) {
       if (arg.size() != 4 || arg.compare(0, 3, "arg") != 0 || arg[3] < '0' || arg[3] > '5') {
         return lineError(lineNo, "expected argN (N in 0..5), got '" + arg + "'");
       }
-      if (tokens[3] != "has-any") return lineError(lineNo, "expected 'has-any', got '" + tokens[3] + "'");
       rule.argIndex = arg[3] - '0';
       char* end = nullptr;
-      rule.anyBits = std::strtoull(tokens[4].c_str(), &end, 0);
-      if (*end != '\0' || rule.anyBits == 0) return lineError(lineNo, "bad mask '" + tokens[4] + "'");
+      if (tokens[3] == "has-any") {
+        rule.anyBits = std::strtoull(tokens[4].c_str(), &end, 0);
+        if (*end != '\0' || rule.anyBits == 0) return lineError(lineNo, "bad mask '" + tokens[4] + "'");
+      } else if (tokens[3] == "==") {
+        errno = 0;
+        unsigned long long v = std::strtoull(tokens[4].c_str(), &end, 0);
+        if (*end != '\0' || tokens[4].empty() || errno != 0 || v > 0xffffffffULL) {
+          return lineError(lineNo, "bad value '" + tokens[4] + "' (a 32-bit number)");
+        }
+        rule.equals = true;
+        rule.value = static_cast<uint32_t>(v);
+      } else {
+        return lineError(lineNo, "expected 'has-any' or '==', got '" + tokens[3] + "'");
+      }
     } else if (tokens.size() != 2) {
       return lineError(lineNo, "unexpected fields after action");
     }
@@ -116,6 +127,11 @@ Result<Program> compile(const Policy& policy) {
     int rc = 0;
     if (rule.argIndex < 0) {
       rc = seccomp_rule_add(ctx, action, nr, 0);
+    } else if (rule.equals) {
+      // The low 32 bits only: the high half is masked out of the compare.
+      struct scmp_arg_cmp cmp = {static_cast<unsigned>(rule.argIndex), SCMP_CMP_MASKED_EQ, 0xffffffffULL,
+                                 rule.value};
+      rc = seccomp_rule_add_array(ctx, action, nr, 1, &cmp);
     } else {
       // "any of these bits": one masked-equality rule per bit.
       for (int bit = 0; bit < 64 && rc == 0; ++bit) {

@@ -18,6 +18,11 @@ struct Rule {
   bool kill = false;
   int argIndex = -1;    // -1: unconditional
   uint64_t anyBits = 0; // with argIndex: match when (arg & anyBits) != 0
+  // With argIndex and `argN == VALUE`: match when the argument's low 32
+  // bits are VALUE (the kernel reads these arguments as an int: a caller
+  // setting the high bits must not slip past). anyBits is 0 then.
+  bool equals = false;
+  uint32_t value = 0;
   std::string why;
   int line = 0;
 };
