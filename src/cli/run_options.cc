@@ -5,6 +5,7 @@
 
 #include "cli/client.h"
 #include "os/file.h"
+#include "os/tree.h"
 
 namespace moat::cli {
 namespace {
@@ -51,9 +52,16 @@ Result<isolation::fs::BindMount> parseVolume(const std::string& value) {
     if (parts[2] != "ro" && parts[2] != "rw") return usageError("-v: mode must be ro or rw, got '" + parts[2] + "'");
     bind.readOnly = parts[2] == "ro";
   }
-  auto resolved = os::realPath(parts[0]);
-  if (!resolved.ok()) return usageError("-v: host path " + parts[0] + " does not exist");
-  bind.source = resolved.value();
+  // Not canonicalised here: the path is opened as it is named, following
+  // only root's symlinks (os::openHostPath), when the environment is made.
+  bind.source = parts[0];
+  if (bind.source[0] != '/') {
+    auto cwd = os::currentDirectory();
+    if (!cwd.ok()) return usageError("-v: " + cwd.error().message());
+    bind.source = os::joinPath(cwd.value(), bind.source);
+  }
+  auto source = os::openHostPath(bind.source, "host path");
+  if (!source.ok()) return usageError("-v: " + source.error().context);
   bind.target = parts[1];
   auto s = isolation::fs::validateBindTarget(bind.target);
   if (!s.ok()) return usageError("-v: " + s.error().context);

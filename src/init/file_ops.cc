@@ -2,7 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -43,12 +45,51 @@ Status makeParents(const std::string& path) {
   return os::makeDirs(path.substr(0, slash), 0755);
 }
 
+// File systems whose "regular files" are made up by the kernel as they are
+// read: their size says nothing (0, or 18 for a symlink pointing there) and
+// some never end (/proc/self/pagemap reads 256 GiB of this machine's page
+// tables). The file API refuses them; `cat` through exec reads them with
+// the exec's output limit.
+bool madeUpByTheKernel(int fd, const char** name) {
+  struct statfs fs;
+  if (::fstatfs(fd, &fs) != 0) return false;
+  struct Known {
+    unsigned long magic;
+    const char* name;
+  };
+  static constexpr Known kPseudo[] = {
+      {PROC_SUPER_MAGIC, "procfs"},       {SYSFS_MAGIC, "sysfs"},         {DEBUGFS_MAGIC, "debugfs"},
+      {TRACEFS_MAGIC, "tracefs"},         {SECURITYFS_MAGIC, "securityfs"}, {CGROUP_SUPER_MAGIC, "cgroupfs"},
+      {CGROUP2_SUPER_MAGIC, "cgroup2"},   {BPF_FS_MAGIC, "bpffs"},        {EFIVARFS_MAGIC, "efivarfs"},
+      {PSTOREFS_MAGIC, "pstore"},         {0x62656570, "configfs"},       {DEVPTS_SUPER_MAGIC, "devpts"},
+  };
+  for (const auto& k : kPseudo) {
+    if (static_cast<unsigned long>(fs.f_type) == k.magic) {
+      *name = k.name;
+      return true;
+    }
+  }
+  return false;
+}
+
 FileResult doRead(const FileRequest& req) {
   UniqueFd fd(::open(req.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
   if (!fd) return failure(req, errno, "open");
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return failure(req, errno, "stat");
-  if (!S_ISREG(st.st_mode)) return failure(req, S_ISDIR(st.st_mode) ? EISDIR : EINVAL, "read");
+  if (!S_ISREG(st.st_mode)) {
+    FileResult r = failure(req, S_ISDIR(st.st_mode) ? EISDIR : EINVAL, "read");
+    if (!S_ISDIR(st.st_mode)) r.message = "read " + req.path + ": not a regular file (a device, FIFO or socket)";
+    return r;
+  }
+  const char* pseudo = nullptr;
+  if (madeUpByTheKernel(fd.get(), &pseudo)) {
+    FileResult r = failure(req, EINVAL, "read");
+    r.message = "read " + req.path + ": a file of " + pseudo +
+                ", made up by the kernel as it is read (no size, some never end): read it with exec "
+                "(cat) instead";
+    return r;
+  }
   uint64_t want = req.length == 0 ? kMaxRead : std::min<uint64_t>(req.length, kMaxRead);
   FileResult r;
   r.tag = req.tag;

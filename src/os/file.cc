@@ -175,9 +175,13 @@ bool linkable(const struct stat& st) {
 
 }  // namespace
 
-Status copyTree(const std::string& from, const std::string& to, CopyMode mode) {
+Status copyTree(const std::string& from, const std::string& to, CopyMode mode, bool worldReadableOnly) {
   struct stat st;
   if (::lstat(from.c_str(), &st) != 0) return Error::fromErrno("stat " + from);
+  if (worldReadableOnly && ((S_ISDIR(st.st_mode) && (st.st_mode & 05) != 05) ||
+                            (S_ISREG(st.st_mode) && (st.st_mode & 04) == 0))) {
+    return {};
+  }
   // flags 0: a symlink is linked itself, never followed. Another file system,
   // the link count at its limit or a refused link fall back to a copy; any
   // other failure (`to` exists above all: a copy would write through it) is
@@ -194,7 +198,7 @@ Status copyTree(const std::string& from, const std::string& to, CopyMode mode) {
     MOAT_TRY(makeDir(to, st.st_mode & 07777));
     MOAT_ASSIGN(auto names, listDir(from));
     for (const auto& name : names) {
-      Status s = copyTree(from + "/" + name, to + "/" + name, mode);
+      Status s = copyTree(from + "/" + name, to + "/" + name, mode, worldReadableOnly);
       // Unreadable entries (e.g. a private key dir) are skipped, not copied.
       if (!s.ok() && s.error().sysErrno != EACCES) return s;
     }
@@ -242,6 +246,12 @@ Status changeDirectory(const std::string& path) {
   return {};
 }
 
+Result<std::string> currentDirectory() {
+  char buf[PATH_MAX];
+  if (::getcwd(buf, sizeof buf) == nullptr) return Error::fromErrno("getcwd");
+  return std::string(buf);
+}
+
 Result<std::string> realPath(const std::string& path) {
   char resolved[PATH_MAX];
   if (::realpath(path.c_str(), resolved) == nullptr) return Error::fromErrno("resolve " + path);
@@ -274,10 +284,10 @@ Status shiftEntry(int dirFd, const char* name, const std::string& shown, uint32_
   gid_t gid = shifted(st.st_gid, fromBase, toBase, count);
   if (uid != st.st_uid || gid != st.st_gid) {
     if (::fchownat(dirFd, name, uid, gid, flags) != 0) return Error::fromErrno("chown " + shown);
-    // A chown clears set-id bits; the tree is nobody else's, so the name
-    // still is the regular file just changed.
+    // A chown clears set-id bits; the tree is nobody else's (a copy nothing
+    // has mounted yet), and the name is not followed should it be a link.
     if (*name && S_ISREG(st.st_mode) && (st.st_mode & (S_ISUID | S_ISGID)) &&
-        ::fchmodat(dirFd, name, st.st_mode & 07777, 0) != 0) {
+        ::fchmodat(dirFd, name, st.st_mode & 07777, AT_SYMLINK_NOFOLLOW) != 0) {
       return Error::fromErrno("chmod " + shown);
     }
   }

@@ -36,7 +36,10 @@ enum class CopyMode {
   kLinkRootOwned,
 };
 // Copies a file or tree (regular files, dirs, symlinks); other types skipped.
-Status copyTree(const std::string& from, const std::string& to, CopyMode mode = CopyMode::kCopy);
+// worldReadableOnly: also skips what the host's unprivileged users could not
+// read (a file without o+r, a directory without o+rx).
+Status copyTree(const std::string& from, const std::string& to, CopyMode mode = CopyMode::kCopy,
+                bool worldReadableOnly = false);
 Result<std::vector<std::string>> listDir(const std::string& path);
 Result<UniqueFd> open(const std::string& path, int flags, mode_t mode = 0);
 // Returns statfs f_type of the file system holding path.
@@ -45,6 +48,7 @@ Result<long> fileSystemType(const std::string& path);
 std::string normalizePath(const std::string& path);
 std::string joinPath(const std::string& a, const std::string& b);
 Status changeDirectory(const std::string& path);
+Result<std::string> currentDirectory();
 // Canonical absolute path (symlinks resolved); the file must exist.
 Result<std::string> realPath(const std::string& path);
 // Re-owns the tree at `root` (symlinks not followed, the root included):

@@ -41,13 +41,31 @@ Result<UniqueFd> cloneTree(const std::string& path, bool recursive) {
   return UniqueFd(static_cast<int>(fd));
 }
 
+Result<UniqueFd> cloneTree(int fd, bool recursive) {
+  unsigned flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0);
+  long tree = ::syscall(SYS_open_tree, fd, "", flags);
+  if (tree < 0) return Error::fromErrno("open_tree");
+  return UniqueFd(static_cast<int>(tree));
+}
+
+namespace {
+
+uint64_t attrBits(const MountAttrs& attrs) {
+  uint64_t bits = 0;
+  if (attrs.readOnly) bits |= MOUNT_ATTR_RDONLY;
+  if (attrs.noSuid) bits |= MOUNT_ATTR_NOSUID;
+  if (attrs.noDev) bits |= MOUNT_ATTR_NODEV;
+  if (attrs.noExec) bits |= MOUNT_ATTR_NOEXEC;
+  return bits;
+}
+
+}  // namespace
+
 Status setMountAttrs(int treeFd, const MountAttrs& attrs, bool recursive) {
   struct mount_attr attr;
   std::memset(&attr, 0, sizeof attr);
-  if (attrs.readOnly) attr.attr_set |= MOUNT_ATTR_RDONLY;
-  if (attrs.noSuid) attr.attr_set |= MOUNT_ATTR_NOSUID;
-  if (attrs.noDev) attr.attr_set |= MOUNT_ATTR_NODEV;
-  if (attrs.noExec) attr.attr_set |= MOUNT_ATTR_NOEXEC;
+  attr.attr_set = attrBits(attrs);
+  if (!attrs.noDev) attr.attr_clr |= MOUNT_ATTR_NODEV;
   if (attrs.idmapUsernsFd >= 0) {
     attr.attr_set |= MOUNT_ATTR_IDMAP;
     attr.userns_fd = static_cast<uint64_t>(attrs.idmapUsernsFd);
@@ -65,6 +83,31 @@ Status attachTree(int treeFd, const std::string& target) {
     return Error::fromErrno("move_mount to " + target);
   }
   return {};
+}
+
+Status attachTree(int treeFd, int targetFd, const std::string& shown) {
+  if (::syscall(SYS_move_mount, treeFd, "", targetFd, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) != 0) {
+    return Error::fromErrno("move_mount to " + shown);
+  }
+  return {};
+}
+
+Result<UniqueFd> newMount(const std::string& fstype, const std::vector<std::pair<std::string, std::string>>& options,
+                          const MountAttrs& attrs) {
+  long context = ::syscall(SYS_fsopen, fstype.c_str(), FSOPEN_CLOEXEC);
+  if (context < 0) return Error::fromErrno("fsopen " + fstype);
+  UniqueFd fs(static_cast<int>(context));
+  for (const auto& [key, value] : options) {
+    long rc = value.empty() ? ::syscall(SYS_fsconfig, fs.get(), FSCONFIG_SET_FLAG, key.c_str(), nullptr, 0)
+                            : ::syscall(SYS_fsconfig, fs.get(), FSCONFIG_SET_STRING, key.c_str(), value.c_str(), 0);
+    if (rc != 0) return Error::fromErrno("fsconfig " + fstype + " " + key + (value.empty() ? "" : "=" + value));
+  }
+  if (::syscall(SYS_fsconfig, fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) != 0) {
+    return Error::fromErrno("create " + fstype);
+  }
+  long mnt = ::syscall(SYS_fsmount, fs.get(), FSMOUNT_CLOEXEC, attrBits(attrs));
+  if (mnt < 0) return Error::fromErrno("fsmount " + fstype);
+  return UniqueFd(static_cast<int>(mnt));
 }
 
 Status pivotInto(const std::string& newRoot) {

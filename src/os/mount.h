@@ -3,6 +3,8 @@
 #include <sys/types.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/result.h"
 #include "common/unique_fd.h"
@@ -21,15 +23,23 @@ Status makeRootPrivate();
 struct MountAttrs {
   bool readOnly = false;
   bool noSuid = true;
-  bool noDev = true;
+  bool noDev = true;  // false clears it (a tree of device nodes cloned from a nodev mount)
   bool noExec = false;
   int idmapUsernsFd = -1;  // map ids through this user namespace
 };
 
 // A detached copy of the tree at `path` (open_tree OPEN_TREE_CLONE).
 Result<UniqueFd> cloneTree(const std::string& path, bool recursive);
+// The same of what `fd` (O_PATH will do) refers to.
+Result<UniqueFd> cloneTree(int fd, bool recursive);
 Status setMountAttrs(int treeFd, const MountAttrs& attrs, bool recursive);
 Status attachTree(int treeFd, const std::string& target);
+// Attaches onto what targetFd (O_PATH will do) refers to: no path resolved.
+Status attachTree(int treeFd, int targetFd, const std::string& shown);
+// A new, detached mount of `fstype` (fsopen, fsconfig, fsmount): options
+// are key/value strings, an empty value a flag.
+Result<UniqueFd> newMount(const std::string& fstype, const std::vector<std::pair<std::string, std::string>>& options,
+                          const MountAttrs& attrs);
 // pivot_root into `newRoot` and detach the old root.
 Status pivotInto(const std::string& newRoot);
 

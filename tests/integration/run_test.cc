@@ -470,10 +470,16 @@ TEST_F(Run, WorkspaceIsTheDefaultWritableWorkdir) {
   EXPECT_EQ(r.out, "/workspace\ndata\n");
 }
 
-TEST_F(Run, RootInsideOwnsTheTemplateFilesButCannotWriteUsr) {
-  auto r = runMoat({"run", "--", "sh", "-c", "stat -c %U /usr/bin/python3; id -u; touch /usr/x"});
+// The host's /usr is bound without an id mapping: its owners (host root)
+// are not mapped into the environment's user namespace, so they show as
+// nobody and root inside gets only what any unprivileged host user gets
+// (security.Escape.UsrShowsOnlyWhatUnprivilegedHostUsersRead). The
+// template's own files (/etc, /root) are root's inside.
+TEST_F(Run, RootInsideOwnsTheTemplateFilesButGetsNoMoreOfUsrThanAHostUser) {
+  auto r = runMoat({"run", "--", "sh", "-c",
+                    "stat -c %U /usr/bin/python3 /etc/passwd /root; id -u; python3 -c 'print(6*7)'; touch /usr/x"});
   EXPECT_NE(r.exitCode, 0);
-  EXPECT_EQ(r.out, "root\n0\n");
+  EXPECT_EQ(r.out, "nobody\nroot\nroot\n0\n42\n");
   EXPECT_NE(r.err.find("Read-only file system"), std::string::npos) << r.err;
 }
 
@@ -483,7 +489,7 @@ TEST_F(Run, RootInsideOwnsTheTemplateFilesButCannotWriteUsr) {
 // each change below goes to a file not copied up before (a chmod, chown or
 // touch copies up metadata only).
 TEST_F(Run, TheHostFilesTheTemplateSharesCannotBeChangedFromInside) {
-  std::string etc = testStateDir() + "/templates/host-v1/etc";
+  std::string etc = testStateDir() + "/templates/host-v2/etc";
   struct stat hostEtc, stateDir;
   ASSERT_EQ(::stat("/etc", &hostEtc), 0);
   ASSERT_EQ(::stat(testStateDir().c_str(), &stateDir), 0);

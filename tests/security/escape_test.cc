@@ -236,6 +236,46 @@ TEST(Escape, OverlayOptionsNameNoHostPaths) {
   EXPECT_TRUE(sawOverlay) << r.out;
 }
 
+// No mount inside names where moat keeps its state: each line's root (the
+// path within its file system) and options. The /dev skeleton and the
+// /proc masks bound from it named <state>/templates/dev-v1 here.
+TEST(Escape, MountinfoNamesNoStatePath) {
+  MOAT_REQUIRE_ROOT();
+  auto r = runMoat({"run", "--", "cat", "/proc/self/mountinfo"});
+  ASSERT_EQ(r.exitCode, 0) << r.err;
+  ASSERT_NE(r.out.find(" /dev "), std::string::npos) << r.out;
+  std::istringstream lines(r.out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    EXPECT_EQ(line.find(testStateDir()), std::string::npos) << line;
+    EXPECT_EQ(line.find("/storage/"), std::string::npos) << line;
+  }
+}
+
+// The host's /usr is bound read-only; root inside must get no more of it
+// than an unprivileged host user: not a file in a root-only directory, nor
+// the names in it. Bound id-mapped, root inside was the owner of host
+// root's files there and read them with CAP_DAC_OVERRIDE.
+TEST(Escape, UsrShowsOnlyWhatUnprivilegedHostUsersRead) {
+  MOAT_REQUIRE_ROOT();
+  std::string dir = "/usr/local/moat-private-" + randomHex(6);
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0) << std::strerror(errno);
+  Canary secret(dir);
+  ::chmod(secret.path().c_str(), 0600);
+  Canary open("/usr/local");  // 0644: readable by anyone, so inside too
+  auto r = runProbe({"host-file", secret.path()});
+  EXPECT_TRUE(Blocked(r));
+  EXPECT_NE(r.out.find(secret.path() + " EACCES"), std::string::npos) << describe(r);
+  EXPECT_EQ(r.out.find(secret.secret()), std::string::npos) << describe(r);
+  auto list = runMoat({"run", "--", "ls", dir});
+  EXPECT_NE(list.exitCode, 0) << "listed a root-only directory: " << list.out;
+  EXPECT_EQ(list.out.find("moat-canary"), std::string::npos) << list.out;
+  auto readable = runMoat({"run", "--", "cat", open.path()});
+  EXPECT_EQ(readable.out, open.secret() + "\n") << readable.err;
+  ::unlink(secret.path().c_str());
+  ::rmdir(dir.c_str());
+}
+
 // --- mounts and namespaces ---------------------------------------------------------
 
 TEST(Escape, MountTmpfsDenied) { EXPECT_BLOCKED({"mount-tmpfs"}); }
@@ -612,7 +652,7 @@ TEST(Escape, OverlayWritesStayInside) {
     ASSERT_TRUE(Succeeded(r));
     EXPECT_EQ(readHostFile(file).find(marker), std::string::npos)
         << "the host's " << file << " changed";
-    std::string templateCopy = testStateDir() + "/templates/host-v1" + file;
+    std::string templateCopy = testStateDir() + "/templates/host-v2" + file;
     std::string content = readHostFile(templateCopy);
     EXPECT_FALSE(content.empty()) << "no template copy at " << templateCopy;
     EXPECT_EQ(content.find(marker), std::string::npos) << "the template's " << file << " changed";

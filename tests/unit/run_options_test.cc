@@ -1,4 +1,5 @@
 #include "cli/run_options.h"
+#include "os/file.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -243,13 +244,19 @@ TEST(RunOptions, VolumeErrors) {
   expectError({"--volume", "/tmp:/data:RO", "ls"}, {"-v", "ro or rw"});
 }
 
-TEST(RunOptions, VolumeSourceIsResolved) {
-  // A /devices target is not /dev; trailing slash is normalised.
+TEST(RunOptions, VolumeSourceIsKeptAsNamed) {
+  // Not canonicalised: the environment is made from the path as named,
+  // following only root's symlinks (os::openHostPath). A /devices target
+  // is not /dev; its trailing slash is normalised.
   auto r = parse({"-v", "/tmp/../tmp/:/devices/", "ls"});
   ASSERT_TRUE(r.ok()) << r.error().message();
   ASSERT_EQ(r->spec.volumes.size(), 1u);
-  EXPECT_EQ(r->spec.volumes[0].source, "/tmp");
+  EXPECT_EQ(r->spec.volumes[0].source, "/tmp/../tmp/");
   EXPECT_EQ(r->spec.volumes[0].target, "/devices");
+  // A relative source is taken from the current directory.
+  auto relative = parse({"-v", ".:/here", "ls"});
+  ASSERT_TRUE(relative.ok()) << relative.error().message();
+  EXPECT_EQ(relative->spec.volumes[0].source, os::joinPath(os::currentDirectory().value(), "."));
 }
 
 TEST(RunOptions, EnvErrors) {

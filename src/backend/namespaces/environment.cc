@@ -33,6 +33,7 @@
 #include "os/process.h"
 #include "os/security.h"
 #include "os/socket.h"
+#include "os/tree.h"
 
 namespace moat::backend::namespaces {
 namespace {
@@ -116,7 +117,7 @@ bool leftoversDue() {
 
 struct ChildArgs {
   std::string id;
-  fs::RootPlan plan;
+  const fs::RootPlan* plan;
   std::vector<std::string> joinFiles;  // v1: join by writing "0"
   int usernsFd;
   int controlFd;
@@ -153,11 +154,13 @@ int childMain(void* args) { runChild(*static_cast<const ChildArgs*>(args)); }
   if (a.networkFd >= 0) CHILD_STEP("network namespace", os::setNamespace(a.networkFd, CLONE_NEWNET));
   for (const auto& file : a.joinFiles) CHILD_STEP("join cgroup", os::writeExisting(file, "0"));
   CHILD_STEP("cgroup namespace", os::unshareNamespaces(CLONE_NEWCGROUP));
-  CHILD_STEP("root file system", fs::buildRoot(a.plan, a.usernsFd));
+  CHILD_STEP("root file system", fs::buildRoot(*a.plan, a.usernsFd));
   CHILD_STEP("hostname", os::setHostname(a.id));
   if (a.networkFd < 0) CHILD_STEP("loopback", os::bringLoopbackUp());  // a pooled one has it up
   CHILD_STEP("enter user namespace", os::setNamespace(a.usernsFd, CLONE_NEWUSER));
   CHILD_STEP("become root of the user namespace", os::becomeId(0, 0));
+  // As the environment's root, in its root: nothing outside is reachable.
+  CHILD_STEP("environment files", fs::writeEnvironmentFiles(a.id));
   CHILD_STEP("capabilities", os::restrictCapabilities(isolation::caps::environmentCapabilities()));
   CHILD_STEP("no_new_privs", os::setNoNewPrivs());
   // The environment dies with the moat process that created it. Set after
@@ -223,9 +226,11 @@ Status checkSpec(const EnvironmentSpec& spec) {
   }
   for (const auto& v : spec.volumes) {
     MOAT_TRY(fs::validateBindTarget(v.target));
-    if (v.source.empty() || v.source[0] != '/' || !os::exists(v.source)) {
-      return Error::make("not_found", "volume source " + v.source + " does not exist");
-    }
+    // Checked (and opened, by addBind) with no symlink followed unless
+    // root made it: a link that an environment planted in a directory it
+    // shares with the host must not turn a later bind into another path.
+    MOAT_ASSIGN(UniqueFd source, os::openHostPath(v.source, "volume source"));
+    (void)source;
   }
   return {};
 }
@@ -297,11 +302,10 @@ Result<std::unique_ptr<Environment>> Environment::create(
   }
   const auto& idmap = env->idmap_.map;
   traceStage("volume");
-  MOAT_ASSIGN(fs::RootPlan plan,
-              fs::prepareRoot(volume, tmpl.lowerDir, env->id_, idmap.hostBase, idmap.hostBase));
-  MOAT_ASSIGN(plan.devDir, fs::ensureDevSkeleton(spec.stateDir));
-  for (const auto& dir : tmpl.hostReadOnlyDirs) plan.binds.push_back({dir, dir, true});
-  for (const auto& v : spec.volumes) plan.binds.push_back(v);
+  MOAT_ASSIGN(fs::RootPlan plan, fs::prepareRoot(volume, tmpl.lower.get(), idmap.hostBase, idmap.hostBase));
+  MOAT_ASSIGN(plan.devDir, fs::ensureDevSkeleton(pool.root()));
+  for (const auto& dir : tmpl.hostReadOnlyDirs) MOAT_TRY(fs::addBind(plan, dir, dir, true, false));
+  for (const auto& v : spec.volumes) MOAT_TRY(fs::addBind(plan, v.source, v.target, v.readOnly, true));
 
   traceStage("root prepared");
   cg::Limits limits;
@@ -315,6 +319,7 @@ Result<std::unique_ptr<Environment>> Environment::create(
     MOAT_ASSIGN(userns, isolation::namespaces::createUserNamespace(idmap));
     traceStage("userns");
   }
+  MOAT_TRY(fs::detachTrees(plan, userns.get()));
   MOAT_ASSIGN(auto program, isolation::seccomp::defaultProgram());
   UniqueFd initFd;
   if (spec.initMode == InitMode::kExec) {
@@ -350,7 +355,7 @@ Result<std::unique_ptr<Environment>> Environment::create(
   clone.flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC;
   if (spec.networkNamespaceFd < 0) clone.flags |= CLONE_NEWNET;
   UniqueFd cgroupFd;
-  ChildArgs args{env->id_,     plan,         {},           userns.get(), childEnd.get(),
+  ChildArgs args{env->id_,     &plan,        {},           userns.get(), childEnd.get(),
                  initFd.get(), rendezvousChild.get(), errorWrite.get(), spec.networkNamespaceFd,
                  &program.filter};
   if (haveEnvironmentFileLimit) args.fileLimit = &environmentFileLimit;

@@ -12,6 +12,7 @@
 #include "isolation/fs/built_dir.h"
 #include "os/file.h"
 #include "os/mount.h"
+#include "os/tree.h"
 
 namespace moat::isolation::fs {
 namespace {
@@ -22,36 +23,66 @@ constexpr const char* kProcHidden[] = {"/proc/kcore", "/proc/keys", "/proc/timer
 constexpr const char* kProcReadOnly[] = {"/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq",
                                          "/proc/pressure"};
 
-// Attaches a detached copy of `source` at `target`, with ids mapped through
-// usernsFd when the file system supports it.
-Status attachIdmapped(const std::string& source, const std::string& target, bool readOnly,
-                      int usernsFd, bool devices = false) {
-  MOAT_ASSIGN(UniqueFd tree, os::cloneTree(source, false));
+// Gives a detached tree its attributes, with ids mapped through usernsFd
+// (-1: none) when the file system supports it.
+Status setAttrs(int tree, bool readOnly, int usernsFd, bool devices = false) {
   os::MountAttrs attrs;
   attrs.readOnly = readOnly;
   attrs.noDev = !devices;
   attrs.noExec = devices;
   attrs.idmapUsernsFd = usernsFd;
-  Status s = os::setMountAttrs(tree.get(), attrs, false);
-  if (!s.ok()) {
-    // Some file systems cannot be idmapped: their files then show as
-    // nobody inside, but are still usable read-only.
-    attrs.idmapUsernsFd = -1;
-    MOAT_TRY(os::setMountAttrs(tree.get(), attrs, false));
-  }
-  return os::attachTree(tree.get(), target);
+  if (os::setMountAttrs(tree, attrs, false).ok()) return {};
+  if (usernsFd < 0) return os::setMountAttrs(tree, attrs, false);
+  // Some file systems cannot be idmapped: their files then show as nobody
+  // inside, but are still usable read-only.
+  attrs.idmapUsernsFd = -1;
+  return os::setMountAttrs(tree, attrs, false);
 }
 
-Status ensureMountPoint(const std::string& path, bool directory, uid_t uid, gid_t gid) {
-  if (os::exists(path)) return {};
-  std::string parent = path.substr(0, path.rfind('/'));
-  if (!parent.empty() && !os::exists(parent)) MOAT_TRY(ensureMountPoint(parent, true, uid, gid));
-  if (directory) {
-    MOAT_TRY(os::makeDir(path, 0755));
-  } else {
-    MOAT_TRY(os::writeFile(path, "", 0644));
+Error refusedMountPoint(const std::string& path, const Error& e) {
+  std::string why = e.sysErrno == ELOOP     ? "is or passes through a symlink, which moat does not follow"
+                    : e.sysErrno == ENOTDIR ? "passes through something that is not a directory"
+                                            : "cannot be made: " + e.message();
+  return Error{"environment_failed", e.sysErrno, "mount point " + path + " in the environment " + why};
+}
+
+// The mount point `path` (absolute, inside the environment) under rootFd,
+// made (owned by uid:gid) where it is missing. No symlink is followed on the
+// way: a link there, planted by the environment or by a template, fails the
+// create instead of steering a mount, or a mkdir by host root, elsewhere.
+Result<UniqueFd> mountPoint(int rootFd, const std::string& path, bool directory, uid_t uid, gid_t gid) {
+  size_t first = path.find_first_not_of('/');
+  std::string rel = first == std::string::npos ? "." : path.substr(first);
+  auto whole = os::openAt(rootFd, rel, O_PATH, os::kResolveStrict);
+  if (whole.ok()) return whole;
+  if (whole.error().sysErrno != ENOENT) return refusedMountPoint(path, whole.error());
+  MOAT_ASSIGN(UniqueFd at, os::openAt(rootFd, ".", O_PATH | O_DIRECTORY, os::kResolveStrict));
+  for (size_t i = 0; i < rel.size();) {
+    size_t j = std::min(rel.find('/', i), rel.size());
+    std::string name = rel.substr(i, j - i);
+    i = j + 1;
+    if (name.empty()) continue;
+    auto next = os::openAt(at.get(), name, O_PATH, os::kResolveStrict);
+    if (!next.ok() && next.error().sysErrno == ENOENT) {
+      Status made = directory || i < rel.size() ? os::makeDirectoryAt(at.get(), name, 0755)
+                                                : os::createFileAt(at.get(), name, 0644);
+      if (!made.ok()) return refusedMountPoint(path, made.error());
+      next = os::openAt(at.get(), name, O_PATH, os::kResolveStrict);
+      if (next.ok()) MOAT_TRY(os::chownFd(next->get(), uid, gid));
+    }
+    if (!next.ok()) return refusedMountPoint(path, next.error());
+    at = std::move(next.value());
   }
-  return os::chown(path, uid, gid);
+  return at;
+}
+
+// Mounts a new file system onto the mount point `path` (made if missing).
+Status mountNew(int rootFd, const std::string& path, const std::string& fstype,
+                const std::vector<std::pair<std::string, std::string>>& options, const os::MountAttrs& attrs,
+                uid_t uid, gid_t gid) {
+  MOAT_ASSIGN(UniqueFd target, mountPoint(rootFd, path, true, uid, gid));
+  MOAT_ASSIGN(UniqueFd tree, os::newMount(fstype, options, attrs));
+  return os::attachTree(tree.get(), target.get(), path);
 }
 
 Status buildDevSkeleton(const std::string& dir) {
@@ -79,15 +110,20 @@ Status buildDevSkeleton(const std::string& dir) {
   return {};
 }
 
-Status mountDev(const std::string& root, const RootPlan& plan, int usernsFd) {
-  std::string dev = root + "/dev";
-  MOAT_TRY(attachIdmapped(plan.devDir, dev, true, usernsFd, true));
-  MOAT_TRY(os::mount("devpts", dev + "/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-                     "newinstance,ptmxmode=0666,mode=0620,gid=" +
-                         std::to_string(plan.hostRootGid + 5)));
-  return os::mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV,
-                   "mode=1777,uid=" + std::to_string(plan.hostRootUid) +
-                       ",gid=" + std::to_string(plan.hostRootGid));
+Status mountDev(int rootFd, UniqueFd devTree, const RootPlan& plan) {
+  uid_t uid = plan.hostRootUid;
+  gid_t gid = plan.hostRootGid;
+  MOAT_ASSIGN(UniqueFd dev, mountPoint(rootFd, "/dev", true, uid, gid));
+  MOAT_TRY(os::attachTree(devTree.get(), dev.get(), "/dev"));
+  os::MountAttrs pts;
+  pts.noDev = false;
+  pts.noExec = true;
+  MOAT_TRY(mountNew(rootFd, "/dev/pts", "devpts",
+                    {{"source", "devpts"}, {"newinstance", ""}, {"ptmxmode", "0666"}, {"mode", "0620"}, {"gid", std::to_string(gid + 5)}},
+                    pts, uid, gid));
+  return mountNew(rootFd, "/dev/shm", "tmpfs",
+                  {{"source", "shm"}, {"mode", "1777"}, {"uid", std::to_string(uid)}, {"gid", std::to_string(gid)}}, os::MountAttrs{},
+                  uid, gid);
 }
 
 Status maskProc() {
@@ -101,6 +137,19 @@ Status maskProc() {
     MOAT_TRY(os::remountBind(path, MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC));
   }
   return {};
+}
+
+// Environment files the child writes may find the environment's own
+// layout in the way (its /etc a link to another file system, a directory
+// named hostname): those are left as the environment made them.
+bool layoutInTheWay(const Error& e) {
+  switch (e.sysErrno) {
+    case ENOENT: case ENOTDIR: case EXDEV: case ELOOP: case EISDIR: case ENOTEMPTY: case EBUSY:
+    case EACCES: case EPERM: case EROFS:
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace
@@ -122,20 +171,14 @@ Status validateBindTarget(const std::string& target) {
   return {};
 }
 
-Result<std::string> ensureDevSkeleton(const std::string& stateDir) {
-  struct statvfs vfs;
-  if (::statvfs(stateDir.c_str(), &vfs) == 0 && (vfs.f_flag & ST_NODEV)) {
-    return Error::make("unsupported", "the state directory " + stateDir +
-                                          " is on a nodev file system; device nodes for /dev "
-                                          "cannot work there (choose another --state)");
-  }
-  return ensureBuiltDirectory(stateDir + "/templates", "dev-v1", buildDevSkeleton);
+
+Result<std::string> ensureDevSkeleton(const std::string& poolRoot) {
+  return ensureBuiltDirectory(poolRoot + "/skeletons", "dev-v1", buildDevSkeleton);
 }
 
-Result<RootPlan> prepareRoot(const std::string& volumeDir, const std::string& lowerDir,
-                             const std::string& hostname, uid_t hostRootUid, gid_t hostRootGid) {
+Result<RootPlan> prepareRoot(const std::string& volumeDir, int lowerFd, uid_t hostRootUid, gid_t hostRootGid) {
   RootPlan plan;
-  plan.lowerDir = lowerDir;
+  plan.lowerFd = lowerFd;
   plan.lowerMountPoint = volumeDir + "/lower";
   plan.upperDir = volumeDir + "/upper";
   plan.workDir = volumeDir + "/work";
@@ -143,32 +186,43 @@ Result<RootPlan> prepareRoot(const std::string& volumeDir, const std::string& lo
   plan.volumeDir = volumeDir;
   plan.hostRootUid = hostRootUid;
   plan.hostRootGid = hostRootGid;
-  for (const auto& dir : {plan.lowerMountPoint, plan.workDir, plan.rootMountPoint}) {
-    MOAT_TRY(os::makeDir(dir, 0700));
+  // The volume's top holds only what moat made; below upper/ is the
+  // environment's, and nothing here resolves a path there.
+  MOAT_ASSIGN(UniqueFd volume, os::open(volumeDir, O_PATH | O_DIRECTORY | O_NOFOLLOW));
+  for (const char* dir : {"lower", "work", "root"}) {
+    MOAT_TRY(os::makeDirectoryAt(volume.get(), dir, 0700));
   }
-  // The upper layer's top directories decide ownership of / and /etc inside.
-  MOAT_TRY(os::makeDir(plan.upperDir, 0755));
-  MOAT_TRY(os::makeDir(plan.upperDir + "/etc", 0755));
-  MOAT_TRY(os::writeFile(plan.upperDir + "/etc/hostname", hostname + "\n"));
-  MOAT_TRY(os::writeFile(plan.upperDir + "/etc/hosts",
-                         "127.0.0.1 localhost\n::1 localhost\n127.0.1.1 " + hostname + "\n"));
-  for (const char* path : {"", "/etc", "/etc/hostname", "/etc/hosts"}) {
-    MOAT_TRY(os::chown(plan.upperDir + path, hostRootUid, hostRootGid));
-  }
-  // Every environment has a writable /workspace (the default working
-  // directory) and /tmp, whatever the template holds.
-  for (auto [name, mode] : {std::pair{"/workspace", 0755}, std::pair{"/tmp", 01777}}) {
-    if (os::isDirectory(lowerDir + name)) continue;
-    MOAT_TRY(os::makeDir(plan.upperDir + name, 0755));
-    ::chmod((plan.upperDir + name).c_str(), static_cast<mode_t>(mode));
-    MOAT_TRY(os::chown(plan.upperDir + name, hostRootUid, hostRootGid));
-  }
+  // The upper layer's top is / inside: owned by the environment's root.
+  MOAT_TRY(os::makeDirectoryAt(volume.get(), "upper", 0755));
+  MOAT_ASSIGN(UniqueFd upper, os::openAt(volume.get(), "upper", O_PATH | O_DIRECTORY, os::kResolveStrict));
+  MOAT_TRY(os::chownFd(upper.get(), hostRootUid, hostRootGid));
   return plan;
+}
+
+Status addBind(RootPlan& plan, const std::string& source, const std::string& target, bool readOnly,
+               bool idmapped) {
+  MOAT_ASSIGN(UniqueFd fd, os::openHostPath(source, "bind source"));
+  MOAT_ASSIGN(struct stat st, os::statFd(fd.get()));
+  plan.binds.push_back({fd.get(), target, readOnly, S_ISDIR(st.st_mode), idmapped});
+  plan.bindSources.push_back(std::move(fd));
+  return {};
+}
+
+Status detachTrees(RootPlan& plan, int usernsFd) {
+  MOAT_ASSIGN(plan.lowerTree, os::cloneTree(plan.lowerFd, false));
+  MOAT_TRY(setAttrs(plan.lowerTree.get(), true, usernsFd));
+  plan.bindTrees.clear();
+  for (const auto& bind : plan.binds) {
+    MOAT_ASSIGN(UniqueFd tree, os::cloneTree(bind.sourceFd, false));
+    MOAT_TRY(setAttrs(tree.get(), bind.readOnly, bind.idmapped ? usernsFd : -1));
+    plan.bindTrees.push_back(std::move(tree));
+  }
+  return {};
 }
 
 Status buildRoot(const RootPlan& plan, int usernsFd) {
   MOAT_TRY(os::makeRootPrivate());
-  MOAT_TRY(attachIdmapped(plan.lowerDir, plan.lowerMountPoint, true, usernsFd));
+  MOAT_TRY(os::attachTree(plan.lowerTree.get(), plan.lowerMountPoint));
   traceStage("root: lower");
   // volatile: no syncs for a layer that is thrown away with the environment.
   // The layers are named relative to the volume directory, so the options
@@ -176,24 +230,49 @@ Status buildRoot(const RootPlan& plan, int usernsFd) {
   MOAT_TRY(os::changeDirectory(plan.volumeDir));
   MOAT_TRY(os::mount("overlay", plan.rootMountPoint, "overlay", MS_NOSUID | MS_NODEV,
                      "lowerdir=lower,upperdir=upper,workdir=work,volatile"));
-  const std::string& root = plan.rootMountPoint;
   traceStage("root: overlay");
-  for (const auto& bind : plan.binds) {
-    std::string target = root + bind.target;
-    MOAT_TRY(ensureMountPoint(target, os::isDirectory(bind.source), plan.hostRootUid,
-                              plan.hostRootGid));
-    MOAT_TRY(attachIdmapped(bind.source, target, bind.readOnly, usernsFd));
+  // The binds were copied off the host by the parent (detachTrees), /dev is
+  // now; after the pivot no path leads out of the environment's tree.
+  MOAT_ASSIGN(UniqueFd devTree, os::cloneTree(plan.devDir, false));
+  MOAT_TRY(setAttrs(devTree.get(), true, usernsFd, true));
+  MOAT_TRY(os::pivotInto(plan.rootMountPoint));
+  traceStage("root: pivot");
+  MOAT_ASSIGN(UniqueFd root, os::openAt(AT_FDCWD, "/", O_PATH | O_DIRECTORY, 0));
+  for (size_t i = 0; i < plan.binds.size(); ++i) {
+    const auto& bind = plan.binds[i];
+    MOAT_ASSIGN(UniqueFd target, mountPoint(root.get(), bind.target, bind.directory, plan.hostRootUid,
+                                            plan.hostRootGid));
+    MOAT_TRY(os::attachTree(plan.bindTrees[i].get(), target.get(), bind.target));
   }
   traceStage("root: binds");
-  MOAT_TRY(ensureMountPoint(root + "/proc", true, plan.hostRootUid, plan.hostRootGid));
-  MOAT_TRY(os::mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC));
-  MOAT_TRY(ensureMountPoint(root + "/dev", true, plan.hostRootUid, plan.hostRootGid));
+  os::MountAttrs proc;
+  proc.noExec = true;
+  MOAT_TRY(mountNew(root.get(), "/proc", "proc", {{"source", "proc"}}, proc, plan.hostRootUid, plan.hostRootGid));
   traceStage("root: proc");
-  MOAT_TRY(mountDev(root, plan, usernsFd));
+  MOAT_TRY(mountDev(root.get(), std::move(devTree), plan));
   traceStage("root: dev");
-  MOAT_TRY(os::pivotInto(root));
-  traceStage("root: pivot");
   return maskProc();
+}
+
+Status writeEnvironmentFiles(const std::string& hostname) {
+  MOAT_ASSIGN(UniqueFd root, os::openAt(AT_FDCWD, "/", O_PATH | O_DIRECTORY, 0));
+  // Every environment has a writable /workspace (the default working
+  // directory) and /tmp, whatever the template holds.
+  for (auto [name, mode] : {std::pair{"workspace", 0755}, std::pair{"tmp", 01777}}) {
+    MOAT_ASSIGN(bool made, os::makeDirAt(root.get(), name, 0700));
+    if (made) MOAT_TRY(os::chmodDirectory(root.get(), name, static_cast<mode_t>(mode)));
+  }
+  MOAT_TRY(os::makeDirAt(root.get(), "etc", 0755));
+  // /etc as the environment sees it, on its own file system.
+  auto etc = os::openAt(root.get(), "etc", O_PATH | O_DIRECTORY, os::kResolveInside);
+  if (!etc.ok()) return layoutInTheWay(etc.error()) ? Status{} : Status(etc.error());
+  for (const auto& [name, content] :
+       {std::pair<std::string, std::string>{"hostname", hostname + "\n"},
+        {"hosts", "127.0.0.1 localhost\n::1 localhost\n127.0.1.1 " + hostname + "\n"}}) {
+    Status s = os::replaceFileAt(etc->get(), name, content, 0644);
+    if (!s.ok() && !layoutInTheWay(s.error())) return Error{s.error().code, s.error().sysErrno, "/etc/" + name + ": " + s.error().context};
+  }
+  return {};
 }
 
 }  // namespace moat::isolation::fs

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "common/unique_fd.h"
 
 namespace moat::isolation::fs {
 
@@ -15,37 +16,74 @@ struct BindMount {
   bool readOnly = false;
 };
 
+// A bind as the child makes it: its source already opened by the parent.
+struct PlannedBind {
+  int sourceFd = -1;  // O_PATH, owned by the RootPlan
+  std::string target;  // absolute path inside the environment
+  bool readOnly = false;
+  bool directory = true;
+  // Volumes: ids mapped through the environment's user namespace, so root
+  // inside owns what host root owns there. A template's host directories
+  // (/usr): not, so root inside gets only what any unprivileged host user
+  // gets (docs/SECURITY.md).
+  bool idmapped = true;
+};
+
 // Everything the child needs to build an environment's root, prepared by the
 // parent (so the child only makes syscalls).
 struct RootPlan {
-  std::string lowerDir;         // template lower layer (host path)
+  int lowerFd = -1;             // template lower layer (O_PATH, owned by the caller)
+  UniqueFd lowerTree;           // ... as a detached mount (detachTrees)
   std::string lowerMountPoint;  // where the idmapped lower is attached
   std::string upperDir;
   std::string workDir;
   std::string rootMountPoint;   // where the overlay is mounted, then pivoted into
   std::string volumeDir;        // holds lower, upper, work and root
   std::string devDir;           // prepared /dev (device nodes), bound read-only
-  std::vector<BindMount> binds;  // template read-only dirs, then user volumes
+  std::vector<PlannedBind> binds;  // template read-only dirs, then user volumes
+  std::vector<UniqueFd> bindSources;  // what binds[i].sourceFd borrows
+  std::vector<UniqueFd> bindTrees;  // binds[i] as a detached mount (detachBinds)
   uid_t hostRootUid = 0;        // host uid of root inside (for ownership)
   gid_t hostRootGid = 0;
 };
 
-// Parent side: prepares the writable layer in `volumeDir` (upper, work and
-// mount points, per-environment /etc files owned by the environment's root)
-// and returns the plan.
-Result<RootPlan> prepareRoot(const std::string& volumeDir, const std::string& lowerDir,
-                             const std::string& hostname, uid_t hostRootUid, gid_t hostRootGid);
+// Parent side: prepares the volume for the overlay (lower, upper, work and
+// root directories; the upper layer's top owned by the environment's root)
+// and returns the plan. Nothing below upper/ is touched: what the
+// environment keeps there is written by the child as the environment's
+// root (writeEnvironmentFiles).
+Result<RootPlan> prepareRoot(const std::string& volumeDir, int lowerFd, uid_t hostRootUid, gid_t hostRootGid);
 
-// The /dev every environment gets, built once in the state directory: the
+// Parent side: opens `source` (a host path; symlinks on the way followed
+// only when root owns them: os::openHostPath) and adds it to the plan.
+Status addBind(RootPlan& plan, const std::string& source, const std::string& target, bool readOnly,
+               bool idmapped);
+
+// Parent side, in the host's mount namespace (a mount can only be copied
+// there): the lower layer and each bind's source as detached mounts with
+// their attributes, ids mapped through usernsFd where the bind says so.
+Status detachTrees(RootPlan& plan, int usernsFd);
+
+// The /dev every environment gets, built once in the storage pool (so that
+// the mounts made from it name no host path in /proc/self/mountinfo): the
 // device nodes null, zero, full, random, urandom and tty, mount points for
 // pts and shm, and the usual links. Bound read-only, it costs two mount
 // calls instead of a tmpfs and a bind per device.
-Result<std::string> ensureDevSkeleton(const std::string& stateDir);
+Result<std::string> ensureDevSkeleton(const std::string& poolRoot);
 
 // Child side, as host root inside a fresh mount namespace: mounts the
-// overlay root (lower idmapped through usernsFd), the binds, /proc, a minimal
-// /dev, then pivot_root into it and masks sensitive /proc entries.
+// overlay root (lower idmapped through usernsFd), pivots into it, then
+// mounts the binds, /proc and a minimal /dev onto mount points resolved
+// inside it without following any symlink, and masks sensitive /proc
+// entries. Once the overlay is mounted no path is resolved outside it.
 Status buildRoot(const RootPlan& plan, int usernsFd);
+
+// Child side, after buildRoot, as root of the environment's user namespace
+// (so it can reach nothing the environment cannot): /etc/hostname and
+// /etc/hosts (replaced, never written through), /workspace and /tmp when
+// the tree has none. Where the environment's files make that impossible
+// (its /etc is a link to another file system, say), it is left as it is.
+Status writeEnvironmentFiles(const std::string& hostname);
 
 // Checks a -v target: absolute, no "..", not over /proc, /dev or /.
 Status validateBindTarget(const std::string& target);

@@ -7,13 +7,14 @@
 
 #include "isolation/fs/built_dir.h"
 #include "os/file.h"
+#include "os/tree.h"
 
 namespace moat::isolation::fs {
 namespace {
 
 // Bump when the skeleton's content changes: a new version is built beside
 // the old one.
-constexpr const char* kHostSkeleton = "host-v1";
+constexpr const char* kHostSkeleton = "host-v2";
 
 // /etc entries copied from the host: what programs need to run (the dynamic
 // loader's cache, certificates, terminfo, alternatives), never credentials
@@ -59,7 +60,9 @@ Status buildHostSkeleton(const std::string& dir) {
     // Linked where only root could change the host's file anyway: the
     // environment sees it through a read-only lower layer, and a write
     // there is copied up into its own upper layer (the host's stays as is).
-    MOAT_TRY(os::copyTree(from, etc + "/" + name, os::CopyMode::kLinkRootOwned));
+    // Only what any host user may read: root inside owns the skeleton's
+    // files (the lower layer is id-mapped), so it must hold nothing more.
+    MOAT_TRY(os::copyTree(from, etc + "/" + name, os::CopyMode::kLinkRootOwned, true));
   }
   bool haveBash = ::access("/usr/bin/bash", X_OK) == 0;
   MOAT_TRY(os::writeFile(etc + "/passwd", generatedPasswd(haveBash)));
@@ -89,6 +92,7 @@ Result<Template> resolveTemplate(const std::string& spec, const std::string& sta
   if (spec == "host") {
     MOAT_ASSIGN(t.lowerDir,
                 ensureBuiltDirectory(stateDir + "/templates", kHostSkeleton, buildHostSkeleton));
+    MOAT_ASSIGN(t.lower, os::open(t.lowerDir, O_PATH | O_DIRECTORY | O_NOFOLLOW));
     t.hostReadOnlyDirs.push_back("/usr");
     for (const char* top : {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}) {
       if (!os::isSymlink(top) && os::isDirectory(top)) t.hostReadOnlyDirs.push_back(top);
@@ -99,12 +103,11 @@ Result<Template> resolveTemplate(const std::string& spec, const std::string& sta
     return Error::make("invalid_argument",
                        "unknown template '" + spec + "' (use 'host' or a root file system directory)");
   }
-  auto resolved = os::realPath(spec);
-  if (!resolved.ok()) return Error::make("not_found", "template directory " + spec + " does not exist");
-  t.lowerDir = resolved.value();
-  if (!os::isDirectory(t.lowerDir)) {
-    return Error::make("invalid_argument", "template " + spec + " is not a directory");
-  }
+  MOAT_ASSIGN(t.lower, os::openHostPath(spec, "template directory"));
+  MOAT_ASSIGN(struct stat st, os::statFd(t.lower.get()));
+  if (!S_ISDIR(st.st_mode)) return Error::make("invalid_argument", "template " + spec + " is not a directory");
+  // Where it is, for the checks below: what was opened, not the name again.
+  MOAT_ASSIGN(t.lowerDir, os::readLink("/proc/self/fd/" + std::to_string(t.lower.get())));
   if (t.lowerDir == "/") {
     return Error::make("invalid_argument",
                        "template / would show the whole host to the environment; use 'host'");

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "common/unique_fd.h"
 
 namespace moat::isolation::fs {
 
@@ -13,10 +14,14 @@ namespace moat::isolation::fs {
 // layer. Either way the environment writes only to its own upper layer.
 struct Template {
   std::string name;
-  std::string lowerDir;                       // read-only lower layer of the overlay
+  std::string lowerDir;                       // read-only lower layer of the overlay (where it is)
+  UniqueFd lower;                             // ... opened (O_PATH): what the overlay gets
   std::vector<std::string> hostReadOnlyDirs;  // host dirs shown read-only at the same path
 };
 
+// A directory template is opened as named, following no symlink
+// (os::openHostPath): its path may lead through a directory an environment
+// was given.
 Result<Template> resolveTemplate(const std::string& spec, const std::string& stateDir);
 
 // Text of the generated /etc files (exposed for tests).

@@ -1,0 +1,118 @@
+#include "os/tree.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/random.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstring>
+
+namespace moat::os {
+
+Result<UniqueFd> openAt(int dirFd, const std::string& path, int flags, uint64_t resolve, mode_t mode) {
+  struct open_how how;
+  std::memset(&how, 0, sizeof how);
+  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
+  if (flags & (O_CREAT | O_TMPFILE)) how.mode = mode;
+  how.resolve = resolve;
+  for (;;) {
+    long fd = ::syscall(SYS_openat2, dirFd, path.c_str(), &how, sizeof how);
+    if (fd >= 0) return UniqueFd(static_cast<int>(fd));
+    // EAGAIN: a rename somewhere in the file system raced the resolution
+    // (RESOLVE_IN_ROOT and RESOLVE_BENEATH check for it); try again.
+    if (errno != EAGAIN && errno != EINTR) return Error::fromErrno("open " + path);
+  }
+}
+
+Result<struct stat> statFd(int fd) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return Error::fromErrno("fstat");
+  return st;
+}
+
+Result<bool> makeDirAt(int dirFd, const std::string& name, mode_t mode) {
+  if (::mkdirat(dirFd, name.c_str(), mode) == 0) return true;
+  if (errno == EEXIST) return false;
+  return Error::fromErrno("mkdir " + name);
+}
+
+Status makeDirectoryAt(int dirFd, const std::string& name, mode_t mode) {
+  MOAT_ASSIGN(bool made, makeDirAt(dirFd, name, mode));
+  (void)made;
+  return {};
+}
+
+Status createFileAt(int dirFd, const std::string& name, mode_t mode) {
+  int fd = ::openat(dirFd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0) return Error::fromErrno("create " + name);
+  ::close(fd);
+  return {};
+}
+
+Status chownFd(int fd, uid_t uid, gid_t gid) {
+  if (::fchownat(fd, "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return Error::fromErrno("chown");
+  return {};
+}
+
+Status chmodDirectory(int dirFd, const std::string& name, mode_t mode) {
+  MOAT_ASSIGN(UniqueFd dir, openAt(dirFd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, kResolveStrict));
+  if (::fchmod(dir.get(), mode) != 0) return Error::fromErrno("chmod " + name);
+  return {};
+}
+
+Status replaceFileAt(int dirFd, const std::string& name, const std::string& data, mode_t mode) {
+  unsigned char random[6];
+  if (::getrandom(random, sizeof random, 0) != static_cast<ssize_t>(sizeof random)) {
+    return Error::fromErrno("getrandom");
+  }
+  std::string tmp = ".moat-" + name + "-";
+  for (unsigned char c : random) tmp += "0123456789abcdef"[c & 15];
+  int fd = ::openat(dirFd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return Error::fromErrno("create " + tmp);
+  UniqueFd file(fd);
+  auto fail = [&](const std::string& what) {
+    Error e = Error::fromErrno(what);
+    ::unlinkat(dirFd, tmp.c_str(), 0);
+    return e;
+  };
+  for (size_t off = 0; off < data.size();) {
+    ssize_t n = ::write(file.get(), data.data() + off, data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return fail("write " + tmp);
+    off += static_cast<size_t>(n);
+  }
+  if (::fchmod(file.get(), mode) != 0) return fail("chmod " + tmp);
+  if (::renameat(dirFd, tmp.c_str(), dirFd, name.c_str()) != 0) return fail("rename " + tmp + " to " + name);
+  return {};
+}
+
+Result<UniqueFd> openHostPath(const std::string& path, const std::string& what) {
+  if (path.empty() || path[0] != '/') return Error::make("invalid_argument", what + " must be an absolute path");
+  auto fd = openAt(AT_FDCWD, path, O_PATH, RESOLVE_NO_SYMLINKS);
+  if (fd.ok()) return fd;
+  if (fd.error().sysErrno == ENOENT) {
+    return Error{"not_found", ENOENT, what + " " + path + " does not exist"};
+  }
+  if (fd.error().sysErrno != ELOOP) return Error{fd.error().code, fd.error().sysErrno, what + " " + path};
+  // Which component is the link, and where it leads, for the message.
+  std::string walked;
+  for (size_t i = 1; i <= path.size();) {
+    size_t j = std::min(path.find('/', i), path.size());
+    walked = path.substr(0, j);
+    i = j + 1;
+    struct stat st;
+    if (::lstat(walked.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+      char target[PATH_MAX];
+      ssize_t n = ::readlink(walked.c_str(), target, sizeof target);
+      std::string to = n > 0 ? std::string(target, static_cast<size_t>(n)) : "?";
+      return Error{"untrusted_path", ELOOP,
+                   what + " " + path + ": " + walked + " is a symlink (to " + to +
+                       "); moat follows none there, as an environment given that directory may have made it: "
+                       "name the path it leads to"};
+    }
+  }
+  return Error{"untrusted_path", ELOOP, what + " " + path + " passes through a symlink; name the path it leads to"};
+}
+
+}  // namespace moat::os

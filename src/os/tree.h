@@ -1,0 +1,57 @@
+#pragma once
+
+#include <linux/openat2.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/result.h"
+#include "common/unique_fd.h"
+
+// Operations on a tree moat does not trust (an environment's files, a
+// directory template, a volume's source): every path is resolved by
+// openat2(2) from a directory descriptor the caller holds, with the
+// RESOLVE_* flags the caller names, and what was opened is acted on through
+// its descriptor. docs/SECURITY.md, "Host-side code over an environment's
+// files".
+namespace moat::os {
+
+// RESOLVE_* combinations.
+// Stays below dirFd and follows no symlink at all: for paths moat itself
+// made (mount points, the writable layer's top).
+constexpr uint64_t kResolveStrict = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+// Resolves as if dirFd were "/" (absolute symlinks and ".." stay inside),
+// no /proc magic links, no crossing into another mount: a path as the
+// environment itself would see it, kept on its own file system.
+constexpr uint64_t kResolveInside = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
+
+Result<UniqueFd> openAt(int dirFd, const std::string& path, int flags, uint64_t resolve, mode_t mode = 0);
+Result<struct stat> statFd(int fd);
+// mkdirat: true when it made the directory, false when the name exists
+// (whatever it is).
+Result<bool> makeDirAt(int dirFd, const std::string& name, mode_t mode);
+// The same, for a caller to whom an existing name is no failure.
+Status makeDirectoryAt(int dirFd, const std::string& name, mode_t mode);
+// A new empty regular file (O_EXCL: never an existing one, nor a link).
+Status createFileAt(int dirFd, const std::string& name, mode_t mode);
+// Changes the owner of what fd refers to (an O_PATH descriptor will do).
+Status chownFd(int fd, uid_t uid, gid_t gid);
+// Sets the mode of the directory fd refers to (despite the umask).
+Status chmodDirectory(int dirFd, const std::string& name, mode_t mode);
+// Replaces `name` in dirFd with a new regular file holding data (a
+// temporary file renamed over it): whatever `name` was (a symlink, a hard
+// link to another file, a FIFO) is replaced, never followed or written to.
+Status replaceFileAt(int dirFd, const std::string& name, const std::string& data, mode_t mode);
+
+// Opens a host path (O_PATH) that follows no symlink at all, and says where
+// the first one it meets leads. For the sources of binds: a directory an
+// environment was given read-write is one where root inside is host root
+// (the bind is id-mapped), so a link it planted there is owned by root like
+// any the host's own admin made, and nothing tells the two apart; a later
+// bind through it would show the environment whatever it points at. `what`
+// names the path in errors.
+Result<UniqueFd> openHostPath(const std::string& path, const std::string& what);
+
+}  // namespace moat::os
