@@ -23,40 +23,34 @@ for p in "${packages[@]}"; do
   fi
 done
 
-# Node.js >= 20 and npm, for the TypeScript SDK (sdk/typescript) only: its
-# test (sdk.typescript) is skipped without them, so they never fail the
-# install. Debian's nodejs and npm are installed only when there is no node
-# at all: a node from elsewhere (NodeSource, nvm) brings its own npm, and
-# Debian's npm would pull its older nodejs over it.
+# Node.js >= 20 and npm: the MCP tier (the official MCP SDK client) and the
+# TypeScript SDK's test need them, and `make test` runs both. Debian 12's
+# nodejs is 18, so a node older than 20 is replaced by the one the npm
+# registry carries (the `node` package holds the binary; npm puts it in
+# /usr/local/bin). Debian's nodejs and npm come first only when there is no
+# npm at all (a node from elsewhere, nvm say, brings its own).
+node_major() { node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0; }
 want_node=false
-command -v node >/dev/null 2>&1 || want_node=true
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1 || [ "$(node_major)" -lt 20 ]; then
+  want_node=true
+fi
 
-node_note() {
-  if ! command -v node >/dev/null 2>&1; then
-    echo "install-deps: note: Node.js is not installed; the TypeScript SDK (sdk/typescript)" \
-         "needs Node.js >= 20 and npm, and its test sdk.typescript is skipped without them" >&2
-    return 0
-  fi
-  local major
-  major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
-  if [ "$major" -lt 20 ] 2>/dev/null; then
-    echo "install-deps: note: Node.js $(node --version 2>/dev/null) is too old for the TypeScript SDK" \
-         "(sdk/typescript needs >= 20; Debian 12 ships 18). Install Node.js 20 or later" \
-         "(nodejs.org, NodeSource); until then the sdk.typescript test is skipped" >&2
-  elif ! command -v npm >/dev/null 2>&1; then
-    echo "install-deps: note: npm is missing; the TypeScript SDK (sdk/typescript) needs it" \
-         "and its test sdk.typescript is skipped without it" >&2
+node_check() {
+  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1 || [ "$(node_major)" -lt 20 ]; then
+    echo "install-deps: Node.js >= 20 and npm are needed by the MCP and TypeScript SDK tests" \
+         "(found: $(node --version 2>/dev/null || echo 'no node'), $(npm --version 2>/dev/null || echo 'no npm'))" >&2
+    return 1
   fi
 }
 
 if [ ${#missing[@]} -eq 0 ] && ! $want_node; then
-  node_note
   exit 0
 fi
 
 if [ "$(id -u)" -ne 0 ]; then
   if [ ${#missing[@]} -eq 0 ]; then
-    node_note
+    # Not root: nothing can be installed; those two tiers skip (exit 77).
+    node_check || echo "install-deps: note: as root, make installs it" >&2
     exit 0
   fi
   echo "install-deps: missing packages: ${missing[*]}" >&2
@@ -70,8 +64,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 if $want_node; then
-  echo "install-deps: installing nodejs npm (for the TypeScript SDK)"
-  apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null ||
-    echo "install-deps: note: could not install nodejs and npm; the TypeScript SDK's test is skipped" >&2
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "install-deps: installing nodejs npm (Debian's, to fetch a newer node with)"
+    apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+  fi
+  if [ "$(node_major)" -lt 20 ]; then
+    echo "install-deps: installing node@20 from the npm registry (this node is $(node --version 2>/dev/null))"
+    npm install -g --no-audit --no-fund --loglevel=error node@20
+    hash -r
+  fi
+  node_check
 fi
-node_note

@@ -18,7 +18,7 @@ Runs in the world of egress_test.py (its own network namespace, a test
 
   egress_abuse_test.py --bin-dir build/bin [-k NAME]
 
-Needs root (exits 0 with SKIP otherwise).
+Needs root (exits 77, CTest's "skipped", with SKIP otherwise).
 """
 
 import json

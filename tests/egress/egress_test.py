@@ -12,7 +12,7 @@ where it matters, the audit events.
 
   egress_test.py --bin-dir build/bin [-k NAME]
 
-Needs root (exits 0 with SKIP otherwise: moatd creates namespaces).
+Needs root (exits 77, CTest's "skipped", with SKIP otherwise (77, CTest's "skipped"): moatd creates namespaces).
 """
 
 import argparse
@@ -837,7 +837,7 @@ def main(prepare_world=None):
     args, rest = parser.parse_known_args()
     if os.geteuid() != 0:
         print("SKIP: egress tests need root (moatd creates namespaces)")
-        return 0
+        return 77  # CTest's "skipped" (SKIP_RETURN_CODE), not a pass
     for tool in ("ip", "openssl", "nsenter"):
         if not shutil.which(tool):
             print(f"FAIL: {tool} is missing (scripts/install-deps.sh installs it)")

@@ -4,18 +4,21 @@
 # (`moat mcp`, `moat mcp --standalone`) and Streamable HTTP (moatd's /mcp),
 # against a real moatd from MOAT_BIN_DIR (default: ../../build/bin; needs
 # root, the tests say "skipped" without it). CTest: mcp.
-# Exit 77 (CTest's "skipped") when Node.js >= 20 or npm is not installed.
+# Exit 77 (CTest's "skipped") when Node.js >= 20 or npm is not installed;
+# in CI (MOAT_CI=1, set by .ci/run) that is a failure instead.
 set -euo pipefail
 cd "$(dirname "$0")"
+skip=77
+[ "${MOAT_CI:-}" = 1 ] && skip=1  # CI must run every tier
 
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   echo "SKIP: the MCP tests need Node.js >= 20 and npm (not installed)"
-  exit 77
+  exit "$skip"
 fi
 major=$(node -p 'process.versions.node.split(".")[0]')
 if [ "$major" -lt 20 ]; then
   echo "SKIP: the MCP tests need Node.js >= 20 (this is $(node --version))"
-  exit 77
+  exit "$skip"
 fi
 
 export MOAT_BIN_DIR="${MOAT_BIN_DIR:-$PWD/../../build/bin}"

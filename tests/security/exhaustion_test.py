@@ -21,7 +21,7 @@ Each test creates an environment through moatd's API with small limits
 
 moatd is started on a scratch state directory and stopped at the end (its
 storage pool is unmounted and the directory removed). Needs root (exits 0
-with SKIP otherwise: moatd creates namespaces).
+with SKIP otherwise (77, CTest's "skipped"): moatd creates namespaces).
 """
 
 import argparse
@@ -697,6 +697,9 @@ class ExhaustionTest(unittest.TestCase):
         self.assertGreater(forks, LIMITS["pids"] // 2, r)
         self.assertFalse(bomb["timed_out"], bomb)  # it started (dash says "Cannot fork" at the limit)
         self.assertLessEqual(w.pids, LIMITS["pids"])
+        # and the bomb did fill it (0 processes from a failure elsewhere
+        # would pass the bound above)
+        self.assertGreaterEqual(w.pids, LIMITS["pids"] * 3 // 4, "the bomb never came near the pids limit")
         self.assertGreater(e.pids_limit_hits(), hits, "the bomb never hit the pids limit")
         self.assertDestroyedClean(e)
 
@@ -1186,7 +1189,7 @@ def main():
     args, rest = parser.parse_known_args()
     if os.geteuid() != 0:
         print("SKIP: the exhaustion tests need root (moatd creates namespaces)")
-        return 0
+        return 77  # CTest's "skipped" (SKIP_RETURN_CODE), not a pass
     BIN_DIR = os.path.abspath(args.bin_dir)
     ATTACK_S = args.seconds
     REPORT = args.report

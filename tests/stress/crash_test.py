@@ -35,7 +35,7 @@ sleeping command through a kill; files and a background process through a
 kill when nothing was in flight). At the end, SIGTERM must leave no process,
 cgroup, egress link or mount of moatd's but the storage pool.
 
-Needs root (prints SKIP and exits 0 otherwise).
+Needs root (prints SKIP and exits 77, CTest's "skipped", otherwise).
 """
 
 import argparse
@@ -602,7 +602,7 @@ def main():
     args = ap.parse_args()
     if not h.is_root():
         print("SKIP: needs root (moatd creates namespaces, cgroups and mounts)")
-        return 0
+        return 77  # CTest's "skipped" (SKIP_RETURN_CODE), not a pass
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     print(f"seed {seed}", flush=True)
     rng = random.Random(seed)

@@ -23,7 +23,7 @@ arenas grow to a ceiling). Growth is reported per 1,000 cycles. At the end,
 SIGTERM to moatd must leave nothing but the storage pool (which moatd keeps
 mounted by design), and its unmount the loop device.
 
-Needs root (prints SKIP and exits 0 otherwise).
+Needs root (prints SKIP and exits 77, CTest's "skipped", otherwise).
 """
 
 import argparse
@@ -55,7 +55,7 @@ def main():
     args = ap.parse_args()
     if not h.is_root():
         print("SKIP: needs root (moatd creates namespaces, cgroups and mounts)")
-        return 0
+        return 77  # CTest's "skipped" (SKIP_RETURN_CODE), not a pass
 
     moatd = h.Moatd(args.bin_dir, prefix="moatd-soak-")
     failures = []
