@@ -9,7 +9,9 @@ same state directory, and checked.
 Each scenario runs 8 client threads doing one kind of operation as fast as
 they can, kills moatd once every thread has had a few answers (plus a random
 0-40 ms, so that the kill lands at a different point of an operation each
-time), starts moatd again on the same state and checks:
+time; a thread that has not had them within 60 s, or that ends for any
+reason but the kill, is a failure), starts moatd again on the same state and
+checks:
 
 - the store: every environment is running, gone or failed; gone and failed
   ones have a reason; none is left creating or destroying; GET answers for
@@ -22,7 +24,8 @@ time), starts moatd again on the same state and checks:
   exec's side effect is in the workspace, every acknowledged file write
   reads back byte for byte (the one in flight, if any, is either wholly
   there or not at all), the acknowledged network policy (or the one in
-  flight) is in force;
+  flight) is in force, an acknowledged restore brought back the snapshot's
+  file (the environment had another since);
 - nothing is orphaned: pid 1s, cgroups, lock files and egress links match
   the running environments exactly.
 
@@ -40,6 +43,7 @@ Needs root (prints SKIP and exits 77, CTest's "skipped", otherwise).
 
 import argparse
 import hashlib
+import http.client
 import json
 import os
 import random
@@ -77,8 +81,11 @@ class Op:
 
 
 class Worker(threading.Thread):
-    """Runs next_op() until the connection breaks (moatd was killed). The
-    operation that was sent when it broke is `inflight`."""
+    """Runs next_op() until the connection breaks because moatd was killed
+    (kill_during sets `killed` first). The operation that was sent when it
+    broke is `inflight`. Anything else that ends it (a connection broken
+    while moatd still runs, an exception of the client or of the test) is
+    one of its `errors`, not the kill."""
 
     def __init__(self, moatd, n, next_op, rng):
         super().__init__(daemon=True)
@@ -90,8 +97,15 @@ class Worker(threading.Thread):
         self.inflight = None
         self.errors = []
         self.stop = False
+        self.killed = threading.Event()
 
     def run(self):
+        try:
+            self.loop()
+        except Exception as e:
+            self.errors.append(f"thread {self.n}: {type(e).__name__}: {e}")
+
+    def loop(self):
         while not self.stop:
             op = self.next_op(self)
             if op is None:
@@ -100,7 +114,10 @@ class Worker(threading.Thread):
             self.inflight = op
             try:
                 op.status, op.body = self.client.call(op.method, op.path, op.payload, raw=op.raw)
-            except Exception:
+            except (OSError, http.client.HTTPException) as e:
+                if not self.killed.is_set():
+                    self.errors.append(f"{op.kind} {op.path}: the connection broke before moatd was killed: "
+                                       f"{type(e).__name__}: {e}")
                 return  # moatd is gone: `inflight` may or may not have happened
             self.inflight = None
             if op.status != op.expect:
@@ -112,11 +129,21 @@ class Worker(threading.Thread):
 
 
 def kill_during(moatd, workers, rng, min_acked=3, timeout=60):
+    """Kills moatd once every worker has had min_acked operations
+    acknowledged (or has ended: its errors say why), and starts it again.
+    Raises if that takes longer than `timeout` s: nothing was exercised."""
     for w in workers:
         w.start()
-    h.wait_until(lambda: all(len(w.acked) >= min_acked or not w.is_alive() for w in workers), timeout, 0.005)
+    if not h.wait_until(lambda: all(len(w.acked) >= min_acked or not w.is_alive() for w in workers), timeout, 0.005):
+        for w in workers:
+            w.stop = True
+        raise AssertionError(f"moatd was not killed: after {timeout} s, the threads had "
+                             f"{[len(w.acked) for w in workers]} operations acknowledged, not {min_acked} each; "
+                             f"errors: {[e for w in workers for e in w.errors][:5]}")
     time.sleep(rng.uniform(0, 0.04))
     inflight = sum(1 for w in workers if w.inflight is not None)
+    for w in workers:
+        w.killed.set()
     moatd.kill9()
     for w in workers:
         w.stop = True
@@ -211,6 +238,13 @@ class Suite:
             if e["state"] == "running" and id_ not in keep:
                 self.moatd.call("DELETE", f"/v1/environments/{id_}")
 
+    def enough_acknowledged(self, label, workers, least):
+        """Every thread had `least` operations acknowledged before the kill,
+        so the checks of what was acknowledged have something to check."""
+        for w in workers:
+            self.f.check(len(w.acked) >= least, f"{label}: thread {w.n} had {len(w.acked)} operations "
+                                                f"acknowledged before the kill, not {least}")
+
     def note(self, name, inflight, acked):
         s = self.stats.setdefault(name, {"rounds": 0, "in_flight_at_kill": 0, "acknowledged": 0})
         s["rounds"] += 1
@@ -232,10 +266,12 @@ class Suite:
 
         workers = [Worker(self.moatd, n, next_op, random.Random(self.rng.random())) for n in range(THREADS)]
         self.kills += 1
-        inflight = kill_during(self.moatd, workers, self.rng, min_acked=2)
+        least = 2
+        inflight = kill_during(self.moatd, workers, self.rng, min_acked=least)
         envs, running = self.consistent(label)
         acked = [op for w in workers for op in w.acked]
         self.note("creates", inflight, len(acked))
+        self.enough_acknowledged(label, workers, least)
         for op in acked:
             id_ = op.body["id"]
             e = envs.get(id_)
@@ -272,9 +308,11 @@ class Suite:
 
         workers = [Worker(self.moatd, n, next_op, random.Random(self.rng.random())) for n in range(THREADS)]
         self.kills += 1
-        inflight = kill_during(self.moatd, workers, self.rng, min_acked=5)
+        least = 5
+        inflight = kill_during(self.moatd, workers, self.rng, min_acked=least)
         self.consistent(label)
         self.note("execs", inflight, sum(len(w.acked) for w in workers))
+        self.enough_acknowledged(label, workers, least)
         for w in workers:
             self.f.extend(f"{label}: {e}" for e in w.errors)
             env = envs[w.n % len(envs)]
@@ -324,10 +362,12 @@ class Suite:
 
         workers = [Worker(self.moatd, n, next_op, random.Random(self.rng.random())) for n in range(THREADS)]
         self.kills += 1
-        inflight = kill_during(self.moatd, workers, self.rng, min_acked=4)
+        least = 4
+        inflight = kill_during(self.moatd, workers, self.rng, min_acked=least)
         self.consistent(label)
         acked_bytes = sum(len(op.data) for w in workers for op in w.acked)
         self.note("writes", inflight, sum(len(w.acked) for w in workers))
+        self.enough_acknowledged(label, workers, least)
         self.stats["writes"]["acknowledged_bytes"] = self.stats["writes"].get("acknowledged_bytes", 0) + acked_bytes
         lost = 0
         for w in workers:
@@ -374,9 +414,11 @@ class Suite:
 
         workers = [Worker(self.moatd, n, next_op, random.Random(self.rng.random())) for n in range(THREADS)]
         self.kills += 1
-        inflight = kill_during(self.moatd, workers[:len(envs)], self.rng, min_acked=3)
+        least = 3
+        inflight = kill_during(self.moatd, workers[:len(envs)], self.rng, min_acked=least)
         self.consistent(label)
         self.note("network", inflight, sum(len(w.acked) for w in workers))
+        self.enough_acknowledged(label, workers[:len(envs)], least)
 
         def mode_allow(p):
             if p == "none":
@@ -425,9 +467,11 @@ class Suite:
 
         workers = [Worker(self.moatd, n, next_op, random.Random(self.rng.random())) for n in range(THREADS)]
         self.kills += 1
-        inflight = kill_during(self.moatd, workers, self.rng, min_acked=1)
+        least = 1
+        inflight = kill_during(self.moatd, workers, self.rng, min_acked=least)
         all_envs, running = self.consistent(label)
         self.note("destroys", inflight, sum(len(w.acked) for w in workers))
+        self.enough_acknowledged(label, workers, least)
         for w in workers:
             self.f.extend(f"{label}: {e}" for e in w.errors)
             for op in w.acked:
@@ -500,8 +544,9 @@ class Suite:
         restart: every acknowledged snapshot is there and the store and the
         storage pool list the same snapshots (none half made); every
         acknowledged fork runs with its source's file; a restored
-        environment runs with the snapshot's file (or, killed halfway, is
-        failed with a reason: consistent() checks that); restores work again."""
+        environment runs with the snapshot's file, which is not the one it
+        had when the restores began (or, killed halfway, is failed with a
+        reason: consistent() checks that); restores work again."""
         label = f"snapshots#{round_}"
         m = self.moatd
         envs = [self.create({"spec": {"ram_mb": 64, "storage_gb": 0.5}}) for _ in range(4)]
@@ -512,6 +557,9 @@ class Suite:
             status, snap = m.call("POST", f"/v1/environments/{env}/snapshots", {"name": "base"})
             assert status == 201, (status, snap)
             base[env] = snap["id"]
+            # Not the snapshot's: a restore brings base-{i} back, no restore leaves this.
+            status, r = m.call("PUT", f"/v1/environments/{env}/files?path=/workspace/mark", f"later-{i}\n".encode())
+            assert status == 200, (status, r)
 
         def next_op(w):
             env = envs[w.n % len(envs)]
@@ -527,9 +575,11 @@ class Suite:
 
         workers = [Worker(m, n, next_op, random.Random(self.rng.random())) for n in range(THREADS)]
         self.kills += 1
-        inflight = kill_during(m, workers, self.rng, min_acked=2)
+        least = 2
+        inflight = kill_during(m, workers, self.rng, min_acked=least)
         all_envs, running = self.consistent(label)
         self.note("snapshots", inflight, sum(len(w.acked) for w in workers))
+        self.enough_acknowledged(label, workers, least)
         status, listed = m.call("GET", "/v1/snapshots")
         stored = {s["id"] for s in listed.get("snapshots", [])}
         forks = [s["id"] for s in listed.get("snapshots", []) if s.get("name") == "fork"]
@@ -546,13 +596,34 @@ class Suite:
                     fork = op.body["id"]
                     self.f.check(fork in running, f"{label}: acknowledged fork {fork} is "
                                                   f"{all_envs.get(fork, {}).get('state')}")
+                    if fork in running:
+                        i = envs.index(op.env)
+                        status, data = m.call("GET", f"/v1/environments/{fork}/files?path=/workspace/mark", raw=True)
+                        self.f.check(status == 200 and data in (f"base-{i}\n".encode(), f"later-{i}\n".encode()),
+                                     f"{label}: fork {fork} of {op.env}: mark {status} {data[:40]}")
+        acked_restores = {op.env for w in workers for op in w.acked if op.kind == "restore"}
+        inflight_restores = {w.inflight.env for w in workers if w.inflight is not None and w.inflight.kind == "restore"}
         for i, env in enumerate(envs):
             if env not in running:
                 continue
+            if env in acked_restores:
+                want = [f"base-{i}\n"]
+            elif env in inflight_restores:
+                want = [f"base-{i}\n", f"later-{i}\n"]
+            else:
+                want = [f"later-{i}\n"]
             status, data = m.call("GET", f"/v1/environments/{env}/files?path=/workspace/mark", raw=True)
-            self.f.check(status == 200 and data == f"base-{i}\n".encode(), f"{label}: {env}'s mark: {status} {data[:40]}")
+            self.f.check(status == 200 and data in [x.encode() for x in want],
+                         f"{label}: {env}'s mark: {status} {data[:40]}, expected one of {want} (restores of it: "
+                         f"{'acknowledged' if env in acked_restores else 'none acknowledged'}, "
+                         f"{'one' if env in inflight_restores else 'none'} in flight)")
+            status, r = m.call("PUT", f"/v1/environments/{env}/files?path=/workspace/mark", f"again-{i}\n".encode())
+            self.f.check(status == 200, f"{label}: a write after the restart: {status} {r}")
             status, r = m.call("POST", f"/v1/environments/{env}/restore", {"snapshot": base[env]})
             self.f.check(status == 200, f"{label}: a restore after the restart: {status} {r}")
+            status, data = m.call("GET", f"/v1/environments/{env}/files?path=/workspace/mark", raw=True)
+            self.f.check(status == 200 and data == f"base-{i}\n".encode(),
+                         f"{label}: {env}'s mark after a restore after the restart: {status} {data[:40]}")
         for snap in stored:
             m.call("DELETE", f"/v1/snapshots/{snap}")
         self.destroy_all_but(keep=set())
