@@ -40,6 +40,7 @@ import argparse
 import base64
 import calendar
 import copy
+import fcntl
 import hashlib
 import http.client
 import io
@@ -49,9 +50,11 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 import traceback
@@ -462,6 +465,12 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
+def unread(sock):
+    """Bytes written to a unix stream socket that its peer has not read yet
+    (SIOCOUTQ): 0 once the other end read all of it."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+
+
 class Response:
     def __init__(self, status, headers, body, websocket=None):
         self.status = status
@@ -618,18 +627,19 @@ class Moatd:
         return self.proc is not None and self.proc.poll() is None
 
     def request(self, method, target, body=None, token=True, headers=None, content_type=None,
-                declared_length=None):
-        conn, r = self.open(method, target, body, token, headers, content_type, declared_length)
+                declared_length=None, sent=None):
+        conn, r = self.open(method, target, body, token, headers, content_type, declared_length, sent)
         try:
             return Response(r.status, r.headers, r.read())
         finally:
             conn.close()
 
     def open(self, method, target, body=None, token=True, headers=None, content_type=None,
-             declared_length=None):
+             declared_length=None, sent=None):
         """Sends the request and reads the answer's head: (connection, response)
         with the body still to read (a followed output stream has its head
-        once the stream is established)."""
+        once the stream is established). `sent(socket)` is called once the
+        request is written, before the answer is read."""
         conn = UnixHTTPConnection(self.socket_path)
         try:
             conn.putrequest(method, target, skip_accept_encoding=True)
@@ -651,6 +661,8 @@ class Moatd:
             conn.endheaders()
             if data and declared_length is None:
                 conn.send(data)
+            if sent:
+                sent(conn.sock)
             return conn, conn.getresponse()
         except BaseException:
             conn.close()
@@ -772,7 +784,7 @@ class Conformance:
 
     def call(self, method, target, body=None, *, status, code=None, field=None, token=True,
              check=None, expressible=True, content_type=None, declared_length=None, note="",
-             websocket=False, keep=False, background=False, headers=None, scope_refusal=True):
+             websocket=False, keep=False, background=False, headers=None, scope_refusal=True, sent=None):
         """One exchange. `body` may be a dict (sent as JSON), str or bytes.
         `expressible=False`: the server rejects the request for a reason a JSON
         schema cannot state (labels keys, base64 stdin...), so the spec accepting
@@ -788,7 +800,8 @@ class Conformance:
         `headers`: extra request headers; each must be a header parameter the
         operation declares, with a value its schema accepts. `scope_refusal`:
         a 403 `forbidden` to an API key names the operation's x-moat-scope,
-        unless False (a refusal for another reason: deciding its own approval)."""
+        unless False (a refusal for another reason: deciding its own approval).
+        `sent(socket)`: called once the request is written (see Moatd.open)."""
         shown = target if len(target) <= 90 else target[:87] + "..."
         line = (f"{method} {shown}" + (" [WebSocket]" if websocket else "") + f" -> {status}" +
                 (f" {code}" if code else "") + (f" ({note})" if note else ""))
@@ -806,7 +819,7 @@ class Conformance:
                                               declared_length=declared_length, headers=headers)
             else:
                 r = self.daemon.request(method, target, raw, token=token, content_type=content_type,
-                                        declared_length=declared_length, headers=headers)
+                                        declared_length=declared_length, headers=headers, sent=sent)
         except Exception as e:  # noqa: BLE001 - any transport failure is a failed exchange
             failed(e)
             return (lambda timeout=60: None) if background else None
@@ -2515,13 +2528,36 @@ def run_gate_exchanges(c):
     c.call("POST", env(g) + "/exec", {"cmd": touch_async}, headers=prefer, status=202,
            check=pending("async2", "g", exec_async), note="a second repeat asks again: the grant is used up")
 
-    # A long poll hears a decision made meanwhile; a denied one is asked again.
-    join = in_background("long poll", lambda: timed(lambda: c.call(
-        "GET", approval("async2") + "?wait=30", status=200, check=approval_is("async2", "denied"),
-        note="wait=30, denied meanwhile"), 0, 10, "a long poll answers when it is decided"))
-    time.sleep(0.3)
+    # A long poll hears a decision made meanwhile: the decision is made once
+    # moatd has read the whole poll, and the poll must answer after it (not
+    # at once, not at the end of its wait). A denied one is asked again.
+    poll = {}
+
+    def long_poll():
+        r = c.call("GET", approval("async2") + "?wait=30", status=200, check=approval_is("async2", "denied"),
+                   note="wait=30, denied meanwhile", sent=lambda sock: poll.setdefault("socket", sock))
+        poll["answered"] = time.monotonic()
+        return r
+
+    def poll_read():
+        if "answered" in poll:
+            return True
+        try:
+            return "socket" in poll and unread(poll["socket"]) == 0
+        except (OSError, ValueError):  # closed: the exchange is over
+            return True
+    join = in_background("long poll", long_poll)
+    deadline = time.monotonic() + 10
+    while not poll_read() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    c.report(poll_read() and "answered" not in poll, "the long poll waits once moatd has read it",
+             f"read: {poll_read()}, answered already: {'answered' in poll}")
+    decided = time.monotonic()
     c.call("POST", approval("async2"), {"decision": "deny"}, status=200, check=approval_is("async2", "denied"))
     join()
+    took = poll.get("answered", decided + 99) - decided
+    c.report(0 <= took <= 5, f"a long poll answers when it is decided: {took:.2f} s after the decision "
+             "(expected 0 to 5)", f"{took:.2f} s")
     c.call("POST", env(g) + "/exec", {"cmd": touch_async}, headers=prefer, status=202,
            check=pending("async3", "g", exec_async), note="after a denial: asks again")
     c.call("PUT", files + "?path=/tmp/ask-1", b"asked", content_type=octet, headers=prefer, status=202,

@@ -391,7 +391,12 @@ export function toolBehaviours(ctx) {
     });
     const pid = started.process_id;
     assert.ok(pid !== undefined && pid !== null && pid !== "", JSON.stringify(started));
-    const outputOf = (s) => s.output ?? ((s.stdout ?? "") + (s.stderr ?? ""));
+    // read_process_output answers stdout and stderr (src/mcp/tools.cc), each a string.
+    const outputOf = (s) => {
+      assert.equal(typeof s.stdout, "string", JSON.stringify(s));
+      assert.equal(typeof s.stderr, "string", JSON.stringify(s));
+      return s.stdout + s.stderr;
+    };
 
     let since = 0;
     let seen = "";
@@ -424,7 +429,8 @@ export function toolBehaviours(ctx) {
     const { process_id } = await ok("start_process", { environment_id: id, command: "trap '' TERM; echo armed; while :; do sleep 0.1; done" });
     assert.ok(await waitFor(async () => {
       const r = await ok("read_process_output", { environment_id: id, process_id, wait_s: 1 });
-      return (r.output ?? r.stdout ?? "").includes("armed");
+      assert.equal(typeof r.stdout, "string", JSON.stringify(r));
+      return r.stdout.includes("armed");
     }, 10_000), "the process started");
     await ok("kill_process", { environment_id: id, process_id });
     await sleep(500);
@@ -446,7 +452,7 @@ export function toolBehaviours(ctx) {
       return r.state !== "running" && r;
     }, 15_000);
     assert.ok(s, "the process ended after its stdin was closed");
-    assert.equal(s.output ?? s.stdout, "abc");
+    assert.equal(s.stdout, "abc");
     assert.equal(s.exit_code, 4);
   });
 
@@ -478,13 +484,13 @@ export function toolBehaviours(ctx) {
     }, 10_000);
     assert.ok(approval, "a pending approval appears");
     assert.deepEqual(approval.action?.argv, ["echo", "ask-me"]);
-    await waitFor(() => progress.length >= 2, 5_000); // the 1.5 s timeout has passed once at least
+    // two, about a second apart: the 1.5 s timeout has passed once at least
+    assert.ok(await waitFor(() => progress.length >= 2, 5_000), `progress while waiting: ${JSON.stringify(progress)}`);
     const decided = await rest.call("POST", `/v1/approvals/${approval.id}`, { decision: "approve", reason: "test" });
     assert.equal(decided.status, 200, decided.text);
     const r = await pending;
     assert.ok(!r.isError, describeResult(r));
     assert.equal(r.structuredContent.stdout, "ask-me\n");
-    assert.ok(progress.length >= 1, "progress notifications while waiting");
     await ok("destroy_environment", { environment_id: e.id });
   });
 
