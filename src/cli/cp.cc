@@ -11,6 +11,7 @@
 #include "cli/exit_codes.h"
 #include "common/unique_fd.h"
 #include "os/file.h"
+#include "os/tree.h"
 #include "os/terminal.h"
 
 namespace moat::cli {
@@ -77,11 +78,25 @@ bool parseRemote(const std::string& arg, Remote& out) {
   return true;
 }
 
+// The host side of a copy follows no symlink (os::openHostPath): moat cp
+// runs as root beside directories environments write into (moat run -v),
+// where a link they planted would lead a copy into a root-only file.
+Result<UniqueFd> openHost(const std::string& host, int flags, mode_t mode = 0) {
+  if (host == "-") return UniqueFd(::dup((flags & O_ACCMODE) == O_RDONLY ? 0 : 1));
+  std::string path = host;
+  if (path[0] != '/') {
+    MOAT_ASSIGN(std::string cwd, os::currentDirectory());  // physical: no links in it
+    path = os::joinPath(cwd, path);
+  }
+  return os::openHostPath(path, "host path", flags, mode);
+}
+
 int upload(Client& client, const std::string& host, const Remote& remote, bool showProgress) {
   auto envPath = environmentPath(remote.env);
   if (!envPath.ok()) return reportFailure("moat cp", envPath.error());
-  UniqueFd fd(host == "-" ? ::dup(0) : ::open(host.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) return complain(kExitEnvironment, "cannot read " + host + ": " + std::strerror(errno));
+  auto opened = openHost(host, O_RDONLY);
+  if (!opened.ok()) return complain(kExitEnvironment, "cannot read " + host + ": " + opened.error().message());
+  UniqueFd fd = std::move(opened.value());
   struct stat st = {};
   if (::fstat(fd.get(), &st) == 0 && S_ISDIR(st.st_mode)) {
     return complain(kExitUsage, host + " is a directory; moat cp copies files");
@@ -114,9 +129,18 @@ int upload(Client& client, const std::string& host, const Remote& remote, bool s
 int download(Client& client, const Remote& remote, const std::string& host, bool showProgress) {
   auto envPath = environmentPath(remote.env);
   if (!envPath.ok()) return reportFailure("moat cp", envPath.error());
-  UniqueFd fd(host == "-" ? ::dup(1)
-                          : ::open(host.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd) return complain(kExitEnvironment, "cannot write " + host + ": " + std::strerror(errno));
+  auto opened = openHost(host, O_WRONLY | O_CREAT, 0644);
+  if (!opened.ok()) return complain(kExitEnvironment, "cannot write " + host + ": " + opened.error().message());
+  UniqueFd fd = std::move(opened.value());
+  struct stat st = {};
+  if (::fstat(fd.get(), &st) != 0) return complain(kExitEnvironment, "stat " + host + ": " + std::strerror(errno));
+  // A regular file keeps the environment's holes: a sparse file of a
+  // terabyte (within a 100 MiB quota) takes no more of the host's disk
+  // than it did of the environment's. Devices and pipes are written as is.
+  bool regular = S_ISREG(st.st_mode);
+  if (regular && ::ftruncate(fd.get(), 0) != 0) {
+    return complain(kExitEnvironment, "truncate " + host + ": " + std::strerror(errno));
+  }
   std::string base = envPath.value() + "/files?path=" + urlEncode(remote.path);
   uint64_t total = 0;
   if (showProgress) {  // the total, for the progress line only: the file may still grow
@@ -126,17 +150,24 @@ int download(Client& client, const Remote& remote, const std::string& host, bool
     }
   }
   Progress progress(showProgress, total);
-  for (uint64_t offset = 0;;) {
+  uint64_t offset = 0;
+  for (;;) {
     auto reply = client.request("GET", base + "&offset=" + std::to_string(offset) +
                                            "&length=" + std::to_string(kChunk));
     if (!reply.ok()) return reportFailure("moat cp", reply.error());
     if (reply->status != 200) return complain(kExitEnvironment, describeError(reply.value()));
-    if (!writeAll(fd.get(), reply->body)) {
+    const std::string& body = reply->body;
+    bool hole = regular && !body.empty() && body.find_first_not_of('\0') == std::string::npos;
+    if (hole ? ::lseek(fd.get(), static_cast<off_t>(body.size()), SEEK_CUR) < 0 : !writeAll(fd.get(), body)) {
       return complain(kExitEnvironment, "write " + host + ": " + std::strerror(errno));
     }
-    offset += reply->body.size();
+    offset += body.size();
     progress.update(offset);
-    if (reply->body.size() < kChunk) break;
+    if (body.size() < kChunk) break;
+  }
+  // A hole at the end has no bytes written after it: the size says so.
+  if (regular && ::ftruncate(fd.get(), static_cast<off_t>(offset)) != 0) {
+    return complain(kExitEnvironment, "truncate " + host + ": " + std::strerror(errno));
   }
   return 0;
 }

@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
 
 #include "common/unique_fd.h"
 #include "os/file.h"
+#include "os/tree.h"
 
 namespace moat::init {
 namespace {
@@ -72,24 +74,58 @@ bool madeUpByTheKernel(int fd, const char** name) {
   return false;
 }
 
-FileResult doRead(const FileRequest& req) {
-  UniqueFd fd(::open(req.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
-  if (!fd) return failure(req, errno, "open");
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return failure(req, errno, "stat");
+// Opens a path for the file API. moat-init is pid 1: /proc/self/fd/N,
+// /proc/self/exe (and the same of other processes) would hand a client the
+// pipes and terminals of other clients' commands and moat-init's own host
+// binary, which no process inside reaches; those magic links are never
+// followed (RESOLVE_NO_MAGICLINKS). Ordinary symlinks resolve inside the
+// environment as for any process there.
+Result<UniqueFd> openForApi(const FileRequest& req, int flags, mode_t mode = 0) {
+  auto fd = os::openAt(AT_FDCWD, req.path, flags | O_NOCTTY | O_NONBLOCK, RESOLVE_NO_MAGICLINKS, mode);
+  if (fd.ok()) return fd;
+  Error e = fd.error();
+  e.context = "open " + req.path;
+  if (e.sysErrno == ELOOP && req.path.rfind("/proc/", 0) == 0) {
+    e.context = "open " + req.path + ": a /proc link to a process's files (fd, exe, root, cwd), which the "
+                "file API does not follow";
+  }
+  return e;
+}
+
+FileResult failure(const FileRequest& req, const Error& e) {
+  FileResult r;
+  r.tag = req.tag;
+  r.err = e.sysErrno;
+  r.message = e.message();
+  return r;
+}
+
+// Regular files of an ordinary file system only: else a message saying
+// what it is, for both reads and writes.
+std::optional<FileResult> notAPlainFile(const FileRequest& req, int fd, const struct stat& st, const char* what) {
+  if (S_ISDIR(st.st_mode)) return failure(req, EISDIR, what);
   if (!S_ISREG(st.st_mode)) {
-    FileResult r = failure(req, S_ISDIR(st.st_mode) ? EISDIR : EINVAL, "read");
-    if (!S_ISDIR(st.st_mode)) r.message = "read " + req.path + ": not a regular file (a device, FIFO or socket)";
+    FileResult r = failure(req, EINVAL, what);
+    r.message = std::string(what) + " " + req.path + ": not a regular file (a device, FIFO or socket)";
     return r;
   }
   const char* pseudo = nullptr;
-  if (madeUpByTheKernel(fd.get(), &pseudo)) {
-    FileResult r = failure(req, EINVAL, "read");
-    r.message = "read " + req.path + ": a file of " + pseudo +
-                ", made up by the kernel as it is read (no size, some never end): read it with exec "
-                "(cat) instead";
+  if (madeUpByTheKernel(fd, &pseudo)) {
+    FileResult r = failure(req, EINVAL, what);
+    r.message = std::string(what) + " " + req.path + ": a file of " + pseudo +
+                ", made up by the kernel as it is read (no size, some never end): use exec (cat) instead";
     return r;
   }
+  return std::nullopt;
+}
+
+FileResult doRead(const FileRequest& req) {
+  auto opened = openForApi(req, O_RDONLY);
+  if (!opened.ok()) return failure(req, opened.error());
+  UniqueFd fd = std::move(opened.value());
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return failure(req, errno, "stat");
+  if (auto refused = notAPlainFile(req, fd.get(), st, "read")) return *refused;
   uint64_t want = req.length == 0 ? kMaxRead : std::min<uint64_t>(req.length, kMaxRead);
   FileResult r;
   r.tag = req.tag;
@@ -115,10 +151,16 @@ FileResult doWrite(const FileRequest& req) {
     Status s = makeParents(req.path);
     if (!s.ok()) return failure(req, s.error().sysErrno, "mkdir parents of");
   }
-  int flags = O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
-  flags |= (req.flags & kFileAppend) ? O_APPEND : O_TRUNC;
-  UniqueFd fd(::open(req.path.c_str(), flags, req.mode & 07777));
-  if (!fd) return failure(req, errno, "open");
+  // Not truncated on open: what it is is checked first (a FIFO, a device
+  // or a kernel file is refused before anything is written to it).
+  int flags = O_WRONLY | O_CREAT | ((req.flags & kFileAppend) ? O_APPEND : 0);
+  auto opened = openForApi(req, flags, req.mode & 07777);
+  if (!opened.ok()) return failure(req, opened.error());
+  UniqueFd fd = std::move(opened.value());
+  struct stat before;
+  if (::fstat(fd.get(), &before) != 0) return failure(req, errno, "stat");
+  if (auto refused = notAPlainFile(req, fd.get(), before, "write")) return *refused;
+  if (!(req.flags & kFileAppend) && ::ftruncate(fd.get(), 0) != 0) return failure(req, errno, "truncate");
   size_t off = 0;
   while (off < req.data.size()) {
     ssize_t n = ::write(fd.get(), req.data.data() + off, req.data.size() - off);
@@ -145,8 +187,11 @@ FileResult doStat(const FileRequest& req) {
 }
 
 FileResult doList(const FileRequest& req) {
-  DIR* dir = ::opendir(req.path.c_str());
+  auto opened = openForApi(req, O_RDONLY | O_DIRECTORY);
+  if (!opened.ok()) return failure(req, opened.error());
+  DIR* dir = ::fdopendir(opened->get());
   if (dir == nullptr) return failure(req, errno, "list");
+  opened->release();
   FileResult r;
   r.tag = req.tag;
   uint64_t bytes = 0;

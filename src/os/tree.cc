@@ -16,12 +16,15 @@ Result<UniqueFd> openAt(int dirFd, const std::string& path, int flags, uint64_t 
   how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
   if (flags & (O_CREAT | O_TMPFILE)) how.mode = mode;
   how.resolve = resolve;
-  for (;;) {
+  // EAGAIN: a rename somewhere in the file system raced a ".." of the
+  // resolution (RESOLVE_IN_ROOT and RESOLVE_BENEATH check for it). Tried
+  // again a few times, not for ever: whoever keeps renaming (an environment
+  // walking its own links in a loop) must not hold the caller.
+  for (int tries = 0;; ++tries) {
     long fd = ::syscall(SYS_openat2, dirFd, path.c_str(), &how, sizeof how);
     if (fd >= 0) return UniqueFd(static_cast<int>(fd));
-    // EAGAIN: a rename somewhere in the file system raced the resolution
-    // (RESOLVE_IN_ROOT and RESOLVE_BENEATH check for it); try again.
-    if (errno != EAGAIN && errno != EINTR) return Error::fromErrno("open " + path);
+    if (errno == EINTR || (errno == EAGAIN && tries < 16)) continue;
+    return Error::fromErrno("open " + path);
   }
 }
 
@@ -87,14 +90,15 @@ Status replaceFileAt(int dirFd, const std::string& name, const std::string& data
   return {};
 }
 
-Result<UniqueFd> openHostPath(const std::string& path, const std::string& what) {
+Result<UniqueFd> openHostPath(const std::string& path, const std::string& what, int flags, mode_t mode) {
   if (path.empty() || path[0] != '/') return Error::make("invalid_argument", what + " must be an absolute path");
-  auto fd = openAt(AT_FDCWD, path, O_PATH, RESOLVE_NO_SYMLINKS);
+  auto fd = openAt(AT_FDCWD, path, flags, RESOLVE_NO_SYMLINKS, mode);
   if (fd.ok()) return fd;
   if (fd.error().sysErrno == ENOENT) {
     return Error{"not_found", ENOENT, what + " " + path + " does not exist"};
   }
   if (fd.error().sysErrno != ELOOP) return Error{fd.error().code, fd.error().sysErrno, what + " " + path};
+  // (ELOOP: a symlink on the way, or the last component one.)
   // Which component is the link, and where it leads, for the message.
   std::string walked;
   for (size_t i = 1; i <= path.size();) {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <fcntl.h>
 #include <linux/openat2.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -22,10 +23,6 @@ namespace moat::os {
 // Stays below dirFd and follows no symlink at all: for paths moat itself
 // made (mount points, the writable layer's top).
 constexpr uint64_t kResolveStrict = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-// Resolves as if dirFd were "/" (absolute symlinks and ".." stay inside),
-// no /proc magic links, no crossing into another mount: a path as the
-// environment itself would see it, kept on its own file system.
-constexpr uint64_t kResolveInside = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
 
 Result<UniqueFd> openAt(int dirFd, const std::string& path, int flags, uint64_t resolve, mode_t mode = 0);
 Result<struct stat> statFd(int fd);
@@ -52,6 +49,9 @@ Status replaceFileAt(int dirFd, const std::string& name, const std::string& data
 // any the host's own admin made, and nothing tells the two apart; a later
 // bind through it would show the environment whatever it points at. `what`
 // names the path in errors.
-Result<UniqueFd> openHostPath(const std::string& path, const std::string& what);
+// flags/mode: O_PATH by default; moat cp opens what it reads or writes the
+// same way.
+Result<UniqueFd> openHostPath(const std::string& path, const std::string& what, int flags = O_PATH,
+                              mode_t mode = 0);
 
 }  // namespace moat::os

@@ -251,6 +251,10 @@ TEST(Escape, MountinfoNamesNoStatePath) {
     EXPECT_EQ(line.find(testStateDir()), std::string::npos) << line;
     EXPECT_EQ(line.find("/storage/"), std::string::npos) << line;
   }
+  // And /dev is no handle on the storage pool (a bind from its btrfs would
+  // answer btrfs ioctls listing every environment's subvolume).
+  auto fs = runMoat({"run", "--", "stat", "-f", "-c", "%T", "/dev"});
+  EXPECT_EQ(fs.out, "tmpfs\n") << describe(fs);
 }
 
 // The host's /usr is bound read-only; root inside must get no more of it
@@ -398,6 +402,8 @@ TEST(Escape, RawInetSocketDenied) { EXPECT_BLOCKED({"raw-inet"}); }
 TEST(Escape, PacketSocketDenied) { EXPECT_BLOCKED({"raw-packet"}); }
 
 TEST(Escape, VsockSocketDenied) { EXPECT_BLOCKED({"vsock"}); }
+
+TEST(Escape, KernelUeventSocketDenied) { EXPECT_BLOCKED({"uevent"}); }
 
 TEST(Escape, OnlyLoopbackInterface) {
   MOAT_REQUIRE_ROOT();

@@ -438,5 +438,99 @@ TEST_F(HostTree, FilesTheKernelMakesUpAreRefusedByTheFileApi) {
   EXPECT_EQ(ok.body, "fine\n");
 }
 
+// moat-init is pid 1: its /proc/self/fd holds the pipes of other clients'
+// commands and /proc/self/exe is its host binary. Through the file API a
+// key that may write files wrote into another command's stdin (a gate that
+// asks for run_command, passed) and read moat-init's binary.
+TEST_F(HostTree, TheFileApiFollowsNoProcMagicLink) {
+  std::string id = createEnv();
+  json reader = call("POST", "/v1/environments/" + id + "/processes",
+                     {{"cmd", {"sh", "-c", "read line; echo GOT: $line"}}, {"stdin", true}}, 201);
+  std::string pid = std::to_string(reader.value("id", 0));
+  for (int fd = 0; fd < 24; ++fd) {
+    std::string path = "/proc/self/fd/" + std::to_string(fd);
+    auto put = daemon_->request("PUT", "/v1/environments/" + id + "/files?path=" + path, "INJECTED\n");
+    // 400 "does not follow" for an open descriptor, 404 for a number not open.
+    EXPECT_TRUE(put.status == 400 || put.status == 404) << path << ": " << put.body;
+    if (put.status == 400) {
+      EXPECT_NE(put.body.find("does not follow"), std::string::npos) << put.body;
+    }
+    auto get = daemon_->request("GET", "/v1/environments/" + id + "/files?path=" + path);
+    EXPECT_NE(get.status, 200) << path;
+  }
+  for (const char* path : {"/proc/self/exe", "/proc/1/exe", "/proc/self/root/etc/hostname"}) {
+    auto get = daemon_->request("GET", "/v1/environments/" + id + "/files?path=" + path);
+    EXPECT_EQ(get.status, 400) << path << ": " << get.body.substr(0, 200);
+    EXPECT_NE(get.body.find("does not follow"), std::string::npos) << path << ": " << get.body.substr(0, 200);
+  }
+  // The reader got nothing of it: what it reads now is what its own stdin says.
+  call("POST", "/v1/environments/" + id + "/processes/" + pid + "/stdin", {{"data", "mine\n"}, {"close", true}}, 204);
+  auto out = daemon_->stream("/v1/environments/" + id + "/processes/" + pid + "/output?follow=1");
+  std::string all, line;
+  while (out.nextLine(line)) all += line;
+  EXPECT_NE(all.find("GOT: mine"), std::string::npos) << all;
+  EXPECT_EQ(all.find("INJECTED"), std::string::npos) << all;
+  // Ordinary links still resolve inside, as for any process there.
+  run(id, "echo fine > /workspace/real && ln -s /workspace/real /workspace/link");
+  auto viaLink = daemon_->request("GET", "/v1/environments/" + id + "/files?path=/workspace/link");
+  EXPECT_EQ(viaLink.status, 200);
+  EXPECT_EQ(viaLink.body, "fine\n");
+}
+
+// moat cp's host side: an environment given a directory (moat run -v) plants
+// links there; a root operator copying to or from that directory must not
+// write or read through them. And a sparse file of the environment's takes
+// no more of the host's disk than it did of the environment's.
+TEST_F(HostTree, MoatCpFollowsNoHostLinkAndKeepsHoles) {
+  HostCanary canary;
+  SharedDirectory shared;
+  auto plant = runMoat({"run", "-v", shared.dir() + ":/data", "--", "sh", "-c",
+                        "ln -s " + canary.dir() + "/secret /data/report.txt && ln -s " + canary.dir() +
+                            "/hosts /data/input.txt && ln -s " + canary.dir() + " /data/dir"});
+  ASSERT_EQ(plant.exitCode, 0) << describe(plant);
+  std::string id = createEnv();
+  run(id, "echo attacker > /workspace/report.txt && truncate -s 2G /workspace/sparse && echo end >> /workspace/sparse");
+  std::map<std::string, std::string> env = {{"MOAT_STATE", daemon_->stateDir()}};
+  for (const std::string& target : {shared.dir() + "/report.txt", shared.dir() + "/dir/hostname"}) {
+    auto down = runMoat({"cp", "--no-progress", id + ":/workspace/report.txt", target}, "", env);
+    EXPECT_NE(down.exitCode, 0) << target << ": " << describe(down);
+    EXPECT_NE(down.err.find("is a symlink"), std::string::npos) << describe(down);
+  }
+  auto up = runMoat({"cp", "--no-progress", shared.dir() + "/input.txt", id + ":/workspace/stolen"}, "", env);
+  EXPECT_NE(up.exitCode, 0) << describe(up);
+  EXPECT_NE(up.err.find("is a symlink"), std::string::npos) << describe(up);
+  EXPECT_NE(run(id, "cat /workspace/stolen 2>&1; true")["stdout"].get<std::string>().find("No such file"),
+            std::string::npos);
+  canary.expectUntouched("moat cp through links planted in a shared directory");
+  // Holes: 2 GiB, 4 bytes of data at its end.
+  std::string sparse = shared.dir() + "/sparse";
+  auto holes = runMoat({"cp", "--no-progress", id + ":/workspace/sparse", sparse}, "", env);
+  ASSERT_EQ(holes.exitCode, 0) << describe(holes);
+  struct stat st;
+  ASSERT_EQ(::stat(sparse.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, (2LL << 30) + 4);
+  EXPECT_LT(st.st_blocks * 512, 1 << 20) << "the copy filled the host's disk with zeros";
+  EXPECT_EQ(os::readFile(sparse, 1 << 20).ok(), true);
+}
+
+// A volume nested in another whose host directory lacks the mount point:
+// moat made it, as host root, inside that host directory. Refused now.
+TEST(HostVolumes, AMountPointIsNeverMadeInsideAnotherBind) {
+  MOAT_REQUIRE_ROOT();
+  SharedDirectory outer;
+  std::string inner = outer.dir() + "-inner";
+  ASSERT_TRUE(os::makeDir(inner, 0755).ok());
+  auto r = runMoat({"run", "-v", outer.dir() + ":/data", "-v", inner + ":/data/sub", "--", "true"});
+  EXPECT_NE(r.exitCode, 0) << describe(r);
+  EXPECT_NE(r.err.find("would have to be made inside another mount"), std::string::npos) << describe(r);
+  EXPECT_FALSE(os::exists(outer.dir() + "/sub")) << "made in the host directory";
+  // Where the host directory has it, the nested volume is fine.
+  ASSERT_TRUE(os::makeDir(outer.dir() + "/sub", 0755).ok());
+  ASSERT_TRUE(os::writeFile(inner + "/mark", "inner\n").ok());
+  auto ok = runMoat({"run", "-v", outer.dir() + ":/data", "-v", inner + ":/data/sub", "--", "cat", "/data/sub/mark"});
+  EXPECT_EQ(ok.out, "inner\n") << describe(ok);
+  (void)os::removeTree(inner);
+}
+
 }  // namespace
 }  // namespace moat::test

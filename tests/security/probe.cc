@@ -1135,6 +1135,19 @@ constexpr NsFlag kNsFlags[] = {
   o.finish();
 }
 
+// uevent: a kernel-uevent netlink socket would get the host's device events
+// (the environment's network namespace belongs to the initial user
+// namespace): refused by the filter (EPERM; the kernel gives the socket to
+// anyone).
+[[noreturn]] void uevent(const Args&) {
+  Outcome o;
+  long fd = ::syscall(SYS_socket, AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, 15 /* NETLINK_KOBJECT_UEVENT */);
+  int err = errno;
+  if (fd >= 0) ::close(static_cast<int>(fd));
+  o.call("socket(AF_NETLINK, NETLINK_KOBJECT_UEVENT)", fd, err, {EPERM});
+  o.finish();
+}
+
 // net-ifaces: the only interface is lo, and there is no route anywhere.
 [[noreturn]] void netIfaces(const Args&) {
   Outcome o;
@@ -1761,6 +1774,7 @@ const Attempt kAttempts[] = {
     {"raw-inet", rawInet},
     {"raw-packet", rawPacket},
     {"vsock", vsock},
+    {"uevent", uevent},
     {"net-ifaces", netIfaces},
     {"connect", connectHost},
     {"abstract-unix", abstractUnix},

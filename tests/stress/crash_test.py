@@ -639,7 +639,7 @@ class Suite:
         # The spawner answers moatd's shutdown, then exits: a moment later.
         h.wait_until(lambda: not m.spawner_pids(), 10)
         c = h.census(m, self.seen, self.parents)
-        want = {"spawners": 0, "env_processes": 0, "cgroups": 0, "state_mounts": 1, "loop_devices": 1,
+        want = {"spawners": 0, "env_processes": 0, "cgroups": 0, "state_mounts": 2, "loop_devices": 1,  # mounts: the pool, its skeletons tmpfs
                 "lock_files": 0, "egress_links": -1}
         for k, v in want.items():
             self.f.check(c.get(k) == v, f"after SIGTERM: {k} is {c.get(k)}, expected {v}")

@@ -235,7 +235,7 @@ def teardown(moatd, ids, parents, failures):
     # The spawner answers moatd's shutdown, then exits: a moment later.
     h.wait_until(lambda: not moatd.spawner_pids(), 10)
     after = h.census(moatd, ids, parents)
-    want = {"spawners": 0, "env_processes": 0, "cgroups": 0, "state_mounts": 1, "loop_devices": 1,
+    want = {"spawners": 0, "env_processes": 0, "cgroups": 0, "state_mounts": 2, "loop_devices": 1,  # mounts: the pool, its skeletons tmpfs
             "lock_files": 0, "egress_links": -1}
     for k, v in want.items():
         if after.get(k) != v:

@@ -55,7 +55,7 @@ TEST(SeccompPolicy, DefaultDeniesTheDangerousSyscalls) {
   for (const char* name : mustDeny) {
     const Rule* r = findRule(policy, name);
     ASSERT_NE(r, nullptr) << name << " is not in the default policy";
-    EXPECT_EQ(r->argIndex, -1) << name << " must be denied unconditionally";
+    EXPECT_TRUE(r->conditions.empty()) << name << " must be denied unconditionally";
     EXPECT_TRUE(r->kill || r->errnoValue != 0) << name << " has no action";
   }
   // clone3 must fail with ENOSYS so libc falls back to clone (which the
@@ -69,15 +69,17 @@ TEST(SeccompPolicy, CloneRuleCoversNewUser) {
   Policy policy = defaultPolicy();
   const Rule* clone = findRule(policy, "clone");
   ASSERT_NE(clone, nullptr);
-  EXPECT_EQ(clone->argIndex, 0);
-  EXPECT_NE(clone->anyBits & 0x10000000ull, 0u) << "CLONE_NEWUSER";
+  ASSERT_EQ(clone->conditions.size(), 1u);
+  const Condition& flags = clone->conditions[0];
+  EXPECT_EQ(flags.argIndex, 0);
+  EXPECT_NE(flags.anyBits & 0x10000000ull, 0u) << "CLONE_NEWUSER";
   // And the other namespace flags: NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWPID, NEWNET.
   for (uint64_t flag : {0x00020000ull, 0x02000000ull, 0x04000000ull, 0x08000000ull,
                         0x20000000ull, 0x40000000ull}) {
-    EXPECT_NE(clone->anyBits & flag, 0u) << std::hex << flag;
+    EXPECT_NE(flags.anyBits & flag, 0u) << std::hex << flag;
   }
   // But not CLONE_THREAD/CLONE_VM: threads and fork must keep working.
-  EXPECT_EQ(clone->anyBits & 0x00010100ull, 0u);
+  EXPECT_EQ(flags.anyBits & 0x00010100ull, 0u);
   EXPECT_EQ(clone->errnoValue, EPERM);
 }
 
@@ -88,7 +90,11 @@ TEST(SeccompPolicy, EveryRuleSaysWhy) {
     EXPECT_NE(r.why.find_first_not_of(" \t"), std::string::npos)
         << r.syscall << " (line " << r.line << ") has no reason";
     EXPECT_GT(r.line, 0);
-    EXPECT_TRUE(seen.insert(r.syscall).second) << r.syscall << " appears twice";
+    std::string key = r.syscall;
+    for (const auto& c : r.conditions) {
+      key += " " + std::to_string(c.argIndex) + (c.equals ? "==" + std::to_string(c.value) : "&" + std::to_string(c.anyBits));
+    }
+    EXPECT_TRUE(seen.insert(key).second) << key << " appears twice";
   }
 }
 
@@ -146,20 +152,26 @@ TEST(SeccompPolicy, ParsesActionsAndArgRules) {
       "   keyctl   KILL   # kill it\n"
       "clone EACCES arg2 has-any 0x30 # two bits\n"
       "bpf ENOTSUP#tight comment\n"
-      "socket EPERM arg0 == 40 # one value\n");
+      "socket EPERM arg0 == 40 # one value\n"
+      "socket EPERM arg0 == 16 arg2 == 15 # two conditions\n");
   ASSERT_TRUE(policy.ok()) << policy.error().message();
-  ASSERT_EQ(policy->rules.size(), 4u);
-  EXPECT_TRUE(policy->rules[3].equals);
-  EXPECT_EQ(policy->rules[3].value, 40u);
-  EXPECT_EQ(policy->rules[3].argIndex, 0);
-  EXPECT_FALSE(policy->rules[1].equals);
+  ASSERT_EQ(policy->rules.size(), 5u);
+  ASSERT_EQ(policy->rules[3].conditions.size(), 1u);
+  EXPECT_TRUE(policy->rules[3].conditions[0].equals);
+  EXPECT_EQ(policy->rules[3].conditions[0].value, 40u);
+  EXPECT_EQ(policy->rules[3].conditions[0].argIndex, 0);
+  ASSERT_EQ(policy->rules[4].conditions.size(), 2u);
+  EXPECT_EQ(policy->rules[4].conditions[1].argIndex, 2);
+  EXPECT_EQ(policy->rules[4].conditions[1].value, 15u);
+  EXPECT_FALSE(policy->rules[1].conditions[0].equals);
   EXPECT_EQ(policy->rules[0].syscall, "keyctl");
   EXPECT_TRUE(policy->rules[0].kill);
   EXPECT_EQ(policy->rules[0].line, 3);
-  EXPECT_EQ(policy->rules[0].argIndex, -1);
+  EXPECT_TRUE(policy->rules[0].conditions.empty());
   EXPECT_EQ(policy->rules[1].errnoValue, EACCES);
-  EXPECT_EQ(policy->rules[1].argIndex, 2);
-  EXPECT_EQ(policy->rules[1].anyBits, 0x30u);
+  ASSERT_EQ(policy->rules[1].conditions.size(), 1u);
+  EXPECT_EQ(policy->rules[1].conditions[0].argIndex, 2);
+  EXPECT_EQ(policy->rules[1].conditions[0].anyBits, 0x30u);
   EXPECT_EQ(policy->rules[1].line, 4);
   EXPECT_EQ(policy->rules[2].errnoValue, ENOTSUP);
   EXPECT_NE(policy->rules[2].why.find("tight comment"), std::string::npos);
@@ -187,6 +199,7 @@ TEST(SeccompPolicy, ParseErrorsNameLineAndProblem) {
       {"bad syscall name", "KeyCtl EPERM # why", "bad syscall name"},
       {"bad syscall name (punctuation)", "key-ctl EPERM # why", "bad syscall name"},
       {"extra fields", "keyctl EPERM extra # why", "unexpected fields"},
+      {"half a second condition", "socket EPERM arg0 == 16 arg2 # why", "unexpected fields"},
   };
   for (const auto& c : cases) {
     // Two good lines and a blank one first: the bad one is line 4.
@@ -271,6 +284,13 @@ TEST(SeccompFilter, DefaultFilterDeniesInARealProcess) {
     errno = 0;
     rc = ::syscall(SYS_socket, 0x100000000L | 40, SOCK_STREAM, 0);
     expectErrno(report, "socket(AF_VSOCK | 1 << 32)", rc, EPERM);
+    // A kernel-uevent netlink socket; a route one still works.
+    errno = 0;
+    rc = ::syscall(SYS_socket, 16, SOCK_DGRAM, 15);
+    expectErrno(report, "socket(AF_NETLINK, NETLINK_KOBJECT_UEVENT)", rc, EPERM);
+    int route = ::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, 0);
+    if (route < 0) report += "socket(AF_NETLINK, NETLINK_ROUTE) failed; ";
+    else ::close(route);
     int unixSocket = ::socket(AF_UNIX, SOCK_STREAM, 0);
     if (unixSocket < 0) report += "socket(AF_UNIX) failed; ";
     else ::close(unixSocket);

@@ -159,8 +159,6 @@ int childMain(void* args) { runChild(*static_cast<const ChildArgs*>(args)); }
   if (a.networkFd < 0) CHILD_STEP("loopback", os::bringLoopbackUp());  // a pooled one has it up
   CHILD_STEP("enter user namespace", os::setNamespace(a.usernsFd, CLONE_NEWUSER));
   CHILD_STEP("become root of the user namespace", os::becomeId(0, 0));
-  // As the environment's root, in its root: nothing outside is reachable.
-  CHILD_STEP("environment files", fs::writeEnvironmentFiles(a.id));
   CHILD_STEP("capabilities", os::restrictCapabilities(isolation::caps::environmentCapabilities()));
   CHILD_STEP("no_new_privs", os::setNoNewPrivs());
   // The environment dies with the moat process that created it. Set after
@@ -197,6 +195,9 @@ int childMain(void* args) { runChild(*static_cast<const ChildArgs*>(args)); }
   CHILD_STEP("close fds", os::closeFrom(kRendezvousFd + 1));
   // After the dups above: the creator's descriptors may be numbered beyond it.
   if (a.fileLimit) CHILD_STEP("open files limit", os::setOpenFilesLimit(*a.fileLimit));
+  // As the environment's root, in its root, with its capabilities and
+  // nothing of the creator's open: nothing outside is reachable.
+  CHILD_STEP("environment files", fs::writeEnvironmentFiles(a.id));
   CHILD_STEP("seccomp", os::installSeccomp(*a.seccomp));
   if (init >= 0) {
     // Nothing allocated: this child shares its creator's memory (see create).

@@ -42,6 +42,8 @@ Status setAttrs(int tree, bool readOnly, int usernsFd, bool devices = false) {
 Error refusedMountPoint(const std::string& path, const Error& e) {
   std::string why = e.sysErrno == ELOOP     ? "is or passes through a symlink, which moat does not follow"
                     : e.sysErrno == ENOTDIR ? "passes through something that is not a directory"
+                    : e.sysErrno == EXDEV   ? "is missing and would have to be made inside another mount (a volume, "
+                                              "/usr): make it there first"
                                             : "cannot be made: " + e.message();
   return Error{"environment_failed", e.sysErrno, "mount point " + path + " in the environment " + why};
 }
@@ -50,6 +52,8 @@ Error refusedMountPoint(const std::string& path, const Error& e) {
 // made (owned by uid:gid) where it is missing. No symlink is followed on the
 // way: a link there, planted by the environment or by a template, fails the
 // create instead of steering a mount, or a mkdir by host root, elsewhere.
+// What is missing is made only on the environment's own file system, never
+// inside an earlier bind (a host directory).
 Result<UniqueFd> mountPoint(int rootFd, const std::string& path, bool directory, uid_t uid, gid_t gid) {
   size_t first = path.find_first_not_of('/');
   std::string rel = first == std::string::npos ? "." : path.substr(first);
@@ -62,7 +66,7 @@ Result<UniqueFd> mountPoint(int rootFd, const std::string& path, bool directory,
     std::string name = rel.substr(i, j - i);
     i = j + 1;
     if (name.empty()) continue;
-    auto next = os::openAt(at.get(), name, O_PATH, os::kResolveStrict);
+    auto next = os::openAt(at.get(), name, O_PATH, os::kResolveStrict | RESOLVE_NO_XDEV);
     if (!next.ok() && next.error().sysErrno == ENOENT) {
       Status made = directory || i < rel.size() ? os::makeDirectoryAt(at.get(), name, 0755)
                                                 : os::createFileAt(at.get(), name, 0644);
@@ -145,7 +149,7 @@ Status maskProc() {
 bool layoutInTheWay(const Error& e) {
   switch (e.sysErrno) {
     case ENOENT: case ENOTDIR: case EXDEV: case ELOOP: case EISDIR: case ENOTEMPTY: case EBUSY:
-    case EACCES: case EPERM: case EROFS:
+    case EACCES: case EPERM: case EROFS: case EAGAIN:
       return true;
     default:
       return false;
@@ -263,8 +267,10 @@ Status writeEnvironmentFiles(const std::string& hostname) {
     if (made) MOAT_TRY(os::chmodDirectory(root.get(), name, static_cast<mode_t>(mode)));
   }
   MOAT_TRY(os::makeDirAt(root.get(), "etc", 0755));
-  // /etc as the environment sees it, on its own file system.
-  auto etc = os::openAt(root.get(), "etc", O_PATH | O_DIRECTORY, os::kResolveInside);
+  // /etc itself, on the environment's own file system: a link there (to a
+  // directory elsewhere inside, or a chain of them) is the environment's
+  // choice, and its files are then left as it made them.
+  auto etc = os::openAt(root.get(), "etc", O_PATH | O_DIRECTORY, os::kResolveStrict | RESOLVE_NO_XDEV);
   if (!etc.ok()) return layoutInTheWay(etc.error()) ? Status{} : Status(etc.error());
   for (const auto& [name, content] :
        {std::pair<std::string, std::string>{"hostname", hostname + "\n"},

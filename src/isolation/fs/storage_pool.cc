@@ -70,6 +70,24 @@ bool isBtrfs(const std::string& path) {
   return type.ok() && static_cast<uint32_t>(type.value()) == static_cast<uint32_t>(os::kBtrfsMagic);
 }
 
+constexpr uint32_t kTmpfsMagic = 0x01021994;
+
+bool isTmpfs(const std::string& path) {
+  auto type = os::fileSystemType(path);
+  return type.ok() && static_cast<uint32_t>(type.value()) == kTmpfsMagic;
+}
+
+// <pool>/skeletons: a small tmpfs of its own for what every environment
+// binds from moat (the /dev skeleton). A bind from the pool itself would
+// hand each environment a descriptor on the pool's btrfs (its ioctls list
+// every environment's subvolume); one from the state directory names that
+// directory in /proc/self/mountinfo. Device nodes must open there: no nodev.
+Status mountSkeletons(const std::string& root) {
+  std::string dir = root + "/skeletons";
+  MOAT_TRY(os::makeDir(dir, 0700));
+  return os::mount("moat-skeletons", dir, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0700,size=1m,nr_inodes=1024");
+}
+
 Status mountPool(const std::string& image, const std::string& root, uint64_t imageBytes) {
   if (!os::exists(image)) {
     MOAT_ASSIGN(std::string mkfs, findTool("mkfs.btrfs"));
@@ -89,7 +107,8 @@ Status mountPool(const std::string& image, const std::string& root, uint64_t ima
   // The loop fd closes here; autoclear detaches the device at unmount.
   MOAT_ASSIGN(auto mode, os::enableBtrfsQuota(root, true));
   (void)mode;
-  return os::makeDir(root + "/envs", 0700);
+  MOAT_TRY(os::makeDir(root + "/envs", 0700));
+  return mountSkeletons(root);
 }
 
 }  // namespace
@@ -97,7 +116,7 @@ Status mountPool(const std::string& image, const std::string& root, uint64_t ima
 Result<StoragePool> StoragePool::open(const std::string& stateDir, uint64_t imageBytes) {
   StoragePool pool;
   pool.root_ = stateDir + "/storage";
-  if (!isBtrfs(pool.root_)) {
+  if (!isBtrfs(pool.root_) || !isTmpfs(pool.root_ + "/skeletons")) {
     MOAT_ASSIGN(UniqueFd lock, os::open(stateDir + "/storage.lock", O_RDWR | O_CREAT, 0600));
     if (::flock(lock.get(), LOCK_EX) != 0) return Error::fromErrno("lock storage pool");
     if (!isBtrfs(pool.root_)) {  // another moat may have mounted it meanwhile
@@ -107,6 +126,8 @@ Result<StoragePool> StoragePool::open(const std::string& stateDir, uint64_t imag
         return Error{s.error().code, s.error().sysErrno,
                      "storage pool in " + stateDir + ": " + s.error().context};
       }
+    } else if (!isTmpfs(pool.root_ + "/skeletons")) {  // a pool mounted by an older moat
+      MOAT_TRY(mountSkeletons(pool.root_));
     }
   }
   struct statvfs vfs;

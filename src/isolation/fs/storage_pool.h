@@ -11,7 +11,8 @@ namespace moat::isolation::fs {
 // Every environment's writable layer lives in one btrfs file system inside
 // the state directory: a sparse image file on a loop device, mounted at
 // <state>/storage on first use and left mounted for the next environment.
-// Each environment is a btrfs subvolume with a qgroup limit, so `--storage`
+// <pool>/skeletons is a small tmpfs mounted inside it, for the /dev
+// skeleton every environment binds. Each environment is a btrfs subvolume with a qgroup limit, so `--storage`
 // holds exactly (writes beyond it fail with EDQUOT) and no environment can
 // fill the host disk beyond the image's size. Creating and destroying a
 // subvolume costs microseconds; snapshots (fork) come for free later.

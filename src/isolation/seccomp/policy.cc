@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <sstream>
+#include <vector>
 
 #include "common/unique_fd.h"
 
@@ -74,29 +75,32 @@ Result<Policy> parsePolicy(const std::string& text) {
       }
       if (rule.errnoValue == 0) return lineError(lineNo, "unknown action '" + tokens[1] + "'");
     }
-    if (tokens.size() == 5) {
-      const std::string& arg = tokens[2];
+    // Conditions, three tokens each: argN has-any MASK | argN == VALUE.
+    if ((tokens.size() - 2) % 3 != 0) return lineError(lineNo, "unexpected fields after action");
+    for (size_t t = 2; t < tokens.size(); t += 3) {
+      const std::string& arg = tokens[t];
       if (arg.size() != 4 || arg.compare(0, 3, "arg") != 0 || arg[3] < '0' || arg[3] > '5') {
         return lineError(lineNo, "expected argN (N in 0..5), got '" + arg + "'");
       }
-      rule.argIndex = arg[3] - '0';
+      Condition c;
+      c.argIndex = arg[3] - '0';
+      const std::string& number = tokens[t + 2];
       char* end = nullptr;
-      if (tokens[3] == "has-any") {
-        rule.anyBits = std::strtoull(tokens[4].c_str(), &end, 0);
-        if (*end != '\0' || rule.anyBits == 0) return lineError(lineNo, "bad mask '" + tokens[4] + "'");
-      } else if (tokens[3] == "==") {
+      if (tokens[t + 1] == "has-any") {
+        c.anyBits = std::strtoull(number.c_str(), &end, 0);
+        if (*end != '\0' || c.anyBits == 0) return lineError(lineNo, "bad mask '" + number + "'");
+      } else if (tokens[t + 1] == "==") {
         errno = 0;
-        unsigned long long v = std::strtoull(tokens[4].c_str(), &end, 0);
-        if (*end != '\0' || tokens[4].empty() || errno != 0 || v > 0xffffffffULL) {
-          return lineError(lineNo, "bad value '" + tokens[4] + "' (a 32-bit number)");
+        unsigned long long v = std::strtoull(number.c_str(), &end, 0);
+        if (*end != '\0' || number.empty() || errno != 0 || v > 0xffffffffULL) {
+          return lineError(lineNo, "bad value '" + number + "' (a 32-bit number)");
         }
-        rule.equals = true;
-        rule.value = static_cast<uint32_t>(v);
+        c.equals = true;
+        c.value = static_cast<uint32_t>(v);
       } else {
-        return lineError(lineNo, "expected 'has-any' or '==', got '" + tokens[3] + "'");
+        return lineError(lineNo, "expected 'has-any' or '==', got '" + tokens[t + 1] + "'");
       }
-    } else if (tokens.size() != 2) {
-      return lineError(lineNo, "unexpected fields after action");
+      rule.conditions.push_back(c);
     }
     if (rule.why.find_first_not_of(" \t") == std::string::npos) {
       return lineError(lineNo, rule.syscall + " has no comment saying why it is denied");
@@ -124,22 +128,33 @@ Result<Program> compile(const Policy& policy) {
       continue;
     }
     uint32_t action = rule.kill ? SCMP_ACT_KILL_PROCESS : SCMP_ACT_ERRNO(rule.errnoValue);
-    int rc = 0;
-    if (rule.argIndex < 0) {
-      rc = seccomp_rule_add(ctx, action, nr, 0);
-    } else if (rule.equals) {
-      // The low 32 bits only: the high half is masked out of the compare.
-      struct scmp_arg_cmp cmp = {static_cast<unsigned>(rule.argIndex), SCMP_CMP_MASKED_EQ, 0xffffffffULL,
-                                 rule.value};
-      rc = seccomp_rule_add_array(ctx, action, nr, 1, &cmp);
-    } else {
-      // "any of these bits": one masked-equality rule per bit.
-      for (int bit = 0; bit < 64 && rc == 0; ++bit) {
-        uint64_t b = 1ULL << bit;
-        if (!(rule.anyBits & b)) continue;
-        struct scmp_arg_cmp cmp = {static_cast<unsigned>(rule.argIndex), SCMP_CMP_MASKED_EQ, b, b};
-        rc = seccomp_rule_add_array(ctx, action, nr, 1, &cmp);
+    // Conditions hold together (one rule); "any of these bits" is one
+    // masked-equality compare per bit, so a mask of several bits makes as
+    // many rules, each with the other conditions.
+    std::vector<std::vector<scmp_arg_cmp>> alternatives(1);
+    for (const auto& c : rule.conditions) {
+      auto index = static_cast<unsigned>(c.argIndex);
+      if (c.equals) {
+        // The low 32 bits only: the high half is masked out of the compare.
+        for (auto& cmps : alternatives) cmps.push_back({index, SCMP_CMP_MASKED_EQ, 0xffffffffULL, c.value});
+        continue;
       }
+      std::vector<std::vector<scmp_arg_cmp>> widened;
+      for (int bit = 0; bit < 64; ++bit) {
+        uint64_t b = 1ULL << bit;
+        if (!(c.anyBits & b)) continue;
+        for (auto cmps : alternatives) {
+          cmps.push_back({index, SCMP_CMP_MASKED_EQ, b, b});
+          widened.push_back(std::move(cmps));
+        }
+      }
+      alternatives = std::move(widened);
+    }
+    int rc = 0;
+    for (const auto& cmps : alternatives) {
+      if (rc != 0) break;
+      rc = cmps.empty() ? seccomp_rule_add(ctx, action, nr, 0)
+                        : seccomp_rule_add_array(ctx, action, nr, static_cast<unsigned>(cmps.size()), cmps.data());
     }
     if (rc != 0) {
       return Error{"invalid_policy", -rc, "seccomp rule for " + rule.syscall + " (line " +

@@ -12,17 +12,22 @@
 // compiled to classic BPF with libseccomp.
 namespace moat::isolation::seccomp {
 
+// One condition on a system call's argument.
+struct Condition {
+  int argIndex = 0;
+  uint64_t anyBits = 0;  // `argN has-any MASK`: match when (arg & anyBits) != 0
+  // `argN == VALUE` (anyBits 0): match when the argument's low 32 bits are
+  // VALUE (the kernel reads these arguments as an int: a caller setting the
+  // high bits must not slip past).
+  bool equals = false;
+  uint32_t value = 0;
+};
+
 struct Rule {
   std::string syscall;
   int errnoValue = 0;   // returned errno; 0 with kill = true
   bool kill = false;
-  int argIndex = -1;    // -1: unconditional
-  uint64_t anyBits = 0; // with argIndex: match when (arg & anyBits) != 0
-  // With argIndex and `argN == VALUE`: match when the argument's low 32
-  // bits are VALUE (the kernel reads these arguments as an int: a caller
-  // setting the high bits must not slip past). anyBits is 0 then.
-  bool equals = false;
-  uint32_t value = 0;
+  std::vector<Condition> conditions;  // all must hold; none: unconditional
   std::string why;
   int line = 0;
 };
