@@ -103,8 +103,19 @@ HttpResponse Api::filesRoute(const HttpRequest& req, const Principal& principal,
       return json{{"name", i.name}, {"type", type}, {"size", i.size}, {"mode", i.mode}, {"mtime", i.mtimeSec}};
     };
     if (f.op == init::FileOp::kList) {
+      // A name is something read: an entry whose read read_file denies is
+      // left out, so a denied tree's names do not show in its listing.
       json arr = json::array();
-      for (const auto& e : r->entries) arr.push_back(info(e));
+      std::string dir = gate::normalizePath(f.path);
+      for (const auto& e : r->entries) {
+        gate::Action entry;
+        entry.scope = gate::Scope::kReadFile;
+        entry.op = "list";
+        entry.path = gate::normalizePath(dir + "/" + e.name);
+        auto verdict = manager_.evaluate(id, entry, principal.ceiling.get());
+        if (verdict.ok() && verdict->decision == gate::Decision::kDeny) continue;
+        arr.push_back(info(e));
+      }
       return respond(200, {{"path", f.path}, {"entries", arr}});
     }
     if (f.op == init::FileOp::kStat) return respond(200, info(r->info));

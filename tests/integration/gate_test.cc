@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "moatd_fixture.h"
@@ -58,12 +59,40 @@ TEST_F(Gate, EveryScopeAllowsAsksOrDenies) {
   EXPECT_EQ(daemon_->request("GET", "/v1/environments/" + id + "/files/list?path=/").status, 403);
   EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + id + "/processes", R"({"cmd":["true"]})").status, 403);
   EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + id + "/files/mkdir", R"({"path":"/workspace/d"})").status, 403);
+  // Each scope asks, too: the request waits for a person (here: 202 with
+  // the approval at once), and what was asked is what the approval shows.
+  std::string asking = envWith({{"read_file", "ask"}, {"write_file", "ask"}, {"run_command", "ask"}});
+  auto asks = [&](const std::string& method, const std::string& target, const std::string& body,
+                  const std::string& scope) {
+    auto r = daemon_->request(method, target, body, true, {{"Prefer", "respond-async"}});
+    EXPECT_EQ(r.status, 202) << method << " " << target << ": " << r.body;
+    json a = json::parse(r.body, nullptr, false);
+    EXPECT_EQ(a["approval"]["state"], "pending") << r.body;
+    EXPECT_EQ(a["approval"]["scope"], scope) << r.body;
+  };
+  asks("POST", "/v1/environments/" + asking + "/exec", R"({"cmd":["true"]})", "run_command");
+  asks("PUT", "/v1/environments/" + asking + "/files?path=/workspace/a", "x", "write_file");
+  asks("GET", "/v1/environments/" + asking + "/files?path=/etc/hostname", "", "read_file");
   // The defaults allow files and commands.
   std::string open = createEnv();
   EXPECT_EQ(exec(open, {{"cmd", {"true"}}})["exit_code"], 0);
   json p = call("GET", "/v1/environments/" + open + "/permissions", nullptr, 200)["permissions"];
   EXPECT_EQ(p["network"], "deny");
   EXPECT_EQ(p["run_command"], "allow");
+}
+
+// A listing shows names, and a name inside a tree read_file denies is
+// something read: those entries are left out (they were listed before).
+TEST_F(Gate, AReadDeniedTreeDoesNotListItsNames) {
+  std::string id = envWith({{"read_file", {{{"path", "/workspace/secret/**"}, {"action", "deny"}}, {{"action", "allow"}}}}});
+  exec(id, {{"cmd", {"sh", "-c", "mkdir -p /workspace/secret && echo s > /workspace/secret/plans.txt && echo o > /workspace/open"}}});
+  json inside = call("GET", "/v1/environments/" + id + "/files/list?path=/workspace/secret", nullptr, 200);
+  EXPECT_EQ(inside["entries"], json::array()) << inside.dump();
+  json above = call("GET", "/v1/environments/" + id + "/files/list?path=/workspace", nullptr, 200);
+  std::set<std::string> names;
+  for (const auto& e : above["entries"]) names.insert(e["name"].get<std::string>());
+  EXPECT_EQ(names, (std::set<std::string>{"open", "secret"})) << above.dump();
+  EXPECT_EQ(daemon_->request("GET", "/v1/environments/" + id + "/files?path=/workspace/secret/plans.txt").status, 403);
 }
 
 TEST_F(Gate, RulesAreOrderedAndTheFirstMatchWins) {

@@ -22,6 +22,7 @@
 #include <thread>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -253,6 +254,19 @@ class HostTreeTemplate : public HostTree {
       ASSERT_TRUE(os::makeDirs(root_ + f.substr(0, f.rfind('/'))).ok());
       ASSERT_TRUE(os::copyTree(os::realPath(f).value(), root_ + f).ok()) << f;
       ::chmod((root_ + f).c_str(), 0755);
+    }
+    // What moat-init itself needs to start there (nothing in a static
+    // build; the C++ runtime in a sanitized one).
+    auto libs = runProcess({"/usr/bin/ldd", binDir() + "/moat-init"});
+    std::istringstream lines(libs.out);
+    for (std::string line; std::getline(lines, line);) {
+      auto arrow = line.find("=> /");
+      if (arrow == std::string::npos) continue;
+      std::string lib = line.substr(arrow + 3, line.find(' ', arrow + 3) - arrow - 3);
+      ASSERT_TRUE(os::makeDirs(root_ + lib.substr(0, lib.rfind('/'))).ok());
+      if (!os::exists(root_ + lib)) {
+        ASSERT_TRUE(os::copyTree(os::realPath(lib).value(), root_ + lib).ok()) << lib;
+      }
     }
     ASSERT_TRUE(os::makeDirs(root_ + "/bin").ok());
     ASSERT_TRUE(os::symlink("/usr/bin/dash", root_ + "/bin/sh").ok());
