@@ -58,6 +58,9 @@ HttpResponse Api::execRoute(const HttpRequest& req, const Principal& principal, 
   gate::Action action;
   action.scope = gate::Scope::kRunCommand;
   action.argv = exec.argv;
+  // What the command runs with: the environment's variables, then these.
+  action.env = manager_.envOf(id);
+  for (const auto& [k, v] : env) action.env[k] = v;
   action.op = "exec";
   if (auto answer = check(req, principal, id, action)) return *answer;
   // Held until the answer is written: the output is in memory until then.

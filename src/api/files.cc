@@ -75,6 +75,7 @@ HttpResponse Api::filesRoute(const HttpRequest& req, const Principal& principal,
       action.scope = scope;
       action.path = gate::normalizePath(path);
       action.size = f.data.size();
+      if (f.op == init::FileOp::kWrite) action.sha256 = sha256Hex(f.data);  // approved: these bytes only
       action.op = opNames[static_cast<int>(f.op)];
       // What a recursive remove or a move reaches: everything below too.
       action.tree = f.op == init::FileOp::kRename ||

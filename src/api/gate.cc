@@ -74,7 +74,15 @@ std::optional<HttpResponse> Api::check(const HttpRequest& req, const Principal& 
   if (e.decision == gate::Decision::kAllow) return std::nullopt;
   if (e.decision == gate::Decision::kDeny) {
     audit_.record("gate.denied", id, principal.owner(), {{"action", action.toJson()}, {"rule", e.ruleJson}});
-    return denied(action, std::string(gate::scopeName(action.scope)) + " denied by " + describe(e), e.ruleJson);
+    std::string loading;
+    for (const auto& [k, v] : action.env) {
+      if (gate::loadsCode(k)) loading += (loading.empty() ? "" : ", ") + k;
+    }
+    if (!loading.empty() && e.rule < 0) {
+      loading = " (it sets " + loading + ", which makes programs load code: only a rule naming it in \"env\" allows that)";
+    }
+    return denied(action, std::string(gate::scopeName(action.scope)) + " denied by " + describe(e) + loading,
+                  e.ruleJson);
   }
   // Ask: a person decides. An approval already granted for this very action
   // (to a caller that chose not to wait) is used up now.
@@ -234,11 +242,19 @@ HttpResponse Api::approvalsRoute(const HttpRequest& req, const Principal& princi
           std::vector<std::string> exact;
           for (const auto& a : action->argv) exact.push_back(gate::globEscape(a));
           rule.match = exact;
+          // As narrow as what was shown: the code-loading variables it set.
+          std::vector<std::string> loading;
+          for (const auto& [k, v] : action->env) {
+            if (gate::loadsCode(k)) loading.push_back(gate::globEscape(k));
+          }
+          if (!loading.empty()) rule.env = loading;
           break;
         }
         case gate::Scope::kReadFile:
         case gate::Scope::kWriteFile:
           rule.path = gate::globEscape(gate::normalizePath(action->path));
+          // Of that one operation (a read, not a stat; a write, not a remove).
+          if (!action->op.empty() && !action->tree) rule.op = action->op;
           break;
         case gate::Scope::kNetwork:
           rule.host = gate::globEscape(action->host);

@@ -131,7 +131,7 @@ egress::GateAnswer Api::networkGate(const std::string& id, const std::string& ho
     if (auto pending = approvals_.list(filter); pending.ok()) {
       for (const auto& a : pending.value()) {
         auto asked = gate::actionFromJson(a.action);
-        if (a.requester == "environment" && asked.ok() && asked->sameTarget(action)) waiting = a;
+        if (a.requester == "environment" && asked.ok() && asked->same(action)) waiting = a;
       }
     }
     if (!waiting) approval = approvals_.request(id, action, "environment");

@@ -69,6 +69,8 @@ HttpResponse startProcess(manager::EnvironmentManager& manager, const HttpReques
   gate::Action action;
   action.scope = gate::Scope::kRunCommand;
   action.argv = request.argv;
+  action.env = manager.envOf(id);
+  for (const auto& [k, v] : request.env) action.env[k] = v;
   action.op = "process";
   if (auto answer = gate(action)) return *answer;
   auto process = manager.startProcess(id, request);

@@ -149,6 +149,7 @@ HttpResponse Api::shellRoute(const HttpRequest& req, const Principal& principal,
     gate::Action action;
     action.scope = gate::Scope::kRunCommand;
     action.argv = found.value()->info().argv;
+    action.env = manager_.envOf(id);
     action.op = "shell";
     if (auto answer = check(req, principal, id, action)) return *answer;
     process = found.value();
@@ -164,6 +165,7 @@ HttpResponse Api::shellRoute(const HttpRequest& req, const Principal& principal,
     gate::Action action;
     action.scope = gate::Scope::kRunCommand;
     action.argv = request.argv;
+    action.env = manager_.envOf(id);
     action.op = "shell";
     if (auto answer = check(req, principal, id, action)) return *answer;
     request.pty = true;

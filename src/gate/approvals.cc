@@ -33,6 +33,12 @@ Result<Action> actionFromJson(const std::string& text) {
   a.size = j.value("size", static_cast<uint64_t>(0));
   a.op = j.value("op", "");
   a.tree = j.value("tree", false);
+  a.sha256 = j.value("sha256", "");
+  if (j.contains("env") && j["env"].is_object()) {
+    for (auto it = j["env"].begin(); it != j["env"].end(); ++it) {
+      if (it.value().is_string()) a.env[it.key()] = it.value();
+    }
+  }
   return a;
 }
 
@@ -139,7 +145,7 @@ bool ApprovalCenter::consumeGrant(const std::string& environment, const Action& 
   for (auto& a : approved.value()) {
     if (a.used || a.requester != requester || a.decidedAtMs < oldest) continue;
     auto granted = actionFromJson(a.action);
-    if (!granted.ok() || !granted->sameTarget(action)) continue;
+    if (!granted.ok() || !granted->same(action)) continue;
     a.used = true;
     return store_.updateApproval(a).ok();
   }

@@ -145,16 +145,31 @@ std::string normalizePath(const std::string& path) {
   return out.empty() ? "/" : out;
 }
 
+bool loadsCode(const std::string& v) {
+  static const char* const kNamed[] = {"GCONV_PATH", "BASH_ENV",  "ENV",        "NODE_OPTIONS", "PERL5OPT",
+                                       "PERL5LIB",   "PERLLIB",   "PYTHONPATH", "PYTHONHOME",   "PYTHONSTARTUP",
+                                       "RUBYOPT",    "RUBYLIB",   "LUA_INIT",   "JAVA_TOOL_OPTIONS"};
+  if (v.rfind("LD_", 0) == 0) return true;
+  for (const char* n : kNamed) {
+    if (v == n) return true;
+  }
+  return false;
+}
+
 json Action::toJson() const {
   json j = {{"scope", scopeName(scope)}};
   if (!op.empty()) j["op"] = op;
   switch (scope) {
-    case Scope::kRunCommand: j["argv"] = argv; break;
+    case Scope::kRunCommand:
+      j["argv"] = argv;
+      if (!env.empty()) j["env"] = env;
+      break;
     case Scope::kReadFile:
     case Scope::kWriteFile:
       j["path"] = path;
       if (tree) j["tree"] = true;
       if (scope == Scope::kWriteFile) j["size"] = size;
+      if (!sha256.empty()) j["sha256"] = sha256;
       break;
     case Scope::kNetwork:
       j["host"] = host;
@@ -164,12 +179,20 @@ json Action::toJson() const {
   return j;
 }
 
-bool Action::sameTarget(const Action& other) const {
-  return scope == other.scope && argv == other.argv && path == other.path && tree == other.tree &&
-         lower(host) == lower(other.host) && port == other.port;
+bool Action::same(const Action& other) const {
+  return scope == other.scope && op == other.op && argv == other.argv && env == other.env && path == other.path &&
+         tree == other.tree && size == other.size && sha256 == other.sha256 && lower(host) == lower(other.host) &&
+         port == other.port;
 }
 
 bool Rule::matches(const Action& a) const {
+  for (const auto& [name, value] : a.env) {
+    if (!loadsCode(name)) continue;
+    bool named = false;
+    for (const auto& pattern : env ? *env : std::vector<std::string>{}) named = named || globMatch(pattern, name, false);
+    if (!named) return false;
+  }
+  if (op && *op != a.op) return false;
   if (match) {
     const auto& pats = *match;
     bool restWildcard = !pats.empty() && pats.back() == "*";
@@ -192,7 +215,9 @@ bool Rule::matches(const Action& a) const {
 json Rule::toJson(Scope) const {
   json j = json::object();
   if (match) j["match"] = *match;
+  if (env) j["env"] = *env;
   if (path) j["path"] = *path;
+  if (op) j["op"] = *op;
   if (host) j["host"] = *host;
   if (port) j["port"] = *port;
   j["action"] = decisionName(decision);
@@ -254,8 +279,8 @@ Result<Permissions> Permissions::parse(const json& j, const Permissions& base, c
       for (auto f = rj.begin(); f != rj.end(); ++f) {
         std::string ff = rf + "." + f.key();
         const std::string& k = f.key();
-        bool known = k == "action" || (scope == Scope::kRunCommand && k == "match") ||
-                     ((scope == Scope::kReadFile || scope == Scope::kWriteFile) && k == "path") ||
+        bool known = k == "action" || (scope == Scope::kRunCommand && (k == "match" || k == "env")) ||
+                     ((scope == Scope::kReadFile || scope == Scope::kWriteFile) && (k == "path" || k == "op")) ||
                      (scope == Scope::kNetwork && (k == "host" || k == "port"));
         if (!known) return Error::make("unknown_field", "unknown field " + ff);
       }
@@ -272,6 +297,31 @@ Result<Permissions> Permissions::parse(const json& j, const Permissions& base, c
           pats.push_back(m[k]);
         }
         r.match = pats;
+      }
+      if (rj.contains("env")) {
+        const json& e = rj["env"];
+        if (!e.is_array() || e.empty() || e.size() > 64) {
+          return invalid(rf + ".env", "must be a non-empty array of variable name patterns");
+        }
+        std::vector<std::string> names;
+        for (size_t k = 0; k < e.size(); ++k) {
+          if (!e[k].is_string() || e[k].get<std::string>().empty() || e[k].get<std::string>().size() > 256) {
+            return invalid(rf + ".env[" + std::to_string(k) + "]", "must be a variable name pattern");
+          }
+          names.push_back(e[k]);
+        }
+        r.env = names;
+      }
+      if (rj.contains("op")) {
+        static const std::vector<std::string> kReads = {"read", "stat", "list", "move", "snapshot"};
+        static const std::vector<std::string> kWrites = {"write", "mkdir", "remove", "move", "restore"};
+        const auto& ops = scope == Scope::kReadFile ? kReads : kWrites;
+        if (!rj["op"].is_string() || std::find(ops.begin(), ops.end(), rj["op"].get<std::string>()) == ops.end()) {
+          std::string list;
+          for (const auto& o : ops) list += (list.empty() ? "" : ", ") + o;
+          return invalid(rf + ".op", "must be one of " + list);
+        }
+        r.op = rj["op"].get<std::string>();
       }
       if (rj.contains("path")) {
         if (!rj["path"].is_string()) return invalid(rf + ".path", "must be a string");

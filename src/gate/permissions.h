@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -25,22 +26,35 @@ constexpr Scope kScopes[] = {Scope::kReadFile, Scope::kWriteFile, Scope::kRunCom
 struct Action {
   Scope scope = Scope::kRunCommand;
   std::vector<std::string> argv;  // run_command
+  std::map<std::string, std::string> env;  // run_command: variables the request sets
   std::string path;               // read_file, write_file (absolute)
   std::string host;               // network
   uint16_t port = 0;              // network; 0: any
-  uint64_t size = 0;              // write_file: bytes, for the approver's eyes
+  uint64_t size = 0;              // write_file: bytes
+  std::string sha256;             // write_file: of the bytes, when there are any
   std::string op;                 // files: "read", "write", "list", "remove", ...; exec: "exec", "process", "shell"
   // files: the action reaches everything under `path` too (a recursive
   // remove, a move, a restore, a snapshot): a rule that may match any path
   // below counts, not only the first that matches `path` itself.
   bool tree = false;
   nlohmann::json toJson() const;
-  // The same action, ignoring size and op: what an approval grants.
-  bool sameTarget(const Action& other) const;
+  // Exactly the same action, every field of it (op, size, content hash,
+  // argv, env, host, port): what an approval shows is what it grants.
+  bool same(const Action& other) const;
 };
+
+// Environment variables that make a program (its loader, its shell, its
+// interpreter) load code of the caller's choosing: LD_* and the like
+// (docs/GATE.md lists them). An action setting one is allowed only by a
+// rule that names it in "env".
+bool loadsCode(const std::string& variable);
 
 struct Rule {
   std::optional<std::vector<std::string>> match;  // run_command: argv globs; a last "*" takes any rest
+  // run_command: globs of code-loading variables (loadsCode) the action may
+  // set; without it the rule matches no action that sets one.
+  std::optional<std::vector<std::string>> env;
+  std::optional<std::string> op;                  // files: only this operation
   std::optional<std::string> path;                // files: glob ("*" within a segment, "**" across)
   std::optional<std::string> host;                // network: glob, case-insensitive
   std::optional<uint16_t> port;                   // network

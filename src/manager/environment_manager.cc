@@ -573,6 +573,12 @@ std::string EnvironmentManager::ownerOf(const std::string& id) {
   return record.ok() ? record->owner : std::string();
 }
 
+std::map<std::string, std::string> EnvironmentManager::envOf(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(id);
+  return it != live_.end() ? it->second.env : std::map<std::string, std::string>{};
+}
+
 Result<std::vector<store::EnvironmentRecord>> EnvironmentManager::list(
     const store::EnvironmentFilter& filter) {
   return store_.listEnvironments(filter);
@@ -723,7 +729,7 @@ Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::str
   spawn.timeoutMs = request.timeoutMs;
   audit_.record("process.started", id, request.actor,
                 {{"process", process->id()}, {"argv", request.argv}, {"kind", request.kind},
-                 {"cwd", request.cwd}, {"pty", request.pty}});
+                 {"cwd", request.cwd}, {"pty", request.pty}, {"env", request.env}});
   process->onEnded([recorder = &audit_, id, actor = request.actor](const ProcessInfo& info) {
     recorder->record("process.ended", id, actor, endedData(info));
   });
@@ -793,7 +799,7 @@ Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecReq
   spawn.outputLimit = limit;
   ++execs_;
   audit_.record("exec.started", id, request.actor,
-                {{"process", process->id()}, {"argv", request.argv}, {"cwd", request.cwd}});
+                {{"process", process->id()}, {"argv", request.argv}, {"cwd", request.cwd}, {"env", env}});
   // Every way out below ends the process; its end is recorded then.
   process->onEnded([recorder = &audit_, id, actor = request.actor](const ProcessInfo& info) {
     recorder->record("exec.ended", id, actor, endedData(info));

@@ -184,6 +184,9 @@ class EnvironmentManager {
   // runs (no store read on every keyed request), else from the store; empty
   // when there is no such environment.
   std::string ownerOf(const std::string& id);
+  // The variables the environment adds to every command (empty when it does
+  // not run).
+  std::map<std::string, std::string> envOf(const std::string& id);
   Result<std::vector<store::EnvironmentRecord>> list(const store::EnvironmentFilter& filter);
   // The command's environment is the environment's base set plus `env`.
   // Runs a command to its end: a process like the others (it shows in the

@@ -2426,11 +2426,11 @@ def run_gate_exchanges(c):
            note="shell")
     files = env(g) + "/files"
     c.call("PUT", files + "?path=/etc/motd", b"hi", content_type=octet, status=403, code="denied_by_policy",
-           check=denied({"scope": "write_file", "op": "write", "path": "/etc/motd", "size": 2},
+           check=denied({"scope": "write_file", "op": "write", "path": "/etc/motd", "size": 2, "sha256": hashlib.sha256(b"hi").hexdigest()},
                         g_perms["write_file"][2], text=("rule 3 of",)), note="file write")
     c.call("PUT", files + "?path=/workspace/../etc/passwd", b"x", content_type=octet, status=403,
            code="denied_by_policy",
-           check=denied({"scope": "write_file", "op": "write", "path": "/etc/passwd", "size": 1},
+           check=denied({"scope": "write_file", "op": "write", "path": "/etc/passwd", "size": 1, "sha256": hashlib.sha256(b"x").hexdigest()},
                         g_perms["write_file"][2]), note="the normalized path")
     c.call("DELETE", files + "?path=/etc/hostname", status=403, code="denied_by_policy",
            check=denied({"scope": "write_file", "op": "remove", "path": "/etc/hostname", "size": 0},
@@ -2439,7 +2439,7 @@ def run_gate_exchanges(c):
            check=denied({"scope": "write_file", "op": "mkdir", "path": "/etc/new", "size": 0},
                         g_perms["write_file"][2]), note="mkdir")
     c.call("PUT", files + "?path=/var/tmp/x", b"", content_type=octet, status=403, code="denied_by_policy",
-           check=denied({"scope": "write_file", "op": "write", "path": "/var/tmp/x", "size": 0}, None,
+           check=denied({"scope": "write_file", "op": "write", "path": "/var/tmp/x", "size": 0, "sha256": hashlib.sha256(b"").hexdigest()}, None,
                         text=("no rule of the environment's permissions matched (deny by default)",)),
            note="no rule matched")
     c.call("PUT", files + "?path=/workspace/ok.txt", b"ok", content_type=octet, status=200, note="allowed")
@@ -2561,7 +2561,7 @@ def run_gate_exchanges(c):
     c.call("POST", env(g) + "/exec", {"cmd": touch_async}, headers=prefer, status=202,
            check=pending("async3", "g", exec_async), note="after a denial: asks again")
     c.call("PUT", files + "?path=/tmp/ask-1", b"asked", content_type=octet, headers=prefer, status=202,
-           check=pending("file", "g", {"scope": "write_file", "op": "write", "path": "/tmp/ask-1", "size": 5}),
+           check=pending("file", "g", {"scope": "write_file", "op": "write", "path": "/tmp/ask-1", "size": 5, "sha256": hashlib.sha256(b"asked").hexdigest()}),
            note="a file write asks")
     c.call("POST", approval("file"), {"decision": "approve"}, status=200)
     c.call("PUT", files + "?path=/tmp/ask-1", b"asked", content_type=octet, headers=prefer, status=200,
@@ -2729,7 +2729,7 @@ def run_gate_exchanges(c):
            note="permission_layers")
     c.call("PUT", env(k) + "/files?path=/workspace/locked/x", b"x", content_type=octet, token=tok("gatekeeper"),
            status=403, code="denied_by_policy",
-           check=denied({"scope": "write_file", "op": "write", "path": "/workspace/locked/x", "size": 1},
+           check=denied({"scope": "write_file", "op": "write", "path": "/workspace/locked/x", "size": 1, "sha256": hashlib.sha256(b"x").hexdigest()},
                         locked[0], text=("permission layer 1",)), note="the added layer denies")
     c.call("PUT", env(k) + "/files?path=/workspace/free", b"x", content_type=octet, token=tok("gatekeeper"),
            status=200, note="elsewhere still allowed")

@@ -197,6 +197,86 @@ TEST_F(Gate, AnAskWaitsForAPersonWhoApprovesOrDenies) {
             "conflict");
 }
 
+// An approval grants exactly what it showed (issue 24): the person denied
+// the read and approved the stat of a file, and the agent's next GET of it
+// returned its content; an approved mkdir let a PUT write a file there; an
+// approved write let other bytes be written.
+TEST_F(Gate, AnApprovalGrantsExactlyTheActionItShowed) {
+  std::string id = envWith({{"read_file", {{{"path", "/workspace/secret/**"}, {"action", "ask"}}, {{"action", "allow"}}}},
+                            {"write_file", {{{"path", "/workspace/asked/**"}, {"action", "ask"}}, {{"action", "allow"}}}}});
+  exec(id, {{"cmd", {"sh", "-c", "mkdir -p /workspace/secret /workspace/asked && echo s3cret > /workspace/secret/key"}}});
+  const std::string base = "/v1/environments/" + id + "/files";
+  const std::map<std::string, std::string> async = {{"Prefer", "respond-async"}};
+  auto asked = [&](const std::string& method, const std::string& target, const std::string& body = "") {
+    auto r = daemon_->request(method, target, body, true, async);
+    EXPECT_EQ(r.status, 202) << method << " " << target << ": " << r.body;
+    return json::parse(r.body, nullptr, false)["approval"].value("id", "");
+  };
+  std::string read = asked("GET", base + "?path=/workspace/secret/key");
+  std::string stat = asked("GET", base + "/stat?path=/workspace/secret/key");
+  call("POST", "/v1/approvals/" + read, {{"decision", "deny"}}, 200);
+  call("POST", "/v1/approvals/" + stat, {{"decision", "approve"}}, 200);
+  auto again = daemon_->request("GET", base + "?path=/workspace/secret/key", "", true, async);
+  EXPECT_EQ(again.status, 202) << "the approved stat granted the read: " << again.body;
+  EXPECT_EQ(again.body.find("s3cret"), std::string::npos);
+  EXPECT_EQ(daemon_->request("GET", base + "/stat?path=/workspace/secret/key").status, 200) << "the stat it granted";
+  // An approved mkdir grants no write there.
+  std::string mkdir = asked("POST", base + "/mkdir", R"({"path":"/workspace/asked/agent"})");
+  call("POST", "/v1/approvals/" + mkdir, {{"decision", "approve"}}, 200);
+  EXPECT_EQ(daemon_->request("PUT", base + "?path=/workspace/asked/agent", "x", true, async).status, 202);
+  // An approved write grants those bytes only.
+  std::string write = asked("PUT", base + "?path=/workspace/asked/f", "shown bytes");
+  json shown = call("GET", "/v1/approvals/" + write, nullptr, 200);
+  EXPECT_EQ(shown["action"]["size"], 11);
+  EXPECT_EQ(shown["action"]["sha256"].get<std::string>().size(), 64u) << shown.dump();
+  call("POST", "/v1/approvals/" + write, {{"decision", "approve"}}, 200);
+  EXPECT_EQ(daemon_->request("PUT", base + "?path=/workspace/asked/f", "other bytes", true, async).status, 202);
+  EXPECT_EQ(daemon_->request("PUT", base + "?path=/workspace/asked/f", "shown bytes", true, async).status, 200);
+}
+
+// The variables a command runs with are part of what the gate judges
+// (issue 24): with run_command allowing only `ls *`, an exec of ls with
+// LD_PRELOAD naming a library the agent wrote ran that library's code, and
+// the log showed only ["ls", "/workspace"].
+TEST_F(Gate, CodeLoadingVariablesNeedARuleThatNamesThem) {
+  std::string id = envWith({{"run_command", {{{"match", {"ls", "*"}}, {"action", "allow"}},
+                                             {{"match", {"env", "*"}}, {"env", {"LD_LIBRARY_PATH"}}, {"action", "allow"}}}}});
+  auto preload = daemon_->request("POST", "/v1/environments/" + id + "/exec",
+                                  json{{"cmd", {"ls", "/workspace"}}, {"env", {{"LD_PRELOAD", "/workspace/x.so"}}}}.dump());
+  EXPECT_EQ(preload.status, 403) << preload.body;
+  EXPECT_NE(preload.body.find("LD_PRELOAD"), std::string::npos) << preload.body;
+  EXPECT_EQ(json::parse(preload.body)["error"]["action"]["env"]["LD_PRELOAD"], "/workspace/x.so") << preload.body;
+  // The same as a process, and variables that load nothing are fine.
+  EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + id + "/processes",
+                             json{{"cmd", {"ls"}}, {"env", {{"BASH_ENV", "/workspace/rc"}}}}.dump())
+                .status,
+            403);
+  EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + id + "/exec",
+                             json{{"cmd", {"ls", "/"}}, {"env", {{"LANG", "C"}}}}.dump())
+                .status,
+            200);
+  // A rule that names the variable allows it; the log records what was set.
+  auto named = daemon_->request("POST", "/v1/environments/" + id + "/exec",
+                                json{{"cmd", {"env"}}, {"env", {{"LD_LIBRARY_PATH", "/workspace/lib"}}}}.dump());
+  EXPECT_EQ(named.status, 200) << named.body;
+  std::string events;
+  for (int i = 0; i < 200 && events.find("LD_LIBRARY_PATH") == std::string::npos; ++i) {
+    events = daemon_->request("GET", "/v1/events?type=exec.started&environment=" + id).body;
+  }
+  EXPECT_NE(events.find("\"LD_LIBRARY_PATH\":\"/workspace/lib\""), std::string::npos) << events;
+  // The defaults allow every command, but not one that loads code this way.
+  std::string open = createEnv();
+  EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + open + "/exec",
+                             json{{"cmd", {"true"}}, {"env", {{"LD_PRELOAD", "/workspace/x.so"}}}}.dump())
+                .status,
+            403);
+  // Rules naming a variable are validated.
+  auto bad = daemon_->request("POST", "/v1/environments",
+                              json{{"permissions", {{"run_command", {{{"env", "LD_PRELOAD"}, {"action", "allow"}}}}}}}.dump());
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_NE(bad.body.find("permissions.run_command[0].env"), std::string::npos) << bad.body;
+}
+
 TEST_F(Gate, NobodyDecidingIsADenyThatSaysSo) {
   std::string id = envWith({{"write_file", "ask"}});
   auto r = daemon_->request("PUT", "/v1/environments/" + id + "/files?path=/workspace/f", "data");

@@ -89,7 +89,7 @@ TEST(GateTree, TreeIsPartOfWhatAnApprovalGrants) {
   a.path = "/workspace";
   Action tree = a;
   tree.tree = true;
-  EXPECT_FALSE(a.sameTarget(tree));
+  EXPECT_FALSE(a.same(tree));
   EXPECT_EQ(tree.toJson()["tree"], true);
   EXPECT_FALSE(a.toJson().contains("tree"));
 }
