@@ -31,15 +31,17 @@ Result<struct stat> statFd(int fd);
 Result<bool> makeDirAt(int dirFd, const std::string& name, mode_t mode);
 // The same, for a caller to whom an existing name is no failure.
 Status makeDirectoryAt(int dirFd, const std::string& name, mode_t mode);
-// A new empty regular file (O_EXCL: never an existing one, nor a link).
-Status createFileAt(int dirFd, const std::string& name, mode_t mode);
+// A new regular file holding data (O_EXCL: never an existing one, nor a
+// link), its mode despite the umask.
+Status createFileAt(int dirFd, const std::string& name, mode_t mode, const std::string& data = "");
 // Changes the owner of what fd refers to (an O_PATH descriptor will do).
 Status chownFd(int fd, uid_t uid, gid_t gid);
 // Sets the mode of the directory fd refers to (despite the umask).
 Status chmodDirectory(int dirFd, const std::string& name, mode_t mode);
-// Replaces `name` in dirFd with a new regular file holding data (a
-// temporary file renamed over it): whatever `name` was (a symlink, a hard
-// link to another file, a FIFO) is replaced, never followed or written to.
+// Makes `name` in dirFd a regular file holding data: written in place when
+// it is new or a regular file of one link, else replaced by a temporary
+// file renamed over it. Whatever else `name` was (a symlink, a hard link to
+// another file, a FIFO) is replaced, never followed or written to.
 Status replaceFileAt(int dirFd, const std::string& name, const std::string& data, mode_t mode);
 
 // Opens a host path (O_PATH) that follows no symlink at all, and says where

@@ -197,7 +197,7 @@ int childMain(void* args) { runChild(*static_cast<const ChildArgs*>(args)); }
   if (a.fileLimit) CHILD_STEP("open files limit", os::setOpenFilesLimit(*a.fileLimit));
   // As the environment's root, in its root, with its capabilities and
   // nothing of the creator's open: nothing outside is reachable.
-  CHILD_STEP("environment files", fs::writeEnvironmentFiles(a.id));
+  if (!a.plan->environmentFilesWritten) CHILD_STEP("environment files", fs::writeEnvironmentFiles(a.id));
   CHILD_STEP("seccomp", os::installSeccomp(*a.seccomp));
   if (init >= 0) {
     // Nothing allocated: this child shares its creator's memory (see create).
@@ -303,7 +303,7 @@ Result<std::unique_ptr<Environment>> Environment::create(
   }
   const auto& idmap = env->idmap_.map;
   traceStage("volume");
-  MOAT_ASSIGN(fs::RootPlan plan, fs::prepareRoot(volume, tmpl.lower.get(), idmap.hostBase, idmap.hostBase));
+  MOAT_ASSIGN(fs::RootPlan plan, fs::prepareRoot(volume, tmpl.lower.get(), env->id_, idmap.hostBase, idmap.hostBase));
   MOAT_ASSIGN(plan.devDir, fs::ensureDevSkeleton(pool.root()));
   for (const auto& dir : tmpl.hostReadOnlyDirs) MOAT_TRY(fs::addBind(plan, dir, dir, true, false));
   for (const auto& v : spec.volumes) MOAT_TRY(fs::addBind(plan, v.source, v.target, v.readOnly, true));

@@ -119,15 +119,13 @@ Status mountDev(int rootFd, UniqueFd devTree, const RootPlan& plan) {
   gid_t gid = plan.hostRootGid;
   MOAT_ASSIGN(UniqueFd dev, mountPoint(rootFd, "/dev", true, uid, gid));
   MOAT_TRY(os::attachTree(devTree.get(), dev.get(), "/dev"));
-  os::MountAttrs pts;
-  pts.noDev = false;
-  pts.noExec = true;
-  MOAT_TRY(mountNew(rootFd, "/dev/pts", "devpts",
-                    {{"source", "devpts"}, {"newinstance", ""}, {"ptmxmode", "0666"}, {"mode", "0620"}, {"gid", std::to_string(gid + 5)}},
-                    pts, uid, gid));
-  return mountNew(rootFd, "/dev/shm", "tmpfs",
-                  {{"source", "shm"}, {"mode", "1777"}, {"uid", std::to_string(uid)}, {"gid", std::to_string(gid)}}, os::MountAttrs{},
-                  uid, gid);
+  // /dev/pts and /dev/shm are directories of moat's skeleton, just mounted
+  // at /dev: nothing of the environment's lies on the way there, and
+  // mount(2) by path costs a third of fsopen/fsconfig/fsmount.
+  MOAT_TRY(os::mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+                     "newinstance,ptmxmode=0666,mode=0620,gid=" + std::to_string(gid + 5)));
+  return os::mount("shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV,
+                   "mode=1777,uid=" + std::to_string(uid) + ",gid=" + std::to_string(gid));
 }
 
 Status maskProc() {
@@ -180,7 +178,42 @@ Result<std::string> ensureDevSkeleton(const std::string& poolRoot) {
   return ensureBuiltDirectory(poolRoot + "/skeletons", "dev-v1", buildDevSkeleton);
 }
 
-Result<RootPlan> prepareRoot(const std::string& volumeDir, int lowerFd, uid_t hostRootUid, gid_t hostRootGid) {
+namespace {
+
+// A volume made just now: its upper layer is empty and no process has seen
+// it, so the files every environment gets are written here, on the host
+// (an overlay's copy-up made the child's writes cost ~0.3 ms more). Every
+// name is new (mkdirat and O_EXCL fail on anything there) and every owner
+// is set through a descriptor.
+Status writeFreshEnvironmentFiles(int upper, int lowerFd, const std::string& hostname, uid_t uid, gid_t gid) {
+  MOAT_ASSIGN(bool made, os::makeDirAt(upper, "etc", 0755));
+  if (!made) return Error::make("conflict", "a new volume already holds etc");
+  MOAT_ASSIGN(UniqueFd etc, os::openAt(upper, "etc", O_PATH | O_DIRECTORY, os::kResolveStrict));
+  MOAT_TRY(os::chownFd(etc.get(), uid, gid));
+  for (const auto& [name, content] :
+       {std::pair<std::string, std::string>{"hostname", hostname + "\n"},
+        {"hosts", "127.0.0.1 localhost\n::1 localhost\n127.0.1.1 " + hostname + "\n"}}) {
+    MOAT_TRY(os::createFileAt(etc.get(), name, 0644, content));
+    MOAT_ASSIGN(UniqueFd file, os::openAt(etc.get(), name, O_PATH, os::kResolveStrict));
+    MOAT_TRY(os::chownFd(file.get(), uid, gid));
+  }
+  // /workspace and /tmp where the template has none (a link of the
+  // template's counts as one: it is the template's choice).
+  for (auto [name, mode] : {std::pair{"workspace", 0755}, std::pair{"tmp", 01777}}) {
+    struct stat st;
+    if (::fstatat(lowerFd, name, &st, AT_SYMLINK_NOFOLLOW) == 0) continue;
+    MOAT_TRY(os::makeDirectoryAt(upper, name, 0700));
+    MOAT_TRY(os::chmodDirectory(upper, name, static_cast<mode_t>(mode)));
+    MOAT_ASSIGN(UniqueFd dir, os::openAt(upper, name, O_PATH | O_DIRECTORY, os::kResolveStrict));
+    MOAT_TRY(os::chownFd(dir.get(), uid, gid));
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<RootPlan> prepareRoot(const std::string& volumeDir, int lowerFd, const std::string& hostname,
+                             uid_t hostRootUid, gid_t hostRootGid) {
   RootPlan plan;
   plan.lowerFd = lowerFd;
   plan.lowerMountPoint = volumeDir + "/lower";
@@ -196,10 +229,16 @@ Result<RootPlan> prepareRoot(const std::string& volumeDir, int lowerFd, uid_t ho
   for (const char* dir : {"lower", "work", "root"}) {
     MOAT_TRY(os::makeDirectoryAt(volume.get(), dir, 0700));
   }
-  // The upper layer's top is / inside: owned by the environment's root.
-  MOAT_TRY(os::makeDirectoryAt(volume.get(), "upper", 0755));
+  // The upper layer's top is / inside: owned by the environment's root. A
+  // copy of a snapshot (fork, restore) has one, written by an environment:
+  // its files are then written by the child, as the environment's root.
+  MOAT_ASSIGN(bool fresh, os::makeDirAt(volume.get(), "upper", 0755));
   MOAT_ASSIGN(UniqueFd upper, os::openAt(volume.get(), "upper", O_PATH | O_DIRECTORY, os::kResolveStrict));
   MOAT_TRY(os::chownFd(upper.get(), hostRootUid, hostRootGid));
+  if (fresh) {
+    MOAT_TRY(writeFreshEnvironmentFiles(upper.get(), lowerFd, hostname, hostRootUid, hostRootGid));
+    plan.environmentFilesWritten = true;
+  }
   return plan;
 }
 

@@ -43,16 +43,19 @@ struct RootPlan {
   std::vector<PlannedBind> binds;  // template read-only dirs, then user volumes
   std::vector<UniqueFd> bindSources;  // what binds[i].sourceFd borrows
   std::vector<UniqueFd> bindTrees;  // binds[i] as a detached mount (detachBinds)
+  bool environmentFilesWritten = false;  // by prepareRoot (a fresh volume); else the child's
   uid_t hostRootUid = 0;        // host uid of root inside (for ownership)
   gid_t hostRootGid = 0;
 };
 
 // Parent side: prepares the volume for the overlay (lower, upper, work and
 // root directories; the upper layer's top owned by the environment's root)
-// and returns the plan. Nothing below upper/ is touched: what the
-// environment keeps there is written by the child as the environment's
-// root (writeEnvironmentFiles).
-Result<RootPlan> prepareRoot(const std::string& volumeDir, int lowerFd, uid_t hostRootUid, gid_t hostRootGid);
+// and returns the plan. On a volume made just now it also writes the
+// environment's files (all names new, nothing there to follow); on a copy
+// of a snapshot nothing below upper/ is touched: the child writes them as
+// the environment's root (writeEnvironmentFiles).
+Result<RootPlan> prepareRoot(const std::string& volumeDir, int lowerFd, const std::string& hostname,
+                             uid_t hostRootUid, gid_t hostRootGid);
 
 // Parent side: opens `source` (a host path; symlinks on the way followed
 // only when root owns them: os::openHostPath) and adds it to the plan.
