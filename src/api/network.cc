@@ -11,6 +11,12 @@
 namespace moat::api {
 namespace {
 
+// Refusals of the environment's own connections by the gate, per
+// environment: the rest are counted (audit::EnvironmentShare).
+constexpr audit::Pace kEnvironmentGateEvents{20, 100};
+// Network questions of one environment waiting for a person at once.
+constexpr size_t kPendingQuestionsPerEnvironment = 16;
+
 // Policy::parse and parseSecrets name the field: "<field>: <problem>".
 ApiError fieldError(const Error& e) {
   return {400, "invalid_request", e.context, e.context.substr(0, e.context.find(": "))};
@@ -111,8 +117,10 @@ egress::GateAnswer Api::networkGate(const std::string& id, const std::string& ho
   const std::string who = e.layer < 0 ? "the ceiling of the API key that created the environment" : "the network permission";
   if (e.decision == gate::Decision::kAllow) return {true, listed ? "on the allowlist" : "allowed by " + who};
   if (e.decision == gate::Decision::kDeny) {
-    audit_.record("gate.denied", id, "environment",
-                  {{"action", action.toJson()}, {"rule", e.ruleJson}, {"layer", e.layer}});
+    // The environment asks this at will (a connection each): paced, within
+    // its share of the log.
+    audit_.recordByEnvironment("gate.denied", id, {{"action", action.toJson()}, {"rule", e.ruleJson}, {"layer", e.layer}},
+                               kEnvironmentGateEvents);
     return {false, who + " denies it"};
   }
   if (approvals_.consumeGrant(id, action, "environment")) return {true, "approved"};
@@ -121,6 +129,7 @@ egress::GateAnswer Api::networkGate(const std::string& id, const std::string& ho
   // connection waits for that answer, so that an environment cannot bury
   // the person in copies.
   std::optional<store::ApprovalRecord> waiting;
+  size_t pendingFromEnvironment = 0;
   Result<store::ApprovalRecord> approval = Error::make("internal", "no approval");
   {
     static std::mutex asking;  // one look-then-ask at a time
@@ -130,9 +139,22 @@ egress::GateAnswer Api::networkGate(const std::string& id, const std::string& ho
     filter.environment = id;
     if (auto pending = approvals_.list(filter); pending.ok()) {
       for (const auto& a : pending.value()) {
+        if (a.requester != "environment") continue;
+        ++pendingFromEnvironment;
         auto asked = gate::actionFromJson(a.action);
-        if (a.requester == "environment" && asked.ok() && asked->same(action)) waiting = a;
+        if (asked.ok() && asked->same(action)) waiting = a;
       }
+    }
+    // A person answers a few questions at a time: an environment asking
+    // for host after host does not bury them (nor the store) in approvals.
+    if (!waiting && pendingFromEnvironment >= kPendingQuestionsPerEnvironment) {
+      audit_.recordByEnvironment("gate.denied", id,
+                                 {{"action", action.toJson()},
+                                  {"reason", std::to_string(kPendingQuestionsPerEnvironment) +
+                                                 " of its network questions already wait for a person"}},
+                                 kEnvironmentGateEvents);
+      return {false, std::to_string(kPendingQuestionsPerEnvironment) +
+                         " of this environment's network questions already wait for a person; ask again later"};
     }
     if (!waiting) approval = approvals_.request(id, action, "environment");
   }
@@ -146,6 +168,7 @@ egress::GateAnswer Api::networkGate(const std::string& id, const std::string& ho
                                               : "the approval was not decided (approval " + decided->id + ")"};
   }
   if (!approval.ok()) return {false, approval.error().message()};
+  // Each one recorded: at most kPendingQuestionsPerEnvironment wait at once.
   audit_.record("approval.requested", id, "environment",
                 {{"id", approval->id}, {"scope", "network"}, {"action", action.toJson()}});
   auto decided = approvals_.await(approval->id, std::chrono::milliseconds(options_.approvalTimeoutMs));

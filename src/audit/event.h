@@ -21,6 +21,13 @@ struct Event {
 
 // Takes events. Implementations must be cheap for the caller and never wait
 // for the disk: the calls come from request and reader threads.
+// How often an event type that code inside an environment causes at will
+// may be recorded for one environment: `rate` a second, `burst` at once.
+struct Pace {
+  double rate = 20;
+  double burst = 100;
+};
+
 class Recorder {
  public:
   virtual ~Recorder() = default;
@@ -28,6 +35,16 @@ class Recorder {
   // non-blocking for the caller: it must not wait for disk.
   virtual void record(const std::string& type, const std::string& environment,
                       const std::string& actor, nlohmann::json data) = 0;
+  // An event that code inside `environment` causes (its connections, its
+  // questions), actor "environment": the log may hold it at `pace` and within
+  // the environment's share, and counts the rest (EnvironmentShare).
+  virtual void recordByEnvironment(const std::string& type, const std::string& environment, nlohmann::json data,
+                                   Pace pace) {
+    (void)pace;
+    record(type, environment, "environment", std::move(data));
+  }
+  // The environment ended: what is still only counted is written.
+  virtual void closeEnvironment(const std::string& environment) { (void)environment; }
 };
 
 // Drops everything: for code under test that has no log.

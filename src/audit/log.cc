@@ -54,7 +54,10 @@ Log::Log(store::Store& store, LogOptions options, uint64_t firstId, uint64_t las
       nextId_(lastId + 1),
       committedId_(lastId),
       firstId_(firstId),
-      lastHash_(std::move(lastHash)) {
+      lastHash_(std::move(lastHash)),
+      share_([this](const std::string& type, const std::string& environment,
+                    nlohmann::json data) { record(type, environment, "environment", std::move(data)); },
+             {options_.environmentShare ? options_.environmentShare : options_.maxEvents / 20, 60'000, {}}) {
   writer_ = std::thread([this] {
     ::pthread_setname_np(::pthread_self(), "moatd-audit");  // for top and bench/audit.sh
     writerLoop();
@@ -73,6 +76,13 @@ Log::~Log() {
 }
 
 int64_t Log::now() const { return options_.clock(); }
+
+void Log::recordByEnvironment(const std::string& type, const std::string& environment, nlohmann::json data,
+                              Pace pace) {
+  share_.record(type, environment, std::move(data), pace);
+}
+
+void Log::closeEnvironment(const std::string& environment) { share_.close(environment); }
 
 void Log::record(const std::string& type, const std::string& environment, const std::string& actor,
                  nlohmann::json data) {

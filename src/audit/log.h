@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "audit/chain.h"
+#include "audit/environment_share.h"
 #include "audit/event.h"
 #include "common/result.h"
 #include "store/store.h"
@@ -32,6 +33,9 @@ struct LogOptions {
   // Events per transaction. A batch holds the store's lock while it is
   // written (~5 ms for 512), and requests that read the store wait.
   size_t maxBatch = 512;
+  // What one environment's own doing (connections, refusals, network
+  // questions) may hold of the log, EnvironmentShare; 0: maxEvents / 20.
+  uint64_t environmentShare = 0;
   // The writer gathers events this long after the first before it writes
   // them: one transaction (and one wake-up) for many events, and the
   // writer stays off the CPU while the request that caused them finishes.
@@ -55,6 +59,9 @@ class Log final : public Recorder {
 
   void record(const std::string& type, const std::string& environment, const std::string& actor,
               nlohmann::json data) override;
+  void recordByEnvironment(const std::string& type, const std::string& environment, nlohmann::json data,
+                           Pace pace) override;
+  void closeEnvironment(const std::string& environment) override;
 
   // Waits until every event recorded before the call is in the store.
   Status flush(std::chrono::milliseconds timeout = std::chrono::seconds(30));
@@ -125,6 +132,8 @@ class Log final : public Recorder {
   bool failing_ = false;      // the last append failed: retry after a pause
   bool writerIdle_ = false;   // waiting for a first event: record() wakes it
   bool flushWanted_ = false;  // someone waits in flush(): write without gathering
+
+  EnvironmentShare share_;
 
   std::mutex verifyMutex_;  // a verify and a prune do not overlap
   std::thread writer_;

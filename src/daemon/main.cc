@@ -300,8 +300,9 @@ int main(int argc, char** argv) {
       manager.detach();
       return fail("expiring the approvals a previous moatd left pending: " + s.error().message());
     }
-    manager.onEnded([&approvals](const std::string& id, const std::string& reason) {
+    manager.onEnded([&approvals, log = auditLog->get()](const std::string& id, const std::string& reason) {
       approvals.closeEnvironment(id, reason);
+      log->closeEnvironment(id);  // what it caused and was only counted is written
     });
     api::ApiOptions apiOptions;
     apiOptions.stateDir = stateDir;

@@ -175,25 +175,14 @@ std::shared_ptr<Controller::Env> Controller::envByAddress(uint32_t address) {
 
 void Controller::record(const std::shared_ptr<Env>& env, bool allowed, nlohmann::json data) {
   (allowed ? accepted_ : refused_)++;
-  {
-    // Refusals cost the environment nothing to provoke (a UDP packet, a
-    // connection), allowed requests one round trip each to a host it may
-    // reach: either, unbounded, would fill the audit log and the disk under
-    // it. At a bounded rate each, the rest counted.
-    std::lock_guard<std::mutex> lock(env->mutex);
-    RateBucket& bucket = allowed ? env->allowedEvents : env->deniedEvents;
-    uint64_t& suppressed = allowed ? env->allowedSuppressed : env->deniedSuppressed;
-    if (!bucket.take(allowed ? kAllowedEventRate : kDeniedEventRate,
-                     allowed ? kAllowedEventBurst : kDeniedEventBurst)) {
-      ++suppressed;
-      return;
-    }
-    if (suppressed) {
-      data["suppressed"] = suppressed;
-      suppressed = 0;
-    }
-  }
-  audit_->record(allowed ? "egress.allowed" : "egress.denied", env->id, "environment", std::move(data));
+  // Refusals cost the environment nothing to provoke (a UDP packet, a
+  // connection), allowed requests one round trip each to a host it may
+  // reach: either, unbounded, would fill the audit log and the disk under
+  // it. At a bounded pace each, within the environment's share of the log,
+  // the rest counted (audit::EnvironmentShare).
+  audit_->recordByEnvironment(allowed ? "egress.allowed" : "egress.denied", env->id, std::move(data),
+                              allowed ? audit::Pace{kAllowedEventRate, kAllowedEventBurst}
+                                      : audit::Pace{kDeniedEventRate, kDeniedEventBurst});
 }
 
 void Controller::acceptLoop(int listenFd, Entry entry) {

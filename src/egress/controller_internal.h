@@ -41,10 +41,6 @@ struct Controller::Env {
   // Refusals, and allowed connections and requests, are recorded at a
   // bounded rate each; the ones left out are counted into the next one
   // recorded of their kind ("suppressed").
-  RateBucket deniedEvents{kDeniedEventBurst};
-  uint64_t deniedSuppressed = 0;
-  RateBucket allowedEvents{kAllowedEventBurst};
-  uint64_t allowedSuppressed = 0;
   // Stand-in addresses (198.18.0.0/15) for names waiting on an "ask": this
   // environment's own, so no other learns what it looked up.
   std::map<std::string, uint32_t> standInByName;

@@ -711,6 +711,64 @@ class EgressTest(unittest.TestCase):
         body = self.process_end(e, pid)
         self.assertNotIn(body.get("exit_code"), (None, 0), body)
 
+    def test_refusals_an_environment_causes_keep_to_its_share_of_the_log(self):
+        """Ten threads inside, each asking the proxy for host after host the
+        gate denies: the gate's refusals were recorded one by one (~1,400 a
+        second, so a million events in 12 minutes pushed every other
+        environment's history out). They are paced now, the rest counted."""
+        e = self.env(network=allow(), permissions={"network": "deny"})
+        flood = (
+            "import os, socket, threading, time, urllib.parse\n"
+            "proxy = urllib.parse.urlparse(os.environ['HTTPS_PROXY'])\n"
+            "count = [0]\n"
+            "def run(t):\n"
+            "    end = time.monotonic() + 3\n"
+            "    i = 0\n"
+            "    while time.monotonic() < end:\n"
+            "        s = socket.create_connection((proxy.hostname, proxy.port))\n"
+            "        s.sendall(f'CONNECT h{t}-{i}.flood.test:443 HTTP/1.1\\r\\n\\r\\n'.encode())\n"
+            "        s.recv(4096)\n"
+            "        s.close()\n"
+            "        i += 1\n"
+            "    count[0] += i\n"
+            "threads = [threading.Thread(target=run, args=(t,)) for t in range(10)]\n"
+            "[t.start() for t in threads]\n"
+            "[t.join() for t in threads]\n"
+            "print(count[0])\n")
+        code, out, err = e.python(flood, timeout_ms=60000)
+        self.assertEqual(code, 0, err)
+        attempts = int(out)
+        self.assertGreater(attempts, 1000, "too few attempts to flood anything")
+        denied = self.wait_event(e, "gate.denied", lambda d: d.get("suppressed", 0) > 0, timeout=5) or []
+        gate = self.events(e, "gate.denied")
+        # The pace: a burst of 100 and 20 a second (the 3 s and the reading).
+        self.assertLessEqual(len(gate), 100 + 20 * 10, f"{len(gate)} gate.denied for {attempts} attempts")
+        e.destroy()
+        self.envs.remove(e)
+        summaries = self.wait_event(e, "audit.summarized", lambda d: "gate.denied" in d.get("counts", {}))
+        counted = sum(ev["data"].get("suppressed", 0) for ev in gate) + \
+            sum(s["data"]["counts"]["gate.denied"] for s in summaries)
+        self.assertEqual(len(gate) + counted, attempts, "every refusal kept or counted")
+
+    def test_an_environment_asks_at_most_16_network_questions_at_once(self):
+        e = self.env(network=allow(), permissions={"network": "ask"})
+        asker = (
+            "import os, socket, threading, urllib.parse\n"
+            "proxy = urllib.parse.urlparse(os.environ['HTTPS_PROXY'])\n"
+            "def ask(i):\n"
+            "    s = socket.create_connection((proxy.hostname, proxy.port))\n"
+            "    s.sendall(f'CONNECT q{i}.ask.test:443 HTTP/1.1\\r\\n\\r\\n'.encode())\n"
+            "    s.recv(4096)\n"
+            "for i in range(24): threading.Thread(target=ask, args=(i,), daemon=True).start()\n"
+            "import time; time.sleep(600)\n")
+        status, body = self.moatd.call("POST", f"/v1/environments/{e.id}/processes", {"cmd": ["python3", "-c", asker]})
+        self.assertEqual(status, 201, body)
+        refused = self.wait_event(e, "gate.denied", lambda d: "already wait for a person" in d.get("reason", ""),
+                                  timeout=20)
+        self.assertTrue(refused, "no question was refused")
+        status, body = self.moatd.call("GET", f"/v1/approvals?state=pending&environment={e.id}")
+        self.assertEqual(len(body["approvals"]), 16, body)
+
     def test_network_ask_waits_for_a_person(self):
         e = self.env(network={"mode": "allowlist", "allow": []}, permissions={"network": "ask"})
         status, body = self.moatd.call(
