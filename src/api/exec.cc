@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "api/api.h"
+#include "api/process_json.h"
 #include "api/validation.h"
 #include "common/encoding.h"
 
@@ -50,6 +51,7 @@ HttpResponse Api::execRoute(const HttpRequest& req, const Principal& principal, 
       if (!decoded.ok()) return errorResponse(invalid("stdin", "is not valid base64"));
       exec.stdinData = decoded.value();
     }
+    exec.stdinEvent = inputJson(exec.stdinData);
   }
   std::map<std::string, std::string> env;
   if (j.contains("env")) {

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstring>
 
+#include "api/keys.h"
 #include "common/encoding.h"
 
 namespace moat::api {
@@ -101,6 +102,16 @@ int parseSignal(const json& j) {
     if (abbrev && name == abbrev) return signo;
   }
   return 0;
+}
+
+json inputJson(const std::string& data) {
+  json j = {{"bytes", data.size()}, {"sha256", sha256Hex(data)}};
+  if (data.size() <= 256 && travelsAsJsonText(data)) {
+    bool printable = true;
+    for (unsigned char c : data) printable = printable && (c >= 0x20 || c == '\n' || c == '\t' || c == '\r') && c != 0x7f;
+    if (printable) j["text"] = data;
+  }
+  return j;
 }
 
 }  // namespace moat::api

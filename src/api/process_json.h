@@ -16,5 +16,9 @@ json outputEventJson(const manager::OutputItem& item, bool forceBase64);
 json terminalEventJson(const manager::ProcessInfo& info);
 // A signal by name ("TERM", "SIGTERM") or number (1-64); 0 when unknown.
 int parseSignal(const json& j);
+// What an input event says of `data`: its size and SHA-256, and the text
+// itself when it is short (256 bytes at most) and printable UTF-8 (new
+// lines and tabs included).
+json inputJson(const std::string& data);
 
 }  // namespace moat::api

@@ -140,7 +140,10 @@ HttpResponse readOutput(const std::shared_ptr<manager::Process>& process, const 
   return response;
 }
 
-HttpResponse writeStdin(const std::shared_ptr<manager::Process>& process, const HttpRequest& req) {
+// Each input is an event: what was written to a process, and each signal.
+using Note = std::function<void(const std::string& type, json data)>;
+
+HttpResponse writeStdin(const std::shared_ptr<manager::Process>& process, const HttpRequest& req, const Note& note) {
   ApiError perr{};
   auto body = parseObject(req.body, perr);
   if (!body.ok()) return errorResponse(perr);
@@ -173,10 +176,14 @@ HttpResponse writeStdin(const std::shared_ptr<manager::Process>& process, const 
   }
   Status s = process->writeStdin(data, close, std::chrono::milliseconds(waitMs));
   if (!s.ok()) return errorResponse(fromError(s.error()));
+  json event = inputJson(data);
+  event["process"] = process->id();
+  if (close) event["close"] = true;
+  note("process.input", std::move(event));
   return noContent();
 }
 
-HttpResponse sendSignal(const std::shared_ptr<manager::Process>& process, const HttpRequest& req) {
+HttpResponse sendSignal(const std::shared_ptr<manager::Process>& process, const HttpRequest& req, const Note& note) {
   ApiError perr{};
   auto body = parseObject(req.body, perr);
   if (!body.ok()) return errorResponse(perr);
@@ -187,6 +194,7 @@ HttpResponse sendSignal(const std::shared_ptr<manager::Process>& process, const 
   if (signo == 0) return errorResponse(invalid("signal", "unknown signal (a name like \"TERM\" or a number 1-64)"));
   Status s = process->signal(signo);
   if (!s.ok()) return errorResponse(fromError(s.error()));
+  note("process.signal", {{"process", process->id()}, {"signal", signo}});
   return noContent();
 }
 
@@ -246,8 +254,9 @@ HttpResponse Api::processesRoute(const HttpRequest& req, const Principal& princi
   }
   if (req.method != "POST") return wrongMethod(req, "POST");
   if (auto e = onlyQuery(req, {})) return errorResponse(*e);
-  if (action == "stdin") return writeStdin(process.value(), req);
-  if (action == "signal") return sendSignal(process.value(), req);
+  Note note = [&](const std::string& type, json data) { audit_.record(type, id, principal.owner(), std::move(data)); };
+  if (action == "stdin") return writeStdin(process.value(), req, note);
+  if (action == "signal") return sendSignal(process.value(), req, note);
   return resize(process.value(), req);
 }
 

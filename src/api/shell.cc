@@ -53,8 +53,40 @@ void pumpOutput(const std::shared_ptr<manager::Process>& process, websocket::Con
   }
 }
 
+using Note = std::function<void(const std::string& type, json data)>;
+
+// What a viewer types, as events: a burst at a time (up to a line end, once
+// 100 ms have passed since the last one, or 4 KiB, or the viewer's leaving),
+// so a person's typing is a line an event and a paste or a flood a few.
+class TypedInput {
+ public:
+  TypedInput(uint64_t process, Note note) : process_(process), note_(std::move(note)) {}
+  void add(const std::string& data) {
+    burst_ += data;
+    auto now = std::chrono::steady_clock::now();
+    bool lineEnd = data.find_first_of("\r\n") != std::string::npos;
+    if (burst_.size() >= kMax || (lineEnd && now - last_ >= kEvery)) flush(now);
+  }
+  void flush(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now()) {
+    if (burst_.empty()) return;
+    json event = inputJson(burst_);
+    event["process"] = process_;
+    note_("terminal.input", std::move(event));
+    burst_.clear();
+    last_ = now;
+  }
+
+ private:
+  static constexpr size_t kMax = 4096;
+  static constexpr auto kEvery = std::chrono::milliseconds(100);
+  uint64_t process_;
+  Note note_;
+  std::string burst_;
+  std::chrono::steady_clock::time_point last_{};
+};
+
 void handleControl(const std::shared_ptr<manager::Process>& process, websocket::Connection& socket,
-                   const std::string& text) {
+                   const std::string& text, const Note& note) {
   auto reply = [&](const std::string& message) {
     (void)socket.sendText(json{{"type", "error"}, {"message", message}}.dump());
   };
@@ -76,7 +108,8 @@ void handleControl(const std::shared_ptr<manager::Process>& process, websocket::
     int signo = j.contains("signal") ? parseSignal(j["signal"]) : 0;
     if (signo == 0) return reply("unknown signal");
     Status s = process->signal(signo);
-    if (!s.ok()) reply(s.error().message());
+    if (!s.ok()) return reply(s.error().message());
+    note("process.signal", {{"process", process->id()}, {"signal", signo}, {"via", "terminal"}});
     return;
   }
   reply("unknown control message type \"" + type + "\" (resize, signal)");
@@ -85,8 +118,10 @@ void handleControl(const std::shared_ptr<manager::Process>& process, websocket::
 // stillActive: false once the viewer's key is revoked (checked at each
 // output and each ping, every 30 s at most): the viewer is closed.
 void runViewer(const std::shared_ptr<manager::Process>& process, websocket::Connection& socket,
-               const std::function<bool()>& stillActive) {
+               const std::function<bool()>& stillActive, const Note& note) {
   process->attachViewer();
+  note("terminal.attached", {{"process", process->id()}});
+  TypedInput typed(process->id(), note);
   // First, which process this terminal is: other viewers attach with its id.
   auto info = process->info();
   (void)socket.sendText(json{{"type", "hello"}, {"process", info.id}, {"pid", info.pid}, {"cmd", info.argv}}.dump());
@@ -105,10 +140,13 @@ void runViewer(const std::shared_ptr<manager::Process>& process, websocket::Conn
         continue;
       }
       if (!s.ok()) break;
+      typed.add(message.data);
     } else {
-      handleControl(process, socket, message.data);
+      handleControl(process, socket, message.data, note);
     }
   }
+  typed.flush();
+  note("terminal.detached", {{"process", process->id()}});
   leaving = true;
   process->wake();
   pump.join();
@@ -182,8 +220,11 @@ HttpResponse Api::shellRoute(const HttpRequest& req, const Principal& principal,
   }
   HttpResponse response;
   response.status = 101;
-  response.websocket = [process, stillActive = keys_.stillActive(principal)](websocket::Connection& socket) {
-    runViewer(process, socket, stillActive);
+  Note note = [audit = &audit_, id, actor = principal.owner()](const std::string& type, json data) {
+    audit->record(type, id, actor, std::move(data));
+  };
+  response.websocket = [process, stillActive = keys_.stillActive(principal), note](websocket::Connection& socket) {
+    runViewer(process, socket, stillActive, note);
   };
   return response;
 }

@@ -799,7 +799,12 @@ Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecReq
   spawn.outputLimit = limit;
   ++execs_;
   audit_.record("exec.started", id, request.actor,
-                {{"process", process->id()}, {"argv", request.argv}, {"cwd", request.cwd}, {"env", env}});
+                [&] {
+                  nlohmann::json data = {{"process", process->id()}, {"argv", request.argv}, {"cwd", request.cwd},
+                                         {"env", env}};
+                  if (!request.stdinEvent.is_null()) data["stdin"] = request.stdinEvent;  // what it was given to read
+                  return data;
+                }());
   // Every way out below ends the process; its end is recorded then.
   process->onEnded([recorder = &audit_, id, actor = request.actor](const ProcessInfo& info) {
     recorder->record("exec.ended", id, actor, endedData(info));

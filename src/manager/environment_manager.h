@@ -122,6 +122,7 @@ struct ExecRequest {
   std::string cwd = "/workspace";
   std::string stdinData;
   bool withStdin = false;
+  nlohmann::json stdinEvent;  // what exec.started says of stdinData (size, hash, short text)
   uint64_t timeoutMs = 0;
   uint64_t outputLimit = 0;  // bytes kept per stream; 0: 16 MiB
   std::string actor = "master";  // who asked: for the audit log

@@ -132,6 +132,47 @@ TEST_F(Shell, TheLastViewerLeavingHangsTheShellUp) {
   EXPECT_TRUE(p["exit_code"] == 128 + SIGHUP || p["exit_code"] == 128 + SIGKILL) << p.dump();
 }
 
+// Every input is an event (issue 24): `echo pwned > /workspace/f` typed
+// into an attached terminal left no trace in the log, nor did text written
+// to a process's stdin, its signals, or an exec's input.
+TEST_F(Shell, EveryInputIsAnEvent) {
+  auto eventsOf = [&](const std::string& type, const std::string& needle) {
+    std::string body;
+    for (int i = 0; i < 200 && body.find(needle) == std::string::npos; ++i) {
+      body = daemon_->request("GET", "/v1/events?type=" + type + "&environment=" + env_).body;
+      if (body.find(needle) == std::string::npos) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return body;
+  };
+  {
+    Viewer v(daemon_->websocket(shellPath()));
+    ASSERT_EQ(v.status(), 101);
+    ASSERT_TRUE(v.type("echo pwned > /workspace/f\r"));
+    ASSERT_TRUE(v.type("echo done\r"));
+    ASSERT_TRUE(v.waitFor("done"));
+    (void)v.socket().sendText(R"({"type":"signal","signal":"WINCH"})");
+    v.socket().close(1000, "bye");
+    v.finish();
+  }
+  EXPECT_NE(eventsOf("terminal.input", "pwned").find("echo pwned > /workspace/f"), std::string::npos);
+  EXPECT_NE(eventsOf("terminal.attached", "terminal.attached").find("terminal.attached"), std::string::npos);
+  EXPECT_NE(eventsOf("terminal.detached", "terminal.detached").find("terminal.detached"), std::string::npos);
+  EXPECT_NE(eventsOf("process.signal", "terminal").find("\"via\":\"terminal\""), std::string::npos);
+  // A process's stdin, written through the API, and a signal to it.
+  json p = call("POST", "/v1/environments/" + env_ + "/processes", {{"cmd", {"cat"}}, {"stdin", true}}, 201);
+  std::string process = "/v1/environments/" + env_ + "/processes/" + std::to_string(p["id"].get<int>());
+  call("POST", process + "/stdin", {{"data", "rm -rf /workspace\n"}}, 204);
+  call("POST", process + "/stdin", {{"data", std::string(300, 'x')}}, 204);
+  call("POST", process + "/signal", {{"signal", "TERM"}}, 204);
+  std::string inputs = eventsOf("process.input", "\"bytes\":300");
+  EXPECT_NE(inputs.find("\"text\":\"rm -rf /workspace\\n\""), std::string::npos) << inputs;
+  EXPECT_NE(inputs.find("\"bytes\":300"), std::string::npos) << "long input: its size and hash" << inputs;
+  EXPECT_NE(eventsOf("process.signal", "\"signal\":15").find("\"signal\":15"), std::string::npos);
+  // An exec's stdin.
+  exec(env_, {{"cmd", {"cat"}}, {"stdin", "given to read"}});
+  EXPECT_NE(eventsOf("exec.started", "given to read").find("\"text\":\"given to read\""), std::string::npos);
+}
+
 TEST_F(Shell, DestroyingTheEnvironmentEndsTheSessionWithAReason) {
   Viewer v(daemon_->websocket(shellPath()));
   ASSERT_EQ(v.status(), 101);
