@@ -44,6 +44,9 @@ void everyDecoder(const std::string& payload) {
   roundTrip<Resize>(payload);
   roundTrip<OutputCredit>(payload);
   roundTrip<StdinTaken>(payload);
+  roundTrip<ExecPolicy>(payload);
+  roundTrip<ExecCheck>(payload);
+  roundTrip<ExecVerdict>(payload);
   roundTrip<Exited>(payload);
   roundTrip<FileRequest>(payload);
   roundTrip<FileResult>(payload);
@@ -58,6 +61,9 @@ void decodeAs(MsgType type, const std::string& payload) {
     case MsgType::kResize: roundTrip<Resize>(payload); break;
     case MsgType::kOutputCredit: roundTrip<OutputCredit>(payload); break;
     case MsgType::kStdinTaken: roundTrip<StdinTaken>(payload); break;
+    case MsgType::kExecPolicy: roundTrip<ExecPolicy>(payload); break;
+    case MsgType::kExecCheck: roundTrip<ExecCheck>(payload); break;
+    case MsgType::kExecVerdict: roundTrip<ExecVerdict>(payload); break;
     case MsgType::kFile: roundTrip<FileRequest>(payload); break;
     case MsgType::kHello: roundTrip<Hello>(payload); break;
     case MsgType::kSpawned: roundTrip<Spawned>(payload); break;

@@ -41,6 +41,15 @@ struct ApiOptions {
 // An environment as the API shows it.
 nlohmann::json environmentJson(const store::EnvironmentRecord& record);
 
+// What an environment's own doing makes the log record (audit::EnvironmentShare):
+// the gate's refusals, and its programs' starts when the gate judges them.
+constexpr audit::Pace kEnvironmentGateEvents{20, 100};
+constexpr audit::Pace kEnvironmentProgramEvents{50, 200};
+// Questions to a person on an environment's own behalf waiting at once, and
+// its programs waiting for one (each on a thread).
+constexpr size_t kPendingQuestionsPerEnvironment = 16;
+constexpr size_t kExecAsksInFlight = 64;
+
 class Api {
  public:
   // `audit`: where events are recorded and read from (none: nothing is
@@ -61,6 +70,13 @@ class Api {
   // What the resolver may do with a name, without waiting (listed: the
   // policy allows it; only the creating key's ceiling still counts).
   egress::GateProbeAnswer networkProbe(const std::string& id, const std::string& host, bool listed);
+  // environment_gate.cc: the exec gate (manager::EnvironmentManager::setExecGate):
+  // whether an environment's programs need judging, and the judgment of one
+  // (answered at once, or from a thread of its own once a person decides).
+  uint8_t execPolicyFor(const std::string& id);
+  void execCheck(const std::string& id, const init::ExecCheck& check, manager::InitConnection::ExecAnswer answer);
+  // At stop, after the approvals shut down: the exec questions' threads end.
+  void waitForExecAsks();
   // mcp.cc: ends every MCP session (their default environments go). At stop.
   void closeMcpSessions();
   // mcp.cc: at start, before serving: destroys the default environments of
@@ -110,6 +126,10 @@ class Api {
   // the ceiling of the key that created it (none for the master's); listed
   // (the policy allows it): from that ceiling alone.
   Result<gate::Evaluation> networkEvaluation(const std::string& id, const gate::Action& action, bool listed);
+  // A question to a person for the environment's own doing (a connection, a
+  // program): one waiting question per action, at most
+  // kPendingQuestionsPerEnvironment at once. Blocks until decided.
+  egress::GateAnswer askForEnvironment(const std::string& id, const gate::Action& action, const char* scope);
   HttpResponse mcpRoute(const HttpRequest& request, const Principal& principal);
   // Host and Origin must be local (DNS rebinding); before authentication.
   std::optional<HttpResponse> mcpGuard(const HttpRequest& head);
@@ -131,6 +151,10 @@ class Api {
   std::mutex inFlightMutex_;
   std::map<std::string, size_t> inFlight_;  // requests in progress per key id
   RateLimiter keyRate_;
+  std::mutex execAsksMutex_;
+  std::condition_variable execAsksCv_;
+  std::map<std::string, size_t> execAsks_;  // exec questions waiting, per environment
+  size_t execAsksTotal_ = 0;
   std::mutex turnMutex_;
   std::condition_variable turnCv_;  // wakes requests waiting for their turn at stop
   bool stopping_ = false;

@@ -11,11 +11,6 @@
 namespace moat::api {
 namespace {
 
-// Refusals of the environment's own connections by the gate, per
-// environment: the rest are counted (audit::EnvironmentShare).
-constexpr audit::Pace kEnvironmentGateEvents{20, 100};
-// Network questions of one environment waiting for a person at once.
-constexpr size_t kPendingQuestionsPerEnvironment = 16;
 
 // Policy::parse and parseSecrets name the field: "<field>: <problem>".
 ApiError fieldError(const Error& e) {
@@ -123,63 +118,7 @@ egress::GateAnswer Api::networkGate(const std::string& id, const std::string& ho
                                kEnvironmentGateEvents);
     return {false, who + " denies it"};
   }
-  if (approvals_.consumeGrant(id, action, "environment")) return {true, "approved"};
-  // The same question already waiting for a person (a client opening
-  // several connections, a program retrying) is not asked again: this
-  // connection waits for that answer, so that an environment cannot bury
-  // the person in copies.
-  std::optional<store::ApprovalRecord> waiting;
-  size_t pendingFromEnvironment = 0;
-  Result<store::ApprovalRecord> approval = Error::make("internal", "no approval");
-  {
-    static std::mutex asking;  // one look-then-ask at a time
-    std::lock_guard<std::mutex> lock(asking);
-    store::ApprovalFilter filter;
-    filter.state = "pending";
-    filter.environment = id;
-    if (auto pending = approvals_.list(filter); pending.ok()) {
-      for (const auto& a : pending.value()) {
-        if (a.requester != "environment") continue;
-        ++pendingFromEnvironment;
-        auto asked = gate::actionFromJson(a.action);
-        if (asked.ok() && asked->same(action)) waiting = a;
-      }
-    }
-    // A person answers a few questions at a time: an environment asking
-    // for host after host does not bury them (nor the store) in approvals.
-    if (!waiting && pendingFromEnvironment >= kPendingQuestionsPerEnvironment) {
-      audit_.recordByEnvironment("gate.denied", id,
-                                 {{"action", action.toJson()},
-                                  {"reason", std::to_string(kPendingQuestionsPerEnvironment) +
-                                                 " of its network questions already wait for a person"}},
-                                 kEnvironmentGateEvents);
-      return {false, std::to_string(kPendingQuestionsPerEnvironment) +
-                         " of this environment's network questions already wait for a person; ask again later"};
-    }
-    if (!waiting) approval = approvals_.request(id, action, "environment");
-  }
-  if (waiting) {
-    auto decided = approvals_.watch(waiting->id, std::chrono::milliseconds(options_.approvalTimeoutMs));
-    if (!decided.ok()) return {false, decided.error().message()};
-    if (decided->state == "approved") {
-      return {true, "approved by " + decided->decidedBy + " (approval " + decided->id + ")"};
-    }
-    return {false, decided->state == "denied" ? "a person denied it (approval " + decided->id + ")"
-                                              : "the approval was not decided (approval " + decided->id + ")"};
-  }
-  if (!approval.ok()) return {false, approval.error().message()};
-  // Each one recorded: at most kPendingQuestionsPerEnvironment wait at once.
-  audit_.record("approval.requested", id, "environment",
-                {{"id", approval->id}, {"scope", "network"}, {"action", action.toJson()}});
-  auto decided = approvals_.await(approval->id, std::chrono::milliseconds(options_.approvalTimeoutMs));
-  if (!decided.ok()) return {false, decided.error().message()};
-  if (decided->state == "approved") {
-    approvals_.markUsed(decided->id);
-    return {true, "approved by " + decided->decidedBy + " (approval " + decided->id + ")"};
-  }
-  return {false, decided->state == "denied"
-                     ? "a person denied it (approval " + decided->id + ")"
-                     : "the approval expired (approval " + decided->id + "): " + decided->reason};
+  return askForEnvironment(id, action, "network");
 }
 
 egress::GateProbeAnswer Api::networkProbe(const std::string& id, const std::string& host, bool listed) {

@@ -310,6 +310,12 @@ int main(int argc, char** argv) {
     apiOptions.keyRequestsPerSecond = static_cast<double>(keyRate);
     api::Api api(manager, keys, approvals, token.value(), apiOptions, auditLog->get());
     apiForEgress = &api;
+    manager.setExecGate(
+        [&api](const std::string& id, const init::ExecCheck& check, manager::InitConnection::ExecAnswer answer) {
+          api.execCheck(id, check, std::move(answer));
+        },
+        [&api](const std::string& id) { return api.execPolicyFor(id); });
+    manager.refreshExecPolicies();  // the environments re-attached before the gate was set
     api.endOrphanedMcpEnvironments();
     api::HttpServer server([&api](const api::HttpRequest& r) { return api.handle(r); },
                            [&api](const api::HttpRequest& head) { return api.preflight(head); },
@@ -340,6 +346,8 @@ int main(int argc, char** argv) {
     api.closeMcpSessions();  // their own environments go with them
     manager.interrupt();  // waiting execs end; nothing new starts
     approvals.shutdown();  // requests waiting for a person end too
+    api.waitForExecAsks();  // and programs waiting for one (refused now)
+    manager.setExecGate({}, {});  // the API goes before the manager does
     manager.onEnded({});   // the approvals go before the manager does
     auditLog.value()->interrupt();  // event streams end
     server.stop();

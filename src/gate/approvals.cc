@@ -34,6 +34,12 @@ Result<Action> actionFromJson(const std::string& text) {
   a.op = j.value("op", "");
   a.tree = j.value("tree", false);
   a.sha256 = j.value("sha256", "");
+  a.program = j.value("program", "");
+  if (j.contains("parents") && j["parents"].is_array()) {
+    for (const auto& p : j["parents"]) {
+      if (p.is_string()) a.parents.push_back(p);
+    }
+  }
   if (j.contains("env") && j["env"].is_object()) {
     for (auto it = j["env"].begin(); it != j["env"].end(); ++it) {
       if (it.value().is_string()) a.env[it.key()] = it.value();

@@ -163,6 +163,8 @@ json Action::toJson() const {
     case Scope::kRunCommand:
       j["argv"] = argv;
       if (!env.empty()) j["env"] = env;
+      if (!program.empty()) j["program"] = program;
+      if (!parents.empty()) j["parents"] = parents;
       break;
     case Scope::kReadFile:
     case Scope::kWriteFile:
@@ -180,7 +182,8 @@ json Action::toJson() const {
 }
 
 bool Action::same(const Action& other) const {
-  return scope == other.scope && op == other.op && argv == other.argv && env == other.env && path == other.path &&
+  return scope == other.scope && op == other.op && argv == other.argv && env == other.env &&
+         program == other.program && path == other.path &&
          tree == other.tree && size == other.size && sha256 == other.sha256 && lower(host) == lower(other.host) &&
          port == other.port;
 }

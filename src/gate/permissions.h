@@ -27,6 +27,8 @@ struct Action {
   Scope scope = Scope::kRunCommand;
   std::vector<std::string> argv;  // run_command
   std::map<std::string, std::string> env;  // run_command: variables the request sets
+  std::string program;                // run_command, op "program": the file the exec names
+  std::vector<std::string> parents;   // ... and who runs it ("pid comm", up to pid 1): shown, not compared
   std::string path;               // read_file, write_file (absolute)
   std::string host;               // network
   uint16_t port = 0;              // network; 0: any

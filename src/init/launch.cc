@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/wait.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -88,6 +89,7 @@ void planExec(Launch& l) {
     if (int err = os::switchIdsInChild(l.request.uid, l.request.gid)) childFail(l, "setuid", err);
   }
   if (::chdir(l.request.cwd.c_str()) != 0) childFail(l, "chdir", errno);
+  l.childPid.store(static_cast<pid_t>(::syscall(SYS_getpid)));
   int err = ENOENT;
   for (const auto& candidate : l.candidates) {
     ::execve(candidate.c_str(), l.argv.data(), l.envp.data());
@@ -107,6 +109,7 @@ Result<std::unique_ptr<Launch>> prepareLaunch(SpawnRequest request, int devNull,
   auto l = std::make_unique<Launch>();
   l->request = std::move(request);
   planExec(*l);
+  l->claimed.assign(l->candidates.size(), false);
   int fds[2];
   if (l->request.pty) {
     auto pty = openPty(kInitialRows, kInitialCols);

@@ -2,6 +2,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -19,6 +20,7 @@ namespace moat::init {
 struct Launch {
   SpawnRequest request;  // owns the strings argv and envp point into
   std::vector<std::string> candidates;  // paths to try, in PATH order
+  std::vector<bool> claimed;  // by the exec gate (Launcher::claimLaunchExec), one per candidate
   std::vector<char*> argv;
   std::vector<char*> envp;
   bool switchIds = false;
@@ -36,6 +38,9 @@ struct Launch {
   pid_t pid = -1;
   int err = 0;
   const char* stage = "";
+  // The child's pid, stored by the child itself before its first exec: the
+  // exec gate lets that exec go on by itself (the client judged it).
+  std::atomic<pid_t> childPid{0};
 };
 
 // moat-init's ends of a new command's streams. With a pty, stdoutFd is the

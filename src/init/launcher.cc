@@ -4,6 +4,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
 
 namespace moat::init {
@@ -37,6 +39,12 @@ void Launcher::submit(std::unique_ptr<Launch> launch) {
       // on the caller's, whose vfork then fails or succeeds the same way.
       std::unique_ptr<Launch> now = std::move(queue_.back());
       queue_.pop_back();
+      if (!inlineAllowed_) {
+        now->err = EAGAIN;
+        now->stage = "fork";
+        finish(std::move(now));
+        return;
+      }
       ++running_;
       lock.unlock();
       runLaunch(*now);
@@ -84,10 +92,12 @@ void Launcher::work() {
     std::unique_ptr<Launch> launch = std::move(queue_.front());
     queue_.pop_front();
     ++running_;
+    inFlight_.push_back(launch.get());
     lock.unlock();
     runLaunch(*launch);
     lock.lock();
     --running_;
+    std::erase(inFlight_, launch.get());
     finish(std::move(launch));
   }
 }
@@ -100,6 +110,17 @@ std::vector<std::unique_ptr<Launch>> Launcher::takeFinished() {
   std::vector<std::unique_ptr<Launch>> done;
   done.swap(finished_);
   return done;
+}
+
+bool Launcher::claimLaunchExec(pid_t pid, const std::string& filename) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (Launch* l : inFlight_) {
+    if (l->childPid.load() != pid) continue;
+    for (size_t i = 0; i < l->candidates.size(); ++i) {
+      if (l->candidates[i] == filename && !l->claimed[i]) return l->claimed[i] = true;
+    }
+  }
+  return false;
 }
 
 size_t Launcher::pending() const {

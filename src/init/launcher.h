@@ -35,6 +35,15 @@ class Launcher {
   std::vector<std::unique_ptr<Launch>> takeFinished();
   // Submitted and not yet taken.
   size_t pending() const;
+  // Whether `pid` is the child of a launch still waiting for its exec, and
+  // `filename` one of the launch's candidates not claimed yet: then it is
+  // claimed (the same exec is let through once, however fast the program
+  // execs again).
+  bool claimLaunchExec(pid_t pid, const std::string& filename);
+  // Off: never run a launch on the submitting thread (when no thread can
+  // start, the launch fails with EAGAIN). With the exec gate the submitting
+  // thread is the one that must answer the child's exec.
+  void allowInline(bool allowed) { inlineAllowed_ = allowed; }
   // Stops the threads (see the destructor) and returns what finished.
   std::vector<std::unique_ptr<Launch>> stop();
 
@@ -50,11 +59,13 @@ class Launcher {
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Launch>> queue_;
+  std::vector<Launch*> inFlight_;  // taken by a thread, not finished
   std::vector<std::unique_ptr<Launch>> finished_;
   std::vector<pthread_t> threads_;
   size_t idle_ = 0;
   size_t running_ = 0;
   bool stopping_ = false;
+  bool inlineAllowed_ = true;
 };
 
 }  // namespace moat::init

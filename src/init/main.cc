@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
   // Not dumpable: processes of the environment cannot ptrace pid 1 or open
   // its /proc entries (fds, exe, memory).
   ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-  moat::init::Supervisor supervisor(controlFd, ::getpid() == 1, rendezvousFd);
+  bool gateExec = rendezvousFd >= 0;  // moatd's environments: programs answer to the gate
+  for (int i = 1; i < argc; ++i) gateExec = gateExec || std::strcmp(argv[i], "--gate-exec") == 0;
+  moat::init::Supervisor supervisor(controlFd, ::getpid() == 1, rendezvousFd, gateExec);
   return supervisor.run();
 }

@@ -221,6 +221,43 @@ Result<StdinTaken> StdinTaken::decode(const std::string& payload) {
   return m;
 }
 
+std::string ExecPolicy::encode() const { return Encoder().u8(mode).take(); }
+Result<ExecPolicy> ExecPolicy::decode(const std::string& payload) {
+  Decoder d(payload);
+  ExecPolicy m;
+  MOAT_ASSIGN(m.mode, d.u8());
+  if (m.mode > kAsk) return Error::make("protocol", "unknown exec policy " + std::to_string(m.mode));
+  FINISH(d);
+  return m;
+}
+
+std::string ExecCheck::encode() const {
+  return Encoder().u64(id).u32(pid).bytes(filename).strings(argv).strings(parents).take();
+}
+Result<ExecCheck> ExecCheck::decode(const std::string& payload) {
+  Decoder d(payload);
+  ExecCheck m;
+  MOAT_ASSIGN(m.id, d.u64());
+  MOAT_ASSIGN(m.pid, d.u32());
+  MOAT_ASSIGN(m.filename, d.bytes());
+  MOAT_ASSIGN(m.argv, d.strings());
+  MOAT_ASSIGN(m.parents, d.strings());
+  FINISH(d);
+  return m;
+}
+
+std::string ExecVerdict::encode() const { return Encoder().u64(id).u8(allow ? 1 : 0).take(); }
+Result<ExecVerdict> ExecVerdict::decode(const std::string& payload) {
+  Decoder d(payload);
+  ExecVerdict m;
+  MOAT_ASSIGN(m.id, d.u64());
+  MOAT_ASSIGN(uint8_t allow, d.u8());
+  if (allow > 1) return Error::make("protocol", "exec verdict is not 0 or 1");
+  m.allow = allow == 1;
+  FINISH(d);
+  return m;
+}
+
 std::string Resize::encode() const { return Encoder().u32(id).u32(rows).u32(cols).take(); }
 Result<Resize> Resize::decode(const std::string& payload) {
   Decoder d(payload);

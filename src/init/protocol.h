@@ -17,11 +17,13 @@
 namespace moat::init {
 
 // What Hello announces. 1: the first; 2: OutputCredit (message 7) and
-// StdinTaken (message 69). A moatd
+// StdinTaken (message 69); 3: the exec gate, ExecPolicy (9), ExecVerdict (8)
+// and ExecCheck (70). A moatd
 // re-attaching after an upgrade may meet a moat-init of an older version:
 // it sends each only what that version knows.
-constexpr uint32_t kProtocolVersion = 2;
+constexpr uint32_t kProtocolVersion = 3;
 constexpr uint32_t kFlowControlSince = 2;  // OutputCredit and StdinTaken
+constexpr uint32_t kExecGateSince = 3;     // ExecPolicy, ExecCheck, ExecVerdict
 constexpr uint32_t kMaxFrame = 16u << 20;
 constexpr size_t kOutputChunk = 64u << 10;
 
@@ -34,6 +36,8 @@ enum class MsgType : uint8_t {
   kResize = 5,
   kShutdown = 6,
   kOutputCredit = 7,
+  kExecVerdict = 8,
+  kExecPolicy = 9,
   kFile = 16,
   // init -> client
   kHello = 64,
@@ -42,6 +46,7 @@ enum class MsgType : uint8_t {
   kOutput = 67,
   kExited = 68,
   kStdinTaken = 69,
+  kExecCheck = 70,
   kFileResult = 80,
   kProtocolError = 81,
 };
@@ -139,6 +144,37 @@ struct StdinTaken {
   uint64_t total = 0;
   std::string encode() const;
   static Result<StdinTaken> decode(const std::string& payload);
+};
+
+// The exec gate (moat-init runs with a seccomp filter that hands every
+// execve/execveat in the environment to it). ExecPolicy says whether the
+// client wants to judge programs at all: with kAllowAll moat-init lets every
+// exec go on by itself; with kAsk it sends an ExecCheck for each exec but
+// the first of a command it launched itself (the client judged that one),
+// and the exec waits until the ExecVerdict with the same id.
+struct ExecPolicy {
+  static constexpr uint8_t kAllowAll = 0;
+  static constexpr uint8_t kAsk = 1;
+  uint8_t mode = kAllowAll;
+  std::string encode() const;
+  static Result<ExecPolicy> decode(const std::string& payload);
+};
+
+struct ExecCheck {
+  uint64_t id = 0;                  // the kernel's notification id
+  uint32_t pid = 0;                 // the exec'ing process, inside the environment
+  std::string filename;             // as passed to execve (or the fd's path for execveat)
+  std::vector<std::string> argv;    // as passed (a program racing the check may change them after)
+  std::vector<std::string> parents;  // "pid comm" of its parent, its parent's, ... up to pid 1
+  std::string encode() const;
+  static Result<ExecCheck> decode(const std::string& payload);
+};
+
+struct ExecVerdict {
+  uint64_t id = 0;
+  bool allow = false;  // false: the exec fails with EPERM
+  std::string encode() const;
+  static Result<ExecVerdict> decode(const std::string& payload);
 };
 
 struct ProcessRef {  // kCloseStdin

@@ -15,6 +15,7 @@
 #include "init/file_ops.h"
 #include "init/pty.h"
 #include "os/socket.h"
+#include "os/exec_notify.h"
 #include "os/process.h"
 
 namespace moat::init {
@@ -39,8 +40,38 @@ constexpr size_t kOutboxFlush = 1u << 20;
 
 }  // namespace
 
-Supervisor::Supervisor(int controlFd, bool isPidOne, int rendezvousFd)
-    : control_(controlFd), pidOne_(isPidOne), rendezvous_(rendezvousFd), launcher_(kLaunchThreads) {}
+Supervisor::Supervisor(int controlFd, bool isPidOne, int rendezvousFd, bool gateExec)
+    : control_(controlFd),
+      pidOne_(isPidOne),
+      rendezvous_(rendezvousFd),
+      launcher_(kLaunchThreads),
+      gateExec_(gateExec) {}
+
+void Supervisor::answerExec(uint64_t id, bool allow) {
+  pendingExecs_.erase(id);
+  (void)os::answerExecNotification(execListener_.get(), id, allow);  // gone meanwhile: nothing to answer
+}
+
+void Supervisor::handleExecNotification() {
+  auto n = os::receiveExecNotification(execListener_.get());
+  if (!n.ok()) return;
+  if (execMode_ == ExecPolicy::kAllowAll) return answerExec(n->id, true);
+  auto attempt = os::readExecAttempt(n.value());
+  // Unreadable (it went meanwhile): refused, as anything not judged is.
+  if (!attempt.ok()) return answerExec(n->id, false);
+  // The first exec of a command this loop launched: the client judged it.
+  if (launcher_.claimLaunchExec(n->pid, attempt->filename)) return answerExec(n->id, true);
+  if (!os::execNotificationValid(execListener_.get(), n->id)) return;  // its pid may be another's now
+  if (control_ < 0) return answerExec(n->id, false);  // nobody to ask: refused
+  ExecCheck check;
+  check.id = n->id;
+  check.pid = static_cast<uint32_t>(n->pid);
+  check.filename = std::move(attempt->filename);
+  check.argv = std::move(attempt->argv);
+  check.parents = os::parentChain(n->pid);
+  pendingExecs_.insert(n->id);
+  send(MsgType::kExecCheck, check.encode());
+}
 
 void Supervisor::send(MsgType type, const std::string& payload) {
   if (!running_ || control_ < 0) return;  // no client: output is dropped
@@ -79,6 +110,8 @@ void Supervisor::disconnect() {
   control_ = -1;
   reader_ = FrameReader();
   outbox_.clear();
+  // Questions the client will never answer: refused, as anything not judged is.
+  for (uint64_t id : std::set<uint64_t>(pendingExecs_)) answerExec(id, false);
 }
 
 void Supervisor::adoptConnection() {
@@ -112,6 +145,14 @@ int Supervisor::run() {
   ::signal(SIGPIPE, SIG_IGN);
   if (!signalFd_) return 1;
 
+  // Before any thread: the filter is the process's, and threads inherit it.
+  if (gateExec_) {
+    auto listener = os::installExecListener();
+    if (!listener.ok()) return 1;
+    execListener_ = std::move(listener.value());
+    launcher_.allowInline(false);  // this loop answers the launches' execs
+  }
+
   send(MsgType::kHello, Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode());
 
   while (running_) {
@@ -123,7 +164,8 @@ int Supervisor::run() {
     fds.push_back({signalFd_.get(), POLLIN, 0});
     fds.push_back({rendezvous_, POLLIN, 0});
     fds.push_back({launcher_.readyFd(), POLLIN, 0});
-    constexpr size_t kFirstStream = 4;
+    fds.push_back({execListener_ ? execListener_.get() : -1, POLLIN, 0});
+    constexpr size_t kFirstStream = 5;
     for (auto& [id, p] : processes_) {
       // Output waits in the pipe until the launch is reported (Spawned
       // first), and while the client gives no credit for more.
@@ -164,6 +206,7 @@ int Supervisor::run() {
           }
         }
       }
+      if (fds[4].revents & POLLIN) handleExecNotification();
       // Before the streams: a process's Spawned goes out before its output.
       if (fds[3].revents & POLLIN) {
         for (auto& launch : launcher_.takeFinished()) launched(std::move(launch));
@@ -255,6 +298,18 @@ void Supervisor::handleFrame(const Frame& frame) {
     case MsgType::kShutdown:
       running_ = false;
       return;
+    case MsgType::kExecPolicy: {
+      auto req = ExecPolicy::decode(frame.payload);
+      if (!req.ok()) return protocolError(req.error().message());
+      execMode_ = req->mode;
+      return;
+    }
+    case MsgType::kExecVerdict: {
+      auto req = ExecVerdict::decode(frame.payload);
+      if (!req.ok()) return protocolError(req.error().message());
+      if (pendingExecs_.count(req->id)) answerExec(req->id, req->allow);
+      return;
+    }
     case MsgType::kFile: {
       auto req = FileRequest::decode(frame.payload);
       if (!req.ok()) return protocolError(req.error().message());
@@ -291,7 +346,7 @@ void Supervisor::spawn(const SpawnRequest& req) {
   // Nothing else runs or launches: the vfork holds up no one, and the
   // command starts without a hand-over to a launch thread and back (one
   // client's execs one after another: ~4 % more of them a second).
-  if (processes_.size() == 1 && launcher_.pending() == 0) {
+  if (processes_.size() == 1 && launcher_.pending() == 0 && !execListener_) {
     runLaunch(*launch.value());
     return launched(std::move(launch.value()));
   }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <utility>
@@ -26,7 +27,9 @@ class Supervisor {
   // (moatd's spawner) hands over a new control connection when its client
   // restarts. With it, losing the control connection leaves every process
   // running; losing the rendezvous socket ends the environment.
-  Supervisor(int controlFd, bool isPidOne, int rendezvousFd = -1);
+  // gateExec: every exec in the environment is handed to this loop first
+  // (os::installExecListener) and goes on as the client's ExecPolicy says.
+  Supervisor(int controlFd, bool isPidOne, int rendezvousFd = -1, bool gateExec = false);
   // Runs until the control connection closes or Shutdown arrives; returns
   // moat-init's exit code.
   int run();
@@ -103,6 +106,9 @@ class Supervisor {
 
   void disconnect();
   void adoptConnection();
+  // The exec gate: a notification from the listener, and a client's verdict.
+  void handleExecNotification();
+  void answerExec(uint64_t id, bool allow);
 
   int control_;
   bool pidOne_;
@@ -118,6 +124,10 @@ class Supervisor {
   // command that exits at once): pid -> wait status. Claimed by launched();
   // what is left once no launch is pending were orphans.
   std::map<pid_t, int> unclaimed_;
+  bool gateExec_ = false;
+  UniqueFd execListener_;
+  uint8_t execMode_ = ExecPolicy::kAllowAll;
+  std::set<uint64_t> pendingExecs_;  // sent as ExecCheck, waiting for the verdict
 };
 
 }  // namespace moat::init

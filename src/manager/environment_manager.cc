@@ -218,8 +218,7 @@ Status EnvironmentManager::recoverAfterRestart() {
       continue;
     }
     std::string id = r.id;
-    auto connection = std::make_shared<InitConnection>(std::move(control.value()),
-                                                       [this, id] { onInitGone(id); });
+    auto connection = connect(id, std::move(control.value()));
     {
       std::lock_guard<std::mutex> lock(mutex_);
       live_[id] = makeLive(connection, r);
@@ -354,8 +353,7 @@ void EnvironmentManager::refillPool() {
     std::shared_ptr<InitConnection> connection;
     if (created.ok()) {
       std::string id = created->id;
-      connection = std::make_shared<InitConnection>(std::move(created->control),
-                                                    [this, id] { onInitGone(id); });
+      connection = connect(id, std::move(created->control));
       warmUp(connection, id);
       if (connection->closed()) {
         (void)spawner_.destroy(id);
@@ -440,6 +438,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
       lock.unlock();
       held.run();
       poolCv_.notify_all();  // refill
+      sendExecPolicy(record.id, ready.connection);  // its permissions are the claimer's
       audit_.record("environment.created", record.id, record.owner, createdData(record, true));
       if (request.network.mode != egress::Mode::kNone) {
         Status plugged = connectNetworkUnlessSet(record.id, request.network, request.secrets);
@@ -519,8 +518,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     audit_.record("environment.destroyed", id, destroyedBy, {{"reason", "destroyed"}, {"state", "gone"}});
     return Error::make("conflict", "environment " + id + " was destroyed while being created");
   }
-  auto connection = std::make_shared<InitConnection>(std::move(created->control),
-                                                     [this, id] { onInitGone(id); });
+  auto connection = connect(id, std::move(created->control));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     --creating_;
@@ -625,12 +623,54 @@ Result<std::vector<gate::Permissions>> EnvironmentManager::permissions(const std
 
 Status EnvironmentManager::storeLayers(const std::string& id, std::vector<gate::Permissions> layers) {
   MOAT_TRY(store_.setPermissions(id, gate::layersToJson(layers).dump()));
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = live_.find(id);
-  if (it != live_.end()) {
-    it->second.permissions = std::make_shared<const std::vector<gate::Permissions>>(std::move(layers));
+  std::shared_ptr<InitConnection> connection;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.find(id);
+    if (it != live_.end()) {
+      it->second.permissions = std::make_shared<const std::vector<gate::Permissions>>(std::move(layers));
+      connection = it->second.connection;
+    }
   }
+  if (connection) sendExecPolicy(id, connection);  // the new layers may judge programs
   return {};
+}
+
+std::shared_ptr<InitConnection> EnvironmentManager::connect(const std::string& id, UniqueFd control) {
+  auto connection = std::make_shared<InitConnection>(std::move(control), [this, id] { onInitGone(id); });
+  connection->onExecCheck([this, id](const init::ExecCheck& check, InitConnection::ExecAnswer answer) {
+    ExecCheckHook gate;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      gate = execCheck_;
+    }
+    if (gate) return gate(id, check, std::move(answer));
+    answer(false);  // moatd is stopping: nothing judges programs any more
+  });
+  sendExecPolicy(id, connection);
+  return connection;
+}
+
+void EnvironmentManager::sendExecPolicy(const std::string& id, const std::shared_ptr<InitConnection>& connection) {
+  ExecPolicyHook policy;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    policy = execPolicy_;
+  }
+  // Until the gate is set (re-attaching at start), and once it is gone
+  // (stopping): ask, which the checks above refuse.
+  uint8_t mode = policy ? policy(id) : init::ExecPolicy::kAsk;
+  (void)connection->setExecPolicy(mode);
+}
+
+void EnvironmentManager::refreshExecPolicies() {
+  std::vector<std::pair<std::string, std::shared_ptr<InitConnection>>> all;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [id, live] : live_) all.emplace_back(id, live.connection);
+    for (const auto& ready : pool_) all.emplace_back(ready.id, ready.connection);
+  }
+  for (const auto& [id, connection] : all) sendExecPolicy(id, connection);
 }
 
 Status EnvironmentManager::setPermissions(const std::string& id, const gate::Permissions& p, bool replace) {

@@ -246,6 +246,23 @@ class EnvironmentManager {
   void onEnded(std::function<void(const std::string& id, const std::string& reason)> hook) {
     endedHook_ = std::move(hook);
   }
+  // The exec gate (docs/GATE.md, "Every program"): `check` judges a
+  // program an environment's process is about to run (on a connection's
+  // reader thread: it must answer later when it waits for a person), and
+  // `policy` says whether an environment's programs need judging at all
+  // (init::ExecPolicy), given to moat-init at every connection and after
+  // every change of its permissions. Set before serving.
+  using ExecCheckHook = std::function<void(const std::string& id, const init::ExecCheck& check,
+                                           InitConnection::ExecAnswer answer)>;
+  using ExecPolicyHook = std::function<uint8_t(const std::string& id)>;
+  void setExecGate(ExecCheckHook check, ExecPolicyHook policy) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    execCheck_ = std::move(check);
+    execPolicy_ = std::move(policy);
+  }
+  // Tells every running environment's moat-init whether to ask (after
+  // setExecGate, for the environments re-attached before it).
+  void refreshExecPolicies();
   Counters counters();
   const ManagerConfig& config() const { return config_; }
   audit::Recorder& audit() { return audit_; }
@@ -353,7 +370,13 @@ class EnvironmentManager {
   std::mutex execOutputMutex_;
   std::map<std::string, uint64_t> execOutputReserved_;  // per caller (actor)
   std::mutex permissionsMutex_;
-  std::function<void(const std::string&, const std::string&)> endedHook_;  // serializes read-modify-write of permission layers
+  std::function<void(const std::string&, const std::string&)> endedHook_;
+  ExecCheckHook execCheck_;
+  ExecPolicyHook execPolicy_;
+  // A new connection to `id`'s moat-init: its exec checks go to the gate,
+  // and it is told whether to ask.
+  std::shared_ptr<InitConnection> connect(const std::string& id, UniqueFd control);
+  void sendExecPolicy(const std::string& id, const std::shared_ptr<InitConnection>& connection);  // serializes read-modify-write of permission layers
   bool stopping_ = false;
   bool detached_ = false;
   std::vector<std::weak_ptr<Process>> lossless_;  // watched by the reaper (releaseIfUnfollowed)

@@ -111,6 +111,28 @@ void InitConnection::dispatch(const init::Frame& frame) {
       if (auto sink = sinkOf(m->id, true)) sink->onExited(m.value());
       return;
     }
+    case init::MsgType::kExecCheck: {
+      auto m = init::ExecCheck::decode(frame.payload);
+      if (!m.ok()) return;
+      uint64_t id = m->id;
+      // The answer keeps the connection alive only as long as it needs it.
+      ExecAnswer answer = [self = weak_from_this(), id](bool allow) {
+        if (auto connection = self.lock()) {
+          (void)connection->send(init::MsgType::kExecVerdict, init::ExecVerdict{id, allow}.encode());
+        }
+      };
+      std::function<void(const init::ExecCheck&, ExecAnswer)> check;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        check = execCheck_;
+      }
+      if (check) {
+        check(m.value(), std::move(answer));
+      } else {
+        answer(false);  // nobody judges programs here: refused
+      }
+      return;
+    }
     case init::MsgType::kFileResult: {
       auto m = init::FileResult::decode(frame.payload);
       if (!m.ok()) return;
@@ -224,6 +246,16 @@ Result<init::FileResult> InitConnection::file(init::FileRequest request) {
   if (p.done) return std::move(p.result);
   if (sent && !finished) return Error::make("timeout", "moat-init did not answer in time");
   return gone("the environment ended");
+}
+
+void InitConnection::onExecCheck(std::function<void(const init::ExecCheck&, ExecAnswer)> check) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  execCheck_ = std::move(check);
+}
+
+Status InitConnection::setExecPolicy(uint8_t mode) {
+  if (peerVersion() < init::kExecGateSince) return {};  // an older moat-init: it gates nothing
+  return send(init::MsgType::kExecPolicy, init::ExecPolicy{mode}.encode());
 }
 
 }  // namespace moat::manager

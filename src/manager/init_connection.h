@@ -34,7 +34,7 @@ class ProcessSink {
 // moatd's end of one environment's guest protocol connection: a reader
 // thread dispatches moat-init's frames to the processes and file requests
 // waiting for them, so that many can be in flight at once.
-class InitConnection {
+class InitConnection : public std::enable_shared_from_this<InitConnection> {
  public:
   // onClosed runs (on the reader thread) when moat-init goes away.
   InitConnection(UniqueFd control, std::function<void()> onClosed);
@@ -58,6 +58,14 @@ class InitConnection {
   Status grantOutput(uint32_t id, uint64_t upTo);
 
   Result<init::FileResult> file(init::FileRequest request);
+
+  // The exec gate (protocol version 3). `check` is called on the reader
+  // thread for each ExecCheck: it must not block (a decision that waits for
+  // a person is answered later, from any thread, through `answer`).
+  using ExecAnswer = std::function<void(bool allow)>;
+  void onExecCheck(std::function<void(const init::ExecCheck&, ExecAnswer)> check);
+  // Whether moat-init asks about programs at all (init::ExecPolicy).
+  Status setExecPolicy(uint8_t mode);
   // The protocol version moat-init announced in its Hello (it comes first
   // on every connection; waited for up to 5 s). 0: none came (moat-init is
   // gone or silent).
@@ -78,6 +86,7 @@ class InitConnection {
 
   UniqueFd control_;
   std::function<void()> onClosed_;
+  std::function<void(const init::ExecCheck&, ExecAnswer)> execCheck_;  // set before frames can come
   std::mutex writeMutex_;
   std::mutex mutex_;
   std::condition_variable cv_;

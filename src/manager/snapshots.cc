@@ -236,7 +236,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
     audit_.record("environment.destroyed", id, actor, {{"reason", reason}, {"state", "failed"}});
     return created.error();
   }
-  auto connection = std::make_shared<InitConnection>(std::move(created->control), [this, id] { onInitGone(id); });
+  auto connection = connect(id, std::move(created->control));
   record.netSlot = -1;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -277,6 +277,84 @@ TEST_F(Gate, CodeLoadingVariablesNeedARuleThatNamesThem) {
   EXPECT_NE(bad.body.find("permissions.run_command[0].env"), std::string::npos) << bad.body;
 }
 
+// Every program that starts in the environment answers to run_command, not
+// only the command moatd was asked to run (issue 24): `sh -c 'rm -rf
+// /workspace/*'` ran with a rule denying rm, and so did scripts, xargs,
+// find -exec and interpreters. moat-init hands every exec to the gate.
+TEST_F(Gate, EveryProgramAnswersToRunCommandHoweverItStarts) {
+  std::string id = envWith({{"run_command", {{{"match", {"rm", "-rf", "*"}}, {"action", "deny"}},
+                                             {{"match", {"rm", "*"}}, {"action", "allow"}},
+                                             {{"action", "allow"}}}}});
+  exec(id, {{"cmd", {"sh", "-c", "mkdir -p /workspace/d && touch /workspace/d/a /workspace/keep"}}});
+  for (const std::string& script :
+       {std::string("rm -rf /workspace/d"), std::string("echo /workspace/d | xargs rm -rf"),
+        std::string("find /workspace -name d -exec rm -rf {} +"),
+        std::string("python3 -c 'import os; os.execvp(\"rm\", [\"rm\", \"-rf\", \"/workspace/d\"])'"),
+        std::string("printf '#!/bin/sh\\nrm -rf /workspace/d\\n' > /tmp/s && chmod +x /tmp/s && /tmp/s")}) {
+    json r = exec(id, {{"cmd", {"sh", "-c", script + "; test -e /workspace/d/a && echo still-there"}}});
+    EXPECT_NE(r["stdout"].get<std::string>().find("still-there"), std::string::npos) << script << ": " << r.dump();
+    EXPECT_NE(r["stderr"].get<std::string>().find("Operation not permitted"), std::string::npos) << script << ": " << r.dump();
+  }
+  // What the rules allow still runs, nested too.
+  json ok = exec(id, {{"cmd", {"sh", "-c", "rm /workspace/keep && ls /workspace"}}});
+  EXPECT_EQ(ok["exit_code"], 0) << ok.dump();
+  EXPECT_EQ(ok["stdout"], "d\n");
+  // The refusals are in the log with what was run and by whom.
+  std::string events;
+  for (int i = 0; i < 200 && events.find("\"program\"") == std::string::npos; ++i) {
+    events = daemon_->request("GET", "/v1/events?type=gate.denied&environment=" + id).body;
+  }
+  EXPECT_NE(events.find("\"argv\":[\"rm\",\"-rf\",\"/workspace/d\"]"), std::string::npos) << events;
+  EXPECT_NE(events.find("\"parents\""), std::string::npos) << events;
+}
+
+// The newest filter's listener gets a call several filters hand over: a
+// process that installed its own would answer its execs itself, past the
+// gate. After moat-init's, no listener can be made in the environment.
+TEST_F(Gate, NoProcessInsideCanTakeTheExecGateOver) {
+  std::string id = envWith({{"run_command", {{{"match", {"rm", "*"}}, {"action", "deny"}}, {{"action", "allow"}}}}});
+  const char* script = R"(
+import ctypes, ctypes.util, errno
+libc = ctypes.CDLL(None, use_errno=True)
+class Filter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+class Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+allow = (Filter * 1)(Filter(0x06, 0, 0, 0x7fff0000))
+prog = Prog(1, allow)
+rc = libc.syscall(317, 1, 8, ctypes.byref(prog))  # seccomp(SET_MODE_FILTER, NEW_LISTENER)
+print(rc, errno.errorcode.get(ctypes.get_errno(), ctypes.get_errno()))
+)";
+  json r = exec(id, {{"cmd", {"python3", "-c", script}}});
+  EXPECT_EQ(r["stdout"], "-1 EPERM\n") << r.dump();
+  // A filter without a listener is still the process's to add.
+  const char* plain = "import ctypes; l = ctypes.CDLL(None); print(l.prctl(38, 1, 0, 0, 0))";  // no_new_privs
+  EXPECT_EQ(exec(id, {{"cmd", {"python3", "-c", plain}}})["stdout"], "0\n");
+}
+
+// An ask on a program waits for a person while its exec waits in the
+// kernel; the approval shows the argv, the program and who runs it.
+TEST_F(Gate, ANestedProgramThatAsksWaitsForAPerson) {
+  std::string id = envWith({{"run_command", {{{"match", {"sh", "*"}}, {"action", "allow"}},
+                                             {{"match", {"touch", "*"}}, {"action", "ask"}},
+                                             {{"action", "deny"}}}}});
+  HttpResult r;
+  std::thread runner([&] {
+    r = daemon_->request("POST", "/v1/environments/" + id + "/exec",
+                         json{{"cmd", {"sh", "-c", "touch /workspace/asked && echo made"}}}.dump());
+  });
+  json a = pendingApproval();
+  ASSERT_FALSE(a.is_null());
+  EXPECT_EQ(a["action"]["argv"], json({"touch", "/workspace/asked"})) << a.dump();
+  EXPECT_EQ(a["action"]["op"], "program");
+  EXPECT_EQ(a["action"]["program"], "/usr/bin/touch") << a.dump();
+  EXPECT_FALSE(a["action"]["parents"].empty()) << a.dump();
+  call("POST", "/v1/approvals/" + a["id"].get<std::string>(), {{"decision", "approve"}}, 200);
+  runner.join();
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["stdout"], "made\n") << r.body;
+}
+
 TEST_F(Gate, NobodyDecidingIsADenyThatSaysSo) {
   std::string id = envWith({{"write_file", "ask"}});
   auto r = daemon_->request("PUT", "/v1/environments/" + id + "/files?path=/workspace/f", "data");

@@ -175,6 +175,25 @@ TEST(Protocol, StdinTakenRoundTrip) {
   EXPECT_FALSE(StdinTaken::decode(std::string(13, '\0')).ok());  // trailing byte
 }
 
+TEST(Protocol, ExecGateRoundTrips) {
+  ExecCheck check{(1ULL << 50) + 9, 42, "/usr/bin/rm", {"rm", "-rf", "/workspace"}, {"7 sh", "3 bash"}};
+  auto back = ExecCheck::decode(check.encode());
+  ASSERT_TRUE(back.ok()) << back.error().message();
+  EXPECT_EQ(back->id, check.id);
+  EXPECT_EQ(back->pid, 42u);
+  EXPECT_EQ(back->filename, "/usr/bin/rm");
+  EXPECT_EQ(back->argv, check.argv);
+  EXPECT_EQ(back->parents, check.parents);
+  auto verdict = ExecVerdict::decode(ExecVerdict{check.id, true}.encode());
+  ASSERT_TRUE(verdict.ok());
+  EXPECT_TRUE(verdict->allow);
+  EXPECT_FALSE(ExecVerdict::decode(std::string(8, '\0') + '\2').ok()) << "allow is 0 or 1";
+  auto policy = ExecPolicy::decode(ExecPolicy{ExecPolicy::kAsk}.encode());
+  ASSERT_TRUE(policy.ok());
+  EXPECT_EQ(policy->mode, ExecPolicy::kAsk);
+  EXPECT_FALSE(ExecPolicy::decode(std::string(1, '\7')).ok()) << "an unknown mode";
+}
+
 TEST(Protocol, HelloRoundTrip) {
   auto back = Hello::decode(Hello{kProtocolVersion, 4242}.encode());
   ASSERT_TRUE(back.ok()) << back.error().message();

@@ -1,0 +1,146 @@
+#include <mutex>
+#include <thread>
+
+#include "api/api.h"
+#include "api/validation.h"
+
+// What the environment itself does and the gate decides: its programs'
+// execs (the exec gate: moat-init hands each one over, docs/GATE.md "Every
+// program") and, shared with egress, a question to a person on its behalf.
+namespace moat::api {
+
+egress::GateAnswer Api::askForEnvironment(const std::string& id, const gate::Action& action, const char* scope) {
+  if (approvals_.consumeGrant(id, action, "environment")) return {true, "approved"};
+  // The same question already waiting for a person (a client opening
+  // several connections, a program retrying) is not asked again: this
+  // connection waits for that answer, so that an environment cannot bury
+  // the person in copies.
+  std::optional<store::ApprovalRecord> waiting;
+  size_t pendingFromEnvironment = 0;
+  Result<store::ApprovalRecord> approval = Error::make("internal", "no approval");
+  {
+    static std::mutex asking;  // one look-then-ask at a time
+    std::lock_guard<std::mutex> lock(asking);
+    store::ApprovalFilter filter;
+    filter.state = "pending";
+    filter.environment = id;
+    if (auto pending = approvals_.list(filter); pending.ok()) {
+      for (const auto& a : pending.value()) {
+        if (a.requester != "environment") continue;
+        ++pendingFromEnvironment;
+        auto asked = gate::actionFromJson(a.action);
+        if (asked.ok() && asked->same(action)) waiting = a;
+      }
+    }
+    // A person answers a few questions at a time: an environment asking
+    // for host after host does not bury them (nor the store) in approvals.
+    if (!waiting && pendingFromEnvironment >= kPendingQuestionsPerEnvironment) {
+      audit_.recordByEnvironment("gate.denied", id,
+                                 {{"action", action.toJson()},
+                                  {"reason", std::to_string(kPendingQuestionsPerEnvironment) +
+                                                 " of its questions already wait for a person"}},
+                                 kEnvironmentGateEvents);
+      return {false, std::to_string(kPendingQuestionsPerEnvironment) +
+                         " of this environment's questions already wait for a person; ask again later"};
+    }
+    if (!waiting) approval = approvals_.request(id, action, "environment");
+  }
+  if (waiting) {
+    auto decided = approvals_.watch(waiting->id, std::chrono::milliseconds(options_.approvalTimeoutMs));
+    if (!decided.ok()) return {false, decided.error().message()};
+    if (decided->state == "approved") {
+      return {true, "approved by " + decided->decidedBy + " (approval " + decided->id + ")"};
+    }
+    return {false, decided->state == "denied" ? "a person denied it (approval " + decided->id + ")"
+                                              : "the approval was not decided (approval " + decided->id + ")"};
+  }
+  if (!approval.ok()) return {false, approval.error().message()};
+  // Each one recorded: at most kPendingQuestionsPerEnvironment wait at once.
+  audit_.record("approval.requested", id, "environment",
+                {{"id", approval->id}, {"scope", scope}, {"action", action.toJson()}});
+  auto decided = approvals_.await(approval->id, std::chrono::milliseconds(options_.approvalTimeoutMs));
+  if (!decided.ok()) return {false, decided.error().message()};
+  if (decided->state == "approved") {
+    approvals_.markUsed(decided->id);
+    return {true, "approved by " + decided->decidedBy + " (approval " + decided->id + ")"};
+  }
+  return {false, decided->state == "denied"
+                     ? "a person denied it (approval " + decided->id + ")"
+                     : "the approval expired (approval " + decided->id + "): " + decided->reason};
+}
+
+uint8_t Api::execPolicyFor(const std::string& id) {
+  // Every layer and the creator's ceiling a plain "allow" of every command:
+  // moat-init lets programs run without asking.
+  auto layers = manager_.permissions(id);
+  if (!layers.ok()) return init::ExecPolicy::kAllowAll;  // not an environment (yet): nothing to judge
+  auto plainAllow = [](const gate::Permissions& p) {
+    const auto& rules = p.scope(gate::Scope::kRunCommand).rules;
+    return rules.size() == 1 && !rules[0].match && !rules[0].env && rules[0].decision == gate::Decision::kAllow;
+  };
+  for (const auto& layer : layers.value()) {
+    if (!plainAllow(layer)) return init::ExecPolicy::kAsk;
+  }
+  std::string owner = manager_.ownerOf(id);
+  if (!owner.empty() && owner != "master") {
+    auto ceiling = keys_.ceilingOf(owner);
+    if (!ceiling.ok()) return init::ExecPolicy::kAsk;
+    if (ceiling.value() && !plainAllow(*ceiling.value())) return init::ExecPolicy::kAsk;
+  }
+  return init::ExecPolicy::kAllowAll;
+}
+
+void Api::execCheck(const std::string& id, const init::ExecCheck& check, manager::InitConnection::ExecAnswer answer) {
+  gate::Action action;
+  action.scope = gate::Scope::kRunCommand;
+  action.op = "program";
+  action.argv = check.argv.empty() ? std::vector<std::string>{check.filename} : check.argv;
+  action.program = check.filename;
+  action.parents = check.parents;
+  auto evaluation = networkEvaluation(id, action, false);
+  if (!evaluation.ok() || evaluation->decision == gate::Decision::kDeny) {
+    json data = {{"action", action.toJson()}, {"pid", check.pid}};
+    if (evaluation.ok()) data["rule"] = evaluation->ruleJson;
+    else data["error"] = evaluation.error().message();
+    audit_.recordByEnvironment("gate.denied", id, std::move(data), kEnvironmentGateEvents);
+    return answer(false);
+  }
+  if (evaluation->decision == gate::Decision::kAllow) {
+    audit_.recordByEnvironment("program.started", id, {{"action", action.toJson()}, {"pid", check.pid}},
+                               kEnvironmentProgramEvents);
+    return answer(true);
+  }
+  // Ask: a person decides, while the exec waits in the kernel. Not on the
+  // connection's reader thread: each question waits on a thread of its own,
+  // at most kPendingQuestionsPerEnvironment of them (askForEnvironment).
+  {
+    std::lock_guard<std::mutex> lock(execAsksMutex_);
+    if (execAsks_[id] >= kExecAsksInFlight) {
+      audit_.recordByEnvironment("gate.denied", id,
+                                 {{"action", action.toJson()}, {"reason", "too many of its programs already wait for a person"}},
+                                 kEnvironmentGateEvents);
+      return answer(false);
+    }
+    ++execAsks_[id];
+    ++execAsksTotal_;
+  }
+  std::thread([this, id, action, pid = check.pid, answer = std::move(answer)] {
+    egress::GateAnswer decided = askForEnvironment(id, action, "run_command");
+    if (decided.allowed) {
+      audit_.recordByEnvironment("program.started", id, {{"action", action.toJson()}, {"pid", pid}, {"reason", decided.why}},
+                                 kEnvironmentProgramEvents);
+    }
+    answer(decided.allowed);
+    std::lock_guard<std::mutex> lock(execAsksMutex_);
+    if (--execAsks_[id] == 0) execAsks_.erase(id);
+    --execAsksTotal_;
+    execAsksCv_.notify_all();
+  }).detach();
+}
+
+void Api::waitForExecAsks() {
+  std::unique_lock<std::mutex> lock(execAsksMutex_);
+  execAsksCv_.wait(lock, [&] { return execAsksTotal_ == 0; });
+}
+
+}  // namespace moat::api

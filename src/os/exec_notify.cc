@@ -1,0 +1,164 @@
+#include "os/exec_notify.h"
+
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+// Linux 6.6; Debian 12's headers predate them.
+#ifndef SECCOMP_IOCTL_NOTIF_SET_FLAGS
+#define SECCOMP_IOCTL_NOTIF_SET_FLAGS SECCOMP_IOW(4, __u64)
+#endif
+#ifndef SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP
+#define SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP (1UL << 0)
+#endif
+
+namespace moat::os {
+
+Result<UniqueFd> installExecListener() {
+  // Other architectures' calls are left to the environment's main filter,
+  // which kills them; only x86-64's execve and execveat are handed over.
+  struct sock_filter code[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execve, 2, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execveat, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF),
+  };
+  struct sock_fprog prog = {static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
+  long fd = ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog);
+  if (fd < 0) return Error::fromErrno("seccomp exec listener");
+  // No listener after this one: when several filters hand a call over, the
+  // newest filter's listener gets it, so a process that installed its own
+  // would answer its execs itself, past this one.
+  struct sock_filter noMore[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_seccomp, 0, 3),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1])),
+      BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, SECCOMP_FILTER_FLAG_NEW_LISTENER, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  struct sock_fprog noMoreProg = {static_cast<unsigned short>(sizeof noMore / sizeof noMore[0]), noMore};
+  if (::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &noMoreProg) != 0) {
+    int err = errno;
+    ::close(static_cast<int>(fd));
+    return Error::fromErrno("seccomp: no listener after the exec gate's", err);
+  }
+  ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+  // The exec'ing process waits while the listener answers: the kernel wakes
+  // each on the other's CPU at once instead of through the scheduler's
+  // queue (a kernel without it answers EINVAL: slower, the same).
+  (void)::ioctl(static_cast<int>(fd), SECCOMP_IOCTL_NOTIF_SET_FLAGS, SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP);
+  return UniqueFd(static_cast<int>(fd));
+}
+
+Result<ExecNotification> receiveExecNotification(int listener) {
+  struct seccomp_notif req;
+  std::memset(&req, 0, sizeof req);
+  if (::ioctl(listener, SECCOMP_IOCTL_NOTIF_RECV, &req) != 0) return Error::fromErrno("seccomp notification");
+  ExecNotification n;
+  n.id = req.id;
+  n.pid = static_cast<pid_t>(req.pid);
+  n.nr = req.data.nr;
+  for (int i = 0; i < 6; ++i) n.args[i] = req.data.args[i];
+  return n;
+}
+
+Status answerExecNotification(int listener, uint64_t id, bool allow, int err) {
+  struct seccomp_notif_resp resp;
+  std::memset(&resp, 0, sizeof resp);
+  resp.id = id;
+  if (allow) {
+    resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
+  } else {
+    resp.error = -err;
+  }
+  if (::ioctl(listener, SECCOMP_IOCTL_NOTIF_SEND, &resp) != 0) return Error::fromErrno("seccomp answer");
+  return {};
+}
+
+bool execNotificationValid(int listener, uint64_t id) {
+  return ::ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, &id) == 0;
+}
+
+namespace {
+
+constexpr size_t kMaxArgs = 256;
+constexpr size_t kMaxBytes = 64u << 10;
+
+// A NUL-terminated string at `addr` of the process, at most `room` bytes.
+Result<std::string> readString(int mem, uint64_t addr, size_t room) {
+  std::string out;
+  char buf[256];
+  while (out.size() < room) {
+    ssize_t n = ::pread(mem, buf, sizeof buf, static_cast<off_t>(addr + out.size()));
+    if (n <= 0) return Error::fromErrno("read exec argument", n == 0 ? EFAULT : errno);
+    const char* end = static_cast<const char*>(std::memchr(buf, '\0', static_cast<size_t>(n)));
+    if (end) return out.append(buf, static_cast<size_t>(end - buf));
+    out.append(buf, static_cast<size_t>(n));
+  }
+  out.resize(room);
+  return out;  // cut: longer than what is shown
+}
+
+}  // namespace
+
+Result<ExecAttempt> readExecAttempt(const ExecNotification& n) {
+  UniqueFd mem(::open(("/proc/" + std::to_string(n.pid) + "/mem").c_str(), O_RDONLY | O_CLOEXEC));
+  if (!mem) return Error::fromErrno("open /proc/" + std::to_string(n.pid) + "/mem");
+  const bool at = n.nr == SYS_execveat;
+  uint64_t pathAddr = at ? n.args[1] : n.args[0];
+  uint64_t argvAddr = at ? n.args[2] : n.args[1];
+  ExecAttempt a;
+  MOAT_ASSIGN(a.filename, readString(mem.get(), pathAddr, 4096));
+  if (at && a.filename.empty()) {
+    // fexecve: the program is the descriptor's file.
+    char target[4096];
+    std::string link = "/proc/" + std::to_string(n.pid) + "/fd/" + std::to_string(static_cast<int>(n.args[0]));
+    ssize_t len = ::readlink(link.c_str(), target, sizeof target);
+    if (len > 0) a.filename.assign(target, static_cast<size_t>(len));
+  }
+  size_t used = a.filename.size();
+  for (size_t i = 0; i < kMaxArgs && argvAddr; ++i) {
+    uint64_t ptr = 0;
+    if (::pread(mem.get(), &ptr, sizeof ptr, static_cast<off_t>(argvAddr + i * sizeof ptr)) != sizeof ptr) {
+      return Error::fromErrno("read exec argv");
+    }
+    if (!ptr || used >= kMaxBytes) break;
+    MOAT_ASSIGN(std::string arg, readString(mem.get(), ptr, kMaxBytes - used));
+    used += arg.size();
+    a.argv.push_back(std::move(arg));
+  }
+  return a;
+}
+
+std::vector<std::string> parentChain(pid_t pid, int depth) {
+  std::vector<std::string> chain;
+  for (int i = 0; i < depth && pid > 1; ++i) {
+    char buf[512];
+    UniqueFd stat(::open(("/proc/" + std::to_string(pid) + "/stat").c_str(), O_RDONLY | O_CLOEXEC));
+    if (!stat) break;
+    ssize_t n = ::read(stat.get(), buf, sizeof buf - 1);
+    if (n <= 0) break;
+    std::string text(buf, static_cast<size_t>(n));
+    size_t open = text.find('('), close = text.rfind(')');
+    if (open == std::string::npos || close == std::string::npos || close + 4 > text.size()) break;
+    pid_t ppid = static_cast<pid_t>(std::atoi(text.c_str() + close + 4));
+    if (i > 0) chain.push_back(std::to_string(pid) + " " + text.substr(open + 1, close - open - 1));
+    pid = ppid;
+  }
+  return chain;
+}
+
+}  // namespace moat::os

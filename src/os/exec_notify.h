@@ -1,0 +1,48 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "common/unique_fd.h"
+
+// The exec gate's kernel side: a seccomp filter that hands every execve and
+// execveat of the calling process and its descendants to a listener
+// (SECCOMP_RET_USER_NOTIF), and what the listener needs to judge and answer.
+namespace moat::os {
+
+// Installs the filter on the calling process (before it has other threads)
+// and returns the listener. The process needs no_new_privs.
+Result<UniqueFd> installExecListener();
+
+struct ExecNotification {
+  uint64_t id = 0;
+  pid_t pid = 0;
+  int nr = 0;        // execve or execveat
+  uint64_t args[6] = {};
+};
+// Reads the next notification (the listener polled readable). ENOENT: the
+// process went meanwhile (nothing to answer).
+Result<ExecNotification> receiveExecNotification(int listener);
+// Lets the exec go on (the kernel then re-reads its arguments: a process
+// racing the check can change them), or fails it with `err`.
+Status answerExecNotification(int listener, uint64_t id, bool allow, int err = EPERM);
+// Whether the notification still stands for the same process (its pid was
+// not reused since what was read of it).
+bool execNotificationValid(int listener, uint64_t id);
+
+struct ExecAttempt {
+  std::string filename;
+  std::vector<std::string> argv;
+};
+// What the exec asked for, read from the process's memory (/proc/PID/mem):
+// at most 256 arguments and 64 KiB in all.
+Result<ExecAttempt> readExecAttempt(const ExecNotification& n);
+// "pid comm" of the process's parent, its parent's, ... up to pid 1 (at
+// most `depth`).
+std::vector<std::string> parentChain(pid_t pid, int depth = 8);
+
+}  // namespace moat::os
