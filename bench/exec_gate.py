@@ -11,8 +11,9 @@ do not count):
 - moat run: the CLI's environment, no exec gate (the floor);
 - moatd, default permissions: moat-init answers every exec itself (the
   kernel's notification and one answer);
-- moatd, run_command rules: every exec is judged by moatd's gate (a round
-  trip over the guest protocol and the rule evaluation).
+- moatd, run_command rules: moat-init reads each exec's argv from the
+  process's memory, judges it by the rules moatd gave it and reports it
+  (program.started, batched); no round trip to moatd.
 
   bench/exec_gate.py --bin-dir build/bin [--rounds 15] [--execs 200]
 

@@ -47,6 +47,7 @@ void everyDecoder(const std::string& payload) {
   roundTrip<ExecPolicy>(payload);
   roundTrip<ExecCheck>(payload);
   roundTrip<ExecVerdict>(payload);
+  roundTrip<ExecReport>(payload);
   roundTrip<Exited>(payload);
   roundTrip<FileRequest>(payload);
   roundTrip<FileResult>(payload);
@@ -64,6 +65,7 @@ void decodeAs(MsgType type, const std::string& payload) {
     case MsgType::kExecPolicy: roundTrip<ExecPolicy>(payload); break;
     case MsgType::kExecCheck: roundTrip<ExecCheck>(payload); break;
     case MsgType::kExecVerdict: roundTrip<ExecVerdict>(payload); break;
+    case MsgType::kExecReport: roundTrip<ExecReport>(payload); break;
     case MsgType::kFile: roundTrip<FileRequest>(payload); break;
     case MsgType::kHello: roundTrip<Hello>(payload); break;
     case MsgType::kSpawned: roundTrip<Spawned>(payload); break;

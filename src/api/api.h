@@ -73,8 +73,10 @@ class Api {
   // environment_gate.cc: the exec gate (manager::EnvironmentManager::setExecGate):
   // whether an environment's programs need judging, and the judgment of one
   // (answered at once, or from a thread of its own once a person decides).
-  uint8_t execPolicyFor(const std::string& id);
+  init::ExecPolicy execPolicyFor(const std::string& id);
   void execCheck(const std::string& id, const init::ExecCheck& check, manager::InitConnection::ExecAnswer answer);
+  // What moat-init judged by itself (init::ExecPolicy::kLocal): into the log.
+  void execReport(const std::string& id, const init::ExecReport& report);
   // At stop, after the approvals shut down: the exec questions' threads end.
   void waitForExecAsks();
   // mcp.cc: ends every MCP session (their default environments go). At stop.

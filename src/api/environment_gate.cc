@@ -69,25 +69,62 @@ egress::GateAnswer Api::askForEnvironment(const std::string& id, const gate::Act
                      : "the approval expired (approval " + decided->id + "): " + decided->reason};
 }
 
-uint8_t Api::execPolicyFor(const std::string& id) {
+init::ExecPolicy Api::execPolicyFor(const std::string& id) {
   // Every layer and the creator's ceiling a plain "allow" of every command:
-  // moat-init lets programs run without asking.
+  // moat-init lets programs run without judging them. Otherwise it judges
+  // them by the same rules itself (asking here only about an "ask"): a
+  // nested program sets no variables moatd judges, so a rule's "env" plays
+  // no part there.
+  init::ExecPolicy policy;
   auto layers = manager_.permissions(id);
-  if (!layers.ok()) return init::ExecPolicy::kAllowAll;  // not an environment (yet): nothing to judge
-  auto plainAllow = [](const gate::Permissions& p) {
-    const auto& rules = p.scope(gate::Scope::kRunCommand).rules;
-    return rules.size() == 1 && !rules[0].match && !rules[0].env && rules[0].decision == gate::Decision::kAllow;
-  };
-  for (const auto& layer : layers.value()) {
-    if (!plainAllow(layer)) return init::ExecPolicy::kAsk;
-  }
+  if (!layers.ok()) return policy;  // not an environment (yet): nothing to judge
+  std::vector<const gate::Permissions*> all;
+  for (const auto& layer : layers.value()) all.push_back(&layer);
+  std::shared_ptr<const gate::Permissions> ceiling;
   std::string owner = manager_.ownerOf(id);
   if (!owner.empty() && owner != "master") {
-    auto ceiling = keys_.ceilingOf(owner);
-    if (!ceiling.ok()) return init::ExecPolicy::kAsk;
-    if (ceiling.value() && !plainAllow(*ceiling.value())) return init::ExecPolicy::kAsk;
+    auto read = keys_.ceilingOf(owner);
+    if (!read.ok()) {
+      policy.mode = init::ExecPolicy::kAsk;  // judged here, which reads it again
+      return policy;
+    }
+    ceiling = read.value();
+    if (ceiling) all.push_back(ceiling.get());
   }
-  return init::ExecPolicy::kAllowAll;
+  bool plainAllow = true;
+  for (const auto* p : all) {
+    const auto& rules = p->scope(gate::Scope::kRunCommand).rules;
+    plainAllow = plainAllow && rules.size() == 1 && !rules[0].match && !rules[0].env &&
+                 rules[0].decision == gate::Decision::kAllow;
+    std::vector<init::ExecRule> layer;
+    for (const auto& r : rules) {
+      init::ExecRule rule;
+      rule.decision = static_cast<uint8_t>(r.decision);
+      rule.hasMatch = r.match.has_value();
+      if (r.match) rule.match = *r.match;
+      layer.push_back(std::move(rule));
+    }
+    policy.layers.push_back(std::move(layer));
+  }
+  policy.mode = plainAllow ? init::ExecPolicy::kAllowAll : init::ExecPolicy::kLocal;
+  if (plainAllow) policy.layers.clear();
+  return policy;
+}
+
+void Api::execReport(const std::string& id, const init::ExecReport& report) {
+  gate::Action action;
+  action.scope = gate::Scope::kRunCommand;
+  action.op = "program";
+  action.argv = report.argv;
+  action.program = report.filename;
+  action.parents = report.parents;
+  if (report.decision == 0) {
+    audit_.recordByEnvironment("program.started", id, {{"action", action.toJson()}, {"pid", report.pid}},
+                               kEnvironmentProgramEvents);
+  } else {
+    audit_.recordByEnvironment("gate.denied", id, {{"action", action.toJson()}, {"pid", report.pid}},
+                               kEnvironmentGateEvents);
+  }
 }
 
 void Api::execCheck(const std::string& id, const init::ExecCheck& check, manager::InitConnection::ExecAnswer answer) {

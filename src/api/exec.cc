@@ -116,6 +116,15 @@ HttpResponse Api::execRoute(const HttpRequest& req, const Principal& principal, 
     response = respond(200, answer);
   }
   response.hold = std::move(reservation.value());  // until the answer is written
+  if (large) {
+    // And once it is written, what was freed meanwhile (the answer's own
+    // buffers, other execs' logs in other arenas) goes back as well: the
+    // trim above ran before them.
+    response.hold = std::shared_ptr<void>(nullptr, [held = std::move(response.hold)](void*) mutable {
+      held.reset();
+      ::malloc_trim(0);
+    });
+  }
   return response;
 }
 

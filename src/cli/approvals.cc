@@ -37,6 +37,13 @@ std::string summary(const json& a) {
   std::string what;
   if (act.contains("argv")) {
     for (const auto& arg : act["argv"]) what += (what.empty() ? "" : " ") + arg.get<std::string>();
+    // A program a process of the environment starts: which file, run by whom.
+    if (act.contains("program")) what += "  [" + act.value("program", "") + "]";
+    if (act.contains("parents") && act["parents"].is_array() && !act["parents"].empty()) {
+      std::string chain;
+      for (const auto& p : act["parents"]) chain += (chain.empty() ? "" : " < ") + p.get<std::string>();
+      what += "  from " + chain;
+    }
   } else if (act.contains("path")) {
     what = act.value("op", "") + " " + act.value("path", "");
     if (act.contains("size") && a.value("scope", "") == "write_file") {

@@ -314,7 +314,8 @@ int main(int argc, char** argv) {
         [&api](const std::string& id, const init::ExecCheck& check, manager::InitConnection::ExecAnswer answer) {
           api.execCheck(id, check, std::move(answer));
         },
-        [&api](const std::string& id) { return api.execPolicyFor(id); });
+        [&api](const std::string& id) { return api.execPolicyFor(id); },
+        [&api](const std::string& id, const init::ExecReport& report) { api.execReport(id, report); });
     manager.refreshExecPolicies();  // the environments re-attached before the gate was set
     api.endOrphanedMcpEnvironments();
     api::HttpServer server([&api](const api::HttpRequest& r) { return api.handle(r); },
@@ -347,7 +348,7 @@ int main(int argc, char** argv) {
     manager.interrupt();  // waiting execs end; nothing new starts
     approvals.shutdown();  // requests waiting for a person end too
     api.waitForExecAsks();  // and programs waiting for one (refused now)
-    manager.setExecGate({}, {});  // the API goes before the manager does
+    manager.setExecGate({}, {}, {});  // the API goes before the manager does
     manager.onEnded({});   // the approvals go before the manager does
     auditLog.value()->interrupt();  // event streams end
     server.stop();

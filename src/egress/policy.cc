@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 
+#include "common/glob.h"
 #include "gate/permissions.h"
 
 namespace moat::egress {
@@ -151,7 +152,7 @@ std::string upper(std::string s) {
 }
 
 bool hostMatches(const Entry& e, const Destination& d) {
-  if (e.host) return gate::globMatch(*e.host, d.host, false);
+  if (e.host) return globMatch(*e.host, d.host, false);
   if (!e.network) return false;
   if (auto literal = parseIpv4(d.host)) return e.network->contains(*literal);
   return d.address && e.network->contains(*d.address);
@@ -172,7 +173,7 @@ bool requestMatches(const Entry& e, const Destination& d, bool all) {
   if (e.paths.empty()) return true;
   auto matches = [&](const std::string& path) {
     return std::any_of(e.paths.begin(), e.paths.end(),
-                       [&](const std::string& p) { return gate::globMatch(p, path, true); });
+                       [&](const std::string& p) { return globMatch(p, path, true); });
   };
   auto forms = requestPathForms(d.path);
   return all ? std::all_of(forms.begin(), forms.end(), matches) : std::any_of(forms.begin(), forms.end(), matches);

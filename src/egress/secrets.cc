@@ -4,10 +4,10 @@
 #include <cctype>
 #include <set>
 
+#include "common/glob.h"
 #include "common/hex.h"
 #include "egress/policy.h"
 #include "egress/public_suffix.h"
-#include "gate/permissions.h"
 
 namespace moat::egress {
 namespace {
@@ -99,7 +99,7 @@ std::string secretHostProblem(const std::string& host) {
 
 bool Secret::boundTo(const std::string& host) const {
   std::string h = canonicalHost(host);
-  return std::any_of(hosts.begin(), hosts.end(), [&](const std::string& g) { return gate::globMatch(g, h, false); });
+  return std::any_of(hosts.begin(), hosts.end(), [&](const std::string& g) { return globMatch(g, h, false); });
 }
 
 Result<std::vector<Secret>> parseSecrets(const json& j) {

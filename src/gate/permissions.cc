@@ -1,5 +1,7 @@
 #include "gate/permissions.h"
 
+#include "common/glob.h"
+
 #include <algorithm>
 #include <cctype>
 
@@ -15,11 +17,6 @@ Error invalid(const std::string& field, const std::string& problem) {
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
-}
-
-std::string basename(const std::string& path) {
-  auto slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
 Result<Decision> parseDecision(const json& j, const std::string& field) {
@@ -51,79 +48,6 @@ const char* scopeName(Scope s) {
     case Scope::kNetwork: return "network";
   }
   return "";
-}
-
-// One pass over the text with the set of pattern positions still possible
-// (a Thompson NFA): time pattern x text, never exponential. Backtracking
-// over each '*' took time exponential in the number of stars: a rule like
-// "*a*a*a*a*a*a*a*a*a*a*b" against 60 bytes of "a", or a policy path with a
-// few stars against a long request path sent from inside an environment,
-// held a thread and a CPU of moatd for minutes and more (found while writing
-// fuzz/permissions.cc; its corpus keeps such inputs).
-bool globMatch(const std::string& pattern, const std::string& text, bool segments) {
-  enum class Kind : unsigned char { kLiteral, kOne, kStar, kDoubleStar };
-  struct Token {
-    Kind kind;
-    char c;
-  };
-  std::vector<Token> tokens;
-  tokens.reserve(pattern.size());
-  for (size_t i = 0; i < pattern.size(); ++i) {
-    char c = pattern[i];
-    if (c == '*') {
-      // "**" crosses '/' only when matching paths; elsewhere it is "*" twice.
-      bool doubleStar = segments && i + 1 < pattern.size() && pattern[i + 1] == '*';
-      tokens.push_back({doubleStar ? Kind::kDoubleStar : Kind::kStar, 0});
-      if (doubleStar) ++i;
-    } else if (c == '?') {
-      tokens.push_back({Kind::kOne, 0});
-    } else {
-      if (c == '\\' && i + 1 < pattern.size()) c = pattern[++i];
-      tokens.push_back({Kind::kLiteral, c});
-    }
-  }
-  const size_t n = tokens.size();
-  // at[i]: the text read so far can be followed by tokens i.. (at[n]: matched).
-  std::vector<char> at(n + 1, 0), next(n + 1, 0);
-  auto skipStars = [&](std::vector<char>& s) {  // a star may match nothing
-    for (size_t i = 0; i < n; ++i) {
-      if (s[i] && (tokens[i].kind == Kind::kStar || tokens[i].kind == Kind::kDoubleStar)) s[i + 1] = 1;
-    }
-  };
-  at[0] = 1;
-  skipStars(at);
-  for (char c : text) {
-    std::fill(next.begin(), next.end(), 0);
-    bool alive = false;
-    const bool slash = segments && c == '/';
-    for (size_t i = 0; i < n; ++i) {
-      if (!at[i]) continue;
-      size_t to = n + 1;  // none
-      switch (tokens[i].kind) {
-        case Kind::kLiteral: if (c == tokens[i].c) to = i + 1; break;
-        case Kind::kOne: if (!slash) to = i + 1; break;
-        case Kind::kStar: if (!slash) to = i; break;
-        case Kind::kDoubleStar: to = i; break;
-      }
-      if (to <= n) {
-        next[to] = 1;
-        alive = true;
-      }
-    }
-    if (!alive) return false;
-    skipStars(next);
-    at.swap(next);
-  }
-  return at[n] != 0;
-}
-
-std::string globEscape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '*' || c == '?' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out;
 }
 
 std::string normalizePath(const std::string& path) {
@@ -196,19 +120,7 @@ bool Rule::matches(const Action& a) const {
     if (!named) return false;
   }
   if (op && *op != a.op) return false;
-  if (match) {
-    const auto& pats = *match;
-    bool restWildcard = !pats.empty() && pats.back() == "*";
-    size_t fixed = restWildcard ? pats.size() - 1 : pats.size();
-    if (a.argv.size() < fixed || (!restWildcard && a.argv.size() != fixed)) return false;
-    for (size_t i = 0; i < fixed; ++i) {
-      const std::string& arg = a.argv[i];
-      bool ok = globMatch(pats[i], arg, false);
-      // A pattern without '/' names a program: "/usr/bin/rm" is "rm" too.
-      if (!ok && i == 0 && pats[i].find('/') == std::string::npos) ok = globMatch(pats[i], basename(arg), false);
-      if (!ok) return false;
-    }
-  }
+  if (match && !argvMatch(*match, a.argv)) return false;
   if (path && !globMatch(*path, normalizePath(a.path), true)) return false;
   if (host && !globMatch(lower(*host), lower(a.host), false)) return false;
   if (port && *port != a.port) return false;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/glob.h"
 #include "common/result.h"
 
 // The gate's permissions: for each of the four scopes of an environment
@@ -114,11 +115,9 @@ Evaluation evaluate(const std::vector<Permissions>& layers, const Permissions* c
 nlohmann::json layersToJson(const std::vector<Permissions>& layers);
 Result<std::vector<Permissions>> layersFromJson(const std::string& text, const Permissions& defaults);
 
-// Glob matching with "*", "?" and "\" escapes. With `segments`, "*" and "?"
-// stop at '/' and "**" crosses it (paths); otherwise "*" matches anything.
-bool globMatch(const std::string& pattern, const std::string& text, bool segments);
-// A pattern that matches exactly `text` (glob characters escaped).
-std::string globEscape(const std::string& text);
+// Glob matching (common/glob.h), where the gate's rules use it.
+using moat::globEscape;
+using moat::globMatch;
 // "/a//b/./c/../d" -> "/a/b/d"; never above "/".
 std::string normalizePath(const std::string& path);
 

@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+
+#include "common/glob.h"
 
 namespace moat::init {
 
@@ -221,12 +224,71 @@ Result<StdinTaken> StdinTaken::decode(const std::string& payload) {
   return m;
 }
 
-std::string ExecPolicy::encode() const { return Encoder().u8(mode).take(); }
+uint8_t ExecPolicy::judge(const std::vector<std::string>& argv) const {
+  uint8_t strictest = 0;
+  for (const auto& layer : layers) {
+    uint8_t decision = 2;  // no rule matched: deny
+    for (const auto& rule : layer) {
+      if (!rule.hasMatch || argvMatch(rule.match, argv)) {
+        decision = rule.decision;
+        break;
+      }
+    }
+    strictest = std::max(strictest, decision);
+  }
+  return strictest;
+}
+
+std::string ExecPolicy::encodeV3() const { return Encoder().u8(mode == kAllowAll ? kAllowAll : kAsk).take(); }
+
+std::string ExecPolicy::encode() const {
+  Encoder e;
+  e.u8(mode).u32(static_cast<uint32_t>(layers.size()));
+  for (const auto& layer : layers) {
+    e.u32(static_cast<uint32_t>(layer.size()));
+    for (const auto& rule : layer) e.u8(rule.decision).u8(rule.hasMatch ? 1 : 0).strings(rule.match);
+  }
+  return e.take();
+}
 Result<ExecPolicy> ExecPolicy::decode(const std::string& payload) {
   Decoder d(payload);
   ExecPolicy m;
   MOAT_ASSIGN(m.mode, d.u8());
-  if (m.mode > kAsk) return Error::make("protocol", "unknown exec policy " + std::to_string(m.mode));
+  if (m.mode > kLocal) return Error::make("protocol", "unknown exec policy " + std::to_string(m.mode));
+  if (payload.size() == 1 && m.mode != kLocal) return m;  // version 3's form
+  MOAT_ASSIGN(uint32_t layers, d.u32());
+  if (layers > 64) return Error::make("protocol", "too many exec policy layers");
+  for (uint32_t i = 0; i < layers; ++i) {
+    MOAT_ASSIGN(uint32_t rules, d.u32());
+    if (rules > 1024) return Error::make("protocol", "too many exec policy rules");
+    std::vector<ExecRule> layer;
+    for (uint32_t j = 0; j < rules; ++j) {
+      ExecRule rule;
+      MOAT_ASSIGN(rule.decision, d.u8());
+      MOAT_ASSIGN(uint8_t hasMatch, d.u8());
+      MOAT_ASSIGN(rule.match, d.strings());
+      if (rule.decision > 2 || hasMatch > 1) return Error::make("protocol", "bad exec policy rule");
+      rule.hasMatch = hasMatch == 1;
+      layer.push_back(std::move(rule));
+    }
+    m.layers.push_back(std::move(layer));
+  }
+  FINISH(d);
+  return m;
+}
+
+std::string ExecReport::encode() const {
+  return Encoder().u32(pid).u8(decision).bytes(filename).strings(argv).strings(parents).take();
+}
+Result<ExecReport> ExecReport::decode(const std::string& payload) {
+  Decoder d(payload);
+  ExecReport m;
+  MOAT_ASSIGN(m.pid, d.u32());
+  MOAT_ASSIGN(m.decision, d.u8());
+  if (m.decision != 0 && m.decision != 2) return Error::make("protocol", "bad exec report decision");
+  MOAT_ASSIGN(m.filename, d.bytes());
+  MOAT_ASSIGN(m.argv, d.strings());
+  MOAT_ASSIGN(m.parents, d.strings());
   FINISH(d);
   return m;
 }

@@ -18,12 +18,13 @@ namespace moat::init {
 
 // What Hello announces. 1: the first; 2: OutputCredit (message 7) and
 // StdinTaken (message 69); 3: the exec gate, ExecPolicy (9), ExecVerdict (8)
-// and ExecCheck (70). A moatd
-// re-attaching after an upgrade may meet a moat-init of an older version:
-// it sends each only what that version knows.
-constexpr uint32_t kProtocolVersion = 3;
+// and ExecCheck (70); 4: ExecPolicy's mode 2 with its rules, and ExecReport
+// (71). A moatd re-attaching after an upgrade may meet a moat-init of an
+// older version: it sends each only what that version knows.
+constexpr uint32_t kProtocolVersion = 4;
 constexpr uint32_t kFlowControlSince = 2;  // OutputCredit and StdinTaken
 constexpr uint32_t kExecGateSince = 3;     // ExecPolicy, ExecCheck, ExecVerdict
+constexpr uint32_t kExecRulesSince = 4;    // ExecPolicy 2 (rules), ExecReport
 constexpr uint32_t kMaxFrame = 16u << 20;
 constexpr size_t kOutputChunk = 64u << 10;
 
@@ -47,6 +48,7 @@ enum class MsgType : uint8_t {
   kExited = 68,
   kStdinTaken = 69,
   kExecCheck = 70,
+  kExecReport = 71,
   kFileResult = 80,
   kProtocolError = 81,
 };
@@ -147,17 +149,44 @@ struct StdinTaken {
 };
 
 // The exec gate (moat-init runs with a seccomp filter that hands every
-// execve/execveat in the environment to it). ExecPolicy says whether the
-// client wants to judge programs at all: with kAllowAll moat-init lets every
-// exec go on by itself; with kAsk it sends an ExecCheck for each exec but
-// the first of a command it launched itself (the client judged that one),
-// and the exec waits until the ExecVerdict with the same id.
+// execve/execveat in the environment to it). ExecPolicy says how programs
+// are judged: kAllowAll, moat-init lets every exec go on by itself; kLocal,
+// moat-init judges each exec by `layers` (run_command's rules of every
+// permission layer and the key's ceiling: the first matching rule of each
+// layer, none matching is a deny, the strictest layer wins), lets an allow
+// go on and refuses a deny (reporting both, ExecReport), and asks about an
+// "ask" (ExecCheck); kAsk, it asks about every exec. Never asked about: the
+// first exec of a command moat-init launched itself (the client judged it).
+// An asked exec waits until the ExecVerdict with the same id.
+struct ExecRule {
+  uint8_t decision = 2;  // 0 allow, 1 ask, 2 deny
+  bool hasMatch = false;
+  std::vector<std::string> match;  // argv globs (common/glob.h argvMatch)
+};
 struct ExecPolicy {
   static constexpr uint8_t kAllowAll = 0;
   static constexpr uint8_t kAsk = 1;
+  static constexpr uint8_t kLocal = 2;
   uint8_t mode = kAllowAll;
+  std::vector<std::vector<ExecRule>> layers;  // kLocal
+  // The decision of `layers` for argv (0 allow, 1 ask, 2 deny).
+  uint8_t judge(const std::vector<std::string>& argv) const;
+  // For a moat-init of version 3: the mode alone, judging as 1.
+  std::string encodeV3() const;
   std::string encode() const;
+  // Either form (version 3's is the mode byte alone).
   static Result<ExecPolicy> decode(const std::string& payload);
+};
+
+// What moat-init decided by itself under kLocal, for the client's record.
+struct ExecReport {
+  uint32_t pid = 0;
+  uint8_t decision = 0;  // 0 allowed, 2 refused
+  std::string filename;
+  std::vector<std::string> argv;
+  std::vector<std::string> parents;  // refusals only
+  std::string encode() const;
+  static Result<ExecReport> decode(const std::string& payload);
 };
 
 struct ExecCheck {

@@ -37,6 +37,8 @@ void setNonBlocking(int fd) { ::fcntl(fd, F_SETFL, O_NONBLOCK); }
 
 // Gathered frames are written once this much waits.
 constexpr size_t kOutboxFlush = 1u << 20;
+constexpr size_t kReportBatch = 64;
+constexpr uint64_t kReportDelayUs = 20000;
 
 }  // namespace
 
@@ -55,13 +57,31 @@ void Supervisor::answerExec(uint64_t id, bool allow) {
 void Supervisor::handleExecNotification() {
   auto n = os::receiveExecNotification(execListener_.get());
   if (!n.ok()) return;
-  if (execMode_ == ExecPolicy::kAllowAll) return answerExec(n->id, true);
+  if (execPolicy_.mode == ExecPolicy::kAllowAll) return answerExec(n->id, true);
   auto attempt = os::readExecAttempt(n.value());
   // Unreadable (it went meanwhile): refused, as anything not judged is.
   if (!attempt.ok()) return answerExec(n->id, false);
   // The first exec of a command this loop launched: the client judged it.
   if (launcher_.claimLaunchExec(n->pid, attempt->filename)) return answerExec(n->id, true);
   if (!os::execNotificationValid(execListener_.get(), n->id)) return;  // its pid may be another's now
+  const std::vector<std::string>& argv = attempt->argv.empty() ? std::vector<std::string>{attempt->filename}
+                                                               : attempt->argv;
+  uint8_t decision = execPolicy_.mode == ExecPolicy::kLocal ? execPolicy_.judge(argv) : 1;
+  if (decision != 1) {
+    // Judged here: the client only hears of it (its audit log).
+    ExecReport report;
+    report.pid = static_cast<uint32_t>(n->pid);
+    report.decision = decision;
+    report.filename = attempt->filename;
+    report.argv = argv;
+    if (decision == 0) {
+      answerExec(n->id, true);
+      return queueReport(report);
+    }
+    report.parents = os::parentChain(n->pid);  // while the process still waits
+    answerExec(n->id, false);
+    return send(MsgType::kExecReport, report.encode());
+  }
   if (control_ < 0) return answerExec(n->id, false);  // nobody to ask: refused
   ExecCheck check;
   check.id = n->id;
@@ -76,8 +96,22 @@ void Supervisor::handleExecNotification() {
 void Supervisor::send(MsgType type, const std::string& payload) {
   if (!running_ || control_ < 0) return;  // no client: output is dropped
   if (payload.size() > kMaxFrame) return;  // never built: frames stay far below
+  releaseReports();
   outbox_ += encodeFrame(type, payload);
   if (outbox_.size() >= kOutboxFlush) flush();
+}
+
+void Supervisor::queueReport(const ExecReport& report) {
+  if (!running_ || control_ < 0) return;
+  if (reports_.empty()) reportsSinceUs_ = nowUs();
+  reports_ += encodeFrame(MsgType::kExecReport, report.encode());
+  if (++reportCount_ >= kReportBatch) releaseReports();
+}
+
+void Supervisor::releaseReports() {
+  outbox_ += reports_;
+  reports_.clear();
+  reportCount_ = 0;
 }
 
 void Supervisor::flush() {
@@ -110,6 +144,8 @@ void Supervisor::disconnect() {
   control_ = -1;
   reader_ = FrameReader();
   outbox_.clear();
+  reports_.clear();
+  reportCount_ = 0;
   // Questions the client will never answer: refused, as anything not judged is.
   for (uint64_t id : std::set<uint64_t>(pendingExecs_)) answerExec(id, false);
 }
@@ -156,6 +192,7 @@ int Supervisor::run() {
   send(MsgType::kHello, Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode());
 
   while (running_) {
+    if (!reports_.empty() && nowUs() - reportsSinceUs_ >= kReportDelayUs) releaseReports();
     flush();
     if (!running_) break;
     std::vector<pollfd> fds;
@@ -301,7 +338,7 @@ void Supervisor::handleFrame(const Frame& frame) {
     case MsgType::kExecPolicy: {
       auto req = ExecPolicy::decode(frame.payload);
       if (!req.ok()) return protocolError(req.error().message());
-      execMode_ = req->mode;
+      execPolicy_ = std::move(req.value());
       return;
     }
     case MsgType::kExecVerdict: {
@@ -541,7 +578,7 @@ void Supervisor::enforceDeadlines() {
 }
 
 int Supervisor::pollTimeoutMs() const {
-  uint64_t next = 0;
+  uint64_t next = reports_.empty() ? 0 : reportsSinceUs_ + kReportDelayUs;
   for (const auto& [id, p] : processes_) {
     if (p.deadlineUs && !p.timedOut && p.exitStatus < 0 && (next == 0 || p.deadlineUs < next)) next = p.deadlineUs;
   }

@@ -109,6 +109,12 @@ class Supervisor {
   // The exec gate: a notification from the listener, and a client's verdict.
   void handleExecNotification();
   void answerExec(uint64_t id, bool allow);
+  // Reports of programs judged here and allowed wait (at most
+  // kReportDelayUs, or kReportBatch of them) so that a loop of execs wakes
+  // moatd once per batch, not per exec; any other message sends them first,
+  // so the client sees them in order.
+  void queueReport(const ExecReport& report);
+  void releaseReports();
 
   int control_;
   bool pidOne_;
@@ -126,8 +132,11 @@ class Supervisor {
   std::map<pid_t, int> unclaimed_;
   bool gateExec_ = false;
   UniqueFd execListener_;
-  uint8_t execMode_ = ExecPolicy::kAllowAll;
+  ExecPolicy execPolicy_;
   std::set<uint64_t> pendingExecs_;  // sent as ExecCheck, waiting for the verdict
+  std::string reports_;               // queued ExecReport frames
+  size_t reportCount_ = 0;
+  uint64_t reportsSinceUs_ = 0;       // when the oldest queued report was made
 };
 
 }  // namespace moat::init

@@ -647,6 +647,14 @@ std::shared_ptr<InitConnection> EnvironmentManager::connect(const std::string& i
     if (gate) return gate(id, check, std::move(answer));
     answer(false);  // moatd is stopping: nothing judges programs any more
   });
+  connection->onExecReport([this, id](const init::ExecReport& report) {
+    ExecReportHook hook;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      hook = execReport_;
+    }
+    if (hook) hook(id, report);
+  });
   sendExecPolicy(id, connection);
   return connection;
 }
@@ -659,8 +667,10 @@ void EnvironmentManager::sendExecPolicy(const std::string& id, const std::shared
   }
   // Until the gate is set (re-attaching at start), and once it is gone
   // (stopping): ask, which the checks above refuse.
-  uint8_t mode = policy ? policy(id) : init::ExecPolicy::kAsk;
-  (void)connection->setExecPolicy(mode);
+  init::ExecPolicy judged;
+  judged.mode = init::ExecPolicy::kAsk;
+  if (policy) judged = policy(id);
+  (void)connection->setExecPolicy(judged);
 }
 
 void EnvironmentManager::refreshExecPolicies() {

@@ -254,11 +254,13 @@ class EnvironmentManager {
   // every change of its permissions. Set before serving.
   using ExecCheckHook = std::function<void(const std::string& id, const init::ExecCheck& check,
                                            InitConnection::ExecAnswer answer)>;
-  using ExecPolicyHook = std::function<uint8_t(const std::string& id)>;
-  void setExecGate(ExecCheckHook check, ExecPolicyHook policy) {
+  using ExecPolicyHook = std::function<init::ExecPolicy(const std::string& id)>;
+  using ExecReportHook = std::function<void(const std::string& id, const init::ExecReport& report)>;
+  void setExecGate(ExecCheckHook check, ExecPolicyHook policy, ExecReportHook report) {
     std::lock_guard<std::mutex> lock(mutex_);
     execCheck_ = std::move(check);
     execPolicy_ = std::move(policy);
+    execReport_ = std::move(report);
   }
   // Tells every running environment's moat-init whether to ask (after
   // setExecGate, for the environments re-attached before it).
@@ -373,6 +375,7 @@ class EnvironmentManager {
   std::function<void(const std::string&, const std::string&)> endedHook_;
   ExecCheckHook execCheck_;
   ExecPolicyHook execPolicy_;
+  ExecReportHook execReport_;
   // A new connection to `id`'s moat-init: its exec checks go to the gate,
   // and it is told whether to ask.
   std::shared_ptr<InitConnection> connect(const std::string& id, UniqueFd control);

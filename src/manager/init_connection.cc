@@ -133,6 +133,17 @@ void InitConnection::dispatch(const init::Frame& frame) {
       }
       return;
     }
+    case init::MsgType::kExecReport: {
+      auto m = init::ExecReport::decode(frame.payload);
+      if (!m.ok()) return;
+      std::function<void(const init::ExecReport&)> report;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        report = execReport_;
+      }
+      if (report) report(m.value());
+      return;
+    }
     case init::MsgType::kFileResult: {
       auto m = init::FileResult::decode(frame.payload);
       if (!m.ok()) return;
@@ -253,9 +264,16 @@ void InitConnection::onExecCheck(std::function<void(const init::ExecCheck&, Exec
   execCheck_ = std::move(check);
 }
 
-Status InitConnection::setExecPolicy(uint8_t mode) {
-  if (peerVersion() < init::kExecGateSince) return {};  // an older moat-init: it gates nothing
-  return send(init::MsgType::kExecPolicy, init::ExecPolicy{mode}.encode());
+void InitConnection::onExecReport(std::function<void(const init::ExecReport&)> report) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  execReport_ = std::move(report);
+}
+
+Status InitConnection::setExecPolicy(const init::ExecPolicy& policy) {
+  uint32_t version = peerVersion();
+  if (version < init::kExecGateSince) return {};  // an older moat-init: it gates nothing
+  // Version 3 cannot judge by itself: it asks about every exec instead.
+  return send(init::MsgType::kExecPolicy, version < init::kExecRulesSince ? policy.encodeV3() : policy.encode());
 }
 
 }  // namespace moat::manager

@@ -64,8 +64,10 @@ class InitConnection : public std::enable_shared_from_this<InitConnection> {
   // a person is answered later, from any thread, through `answer`).
   using ExecAnswer = std::function<void(bool allow)>;
   void onExecCheck(std::function<void(const init::ExecCheck&, ExecAnswer)> check);
-  // Whether moat-init asks about programs at all (init::ExecPolicy).
-  Status setExecPolicy(uint8_t mode);
+  // What moat-init decided by itself (init::ExecReport), on the reader thread.
+  void onExecReport(std::function<void(const init::ExecReport&)> report);
+  // How moat-init judges programs (init::ExecPolicy).
+  Status setExecPolicy(const init::ExecPolicy& policy);
   // The protocol version moat-init announced in its Hello (it comes first
   // on every connection; waited for up to 5 s). 0: none came (moat-init is
   // gone or silent).
@@ -87,6 +89,7 @@ class InitConnection : public std::enable_shared_from_this<InitConnection> {
   UniqueFd control_;
   std::function<void()> onClosed_;
   std::function<void(const init::ExecCheck&, ExecAnswer)> execCheck_;  // set before frames can come
+  std::function<void(const init::ExecReport&)> execReport_;
   std::mutex writeMutex_;
   std::mutex mutex_;
   std::condition_variable cv_;

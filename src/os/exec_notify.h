@@ -38,7 +38,7 @@ struct ExecAttempt {
   std::string filename;
   std::vector<std::string> argv;
 };
-// What the exec asked for, read from the process's memory (/proc/PID/mem):
+// What the exec asked for, read from the process's memory (process_vm_readv):
 // at most 256 arguments and 64 KiB in all.
 Result<ExecAttempt> readExecAttempt(const ExecNotification& n);
 // "pid comm" of the process's parent, its parent's, ... up to pid 1 (at

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "moatd_fixture.h"
@@ -306,6 +307,22 @@ TEST_F(Gate, EveryProgramAnswersToRunCommandHoweverItStarts) {
   }
   EXPECT_NE(events.find("\"argv\":[\"rm\",\"-rf\",\"/workspace/d\"]"), std::string::npos) << events;
   EXPECT_NE(events.find("\"parents\""), std::string::npos) << events;
+  // The programs it allowed too, each before the end of the command that ran
+  // them (moat-init holds their reports a moment, never past its next message).
+  std::string log;
+  for (int i = 0; i < 200 && log.find("\"ls\",\"/workspace\"") == std::string::npos; ++i) {
+    log = daemon_->request("GET", "/v1/events?environment=" + id).body;
+  }
+  int64_t ls = -1, lastEnded = -1;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("data: ", 0) != 0) continue;
+    json e = json::parse(line.substr(6));
+    if (e["type"] == "program.started" && e["data"]["action"]["argv"] == json({"ls", "/workspace"})) ls = e["id"];
+    if (e["type"] == "exec.ended") lastEnded = e["id"];
+  }
+  ASSERT_GT(ls, 0) << log;
+  EXPECT_LT(ls, lastEnded) << log;
 }
 
 // The newest filter's listener gets a call several filters hand over: a

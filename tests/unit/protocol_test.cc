@@ -188,10 +188,39 @@ TEST(Protocol, ExecGateRoundTrips) {
   ASSERT_TRUE(verdict.ok());
   EXPECT_TRUE(verdict->allow);
   EXPECT_FALSE(ExecVerdict::decode(std::string(8, '\0') + '\2').ok()) << "allow is 0 or 1";
-  auto policy = ExecPolicy::decode(ExecPolicy{ExecPolicy::kAsk}.encode());
-  ASSERT_TRUE(policy.ok());
-  EXPECT_EQ(policy->mode, ExecPolicy::kAsk);
-  EXPECT_FALSE(ExecPolicy::decode(std::string(1, '\7')).ok()) << "an unknown mode";
+  ExecPolicy local;
+  local.mode = ExecPolicy::kLocal;
+  local.layers = {{{2, true, {"rm", "-rf", "*"}}, {0, true, {"rm", "*"}}, {1, true, {"curl", "*"}}, {0, false, {}}},
+                  {{0, true, {"*"}}}};
+  auto policy = ExecPolicy::decode(local.encode());
+  ASSERT_TRUE(policy.ok()) << policy.error().message();
+  EXPECT_EQ(policy->mode, ExecPolicy::kLocal);
+  ASSERT_EQ(policy->layers.size(), 2u);
+  EXPECT_EQ(policy->layers[0][1].match, (std::vector<std::string>{"rm", "*"}));
+  EXPECT_FALSE(policy->layers[0][3].hasMatch);
+  // The gate's rules, judged as moatd judges them: first match per layer,
+  // the strictest layer; a first pattern without '/' is the program's name.
+  EXPECT_EQ(policy->judge({"/usr/bin/rm", "-rf", "/workspace"}), 2);
+  EXPECT_EQ(policy->judge({"rm", "/workspace/x"}), 0);
+  EXPECT_EQ(policy->judge({"curl", "example.org"}), 1);
+  EXPECT_EQ(policy->judge({"ls"}), 0);
+  ExecPolicy none;
+  none.mode = ExecPolicy::kLocal;
+  none.layers = {{{0, true, {"ls", "*"}}}};
+  EXPECT_EQ(none.judge({"cat"}), 2) << "no rule matched: deny";
+  EXPECT_FALSE(ExecPolicy::decode(std::string(1, '\7') + std::string(4, '\0')).ok()) << "an unknown mode";
+  // Version 3's form, the mode byte alone: what a moat-init of version 3 is
+  // sent, judging as "ask" where it cannot judge by itself.
+  EXPECT_EQ(local.encodeV3(), std::string(1, '\1'));
+  EXPECT_EQ(ExecPolicy{}.encodeV3(), std::string(1, '\0'));
+  auto v3 = ExecPolicy::decode(std::string(1, '\1'));
+  ASSERT_TRUE(v3.ok()) << v3.error().message();
+  EXPECT_EQ(v3->mode, ExecPolicy::kAsk);
+  EXPECT_FALSE(ExecPolicy::decode(std::string(1, '\2')).ok()) << "mode 2 without its rules";
+  auto report = ExecReport::decode(ExecReport{9, 2, "/usr/bin/rm", {"rm", "-rf", "/"}, {"3 sh"}}.encode());
+  ASSERT_TRUE(report.ok()) << report.error().message();
+  EXPECT_EQ(report->decision, 2);
+  EXPECT_EQ(report->parents, (std::vector<std::string>{"3 sh"}));
 }
 
 TEST(Protocol, HelloRoundTrip) {

@@ -1,0 +1,21 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+// Glob matching, for the gate's rules, egress policies and secrets' hosts,
+// and moat-init's judgment of programs: one implementation for all.
+namespace moat {
+
+// "*", "?" and "\" escapes. With `segments`, "*" and "?" stop at '/' and
+// "**" crosses it (paths); otherwise "*" matches anything.
+bool globMatch(const std::string& pattern, const std::string& text, bool segments);
+// A pattern that matches exactly `text` (glob characters escaped).
+std::string globEscape(const std::string& text);
+// A command line against argument patterns (a run_command rule's "match"):
+// one glob per argument, a last "*" takes any rest (none included), else the
+// counts must be equal; a first pattern without '/' names a program, so it
+// also matches the base name of argv[0] ("rm" matches "/usr/bin/rm").
+bool argvMatch(const std::vector<std::string>& patterns, const std::vector<std::string>& argv);
+
+}  // namespace moat
