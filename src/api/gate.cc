@@ -240,7 +240,9 @@ HttpResponse Api::approvalsRoute(const HttpRequest& req, const Principal& princi
       switch (action->scope) {
         case gate::Scope::kRunCommand: {
           std::vector<std::string> exact;
-          for (const auto& a : action->argv) exact.push_back(gate::globEscape(a));
+          // A program's argv as it was judged: the file it named first.
+          auto judged = action->op == "program" ? judgedArgv(action->program, action->argv) : action->argv;
+          for (const auto& a : judged) exact.push_back(gate::globEscape(a));
           rule.match = exact;
           // As narrow as what was shown: the code-loading variables it set.
           std::vector<std::string> loading;

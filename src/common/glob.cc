@@ -77,7 +77,6 @@ std::string globEscape(const std::string& text) {
   return out;
 }
 
-
 bool argvMatch(const std::vector<std::string>& pats, const std::vector<std::string>& argv) {
   bool restWildcard = !pats.empty() && pats.back() == "*";
   size_t fixed = restWildcard ? pats.size() - 1 : pats.size();
@@ -92,6 +91,12 @@ bool argvMatch(const std::vector<std::string>& pats, const std::vector<std::stri
     if (!ok) return false;
   }
   return true;
+}
+
+std::vector<std::string> judgedArgv(const std::string& program, std::vector<std::string> argv) {
+  if (argv.empty()) return {program};
+  argv[0] = program;
+  return argv;
 }
 
 }  // namespace moat

@@ -17,5 +17,10 @@ std::string globEscape(const std::string& text);
 // counts must be equal; a first pattern without '/' names a program, so it
 // also matches the base name of argv[0] ("rm" matches "/usr/bin/rm").
 bool argvMatch(const std::vector<std::string>& patterns, const std::vector<std::string>& argv);
+// What a program an environment's process starts is judged as: its argv
+// with the file the exec names in argv[0]'s place. argv[0] is the caller's
+// to choose (execv("/usr/bin/rm", {"ls", ...}) runs rm): judged by it, a
+// rule on "rm" would not see rm run.
+std::vector<std::string> judgedArgv(const std::string& program, std::vector<std::string> argv);
 
 }  // namespace moat

@@ -120,7 +120,7 @@ bool Rule::matches(const Action& a) const {
     if (!named) return false;
   }
   if (op && *op != a.op) return false;
-  if (match && !argvMatch(*match, a.argv)) return false;
+  if (match && !argvMatch(*match, a.op == "program" ? judgedArgv(a.program, a.argv) : a.argv)) return false;
   if (path && !globMatch(*path, normalizePath(a.path), true)) return false;
   if (host && !globMatch(lower(*host), lower(a.host), false)) return false;
   if (port && *port != a.port) return false;

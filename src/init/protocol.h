@@ -169,7 +169,8 @@ struct ExecPolicy {
   static constexpr uint8_t kLocal = 2;
   uint8_t mode = kAllowAll;
   std::vector<std::vector<ExecRule>> layers;  // kLocal
-  // The decision of `layers` for argv (0 allow, 1 ask, 2 deny).
+  // The decision of `layers` for argv (0 allow, 1 ask, 2 deny); moat-init
+  // passes the argv as judged (common/glob.h judgedArgv).
   uint8_t judge(const std::vector<std::string>& argv) const;
   // For a moat-init of version 3: the mode alone, judging as 1.
   std::string encodeV3() const;

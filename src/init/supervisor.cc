@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/glob.h"
 #include "init/file_ops.h"
 #include "init/pty.h"
 #include "os/socket.h"
@@ -39,6 +40,7 @@ void setNonBlocking(int fd) { ::fcntl(fd, F_SETFL, O_NONBLOCK); }
 constexpr size_t kOutboxFlush = 1u << 20;
 constexpr size_t kReportBatch = 64;
 constexpr uint64_t kReportDelayUs = 20000;
+constexpr size_t kReportsWhileAlone = 4096;  // kept while no client is connected
 
 }  // namespace
 
@@ -66,7 +68,8 @@ void Supervisor::handleExecNotification() {
   if (!os::execNotificationValid(execListener_.get(), n->id)) return;  // its pid may be another's now
   const std::vector<std::string>& argv = attempt->argv.empty() ? std::vector<std::string>{attempt->filename}
                                                                : attempt->argv;
-  uint8_t decision = execPolicy_.mode == ExecPolicy::kLocal ? execPolicy_.judge(argv) : 1;
+  uint8_t decision =
+      execPolicy_.mode == ExecPolicy::kLocal ? execPolicy_.judge(judgedArgv(attempt->filename, argv)) : 1;
   if (decision != 1) {
     // Judged here: the client only hears of it (its audit log).
     ExecReport report;
@@ -75,12 +78,15 @@ void Supervisor::handleExecNotification() {
     report.filename = attempt->filename;
     report.argv = argv;
     if (decision == 0) {
-      answerExec(n->id, true);
-      return queueReport(report);
+      // Nothing runs unrecorded: with no client and its reports' room
+      // full, refused.
+      bool recorded = queueReport(report);
+      return answerExec(n->id, recorded);
     }
     report.parents = os::parentChain(n->pid);  // while the process still waits
     answerExec(n->id, false);
-    return send(MsgType::kExecReport, report.encode());
+    queueReport(report);
+    return releaseReports();  // at once, after what was allowed before it
   }
   if (control_ < 0) return answerExec(n->id, false);  // nobody to ask: refused
   ExecCheck check;
@@ -101,14 +107,17 @@ void Supervisor::send(MsgType type, const std::string& payload) {
   if (outbox_.size() >= kOutboxFlush) flush();
 }
 
-void Supervisor::queueReport(const ExecReport& report) {
-  if (!running_ || control_ < 0) return;
+bool Supervisor::queueReport(const ExecReport& report) {
+  if (!running_) return false;
+  if (control_ < 0 && reportCount_ >= kReportsWhileAlone) return false;
   if (reports_.empty()) reportsSinceUs_ = nowUs();
   reports_ += encodeFrame(MsgType::kExecReport, report.encode());
-  if (++reportCount_ >= kReportBatch) releaseReports();
+  if (++reportCount_ >= kReportBatch && control_ >= 0) releaseReports();
+  return true;
 }
 
 void Supervisor::releaseReports() {
+  if (control_ < 0) return;  // kept for the next client
   outbox_ += reports_;
   reports_.clear();
   reportCount_ = 0;
@@ -144,8 +153,6 @@ void Supervisor::disconnect() {
   control_ = -1;
   reader_ = FrameReader();
   outbox_.clear();
-  reports_.clear();
-  reportCount_ = 0;
   // Questions the client will never answer: refused, as anything not judged is.
   for (uint64_t id : std::set<uint64_t>(pendingExecs_)) answerExec(id, false);
 }
@@ -162,7 +169,9 @@ void Supervisor::adoptConnection() {
   control_ = fd.release();
   reader_ = FrameReader();
   outbox_.clear();  // frames for the connection that went away
-  send(MsgType::kHello, Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode());
+  // Hello first on every connection (send would put the reports of programs
+  // that ran while nobody was connected before it); they follow.
+  outbox_ += encodeFrame(MsgType::kHello, Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode());
 }
 
 void Supervisor::protocolError(const std::string& message) {
@@ -578,7 +587,7 @@ void Supervisor::enforceDeadlines() {
 }
 
 int Supervisor::pollTimeoutMs() const {
-  uint64_t next = reports_.empty() ? 0 : reportsSinceUs_ + kReportDelayUs;
+  uint64_t next = reports_.empty() || control_ < 0 ? 0 : reportsSinceUs_ + kReportDelayUs;
   for (const auto& [id, p] : processes_) {
     if (p.deadlineUs && !p.timedOut && p.exitStatus < 0 && (next == 0 || p.deadlineUs < next)) next = p.deadlineUs;
   }

@@ -112,8 +112,9 @@ class Supervisor {
   // Reports of programs judged here and allowed wait (at most
   // kReportDelayUs, or kReportBatch of them) so that a loop of execs wakes
   // moatd once per batch, not per exec; any other message sends them first,
-  // so the client sees them in order.
-  void queueReport(const ExecReport& report);
+  // so the client sees them in order. While no client is connected they
+  // wait for the next (at most kReportsWhileAlone: false when full).
+  bool queueReport(const ExecReport& report);
   void releaseReports();
 
   int control_;

@@ -652,8 +652,13 @@ std::shared_ptr<InitConnection> EnvironmentManager::connect(const std::string& i
     {
       std::lock_guard<std::mutex> lock(mutex_);
       hook = execReport_;
+      if (!hook) {
+        // Re-attached at start, before the gate is set: kept for it.
+        if (earlyReports_.size() < kEarlyReports) earlyReports_.emplace_back(id, report);
+        return;
+      }
     }
-    if (hook) hook(id, report);
+    hook(id, report);
   });
   sendExecPolicy(id, connection);
   return connection;
@@ -671,6 +676,20 @@ void EnvironmentManager::sendExecPolicy(const std::string& id, const std::shared
   judged.mode = init::ExecPolicy::kAsk;
   if (policy) judged = policy(id);
   (void)connection->setExecPolicy(judged);
+}
+
+void EnvironmentManager::setExecGate(ExecCheckHook check, ExecPolicyHook policy, ExecReportHook report) {
+  std::vector<std::pair<std::string, init::ExecReport>> early;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    execCheck_ = std::move(check);
+    execPolicy_ = std::move(policy);
+    execReport_ = report;
+    early.swap(earlyReports_);
+  }
+  if (report) {
+    for (const auto& [id, r] : early) report(id, r);
+  }
 }
 
 void EnvironmentManager::refreshExecPolicies() {

@@ -256,12 +256,10 @@ class EnvironmentManager {
                                            InitConnection::ExecAnswer answer)>;
   using ExecPolicyHook = std::function<init::ExecPolicy(const std::string& id)>;
   using ExecReportHook = std::function<void(const std::string& id, const init::ExecReport& report)>;
-  void setExecGate(ExecCheckHook check, ExecPolicyHook policy, ExecReportHook report) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    execCheck_ = std::move(check);
-    execPolicy_ = std::move(policy);
-    execReport_ = std::move(report);
-  }
+  // `report` hears what moat-init judged by itself; reports that arrive
+  // before it is set (from environments re-attached at start) are kept for
+  // it (at most kEarlyReports).
+  void setExecGate(ExecCheckHook check, ExecPolicyHook policy, ExecReportHook report);
   // Tells every running environment's moat-init whether to ask (after
   // setExecGate, for the environments re-attached before it).
   void refreshExecPolicies();
@@ -371,15 +369,17 @@ class EnvironmentManager {
   std::condition_variable snapshotCv_;
   std::mutex execOutputMutex_;
   std::map<std::string, uint64_t> execOutputReserved_;  // per caller (actor)
-  std::mutex permissionsMutex_;
+  std::mutex permissionsMutex_;  // serializes read-modify-write of permission layers
   std::function<void(const std::string&, const std::string&)> endedHook_;
   ExecCheckHook execCheck_;
   ExecPolicyHook execPolicy_;
   ExecReportHook execReport_;
+  static constexpr size_t kEarlyReports = 65536;
+  std::vector<std::pair<std::string, init::ExecReport>> earlyReports_;  // guarded by mutex_
   // A new connection to `id`'s moat-init: its exec checks go to the gate,
   // and it is told whether to ask.
   std::shared_ptr<InitConnection> connect(const std::string& id, UniqueFd control);
-  void sendExecPolicy(const std::string& id, const std::shared_ptr<InitConnection>& connection);  // serializes read-modify-write of permission layers
+  void sendExecPolicy(const std::string& id, const std::shared_ptr<InitConnection>& connection);
   bool stopping_ = false;
   bool detached_ = false;
   std::vector<std::weak_ptr<Process>> lossless_;  // watched by the reaper (releaseIfUnfollowed)

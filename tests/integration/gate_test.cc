@@ -3,6 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -291,6 +296,8 @@ TEST_F(Gate, EveryProgramAnswersToRunCommandHoweverItStarts) {
        {std::string("rm -rf /workspace/d"), std::string("echo /workspace/d | xargs rm -rf"),
         std::string("find /workspace -name d -exec rm -rf {} +"),
         std::string("python3 -c 'import os; os.execvp(\"rm\", [\"rm\", \"-rf\", \"/workspace/d\"])'"),
+        // argv[0] is the caller's to choose: the program is the file named.
+        std::string("python3 -c 'import os; os.execv(\"/usr/bin/rm\", [\"ls\", \"-rf\", \"/workspace/d\"])'"),
         std::string("printf '#!/bin/sh\\nrm -rf /workspace/d\\n' > /tmp/s && chmod +x /tmp/s && /tmp/s")}) {
     json r = exec(id, {{"cmd", {"sh", "-c", script + "; test -e /workspace/d/a && echo still-there"}}});
     EXPECT_NE(r["stdout"].get<std::string>().find("still-there"), std::string::npos) << script << ": " << r.dump();
@@ -525,6 +532,50 @@ TEST_F(Gate, PendingApprovalsSurviveARestartAsExpired) {
   EXPECT_NE(a["reason"].get<std::string>().find("restarted"), std::string::npos);
   // The environment's permissions survived too.
   EXPECT_EQ(call("GET", "/v1/environments/" + id + "/permissions", nullptr, 200)["permissions"]["run_command"], "ask");
+}
+
+// Host pids of the processes whose command line holds `marker`.
+std::vector<pid_t> hostPidsWith(const std::string& marker) {
+  std::vector<pid_t> pids;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(marker) != std::string::npos) pids.push_back(std::stoi(name));
+  }
+  return pids;
+}
+
+// moat-init judges programs by itself while moatd is away and keeps what it
+// decided for the next moatd: nothing runs unrecorded.
+TEST_F(Gate, ProgramsRunWhileMoatdRestartsAreRecordedByTheNext) {
+  std::string id = envWith({{"run_command", {{{"match", {"rm", "*"}}, {"action", "deny"}}, {{"action", "allow"}}}}});
+  exec(id, {{"cmd", {"touch", "/workspace/x"}}});
+  // Waits for SIGUSR1 (sent from the host once moatd is gone), then runs one
+  // allowed and one denied program.
+  const std::string marker = "moat-gate-restart-" + id;
+  call("POST", "/v1/environments/" + id + "/processes",
+       {{"cmd", {"sh", "-c", "go=; trap go=1 USR1; while [ -z \"$go\" ]; do sleep 0.02; done; "
+                             "touch /workspace/while-away; rm /workspace/x; : " + marker}}},
+       201);
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 500 && pids.empty(); ++i) pids = hostPidsWith(marker);
+  ASSERT_EQ(pids.size(), 1u);
+  daemon_->kill9();
+  ASSERT_EQ(::kill(pids[0], SIGUSR1), 0);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (::kill(pids[0], 0) == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  ASSERT_NE(::kill(pids[0], 0), 0) << "the process did not end";
+  daemon_->restart();
+  std::string log;
+  for (int i = 0; i < 200 && log.find("\"gate.denied\"") == std::string::npos; ++i) {
+    log = daemon_->request("GET", "/v1/events?environment=" + id).body;
+  }
+  EXPECT_NE(log.find("\"argv\":[\"touch\",\"/workspace/while-away\"]"), std::string::npos) << log;
+  EXPECT_NE(log.find("\"argv\":[\"rm\",\"/workspace/x\"]"), std::string::npos) << log;
+  // And what the rules said held: the file it was denied to remove is there.
+  EXPECT_EQ(exec(id, {{"cmd", {"ls", "/workspace"}}})["stdout"], "while-away\nx\n");
 }
 
 }  // namespace

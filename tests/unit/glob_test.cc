@@ -3,6 +3,8 @@
 #include <chrono>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "gate/permissions.h"
 
 // gate::globMatch: the gate's path, argv and host rules, the egress policy's
@@ -46,6 +48,28 @@ TEST(Glob, ManyStarsAgainstLongTextsAreFast) {
   EXPECT_TRUE(globMatch(stars, std::string(400, 'x'), false));  // more stars than the old depth limit of 64
   EXPECT_FALSE(globMatch(stars + "!", std::string(4096, 'x'), false));
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(2));
+}
+
+// A program's rule sees the file the exec names, whatever argv[0] says.
+TEST(Glob, AProgramIsJudgedByTheFileItNames) {
+  EXPECT_EQ(judgedArgv("/usr/bin/rm", {"ls", "-rf", "/"}), (std::vector<std::string>{"/usr/bin/rm", "-rf", "/"}));
+  EXPECT_EQ(judgedArgv("/bin/true", {}), (std::vector<std::string>{"/bin/true"}));
+  EXPECT_TRUE(argvMatch({"rm", "*"}, judgedArgv("/usr/bin/rm", {"ls", "-rf", "/"})));
+  auto rules = Permissions::parse(nlohmann::json{{"run_command", {{{"match", {"rm", "*"}}, {"action", "deny"}},
+                                                                  {{"action", "allow"}}}}},
+                                  Permissions::defaults());
+  ASSERT_TRUE(rules.ok()) << rules.error().message();
+  Action program;
+  program.scope = Scope::kRunCommand;
+  program.op = "program";
+  program.program = "/usr/bin/rm";
+  program.argv = {"ls", "-rf", "/workspace"};
+  EXPECT_EQ(rules->evaluate(program).decision, Decision::kDeny);
+  // A command moatd runs names its program in argv[0].
+  Action command;
+  command.scope = Scope::kRunCommand;
+  command.argv = {"ls", "/workspace"};
+  EXPECT_EQ(rules->evaluate(command).decision, Decision::kAllow);
 }
 
 }  // namespace
