@@ -17,6 +17,7 @@
 #include "init/pty.h"
 #include "os/socket.h"
 #include "os/exec_notify.h"
+#include "os/exec_trace.h"
 #include "os/process.h"
 
 namespace moat::init {
@@ -41,6 +42,7 @@ constexpr size_t kOutboxFlush = 1u << 20;
 constexpr size_t kReportBatch = 64;
 constexpr uint64_t kReportDelayUs = 20000;
 constexpr size_t kReportsWhileAlone = 4096;  // kept while no client is connected
+constexpr size_t kImageBytes = 128u << 10;   // of a new program's argv: twice what a request's judgment reads
 
 }  // namespace
 
@@ -59,7 +61,11 @@ void Supervisor::answerExec(uint64_t id, bool allow) {
 void Supervisor::handleExecNotification() {
   auto n = os::receiveExecNotification(execListener_.get());
   if (!n.ok()) return;
-  if (execPolicy_.mode == ExecPolicy::kAllowAll) return answerExec(n->id, true);
+  if (execPolicy_.mode == ExecPolicy::kAllowAll) {
+    // Still traced after an earlier judged exec that failed: whatever runs now.
+    if (auto it = traced_.find(n->pid); it != traced_.end()) it->second = JudgedExec{{}, {}, true, true};
+    return answerExec(n->id, true);
+  }
   auto attempt = os::readExecAttempt(n.value());
   // Unreadable (it went meanwhile): refused, as anything not judged is.
   if (!attempt.ok()) return answerExec(n->id, false);
@@ -80,8 +86,8 @@ void Supervisor::handleExecNotification() {
     if (decision == 0) {
       // Nothing runs unrecorded: with no client and its reports' room
       // full, refused.
-      bool recorded = queueReport(report);
-      return answerExec(n->id, recorded);
+      if (!queueReport(report)) return answerExec(n->id, false);
+      return allowJudged(n->id, n->pid, {attempt->execFn, attempt->argv, attempt->complete});
     }
     report.parents = os::parentChain(n->pid);  // while the process still waits
     answerExec(n->id, false);
@@ -92,11 +98,59 @@ void Supervisor::handleExecNotification() {
   ExecCheck check;
   check.id = n->id;
   check.pid = static_cast<uint32_t>(n->pid);
-  check.filename = std::move(attempt->filename);
-  check.argv = std::move(attempt->argv);
+  check.filename = attempt->filename;
+  check.argv = attempt->argv;
   check.parents = os::parentChain(n->pid);
-  pendingExecs_.insert(n->id);
+  pendingExecs_[n->id] = {n->pid, {attempt->execFn, attempt->argv, attempt->complete}};
   send(MsgType::kExecCheck, check.encode());
+}
+
+void Supervisor::allowJudged(uint64_t id, pid_t pid, JudgedExec judged) {
+  if (!traced_.count(pid) && !os::traceExec(pid).ok()) return answerExec(id, false);
+  traced_[pid] = std::move(judged);
+  answerExec(id, true);
+}
+
+void Supervisor::onTraceStop(pid_t pid, int status) {
+  if (os::classifyStop(status) != os::TraceStop::kExec) {
+    (void)os::resumeStopped(pid, status);
+    return;
+  }
+  // A thread other than the leader that execs takes the leader's id.
+  pid_t before = os::idBeforeExec(pid);
+  std::optional<JudgedExec> judged;
+  // The exec judged is the exec'ing thread's; the leader's own entry (also
+  // traced) is stale now.
+  for (pid_t key : {before, pid}) {
+    auto it = traced_.find(key);
+    if (it == traced_.end()) continue;
+    if (it->second && !judged) judged = std::move(it->second);
+    traced_.erase(it);
+  }
+  auto image = os::readExecImage(pid, kImageBytes);
+  if (judged && judged->any) {
+    (void)os::untrace(pid);
+    return;
+  }
+  if (judged && image.ok() && os::sameExec(judged->execFn, judged->argv, judged->complete, image.value())) {
+    (void)os::untrace(pid);
+    return;
+  }
+  // It runs something other than what was judged (its request changed after
+  // the check), or what it runs cannot be read: it ends before its first
+  // instruction, and the log says what it was.
+  ::kill(pid, SIGKILL);
+  ExecReport report;
+  report.pid = static_cast<uint32_t>(pid);
+  report.decision = 2;
+  if (image.ok()) {
+    report.filename = image->execFn;
+    report.argv = image->argv;
+  }
+  report.parents = os::parentChain(pid);
+  (void)os::untrace(pid);
+  queueReport(report);
+  releaseReports();
 }
 
 void Supervisor::send(MsgType type, const std::string& payload) {
@@ -154,7 +208,9 @@ void Supervisor::disconnect() {
   reader_ = FrameReader();
   outbox_.clear();
   // Questions the client will never answer: refused, as anything not judged is.
-  for (uint64_t id : std::set<uint64_t>(pendingExecs_)) answerExec(id, false);
+  std::vector<uint64_t> unanswered;
+  for (const auto& [id, pending] : pendingExecs_) unanswered.push_back(id);
+  for (uint64_t id : unanswered) answerExec(id, false);
 }
 
 void Supervisor::adoptConnection() {
@@ -353,7 +409,11 @@ void Supervisor::handleFrame(const Frame& frame) {
     case MsgType::kExecVerdict: {
       auto req = ExecVerdict::decode(frame.payload);
       if (!req.ok()) return protocolError(req.error().message());
-      if (pendingExecs_.count(req->id)) answerExec(req->id, req->allow);
+      auto pending = pendingExecs_.find(req->id);
+      if (pending == pendingExecs_.end()) return;
+      if (!req->allow) return answerExec(req->id, false);
+      PendingExec exec = std::move(pending->second);
+      return allowJudged(req->id, exec.pid, std::move(exec.judged));
       return;
     }
     case MsgType::kFile: {
@@ -506,8 +566,13 @@ void Supervisor::resize(const Resize& req) {
 void Supervisor::reapChildren() {
   for (;;) {
     int status = 0;
-    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    pid_t pid = ::waitpid(-1, &status, WNOHANG | __WALL);
     if (pid <= 0) return;
+    if (WIFSTOPPED(status)) {
+      onTraceStop(pid, status);  // only tracees report stops here
+      continue;
+    }
+    traced_.erase(pid);
     bool known = false;
     for (auto it = processes_.begin(); it != processes_.end(); ++it) {
       if (it->second.pid != pid || it->second.exitStatus >= 0) continue;

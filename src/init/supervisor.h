@@ -4,8 +4,9 @@
 
 #include <cstdint>
 #include <map>
-#include <set>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -106,9 +107,27 @@ class Supervisor {
 
   void disconnect();
   void adoptConnection();
+  // What an exec was judged as, checked again once it has run (the
+  // kernel reads the request again after the answer: os/exec_trace.h).
+  struct JudgedExec {
+    std::string execFn;
+    std::vector<std::string> argv;
+    bool complete = true;
+    bool any = false;  // allowed without judging (the permissions allow every program)
+  };
+  struct PendingExec {
+    pid_t pid;
+    JudgedExec judged;
+  };
   // The exec gate: a notification from the listener, and a client's verdict.
   void handleExecNotification();
   void answerExec(uint64_t id, bool allow);
+  // Lets a judged exec go on, traced until it has run (refused if the
+  // process cannot be traced: another process traces it).
+  void allowJudged(uint64_t id, pid_t pid, JudgedExec judged);
+  // A traced process stopped: after its exec, it goes on if it runs what
+  // was judged and is killed if not; any other stop is resumed.
+  void onTraceStop(pid_t pid, int status);
   // Reports of programs judged here and allowed wait (at most
   // kReportDelayUs, or kReportBatch of them) so that a loop of execs wakes
   // moatd once per batch, not per exec; any other message sends them first,
@@ -134,7 +153,10 @@ class Supervisor {
   bool gateExec_ = false;
   UniqueFd execListener_;
   ExecPolicy execPolicy_;
-  std::set<uint64_t> pendingExecs_;  // sent as ExecCheck, waiting for the verdict
+  std::map<uint64_t, PendingExec> pendingExecs_;  // sent as ExecCheck, waiting for the verdict
+  // Processes traced until their exec has run, with the exec judged for
+  // them (none: an exec that failed, or one not judged since).
+  std::map<pid_t, std::optional<JudgedExec>> traced_;
   std::string reports_;               // queued ExecReport frames
   size_t reportCount_ = 0;
   uint64_t reportsSinceUs_ = 0;       // when the oldest queued report was made

@@ -135,6 +135,12 @@ Result<ExecAttempt> readExecAttempt(const ExecNotification& n) {
   uint64_t argvAddr = at ? n.args[2] : n.args[1];
   ExecAttempt a;
   MOAT_ASSIGN(a.filename, readString(n.pid, pathAddr, 4096));
+  const int dirfd = static_cast<int>(n.args[0]);
+  if (!at || dirfd == AT_FDCWD || a.filename.rfind('/', 0) == 0) {
+    a.execFn = a.filename;
+  } else {
+    a.execFn = "/dev/fd/" + std::to_string(dirfd) + (a.filename.empty() ? "" : "/" + a.filename);
+  }
   if (at && a.filename.empty()) {
     // fexecve: the program is the descriptor's file.
     char target[4096];
@@ -150,13 +156,20 @@ Result<ExecAttempt> readExecAttempt(const ExecNotification& n) {
   size_t count = static_cast<size_t>(got) / sizeof(uint64_t);
   size_t used = a.filename.size();
   for (size_t i = 0; i < count; ++i) {
-    if (!ptrs[i] || used >= kMaxBytes) return a;
-    MOAT_ASSIGN(std::string arg, readString(n.pid, ptrs[i], kMaxBytes - used));
+    if (!ptrs[i]) return a;
+    if (used >= kMaxBytes) {
+      a.complete = false;
+      return a;
+    }
+    size_t room = kMaxBytes - used;
+    MOAT_ASSIGN(std::string arg, readString(n.pid, ptrs[i], room));
+    if (arg.size() == room) a.complete = false;  // it may go on
     used += arg.size();
     a.argv.push_back(std::move(arg));
   }
   // The array went on past what was read: past kMaxArgs, cut; else unmapped.
   if (count < kMaxArgs) return Error::fromErrno("read exec argv", EFAULT);
+  a.complete = false;
   return a;
 }
 

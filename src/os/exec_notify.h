@@ -35,8 +35,12 @@ Status answerExecNotification(int listener, uint64_t id, bool allow, int err = E
 bool execNotificationValid(int listener, uint64_t id);
 
 struct ExecAttempt {
-  std::string filename;
+  std::string filename;  // the file it names (fexecve: the descriptor's file)
   std::vector<std::string> argv;
+  // The name the kernel will give the new program (its AT_EXECFN): the path
+  // as passed, or "/dev/fd/N[/path]" for one relative to a descriptor.
+  std::string execFn;
+  bool complete = true;  // false: argv was cut (the limits below)
 };
 // What the exec asked for, read from the process's memory (process_vm_readv):
 // at most 256 arguments and 64 KiB in all.

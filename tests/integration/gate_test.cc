@@ -332,6 +332,74 @@ TEST_F(Gate, EveryProgramAnswersToRunCommandHoweverItStarts) {
   EXPECT_LT(ls, lastEnded) << log;
 }
 
+// A multithreaded program can rewrite what its exec asks for between the
+// check and the kernel's own read of it: another thread flips the name
+// between an allowed program and a denied one. Whatever the kernel ran,
+// what was not judged is killed before its first instruction.
+TEST_F(Gate, AProgramThatRewritesItsExecAfterTheCheckDoesNotRunIt) {
+  std::string id = envWith({{"run_command", {{{"match", {"rm", "*"}}, {"action", "deny"}}, {{"action", "allow"}}}}});
+  constexpr int kAttempts = 40;
+  exec(id, {{"cmd", {"sh", "-c", "for i in $(seq 0 " + std::to_string(kAttempts - 1) + "); do touch /workspace/f$i; done"}}});
+  const char* racer = R"(
+import ctypes, os, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+allowed, denied = b"/bin/true\0\0\0", b"/usr/bin/rm\0"
+for i in range(int(sys.argv[1])):
+    pid = os.fork()
+    if pid == 0:
+        name = ctypes.create_string_buffer(allowed, 12)
+        def flip():
+            while True:
+                ctypes.memmove(name, denied, 12)
+                ctypes.memmove(name, allowed, 12)
+        threading.Thread(target=flip, daemon=True).start()
+        argv = (ctypes.c_char_p * 3)(b"x", b"/workspace/f%d" % i, None)
+        libc.execve(name, argv, None)
+        os._exit(3)
+    os.waitpid(pid, 0)
+)";
+  json r = exec(id, {{"cmd", {"python3", "-c", racer, std::to_string(kAttempts)}}, {"timeout_ms", 60000}});
+  ASSERT_EQ(r["exit_code"], 0) << r.dump();
+  json left = exec(id, {{"cmd", {"sh", "-c", "ls /workspace | wc -l"}}});
+  EXPECT_EQ(left["stdout"], std::to_string(kAttempts) + "\n") << "rm ran where only true was judged";
+}
+
+// A process whose judged exec failed stays traced until its next exec or
+// its end: its signals, stops and continues behave as without the gate, and
+// its next exec runs, from another thread too.
+TEST_F(Gate, AProcessWhoseExecFailedRunsOnAsBefore) {
+  std::string id = envWith({{"run_command", {{{"match", {"rm", "*"}}, {"action", "deny"}}, {{"action", "allow"}}}}});
+  const char* script = R"(
+import os, signal, sys, time
+got = []
+signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
+try:
+    os.execv("/nonexistent", ["x"])
+except OSError as e:
+    print("failed", e.errno)
+os.kill(os.getpid(), signal.SIGUSR1)
+print("handled", len(got))
+child = os.fork()
+if child == 0:
+    parent = os.getppid()
+    os.kill(parent, signal.SIGSTOP)
+    while open("/proc/%d/stat" % parent).read().split(") ")[1][0] not in "Tt":  # t: traced
+        time.sleep(0.001)
+    os.kill(parent, signal.SIGCONT)
+    os._exit(0)
+os.waitpid(child, 0)
+print("continued")
+sys.stdout.flush()
+# From a thread other than the first: it takes the process's id at exec.
+import threading
+threading.Thread(target=lambda: os.execv("/bin/echo", ["echo", "ran"])).start()
+time.sleep(30)
+)";
+  json r = exec(id, {{"cmd", {"python3", "-c", script}}, {"timeout_ms", 20000}});
+  EXPECT_EQ(r["exit_code"], 0) << r.dump();
+  EXPECT_EQ(r["stdout"], "failed 2\nhandled 1\ncontinued\nran\n") << r.dump();
+}
+
 // The newest filter's listener gets a call several filters hand over: a
 // process that installed its own would answer its execs itself, past the
 // gate. After moat-init's, no listener can be made in the environment.

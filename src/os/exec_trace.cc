@@ -1,0 +1,148 @@
+#include "os/exec_trace.h"
+
+#include <elf.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/ptrace.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/unique_fd.h"
+
+namespace moat::os {
+
+Status traceExec(pid_t pid) {
+  if (::ptrace(PTRACE_SEIZE, pid, nullptr, PTRACE_O_TRACEEXEC | PTRACE_O_EXITKILL) != 0) {
+    return Error::fromErrno("ptrace seize " + std::to_string(pid));
+  }
+  return {};
+}
+
+Status untrace(pid_t pid) {
+  if (::ptrace(PTRACE_DETACH, pid, nullptr, nullptr) != 0) return Error::fromErrno("ptrace detach");
+  return {};
+}
+
+TraceStop classifyStop(int status) {
+  int event = status >> 16;
+  if (event == PTRACE_EVENT_EXEC) return TraceStop::kExec;
+  if (event == PTRACE_EVENT_STOP) return TraceStop::kGroup;
+  if (event != 0) return TraceStop::kOther;
+  return TraceStop::kSignal;
+}
+
+Status resumeStopped(pid_t pid, int status) {
+  long r = 0;
+  switch (classifyStop(status)) {
+    case TraceStop::kSignal:
+      r = ::ptrace(PTRACE_CONT, pid, nullptr, reinterpret_cast<void*>(static_cast<long>(WSTOPSIG(status))));
+      break;
+    case TraceStop::kGroup:
+      // Stopped by a stop signal: it stays stopped until a SIGCONT. Else a
+      // trap (after that SIGCONT): it goes on.
+      if (WSTOPSIG(status) == SIGTRAP) {
+        r = ::ptrace(PTRACE_CONT, pid, nullptr, nullptr);
+      } else {
+        r = ::ptrace(PTRACE_LISTEN, pid, nullptr, nullptr);
+      }
+      break;
+    default:
+      r = ::ptrace(PTRACE_CONT, pid, nullptr, nullptr);
+      break;
+  }
+  if (r != 0) return Error::fromErrno("ptrace resume");
+  return {};
+}
+
+pid_t idBeforeExec(pid_t pid) {
+  unsigned long former = 0;
+  if (::ptrace(PTRACE_GETEVENTMSG, pid, nullptr, &former) != 0) return pid;
+  return static_cast<pid_t>(former);
+}
+
+namespace {
+
+// A whole /proc file of the process, at most `max` bytes.
+Result<std::string> readProcFile(pid_t pid, const char* name, size_t max) {
+  std::string path = "/proc/" + std::to_string(pid) + "/" + name;
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return Error::fromErrno("open " + path);
+  std::string out;
+  char buf[16384];
+  while (out.size() < max) {
+    ssize_t n = ::read(fd.get(), buf, std::min(sizeof buf, max - out.size()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Error::fromErrno("read " + path);
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<ExecImage> readExecImage(pid_t pid, size_t maxBytes) {
+  ExecImage image;
+  MOAT_ASSIGN(std::string auxv, readProcFile(pid, "auxv", 4096));
+  uint64_t execFnAddr = 0;
+  for (size_t off = 0; off + 2 * sizeof(uint64_t) <= auxv.size(); off += 2 * sizeof(uint64_t)) {
+    uint64_t entry[2];
+    std::memcpy(entry, auxv.data() + off, sizeof entry);
+    if (entry[0] == AT_EXECFN) execFnAddr = entry[1];
+    if (entry[0] == AT_NULL) break;
+  }
+  if (!execFnAddr) return Error::make("exec", "no AT_EXECFN in the new program's auxiliary vector");
+  char name[4097];
+  struct iovec local{name, sizeof name - 1};
+  // Within one page at most: the name's page is the stack's, mapped whole.
+  size_t toPageEnd = 4096 - execFnAddr % 4096;
+  struct iovec remote[2] = {{reinterpret_cast<void*>(execFnAddr), std::min<size_t>(toPageEnd, sizeof name - 1)},
+                            {reinterpret_cast<void*>(execFnAddr + toPageEnd),
+                             sizeof name - 1 > toPageEnd ? sizeof name - 1 - toPageEnd : 0}};
+  ssize_t got = ::process_vm_readv(pid, &local, 1, remote, remote[1].iov_len ? 2 : 1, 0);
+  if (got <= 0) return Error::fromErrno("read the new program's name", got == 0 ? EFAULT : errno);
+  name[got] = '\0';
+  image.execFn = name;
+  MOAT_ASSIGN(std::string cmdline, readProcFile(pid, "cmdline", maxBytes));
+  size_t start = 0;
+  while (start < cmdline.size()) {
+    size_t end = cmdline.find('\0', start);
+    if (end == std::string::npos) end = cmdline.size();
+    image.argv.push_back(cmdline.substr(start, end - start));
+    start = end + 1;
+  }
+  return image;
+}
+
+bool sameExec(const std::string& execFn, const std::vector<std::string>& argv, bool complete,
+              const ExecImage& image) {
+  if (image.execFn != execFn) return false;
+  // No arguments at all: the kernel gives the program an empty argv[0].
+  std::vector<std::string> asked = argv.empty() ? std::vector<std::string>{""} : argv;
+  const std::vector<std::string>& ran = image.argv;
+  auto sameFrom = [&](size_t ranAt, size_t askedAt) {
+    // ran[ranAt..] against asked[askedAt..]: equal, or (cut) starting with it.
+    size_t rest = asked.size() - askedAt;
+    if (ranAt > ran.size() || ran.size() - ranAt < rest || (complete && ran.size() - ranAt != rest)) return false;
+    for (size_t i = 0; i < rest; ++i) {
+      const std::string& a = asked[askedAt + i];
+      const std::string& r = ran[ranAt + i];
+      bool last = i + 1 == rest;
+      if (!(r == a || (!complete && last && r.rfind(a, 0) == 0))) return false;
+    }
+    return true;
+  };
+  if (sameFrom(0, 0)) return true;
+  // A script: [interpreter, (its argument), the script's name, asked[1..]]
+  // (and so on for an interpreter that is a script itself).
+  for (size_t k = 1; k < ran.size() && k <= 4; ++k) {
+    if (ran[k] == execFn && sameFrom(k + 1, 1)) return true;
+  }
+  return false;
+}
+
+}  // namespace moat::os
