@@ -107,7 +107,11 @@ init::ExecPolicy Api::execPolicyFor(const std::string& id) {
     policy.layers.push_back(std::move(layer));
   }
   policy.mode = plainAllow ? init::ExecPolicy::kAllowAll : init::ExecPolicy::kLocal;
-  if (plainAllow) policy.layers.clear();
+  bool fits = policy.layers.size() <= init::ExecPolicy::kMaxLayers;
+  for (const auto& layer : policy.layers) fits = fits && layer.size() <= init::ExecPolicy::kMaxRules;
+  // More than moat-init takes: every program is asked about, judged here.
+  if (!fits) policy.mode = init::ExecPolicy::kAsk;
+  if (policy.mode != init::ExecPolicy::kLocal) policy.layers.clear();
   return policy;
 }
 

@@ -257,10 +257,10 @@ Result<ExecPolicy> ExecPolicy::decode(const std::string& payload) {
   if (m.mode > kLocal) return Error::make("protocol", "unknown exec policy " + std::to_string(m.mode));
   if (payload.size() == 1 && m.mode != kLocal) return m;  // version 3's form
   MOAT_ASSIGN(uint32_t layers, d.u32());
-  if (layers > 64) return Error::make("protocol", "too many exec policy layers");
+  if (layers > kMaxLayers) return Error::make("protocol", "too many exec policy layers");
   for (uint32_t i = 0; i < layers; ++i) {
     MOAT_ASSIGN(uint32_t rules, d.u32());
-    if (rules > 1024) return Error::make("protocol", "too many exec policy rules");
+    if (rules > kMaxRules) return Error::make("protocol", "too many exec policy rules");
     std::vector<ExecRule> layer;
     for (uint32_t j = 0; j < rules; ++j) {
       ExecRule rule;

@@ -167,6 +167,8 @@ struct ExecPolicy {
   static constexpr uint8_t kAllowAll = 0;
   static constexpr uint8_t kAsk = 1;
   static constexpr uint8_t kLocal = 2;
+  static constexpr size_t kMaxLayers = 64;
+  static constexpr size_t kMaxRules = 1024;  // of one layer
   uint8_t mode = kAllowAll;
   std::vector<std::vector<ExecRule>> layers;  // kLocal
   // The decision of `layers` for argv (0 allow, 1 ask, 2 deny); moat-init

@@ -42,7 +42,9 @@ constexpr size_t kOutboxFlush = 1u << 20;
 constexpr size_t kReportBatch = 64;
 constexpr uint64_t kReportDelayUs = 20000;
 constexpr size_t kReportsWhileAlone = 4096;  // kept while no client is connected
-constexpr size_t kImageBytes = 128u << 10;   // of a new program's argv: twice what a request's judgment reads
+constexpr size_t kImageBytes = 9u << 20;     // of a new program's argv: more than any exec takes
+constexpr size_t kShownBytes = 16u << 10;    // of an argv in a report
+constexpr size_t kAskBytes = 64u << 10;      // of an argv a person is asked about
 
 }  // namespace
 
@@ -58,16 +60,47 @@ void Supervisor::answerExec(uint64_t id, bool allow) {
   (void)os::answerExecNotification(execListener_.get(), id, allow);  // gone meanwhile: nothing to answer
 }
 
+namespace {
+
+// An argv as the log shows it: at most kShownBytes of it (an exec's may be
+// megabytes), the cut marked.
+std::vector<std::string> shown(const std::vector<std::string>& argv) {
+  std::vector<std::string> out;
+  size_t used = 0;
+  for (const auto& a : argv) {
+    if (used + a.size() > kShownBytes) {
+      out.push_back(a.substr(0, kShownBytes - used) + "...(" + std::to_string(argv.size() - out.size()) +
+                    " arguments cut, " + std::to_string(a.size()) + " bytes in this one)");
+      break;
+    }
+    used += a.size();
+    out.push_back(a);
+  }
+  return out;
+}
+
+size_t bytesOf(const std::vector<std::string>& argv) {
+  size_t n = 0;
+  for (const auto& a : argv) n += a.size() + 1;
+  return n;
+}
+
+}  // namespace
+
 void Supervisor::handleExecNotification() {
   auto n = os::receiveExecNotification(execListener_.get());
   if (!n.ok()) return;
   if (execPolicy_.mode == ExecPolicy::kAllowAll) {
     // Still traced after an earlier judged exec that failed: whatever runs now.
-    if (auto it = traced_.find(n->pid); it != traced_.end()) it->second = JudgedExec{{}, {}, true, true};
+    if (auto it = traced_.find(n->pid); it != traced_.end()) {
+      it->second = JudgedExec{};
+      it->second->any = true;
+    }
     return answerExec(n->id, true);
   }
   auto attempt = os::readExecAttempt(n.value());
-  // Unreadable (it went meanwhile): refused, as anything not judged is.
+  // Unreadable (it went meanwhile, or longer than any exec): refused, as
+  // anything not judged is.
   if (!attempt.ok()) return answerExec(n->id, false);
   // The first exec of a command this loop launched: the client judged it.
   if (launcher_.claimLaunchExec(n->pid, attempt->filename)) return answerExec(n->id, true);
@@ -76,24 +109,16 @@ void Supervisor::handleExecNotification() {
                                                                : attempt->argv;
   uint8_t decision =
       execPolicy_.mode == ExecPolicy::kLocal ? execPolicy_.judge(judgedArgv(attempt->filename, argv)) : 1;
-  if (decision != 1) {
-    // Judged here: the client only hears of it (its audit log).
-    ExecReport report;
-    report.pid = static_cast<uint32_t>(n->pid);
-    report.decision = decision;
-    report.filename = attempt->filename;
-    report.argv = argv;
-    if (decision == 0) {
-      // Nothing runs unrecorded: with no client and its reports' room
-      // full, refused.
-      if (!queueReport(report)) return answerExec(n->id, false);
-      return allowJudged(n->id, n->pid, {attempt->execFn, attempt->argv, attempt->complete});
-    }
-    report.parents = os::parentChain(n->pid);  // while the process still waits
-    answerExec(n->id, false);
-    queueReport(report);
-    return releaseReports();  // at once, after what was allowed before it
-  }
+  // A person cannot read megabytes of arguments: what is that long is not asked about.
+  if (decision == 1 && bytesOf(argv) > kAskBytes) decision = 2;
+  JudgedExec judged{attempt->execFn, attempt->argv, attempt->procPath, {}, false};
+  ExecReport report;
+  report.pid = static_cast<uint32_t>(n->pid);
+  report.decision = decision;
+  report.filename = attempt->filename;
+  report.argv = shown(argv);
+  if (decision == 0) return (void)allowJudged(n->id, n->pid, std::move(judged), &report);
+  if (decision == 2) return refuseExec(n->id, n->pid, std::move(report));
   if (control_ < 0) return answerExec(n->id, false);  // nobody to ask: refused
   ExecCheck check;
   check.id = n->id;
@@ -101,14 +126,62 @@ void Supervisor::handleExecNotification() {
   check.filename = attempt->filename;
   check.argv = attempt->argv;
   check.parents = os::parentChain(n->pid);
-  pendingExecs_[n->id] = {n->pid, {attempt->execFn, attempt->argv, attempt->complete}};
+  pendingExecs_[n->id] = {n->pid, std::move(judged)};
   send(MsgType::kExecCheck, check.encode());
 }
 
-void Supervisor::allowJudged(uint64_t id, pid_t pid, JudgedExec judged) {
-  if (!traced_.count(pid) && !os::traceExec(pid).ok()) return answerExec(id, false);
+void Supervisor::refuseExec(uint64_t id, pid_t pid, ExecReport report) {
+  report.decision = 2;
+  report.parents = os::parentChain(pid);  // while the process still waits
+  answerExec(id, false);
+  queueReport(report);
+  releaseReports();  // at once, after what was allowed before it
+}
+
+bool Supervisor::allowJudged(uint64_t id, pid_t pid, JudgedExec judged, const ExecReport* report) {
+  // An answer that came late (a verdict): the exec must still be the one
+  // asked about, and the pid still its process.
+  if (!os::execNotificationValid(execListener_.get(), id)) {
+    pendingExecs_.erase(id);
+    return false;
+  }
+  // Nothing runs unrecorded: with no client and its reports' room full, refused.
+  if (report && control_ < 0 && reportCount_ >= kReportsWhileAlone) {
+    answerExec(id, false);
+    return false;
+  }
+  auto file = os::identifyExecFile(pid, judged.procPath);
+  if (file.ok()) {
+    judged.file = file.value();
+    judged.identified = true;
+    if (judged.file.script && execPolicy_.mode == ExecPolicy::kLocal) {
+      // The interpreter runs too, as a program of its own: the rules must
+      // allow it (an ask for it is a refusal: nobody was asked).
+      auto interpreterArgv = os::scriptArgv(judged.file, judged.execFn, judged.argv);
+      if (execPolicy_.judge(judgedArgv(judged.file.interpreter, interpreterArgv)) != 0) {
+        ExecReport refused;
+        refused.pid = static_cast<uint32_t>(pid);
+        refused.filename = judged.file.interpreter;
+        refused.argv = shown(interpreterArgv);
+        refuseExec(id, pid, std::move(refused));
+        return false;
+      }
+    }
+  }
+  // Traced until the exec has run. EPERM: another process traces it, or
+  // this loop already does (an earlier exec that failed).
+  if (!os::traceExec(pid).ok() && os::tracerOf(pid) != ::getpid()) {
+    ExecReport refused;
+    refused.pid = static_cast<uint32_t>(pid);
+    refused.filename = judged.execFn;
+    refused.argv = shown(judged.argv);
+    refuseExec(id, pid, std::move(refused));
+    return false;
+  }
   traced_[pid] = std::move(judged);
+  if (report) queueReport(*report);
   answerExec(id, true);
+  return true;
 }
 
 void Supervisor::onTraceStop(pid_t pid, int status) {
@@ -127,25 +200,27 @@ void Supervisor::onTraceStop(pid_t pid, int status) {
     if (it->second && !judged) judged = std::move(it->second);
     traced_.erase(it);
   }
-  auto image = os::readExecImage(pid, kImageBytes);
   if (judged && judged->any) {
     (void)os::untrace(pid);
     return;
   }
-  if (judged && image.ok() && os::sameExec(judged->execFn, judged->argv, judged->complete, image.value())) {
+  auto image = os::readExecImage(pid, kImageBytes);
+  auto running = os::runningFile(pid);
+  if (judged && judged->identified && image.ok() && running.ok() &&
+      os::sameExec(judged->execFn, judged->argv, judged->file, running.value(), image.value())) {
     (void)os::untrace(pid);
     return;
   }
-  // It runs something other than what was judged (its request changed after
-  // the check), or what it runs cannot be read: it ends before its first
-  // instruction, and the log says what it was.
+  // It runs something other than what was judged (its request, or the file
+  // it names, changed after the check), or what it runs cannot be read: it
+  // ends before its first instruction, and the log says what it was.
   ::kill(pid, SIGKILL);
   ExecReport report;
   report.pid = static_cast<uint32_t>(pid);
   report.decision = 2;
   if (image.ok()) {
     report.filename = image->execFn;
-    report.argv = image->argv;
+    report.argv = shown(image->argv);
   }
   report.parents = os::parentChain(pid);
   (void)os::untrace(pid);
@@ -221,7 +296,14 @@ void Supervisor::adoptConnection() {
     return;
   }
   if (!fd) return;
-  if (control_ >= 0) ::close(control_);
+  if (control_ >= 0) {
+    // A client that went without this loop seeing it go: its questions
+    // will not be answered (the next client never saw them).
+    std::vector<uint64_t> unanswered;
+    for (const auto& [id, pending] : pendingExecs_) unanswered.push_back(id);
+    for (uint64_t id : unanswered) answerExec(id, false);
+    ::close(control_);
+  }
   control_ = fd.release();
   reader_ = FrameReader();
   outbox_.clear();  // frames for the connection that went away
@@ -252,6 +334,7 @@ int Supervisor::run() {
     if (!listener.ok()) return 1;
     execListener_ = std::move(listener.value());
     launcher_.allowInline(false);  // this loop answers the launches' execs
+    execPolicy_.mode = ExecPolicy::kAsk;  // until the client says how to judge
   }
 
   send(MsgType::kHello, Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode());
@@ -402,7 +485,13 @@ void Supervisor::handleFrame(const Frame& frame) {
       return;
     case MsgType::kExecPolicy: {
       auto req = ExecPolicy::decode(frame.payload);
-      if (!req.ok()) return protocolError(req.error().message());
+      if (!req.ok()) {
+        // Rules it cannot read: it asks about every program rather than
+        // go on with the ones it had.
+        execPolicy_ = ExecPolicy{};
+        execPolicy_.mode = ExecPolicy::kAsk;
+        return protocolError(req.error().message());
+      }
       execPolicy_ = std::move(req.value());
       return;
     }
@@ -413,7 +502,8 @@ void Supervisor::handleFrame(const Frame& frame) {
       if (pending == pendingExecs_.end()) return;
       if (!req->allow) return answerExec(req->id, false);
       PendingExec exec = std::move(pending->second);
-      return allowJudged(req->id, exec.pid, std::move(exec.judged));
+      // moatd records the start of what a person approved.
+      return (void)allowJudged(req->id, exec.pid, std::move(exec.judged), nullptr);
       return;
     }
     case MsgType::kFile: {
@@ -662,6 +752,9 @@ int Supervisor::pollTimeoutMs() const {
 }
 
 void Supervisor::killEverything() {
+  // Nobody answers execs from here on: closing the listener fails those
+  // waiting (a launch's child among them, which its launch waits for).
+  execListener_.reset();
   // Launches under way finish; their processes are killed with the rest.
   for (auto& launch : launcher_.stop()) {
     auto it = processes_.find(launch->request.id);

@@ -14,6 +14,7 @@
 #include "common/unique_fd.h"
 #include "init/launcher.h"
 #include "init/protocol.h"
+#include "os/exec_trace.h"
 
 namespace moat::init {
 
@@ -112,7 +113,9 @@ class Supervisor {
   struct JudgedExec {
     std::string execFn;
     std::vector<std::string> argv;
-    bool complete = true;
+    std::string procPath;  // the file it names, as moat-init reaches it
+    os::ExecFile file;     // what that file was when the exec went on
+    bool identified = false;
     bool any = false;  // allowed without judging (the permissions allow every program)
   };
   struct PendingExec {
@@ -122,9 +125,13 @@ class Supervisor {
   // The exec gate: a notification from the listener, and a client's verdict.
   void handleExecNotification();
   void answerExec(uint64_t id, bool allow);
-  // Lets a judged exec go on, traced until it has run (refused if the
-  // process cannot be traced: another process traces it).
-  void allowJudged(uint64_t id, pid_t pid, JudgedExec judged);
+  // Lets a judged exec go on, traced until it has run, and queues `report`
+  // (if any) for the log. Refused instead (false) if the notification no
+  // longer stands, a script's interpreter is not allowed, or the process
+  // cannot be traced (another process traces it).
+  bool allowJudged(uint64_t id, pid_t pid, JudgedExec judged, const ExecReport* report);
+  // Fails the exec with EPERM and reports it at once (with its parents).
+  void refuseExec(uint64_t id, pid_t pid, ExecReport report);
   // A traced process stopped: after its exec, it goes on if it runs what
   // was judged and is killed if not; any other stop is resumed.
   void onTraceStop(pid_t pid, int status);

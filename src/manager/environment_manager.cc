@@ -637,17 +637,17 @@ Status EnvironmentManager::storeLayers(const std::string& id, std::vector<gate::
 }
 
 std::shared_ptr<InitConnection> EnvironmentManager::connect(const std::string& id, UniqueFd control) {
-  auto connection = std::make_shared<InitConnection>(std::move(control), [this, id] { onInitGone(id); });
-  connection->onExecCheck([this, id](const init::ExecCheck& check, InitConnection::ExecAnswer answer) {
+  InitConnection::ExecHooks hooks;
+  hooks.check = [this, id](const init::ExecCheck& check, InitConnection::ExecAnswer answer) {
     ExecCheckHook gate;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       gate = execCheck_;
     }
     if (gate) return gate(id, check, std::move(answer));
-    answer(false);  // moatd is stopping: nothing judges programs any more
-  });
-  connection->onExecReport([this, id](const init::ExecReport& report) {
+    answer(false);  // moatd is starting or stopping: nothing judges programs yet or any more
+  };
+  hooks.report = [this, id](const init::ExecReport& report) {
     ExecReportHook hook;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -659,7 +659,9 @@ std::shared_ptr<InitConnection> EnvironmentManager::connect(const std::string& i
       }
     }
     hook(id, report);
-  });
+  };
+  auto connection =
+      std::make_shared<InitConnection>(std::move(control), [this, id] { onInitGone(id); }, std::move(hooks));
   sendExecPolicy(id, connection);
   return connection;
 }
@@ -670,12 +672,11 @@ void EnvironmentManager::sendExecPolicy(const std::string& id, const std::shared
     std::lock_guard<std::mutex> lock(mutex_);
     policy = execPolicy_;
   }
-  // Until the gate is set (re-attaching at start), and once it is gone
-  // (stopping): ask, which the checks above refuse.
-  init::ExecPolicy judged;
-  judged.mode = init::ExecPolicy::kAsk;
-  if (policy) judged = policy(id);
-  (void)connection->setExecPolicy(judged);
+  // Until the gate is set (re-attaching at start): nothing, so moat-init
+  // goes on judging by the rules the previous moatd gave it (a new one
+  // asks about every program until it is told).
+  if (!policy) return;
+  (void)connection->setExecPolicy(policy(id));
 }
 
 void EnvironmentManager::setExecGate(ExecCheckHook check, ExecPolicyHook policy, ExecReportHook report) {

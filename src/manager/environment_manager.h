@@ -374,7 +374,7 @@ class EnvironmentManager {
   ExecCheckHook execCheck_;
   ExecPolicyHook execPolicy_;
   ExecReportHook execReport_;
-  static constexpr size_t kEarlyReports = 65536;
+  static constexpr size_t kEarlyReports = 4096;
   std::vector<std::pair<std::string, init::ExecReport>> earlyReports_;  // guarded by mutex_
   // A new connection to `id`'s moat-init: its exec checks go to the gate,
   // and it is told whether to ask.

@@ -21,8 +21,10 @@ Error gone(const std::string& reason) { return Error::make("gone", reason); }
 
 }  // namespace
 
-InitConnection::InitConnection(UniqueFd control, std::function<void()> onClosed)
+InitConnection::InitConnection(UniqueFd control, std::function<void()> onClosed, ExecHooks hooks)
     : control_(std::move(control)), onClosed_(std::move(onClosed)), nextKey_(randomStart()) {
+  execCheck_ = std::move(hooks.check);
+  execReport_ = std::move(hooks.report);
   reader_ = std::thread([this] { readLoop(); });
 }
 

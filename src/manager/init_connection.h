@@ -37,7 +37,14 @@ class ProcessSink {
 class InitConnection : public std::enable_shared_from_this<InitConnection> {
  public:
   // onClosed runs (on the reader thread) when moat-init goes away.
-  InitConnection(UniqueFd control, std::function<void()> onClosed);
+  // What an ExecCheck and an ExecReport go to (onExecCheck, onExecReport),
+  // set before the first frame is read: moat-init sends what it kept while
+  // no client was connected right after its Hello.
+  struct ExecHooks {
+    std::function<void(const init::ExecCheck&, std::function<void(bool allow)>)> check;
+    std::function<void(const init::ExecReport&)> report;
+  };
+  InitConnection(UniqueFd control, std::function<void()> onClosed, ExecHooks hooks = {});
   ~InitConnection();
   InitConnection(const InitConnection&) = delete;
   InitConnection& operator=(const InitConnection&) = delete;

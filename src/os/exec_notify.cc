@@ -96,8 +96,11 @@ bool execNotificationValid(int listener, uint64_t id) {
 
 namespace {
 
-constexpr size_t kMaxArgs = 256;
-constexpr size_t kMaxBytes = 64u << 10;
+// More than the kernel takes (the arguments and the environment together
+// get at most 3/4 of an 8 MiB stack, 6 MiB; one argument 128 KiB): an exec
+// this long fails with E2BIG anyway, and every exec shorter is read whole.
+constexpr size_t kMaxBytes = 8u << 20;
+constexpr size_t kPointersPerRead = 512;  // one page of the argv array
 
 // Up to `len` (<= one page) bytes of the process's memory at `addr`:
 // fewer where the mapping ends. process_vm_readv transfers whole iovec
@@ -115,7 +118,7 @@ ssize_t readMemory(pid_t pid, uint64_t addr, void* out, size_t len) {
 // A NUL-terminated string at `addr` of the process, at most `room` bytes.
 Result<std::string> readString(pid_t pid, uint64_t addr, size_t room) {
   std::string out;
-  char buf[512];
+  char buf[4096];
   while (out.size() < room) {
     ssize_t n = readMemory(pid, addr + out.size(), buf, sizeof buf);
     if (n <= 0) return Error::fromErrno("read exec argument", n == 0 ? EFAULT : errno);
@@ -148,29 +151,44 @@ Result<ExecAttempt> readExecAttempt(const ExecNotification& n) {
     ssize_t len = ::readlink(link.c_str(), target, sizeof target);
     if (len > 0) a.filename.assign(target, static_cast<size_t>(len));
   }
+  // The file the kernel will open, from moat-init (pid 1 of the same
+  // namespaces): through the process's own root, working directory or
+  // descriptor, which name resolution inside starts from.
+  const std::string proc = "/proc/" + std::to_string(n.pid);
+  if (at && a.filename.empty()) {
+    a.procPath = proc + "/fd/" + std::to_string(dirfd);
+  } else if (!a.filename.empty() && a.filename[0] == '/') {
+    a.procPath = proc + "/root" + a.filename;
+  } else if (!at || dirfd == AT_FDCWD) {
+    a.procPath = proc + "/cwd/" + a.filename;
+  } else {
+    a.procPath = proc + "/fd/" + std::to_string(dirfd) + "/" + a.filename;
+  }
   if (!argvAddr) return a;
-  // The pointer array in one read (as much of it as is mapped).
-  uint64_t ptrs[kMaxArgs];
-  ssize_t got = readMemory(n.pid, argvAddr, ptrs, sizeof ptrs);
-  if (got < static_cast<ssize_t>(sizeof(uint64_t))) return Error::fromErrno("read exec argv", got < 0 ? errno : EFAULT);
-  size_t count = static_cast<size_t>(got) / sizeof(uint64_t);
   size_t used = a.filename.size();
-  for (size_t i = 0; i < count; ++i) {
-    if (!ptrs[i]) return a;
-    if (used >= kMaxBytes) {
-      a.complete = false;
-      return a;
+  uint64_t ptrs[kPointersPerRead];
+  size_t have = 0;  // pointers in ptrs, from index `base` of the array
+  size_t base = 0;
+  for (size_t i = 0;; ++i) {
+    if (i == base + have) {
+      // The next piece of the pointer array (as much of it as is mapped).
+      base = i;
+      ssize_t got = readMemory(n.pid, argvAddr + i * sizeof(uint64_t), ptrs, sizeof ptrs);
+      if (got < static_cast<ssize_t>(sizeof(uint64_t))) {
+        return Error::fromErrno("read exec argv", got < 0 ? errno : EFAULT);
+      }
+      have = static_cast<size_t>(got) / sizeof(uint64_t);
     }
+    uint64_t ptr = ptrs[i - base];
+    if (!ptr) return a;
+    used += sizeof(uint64_t);
+    if (used >= kMaxBytes) return Error::fromErrno("read exec argv: longer than any exec takes", E2BIG);
     size_t room = kMaxBytes - used;
-    MOAT_ASSIGN(std::string arg, readString(n.pid, ptrs[i], room));
-    if (arg.size() == room) a.complete = false;  // it may go on
-    used += arg.size();
+    MOAT_ASSIGN(std::string arg, readString(n.pid, ptr, room));
+    if (arg.size() == room) return Error::fromErrno("read exec argv: longer than any exec takes", E2BIG);
+    used += arg.size() + 1;
     a.argv.push_back(std::move(arg));
   }
-  // The array went on past what was read: past kMaxArgs, cut; else unmapped.
-  if (count < kMaxArgs) return Error::fromErrno("read exec argv", EFAULT);
-  a.complete = false;
-  return a;
 }
 
 std::vector<std::string> parentChain(pid_t pid, int depth) {

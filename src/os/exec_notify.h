@@ -40,10 +40,11 @@ struct ExecAttempt {
   // The name the kernel will give the new program (its AT_EXECFN): the path
   // as passed, or "/dev/fd/N[/path]" for one relative to a descriptor.
   std::string execFn;
-  bool complete = true;  // false: argv was cut (the limits below)
+  // The same file as moat-init reaches it: /proc/PID/{root,cwd,fd/N}/...
+  std::string procPath;
 };
-// What the exec asked for, read from the process's memory (process_vm_readv):
-// at most 256 arguments and 64 KiB in all.
+// What the exec asked for, read from the process's memory (process_vm_readv),
+// whole: an argv longer than the kernel takes is an error (E2BIG).
 Result<ExecAttempt> readExecAttempt(const ExecNotification& n);
 // "pid comm" of the process's parent, its parent's, ... up to pid 1 (at
 // most `depth`).

@@ -4,11 +4,14 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/ptrace.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/unique_fd.h"
@@ -118,31 +121,75 @@ Result<ExecImage> readExecImage(pid_t pid, size_t maxBytes) {
   return image;
 }
 
-bool sameExec(const std::string& execFn, const std::vector<std::string>& argv, bool complete,
-              const ExecImage& image) {
+namespace {
+
+Result<FileId> statId(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return Error::fromErrno("stat " + path);
+  return FileId{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
+
+}  // namespace
+
+Result<ExecFile> identifyExecFile(pid_t pid, const std::string& procPath) {
+  UniqueFd fd(::open(procPath.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return Error::fromErrno("open " + procPath);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Error::fromErrno("fstat " + procPath);
+  ExecFile file;
+  file.id = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+  // The kernel reads the first 256 bytes (BINPRM_BUF_SIZE) for the line.
+  char buf[256];
+  ssize_t n = ::pread(fd.get(), buf, sizeof buf, 0);
+  if (n < 2 || buf[0] != '#' || buf[1] != '!') return file;
+  std::string line(buf + 2, static_cast<size_t>(n) - 2);
+  line = line.substr(0, line.find_first_of(std::string("\n\0", 2)));
+  auto blank = [](char c) { return c == ' ' || c == '\t'; };
+  while (!line.empty() && blank(line.back())) line.pop_back();
+  size_t start = 0;
+  while (start < line.size() && blank(line[start])) ++start;
+  size_t end = start;
+  while (end < line.size() && !blank(line[end])) ++end;
+  if (end == start) return file;  // no interpreter: the kernel refuses it (ENOEXEC)
+  file.script = true;
+  file.interpreter = line.substr(start, end - start);
+  while (end < line.size() && blank(line[end])) ++end;
+  file.interpreterArg = line.substr(end);
+  const std::string proc = "/proc/" + std::to_string(pid);
+  auto interpreter = statId(file.interpreter[0] == '/' ? proc + "/root" + file.interpreter
+                                                       : proc + "/cwd/" + file.interpreter);
+  if (interpreter.ok()) file.interpreterId = interpreter.value();
+  return file;
+}
+
+Result<FileId> runningFile(pid_t pid) { return statId("/proc/" + std::to_string(pid) + "/exe"); }
+
+pid_t tracerOf(pid_t pid) {
+  auto status = readProcFile(pid, "status", 4096);
+  if (!status.ok()) return -1;
+  size_t at = status->find("\nTracerPid:");
+  if (at == std::string::npos) return -1;
+  return static_cast<pid_t>(std::strtol(status->c_str() + at + 11, nullptr, 10));
+}
+
+std::vector<std::string> scriptArgv(const ExecFile& file, const std::string& execFn,
+                                    const std::vector<std::string>& argv) {
+  std::vector<std::string> out{file.interpreter};
+  if (!file.interpreterArg.empty()) out.push_back(file.interpreterArg);
+  out.push_back(execFn);
+  for (size_t i = 1; i < argv.size(); ++i) out.push_back(argv[i]);
+  return out;
+}
+
+bool sameExec(const std::string& execFn, const std::vector<std::string>& argv, const ExecFile& file,
+              const FileId& running, const ExecImage& image) {
   if (image.execFn != execFn) return false;
-  // No arguments at all: the kernel gives the program an empty argv[0].
-  std::vector<std::string> asked = argv.empty() ? std::vector<std::string>{""} : argv;
-  const std::vector<std::string>& ran = image.argv;
-  auto sameFrom = [&](size_t ranAt, size_t askedAt) {
-    // ran[ranAt..] against asked[askedAt..]: equal, or (cut) starting with it.
-    size_t rest = asked.size() - askedAt;
-    if (ranAt > ran.size() || ran.size() - ranAt < rest || (complete && ran.size() - ranAt != rest)) return false;
-    for (size_t i = 0; i < rest; ++i) {
-      const std::string& a = asked[askedAt + i];
-      const std::string& r = ran[ranAt + i];
-      bool last = i + 1 == rest;
-      if (!(r == a || (!complete && last && r.rfind(a, 0) == 0))) return false;
-    }
-    return true;
-  };
-  if (sameFrom(0, 0)) return true;
-  // A script: [interpreter, (its argument), the script's name, asked[1..]]
-  // (and so on for an interpreter that is a script itself).
-  for (size_t k = 1; k < ran.size() && k <= 4; ++k) {
-    if (ran[k] == execFn && sameFrom(k + 1, 1)) return true;
+  if (file.script) {
+    return file.interpreterId != FileId{} && running == file.interpreterId &&
+           image.argv == scriptArgv(file, execFn, argv);
   }
-  return false;
+  // No arguments at all: the kernel gives the program an empty argv[0].
+  return running == file.id && image.argv == (argv.empty() ? std::vector<std::string>{""} : argv);
 }
 
 }  // namespace moat::os

@@ -2,6 +2,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -47,12 +48,41 @@ struct ExecImage {
 };
 Result<ExecImage> readExecImage(pid_t pid, size_t maxBytes);
 
-// Whether `image` is the exec that was judged: `execFn` and `argv` as read
-// from the request (`complete` false: argv was cut there, so only what was
-// read is compared). A script's interpreter comes first in the image's
-// argv, followed by the script's name and the request's arguments after
-// argv[0].
-bool sameExec(const std::string& execFn, const std::vector<std::string>& argv, bool complete,
-              const ExecImage& image);
+// A file, as stat tells it apart from every other.
+struct FileId {
+  uint64_t dev = 0;
+  uint64_t ino = 0;
+  bool operator==(const FileId&) const = default;
+};
+
+// The file an exec names, as the kernel will run it: the file itself, or,
+// for a script ("#!" line), its interpreter with the one argument the line
+// may give it. `procPath` is ExecAttempt's; an interpreter is found as the
+// kernel finds it, from the process's root or working directory.
+struct ExecFile {
+  FileId id;
+  bool script = false;
+  std::string interpreter;
+  std::string interpreterArg;  // "" when the line gives none
+  FileId interpreterId;
+};
+Result<ExecFile> identifyExecFile(pid_t pid, const std::string& procPath);
+// The file a process runs (/proc/PID/exe).
+Result<FileId> runningFile(pid_t pid);
+// The pid that traces `pid` (TracerPid, as this process's namespace sees
+// it), 0 for none, -1 if unknown.
+pid_t tracerOf(pid_t pid);
+
+// The argv a script runs with: its interpreter, the line's argument, the
+// name the exec gave (AT_EXECFN), then the request's arguments after argv[0].
+std::vector<std::string> scriptArgv(const ExecFile& file, const std::string& execFn,
+                                    const std::vector<std::string>& argv);
+
+// Whether a process stopped after its exec runs exactly the exec that was
+// judged: the file (`running`, /proc/PID/exe) is the one named, or for a
+// script its interpreter; the name the kernel gave it is `execFn`; and its
+// argv is the request's (a script's as scriptArgv says).
+bool sameExec(const std::string& execFn, const std::vector<std::string>& argv, const ExecFile& file,
+              const FileId& running, const ExecImage& image);
 
 }  // namespace moat::os

@@ -298,7 +298,9 @@ TEST_F(Gate, EveryProgramAnswersToRunCommandHoweverItStarts) {
         std::string("python3 -c 'import os; os.execvp(\"rm\", [\"rm\", \"-rf\", \"/workspace/d\"])'"),
         // argv[0] is the caller's to choose: the program is the file named.
         std::string("python3 -c 'import os; os.execv(\"/usr/bin/rm\", [\"ls\", \"-rf\", \"/workspace/d\"])'"),
-        std::string("printf '#!/bin/sh\\nrm -rf /workspace/d\\n' > /tmp/s && chmod +x /tmp/s && /tmp/s")}) {
+        std::string("printf '#!/bin/sh\\nrm -rf /workspace/d\\n' > /tmp/s && chmod +x /tmp/s && /tmp/s"),
+        // A script's interpreter is a program that starts too.
+        std::string("printf '#!/usr/bin/rm -rf\\n' > /tmp/r && chmod +x /tmp/r && /tmp/r /workspace/d")}) {
     json r = exec(id, {{"cmd", {"sh", "-c", script + "; test -e /workspace/d/a && echo still-there"}}});
     EXPECT_NE(r["stdout"].get<std::string>().find("still-there"), std::string::npos) << script << ": " << r.dump();
     EXPECT_NE(r["stderr"].get<std::string>().find("Operation not permitted"), std::string::npos) << script << ": " << r.dump();
@@ -362,6 +364,86 @@ for i in range(int(sys.argv[1])):
   ASSERT_EQ(r["exit_code"], 0) << r.dump();
   json left = exec(id, {{"cmd", {"sh", "-c", "ls /workspace | wc -l"}}});
   EXPECT_EQ(left["stdout"], std::to_string(kAttempts) + "\n") << "rm ran where only true was judged";
+  // The same with a descriptor (fexecve): the name the kernel gives the
+  // program is /dev/fd/N either way; the file behind N is swapped.
+  const char* swapper = R"(
+import ctypes, os, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+allowed, denied = os.open("/bin/true", os.O_RDONLY), os.open("/usr/bin/rm", os.O_RDONLY)
+for i in range(int(sys.argv[1])):
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(allowed, 10)
+        def swap():
+            while True:
+                os.dup2(denied, 10)
+                os.dup2(allowed, 10)
+        threading.Thread(target=swap, daemon=True).start()
+        argv = (ctypes.c_char_p * 3)(b"x", b"/workspace/f%d" % i, None)
+        libc.syscall(322, 10, b"", argv, None, 0x1000)  # execveat(10, "", argv, NULL, AT_EMPTY_PATH)
+        os._exit(3)
+    os.waitpid(pid, 0)
+)";
+  r = exec(id, {{"cmd", {"python3", "-c", swapper, std::to_string(kAttempts)}}, {"timeout_ms", 60000}});
+  ASSERT_EQ(r["exit_code"], 0) << r.dump();
+  left = exec(id, {{"cmd", {"sh", "-c", "ls /workspace | wc -l"}}});
+  EXPECT_EQ(left["stdout"], std::to_string(kAttempts) + "\n") << "rm ran through a descriptor judged as true";
+}
+
+// A process another process traces cannot be traced for the second look:
+// under rules its execs are refused, and the log does not say they started.
+TEST_F(Gate, AProcessAnotherTracesCannotExecUnderRules) {
+  std::string id = envWith({{"run_command", {{{"match", {"rm", "*"}}, {"action", "deny"}}, {{"action", "allow"}}}}});
+  const char* script = R"(
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+pid = os.fork()
+if pid == 0:
+    libc.ptrace(0, 0, None, None)  # PTRACE_TRACEME: the parent traces it
+    try:
+        os.execv("/bin/echo", ["echo", "traced-and-ran"])
+    except OSError as e:
+        print("refused", e.errno, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+)";
+  json r = exec(id, {{"cmd", {"python3", "-c", script}}});
+  EXPECT_EQ(r["stdout"], "refused 1\n") << r.dump();
+  std::string log;
+  for (int i = 0; i < 200 && log.find("\"gate.denied\"") == std::string::npos; ++i) {
+    log = daemon_->request("GET", "/v1/events?environment=" + id).body;
+  }
+  EXPECT_NE(log.find("\"gate.denied\""), std::string::npos) << log;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("data: ", 0) != 0) continue;
+    json e = json::parse(line.substr(6));
+    if (e["type"] == "program.started") {
+      EXPECT_NE(e["data"]["action"]["argv"], json({"echo", "traced-and-ran"})) << "recorded as started: " << line;
+    }
+  }
+}
+
+// An argv is judged whole, however long (up to what any exec takes): one
+// cut where the judgment stopped reading hid what came after it.
+TEST_F(Gate, ALongCommandLineIsJudgedWhole) {
+  std::string id = envWith({{"run_command", {{{"match", {"rm", "/workspace/scratch"}}, {"action", "allow"}},
+                                             {{"match", {"rm", "*"}}, {"action", "deny"}},
+                                             {{"action", "allow"}}}}});
+  exec(id, {{"cmd", {"sh", "-c", "mkdir /workspace/scratch && touch /workspace/keep"}}});
+  // 64 KiB of argv[0]: the judgment read up to there once, and saw
+  // ["/usr/bin/rm", "/workspace/scratch"].
+  const char* script = R"(
+import os
+first = "A" * (65536 - len("/usr/bin/rm") - len("/workspace/scratch"))
+os.execv("/usr/bin/rm", [first, "/workspace/scratch" + "/" * 1000 + "../keep"])
+)";
+  json r = exec(id, {{"cmd", {"python3", "-c", script}}});
+  EXPECT_NE(r["stderr"].get<std::string>().find("Operation not permitted"), std::string::npos) << r.dump();
+  EXPECT_EQ(exec(id, {{"cmd", {"ls", "/workspace"}}})["stdout"], "keep\nscratch\n");
+  // What is long and allowed runs: 1.5 MB of arguments (the kernel takes 2 MiB here).
+  json big = exec(id, {{"cmd", {"python3", "-c", "import os; os.execv('/usr/bin/python3', ['python3', '-c', 'import sys; print(len(sys.argv))'] + ['x' * 1000] * 1500)"}}});
+  EXPECT_EQ(big["stdout"], "1501\n") << big.dump().substr(0, 2000);
 }
 
 // A process whose judged exec failed stays traced until its next exec or
