@@ -323,6 +323,8 @@ class FrameReader {
   // Returns the next frame, an empty optional-like (false) when more bytes are
   // needed, or an error when the stream is corrupt.
   Result<bool> next(Frame& out);
+  // Bytes of a frame not yet whole.
+  bool partial() const { return !buffer_.empty(); }
 
  private:
   std::string buffer_;

@@ -349,7 +349,10 @@ int Supervisor::run() {
     fds.push_back({signalFd_.get(), POLLIN, 0});
     fds.push_back({rendezvous_, POLLIN, 0});
     fds.push_back({launcher_.readyFd(), POLLIN, 0});
-    fds.push_back({execListener_ ? execListener_.get() : -1, POLLIN, 0});
+    // Not while the client's message is half read (a large ExecPolicy
+    // comes in pieces): an exec waits for the rules sent before it.
+    bool midMessage = control_ >= 0 && reader_.partial();
+    fds.push_back({execListener_ && !midMessage ? execListener_.get() : -1, POLLIN, 0});
     constexpr size_t kFirstStream = 5;
     for (auto& [id, p] : processes_) {
       // Output waits in the pipe until the launch is reported (Spawned

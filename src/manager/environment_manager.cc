@@ -436,9 +436,10 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
       ++warmClaims_;  // counted once it is one
       ++poolClaims_[*warm];
       lock.unlock();
+      // Its permissions are the claimer's: told before anyone else may reach it.
+      sendExecPolicy(record.id, ready.connection);
       held.run();
       poolCv_.notify_all();  // refill
-      sendExecPolicy(record.id, ready.connection);  // its permissions are the claimer's
       audit_.record("environment.created", record.id, record.owner, createdData(record, true));
       if (request.network.mode != egress::Mode::kNone) {
         Status plugged = connectNetworkUnlessSet(record.id, request.network, request.secrets);
