@@ -306,9 +306,13 @@ TEST_F(Gate, EveryProgramAnswersToRunCommandHoweverItStarts) {
     EXPECT_NE(r["stderr"].get<std::string>().find("Operation not permitted"), std::string::npos) << script << ": " << r.dump();
   }
   // What the rules allow still runs, nested too.
-  json ok = exec(id, {{"cmd", {"sh", "-c", "rm /workspace/keep && ls /workspace"}}});
+  // Also a copied binary and a script run by a relative path through env
+  // (files of the environment's own layer; an interpreter found by a symlink).
+  json ok = exec(id, {{"cmd", {"sh", "-c",
+                               "cd /tmp && cp /bin/true t && ./t && printf '#!/usr/bin/env sh\\necho env-ok\\n' > e && "
+                               "chmod +x e && ./e && rm /workspace/keep && ls /workspace"}}});
   EXPECT_EQ(ok["exit_code"], 0) << ok.dump();
-  EXPECT_EQ(ok["stdout"], "d\n");
+  EXPECT_EQ(ok["stdout"], "env-ok\nd\n") << ok.dump();
   // The refusals are in the log with what was run and by whom.
   std::string events;
   for (int i = 0; i < 200 && events.find("\"program\"") == std::string::npos; ++i) {
