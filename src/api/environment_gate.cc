@@ -77,7 +77,12 @@ init::ExecPolicy Api::execPolicyFor(const std::string& id) {
   // no part there.
   init::ExecPolicy policy;
   auto layers = manager_.permissions(id);
-  if (!layers.ok()) return policy;  // not an environment (yet): nothing to judge
+  // Not an environment (yet: a warm one, its claimer unknown): moatd judges
+  // what it runs, until it is claimed and told.
+  if (!layers.ok()) {
+    policy.mode = init::ExecPolicy::kAsk;
+    return policy;
+  }
   std::vector<const gate::Permissions*> all;
   for (const auto& layer : layers.value()) all.push_back(&layer);
   std::shared_ptr<const gate::Permissions> ceiling;

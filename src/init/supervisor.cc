@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -105,29 +106,30 @@ void Supervisor::handleExecNotification() {
   // The first exec of a command this loop launched: the client judged it.
   if (launcher_.claimLaunchExec(n->pid, attempt->filename)) return answerExec(n->id, true);
   if (!os::execNotificationValid(execListener_.get(), n->id)) return;  // its pid may be another's now
-  const std::vector<std::string>& argv = attempt->argv.empty() ? std::vector<std::string>{attempt->filename}
-                                                               : attempt->argv;
   uint8_t decision =
-      execPolicy_.mode == ExecPolicy::kLocal ? execPolicy_.judge(judgedArgv(attempt->filename, argv)) : 1;
+      execPolicy_.mode == ExecPolicy::kLocal ? execPolicy_.judge(judgedArgv(attempt->filename, attempt->argv)) : 1;
   // A person cannot read megabytes of arguments: what is that long is not asked about.
-  if (decision == 1 && bytesOf(argv) > kAskBytes) decision = 2;
-  JudgedExec judged{attempt->execFn, attempt->argv, attempt->procPath, {}, false};
+  if (decision == 1 && bytesOf(attempt->argv) > kAskBytes) decision = 2;
   ExecReport report;
   report.pid = static_cast<uint32_t>(n->pid);
   report.decision = decision;
   report.filename = attempt->filename;
-  report.argv = shown(argv);
+  report.argv = shown(attempt->argv.empty() ? std::vector<std::string>{attempt->filename} : attempt->argv);
+  if (decision == 1 && control_ < 0) return answerExec(n->id, false);  // nobody to ask: refused
+  if (decision == 1) {
+    ExecCheck check;
+    check.id = n->id;
+    check.pid = static_cast<uint32_t>(n->pid);
+    check.filename = attempt->filename;
+    check.argv = attempt->argv;  // at most kAskBytes
+    check.parents = os::parentChain(n->pid);
+    send(MsgType::kExecCheck, check.encode());
+  }
+  JudgedExec judged{std::move(attempt->execFn), std::move(attempt->argv), std::move(attempt->procPath),
+                    attempt->viaDescriptor ? attempt->filename : std::string(), {}, false};
   if (decision == 0) return (void)allowJudged(n->id, n->pid, std::move(judged), &report);
   if (decision == 2) return refuseExec(n->id, n->pid, std::move(report));
-  if (control_ < 0) return answerExec(n->id, false);  // nobody to ask: refused
-  ExecCheck check;
-  check.id = n->id;
-  check.pid = static_cast<uint32_t>(n->pid);
-  check.filename = attempt->filename;
-  check.argv = attempt->argv;
-  check.parents = os::parentChain(n->pid);
   pendingExecs_[n->id] = {n->pid, std::move(judged)};
-  send(MsgType::kExecCheck, check.encode());
 }
 
 void Supervisor::refuseExec(uint64_t id, pid_t pid, ExecReport report) {
@@ -151,6 +153,16 @@ bool Supervisor::allowJudged(uint64_t id, pid_t pid, JudgedExec judged, const Ex
     return false;
   }
   auto file = os::identifyExecFile(pid, judged.procPath);
+  // A descriptor's file judged by its name: it must be the file judged (the
+  // descriptor may have been pointed at another since).
+  if (file.ok() && !judged.viaDescriptor.empty() && file->path != judged.viaDescriptor) {
+    ExecReport refused;
+    refused.pid = static_cast<uint32_t>(pid);
+    refused.filename = file->path;
+    refused.argv = shown(judged.argv);
+    refuseExec(id, pid, std::move(refused));
+    return false;
+  }
   if (file.ok()) {
     judged.file = file.value();
     judged.identified = true;
@@ -312,6 +324,29 @@ void Supervisor::adoptConnection() {
   outbox_ += encodeFrame(MsgType::kHello, Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode());
 }
 
+void Supervisor::readClient(bool drain) {
+  constexpr int kDrainReads = 64;  // 4 MiB at most: a client that keeps writing does not hold execs for good
+  for (int i = 0; i < (drain ? kDrainReads : 1) && control_ >= 0; ++i) {
+    char buf[65536];
+    ssize_t n = drain ? ::recv(control_, buf, sizeof buf, MSG_DONTWAIT) : ::read(control_, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (drain && n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOTSOCK)) return;
+    if (n <= 0) return disconnect();
+    reader_.feed(buf, static_cast<size_t>(n));
+    Frame frame;
+    for (;;) {
+      auto next = reader_.next(frame);
+      if (!next.ok()) {
+        protocolError(next.error().message());
+        return disconnect();
+      }
+      if (!next.value()) break;
+      handleFrame(frame);
+      if (control_ < 0) return;  // the frame ended the connection
+    }
+  }
+}
+
 void Supervisor::protocolError(const std::string& message) {
   send(MsgType::kProtocolError, Encoder().bytes(message).take());
 }
@@ -376,25 +411,14 @@ int Supervisor::run() {
     if (ready > 0) {
       if (fds[2].revents & (POLLIN | POLLHUP | POLLERR)) adoptConnection();
       if (control_ >= 0 && fds[0].fd == control_ && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
-        char buf[65536];
-        ssize_t n = ::read(control_, buf, sizeof buf);
-        if (n <= 0 && !(n < 0 && errno == EINTR)) disconnect();
-        if (n > 0) {
-          reader_.feed(buf, static_cast<size_t>(n));
-          Frame frame;
-          for (;;) {
-            auto next = reader_.next(frame);
-            if (!next.ok()) {
-              protocolError(next.error().message());
-              disconnect();
-              break;
-            }
-            if (!next.value()) break;
-            handleFrame(frame);
-          }
-        }
+        readClient(false);
       }
-      if (fds[4].revents & POLLIN) handleExecNotification();
+      if (fds[4].revents & POLLIN) {
+        // What the client wrote before this exec began is read first (rules
+        // it sent judge it); an exec waits while a message is half read.
+        if (control_ >= 0) readClient(true);
+        if (!(control_ >= 0 && reader_.partial())) handleExecNotification();
+      }
       // Before the streams: a process's Spawned goes out before its output.
       if (fds[3].revents & POLLIN) {
         for (auto& launch : launcher_.takeFinished()) launched(std::move(launch));

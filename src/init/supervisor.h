@@ -108,12 +108,16 @@ class Supervisor {
 
   void disconnect();
   void adoptConnection();
+  // Reads what the client wrote (one read, or with `drain` until nothing
+  // more waits, 4 MiB at most) and handles each whole frame.
+  void readClient(bool drain);
   // What an exec was judged as, checked again once it has run (the
   // kernel reads the request again after the answer: os/exec_trace.h).
   struct JudgedExec {
     std::string execFn;
     std::vector<std::string> argv;
     std::string procPath;  // the file it names, as moat-init reaches it
+    std::string viaDescriptor;  // fexecve: the name judged, its descriptor's file's (else "")
     os::ExecFile file;     // what that file was when the exec went on
     bool identified = false;
     bool any = false;  // allowed without judging (the permissions allow every program)

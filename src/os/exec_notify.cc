@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 
 // Linux 6.6; Debian 12's headers predate them.
 #ifndef SECCOMP_IOCTL_NOTIF_SET_FLAGS
@@ -115,20 +116,60 @@ ssize_t readMemory(pid_t pid, uint64_t addr, void* out, size_t len) {
   return ::process_vm_readv(pid, &local, 1, remote, first < len ? 2 : 1, 0);
 }
 
-// A NUL-terminated string at `addr` of the process, at most `room` bytes.
-Result<std::string> readString(pid_t pid, uint64_t addr, size_t room) {
-  std::string out;
-  char buf[4096];
-  while (out.size() < room) {
-    ssize_t n = readMemory(pid, addr + out.size(), buf, sizeof buf);
-    if (n <= 0) return Error::fromErrno("read exec argument", n == 0 ? EFAULT : errno);
-    const char* end = static_cast<const char*>(std::memchr(buf, '\0', static_cast<size_t>(n)));
-    if (end) return out.append(buf, static_cast<size_t>(end - buf));
-    out.append(buf, static_cast<size_t>(n));
+// NUL-terminated strings of another process, read through a window of its
+// memory: an argv's strings usually lie side by side, so one read serves
+// many (and a million pointers to one string cost one read, not a million).
+class RemoteStrings {
+ public:
+  explicit RemoteStrings(pid_t pid) : pid_(pid) {}
+
+  // The string at `addr`, at most `room` bytes (cut to `room` when longer).
+  Result<std::string> read(uint64_t addr, size_t room) {
+    std::string out;
+    while (out.size() < room) {
+      uint64_t at = addr + out.size();
+      if (at < start_ || at >= start_ + len_) MOAT_TRY(fill(at));
+      size_t off = static_cast<size_t>(at - start_);
+      const char* p = window_ + off;
+      const char* end = static_cast<const char*>(std::memchr(p, '\0', len_ - off));
+      if (end) {
+        out.append(p, static_cast<size_t>(end - p));
+        break;
+      }
+      out.append(p, len_ - off);
+    }
+    if (out.size() > room) out.resize(room);
+    return out;
   }
-  out.resize(room);
-  return out;  // cut: longer than what is shown
-}
+
+ private:
+  static constexpr size_t kWindow = 64u << 10;
+  static constexpr uint64_t kPage = 4096;
+
+  // Up to kWindow bytes from `at`, as far as the mapping goes: split where
+  // pages end, since process_vm_readv transfers whole iovec elements only.
+  Status fill(uint64_t at) {
+    struct iovec remote[kWindow / kPage + 1];
+    size_t count = 0, total = 0;
+    while (total < kWindow) {
+      uint64_t from = at + total;
+      size_t piece = std::min<uint64_t>(kWindow - total, kPage - from % kPage);
+      remote[count++] = {reinterpret_cast<void*>(from), piece};
+      total += piece;
+    }
+    struct iovec local{window_, kWindow};
+    ssize_t n = ::process_vm_readv(pid_, &local, 1, remote, count, 0);
+    if (n <= 0) return Error::fromErrno("read exec argument", n == 0 ? EFAULT : errno);
+    start_ = at;
+    len_ = static_cast<size_t>(n);
+    return {};
+  }
+
+  pid_t pid_;
+  char window_[kWindow];
+  uint64_t start_ = 0;
+  size_t len_ = 0;
+};
 
 }  // namespace
 
@@ -137,32 +178,34 @@ Result<ExecAttempt> readExecAttempt(const ExecNotification& n) {
   uint64_t pathAddr = at ? n.args[1] : n.args[0];
   uint64_t argvAddr = at ? n.args[2] : n.args[1];
   ExecAttempt a;
-  MOAT_ASSIGN(a.filename, readString(n.pid, pathAddr, 4096));
+  auto strings = std::make_unique<RemoteStrings>(n.pid);  // 64 KiB: not on moat-init's stack
+  MOAT_ASSIGN(a.filename, strings->read(pathAddr, 4096));
   const int dirfd = static_cast<int>(n.args[0]);
+  const bool emptyPath = at && a.filename.empty();  // fexecve: the descriptor's file
+  const std::string proc = "/proc/" + std::to_string(n.pid);
   if (!at || dirfd == AT_FDCWD || a.filename.rfind('/', 0) == 0) {
     a.execFn = a.filename;
   } else {
-    a.execFn = "/dev/fd/" + std::to_string(dirfd) + (a.filename.empty() ? "" : "/" + a.filename);
-  }
-  if (at && a.filename.empty()) {
-    // fexecve: the program is the descriptor's file.
-    char target[4096];
-    std::string link = "/proc/" + std::to_string(n.pid) + "/fd/" + std::to_string(static_cast<int>(n.args[0]));
-    ssize_t len = ::readlink(link.c_str(), target, sizeof target);
-    if (len > 0) a.filename.assign(target, static_cast<size_t>(len));
+    a.execFn = "/dev/fd/" + std::to_string(dirfd) + (emptyPath ? "" : "/" + a.filename);
   }
   // The file the kernel will open, from moat-init (pid 1 of the same
   // namespaces): through the process's own root, working directory or
   // descriptor, which name resolution inside starts from.
-  const std::string proc = "/proc/" + std::to_string(n.pid);
-  if (at && a.filename.empty()) {
+  if (emptyPath) {
     a.procPath = proc + "/fd/" + std::to_string(dirfd);
-  } else if (!a.filename.empty() && a.filename[0] == '/') {
+  } else if (a.filename[0] == '/') {
     a.procPath = proc + "/root" + a.filename;
   } else if (!at || dirfd == AT_FDCWD) {
     a.procPath = proc + "/cwd/" + a.filename;
   } else {
     a.procPath = proc + "/fd/" + std::to_string(dirfd) + "/" + a.filename;
+  }
+  if (emptyPath) {
+    // The name judged is the descriptor's file's.
+    a.viaDescriptor = true;
+    char target[4096];
+    ssize_t len = ::readlink(a.procPath.c_str(), target, sizeof target);
+    if (len > 0) a.filename.assign(target, static_cast<size_t>(len));
   }
   if (!argvAddr) return a;
   size_t used = a.filename.size();
@@ -184,7 +227,7 @@ Result<ExecAttempt> readExecAttempt(const ExecNotification& n) {
     used += sizeof(uint64_t);
     if (used >= kMaxBytes) return Error::fromErrno("read exec argv: longer than any exec takes", E2BIG);
     size_t room = kMaxBytes - used;
-    MOAT_ASSIGN(std::string arg, readString(n.pid, ptr, room));
+    MOAT_ASSIGN(std::string arg, strings->read(ptr, room));
     if (arg.size() == room) return Error::fromErrno("read exec argv: longer than any exec takes", E2BIG);
     used += arg.size() + 1;
     a.argv.push_back(std::move(arg));

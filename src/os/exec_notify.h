@@ -42,6 +42,7 @@ struct ExecAttempt {
   std::string execFn;
   // The same file as moat-init reaches it: /proc/PID/{root,cwd,fd/N}/...
   std::string procPath;
+  bool viaDescriptor = false;  // fexecve: `filename` is the descriptor's file's name
 };
 // What the exec asked for, read from the process's memory (process_vm_readv),
 // whole: an argv longer than the kernel takes is an error (E2BIG).

@@ -131,30 +131,85 @@ Result<FileId> statId(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+bool spaceTab(char c) { return c == ' ' || c == '\t'; }
+
+// The kernel's load_script (fs/binfmt_script.c), on the first 256 bytes
+// zero-padded: false where it answers ENOEXEC.
+bool parseScriptLine(const char (&buf)[256], ExecFile& file) {
+  if (buf[0] != '#' || buf[1] != '!') return false;
+  const size_t bufEnd = sizeof buf - 1;
+  auto nextNonSpaceTab = [&](size_t from, size_t last) -> size_t {
+    for (size_t i = from; i < last; ++i) {
+      if (!spaceTab(buf[i])) return i;
+    }
+    return std::string::npos;
+  };
+  auto nextTerminator = [&](size_t from, size_t last) -> size_t {
+    for (size_t i = from; i < last; ++i) {
+      if (spaceTab(buf[i]) || buf[i] == '\0') return i;
+    }
+    return std::string::npos;
+  };
+  size_t end = std::string::npos;
+  for (size_t i = 0; i < sizeof buf && buf[i] != '\0'; ++i) {
+    if (buf[i] == '\n') {
+      end = i;
+      break;
+    }
+  }
+  if (end == std::string::npos) {
+    size_t first = nextNonSpaceTab(2, bufEnd);
+    if (first == std::string::npos) return false;  // all blanks
+    if (nextTerminator(first, bufEnd) == std::string::npos) return false;  // the name may be cut
+    end = bufEnd;
+  }
+  while (spaceTab(buf[end - 1])) --end;
+  size_t name = nextNonSpaceTab(2, end);
+  if (name == std::string::npos || name == end) return false;  // no interpreter
+  size_t sep = nextTerminator(name, end);
+  // Strings end at the first NUL, as the kernel's copies do.
+  auto cString = [&](size_t from, size_t to) {
+    std::string out(buf + from, to - from);
+    return out.substr(0, out.find('\0'));
+  };
+  file.interpreter = cString(name, sep == std::string::npos ? end : sep);
+  if (sep != std::string::npos && buf[sep] != '\0') {
+    size_t arg = nextNonSpaceTab(sep, end);
+    if (arg != std::string::npos) {
+      file.hasInterpreterArg = true;
+      file.interpreterArg = cString(arg, end);
+    }
+  }
+  file.script = true;
+  return true;
+}
+
+}  // namespace
+
 Result<ExecFile> identifyExecFile(pid_t pid, const std::string& procPath) {
-  UniqueFd fd(::open(procPath.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) return Error::fromErrno("open " + procPath);
+  // Not opened for reading until it is known to be a regular file: a FIFO
+  // (or a device) at an allowed name would hold moat-init in open(2). The
+  // kernel runs nothing else (EACCES).
+  UniqueFd path(::open(procPath.c_str(), O_PATH | O_CLOEXEC));
+  if (!path) return Error::fromErrno("open " + procPath);
   struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return Error::fromErrno("fstat " + procPath);
+  if (::fstat(path.get(), &st) != 0) return Error::fromErrno("fstat " + procPath);
+  if (!S_ISREG(st.st_mode)) return Error::fromErrno(procPath + " is not a regular file", EACCES);
   ExecFile file;
   file.id = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
-  // The kernel reads the first 256 bytes (BINPRM_BUF_SIZE) for the line.
-  char buf[256];
+  std::string reopen = "/proc/self/fd/" + std::to_string(path.get());
+  char name[4096];
+  ssize_t len = ::readlink(reopen.c_str(), name, sizeof name);
+  if (len > 0) file.path.assign(name, static_cast<size_t>(len));
+  // Without blocking on a lease another process holds (EWOULDBLOCK).
+  UniqueFd fd(::open(reopen.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  if (!fd) return Error::fromErrno("open " + procPath);
+  char buf[256] = {};
   ssize_t n = ::pread(fd.get(), buf, sizeof buf, 0);
-  if (n < 2 || buf[0] != '#' || buf[1] != '!') return file;
-  std::string line(buf + 2, static_cast<size_t>(n) - 2);
-  line = line.substr(0, line.find_first_of(std::string("\n\0", 2)));
-  auto blank = [](char c) { return c == ' ' || c == '\t'; };
-  while (!line.empty() && blank(line.back())) line.pop_back();
-  size_t start = 0;
-  while (start < line.size() && blank(line[start])) ++start;
-  size_t end = start;
-  while (end < line.size() && !blank(line[end])) ++end;
-  if (end == start) return file;  // no interpreter: the kernel refuses it (ENOEXEC)
-  file.script = true;
-  file.interpreter = line.substr(start, end - start);
-  while (end < line.size() && blank(line[end])) ++end;
-  file.interpreterArg = line.substr(end);
+  if (n < 0) return Error::fromErrno("read " + procPath);
+  if (!parseScriptLine(buf, file)) return file;
   const std::string proc = "/proc/" + std::to_string(pid);
   auto interpreter = statId(file.interpreter[0] == '/' ? proc + "/root" + file.interpreter
                                                        : proc + "/cwd/" + file.interpreter);
@@ -175,7 +230,7 @@ pid_t tracerOf(pid_t pid) {
 std::vector<std::string> scriptArgv(const ExecFile& file, const std::string& execFn,
                                     const std::vector<std::string>& argv) {
   std::vector<std::string> out{file.interpreter};
-  if (!file.interpreterArg.empty()) out.push_back(file.interpreterArg);
+  if (file.hasInterpreterArg) out.push_back(file.interpreterArg);
   out.push_back(execFn);
   for (size_t i = 1; i < argv.size(); ++i) out.push_back(argv[i]);
   return out;

@@ -61,9 +61,11 @@ struct FileId {
 // kernel finds it, from the process's root or working directory.
 struct ExecFile {
   FileId id;
+  std::string path;  // the file's name as moat-init sees it (readlink of what it opened)
   bool script = false;
   std::string interpreter;
-  std::string interpreterArg;  // "" when the line gives none
+  bool hasInterpreterArg = false;  // the line gives one (which may be "")
+  std::string interpreterArg;
   FileId interpreterId;
 };
 Result<ExecFile> identifyExecFile(pid_t pid, const std::string& procPath);

@@ -3,6 +3,7 @@
 // tracee's stop is.
 #include <signal.h>
 #include <sys/ptrace.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -30,6 +31,7 @@ ExecFile script(FileId id, std::string interpreter, std::string arg, FileId inte
   f.id = id;
   f.script = true;
   f.interpreter = std::move(interpreter);
+  f.hasInterpreterArg = !arg.empty();
   f.interpreterArg = std::move(arg);
   f.interpreterId = interpreterId;
   return f;
@@ -83,6 +85,22 @@ TEST(ExecTrace, AFileIsIdentifiedWithItsInterpreter) {
   ASSERT_TRUE(plain.ok());
   EXPECT_FALSE(plain->script);
   EXPECT_NE(plain->id, s->id);
+  // Lines without a newline, as the kernel reads them: an argument keeps
+  // its trailing blank, and a blank after the name is an empty argument.
+  std::ofstream(dir / "nonl-arg") << "#!/bin/sh -x ";
+  std::ofstream(dir / "nonl-blank") << "#!/bin/sh ";
+  auto nonlArg = identifyExecFile(::getpid(), self + (dir / "nonl-arg").string());
+  ASSERT_TRUE(nonlArg.ok());
+  EXPECT_EQ(nonlArg->interpreterArg, "-x ");
+  auto nonlBlank = identifyExecFile(::getpid(), self + (dir / "nonl-blank").string());
+  ASSERT_TRUE(nonlBlank.ok());
+  EXPECT_TRUE(nonlBlank->hasInterpreterArg);
+  EXPECT_EQ(nonlBlank->interpreterArg, "");
+  EXPECT_EQ(scriptArgv(nonlBlank.value(), "/s", {"s"}), (std::vector<std::string>{"/bin/sh", "", "/s"}));
+  // A FIFO at the name: refused without waiting for a writer.
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0755), 0);
+  auto fifo = identifyExecFile(::getpid(), self + (dir / "fifo").string());
+  EXPECT_FALSE(fifo.ok());
   auto empty = identifyExecFile(::getpid(), self + (dir / "empty").string());
   ASSERT_TRUE(empty.ok());
   EXPECT_FALSE(empty->script) << "no interpreter: the kernel refuses it";
