@@ -128,6 +128,7 @@ void runViewer(const std::shared_ptr<manager::Process>& process, websocket::Conn
   std::atomic<bool> leaving{false};
   std::thread pump([&] { pumpOutput(process, socket, leaving, stillActive); });
   websocket::Message message;
+  bool processEnded = false;
   while (socket.receive(message)) {
     if (message.opcode == websocket::Opcode::kBinary) {
       // Input its program does not read waits (1 MiB of it, then this
@@ -139,7 +140,13 @@ void runViewer(const std::shared_ptr<manager::Process>& process, websocket::Conn
         (void)socket.sendText(json{{"type", "error"}, {"message", "input not delivered: " + s.error().message()}}.dump());
         continue;
       }
-      if (!s.ok()) break;
+      if (!s.ok()) {
+        // Input that came after the end (a viewer typing ahead, a pipe's
+        // last bytes): the pump still sends what the program wrote and
+        // its exit, and closes.
+        processEnded = process->info().ended();
+        break;
+      }
       typed.add(message.data);
     } else {
       handleControl(process, socket, message.data, note);
@@ -147,8 +154,10 @@ void runViewer(const std::shared_ptr<manager::Process>& process, websocket::Conn
   }
   typed.flush();
   note("terminal.detached", {{"process", process->id()}});
-  leaving = true;
-  process->wake();
+  if (!processEnded) {
+    leaving = true;
+    process->wake();
+  }
   pump.join();
   // Like closing a terminal window: the last viewer to leave hangs it up.
   // A shell still starting may not have its SIGHUP handler yet, or ignores
