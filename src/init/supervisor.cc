@@ -132,6 +132,10 @@ void Supervisor::handleExecNotification() {
   pendingExecs_[n->id] = {n->pid, std::move(judged)};
 }
 
+void Supervisor::refusePendingExecs() {
+  while (!pendingExecs_.empty()) answerExec(pendingExecs_.begin()->first, false);
+}
+
 void Supervisor::refuseExec(uint64_t id, pid_t pid, ExecReport report) {
   report.decision = 2;
   report.parents = os::parentChain(pid);  // while the process still waits
@@ -156,11 +160,7 @@ bool Supervisor::allowJudged(uint64_t id, pid_t pid, JudgedExec judged, const Ex
   // A descriptor's file judged by its name: it must be the file judged (the
   // descriptor may have been pointed at another since).
   if (file.ok() && !judged.viaDescriptor.empty() && file->path != judged.viaDescriptor) {
-    ExecReport refused;
-    refused.pid = static_cast<uint32_t>(pid);
-    refused.filename = file->path;
-    refused.argv = shown(judged.argv);
-    refuseExec(id, pid, std::move(refused));
+    refuseExec(id, pid, {static_cast<uint32_t>(pid), 2, file->path, shown(judged.argv), {}});
     return false;
   }
   if (file.ok()) {
@@ -171,11 +171,7 @@ bool Supervisor::allowJudged(uint64_t id, pid_t pid, JudgedExec judged, const Ex
       // allow it (an ask for it is a refusal: nobody was asked).
       auto interpreterArgv = os::scriptArgv(judged.file, judged.execFn, judged.argv);
       if (execPolicy_.judge(judgedArgv(judged.file.interpreter, interpreterArgv)) != 0) {
-        ExecReport refused;
-        refused.pid = static_cast<uint32_t>(pid);
-        refused.filename = judged.file.interpreter;
-        refused.argv = shown(interpreterArgv);
-        refuseExec(id, pid, std::move(refused));
+        refuseExec(id, pid, {static_cast<uint32_t>(pid), 2, judged.file.interpreter, shown(interpreterArgv), {}});
         return false;
       }
     }
@@ -183,11 +179,7 @@ bool Supervisor::allowJudged(uint64_t id, pid_t pid, JudgedExec judged, const Ex
   // Traced until the exec has run. EPERM: another process traces it, or
   // this loop already does (an earlier exec that failed).
   if (!os::traceExec(pid).ok() && os::tracerOf(pid) != ::getpid()) {
-    ExecReport refused;
-    refused.pid = static_cast<uint32_t>(pid);
-    refused.filename = judged.execFn;
-    refused.argv = shown(judged.argv);
-    refuseExec(id, pid, std::move(refused));
+    refuseExec(id, pid, {static_cast<uint32_t>(pid), 2, judged.execFn, shown(judged.argv), {}});
     return false;
   }
   traced_[pid] = std::move(judged);
@@ -295,9 +287,7 @@ void Supervisor::disconnect() {
   reader_ = FrameReader();
   outbox_.clear();
   // Questions the client will never answer: refused, as anything not judged is.
-  std::vector<uint64_t> unanswered;
-  for (const auto& [id, pending] : pendingExecs_) unanswered.push_back(id);
-  for (uint64_t id : unanswered) answerExec(id, false);
+  refusePendingExecs();
 }
 
 void Supervisor::adoptConnection() {
@@ -311,9 +301,7 @@ void Supervisor::adoptConnection() {
   if (control_ >= 0) {
     // A client that went without this loop seeing it go: its questions
     // will not be answered (the next client never saw them).
-    std::vector<uint64_t> unanswered;
-    for (const auto& [id, pending] : pendingExecs_) unanswered.push_back(id);
-    for (uint64_t id : unanswered) answerExec(id, false);
+    refusePendingExecs();
     ::close(control_);
   }
   control_ = fd.release();

@@ -134,6 +134,9 @@ class Supervisor {
   // longer stands, a script's interpreter is not allowed, or the process
   // cannot be traced (another process traces it).
   bool allowJudged(uint64_t id, pid_t pid, JudgedExec judged, const ExecReport* report);
+  // Refuses every exec waiting for a verdict (the client that would give
+  // it is gone).
+  void refusePendingExecs();
   // Fails the exec with EPERM and reports it at once (with its parents).
   void refuseExec(uint64_t id, pid_t pid, ExecReport report);
   // A traced process stopped: after its exec, it goes on if it runs what

@@ -95,6 +95,21 @@ bool execNotificationValid(int listener, uint64_t id) {
   return ::ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, &id) == 0;
 }
 
+ssize_t readProcessMemory(pid_t pid, uint64_t addr, void* out, size_t len) {
+  constexpr uint64_t kPage = 4096;
+  constexpr size_t kMaxPieces = 64;  // 256 KiB
+  struct iovec remote[kMaxPieces];
+  size_t count = 0, total = 0;
+  while (total < len && count < kMaxPieces) {
+    uint64_t from = addr + total;
+    size_t piece = std::min<uint64_t>(len - total, kPage - from % kPage);
+    remote[count++] = {reinterpret_cast<void*>(from), piece};
+    total += piece;
+  }
+  struct iovec local{out, total};
+  return ::process_vm_readv(pid, &local, 1, remote, count, 0);
+}
+
 namespace {
 
 // More than the kernel takes (the arguments and the environment together
@@ -102,19 +117,6 @@ namespace {
 // this long fails with E2BIG anyway, and every exec shorter is read whole.
 constexpr size_t kMaxBytes = 8u << 20;
 constexpr size_t kPointersPerRead = 512;  // one page of the argv array
-
-// Up to `len` (<= one page) bytes of the process's memory at `addr`:
-// fewer where the mapping ends. process_vm_readv transfers whole iovec
-// elements only, so the read is split where a page ends. One call, no
-// descriptor to open: cheaper per exec than /proc/PID/mem.
-ssize_t readMemory(pid_t pid, uint64_t addr, void* out, size_t len) {
-  constexpr uint64_t kPage = 4096;
-  size_t first = std::min<uint64_t>(len, kPage - addr % kPage);
-  struct iovec local{out, len};
-  struct iovec remote[2] = {{reinterpret_cast<void*>(addr), first},
-                            {reinterpret_cast<void*>(addr + first), len - first}};
-  return ::process_vm_readv(pid, &local, 1, remote, first < len ? 2 : 1, 0);
-}
 
 // NUL-terminated strings of another process, read through a window of its
 // memory: an argv's strings usually lie side by side, so one read serves
@@ -144,21 +146,10 @@ class RemoteStrings {
 
  private:
   static constexpr size_t kWindow = 64u << 10;
-  static constexpr uint64_t kPage = 4096;
 
-  // Up to kWindow bytes from `at`, as far as the mapping goes: split where
-  // pages end, since process_vm_readv transfers whole iovec elements only.
+  // Up to kWindow bytes from `at`, as far as the mapping goes.
   Status fill(uint64_t at) {
-    struct iovec remote[kWindow / kPage + 1];
-    size_t count = 0, total = 0;
-    while (total < kWindow) {
-      uint64_t from = at + total;
-      size_t piece = std::min<uint64_t>(kWindow - total, kPage - from % kPage);
-      remote[count++] = {reinterpret_cast<void*>(from), piece};
-      total += piece;
-    }
-    struct iovec local{window_, kWindow};
-    ssize_t n = ::process_vm_readv(pid_, &local, 1, remote, count, 0);
+    ssize_t n = readProcessMemory(pid_, at, window_, kWindow);
     if (n <= 0) return Error::fromErrno("read exec argument", n == 0 ? EFAULT : errno);
     start_ = at;
     len_ = static_cast<size_t>(n);
@@ -216,7 +207,7 @@ Result<ExecAttempt> readExecAttempt(const ExecNotification& n) {
     if (i == base + have) {
       // The next piece of the pointer array (as much of it as is mapped).
       base = i;
-      ssize_t got = readMemory(n.pid, argvAddr + i * sizeof(uint64_t), ptrs, sizeof ptrs);
+      ssize_t got = readProcessMemory(n.pid, argvAddr + i * sizeof(uint64_t), ptrs, sizeof ptrs);
       if (got < static_cast<ssize_t>(sizeof(uint64_t))) {
         return Error::fromErrno("read exec argv", got < 0 ? errno : EFAULT);
       }

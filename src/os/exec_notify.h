@@ -34,6 +34,11 @@ Status answerExecNotification(int listener, uint64_t id, bool allow, int err = E
 // not reused since what was read of it).
 bool execNotificationValid(int listener, uint64_t id);
 
+// Up to `len` bytes of another process's memory at `addr`, fewer where its
+// mapping ends (process_vm_readv transfers whole iovec elements only, so the
+// read is split where each page ends). -1 with errno on failure.
+ssize_t readProcessMemory(pid_t pid, uint64_t addr, void* out, size_t len);
+
 struct ExecAttempt {
   std::string filename;  // the file it names (fexecve: the descriptor's file)
   std::vector<std::string> argv;

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "common/unique_fd.h"
+#include "os/exec_notify.h"
 
 namespace moat::os {
 
@@ -100,13 +101,7 @@ Result<ExecImage> readExecImage(pid_t pid, size_t maxBytes) {
   }
   if (!execFnAddr) return Error::make("exec", "no AT_EXECFN in the new program's auxiliary vector");
   char name[4097];
-  struct iovec local{name, sizeof name - 1};
-  // Within one page at most: the name's page is the stack's, mapped whole.
-  size_t toPageEnd = 4096 - execFnAddr % 4096;
-  struct iovec remote[2] = {{reinterpret_cast<void*>(execFnAddr), std::min<size_t>(toPageEnd, sizeof name - 1)},
-                            {reinterpret_cast<void*>(execFnAddr + toPageEnd),
-                             sizeof name - 1 > toPageEnd ? sizeof name - 1 - toPageEnd : 0}};
-  ssize_t got = ::process_vm_readv(pid, &local, 1, remote, remote[1].iov_len ? 2 : 1, 0);
+  ssize_t got = readProcessMemory(pid, execFnAddr, name, sizeof name - 1);
   if (got <= 0) return Error::fromErrno("read the new program's name", got == 0 ? EFAULT : errno);
   name[got] = '\0';
   image.execFn = name;
