@@ -13,7 +13,13 @@ do not count):
   kernel's notification and one answer);
 - moatd, run_command rules: moat-init reads each exec's argv from the
   process's memory, judges it by the rules moatd gave it and reports it
-  (program.started, batched); no round trip to moatd.
+  (program.started, batched); no round trip to moatd; then traces each
+  allowed exec until it has happened (the second look).
+
+and, as the floor of what the gate can cost on this machine, the kernel's
+mechanism alone on the host (moat-exec-floor-bench): the same loop with no
+filter, with the gate's seccomp filter answered at once, and with each exec
+also traced to its stop after the exec.
 
   bench/exec_gate.py --bin-dir build/bin [--rounds 15] [--execs 200]
 
@@ -55,6 +61,9 @@ def main():
             assert status == 201, (status, r)
             envs[name] = r["id"]
         samples = {"moat run": [], "moatd, default permissions": [], "moatd, run_command rules": []}
+        floor_samples = {"host, no filter": [], "host, seccomp listener answering at once": [],
+                         "host, listener and trace to the exec's stop": []}
+        floor_bin = os.path.join(args.bin_dir, "moat-exec-floor-bench")
         state = tempfile.mkdtemp(prefix="moat-bench-gate-cli-")
         for _ in range(args.rounds):
             out = subprocess.run([os.path.join(args.bin_dir, "moat"), "run", "--", "sh", "-c", loop],
@@ -64,12 +73,23 @@ def main():
                 status, r = m.call("POST", f"/v1/environments/{envs[name]}/exec", {"cmd": ["sh", "-c", loop]})
                 assert status == 200 and r["exit_code"] == 0, (status, r)
                 samples[label].append(int(r["stdout"]) / args.execs)
+            for mode, label in zip(("none", "notify", "trace"), floor_samples):
+                out = subprocess.run([floor_bin, mode, str(args.execs)], capture_output=True, text=True, check=True)
+                floor_samples[label].append(float(out.stdout))
         floor = statistics.median(samples["moat run"])
         print(f"| setup | µs per exec of /bin/true (median of {args.rounds}) | gate's cost |")
         print("|---|---:|---:|")
         for label, values in samples.items():
             med = statistics.median(values)
             cost = "" if label == "moat run" else f"{med - floor:+.0f} µs ({(med - floor) / floor * 100:+.1f} %)"
+            print(f"| {label} | {med:.0f} | {cost} |")
+        print()
+        print(f"| the mechanism alone | µs per exec (median of {args.rounds}) | its cost |")
+        print("|---|---:|---:|")
+        host = statistics.median(floor_samples["host, no filter"])
+        for label, values in floor_samples.items():
+            med = statistics.median(values)
+            cost = "" if label == "host, no filter" else f"{med - host:+.0f} µs ({(med - host) / host * 100:+.1f} %)"
             print(f"| {label} | {med:.0f} | {cost} |")
     finally:
         m.stop()

@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "common/encoding.h"
+#include "common/hex.h"
 #include "os/socket.h"
 
 namespace moat::api {
@@ -34,12 +35,6 @@ namespace beast = boost::beast;
 namespace http = boost::beast::http;
 namespace asio = boost::asio;
 
-int hexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 std::string errorBody(const std::string& code, const std::string& message) {
   std::string escaped;

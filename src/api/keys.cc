@@ -2,9 +2,8 @@
 
 #include <openssl/evp.h>
 
-#include <chrono>
-
 #include "api/auth.h"
+#include "common/clock.h"
 #include "common/hex.h"
 
 namespace moat::api {
@@ -22,12 +21,6 @@ std::shared_ptr<const gate::Permissions> ceilingFrom(const std::string& stored) 
     for (gate::Scope s : gate::kScopes) ceiling.scope(s).rules = {gate::Rule{}};
   }
   return std::make_shared<const gate::Permissions>(ceiling);
-}
-
-int64_t nowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "api/api.h"
 #include "api/validation.h"
 #include "common/hex.h"
+#include "common/text.h"
 #include "mcp/session.h"
 
 namespace moat::api {
@@ -15,14 +16,10 @@ constexpr auto kSessionIdle = std::chrono::minutes(30);
 constexpr size_t kMaxSessions = 256;
 constexpr size_t kMaxSessionsPerKey = 16;  // one key cannot take every session
 
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 // "localhost", "127.0.0.1", "[::1]", each with an optional port.
 bool localName(const std::string& hostPort) {
-  std::string h = lower(hostPort);
+  std::string h = asciiLower(hostPort);
   std::string host = h;
   if (!h.empty() && h[0] == '[') {
     auto close = h.find(']');
@@ -83,7 +80,7 @@ std::optional<HttpResponse> Api::mcpGuard(const HttpRequest& head) {
                                                 head.host, ""});
   }
   if (!head.origin.empty()) {
-    std::string o = lower(head.origin);
+    std::string o = asciiLower(head.origin);
     std::string rest = o.rfind("http://", 0) == 0 ? o.substr(7) : o.rfind("https://", 0) == 0 ? o.substr(8) : "";
     if (rest.empty() || !localName(rest)) {
       return errorResponse({403, "forbidden", "/mcp refuses requests from the web origin " + head.origin, ""});

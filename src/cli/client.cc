@@ -23,6 +23,7 @@
 
 #include "cli/exit_codes.h"
 #include "common/encoding.h"
+#include "common/path.h"
 #include "os/file.h"
 
 namespace moat::cli {
@@ -534,7 +535,7 @@ Status readConnectionFlag(FlagReader& flags, ConnectionOptions& options, bool& m
   } else if (name == "--state") {
     MOAT_ASSIGN(std::string v, flags.value());
     if (v.empty() || v[0] != '/') return usageError("--state: must be an absolute path: " + v);
-    options.stateDir = os::normalizePath(v);
+    options.stateDir = moat::normalizePath(v);
   } else if (name == "--token") {
     MOAT_ASSIGN(options.token, flags.value());
   } else {

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
 #include "cli/process_follow.h"
+#include "common/path.h"
 #include "os/file.h"
 
 namespace moat::cli {
@@ -97,7 +98,7 @@ Result<ExecOptions> parseExecOptions(const std::vector<std::string>& args) {
       MOAT_ASSIGN(std::string v, flags.value());
       if (v.empty() || v[0] != '/')
         return usageError("-w: working directory must be absolute: " + v);
-      o.workdir = os::normalizePath(v);
+      o.workdir = moat::normalizePath(v);
     } else {
       MOAT_TRY(readConnectionFlag(flags, o.connection, matched));
     }

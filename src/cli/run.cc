@@ -17,6 +17,7 @@
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
 #include "cli/run_options.h"
+#include "common/base_environment.h"
 #include "common/trace.h"
 #include "common/unique_fd.h"
 #include "init/protocol.h"
@@ -195,7 +196,7 @@ int runCommand(const std::vector<std::string>& args) {
   traceStage("start");
   // The hostname is the environment's id, which the command's HOSTNAME
   // carries: choose it here so the Spawn can be queued before pid 1 starts.
-  options.spec.id = backend::namespaces::newEnvironmentId();
+  options.spec.id = backend::newEnvironmentId();
   options.spec.firstFrames = init::encodeFrame(
       init::MsgType::kSpawn, commandRequest(options.spec.id, options).encode());
   // The network namespace made ahead by an earlier run, if any; the next

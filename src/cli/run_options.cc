@@ -4,12 +4,12 @@
 #include <cstdlib>
 
 #include "cli/client.h"
+#include "common/path.h"
 #include "os/file.h"
 #include "os/tree.h"
 
 namespace moat::cli {
 namespace {
-
 
 
 Result<uint64_t> parseWhole(const std::string& flag, const std::string& value, uint64_t min,
@@ -65,7 +65,7 @@ Result<isolation::fs::BindMount> parseVolume(const std::string& value) {
   bind.target = parts[1];
   auto s = isolation::fs::validateBindTarget(bind.target);
   if (!s.ok()) return usageError("-v: " + s.error().context);
-  bind.target = os::normalizePath(bind.target);
+  bind.target = moat::normalizePath(bind.target);
   return bind;
 }
 
@@ -92,20 +92,6 @@ options:
   --template T      'host' (default) or a root file system directory
   --state DIR       state directory, default $MOAT_STATE or /var/lib/moat
 )";
-}
-
-std::vector<std::string> baseEnvironment(const std::string& hostname, const std::string& cwd) {
-  return {
-      "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-      "HOME=/root",
-      "USER=root",
-      "LOGNAME=root",
-      "SHELL=/bin/sh",
-      "LANG=C.UTF-8",
-      "TERM=xterm-256color",
-      "HOSTNAME=" + hostname,
-      "PWD=" + cwd,
-  };
 }
 
 Result<RunOptions> parseRunOptions(const std::vector<std::string>& args, uint64_t hostMemoryMb,
@@ -190,13 +176,13 @@ Result<RunOptions> parseRunOptions(const std::vector<std::string>& args, uint64_
     } else if (arg == "-w" || arg == "--workdir") {
       MOAT_ASSIGN(std::string v, value(arg, inlineValue));
       if (v.empty() || v[0] != '/') return usageError("-w: working directory must be absolute: " + v);
-      o.workdir = os::normalizePath(v);
+      o.workdir = moat::normalizePath(v);
     } else if (arg == "--template") {
       MOAT_ASSIGN(o.spec.templateName, value(arg, inlineValue));
     } else if (arg == "--state") {
       MOAT_ASSIGN(std::string v, value(arg, inlineValue));
       if (v.empty() || v[0] != '/') return usageError("--state: must be an absolute path: " + v);
-      o.spec.stateDir = os::normalizePath(v);
+      o.spec.stateDir = moat::normalizePath(v);
     } else {
       return usageError("unknown option " + arg);
     }

@@ -25,9 +25,6 @@ struct RunOptions {
 Result<RunOptions> parseRunOptions(const std::vector<std::string>& args, uint64_t hostMemoryMb,
                                    const char* (*lookupHostEnv)(const char*));
 
-// The environment a command starts with: nothing from the host.
-std::vector<std::string> baseEnvironment(const std::string& hostname, const std::string& cwd);
-
 const char* runUsage();
 
 }  // namespace moat::cli

@@ -6,6 +6,13 @@
 
 namespace moat {
 
+int hexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
 std::string toHex(const unsigned char* data, size_t size) {
   static const char* digits = "0123456789abcdef";
   std::string out;

@@ -9,6 +9,8 @@ namespace moat {
 
 // Lowercase hex of raw bytes.
 std::string toHex(const unsigned char* data, size_t size);
+// The value of one hex digit (either case), -1 for any other character.
+int hexValue(char c);
 // `bytes` random bytes from the kernel, as lowercase hex (ids, tokens).
 Result<std::string> randomHex(size_t bytes);
 

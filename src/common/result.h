@@ -21,6 +21,10 @@ struct Error {
   static Error make(std::string code, std::string context) {
     return Error{std::move(code), 0, std::move(context)};
   }
+  // A request's field that cannot be taken: "field: problem".
+  static Error invalidField(const std::string& field, const std::string& problem) {
+    return make("invalid_request", field + ": " + problem);
+  }
   // "context: strerror" or just "context".
   std::string message() const;
 };

@@ -16,10 +16,11 @@
 #include "api/api.h"
 #include "api/auth.h"
 #include "api/http.h"
-#include "api/warm_pool_flag.h"
 #include "common/sanitizer.h"
 #include "api/keys.h"
 #include "audit/log.h"
+#include "backend/namespaces/backend.h"
+#include "daemon/flags.h"
 #include "backend/namespaces/spawner.h"
 #include "common/process_args.h"
 #include "egress/controller.h"
@@ -36,75 +37,10 @@
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT] [--warm-pool N[:SPEC]]...
-             [--max-environments N] [--max-connections N] [--permissions FILE]
-             [--approval-timeout S]
-             [--audit-retention-days N] [--audit-max-events N] [--egress-hosts FILE]
-             [--egress-ca-bundle FILE] [--egress-head-timeout S] [--no-egress]
-             [--key-rate N]
-
-  --state DIR             state directory (default $MOAT_STATE or /var/lib/moat)
-  --listen HOST:PORT      TCP address (default 127.0.0.1:7070; port 0 picks one)
-  --warm-pool N[:SPEC]    keep N environments ready (default 0): of the default
-                          spec, or of SPEC, key=value pairs (template, cpus,
-                          ram_mb, storage_gb, pids) joined by commas; repeatable,
-                          one pool per (template, spec)
-  --max-environments N    at most N environments at once, warm ones included
-                          (1 to 100000, default 256); more is 429 capacity
-  --max-connections N     at most N client connections at once (1 to 100000,
-                          default 512): a newcomer takes the place of the one
-                          idle longest; with all N busy it gets 503
-  --permissions FILE      default permissions of new environments, as JSON
-                          (docs/GATE.md; default: read_file, write_file and
-                          run_command allow, network deny)
-  --approval-timeout S    how long an action that asks a person waits for the
-                          decision before it is denied (1 to 86400, default 120)
-  --lossless-wait S       how long a lossless process (moat exec's) that nobody
-                          follows any more, or yet, waits for a reader before
-                          its output is dropped like any other's (1 to 86400,
-                          default 30)
-  --audit-retention-days N
-                          prune audit events older than N days (default 30;
-                          0 keeps them forever); a checkpoint event keeps the
-                          chain verifiable
-  --audit-max-events N    keep at most N audit events (default 1000000, 0.3 to
-                          0.6 GB; 1000 to 1000000000, 0: no cap): beyond it the
-                          oldest are pruned the same way, down to 9/10 of N
-  --key-rate N            requests per second one API key may send (bursts of
-                          2N; default 200; 0: no limit); more wait their turn,
-                          up to 2 s, then are 429 capacity with a Retry-After
-  --egress-hosts FILE     names the egress proxy resolves itself ("ADDRESS NAME..."
-                          lines) before asking the host's resolver
-  --egress-ca-bundle FILE CA certificates that upstream servers are verified
-                          against (default: the system's)
-  --egress-head-timeout S a request head, or a TLS ClientHello and handshake,
-                          must reach the egress proxy whole within S seconds
-                          (1 to 3600, default 30), however slowly it trickles
-  --no-egress             no egress proxy: every environment stays on network
-                          mode "none" (docs/EGRESS.md)
-
-Always also serves <state>/moatd.sock. The master token is <state>/master-token.
-SIGTERM/SIGINT stop moatd and destroy its environments. SIGUSR1 stops moatd
-and leaves them running: the next moatd re-attaches (upgrades). After a crash
-or kill -9 they keep running too.
-)";
-
-// A decimal number from `lo` to `hi`, or nothing (not digits, or out of range).
-std::optional<uint64_t> number(const std::string& v, uint64_t lo, uint64_t hi) {
-  if (v.empty() || v.size() > 10 || v.find_first_not_of("0123456789") != std::string::npos) return {};
-  const uint64_t n = std::stoull(v);
-  if (n < lo || n > hi) return {};
-  return n;
-}
-
 int fail(const std::string& message) {
   std::fprintf(stderr, "moatd: %s\n", message.c_str());
   return 1;
 }
-
-}  // namespace
-
-namespace {
 
 // policy/seccomp/moatd.policy on every thread of this process.
 moat::Status installOwnSeccompProfile() {
@@ -125,79 +61,26 @@ int main(int argc, char** argv) {
   rememberProcessArgs(argc, argv);
   const char* stateEnv = std::getenv("MOAT_STATE");
   std::string stateDir = stateEnv && *stateEnv ? stateEnv : "/var/lib/moat";
-  std::string listen = "127.0.0.1:7070";
-  int64_t approvalTimeoutS = 120;
-  unsigned long keyRate = 200;  // api::ApiOptions::keyRequestsPerSecond
-  manager::ManagerConfig config;
-  audit::LogOptions auditOptions;
-  egress::EgressConfig egressConfig;
-  api::ServerLimits serverLimits;
-  bool egressOn = true;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if ((a == "--state" || a == "--listen") && i + 1 < argc) {
-      (a == "--state" ? stateDir : listen) = argv[++i];
-    } else if (a == "--warm-pool" && i + 1 < argc) {
-      auto pool = api::parseWarmPoolFlag(argv[++i], static_cast<double>(os::totalMemoryMb()));
-      if (!pool.ok()) return fail("--warm-pool needs " + pool.error().message());
-      config.warmPools.push_back(pool.value());
-    } else if (a == "--max-environments" && i + 1 < argc) {
-      auto n = number(argv[++i], 1, 100000);
-      if (!n) return fail("--max-environments needs a number from 1 to 100000");
-      config.maxEnvironments = *n;
-    } else if (a == "--max-connections" && i + 1 < argc) {
-      auto n = number(argv[++i], 1, 100000);
-      if (!n) return fail("--max-connections needs a number from 1 to 100000");
-      serverLimits.maxConnections = *n;
-    } else if (a == "--key-rate" && i + 1 < argc) {
-      auto n = number(argv[++i], 0, 100000);
-      if (!n) return fail("--key-rate needs a number of requests per second from 0 (no limit) to 100000");
-      keyRate = *n;
-    } else if (a == "--approval-timeout" && i + 1 < argc) {
-      auto n = number(argv[++i], 1, 86400);
-      if (!n) return fail("--approval-timeout needs a number of seconds from 1 to 86400");
-      approvalTimeoutS = static_cast<int64_t>(*n);
-    } else if (a == "--lossless-wait" && i + 1 < argc) {
-      auto n = number(argv[++i], 1, 86400);
-      if (!n) return fail("--lossless-wait needs a number of seconds from 1 to 86400");
-      config.processLimits.losslessWaitMs = static_cast<int64_t>(*n) * 1000;
-    } else if (a == "--permissions" && i + 1 < argc) {
-      std::string path = argv[++i];
-      auto text = os::readFile(path, 1u << 20);
-      if (!text.ok()) return fail("--permissions: " + text.error().message());
-      auto j = nlohmann::json::parse(text.value(), nullptr, false);
-      if (j.is_discarded()) return fail("--permissions: " + path + " is not JSON");
-      auto parsed = gate::Permissions::parse(j, gate::Permissions::defaults());
-      if (!parsed.ok()) return fail("--permissions: " + path + ": " + parsed.error().context);
-      config.defaultPermissions = parsed.value();
-    } else if (a == "--audit-retention-days" && i + 1 < argc) {
-      auto n = number(argv[++i], 0, 36500);
-      if (!n) return fail("--audit-retention-days needs a number from 0 to 36500");
-      auditOptions.retentionDays = static_cast<int64_t>(*n);
-    } else if (a == "--audit-max-events" && i + 1 < argc) {
-      auto n = number(argv[++i], 0, 1000000000);
-      if (!n || (*n != 0 && *n < 1000)) {
-        return fail("--audit-max-events needs 0 or a number from 1000 to 1000000000");
-      }
-      auditOptions.maxEvents = *n;
-    } else if ((a == "--egress-hosts" || a == "--egress-ca-bundle") && i + 1 < argc) {
-      std::string path = argv[++i];
-      if (::access(path.c_str(), R_OK) != 0) return fail(a + ": cannot read " + path);
-      (a == "--egress-hosts" ? egressConfig.hostsFile : egressConfig.upstreamCaBundle) = path;
-    } else if (a == "--egress-head-timeout" && i + 1 < argc) {
-      auto n = number(argv[++i], 1, 3600);
-      if (!n) return fail("--egress-head-timeout needs a number of seconds from 1 to 3600");
-      egressConfig.headTimeout = std::chrono::seconds(*n);
-    } else if (a == "--no-egress") {
-      egressOn = false;
-    } else if (a == "-h" || a == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else {
-      std::fprintf(stderr, "moatd: unknown argument %s\n%s", a.c_str(), kUsage);
-      return 2;
-    }
+  auto flags = daemon::parseDaemonFlags(std::vector<std::string>(argv + 1, argv + argc), stateDir,
+                                       static_cast<double>(os::totalMemoryMb()));
+  if (!flags.ok() && flags.error().code == "usage") {
+    std::fprintf(stderr, "moatd: %s\n%s", flags.error().context.c_str(), daemon::daemonUsage());
+    return 2;
   }
+  if (!flags.ok()) return fail(flags.error().context);
+  if (flags->help) {
+    std::fputs(daemon::daemonUsage(), stdout);
+    return 0;
+  }
+  stateDir = flags->stateDir;
+  const std::string listen = flags->listen;
+  const int64_t approvalTimeoutS = flags->approvalTimeoutS;
+  const unsigned long keyRate = flags->keyRate;
+  manager::ManagerConfig config = flags->manager;
+  audit::LogOptions auditOptions = flags->audit;
+  egress::EgressConfig egressConfig = flags->egress;
+  api::ServerLimits serverLimits = flags->server;
+  const bool egressOn = flags->egressOn;
   if (::geteuid() != 0) return fail("needs root (it creates namespaces, cgroups and mounts)");
   if (stateDir.empty() || stateDir[0] != '/') return fail("--state must be an absolute path");
   if (auto s = os::makeDirs(stateDir, 0700); !s.ok()) return fail(s.error().message());
@@ -287,7 +170,8 @@ int main(int argc, char** argv) {
     egress = std::move(started.value());
   }
   {
-    manager::EnvironmentManager manager(config, *store.value(), *spawner.value(), auditLog->get());
+    backend::namespaces::NamespacesBackend backend(*spawner.value(), stateDir);
+    manager::EnvironmentManager manager(config, *store.value(), backend, auditLog->get());
     manager.setEgress(egress.get());
     // Until serving, a failure must leave the environments as they are.
     if (auto s = manager.recoverAfterRestart(); !s.ok()) {

@@ -174,7 +174,6 @@ std::shared_ptr<Controller::Env> Controller::envByAddress(uint32_t address) {
 }
 
 void Controller::record(const std::shared_ptr<Env>& env, bool allowed, nlohmann::json data) {
-  (allowed ? accepted_ : refused_)++;
   // Refusals cost the environment nothing to provoke (a UDP packet, a
   // connection), allowed requests one round trip each to a host it may
   // reach: either, unbounded, would fill the audit log and the disk under
@@ -239,14 +238,12 @@ void Controller::dnsLoop() {
     if (n <= 0) continue;
     auto env = envByAddress(ntohl(from.sin_addr.s_addr));
     if (!env) continue;
-    ++dnsQueries_;
     {
       // Beyond its rate or its resolutions at once, an environment's
       // questions go unanswered (its resolver asks again): a flood neither
       // takes moatd's threads from others nor fills the audit log.
       std::lock_guard<std::mutex> lock(env->mutex);
       if (!env->dnsQuestions.take(kDnsRate, kDnsBurst) || env->dnsInFlight.load() >= kDnsInFlight) {
-        ++dnsDropped_;
         continue;
       }
     }

@@ -99,11 +99,6 @@ class Controller {
   static constexpr const char* kCaPath = "/etc/moat/ca.crt";
   static constexpr const char* kCaBundlePath = "/etc/moat/ca-bundle.crt";
 
-  struct Stats {
-    uint64_t accepted = 0, refused = 0, dnsQueries = 0, dnsDropped = 0;
-  };
-  Stats stats() const { return {accepted_.load(), refused_.load(), dnsQueries_.load(), dnsDropped_.load()}; }
-
  private:
   struct Env;
   struct Decision;
@@ -171,7 +166,6 @@ class Controller {
   std::condition_variable connectionsCv_;
   std::set<int> openFds_;  // shut down on stop so that every connection thread ends
   size_t running_ = 0;
-  std::atomic<uint64_t> accepted_{0}, refused_{0}, dnsQueries_{0}, dnsDropped_{0};
 };
 
 }  // namespace moat::egress

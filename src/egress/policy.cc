@@ -4,21 +4,16 @@
 #include <cctype>
 
 #include "common/glob.h"
-#include "gate/permissions.h"
+#include "common/hex.h"
+#include "common/path.h"
+#include "common/text.h"
 
 namespace moat::egress {
 namespace {
 
 using json = nlohmann::json;
 
-Error invalid(const std::string& field, const std::string& problem) {
-  return Error::make("invalid_request", field + ": " + problem);
-}
 
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 bool validHostGlob(const std::string& h) {
   if (h.empty() || h.size() > 253) return false;
@@ -30,7 +25,7 @@ bool validHostGlob(const std::string& h) {
 
 Result<uint16_t> parsePort(const json& j, const std::string& field) {
   if (!j.is_number_integer() || j.get<int64_t>() < 1 || j.get<int64_t>() > 65535) {
-    return invalid(field, "must be a port number (1 to 65535)");
+    return Error::invalidField(field, "must be a port number (1 to 65535)");
   }
   return static_cast<uint16_t>(j.get<int64_t>());
 }
@@ -38,17 +33,17 @@ Result<uint16_t> parsePort(const json& j, const std::string& field) {
 // "name", "name:port", "1.2.3.4", "10.0.0.0/8", "10.0.0.0/8:5432".
 Status parseTarget(const std::string& text, const std::string& field, Entry& e, bool portAllowed) {
   if (text.find('[') != std::string::npos || std::count(text.begin(), text.end(), ':') > 1) {
-    return invalid(field, "IPv6 destinations are not supported (environments have no IPv6)");
+    return Error::invalidField(field, "IPv6 destinations are not supported (environments have no IPv6)");
   }
   std::string target = text;
   auto colon = target.find(':');
   if (colon != std::string::npos) {
-    if (!portAllowed) return invalid(field, "put the port in \"ports\"");
+    if (!portAllowed) return Error::invalidField(field, "put the port in \"ports\"");
     std::string port = target.substr(colon + 1);
     target.resize(colon);
     if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit) ||
         std::stoi(port) < 1 || std::stoi(port) > 65535) {
-      return invalid(field, "bad port in '" + text + "'");
+      return Error::invalidField(field, "bad port in '" + text + "'");
     }
     e.ports.push_back(static_cast<uint16_t>(std::stoi(port)));
   }
@@ -60,7 +55,7 @@ Status parseTarget(const std::string& text, const std::string& field, Entry& e, 
       std::string bits = target.substr(slash + 1);
       if (bits.empty() || bits.size() > 2 || !std::all_of(bits.begin(), bits.end(), ::isdigit) ||
           std::stoi(bits) > 32) {
-        return invalid(field, "bad prefix length in '" + text + "'");
+        return Error::invalidField(field, "bad prefix length in '" + text + "'");
       }
       c.prefix = std::stoi(bits);
     }
@@ -69,10 +64,10 @@ Status parseTarget(const std::string& text, const std::string& field, Entry& e, 
     e.network = c;
     return {};
   }
-  if (slash != std::string::npos) return invalid(field, "'" + text + "' is neither a host name nor an address range");
+  if (slash != std::string::npos) return Error::invalidField(field, "'" + text + "' is neither a host name nor an address range");
   std::string host = canonicalHost(target);
   if (!validHostGlob(host)) {
-    return invalid(field, "'" + text + "' is not a host name (letters, digits, '.', '-', '_', '*' and '?')");
+    return Error::invalidField(field, "'" + text + "' is not a host name (letters, digits, '.', '-', '_', '*' and '?')");
   }
   e.host = host;
   return {};
@@ -80,12 +75,12 @@ Status parseTarget(const std::string& text, const std::string& field, Entry& e, 
 
 Result<std::vector<std::string>> stringList(const json& j, const std::string& field, size_t max) {
   if (!j.is_array() || j.empty() || j.size() > max) {
-    return invalid(field, "must be a non-empty array of at most " + std::to_string(max) + " strings");
+    return Error::invalidField(field, "must be a non-empty array of at most " + std::to_string(max) + " strings");
   }
   std::vector<std::string> out;
   for (size_t i = 0; i < j.size(); ++i) {
     if (!j[i].is_string() || j[i].get<std::string>().empty() || j[i].get<std::string>().size() > 1024) {
-      return invalid(field + "[" + std::to_string(i) + "]", "must be a non-empty string");
+      return Error::invalidField(field + "[" + std::to_string(i) + "]", "must be a non-empty string");
     }
     out.push_back(j[i]);
   }
@@ -99,18 +94,18 @@ Result<Entry> parseEntry(const json& j, const std::string& field) {
     MOAT_TRY(parseTarget(j.get<std::string>(), field, e, true));
     return e;
   }
-  if (!j.is_object()) return invalid(field, "must be a host, an address range or an object");
+  if (!j.is_object()) return Error::invalidField(field, "must be a host, an address range or an object");
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
     if (k != "host" && k != "ports" && k != "methods" && k != "paths") {
-      return invalid(field + "." + k, "unknown field (host, ports, methods, paths)");
+      return Error::invalidField(field + "." + k, "unknown field (host, ports, methods, paths)");
     }
   }
-  if (!j.contains("host") || !j["host"].is_string()) return invalid(field + ".host", "required: a host or address range");
+  if (!j.contains("host") || !j["host"].is_string()) return Error::invalidField(field + ".host", "required: a host or address range");
   MOAT_TRY(parseTarget(j["host"].get<std::string>(), field + ".host", e, false));
   if (j.contains("ports")) {
     if (!j["ports"].is_array() || j["ports"].empty() || j["ports"].size() > 64) {
-      return invalid(field + ".ports", "must be a non-empty array of port numbers");
+      return Error::invalidField(field + ".ports", "must be a non-empty array of port numbers");
     }
     for (size_t i = 0; i < j["ports"].size(); ++i) {
       MOAT_ASSIGN(uint16_t p, parsePort(j["ports"][i], field + ".ports[" + std::to_string(i) + "]"));
@@ -123,21 +118,21 @@ Result<Entry> parseEntry(const json& j, const std::string& field) {
       auto& m = e.methods[i];
       std::transform(m.begin(), m.end(), m.begin(), [](unsigned char c) { return std::toupper(c); });
       if (!std::all_of(m.begin(), m.end(), [](unsigned char c) { return std::isupper(c); })) {
-        return invalid(field + ".methods[" + std::to_string(i) + "]", "not an HTTP method");
+        return Error::invalidField(field + ".methods[" + std::to_string(i) + "]", "not an HTTP method");
       }
     }
   }
   if (j.contains("paths")) {
     MOAT_ASSIGN(e.paths, stringList(j["paths"], field + ".paths", 64));
     for (size_t i = 0; i < e.paths.size(); ++i) {
-      if (e.paths[i][0] != '/') return invalid(field + ".paths[" + std::to_string(i) + "]", "must start with '/'");
+      if (e.paths[i][0] != '/') return Error::invalidField(field + ".paths[" + std::to_string(i) + "]", "must start with '/'");
     }
   }
   return e;
 }
 
 Result<std::vector<Entry>> parseEntries(const json& j, const std::string& field) {
-  if (!j.is_array() || j.size() > 1024) return invalid(field, "must be an array of at most 1024 entries");
+  if (!j.is_array() || j.size() > 1024) return Error::invalidField(field, "must be an array of at most 1024 entries");
   std::vector<Entry> out;
   for (size_t i = 0; i < j.size(); ++i) {
     MOAT_ASSIGN(Entry e, parseEntry(j[i], field + "[" + std::to_string(i) + "]"));
@@ -179,17 +174,11 @@ bool requestMatches(const Entry& e, const Destination& d, bool all) {
   return all ? std::all_of(forms.begin(), forms.end(), matches) : std::any_of(forms.begin(), forms.end(), matches);
 }
 
-int hexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 }  // namespace
 
 std::string canonicalHost(std::string host) {
-  host = lower(std::move(host));
+  host = asciiLower(std::move(host));
   if (host.size() > 1 && host.back() == '.') host.pop_back();
   return host;
 }
@@ -219,8 +208,8 @@ std::vector<std::string> requestPathForms(const std::string& target) {
     }
     plain.push_back(decoded[i]);
   }
-  std::vector<std::string> forms{gate::normalizePath(path)};
-  std::string other = gate::normalizePath(plain.empty() ? "/" : plain);
+  std::vector<std::string> forms{normalizePath(path)};
+  std::string other = normalizePath(plain.empty() ? "/" : plain);
   if (other != forms[0]) forms.push_back(other);
   return forms;
 }
@@ -293,13 +282,13 @@ Result<Policy> Policy::parse(const json& j, const std::string& prefix) {
       p.mode = Mode::kOpen;
       return p;
     }
-    return invalid(prefix, "must be \"none\", \"open\" or an object {mode, allow, deny}");
+    return Error::invalidField(prefix, "must be \"none\", \"open\" or an object {mode, allow, deny}");
   }
-  if (!j.is_object()) return invalid(prefix, "must be \"none\", \"open\" or an object {mode, allow, deny}");
+  if (!j.is_object()) return Error::invalidField(prefix, "must be \"none\", \"open\" or an object {mode, allow, deny}");
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
     if (k != "mode" && k != "allow" && k != "deny" && k != "max_connections" && k != "bandwidth_mbps") {
-      return invalid(prefix + "." + k, "unknown field (mode, allow, deny, max_connections, bandwidth_mbps)");
+      return Error::invalidField(prefix + "." + k, "unknown field (mode, allow, deny, max_connections, bandwidth_mbps)");
     }
   }
   p.mode = Mode::kAllowlist;
@@ -308,7 +297,7 @@ Result<Policy> Policy::parse(const json& j, const std::string& prefix) {
     if (m == "none") p.mode = Mode::kNone;
     else if (m == "allowlist") p.mode = Mode::kAllowlist;
     else if (m == "open") p.mode = Mode::kOpen;
-    else return invalid(prefix + ".mode", "must be \"none\", \"allowlist\" or \"open\"");
+    else return Error::invalidField(prefix + ".mode", "must be \"none\", \"allowlist\" or \"open\"");
   }
   if (j.contains("allow")) {
     MOAT_ASSIGN(p.allow, parseEntries(j["allow"], prefix + ".allow"));
@@ -319,14 +308,14 @@ Result<Policy> Policy::parse(const json& j, const std::string& prefix) {
   if (j.contains("max_connections")) {
     const json& m = j["max_connections"];
     if (!m.is_number_integer() || m.get<int64_t>() < 1 || m.get<int64_t>() > 4096) {
-      return invalid(prefix + ".max_connections", "must be a whole number from 1 to 4096");
+      return Error::invalidField(prefix + ".max_connections", "must be a whole number from 1 to 4096");
     }
     p.maxConnections = m.get<uint32_t>();
   }
   if (j.contains("bandwidth_mbps")) {
     const json& b = j["bandwidth_mbps"];
     if (!b.is_number() || b.get<double>() < 0.01 || b.get<double>() > 100000) {
-      return invalid(prefix + ".bandwidth_mbps", "must be a number from 0.01 to 100000 (megabits per second)");
+      return Error::invalidField(prefix + ".bandwidth_mbps", "must be a number from 0.01 to 100000 (megabits per second)");
     }
     p.bandwidthBytesPerS = static_cast<uint64_t>(b.get<double>() * 1e6 / 8);
   }

@@ -15,6 +15,7 @@
 #include <boost/beast/http.hpp>
 #include <thread>
 
+#include "common/text.h"
 #include "egress/client_hello.h"
 #include "egress/controller_internal.h"
 #include "egress/http_target.h"
@@ -116,10 +117,6 @@ class ChannelStream {
   std::string joined_;
 };
 
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 std::string denialResponse(int status, const std::string& reason, const std::string& message) {
   std::string body = "moat: " + message + "\n";
@@ -448,7 +445,7 @@ void Controller::tlsTunnel(const std::shared_ptr<Env>& env, UniqueFd client, std
     record(env, false, event);
     return;
   }
-  std::string sni = lower(hello.serverName);
+  std::string sni = asciiLower(hello.serverName);
   event["sni"] = sni;
   bool targetIsAddress = parseIpv4(target).has_value();
   if (!requested.empty() || !targetIsAddress) {
@@ -641,11 +638,11 @@ void Controller::handleHttp(const std::shared_ptr<Env>& env, Channel& client, co
     std::vector<std::pair<std::string, std::string>> rewritten;  // every field of a name that carries one
     std::set<std::string> names;
     for (const auto& field : m) {
-      if (field.value().find("moat-secret-") != std::string::npos) names.insert(lower(std::string(field.name_string())));
+      if (field.value().find("moat-secret-") != std::string::npos) names.insert(asciiLower(std::string(field.name_string())));
     }
     for (const auto& field : m) {
       std::string name(field.name_string());
-      if (!names.count(lower(name))) continue;
+      if (!names.count(asciiLower(name))) continue;
       std::string value(field.value());
       if (auto leaked = substitute(*secrets, host, value)) {
         event["secret"] = *leaked;

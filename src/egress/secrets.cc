@@ -14,9 +14,6 @@ namespace {
 
 using json = nlohmann::json;
 
-Error invalid(const std::string& field, const std::string& problem) {
-  return Error::make("invalid_request", field + ": " + problem);
-}
 
 bool envName(const std::string& s) {
   if (s.empty() || s.size() > 128 || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
@@ -103,51 +100,51 @@ bool Secret::boundTo(const std::string& host) const {
 }
 
 Result<std::vector<Secret>> parseSecrets(const json& j) {
-  if (!j.is_array() || j.size() > 64) return invalid("secrets", "must be an array of at most 64 secrets");
+  if (!j.is_array() || j.size() > 64) return Error::invalidField("secrets", "must be an array of at most 64 secrets");
   std::vector<Secret> out;
   std::set<std::string> names;
   for (size_t i = 0; i < j.size(); ++i) {
     std::string f = "secrets[" + std::to_string(i) + "]";
     const json& s = j[i];
-    if (!s.is_object()) return invalid(f, "must be an object {name, value, hosts, header?}");
+    if (!s.is_object()) return Error::invalidField(f, "must be an object {name, value, hosts, header?}");
     for (auto it = s.begin(); it != s.end(); ++it) {
       if (it.key() != "name" && it.key() != "value" && it.key() != "hosts" && it.key() != "header") {
-        return invalid(f + "." + it.key(), "unknown field (name, value, hosts, header)");
+        return Error::invalidField(f + "." + it.key(), "unknown field (name, value, hosts, header)");
       }
     }
     Secret secret;
     if (!s.contains("name") || !s["name"].is_string() || !envName(s["name"])) {
-      return invalid(f + ".name", "required: an environment variable name (letters, digits, '_')");
+      return Error::invalidField(f + ".name", "required: an environment variable name (letters, digits, '_')");
     }
     secret.name = s["name"];
-    if (!names.insert(secret.name).second) return invalid(f + ".name", "duplicate secret " + secret.name);
+    if (!names.insert(secret.name).second) return Error::invalidField(f + ".name", "duplicate secret " + secret.name);
     if (!s.contains("value") || !s["value"].is_string() || s["value"].get<std::string>().empty() ||
         s["value"].get<std::string>().size() > 16384 || !headerSafe(s["value"])) {
-      return invalid(f + ".value", "required: a non-empty string (at most 16 KiB, no line breaks)");
+      return Error::invalidField(f + ".value", "required: a non-empty string (at most 16 KiB, no line breaks)");
     }
     secret.value = s["value"];
     if (!s.contains("hosts") || !s["hosts"].is_array() || s["hosts"].empty() || s["hosts"].size() > 64) {
-      return invalid(f + ".hosts", "required: the hosts (globs) that may receive it");
+      return Error::invalidField(f + ".hosts", "required: the hosts (globs) that may receive it");
     }
     for (size_t k = 0; k < s["hosts"].size(); ++k) {
       const json& h = s["hosts"][k];
       std::string hf = f + ".hosts[" + std::to_string(k) + "]";
       if (!h.is_string() || h.get<std::string>().empty() || h.get<std::string>().size() > 253) {
-        return invalid(hf, "must be a host name or glob");
+        return Error::invalidField(hf, "must be a host name or glob");
       }
       std::string host = canonicalHost(h);
-      if (std::string problem = secretHostProblem(host); !problem.empty()) return invalid(hf, problem);
+      if (std::string problem = secretHostProblem(host); !problem.empty()) return Error::invalidField(hf, problem);
       secret.hosts.push_back(host);
     }
     if (s.contains("header")) {
-      if (!s["header"].is_string() || !headerSafe(s["header"])) return invalid(f + ".header", "must be a header");
+      if (!s["header"].is_string() || !headerSafe(s["header"])) return Error::invalidField(f + ".header", "must be a header");
       std::string h = s["header"];
       auto colon = h.find(':');
       secret.header = h.substr(0, colon);
       secret.headerFormat = colon == std::string::npos ? "{value}" : h.substr(colon + 1);
       while (!secret.headerFormat.empty() && secret.headerFormat[0] == ' ') secret.headerFormat.erase(0, 1);
       if (!headerName(secret.header) || secret.headerFormat.find("{value}") == std::string::npos) {
-        return invalid(f + ".header", "must be \"Name\" or \"Name: text with {value}\"");
+        return Error::invalidField(f + ".header", "must be \"Name\" or \"Name: text with {value}\"");
       }
     }
     MOAT_ASSIGN(std::string random, randomHex(16));

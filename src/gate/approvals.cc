@@ -1,14 +1,14 @@
 #include "gate/approvals.h"
 
 #include "common/hex.h"
-#include "manager/clock.h"
+#include "common/clock.h"
 
 namespace moat::gate {
 namespace {
 
 using json = nlohmann::json;
 
-int64_t now() { return manager::nowMs(); }
+int64_t now() { return moat::nowMs(); }
 
 }  // namespace
 

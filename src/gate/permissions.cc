@@ -1,6 +1,7 @@
 #include "gate/permissions.h"
 
 #include "common/glob.h"
+#include "common/text.h"
 
 #include <algorithm>
 #include <cctype>
@@ -10,14 +11,7 @@ namespace {
 
 using json = nlohmann::json;
 
-Error invalid(const std::string& field, const std::string& problem) {
-  return Error::make("invalid_request", field + ": " + problem);
-}
 
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 Result<Decision> parseDecision(const json& j, const std::string& field) {
   if (j.is_string()) {
@@ -26,7 +20,7 @@ Result<Decision> parseDecision(const json& j, const std::string& field) {
     if (s == "ask") return Decision::kAsk;
     if (s == "deny") return Decision::kDeny;
   }
-  return invalid(field, "must be \"allow\", \"ask\" or \"deny\"");
+  return Error::invalidField(field, "must be \"allow\", \"ask\" or \"deny\"");
 }
 
 }  // namespace
@@ -48,25 +42,6 @@ const char* scopeName(Scope s) {
     case Scope::kNetwork: return "network";
   }
   return "";
-}
-
-std::string normalizePath(const std::string& path) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (start <= path.size()) {
-    size_t end = path.find('/', start);
-    if (end == std::string::npos) end = path.size();
-    std::string part = path.substr(start, end - start);
-    if (part == "..") {
-      if (!parts.empty()) parts.pop_back();
-    } else if (!part.empty() && part != ".") {
-      parts.push_back(part);
-    }
-    start = end + 1;
-  }
-  std::string out;
-  for (const auto& p : parts) out += "/" + p;
-  return out.empty() ? "/" : out;
 }
 
 bool loadsCode(const std::string& v) {
@@ -108,7 +83,7 @@ json Action::toJson() const {
 bool Action::same(const Action& other) const {
   return scope == other.scope && op == other.op && argv == other.argv && env == other.env &&
          program == other.program && path == other.path &&
-         tree == other.tree && size == other.size && sha256 == other.sha256 && lower(host) == lower(other.host) &&
+         tree == other.tree && size == other.size && sha256 == other.sha256 && asciiLower(host) == asciiLower(other.host) &&
          port == other.port;
 }
 
@@ -122,7 +97,7 @@ bool Rule::matches(const Action& a) const {
   if (op && *op != a.op) return false;
   if (match && !argvMatch(*match, a.op == "program" ? judgedArgv(a.program, a.argv) : a.argv)) return false;
   if (path && !globMatch(*path, normalizePath(a.path), true)) return false;
-  if (host && !globMatch(lower(*host), lower(a.host), false)) return false;
+  if (host && !globMatch(asciiLower(*host), asciiLower(a.host), false)) return false;
   if (port && *port != a.port) return false;
   return true;
 }
@@ -161,7 +136,7 @@ Permissions Permissions::allowAll() {
 }
 
 Result<Permissions> Permissions::parse(const json& j, const Permissions& base, const std::string& prefix) {
-  if (!j.is_object()) return invalid(prefix, "must be an object of scopes");
+  if (!j.is_object()) return Error::invalidField(prefix, "must be an object of scopes");
   Permissions p = base;
   for (auto it = j.begin(); it != j.end(); ++it) {
     std::string field = prefix + "." + it.key();
@@ -182,14 +157,14 @@ Result<Permissions> Permissions::parse(const json& j, const Permissions& base, c
       continue;
     }
     if (!it.value().is_array() || it.value().empty()) {
-      return invalid(field, "must be \"allow\", \"ask\", \"deny\" or a non-empty array of rules");
+      return Error::invalidField(field, "must be \"allow\", \"ask\", \"deny\" or a non-empty array of rules");
     }
-    if (it.value().size() > 256) return invalid(field, "at most 256 rules");
+    if (it.value().size() > 256) return Error::invalidField(field, "at most 256 rules");
     policy.word = false;
     for (size_t i = 0; i < it.value().size(); ++i) {
       const json& rj = it.value()[i];
       std::string rf = field + "[" + std::to_string(i) + "]";
-      if (!rj.is_object()) return invalid(rf, "a rule is an object with \"action\"");
+      if (!rj.is_object()) return Error::invalidField(rf, "a rule is an object with \"action\"");
       Rule r;
       for (auto f = rj.begin(); f != rj.end(); ++f) {
         std::string ff = rf + "." + f.key();
@@ -199,15 +174,15 @@ Result<Permissions> Permissions::parse(const json& j, const Permissions& base, c
                      (scope == Scope::kNetwork && (k == "host" || k == "port"));
         if (!known) return Error::make("unknown_field", "unknown field " + ff);
       }
-      if (!rj.contains("action")) return invalid(rf + ".action", "required");
+      if (!rj.contains("action")) return Error::invalidField(rf + ".action", "required");
       MOAT_ASSIGN(r.decision, parseDecision(rj["action"], rf + ".action"));
       if (rj.contains("match")) {
         const json& m = rj["match"];
-        if (!m.is_array() || m.empty() || m.size() > 256) return invalid(rf + ".match", "must be a non-empty array of argument patterns");
+        if (!m.is_array() || m.empty() || m.size() > 256) return Error::invalidField(rf + ".match", "must be a non-empty array of argument patterns");
         std::vector<std::string> pats;
         for (size_t k = 0; k < m.size(); ++k) {
           if (!m[k].is_string() || m[k].get<std::string>().size() > 4096) {
-            return invalid(rf + ".match[" + std::to_string(k) + "]", "must be a string");
+            return Error::invalidField(rf + ".match[" + std::to_string(k) + "]", "must be a string");
           }
           pats.push_back(m[k]);
         }
@@ -216,12 +191,12 @@ Result<Permissions> Permissions::parse(const json& j, const Permissions& base, c
       if (rj.contains("env")) {
         const json& e = rj["env"];
         if (!e.is_array() || e.empty() || e.size() > 64) {
-          return invalid(rf + ".env", "must be a non-empty array of variable name patterns");
+          return Error::invalidField(rf + ".env", "must be a non-empty array of variable name patterns");
         }
         std::vector<std::string> names;
         for (size_t k = 0; k < e.size(); ++k) {
           if (!e[k].is_string() || e[k].get<std::string>().empty() || e[k].get<std::string>().size() > 256) {
-            return invalid(rf + ".env[" + std::to_string(k) + "]", "must be a variable name pattern");
+            return Error::invalidField(rf + ".env[" + std::to_string(k) + "]", "must be a variable name pattern");
           }
           names.push_back(e[k]);
         }
@@ -234,25 +209,25 @@ Result<Permissions> Permissions::parse(const json& j, const Permissions& base, c
         if (!rj["op"].is_string() || std::find(ops.begin(), ops.end(), rj["op"].get<std::string>()) == ops.end()) {
           std::string list;
           for (const auto& o : ops) list += (list.empty() ? "" : ", ") + o;
-          return invalid(rf + ".op", "must be one of " + list);
+          return Error::invalidField(rf + ".op", "must be one of " + list);
         }
         r.op = rj["op"].get<std::string>();
       }
       if (rj.contains("path")) {
-        if (!rj["path"].is_string()) return invalid(rf + ".path", "must be a string");
+        if (!rj["path"].is_string()) return Error::invalidField(rf + ".path", "must be a string");
         std::string path = rj["path"];
-        if (path.empty() || path[0] != '/' || path.size() > 4096) return invalid(rf + ".path", "must be an absolute path pattern");
+        if (path.empty() || path[0] != '/' || path.size() > 4096) return Error::invalidField(rf + ".path", "must be an absolute path pattern");
         r.path = path;
       }
       if (rj.contains("host")) {
         if (!rj["host"].is_string() || rj["host"].get<std::string>().empty() || rj["host"].get<std::string>().size() > 253) {
-          return invalid(rf + ".host", "must be a host name pattern");
+          return Error::invalidField(rf + ".host", "must be a host name pattern");
         }
         r.host = rj["host"].get<std::string>();
       }
       if (rj.contains("port")) {
         if (!rj["port"].is_number_integer() || rj["port"].get<int64_t>() < 1 || rj["port"].get<int64_t>() > 65535) {
-          return invalid(rf + ".port", "must be a port number (1-65535)");
+          return Error::invalidField(rf + ".port", "must be a port number (1-65535)");
         }
         r.port = static_cast<uint16_t>(rj["port"].get<int64_t>());
       }

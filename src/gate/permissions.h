@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/glob.h"
+#include "common/path.h"
 #include "common/result.h"
 
 // The gate's permissions: for each of the four scopes of an environment
@@ -118,7 +119,7 @@ Result<std::vector<Permissions>> layersFromJson(const std::string& text, const P
 // Glob matching (common/glob.h), where the gate's rules use it.
 using moat::globEscape;
 using moat::globMatch;
-// "/a//b/./c/../d" -> "/a/b/d"; never above "/".
-std::string normalizePath(const std::string& path);
+// Lexical path normalisation (common/path.h), where the gate's paths use it.
+using moat::normalizePath;
 
 }  // namespace moat::gate

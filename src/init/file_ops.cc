@@ -213,8 +213,8 @@ FileResult doList(const FileRequest& req) {
 }
 
 FileResult doMkdir(const FileRequest& req) {
-  Status s = (req.flags & kFileCreateParents) ? os::makeDirs(req.path, req.mode & 07777)
-                                              : Status{};
+  // Parents as `mkdir -p` makes them (searchable, whatever the leaf's mode).
+  Status s = (req.flags & kFileCreateParents) ? os::makeDirs(req.path, req.mode & 07777, 0755) : Status{};
   if (!s.ok()) return failure(req, s.error().sysErrno, "mkdir");
   if (!(req.flags & kFileCreateParents) && ::mkdir(req.path.c_str(), req.mode & 07777) != 0) {
     return failure(req, errno, "mkdir");

@@ -13,7 +13,7 @@
 
 #include <signal.h>
 
-#include "cli/run_options.h"
+#include "common/base_environment.h"
 #include "common/scope_exit.h"
 #include "common/trace.h"
 #include "os/process.h"
@@ -67,18 +67,12 @@ nlohmann::json endedData(const ProcessInfo& info) {
 
 }  // namespace
 
-int64_t nowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 EnvironmentManager::EnvironmentManager(ManagerConfig config, store::Store& store,
-                                       backend::namespaces::Spawner& spawner,
+                                       backend::Backend& backend,
                                        audit::Recorder* audit)
     : config_(std::move(config)),
       store_(store),
-      spawner_(spawner),
+      backend_(backend),
       audit_(audit ? *audit : audit::nullRecorder()) {
   if (config_.maxTotalMemoryMb == 0) config_.maxTotalMemoryMb = os::totalMemoryMb();
   // A pool's 0 resources are the default spec's; pools of no size are dropped.
@@ -144,7 +138,7 @@ void EnvironmentManager::stopThreads() {
 EnvironmentManager::~EnvironmentManager() {
   stopThreads();
   if (!detached_) destroyAll("moatd stopped");
-  // Detached: dropping the connections leaves moat-init running; the spawner
+  // Detached: dropping the connections leaves moat-init running; the backend
   // hands a new connection to the next moatd. Dropped here, while every member
   // their reader threads touch (onInitGone) still exists.
   std::map<std::string, Live> live;
@@ -170,9 +164,9 @@ void EnvironmentManager::interrupt() {
 }
 
 Status EnvironmentManager::recoverAfterRestart() {
-  // Without the spawner's list, nothing can be told apart: stop rather than
+  // Without the backend's list, nothing can be told apart: stop rather than
   // fail environments that may be running fine.
-  MOAT_ASSIGN(auto owned, spawner_.list());
+  MOAT_ASSIGN(auto owned, backend_.list());
   std::set<std::string> running(owned.begin(), owned.end());
   MOAT_ASSIGN(auto live, store_.liveEnvironments());
   std::set<std::string> recorded;
@@ -201,7 +195,7 @@ Status EnvironmentManager::recoverAfterRestart() {
   for (const auto& r : live) {
     recorded.insert(r.id);
     if (!running.count(r.id) || r.state == "destroying") {
-      if (running.count(r.id)) (void)spawner_.destroy(r.id);
+      if (running.count(r.id)) (void)backend_.destroy(r.id);
       const std::string state = r.state == "destroying" ? "gone" : "failed";
       const std::string reason =
           r.state == "destroying" ? r.reason : "moatd restarted and the environment was gone";
@@ -209,9 +203,9 @@ Status EnvironmentManager::recoverAfterRestart() {
       audit_.record("environment.destroyed", r.id, "moatd", {{"reason", reason}, {"state", state}});
       continue;
     }
-    auto control = spawner_.attach(r.id);
+    auto control = backend_.attach(r.id);
     if (!control.ok()) {
-      (void)spawner_.destroy(r.id);
+      (void)backend_.destroy(r.id);
       const std::string reason = "re-attach after a moatd restart failed: " + control.error().message();
       (void)store_.setState(r.id, "failed", reason);
       audit_.record("environment.destroyed", r.id, "moatd", {{"reason", reason}, {"state", "failed"}});
@@ -262,7 +256,7 @@ Status EnvironmentManager::recoverAfterRestart() {
   }
   // Made by a moatd that died before recording them: nobody knows of them.
   for (const auto& id : running) {
-    if (!recorded.count(id)) (void)spawner_.destroy(id);
+    if (!recorded.count(id)) (void)backend_.destroy(id);
   }
   recoverSnapshots();
   return {};
@@ -296,21 +290,18 @@ void EnvironmentManager::detach() {
   detached_ = true;
 }
 
-backend::namespaces::EnvironmentSpec EnvironmentManager::specFor(
-    const std::string& templateName, double cpus, uint64_t ramMb, double storageGb,
-    uint64_t pids) const {
-  backend::namespaces::EnvironmentSpec spec;
-  spec.stateDir = config_.stateDir;
+backend::Spec EnvironmentManager::specFor(const std::string& templateName, double cpus, uint64_t ramMb,
+                                        double storageGb, uint64_t pids) const {
+  backend::Spec spec;
   spec.templateName = templateName;
   spec.cpus = cpus;
   spec.memoryMb = ramMb;
   spec.pids = pids;
   spec.storageGb = storageGb;
-  spec.initMode = backend::namespaces::InitMode::kExec;
   return spec;
 }
 
-backend::namespaces::EnvironmentSpec EnvironmentManager::poolSpec(size_t pool) const {
+backend::Spec EnvironmentManager::poolSpec(size_t pool) const {
   const WarmPool& p = config_.warmPools[pool];
   return specFor(p.templateName, p.cpus, p.ramMb, p.storageGb, p.pids);
 }
@@ -347,16 +338,16 @@ void EnvironmentManager::refillPool() {
       reservedMemoryMb_ += ramMb;
     }
     auto spec = poolSpec(pool);
-    spec.id = backend::namespaces::newEnvironmentId();  // named, so that a failed create can be cleaned up
-    auto created = spawner_.create(spec);
-    if (!created.ok()) (void)spawner_.destroy(spec.id);  // made but not handed over (a lost descriptor)
+    spec.id = backend::newEnvironmentId();  // named, so that a failed create can be cleaned up
+    auto created = backend_.create(spec);
+    if (!created.ok()) (void)backend_.destroy(spec.id);  // made but not handed over (a lost descriptor)
     std::shared_ptr<InitConnection> connection;
     if (created.ok()) {
       std::string id = created->id;
       connection = connect(id, std::move(created->control));
       warmUp(connection, id);
       if (connection->closed()) {
-        (void)spawner_.destroy(id);
+        (void)backend_.destroy(id);
         created = Error::make("gone", "a pool environment ended while warming up");
       }
     }
@@ -373,7 +364,7 @@ void EnvironmentManager::refillPool() {
 
 Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest& request) {
   store::EnvironmentRecord record;
-  record.id = backend::namespaces::newEnvironmentId();
+  record.id = backend::newEnvironmentId();
   record.taskId = request.taskId;
   record.templateName = request.templateName;
   record.cpus = request.cpus > 0 ? request.cpus : config_.defaultCpus;
@@ -396,7 +387,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   layers.insert(layers.end(), request.furtherLayers.begin(), request.furtherLayers.end());
   record.permissions = gate::layersToJson(layers).dump();
   std::optional<store::SnapshotRecord> from;
-  auto snapshotHeld = holdSnapshot(request.fromSnapshot);  // until the spawner has copied it
+  auto snapshotHeld = holdSnapshot(request.fromSnapshot);  // until the backend has copied it
   if (!request.fromSnapshot.empty()) {
     MOAT_ASSIGN(auto snap, usableSnapshot(request.fromSnapshot, request.forkedFrom));
     if (request.owner != "master" && snap.owner != request.owner) {
@@ -486,13 +477,13 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     spec.fromSnapshot = from->id;
     spec.snapshotHostBase = from->hostBase;
   }
-  auto created = spawner_.create(spec);
+  auto created = backend_.create(spec);
   snapshotHeld.run();
   traceStage("moatd: spawner answered");
   if (!created.ok()) {
-    // The spawner may have made it and failed only to hand it over (its
+    // The backend may have made it and failed only to hand it over (its
     // descriptor lost at moatd's limit): nothing of it may stay running.
-    (void)spawner_.destroy(record.id);
+    (void)backend_.destroy(record.id);
     release(false);
     (void)store_.setState(record.id, "failed", created.error().message());
     nlohmann::json data = createdData(record, false);
@@ -511,8 +502,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     if (auto it = destroyRequested_.find(id); it != destroyRequested_.end()) destroyedBy = it->second;
   }
   if (!destroyedBy.empty()) {
-    // A DELETE came while the spawner was creating it: honour it now.
-    (void)spawner_.destroy(id);
+    // A DELETE came while the backend was creating it: honour it now.
+    (void)backend_.destroy(id);
     release(false);
     (void)store_.setState(id, "gone", "destroyed");
     audit_.record("environment.created", id, record.owner, createdData(record, false));
@@ -750,7 +741,7 @@ std::vector<std::string> commandEnvironment(const std::string& id, const std::st
                                             const std::map<std::string, std::string>& extra) {
   std::map<std::string, std::string> merged = own;
   for (const auto& [k, v] : extra) merged[k] = v;
-  std::vector<std::string> env = cli::baseEnvironment(id, cwd);
+  std::vector<std::string> env = baseEnvironment(id, cwd);
   for (const auto& [k, v] : merged) {
     std::string prefix = k + "=";
     std::erase_if(env, [&](const std::string& e) { return e.rfind(prefix, 0) == 0; });
@@ -975,7 +966,7 @@ Status EnvironmentManager::connectNetwork(const std::string& id, const egress::P
                                           const std::vector<egress::Secret>& secrets) {
   if (!egress_) return Error::make("unavailable", "egress control is not running in this moatd");
   MOAT_ASSIGN(Live live, liveOf(id));
-  MOAT_ASSIGN(UniqueFd netns, spawner_.networkNamespace(id));
+  MOAT_ASSIGN(UniqueFd netns, backend_.networkNamespace(id));
   MOAT_ASSIGN(auto link, egress_->attach(id, netns.get(), policy, secrets));
   Status s = writeNetworkFiles(live.connection, link);
   if (s.ok()) s = store_.setNetwork(id, policy.toJson().dump(), link.slot);
@@ -1073,7 +1064,7 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (creatingIds_.count(id)) {
-      // The spawner is still creating it; create() destroys it when done.
+      // The backend is still creating it; create() destroys it when done.
       destroyRequested_.emplace(id, actor);
       (void)store_.setState(id, "destroying", reason);
       return {};
@@ -1094,7 +1085,7 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   (void)store_.setState(id, "destroying", reason);
   if (egress_) egress_->forget(id);  // its link goes with its namespace
   traceStage("moatd: destroying stored");
-  Status s = spawner_.destroy(id);
+  Status s = backend_.destroy(id);
   traceStage("moatd: spawner destroyed");
   live.connection.reset();  // joins its reader: moat-init is gone by now
   // A failed destroy stays "destroying": the next moatd start finishes it.
@@ -1121,7 +1112,7 @@ void EnvironmentManager::destroyAll(const std::string& reason) {
     pool_.clear();
   }
   for (auto& r : ready) {
-    (void)spawner_.destroy(r.id);
+    (void)backend_.destroy(r.id);
     r.connection.reset();
   }
   for (const auto& id : ids) (void)destroy(id, reason);
@@ -1160,7 +1151,7 @@ void EnvironmentManager::reaperLoop() {
       }
     }
     lock.unlock();
-    for (const auto& id : deadReady) (void)spawner_.destroy(id);
+    for (const auto& id : deadReady) (void)backend_.destroy(id);
     poolCv_.notify_all();
     for (const auto& id : gone) {
       {

@@ -15,12 +15,12 @@
 
 #include "audit/event.h"
 #include "egress/controller.h"
-#include "backend/namespaces/spawner.h"
+#include "backend/backend.h"
 #include "common/result.h"
 #include "common/scope_exit.h"
 #include "init/protocol.h"
 #include "gate/permissions.h"
-#include "manager/clock.h"
+#include "common/clock.h"
 #include "manager/init_connection.h"
 #include "manager/process_table.h"
 #include "store/store.h"
@@ -164,11 +164,11 @@ struct Counters {
 class EnvironmentManager {
  public:
   EnvironmentManager(ManagerConfig config, store::Store& store,
-                     backend::namespaces::Spawner& spawner, audit::Recorder* audit = nullptr);
+                     backend::Backend& backend, audit::Recorder* audit = nullptr);
   ~EnvironmentManager();
 
   // Re-attaches to the environments a previous moatd left running (the
-  // spawner still owns them); records whose environment is gone are marked
+  // backend still runs them); records whose environment is gone are marked
   // failed, and environments without a record are destroyed. Egress links
   // are reconciled with the store: links nobody's record names are removed,
   // and a recorded policy without its link gets a new one.
@@ -323,10 +323,9 @@ class EnvironmentManager {
   void refillPool();
   void warmUp(const std::shared_ptr<InitConnection>& connection, const std::string& id);
   void poolLoop();
-  backend::namespaces::EnvironmentSpec specFor(const std::string& templateName, double cpus,
-                                               uint64_t ramMb, double storageGb,
-                                               uint64_t pids) const;
-  backend::namespaces::EnvironmentSpec poolSpec(size_t pool) const;
+  backend::Spec specFor(const std::string& templateName, double cpus, uint64_t ramMb, double storageGb,
+                        uint64_t pids) const;
+  backend::Spec poolSpec(size_t pool) const;
   // The warm pool whose template and spec a create asks for exactly.
   std::optional<size_t> poolFor(const store::EnvironmentRecord& record) const;
 
@@ -344,7 +343,7 @@ class EnvironmentManager {
 
   ManagerConfig config_;
   store::Store& store_;
-  backend::namespaces::Spawner& spawner_;
+  backend::Backend& backend_;
   audit::Recorder& audit_;
   egress::Controller* egress_ = nullptr;
   std::mutex networkMutex_;  // serializes network changes (and restores, which redo the network); before exclusive()
@@ -359,8 +358,7 @@ class EnvironmentManager {
   std::atomic<uint64_t> execs_{0};
   // Environments being destroyed, snapshotted or restored (guarded by
   // mutex_): a second such operation on the same one waits on exclusiveCv_;
-  // operations on different environments overlap (their spawner calls are
-  // serial in the spawner).
+  // operations on different environments overlap (in the backend).
   std::set<std::string> exclusive_;
   std::condition_variable exclusiveCv_;
   std::mutex snapshotMutex_;

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "manager/clock.h"
+#include "common/clock.h"
 
 namespace moat::manager {
 namespace {

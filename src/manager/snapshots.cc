@@ -1,15 +1,13 @@
 // Snapshots, forks and restores of environments' writable layers: the
-// EnvironmentManager's part (the storage is btrfs snapshots in the storage
-// pool, made by the spawner; docs/API.md, "Snapshots").
+// EnvironmentManager's part, their records and holds (the backend keeps
+// the files; docs/API.md, "Snapshots").
 #include <cstdio>
 
 #include <set>
 
 #include "common/hex.h"
-#include "isolation/fs/storage_pool.h"
-#include "manager/clock.h"
+#include "common/clock.h"
 #include "manager/environment_manager.h"
-#include "os/file.h"
 
 namespace moat::manager {
 
@@ -54,7 +52,7 @@ Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string
   // Recorded first: a moatd killed before the snapshot is finished leaves a
   // record the next one finds and rolls back (recoverSnapshots).
   MOAT_TRY(store_.insertSnapshot(snap));
-  auto base = spawner_.snapshot(id, snap.id);
+  auto base = backend_.snapshot(id, snap.id);
   if (!base.ok()) {
     (void)store_.deleteSnapshot(snap.id);
     return base.error();
@@ -63,9 +61,7 @@ Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string
   snap.state = transient ? "transient" : "ready";
   Status stored = store_.setSnapshotState(snap.id, snap.state, snap.hostBase);
   if (!stored.ok()) {
-    if (auto pool = isolation::fs::StoragePool::open(config_.stateDir); pool.ok()) {
-      (void)pool->destroySnapshot(snap.id);
-    }
+    (void)backend_.deleteSnapshot(snap.id);
     (void)store_.deleteSnapshot(snap.id);
     return stored.error();
   }
@@ -100,7 +96,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::fork(const std::string& id,
   // (volume first: a kill in between leaves a transient record, rolled back).
   MOAT_ASSIGN(auto snap, takeSnapshot(id, "fork", request.owner, true));
   ScopeExit dropSnapshot([&] {
-    if (auto pool = isolation::fs::StoragePool::open(config_.stateDir); pool.ok()) (void)pool->destroySnapshot(snap.id);
+    (void)backend_.deleteSnapshot(snap.id);
     (void)store_.deleteSnapshot(snap.id);
   });
   copy.fromSnapshot = snap.id;
@@ -156,11 +152,10 @@ Status EnvironmentManager::deleteSnapshot(const std::string& snapshotId, const s
     snapshotCv_.notify_all();
   });
   MOAT_ASSIGN(auto snap, getSnapshot(snapshotId));
-  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(config_.stateDir));
   // Marked first: a moatd killed after the volume went and before the
   // record did would otherwise list a snapshot that is not there.
   MOAT_TRY(store_.setSnapshotState(snap.id, "deleting", snap.hostBase));
-  if (Status s = pool.destroySnapshot(snap.id); !s.ok()) {
+  if (Status s = backend_.deleteSnapshot(snap.id); !s.ok()) {
     (void)store_.setSnapshotState(snap.id, "ready", snap.hostBase);
     return s.error();
   }
@@ -221,8 +216,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
   spec.snapshotHostBase = snap.hostBase;
   // The environment is started again on the snapshot: no part of the old
   // one (processes, /tmp, /dev/shm, its network namespace) carries over.
-  Status destroyed = spawner_.destroy(id);
-  auto created = destroyed.ok() ? spawner_.create(spec) : Result<backend::namespaces::Spawner::Created>(destroyed.error());
+  Status destroyed = backend_.destroy(id);
+  auto created = destroyed.ok() ? backend_.create(spec) : Result<backend::Backend::Created>(destroyed.error());
   snapshotHeld.run();
   if (!created.ok()) {
     {
@@ -230,7 +225,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
       if (live_.erase(id)) reservedMemoryMb_ -= record.ramMb;
     }
     std::string reason = "failed: restoring snapshot " + snap.id + ": " + created.error().message();
-    (void)spawner_.destroy(id);
+    (void)backend_.destroy(id);
     (void)store_.setState(id, "failed", reason);
     if (endedHook_) endedHook_(id, reason);
     audit_.record("environment.destroyed", id, actor, {{"reason", reason}, {"state", "failed"}});
@@ -253,11 +248,6 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
 void EnvironmentManager::recoverSnapshots() {
   auto all = store_.listSnapshots("", "");
   if (!all.ok()) return;
-  // Nothing recorded and no snapshot volumes: nothing to do, and no reason
-  // to set up the storage pool before the first environment needs it.
-  if (all->empty() && !os::exists(config_.stateDir + "/storage/snapshots")) return;
-  auto pool = isolation::fs::StoragePool::open(config_.stateDir);
-  if (!pool.ok()) return;
   std::set<std::string> kept;
   for (const auto& snap : all.value()) {
     if (snap.state == "ready") {
@@ -266,7 +256,7 @@ void EnvironmentManager::recoverSnapshots() {
     }
     // Begun by a moatd that was killed before it finished: rolled back
     // (a deletion is finished; a fork's snapshot was never announced).
-    (void)pool->destroySnapshot(snap.id);
+    (void)backend_.deleteSnapshot(snap.id);
     (void)store_.deleteSnapshot(snap.id);
     if (snap.state == "deleting") {
       audit_.record("snapshot.deleted", snap.environment, "moatd",
@@ -276,11 +266,11 @@ void EnvironmentManager::recoverSnapshots() {
                     {{"snapshot", snap.id}, {"reason", "moatd stopped while the snapshot was being taken"}});
     }
   }
-  auto present = pool->snapshots();
+  auto present = backend_.snapshots();
   if (!present.ok()) return;
   for (const auto& name : present.value()) {
     if (kept.count(name)) continue;
-    Status s = pool->destroySnapshot(name);
+    Status s = backend_.deleteSnapshot(name);
     if (!s.ok()) std::fprintf(stderr, "moatd: removing stray snapshot %s: %s\n", name.c_str(), s.error().message().c_str());
   }
 }

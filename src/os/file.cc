@@ -65,14 +65,15 @@ Status makeDir(const std::string& path, mode_t mode) {
   return {};
 }
 
-Status makeDirs(const std::string& path, mode_t mode) {
+Status makeDirs(const std::string& path, mode_t mode, mode_t parentMode) {
   if (path.empty() || path == "/") return {};
+  if (parentMode == 0) parentMode = mode;
   // The whole path first: usually it exists, or only its last part is missing.
   if (::mkdir(path.c_str(), mode) == 0) return {};
   if (errno == EEXIST) return makeDir(path, mode);  // fails unless a directory
   if (errno != ENOENT) return Error::fromErrno("mkdir " + path);
   auto slash = path.find_last_of('/');
-  if (slash != std::string::npos && slash > 0) MOAT_TRY(makeDirs(path.substr(0, slash), mode));
+  if (slash != std::string::npos && slash > 0) MOAT_TRY(makeDirs(path.substr(0, slash), parentMode, parentMode));
   return makeDir(path, mode);
 }
 
@@ -213,25 +214,6 @@ Result<long> fileSystemType(const std::string& path) {
   struct statfs sfs;
   if (::statfs(path.c_str(), &sfs) != 0) return Error::fromErrno("statfs " + path);
   return static_cast<long>(sfs.f_type);
-}
-
-std::string normalizePath(const std::string& path) {
-  std::vector<std::string> parts;
-  size_t i = 0;
-  while (i <= path.size()) {
-    size_t j = path.find('/', i);
-    if (j == std::string::npos) j = path.size();
-    std::string part = path.substr(i, j - i);
-    if (part == "..") {
-      if (!parts.empty()) parts.pop_back();
-    } else if (!part.empty() && part != ".") {
-      parts.push_back(part);
-    }
-    i = j + 1;
-  }
-  std::string out;
-  for (const auto& p : parts) out += "/" + p;
-  return out.empty() ? "/" : out;
 }
 
 std::string joinPath(const std::string& a, const std::string& b) {

@@ -16,7 +16,8 @@ Result<std::string> readFile(const std::string& path, size_t maxBytes = 1 << 20)
 Status writeFile(const std::string& path, const std::string& data, mode_t mode = 0644);
 // Writes to an existing file (cgroup knobs, /proc files) without O_CREAT.
 Status writeExisting(const std::string& path, const std::string& data);
-Status makeDirs(const std::string& path, mode_t mode = 0755);
+// The directory and any missing parents; the parents get parentMode (0: mode).
+Status makeDirs(const std::string& path, mode_t mode = 0755, mode_t parentMode = 0);
 Status makeDir(const std::string& path, mode_t mode = 0755);  // EEXIST is fine
 // Removes a tree without following symlinks and without crossing mounts.
 Status removeTree(const std::string& path);
@@ -44,8 +45,6 @@ Result<std::vector<std::string>> listDir(const std::string& path);
 Result<UniqueFd> open(const std::string& path, int flags, mode_t mode = 0);
 // Returns statfs f_type of the file system holding path.
 Result<long> fileSystemType(const std::string& path);
-// Absolute, lexically normalised path (no "." or ".." components).
-std::string normalizePath(const std::string& path);
 std::string joinPath(const std::string& a, const std::string& b);
 Status changeDirectory(const std::string& path);
 Result<std::string> currentDirectory();

@@ -1,4 +1,5 @@
 #include "cli/run_options.h"
+#include "common/base_environment.h"
 #include "os/file.h"
 
 #include <gtest/gtest.h>

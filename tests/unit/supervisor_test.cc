@@ -1178,10 +1178,16 @@ TEST_F(InitSupervisorFiles, WriteReadStatListRenameRemove) {
   EXPECT_EQ(deep->err, ENOENT) << "mkdir without kFileCreateParents must not create parents";
   FileRequest deepP = req(FileOp::kMkdir, dir + "/x/y/z");
   deepP.flags = kFileCreateParents;
+  deepP.mode = 0640;  // a mode without search rights: the leaf's, not its parents'
   auto dp = file(deepP);
   ASSERT_TRUE(dp.ok());
   ASSERT_EQ(dp->err, 0) << dp->message;
   EXPECT_TRUE(os::isDirectory(dir + "/x/y/z"));
+  struct stat parent, leaf;
+  ASSERT_EQ(::stat((dir + "/x/y").c_str(), &parent), 0);
+  ASSERT_EQ(::lstat((dir + "/x/y/z").c_str(), &leaf), 0);
+  EXPECT_EQ(parent.st_mode & 0700, 0700u) << "parents are made searchable, as mkdir -p makes them";
+  EXPECT_EQ(leaf.st_mode & 0100, 0u) << "the leaf has the mode asked for";
 
   auto again = file(req(FileOp::kMkdir, dir + "/m"));
   ASSERT_TRUE(again.ok());

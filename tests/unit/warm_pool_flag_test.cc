@@ -2,9 +2,9 @@
 // create's is.
 #include <gtest/gtest.h>
 
-#include "api/warm_pool_flag.h"
+#include "daemon/warm_pool_flag.h"
 
-namespace moat::api {
+namespace moat::daemon {
 namespace {
 
 TEST(WarmPoolFlag, ACountAloneIsADefaultSpecPool) {
@@ -58,4 +58,4 @@ TEST(WarmPoolFlag, BadValuesAreNamed) {
 }
 
 }  // namespace
-}  // namespace moat::api
+}  // namespace moat::daemon

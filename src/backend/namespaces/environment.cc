@@ -61,12 +61,6 @@ void setEnvironmentOpenFilesLimit(const struct rlimit& limit) {
   haveEnvironmentFileLimit = true;
 }
 
-std::string newEnvironmentId() {
-  auto id = randomHex(6);
-  // getrandom does not fail for 6 bytes once the kernel's pool is ready.
-  return id.ok() ? id.value() : std::string(12, '0');
-}
-
 namespace {
 
 std::string cgroupName(const std::string& id) { return "moat-" + id; }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "common/result.h"
 #include "common/unique_fd.h"
 #include "isolation/cgroup/cgroup.h"
@@ -52,8 +53,6 @@ struct EnvironmentSpec {
   // must not hand the namespace out again. -1: make one.
   int networkNamespaceFd = -1;
 };
-
-std::string newEnvironmentId();
 
 // The open files limit pid 1 of a new environment starts with, for a creator
 // that raised its own (moatd's spawner holds three descriptors per

@@ -299,7 +299,6 @@ Result<std::unique_ptr<Spawner>> Spawner::connectOrStart(const std::string& sock
     runSpawner(childEnd.get(), listener.get());
   }
   spawner->channel_ = std::move(parentEnd);
-  spawner->startedNew_ = true;
   return spawner;
 }
 

@@ -50,7 +50,6 @@ class Spawner {
   Result<std::vector<std::string>> list();
   // Destroys every environment and ends the spawner.
   Status shutdown();
-  bool startedNew() const { return startedNew_; }
 
  private:
   Spawner() = default;
@@ -58,7 +57,6 @@ class Spawner {
 
   std::mutex mutex_;
   UniqueFd channel_;
-  bool startedNew_ = false;
 };
 
 // The spawner's side (runs in the forked child; never returns).

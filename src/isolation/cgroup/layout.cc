@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/path.h"
 #include "os/file.h"
 
 namespace moat::isolation::cgroup {
@@ -74,7 +75,7 @@ std::string dirUnder(const CgroupMount& m, const std::string& cgroupPath) {
       (rel.size() == m.root.size() || rel[m.root.size()] == '/')) {
     rel = rel.substr(m.root.size());
   }
-  return os::normalizePath(m.mountPoint + "/" + rel);
+  return moat::normalizePath(m.mountPoint + "/" + rel);
 }
 
 }  // namespace
@@ -117,7 +118,7 @@ Result<Layout> detectLayout(const std::string& mountinfo, const std::string& pro
     if (m.fsType != "cgroup2") continue;
     layout.version = Version::kV2;
     layout.v2Parent = v2ParentOverride.empty() ? os::joinPath(m.mountPoint, "moat")
-                                               : os::normalizePath(v2ParentOverride);
+                                               : moat::normalizePath(v2ParentOverride);
     return layout;
   }
   return Error::make("unsupported", "no cgroup file system is mounted");

@@ -10,6 +10,7 @@
 #include "common/trace.h"
 #include "common/unique_fd.h"
 #include "isolation/fs/built_dir.h"
+#include "common/path.h"
 #include "os/file.h"
 #include "os/mount.h"
 #include "os/tree.h"
@@ -160,10 +161,10 @@ Status validateBindTarget(const std::string& target) {
   if (target.empty() || target[0] != '/') {
     return Error::make("invalid_argument", "volume target must be an absolute path: " + target);
   }
-  if (os::normalizePath(target) != target && os::normalizePath(target) + "/" != target) {
+  if (moat::normalizePath(target) != target && moat::normalizePath(target) + "/" != target) {
     return Error::make("invalid_argument", "volume target must be a plain path (no '.', '..' or '//'): " + target);
   }
-  std::string t = os::normalizePath(target);
+  std::string t = moat::normalizePath(target);
   for (const char* reserved : {"/", "/proc", "/dev", "/sys"}) {
     std::string r = reserved;
     if (t == r || (r != "/" && t.compare(0, r.size() + 1, r + "/") == 0)) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "isolation/fs/built_dir.h"
+#include "common/path.h"
 #include "os/file.h"
 #include "os/tree.h"
 
@@ -115,7 +116,7 @@ Result<Template> resolveTemplate(const std::string& spec, const std::string& sta
   // The state directory holds the master token, keys and every environment's
   // files: no template may show it, from above or from inside.
   auto state = os::realPath(stateDir);
-  std::string s = state.ok() ? state.value() : os::normalizePath(stateDir);
+  std::string s = state.ok() ? state.value() : moat::normalizePath(stateDir);
   auto within = [](const std::string& inner, const std::string& outer) {
     return inner == outer || (inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 &&
                               (outer == "/" || inner[outer.size()] == '/'));

@@ -2,9 +2,9 @@
 
 #include <cstdint>
 
-namespace moat::manager {
+namespace moat {
 
 // Wall-clock milliseconds since the epoch: what the store and the API show.
 int64_t nowMs();
 
-}  // namespace moat::manager
+}  // namespace moat

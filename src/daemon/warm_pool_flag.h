@@ -5,7 +5,7 @@
 #include "common/result.h"
 #include "manager/environment_manager.h"
 
-namespace moat::api {
+namespace moat::daemon {
 
 // One `moatd --warm-pool` value: "N" (N environments of the default spec) or
 // "N:key=value,..." with keys template ("host" or an absolute directory),
@@ -13,4 +13,4 @@ namespace moat::api {
 // most maxRamMb). Errors say what is wrong, for "--warm-pool needs ...".
 Result<manager::WarmPool> parseWarmPoolFlag(const std::string& value, double maxRamMb);
 
-}  // namespace moat::api
+}  // namespace moat::daemon

@@ -1,11 +1,14 @@
-#include "api/warm_pool_flag.h"
+#include "daemon/warm_pool_flag.h"
 
 #include <cstdlib>
 
 #include "api/validation.h"
 #include "os/file.h"
 
-namespace moat::api {
+namespace moat::daemon {
+
+using api::SpecFields;
+using nlohmann::json;
 
 Result<manager::WarmPool> parseWarmPoolFlag(const std::string& value, double maxRamMb) {
   const std::string form = "N or N:key=value,... (keys template, cpus, ram_mb, storage_gb, pids)";
@@ -47,7 +50,7 @@ Result<manager::WarmPool> parseWarmPoolFlag(const std::string& value, double max
     spec[key] = parsed.is_discarded() ? json(text) : parsed;
   }
   SpecFields fields;
-  if (auto e = specFields(spec, "", maxRamMb, fields)) return Error::make("invalid_argument", e->message);
+  if (auto e = api::specFields(spec, "", maxRamMb, fields)) return Error::make("invalid_argument", e->message);
   pool.cpus = fields.cpus;
   pool.ramMb = fields.ramMb;
   pool.storageGb = fields.storageGb;
@@ -55,4 +58,4 @@ Result<manager::WarmPool> parseWarmPoolFlag(const std::string& value, double max
   return pool;
 }
 
-}  // namespace moat::api
+}  // namespace moat::daemon

@@ -1,0 +1,69 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "common/unique_fd.h"
+
+// What moatd's environment manager needs of whatever runs an environment:
+// the seam between the manager (lifecycle, pools, snapshots' records) and
+// one kind of isolation. backend/namespaces/ implements it with the
+// namespace backend's spawner; the manager's unit tests use a recording
+// fake. Every backend runs moat-init in each environment and hands back its
+// guest protocol connection, so processes, files and shells work the same
+// on all of them.
+namespace moat::backend {
+
+// One environment, whatever runs it.
+struct Spec {
+  std::string id;  // 12 lowercase hex digits (newEnvironmentId)
+  std::string templateName = "host";
+  double cpus = 1;
+  uint64_t memoryMb = 1024;
+  uint64_t pids = 1024;
+  double storageGb = 4;  // fractional: 0.5 is 512 MiB
+  // Not empty: the writable layer starts as a copy of this snapshot (a fork,
+  // a restore) instead of empty; snapshotHostBase is what snapshot() gave
+  // for it.
+  std::string fromSnapshot;
+  uint32_t snapshotHostBase = 0;
+};
+
+std::string newEnvironmentId();
+
+// Environments a backend runs outlive the moatd that made them (a restart
+// re-attaches), until destroy(). Calls may come from any thread. A fork is
+// a snapshot and a create from it; a restore, a destroy and a create of
+// the same id from a snapshot.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  struct Created {
+    std::string id;
+    UniqueFd control;  // the guest protocol connection to moat-init
+  };
+  virtual Result<Created> create(const Spec& spec) = 0;
+  // Ends every process and removes every trace of it (its files too).
+  // Idempotent: a gone environment is fine.
+  virtual Status destroy(const std::string& id) = 0;
+  // A new guest protocol connection to a running environment (the old one
+  // is dropped).
+  virtual Result<UniqueFd> attach(const std::string& id) = 0;
+  // The ids of the environments it runs.
+  virtual Result<std::vector<std::string>> list() = 0;
+  // Where the environment's network attaches: its network namespace.
+  virtual Result<UniqueFd> networkNamespace(const std::string& id) = 0;
+  // A read-only copy of the environment's writable layer at this moment,
+  // kept as `name` (like a power cut: written data is in it, processes are
+  // not); returns what a create from it needs (Spec::snapshotHostBase).
+  virtual Result<uint32_t> snapshot(const std::string& id, const std::string& name) = 0;
+  // Idempotent: a gone snapshot is fine.
+  virtual Status deleteSnapshot(const std::string& name) = 0;
+  // The names of the snapshots it keeps.
+  virtual Result<std::vector<std::string>> snapshots() = 0;
+};
+
+}  // namespace moat::backend

@@ -1,0 +1,38 @@
+#include "backend/namespaces/backend.h"
+
+#include "isolation/fs/storage_pool.h"
+#include "os/file.h"
+
+namespace moat::backend::namespaces {
+
+Result<Backend::Created> NamespacesBackend::create(const Spec& spec) {
+  EnvironmentSpec full;
+  full.stateDir = stateDir_;
+  full.id = spec.id;
+  full.templateName = spec.templateName;
+  full.cpus = spec.cpus;
+  full.memoryMb = spec.memoryMb;
+  full.pids = spec.pids;
+  full.storageGb = spec.storageGb;
+  full.fromSnapshot = spec.fromSnapshot;
+  full.snapshotHostBase = spec.snapshotHostBase;
+  // pid 1 is a fresh exec of moat-init: nothing of moatd's memory in it.
+  full.initMode = InitMode::kExec;
+  MOAT_ASSIGN(auto made, spawner_.create(full));
+  return Created{std::move(made.id), std::move(made.control)};
+}
+
+Status NamespacesBackend::deleteSnapshot(const std::string& name) {
+  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
+  return pool.destroySnapshot(name);
+}
+
+Result<std::vector<std::string>> NamespacesBackend::snapshots() {
+  // No snapshot was ever taken: no reason to set up the storage pool before
+  // the first environment needs it.
+  if (!os::exists(stateDir_ + "/storage/snapshots")) return std::vector<std::string>{};
+  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
+  return pool.snapshots();
+}
+
+}  // namespace moat::backend::namespaces

@@ -1,0 +1,38 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "api/http.h"
+#include "audit/log.h"
+#include "common/result.h"
+#include "egress/controller.h"
+#include "manager/environment_manager.h"
+
+namespace moat::daemon {
+
+// What moatd's command line asks for, on top of the defaults.
+struct DaemonFlags {
+  std::string stateDir;  // the default: $MOAT_STATE or /var/lib/moat (given to the parser)
+  std::string listen = "127.0.0.1:7070";
+  int64_t approvalTimeoutS = 120;
+  unsigned long keyRate = 200;  // api::ApiOptions::keyRequestsPerSecond
+  manager::ManagerConfig manager;
+  audit::LogOptions audit;
+  egress::EgressConfig egress;
+  api::ServerLimits server;
+  bool egressOn = true;
+  bool help = false;  // -h, --help: print daemonUsage() and stop
+};
+
+// Parses moatd's arguments (without argv[0]). `hostMemoryMb` bounds a warm
+// pool's ram_mb. Errors: code "usage" for an unknown argument or one
+// missing its value, "invalid_argument" for a value out of range or a file
+// that cannot be read; the message names the flag.
+Result<DaemonFlags> parseDaemonFlags(const std::vector<std::string>& args, const std::string& defaultStateDir,
+                                     double hostMemoryMb);
+
+const char* daemonUsage();
+
+}  // namespace moat::daemon

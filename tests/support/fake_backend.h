@@ -1,0 +1,67 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace moat::test {
+
+// A backend for the manager's unit tests, without root: each environment is
+// the real moat-init binary run as an ordinary child process (no
+// namespaces, no limits; its exec gate on, as in moatd's environments),
+// reattachable like the namespace backend's. Every call is recorded; a
+// create can be made to fail, and an environment to vanish as if its host
+// side had been lost.
+class FakeBackend final : public backend::Backend {
+ public:
+  struct Call {
+    std::string op;  // create, destroy, attach, list, networkNamespace, snapshot, deleteSnapshot, snapshots
+    std::string id;  // the environment's, or a snapshot's name
+    backend::Spec spec;  // create's
+  };
+
+  ~FakeBackend() override;
+
+  Result<Created> create(const backend::Spec& spec) override;
+  Status destroy(const std::string& id) override;
+  Result<UniqueFd> attach(const std::string& id) override;
+  Result<std::vector<std::string>> list() override;
+  Result<UniqueFd> networkNamespace(const std::string& id) override;
+  Result<uint32_t> snapshot(const std::string& id, const std::string& name) override;
+  Status deleteSnapshot(const std::string& name) override;
+  Result<std::vector<std::string>> snapshots() override;
+
+  std::vector<Call> calls();
+  // Calls of one kind, in order.
+  std::vector<Call> calls(const std::string& op);
+  bool runs(const std::string& id);
+  bool keepsSnapshot(const std::string& name);
+  // The next create fails with this error (and makes nothing).
+  void failNextCreate(const std::string& code, const std::string& message);
+  // Ends the environment's moat-init without being asked (moatd sees its
+  // pid 1 go; list() no longer names it).
+  void vanish(const std::string& id);
+
+ private:
+  struct Env {
+    pid_t pid = -1;
+    UniqueFd rendezvous;  // closed: moat-init ends everything and exits
+  };
+  void record(const std::string& op, const std::string& id, const backend::Spec& spec = {});
+  static void end(Env& env);
+
+  std::mutex mutex_;
+  std::vector<Call> calls_;
+  std::map<std::string, Env> envs_;
+  std::set<std::string> snapshots_;
+  std::optional<Error> failCreate_;
+};
+
+}  // namespace moat::test

@@ -1,0 +1,111 @@
+// moatd's command line: each flag sets what it names, values out of range
+// and unknown arguments are refused by name, and nothing else changes.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "daemon/flags.h"
+
+namespace moat::daemon {
+namespace {
+
+Result<DaemonFlags> parse(std::vector<std::string> args) { return parseDaemonFlags(args, "/var/lib/moat", 8192); }
+
+std::string problem(std::vector<std::string> args) {
+  auto f = parse(std::move(args));
+  return f.ok() ? "accepted" : f.error().code + ": " + f.error().context;
+}
+
+TEST(DaemonFlags, NoArgumentsAreTheDefaults) {
+  auto f = parse({});
+  ASSERT_TRUE(f.ok());
+  DaemonFlags defaults;
+  EXPECT_EQ(f->stateDir, "/var/lib/moat");
+  EXPECT_EQ(f->listen, "127.0.0.1:7070");
+  EXPECT_EQ(f->approvalTimeoutS, 120);
+  EXPECT_EQ(f->keyRate, 200u);
+  EXPECT_TRUE(f->egressOn);
+  EXPECT_FALSE(f->help);
+  EXPECT_EQ(f->manager.maxEnvironments, defaults.manager.maxEnvironments);
+  EXPECT_TRUE(f->manager.warmPools.empty());
+  EXPECT_EQ(f->server.maxConnections, defaults.server.maxConnections);
+  EXPECT_EQ(f->audit.maxEvents, defaults.audit.maxEvents);
+}
+
+TEST(DaemonFlags, EachFlagSetsWhatItNames) {
+  auto f = parse({"--state", "/srv/moat", "--listen", "0.0.0.0:8080", "--warm-pool", "2:ram_mb=512", "--warm-pool",
+                  "1", "--max-environments", "10", "--max-connections", "20", "--key-rate", "0",
+                  "--approval-timeout", "30", "--lossless-wait", "5", "--audit-retention-days", "0",
+                  "--audit-max-events", "5000", "--egress-head-timeout", "7", "--no-egress"});
+  ASSERT_TRUE(f.ok()) << f.error().message();
+  EXPECT_EQ(f->stateDir, "/srv/moat");
+  EXPECT_EQ(f->listen, "0.0.0.0:8080");
+  ASSERT_EQ(f->manager.warmPools.size(), 2u);
+  EXPECT_EQ(f->manager.warmPools[0].size, 2u);
+  EXPECT_EQ(f->manager.warmPools[0].ramMb, 512u);
+  EXPECT_EQ(f->manager.warmPools[1].size, 1u);
+  EXPECT_EQ(f->manager.maxEnvironments, 10u);
+  EXPECT_EQ(f->server.maxConnections, 20u);
+  EXPECT_EQ(f->keyRate, 0u);
+  EXPECT_EQ(f->approvalTimeoutS, 30);
+  EXPECT_EQ(f->manager.processLimits.losslessWaitMs, 5000);
+  EXPECT_EQ(f->audit.retentionDays, 0);
+  EXPECT_EQ(f->audit.maxEvents, 5000u);
+  EXPECT_EQ(f->egress.headTimeout, std::chrono::seconds(7));
+  EXPECT_FALSE(f->egressOn);
+}
+
+TEST(DaemonFlags, ValuesOutOfRangeAreRefusedByName) {
+  EXPECT_EQ(problem({"--max-environments", "0"}), "invalid_argument: --max-environments needs a number from 1 to 100000");
+  EXPECT_EQ(problem({"--max-environments", "100001"}),
+            "invalid_argument: --max-environments needs a number from 1 to 100000");
+  EXPECT_EQ(problem({"--max-connections", "-1"}), "invalid_argument: --max-connections needs a number from 1 to 100000");
+  EXPECT_EQ(problem({"--key-rate", "1e3"}),
+            "invalid_argument: --key-rate needs a number of requests per second from 0 (no limit) to 100000");
+  EXPECT_EQ(problem({"--approval-timeout", "86401"}),
+            "invalid_argument: --approval-timeout needs a number of seconds from 1 to 86400");
+  EXPECT_EQ(problem({"--audit-max-events", "999"}),
+            "invalid_argument: --audit-max-events needs 0 or a number from 1000 to 1000000000");
+  EXPECT_EQ(problem({"--audit-max-events", "99999999999"}),
+            "invalid_argument: --audit-max-events needs 0 or a number from 1000 to 1000000000");
+  EXPECT_EQ(problem({"--egress-head-timeout", ""}),
+            "invalid_argument: --egress-head-timeout needs a number of seconds from 1 to 3600");
+  EXPECT_EQ(problem({"--warm-pool", "2:ram_mb=99999"}).rfind("invalid_argument: --warm-pool needs ", 0), 0u);
+  EXPECT_EQ(problem({"--egress-hosts", "/nonexistent/hosts"}),
+            "invalid_argument: --egress-hosts: cannot read /nonexistent/hosts");
+}
+
+TEST(DaemonFlags, UnknownArgumentsAndMissingValuesAreUsageErrors) {
+  EXPECT_EQ(problem({"--sate", "/x"}), "usage: unknown argument --sate");
+  EXPECT_EQ(problem({"--state"}), "usage: --state needs a value");
+  EXPECT_EQ(problem({"--no-egress", "--warm-pool"}), "usage: --warm-pool needs a value");
+  auto help = parse({"--listen", "x", "--help", "--whatever"});
+  ASSERT_TRUE(help.ok());
+  EXPECT_TRUE(help->help);
+  EXPECT_NE(std::string(daemonUsage()).find("--warm-pool N[:SPEC]"), std::string::npos);
+}
+
+TEST(DaemonFlags, PermissionsComeFromAJsonFileAndABadOneIsRefusedWithItsProblem) {
+  char dir[] = "/tmp/moat-flags-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string good = std::string(dir) + "/good.json", bad = std::string(dir) + "/bad.json",
+                    wrong = std::string(dir) + "/wrong.json";
+  std::ofstream(good) << R"({"run_command": "deny"})";
+  std::ofstream(bad) << "{not json";
+  std::ofstream(wrong) << R"({"run_command": "sometimes"})";
+  auto f = parse({"--permissions", good});
+  ASSERT_TRUE(f.ok()) << f.error().message();
+  EXPECT_EQ(f->manager.defaultPermissions.toJson()["run_command"], "deny");
+  EXPECT_EQ(problem({"--permissions", bad}), "invalid_argument: --permissions: " + bad + " is not JSON");
+  std::string why = problem({"--permissions", wrong});
+  EXPECT_EQ(why.rfind("invalid_argument: --permissions: " + wrong + ": permissions.run_command: must be", 0), 0u) << why;
+  EXPECT_EQ(problem({"--permissions", std::string(dir) + "/missing.json"}).rfind("invalid_argument: --permissions: ", 0),
+            0u);
+  for (const auto& p : {good, bad, wrong}) ::unlink(p.c_str());
+  ::rmdir(dir);
+}
+
+}  // namespace
+}  // namespace moat::daemon
