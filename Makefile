@@ -10,7 +10,7 @@ FUZZ_SECONDS ?= 10
 ASAN_BUILD ?= build-asan
 SANITIZE ?= 1
 
-.PHONY: all deps build run test bench sanitize fuzz asan-configure clean
+.PHONY: all deps build run test bench sanitize fuzz asan-configure format clean
 
 all: build
 
@@ -48,16 +48,22 @@ asan-configure: deps
 # The suite under ASan + UBSan. Left out: the exhaustion and stress suites,
 # which hold environments and moatd to memory and latency limits that a
 # sanitized build's 2-3x memory and time do not meet by design; they run in
-# the normal build above. docs/SECURITY.md, "Sanitizers".
+# the normal build above, and the structure checks, which build nothing.
+# docs/SECURITY.md, "Sanitizers".
 sanitize: asan-configure
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
-	  ctest --output-on-failure --timeout 600 -j 2 -LE stress -E '^security\.exhaustion$$'
+	  ctest --output-on-failure --timeout 600 -j 2 -LE 'stress|structure' -E '^security\.exhaustion$$'
 
 # libFuzzer targets for the parsers of untrusted input, built in ASAN_BUILD:
 # each runs FUZZ_SECONDS from fuzz/corpus/<name>/; docs/SECURITY.md, "Fuzzing".
 fuzz: asan-configure
 	@FUZZ_BUILD=$(ASAN_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) scripts/fuzz.sh
+
+# Lays the C++ sources out as .clang-format says (clang-format 14, Debian
+# 12's); tests/structure/format_test.sh fails the suite on any that differ.
+format: deps
+	@git ls-files 'src/*.cc' 'src/*.h' 'tests/*.cc' 'tests/*.h' 'bench/*.cc' 'fuzz/*.cc' | xargs clang-format-14 -i
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz

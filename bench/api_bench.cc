@@ -9,9 +9,9 @@
 // any exec of `true` costs here, whatever runs it).
 #include <poll.h>
 #include <spawn.h>
-#include <sys/wait.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -163,17 +163,18 @@ int main(int argc, char** argv) {
   std::printf("| create | %.2f | %.2f |\n", pct(createOnly, 0.5), pct(createOnly, 0.99));
   std::printf("| create -> first exec done | %.2f | %.2f |\n", pct(firstExec, 0.5), pct(firstExec, 0.99));
   std::printf("| create -> exec true -> destroy | %.2f | %.2f |\n", pct(cycle, 0.5), pct(cycle, 0.99));
-  std::printf("| create, 10 x exec true, destroy | %.2f | %.2f |\n", pct(tenCommands, 0.5),
-              pct(tenCommands, 0.99));
+  std::printf("| create, 10 x exec true, destroy | %.2f | %.2f |\n", pct(tenCommands, 0.5), pct(tenCommands, 0.99));
   std::vector<double> floor = spawnTrue(1, 2000);
   std::printf("| peer: posix_spawn /bin/true on the host (the machine's floor for one exec) | %.2f | %.2f |\n",
               pct(floor, 0.5), pct(floor, 0.99));
 
   if (std::getenv("BENCH_CYCLE_ONLY")) return 0;  // A/B runs of the create path
-  std::string id = idOf(c.call(http::verb::post, "/v1/environments", R"({"spec":{"cpus":2,"ram_mb":512,"pids":4096}})").second);
+  std::string id =
+      idOf(c.call(http::verb::post, "/v1/environments", R"({"spec":{"cpus":2,"ram_mb":512,"pids":4096}})").second);
   std::vector<std::string> ids{id};
   for (int e = 1; e < (getenv("BENCH_ENVS") ? atoi(getenv("BENCH_ENVS")) : 1); ++e)
-    ids.push_back(idOf(c.call(http::verb::post, "/v1/environments", R"({"spec":{"cpus":2,"ram_mb":512,"pids":4096}})").second));
+    ids.push_back(
+        idOf(c.call(http::verb::post, "/v1/environments", R"({"spec":{"cpus":2,"ram_mb":512,"pids":4096}})").second));
   std::printf("\n| concurrent clients | exec/s (true) | p50 ms | p99 ms |\n|---:|---:|---:|---:|\n");
   for (int clients : {1, 8, 64}) {
     std::atomic<bool> stop{false};
@@ -196,8 +197,8 @@ int main(int argc, char** argv) {
     double seconds = (nowMs() - t0) / 1000;
     std::vector<double> all;
     for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
-    std::printf("| %d | %.0f | %.2f | %.2f |\n", clients, static_cast<double>(all.size()) / seconds,
-                pct(all, 0.5), pct(all, 0.99));
+    std::printf("| %d | %.0f | %.2f | %.2f |\n", clients, static_cast<double>(all.size()) / seconds, pct(all, 0.5),
+                pct(all, 0.99));
   }
   for (int threads : {1, 2}) {
     std::vector<double> spawned = spawnTrue(threads, 3000);

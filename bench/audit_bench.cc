@@ -118,8 +118,7 @@ int inProcess() {
         auto& mine = lat[static_cast<size_t>(t)];
         mine.reserve(static_cast<size_t>(each));
         for (int i = 0; i < each; ++i) {
-          nlohmann::json data = {
-              {"path", "/workspace/file-" + std::to_string(i)}, {"size", i}, {"offset", 0}};
+          nlohmann::json data = {{"path", "/workspace/file-" + std::to_string(i)}, {"size", i}, {"offset", 0}};
           double s = nowMs();
           log.value()->record("file.read", "0123456789ab", "master", std::move(data));
           mine.push_back((nowMs() - s) * 1000);
@@ -131,9 +130,8 @@ int inProcess() {
     double seconds = (nowMs() - t0) / 1000;
     std::vector<double> all;
     for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
-    std::printf("| %d thread%s | %zu | %.2f | %.2f | %.0f |\n", threads, threads == 1 ? "" : "s",
-                all.size(), pct(all, 0.5), pct(all, 0.99),
-                static_cast<double>(all.size()) / seconds);
+    std::printf("| %d thread%s | %zu | %.2f | %.2f | %.0f |\n", threads, threads == 1 ? "" : "s", all.size(),
+                pct(all, 0.5), pct(all, 0.99), static_cast<double>(all.size()) / seconds);
     auto verified = log.value()->verify();
     if (!verified.ok() || !verified->ok) {
       std::fprintf(stderr, "the chain does not verify\n");
@@ -162,9 +160,8 @@ int inProcess() {
     for (int i = 0; i < events; ++i) {
       next += std::chrono::microseconds(500);
       std::this_thread::sleep_until(next);
-      log.value()->record(
-          "file.read", "0123456789ab", "master",
-          {{"path", "/workspace/file-" + std::to_string(i)}, {"size", i}, {"offset", 0}});
+      log.value()->record("file.read", "0123456789ab", "master",
+                          {{"path", "/workspace/file-" + std::to_string(i)}, {"size", i}, {"offset", 0}});
     }
     if (!log.value()->flush().ok()) return 1;
     Cpu after = cpuOf(self.c_str());
@@ -186,8 +183,7 @@ class Client {
   Client(const std::string& socket, const std::string& token) : socket_(io_), token_(token) {
     socket_.connect(asio::local::stream_protocol::endpoint(socket));
   }
-  std::pair<int, std::string> call(http::verb verb, const std::string& target,
-                                   const std::string& body = "") {
+  std::pair<int, std::string> call(http::verb verb, const std::string& target, const std::string& body = "") {
     http::request<http::string_body> req{verb, target, 11};
     req.set(http::field::host, "localhost");
     req.set(http::field::authorization, "Bearer " + token_);
@@ -219,10 +215,9 @@ std::string idOf(const std::string& json) {
 uint64_t countEvents(Client& c, const std::string& environment, const std::string& type) {
   uint64_t since = 0, count = 0;
   for (;;) {
-    const std::string body =
-        c.call(http::verb::get, "/v1/events?environment=" + environment + "&type=" + type +
-                                    "&since=" + std::to_string(since))
-            .second;
+    const std::string body = c.call(http::verb::get, "/v1/events?environment=" + environment + "&type=" + type +
+                                                         "&since=" + std::to_string(since))
+                                 .second;
     uint64_t n = 0;
     for (size_t at = 0; at < body.size();) {
       size_t end = body.find('\n', at);
@@ -247,8 +242,7 @@ int againstMoatd(const std::string& socket, const std::string& token, int rate, 
     std::fprintf(stderr, "create failed\n");
     return 1;
   }
-  c.call(http::verb::put, "/v1/environments/" + loaded + "/files?path=/workspace/f",
-         "0123456789abcdef");
+  c.call(http::verb::put, "/v1/environments/" + loaded + "/files?path=/workspace/f", "0123456789abcdef");
   const std::string execTrue = R"({"cmd":["true"]})";
   const char* moatdPid = std::getenv("MOATD_PID");
   auto execLatency = [&] {
@@ -313,40 +307,33 @@ int againstMoatd(const std::string& socket, const std::string& token, int rate, 
   uint64_t reads = countEvents(c, loaded, "file.read") - readsBefore;
   // Each exec is recorded too (exec.started, exec.ended).
   double execEventsPerSecond = 2.0 * static_cast<double>(recorded.lat.size()) / (seconds);
-  std::printf(
-      "\n| exec true, 1 client | events/s recorded | p50 ms | p99 ms |\n|---|---:|---:|---:|\n");
+  std::printf("\n| exec true, 1 client | events/s recorded | p50 ms | p99 ms |\n|---|---:|---:|---:|\n");
   std::printf("| alone | %.0f (its own exec events) | %.2f | %.2f |\n",
               2.0 * static_cast<double>(alone.size()) / seconds, pct(alone, 0.5), pct(alone, 0.99));
-  std::printf("| + %.0f/s GET environment (not recorded) | %.0f | %.2f | %.2f |\n",
-              unrecorded.callsPerSecond, 2.0 * static_cast<double>(unrecorded.lat.size()) / seconds,
-              pct(unrecorded.lat, 0.5), pct(unrecorded.lat, 0.99));
-  std::printf(
-      "| + %.0f/s file reads (each a file.read event) | %.0f + %.0f file.read | %.2f | %.2f |\n",
-      recorded.callsPerSecond, execEventsPerSecond, static_cast<double>(reads) / loadSeconds,
-      pct(recorded.lat, 0.5), pct(recorded.lat, 0.99));
-  std::printf("| ratio, recorded load vs alone | | %.2fx | %.2fx |\n",
-              pct(recorded.lat, 0.5) / pct(alone, 0.5), pct(recorded.lat, 0.99) / pct(alone, 0.99));
+  std::printf("| + %.0f/s GET environment (not recorded) | %.0f | %.2f | %.2f |\n", unrecorded.callsPerSecond,
+              2.0 * static_cast<double>(unrecorded.lat.size()) / seconds, pct(unrecorded.lat, 0.5),
+              pct(unrecorded.lat, 0.99));
+  std::printf("| + %.0f/s file reads (each a file.read event) | %.0f + %.0f file.read | %.2f | %.2f |\n",
+              recorded.callsPerSecond, execEventsPerSecond, static_cast<double>(reads) / loadSeconds,
+              pct(recorded.lat, 0.5), pct(recorded.lat, 0.99));
+  std::printf("| ratio, recorded load vs alone | | %.2fx | %.2fx |\n", pct(recorded.lat, 0.5) / pct(alone, 0.5),
+              pct(recorded.lat, 0.99) / pct(alone, 0.99));
   std::printf("| ratio, recorded vs unrecorded load | | %.2fx | %.2fx |\n",
-              pct(recorded.lat, 0.5) / pct(unrecorded.lat, 0.5),
-              pct(recorded.lat, 0.99) / pct(unrecorded.lat, 0.99));
+              pct(recorded.lat, 0.5) / pct(unrecorded.lat, 0.5), pct(recorded.lat, 0.99) / pct(unrecorded.lat, 0.99));
   std::printf("\nfile.read events stored during the recorded phase: %llu (%.0f/s)\n",
               static_cast<unsigned long long>(reads), static_cast<double>(reads) / loadSeconds);
   if (moatdPid != nullptr) {
     // Events in each phase: 2 per exec, plus the file reads in the last.
     auto row = [&](const char* name, const Cpu& cpu, double seconds, double events) {
       std::printf("| %s | %.0f%% | %.1f%% | %.0f | %.1f |\n", name, cpu.processMs / seconds / 10,
-                  cpu.writerMs / seconds / 10, events / seconds,
-                  events > 0 ? cpu.writerMs * 1000 / events : 0.0);
+                  cpu.writerMs / seconds / 10, events / seconds, events > 0 ? cpu.writerMs * 1000 / events : 0.0);
     };
-    std::printf(
-        "\n| phase | moatd CPU (of a core) | audit writer CPU | events/s | writer us/event |\n");
+    std::printf("\n| phase | moatd CPU (of a core) | audit writer CPU | events/s | writer us/event |\n");
     std::printf("|---|---:|---:|---:|---:|\n");
     row("alone", aloneCpu, aloneSeconds, 2.0 * static_cast<double>(alone.size()));
-    row("+ unrecorded load", unrecorded.cpu, unrecorded.seconds,
-        2.0 * static_cast<double>(unrecorded.lat.size()));
+    row("+ unrecorded load", unrecorded.cpu, unrecorded.seconds, 2.0 * static_cast<double>(unrecorded.lat.size()));
     row("+ recorded load", recorded.cpu, recorded.seconds,
-        2.0 * static_cast<double>(recorded.lat.size()) +
-            static_cast<double>(reads) * recorded.seconds / loadSeconds);
+        2.0 * static_cast<double>(recorded.lat.size()) + static_cast<double>(reads) * recorded.seconds / loadSeconds);
   }
   c.call(http::verb::delete_, "/v1/environments/" + target);
   c.call(http::verb::delete_, "/v1/environments/" + loaded);

@@ -88,8 +88,7 @@ int main(int argc, char** argv) {
     }
   }
   double base = peers[0].ms.empty() ? 0 : percentile(peers[0].ms, 0.5);
-  std::printf("| command | median ms | p90 ms | %s ÷ this |\n|---|---:|---:|---:|\n",
-              peers[0].name.c_str());
+  std::printf("| command | median ms | p90 ms | %s ÷ this |\n|---|---:|---:|---:|\n", peers[0].name.c_str());
   for (auto& p : peers) {
     if (p.ms.empty()) {
       std::printf("| %s | n/a | n/a | n/a |\n", p.name.c_str());

@@ -181,13 +181,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (colon == std::string::npos) continue;
     std::string name = lowerCase(line.substr(0, colon)), value = line.substr(colon + 2);
     if (auto key = value.find("$KEY"); key != std::string::npos) value.replace(key, 4, d->keyToken);
-    if (name == "authorization") req.authorization = value;
-    else if (name == "prefer") req.prefer = value;
-    else if (name == "host") req.host = value;
-    else if (name == "origin") req.origin = value;
-    else if (name == "accept") req.accept = value;
-    else if (name == "content-type") req.contentType = value;
-    else if (name == "last-event-id") req.lastEventId = value;
+    if (name == "authorization")
+      req.authorization = value;
+    else if (name == "prefer")
+      req.prefer = value;
+    else if (name == "host")
+      req.host = value;
+    else if (name == "origin")
+      req.origin = value;
+    else if (name == "accept")
+      req.accept = value;
+    else if (name == "content-type")
+      req.contentType = value;
+    else if (name == "last-event-id")
+      req.lastEventId = value;
   }
   helpers(req);
   if (leftAlone(req)) return 0;

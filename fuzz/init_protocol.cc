@@ -55,25 +55,62 @@ void everyDecoder(const std::string& payload) {
 
 void decodeAs(MsgType type, const std::string& payload) {
   switch (type) {
-    case MsgType::kSpawn: roundTrip<SpawnRequest>(payload); break;
-    case MsgType::kStdin: roundTrip<StdinData>(payload); break;
-    case MsgType::kCloseStdin: roundTrip<ProcessRef>(payload); break;
-    case MsgType::kSignal: roundTrip<SignalRequest>(payload); break;
-    case MsgType::kResize: roundTrip<Resize>(payload); break;
-    case MsgType::kOutputCredit: roundTrip<OutputCredit>(payload); break;
-    case MsgType::kStdinTaken: roundTrip<StdinTaken>(payload); break;
-    case MsgType::kExecPolicy: roundTrip<ExecPolicy>(payload); break;
-    case MsgType::kExecCheck: roundTrip<ExecCheck>(payload); break;
-    case MsgType::kExecVerdict: roundTrip<ExecVerdict>(payload); break;
-    case MsgType::kExecReport: roundTrip<ExecReport>(payload); break;
-    case MsgType::kFile: roundTrip<FileRequest>(payload); break;
-    case MsgType::kHello: roundTrip<Hello>(payload); break;
-    case MsgType::kSpawned: roundTrip<Spawned>(payload); break;
-    case MsgType::kSpawnFailed: roundTrip<SpawnFailed>(payload); break;
-    case MsgType::kOutput: roundTrip<Output>(payload); break;
-    case MsgType::kExited: roundTrip<Exited>(payload); break;
-    case MsgType::kFileResult: roundTrip<FileResult>(payload); break;
-    default: break;
+    case MsgType::kSpawn:
+      roundTrip<SpawnRequest>(payload);
+      break;
+    case MsgType::kStdin:
+      roundTrip<StdinData>(payload);
+      break;
+    case MsgType::kCloseStdin:
+      roundTrip<ProcessRef>(payload);
+      break;
+    case MsgType::kSignal:
+      roundTrip<SignalRequest>(payload);
+      break;
+    case MsgType::kResize:
+      roundTrip<Resize>(payload);
+      break;
+    case MsgType::kOutputCredit:
+      roundTrip<OutputCredit>(payload);
+      break;
+    case MsgType::kStdinTaken:
+      roundTrip<StdinTaken>(payload);
+      break;
+    case MsgType::kExecPolicy:
+      roundTrip<ExecPolicy>(payload);
+      break;
+    case MsgType::kExecCheck:
+      roundTrip<ExecCheck>(payload);
+      break;
+    case MsgType::kExecVerdict:
+      roundTrip<ExecVerdict>(payload);
+      break;
+    case MsgType::kExecReport:
+      roundTrip<ExecReport>(payload);
+      break;
+    case MsgType::kFile:
+      roundTrip<FileRequest>(payload);
+      break;
+    case MsgType::kHello:
+      roundTrip<Hello>(payload);
+      break;
+    case MsgType::kSpawned:
+      roundTrip<Spawned>(payload);
+      break;
+    case MsgType::kSpawnFailed:
+      roundTrip<SpawnFailed>(payload);
+      break;
+    case MsgType::kOutput:
+      roundTrip<Output>(payload);
+      break;
+    case MsgType::kExited:
+      roundTrip<Exited>(payload);
+      break;
+    case MsgType::kFileResult:
+      roundTrip<FileResult>(payload);
+      break;
+    default:
+      break;
   }
 }
 
@@ -84,12 +121,24 @@ void primitives(const std::string& data) {
     uint8_t op = static_cast<uint8_t>(data[i % data.size()]) % 6;
     bool ok = true;
     switch (op) {
-      case 0: ok = d.u8().ok(); break;
-      case 1: ok = d.u32().ok(); break;
-      case 2: ok = d.u64().ok(); break;
-      case 3: ok = d.i32().ok(); break;
-      case 4: ok = d.bytes().ok(); break;
-      case 5: ok = d.strings().ok(); break;
+      case 0:
+        ok = d.u8().ok();
+        break;
+      case 1:
+        ok = d.u32().ok();
+        break;
+      case 2:
+        ok = d.u64().ok();
+        break;
+      case 3:
+        ok = d.i32().ok();
+        break;
+      case 4:
+        ok = d.bytes().ok();
+        break;
+      case 5:
+        ok = d.strings().ok();
+        break;
     }
     if (!ok) break;
   }

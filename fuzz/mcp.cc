@@ -62,8 +62,9 @@ class StandIn : public RestBackend {
     if (has("/processes/") && (has("/stdin") || has("/signal"))) return {204, "", ""};
     if (has("/processes")) return {201, R"({"id":7})", "application/json"};
     if (has("/files/list")) {
-      return {200, json{{"entries", {{{"name", produced_.substr(0, 64)}, {"type", "file"}, {"size", 3}}}}}.dump(
-                                     -1, ' ', false, json::error_handler_t::replace),
+      return {200,
+              json{{"entries", {{{"name", produced_.substr(0, 64)}, {"type", "file"}, {"size", 3}}}}}.dump(
+                  -1, ' ', false, json::error_handler_t::replace),
               "application/json"};
     }
     if (has("/files")) {

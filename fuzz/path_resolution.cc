@@ -86,9 +86,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (n.empty() || n[0] != '/') fail("not absolute: " + n);
   if (moat::gate::normalizePath(n) != n) fail("not idempotent");
   if (n.size() > 1 && n.back() == '/') fail("a trailing slash");
-  if (n.find("//") != std::string::npos || n.find("/./") != std::string::npos ||
-      n.find("/../") != std::string::npos || n == "/." || n == "/.." ||
-      (n.size() >= 2 && n.compare(n.size() - 2, 2, "/.") == 0) ||
+  if (n.find("//") != std::string::npos || n.find("/./") != std::string::npos || n.find("/../") != std::string::npos ||
+      n == "/." || n == "/.." || (n.size() >= 2 && n.compare(n.size() - 2, 2, "/.") == 0) ||
       (n.size() >= 3 && n.compare(n.size() - 3, 3, "/..") == 0)) {
     fail("a dot or empty segment is left: " + n);
   }
@@ -104,6 +103,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (resolve(path, &raw) != 0) return 0;
   int r = resolve(n, &normal);
   if (r != 0) fail("the path opens but its normalized form does not (" + std::string(std::strerror(-r)) + ")");
-  if (raw.st_ino != normal.st_ino || raw.st_dev != normal.st_dev) fail("the path and its normalized form are different files");
+  if (raw.st_ino != normal.st_ino || raw.st_dev != normal.st_dev)
+    fail("the path and its normalized form are different files");
   return 0;
 }

@@ -13,6 +13,8 @@
 //   path or host escaped into a rule) matches its own action, wins when put
 //   first, and survives the store;
 // - normalizePath is idempotent and absolute; globEscape(t) matches exactly t.
+#include "gate/permissions.h"
+
 #include <cctype>
 #include <cstddef>
 #include <cstdint>
@@ -21,7 +23,6 @@
 #include <vector>
 
 #include "gate/approvals.h"
-#include "gate/permissions.h"
 
 using namespace moat::gate;
 using json = nlohmann::json;
@@ -59,7 +60,11 @@ bool actionFrom(const std::string& line, Action& a) {
       a.path = rest;
       a.op = line[0] == 'r' ? "read" : "write";
       return true;
-    case 'x': a.scope = Scope::kRunCommand; a.argv = split(rest, '\t'); a.op = "exec"; return true;
+    case 'x':
+      a.scope = Scope::kRunCommand;
+      a.argv = split(rest, '\t');
+      a.op = "exec";
+      return true;
     case 'n': {
       a.scope = Scope::kNetwork;
       auto colon = rest.rfind(':');

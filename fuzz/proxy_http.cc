@@ -88,7 +88,8 @@ void head(int mode, const std::string& bytes) {
   std::string method(m.method_string());
   std::string target(m.target());
   if (m.count(http::field::host) > 1) return;
-  if (size_t te = m.count(http::field::transfer_encoding); te > 1 || (te == 1 && (!req.chunked() || m.version() < 11))) {
+  if (size_t te = m.count(http::field::transfer_encoding);
+      te > 1 || (te == 1 && (!req.chunked() || m.version() < 11))) {
     return;
   }
   if (m.count(http::field::content_length) > 1 ||
@@ -201,7 +202,8 @@ void dnsQuery(std::string_view packet) {
     }
     return;
   }
-  if (q->name.size() > 253 || (!q->name.empty() && !validHostName(q->name, true))) fail("a query name that is not a DNS name");
+  if (q->name.size() > 253 || (!q->name.empty() && !validHostName(q->name, true)))
+    fail("a query name that is not a DNS name");
   std::vector<uint32_t> addresses(200, 0x04030201);
   for (size_t n : {size_t{0}, size_t{1}, size_t{200}}) {
     std::string answer = dnsAnswer(q.value(), std::vector<uint32_t>(addresses.begin(), addresses.begin() + n), 60);
@@ -222,8 +224,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   switch (mode) {
     case 0:
     case 1:
-    case 2: head(mode, bytes); break;
-    case 3: clientHello(bytes); break;
+    case 2:
+      head(mode, bytes);
+      break;
+    case 3:
+      clientHello(bytes);
+      break;
     case 4: {
       dnsQuery(bytes);
       std::string_view stream(bytes);

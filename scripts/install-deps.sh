@@ -14,6 +14,7 @@ packages=(
   bubblewrap util-linux                          # peers in bench/ (bwrap, unshare)
   python3-yaml python3-jsonschema                # tests/api: OpenAPI conformance
   clang libclang-rt-dev llvm                     # fuzz/: libFuzzer, sanitizers, llvm-symbolizer
+  clang-format                                   # make format; tests/structure checks the layout
 )
 
 missing=()

@@ -36,8 +36,8 @@ json environmentJson(const store::EnvironmentRecord& r) {
   return j;
 }
 
-Api::Api(manager::EnvironmentManager& manager, Keys& keys, gate::ApprovalCenter& approvals,
-         std::string masterToken, ApiOptions options, audit::Log* audit)
+Api::Api(manager::EnvironmentManager& manager, Keys& keys, gate::ApprovalCenter& approvals, std::string masterToken,
+         ApiOptions options, audit::Log* audit)
     : manager_(manager),
       keys_(keys),
       approvals_(approvals),
@@ -65,8 +65,8 @@ void Api::countError(const std::string& code) {
 
 Preflight Api::preflight(const HttpRequest& head) {
   Preflight p;
-  bool fileWrite = head.method == "PUT" && head.path.size() > 6 &&
-                   head.path.compare(head.path.size() - 6, 6, "/files") == 0;
+  bool fileWrite =
+      head.method == "PUT" && head.path.size() > 6 && head.path.compare(head.path.size() - 6, 6, "/files") == 0;
   p.bodyLimit = fileWrite ? (16u << 20) : (1u << 20);
   if (head.path == "/healthz") return p;
   if (head.path == "/mcp") {
@@ -97,9 +97,11 @@ Preflight Api::preflight(const HttpRequest& head) {
         std::lock_guard<std::mutex> lock(inFlightMutex_);
         size_t& n = inFlight_[id];
         if (n >= options_.maxRequestsPerKey) {
-          return refuse({429, "capacity", "at capacity: this key has " + std::to_string(n) +
-                                              " requests in progress; retry when some have ended", ""},
-                        "1");
+          return refuse(
+              {429, "capacity",
+               "at capacity: this key has " + std::to_string(n) + " requests in progress; retry when some have ended",
+               ""},
+              "1");
         }
         ++n;
       }
@@ -113,12 +115,12 @@ Preflight Api::preflight(const HttpRequest& head) {
       auto turn = keyRate_.admit(id, RateLimiter::Clock::now());
       if (!turn.admitted) {
         auto secs = std::to_string(std::chrono::ceil<std::chrono::seconds>(turn.retryAfter).count());
-        return refuse({429, "capacity",
-                       "rate limited: this key may send " +
-                           std::to_string(static_cast<long>(keyRate_.limits().perSecond)) +
-                           " requests per second (moatd --key-rate); retry in " + secs + " s",
-                       ""},
-                      secs);
+        return refuse(
+            {429, "capacity",
+             "rate limited: this key may send " + std::to_string(static_cast<long>(keyRate_.limits().perSecond)) +
+                 " requests per second (moatd --key-rate); retry in " + secs + " s",
+             ""},
+            secs);
       }
       if (turn.wait.count() > 0) {
         std::unique_lock<std::mutex> lock(turnMutex_);
@@ -176,15 +178,17 @@ HttpResponse Api::handle(const HttpRequest& request) {
   }
   if (response.status >= 400) {
     auto j = json::parse(response.body, nullptr, false);
-    std::string code = j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].contains("code") && j["error"]["code"].is_string() ? j["error"]["code"].get<std::string>() : "unknown";
+    std::string code = j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].contains("code") &&
+                               j["error"]["code"].is_string()
+                           ? j["error"]["code"].get<std::string>()
+                           : "unknown";
     countError(code);
     // A refusal is a decision: which caller was refused what, and why. Not
     // filed under the environment of the path: that may be another key's,
     // whose audit readers need not learn of the attempt.
     if (response.status == 403 && code == "forbidden" && !actor.empty()) {
       audit_.record("auth.denied", "", actor,
-                    {{"method", request.method}, {"path", request.path},
-                     {"reason", j["error"].value("message", "")}});
+                    {{"method", request.method}, {"path", request.path}, {"reason", j["error"].value("message", "")}});
     }
   }
   return response;
@@ -196,7 +200,8 @@ HttpResponse Api::keysRoute(const HttpRequest& req, const Principal& principal) 
   }
   std::string id = pathSegment(req.path, 2);
   if (!id.empty()) {
-    if (!pathSegment(req.path, 3).empty()) return errorResponse({404, "not_found", "no such endpoint: " + req.path, ""});
+    if (!pathSegment(req.path, 3).empty())
+      return errorResponse({404, "not_found", "no such endpoint: " + req.path, ""});
     if (req.method != "DELETE") return errorResponse({405, "method_not_allowed", "use DELETE", ""});
     Status s = keys_.revoke(id);
     if (!s.ok()) return errorResponse({404, "not_found", "no active key " + id, ""});
@@ -206,7 +211,10 @@ HttpResponse Api::keysRoute(const HttpRequest& req, const Principal& principal) 
     return r;
   }
   auto keyJson = [](const store::ApiKeyRecord& k) {
-    json j = {{"id", k.id}, {"name", k.name}, {"scopes", k.scopes}, {"created_at", timestamp(k.createdAtMs)},
+    json j = {{"id", k.id},
+              {"name", k.name},
+              {"scopes", k.scopes},
+              {"created_at", timestamp(k.createdAtMs)},
               {"revoked", k.revokedAtMs != 0}};
     if (!k.permissions.empty()) j["permissions"] = json::parse(k.permissions, nullptr, false);
     return j;
@@ -239,8 +247,9 @@ HttpResponse Api::keysRoute(const HttpRequest& req, const Principal& principal) 
     const json& s = j["scopes"][i];
     const auto& known = knownScopes();
     if (!s.is_string() || std::find(known.begin(), known.end(), s.get<std::string>()) == known.end()) {
-      return errorResponse(invalid("scopes[" + std::to_string(i) + "]",
-                                   "unknown scope (create, read, exec, files, destroy, timeout, approve, permissions, audit, snapshots)"));
+      return errorResponse(invalid(
+          "scopes[" + std::to_string(i) + "]",
+          "unknown scope (create, read, exec, files, destroy, timeout, approve, permissions, audit, snapshots)"));
     }
     if (std::find(scopes.begin(), scopes.end(), s.get<std::string>()) == scopes.end()) scopes.push_back(s);
   }
@@ -289,7 +298,8 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
 
   // /v1/environments
   if (id.empty()) {
-    if (p != "/v1/environments" && p != "/v1/environments/") return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
+    if (p != "/v1/environments" && p != "/v1/environments/")
+      return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
     if (req.method == "GET") {
       if (!principal.may("read")) return forbidden("read");
       store::EnvironmentFilter filter;
@@ -318,9 +328,10 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     auto body = parseObject(req.body, perr);
     if (!body.ok()) return errorResponse(perr);
     const json& j = body.value();
-    if (auto e = onlyFields(j, {"task_id", "template", "spec", "ttl_s", "labels", "env", "permissions", "network",
-                                "secrets", "snapshot"},
-                            "")) {
+    if (auto e = onlyFields(
+            j,
+            {"task_id", "template", "spec", "ttl_s", "labels", "env", "permissions", "network", "secrets", "snapshot"},
+            "")) {
       return errorResponse(*e);
     }
     manager::CreateRequest create;
@@ -340,7 +351,8 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
       // A directory template shows that host directory to the environment's
       // root: only the master token may choose one.
       if (create.templateName != "host" && !principal.master) {
-        return errorResponse({403, "forbidden", "template: only the master token may use a directory template", "template"});
+        return errorResponse(
+            {403, "forbidden", "template: only the master token may use a directory template", "template"});
       }
     }
     if (j.contains("spec")) {
@@ -383,21 +395,20 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     return respond(201, environmentJson(created.value()));
   }
 
-  if (!sub.empty() && sub != "exec" && sub != "timeout" && sub != "files" && sub != "processes" &&
-      sub != "shell" && sub != "permissions" && sub != "network" && sub != "snapshots" && sub != "restore" &&
-      sub != "fork") {
+  if (!sub.empty() && sub != "exec" && sub != "timeout" && sub != "files" && sub != "processes" && sub != "shell" &&
+      sub != "permissions" && sub != "network" && sub != "snapshots" && sub != "restore" && sub != "fork") {
     return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
   }
   // A key acts only on its own environments; others look like they do not exist.
   // Processes and shells run commands: they need the exec scope.
-  std::string scope = sub.empty() ? (req.method == "DELETE" ? "destroy" : "read")
-                      : sub == "timeout"     ? "timeout"
-                      : sub == "files"       ? "files"
-                      : sub == "permissions" ? "read"
-                      : sub == "network"     ? "read"
+  std::string scope = sub.empty()                              ? (req.method == "DELETE" ? "destroy" : "read")
+                      : sub == "timeout"                       ? "timeout"
+                      : sub == "files"                         ? "files"
+                      : sub == "permissions"                   ? "read"
+                      : sub == "network"                       ? "read"
                       : sub == "snapshots" || sub == "restore" ? "snapshots"
-                      : sub == "fork"        ? "create"
-                                             : "exec";
+                      : sub == "fork"                          ? "create"
+                                                               : "exec";
   if (!principal.may(scope)) return forbidden(scope);
   if (!principal.master && manager_.ownerOf(id) != principal.keyId) {
     return errorResponse({404, "not_found", "no environment " + id, ""});
@@ -437,8 +448,7 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     }
     auto r = manager_.setTtl(id, ttl);
     if (!r.ok()) return errorResponse(fromError(r.error()));
-    audit_.record("environment.ttl_set", id, principal.owner(),
-                  {{"ttl_s", ttl}, {"expires_at_ms", r->expiresAtMs}});
+    audit_.record("environment.ttl_set", id, principal.owner(), {{"ttl_s", ttl}, {"expires_at_ms", r->expiresAtMs}});
     return respond(200, environmentJson(r.value()));
   }
 
@@ -463,7 +473,8 @@ HttpResponse Api::metrics() {
   }
   out << "# HELP moat_warm_pool_ready Warm environments ready to be claimed.\n# TYPE moat_warm_pool_ready gauge\n";
   out << "moat_warm_pool_ready " << counters.warmReady << "\n";
-  out << "# HELP moat_warm_pool_claims_total Creates served from the warm pool.\n# TYPE moat_warm_pool_claims_total counter\n";
+  out << "# HELP moat_warm_pool_claims_total Creates served from the warm pool.\n# TYPE moat_warm_pool_claims_total "
+         "counter\n";
   out << "moat_warm_pool_claims_total " << counters.warmClaims << "\n";
   if (!counters.warmPools.empty()) {
     auto labels = [](const manager::WarmPool& p) {
@@ -476,7 +487,8 @@ HttpResponse Api::metrics() {
     };
     out << "# HELP moat_warm_pool_ready_by_spec Warm environments ready to be claimed, per pool.\n"
            "# TYPE moat_warm_pool_ready_by_spec gauge\n";
-    for (const auto& p : counters.warmPools) out << "moat_warm_pool_ready_by_spec" << labels(p.spec) << " " << p.ready << "\n";
+    for (const auto& p : counters.warmPools)
+      out << "moat_warm_pool_ready_by_spec" << labels(p.spec) << " " << p.ready << "\n";
     out << "# HELP moat_warm_pool_claims_by_spec_total Creates served from each warm pool.\n"
            "# TYPE moat_warm_pool_claims_by_spec_total counter\n";
     for (const auto& p : counters.warmPools) {

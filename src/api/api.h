@@ -5,16 +5,16 @@
 #include <condition_variable>
 #include <map>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "api/http.h"
 #include "api/keys.h"
 #include "api/rate_limit.h"
 #include "api/validation.h"
-#include "gate/approvals.h"
 #include "audit/log.h"
+#include "gate/approvals.h"
 #include "manager/environment_manager.h"
 
 namespace moat::api {
@@ -54,8 +54,8 @@ class Api {
  public:
   // `audit`: where events are recorded and read from (none: nothing is
   // recorded and the audit endpoints answer 404).
-  Api(manager::EnvironmentManager& manager, Keys& keys, gate::ApprovalCenter& approvals,
-      std::string masterToken, ApiOptions options = {}, audit::Log* audit = nullptr);
+  Api(manager::EnvironmentManager& manager, Keys& keys, gate::ApprovalCenter& approvals, std::string masterToken,
+      ApiOptions options = {}, audit::Log* audit = nullptr);
   ~Api();  // ends the MCP sessions while everything they call still exists
   HttpResponse handle(const HttpRequest& request);
   // Before the body: unauthenticated requests are refused unread, and the
@@ -107,16 +107,16 @@ class Api {
   HttpResponse networkRoute(const HttpRequest& request, const Principal& principal, const std::string& id);
   // snapshots.cc: /v1/snapshots, and an environment's snapshots, restore and fork.
   HttpResponse snapshotsRoute(const HttpRequest& request, const Principal& principal);
-  HttpResponse environmentSnapshotsRoute(const HttpRequest& request, const Principal& principal,
-                                         const std::string& id, const std::string& sub);
+  HttpResponse environmentSnapshotsRoute(const HttpRequest& request, const Principal& principal, const std::string& id,
+                                         const std::string& sub);
   // A ready snapshot the caller may use (a key: only its own); not_found otherwise.
   Result<store::SnapshotRecord> visibleSnapshot(const Principal& principal, const std::string& id);
   // The create request's "network" and "secrets".
   std::optional<ApiError> parseNetwork(const json& body, manager::CreateRequest& create);
   // The gate before a side effect: nothing when it may happen; otherwise the
   // answer (403 denied_by_policy, or 202 while a person decides).
-  std::optional<HttpResponse> check(const HttpRequest& request, const Principal& principal,
-                                    const std::string& id, const gate::Action& action);
+  std::optional<HttpResponse> check(const HttpRequest& request, const Principal& principal, const std::string& id,
+                                    const gate::Action& action);
   Result<gate::Permissions> parsePermissions(const json& j, const gate::Permissions& base, ApiError& error);
   HttpResponse eventsRoute(const HttpRequest& request, const Principal& principal);
   HttpResponse verifyRoute(const HttpRequest& request, const Principal& principal);
@@ -161,12 +161,10 @@ class Api {
   std::condition_variable turnCv_;  // wakes requests waiting for their turn at stop
   bool stopping_ = false;
   std::atomic<uint64_t> waitingTurn_{0};  // requests waiting for their turn now (/metrics)
-  static constexpr std::array<double, 10> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025,
-                                                      0.05,  0.1,    0.5,   1,    10};
+  static constexpr std::array<double, 10> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 10};
   std::array<std::atomic<uint64_t>, 11> execBuckets_{};
   std::atomic<uint64_t> execMicros_{0};
   std::atomic<uint64_t> execCount_{0};
 };
-
 
 }  // namespace moat::api

@@ -35,11 +35,11 @@ egress::GateAnswer Api::askForEnvironment(const std::string& id, const gate::Act
     // A person answers a few questions at a time: an environment asking
     // for host after host does not bury them (nor the store) in approvals.
     if (!waiting && pendingFromEnvironment >= kPendingQuestionsPerEnvironment) {
-      audit_.recordByEnvironment("gate.denied", id,
-                                 {{"action", action.toJson()},
-                                  {"reason", std::to_string(kPendingQuestionsPerEnvironment) +
-                                                 " of its questions already wait for a person"}},
-                                 kEnvironmentGateEvents);
+      audit_.recordByEnvironment(
+          "gate.denied", id,
+          {{"action", action.toJson()},
+           {"reason", std::to_string(kPendingQuestionsPerEnvironment) + " of its questions already wait for a person"}},
+          kEnvironmentGateEvents);
       return {false, std::to_string(kPendingQuestionsPerEnvironment) +
                          " of this environment's questions already wait for a person; ask again later"};
     }
@@ -146,8 +146,10 @@ void Api::execCheck(const std::string& id, const init::ExecCheck& check, manager
   auto evaluation = networkEvaluation(id, action, false);
   if (!evaluation.ok() || evaluation->decision == gate::Decision::kDeny) {
     json data = {{"action", action.toJson()}, {"pid", check.pid}};
-    if (evaluation.ok()) data["rule"] = evaluation->ruleJson;
-    else data["error"] = evaluation.error().message();
+    if (evaluation.ok())
+      data["rule"] = evaluation->ruleJson;
+    else
+      data["error"] = evaluation.error().message();
     audit_.recordByEnvironment("gate.denied", id, std::move(data), kEnvironmentGateEvents);
     return answer(false);
   }
@@ -162,9 +164,10 @@ void Api::execCheck(const std::string& id, const init::ExecCheck& check, manager
   {
     std::lock_guard<std::mutex> lock(execAsksMutex_);
     if (execAsks_[id] >= kExecAsksInFlight) {
-      audit_.recordByEnvironment("gate.denied", id,
-                                 {{"action", action.toJson()}, {"reason", "too many of its programs already wait for a person"}},
-                                 kEnvironmentGateEvents);
+      audit_.recordByEnvironment(
+          "gate.denied", id,
+          {{"action", action.toJson()}, {"reason", "too many of its programs already wait for a person"}},
+          kEnvironmentGateEvents);
       return answer(false);
     }
     ++execAsks_[id];
@@ -173,7 +176,8 @@ void Api::execCheck(const std::string& id, const init::ExecCheck& check, manager
   std::thread([this, id, action, pid = check.pid, answer = std::move(answer)] {
     egress::GateAnswer decided = askForEnvironment(id, action, "run_command");
     if (decided.allowed) {
-      audit_.recordByEnvironment("program.started", id, {{"action", action.toJson()}, {"pid", pid}, {"reason", decided.why}},
+      audit_.recordByEnvironment("program.started", id,
+                                 {{"action", action.toJson()}, {"pid", pid}, {"reason", decided.why}},
                                  kEnvironmentProgramEvents);
     }
     answer(decided.allowed);

@@ -28,8 +28,7 @@ std::string frame(const audit::Event& e) {
          "\ndata: " + eventJson(e).dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
 }
 
-std::optional<ApiError> plainText(const HttpRequest& req, const char* name, size_t max,
-                                  std::string& out) {
+std::optional<ApiError> plainText(const HttpRequest& req, const char* name, size_t max, std::string& out) {
   auto it = req.query.find(name);
   if (it == req.query.end()) return std::nullopt;
   if (it->second.empty() || it->second.size() > max) {

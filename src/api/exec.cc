@@ -37,7 +37,8 @@ HttpResponse Api::execRoute(const HttpRequest& req, const Principal& principal, 
   }
   exec.outputLimit = 1u << 20;
   if (j.contains("output_limit")) {
-    if (auto e = number(j["output_limit"], "output_limit", 0, 16u << 20, true, exec.outputLimit)) return errorResponse(*e);
+    if (auto e = number(j["output_limit"], "output_limit", 0, 16u << 20, true, exec.outputLimit))
+      return errorResponse(*e);
   }
   if (j.contains("cwd")) {
     if (auto e = absolutePath(j["cwd"], "cwd", exec.cwd)) return errorResponse(*e);
@@ -83,8 +84,8 @@ HttpResponse Api::execRoute(const HttpRequest& req, const Principal& principal, 
     // Not an HTTP error: the agent reads it like a shell's answer.
     return respond(200, {{"exit_code", notFound ? 127 : 126},
                          {"stdout", ""},
-                         {"stderr", std::string(notFound ? "command not found: " : "cannot run: ") +
-                                        exec.argv[0] + " (" + r.spawnStage + ": " + std::strerror(r.spawnErrno) + ")\n"},
+                         {"stderr", std::string(notFound ? "command not found: " : "cannot run: ") + exec.argv[0] +
+                                        " (" + r.spawnStage + ": " + std::strerror(r.spawnErrno) + ")\n"},
                          {"timed_out", false},
                          {"duration_ms", 0},
                          {"stdout_truncated", false},

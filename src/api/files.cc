@@ -78,8 +78,8 @@ HttpResponse Api::filesRoute(const HttpRequest& req, const Principal& principal,
       if (f.op == init::FileOp::kWrite) action.sha256 = sha256Hex(f.data);  // approved: these bytes only
       action.op = opNames[static_cast<int>(f.op)];
       // What a recursive remove or a move reaches: everything below too.
-      action.tree = f.op == init::FileOp::kRename ||
-                    (f.op == init::FileOp::kRemove && (f.flags & init::kFileRecursive) != 0);
+      action.tree =
+          f.op == init::FileOp::kRename || (f.op == init::FileOp::kRemove && (f.flags & init::kFileRecursive) != 0);
       if (auto answer = check(req, principal, id, action)) return *answer;
     }
     auto r = manager_.file(id, f);
@@ -87,9 +87,14 @@ HttpResponse Api::filesRoute(const HttpRequest& req, const Principal& principal,
     auto [type, data] = fileEvent(f, r.value());
     audit_.record(type, id, principal.owner(), std::move(data));
     if (r->err != 0) {
-      int status = r->err == ENOENT ? 404 : (r->err == EACCES || r->err == EPERM) ? 403
-                   : r->err == EDQUOT || r->err == ENOSPC ? 507 : 400;
-      std::string code = r->err == ENOENT ? "not_found" : (status == 403 ? "forbidden" : status == 507 ? "no_space" : "file_error");
+      int status = r->err == ENOENT                        ? 404
+                   : (r->err == EACCES || r->err == EPERM) ? 403
+                   : r->err == EDQUOT || r->err == ENOSPC  ? 507
+                                                           : 400;
+      std::string code = r->err == ENOENT ? "not_found"
+                                          : (status == 403   ? "forbidden"
+                                             : status == 507 ? "no_space"
+                                                             : "file_error");
       return errorResponse({status, code, r->message, "path"});
     }
     HttpResponse ok;
@@ -148,7 +153,8 @@ HttpResponse Api::filesRoute(const HttpRequest& req, const Principal& principal,
       uint64_t mode = 0644;
       if (auto e = queryNumber(req, "mode", 0777, 8, mode)) return errorResponse(*e);
       f.mode = static_cast<uint32_t>(mode);
-      if (f.data.size() > (16u << 20)) return errorResponse({413, "too_large", "files over 16 MiB: write in parts with append=1", ""});
+      if (f.data.size() > (16u << 20))
+        return errorResponse({413, "too_large", "files over 16 MiB: write in parts with append=1", ""});
       return fileCall(f);
     }
     if (req.method == "DELETE") {

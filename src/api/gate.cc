@@ -41,7 +41,9 @@ json approvalJson(const store::ApprovalRecord& a) {
 
 HttpResponse denied(const gate::Action& action, const std::string& message, const json& rule,
                     const std::string& approval = "") {
-  json err = {{"code", "denied_by_policy"}, {"message", message}, {"scope", gate::scopeName(action.scope)},
+  json err = {{"code", "denied_by_policy"},
+              {"message", message},
+              {"scope", gate::scopeName(action.scope)},
               {"action", action.toJson()}};
   if (!rule.is_null()) err["rule"] = rule;
   if (!approval.empty()) err["approval"] = approval;
@@ -49,8 +51,9 @@ HttpResponse denied(const gate::Action& action, const std::string& message, cons
 }
 
 std::string describe(const gate::Evaluation& e) {
-  std::string where = e.layer < 0 ? "the API key's ceiling" : e.layer == 0 ? "the environment's permissions"
-                                                                          : "permission layer " + std::to_string(e.layer);
+  std::string where = e.layer < 0    ? "the API key's ceiling"
+                      : e.layer == 0 ? "the environment's permissions"
+                                     : "permission layer " + std::to_string(e.layer);
   if (e.rule < 0) return "no rule of " + where + " matched (deny by default)";
   return "rule " + std::to_string(e.rule + 1) + " of " + where;
 }
@@ -66,8 +69,8 @@ Result<gate::Permissions> Api::parsePermissions(const json& j, const gate::Permi
   return parsed.value();
 }
 
-std::optional<HttpResponse> Api::check(const HttpRequest& req, const Principal& principal,
-                                       const std::string& id, const gate::Action& action) {
+std::optional<HttpResponse> Api::check(const HttpRequest& req, const Principal& principal, const std::string& id,
+                                       const gate::Action& action) {
   auto evaluation = manager_.evaluate(id, action, principal.ceiling.get());
   if (!evaluation.ok()) return errorResponse(fromError(evaluation.error()));
   const gate::Evaluation& e = evaluation.value();
@@ -79,7 +82,8 @@ std::optional<HttpResponse> Api::check(const HttpRequest& req, const Principal& 
       if (gate::loadsCode(k)) loading += (loading.empty() ? "" : ", ") + k;
     }
     if (!loading.empty() && e.rule < 0) {
-      loading = " (it sets " + loading + ", which makes programs load code: only a rule naming it in \"env\" allows that)";
+      loading =
+          " (it sets " + loading + ", which makes programs load code: only a rule naming it in \"env\" allows that)";
     }
     return denied(action, std::string(gate::scopeName(action.scope)) + " denied by " + describe(e) + loading,
                   e.ruleJson);
@@ -134,8 +138,9 @@ HttpResponse Api::permissionsRoute(const HttpRequest& req, const Principal& prin
   // Replacing can loosen: only the master or a key trusted with it. Adding a
   // layer can only tighten, so the environment's owner may.
   if (replace && !principal.may("permissions")) {
-    return errorResponse({403, "forbidden", "replacing permissions can loosen them: it needs the master token "
-                                            "or the 'permissions' scope (without \"replace\", a layer is added, which only tightens)",
+    return errorResponse({403, "forbidden",
+                          "replacing permissions can loosen them: it needs the master token "
+                          "or the 'permissions' scope (without \"replace\", a layer is added, which only tightens)",
                           "replace"});
   }
   gate::Permissions base = replace ? manager_.config().defaultPermissions : gate::Permissions::allowAll();
@@ -143,8 +148,7 @@ HttpResponse Api::permissionsRoute(const HttpRequest& req, const Principal& prin
   if (!parsed.ok()) return errorResponse(perr);
   Status s = manager_.setPermissions(id, parsed.value(), replace);
   if (!s.ok()) return errorResponse(fromError(s.error()));
-  audit_.record("policy.changed", id, principal.owner(),
-                {{"permissions", parsed->toJson()}, {"replace", replace}});
+  audit_.record("policy.changed", id, principal.owner(), {{"permissions", parsed->toJson()}, {"replace", replace}});
   auto layers = manager_.permissions(id);
   if (!layers.ok()) return errorResponse(fromError(layers.error()));
   return respond(200, {{"permissions", layers->front().toJson()}, {"layers", gate::layersToJson(layers.value())}});

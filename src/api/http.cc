@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <openssl/sha.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -12,8 +13,6 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <openssl/sha.h>
-
 #include <cstring>
 #include <optional>
 
@@ -34,7 +33,6 @@ constexpr int kListenBacklog = 4096;
 namespace beast = boost::beast;
 namespace http = boost::beast::http;
 namespace asio = boost::asio;
-
 
 std::string errorBody(const std::string& code, const std::string& message) {
   std::string escaped;
@@ -64,8 +62,7 @@ HttpRequest requestHead(const http::request<http::string_body>& req, const std::
     return v;
   };
   request.websocketKey = std::string(req[http::field::sec_websocket_key]);
-  request.websocketUpgrade = request.method == "GET" &&
-                             lower(std::string(req[http::field::upgrade])) == "websocket" &&
+  request.websocketUpgrade = request.method == "GET" && lower(std::string(req[http::field::upgrade])) == "websocket" &&
                              lower(std::string(req[http::field::connection])).find("upgrade") != std::string::npos &&
                              req[http::field::sec_websocket_version] == "13" && !request.websocketKey.empty();
   return request;
@@ -111,7 +108,8 @@ void upgradeToWebSocket(Stream& stream, const HttpRequest& request, beast::flat_
                         const HttpResponse& response) {
   std::string head =
       "HTTP/1.1 101 Switching Protocols\r\nServer: moatd\r\nUpgrade: websocket\r\n"
-      "Connection: Upgrade\r\nSec-WebSocket-Accept: " + websocketAccept(request.websocketKey) + "\r\n\r\n";
+      "Connection: Upgrade\r\nSec-WebSocket-Accept: " +
+      websocketAccept(request.websocketKey) + "\r\n\r\n";
   if (!writeRaw(stream, head)) return;
   int fd = stream.native_handle();
   struct timeval none = {0, 0};  // a terminal may sit idle for hours
@@ -136,9 +134,8 @@ constexpr std::chrono::seconds kLingerTotal{30};
 // has closed the connection for a newcomer or is stopping, and then no
 // request starts (one already read may still write its answer).
 template <class Stream>
-void serveStream(Stream& stream, const Handler& handler, const PreflightHandler& preflight,
-                 const ServerLimits& limits, const std::string& remote,
-                 const std::function<bool(bool busy)>& mark) {
+void serveStream(Stream& stream, const Handler& handler, const PreflightHandler& preflight, const ServerLimits& limits,
+                 const std::string& remote, const std::function<bool(bool busy)>& mark) {
   beast::flat_buffer buffer;
   for (;;) {
     if (!mark(false)) return;
@@ -169,8 +166,8 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
     bool drained = false;  // a refused request's small body, read and dropped
     if (!ec && !early) {
       http::read(stream, buffer, parser, ec);
-    } else if (!ec && !badFraming && !parser.chunked() &&
-               parser.content_length().value_or(0) <= kDrainBytes && parser.get()[http::field::expect].empty()) {
+    } else if (!ec && !badFraming && !parser.chunked() && parser.content_length().value_or(0) <= kDrainBytes &&
+               parser.get()[http::field::expect].empty()) {
       // So the connection can go on: a client told to slow down keeps it.
       // (One that waits for "100 Continue" is answered at once instead.)
       // Meanwhile the connection counts as idle: one that never sends its
@@ -184,9 +181,8 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
         drained = !drainEc;
       }
     }
-    if (ec == http::error::end_of_stream || ec == asio::error::eof ||
-        ec == asio::error::connection_reset || ec == asio::error::operation_aborted ||
-        ec == asio::error::bad_descriptor) {
+    if (ec == http::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset ||
+        ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor) {
       return;
     }
     HttpResponse response;
@@ -200,10 +196,10 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
     } else if (ec) {
       tooLarge = ec == http::error::body_limit || ec == http::error::header_limit;
       response.status = tooLarge ? 413 : 400;
-      response.body = errorBody(tooLarge ? "too_large" : "bad_request",
-                                tooLarge ? "request larger than the limit of " +
-                                             std::to_string(limits.maxBodyBytes) + " bytes"
-                                       : "malformed HTTP request: " + ec.message());
+      response.body =
+          errorBody(tooLarge ? "too_large" : "bad_request",
+                    tooLarge ? "request larger than the limit of " + std::to_string(limits.maxBodyBytes) + " bytes"
+                             : "malformed HTTP request: " + ec.message());
     } else {
       auto& req = parser.get();
       version = req.version();
@@ -291,12 +287,8 @@ std::string urlDecode(const std::string& s, bool plusIsSpace) {
   return out;
 }
 
-HttpServer::HttpServer(Handler handler, PreflightHandler preflight, ServerLimits limits,
-                       std::function<void()> refused)
-    : handler_(std::move(handler)),
-      preflight_(std::move(preflight)),
-      limits_(limits),
-      refused_(std::move(refused)) {}
+HttpServer::HttpServer(Handler handler, PreflightHandler preflight, ServerLimits limits, std::function<void()> refused)
+    : handler_(std::move(handler)), preflight_(std::move(preflight)), limits_(limits), refused_(std::move(refused)) {}
 
 HttpServer::~HttpServer() { stop(); }
 
@@ -388,7 +380,8 @@ void HttpServer::acceptLoop(int listenFd) {
       static const std::string body = errorBody("unavailable", "too many connections; retry later");
       static const std::string busy =
           "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+          "Content-Length: " +
+          std::to_string(body.size()) + "\r\n\r\n" + body;
       ssize_t ignored = ::send(fd, busy.data(), busy.size(), MSG_NOSIGNAL);
       (void)ignored;
       // The answer and its end first; then what of the request already

@@ -29,7 +29,7 @@ struct HttpRequest {
   std::string authorization;
   std::string host;
   std::string origin;
-  std::string prefer;  // the Prefer header ("respond-async": answer 202 instead of waiting)
+  std::string prefer;       // the Prefer header ("respond-async": answer 202 instead of waiting)
   std::string lastEventId;  // Last-Event-ID: where a Server-Sent Events client resumes
   std::string accept;
   std::string contentType;

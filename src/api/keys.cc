@@ -9,7 +9,6 @@
 namespace moat::api {
 namespace {
 
-
 // A key's ceiling as stored ("" for none): one that cannot be read allows nothing.
 std::shared_ptr<const gate::Permissions> ceilingFrom(const std::string& stored) {
   if (stored.empty()) return nullptr;
@@ -27,8 +26,7 @@ std::shared_ptr<const gate::Permissions> ceilingFrom(const std::string& stored) 
 
 const std::vector<std::string>& knownScopes() {
   static const std::vector<std::string> scopes = {"create",  "read",    "exec",        "files", "destroy",
-                                                  "timeout", "approve", "permissions", "audit",
-                                                  "snapshots"};
+                                                  "timeout", "approve", "permissions", "audit", "snapshots"};
   return scopes;
 }
 

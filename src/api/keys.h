@@ -18,8 +18,8 @@ namespace moat::api {
 // Who is calling: the master token, or a scoped API key.
 struct Principal {
   bool master = false;
-  std::string keyId;            // for keys
-  std::set<std::string> scopes; // for keys
+  std::string keyId;             // for keys
+  std::set<std::string> scopes;  // for keys
   // A key's ceiling: its environments can never do more than this allows.
   std::shared_ptr<const gate::Permissions> ceiling;
   std::string owner() const { return master ? "master" : keyId; }

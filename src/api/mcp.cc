@@ -16,7 +16,6 @@ constexpr auto kSessionIdle = std::chrono::minutes(30);
 constexpr size_t kMaxSessions = 256;
 constexpr size_t kMaxSessionsPerKey = 16;  // one key cannot take every session
 
-
 // "localhost", "127.0.0.1", "[::1]", each with an optional port.
 bool localName(const std::string& hostPort) {
   std::string h = asciiLower(hostPort);
@@ -76,8 +75,8 @@ std::optional<HttpResponse> Api::mcpGuard(const HttpRequest& head) {
   // DNS rebinding: a web page's script reaching moatd through a name it
   // controls carries that name in Host, and its origin in Origin.
   if (!head.host.empty() && !localName(head.host)) {
-    return errorResponse({403, "forbidden", "/mcp answers only local Host names (localhost, 127.0.0.1, [::1]); got " +
-                                                head.host, ""});
+    return errorResponse(
+        {403, "forbidden", "/mcp answers only local Host names (localhost, 127.0.0.1, [::1]); got " + head.host, ""});
   }
   if (!head.origin.empty()) {
     std::string o = asciiLower(head.origin);
@@ -132,13 +131,13 @@ HttpResponse Api::mcpRoute(const HttpRequest& req, const Principal& principal) {
   if (auto refused = mcpGuard(req)) return *refused;
   expireMcpSessions();
   if (req.method == "GET") {
-    HttpResponse r = errorResponse({405, "method_not_allowed", "GET /mcp: this server sends nothing unasked; POST requests", ""});
+    HttpResponse r =
+        errorResponse({405, "method_not_allowed", "GET /mcp: this server sends nothing unasked; POST requests", ""});
     r.headers = {{"Allow", "POST, DELETE"}};
     return r;
   }
-  if (!req.mcpProtocolVersion.empty() &&
-      std::find(mcp::kProtocolVersions.begin(), mcp::kProtocolVersions.end(), req.mcpProtocolVersion) ==
-          mcp::kProtocolVersions.end()) {
+  if (!req.mcpProtocolVersion.empty() && std::find(mcp::kProtocolVersions.begin(), mcp::kProtocolVersions.end(),
+                                                   req.mcpProtocolVersion) == mcp::kProtocolVersions.end()) {
     return rpcError(400, nullptr, mcp::kInvalidRequest, "unsupported MCP-Protocol-Version " + req.mcpProtocolVersion);
   }
   auto find = [&]() -> std::shared_ptr<McpHttpSession> {
@@ -150,7 +149,8 @@ HttpResponse Api::mcpRoute(const HttpRequest& req, const Principal& principal) {
     return it->second;
   };
   if (req.method == "DELETE") {
-    if (req.mcpSessionId.empty()) return rpcError(400, nullptr, mcp::kInvalidRequest, "DELETE /mcp needs Mcp-Session-Id");
+    if (req.mcpSessionId.empty())
+      return rpcError(400, nullptr, mcp::kInvalidRequest, "DELETE /mcp needs Mcp-Session-Id");
     auto s = find();
     if (!s) return rpcError(404, nullptr, mcp::kInvalidRequest, "no such MCP session");
     {
@@ -164,7 +164,8 @@ HttpResponse Api::mcpRoute(const HttpRequest& req, const Principal& principal) {
   json message = json::parse(req.body, nullptr, false);
   if (message.is_discarded()) return respond(400, mcp::Session::parseError("the body is not JSON"));
   if (message.is_array()) {
-    return rpcError(400, nullptr, mcp::kInvalidRequest, "JSON-RPC batches are not supported: send one message per POST");
+    return rpcError(400, nullptr, mcp::kInvalidRequest,
+                    "JSON-RPC batches are not supported: send one message per POST");
   }
   mcp::Kind kind = mcp::kindOf(message);
   bool initialize = kind == mcp::Kind::kRequest && message["method"] == "initialize";
@@ -196,9 +197,12 @@ HttpResponse Api::mcpRoute(const HttpRequest& req, const Principal& principal) {
       mcpSessions_[sessionId] = s;
     }
   } else {
-    if (sessionId.empty()) return rpcError(400, nullptr, mcp::kInvalidRequest, "missing Mcp-Session-Id (initialize first)");
+    if (sessionId.empty())
+      return rpcError(400, nullptr, mcp::kInvalidRequest, "missing Mcp-Session-Id (initialize first)");
     s = find();
-    if (!s) return rpcError(404, nullptr, mcp::kInvalidRequest, "no such MCP session (it ended or expired): initialize again");
+    if (!s)
+      return rpcError(404, nullptr, mcp::kInvalidRequest,
+                      "no such MCP session (it ended or expired): initialize again");
   }
   std::vector<std::pair<std::string, std::string>> headers = {{"Mcp-Session-Id", sessionId}};
   if (kind != mcp::Kind::kRequest) {
@@ -209,9 +213,8 @@ HttpResponse Api::mcpRoute(const HttpRequest& req, const Principal& principal) {
     r.headers = headers;
     return r;
   }
-  bool progress = message.contains("params") && message["params"].is_object() &&
-                  message["params"].contains("_meta") && message["params"]["_meta"].is_object() &&
-                  message["params"]["_meta"].contains("progressToken");
+  bool progress = message.contains("params") && message["params"].is_object() && message["params"].contains("_meta") &&
+                  message["params"]["_meta"].is_object() && message["params"]["_meta"].contains("progressToken");
   bool sseOk = req.accept.find("text/event-stream") != std::string::npos;
   if (message["method"] == "tools/call" && progress && sseOk) {
     // Progress notifications, then the answer, on this request's own stream.

@@ -11,7 +11,6 @@
 namespace moat::api {
 namespace {
 
-
 // Policy::parse and parseSecrets name the field: "<field>: <problem>".
 ApiError fieldError(const Error& e) {
   return {400, "invalid_request", e.context, e.context.substr(0, e.context.find(": "))};
@@ -109,12 +108,14 @@ egress::GateAnswer Api::networkGate(const std::string& id, const std::string& ho
   auto evaluation = networkEvaluation(id, action, listed);
   if (!evaluation.ok()) return {false, evaluation.error().message()};
   const gate::Evaluation& e = evaluation.value();
-  const std::string who = e.layer < 0 ? "the ceiling of the API key that created the environment" : "the network permission";
+  const std::string who =
+      e.layer < 0 ? "the ceiling of the API key that created the environment" : "the network permission";
   if (e.decision == gate::Decision::kAllow) return {true, listed ? "on the allowlist" : "allowed by " + who};
   if (e.decision == gate::Decision::kDeny) {
     // The environment asks this at will (a connection each): paced, within
     // its share of the log.
-    audit_.recordByEnvironment("gate.denied", id, {{"action", action.toJson()}, {"rule", e.ruleJson}, {"layer", e.layer}},
+    audit_.recordByEnvironment("gate.denied", id,
+                               {{"action", action.toJson()}, {"rule", e.ruleJson}, {"layer", e.layer}},
                                kEnvironmentGateEvents);
     return {false, who + " denies it"};
   }

@@ -23,9 +23,8 @@ int shellExitCode(const manager::ProcessInfo& info) {
 // Why a command did not start, the way a shell would say it.
 std::string startError(const manager::ProcessInfo& info) {
   bool notFound = info.spawnStage == "exec" && info.spawnErrno == ENOENT;
-  return std::string(notFound ? "command not found: " : "cannot run: ") +
-         (info.argv.empty() ? "" : info.argv[0]) + " (" + info.spawnStage + ": " +
-         std::strerror(info.spawnErrno) + ")";
+  return std::string(notFound ? "command not found: " : "cannot run: ") + (info.argv.empty() ? "" : info.argv[0]) +
+         " (" + info.spawnStage + ": " + std::strerror(info.spawnErrno) + ")";
 }
 
 }  // namespace
@@ -108,7 +107,8 @@ json inputJson(const std::string& data) {
   json j = {{"bytes", data.size()}, {"sha256", sha256Hex(data)}};
   if (data.size() <= 256 && travelsAsJsonText(data)) {
     bool printable = true;
-    for (unsigned char c : data) printable = printable && (c >= 0x20 || c == '\n' || c == '\t' || c == '\r') && c != 0x7f;
+    for (unsigned char c : data)
+      printable = printable && (c >= 0x20 || c == '\n' || c == '\t' || c == '\r') && c != 0x7f;
     if (printable) j["text"] = data;
   }
   return j;

@@ -223,9 +223,8 @@ HttpResponse Api::processesRoute(const HttpRequest& req, const Principal& princi
   if (pid.empty()) {
     if (req.method == "POST") {
       if (auto e = onlyQuery(req, {})) return errorResponse(*e);
-      return startProcess(manager_, req, id, principal.owner(), [&](const gate::Action& action) {
-        return check(req, principal, id, action);
-      });
+      return startProcess(manager_, req, id, principal.owner(),
+                          [&](const gate::Action& action) { return check(req, principal, id, action); });
     }
     if (req.method != "GET") return wrongMethod(req, "GET or POST");
     if (auto e = onlyQuery(req, {})) return errorResponse(*e);

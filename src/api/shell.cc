@@ -17,7 +17,7 @@ namespace {
 constexpr auto kPingEvery = std::chrono::seconds(30);
 constexpr size_t kReplay = 64u << 10;
 constexpr auto kHangUpGrace = std::chrono::seconds(5);  // what a viewer joining a running shell sees first
-constexpr auto kInputWait = std::chrono::seconds(5);  // for a terminal program to read earlier input
+constexpr auto kInputWait = std::chrono::seconds(5);    // for a terminal program to read earlier input
 
 // Sends the terminal's output to one viewer until the process ends or the
 // viewer leaves.
@@ -137,7 +137,8 @@ void runViewer(const std::shared_ptr<manager::Process>& process, websocket::Conn
       // the viewer is told.
       Status s = process->writeStdin(message.data, false, kInputWait);
       if (!s.ok() && s.error().code == "stdin_full") {
-        (void)socket.sendText(json{{"type", "error"}, {"message", "input not delivered: " + s.error().message()}}.dump());
+        (void)socket.sendText(
+            json{{"type", "error"}, {"message", "input not delivered: " + s.error().message()}}.dump());
         continue;
       }
       if (!s.ok()) {
@@ -224,7 +225,8 @@ HttpResponse Api::shellRoute(const HttpRequest& req, const Principal& principal,
     if (!started.ok()) return errorResponse(fromError(started.error()));
     process = started.value();
     if (process->info().state == manager::ProcessState::kFailed) {
-      return errorResponse({409, "conflict", processJson(process->info()).value("error", "the shell did not start"), ""});
+      return errorResponse(
+          {409, "conflict", processJson(process->info()).value("error", "the shell did not start"), ""});
     }
   }
   HttpResponse response;

@@ -83,8 +83,8 @@ HttpResponse Api::snapshotsRoute(const HttpRequest& req, const Principal& princi
 
 // /v1/environments/{id}/snapshots, /restore and /fork (the caller owns the
 // environment and holds the scope: checked by route()).
-HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Principal& principal,
-                                            const std::string& id, const std::string& sub) {
+HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Principal& principal, const std::string& id,
+                                            const std::string& sub) {
   if (auto e = onlyQuery(req, {})) return errorResponse(*e);
   ApiError perr{};
   if (sub == "snapshots") {
@@ -147,7 +147,8 @@ HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Princi
     fork.labels = labels;
   }
   if (body->contains("ttl_s")) {
-    if (auto e = number((*body)["ttl_s"], "ttl_s", 1, static_cast<double>(manager_.config().maxTtlS), true, fork.ttlS)) {
+    if (auto e =
+            number((*body)["ttl_s"], "ttl_s", 1, static_cast<double>(manager_.config().maxTtlS), true, fork.ttlS)) {
       return errorResponse(*e);
     }
   }

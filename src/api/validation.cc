@@ -45,16 +45,16 @@ ApiError invalid(const std::string& field, const std::string& message) {
 
 ApiError fromError(const Error& e) {
   static const std::map<std::string, int> status = {
-      {"not_found", 404},       {"conflict", 409}, {"gone", 409},         {"capacity", 429},
-      {"invalid_argument", 400}, {"timeout", 504}, {"unsupported", 400}, {"unavailable", 503},
-      {"stdin_full", 409},
+      {"not_found", 404}, {"conflict", 409},    {"gone", 409},        {"capacity", 429},   {"invalid_argument", 400},
+      {"timeout", 504},   {"unsupported", 400}, {"unavailable", 503}, {"stdin_full", 409},
   };
   auto it = status.find(e.code);
   return {it == status.end() ? 500 : it->second, e.code, e.message(), ""};
 }
 
 std::optional<ApiError> specFields(const json& spec, const std::string& prefix, double maxRamMb, SpecFields& out) {
-  if (!spec.is_object()) return invalid(prefix.empty() ? "spec" : prefix.substr(0, prefix.size() - 1), "must be an object");
+  if (!spec.is_object())
+    return invalid(prefix.empty() ? "spec" : prefix.substr(0, prefix.size() - 1), "must be an object");
   if (auto e = onlyFields(spec, {"cpus", "ram_mb", "storage_gb", "pids"}, prefix)) return e;
   if (spec.contains("cpus")) {
     if (auto e = number(spec["cpus"], prefix + "cpus", 0.01, 1024, false, out.cpus)) return e;
@@ -118,7 +118,8 @@ std::optional<ApiError> stringMap(const json& j, const std::string& field, bool 
     bool ok = envNames ? validEnvName(it.key()) : validKey(it.key(), 63);
     if (!ok) return invalid(field + "." + it.key(), "invalid name");
     std::string v = it.value().get<std::string>();
-    if (v.size() > 32768 || v.find('\0') != std::string::npos) return invalid(field + "." + it.key(), "value too long or has NUL");
+    if (v.size() > 32768 || v.find('\0') != std::string::npos)
+      return invalid(field + "." + it.key(), "value too long or has NUL");
     out[it.key()] = v;
   }
   return std::nullopt;
@@ -143,8 +144,7 @@ std::optional<ApiError> onlyQuery(const HttpRequest& req, std::initializer_list<
   return std::nullopt;
 }
 
-std::optional<ApiError> queryNumber(const HttpRequest& req, const char* name, uint64_t max, int base,
-                                    uint64_t& out) {
+std::optional<ApiError> queryNumber(const HttpRequest& req, const char* name, uint64_t max, int base, uint64_t& out) {
   auto it = req.query.find(name);
   if (it == req.query.end()) return std::nullopt;
   const std::string& v = it->second;

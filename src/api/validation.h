@@ -42,8 +42,7 @@ std::optional<ApiError> absolutePath(const json& j, const std::string& field, st
 // argv: a non-empty array of strings without NUL, bounded in count and size.
 std::optional<ApiError> commandLine(const json& j, const std::string& field, std::vector<std::string>& out);
 std::optional<ApiError> onlyQuery(const HttpRequest& req, std::initializer_list<const char*> allowed);
-std::optional<ApiError> queryNumber(const HttpRequest& req, const char* name, uint64_t max, int base,
-                                    uint64_t& out);
+std::optional<ApiError> queryNumber(const HttpRequest& req, const char* name, uint64_t max, int base, uint64_t& out);
 std::optional<ApiError> queryFlag(const HttpRequest& req, const char* name, bool& out);
 // A snapshot id ("snap-" and 12 hex digits) in body[field], required.
 std::optional<ApiError> snapshotField(const json& body, const char* field, std::string& out);
@@ -63,8 +62,7 @@ std::optional<ApiError> specFields(const json& spec, const std::string& prefix, 
 std::string pathSegment(const std::string& path, size_t index);
 
 template <class T>
-std::optional<ApiError> number(const json& j, const std::string& field, double min, double max, bool whole,
-                               T& out) {
+std::optional<ApiError> number(const json& j, const std::string& field, double min, double max, bool whole, T& out) {
   if (!j.is_number() || (whole && !j.is_number_integer())) {
     return invalid(field, whole ? "must be a whole number" : "must be a number");
   }

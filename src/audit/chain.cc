@@ -25,9 +25,8 @@ std::string canonicalData(const nlohmann::json& data) {
   return data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-std::string canonicalEvent(uint64_t id, int64_t timeMs, const std::string& type,
-                           const std::string& environment, const std::string& actor,
-                           const std::string& dataText, const std::string& prevHash) {
+std::string canonicalEvent(uint64_t id, int64_t timeMs, const std::string& type, const std::string& environment,
+                           const std::string& actor, const std::string& dataText, const std::string& prevHash) {
   std::string out = "[";
   out += std::to_string(id);
   out += ',';
@@ -46,9 +45,8 @@ std::string canonicalEvent(uint64_t id, int64_t timeMs, const std::string& type,
   return out;
 }
 
-std::string chainHash(uint64_t id, int64_t timeMs, const std::string& type,
-                      const std::string& environment, const std::string& actor,
-                      const std::string& dataText, const std::string& prevHash) {
+std::string chainHash(uint64_t id, int64_t timeMs, const std::string& type, const std::string& environment,
+                      const std::string& actor, const std::string& dataText, const std::string& prevHash) {
   std::string text = canonicalEvent(id, timeMs, type, environment, actor, dataText, prevHash);
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
@@ -57,8 +55,8 @@ std::string chainHash(uint64_t id, int64_t timeMs, const std::string& type,
 }
 
 std::string chainHash(const Event& event) {
-  return chainHash(event.id, event.timeMs, event.type, event.environment, event.actor,
-                   canonicalData(event.data), event.prevHash);
+  return chainHash(event.id, event.timeMs, event.type, event.environment, event.actor, canonicalData(event.data),
+                   event.prevHash);
 }
 
 ChainVerifier::ChainVerifier(uint64_t firstId, std::string anchorHash)
@@ -75,10 +73,9 @@ bool ChainVerifier::add(const Event& event, bool dataIsJson) {
   if (!result_.ok) return false;
   if (event.id != expectedId_) {
     if (event.id > expectedId_) {
-      std::string missing = event.id == expectedId_ + 1
-                                ? "event " + std::to_string(expectedId_) + " is missing"
-                                : "events " + std::to_string(expectedId_) + " to " +
-                                      std::to_string(event.id - 1) + " are missing";
+      std::string missing = event.id == expectedId_ + 1 ? "event " + std::to_string(expectedId_) + " is missing"
+                                                        : "events " + std::to_string(expectedId_) + " to " +
+                                                              std::to_string(event.id - 1) + " are missing";
       return fail(expectedId_, "deleted: " + missing);
     }
     return fail(event.id, "out of order: expected event " + std::to_string(expectedId_) + " here");
@@ -90,8 +87,7 @@ bool ChainVerifier::add(const Event& event, bool dataIsJson) {
   if (event.prevHash != expectedPrev_) {
     return fail(event.id, event.id == 1 || result_.checked == 0
                               ? "prev_hash mismatch: does not link to the start of the chain"
-                              : "prev_hash mismatch: does not match the hash of event " +
-                                    std::to_string(event.id - 1));
+                              : "prev_hash mismatch: does not match the hash of event " + std::to_string(event.id - 1));
   }
   ++result_.checked;
   result_.lastId = event.id;

@@ -10,8 +10,7 @@ EnvironmentShare::EnvironmentShare(std::function<void(const std::string&, const 
     : write_(std::move(write)), options_(std::move(options)) {
   if (!options_.clockMs) {
     options_.clockMs = [] {
-      return std::chrono::duration_cast<std::chrono::milliseconds>(
-                 std::chrono::steady_clock::now().time_since_epoch())
+      return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
           .count();
     };
   }
@@ -39,8 +38,7 @@ void EnvironmentShare::summarize(const std::string& environment, Env& env, const
           {"message", "events the environment caused that the log counted instead of keeping one by one"}});
 }
 
-void EnvironmentShare::record(const std::string& type, const std::string& environment, nlohmann::json data,
-                              Pace pace) {
+void EnvironmentShare::record(const std::string& type, const std::string& environment, nlohmann::json data, Pace pace) {
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t now = options_.clockMs();
   Env& env = envs_[environment];
@@ -57,7 +55,8 @@ void EnvironmentShare::record(const std::string& type, const std::string& enviro
     bucket.tokens = pace.burst;
     bucket.refilledMs = now;
   }
-  bucket.tokens = std::min(pace.burst, bucket.tokens + pace.rate * static_cast<double>(now - bucket.refilledMs) / 1000.0);
+  bucket.tokens =
+      std::min(pace.burst, bucket.tokens + pace.rate * static_cast<double>(now - bucket.refilledMs) / 1000.0);
   bucket.refilledMs = now;
   if (bucket.tokens < 1) {
     ++bucket.suppressed;

@@ -31,8 +31,7 @@ class EnvironmentShare {
     int64_t summaryEveryMs = 60'000;
     std::function<int64_t()> clockMs;  // milliseconds, monotonic; a test sets one
   };
-  EnvironmentShare(std::function<void(const std::string&, const std::string&, nlohmann::json)> write,
-                   Options options);
+  EnvironmentShare(std::function<void(const std::string&, const std::string&, nlohmann::json)> write, Options options);
 
   void record(const std::string& type, const std::string& environment, nlohmann::json data, Pace pace);
   void close(const std::string& environment);

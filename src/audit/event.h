@@ -33,8 +33,8 @@ class Recorder {
   virtual ~Recorder() = default;
   // Appends an event (id, time and hashes are assigned here). Cheap and
   // non-blocking for the caller: it must not wait for disk.
-  virtual void record(const std::string& type, const std::string& environment,
-                      const std::string& actor, nlohmann::json data) = 0;
+  virtual void record(const std::string& type, const std::string& environment, const std::string& actor,
+                      nlohmann::json data) = 0;
   // An event that code inside `environment` causes (its connections, its
   // questions), actor "environment": the log may hold it at `pace` and within
   // the environment's share, and counts the rest (EnvironmentShare).
@@ -50,8 +50,7 @@ class Recorder {
 // Drops everything: for code under test that has no log.
 class NullRecorder final : public Recorder {
  public:
-  void record(const std::string&, const std::string&, const std::string&, nlohmann::json) override {
-  }
+  void record(const std::string&, const std::string&, const std::string&, nlohmann::json) override {}
 };
 Recorder& nullRecorder();
 
@@ -66,14 +65,12 @@ std::string canonicalData(const nlohmann::json& data);
 // The bytes an event's hash covers: the JSON array
 //   [id, time_ms, type, environment, actor, data, prev_hash]
 // in the canonical form above, with `dataText` the canonical data.
-std::string canonicalEvent(uint64_t id, int64_t timeMs, const std::string& type,
-                           const std::string& environment, const std::string& actor,
-                           const std::string& dataText, const std::string& prevHash);
+std::string canonicalEvent(uint64_t id, int64_t timeMs, const std::string& type, const std::string& environment,
+                           const std::string& actor, const std::string& dataText, const std::string& prevHash);
 
 // Lowercase hex SHA-256 of canonicalEvent(...).
-std::string chainHash(uint64_t id, int64_t timeMs, const std::string& type,
-                      const std::string& environment, const std::string& actor,
-                      const std::string& dataText, const std::string& prevHash);
+std::string chainHash(uint64_t id, int64_t timeMs, const std::string& type, const std::string& environment,
+                      const std::string& actor, const std::string& dataText, const std::string& prevHash);
 std::string chainHash(const Event& event);
 
 }  // namespace moat::audit

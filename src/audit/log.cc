@@ -8,8 +8,7 @@ namespace moat::audit {
 namespace {
 
 int64_t systemNowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
@@ -77,8 +76,7 @@ Log::~Log() {
 
 int64_t Log::now() const { return options_.clock(); }
 
-void Log::recordByEnvironment(const std::string& type, const std::string& environment, nlohmann::json data,
-                              Pace pace) {
+void Log::recordByEnvironment(const std::string& type, const std::string& environment, nlohmann::json data, Pace pace) {
   share_.record(type, environment, std::move(data), pace);
 }
 
@@ -107,8 +105,7 @@ Status Log::flush(std::chrono::milliseconds timeout) {
   flushWanted_ = true;
   writerCv_.notify_one();
   if (!committedCv_.wait_for(lock, timeout, [&] { return committedId_ >= target; })) {
-    return Error::make("timeout",
-                       "the audit log did not write event " + std::to_string(target) + " in time");
+    return Error::make("timeout", "the audit log did not write event " + std::to_string(target) + " in time");
   }
   return {};
 }
@@ -197,8 +194,7 @@ Result<uint64_t> Log::prune(std::unique_lock<std::mutex>& lock, int64_t cutoffMs
   return pruneThrough(lock, through.value(), {{"before_ms", cutoffMs}});
 }
 
-Result<uint64_t> Log::pruneThrough(std::unique_lock<std::mutex>& lock, uint64_t through,
-                                   const nlohmann::json& why) {
+Result<uint64_t> Log::pruneThrough(std::unique_lock<std::mutex>& lock, uint64_t through, const nlohmann::json& why) {
   if (through == 0) return uint64_t{0};
   lock.unlock();
   std::unique_lock<std::mutex> noVerify(verifyMutex_);
@@ -217,9 +213,7 @@ Result<uint64_t> Log::pruneThrough(std::unique_lock<std::mutex>& lock, uint64_t 
   batch.reserve(queue_.size() + 1);
   for (auto& p : queue_) batch.push_back(std::move(p));
   queue_.clear();
-  nlohmann::json data = {{"pruned_through", through},
-                         {"pruned_hash", last.value()->hash},
-                         {"pruned_count", count}};
+  nlohmann::json data = {{"pruned_through", through}, {"pruned_hash", last.value()->hash}, {"pruned_count", count}};
   data.update(why);
   batch.push_back(Pending{nextId_++, now(), "audit.checkpoint", "", "moatd", std::move(data)});
   lock.unlock();
@@ -252,8 +246,8 @@ void Log::capSize(std::unique_lock<std::mutex>& lock) {
     std::fprintf(stderr, "moatd: audit log: more than %llu events: pruned the oldest %llu (--audit-max-events)\n",
                  static_cast<unsigned long long>(cap), static_cast<unsigned long long>(pruned.value()));
   } else {
-    std::fprintf(stderr, "moatd: audit log: pruning beyond %llu events: %s\n",
-                 static_cast<unsigned long long>(cap), pruned.error().message().c_str());
+    std::fprintf(stderr, "moatd: audit log: pruning beyond %llu events: %s\n", static_cast<unsigned long long>(cap),
+                 pruned.error().message().c_str());
   }
 }
 
@@ -305,8 +299,7 @@ void Log::writerLoop() {
     }
     if (!queue_.empty()) {
       auto hurry = [&] {
-        return stopping_ || flushWanted_ || queue_.size() >= options_.maxBatch ||
-               !pruneRequests_.empty();
+        return stopping_ || flushWanted_ || queue_.size() >= options_.maxBatch || !pruneRequests_.empty();
       };
       if (!hurry()) writerCv_.wait_for(lock, options_.coalesce, hurry);
       flushWanted_ = false;
@@ -356,8 +349,7 @@ Result<VerifyResult> Log::verify() {
         if (record.type != "audit.checkpoint" || !data.is_object()) continue;
         auto through = data.find("pruned_through");
         auto hash = data.find("pruned_hash");
-        if (through == data.end() || !through->is_number_unsigned() || hash == data.end() ||
-            !hash->is_string()) {
+        if (through == data.end() || !through->is_number_unsigned() || hash == data.end() || !hash->is_string()) {
           continue;
         }
         if (through->get<uint64_t>() + 1 == first->id) {

@@ -108,8 +108,7 @@ class Log final : public Recorder {
   Result<uint64_t> prune(std::unique_lock<std::mutex>& lock, int64_t cutoffMs);
   // Prunes events up to id `through` (0: nothing), with a checkpoint that
   // also carries `why`.
-  Result<uint64_t> pruneThrough(std::unique_lock<std::mutex>& lock, uint64_t through,
-                                const nlohmann::json& why);
+  Result<uint64_t> pruneThrough(std::unique_lock<std::mutex>& lock, uint64_t through, const nlohmann::json& why);
   // Prunes the oldest events while more than maxEvents are stored.
   void capSize(std::unique_lock<std::mutex>& lock);
   Status append(std::vector<Pending>& batch, uint64_t pruneThrough);

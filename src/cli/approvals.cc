@@ -147,9 +147,9 @@ int watch(Client& client, const Options& o) {
       const json& a = *it;
       std::string id = a.value("id", "");
       if (!seen.insert(id).second) continue;
-      std::printf("\n%s wants %s in %s: %s\n  approve? [y]es [n]o [a]lways [d]never [s]kip: ",
-                  a.value("requester", "").c_str(), a.value("scope", "").c_str(),
-                  a.value("environment", "").c_str(), summary(a).c_str());
+      std::printf(
+          "\n%s wants %s in %s: %s\n  approve? [y]es [n]o [a]lways [d]never [s]kip: ", a.value("requester", "").c_str(),
+          a.value("scope", "").c_str(), a.value("environment", "").c_str(), summary(a).c_str());
       std::fflush(stdout);
       char line[64];
       if (!std::fgets(line, sizeof line, in)) return 0;
@@ -199,7 +199,8 @@ int approvalsCommand(const std::vector<std::string>& args) {
     return list(client.value(), o.value());
   }
   if (sub == "approve" || sub == "deny") {
-    if (o->positional.size() != 1) return reportFailure("approvals", usageError("usage: moat approvals " + sub + " ID"));
+    if (o->positional.size() != 1)
+      return reportFailure("approvals", usageError("usage: moat approvals " + sub + " ID"));
     auto decided = decide(client.value(), o->positional[0], sub == "approve", o->reason, o->remember);
     if (!decided.ok()) return reportFailure("approvals " + sub, decided.error());
     std::printf("%s %s\n", decided->value("id", "").c_str(), decided->value("state", "").c_str());

@@ -47,8 +47,7 @@ int verify(const std::vector<std::string>& args) {
     s = readConnectionFlag(flags, connection, matched);
     if (!s.ok()) return reportFailure("audit verify", s.error());
     if (matched) continue;
-    if (flags.name() != "--json")
-      return reportFailure("audit verify", usageError("unknown option " + flags.name()));
+    if (flags.name() != "--json") return reportFailure("audit verify", usageError("unknown option " + flags.name()));
     asJson = true;
   }
   auto client = Client::fromOptions(connection);
@@ -63,21 +62,17 @@ int verify(const std::vector<std::string>& args) {
   if (asJson) {
     std::printf("%s\n", r.dump(2).c_str());
   } else if (ok) {
-    std::printf("ok: %llu events checked",
-                static_cast<unsigned long long>(r.value("checked", 0ULL)));
+    std::printf("ok: %llu events checked", static_cast<unsigned long long>(r.value("checked", 0ULL)));
     if (r.contains("last")) {
-      std::printf(", last event %llu hash %s",
-                  static_cast<unsigned long long>(r["last"].value("id", 0ULL)),
+      std::printf(", last event %llu hash %s", static_cast<unsigned long long>(r["last"].value("id", 0ULL)),
                   r["last"].value("hash", "").c_str());
     }
     std::printf("\n");
   } else {
     const json& broken = r.contains("first_broken") ? r["first_broken"] : json::object();
-    std::printf("broken at event %llu: %s\n",
-                static_cast<unsigned long long>(broken.value("id", 0ULL)),
+    std::printf("broken at event %llu: %s\n", static_cast<unsigned long long>(broken.value("id", 0ULL)),
                 broken.value("reason", "").c_str());
-    std::printf("(%llu events before it hold)\n",
-                static_cast<unsigned long long>(r.value("checked", 0ULL)));
+    std::printf("(%llu events before it hold)\n", static_cast<unsigned long long>(r.value("checked", 0ULL)));
   }
   return ok ? 0 : kExitBroken;
 }
@@ -108,22 +103,18 @@ int exportEvents(const std::vector<std::string>& args) {
       return reportFailure("audit export", usageError("unknown option " + flags.name()));
     }
   }
-  if (format.empty())
-    return reportFailure("audit export", usageError("--format is required (jsonl)"));
+  if (format.empty()) return reportFailure("audit export", usageError("--format is required (jsonl)"));
   if (format != "jsonl")
-    return reportFailure("audit export",
-                         usageError("--format: only jsonl is known, got '" + format + "'"));
+    return reportFailure("audit export", usageError("--format: only jsonl is known, got '" + format + "'"));
   auto client = Client::fromOptions(connection);
   if (!client.ok()) return reportFailure("audit export", client.error());
   bool written = true;
   Status s = readEvents(client.value(), query, [&](const json&, const std::string& line) {
-    written = std::fwrite(line.data(), 1, line.size(), stdout) == line.size() &&
-              std::fputc('\n', stdout) != EOF;
+    written = std::fwrite(line.data(), 1, line.size(), stdout) == line.size() && std::fputc('\n', stdout) != EOF;
     return written;
   });
   if (!s.ok()) return reportFailure("audit export", s.error());
-  if (!written || std::fflush(stdout) != 0)
-    return complain(kExitEnvironment, "writing the export failed");
+  if (!written || std::fflush(stdout) != 0) return complain(kExitEnvironment, "writing the export failed");
   return 0;
 }
 

@@ -44,8 +44,7 @@ std::string fromEnvironment(const char* name) {
 
 template <class Stream>
 Result<HttpReply> exchange(Stream& stream, const Endpoint& endpoint, const std::string& method,
-                           const std::string& target, const std::string& body,
-                           const std::string& token) {
+                           const std::string& target, const std::string& body, const std::string& token) {
   http::request<http::string_body> req{http::string_to_verb(method), target, 11};
   req.set(http::field::host, endpoint.transport == Endpoint::Transport::kUnix
                                  ? std::string("localhost")
@@ -60,16 +59,13 @@ Result<HttpReply> exchange(Stream& stream, const Endpoint& endpoint, const std::
   req.prepare_payload();
   beast::error_code ec;
   http::write(stream, req, ec);
-  if (ec)
-    return Error::make(
-        "io", "sending the request to moatd at " + endpoint.display() + ": " + ec.message());
+  if (ec) return Error::make("io", "sending the request to moatd at " + endpoint.display() + ": " + ec.message());
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
   parser.body_limit(kMaxReplyBytes);
   http::read(stream, buffer, parser, ec);
   if (ec) {
-    return Error::make("io",
-                       "reading moatd's answer from " + endpoint.display() + ": " + ec.message());
+    return Error::make("io", "reading moatd's answer from " + endpoint.display() + ": " + ec.message());
   }
   HttpReply reply;
   reply.status = parser.get().result_int();
@@ -150,8 +146,7 @@ class IdleWatch {
 
 template <class Stream>
 Result<HttpReply> streamExchange(Stream& stream, const Endpoint& endpoint, const std::string& target,
-                                 const std::string& token,
-                                 const std::function<bool(const std::string&)>& onData) {
+                                 const std::string& token, const std::function<bool(const std::string&)>& onData) {
   http::request<http::empty_body> req{http::verb::get, target, 11};
   req.set(http::field::host, endpoint.transport == Endpoint::Transport::kUnix
                                  ? std::string("localhost")
@@ -237,8 +232,8 @@ Result<Client::Upgraded> upgrade(Stream& stream, const Endpoint& endpoint, const
 }
 
 Error unreachable(const Endpoint& endpoint, const beast::error_code& ec) {
-  return Error::make("unreachable", "cannot reach moatd at " + endpoint.display() + ": " +
-                                        ec.message() + " (is moatd running?)");
+  return Error::make("unreachable",
+                     "cannot reach moatd at " + endpoint.display() + ": " + ec.message() + " (is moatd running?)");
 }
 
 }  // namespace
@@ -251,8 +246,7 @@ std::string Endpoint::display() const {
 
 Result<Endpoint> parseEndpoint(const std::string& url) {
   auto bad = [&](const std::string& why) {
-    return usageError("--url: " + why +
-                      " (expected http://HOST:PORT or unix:/path/to.sock), got '" + url + "'");
+    return usageError("--url: " + why + " (expected http://HOST:PORT or unix:/path/to.sock), got '" + url + "'");
   };
   Endpoint e;
   if (url.rfind("unix:", 0) == 0) {
@@ -283,9 +277,8 @@ Result<Endpoint> parseEndpoint(const std::string& url) {
     portText = rest.substr(colon + 1);
   }
   if (e.host.empty()) return bad("needs a host");
-  if (portText.empty() || portText.size() > 5 ||
-      portText.find_first_not_of("0123456789") != std::string::npos || std::stoul(portText) == 0 ||
-      std::stoul(portText) > 65535) {
+  if (portText.empty() || portText.size() > 5 || portText.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoul(portText) == 0 || std::stoul(portText) > 65535) {
     return bad("the port must be 1 to 65535");
   }
   // No name lookup: moat is linked statically, and glibc's resolver then
@@ -322,18 +315,15 @@ Result<Client> Client::fromOptions(const ConnectionOptions& options) {
   if (!text.ok()) {
     const Error& e = text.error();
     std::string why = e.sysErrno != 0 ? std::strerror(e.sysErrno) : e.message();
-    return Client(
-        endpoint,
-        Error::make("no_token", "no token for moatd: pass --token, set MOAT_TOKEN, or make " +
-                                    tokenFile + " readable (" + why + ")"));
+    return Client(endpoint, Error::make("no_token", "no token for moatd: pass --token, set MOAT_TOKEN, or make " +
+                                                        tokenFile + " readable (" + why + ")"));
   }
   token = text.value();
   while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) {
     token.pop_back();
   }
   if (token.empty()) {
-    return Client(endpoint,
-                  Error::make("no_token", "no token for moatd: " + tokenFile + " is empty"));
+    return Client(endpoint, Error::make("no_token", "no token for moatd: " + tokenFile + " is empty"));
   }
   return Client(endpoint, token);
 }
@@ -354,8 +344,8 @@ Result<R> talkToMoatd(const Endpoint& endpoint, const Result<std::string>& token
     if (endpoint.transport == Endpoint::Transport::kUnix) {
       asio::local::stream_protocol::socket socket(io);
       if (endpoint.path.size() >= sizeof(sockaddr_un::sun_path)) {
-        return Error::make("unreachable", "cannot reach moatd at " + endpoint.display() +
-                                              ": the socket path is too long");
+        return Error::make("unreachable",
+                           "cannot reach moatd at " + endpoint.display() + ": the socket path is too long");
       }
       socket.connect(asio::local::stream_protocol::endpoint(endpoint.path), ec);
       if (ec) return unreachable(endpoint, ec);
@@ -383,15 +373,13 @@ Result<Client::Upgraded> Client::openWebSocket(const std::string& target) {
   });
 }
 
-Result<HttpReply> Client::request(const std::string& method, const std::string& target,
-                                  const std::string& body) {
+Result<HttpReply> Client::request(const std::string& method, const std::string& target, const std::string& body) {
   return talkToMoatd<HttpReply>(endpoint_, token_, [&](auto& socket, const std::string& token) {
     return exchange(socket, endpoint_, method, target, body, token);
   });
 }
 
-Result<HttpReply> Client::stream(const std::string& target,
-                                 const std::function<bool(const std::string&)>& onData) {
+Result<HttpReply> Client::stream(const std::string& target, const std::function<bool(const std::string&)>& onData) {
   return talkToMoatd<HttpReply>(endpoint_, token_, [&](auto& socket, const std::string& token) {
     return streamExchange(socket, endpoint_, target, token, onData);
   });
@@ -522,8 +510,8 @@ Status FlagReader::noValue() const {
 }
 
 std::vector<std::string> FlagReader::rest() const {
-  return std::vector<std::string>(
-      args_.begin() + static_cast<std::ptrdiff_t>(std::min(index_, args_.size())), args_.end());
+  return std::vector<std::string>(args_.begin() + static_cast<std::ptrdiff_t>(std::min(index_, args_.size())),
+                                  args_.end());
 }
 
 Status readConnectionFlag(FlagReader& flags, ConnectionOptions& options, bool& matched) {
@@ -562,8 +550,7 @@ Result<uint64_t> parseWhole(const std::string& flag, const std::string& value) {
   return std::strtoull(value.c_str(), nullptr, 10);
 }
 
-Status parseVariable(const std::string& flag, const std::string& value,
-                     std::map<std::string, std::string>& out) {
+Status parseVariable(const std::string& flag, const std::string& value, std::map<std::string, std::string>& out) {
   auto eq = value.find('=');
   std::string name = value.substr(0, eq);
   bool valid = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0]));
@@ -579,11 +566,9 @@ Status parseVariable(const std::string& flag, const std::string& value,
   return {};
 }
 
-Status parseLabel(const std::string& flag, const std::string& value,
-                  std::map<std::string, std::string>& out) {
+Status parseLabel(const std::string& flag, const std::string& value, std::map<std::string, std::string>& out) {
   auto eq = value.find('=');
-  if (eq == std::string::npos || eq == 0)
-    return usageError(flag + ": expected KEY=VALUE, got '" + value + "'");
+  if (eq == std::string::npos || eq == 0) return usageError(flag + ": expected KEY=VALUE, got '" + value + "'");
   out[value.substr(0, eq)] = value.substr(eq + 1);
   return {};
 }
@@ -596,7 +581,8 @@ Result<nlohmann::json> parsePermissionsFlag(const std::string& flag, const std::
     text = file.value();
   }
   auto j = nlohmann::json::parse(text, nullptr, false);
-  if (!j.is_object()) return usageError(flag + ": expected a JSON object (or @FILE), e.g. '{\"run_command\": \"ask\"}'");
+  if (!j.is_object())
+    return usageError(flag + ": expected a JSON object (or @FILE), e.g. '{\"run_command\": \"ask\"}'");
   return j;
 }
 

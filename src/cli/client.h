@@ -53,14 +53,12 @@ class Client {
   static Result<Client> fromOptions(const ConnectionOptions& options);
 
   Client(Endpoint endpoint, Result<std::string> token);
-  Result<HttpReply> request(const std::string& method, const std::string& target,
-                            const std::string& body = "");
+  Result<HttpReply> request(const std::string& method, const std::string& target, const std::string& body = "");
   // GET `target` and hand the body to `onData` piece by piece as it arrives
   // (a stream that stays open: moat events --follow); `onData` returning
   // false ends it. An answer other than 200 comes back whole in the reply's
   // body. A connection lost mid-stream is an error with code "io".
-  Result<HttpReply> stream(const std::string& target,
-                           const std::function<bool(const std::string&)>& onData);
+  Result<HttpReply> stream(const std::string& target, const std::function<bool(const std::string&)>& onData);
   // Opens a WebSocket on `target` (moatd answers 101): the connected socket
   // and the bytes already read past the handshake. A refusal comes back as
   // an error carrying moatd's message.
@@ -139,10 +137,8 @@ Status readConnectionFlag(FlagReader& flags, ConnectionOptions& options, bool& m
 Result<double> parseNumber(const std::string& flag, const std::string& value);
 Result<uint64_t> parseWhole(const std::string& flag, const std::string& value);
 // NAME=VALUE; `-e NAME` alone copies the host's value (as `moat run` does).
-Status parseVariable(const std::string& flag, const std::string& value,
-                     std::map<std::string, std::string>& out);
-Status parseLabel(const std::string& flag, const std::string& value,
-                  std::map<std::string, std::string>& out);
+Status parseVariable(const std::string& flag, const std::string& value, std::map<std::string, std::string>& out);
+Status parseLabel(const std::string& flag, const std::string& value, std::map<std::string, std::string>& out);
 // --permissions: JSON text, or @FILE holding it (docs/GATE.md).
 Result<nlohmann::json> parsePermissionsFlag(const std::string& flag, const std::string& value);
 

@@ -11,8 +11,8 @@
 #include "cli/exit_codes.h"
 #include "common/unique_fd.h"
 #include "os/file.h"
-#include "os/tree.h"
 #include "os/terminal.h"
+#include "os/tree.h"
 
 namespace moat::cli {
 namespace {
@@ -152,8 +152,8 @@ int download(Client& client, const Remote& remote, const std::string& host, bool
   Progress progress(showProgress, total);
   uint64_t offset = 0;
   for (;;) {
-    auto reply = client.request("GET", base + "&offset=" + std::to_string(offset) +
-                                           "&length=" + std::to_string(kChunk));
+    auto reply =
+        client.request("GET", base + "&offset=" + std::to_string(offset) + "&length=" + std::to_string(kChunk));
     if (!reply.ok()) return reportFailure("moat cp", reply.error());
     if (reply->status != 200) return complain(kExitEnvironment, describeError(reply.value()));
     const std::string& body = reply->body;

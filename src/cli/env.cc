@@ -77,8 +77,7 @@ std::string labelsText(const json& env) {
   if (!env.contains("labels") || !env["labels"].is_object()) return out;
   for (auto it = env["labels"].begin(); it != env["labels"].end(); ++it) {
     if (!out.empty()) out += ",";
-    out += it.key() + "=" +
-           (it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
+    out += it.key() + "=" + (it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
   }
   return out;
 }
@@ -86,8 +85,8 @@ std::string labelsText(const json& env) {
 // moatd's timestamps are "YYYY-MM-DDTHH:MM:SS.mmmZ"; -1 if not one.
 int64_t parseTimestamp(const std::string& s) {
   std::tm tm{};
-  if (std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
-                  &tm.tm_hour, &tm.tm_min, &tm.tm_sec) != 6) {
+  if (std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
+                  &tm.tm_sec) != 6) {
     return -1;
   }
   tm.tm_year -= 1900;
@@ -173,8 +172,7 @@ Status parseArgs(const std::vector<std::string>& args, Parsed& out,
 }
 
 Status noPositional(const Parsed& parsed) {
-  if (!parsed.positional.empty())
-    return usageError("unexpected argument '" + parsed.positional[0] + "'");
+  if (!parsed.positional.empty()) return usageError("unexpected argument '" + parsed.positional[0] + "'");
   return {};
 }
 
@@ -231,13 +229,17 @@ int create(const std::vector<std::string>& args) {
   if (s.ok()) s = noPositional(parsed);
   if (s.ok()) {
     auto policy = network.policy();
-    if (!policy.ok()) s = policy.error();
-    else if (policy.value()) body["network"] = *policy.value();
+    if (!policy.ok())
+      s = policy.error();
+    else if (policy.value())
+      body["network"] = *policy.value();
   }
   if (s.ok()) {
     auto list = secrets.secrets();
-    if (!list.ok()) s = list.error();
-    else if (list.value()) body["secrets"] = *list.value();
+    if (!list.ok())
+      s = list.error();
+    else if (list.value())
+      body["secrets"] = *list.value();
   }
   if (!s.ok()) return reportFailure("env create", s.error());
   if (parsed.help) return help();
@@ -251,8 +253,7 @@ int create(const std::vector<std::string>& args) {
   try {
     request = body.dump();
   } catch (const json::exception&) {
-    return reportFailure("env create",
-                         usageError("values must be valid UTF-8 (moatd's API is JSON)"));
+    return reportFailure("env create", usageError("values must be valid UTF-8 (moatd's API is JSON)"));
   }
   auto created = call(client.value(), "POST", "/v1/environments", request, 201);
   if (!created.ok()) return reportFailure("env create", created.error());
@@ -307,17 +308,15 @@ int list(const std::vector<std::string>& args) {
     std::puts(environments.dump(2).c_str());
     return 0;
   }
-  std::vector<std::vector<std::string>> rows = {
-      {"ID", "STATE", "TASK", "CPUS", "MEM", "CREATED", "EXPIRES", "LABELS"}};
+  std::vector<std::vector<std::string>> rows = {{"ID", "STATE", "TASK", "CPUS", "MEM", "CREATED", "EXPIRES", "LABELS"}};
   for (const auto& e : environments) {
     const json& spec = e.contains("spec") ? e["spec"] : json::object();
     std::string task = text(e, "task_id");
     std::string labels = labelsText(e);
     std::string state = text(e, "state");
     std::string mem = text(spec, "ram_mb");
-    rows.push_back({text(e, "id"), state, task.empty() ? "-" : task, text(spec, "cpus"),
-                    mem.empty() ? "-" : mem + "M", relative(text(e, "created_at")),
-                    live(state) ? relative(text(e, "expires_at")) : "-",
+    rows.push_back({text(e, "id"), state, task.empty() ? "-" : task, text(spec, "cpus"), mem.empty() ? "-" : mem + "M",
+                    relative(text(e, "created_at")), live(state) ? relative(text(e, "expires_at")) : "-",
                     labels.empty() ? "-" : labels});
   }
   printTable(rows);
@@ -351,8 +350,7 @@ int get(const std::vector<std::string>& args) {
   };
   if (e.contains("reason")) lines.emplace_back("reason", text(e, "reason"));
   for (const char* key : {"task_id", "template"}) lines.emplace_back(key, text(e, key));
-  for (const char* key : {"cpus", "ram_mb", "storage_gb", "pids"})
-    lines.emplace_back(key, text(spec, key));
+  for (const char* key : {"cpus", "ram_mb", "storage_gb", "pids"}) lines.emplace_back(key, text(spec, key));
   for (const char* key : {"created_at", "expires_at"}) lines.emplace_back(key, text(e, key));
   lines.emplace_back("labels", labelsText(e));
   for (const auto& [k, v] : lines) std::printf("%s: %s\n", k.c_str(), v.c_str());
@@ -404,14 +402,18 @@ int networkOf(const std::vector<std::string>& args) {
   std::optional<json> policy;
   if (s.ok()) {
     auto p = network.policy();
-    if (!p.ok()) s = p.error();
-    else policy = p.value();
+    if (!p.ok())
+      s = p.error();
+    else
+      policy = p.value();
   }
   std::string path;
   if (s.ok() && !parsed.help) {
     auto p = environmentPath(parsed.positional[0]);
-    if (!p.ok()) s = p.error();
-    else path = p.value() + "/network";
+    if (!p.ok())
+      s = p.error();
+    else
+      path = p.value() + "/network";
   }
   if (!s.ok()) return reportFailure("env network", s.error());
   if (parsed.help) return help();
@@ -439,8 +441,7 @@ int envCommand(const std::vector<std::string>& args) {
   if (sub == "rm" || sub == "remove") return remove(rest);
   if (sub == "network") return networkOf(rest);
   if (sub == "-h" || sub == "--help" || sub == "help") return help();
-  std::fprintf(stderr,
-               "moat env: unknown command '%s' (create, ls, get, rm or network; see moat env --help)\n",
+  std::fprintf(stderr, "moat env: unknown command '%s' (create, ls, get, rm or network; see moat env --help)\n",
                sub.c_str());
   return kExitUsage;
 }

@@ -78,8 +78,7 @@ std::string summary(const json& event) {
     }
     out += ": " + argvText(data);
   } else if (type == "file.written") {
-    out = str(data, "path") + " (" + str(data, "size") + " bytes, sha256 " +
-          str(data, "sha256").substr(0, 12) + ")";
+    out = str(data, "path") + " (" + str(data, "size") + " bytes, sha256 " + str(data, "sha256").substr(0, 12) + ")";
   } else if (type == "file.read") {
     out = str(data, "path");
     if (data.contains("op")) out += " (" + str(data, "op") + ")";
@@ -104,8 +103,7 @@ std::string summary(const json& event) {
     out = data.dump(-1, ' ', false, json::error_handler_t::replace);
     if (out.size() > 160) out = out.substr(0, 157) + "...";
   }
-  if (data.contains("error") && type != "environment.failed")
-    out += " error: " + str(data, "error");
+  if (data.contains("error") && type != "environment.failed") out += " error: " + str(data, "error");
   if (type == "environment.failed") out = "create failed: " + str(data, "error");
   return out;
 }
@@ -115,9 +113,8 @@ void print(const json& event, const std::string& line, bool asJson) {
     std::printf("%s\n", line.c_str());
   } else {
     std::string env = str(event, "environment");
-    std::printf("%s %6s %-21s %-12s %-12s %s\n", str(event, "time").c_str(),
-                str(event, "id").c_str(), str(event, "type").c_str(),
-                env.empty() ? "-" : env.c_str(), str(event, "actor").c_str(),
+    std::printf("%s %6s %-21s %-12s %-12s %s\n", str(event, "time").c_str(), str(event, "id").c_str(),
+                str(event, "type").c_str(), env.empty() ? "-" : env.c_str(), str(event, "actor").c_str(),
                 summary(event).c_str());
   }
 }
@@ -145,8 +142,7 @@ int follow(Client& client, EventsQuery query, bool asJson) {
       });
     });
     if (stopped) return 0;
-    if (reply.ok() && reply->status != 200)
-      return complain(kExitEnvironment, describeError(reply.value()));
+    if (reply.ok() && reply->status != 200) return complain(kExitEnvironment, describeError(reply.value()));
     if (!reply.ok() && !connected) return reportFailure("events", reply.error());
     if (!warned) {
       std::fprintf(stderr, "moat events: the stream from moatd ended%s; reconnecting\n",

@@ -23,8 +23,7 @@ std::string eventsTarget(const EventsQuery& query, bool follow);
 // Every matching event after query.since, page after page (moatd answers
 // up to 1000 per request) until there are no more. `onEvent` gets each
 // event's JSON (the SSE data line) and may stop the walk by returning false.
-Status readEvents(
-    Client& client, EventsQuery query,
-    const std::function<bool(const nlohmann::json& event, const std::string& line)>& onEvent);
+Status readEvents(Client& client, EventsQuery query,
+                  const std::function<bool(const nlohmann::json& event, const std::string& line)>& onEvent);
 
 }  // namespace moat::cli

@@ -96,18 +96,15 @@ Result<ExecOptions> parseExecOptions(const std::vector<std::string>& args) {
       MOAT_TRY(parseVariable(name, v, o.env));
     } else if (name == "-w" || name == "--workdir") {
       MOAT_ASSIGN(std::string v, flags.value());
-      if (v.empty() || v[0] != '/')
-        return usageError("-w: working directory must be absolute: " + v);
+      if (v.empty() || v[0] != '/') return usageError("-w: working directory must be absolute: " + v);
       o.workdir = moat::normalizePath(v);
     } else {
       MOAT_TRY(readConnectionFlag(flags, o.connection, matched));
     }
     if (!matched) return usageError("unknown option " + name);
   }
-  if (o.environment.empty())
-    return usageError("missing environment id (usage: moat exec ENV [options] -- COMMAND...)");
-  if (o.command.empty())
-    return usageError("missing command (usage: moat exec ENV [options] -- COMMAND...)");
+  if (o.environment.empty()) return usageError("missing environment id (usage: moat exec ENV [options] -- COMMAND...)");
+  if (o.command.empty()) return usageError("missing command (usage: moat exec ENV [options] -- COMMAND...)");
   return o;
 }
 
@@ -172,8 +169,7 @@ json processBody(const ExecOptions& o) {
 
 int exitCodeOf(const json& reply) {
   if (reply.value("timed_out", false)) return kExitTimeout;
-  if (!reply.contains("exit_code") || !reply["exit_code"].is_number_integer())
-    return kExitEnvironment;
+  if (!reply.contains("exit_code") || !reply["exit_code"].is_number_integer()) return kExitEnvironment;
   int code = reply["exit_code"].get<int>();
   return code < 0 || code > 255 ? kExitEnvironment : code;
 }
@@ -186,8 +182,7 @@ int execWhole(Client& client, const std::string& path, const ExecOptions& o) {
   if (!reply.ok()) return reportFailure("exec", reply.error());
   if (reply->status != 200) return complain(kExitEnvironment, describeError(reply.value()));
   json result = json::parse(reply->body, nullptr, false);
-  if (!result.is_object())
-    return complain(kExitEnvironment, "moatd answered with something that is not JSON");
+  if (!result.is_object()) return complain(kExitEnvironment, "moatd answered with something that is not JSON");
   std::puts(result.dump(2).c_str());
   return exitCodeOf(result);
 }

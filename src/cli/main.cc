@@ -4,9 +4,9 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/exit_codes.h"
 #include "common/process_args.h"
 #include "common/sanitizer.h"
-#include "cli/exit_codes.h"
 
 MOAT_PID1_SANITIZER_OPTIONS()
 

@@ -6,10 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
-#include <atomic>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -63,7 +63,8 @@ class PrivateMoatd {
     if (::geteuid() != 0) return usageError("--standalone starts a moatd, which needs root");
     MOAT_ASSIGN(std::string dir, os::selfDirectory());
     std::string moatd = dir + "/moatd";
-    if (::access(moatd.c_str(), X_OK) != 0) return Error::make("not_found", "--standalone: no moatd next to moat (" + moatd + ")");
+    if (::access(moatd.c_str(), X_OK) != 0)
+      return Error::make("not_found", "--standalone: no moatd next to moat (" + moatd + ")");
     char pattern[] = "/tmp/moat-mcp-XXXXXX";
     if (!::mkdtemp(pattern)) return Error::fromErrno("mkdtemp");
     state_ = pattern;
@@ -77,7 +78,7 @@ class PrivateMoatd {
     }
     ConnectionOptions options;
     options.stateDir = state_;
-    for (int i = 0; i < 600; ++i) {  // up to a minute: the first start builds the host template
+    for (int i = 0; i < 600; ++i) {                // up to a minute: the first start builds the host template
       auto client = Client::fromOptions(options);  // the token file appears once moatd runs
       if (client.ok()) {
         auto reply = client->request("GET", "/healthz");

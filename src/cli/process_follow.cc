@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <cstring>
 #include <iterator>
-#include <string_view>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <thread>
 
 #include "cli/exit_codes.h"
@@ -147,8 +147,8 @@ class OutputPrinter {
 
   bool finish(const json& event) {
     ended_ = true;
-    int code = event.contains("exit_code") && event["exit_code"].is_number_integer() ? event["exit_code"].get<int>()
-                                                                                     : -1;
+    int code =
+        event.contains("exit_code") && event["exit_code"].is_number_integer() ? event["exit_code"].get<int>() : -1;
     if (event.value("state", "") == "failed") {
       // Could not start: what the shell would have said, as the command's stderr.
       writeAll(2, event.value("error", std::string("the command could not start")) + "\n");
@@ -179,9 +179,9 @@ class OutputPrinter {
 // The signals we pass on. A handler, not a signalfd: a third ^C must leave
 // even while a request to a stuck moatd holds the forwarding thread.
 constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
-int signalPipe = -1;               // the handler's way to the forwarding thread
-std::atomic<int> interrupts{0};    // ^C so far
-char leaveMessage[256];            // written by the handler: formatted beforehand
+int signalPipe = -1;             // the handler's way to the forwarding thread
+std::atomic<int> interrupts{0};  // ^C so far
+char leaveMessage[256];          // written by the handler: formatted beforehand
 
 void onSignal(int signo) {
   int saved = errno;

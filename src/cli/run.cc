@@ -95,8 +95,7 @@ int superviseCommand(Environment& env, const RunOptions& options) {
         stdinSent += static_cast<uint64_t>(n);
       } else if (n == 0 || errno != EINTR) {
         stdinOpen = false;
-        (void)init::writeFrame(control, init::MsgType::kCloseStdin,
-                               init::ProcessRef{kCommandId}.encode());
+        (void)init::writeFrame(control, init::MsgType::kCloseStdin, init::ProcessRef{kCommandId}.encode());
       }
     }
     if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
@@ -133,8 +132,7 @@ int superviseCommand(Environment& env, const RunOptions& options) {
           if (failed->stage == "chdir") {
             return complain(kExitCannotRun, "working directory " + options.workdir + ": " + what);
           }
-          return complain(kExitCannotRun, "cannot run " + options.command[0] + " (" + failed->stage +
-                                              "): " + what);
+          return complain(kExitCannotRun, "cannot run " + options.command[0] + " (" + failed->stage + "): " + what);
         }
         case init::MsgType::kExited: {
           traceStage("command exited");
@@ -178,9 +176,8 @@ int superviseCommand(Environment& env, const RunOptions& options) {
 }  // namespace
 
 int runCommand(const std::vector<std::string>& args) {
-  auto parsed = parseRunOptions(args, hostMemoryMb(), [](const char* name) -> const char* {
-    return std::getenv(name);
-  });
+  auto parsed =
+      parseRunOptions(args, hostMemoryMb(), [](const char* name) -> const char* { return std::getenv(name); });
   if (!parsed.ok()) {
     std::fprintf(stderr, "moat run: %s\n", parsed.error().context.c_str());
     return kExitUsage;
@@ -197,8 +194,8 @@ int runCommand(const std::vector<std::string>& args) {
   // The hostname is the environment's id, which the command's HOSTNAME
   // carries: choose it here so the Spawn can be queued before pid 1 starts.
   options.spec.id = backend::newEnvironmentId();
-  options.spec.firstFrames = init::encodeFrame(
-      init::MsgType::kSpawn, commandRequest(options.spec.id, options).encode());
+  options.spec.firstFrames =
+      init::encodeFrame(init::MsgType::kSpawn, commandRequest(options.spec.id, options).encode());
   // The network namespace made ahead by an earlier run, if any; the next
   // one is made while this run's command runs (docs/ARCHITECTURE.md).
   std::optional<UniqueFd> network = isolation::namespaces::takeReadyNetwork();

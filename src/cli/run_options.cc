@@ -11,17 +11,16 @@
 namespace moat::cli {
 namespace {
 
-
-Result<uint64_t> parseWhole(const std::string& flag, const std::string& value, uint64_t min,
-                            uint64_t max, const std::string& unit) {
+Result<uint64_t> parseWhole(const std::string& flag, const std::string& value, uint64_t min, uint64_t max,
+                            const std::string& unit) {
   if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos) {
     return usageError(flag + ": '" + value + "' is not a whole number");
   }
   if (value.size() > 12) return usageError(flag + ": " + value + " is out of range");
   uint64_t v = std::strtoull(value.c_str(), nullptr, 10);
   if (v < min || v > max) {
-    return usageError(flag + ": " + value + " is out of range (" + std::to_string(min) + " to " +
-                 std::to_string(max) + unit + ")");
+    return usageError(flag + ": " + value + " is out of range (" + std::to_string(min) + " to " + std::to_string(max) +
+                      unit + ")");
   }
   return v;
 }
@@ -100,9 +99,8 @@ Result<RunOptions> parseRunOptions(const std::vector<std::string>& args, uint64_
   // One-shot runs skip the exec of moat-init (see InitMode); MOAT_INIT_MODE=exec
   // selects the daemon's way, for tests and comparison.
   const char* initMode = std::getenv("MOAT_INIT_MODE");
-  o.spec.initMode = initMode && std::string(initMode) == "exec"
-                        ? backend::namespaces::InitMode::kExec
-                        : backend::namespaces::InitMode::kInProcess;
+  o.spec.initMode = initMode && std::string(initMode) == "exec" ? backend::namespaces::InitMode::kExec
+                                                                : backend::namespaces::InitMode::kInProcess;
   const char* state = std::getenv("MOAT_STATE");
   o.spec.stateDir = state && *state ? state : "/var/lib/moat";
   size_t i = 0;

@@ -13,7 +13,8 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr const char* kSnapshotUsage = R"(usage: moat snapshot create ID [--name NAME]   snapshot an environment's files; prints the snapshot id
+constexpr const char* kSnapshotUsage =
+    R"(usage: moat snapshot create ID [--name NAME]   snapshot an environment's files; prints the snapshot id
        moat snapshot ls [ID]                     the snapshots (of one environment)
        moat snapshot restore ID SNAPSHOT         put the environment's files back as the snapshot has them
                                                  (every process in it ends)
@@ -109,11 +110,12 @@ int snapshotCommand(const std::vector<std::string>& args) {
   }
   const std::string what = "snapshot " + sub;
   const std::map<std::string, std::pair<size_t, size_t>> arity = {
-      {"create", {1, 1}}, {"ls", {0, 1}}, {"list", {0, 1}}, {"restore", {2, 2}},
+      {"create", {1, 1}}, {"ls", {0, 1}},    {"list", {0, 1}},     {"restore", {2, 2}},
       {"fork", {1, 1}},   {"rm", {1, 1000}}, {"remove", {1, 1000}}};
   auto known = arity.find(sub);
   if (known == arity.end()) {
-    std::fprintf(stderr, "moat snapshot: unknown command '%s' (create, ls, restore, fork or rm; see moat snapshot --help)\n",
+    std::fprintf(stderr,
+                 "moat snapshot: unknown command '%s' (create, ls, restore, fork or rm; see moat snapshot --help)\n",
                  sub.c_str());
     return kExitUsage;
   }

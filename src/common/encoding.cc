@@ -34,8 +34,8 @@ bool isValidUtf8(const std::string& s) {
       cp = (cp << 6) | (cc & 0x3F);
     }
     // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
-        (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF)) {
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+        (cp >= 0xD800 && cp <= 0xDFFF)) {
       return false;
     }
     i += len;
@@ -49,8 +49,8 @@ std::string base64Encode(const std::string& s) {
   out.reserve((s.size() + 2) / 3 * 4);
   size_t i = 0;
   for (; i + 2 < s.size(); i += 3) {
-    uint32_t v = (static_cast<uint8_t>(s[i]) << 16) | (static_cast<uint8_t>(s[i + 1]) << 8) |
-                 static_cast<uint8_t>(s[i + 2]);
+    uint32_t v =
+        (static_cast<uint8_t>(s[i]) << 16) | (static_cast<uint8_t>(s[i + 1]) << 8) | static_cast<uint8_t>(s[i + 2]);
     for (int k = 3; k >= 0; --k) out.push_back(table[(v >> (6 * k)) & 63]);
   }
   if (i < s.size()) {

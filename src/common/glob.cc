@@ -51,10 +51,18 @@ bool globMatch(const std::string& pattern, const std::string& text, bool segment
       if (!at[i]) continue;
       size_t to = n + 1;  // none
       switch (tokens[i].kind) {
-        case Kind::kLiteral: if (c == tokens[i].c) to = i + 1; break;
-        case Kind::kOne: if (!slash) to = i + 1; break;
-        case Kind::kStar: if (!slash) to = i; break;
-        case Kind::kDoubleStar: to = i; break;
+        case Kind::kLiteral:
+          if (c == tokens[i].c) to = i + 1;
+          break;
+        case Kind::kOne:
+          if (!slash) to = i + 1;
+          break;
+        case Kind::kStar:
+          if (!slash) to = i;
+          break;
+        case Kind::kDoubleStar:
+          to = i;
+          break;
       }
       if (to <= n) {
         next[to] = 1;

@@ -15,12 +15,8 @@ struct Error {
   int sysErrno = 0;     // errno at the failure, 0 if none
   std::string context;  // what was being done, e.g. "mount overlay on /x"
 
-  static Error fromErrno(std::string context, int err = errno) {
-    return Error{"syscall", err, std::move(context)};
-  }
-  static Error make(std::string code, std::string context) {
-    return Error{std::move(code), 0, std::move(context)};
-  }
+  static Error fromErrno(std::string context, int err = errno) { return Error{"syscall", err, std::move(context)}; }
+  static Error make(std::string code, std::string context) { return Error{std::move(code), 0, std::move(context)}; }
   // A request's field that cannot be taken: "field: problem".
   static Error invalidField(const std::string& field, const std::string& problem) {
     return make("invalid_request", field + ": " + problem);
@@ -32,7 +28,7 @@ struct Error {
 template <class T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : data_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : data_(std::move(value)) {}      // NOLINT: implicit by design
   Result(Error error) : data_(std::move(error)) {}  // NOLINT
 
   bool ok() const { return data_.index() == 0; }
@@ -68,12 +64,12 @@ class [[nodiscard]] Result<void> {
 using Status = Result<void>;
 
 // Propagates an error from an expression returning Result<...>.
-#define MOAT_TRY(expr)                          \
-  do {                                          \
-    auto moat_try_result_ = (expr);             \
-    if (!moat_try_result_.ok()) {               \
-      return moat_try_result_.error();          \
-    }                                           \
+#define MOAT_TRY(expr)                 \
+  do {                                 \
+    auto moat_try_result_ = (expr);    \
+    if (!moat_try_result_.ok()) {      \
+      return moat_try_result_.error(); \
+    }                                  \
   } while (0)
 
 #define MOAT_CONCAT_INNER(a, b) a##b

@@ -18,9 +18,9 @@
 // environment's processes from killing it. The sanitizer's handlers for
 // SIGSEGV and friends would undo that in sanitizer builds.
 #if MOAT_ASAN
-#define MOAT_PID1_SANITIZER_OPTIONS()                                                         \
-  extern "C" const char* __asan_default_options() {                                           \
-    return "handle_segv=0:handle_sigbus=0:handle_sigfpe=0:handle_sigill=0:handle_abort=0";    \
+#define MOAT_PID1_SANITIZER_OPTIONS()                                                      \
+  extern "C" const char* __asan_default_options() {                                        \
+    return "handle_segv=0:handle_sigbus=0:handle_sigfpe=0:handle_sigill=0:handle_abort=0"; \
   }
 #else
 #define MOAT_PID1_SANITIZER_OPTIONS()

@@ -83,10 +83,20 @@ Result<DaemonFlags> parseDaemonFlags(const std::vector<std::string>& args, const
                                      double hostMemoryMb) {
   DaemonFlags f;
   f.stateDir = defaultStateDir;
-  static const char* const kWithValue[] = {
-      "--state",           "--listen",          "--warm-pool",        "--max-environments",     "--max-connections",
-      "--key-rate",        "--approval-timeout", "--lossless-wait",   "--permissions",          "--audit-retention-days",
-      "--audit-max-events", "--egress-hosts",    "--egress-ca-bundle", "--egress-head-timeout"};
+  static const char* const kWithValue[] = {"--state",
+                                           "--listen",
+                                           "--warm-pool",
+                                           "--max-environments",
+                                           "--max-connections",
+                                           "--key-rate",
+                                           "--approval-timeout",
+                                           "--lossless-wait",
+                                           "--permissions",
+                                           "--audit-retention-days",
+                                           "--audit-max-events",
+                                           "--egress-hosts",
+                                           "--egress-ca-bundle",
+                                           "--egress-head-timeout"};
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     bool wantsValue = false;
@@ -133,7 +143,8 @@ Result<DaemonFlags> parseDaemonFlags(const std::vector<std::string>& args, const
       f.audit.retentionDays = static_cast<int64_t>(*n);
     } else if (a == "--audit-max-events") {
       auto n = number(args[++i], 0, 1000000000);
-      if (!n || (*n != 0 && *n < 1000)) return invalid("--audit-max-events needs 0 or a number from 1000 to 1000000000");
+      if (!n || (*n != 0 && *n < 1000))
+        return invalid("--audit-max-events needs 0 or a number from 1000 to 1000000000");
       f.audit.maxEvents = *n;
     } else if (a == "--egress-hosts" || a == "--egress-ca-bundle") {
       const std::string& path = args[++i];

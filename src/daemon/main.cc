@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
@@ -16,23 +17,21 @@
 #include "api/api.h"
 #include "api/auth.h"
 #include "api/http.h"
-#include "common/sanitizer.h"
 #include "api/keys.h"
 #include "audit/log.h"
 #include "backend/namespaces/backend.h"
-#include "daemon/flags.h"
 #include "backend/namespaces/spawner.h"
 #include "common/process_args.h"
+#include "common/sanitizer.h"
+#include "daemon/flags.h"
 #include "egress/controller.h"
-#include "manager/environment_manager.h"
-#include <nlohmann/json.hpp>
-
 #include "gate/approvals.h"
 #include "gate/permissions.h"
+#include "isolation/seccomp/policy.h"
+#include "manager/environment_manager.h"
 #include "os/file.h"
 #include "os/process.h"
 #include "os/security.h"
-#include "isolation/seccomp/policy.h"
 #include "store/sqlite/sqlite_store.h"
 
 namespace {
@@ -62,7 +61,7 @@ int main(int argc, char** argv) {
   const char* stateEnv = std::getenv("MOAT_STATE");
   std::string stateDir = stateEnv && *stateEnv ? stateEnv : "/var/lib/moat";
   auto flags = daemon::parseDaemonFlags(std::vector<std::string>(argv + 1, argv + argc), stateDir,
-                                       static_cast<double>(os::totalMemoryMb()));
+                                        static_cast<double>(os::totalMemoryMb()));
   if (!flags.ok() && flags.error().code == "usage") {
     std::fprintf(stderr, "moatd: %s\n%s", flags.error().context.c_str(), daemon::daemonUsage());
     return 2;
@@ -203,16 +202,16 @@ int main(int argc, char** argv) {
     manager.refreshExecPolicies();  // the environments re-attached before the gate was set
     api.endOrphanedMcpEnvironments();
     api::HttpServer server([&api](const api::HttpRequest& r) { return api.handle(r); },
-                           [&api](const api::HttpRequest& head) { return api.preflight(head); },
-                           serverLimits, [&api] { api.countRefusedConnection(); });
+                           [&api](const api::HttpRequest& head) { return api.preflight(head); }, serverLimits,
+                           [&api] { api.countRefusedConnection(); });
     for (auto s : {server.listenUnix(stateDir + "/moatd.sock"), server.listenTcp(listen)}) {
       if (!s.ok()) {
         manager.detach();
         return fail(s.error().message());
       }
     }
-    std::fprintf(stderr, "moatd: serving http://127.0.0.1:%d and unix:%s/moatd.sock (state %s)\n",
-                 server.tcpPort(), stateDir.c_str(), stateDir.c_str());
+    std::fprintf(stderr, "moatd: serving http://127.0.0.1:%d and unix:%s/moatd.sock (state %s)\n", server.tcpPort(),
+                 stateDir.c_str(), stateDir.c_str());
     std::fflush(stderr);
     int sig = 0;
     ::sigwait(&signals, &sig);
@@ -226,15 +225,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "moatd: %s again, exiting at once\n", ::strsignal(again));
       ::_exit(1);
     }).detach();
-    server.beginStop();  // no request starts; those in progress still answer
-    api.stopWaiting();  // requests waiting under the key rate limit: 503 now
-    api.closeMcpSessions();  // their own environments go with them
-    manager.interrupt();  // waiting execs end; nothing new starts
-    approvals.shutdown();  // requests waiting for a person end too
-    api.waitForExecAsks();  // and programs waiting for one (refused now)
+    server.beginStop();               // no request starts; those in progress still answer
+    api.stopWaiting();                // requests waiting under the key rate limit: 503 now
+    api.closeMcpSessions();           // their own environments go with them
+    manager.interrupt();              // waiting execs end; nothing new starts
+    approvals.shutdown();             // requests waiting for a person end too
+    api.waitForExecAsks();            // and programs waiting for one (refused now)
     manager.setExecGate({}, {}, {});  // the API goes before the manager does
-    manager.onEnded({});   // the approvals go before the manager does
-    auditLog.value()->interrupt();  // event streams end
+    manager.onEnded({});              // the approvals go before the manager does
+    auditLog.value()->interrupt();    // event streams end
     server.stop();
     apiForEgress = nullptr;
     if (egress) egress->stop();  // no connection outlives the API it asks

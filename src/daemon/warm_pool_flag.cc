@@ -31,14 +31,16 @@ Result<manager::WarmPool> parseWarmPoolFlag(const std::string& value, double max
     std::string item = rest.substr(start, comma - start);
     start = comma + 1;
     size_t eq = item.find('=');
-    if (eq == std::string::npos || eq == 0) return Error::make("invalid_argument", "'" + item + "' is not key=value; " + form);
+    if (eq == std::string::npos || eq == 0)
+      return Error::make("invalid_argument", "'" + item + "' is not key=value; " + form);
     std::string key = item.substr(0, eq), text = item.substr(eq + 1);
     if (spec.contains(key) || (key == "template" && haveTemplate)) {
       return Error::make("invalid_argument", key + " given twice");
     }
     if (key == "template") {
       if (text != "host" && (text.empty() || text[0] != '/' || !os::isDirectory(text))) {
-        return Error::make("invalid_argument", "template: 'host' or an existing absolute directory, not '" + text + "'");
+        return Error::make("invalid_argument",
+                           "template: 'host' or an existing absolute directory, not '" + text + "'");
       }
       pool.templateName = text;
       haveTemplate = true;

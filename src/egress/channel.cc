@@ -1,8 +1,5 @@
 #include "egress/channel.h"
 
-#include "egress/tls_authority.h"
-#include "os/socket.h"
-
 #include <openssl/err.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -10,6 +7,9 @@
 #include <cerrno>
 #include <cstring>
 #include <functional>
+
+#include "egress/tls_authority.h"
+#include "os/socket.h"
 
 namespace moat::egress {
 namespace {
@@ -185,8 +185,8 @@ Result<std::unique_ptr<TlsChannel>> handshake(UniqueFd fd, std::string prefix, S
     if (c != -1) {
       std::string why = channel->lastError();
       if (!server && SSL_get_verify_result(ssl) != X509_V_OK) {
-        why = std::string("upstream certificate rejected: ") +
-              X509_verify_cert_error_string(SSL_get_verify_result(ssl));
+        why =
+            std::string("upstream certificate rejected: ") + X509_verify_cert_error_string(SSL_get_verify_result(ssl));
       }
       return Error::make("tls", why.empty() ? "TLS handshake failed" : why);
     }
@@ -200,8 +200,8 @@ std::unique_ptr<Channel> plainChannel(UniqueFd fd, std::string prefix) {
   return std::make_unique<PlainChannel>(std::move(fd), std::move(prefix));
 }
 
-Result<std::unique_ptr<Channel>> acceptTls(UniqueFd fd, std::string prefix, SSL_CTX* ctx,
-                                           Clock::time_point deadline, std::string* serverName) {
+Result<std::unique_ptr<Channel>> acceptTls(UniqueFd fd, std::string prefix, SSL_CTX* ctx, Clock::time_point deadline,
+                                           std::string* serverName) {
   MOAT_ASSIGN(auto channel, handshake(std::move(fd), std::move(prefix), ctx, true, "", deadline));
   if (serverName) {
     const char* sni = SSL_get_servername(channel->ssl(), TLSEXT_NAMETYPE_host_name);
@@ -220,7 +220,9 @@ Status waitFor(Channel& c, Clock::time_point deadline) {
   if (c.pending()) return {};
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   if (left <= 0) return Error::make("timeout", "the peer went silent");
-  struct pollfd p {c.fd(), c.waitEvents() ? c.waitEvents() : static_cast<short>(POLLIN), 0};
+  struct pollfd p {
+    c.fd(), c.waitEvents() ? c.waitEvents() : static_cast<short>(POLLIN), 0
+  };
   int r = ::poll(&p, 1, static_cast<int>(left));
   if (r < 0 && errno != EINTR) return Error::fromErrno("poll");
   if (r == 0) return Error::make("timeout", "the peer went silent");
@@ -256,8 +258,7 @@ void lingerAfterAnswer(Channel& c, std::chrono::milliseconds idle, Clock::time_p
   os::drainBeforeClose(c.fd(), idle, deadline);
 }
 
-RelayCounts relay(Channel& a, Channel& b, std::chrono::milliseconds idle,
-                  const std::function<void(size_t)>& limit) {
+RelayCounts relay(Channel& a, Channel& b, std::chrono::milliseconds idle, const std::function<void(size_t)>& limit) {
   struct Direction {
     Channel& from;
     Channel& to;

@@ -47,8 +47,8 @@ std::unique_ptr<Channel> plainChannel(UniqueFd fd, std::string prefix = "");
 // TLS as the server towards a client (moatd's certificate for the host the
 // client asked for) or as a client towards an upstream (verified against
 // the upstream CA bundle, SNI and host name set). The handshake runs here.
-Result<std::unique_ptr<Channel>> acceptTls(UniqueFd fd, std::string prefix, SSL_CTX* ctx,
-                                           Clock::time_point deadline, std::string* serverName);
+Result<std::unique_ptr<Channel>> acceptTls(UniqueFd fd, std::string prefix, SSL_CTX* ctx, Clock::time_point deadline,
+                                           std::string* serverName);
 Result<std::unique_ptr<Channel>> connectTls(UniqueFd fd, SSL_CTX* ctx, const std::string& host,
                                             Clock::time_point deadline);
 
@@ -71,7 +71,6 @@ struct RelayCounts {
   uint64_t up = 0;    // a -> b
   uint64_t down = 0;  // b -> a
 };
-RelayCounts relay(Channel& a, Channel& b, std::chrono::milliseconds idle,
-                  const std::function<void(size_t)>& limit);
+RelayCounts relay(Channel& a, Channel& b, std::chrono::milliseconds idle, const std::function<void(size_t)>& limit);
 
 }  // namespace moat::egress

@@ -62,8 +62,7 @@ class Reader {
 unsigned byteAt(std::string_view data, size_t i) { return static_cast<uint8_t>(data[i]); }
 
 bool isHostChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-         c == '_' || c == '.';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
 }
 
 // Lower-cases a plausible DNS host name into *out, false if it is not one.
@@ -170,8 +169,7 @@ HelloStatus parseClientHello(std::string_view data, ClientHello* out) {
     if (length == 0 || length > kMaxTlsRecordPayload) return HelloStatus::kMalformed;
     if (pos + kRecordHeader + length > kMaxClientHelloBytes) return HelloStatus::kMalformed;
     // The first message must be a ClientHello: say so without waiting.
-    if (pos == 0 && data.size() > kRecordHeader &&
-        byteAt(data, kRecordHeader) != kHandshakeClientHello) {
+    if (pos == 0 && data.size() > kRecordHeader && byteAt(data, kRecordHeader) != kHandshakeClientHello) {
       return HelloStatus::kMalformed;
     }
     if (data.size() - pos - kRecordHeader < length) return HelloStatus::kNeedMore;

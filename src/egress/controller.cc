@@ -1,11 +1,10 @@
 #include "egress/controller.h"
 
 #include <arpa/inet.h>
+#include <linux/rtnetlink.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-
-#include <linux/rtnetlink.h>
 
 #include "egress/controller_internal.h"
 #include "egress/dns_message.h"
@@ -179,9 +178,9 @@ void Controller::record(const std::shared_ptr<Env>& env, bool allowed, nlohmann:
   // reach: either, unbounded, would fill the audit log and the disk under
   // it. At a bounded pace each, within the environment's share of the log,
   // the rest counted (audit::EnvironmentShare).
-  audit_->recordByEnvironment(allowed ? "egress.allowed" : "egress.denied", env->id, std::move(data),
-                              allowed ? audit::Pace{kAllowedEventRate, kAllowedEventBurst}
-                                      : audit::Pace{kDeniedEventRate, kDeniedEventBurst});
+  audit_->recordByEnvironment(
+      allowed ? "egress.allowed" : "egress.denied", env->id, std::move(data),
+      allowed ? audit::Pace{kAllowedEventRate, kAllowedEventBurst} : audit::Pace{kDeniedEventRate, kDeniedEventBurst});
 }
 
 void Controller::acceptLoop(int listenFd, Entry entry) {
@@ -229,7 +228,9 @@ void Controller::serve(UniqueFd client, Entry entry) {
 
 void Controller::dnsLoop() {
   while (!stopping_) {
-    struct pollfd p {dns_.get(), POLLIN, 0};
+    struct pollfd p {
+      dns_.get(), POLLIN, 0
+    };
     if (::poll(&p, 1, 250) <= 0) continue;
     char buf[4096];
     sockaddr_in from{};
@@ -267,8 +268,8 @@ void Controller::dnsLoop() {
 
 void Controller::answerDns(std::shared_ptr<Env> env, std::string packet, sockaddr_in from) {
   auto send = [&](const std::string& reply) {
-    ::sendto(dns_.get(), reply.data(), reply.size(), MSG_DONTWAIT | MSG_NOSIGNAL,
-             reinterpret_cast<sockaddr*>(&from), sizeof from);
+    ::sendto(dns_.get(), reply.data(), reply.size(), MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&from),
+             sizeof from);
   };
   auto query = parseDnsQuery(packet);
   if (!query.ok()) {
@@ -287,8 +288,8 @@ void Controller::answerDns(std::shared_ptr<Env> env, std::string packet, sockadd
   // Listed (or open mode): the ceiling of the key that created the
   // environment still decides whether the name goes upstream at all.
   const bool listed = v.outcome != Outcome::kUnlisted;
-  GateProbeAnswer probe = asks_ ? asks_(env->id, q.name, listed)
-                                : (listed ? GateProbeAnswer::kAllow : GateProbeAnswer::kDeny);
+  GateProbeAnswer probe =
+      asks_ ? asks_(env->id, q.name, listed) : (listed ? GateProbeAnswer::kAllow : GateProbeAnswer::kDeny);
   if (probe == GateProbeAnswer::kAsk) {
     // Nothing goes upstream before a person says yes: a stand-in address
     // that the proxy maps back to the name when the connection comes.
@@ -325,8 +326,10 @@ void Controller::answerDns(std::shared_ptr<Env> env, std::string packet, sockadd
     Destination withA{q.name, 0, a, "", ""};
     withA.hostLocal = !isSpecialAddress(a) && hostLocal(a);
     Verdict withAddress = decide(*policy, withA);
-    if (withAddress.outcome == Outcome::kDeny) refusedBy = withAddress.rule;
-    else answer.push_back(htonl(a));
+    if (withAddress.outcome == Outcome::kDeny)
+      refusedBy = withAddress.rule;
+    else
+      answer.push_back(htonl(a));
   }
   if (answer.empty()) return refuse(refusedBy, q.name + " resolves only to addresses the policy refuses");
   send(dnsAnswer(q, answer, 60));

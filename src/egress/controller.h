@@ -18,11 +18,11 @@
 #include "audit/event.h"
 #include "common/result.h"
 #include "common/unique_fd.h"
+#include "egress/channel.h"
 #include "egress/network.h"
 #include "egress/policy.h"
 #include "egress/resolver.h"
 #include "egress/secrets.h"
-#include "egress/channel.h"
 #include "egress/tls_authority.h"
 
 // Egress control (docs/EGRESS.md): every environment with network access
@@ -54,8 +54,8 @@ struct GateAnswer {
   bool allowed = false;
   std::string why;  // for the refusal and the event
 };
-using GateHook = std::function<GateAnswer(const std::string& environment, const std::string& host, uint16_t port,
-                                          bool listed)>;
+using GateHook =
+    std::function<GateAnswer(const std::string& environment, const std::string& host, uint16_t port, bool listed)>;
 // What that question would get, without waiting for anyone, for the
 // resolver: deny (refused), ask (a stand-in address: nothing goes upstream
 // before the decision) or allow (resolved).
@@ -64,8 +64,8 @@ using GateProbe = std::function<GateProbeAnswer(const std::string& environment, 
 
 class Controller {
  public:
-  static Result<std::unique_ptr<Controller>> start(EgressConfig config, audit::Recorder& audit,
-                                                   GateHook gate, GateProbe asks);
+  static Result<std::unique_ptr<Controller>> start(EgressConfig config, audit::Recorder& audit, GateHook gate,
+                                                   GateProbe asks);
   ~Controller();  // stop()s; the namespace and its links stay (a restart adopts them)
   // Stops serving: listeners close and every open connection ends. Idempotent.
   void stop();
@@ -111,8 +111,8 @@ class Controller {
   void answerDns(std::shared_ptr<Env> env, std::string packet, struct sockaddr_in from);
   void serve(UniqueFd client, Entry entry);
   void serveConnection(const std::shared_ptr<Env>& env, UniqueFd client, Entry entry);
-  Decision authorize(const std::shared_ptr<Env>& env, const std::string& host, uint16_t port,
-                     const std::string& method, const std::string& path);
+  Decision authorize(const std::shared_ptr<Env>& env, const std::string& host, uint16_t port, const std::string& method,
+                     const std::string& path);
   Result<UniqueFd> connectUpstream(uint32_t address, uint16_t port);
   std::optional<std::string> standInName(const std::shared_ptr<Env>& env, uint32_t address);
   // `address` is one of moatd's host's own (a route of type local) and no
@@ -132,11 +132,10 @@ class Controller {
   void handleForward(const std::shared_ptr<Env>& env, UniqueFd client);
   // TLS from the client: passed through as it is, or (secrets, request
   // rules) intercepted with moatd's certificate and handled as HTTP.
-  void tlsTunnel(const std::shared_ptr<Env>& env, UniqueFd client, std::string buffered,
-                 const std::string& requested, uint16_t port, uint32_t destination, const std::string& via,
-                 const Decision* decided);
-  void handleHttp(const std::shared_ptr<Env>& env, Channel& client, const std::string& fixedHost,
-                  uint16_t fixedPort, std::unique_ptr<Channel> upstream, Decision decided, const std::string& via);
+  void tlsTunnel(const std::shared_ptr<Env>& env, UniqueFd client, std::string buffered, const std::string& requested,
+                 uint16_t port, uint32_t destination, const std::string& via, const Decision* decided);
+  void handleHttp(const std::shared_ptr<Env>& env, Channel& client, const std::string& fixedHost, uint16_t fixedPort,
+                  std::unique_ptr<Channel> upstream, Decision decided, const std::string& via);
   void throttle(const std::shared_ptr<Env>& env, size_t bytes);
   // Records a refused request (event["reason"] = why unless it has one) and
   // answers it with `status` and why, then lingers (lingerAfterAnswer).

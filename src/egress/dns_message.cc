@@ -20,9 +20,7 @@ constexpr uint8_t kFlagRd = 0x01;
 constexpr uint8_t kFlagRa = 0x80;
 
 unsigned byteAt(std::string_view data, size_t i) { return static_cast<uint8_t>(data[i]); }
-unsigned u16At(std::string_view data, size_t i) {
-  return byteAt(data, i) << 8 | byteAt(data, i + 1);
-}
+unsigned u16At(std::string_view data, size_t i) { return byteAt(data, i) << 8 | byteAt(data, i + 1); }
 
 void putU16(std::string& out, unsigned v) {
   out.push_back(static_cast<char>(v >> 8 & 0xff));
@@ -36,8 +34,7 @@ void putU32(std::string& out, uint32_t v) {
 Error malformed(const std::string& what) { return Error::make("malformed", "dns query: " + what); }
 
 bool isLabelChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-         c == '_';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
 }
 
 // The name in wire form. Names from parseDnsQuery encode unchanged; for any
@@ -107,8 +104,7 @@ Result<DnsQuery> parseDnsQuery(std::string_view packet) {
     size_t textSize = q.name.size() + (q.name.empty() ? 0 : 1) + label.size();
     if (textSize > kMaxNameText) return malformed("name longer than 253 characters");
     if (!q.name.empty()) q.name.push_back('.');
-    for (char c : label)
-      q.name.push_back(c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c);
+    for (char c : label) q.name.push_back(c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c);
   }
   if (packet.size() - pos < 4) return malformed("question type and class truncated");
   q.type = static_cast<uint16_t>(u16At(packet, pos));
@@ -116,8 +112,7 @@ Result<DnsQuery> parseDnsQuery(std::string_view packet) {
   return q;
 }
 
-std::string dnsAnswer(const DnsQuery& q, const std::vector<uint32_t>& ipv4NetworkOrder,
-                      uint32_t ttl) {
+std::string dnsAnswer(const DnsQuery& q, const std::vector<uint32_t>& ipv4NetworkOrder, uint32_t ttl) {
   size_t fixed = kHeaderSize + encodeName(q.name).size() + 4;
   size_t room = fixed < kDnsMaxUdpMessage ? (kDnsMaxUdpMessage - fixed) / kARecordSize : 0;
   size_t count = std::min(ipv4NetworkOrder.size(), room);

@@ -49,8 +49,7 @@ Result<DnsQuery> parseDnsQuery(std::string_view packet);
 // name that exists but has no record of the queried type (e.g. AAAA). The
 // records are always type A, so pass addresses only for A queries.
 // Addresses beyond what fits kDnsMaxUdpMessage are left out.
-std::string dnsAnswer(const DnsQuery& q, const std::vector<uint32_t>& ipv4NetworkOrder,
-                      uint32_t ttl);
+std::string dnsAnswer(const DnsQuery& q, const std::vector<uint32_t>& ipv4NetworkOrder, uint32_t ttl);
 
 // A response with rcode (e.g. kDnsNxDomain, kDnsRefused) and the question
 // echoed, no records.

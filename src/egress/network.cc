@@ -23,8 +23,8 @@ using Sysctls = std::vector<std::pair<std::string, std::string>>;
 // later), so no link-local address is ever assigned. A kernel without IPv6
 // has no such files, and nothing to turn off.
 Status disableIpv6(int netnsFd) {
-  Status status = os::writeNetSysctls(
-      netnsFd, {{"ipv6/conf/all/disable_ipv6", "1"}, {"ipv6/conf/default/disable_ipv6", "1"}});
+  Status status =
+      os::writeNetSysctls(netnsFd, {{"ipv6/conf/all/disable_ipv6", "1"}, {"ipv6/conf/default/disable_ipv6", "1"}});
   if (!status.ok() && status.error().sysErrno == ENOENT) return {};
   return status;
 }
@@ -46,8 +46,7 @@ Status setUpEgressNamespace(int netnsFd) {
   // rp_filter check of its source) would also resolve to "local" as soon as
   // the local and main tables are unmerged (any `ip rule`). The throw sends
   // environment addresses on to the main table and its per-veth /30 routes.
-  MOAT_TRY(
-      netlink.addLocalThrowRoute(htonl(EgressNetwork::kNetwork), EgressNetwork::kNetworkPrefixLen));
+  MOAT_TRY(netlink.addLocalThrowRoute(htonl(EgressNetwork::kNetwork), EgressNetwork::kNetworkPrefixLen));
   return {};
 }
 
@@ -86,9 +85,7 @@ Result<UniqueFd> EgressNetwork::listenTcp(uint16_t port) const {
   return os::openTcpListener(fd_.get(), INADDR_ANY, port);
 }
 
-Result<UniqueFd> EgressNetwork::bindUdp(uint16_t port) const {
-  return os::openUdpSocket(fd_.get(), INADDR_ANY, port);
-}
+Result<UniqueFd> EgressNetwork::bindUdp(uint16_t port) const { return os::openUdpSocket(fd_.get(), INADDR_ANY, port); }
 
 EgressNetwork::Link EgressNetwork::linkFor(uint32_t slot) {
   uint32_t base = kNetwork + 4 * slot;
@@ -157,8 +154,7 @@ Result<std::vector<uint32_t>> EgressNetwork::linkedSlots() const {
 
 Status EgressNetwork::remove() {
   Status unmounted = os::unmount(path_, MNT_DETACH);
-  if (!unmounted.ok() && unmounted.error().sysErrno != EINVAL)
-    return unmounted;  // EINVAL: not mounted
+  if (!unmounted.ok() && unmounted.error().sysErrno != EINVAL) return unmounted;  // EINVAL: not mounted
   return os::removeTree(path_);
 }
 

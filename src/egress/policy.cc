@@ -13,13 +13,10 @@ namespace {
 
 using json = nlohmann::json;
 
-
-
 bool validHostGlob(const std::string& h) {
   if (h.empty() || h.size() > 253) return false;
   return std::all_of(h.begin(), h.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == '*' ||
-           c == '?';
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == '*' || c == '?';
   });
 }
 
@@ -41,8 +38,8 @@ Status parseTarget(const std::string& text, const std::string& field, Entry& e, 
     if (!portAllowed) return Error::invalidField(field, "put the port in \"ports\"");
     std::string port = target.substr(colon + 1);
     target.resize(colon);
-    if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit) ||
-        std::stoi(port) < 1 || std::stoi(port) > 65535) {
+    if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit) || std::stoi(port) < 1 ||
+        std::stoi(port) > 65535) {
       return Error::invalidField(field, "bad port in '" + text + "'");
     }
     e.ports.push_back(static_cast<uint16_t>(std::stoi(port)));
@@ -64,10 +61,12 @@ Status parseTarget(const std::string& text, const std::string& field, Entry& e, 
     e.network = c;
     return {};
   }
-  if (slash != std::string::npos) return Error::invalidField(field, "'" + text + "' is neither a host name nor an address range");
+  if (slash != std::string::npos)
+    return Error::invalidField(field, "'" + text + "' is neither a host name nor an address range");
   std::string host = canonicalHost(target);
   if (!validHostGlob(host)) {
-    return Error::invalidField(field, "'" + text + "' is not a host name (letters, digits, '.', '-', '_', '*' and '?')");
+    return Error::invalidField(field,
+                               "'" + text + "' is not a host name (letters, digits, '.', '-', '_', '*' and '?')");
   }
   e.host = host;
   return {};
@@ -101,7 +100,8 @@ Result<Entry> parseEntry(const json& j, const std::string& field) {
       return Error::invalidField(field + "." + k, "unknown field (host, ports, methods, paths)");
     }
   }
-  if (!j.contains("host") || !j["host"].is_string()) return Error::invalidField(field + ".host", "required: a host or address range");
+  if (!j.contains("host") || !j["host"].is_string())
+    return Error::invalidField(field + ".host", "required: a host or address range");
   MOAT_TRY(parseTarget(j["host"].get<std::string>(), field + ".host", e, false));
   if (j.contains("ports")) {
     if (!j["ports"].is_array() || j["ports"].empty() || j["ports"].size() > 64) {
@@ -125,7 +125,8 @@ Result<Entry> parseEntry(const json& j, const std::string& field) {
   if (j.contains("paths")) {
     MOAT_ASSIGN(e.paths, stringList(j["paths"], field + ".paths", 64));
     for (size_t i = 0; i < e.paths.size(); ++i) {
-      if (e.paths[i][0] != '/') return Error::invalidField(field + ".paths[" + std::to_string(i) + "]", "must start with '/'");
+      if (e.paths[i][0] != '/')
+        return Error::invalidField(field + ".paths[" + std::to_string(i) + "]", "must start with '/'");
     }
   }
   return e;
@@ -167,13 +168,11 @@ bool requestMatches(const Entry& e, const Destination& d, bool all) {
   }
   if (e.paths.empty()) return true;
   auto matches = [&](const std::string& path) {
-    return std::any_of(e.paths.begin(), e.paths.end(),
-                       [&](const std::string& p) { return globMatch(p, path, true); });
+    return std::any_of(e.paths.begin(), e.paths.end(), [&](const std::string& p) { return globMatch(p, path, true); });
   };
   auto forms = requestPathForms(d.path);
   return all ? std::all_of(forms.begin(), forms.end(), matches) : std::any_of(forms.begin(), forms.end(), matches);
 }
-
 
 }  // namespace
 
@@ -216,9 +215,12 @@ std::vector<std::string> requestPathForms(const std::string& target) {
 
 const char* modeName(Mode m) {
   switch (m) {
-    case Mode::kNone: return "none";
-    case Mode::kAllowlist: return "allowlist";
-    case Mode::kOpen: return "open";
+    case Mode::kNone:
+      return "none";
+    case Mode::kAllowlist:
+      return "allowlist";
+    case Mode::kOpen:
+      return "open";
   }
   return "none";
 }
@@ -252,8 +254,8 @@ std::optional<uint32_t> parseIpv4(const std::string& text) {
 }
 
 std::string formatIpv4(uint32_t a) {
-  return std::to_string(a >> 24) + "." + std::to_string((a >> 16) & 255) + "." + std::to_string((a >> 8) & 255) +
-         "." + std::to_string(a & 255);
+  return std::to_string(a >> 24) + "." + std::to_string((a >> 16) & 255) + "." + std::to_string((a >> 8) & 255) + "." +
+         std::to_string(a & 255);
 }
 
 bool isSpecialAddress(uint32_t a) {
@@ -288,16 +290,21 @@ Result<Policy> Policy::parse(const json& j, const std::string& prefix) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
     if (k != "mode" && k != "allow" && k != "deny" && k != "max_connections" && k != "bandwidth_mbps") {
-      return Error::invalidField(prefix + "." + k, "unknown field (mode, allow, deny, max_connections, bandwidth_mbps)");
+      return Error::invalidField(prefix + "." + k,
+                                 "unknown field (mode, allow, deny, max_connections, bandwidth_mbps)");
     }
   }
   p.mode = Mode::kAllowlist;
   if (j.contains("mode")) {
     const json& m = j["mode"];
-    if (m == "none") p.mode = Mode::kNone;
-    else if (m == "allowlist") p.mode = Mode::kAllowlist;
-    else if (m == "open") p.mode = Mode::kOpen;
-    else return Error::invalidField(prefix + ".mode", "must be \"none\", \"allowlist\" or \"open\"");
+    if (m == "none")
+      p.mode = Mode::kNone;
+    else if (m == "allowlist")
+      p.mode = Mode::kAllowlist;
+    else if (m == "open")
+      p.mode = Mode::kOpen;
+    else
+      return Error::invalidField(prefix + ".mode", "must be \"none\", \"allowlist\" or \"open\"");
   }
   if (j.contains("allow")) {
     MOAT_ASSIGN(p.allow, parseEntries(j["allow"], prefix + ".allow"));
@@ -315,7 +322,8 @@ Result<Policy> Policy::parse(const json& j, const std::string& prefix) {
   if (j.contains("bandwidth_mbps")) {
     const json& b = j["bandwidth_mbps"];
     if (!b.is_number() || b.get<double>() < 0.01 || b.get<double>() > 100000) {
-      return Error::invalidField(prefix + ".bandwidth_mbps", "must be a number from 0.01 to 100000 (megabits per second)");
+      return Error::invalidField(prefix + ".bandwidth_mbps",
+                                 "must be a number from 0.01 to 100000 (megabits per second)");
     }
     p.bandwidthBytesPerS = static_cast<uint64_t>(b.get<double>() * 1e6 / 8);
   }
@@ -355,7 +363,8 @@ Verdict decide(const Policy& policy, const Destination& dIn) {
       const Entry& e = policy.allow[i];
       if (e.network && e.network->contains(*d.address) && portMatches(e, d.port) &&
           (!requestVisible || requestMatches(e, d, true))) {
-        return {Outcome::kAllow, "allow[" + std::to_string(i) + "]", e.written, inspect || (!requestVisible && e.inspectsRequests())};
+        return {Outcome::kAllow, "allow[" + std::to_string(i) + "]", e.written,
+                inspect || (!requestVisible && e.inspectsRequests())};
       }
     }
     return {Outcome::kDeny, (d.hostLocal ? "address of moatd's host " : "special address ") + formatIpv4(*d.address),

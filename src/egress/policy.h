@@ -37,12 +37,12 @@ std::string canonicalHost(std::string host);
 std::vector<std::string> requestPathForms(const std::string& target);
 
 struct Entry {
-  std::optional<std::string> host;  // glob over a lower-case name ("*.pypi.org")
-  std::optional<Cidr> network;      // or an address range
-  std::vector<uint16_t> ports;      // empty: any port
-  std::vector<std::string> methods; // upper case; empty: any
-  std::vector<std::string> paths;   // globs ("/repos/**"); empty: any
-  nlohmann::json written;           // as the user wrote it (for events)
+  std::optional<std::string> host;   // glob over a lower-case name ("*.pypi.org")
+  std::optional<Cidr> network;       // or an address range
+  std::vector<uint16_t> ports;       // empty: any port
+  std::vector<std::string> methods;  // upper case; empty: any
+  std::vector<std::string> paths;    // globs ("/repos/**"); empty: any
+  nlohmann::json written;            // as the user wrote it (for events)
   // Needs the HTTP request to decide: over TLS, that means interception.
   bool inspectsRequests() const { return !methods.empty() || !paths.empty(); }
 };
@@ -51,8 +51,8 @@ struct Policy {
   Mode mode = Mode::kNone;
   std::vector<Entry> allow;
   std::vector<Entry> deny;
-  uint32_t maxConnections = 64;      // open at once
-  uint64_t bandwidthBytesPerS = 0;   // both directions together; 0: unlimited
+  uint32_t maxConnections = 64;     // open at once
+  uint64_t bandwidthBytesPerS = 0;  // both directions together; 0: unlimited
 
   // {"mode": ..., "allow": [...], "deny": [...], "max_connections": N,
   //  "bandwidth_mbps": N}. Errors name the field (code "invalid_request",

@@ -8,11 +8,11 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
 #include <limits>
 #include <optional>
 #include <set>
-#include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/http.hpp>
 #include <thread>
 
 #include "common/text.h"
@@ -49,8 +49,7 @@ class ChannelStream {
   template <class Buffers>
   size_t read_some(const Buffers& buffers, boost::system::error_code& ec) {
     ec = {};
-    for (auto it = boost::asio::buffer_sequence_begin(buffers); it != boost::asio::buffer_sequence_end(buffers);
-         ++it) {
+    for (auto it = boost::asio::buffer_sequence_begin(buffers); it != boost::asio::buffer_sequence_end(buffers); ++it) {
       boost::asio::mutable_buffer b = *it;
       if (b.size() == 0) continue;
       auto deadline = Clock::now() + idle_;
@@ -81,8 +80,7 @@ class ChannelStream {
     ec = {};
     size_t total = 0, pieces = 0;
     boost::asio::const_buffer only;
-    for (auto it = boost::asio::buffer_sequence_begin(buffers); it != boost::asio::buffer_sequence_end(buffers);
-         ++it) {
+    for (auto it = boost::asio::buffer_sequence_begin(buffers); it != boost::asio::buffer_sequence_end(buffers); ++it) {
       boost::asio::const_buffer b = *it;
       if (b.size() == 0) continue;
       only = b;
@@ -117,11 +115,11 @@ class ChannelStream {
   std::string joined_;
 };
 
-
 std::string denialResponse(int status, const std::string& reason, const std::string& message) {
   std::string body = "moat: " + message + "\n";
-  return "HTTP/1.1 " + std::to_string(status) + " " + reason + "\r\nContent-Type: text/plain\r\nContent-Length: " +
-         std::to_string(body.size()) + "\r\nConnection: close\r\nX-Moat-Egress: denied\r\n\r\n" + body;
+  return "HTTP/1.1 " + std::to_string(status) + " " + reason +
+         "\r\nContent-Type: text/plain\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\nConnection: close\r\nX-Moat-Egress: denied\r\n\r\n" + body;
 }
 
 void setNonBlocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
@@ -182,7 +180,8 @@ void scrubSecrets(http::response_header<>& h, const std::vector<Secret>& secrets
   auto scrub = [&](std::string& text) {
     bool changed = false;
     for (const Secret* s : bound) {
-      for (size_t at = text.find(s->value); at != std::string::npos; at = text.find(s->value, at + s->placeholder.size())) {
+      for (size_t at = text.find(s->value); at != std::string::npos;
+           at = text.find(s->value, at + s->placeholder.size())) {
         text.replace(at, s->value.size(), s->placeholder);
         changed = true;
       }
@@ -216,7 +215,8 @@ void Controller::throttle(const std::shared_ptr<Env>& env, size_t bytes) {
     env->refilled = now;
     env->tokens = std::min(static_cast<double>(rate), env->tokens + elapsed * static_cast<double>(rate));
     env->tokens -= static_cast<double>(bytes);
-    if (env->tokens < 0) wait = std::chrono::microseconds(static_cast<int64_t>(-env->tokens * 1e6 / static_cast<double>(rate)));
+    if (env->tokens < 0)
+      wait = std::chrono::microseconds(static_cast<int64_t>(-env->tokens * 1e6 / static_cast<double>(rate)));
   }
   if (wait.count() > 0) std::this_thread::sleep_for(wait);  // the rate limit itself: this connection waits its turn
 }
@@ -233,7 +233,9 @@ Result<UniqueFd> Controller::connectUpstream(uint32_t address, uint16_t port) {
   std::string where = formatIpv4(address) + ":" + std::to_string(port);
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
     if (errno != EINPROGRESS) return Error::fromErrno("connect to " + where);
-    struct pollfd p {fd.get(), POLLOUT, 0};
+    struct pollfd p {
+      fd.get(), POLLOUT, 0
+    };
     int r = ::poll(&p, 1, static_cast<int>(config_.connectTimeout.count()));
     if (r == 0) return Error::make("timeout", "connect to " + where + " timed out");
     int err = 0;
@@ -299,8 +301,10 @@ void Controller::serveConnection(const std::shared_ptr<Env>& env, UniqueFd clien
   uint32_t open = env->connections.load();
   do {
     if (open >= policy->maxConnections) {
-      record(env, false, {{"via", "proxy"}, {"rule", "max_connections"},
-                          {"reason", "more than " + std::to_string(policy->maxConnections) + " connections open"}});
+      record(env, false,
+             {{"via", "proxy"},
+              {"rule", "max_connections"},
+              {"reason", "more than " + std::to_string(policy->maxConnections) + " connections open"}});
       if (entry == Entry::kForward) {
         std::string r = denialResponse(503, "Service Unavailable", "too many connections open from this environment");
         ::send(client.get(), r.data(), r.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -321,14 +325,16 @@ void Controller::serveConnection(const std::shared_ptr<Env>& env, UniqueFd clien
   int one = 1;
   ::setsockopt(client.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   switch (entry) {
-    case Entry::kForward: return handleForward(env, std::move(client));
+    case Entry::kForward:
+      return handleForward(env, std::move(client));
     case Entry::kHttp: {
       auto channel = plainChannel(std::move(client));
       std::string host = formatIpv4(destination);
       if (auto name = standInName(env, destination)) host = *name;
       return handleHttp(env, *channel, "", port, nullptr, Decision{}, "transparent:" + host);
     }
-    case Entry::kTls: return tlsTunnel(env, std::move(client), "", "", port, destination, "transparent", nullptr);
+    case Entry::kTls:
+      return tlsTunnel(env, std::move(client), "", "", port, destination, "transparent", nullptr);
   }
 }
 
@@ -342,7 +348,8 @@ void Controller::refuse(const std::shared_ptr<Env>& env, Channel& client, int st
   if (status == 408) return;
   // Bounded like a request head: a client that keeps sending cannot hold the
   // connection (and its place under max_connections) longer.
-  lingerAfterAnswer(client, std::min<std::chrono::milliseconds>(config_.headTimeout, std::chrono::seconds(2)), deadline);
+  lingerAfterAnswer(client, std::min<std::chrono::milliseconds>(config_.headTimeout, std::chrono::seconds(2)),
+                    deadline);
 }
 
 std::string Controller::headTimedOut() const {
@@ -378,15 +385,14 @@ void Controller::handleForward(const std::shared_ptr<Env>& env, UniqueFd client)
   }
   Decision d = authorize(env, host, port, "", "");
   if (!d.allowed) {
-    return refuse(env, *channel, 403, "Forbidden", {{"via", "connect"}, {"host", host}, {"port", port}, {"rule", d.rule}},
-                  d.why);
+    return refuse(env, *channel, 403, "Forbidden",
+                  {{"via", "connect"}, {"host", host}, {"port", port}, {"rule", d.rule}}, d.why);
   }
   // Open mode is for any protocol: a CONNECT to a port other than 443 is
   // relayed as it is (ssh, databases; some servers speak first, so nothing
   // is waited for). Not with secrets, whose placeholders must stay where the
   // proxy can see them, nor with request rules.
-  bool raw = env->currentPolicy()->mode == Mode::kOpen && port != 443 && !d.inspect &&
-             env->currentSecrets()->empty();
+  bool raw = env->currentPolicy()->mode == Mode::kOpen && port != 443 && !d.inspect && env->currentSecrets()->empty();
   std::optional<UniqueFd> upstream;
   if (raw) {
     auto connected = connectUpstream(d.address, port);
@@ -407,16 +413,22 @@ void Controller::handleForward(const std::shared_ptr<Env>& env, UniqueFd client)
     auto a = plainChannel(std::move(tunnel), std::move(rest));
     auto b = plainChannel(std::move(*upstream));
     RelayCounts counts = relay(*a, *b, config_.idleTimeout, [&](size_t n) { throttle(env, n); });
-    record(env, true, {{"via", "connect-raw"}, {"host", host}, {"port", port}, {"rule", d.rule},
-                       {"address", formatIpv4(d.address)}, {"bytes_up", counts.up}, {"bytes_down", counts.down}});
+    record(env, true,
+           {{"via", "connect-raw"},
+            {"host", host},
+            {"port", port},
+            {"rule", d.rule},
+            {"address", formatIpv4(d.address)},
+            {"bytes_up", counts.up},
+            {"bytes_down", counts.down}});
     return;
   }
   tlsTunnel(env, std::move(tunnel), rest, host, port, 0, "connect", &d);
 }
 
 void Controller::tlsTunnel(const std::shared_ptr<Env>& env, UniqueFd client, std::string buffered,
-                           const std::string& requested, uint16_t port, uint32_t destination,
-                           const std::string& via, const Decision* decided) {
+                           const std::string& requested, uint16_t port, uint32_t destination, const std::string& via,
+                           const Decision* decided) {
   auto deadline = Clock::now() + config_.headTimeout;
   ClientHello hello;
   HelloStatus status = HelloStatus::kNeedMore;
@@ -503,8 +515,8 @@ void Controller::tlsTunnel(const std::shared_ptr<Env>& env, UniqueFd client, std
     record(env, false, event);
     return;
   }
-  auto upstreamTls = connectTls(std::move(upstreamFd.value()), upstreamTls_.get(), host,
-                                Clock::now() + config_.connectTimeout);
+  auto upstreamTls =
+      connectTls(std::move(upstreamFd.value()), upstreamTls_.get(), host, Clock::now() + config_.connectTimeout);
   if (!upstreamTls.ok()) {
     return refuse(env, *clientTls.value(), 502, "Bad Gateway", event, upstreamTls.error().message());
   }
@@ -555,7 +567,8 @@ void Controller::handleHttp(const std::shared_ptr<Env>& env, Channel& client, co
     // field ends in chunked, but writes chunks only when the first one does:
     // two fields would hand the upstream decoded bytes it reads as requests
     // of their own. One field, ending in chunked, on HTTP/1.1 (RFC 9112 6.3).
-    if (size_t te = m.count(http::field::transfer_encoding); te > 1 || (te == 1 && (!req.chunked() || m.version() < 11))) {
+    if (size_t te = m.count(http::field::transfer_encoding);
+        te > 1 || (te == 1 && (!req.chunked() || m.version() < 11))) {
       return deny(400, "Bad Request", event, "a Transfer-Encoding the proxy cannot frame");
     }
     if (m.count(http::field::content_length) > 1 ||
@@ -623,8 +636,9 @@ void Controller::handleHttp(const std::shared_ptr<Env>& env, Channel& client, co
       Verdict v = decide(*env->currentPolicy(), Destination{host, port, decided.address, method, path});
       d = decided;
       d.rule = v.rule;
-      if (v.outcome == Outcome::kDeny) d.allowed = false, d.why = method + " " + event["path"].get<std::string>() +
-                                                                   " on " + host + " is denied (" + v.rule + ")";
+      if (v.outcome == Outcome::kDeny)
+        d.allowed = false,
+        d.why = method + " " + event["path"].get<std::string>() + " on " + host + " is denied (" + v.rule + ")";
       if (v.outcome == Outcome::kUnlisted && !decided.byGate) {
         d = authorize(env, host, port, method, path);
       }
@@ -638,7 +652,8 @@ void Controller::handleHttp(const std::shared_ptr<Env>& env, Channel& client, co
     std::vector<std::pair<std::string, std::string>> rewritten;  // every field of a name that carries one
     std::set<std::string> names;
     for (const auto& field : m) {
-      if (field.value().find("moat-secret-") != std::string::npos) names.insert(asciiLower(std::string(field.name_string())));
+      if (field.value().find("moat-secret-") != std::string::npos)
+        names.insert(asciiLower(std::string(field.name_string())));
     }
     for (const auto& field : m) {
       std::string name(field.name_string());

@@ -174,8 +174,8 @@ const Result<PublicSuffixList>& systemPublicSuffixes() {
     slot = std::make_unique<Result<PublicSuffixList>>(
         list.ok() ? std::move(list)
                   : Result<PublicSuffixList>(Error::make(
-                        "unavailable", "the public suffix list " + path + " cannot be read (" +
-                                           list.error().message() + "; Debian's package publicsuffix has it)")));
+                        "unavailable", "the public suffix list " + path + " cannot be read (" + list.error().message() +
+                                           "; Debian's package publicsuffix has it)")));
   }
   return *slot;
 }

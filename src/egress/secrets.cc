@@ -14,10 +14,10 @@ namespace {
 
 using json = nlohmann::json;
 
-
 bool envName(const std::string& s) {
   if (s.empty() || s.size() > 128 || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
 }
 
 bool headerName(const std::string& s) {
@@ -137,7 +137,8 @@ Result<std::vector<Secret>> parseSecrets(const json& j) {
       secret.hosts.push_back(host);
     }
     if (s.contains("header")) {
-      if (!s["header"].is_string() || !headerSafe(s["header"])) return Error::invalidField(f + ".header", "must be a header");
+      if (!s["header"].is_string() || !headerSafe(s["header"]))
+        return Error::invalidField(f + ".header", "must be a header");
       std::string h = s["header"];
       auto colon = h.find(':');
       secret.header = h.substr(0, colon);
@@ -157,8 +158,12 @@ Result<std::vector<Secret>> parseSecrets(const json& j) {
 json secretsToStored(const std::vector<Secret>& secrets) {
   json out = json::array();
   for (const auto& s : secrets) {
-    out.push_back({{"name", s.name}, {"value", s.value}, {"hosts", s.hosts}, {"header", s.header},
-                   {"header_format", s.headerFormat}, {"placeholder", s.placeholder}});
+    out.push_back({{"name", s.name},
+                   {"value", s.value},
+                   {"hosts", s.hosts},
+                   {"header", s.header},
+                   {"header_format", s.headerFormat},
+                   {"placeholder", s.placeholder}});
   }
   return out;
 }
@@ -195,8 +200,7 @@ json secretsToPublic(const std::vector<Secret>& secrets) {
   return out;
 }
 
-std::optional<std::string> substitute(const std::vector<Secret>& secrets, const std::string& host,
-                                      std::string& text) {
+std::optional<std::string> substitute(const std::vector<Secret>& secrets, const std::string& host, std::string& text) {
   for (const auto& s : secrets) {
     if (text.find(s.placeholder) == std::string::npos) continue;
     if (!s.boundTo(host)) return s.name;

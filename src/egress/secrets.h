@@ -14,12 +14,12 @@
 namespace moat::egress {
 
 struct Secret {
-  std::string name;         // the environment variable holding the placeholder
-  std::string value;        // never leaves moatd except towards `hosts`
+  std::string name;                // the environment variable holding the placeholder
+  std::string value;               // never leaves moatd except towards `hosts`
   std::vector<std::string> hosts;  // globs, lower case
-  std::string header;       // optional: a header the proxy sets, e.g. "Authorization"
-  std::string headerFormat; // its value, "{value}" replaced ("Bearer {value}")
-  std::string placeholder;  // "moat-secret-<name>-<random>"
+  std::string header;              // optional: a header the proxy sets, e.g. "Authorization"
+  std::string headerFormat;        // its value, "{value}" replaced ("Bearer {value}")
+  std::string placeholder;         // "moat-secret-<name>-<random>"
   bool boundTo(const std::string& host) const;
 };
 
@@ -37,7 +37,6 @@ nlohmann::json secretsToPublic(const std::vector<Secret>& secrets);
 // Replaces every placeholder of a secret bound to `host` in `text` and
 // returns the first secret whose placeholder appears but is not bound to
 // `host` (the request must then be refused), if any.
-std::optional<std::string> substitute(const std::vector<Secret>& secrets, const std::string& host,
-                                      std::string& text);
+std::optional<std::string> substitute(const std::vector<Secret>& secrets, const std::string& host, std::string& text);
 
 }  // namespace moat::egress

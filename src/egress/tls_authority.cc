@@ -106,8 +106,7 @@ Result<std::string> toPem(X509* cert) {
 
 Result<std::string> keyToPem(EVP_PKEY* key) {
   BioPtr bio(BIO_new(BIO_s_mem()));
-  if (!bio ||
-      PEM_write_bio_PrivateKey(bio.get(), key, nullptr, nullptr, 0, nullptr, nullptr) != 1) {
+  if (!bio || PEM_write_bio_PrivateKey(bio.get(), key, nullptr, nullptr, 0, nullptr, nullptr) != 1) {
     return tlsError("encode private key");
   }
   char* data = nullptr;
@@ -148,15 +147,13 @@ Status addExtension(X509* cert, X509* issuer, int nid, const char* value) {
 }
 
 // Version 3, random serial, validity from an hour ago for `days`.
-Result<X509Ptr> newCertificate(EVP_PKEY* publicKey, const X509_NAME* subject,
-                               const X509_NAME* issuer, int days) {
+Result<X509Ptr> newCertificate(EVP_PKEY* publicKey, const X509_NAME* subject, const X509_NAME* issuer, int days) {
   X509Ptr cert(X509_new());
   if (!cert || X509_set_version(cert.get(), 2) != 1) return tlsError("new certificate");
   MOAT_TRY(setRandomSerial(cert.get()));
   if (X509_gmtime_adj(X509_getm_notBefore(cert.get()), -kBackdateSeconds) == nullptr ||
       X509_time_adj_ex(X509_getm_notAfter(cert.get()), days, 0, nullptr) == nullptr ||
-      X509_set_subject_name(cert.get(), subject) != 1 ||
-      X509_set_issuer_name(cert.get(), issuer) != 1 ||
+      X509_set_subject_name(cert.get(), subject) != 1 || X509_set_issuer_name(cert.get(), issuer) != 1 ||
       X509_set_pubkey(cert.get(), publicKey) != 1) {
     return tlsError("fill certificate");
   }
@@ -183,8 +180,7 @@ Result<NewCa> generateCa() {
   MOAT_ASSIGN(PkeyPtr key, newEcKey());
   MOAT_ASSIGN(std::string suffix, randomHex(8));
   MOAT_ASSIGN(NamePtr name, commonName("moat egress CA " + suffix));
-  MOAT_ASSIGN(X509Ptr cert,
-              newCertificate(key.get(), name.get(), name.get(), TlsAuthority::kCaValidityDays));
+  MOAT_ASSIGN(X509Ptr cert, newCertificate(key.get(), name.get(), name.get(), TlsAuthority::kCaValidityDays));
   X509* c = cert.get();
   // pathlen:0: the CA signs leaves only, never another CA.
   MOAT_TRY(addExtension(c, c, NID_basic_constraints, "critical,CA:TRUE,pathlen:0"));
@@ -237,8 +233,7 @@ Result<PkeyPtr> readPrivateKey(const std::string& path) {
   BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
   PkeyPtr key(bio ? PEM_read_bio_PrivateKey(bio.get(), nullptr, noPassword, nullptr) : nullptr);
   OPENSSL_cleanse(pem.data(), pem.size());
-  if (!key)
-    return Error::make("invalid", path + ": not an unencrypted PEM private key" + takeSslErrors());
+  if (!key) return Error::make("invalid", path + ": not an unencrypted PEM private key" + takeSslErrors());
   return key;
 }
 
@@ -338,8 +333,7 @@ Result<std::shared_ptr<SSL_CTX>> TlsAuthority::makeServerContext(const std::stri
   // left out when too long for it (the SAN is then critical, RFC 5280).
   bool withCn = host.size() <= kMaxCommonName;
   MOAT_ASSIGN(NamePtr subject, commonName(withCn ? host : ""));
-  MOAT_ASSIGN(X509Ptr cert, newCertificate(leafKey_, subject.get(), X509_get_subject_name(caCert_),
-                                           kLeafValidityDays));
+  MOAT_ASSIGN(X509Ptr cert, newCertificate(leafKey_, subject.get(), X509_get_subject_name(caCert_), kLeafValidityDays));
   X509* c = cert.get();
   MOAT_TRY(addExtension(c, caCert_, NID_basic_constraints, "critical,CA:FALSE"));
   MOAT_TRY(addExtension(c, caCert_, NID_key_usage, "critical,digitalSignature"));
@@ -359,8 +353,7 @@ Result<std::shared_ptr<SSL_CTX>> TlsAuthority::makeServerContext(const std::stri
     GENERAL_NAME_set0_value(name.get(), GEN_IPADD, value);
   } else {
     ASN1_IA5STRING* value = ASN1_IA5STRING_new();
-    if (value == nullptr ||
-        ASN1_STRING_set(value, host.data(), static_cast<int>(host.size())) != 1) {
+    if (value == nullptr || ASN1_STRING_set(value, host.data(), static_cast<int>(host.size())) != 1) {
       ASN1_IA5STRING_free(value);
       return tlsError("subjectAltName DNS");
     }
@@ -376,8 +369,7 @@ Result<std::shared_ptr<SSL_CTX>> TlsAuthority::makeServerContext(const std::stri
 
   MOAT_ASSIGN(std::shared_ptr<SSL_CTX> ctx, newContext(TLS_server_method()));
   SSL_CTX_set_options(ctx.get(), SSL_OP_CIPHER_SERVER_PREFERENCE);
-  if (SSL_CTX_use_certificate(ctx.get(), c) != 1 ||
-      SSL_CTX_use_PrivateKey(ctx.get(), leafKey_) != 1 ||
+  if (SSL_CTX_use_certificate(ctx.get(), c) != 1 || SSL_CTX_use_PrivateKey(ctx.get(), leafKey_) != 1 ||
       SSL_CTX_check_private_key(ctx.get()) != 1) {
     return tlsError("server context for " + host);
   }
@@ -398,8 +390,7 @@ Result<std::shared_ptr<SSL_CTX>> TlsAuthority::upstreamContext(const std::string
 Status TlsAuthority::prepareUpstream(SSL* ssl, const std::string& host) {
   IpAddress ip = parseIp(host);
   if (ip.size != 0) {
-    if (X509_VERIFY_PARAM_set1_ip(SSL_get0_param(ssl), ip.bytes, static_cast<size_t>(ip.size)) !=
-        1) {
+    if (X509_VERIFY_PARAM_set1_ip(SSL_get0_param(ssl), ip.bytes, static_cast<size_t>(ip.size)) != 1) {
       return tlsError("verify IP " + host);
     }
     return {};

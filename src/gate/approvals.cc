@@ -1,7 +1,7 @@
 #include "gate/approvals.h"
 
-#include "common/hex.h"
 #include "common/clock.h"
+#include "common/hex.h"
 
 namespace moat::gate {
 namespace {
@@ -17,11 +17,16 @@ Result<Action> actionFromJson(const std::string& text) {
   if (!j.is_object()) return Error::make("store", "an approval's action is not a JSON object");
   Action a;
   std::string scope = j.value("scope", "");
-  if (scope == "read_file") a.scope = Scope::kReadFile;
-  else if (scope == "write_file") a.scope = Scope::kWriteFile;
-  else if (scope == "run_command") a.scope = Scope::kRunCommand;
-  else if (scope == "network") a.scope = Scope::kNetwork;
-  else return Error::make("store", "an approval's action has an unknown scope");
+  if (scope == "read_file")
+    a.scope = Scope::kReadFile;
+  else if (scope == "write_file")
+    a.scope = Scope::kWriteFile;
+  else if (scope == "run_command")
+    a.scope = Scope::kRunCommand;
+  else if (scope == "network")
+    a.scope = Scope::kNetwork;
+  else
+    return Error::make("store", "an approval's action has an unknown scope");
   if (j.contains("argv") && j["argv"].is_array()) {
     for (const auto& arg : j["argv"]) {
       if (arg.is_string()) a.argv.push_back(arg);
@@ -104,8 +109,7 @@ Result<store::ApprovalRecord> ApprovalCenter::await(const std::string& id, std::
 }
 
 Result<store::ApprovalRecord> ApprovalCenter::finish(const std::string& id, const std::string& state,
-                                                     const std::string& by, const std::string& reason,
-                                                     bool remember) {
+                                                     const std::string& by, const std::string& reason, bool remember) {
   std::lock_guard<std::mutex> lock(mutex_);
   MOAT_ASSIGN(auto found, store_.getApproval(id));
   if (!found) return Error::make("not_found", "no approval " + id);
@@ -124,9 +128,8 @@ Result<store::ApprovalRecord> ApprovalCenter::finish(const std::string& id, cons
   return a;
 }
 
-Result<store::ApprovalRecord> ApprovalCenter::decide(const std::string& id, bool approve,
-                                                     const std::string& decidedBy, const std::string& reason,
-                                                     bool remember) {
+Result<store::ApprovalRecord> ApprovalCenter::decide(const std::string& id, bool approve, const std::string& decidedBy,
+                                                     const std::string& reason, bool remember) {
   return finish(id, approve ? "approved" : "denied", decidedBy, reason, remember);
 }
 
@@ -139,8 +142,7 @@ void ApprovalCenter::markUsed(const std::string& id) {
   (void)store_.updateApproval(a);
 }
 
-bool ApprovalCenter::consumeGrant(const std::string& environment, const Action& action,
-                                  const std::string& requester) {
+bool ApprovalCenter::consumeGrant(const std::string& environment, const Action& action, const std::string& requester) {
   std::lock_guard<std::mutex> lock(mutex_);
   store::ApprovalFilter filter;
   filter.state = "approved";

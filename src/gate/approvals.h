@@ -51,8 +51,8 @@ class ApprovalCenter {
   void shutdown();
 
  private:
-  Result<store::ApprovalRecord> finish(const std::string& id, const std::string& state,
-                                       const std::string& by, const std::string& reason, bool remember);
+  Result<store::ApprovalRecord> finish(const std::string& id, const std::string& state, const std::string& by,
+                                       const std::string& reason, bool remember);
 
   store::Store& store_;
   std::mutex mutex_;  // serializes decisions; guards stopping_

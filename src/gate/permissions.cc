@@ -1,17 +1,15 @@
 #include "gate/permissions.h"
 
-#include "common/glob.h"
-#include "common/text.h"
-
 #include <algorithm>
 #include <cctype>
+
+#include "common/glob.h"
+#include "common/text.h"
 
 namespace moat::gate {
 namespace {
 
 using json = nlohmann::json;
-
-
 
 Result<Decision> parseDecision(const json& j, const std::string& field) {
   if (j.is_string()) {
@@ -27,27 +25,34 @@ Result<Decision> parseDecision(const json& j, const std::string& field) {
 
 const char* decisionName(Decision d) {
   switch (d) {
-    case Decision::kAllow: return "allow";
-    case Decision::kAsk: return "ask";
-    case Decision::kDeny: return "deny";
+    case Decision::kAllow:
+      return "allow";
+    case Decision::kAsk:
+      return "ask";
+    case Decision::kDeny:
+      return "deny";
   }
   return "deny";
 }
 
 const char* scopeName(Scope s) {
   switch (s) {
-    case Scope::kReadFile: return "read_file";
-    case Scope::kWriteFile: return "write_file";
-    case Scope::kRunCommand: return "run_command";
-    case Scope::kNetwork: return "network";
+    case Scope::kReadFile:
+      return "read_file";
+    case Scope::kWriteFile:
+      return "write_file";
+    case Scope::kRunCommand:
+      return "run_command";
+    case Scope::kNetwork:
+      return "network";
   }
   return "";
 }
 
 bool loadsCode(const std::string& v) {
-  static const char* const kNamed[] = {"GCONV_PATH", "BASH_ENV",  "ENV",        "NODE_OPTIONS", "PERL5OPT",
-                                       "PERL5LIB",   "PERLLIB",   "PYTHONPATH", "PYTHONHOME",   "PYTHONSTARTUP",
-                                       "RUBYOPT",    "RUBYLIB",   "LUA_INIT",   "JAVA_TOOL_OPTIONS"};
+  static const char* const kNamed[] = {"GCONV_PATH", "BASH_ENV", "ENV",        "NODE_OPTIONS",     "PERL5OPT",
+                                       "PERL5LIB",   "PERLLIB",  "PYTHONPATH", "PYTHONHOME",       "PYTHONSTARTUP",
+                                       "RUBYOPT",    "RUBYLIB",  "LUA_INIT",   "JAVA_TOOL_OPTIONS"};
   if (v.rfind("LD_", 0) == 0) return true;
   for (const char* n : kNamed) {
     if (v == n) return true;
@@ -81,17 +86,17 @@ json Action::toJson() const {
 }
 
 bool Action::same(const Action& other) const {
-  return scope == other.scope && op == other.op && argv == other.argv && env == other.env &&
-         program == other.program && path == other.path &&
-         tree == other.tree && size == other.size && sha256 == other.sha256 && asciiLower(host) == asciiLower(other.host) &&
-         port == other.port;
+  return scope == other.scope && op == other.op && argv == other.argv && env == other.env && program == other.program &&
+         path == other.path && tree == other.tree && size == other.size && sha256 == other.sha256 &&
+         asciiLower(host) == asciiLower(other.host) && port == other.port;
 }
 
 bool Rule::matches(const Action& a) const {
   for (const auto& [name, value] : a.env) {
     if (!loadsCode(name)) continue;
     bool named = false;
-    for (const auto& pattern : env ? *env : std::vector<std::string>{}) named = named || globMatch(pattern, name, false);
+    for (const auto& pattern : env ? *env : std::vector<std::string>{})
+      named = named || globMatch(pattern, name, false);
     if (!named) return false;
   }
   if (op && *op != a.op) return false;
@@ -141,11 +146,16 @@ Result<Permissions> Permissions::parse(const json& j, const Permissions& base, c
   for (auto it = j.begin(); it != j.end(); ++it) {
     std::string field = prefix + "." + it.key();
     Scope scope;
-    if (it.key() == "read_file") scope = Scope::kReadFile;
-    else if (it.key() == "write_file") scope = Scope::kWriteFile;
-    else if (it.key() == "run_command") scope = Scope::kRunCommand;
-    else if (it.key() == "network") scope = Scope::kNetwork;
-    else return Error::make("unknown_field", "unknown field " + field + " (read_file, write_file, run_command, network)");
+    if (it.key() == "read_file")
+      scope = Scope::kReadFile;
+    else if (it.key() == "write_file")
+      scope = Scope::kWriteFile;
+    else if (it.key() == "run_command")
+      scope = Scope::kRunCommand;
+    else if (it.key() == "network")
+      scope = Scope::kNetwork;
+    else
+      return Error::make("unknown_field", "unknown field " + field + " (read_file, write_file, run_command, network)");
     ScopePolicy policy;
     if (it.value().is_string()) {
       MOAT_ASSIGN(Decision d, parseDecision(it.value(), field));
@@ -178,7 +188,8 @@ Result<Permissions> Permissions::parse(const json& j, const Permissions& base, c
       MOAT_ASSIGN(r.decision, parseDecision(rj["action"], rf + ".action"));
       if (rj.contains("match")) {
         const json& m = rj["match"];
-        if (!m.is_array() || m.empty() || m.size() > 256) return Error::invalidField(rf + ".match", "must be a non-empty array of argument patterns");
+        if (!m.is_array() || m.empty() || m.size() > 256)
+          return Error::invalidField(rf + ".match", "must be a non-empty array of argument patterns");
         std::vector<std::string> pats;
         for (size_t k = 0; k < m.size(); ++k) {
           if (!m[k].is_string() || m[k].get<std::string>().size() > 4096) {
@@ -216,11 +227,13 @@ Result<Permissions> Permissions::parse(const json& j, const Permissions& base, c
       if (rj.contains("path")) {
         if (!rj["path"].is_string()) return Error::invalidField(rf + ".path", "must be a string");
         std::string path = rj["path"];
-        if (path.empty() || path[0] != '/' || path.size() > 4096) return Error::invalidField(rf + ".path", "must be an absolute path pattern");
+        if (path.empty() || path[0] != '/' || path.size() > 4096)
+          return Error::invalidField(rf + ".path", "must be an absolute path pattern");
         r.path = path;
       }
       if (rj.contains("host")) {
-        if (!rj["host"].is_string() || rj["host"].get<std::string>().empty() || rj["host"].get<std::string>().size() > 253) {
+        if (!rj["host"].is_string() || rj["host"].get<std::string>().empty() ||
+            rj["host"].get<std::string>().size() > 253) {
           return Error::invalidField(rf + ".host", "must be a host name pattern");
         }
         r.host = rj["host"].get<std::string>();

@@ -27,16 +27,16 @@ constexpr Scope kScopes[] = {Scope::kReadFile, Scope::kWriteFile, Scope::kRunCom
 // What an agent is about to do, as the gate sees it.
 struct Action {
   Scope scope = Scope::kRunCommand;
-  std::vector<std::string> argv;  // run_command
+  std::vector<std::string> argv;           // run_command
   std::map<std::string, std::string> env;  // run_command: variables the request sets
-  std::string program;                // run_command, op "program": the file the exec names
-  std::vector<std::string> parents;   // ... and who runs it ("pid comm", up to pid 1): shown, not compared
-  std::string path;               // read_file, write_file (absolute)
-  std::string host;               // network
-  uint16_t port = 0;              // network; 0: any
-  uint64_t size = 0;              // write_file: bytes
-  std::string sha256;             // write_file: of the bytes, when there are any
-  std::string op;                 // files: "read", "write", "list", "remove", ...; exec: "exec", "process", "shell"
+  std::string program;                     // run_command, op "program": the file the exec names
+  std::vector<std::string> parents;        // ... and who runs it ("pid comm", up to pid 1): shown, not compared
+  std::string path;                        // read_file, write_file (absolute)
+  std::string host;                        // network
+  uint16_t port = 0;                       // network; 0: any
+  uint64_t size = 0;                       // write_file: bytes
+  std::string sha256;                      // write_file: of the bytes, when there are any
+  std::string op;  // files: "read", "write", "list", "remove", ...; exec: "exec", "process", "shell"
   // files: the action reaches everything under `path` too (a recursive
   // remove, a move, a restore, a snapshot): a rule that may match any path
   // below counts, not only the first that matches `path` itself.
@@ -58,10 +58,10 @@ struct Rule {
   // run_command: globs of code-loading variables (loadsCode) the action may
   // set; without it the rule matches no action that sets one.
   std::optional<std::vector<std::string>> env;
-  std::optional<std::string> op;                  // files: only this operation
-  std::optional<std::string> path;                // files: glob ("*" within a segment, "**" across)
-  std::optional<std::string> host;                // network: glob, case-insensitive
-  std::optional<uint16_t> port;                   // network
+  std::optional<std::string> op;    // files: only this operation
+  std::optional<std::string> path;  // files: glob ("*" within a segment, "**" across)
+  std::optional<std::string> host;  // network: glob, case-insensitive
+  std::optional<uint16_t> port;     // network
   Decision decision = Decision::kDeny;
   bool matches(const Action& action) const;
   nlohmann::json toJson(Scope scope) const;
@@ -89,8 +89,8 @@ class Permissions {
 
   struct Verdict {
     Decision decision = Decision::kDeny;
-    int rule = -1;           // index of the matching rule; -1: none matched
-    nlohmann::json ruleJson; // the rule, as written
+    int rule = -1;            // index of the matching rule; -1: none matched
+    nlohmann::json ruleJson;  // the rule, as written
   };
   Verdict evaluate(const Action& action) const;
   ScopePolicy& scope(Scope s) { return scopes_[static_cast<int>(s)]; }

@@ -60,10 +60,10 @@ bool madeUpByTheKernel(int fd, const char** name) {
     const char* name;
   };
   static constexpr Known kPseudo[] = {
-      {PROC_SUPER_MAGIC, "procfs"},       {SYSFS_MAGIC, "sysfs"},         {DEBUGFS_MAGIC, "debugfs"},
-      {TRACEFS_MAGIC, "tracefs"},         {SECURITYFS_MAGIC, "securityfs"}, {CGROUP_SUPER_MAGIC, "cgroupfs"},
-      {CGROUP2_SUPER_MAGIC, "cgroup2"},   {BPF_FS_MAGIC, "bpffs"},        {EFIVARFS_MAGIC, "efivarfs"},
-      {PSTOREFS_MAGIC, "pstore"},         {0x62656570, "configfs"},       {DEVPTS_SUPER_MAGIC, "devpts"},
+      {PROC_SUPER_MAGIC, "procfs"},     {SYSFS_MAGIC, "sysfs"},           {DEBUGFS_MAGIC, "debugfs"},
+      {TRACEFS_MAGIC, "tracefs"},       {SECURITYFS_MAGIC, "securityfs"}, {CGROUP_SUPER_MAGIC, "cgroupfs"},
+      {CGROUP2_SUPER_MAGIC, "cgroup2"}, {BPF_FS_MAGIC, "bpffs"},          {EFIVARFS_MAGIC, "efivarfs"},
+      {PSTOREFS_MAGIC, "pstore"},       {0x62656570, "configfs"},         {DEVPTS_SUPER_MAGIC, "devpts"},
   };
   for (const auto& k : kPseudo) {
     if (static_cast<unsigned long>(fs.f_type) == k.magic) {
@@ -86,7 +86,8 @@ Result<UniqueFd> openForApi(const FileRequest& req, int flags, mode_t mode = 0) 
   Error e = fd.error();
   e.context = "open " + req.path;
   if (e.sysErrno == ELOOP && req.path.rfind("/proc/", 0) == 0) {
-    e.context = "open " + req.path + ": a /proc link to a process's files (fd, exe, root, cwd), which the "
+    e.context = "open " + req.path +
+                ": a /proc link to a process's files (fd, exe, root, cwd), which the "
                 "file API does not follow";
   }
   return e;
@@ -133,8 +134,7 @@ FileResult doRead(const FileRequest& req) {
   r.data.resize(want);
   size_t got = 0;
   while (got < want) {
-    ssize_t n = ::pread(fd.get(), r.data.data() + got, want - got,
-                        static_cast<off_t>(req.offset + got));
+    ssize_t n = ::pread(fd.get(), r.data.data() + got, want - got, static_cast<off_t>(req.offset + got));
     if (n < 0) {
       if (errno == EINTR) continue;
       return failure(req, errno, "read");
@@ -252,13 +252,20 @@ FileResult runFileRequest(const FileRequest& request) {
     return failure(request, EINVAL, "path");
   }
   switch (request.op) {
-    case FileOp::kRead: return doRead(request);
-    case FileOp::kWrite: return doWrite(request);
-    case FileOp::kStat: return doStat(request);
-    case FileOp::kList: return doList(request);
-    case FileOp::kMkdir: return doMkdir(request);
-    case FileOp::kRemove: return doRemove(request);
-    case FileOp::kRename: return doRename(request);
+    case FileOp::kRead:
+      return doRead(request);
+    case FileOp::kWrite:
+      return doWrite(request);
+    case FileOp::kStat:
+      return doStat(request);
+    case FileOp::kList:
+      return doList(request);
+    case FileOp::kMkdir:
+      return doMkdir(request);
+    case FileOp::kRemove:
+      return doRemove(request);
+    case FileOp::kRename:
+      return doRename(request);
   }
   return failure(request, EINVAL, "operation");
 }

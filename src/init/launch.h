@@ -18,9 +18,9 @@ namespace moat::init {
 // moat-init's loop, so that the vfork and the wait for the exec can run on
 // a launcher thread (see Launcher) while the loop goes on serving.
 struct Launch {
-  SpawnRequest request;  // owns the strings argv and envp point into
+  SpawnRequest request;                 // owns the strings argv and envp point into
   std::vector<std::string> candidates;  // paths to try, in PATH order
-  std::vector<bool> claimed;  // by the exec gate (Launcher::claimLaunchExec), one per candidate
+  std::vector<bool> claimed;            // by the exec gate (Launcher::claimLaunchExec), one per candidate
   std::vector<char*> argv;
   std::vector<char*> envp;
   bool switchIds = false;

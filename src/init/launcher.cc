@@ -64,7 +64,8 @@ bool Launcher::startThread() {
   ::pthread_attr_setstacksize(&attr, kThreadStack);
   pthread_t thread;
   int err = ::pthread_create(
-      &thread, &attr, [](void* self) -> void* {
+      &thread, &attr,
+      [](void* self) -> void* {
         static_cast<Launcher*>(self)->work();
         return nullptr;
       },

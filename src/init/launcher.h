@@ -1,11 +1,12 @@
 #pragma once
 
+#include <pthread.h>
+
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <memory>
 #include <mutex>
-#include <pthread.h>
 #include <vector>
 
 #include "common/unique_fd.h"
@@ -49,7 +50,7 @@ class Launcher {
 
  private:
   void work();
-  bool startThread();  // with mutex_ held
+  bool startThread();                           // with mutex_ held
   void finish(std::unique_ptr<Launch> launch);  // with mutex_ held
   // A launch needs little: vfork and the child's few calls run on it.
   static constexpr size_t kThreadStack = 512 * 1024;

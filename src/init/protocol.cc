@@ -86,7 +86,7 @@ Result<std::vector<std::string>> Decoder::strings() {
   return out;
 }
 
-#define FINISH(dec)                                                          \
+#define FINISH(dec) \
   if (!(dec).done()) return Error::make("protocol", "trailing bytes in message")
 
 std::string Hello::encode() const { return Encoder().u32(version).u32(initPid).take(); }
@@ -155,9 +155,7 @@ Result<SpawnFailed> SpawnFailed::decode(const std::string& payload) {
   return m;
 }
 
-std::string Output::encode() const {
-  return Encoder().u32(id).u8(static_cast<uint8_t>(stream)).bytes(data).take();
-}
+std::string Output::encode() const { return Encoder().u32(id).u8(static_cast<uint8_t>(stream)).bytes(data).take(); }
 Result<Output> Output::decode(const std::string& payload) {
   Decoder d(payload);
   Output m;
@@ -189,9 +187,7 @@ Result<ProcessRef> ProcessRef::decode(const std::string& payload) {
   return m;
 }
 
-std::string SignalRequest::encode() const {
-  return Encoder().u32(id).i32(signo).u8(wholeGroup ? 1 : 0).take();
-}
+std::string SignalRequest::encode() const { return Encoder().u32(id).i32(signo).u8(wholeGroup ? 1 : 0).take(); }
 Result<SignalRequest> SignalRequest::decode(const std::string& payload) {
   Decoder d(payload);
   SignalRequest m;
@@ -338,15 +334,7 @@ Result<Resize> Resize::decode(const std::string& payload) {
 
 std::string Exited::encode() const {
   uint8_t flags = (timedOut ? 1 : 0) | (stdoutTruncated ? 2 : 0) | (stderrTruncated ? 4 : 0);
-  return Encoder()
-      .u32(id)
-      .i32(exitCode)
-      .i32(signal)
-      .u8(flags)
-      .u64(stdoutBytes)
-      .u64(stderrBytes)
-      .u64(durationUs)
-      .take();
+  return Encoder().u32(id).i32(exitCode).i32(signal).u8(flags).u64(stdoutBytes).u64(stderrBytes).u64(durationUs).take();
 }
 Result<Exited> Exited::decode(const std::string& payload) {
   Decoder d(payload);

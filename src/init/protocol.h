@@ -193,10 +193,10 @@ struct ExecReport {
 };
 
 struct ExecCheck {
-  uint64_t id = 0;                  // the kernel's notification id
-  uint32_t pid = 0;                 // the exec'ing process, inside the environment
-  std::string filename;             // as passed to execve (or the fd's path for execveat)
-  std::vector<std::string> argv;    // as passed (a program racing the check may change them after)
+  uint64_t id = 0;                   // the kernel's notification id
+  uint32_t pid = 0;                  // the exec'ing process, inside the environment
+  std::string filename;              // as passed to execve (or the fd's path for execveat)
+  std::vector<std::string> argv;     // as passed (a program racing the check may change them after)
   std::vector<std::string> parents;  // "pid comm" of its parent, its parent's, ... up to pid 1
   std::string encode() const;
   static Result<ExecCheck> decode(const std::string& payload);

@@ -16,10 +16,10 @@
 #include "common/glob.h"
 #include "init/file_ops.h"
 #include "init/pty.h"
-#include "os/socket.h"
 #include "os/exec_notify.h"
 #include "os/exec_trace.h"
 #include "os/process.h"
+#include "os/socket.h"
 
 namespace moat::init {
 namespace {
@@ -125,8 +125,12 @@ void Supervisor::handleExecNotification() {
     check.parents = os::parentChain(n->pid);
     send(MsgType::kExecCheck, check.encode());
   }
-  JudgedExec judged{std::move(attempt->execFn), std::move(attempt->argv), std::move(attempt->procPath),
-                    attempt->viaDescriptor ? attempt->filename : std::string(), {}, false};
+  JudgedExec judged{std::move(attempt->execFn),
+                    std::move(attempt->argv),
+                    std::move(attempt->procPath),
+                    attempt->viaDescriptor ? attempt->filename : std::string(),
+                    {},
+                    false};
   if (decision == 0) return (void)allowJudged(n->id, n->pid, std::move(judged), &report);
   if (decision == 2) return refuseExec(n->id, n->pid, std::move(report));
   pendingExecs_[n->id] = {n->pid, std::move(judged)};
@@ -233,7 +237,7 @@ void Supervisor::onTraceStop(pid_t pid, int status) {
 }
 
 void Supervisor::send(MsgType type, const std::string& payload) {
-  if (!running_ || control_ < 0) return;  // no client: output is dropped
+  if (!running_ || control_ < 0) return;   // no client: output is dropped
   if (payload.size() > kMaxFrame) return;  // never built: frames stay far below
   releaseReports();
   outbox_ += encodeFrame(type, payload);
@@ -356,7 +360,7 @@ int Supervisor::run() {
     auto listener = os::installExecListener();
     if (!listener.ok()) return 1;
     execListener_ = std::move(listener.value());
-    launcher_.allowInline(false);  // this loop answers the launches' execs
+    launcher_.allowInline(false);         // this loop answers the launches' execs
     execPolicy_.mode = ExecPolicy::kAsk;  // until the client says how to judge
   }
 
@@ -368,7 +372,7 @@ int Supervisor::run() {
     if (!running_) break;
     std::vector<pollfd> fds;
     std::vector<std::pair<uint32_t, int>> owners;  // process id, stream (0,1 out; 2 stdin)
-    fds.push_back({control_, POLLIN, 0});  // -1 while disconnected: poll skips it
+    fds.push_back({control_, POLLIN, 0});          // -1 while disconnected: poll skips it
     fds.push_back({signalFd_.get(), POLLIN, 0});
     fds.push_back({rendezvous_, POLLIN, 0});
     fds.push_back({launcher_.readyFd(), POLLIN, 0});
@@ -537,8 +541,7 @@ void Supervisor::spawn(const SpawnRequest& req) {
   LaunchEnds ends;
   auto launch = prepareLaunch(req, devNull_.get(), ends);
   if (!launch.ok()) {
-    return send(MsgType::kSpawnFailed,
-                SpawnFailed{req.id, launch.error().sysErrno, launch.error().context}.encode());
+    return send(MsgType::kSpawnFailed, SpawnFailed{req.id, launch.error().sysErrno, launch.error().context}.encode());
   }
   // The process exists from now on: stdin, signals and its deadline apply
   // while it launches.

@@ -116,9 +116,9 @@ class Supervisor {
   struct JudgedExec {
     std::string execFn;
     std::vector<std::string> argv;
-    std::string procPath;  // the file it names, as moat-init reaches it
+    std::string procPath;       // the file it names, as moat-init reaches it
     std::string viaDescriptor;  // fexecve: the name judged, its descriptor's file's (else "")
-    os::ExecFile file;     // what that file was when the exec went on
+    os::ExecFile file;          // what that file was when the exec went on
     bool identified = false;
     bool any = false;  // allowed without judging (the permissions allow every program)
   };
@@ -171,9 +171,9 @@ class Supervisor {
   // Processes traced until their exec has run, with the exec judged for
   // them (none: an exec that failed, or one not judged since).
   std::map<pid_t, std::optional<JudgedExec>> traced_;
-  std::string reports_;               // queued ExecReport frames
+  std::string reports_;  // queued ExecReport frames
   size_t reportCount_ = 0;
-  uint64_t reportsSinceUs_ = 0;       // when the oldest queued report was made
+  uint64_t reportsSinceUs_ = 0;  // when the oldest queued report was made
 };
 
 }  // namespace moat::init

@@ -1,17 +1,15 @@
 #include "manager/environment_manager.h"
 
 #include <arpa/inet.h>
-
+#include <signal.h>
 
 #include <algorithm>
-#include <numeric>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <set>
-
-#include <signal.h>
 
 #include "common/base_environment.h"
 #include "common/scope_exit.h"
@@ -46,8 +44,8 @@ nlohmann::json createdData(const store::EnvironmentRecord& r, bool warm) {
 
 // A command's end as the audit log records it (exec.ended, process.ended).
 nlohmann::json endedData(const ProcessInfo& info) {
-  nlohmann::json j = {{"process", info.id}, {"argv", info.argv}, {"kind", info.kind},
-                      {"state", processStateName(info.state)}};
+  nlohmann::json j = {
+      {"process", info.id}, {"argv", info.argv}, {"kind", info.kind}, {"state", processStateName(info.state)}};
   if (info.state == ProcessState::kExited) {
     j["exit_code"] = info.signal ? 128 + info.signal : info.exitCode;
     j["signal"] = info.signal;
@@ -67,13 +65,9 @@ nlohmann::json endedData(const ProcessInfo& info) {
 
 }  // namespace
 
-EnvironmentManager::EnvironmentManager(ManagerConfig config, store::Store& store,
-                                       backend::Backend& backend,
+EnvironmentManager::EnvironmentManager(ManagerConfig config, store::Store& store, backend::Backend& backend,
                                        audit::Recorder* audit)
-    : config_(std::move(config)),
-      store_(store),
-      backend_(backend),
-      audit_(audit ? *audit : audit::nullRecorder()) {
+    : config_(std::move(config)), store_(store), backend_(backend), audit_(audit ? *audit : audit::nullRecorder()) {
   if (config_.maxTotalMemoryMb == 0) config_.maxTotalMemoryMb = os::totalMemoryMb();
   // A pool's 0 resources are the default spec's; pools of no size are dropped.
   std::erase_if(config_.warmPools, [](const WarmPool& p) { return p.size == 0; });
@@ -197,8 +191,7 @@ Status EnvironmentManager::recoverAfterRestart() {
     if (!running.count(r.id) || r.state == "destroying") {
       if (running.count(r.id)) (void)backend_.destroy(r.id);
       const std::string state = r.state == "destroying" ? "gone" : "failed";
-      const std::string reason =
-          r.state == "destroying" ? r.reason : "moatd restarted and the environment was gone";
+      const std::string reason = r.state == "destroying" ? r.reason : "moatd restarted and the environment was gone";
       (void)store_.setState(r.id, state, reason);
       audit_.record("environment.destroyed", r.id, "moatd", {{"reason", reason}, {"state", state}});
       continue;
@@ -249,8 +242,8 @@ Status EnvironmentManager::recoverAfterRestart() {
     for (const auto& id : relink) {
       Status s = restoreNetwork(id, "moatd restarted: the stored policy had no link");
       if (!s.ok()) {
-        (void)destroy(id, "failed: its network could not be restored after a moatd restart: " +
-                              s.error().message(), "moatd");
+        (void)destroy(id, "failed: its network could not be restored after a moatd restart: " + s.error().message(),
+                      "moatd");
       }
     }
   }
@@ -280,8 +273,7 @@ Status EnvironmentManager::restoreNetwork(const std::string& id, const std::stri
   }
   auto secrets = egress::secretsFromStored(record.secrets);
   MOAT_TRY(connectNetwork(id, policy, secrets.ok() ? secrets.value() : std::vector<egress::Secret>{}));
-  audit_.record("network.changed", id, "moatd",
-                {{"network", policy.toJson()}, {"reason", why}});
+  audit_.record("network.changed", id, "moatd", {{"network", policy.toJson()}, {"reason", why}});
   return {};
 }
 
@@ -291,7 +283,7 @@ void EnvironmentManager::detach() {
 }
 
 backend::Spec EnvironmentManager::specFor(const std::string& templateName, double cpus, uint64_t ramMb,
-                                        double storageGb, uint64_t pids) const {
+                                          double storageGb, uint64_t pids) const {
   backend::Spec spec;
   spec.templateName = templateName;
   spec.cpus = cpus;
@@ -377,8 +369,9 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   record.owner = request.owner;
   if (request.network.mode != egress::Mode::kNone || !request.secrets.empty()) {
     if (!egress_) {
-      return Error::make("unavailable", "egress control is not running in this moatd (see moatd --help): "
-                                        "only network mode \"none\" is available");
+      return Error::make("unavailable",
+                         "egress control is not running in this moatd (see moatd --help): "
+                         "only network mode \"none\" is available");
     }
     record.network = request.network.toJson().dump();
     record.secrets = egress::secretsToStored(request.secrets).dump();
@@ -445,13 +438,11 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (live_.size() + pool_.size() + creating_ >= config_.maxEnvironments) {
-      return Error::make("capacity", "at capacity: " + std::to_string(config_.maxEnvironments) +
-                                         " environments exist");
+      return Error::make("capacity", "at capacity: " + std::to_string(config_.maxEnvironments) + " environments exist");
     }
     if (reservedMemoryMb_ + record.ramMb > config_.maxTotalMemoryMb) {
-      return Error::make("capacity", "at capacity: " + std::to_string(reservedMemoryMb_) +
-                                         " of " + std::to_string(config_.maxTotalMemoryMb) +
-                                         " MB of memory are reserved");
+      return Error::make("capacity", "at capacity: " + std::to_string(reservedMemoryMb_) + " of " +
+                                         std::to_string(config_.maxTotalMemoryMb) + " MB of memory are reserved");
     }
     ++creating_;
     creatingIds_.insert(record.id);
@@ -569,8 +560,7 @@ std::map<std::string, std::string> EnvironmentManager::envOf(const std::string& 
   return it != live_.end() ? it->second.env : std::map<std::string, std::string>{};
 }
 
-Result<std::vector<store::EnvironmentRecord>> EnvironmentManager::list(
-    const store::EnvironmentFilter& filter) {
+Result<std::vector<store::EnvironmentRecord>> EnvironmentManager::list(const store::EnvironmentFilter& filter) {
   return store_.listEnvironments(filter);
 }
 
@@ -591,8 +581,11 @@ EnvironmentManager::Live EnvironmentManager::makeLive(std::shared_ptr<InitConnec
       env.emplace(k, v);
     }
   }
-  return Live{std::move(connection), std::move(env), record.ramMb,
-              std::make_shared<ProcessTable>(config_.processLimits), record.expiresAtMs,
+  return Live{std::move(connection),
+              std::move(env),
+              record.ramMb,
+              std::make_shared<ProcessTable>(config_.processLimits),
+              record.expiresAtMs,
               std::make_shared<const std::vector<gate::Permissions>>(layers.ok() ? layers.value() : closed),
               record.owner};
 }
@@ -652,8 +645,8 @@ std::shared_ptr<InitConnection> EnvironmentManager::connect(const std::string& i
     }
     hook(id, report);
   };
-  auto connection =
-      std::make_shared<InitConnection>(std::move(control), [this, id] { onInitGone(id); }, std::move(hooks));
+  auto connection = std::make_shared<InitConnection>(
+      std::move(control), [this, id] { onInitGone(id); }, std::move(hooks));
   sendExecPolicy(id, connection);
   return connection;
 }
@@ -759,8 +752,7 @@ void EnvironmentManager::warmUp(const std::shared_ptr<InitConnection>& connectio
   // The first command in a new environment pays for cold lookups through its
   // fresh overlay (the dynamic loader, libc: ~1 ms here). A pool environment
   // pays them before it is claimed, so the claimer's first exec does not.
-  auto process = std::make_shared<Process>(0, std::vector<std::string>{"/usr/bin/true"}, "exec", false,
-                                           false, 4096);
+  auto process = std::make_shared<Process>(0, std::vector<std::string>{"/usr/bin/true"}, "exec", false, false, 4096);
   init::SpawnRequest spawn;
   spawn.argv = {"/usr/bin/true"};
   spawn.env = commandEnvironment(id, "/workspace", {}, {});
@@ -773,16 +765,16 @@ void EnvironmentManager::warmUp(const std::shared_ptr<InitConnection>& connectio
 }
 
 Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::string& id,
-                                                                 const ProcessRequest& request) {
+                                                                  const ProcessRequest& request) {
   MOAT_ASSIGN(Live live, liveOf(id));
-  MOAT_ASSIGN(auto process, live.processes->add(request.argv, request.kind, request.pty,
-                                                request.stdinOpen || request.pty,
-                                                live.processes->limits().outputCapPerStream));
+  MOAT_ASSIGN(auto process,
+              live.processes->add(request.argv, request.kind, request.pty, request.stdinOpen || request.pty,
+                                  live.processes->limits().outputCapPerStream));
   init::SpawnRequest spawn;
   spawn.argv = request.argv;
   spawn.env = commandEnvironment(id, request.cwd, live.env, request.env);
-  if (request.pty && std::none_of(spawn.env.begin(), spawn.env.end(),
-                                  [](const std::string& e) { return e.rfind("TERM=", 0) == 0; })) {
+  if (request.pty &&
+      std::none_of(spawn.env.begin(), spawn.env.end(), [](const std::string& e) { return e.rfind("TERM=", 0) == 0; })) {
     spawn.env.push_back("TERM=xterm-256color");
   }
   spawn.cwd = request.cwd;
@@ -790,8 +782,12 @@ Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::str
   spawn.pty = request.pty;
   spawn.timeoutMs = request.timeoutMs;
   audit_.record("process.started", id, request.actor,
-                {{"process", process->id()}, {"argv", request.argv}, {"kind", request.kind},
-                 {"cwd", request.cwd}, {"pty", request.pty}, {"env", request.env}});
+                {{"process", process->id()},
+                 {"argv", request.argv},
+                 {"kind", request.kind},
+                 {"cwd", request.cwd},
+                 {"pty", request.pty},
+                 {"env", request.env}});
   process->onEnded([recorder = &audit_, id, actor = request.actor](const ProcessInfo& info) {
     recorder->record("process.ended", id, actor, endedData(info));
   });
@@ -826,17 +822,16 @@ Result<std::shared_ptr<Process>> EnvironmentManager::process(const std::string& 
   return process;
 }
 
-Result<std::shared_ptr<void>> EnvironmentManager::reserveExecOutput(const std::string& caller,
-                                                                   uint64_t outputLimit) {
+Result<std::shared_ptr<void>> EnvironmentManager::reserveExecOutput(const std::string& caller, uint64_t outputLimit) {
   uint64_t limit = outputLimit ? std::min(outputLimit, kExecOutputMax) : kExecOutputMax;
   uint64_t reserve = 2 * limit;  // two streams
   std::lock_guard<std::mutex> lock(execOutputMutex_);
   uint64_t held = execOutputReserved_.count(caller) ? execOutputReserved_[caller] : 0;
   if (held + reserve > config_.execOutputPerCaller) {
-    return Error::make("capacity", "at capacity: this caller's execs in flight already hold " +
-                                       std::to_string(held >> 20) + " MiB of output limits (at most " +
-                                       std::to_string(config_.execOutputPerCaller >> 20) +
-                                       " MiB; each exec counts twice its output_limit); retry later or lower output_limit");
+    return Error::make("capacity",
+                       "at capacity: this caller's execs in flight already hold " + std::to_string(held >> 20) +
+                           " MiB of output limits (at most " + std::to_string(config_.execOutputPerCaller >> 20) +
+                           " MiB; each exec counts twice its output_limit); retry later or lower output_limit");
   }
   execOutputReserved_[caller] = held + reserve;
   return std::shared_ptr<void>(nullptr, [this, caller, reserve](void*) {
@@ -860,13 +855,11 @@ Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecReq
   spawn.timeoutMs = request.timeoutMs;
   spawn.outputLimit = limit;
   ++execs_;
-  audit_.record("exec.started", id, request.actor,
-                [&] {
-                  nlohmann::json data = {{"process", process->id()}, {"argv", request.argv}, {"cwd", request.cwd},
-                                         {"env", env}};
-                  if (!request.stdinEvent.is_null()) data["stdin"] = request.stdinEvent;  // what it was given to read
-                  return data;
-                }());
+  audit_.record("exec.started", id, request.actor, [&] {
+    nlohmann::json data = {{"process", process->id()}, {"argv", request.argv}, {"cwd", request.cwd}, {"env", env}};
+    if (!request.stdinEvent.is_null()) data["stdin"] = request.stdinEvent;  // what it was given to read
+    return data;
+  }());
   // Every way out below ends the process; its end is recorded then.
   process->onEnded([recorder = &audit_, id, actor = request.actor](const ProcessInfo& info) {
     recorder->record("exec.ended", id, actor, endedData(info));
@@ -879,9 +872,9 @@ Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecReq
   }
   traceStage("moatd: exec sent");
   // moat-init enforces the timeout; the grace covers the kill and the report.
-  auto deadline = std::chrono::steady_clock::now() +
-                  (request.timeoutMs ? std::chrono::milliseconds(request.timeoutMs + 10000)
-                                     : std::chrono::milliseconds(24LL * 3600 * 1000));
+  auto deadline =
+      std::chrono::steady_clock::now() + (request.timeoutMs ? std::chrono::milliseconds(request.timeoutMs + 10000)
+                                                            : std::chrono::milliseconds(24LL * 3600 * 1000));
   if (!process->waitEnded(deadline)) {
     (void)process->signal(SIGKILL);  // nobody waits for it any more
     process->abandon("moat-init did not report the end of the command in time");
@@ -908,8 +901,7 @@ Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecReq
   return r;
 }
 
-Result<init::FileResult> EnvironmentManager::file(const std::string& id,
-                                                  const init::FileRequest& request) {
+Result<init::FileResult> EnvironmentManager::file(const std::string& id, const init::FileRequest& request) {
   MOAT_ASSIGN(Live live, liveOf(id));
   return live.connection->file(request);
 }
@@ -928,7 +920,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::setTtl(const std::string& i
 }
 
 Status EnvironmentManager::writeNetworkFiles(const std::shared_ptr<InitConnection>& connection,
-                                            const egress::EgressNetwork::Link& link) {
+                                             const egress::EgressNetwork::Link& link) {
   auto write = [&](const std::string& path, const std::string& data) -> Status {
     init::FileRequest w;
     w.op = init::FileOp::kWrite;
@@ -1039,8 +1031,7 @@ ScopeExit<std::function<void()>> EnvironmentManager::exclusive(const std::string
   });
 }
 
-Status EnvironmentManager::destroy(const std::string& id, const std::string& reason,
-                                   const std::string& actor) {
+Status EnvironmentManager::destroy(const std::string& id, const std::string& reason, const std::string& actor) {
   // One destroy per environment at a time; the one that waited finds it
   // gone. A single lock for all destroys made every DELETE queue behind the
   // others' spawner round trips: with 64 clients, 58 of them waited there
@@ -1190,7 +1181,8 @@ Counters EnvironmentManager::counters() {
     std::lock_guard<std::mutex> lock(mutex_);
     c.warmReady = pool_.size();
     c.warmClaims = warmClaims_;
-    for (size_t i = 0; i < config_.warmPools.size(); ++i) c.warmPools.push_back({config_.warmPools[i], 0, poolClaims_[i]});
+    for (size_t i = 0; i < config_.warmPools.size(); ++i)
+      c.warmPools.push_back({config_.warmPools[i], 0, poolClaims_[i]});
     for (const auto& r : pool_) ++c.warmPools[r.pool].ready;
   }
   auto all = store_.listEnvironments({"", "", {}, ""});

@@ -5,22 +5,22 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <optional>
-#include <set>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "audit/event.h"
-#include "egress/controller.h"
 #include "backend/backend.h"
+#include "common/clock.h"
 #include "common/result.h"
 #include "common/scope_exit.h"
-#include "init/protocol.h"
+#include "egress/controller.h"
 #include "gate/permissions.h"
-#include "common/clock.h"
+#include "init/protocol.h"
 #include "manager/init_connection.h"
 #include "manager/process_table.h"
 #include "store/store.h"
@@ -71,11 +71,11 @@ struct ManagerConfig {
 struct CreateRequest {
   std::string taskId;
   std::string templateName = "host";
-  double cpus = 0;        // 0: the default
+  double cpus = 0;  // 0: the default
   uint64_t ramMb = 0;
   double storageGb = 0;
   uint64_t pids = 0;
-  int64_t ttlS = 0;       // 0: the default
+  int64_t ttlS = 0;  // 0: the default
   std::map<std::string, std::string> labels;
   std::map<std::string, std::string> env;  // added to every command's environment
   std::string owner = "master";
@@ -83,8 +83,8 @@ struct CreateRequest {
   // Layers over it (a fork's: its source's tightenings), stored with it in
   // one write, so no moment or kill finds the environment without them.
   std::vector<gate::Permissions> furtherLayers;
-  egress::Policy network;                   // mode none: loopback only
-  std::vector<egress::Secret> secrets;      // their placeholders go into `env`
+  egress::Policy network;               // mode none: loopback only
+  std::vector<egress::Secret> secrets;  // their placeholders go into `env`
   // Not empty: a fork. The writable layer starts as this snapshot (its
   // template is the environment's; the storage limit defaults to its).
   std::string fromSnapshot;
@@ -124,12 +124,12 @@ struct ExecRequest {
   bool withStdin = false;
   nlohmann::json stdinEvent;  // what exec.started says of stdinData (size, hash, short text)
   uint64_t timeoutMs = 0;
-  uint64_t outputLimit = 0;  // bytes kept per stream; 0: 16 MiB
+  uint64_t outputLimit = 0;      // bytes kept per stream; 0: 16 MiB
   std::string actor = "master";  // who asked: for the audit log
 };
 
 struct ExecResult {
-  bool started = false;      // false: spawnErrno/spawnStage say why
+  bool started = false;  // false: spawnErrno/spawnStage say why
   int spawnErrno = 0;
   std::string spawnStage;
   int exitCode = -1;
@@ -163,8 +163,8 @@ struct Counters {
 // (`audit`; none: not recorded).
 class EnvironmentManager {
  public:
-  EnvironmentManager(ManagerConfig config, store::Store& store,
-                     backend::Backend& backend, audit::Recorder* audit = nullptr);
+  EnvironmentManager(ManagerConfig config, store::Store& store, backend::Backend& backend,
+                     audit::Recorder* audit = nullptr);
   ~EnvironmentManager();
 
   // Re-attaches to the environments a previous moatd left running (the
@@ -238,8 +238,7 @@ class EnvironmentManager {
                                            const std::string& actor);
   // Idempotent: destroying a gone environment is fine. `actor`: who asked
   // ("moatd" for expiry, failure and shutdown).
-  Status destroy(const std::string& id, const std::string& reason,
-                 const std::string& actor = "moatd");
+  Status destroy(const std::string& id, const std::string& reason, const std::string& actor = "moatd");
   void destroyAll(const std::string& reason);
   // Called (on the destroying thread) when an environment ends, with why:
   // what waits on it elsewhere (approvals) can end too. Set before serving.
@@ -252,8 +251,8 @@ class EnvironmentManager {
   // `policy` says whether an environment's programs need judging at all
   // (init::ExecPolicy), given to moat-init at every connection and after
   // every change of its permissions. Set before serving.
-  using ExecCheckHook = std::function<void(const std::string& id, const init::ExecCheck& check,
-                                           InitConnection::ExecAnswer answer)>;
+  using ExecCheckHook =
+      std::function<void(const std::string& id, const init::ExecCheck& check, InitConnection::ExecAnswer answer)>;
   using ExecPolicyHook = std::function<init::ExecPolicy(const std::string& id)>;
   using ExecReportHook = std::function<void(const std::string& id, const init::ExecReport& report)>;
   // `report` hears what moat-init judged by itself; reports that arrive
@@ -273,9 +272,9 @@ class EnvironmentManager {
     std::map<std::string, std::string> env;
     uint64_t ramMb = 0;
     std::shared_ptr<ProcessTable> processes;
-    int64_t expiresAtMs = 0;  // the store's, kept here for the reaper
+    int64_t expiresAtMs = 0;                                            // the store's, kept here for the reaper
     std::shared_ptr<const std::vector<gate::Permissions>> permissions;  // replaced whole, never edited
-    std::string owner;  // never changes
+    std::string owner;                                                  // never changes
   };
   Live makeLive(std::shared_ptr<InitConnection> connection, const store::EnvironmentRecord& record) const;
   // Gives a running environment its egress link and the files and variables
@@ -298,8 +297,8 @@ class EnvironmentManager {
   // "transient", so a moatd killed before the fork removed it rolls it back).
   // A ready snapshot, or the transient one taken for a fork of `forkOf`.
   Result<store::SnapshotRecord> usableSnapshot(const std::string& snapshotId, const std::string& forkOf);
-  Result<store::SnapshotRecord> takeSnapshot(const std::string& id, const std::string& name,
-                                             const std::string& actor, bool transient);
+  Result<store::SnapshotRecord> takeSnapshot(const std::string& id, const std::string& name, const std::string& actor,
+                                             bool transient);
   // Held by a create or restore from the snapshot until its copy is made:
   // a deletion waits for the holds, and a hold for a deletion in progress
   // (which then leaves the snapshot not found). No-op for "".
@@ -334,12 +333,12 @@ class EnvironmentManager {
     std::shared_ptr<InitConnection> connection;
     size_t pool = 0;  // index into config_.warmPools
   };
-  std::vector<Ready> pool_;  // guarded by mutex_
+  std::vector<Ready> pool_;                // guarded by mutex_
   std::vector<size_t> poolCreating_;       // per pool; guarded by mutex_
   std::vector<int64_t> poolRetryAfterMs_;  // per pool: after a failed create; guarded by mutex_
   uint64_t warmClaims_ = 0;
   std::vector<uint64_t> poolClaims_;  // per pool; guarded by mutex_
-  int64_t lastClaimMs_ = 0;  // guarded by mutex_
+  int64_t lastClaimMs_ = 0;           // guarded by mutex_
 
   ManagerConfig config_;
   store::Store& store_;
@@ -351,8 +350,8 @@ class EnvironmentManager {
   std::map<std::string, Live> live_;
   int64_t nextExpiryMs_ = 0;  // no live environment expires before; the reaper scans from then
   size_t creating_ = 0;
-  std::set<std::string> creatingIds_;      // guarded by mutex_
-  std::map<std::string, std::string> destroyRequested_; // DELETE arrived while creating: id -> actor
+  std::set<std::string> creatingIds_;                    // guarded by mutex_
+  std::map<std::string, std::string> destroyRequested_;  // DELETE arrived while creating: id -> actor
   std::vector<std::string> initGone_;
   uint64_t reservedMemoryMb_ = 0;
   std::atomic<uint64_t> execs_{0};
@@ -362,12 +361,12 @@ class EnvironmentManager {
   std::set<std::string> exclusive_;
   std::condition_variable exclusiveCv_;
   std::mutex snapshotMutex_;
-  std::map<std::string, int> snapshotHolds_;    // guarded by snapshotMutex_
-  std::set<std::string> snapshotsDeleting_;     // guarded by snapshotMutex_
+  std::map<std::string, int> snapshotHolds_;  // guarded by snapshotMutex_
+  std::set<std::string> snapshotsDeleting_;   // guarded by snapshotMutex_
   std::condition_variable snapshotCv_;
   std::mutex execOutputMutex_;
   std::map<std::string, uint64_t> execOutputReserved_;  // per caller (actor)
-  std::mutex permissionsMutex_;  // serializes read-modify-write of permission layers
+  std::mutex permissionsMutex_;                         // serializes read-modify-write of permission layers
   std::function<void(const std::string&, const std::string&)> endedHook_;
   ExecCheckHook execCheck_;
   ExecPolicyHook execPolicy_;
@@ -386,6 +385,5 @@ class EnvironmentManager {
   std::condition_variable poolCv_;
   std::thread pooler_;
 };
-
 
 }  // namespace moat::manager

@@ -54,8 +54,8 @@ class InitConnection : public std::enable_shared_from_this<InitConnection> {
   // flow control of its output (init::OutputCredit) in the same write as the
   // Spawn, so none of the output escapes it. Returns the id moat-init knows
   // it by.
-  Result<uint32_t> spawn(init::SpawnRequest spawn, std::shared_ptr<ProcessSink> sink,
-                         const std::string& stdinData, bool closeStdin, uint64_t outputLimit = 0);
+  Result<uint32_t> spawn(init::SpawnRequest spawn, std::shared_ptr<ProcessSink> sink, const std::string& stdinData,
+                         bool closeStdin, uint64_t outputLimit = 0);
   Status writeStdin(uint32_t id, const std::string& data);
   Status closeStdin(uint32_t id);
   Status signal(uint32_t id, int signo, bool wholeGroup);

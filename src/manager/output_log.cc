@@ -15,8 +15,7 @@ void OutputLog::append(OutputStream stream, const std::string& data) {
   if (data.empty()) return;
   size_t i = index(stream);
   total_[i] += data.size();
-  if (!chunks_.empty() && chunks_.back().stream == stream &&
-      chunks_.back().data.size() < kMergeBelow) {
+  if (!chunks_.empty() && chunks_.back().stream == stream && chunks_.back().data.size() < kMergeBelow) {
     chunks_.back().data += data;
   } else {
     chunks_.push_back(Chunk{end_, stream, data});
@@ -29,8 +28,7 @@ void OutputLog::append(OutputStream stream, const std::string& data) {
 void OutputLog::evict(OutputStream stream) {
   size_t i = index(stream);
   while (retained_[i] > cap_) {
-    auto it = std::find_if(chunks_.begin(), chunks_.end(),
-                           [&](const Chunk& c) { return c.stream == stream; });
+    auto it = std::find_if(chunks_.begin(), chunks_.end(), [&](const Chunk& c) { return c.stream == stream; });
     if (it == chunks_.end()) return;
     uint64_t excess = retained_[i] - cap_;
     if (excess < it->data.size()) {
@@ -52,9 +50,8 @@ std::vector<OutputItem> OutputLog::read(uint64_t since, size_t maxBytes) const {
   uint64_t pos = std::min(since, end_);
   size_t budget = maxBytes;
   // Chunks are in offset order; skip those that end before `pos`.
-  auto it = std::lower_bound(chunks_.begin(), chunks_.end(), pos, [](const Chunk& c, uint64_t p) {
-    return c.offset + c.data.size() <= p;
-  });
+  auto it = std::lower_bound(chunks_.begin(), chunks_.end(), pos,
+                             [](const Chunk& c, uint64_t p) { return c.offset + c.data.size() <= p; });
   for (; it != chunks_.end() && budget > 0; ++it) {
     if (it->offset > pos) {
       items.push_back(OutputItem{true, it->stream, pos, it->offset - pos, {}});

@@ -13,11 +13,11 @@ enum class OutputStream : uint8_t { kStdout = 1, kStderr = 2 };
 
 // One piece of what a process printed, or a range that is no longer retained.
 struct OutputItem {
-  bool dropped = false;  // true: `length` bytes at `offset` fell out of the log
+  bool dropped = false;                         // true: `length` bytes at `offset` fell out of the log
   OutputStream stream = OutputStream::kStdout;  // for data items
-  uint64_t offset = 0;   // position of the first byte in the process's output
-  uint64_t length = 0;   // dropped items
-  std::string data;      // data items
+  uint64_t offset = 0;                          // position of the first byte in the process's output
+  uint64_t length = 0;                          // dropped items
+  std::string data;                             // data items
 };
 
 // What moatd keeps of a process's output so that clients can attach, detach

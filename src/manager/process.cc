@@ -18,17 +18,22 @@ constexpr auto kStartTimeout = std::chrono::seconds(30);
 
 const char* processStateName(ProcessState state) {
   switch (state) {
-    case ProcessState::kStarting: return "starting";
-    case ProcessState::kRunning: return "running";
-    case ProcessState::kExited: return "exited";
-    case ProcessState::kFailed: return "failed";
-    case ProcessState::kLost: return "lost";
+    case ProcessState::kStarting:
+      return "starting";
+    case ProcessState::kRunning:
+      return "running";
+    case ProcessState::kExited:
+      return "exited";
+    case ProcessState::kFailed:
+      return "failed";
+    case ProcessState::kLost:
+      return "lost";
   }
   return "unknown";
 }
 
-Process::Process(uint64_t id, std::vector<std::string> argv, std::string kind, bool pty,
-                 bool stdinOpen, size_t outputCapPerStream)
+Process::Process(uint64_t id, std::vector<std::string> argv, std::string kind, bool pty, bool stdinOpen,
+                 size_t outputCapPerStream)
     : id_(id), log_(outputCapPerStream) {
   info_.id = id;
   info_.argv = std::move(argv);
@@ -244,14 +249,14 @@ Status Process::writeStdin(const std::string& data, bool close, std::chrono::mil
     std::unique_lock<std::mutex> lock(mutex_);
     if (bounded) MOAT_TRY(waitForStdinRoom(lock, data.size(), wait));
     MOAT_ASSIGN(c, channelLocked([&]() -> Status {
-      MOAT_TRY(check());
-      if (close) {
-        info_.stdinOpen = false;
-        cv_.notify_all();  // writers waiting for room: their answer is "closed" now
-      }
-      stdinSent_ += data.size();
-      return {};
-    }));
+                  MOAT_TRY(check());
+                  if (close) {
+                    info_.stdinOpen = false;
+                    cv_.notify_all();  // writers waiting for room: their answer is "closed" now
+                  }
+                  stdinSent_ += data.size();
+                  return {};
+                }));
   }
   if (!data.empty()) MOAT_TRY(c.connection->writeStdin(c.initId, data));
   if (close) MOAT_TRY(c.connection->closeStdin(c.initId));
@@ -262,10 +267,11 @@ Status Process::waitForStdinRoom(std::unique_lock<std::mutex>& lock, size_t size
   auto held = [&] { return stdinSent_ - stdinTaken_; };
   auto room = [&] { return info_.ended() || !info_.stdinOpen || held() == 0 || held() + size <= kStdinWindow; };
   if (cv_.wait_for(lock, wait, room)) return {};
-  return Error::make("stdin_full", "process " + std::to_string(id_) + " is not reading its input: " +
-                                       std::to_string(held()) + " bytes sent earlier still wait in the environment (" +
-                                       std::to_string(kStdinWindow >> 10) + " KiB may); none of this piece was sent, "
-                                       "send it again later");
+  return Error::make("stdin_full",
+                     "process " + std::to_string(id_) + " is not reading its input: " + std::to_string(held()) +
+                         " bytes sent earlier still wait in the environment (" + std::to_string(kStdinWindow >> 10) +
+                         " KiB may); none of this piece was sent, "
+                         "send it again later");
 }
 
 void Process::onStdinTaken(uint64_t total) {
@@ -281,9 +287,9 @@ Status Process::signal(int signo) {
 
 Status Process::resize(uint16_t rows, uint16_t cols) {
   MOAT_ASSIGN(Channel c, channel([&]() -> Status {
-    if (info_.pty) return {};
-    return Error::make("conflict", "process " + std::to_string(id_) + " has no terminal to resize");
-  }));
+                if (info_.pty) return {};
+                return Error::make("conflict", "process " + std::to_string(id_) + " has no terminal to resize");
+              }));
   return c.connection->resize(c.initId, rows, cols);
 }
 
@@ -312,14 +318,11 @@ ProcessInfo Process::infoLocked() const {
   return info;
 }
 
-Process::Read Process::read(uint64_t since, size_t maxBytes, bool wait,
-                            std::chrono::steady_clock::time_point deadline,
+Process::Read Process::read(uint64_t since, size_t maxBytes, bool wait, std::chrono::steady_clock::time_point deadline,
                             const std::function<bool()>& stop) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (wait) {
-    cv_.wait_until(lock, deadline, [&] {
-      return log_.end() > since || info_.ended() || (stop && stop());
-    });
+    cv_.wait_until(lock, deadline, [&] { return log_.end() > since || info_.ended() || (stop && stop()); });
   }
   Read r;
   r.items = log_.read(since, maxBytes);

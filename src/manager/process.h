@@ -21,13 +21,13 @@ const char* processStateName(ProcessState state);
 
 // A process as the API shows it.
 struct ProcessInfo {
-  uint64_t id = 0;         // moatd's id, unique within the environment
-  uint32_t pid = 0;        // as seen inside the environment (0 until started)
+  uint64_t id = 0;   // moatd's id, unique within the environment
+  uint32_t pid = 0;  // as seen inside the environment (0 until started)
   std::vector<std::string> argv;
-  std::string kind;        // "process", "exec" or "shell"
+  std::string kind;  // "process", "exec" or "shell"
   bool pty = false;
   bool stdinOpen = false;
-  bool lossless = false;   // its output waits for its followers instead of being dropped
+  bool lossless = false;  // its output waits for its followers instead of being dropped
   ProcessState state = ProcessState::kStarting;
   int exitCode = -1;
   int signal = 0;
@@ -44,7 +44,7 @@ struct ProcessInfo {
   bool stderrTruncated = false;
   uint64_t stdoutDropped = 0;  // no longer retained (the log's cap)
   uint64_t stderrDropped = 0;
-  uint64_t outputEnd = 0;      // the offset a reader is caught up at
+  uint64_t outputEnd = 0;  // the offset a reader is caught up at
   bool ended() const { return state != ProcessState::kStarting && state != ProcessState::kRunning; }
 };
 
@@ -53,8 +53,8 @@ struct ProcessInfo {
 // output; any number of readers may wait on it.
 class Process : public ProcessSink, public std::enable_shared_from_this<Process> {
  public:
-  Process(uint64_t id, std::vector<std::string> argv, std::string kind, bool pty,
-          bool stdinOpen, size_t outputCapPerStream);
+  Process(uint64_t id, std::vector<std::string> argv, std::string kind, bool pty, bool stdinOpen,
+          size_t outputCapPerStream);
 
   // ProcessSink: called on the connection's reader thread.
   void onSpawned(uint32_t pid) override;
@@ -127,8 +127,8 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
     bool more = false;   // more was there than maxBytes allowed, or the process
                          // (lossless) is near its limit: it waits for its readers
   };
-  Read read(uint64_t since, size_t maxBytes, bool wait,
-            std::chrono::steady_clock::time_point deadline, const std::function<bool()>& stop = {});
+  Read read(uint64_t since, size_t maxBytes, bool wait, std::chrono::steady_clock::time_point deadline,
+            const std::function<bool()>& stop = {});
   // Wakes readers so that they re-check their stop condition.
   void wake();
   bool waitEnded(std::chrono::steady_clock::time_point deadline);
@@ -167,12 +167,12 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   int viewers_ = 0;
   std::function<void(const ProcessInfo&)> endHook_;
   std::chrono::steady_clock::time_point unfollowedSince_;  // lossless, without followers since
-  bool delivered_ = false;               // a follower read to the final event
-  std::map<uint64_t, uint64_t> followers_;  // follower -> offset delivered up to
+  bool delivered_ = false;                                 // a follower read to the final event
+  std::map<uint64_t, uint64_t> followers_;                 // follower -> offset delivered up to
   uint64_t nextFollower_ = 1;
-  uint64_t granted_ = 0;                 // the limit moat-init has: the offset it may forward up to
-  uint64_t stdinSent_ = 0;               // input sent to moat-init
-  uint64_t stdinTaken_ = 0;              // of it, taken off by moat-init (StdinTaken)
+  uint64_t granted_ = 0;     // the limit moat-init has: the offset it may forward up to
+  uint64_t stdinSent_ = 0;   // input sent to moat-init
+  uint64_t stdinTaken_ = 0;  // of it, taken off by moat-init (StdinTaken)
 };
 
 }  // namespace moat::manager

@@ -2,9 +2,8 @@
 
 namespace moat::manager {
 
-Result<std::shared_ptr<Process>> ProcessTable::add(std::vector<std::string> argv,
-                                                   const std::string& kind, bool pty, bool stdinOpen,
-                                                   size_t outputCapPerStream) {
+Result<std::shared_ptr<Process>> ProcessTable::add(std::vector<std::string> argv, const std::string& kind, bool pty,
+                                                   bool stdinOpen, size_t outputCapPerStream) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (closed_) return Error::make("gone", closeReason_);
   // Execs are bounded by their callers' connections and their own output
@@ -15,8 +14,8 @@ Result<std::shared_ptr<Process>> ProcessTable::add(std::vector<std::string> argv
     running += info.ended() || info.kind == "exec" ? 0 : 1;
   }
   if (kind != "exec" && running >= limits_.maxRunning) {
-    return Error::make("capacity", "at capacity: " + std::to_string(limits_.maxRunning) +
-                                       " processes run in this environment");
+    return Error::make("capacity",
+                       "at capacity: " + std::to_string(limits_.maxRunning) + " processes run in this environment");
   }
   pruneEnded();
   uint64_t id = nextId_++;
@@ -32,9 +31,8 @@ void ProcessTable::pruneEnded() {
   for (auto& [id, p] : processes_) {
     if (p->info().ended()) (p->delivered() ? delivered : unread).push_back(id);  // ids grow: oldest first
   }
-  size_t excess = delivered.size() + unread.size() > limits_.keepEnded
-                      ? delivered.size() + unread.size() - limits_.keepEnded
-                      : 0;
+  size_t excess =
+      delivered.size() + unread.size() > limits_.keepEnded ? delivered.size() + unread.size() - limits_.keepEnded : 0;
   for (const auto* ids : {&delivered, &unread}) {
     for (size_t i = 0; i < ids->size() && excess > 0; ++i, --excess) processes_.erase((*ids)[i]);
   }

@@ -13,9 +13,9 @@
 namespace moat::manager {
 
 struct ProcessLimits {
-  size_t maxRunning = 32;                  // background processes and shells per environment
-  size_t keepEnded = 16;                   // ended processes kept for their output
-  size_t outputCapPerStream = 1u << 20;    // background processes and shells
+  size_t maxRunning = 32;                // background processes and shells per environment
+  size_t keepEnded = 16;                 // ended processes kept for their output
+  size_t outputCapPerStream = 1u << 20;  // background processes and shells
   // A lossless process nobody follows for this long goes back to dropping
   // (moatd --lossless-wait).
   int64_t losslessWaitMs = 30000;
@@ -28,8 +28,8 @@ class ProcessTable {
 
   // A new process with the next id, or "capacity" when too many run, or
   // "gone" once the table is closed.
-  Result<std::shared_ptr<Process>> add(std::vector<std::string> argv, const std::string& kind,
-                                       bool pty, bool stdinOpen, size_t outputCapPerStream);
+  Result<std::shared_ptr<Process>> add(std::vector<std::string> argv, const std::string& kind, bool pty, bool stdinOpen,
+                                       size_t outputCapPerStream);
   std::shared_ptr<Process> find(uint64_t id);
   std::vector<std::shared_ptr<Process>> all();
   void remove(uint64_t id);

@@ -2,11 +2,10 @@
 // EnvironmentManager's part, their records and holds (the backend keeps
 // the files; docs/API.md, "Snapshots").
 #include <cstdio>
-
 #include <set>
 
-#include "common/hex.h"
 #include "common/clock.h"
+#include "common/hex.h"
 #include "manager/environment_manager.h"
 
 namespace moat::manager {
@@ -18,9 +17,7 @@ std::string newSnapshotId() {
   return "snap-" + (hex.ok() ? hex.value() : std::string(12, '0'));
 }
 
-nlohmann::json snapshotData(const store::SnapshotRecord& s) {
-  return {{"snapshot", s.id}, {"name", s.name}};
-}
+nlohmann::json snapshotData(const store::SnapshotRecord& s) { return {{"snapshot", s.id}, {"name", s.name}}; }
 
 }  // namespace
 
@@ -175,9 +172,9 @@ Result<store::EnvironmentRecord> EnvironmentManager::restore(const std::string& 
     Status s = restoreNetwork(id, "restored from snapshot " + snapshotId + ": the stored policy is put in force again");
     if (!s.ok()) {
       serial.unlock();
-      (void)destroy(id, "failed: its network could not be restored with snapshot " + snapshotId + ": " +
-                            s.error().message(),
-                    actor);
+      (void)destroy(
+          id, "failed: its network could not be restored with snapshot " + snapshotId + ": " + s.error().message(),
+          actor);
       return s.error();
     }
   }
@@ -199,7 +196,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = live_.find(id);
     if (it == live_.end()) {
-      return Error::make("conflict", "environment " + id + " is " + record.state + ": only a running one can be restored");
+      return Error::make("conflict",
+                         "environment " + id + " is " + record.state + ": only a running one can be restored");
     }
     old = it->second;
   }
@@ -271,7 +269,8 @@ void EnvironmentManager::recoverSnapshots() {
   for (const auto& name : present.value()) {
     if (kept.count(name)) continue;
     Status s = backend_.deleteSnapshot(name);
-    if (!s.ok()) std::fprintf(stderr, "moatd: removing stray snapshot %s: %s\n", name.c_str(), s.error().message().c_str());
+    if (!s.ok())
+      std::fprintf(stderr, "moatd: removing stray snapshot %s: %s\n", name.c_str(), s.error().message().c_str());
   }
 }
 

@@ -16,9 +16,9 @@ Capped capOutput(const std::string& text, size_t head, size_t tail) {
   size_t headEnd = backToBoundary(text, head);
   size_t tailStart = backToBoundary(text, text.size() - tail);
   size_t omitted = tailStart - headEnd;
-  return {text.substr(0, headEnd) + "\n[... " + std::to_string(omitted) + " bytes omitted ...]\n" +
-              text.substr(tailStart),
-          omitted};
+  return {
+      text.substr(0, headEnd) + "\n[... " + std::to_string(omitted) + " bytes omitted ...]\n" + text.substr(tailStart),
+      omitted};
 }
 
 }  // namespace moat::mcp

@@ -122,8 +122,8 @@ std::optional<json> Session::handle(const json& message, const Notify& notify) {
   if (!Tools::exists(params["name"])) {
     return errorResponse(id, kInvalidParams, "unknown tool: " + params["name"].get<std::string>());
   }
-  json token = params.contains("_meta") && params["_meta"].is_object() ? params["_meta"].value("progressToken", json())
-                                                                      : json();
+  json token =
+      params.contains("_meta") && params["_meta"].is_object() ? params["_meta"].value("progressToken", json()) : json();
   auto call = std::make_shared<CallContext>(token, notify);
   std::string key = id.dump();
   {
@@ -225,8 +225,8 @@ std::optional<json> Session::readResource(const json& params, std::string& error
     error = "not an environment id: " + id;
     return std::nullopt;
   }
-  RestResponse r = events ? rest_.call("GET", "/v1/events?environment=" + id, "")
-                          : rest_.call("GET", "/v1/environments/" + id, "");
+  RestResponse r =
+      events ? rest_.call("GET", "/v1/events?environment=" + id, "") : rest_.call("GET", "/v1/environments/" + id, "");
   if (r.status != 200) {
     error = Tools::describeFailure(r);
     return std::nullopt;

@@ -178,7 +178,8 @@ std::string checkArguments(const json& args, const json& schema, const std::stri
   if (schema.contains("type") && !typeMatches(args, schema["type"])) {
     return (where.empty() ? "arguments" : where) + ": must be " + schema["type"].get<std::string>();
   }
-  if (schema.contains("enum") && std::find(schema["enum"].begin(), schema["enum"].end(), args) == schema["enum"].end()) {
+  if (schema.contains("enum") &&
+      std::find(schema["enum"].begin(), schema["enum"].end(), args) == schema["enum"].end()) {
     return where + ": must be one of " + schema["enum"].dump();
   }
   if (args.is_number()) {
@@ -216,13 +217,11 @@ std::string checkArguments(const json& args, const json& schema, const std::stri
       } else if (schema.contains("additionalProperties")) {
         const json& extra = schema["additionalProperties"];
         if (extra.is_boolean() && !extra.get<bool>()) {
-          return name(it.key()) + ": unknown argument (known: " +
-                 [&] {
-                   std::string k;
-                   for (auto p = props.begin(); p != props.end(); ++p) k += (k.empty() ? "" : ", ") + p.key();
-                   return k;
-                 }() +
-                 ")";
+          return name(it.key()) + ": unknown argument (known: " + [&] {
+            std::string k;
+            for (auto p = props.begin(); p != props.end(); ++p) k += (k.empty() ? "" : ", ") + p.key();
+            return k;
+          }() + ")";
         }
         if (extra.is_object()) {
           std::string e = checkArguments(it.value(), extra, name(it.key()));
@@ -339,8 +338,8 @@ Tools::Collected Tools::collect(const std::string& env, uint64_t process, uint64
   c.next = since;
   auto pause = std::chrono::milliseconds(2);
   while (true) {
-    Rest r = rest("GET", envPath(env) + "/processes/" + std::to_string(process) + "/output?since=" +
-                             std::to_string(c.next));
+    Rest r =
+        rest("GET", envPath(env) + "/processes/" + std::to_string(process) + "/output?since=" + std::to_string(c.next));
     if (r.status != 200) {
       c.failure = r.error;
       return c;
@@ -447,8 +446,11 @@ json Tools::readProcessOutput(const std::string& env, const json& args) {
                              : "process " + std::to_string(pid) + " is running";
   text += section("stdout", c.out, omitted) + section("stderr", c.err, omitted);
   text += "\n(next: " + std::to_string(c.next) + ")";
-  json s = {{"process_id", pid}, {"state", state}, {"stdout", capOutput(c.out).text},
-            {"stderr", capOutput(c.err).text}, {"next", c.next}};
+  json s = {{"process_id", pid},
+            {"state", state},
+            {"stdout", capOutput(c.out).text},
+            {"stderr", capOutput(c.err).text},
+            {"next", c.next}};
   if (c.ended && c.terminal.contains("exit_code")) s["exit_code"] = c.terminal["exit_code"];
   return toolResult(text, s);
 }
@@ -459,16 +461,16 @@ json Tools::sendInput(const std::string& env, const json& args) {
   if (args.contains("close")) body["close"] = args["close"];
   Rest r = rest("POST", envPath(env) + "/processes/" + std::to_string(pid) + "/stdin", body.dump());
   if (r.status != 204) return toolError(r.error);
-  return toolResult("sent " + std::to_string(args["input"].get<std::string>().size()) + " bytes to process " +
-                        std::to_string(pid),
-                    {{"process_id", pid}, {"bytes", args["input"].get<std::string>().size()}});
+  return toolResult(
+      "sent " + std::to_string(args["input"].get<std::string>().size()) + " bytes to process " + std::to_string(pid),
+      {{"process_id", pid}, {"bytes", args["input"].get<std::string>().size()}});
 }
 
 json Tools::killProcess(const std::string& env, const json& args) {
   uint64_t pid = args["process_id"];
   std::string signal = args.value("signal", "TERM");
-  Rest r = rest("POST", envPath(env) + "/processes/" + std::to_string(pid) + "/signal",
-                json{{"signal", signal}}.dump());
+  Rest r =
+      rest("POST", envPath(env) + "/processes/" + std::to_string(pid) + "/signal", json{{"signal", signal}}.dump());
   if (r.status != 204) return toolError(r.error);
   return toolResult("sent " + signal + " to process " + std::to_string(pid), {{"process_id", pid}, {"signal", signal}});
 }

@@ -22,8 +22,7 @@ Result<LoopDevice> attachLoop(const std::string& imagePath) {
     int index = ::ioctl(control.get(), LOOP_CTL_GET_FREE);
     if (index < 0) return Error::fromErrno("LOOP_CTL_GET_FREE");
     std::string device = "/dev/loop" + std::to_string(index);
-    if (!exists(device) &&
-        ::mknod(device.c_str(), S_IFBLK | 0600, makedev(7, static_cast<unsigned>(index))) != 0 &&
+    if (!exists(device) && ::mknod(device.c_str(), S_IFBLK | 0600, makedev(7, static_cast<unsigned>(index))) != 0 &&
         errno != EEXIST) {
       return Error::fromErrno("mknod " + device);
     }
@@ -56,8 +55,8 @@ Result<QuotaMode> enableBtrfsQuota(const std::string& mountPoint, bool preferSim
   return QuotaMode::kFull;
 }
 
-static Status subvolumeIoctl(const std::string& parentDir, const std::string& name,
-                             unsigned long request, const char* what) {
+static Status subvolumeIoctl(const std::string& parentDir, const std::string& name, unsigned long request,
+                             const char* what) {
   if (name.empty() || name.size() > BTRFS_PATH_NAME_MAX || name.find('/') != std::string::npos) {
     return Error::make("invalid_argument", std::string(what) + ": bad name " + name);
   }
@@ -81,8 +80,8 @@ Status destroySubvolume(const std::string& parentDir, const std::string& name) {
 
 Status snapshotSubvolume(const std::string& sourcePath, const std::string& parentDir, const std::string& name,
                          bool readOnly) {
-  if (name.empty() || name.size() > BTRFS_SUBVOL_NAME_MAX || name.find('/') != std::string::npos ||
-      name == "." || name == "..") {
+  if (name.empty() || name.size() > BTRFS_SUBVOL_NAME_MAX || name.find('/') != std::string::npos || name == "." ||
+      name == "..") {
     return Error::make("invalid_argument", "snapshot subvolume: bad name " + name);
   }
   MOAT_ASSIGN(UniqueFd source, open(sourcePath, O_RDONLY | O_DIRECTORY));

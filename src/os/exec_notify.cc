@@ -106,7 +106,9 @@ ssize_t readProcessMemory(pid_t pid, uint64_t addr, void* out, size_t len) {
     remote[count++] = {reinterpret_cast<void*>(from), piece};
     total += piece;
   }
-  struct iovec local{out, total};
+  struct iovec local {
+    out, total
+  };
   return ::process_vm_readv(pid, &local, 1, remote, count, 0);
 }
 

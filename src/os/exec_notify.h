@@ -21,7 +21,7 @@ Result<UniqueFd> installExecListener();
 struct ExecNotification {
   uint64_t id = 0;
   pid_t pid = 0;
-  int nr = 0;        // execve or execveat
+  int nr = 0;  // execve or execveat
   uint64_t args[6] = {};
 };
 // Reads the next notification (the listener polled readable). ENOENT: the

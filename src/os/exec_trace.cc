@@ -156,7 +156,7 @@ bool parseScriptLine(const char (&buf)[256], ExecFile& file) {
   }
   if (end == std::string::npos) {
     size_t first = nextNonSpaceTab(2, bufEnd);
-    if (first == std::string::npos) return false;  // all blanks
+    if (first == std::string::npos) return false;                          // all blanks
     if (nextTerminator(first, bufEnd) == std::string::npos) return false;  // the name may be cut
     end = bufEnd;
   }
@@ -206,8 +206,8 @@ Result<ExecFile> identifyExecFile(pid_t pid, const std::string& procPath) {
   if (n < 0) return Error::fromErrno("read " + procPath);
   if (!parseScriptLine(buf, file)) return file;
   const std::string proc = "/proc/" + std::to_string(pid);
-  auto interpreter = statId(file.interpreter[0] == '/' ? proc + "/root" + file.interpreter
-                                                       : proc + "/cwd/" + file.interpreter);
+  auto interpreter =
+      statId(file.interpreter[0] == '/' ? proc + "/root" + file.interpreter : proc + "/cwd/" + file.interpreter);
   if (interpreter.ok()) file.interpreterId = interpreter.value();
   return file;
 }

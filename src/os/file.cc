@@ -1,9 +1,9 @@
 #include "os/file.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -179,8 +179,8 @@ bool linkable(const struct stat& st) {
 Status copyTree(const std::string& from, const std::string& to, CopyMode mode, bool worldReadableOnly) {
   struct stat st;
   if (::lstat(from.c_str(), &st) != 0) return Error::fromErrno("stat " + from);
-  if (worldReadableOnly && ((S_ISDIR(st.st_mode) && (st.st_mode & 05) != 05) ||
-                            (S_ISREG(st.st_mode) && (st.st_mode & 04) == 0))) {
+  if (worldReadableOnly &&
+      ((S_ISDIR(st.st_mode) && (st.st_mode & 05) != 05) || (S_ISREG(st.st_mode) && (st.st_mode & 04) == 0))) {
     return {};
   }
   // flags 0: a symlink is linked itself, never followed. Another file system,
@@ -275,8 +275,8 @@ Status shiftEntry(int dirFd, const char* name, const std::string& shown, uint32_
   }
   if (!S_ISDIR(st.st_mode)) return {};
   if (depth >= kMaxShiftDepth) {
-    return Error::make("invalid_argument", "re-own " + shown + ": more than " + std::to_string(kMaxShiftDepth) +
-                                               " directories deep");
+    return Error::make("invalid_argument",
+                       "re-own " + shown + ": more than " + std::to_string(kMaxShiftDepth) + " directories deep");
   }
   int fd = *name ? ::openat(dirFd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) : ::dup(dirFd);
   if (fd < 0) return Error::fromErrno("open " + shown);

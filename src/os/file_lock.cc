@@ -18,7 +18,8 @@ Result<FileLock> FileLock::tryAcquire(const std::string& path) {
     if (fd < 0) return Error::fromErrno("open " + path);
     UniqueFd owned(fd);
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) return Error::fromErrno("lock " + path);
-    struct stat opened {}, named {};
+    struct stat opened {
+    }, named{};
     if (::fstat(fd, &opened) != 0) return Error::fromErrno("stat " + path);
     if (::stat(path.c_str(), &named) == 0 && named.st_dev == opened.st_dev && named.st_ino == opened.st_ino) {
       FileLock lock;

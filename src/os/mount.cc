@@ -10,8 +10,8 @@
 
 namespace moat::os {
 
-Status mount(const std::string& source, const std::string& target, const std::string& fstype,
-             unsigned long flags, const std::string& data) {
+Status mount(const std::string& source, const std::string& target, const std::string& fstype, unsigned long flags,
+             const std::string& data) {
   if (::mount(source.c_str(), target.c_str(), fstype.empty() ? nullptr : fstype.c_str(), flags,
               data.empty() ? nullptr : data.c_str()) != 0) {
     return Error::fromErrno("mount " + (fstype.empty() ? source : fstype) + " on " + target);
@@ -78,8 +78,7 @@ Status setMountAttrs(int treeFd, const MountAttrs& attrs, bool recursive) {
 }
 
 Status attachTree(int treeFd, const std::string& target) {
-  if (::syscall(SYS_move_mount, treeFd, "", AT_FDCWD, target.c_str(), MOVE_MOUNT_F_EMPTY_PATH) !=
-      0) {
+  if (::syscall(SYS_move_mount, treeFd, "", AT_FDCWD, target.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0) {
     return Error::fromErrno("move_mount to " + target);
   }
   return {};

@@ -12,8 +12,8 @@
 // Mount primitives, old API and the new mount API (open_tree/move_mount).
 namespace moat::os {
 
-Status mount(const std::string& source, const std::string& target, const std::string& fstype,
-             unsigned long flags, const std::string& data = "");
+Status mount(const std::string& source, const std::string& target, const std::string& fstype, unsigned long flags,
+             const std::string& data = "");
 Status bindMount(const std::string& source, const std::string& target, bool recursive = false);
 // Remounts an existing bind mount with the given flags (MS_RDONLY, MS_NOSUID...).
 Status remountBind(const std::string& target, unsigned long flags);

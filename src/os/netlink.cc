@@ -56,9 +56,7 @@ class Request {
     std::memcpy(RTA_DATA(attr), data, length);
   }
   void addU32(uint16_t type, uint32_t value) { addAttr(type, &value, sizeof value); }
-  void addString(uint16_t type, const std::string& value) {
-    addAttr(type, value.c_str(), value.size() + 1);
-  }
+  void addString(uint16_t type, const std::string& value) { addAttr(type, value.c_str(), value.size() + 1); }
 
   // Returns the nest's offset, for endNested once its contents are added.
   size_t beginNested(uint16_t type) {
@@ -106,8 +104,7 @@ std::string extendedAckMessage(const nlmsghdr* header) {
     const auto* attr = reinterpret_cast<const nlattr*>(base + offset);
     if (attr->nla_len < NLA_HDRLEN || offset + attr->nla_len > header->nlmsg_len) break;
     if (attr->nla_type == NLMSGERR_ATTR_MSG) {
-      return std::string(base + offset + NLA_HDRLEN,
-                         strnlen(base + offset + NLA_HDRLEN, attr->nla_len - NLA_HDRLEN));
+      return std::string(base + offset + NLA_HDRLEN, strnlen(base + offset + NLA_HDRLEN, attr->nla_len - NLA_HDRLEN));
     }
     offset += NLA_ALIGN(attr->nla_len);
   }
@@ -118,15 +115,14 @@ std::string extendedAckMessage(const nlmsghdr* header) {
 // network namespace would open every later socket there: not recoverable.
 void returnToNamespace(int original) {
   if (::setns(original, CLONE_NEWNET) != 0) {
-    std::fprintf(stderr, "moat: cannot return to the original network namespace: %s\n",
-                 std::strerror(errno));
+    std::fprintf(stderr, "moat: cannot return to the original network namespace: %s\n", std::strerror(errno));
     std::abort();
   }
 }
 
 Result<UniqueFd> openInetSocket(int type, uint32_t addr, uint16_t port) {
-  std::string what = std::string(type == SOCK_STREAM ? "tcp " : "udp ") + ipv4ToString(addr) + ":" +
-                     std::to_string(port);
+  std::string what =
+      std::string(type == SOCK_STREAM ? "tcp " : "udp ") + ipv4ToString(addr) + ":" + std::to_string(port);
   UniqueFd fd(::socket(AF_INET, type | SOCK_CLOEXEC, 0));
   if (!fd) return Error::fromErrno("socket for " + what);
   int one = 1;
@@ -140,8 +136,7 @@ Result<UniqueFd> openInetSocket(int type, uint32_t addr, uint16_t port) {
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&sin), sizeof sin) != 0) {
     return Error::fromErrno("bind " + what);
   }
-  if (type == SOCK_STREAM && ::listen(fd.get(), 512) != 0)
-    return Error::fromErrno("listen " + what);
+  if (type == SOCK_STREAM && ::listen(fd.get(), 512) != 0) return Error::fromErrno("listen " + what);
   return fd;
 }
 
@@ -192,8 +187,7 @@ Status Netlink::transact(void* request, const std::string& what,
   kernel.nl_family = AF_NETLINK;
   ssize_t sent;
   do {
-    sent = ::sendto(fd_.get(), header, header->nlmsg_len, 0, reinterpret_cast<sockaddr*>(&kernel),
-                    sizeof kernel);
+    sent = ::sendto(fd_.get(), header, header->nlmsg_len, 0, reinterpret_cast<sockaddr*>(&kernel), sizeof kernel);
   } while (sent < 0 && errno == EINTR);
   if (sent < 0) return Error::fromErrno("netlink send for " + what);
 
@@ -226,8 +220,7 @@ Status Netlink::transact(void* request, const std::string& what,
   }
 }
 
-Status Netlink::createVethPair(const std::string& name, const std::string& peerName,
-                               int peerNetnsFd) {
+Status Netlink::createVethPair(const std::string& name, const std::string& peerName, int peerNetnsFd) {
   MOAT_TRY(checkIfName(name));
   MOAT_TRY(checkIfName(peerName));
   Request request(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL);
@@ -302,8 +295,7 @@ Result<uint8_t> Netlink::routeType(uint32_t destination) {
 }
 
 Status Netlink::addAddress(const std::string& ifName, uint32_t address, uint8_t prefixLen) {
-  std::string what =
-      "add address " + ipv4ToString(address) + "/" + std::to_string(prefixLen) + " to " + ifName;
+  std::string what = "add address " + ipv4ToString(address) + "/" + std::to_string(prefixLen) + " to " + ifName;
   MOAT_ASSIGN(int index, linkIndex(ifName));
   Request request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_REPLACE);
   auto* ifa = request.body<ifaddrmsg>();
@@ -368,8 +360,7 @@ Status Netlink::addNetworkRoute(uint8_t type, uint8_t table, uint32_t network, u
   rtm->rtm_type = type;
   request.addAttr(RTA_DST, &network, sizeof network);
   return transact(request.header(), "add route " + what + " " + ipv4ToString(network) + "/" +
-                                        std::to_string(prefixLen) +
-                                        (table == RT_TABLE_LOCAL ? " table local" : ""));
+                                        std::to_string(prefixLen) + (table == RT_TABLE_LOCAL ? " table local" : ""));
 }
 
 Status Netlink::addLocalThrowRoute(uint32_t network, uint8_t prefixLen) {
@@ -424,8 +415,7 @@ Result<std::string> namespaceIdentity(int nsFd) {
   return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
 }
 
-Status writeNetSysctls(int netnsFd,
-                       const std::vector<std::pair<std::string, std::string>>& values) {
+Status writeNetSysctls(int netnsFd, const std::vector<std::pair<std::string, std::string>>& values) {
   auto write = [&]() -> Status {
     for (const auto& [key, value] : values) {
       MOAT_TRY(writeExisting("/proc/sys/net/" + key, value));

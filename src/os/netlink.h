@@ -50,12 +50,10 @@ class Netlink {
   explicit Netlink(UniqueFd fd) : fd_(std::move(fd)) {}
   // Sends one request (its nlmsg_seq is set here) and waits for its ACK.
   // `onReply` sees each non-ACK reply message (for RTM_GET*).
-  Status transact(void* request, const std::string& what,
-                  const std::function<void(const void* message)>& onReply = {});
+  Status transact(void* request, const std::string& what, const std::function<void(const void* message)>& onReply = {});
 
   // A route of `type` (throw, unreachable) for network/prefixLen in `table`.
-  Status addNetworkRoute(uint8_t type, uint8_t table, uint32_t network, uint8_t prefixLen,
-                         const std::string& what);
+  Status addNetworkRoute(uint8_t type, uint8_t table, uint32_t network, uint8_t prefixLen, const std::string& what);
 
   UniqueFd fd_;
   uint32_t sequence_ = 0;

@@ -127,8 +127,7 @@ Result<Child> cloneLight(uint64_t flags, int (*fn)(void*), void* arg) {
   // caller waits for each before making the next.
   alignas(16) static char stack[kStackSize];
   int pidfd = -1;
-  int pid = ::clone(fn, stack + kStackSize, static_cast<int>(flags) | CLONE_VM | CLONE_PIDFD | SIGCHLD,
-                    arg, &pidfd);
+  int pid = ::clone(fn, stack + kStackSize, static_cast<int>(flags) | CLONE_VM | CLONE_PIDFD | SIGCHLD, arg, &pidfd);
   if (pid < 0) return Error::fromErrno("clone");
   Child child;
   child.pid = pid;

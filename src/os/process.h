@@ -13,13 +13,13 @@
 namespace moat::os {
 
 struct CloneOptions {
-  uint64_t flags = 0;     // CLONE_NEW* and friends; CLONE_PIDFD is always added
-  int cgroupFd = -1;      // with CLONE_INTO_CGROUP
+  uint64_t flags = 0;  // CLONE_NEW* and friends; CLONE_PIDFD is always added
+  int cgroupFd = -1;   // with CLONE_INTO_CGROUP
 };
 
 struct Child {
-  pid_t pid = -1;         // 0 in the child
-  UniqueFd pidfd;         // parent only
+  pid_t pid = -1;  // 0 in the child
+  UniqueFd pidfd;  // parent only
 };
 
 // fork-like clone3: returns pid 0 in the child. The caller must be

@@ -68,8 +68,7 @@ Result<std::string> receiveWithFd(int socket, UniqueFd* fd, size_t maxBytes) {
   return data;
 }
 
-void drainBeforeClose(int socket, std::chrono::milliseconds idle,
-                      std::chrono::steady_clock::time_point deadline) {
+void drainBeforeClose(int socket, std::chrono::milliseconds idle, std::chrono::steady_clock::time_point deadline) {
   ::shutdown(socket, SHUT_WR);
   char sink[16384];
   for (;;) {

@@ -23,7 +23,6 @@ Result<std::string> receiveWithFd(int socket, UniqueFd* fd, size_t maxBytes = 1 
 // side, then reads and drops what arrives until the peer closes, `idle`
 // passes without a byte, or `deadline`. Closing with unread data sends a
 // reset, and a client still sending could lose the answer before reading it.
-void drainBeforeClose(int socket, std::chrono::milliseconds idle,
-                      std::chrono::steady_clock::time_point deadline);
+void drainBeforeClose(int socket, std::chrono::milliseconds idle, std::chrono::steady_clock::time_point deadline);
 
 }  // namespace moat::os

@@ -8,7 +8,7 @@ namespace moat::os {
 bool isTerminal(int fd) { return ::isatty(fd) == 1; }
 
 WindowSize windowSize(int fd) {
-  struct winsize ws{};
+  struct winsize ws {};
   if (::ioctl(fd, TIOCGWINSZ, &ws) != 0 || ws.ws_row == 0 || ws.ws_col == 0) return {};
   return {ws.ws_row, ws.ws_col};
 }

@@ -53,7 +53,6 @@ Status replaceFileAt(int dirFd, const std::string& name, const std::string& data
 // names the path in errors.
 // flags/mode: O_PATH by default; moat cp opens what it reads or writes the
 // same way.
-Result<UniqueFd> openHostPath(const std::string& path, const std::string& what, int flags = O_PATH,
-                              mode_t mode = 0);
+Result<UniqueFd> openHostPath(const std::string& path, const std::string& what, int flags = O_PATH, mode_t mode = 0);
 
 }  // namespace moat::os

@@ -15,46 +15,46 @@
 namespace moat::store {
 
 struct EnvironmentRecord {
-  std::string id;          // 12 hex digits
-  std::string taskId;      // caller's label for the task; may be empty
+  std::string id;      // 12 hex digits
+  std::string taskId;  // caller's label for the task; may be empty
   std::string templateName;
   double cpus = 0;
   uint64_t ramMb = 0;
   double storageGb = 0;
   uint64_t pids = 0;
   std::map<std::string, std::string> labels;
-  std::string state;       // creating | running | destroying | gone | failed
-  std::string reason;      // why it is gone or failed ("destroyed", "expired", ...)
-  int64_t createdAtMs = 0; // unix time, milliseconds
+  std::string state;        // creating | running | destroying | gone | failed
+  std::string reason;       // why it is gone or failed ("destroyed", "expired", ...)
+  int64_t createdAtMs = 0;  // unix time, milliseconds
   int64_t expiresAtMs = 0;
-  std::string owner;       // who created it: "master" or an API key id
+  std::string owner;                       // who created it: "master" or an API key id
   std::map<std::string, std::string> env;  // variables every command gets
-  std::string permissions;  // JSON array of permission layers (gate/); "" = the defaults
-  std::string network;      // egress policy JSON (egress/policy.h); "" = none
-  std::string secrets;      // egress secrets as stored (egress/secrets.h); "" = none
-  int64_t netSlot = -1;     // the egress link's slot; -1: no link
+  std::string permissions;                 // JSON array of permission layers (gate/); "" = the defaults
+  std::string network;                     // egress policy JSON (egress/policy.h); "" = none
+  std::string secrets;                     // egress secrets as stored (egress/secrets.h); "" = none
+  int64_t netSlot = -1;                    // the egress link's slot; -1: no link
 };
 
 // A scoped API key. The token itself is never stored: only its SHA-256.
 struct ApiKeyRecord {
-  std::string id;                   // 12 hex digits, also in the token
+  std::string id;  // 12 hex digits, also in the token
   std::string name;
   std::string tokenHash;            // hex SHA-256 of the whole token
   std::vector<std::string> scopes;  // create, read, exec, files, destroy, timeout
   int64_t createdAtMs = 0;
-  int64_t revokedAtMs = 0;          // 0: active
-  std::string permissions;          // JSON ceiling for its environments; "" = none
+  int64_t revokedAtMs = 0;  // 0: active
+  std::string permissions;  // JSON ceiling for its environments; "" = none
 };
 
 // A pending or decided request for a person's approval (the gate's "ask").
 struct ApprovalRecord {
-  std::string id;           // 12 hex digits
+  std::string id;  // 12 hex digits
   std::string environment;
-  std::string scope;        // read_file, write_file, run_command, network
-  std::string action;       // JSON
-  std::string requester;    // "master" or an API key id
+  std::string scope;      // read_file, write_file, run_command, network
+  std::string action;     // JSON
+  std::string requester;  // "master" or an API key id
   int64_t createdAtMs = 0;
-  std::string state;        // pending | approved | denied | expired
+  std::string state;  // pending | approved | denied | expired
   std::string decidedBy;
   std::string reason;
   int64_t decidedAtMs = 0;
@@ -63,8 +63,8 @@ struct ApprovalRecord {
 };
 
 struct ApprovalFilter {
-  std::string state;        // empty: any
-  std::string environment;  // empty: any
+  std::string state;                      // empty: any
+  std::string environment;                // empty: any
   std::vector<std::string> environments;  // non-empty: only these (a key's own)
 };
 
@@ -82,22 +82,22 @@ struct EventRecord {
 };
 
 struct EventQuery {
-  uint64_t afterId = 0;         // events with a greater id
-  std::string environment;      // empty: any
-  std::string typePrefix;       // empty: any type
-  std::string owner;            // set: only events of the environments this owner created
+  uint64_t afterId = 0;     // events with a greater id
+  std::string environment;  // empty: any
+  std::string typePrefix;   // empty: any type
+  std::string owner;        // set: only events of the environments this owner created
   size_t limit = 1000;
 };
 
 // A snapshot of an environment's writable layer (files, not processes).
 struct SnapshotRecord {
-  std::string id;           // "s" + 12 hex digits
-  std::string environment;  // what it was taken of
-  std::string owner;        // the environment's owner: "master" or an API key id
-  std::string templateName; // the lower layer it sits on
-  double storageGb = 0;     // the environment's storage limit
-  uint32_t hostBase = 0;    // host uid of root inside when it was taken
-  std::string name;         // the caller's label; may be empty
+  std::string id;            // "s" + 12 hex digits
+  std::string environment;   // what it was taken of
+  std::string owner;         // the environment's owner: "master" or an API key id
+  std::string templateName;  // the lower layer it sits on
+  double storageGb = 0;      // the environment's storage limit
+  uint32_t hostBase = 0;     // host uid of root inside when it was taken
+  std::string name;          // the caller's label; may be empty
   // creating: being taken; ready: kept and listed; transient: a fork's,
   // used by the fork's create and then removed; deleting: being removed.
   // A moatd that starts finds only ready ones: it rolls back the rest.
@@ -106,10 +106,10 @@ struct SnapshotRecord {
 };
 
 struct EnvironmentFilter {
-  std::string taskId;                          // empty: any
-  std::string state;                           // empty: any state but "gone"
-  std::map<std::string, std::string> labels;   // all must match
-  std::string owner;                           // empty: any
+  std::string taskId;                         // empty: any
+  std::string state;                          // empty: any state but "gone"
+  std::map<std::string, std::string> labels;  // all must match
+  std::string owner;                          // empty: any
 };
 
 class Store {
@@ -121,15 +121,14 @@ class Store {
   // Newest first.
   virtual Result<std::vector<EnvironmentRecord>> listEnvironments(const EnvironmentFilter& filter) = 0;
   // Error code "not_found" for an unknown id.
-  virtual Status setState(const std::string& id, const std::string& state,
-                          const std::string& reason) = 0;
+  virtual Status setState(const std::string& id, const std::string& state, const std::string& reason) = 0;
   virtual Status setExpiry(const std::string& id, int64_t expiresAtMs) = 0;
   // Records in a state other than gone and failed (what a restart must look at).
   virtual Result<std::vector<EnvironmentRecord>> liveEnvironments() = 0;
 
   virtual Status insertKey(const ApiKeyRecord& key) = 0;  // "conflict" on a duplicate id
   virtual Result<std::optional<ApiKeyRecord>> getKey(const std::string& id) = 0;
-  virtual Result<std::vector<ApiKeyRecord>> listKeys() = 0;  // newest first, revoked too
+  virtual Result<std::vector<ApiKeyRecord>> listKeys() = 0;           // newest first, revoked too
   virtual Status revokeKey(const std::string& id, int64_t atMs) = 0;  // "not_found"
 
   virtual Status setPermissions(const std::string& environmentId, const std::string& permissions) = 0;

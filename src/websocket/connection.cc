@@ -67,10 +67,9 @@ bool Connection::receive(Message& out) {
         case Opcode::kClose: {
           std::string why = out.data.size() > 2 ? out.data.substr(2) : "";
           fail(why.empty() ? "the peer closed the connection" : "the peer closed the connection: " + why);
-          uint16_t code = out.data.size() >= 2
-                              ? static_cast<uint16_t>((static_cast<unsigned char>(out.data[0]) << 8) |
-                                                      static_cast<unsigned char>(out.data[1]))
-                              : 1000;
+          uint16_t code = out.data.size() >= 2 ? static_cast<uint16_t>((static_cast<unsigned char>(out.data[0]) << 8) |
+                                                                       static_cast<unsigned char>(out.data[1]))
+                                               : 1000;
           close(code, "");
           return false;
         }

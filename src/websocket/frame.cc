@@ -26,7 +26,8 @@ std::string encodeFrame(Opcode opcode, std::string_view payload, bool mask) {
     out.push_back(static_cast<char>(n & 0xff));
   } else {
     out.push_back(static_cast<char>(maskBit | 127));
-    for (int shift = 56; shift >= 0; shift -= 8) out.push_back(static_cast<char>((static_cast<uint64_t>(n) >> shift) & 0xff));
+    for (int shift = 56; shift >= 0; shift -= 8)
+      out.push_back(static_cast<char>((static_cast<uint64_t>(n) >> shift) & 0xff));
   }
   if (!mask) {
     out.append(payload);

@@ -4,9 +4,9 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
 #include <chrono>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
@@ -71,13 +71,10 @@ class Audit : public MoatdFixture {
   }
 
   // {"id", "token"} of a new key.
-  json createKey(const std::vector<std::string>& scopes) {
-    return call("POST", "/v1/keys", {{"scopes", scopes}}, 201);
-  }
+  json createKey(const std::vector<std::string>& scopes) { return call("POST", "/v1/keys", {{"scopes", scopes}}, 201); }
 
   std::vector<json> events(const std::string& query = "", const std::string& token = "") {
-    auto r = token.empty() ? daemon_->request("GET", "/v1/events" + query)
-                           : as(token, "GET", "/v1/events" + query);
+    auto r = token.empty() ? daemon_->request("GET", "/v1/events" + query) : as(token, "GET", "/v1/events" + query);
     EXPECT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(r.contentType, "text/event-stream");
     return parseSse(r.body);
@@ -93,12 +90,10 @@ class Audit : public MoatdFixture {
   // the state directory could.
   void tamper(const std::string& sql) {
     sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open_v2((daemon_->stateDir() + "/moat.db").c_str(), &db,
-                              SQLITE_OPEN_READWRITE, nullptr),
+    ASSERT_EQ(sqlite3_open_v2((daemon_->stateDir() + "/moat.db").c_str(), &db, SQLITE_OPEN_READWRITE, nullptr),
               SQLITE_OK);
     sqlite3_busy_timeout(db, 5000);
-    for (const std::string& statement :
-         {std::string("DROP TRIGGER IF EXISTS events_append_only"), sql}) {
+    for (const std::string& statement : {std::string("DROP TRIGGER IF EXISTS events_append_only"), sql}) {
       EXPECT_EQ(sqlite3_exec(db, statement.c_str(), nullptr, nullptr, nullptr), SQLITE_OK)
           << statement << ": " << sqlite3_errmsg(db);
     }
@@ -113,21 +108,15 @@ TEST_F(Audit, AKeysActionsAreRecordedWithTheKeyAsActor) {
   auto created = as(token, "POST", "/v1/environments", R"({"spec":{"ram_mb":256}})");
   ASSERT_EQ(created.status, 201) << created.body;
   const std::string id = json::parse(created.body)["id"];
-  EXPECT_EQ(as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["sh","-c","exit 3"]})")
-                .status,
-            200);
-  EXPECT_EQ(as(token, "PUT", "/v1/environments/" + id + "/files?path=/workspace/a.txt", "audit me")
-                .status,
-            200);
-  EXPECT_EQ(as(token, "GET", "/v1/environments/" + id + "/files?path=/workspace/a.txt").status,
-            200);
+  EXPECT_EQ(as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["sh","-c","exit 3"]})").status, 200);
+  EXPECT_EQ(as(token, "PUT", "/v1/environments/" + id + "/files?path=/workspace/a.txt", "audit me").status, 200);
+  EXPECT_EQ(as(token, "GET", "/v1/environments/" + id + "/files?path=/workspace/a.txt").status, 200);
   EXPECT_EQ(as(token, "DELETE", "/v1/environments/" + id).status, 204);
 
   // Without follow the answer holds what happened before the request.
   auto mine = events("?environment=" + id);
-  EXPECT_EQ(typesOf(mine),
-            (std::vector<std::string>{"environment.created", "exec.started", "exec.ended",
-                                      "file.written", "file.read", "environment.destroyed"}));
+  EXPECT_EQ(typesOf(mine), (std::vector<std::string>{"environment.created", "exec.started", "exec.ended",
+                                                     "file.written", "file.read", "environment.destroyed"}));
   for (const auto& e : mine) {
     EXPECT_EQ(e["actor"], keyId) << e.dump();
     EXPECT_EQ(e["environment"], id);
@@ -161,9 +150,7 @@ TEST_F(Audit, AKeyReadsOnlyTheEventsOfItsOwnEnvironments) {
   ASSERT_EQ(envA.status, 201);
   ASSERT_EQ(envB.status, 201);
   const std::string idA = json::parse(envA.body)["id"], idB = json::parse(envB.body)["id"];
-  EXPECT_EQ(
-      as(a["token"], "POST", "/v1/environments/" + idA + "/exec", R"({"cmd":["true"]})").status,
-      200);
+  EXPECT_EQ(as(a["token"], "POST", "/v1/environments/" + idA + "/exec", R"({"cmd":["true"]})").status, 200);
   std::string idM = createEnv({{"spec", {{"ram_mb", 256}}}});
   exec(idM, {{"cmd", {"true"}}});
   // The master token sees all of it, a's work included.
@@ -171,8 +158,7 @@ TEST_F(Audit, AKeyReadsOnlyTheEventsOfItsOwnEnvironments) {
   EXPECT_GE(events("?environment=" + idM).size(), 3u);
 
   auto seenByA = events("", a["token"]);
-  EXPECT_EQ(typesOf(seenByA),
-            (std::vector<std::string>{"environment.created", "exec.started", "exec.ended"}));
+  EXPECT_EQ(typesOf(seenByA), (std::vector<std::string>{"environment.created", "exec.started", "exec.ended"}));
   for (const auto& e : seenByA) EXPECT_EQ(e["environment"], idA) << e.dump();
   auto seenByB = events("", b["token"]);
   ASSERT_EQ(seenByB.size(), 1u);
@@ -212,8 +198,7 @@ TEST_F(Audit, TheStreamResumesAfterADisconnectWithoutGapsOrDuplicates) {
   call("PUT", "/v1/environments/" + id + "/files?path=/workspace/last", nullptr, 200);
   // Reconnect the way EventSource does: the same URL (since=0) and the last
   // id seen in Last-Event-ID, which wins.
-  auto s = daemon_->stream("/v1/events?follow=1&since=0",
-                           {{"Last-Event-ID", std::to_string(ids.back())}});
+  auto s = daemon_->stream("/v1/events?follow=1&since=0", {{"Last-Event-ID", std::to_string(ids.back())}});
   ASSERT_EQ(s.status(), 200);
   json e;
   bool first = true;
@@ -236,8 +221,7 @@ TEST_F(Audit, AFilteredStreamWaitsForWhatMatches) {
   auto s = daemon_->stream("/v1/events?follow=1&type=process.&environment=" + id);
   ASSERT_EQ(s.status(), 200);
   exec(id, {{"cmd", {"true"}}});  // not a match
-  json p =
-      call("POST", "/v1/environments/" + id + "/processes", {{"cmd", {"sh", "-c", "exit 4"}}}, 201);
+  json p = call("POST", "/v1/environments/" + id + "/processes", {{"cmd", {"sh", "-c", "exit 4"}}}, 201);
   json started, ended;
   ASSERT_TRUE(nextEvent(s, started));
   ASSERT_TRUE(nextEvent(s, ended));
@@ -287,8 +271,8 @@ TEST_F(Audit, ADeletedRowMakesVerifyFailAndNameIt) {
 
 TEST_F(Audit, AuthFailuresAreRecordedWithoutTheToken) {
   const std::string secret(64, 'e');
-  auto wrong = daemon_->request("GET", "/v1/environments", "", false,
-                                {{"Authorization", "Bearer moat_0123456789ab_" + secret}});
+  auto wrong =
+      daemon_->request("GET", "/v1/environments", "", false, {{"Authorization", "Bearer moat_0123456789ab_" + secret}});
   EXPECT_EQ(wrong.status, 401);
   EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/abc", "", false).status, 401);
   auto failed = events("?type=auth.failed");
@@ -314,12 +298,10 @@ TEST_F(Audit, ExpiryIsRecordedAsMoatdsAction) {
 }
 
 TEST_F(Audit, AnExportVerifiesWithoutMoatd) {
-  if (!os::exists("/usr/bin/python3"))
-    GTEST_SKIP() << "needs /usr/bin/python3 for scripts/audit-verify.py";
+  if (!os::exists("/usr/bin/python3")) GTEST_SKIP() << "needs /usr/bin/python3 for scripts/audit-verify.py";
   std::string id = createEnv({{"spec", {{"ram_mb", 256}}}});
   exec(id, {{"cmd", {"echo", "caf\xc3\xa9 \"quoted\"\n\ttab"}}});
-  call("PUT", "/v1/environments/" + id + "/files?path=/workspace/" + std::string("%C3%BC%20x"),
-       nullptr, 200);
+  call("PUT", "/v1/environments/" + id + "/files?path=/workspace/" + std::string("%C3%BC%20x"), nullptr, 200);
   auto exported = moatCli({"audit", "export", "--format", "jsonl"});
   ASSERT_EQ(exported.exitCode, 0) << exported.err;
   const std::string script = std::string(MOAT_SOURCE_DIR) + "/scripts/audit-verify.py";

@@ -15,11 +15,11 @@
 #include <regex>
 #include <thread>
 
+#include "common/encoding.h"
 #include "common/sanitizer.h"
+#include "common/scope_exit.h"
 #include "moat_process.h"
 #include "moatd_process.h"
-#include "common/encoding.h"
-#include "common/scope_exit.h"
 #include "os/file.h"
 
 namespace moat::test {
@@ -72,8 +72,7 @@ class MoatCli : public ::testing::Test {
     EXPECT_EQ(r.exitCode, 0) << describe(r);
     std::string id = r.out;
     if (!id.empty() && id.back() == '\n') id.pop_back();
-    EXPECT_TRUE(std::regex_match(id, std::regex("[0-9a-f]{12}")))
-        << "not an id alone: '" << r.out << "'";
+    EXPECT_TRUE(std::regex_match(id, std::regex("[0-9a-f]{12}"))) << "not an id alone: '" << r.out << "'";
     return id;
   }
 
@@ -81,7 +80,8 @@ class MoatCli : public ::testing::Test {
   static std::unique_ptr<RunningProcess> startClient(const std::vector<std::string>& args) {
     std::vector<std::string> argv = {binDir() + "/moat"};
     argv.insert(argv.end(), args.begin(), args.end());
-    return std::make_unique<RunningProcess>(argv, std::map<std::string, std::string>{{"MOAT_STATE", daemon().stateDir()}});
+    return std::make_unique<RunningProcess>(argv,
+                                            std::map<std::string, std::string>{{"MOAT_STATE", daemon().stateDir()}});
   }
 
   // The states of environment `id`'s processes, oldest first.
@@ -106,9 +106,8 @@ class MoatCli : public ::testing::Test {
 TEST_F(MoatCli, CreateExecListGetRemove) {
   MOAT_REQUIRE_ROOT();
   std::string run = unique("run");
-  std::string id =
-      createEnv({"--task-id", "cli-task", "--label", "suite=cli", "--label", "run=" + run,
-                 "--memory", "256", "--cpus", "0.5", "-e", "GREETING=hello"});
+  std::string id = createEnv({"--task-id", "cli-task", "--label", "suite=cli", "--label", "run=" + run, "--memory",
+                              "256", "--cpus", "0.5", "-e", "GREETING=hello"});
   ASSERT_FALSE(id.empty());
 
   auto r = client({"exec", id, "--", "sh", "-c", "echo out; echo err >&2; exit 3"});
@@ -132,14 +131,11 @@ TEST_F(MoatCli, CreateExecListGetRemove) {
 
   r = client({"env", "ls", "--label", "run=" + run});
   EXPECT_EQ(r.exitCode, 0) << describe(r);
-  EXPECT_TRUE(std::regex_search(
-      r.out, std::regex("^ID +STATE +TASK +CPUS +MEM +CREATED +EXPIRES +LABELS\n")))
-      << r.out;
-  EXPECT_TRUE(std::regex_search(
-      r.out, std::regex(id +
-                        " +running +cli-task +0.5 +256M +\\d+s ago +in \\d+[smhd] +"
-                        "run=" +
-                        run + ",suite=cli\n")))
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("^ID +STATE +TASK +CPUS +MEM +CREATED +EXPIRES +LABELS\n"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(id +
+                                                  " +running +cli-task +0.5 +256M +\\d+s ago +in \\d+[smhd] +"
+                                                  "run=" +
+                                                  run + ",suite=cli\n")))
       << r.out;
 
   r = client({"env", "ls", "--json"});
@@ -150,8 +146,7 @@ TEST_F(MoatCli, CreateExecListGetRemove) {
   for (const auto& e : all) listed |= e.value("id", "") == id;
   EXPECT_TRUE(listed) << r.out;
   r = client({"env", "ls", "--json", "--label", "run=" + unique("other")});
-  EXPECT_EQ(json::parse(r.out, nullptr, false), json::array())
-      << "the label filter is sent: " << r.out;
+  EXPECT_EQ(json::parse(r.out, nullptr, false), json::array()) << "the label filter is sent: " << r.out;
   r = client({"env", "ls", "--json", "--task-id", "cli-task", "--state", "running"});
   EXPECT_NE(r.out.find(id), std::string::npos) << r.out;
   r = client({"env", "ls", "--json", "--state", "failed"});
@@ -278,7 +273,8 @@ TEST_F(MoatCli, ExecFeedsACommandThatReadsItsInputLate) {
 TEST_F(MoatCli, ExecPassesSignalsOnAndASecondInterruptKills) {
   MOAT_REQUIRE_ROOT();
   std::string id = createEnv();
-  auto exec = startClient({"exec", id, "--", "sh", "-c", "trap 'echo got INT' INT; echo ready; while :; do sleep 1; done"});
+  auto exec =
+      startClient({"exec", id, "--", "sh", "-c", "trap 'echo got INT' INT; echo ready; while :; do sleep 1; done"});
   ASSERT_EQ(exec->readLine(), "ready\n");
   ::kill(exec->pid(), SIGINT);
   EXPECT_EQ(exec->readLine(), "got INT\n") << "the command heard the first ^C and went on";
@@ -287,7 +283,8 @@ TEST_F(MoatCli, ExecPassesSignalsOnAndASecondInterruptKills) {
   EXPECT_EQ(r.exitCode, 128 + SIGKILL) << describe(r);
   EXPECT_EQ(stillRunning(id), 0);
 
-  exec = startClient({"exec", id, "--", "sh", "-c", "trap 'echo got TERM; exit 3' TERM; echo ready; while :; do sleep 1; done"});
+  exec = startClient(
+      {"exec", id, "--", "sh", "-c", "trap 'echo got TERM; exit 3' TERM; echo ready; while :; do sleep 1; done"});
   ASSERT_EQ(exec->readLine(), "ready\n");
   ::kill(exec->pid(), SIGTERM);
   r = exec->wait();
@@ -296,9 +293,10 @@ TEST_F(MoatCli, ExecPassesSignalsOnAndASecondInterruptKills) {
 
   // A signal ignored when moat started (nohup, a script's `&`) stays ignored:
   // the INT does not reach the command, the TERM after it does.
-  exec = std::make_unique<RunningProcess>(
-      std::vector<std::string>{"/bin/bash", "-c", "trap '' INT; exec " + binDir() + "/moat exec " + id + " -- sh -c 'echo ready; sleep 1000'"},
-      std::map<std::string, std::string>{{"MOAT_STATE", daemon().stateDir()}});
+  exec = std::make_unique<RunningProcess>(std::vector<std::string>{"/bin/bash", "-c",
+                                                                   "trap '' INT; exec " + binDir() + "/moat exec " +
+                                                                       id + " -- sh -c 'echo ready; sleep 1000'"},
+                                          std::map<std::string, std::string>{{"MOAT_STATE", daemon().stateDir()}});
   ASSERT_EQ(exec->readLine(), "ready\n");
   ::kill(exec->pid(), SIGINT);
   ::kill(exec->pid(), SIGTERM);
@@ -331,8 +329,9 @@ TEST_F(MoatCli, ExecLeavesAtTheThirdInterruptEvenWhenMoatdDoesNotAnswer) {
 TEST_F(MoatCli, ExecGivesTheCommandSigpipeWhenItsReaderGoesAway) {
   MOAT_REQUIRE_ROOT();
   std::string id = createEnv();
-  auto r = runProcess({"/bin/bash", "-c", binDir() + "/moat exec " + id + " -- yes | head -n 2; echo \"moat ${PIPESTATUS[0]}\" >&2"},
-                      "", {{"MOAT_STATE", daemon().stateDir()}});
+  auto r = runProcess(
+      {"/bin/bash", "-c", binDir() + "/moat exec " + id + " -- yes | head -n 2; echo \"moat ${PIPESTATUS[0]}\" >&2"},
+      "", {{"MOAT_STATE", daemon().stateDir()}});
   EXPECT_EQ(r.out, "y\ny\n");
   EXPECT_EQ(r.err, "moat " + std::to_string(128 + SIGPIPE) + "\n") << "yes died of SIGPIPE, as it would here";
   EXPECT_EQ(stillRunning(id), 0);
@@ -342,7 +341,8 @@ TEST_F(MoatCli, ExecLosesNothingToASlowReader) {
   MOAT_REQUIRE_ROOT();
   std::string id = createEnv();
   constexpr size_t kBytes = 8u << 20;  // eight times what moatd keeps of a stream
-  auto exec = startClient({"exec", id, "--", "sh", "-c", "head -c " + std::to_string(kBytes) + " /dev/zero; touch /tmp/wrote-all"});
+  auto exec = startClient(
+      {"exec", id, "--", "sh", "-c", "head -c " + std::to_string(kBytes) + " /dev/zero; touch /tmp/wrote-all"});
   // Nobody reads moat's stdout yet: once the pipes and moatd's window are
   // full, the command waits in its writes, as it would on a full pipe here.
   uint64_t held = 0;
@@ -407,8 +407,7 @@ TEST_F(MoatCli, AWrongOrMissingTokenIsExplained) {
   std::string empty = ::mkdtemp(tmpl);
   r = moat({"env", "ls", "--url", "unix:" + daemon().socketPath()}, "", {{"MOAT_STATE", empty}});
   EXPECT_EQ(r.exitCode, 125) << describe(r);
-  EXPECT_NE(r.err.find("no token for moatd: pass --token, set MOAT_TOKEN, or make " + empty +
-                       "/master-token readable"),
+  EXPECT_NE(r.err.find("no token for moatd: pass --token, set MOAT_TOKEN, or make " + empty + "/master-token readable"),
             std::string::npos)
       << r.err;
   (void)os::removeTree(empty);
@@ -418,8 +417,7 @@ TEST_F(MoatCli, TalksToMoatdOverTcpToo) {
   MOAT_REQUIRE_ROOT();
   std::smatch m;
   std::string log = daemon().log();
-  ASSERT_TRUE(std::regex_search(log, m, std::regex("serving http://127\\.0\\.0\\.1:(\\d+)")))
-      << log;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("serving http://127\\.0\\.0\\.1:(\\d+)"))) << log;
   std::string url = "http://127.0.0.1:" + m[1].str();
   auto r = client({"env", "create", "--url", url});
   ASSERT_EQ(r.exitCode, 0) << describe(r);
@@ -473,8 +471,8 @@ TEST_F(MoatCli, CpCopiesFilesBothWaysInPieces) {
 
 TEST_F(MoatCli, KeysCreateListRemoveAndAKeyWorksForItsOwnEnvironments) {
   MOAT_REQUIRE_ROOT();
-  auto created = client({"keys", "create", "--scope", "create", "--scope", "exec", "--scope", "read",
-                         "--name", "agent"});
+  auto created =
+      client({"keys", "create", "--scope", "create", "--scope", "exec", "--scope", "read", "--name", "agent"});
   ASSERT_EQ(created.exitCode, 0) << describe(created);
   std::string token = created.out.substr(0, created.out.find('\n'));
   ASSERT_TRUE(std::regex_match(token, std::regex("moat_[0-9a-f]{12}_[0-9a-f]{64}"))) << token;
@@ -549,8 +547,9 @@ class FakeMoatd {
   void serve() {
     int first = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
     readHead(first);
-    send(first, "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 8\r\n"
-                "Connection: close\r\n\r\n{\"id\":1}");
+    send(first,
+         "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 8\r\n"
+         "Connection: close\r\n\r\n{\"id\":1}");
     ::close(first);
     int second = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
     readHead(second);
@@ -580,7 +579,8 @@ TEST(MoatCliWithoutDaemon, AStreamThatFallsSilentIsTakenForLost) {
   fake.join();
   EXPECT_EQ(r.exitCode, 125) << describe(r);
   EXPECT_NE(r.err.find("sent nothing for 1 s, not even a heartbeat: the connection is taken for lost"),
-            std::string::npos) << r.err;
+            std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("(the command may still be running)"), std::string::npos) << r.err;
   EXPECT_TRUE(fake.hungUp()) << "moat closed its end";
 }
@@ -591,11 +591,22 @@ TEST(MoatCliWithoutDaemon, ASlowReaderOfMoatIsNotASilentStream) {
   const std::string data(256u << 10, 'x');  // more than a pipe holds
   std::atomic<bool> release{false};
   FakeMoatd fake([&](int fd) {
-    FakeMoatd::send(fd, FakeMoatd::chunk(json{{"data", base64Encode(data)}, {"encoding", "base64"}, {"offset", 0},
-                                              {"stream", "stdout"}, {"type", "output"}}.dump() + "\n"));
+    FakeMoatd::send(fd, FakeMoatd::chunk(json{{"data", base64Encode(data)},
+                                              {"encoding", "base64"},
+                                              {"offset", 0},
+                                              {"stream", "stdout"},
+                                              {"type", "output"}}
+                                             .dump() +
+                                         "\n"));
     while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    FakeMoatd::send(fd, FakeMoatd::chunk(json{{"type", "exit"}, {"offset", data.size()}, {"state", "exited"},
-                                              {"exit_code", 0}, {"signal", 0}, {"timed_out", false}}.dump() + "\n") +
+    FakeMoatd::send(fd, FakeMoatd::chunk(json{{"type", "exit"},
+                                              {"offset", data.size()},
+                                              {"state", "exited"},
+                                              {"exit_code", 0},
+                                              {"signal", 0},
+                                              {"timed_out", false}}
+                                             .dump() +
+                                         "\n") +
                             "0\r\n\r\n");
   });
   ASSERT_TRUE(fake.ok());
@@ -626,9 +637,7 @@ TEST(MoatCliWithoutDaemon, AMissingDaemonIsNamed) {
       << "the default socket is <state>/moatd.sock";
   r = moat({"env", "ls", "--url", "http://127.0.0.1:1"}, "", {{"MOAT_STATE", state}});
   EXPECT_EQ(r.exitCode, 125) << describe(r);
-  EXPECT_NE(r.err.find("cannot reach moatd at http://127.0.0.1:1: Connection refused"),
-            std::string::npos)
-      << r.err;
+  EXPECT_NE(r.err.find("cannot reach moatd at http://127.0.0.1:1: Connection refused"), std::string::npos) << r.err;
   (void)os::removeTree(state);
 }
 
@@ -641,33 +650,24 @@ TEST(MoatCliWithoutDaemon, BadUsageExits2AndNamesTheProblem) {
   const std::vector<Case> cases = {
       {{"env", "create", "--bogus"}, "moat env create: unknown option --bogus\n"},
       {{"env", "create", "--cpus", "lots"}, "moat env create: --cpus: 'lots' is not a number\n"},
-      {{"env", "create", "--memory=1.5"},
-       "moat env create: --memory: '1.5' is not a whole number\n"},
-      {{"env", "create", "--label", "novalue"},
-       "moat env create: --label: expected KEY=VALUE, got 'novalue'\n"},
+      {{"env", "create", "--memory=1.5"}, "moat env create: --memory: '1.5' is not a whole number\n"},
+      {{"env", "create", "--label", "novalue"}, "moat env create: --label: expected KEY=VALUE, got 'novalue'\n"},
       {{"env", "create", "--ttl"}, "moat env create: --ttl needs a value\n"},
       {{"env", "create", "stray"}, "moat env create: unexpected argument 'stray'\n"},
       {{"env", "ls", "-x"}, "moat env ls: unknown option -x\n"},
       {{"env", "get"}, "moat env get: missing environment id (usage: moat env get ID)\n"},
       {{"env", "rm"}, "moat env rm: missing environment id (usage: moat env rm ID...)\n"},
-      {{"env", "frob"},
-       "moat env: unknown command 'frob' (create, ls, get, rm or network; see moat env --help)\n"},
-      {{"exec"},
-       "moat exec: missing environment id (usage: moat exec ENV [options] -- COMMAND...)\n"},
-      {{"exec", "abc"},
-       "moat exec: missing command (usage: moat exec ENV [options] -- COMMAND...)\n"},
+      {{"env", "frob"}, "moat env: unknown command 'frob' (create, ls, get, rm or network; see moat env --help)\n"},
+      {{"exec"}, "moat exec: missing environment id (usage: moat exec ENV [options] -- COMMAND...)\n"},
+      {{"exec", "abc"}, "moat exec: missing command (usage: moat exec ENV [options] -- COMMAND...)\n"},
       {{"exec", "abc", "--frob", "--", "true"}, "moat exec: unknown option --frob\n"},
       {{"exec", "abc", "-i=1", "true"}, "moat exec: unknown option -i=1\n"},
       {{"exec", "abc", "--interactive=yes", "true"}, "moat exec: --interactive takes no value\n"},
-      {{"exec", "abc", "-w", "rel", "true"},
-       "moat exec: -w: working directory must be absolute: rel\n"},
-      {{"exec", "abc", "--timeout", "0", "true"},
-       "moat exec: --timeout: 0 is out of range (0.001 to 86400 seconds)\n"},
+      {{"exec", "abc", "-w", "rel", "true"}, "moat exec: -w: working directory must be absolute: rel\n"},
+      {{"exec", "abc", "--timeout", "0", "true"}, "moat exec: --timeout: 0 is out of range (0.001 to 86400 seconds)\n"},
       {{"exec", "a/b", "true"}, "moat exec: 'a/b' is not an environment id\n"},
-      {{"exec", "abc", "printf", "\xff"},
-       "moat exec: the command's argument 1 is not valid UTF-8\n"},
-      {{"env", "create", "--label", "k=\xff"},
-       "moat env create: values must be valid UTF-8 (moatd's API is JSON)\n"},
+      {{"exec", "abc", "printf", "\xff"}, "moat exec: the command's argument 1 is not valid UTF-8\n"},
+      {{"env", "create", "--label", "k=\xff"}, "moat env create: values must be valid UTF-8 (moatd's API is JSON)\n"},
       {{"exec", "abc", "--url", "ftp://x", "true"},
        "moat exec: --url: unknown scheme (expected http://HOST:PORT or unix:/path/to.sock), got "
        "'ftp://x'\n"},
@@ -687,8 +687,7 @@ TEST(MoatCliWithoutDaemon, BadUsageExits2AndNamesTheProblem) {
 TEST(MoatCliWithoutDaemon, HelpListsTheClientCommands) {
   auto r = moat({"--help"});
   EXPECT_EQ(r.exitCode, 0);
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("\n  env +")) &&
-              std::regex_search(r.out, std::regex("\n  exec +")))
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("\n  env +")) && std::regex_search(r.out, std::regex("\n  exec +")))
       << r.out;
   r = moat({"env", "--help"});
   EXPECT_EQ(r.exitCode, 0);
@@ -726,7 +725,8 @@ TEST_F(MoatCli, ShellRunsWhatItIsFedAndExitsWithTheShellsStatus) {
 
 TEST_F(MoatCli, ApprovalsAreDecidedFromTheTerminal) {
   MOAT_REQUIRE_ROOT();
-  std::string id = createEnv({"--permissions", R"({"run_command": [{"match": ["echo", "*"], "action": "ask"}, {"action": "allow"}]})"});
+  std::string id = createEnv(
+      {"--permissions", R"({"run_command": [{"match": ["echo", "*"], "action": "ask"}, {"action": "allow"}]})"});
   auto pendingId = [&]() -> std::string {
     for (int i = 0; i < 200; ++i) {
       auto ls = client({"approvals", "ls", "--state", "pending", "--env", id, "--json"});
@@ -817,10 +817,10 @@ TEST_F(MoatCli, SnapshotRestoreAndForkFromTheCommandLine) {
 TEST_F(MoatCli, NetworkPolicyAndSecretsFromTheCommandLine) {
   MOAT_REQUIRE_ROOT();
   // The secret's value comes from the caller's variable, never from argv.
-  auto r = client({"env", "create", "--allow", "*.pypi.org", "--allow", "api.example.com:443", "--deny",
-                   "upload.pypi.org", "--secret", "API_TOKEN@api.example.com", "--secret-header",
-                   "API_TOKEN=Authorization: Bearer {value}"},
-                  "", {{"API_TOKEN", "never-in-argv"}});
+  auto r =
+      client({"env", "create", "--allow", "*.pypi.org", "--allow", "api.example.com:443", "--deny", "upload.pypi.org",
+              "--secret", "API_TOKEN@api.example.com", "--secret-header", "API_TOKEN=Authorization: Bearer {value}"},
+             "", {{"API_TOKEN", "never-in-argv"}});
   ASSERT_EQ(r.exitCode, 0) << describe(r);
   std::string id = r.out.substr(0, r.out.find('\n'));
   r = client({"env", "network", id});

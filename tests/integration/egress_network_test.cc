@@ -67,8 +67,7 @@ struct Outcome {
 
 // TCP connect to addr:port from the current thread; on success sends
 // "ping" and reads the answer.
-Outcome connectTcp(const char* addr, uint16_t port, const char* fromAddr = nullptr,
-                   int timeoutMs = 2000) {
+Outcome connectTcp(const char* addr, uint16_t port, const char* fromAddr = nullptr, int timeoutMs = 2000) {
   Outcome out;
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   timeval timeout{timeoutMs / 1000, (timeoutMs % 1000) * 1000};
@@ -122,8 +121,7 @@ int sendUdp(const char* fromAddr, const char* addr, uint16_t port) {
   to.sin_family = AF_INET;
   to.sin_addr.s_addr = ipv4(addr);
   to.sin_port = htons(port);
-  int n =
-      static_cast<int>(::sendto(fd, "query", 5, 0, reinterpret_cast<sockaddr*>(&to), sizeof to));
+  int n = static_cast<int>(::sendto(fd, "query", 5, 0, reinterpret_cast<sockaddr*>(&to), sizeof to));
   ::close(fd);
   return n;
 }
@@ -271,15 +269,13 @@ TEST_F(EgressNetworkTest, AnEnvironmentReachesOnlyTheListeners) {
     if (::recv(conn, buf, sizeof buf, 0) == 4) ::send(conn, "pong", 4, MSG_NOSIGNAL);
     ::close(conn);
   });
-  Outcome reached =
-      inNamespaceThread<Outcome>(env.get(), [] { return connectTcp("203.0.113.7", 443); });
+  Outcome reached = inNamespaceThread<Outcome>(env.get(), [] { return connectTcp("203.0.113.7", 443); });
   server.join();
   EXPECT_EQ(reached.error, 0) << std::strerror(reached.error);
   EXPECT_EQ(reached.received, "pong");
 
   // Any other port: a RST, at once.
-  Outcome refused =
-      inNamespaceThread<Outcome>(env.get(), [] { return connectTcp("203.0.113.7", 8080); });
+  Outcome refused = inNamespaceThread<Outcome>(env.get(), [] { return connectTcp("203.0.113.7", 8080); });
   EXPECT_EQ(refused.error, ECONNREFUSED) << std::strerror(refused.error);
   std::printf("[ timing ] refused connect to :8080 took %.3f ms\n", refused.ms);
 
@@ -334,8 +330,7 @@ TEST_F(EgressNetworkTest, AnEnvironmentReachesOnlyTheListeners) {
   EXPECT_TRUE(v6 == ENETUNREACH || v6 == EADDRNOTAVAIL) << std::strerror(v6);
 
   ASSERT_TRUE(egress->detach(5).ok());
-  Outcome gone =
-      inNamespaceThread<Outcome>(env.get(), [] { return connectTcp("203.0.113.7", 443); });
+  Outcome gone = inNamespaceThread<Outcome>(env.get(), [] { return connectTcp("203.0.113.7", 443); });
   EXPECT_EQ(gone.error, ENETUNREACH) << std::strerror(gone.error);
   // Detached twice: the pair is already gone.
   Status again = egress->detach(5);
@@ -357,11 +352,10 @@ TEST_F(EgressNetworkTest, EnvironmentsCannotReachOrImpersonateEachOther) {
 
   // Another environment's address is not routed to anything: the egress
   // namespace does not forward, and drops such packets silently.
-  Outcome direct = inNamespaceThread<Outcome>(
-      five.get(), [] { return connectTcp("100.64.0.26", 443, nullptr, 300); });
+  Outcome direct = inNamespaceThread<Outcome>(five.get(), [] { return connectTcp("100.64.0.26", 443, nullptr, 300); });
   EXPECT_NE(direct.error, 0);
-  std::printf("[ info   ] connect to the other environment: %s after %.1f ms\n",
-              std::strerror(direct.error), direct.ms);
+  std::printf("[ info   ] connect to the other environment: %s after %.1f ms\n", std::strerror(direct.error),
+              direct.ms);
 
   // Spoofing slot 6's address from slot 5: rp_filter drops the datagram,
   // so a listener never sees traffic claiming to be slot 6. (UDP, because a
@@ -372,19 +366,15 @@ TEST_F(EgressNetworkTest, EnvironmentsCannotReachOrImpersonateEachOther) {
   ASSERT_TRUE(netlink.ok());
   ASSERT_TRUE(netlink->addAddress("eth0", ipv4("100.64.0.26"), 32).ok());
   for (const char* source : {"100.64.0.26", "100.64.0.22"}) {
-    int sent =
-        inNamespaceThread<int>(five.get(), [source] { return sendUdp(source, "8.8.8.8", 53); });
+    int sent = inNamespaceThread<int>(five.get(), [source] { return sendUdp(source, "8.8.8.8", 53); });
     EXPECT_EQ(sent, 5) << source;
   }
   ASSERT_TRUE(readable(dns->get(), 2000));
   sockaddr_in from{};
   socklen_t fromLength = sizeof from;
   char payload[16];
-  ASSERT_EQ(::recvfrom(dns->get(), payload, sizeof payload, 0, reinterpret_cast<sockaddr*>(&from),
-                       &fromLength),
-            5);
-  EXPECT_EQ(egress::dottedQuad(from.sin_addr.s_addr), "100.64.0.22")
-      << "spoofed source got through";
+  ASSERT_EQ(::recvfrom(dns->get(), payload, sizeof payload, 0, reinterpret_cast<sockaddr*>(&from), &fromLength), 5);
+  EXPECT_EQ(egress::dottedQuad(from.sin_addr.s_addr), "100.64.0.22") << "spoofed source got through";
   EXPECT_FALSE(readable(dns->get(), 100));
 
   // Attaching an environment that already has an eth0 fails and leaves no
@@ -431,8 +421,7 @@ TEST_F(EgressNetworkTest, ReopeningFindsTheSameNamespaceAndItsVeths) {
     if (::recv(conn, buf, sizeof buf, 0) == 4) ::send(conn, "pong", 4, MSG_NOSIGNAL);
     ::close(conn);
   });
-  Outcome reached =
-      inNamespaceThread<Outcome>(env.get(), [] { return connectTcp("198.51.100.1", 80); });
+  Outcome reached = inNamespaceThread<Outcome>(env.get(), [] { return connectTcp("198.51.100.1", 80); });
   server.join();
   EXPECT_EQ(reached.error, 0) << std::strerror(reached.error);
   EXPECT_EQ(reached.received, "pong");
@@ -474,8 +463,8 @@ TEST_F(EgressNetworkTest, RepliesStillReachTheEnvironmentWithPolicyRules) {
   }
   auto egress = open();
   ASSERT_TRUE(egress);
-  auto rule = runProcess({"/usr/bin/nsenter", "--net=" + egress->path(), "/usr/sbin/ip", "rule",
-                          "add", "pref", "1000", "from", "192.0.2.1", "lookup", "100"});
+  auto rule = runProcess({"/usr/bin/nsenter", "--net=" + egress->path(), "/usr/sbin/ip", "rule", "add", "pref", "1000",
+                          "from", "192.0.2.1", "lookup", "100"});
   ASSERT_EQ(rule.exitCode, 0) << rule.err;
   auto https = egress->listenTcp(443);
   ASSERT_TRUE(https.ok()) << https.error().message();
@@ -489,8 +478,7 @@ TEST_F(EgressNetworkTest, RepliesStillReachTheEnvironmentWithPolicyRules) {
     if (::recv(conn, buf, sizeof buf, 0) == 4) ::send(conn, "pong", 4, MSG_NOSIGNAL);
     ::close(conn);
   });
-  Outcome reached =
-      inNamespaceThread<Outcome>(env.get(), [] { return connectTcp("203.0.113.7", 443); });
+  Outcome reached = inNamespaceThread<Outcome>(env.get(), [] { return connectTcp("203.0.113.7", 443); });
   server.join();
   EXPECT_EQ(reached.error, 0) << std::strerror(reached.error);
   EXPECT_EQ(reached.received, "pong");

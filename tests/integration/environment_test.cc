@@ -1,6 +1,8 @@
 // The namespace backend's create path in this process: the child that
 // becomes pid 1 shares its creator's memory until it execs moat-init
 // (os::cloneVfork), so it must leave that memory as it found it.
+#include "backend/namespaces/environment.h"
+
 #include <gtest/gtest.h>
 #include <malloc.h>
 #include <sched.h>
@@ -12,7 +14,6 @@
 #include <memory>
 #include <vector>
 
-#include "backend/namespaces/environment.h"
 #include "common/sanitizer.h"
 #include "isolation/fs/storage_pool.h"
 #include "moat_process.h"
@@ -49,7 +50,8 @@ TEST(CloneVfork, TheChildRunsInTheCallersMemoryUntilItExecs) {
 #endif
 
 TEST(CloneVfork, AChildThatReturnsExitsWithItsValueAndErrorsNameClone3) {
-  auto child = os::cloneVfork({}, [](void*) -> int { return 7; }, nullptr);
+  auto child = os::cloneVfork(
+      {}, [](void*) -> int { return 7; }, nullptr);
   ASSERT_TRUE(child.ok()) << child.error().message();
   auto status = os::waitPidfd(child.value().pidfd.get());
   ASSERT_TRUE(status.ok());
@@ -58,7 +60,8 @@ TEST(CloneVfork, AChildThatReturnsExitsWithItsValueAndErrorsNameClone3) {
   // information (CLONE_FS): an error, and no child.
   os::CloneOptions bad;
   bad.flags = CLONE_NEWNS | CLONE_FS;
-  auto refused = os::cloneVfork(bad, [](void*) -> int { return 0; }, nullptr);
+  auto refused = os::cloneVfork(
+      bad, [](void*) -> int { return 0; }, nullptr);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.error().message().find("clone3"), std::string::npos) << refused.error().message();
   EXPECT_EQ(refused.error().sysErrno, EINVAL);

@@ -1,14 +1,13 @@
 // The gate end to end: permissions on every side effect, people deciding
 // what asks, and what a key may and may not do about it.
 #include <gtest/gtest.h>
-
-#include <nlohmann/json.hpp>
 #include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -65,7 +64,8 @@ TEST_F(Gate, EveryScopeAllowsAsksOrDenies) {
   EXPECT_EQ(daemon_->request("GET", "/v1/environments/" + id + "/files?path=/etc/hostname").status, 403);
   EXPECT_EQ(daemon_->request("GET", "/v1/environments/" + id + "/files/list?path=/").status, 403);
   EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + id + "/processes", R"({"cmd":["true"]})").status, 403);
-  EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + id + "/files/mkdir", R"({"path":"/workspace/d"})").status, 403);
+  EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + id + "/files/mkdir", R"({"path":"/workspace/d"})").status,
+            403);
   // Each scope asks, too: the request waits for a person (here: 202 with
   // the approval at once), and what was asked is what the approval shows.
   std::string asking = envWith({{"read_file", "ask"}, {"write_file", "ask"}, {"run_command", "ask"}});
@@ -91,8 +91,11 @@ TEST_F(Gate, EveryScopeAllowsAsksOrDenies) {
 // A listing shows names, and a name inside a tree read_file denies is
 // something read: those entries are left out (they were listed before).
 TEST_F(Gate, AReadDeniedTreeDoesNotListItsNames) {
-  std::string id = envWith({{"read_file", {{{"path", "/workspace/secret/**"}, {"action", "deny"}}, {{"action", "allow"}}}}});
-  exec(id, {{"cmd", {"sh", "-c", "mkdir -p /workspace/secret && echo s > /workspace/secret/plans.txt && echo o > /workspace/open"}}});
+  std::string id =
+      envWith({{"read_file", {{{"path", "/workspace/secret/**"}, {"action", "deny"}}, {{"action", "allow"}}}}});
+  exec(id, {{"cmd",
+             {"sh", "-c",
+              "mkdir -p /workspace/secret && echo s > /workspace/secret/plans.txt && echo o > /workspace/open"}}});
   json inside = call("GET", "/v1/environments/" + id + "/files/list?path=/workspace/secret", nullptr, 200);
   EXPECT_EQ(inside["entries"], json::array()) << inside.dump();
   json above = call("GET", "/v1/environments/" + id + "/files/list?path=/workspace", nullptr, 200);
@@ -103,9 +106,10 @@ TEST_F(Gate, AReadDeniedTreeDoesNotListItsNames) {
 }
 
 TEST_F(Gate, RulesAreOrderedAndTheFirstMatchWins) {
-  std::string id = envWith({{"run_command", {{{"match", {"rm", "-rf", "*"}}, {"action", "deny"}},
-                                             {{"match", {"rm", "*"}}, {"action", "allow"}},
-                                             {{"match", {"echo", "*"}}, {"action", "allow"}}}},
+  std::string id = envWith({{"run_command",
+                             {{{"match", {"rm", "-rf", "*"}}, {"action", "deny"}},
+                              {{"match", {"rm", "*"}}, {"action", "allow"}},
+                              {{"match", {"echo", "*"}}, {"action", "allow"}}}},
                             {"write_file", {{{"path", "/workspace/**"}, {"action", "allow"}}, {{"action", "deny"}}}}});
   EXPECT_EQ(execRaw(id, {"rm", "-rf", "/workspace"}).status, 403);
   EXPECT_EQ(execRaw(id, {"/bin/rm", "-rf", "/"}).status, 403) << "a path to the program is the program";
@@ -117,9 +121,10 @@ TEST_F(Gate, RulesAreOrderedAndTheFirstMatchWins) {
   EXPECT_EQ(daemon_->request("PUT", "/v1/environments/" + id + "/files?path=/workspace/a/b", "x").status, 200);
   EXPECT_EQ(daemon_->request("PUT", "/v1/environments/" + id + "/files?path=/workspace/../etc/x", "x").status, 403)
       << "paths are normalized before they are matched";
-  EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + id + "/files/move",
-                             R"({"from":"/workspace/a/b","to":"/etc/b"})").status,
-            403)
+  EXPECT_EQ(
+      daemon_->request("POST", "/v1/environments/" + id + "/files/move", R"({"from":"/workspace/a/b","to":"/etc/b"})")
+          .status,
+      403)
       << "a move needs both ends";
 }
 
@@ -128,22 +133,27 @@ TEST_F(Gate, WhatReachesAWholeTreeAnswersToEveryRuleBelowIt) {
   // removing /workspace recursively, moving /workspace/locked away, or
   // restoring the environment passed (the rule does not match those paths
   // themselves), and a snapshot read files read_file denies.
-  std::string id = envWith({{"write_file", {{{"path", "/workspace/locked/**"}, {"action", "deny"}}, {{"action", "allow"}}}},
-                            {"read_file", {{{"path", "/workspace/secret/**"}, {"action", "deny"}}, {{"action", "allow"}}}}});
-  exec(id, {{"cmd", {"sh", "-c", "mkdir -p /workspace/locked /workspace/secret /workspace/free && "
-                                 "echo kept > /workspace/locked/f && echo s > /workspace/secret/s"}}});
+  std::string id =
+      envWith({{"write_file", {{{"path", "/workspace/locked/**"}, {"action", "deny"}}, {{"action", "allow"}}}},
+               {"read_file", {{{"path", "/workspace/secret/**"}, {"action", "deny"}}, {{"action", "allow"}}}}});
+  exec(id, {{"cmd",
+             {"sh", "-c",
+              "mkdir -p /workspace/locked /workspace/secret /workspace/free && "
+              "echo kept > /workspace/locked/f && echo s > /workspace/secret/s"}}});
   const std::string files = "/v1/environments/" + id + "/files";
   for (std::string path : {"/workspace", "/workspace/locked", "/"}) {
     auto removed = daemon_->request("DELETE", files + "?path=" + path + "&recursive=1");
     EXPECT_EQ(removed.status, 403) << path << ": " << removed.body;
     EXPECT_NE(removed.body.find("locked/**"), std::string::npos) << "names the rule: " << removed.body;
   }
-  EXPECT_EQ(daemon_->request("POST", files + "/move", R"({"from":"/workspace/locked","to":"/workspace/x"})").status, 403);
+  EXPECT_EQ(daemon_->request("POST", files + "/move", R"({"from":"/workspace/locked","to":"/workspace/x"})").status,
+            403);
   EXPECT_EQ(daemon_->request("POST", files + "/move", R"({"from":"/workspace","to":"/w2"})").status, 403);
   EXPECT_EQ(daemon_->request("GET", files + "?path=/workspace/locked/f").body, "kept\n");
   // What no rule below protects is as before.
   EXPECT_EQ(daemon_->request("DELETE", files + "?path=/workspace/free&recursive=1").status, 200);
-  EXPECT_EQ(daemon_->request("POST", files + "/move", R"({"from":"/workspace/locked/f","to":"/workspace/g"})").status, 403);
+  EXPECT_EQ(daemon_->request("POST", files + "/move", R"({"from":"/workspace/locked/f","to":"/workspace/g"})").status,
+            403);
   // A move reads what it moves: moved where it may be read, a file read_file
   // denies would be readable.
   auto carried = daemon_->request("POST", files + "/move", R"({"from":"/workspace/secret","to":"/workspace/free2"})");
@@ -155,7 +165,8 @@ TEST_F(Gate, WhatReachesAWholeTreeAnswersToEveryRuleBelowIt) {
   // Without the read rule, the snapshot is taken; restoring it rewrites
   // the locked tree, so the write rule refuses it.
   call("PUT", "/v1/environments/" + id + "/permissions",
-       {{"permissions", {{"write_file", {{{"path", "/workspace/locked/**"}, {"action", "deny"}}, {{"action", "allow"}}}}}},
+       {{"permissions",
+         {{"write_file", {{{"path", "/workspace/locked/**"}, {"action", "deny"}}, {{"action", "allow"}}}}}},
         {"replace", true}},
        200);
   std::string sid = call("POST", "/v1/environments/" + id + "/snapshots", json::object(), 201)["id"];
@@ -178,8 +189,8 @@ TEST_F(Gate, AnAskWaitsForAPersonWhoApprovesOrDenies) {
   EXPECT_EQ(json::parse(approved.body)["stdout"], "yes\n");
   auto repeat = execRaw(id, {"echo", "yes"}, {{"Prefer", "respond-async"}});
   ASSERT_EQ(repeat.status, 202) << "the waiting request used its approval up: a repeat asks again";
-  call("POST", "/v1/approvals/" + json::parse(repeat.body)["approval"]["id"].get<std::string>(),
-       {{"decision", "deny"}}, 200);
+  call("POST", "/v1/approvals/" + json::parse(repeat.body)["approval"]["id"].get<std::string>(), {{"decision", "deny"}},
+       200);
 
   HttpResult refused;
   std::thread asker2([&] { refused = execRaw(id, {"echo", "no"}); });
@@ -200,8 +211,9 @@ TEST_F(Gate, AnAskWaitsForAPersonWhoApprovesOrDenies) {
   EXPECT_NE(events.find("approval.decided"), std::string::npos) << events;
   EXPECT_NE(events.find("not now"), std::string::npos) << events;
   // Deciding twice is a conflict.
-  EXPECT_EQ(call("POST", "/v1/approvals/" + b["id"].get<std::string>(), {{"decision", "approve"}}, 409)["error"]["code"],
-            "conflict");
+  EXPECT_EQ(
+      call("POST", "/v1/approvals/" + b["id"].get<std::string>(), {{"decision", "approve"}}, 409)["error"]["code"],
+      "conflict");
 }
 
 // An approval grants exactly what it showed (issue 24): the person denied
@@ -209,9 +221,11 @@ TEST_F(Gate, AnAskWaitsForAPersonWhoApprovesOrDenies) {
 // returned its content; an approved mkdir let a PUT write a file there; an
 // approved write let other bytes be written.
 TEST_F(Gate, AnApprovalGrantsExactlyTheActionItShowed) {
-  std::string id = envWith({{"read_file", {{{"path", "/workspace/secret/**"}, {"action", "ask"}}, {{"action", "allow"}}}},
-                            {"write_file", {{{"path", "/workspace/asked/**"}, {"action", "ask"}}, {{"action", "allow"}}}}});
-  exec(id, {{"cmd", {"sh", "-c", "mkdir -p /workspace/secret /workspace/asked && echo s3cret > /workspace/secret/key"}}});
+  std::string id =
+      envWith({{"read_file", {{{"path", "/workspace/secret/**"}, {"action", "ask"}}, {{"action", "allow"}}}},
+               {"write_file", {{{"path", "/workspace/asked/**"}, {"action", "ask"}}, {{"action", "allow"}}}}});
+  exec(id,
+       {{"cmd", {"sh", "-c", "mkdir -p /workspace/secret /workspace/asked && echo s3cret > /workspace/secret/key"}}});
   const std::string base = "/v1/environments/" + id + "/files";
   const std::map<std::string, std::string> async = {{"Prefer", "respond-async"}};
   auto asked = [&](const std::string& method, const std::string& target, const std::string& body = "") {
@@ -246,20 +260,24 @@ TEST_F(Gate, AnApprovalGrantsExactlyTheActionItShowed) {
 // LD_PRELOAD naming a library the agent wrote ran that library's code, and
 // the log showed only ["ls", "/workspace"].
 TEST_F(Gate, CodeLoadingVariablesNeedARuleThatNamesThem) {
-  std::string id = envWith({{"run_command", {{{"match", {"ls", "*"}}, {"action", "allow"}},
-                                             {{"match", {"env", "*"}}, {"env", {"LD_LIBRARY_PATH"}}, {"action", "allow"}}}}});
-  auto preload = daemon_->request("POST", "/v1/environments/" + id + "/exec",
-                                  json{{"cmd", {"ls", "/workspace"}}, {"env", {{"LD_PRELOAD", "/workspace/x.so"}}}}.dump());
+  std::string id = envWith({{"run_command",
+                             {{{"match", {"ls", "*"}}, {"action", "allow"}},
+                              {{"match", {"env", "*"}}, {"env", {"LD_LIBRARY_PATH"}}, {"action", "allow"}}}}});
+  auto preload =
+      daemon_->request("POST", "/v1/environments/" + id + "/exec",
+                       json{{"cmd", {"ls", "/workspace"}}, {"env", {{"LD_PRELOAD", "/workspace/x.so"}}}}.dump());
   EXPECT_EQ(preload.status, 403) << preload.body;
   EXPECT_NE(preload.body.find("LD_PRELOAD"), std::string::npos) << preload.body;
   EXPECT_EQ(json::parse(preload.body)["error"]["action"]["env"]["LD_PRELOAD"], "/workspace/x.so") << preload.body;
   // The same as a process, and variables that load nothing are fine.
-  EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + id + "/processes",
-                             json{{"cmd", {"ls"}}, {"env", {{"BASH_ENV", "/workspace/rc"}}}}.dump())
+  EXPECT_EQ(daemon_
+                ->request("POST", "/v1/environments/" + id + "/processes",
+                          json{{"cmd", {"ls"}}, {"env", {{"BASH_ENV", "/workspace/rc"}}}}.dump())
                 .status,
             403);
-  EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + id + "/exec",
-                             json{{"cmd", {"ls", "/"}}, {"env", {{"LANG", "C"}}}}.dump())
+  EXPECT_EQ(daemon_
+                ->request("POST", "/v1/environments/" + id + "/exec",
+                          json{{"cmd", {"ls", "/"}}, {"env", {{"LANG", "C"}}}}.dump())
                 .status,
             200);
   // A rule that names the variable allows it; the log records what was set.
@@ -273,13 +291,15 @@ TEST_F(Gate, CodeLoadingVariablesNeedARuleThatNamesThem) {
   EXPECT_NE(events.find("\"LD_LIBRARY_PATH\":\"/workspace/lib\""), std::string::npos) << events;
   // The defaults allow every command, but not one that loads code this way.
   std::string open = createEnv();
-  EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + open + "/exec",
-                             json{{"cmd", {"true"}}, {"env", {{"LD_PRELOAD", "/workspace/x.so"}}}}.dump())
+  EXPECT_EQ(daemon_
+                ->request("POST", "/v1/environments/" + open + "/exec",
+                          json{{"cmd", {"true"}}, {"env", {{"LD_PRELOAD", "/workspace/x.so"}}}}.dump())
                 .status,
             403);
   // Rules naming a variable are validated.
-  auto bad = daemon_->request("POST", "/v1/environments",
-                              json{{"permissions", {{"run_command", {{{"env", "LD_PRELOAD"}, {"action", "allow"}}}}}}}.dump());
+  auto bad =
+      daemon_->request("POST", "/v1/environments",
+                       json{{"permissions", {{"run_command", {{{"env", "LD_PRELOAD"}, {"action", "allow"}}}}}}}.dump());
   EXPECT_EQ(bad.status, 400) << bad.body;
   EXPECT_NE(bad.body.find("permissions.run_command[0].env"), std::string::npos) << bad.body;
 }
@@ -289,9 +309,10 @@ TEST_F(Gate, CodeLoadingVariablesNeedARuleThatNamesThem) {
 // /workspace/*'` ran with a rule denying rm, and so did scripts, xargs,
 // find -exec and interpreters. moat-init hands every exec to the gate.
 TEST_F(Gate, EveryProgramAnswersToRunCommandHoweverItStarts) {
-  std::string id = envWith({{"run_command", {{{"match", {"rm", "-rf", "*"}}, {"action", "deny"}},
-                                             {{"match", {"rm", "*"}}, {"action", "allow"}},
-                                             {{"action", "allow"}}}}});
+  std::string id = envWith({{"run_command",
+                             {{{"match", {"rm", "-rf", "*"}}, {"action", "deny"}},
+                              {{"match", {"rm", "*"}}, {"action", "allow"}},
+                              {{"action", "allow"}}}}});
   exec(id, {{"cmd", {"sh", "-c", "mkdir -p /workspace/d && touch /workspace/d/a /workspace/keep"}}});
   for (const std::string& script :
        {std::string("rm -rf /workspace/d"), std::string("echo /workspace/d | xargs rm -rf"),
@@ -304,17 +325,19 @@ TEST_F(Gate, EveryProgramAnswersToRunCommandHoweverItStarts) {
         std::string("printf '#!/usr/bin/rm -rf\\n' > /tmp/r && chmod +x /tmp/r && /tmp/r /workspace/d")}) {
     json r = exec(id, {{"cmd", {"sh", "-c", script + "; test -e /workspace/d/a && echo still-there"}}});
     EXPECT_NE(r["stdout"].get<std::string>().find("still-there"), std::string::npos) << script << ": " << r.dump();
-    EXPECT_NE(r["stderr"].get<std::string>().find("Operation not permitted"), std::string::npos) << script << ": " << r.dump();
+    EXPECT_NE(r["stderr"].get<std::string>().find("Operation not permitted"), std::string::npos)
+        << script << ": " << r.dump();
   }
   // What the rules allow still runs, nested too.
   // Also a copied binary and a script run by a relative path through env
   // (files of the environment's own layer; an interpreter found by a symlink);
   // and a FIFO named like a program does not hold moat-init (it would wait
   // in open(2) for a writer, every exec with it).
-  json ok = exec(id, {{"cmd", {"sh", "-c",
-                               "cd /tmp && cp /bin/true t && ./t && printf '#!/usr/bin/env sh\\necho env-ok\\n' > e && "
-                               "chmod +x e && ./e && mkfifo p && chmod +x p && { ./p 2>/dev/null; true; } && "
-                               "rm /workspace/keep && ls /workspace"}},
+  json ok = exec(id, {{"cmd",
+                       {"sh", "-c",
+                        "cd /tmp && cp /bin/true t && ./t && printf '#!/usr/bin/env sh\\necho env-ok\\n' > e && "
+                        "chmod +x e && ./e && mkfifo p && chmod +x p && { ./p 2>/dev/null; true; } && "
+                        "rm /workspace/keep && ls /workspace"}},
                       {"timeout_ms", 20000}});
   EXPECT_EQ(ok["exit_code"], 0) << ok.dump();
   EXPECT_EQ(ok["stdout"], "env-ok\nd\n") << ok.dump();
@@ -350,7 +373,8 @@ TEST_F(Gate, EveryProgramAnswersToRunCommandHoweverItStarts) {
 TEST_F(Gate, AProgramThatRewritesItsExecAfterTheCheckDoesNotRunIt) {
   std::string id = envWith({{"run_command", {{{"match", {"rm", "*"}}, {"action", "deny"}}, {{"action", "allow"}}}}});
   constexpr int kAttempts = 40;
-  exec(id, {{"cmd", {"sh", "-c", "for i in $(seq 0 " + std::to_string(kAttempts - 1) + "); do touch /workspace/f$i; done"}}});
+  exec(id, {{"cmd",
+             {"sh", "-c", "for i in $(seq 0 " + std::to_string(kAttempts - 1) + "); do touch /workspace/f$i; done"}}});
   const char* racer = R"(
 import ctypes, os, sys, threading
 libc = ctypes.CDLL(None, use_errno=True)
@@ -436,9 +460,10 @@ os.waitpid(pid, 0)
 // An argv is judged whole, however long (up to what any exec takes): one
 // cut where the judgment stopped reading hid what came after it.
 TEST_F(Gate, ALongCommandLineIsJudgedWhole) {
-  std::string id = envWith({{"run_command", {{{"match", {"rm", "/workspace/scratch"}}, {"action", "allow"}},
-                                             {{"match", {"rm", "*"}}, {"action", "deny"}},
-                                             {{"action", "allow"}}}}});
+  std::string id = envWith({{"run_command",
+                             {{{"match", {"rm", "/workspace/scratch"}}, {"action", "allow"}},
+                              {{"match", {"rm", "*"}}, {"action", "deny"}},
+                              {{"action", "allow"}}}}});
   exec(id, {{"cmd", {"sh", "-c", "mkdir /workspace/scratch && touch /workspace/keep"}}});
   // 64 KiB of argv[0]: the judgment read up to there once, and saw
   // ["/usr/bin/rm", "/workspace/scratch"].
@@ -451,7 +476,10 @@ os.execv("/usr/bin/rm", [first, "/workspace/scratch" + "/" * 1000 + "../keep"])
   EXPECT_NE(r["stderr"].get<std::string>().find("Operation not permitted"), std::string::npos) << r.dump();
   EXPECT_EQ(exec(id, {{"cmd", {"ls", "/workspace"}}})["stdout"], "keep\nscratch\n");
   // What is long and allowed runs: 1.5 MB of arguments (the kernel takes 2 MiB here).
-  json big = exec(id, {{"cmd", {"python3", "-c", "import os; os.execv('/usr/bin/python3', ['python3', '-c', 'import sys; print(len(sys.argv))'] + ['x' * 1000] * 1500)"}}});
+  json big = exec(id, {{"cmd",
+                        {"python3", "-c",
+                         "import os; os.execv('/usr/bin/python3', ['python3', '-c', 'import sys; "
+                         "print(len(sys.argv))'] + ['x' * 1000] * 1500)"}}});
   EXPECT_EQ(big["stdout"], "1501\n") << big.dump().substr(0, 2000);
 }
 
@@ -518,9 +546,10 @@ print(rc, errno.errorcode.get(ctypes.get_errno(), ctypes.get_errno()))
 // An ask on a program waits for a person while its exec waits in the
 // kernel; the approval shows the argv, the program and who runs it.
 TEST_F(Gate, ANestedProgramThatAsksWaitsForAPerson) {
-  std::string id = envWith({{"run_command", {{{"match", {"sh", "*"}}, {"action", "allow"}},
-                                             {{"match", {"touch", "*"}}, {"action", "ask"}},
-                                             {{"action", "deny"}}}}});
+  std::string id = envWith({{"run_command",
+                             {{{"match", {"sh", "*"}}, {"action", "allow"}},
+                              {{"match", {"touch", "*"}}, {"action", "ask"}},
+                              {{"action", "deny"}}}}});
   HttpResult r;
   std::thread runner([&] {
     r = daemon_->request("POST", "/v1/environments/" + id + "/exec",
@@ -590,7 +619,8 @@ TEST_F(Gate, TighteningTakesEffectForTheNextActionAndOnlyTrustedCallersLoosen) {
   std::string perms = "/v1/environments/" + id + "/permissions";
   EXPECT_EQ(as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["true"]})").status, 200);
   // The key adds a layer: it can only tighten.
-  auto tightened = as(token, "PUT", perms, R"({"permissions":{"run_command":[{"match":["true"],"action":"deny"},{"action":"allow"}]}})");
+  auto tightened = as(token, "PUT", perms,
+                      R"({"permissions":{"run_command":[{"match":["true"],"action":"deny"},{"action":"allow"}]}})");
   ASSERT_EQ(tightened.status, 200) << tightened.body;
   EXPECT_EQ(json::parse(tightened.body)["layers"].size(), 2u);
   EXPECT_EQ(as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["true"]})").status, 403);
@@ -600,8 +630,12 @@ TEST_F(Gate, TighteningTakesEffectForTheNextActionAndOnlyTrustedCallersLoosen) {
   EXPECT_EQ(as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["true"]})").status, 403);
   // A remembered allow holds in every layer: the added layer asks, a person
   // approves once with remember, and it no longer asks.
-  ASSERT_EQ(as(token, "PUT", perms, R"({"permissions":{"run_command":[{"match":["echo","ask"],"action":"ask"},{"action":"allow"}]}})").status, 200);
-  auto asked = as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["echo","ask"]})", {{"Prefer", "respond-async"}});
+  ASSERT_EQ(as(token, "PUT", perms,
+               R"({"permissions":{"run_command":[{"match":["echo","ask"],"action":"ask"},{"action":"allow"}]}})")
+                .status,
+            200);
+  auto asked =
+      as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["echo","ask"]})", {{"Prefer", "respond-async"}});
   ASSERT_EQ(asked.status, 202) << asked.body;
   call("POST", "/v1/approvals/" + json::parse(asked.body)["approval"]["id"].get<std::string>(),
        {{"decision", "approve"}, {"remember", true}}, 200);
@@ -617,16 +651,17 @@ TEST_F(Gate, TighteningTakesEffectForTheNextActionAndOnlyTrustedCallersLoosen) {
 
 TEST_F(Gate, AKeysCeilingHoldsAndItCannotApproveItself) {
   json key = keyWith({{"scopes", {"create", "read", "exec", "files", "approve"}},
-                      {"permissions", {{"run_command", {{{"match", {"echo", "*"}}, {"action", "ask"}}, {{"action", "allow"}}}},
-                                       {"write_file", "deny"}}}});
+                      {"permissions",
+                       {{"run_command", {{{"match", {"echo", "*"}}, {"action", "ask"}}, {{"action", "allow"}}}},
+                        {"write_file", "deny"}}}});
   std::string token = key["token"];
   EXPECT_EQ(key["permissions"]["write_file"], "deny");
   auto created = as(token, "POST", "/v1/environments", R"({"permissions":{"write_file":"allow"}})");
   std::string id = json::parse(created.body)["id"];
   EXPECT_EQ(as(token, "PUT", "/v1/environments/" + id + "/files?path=/workspace/x", "x").status, 403)
       << "the environment allows it, the key's ceiling does not";
-  auto pending = as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["echo","hi"]})",
-                    {{"Prefer", "respond-async"}});
+  auto pending =
+      as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["echo","hi"]})", {{"Prefer", "respond-async"}});
   ASSERT_EQ(pending.status, 202);
   std::string approval = json::parse(pending.body)["approval"]["id"];
   EXPECT_EQ(json::parse(pending.body)["approval"]["requester"], key["id"]);
@@ -644,8 +679,8 @@ TEST_F(Gate, AKeyWithoutApproveFollowsTheApprovalsItAskedForAndNoOthers) {
   auto created = as(token, "POST", "/v1/environments", R"({"permissions":{"run_command":"ask"}})");
   ASSERT_EQ(created.status, 201) << created.body;
   std::string id = json::parse(created.body)["id"];
-  auto pending = as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["echo","hi"]})",
-                    {{"Prefer", "respond-async"}});
+  auto pending =
+      as(token, "POST", "/v1/environments/" + id + "/exec", R"({"cmd":["echo","hi"]})", {{"Prefer", "respond-async"}});
   ASSERT_EQ(pending.status, 202) << pending.body;
   std::string approval = json::parse(pending.body)["approval"]["id"];
   auto followed = as(token, "GET", "/v1/approvals/" + approval + "?wait=0");
@@ -674,7 +709,8 @@ TEST_F(Gate, BadPermissionsNameTheField) {
   EXPECT_EQ(bad({{"run_command", "maybe"}})["field"], "permissions.run_command");
   EXPECT_EQ(bad({{"run_command", {{{"match", {"ls"}}}}}})["field"], "permissions.run_command[0].action");
   EXPECT_EQ(bad({{"run_command", {{{"path", "/x"}, {"action", "deny"}}}}})["code"], "unknown_field");
-  EXPECT_EQ(bad({{"write_file", {{{"path", "relative"}, {"action", "deny"}}}}})["field"], "permissions.write_file[0].path");
+  EXPECT_EQ(bad({{"write_file", {{{"path", "relative"}, {"action", "deny"}}}}})["field"],
+            "permissions.write_file[0].path");
   EXPECT_EQ(bad({{"teleport", "allow"}})["code"], "unknown_field");
   EXPECT_EQ(bad(json::array())["field"], "permissions");
 }
@@ -715,8 +751,11 @@ TEST_F(Gate, ProgramsRunWhileMoatdRestartsAreRecordedByTheNext) {
   // allowed and one denied program.
   const std::string marker = "moat-gate-restart-" + id;
   call("POST", "/v1/environments/" + id + "/processes",
-       {{"cmd", {"sh", "-c", "go=; trap go=1 USR1; while [ -z \"$go\" ]; do sleep 0.02; done; "
-                             "touch /workspace/while-away; rm /workspace/x; : " + marker}}},
+       {{"cmd",
+         {"sh", "-c",
+          "go=; trap go=1 USR1; while [ -z \"$go\" ]; do sleep 0.02; done; "
+          "touch /workspace/while-away; rm /workspace/x; : " +
+              marker}}},
        201);
   // The shell, not a child it forked for a sleep (same command line until
   // that child execs): the one whose parent is not one of them.

@@ -1,33 +1,29 @@
 // moatd end to end: a real daemon on a fresh state directory, spoken to over
 // HTTP on its unix socket.
 #include <gtest/gtest.h>
-
 #include <poll.h>
+#include <signal.h>
+#include <sqlite3.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#include <filesystem>
-#include <set>
-#include <sstream>
-#include <fstream>
-
-#include <signal.h>
-
-#include <sqlite3.h>
-
 #include <atomic>
-#include <future>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 #include <thread>
 
+#include "isolation/cgroup/layout.h"
 #include "moat_process.h"
 #include "moatd_fixture.h"
 #include "moatd_process.h"
-#include "isolation/cgroup/layout.h"
 #include "os/file.h"
 
 namespace moat::test {
@@ -42,8 +38,8 @@ TEST_F(MoatdApi, HealthzNeedsNoTokenButEverythingElseDoes) {
   auto missing = daemon_->request("GET", "/v1/environments", "", false);
   EXPECT_EQ(missing.status, 401);
   EXPECT_NE(missing.body.find("unauthorized"), std::string::npos);
-  auto wrong = daemon_->request("GET", "/v1/environments", "", false,
-                                {{"Authorization", "Bearer " + std::string(64, 'a')}});
+  auto wrong =
+      daemon_->request("GET", "/v1/environments", "", false, {{"Authorization", "Bearer " + std::string(64, 'a')}});
   EXPECT_EQ(wrong.status, 401);
   EXPECT_EQ(daemon_->request("GET", "/metrics", "", false).status, 401);
 }
@@ -70,7 +66,8 @@ TEST_F(MoatdApi, CreateExecDestroy) {
   EXPECT_EQ(env["labels"]["team"], "a");
   EXPECT_TRUE(env.contains("created_at") && env.contains("expires_at"));
 
-  json r = exec(id, {{"cmd", {"python3", "-c", "import sys; print('hi'); print('oops', file=sys.stderr); sys.exit(3)"}}});
+  json r =
+      exec(id, {{"cmd", {"python3", "-c", "import sys; print('hi'); print('oops', file=sys.stderr); sys.exit(3)"}}});
   EXPECT_EQ(r["exit_code"], 3);
   EXPECT_EQ(r["stdout"], "hi\n");
   EXPECT_EQ(r["stderr"], "oops\n");
@@ -147,15 +144,17 @@ TEST_F(MoatdApi, EveryEnvironmentGetsAFreshNetworkNamespaceOfItsOwn) {
   ASSERT_EQ(::stat("/proc/self/ns/net", &host), 0);
   const std::string hostNs = "net:[" + std::to_string(host.st_ino) + "]";
   // Listens on 127.0.0.1:7000 (in the background) and says when it does.
-  const json listen = {{"cmd", {"python3", "-c",
-                                "import socket,os,sys\n"
-                                "s=socket.socket(); s.bind(('127.0.0.1',7000)); s.listen()\n"
-                                "if os.fork(): print('listening'); sys.exit(0)\n"
-                                "os.setsid(); s.accept()\n"}}};
-  const json probe = {{"cmd", {"python3", "-c",
-                               "import socket\n"
-                               "try: socket.create_connection(('127.0.0.1',7000),timeout=2); print('reached')\n"
-                               "except OSError as e: print(type(e).__name__)\n"}}};
+  const json listen = {{"cmd",
+                        {"python3", "-c",
+                         "import socket,os,sys\n"
+                         "s=socket.socket(); s.bind(('127.0.0.1',7000)); s.listen()\n"
+                         "if os.fork(): print('listening'); sys.exit(0)\n"
+                         "os.setsid(); s.accept()\n"}}};
+  const json probe = {{"cmd",
+                       {"python3", "-c",
+                        "import socket\n"
+                        "try: socket.create_connection(('127.0.0.1',7000),timeout=2); print('reached')\n"
+                        "except OSError as e: print(type(e).__name__)\n"}}};
   // Namespace numbers are compared only between namespaces alive at once:
   // the kernel gives a destroyed environment's number to a later namespace.
   std::string previous, previousNs;
@@ -166,7 +165,8 @@ TEST_F(MoatdApi, EveryEnvironmentGetsAFreshNetworkNamespaceOfItsOwn) {
     EXPECT_NE(ns, hostNs + "\n") << "the host's network namespace";
     EXPECT_NE(ns, previousNs) << "two live environments share " << ns;
     previousNs = ns;
-    std::string devices = exec(id, {{"cmd", {"sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"}}})["stdout"];
+    std::string devices =
+        exec(id, {{"cmd", {"sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"}}})["stdout"];
     EXPECT_EQ(devices, "lo\n");
     EXPECT_EQ(exec(id, probe)["stdout"], "ConnectionRefusedError\n") << "reached a listener of an earlier environment";
     EXPECT_EQ(exec(id, listen)["stdout"], "listening\n");
@@ -221,7 +221,8 @@ TEST_F(MoatdApi, EveryEnvironmentGetsAUserNamespaceAndIdRangeOfItsOwn) {
 TEST_F(MoatdApi, ExecsAtAFullPidsLimitFailCleanlyAndTheEnvironmentSurvives) {
   std::string id = createEnv({{"spec", {{"pids", 16}}}});
   // The shell starts sleepers until it cannot fork (and exits 2 then).
-  json filled = exec(id, {{"cmd", {"sh", "-c", "i=0; while [ $i -lt 40 ]; do sleep 3 & i=$((i+1)); done 2>/dev/null"}}});
+  json filled =
+      exec(id, {{"cmd", {"sh", "-c", "i=0; while [ $i -lt 40 ]; do sleep 3 & i=$((i+1)); done 2>/dev/null"}}});
   ASSERT_EQ(filled["exit_code"], 2) << "the pids limit did not stop the shell: " << filled.dump();
   std::vector<std::thread> clients;
   std::vector<int> statuses(8, 0);
@@ -259,8 +260,8 @@ TEST_F(MoatdApi, ExecsAtAFullPidsLimitFailCleanlyAndTheEnvironmentSurvives) {
 // text: it comes as base64 (a third larger at most) instead.
 TEST_F(MoatdApi, ControlByteOutputComesAsBase64NotSixfold) {
   std::string id = createEnv();
-  auto r = daemon_->request("POST", "/v1/environments/" + id + "/exec",
-                            R"({"cmd":["head","-c","1000000","/dev/zero"]})");
+  auto r =
+      daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["head","-c","1000000","/dev/zero"]})");
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_LT(r.body.size(), 1400000u);
   json j = json::parse(r.body);
@@ -392,7 +393,8 @@ TEST_F(MoatdApi, TtlExpiryDestroysWithAReasonAndTimeoutExtends) {
 }
 
 TEST_F(MoatdApi, ScopedKeysTouchOnlyTheirOwnEnvironments) {
-  json agent = call("POST", "/v1/keys", {{"name", "agent"}, {"scopes", {"create", "read", "exec", "files", "destroy"}}}, 201);
+  json agent =
+      call("POST", "/v1/keys", {{"name", "agent"}, {"scopes", {"create", "read", "exec", "files", "destroy"}}}, 201);
   std::string token = agent["token"];
   EXPECT_EQ(token.rfind("moat_" + agent["id"].get<std::string>() + "_", 0), 0u);
   json reader = call("POST", "/v1/keys", {{"name", "reader"}, {"scopes", {"read"}}}, 201);
@@ -449,9 +451,9 @@ TEST_F(MoatdApi, RevokingAKeyEndsItsOpenStreams) {
   auto created = daemon_->request("POST", "/v1/environments", "{}", false, auth);
   ASSERT_EQ(created.status, 201) << created.body;
   std::string id = json::parse(created.body)["id"];
-  auto started = daemon_->request("POST", "/v1/environments/" + id + "/processes",
-                                  R"({"cmd":["sh","-c","while read line; do echo got $line; done"],"stdin":true})",
-                                  false, auth);
+  auto started =
+      daemon_->request("POST", "/v1/environments/" + id + "/processes",
+                       R"({"cmd":["sh","-c","while read line; do echo got $line; done"],"stdin":true})", false, auth);
   ASSERT_EQ(started.status, 201) << started.body;
   std::string process = std::to_string(json::parse(started.body)["id"].get<int>());
   const std::string processPath = "/v1/environments/" + id + "/processes/" + process;
@@ -555,7 +557,8 @@ TEST(MoatdWarmPool, AClaimTheStoreRefusesIsAClearErrorAndMoatdKeepsServing) {
   // Answered in time, or moatd hangs (the request runs aside, so that the
   // test fails rather than waits for ever).
   auto within = [&](const std::string& method, const std::string& target, const std::string& body = "") {
-    auto answer = std::async(std::launch::async, [&, method, target, body] { return daemon.request(method, target, body); });
+    auto answer =
+        std::async(std::launch::async, [&, method, target, body] { return daemon.request(method, target, body); });
     if (answer.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
       ADD_FAILURE() << method << " " << target << ": no answer in 30 s";
       daemon.kill9();  // ends the request's read
@@ -572,7 +575,8 @@ TEST(MoatdWarmPool, AClaimTheStoreRefusesIsAClearErrorAndMoatdKeepsServing) {
   ASSERT_EQ(claimed.status, 201) << claimed.body;
   EXPECT_EQ(metricOf(daemon, "moat_warm_pool_claims_total"), 1) << "the pool environment was kept for the next claim";
   std::string id = json::parse(claimed.body)["id"];
-  EXPECT_EQ(json::parse(within("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["true"]})").body)["exit_code"], 0);
+  EXPECT_EQ(json::parse(within("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["true"]})").body)["exit_code"],
+            0);
 }
 
 // One pool per (template, spec): a create claims only from the pool of
@@ -684,7 +688,8 @@ TEST(MoatdCapacity, BeyondMaxConnectionsTheIdleMakeRoomAndWithAllBusyANewcomerIs
   ASSERT_EQ(served.status, 200) << served.body;
   EXPECT_NE(served.body.find("moat_api_errors_total{code=\"unavailable\"} " + std::to_string(refused) + "\n"),
             std::string::npos)
-      << "every refused connection counted: " << refused << "\n" << served.body;
+      << "every refused connection counted: " << refused << "\n"
+      << served.body;
   ::close(b.fd);
 }
 
@@ -695,8 +700,9 @@ TEST(MoatdCapacity, BeyondMaxConnectionsTheIdleMakeRoomAndWithAllBusyANewcomerIs
 TEST(MoatdCapacity, ARefusedClientThatKeepsSendingMakesRoomLikeAnIdleOne) {
   MOAT_REQUIRE_ROOT();
   Moatd daemon({"--max-connections", "1"});
-  const std::string head = "PUT /v1/environments/abcdefabcdef/files?path=/x HTTP/1.1\r\nHost: moatd\r\n"
-                           "Authorization: Bearer not-a-token\r\nContent-Length: 10000000\r\n\r\n";
+  const std::string head =
+      "PUT /v1/environments/abcdefabcdef/files?path=/x HTTP/1.1\r\nHost: moatd\r\n"
+      "Authorization: Bearer not-a-token\r\nContent-Length: 10000000\r\n\r\n";
   // The fixture's own readiness request may still hold the one place for a
   // moment: a connection refused then (503, closed) is tried again.
   int fd = -1;
@@ -807,8 +813,9 @@ TEST(MoatdCapacity, AKeyBeyondItsRateWaitsItsTurnOrIsToldWhenToComeBackAndKeepsI
 // before moatd touches anything.
 TEST(MoatdFlags, ANumberOutOfRangeOrNotANumberIsRefusedByName) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
-      {"--warm-pool", {"-1", "10000", "four", "", "2:ram_mb=8", "2:bogus=1", "2:cpus=fast", "2:pids=1.5",
-                       "2:template=relative", "2:template=/nonexistent", "2:ram_mb", "2:", "2:cpus=1,cpus=2"}},
+      {"--warm-pool",
+       {"-1", "10000", "four", "", "2:ram_mb=8", "2:bogus=1", "2:cpus=fast", "2:pids=1.5", "2:template=relative",
+        "2:template=/nonexistent", "2:ram_mb", "2:", "2:cpus=1,cpus=2"}},
       {"--max-environments", {"0", "100001", "1e3"}},
       {"--max-connections", {"0", "100001", "many", "99999999999"}},
       {"--key-rate", {"100001", "fast"}},
@@ -869,8 +876,7 @@ TEST(MoatdCapacity, RequestsWaitingTheirTurnAreCountedAndNotLetThroughWhenMoatdS
 
 TEST_F(MoatdApi, TemplatesCannotExposeTheHostToKeysOrTheStateToAnyone) {
   json key = call("POST", "/v1/keys", {{"scopes", {"create", "read", "files"}}}, 201);
-  auto asKey = daemon_->request("POST", "/v1/environments",
-                                json{{"template", daemon_->stateDir()}}.dump(), false,
+  auto asKey = daemon_->request("POST", "/v1/environments", json{{"template", daemon_->stateDir()}}.dump(), false,
                                 {{"Authorization", "Bearer " + key["token"].get<std::string>()}});
   EXPECT_EQ(asKey.status, 403) << asKey.body;
   EXPECT_EQ(json::parse(asKey.body)["error"]["field"], "template");
@@ -884,28 +890,30 @@ TEST_F(MoatdApi, TemplatesCannotExposeTheHostToKeysOrTheStateToAnyone) {
 }
 
 TEST_F(MoatdApi, UnauthenticatedBodiesAreRefusedBeforeTheyAreRead) {
-  auto r = daemon_->request("PUT", "/v1/environments/000000000000/files?path=/x",
-                            std::string(64u << 10, 'x'), false);
+  auto r = daemon_->request("PUT", "/v1/environments/000000000000/files?path=/x", std::string(64u << 10, 'x'), false);
   EXPECT_EQ(r.status, 401);
   auto big = daemon_->request("POST", "/v1/environments", std::string(3u << 20, ' '));
   EXPECT_EQ(big.status, 413);
   // A small refused body is read and dropped, so the connection goes on...
   HttpConnection c(daemon_->socketPath());
-  auto small = c.raw("POST /v1/environments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
-                     "Content-Length: 5\r\n\r\nhello");
+  auto small = c.raw(
+      "POST /v1/environments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
+      "Content-Length: 5\r\n\r\nhello");
   EXPECT_EQ(small.status, 401);
   EXPECT_TRUE(small.keepAlive);
   EXPECT_EQ(c.request("GET", "/v1/environments", daemon_->token()).status, 200);
   // ...but a client waiting for "100 Continue" before its body is answered at
   // once, and one that declares a large body is not read: both connections close.
   HttpConnection waiting(daemon_->socketPath());
-  auto expect = waiting.raw("PUT /v1/environments/000000000000/files?path=/x HTTP/1.1\r\nHost: x\r\n"
-                            "Expect: 100-continue\r\nContent-Length: 1000\r\n\r\n");
+  auto expect = waiting.raw(
+      "PUT /v1/environments/000000000000/files?path=/x HTTP/1.1\r\nHost: x\r\n"
+      "Expect: 100-continue\r\nContent-Length: 1000\r\n\r\n");
   EXPECT_EQ(expect.status, 401);
   EXPECT_FALSE(expect.keepAlive);
   HttpConnection large(daemon_->socketPath());
-  auto declared = large.raw("PUT /v1/environments/000000000000/files?path=/x HTTP/1.1\r\nHost: x\r\n"
-                            "Content-Length: 10000000\r\n\r\n");
+  auto declared = large.raw(
+      "PUT /v1/environments/000000000000/files?path=/x HTTP/1.1\r\nHost: x\r\n"
+      "Content-Length: 10000000\r\n\r\n");
   EXPECT_EQ(declared.status, 401);
   EXPECT_FALSE(declared.keepAlive);
   // A body framed other than by Content-Length or chunked would be read as
@@ -987,11 +995,13 @@ TEST_F(MoatdApi, SigtermLetsAnAnswerBeingWrittenArriveWhole) {
   ASSERT_GE(idle, 0);
   struct timeval wait = {30, 0};
   ::setsockopt(busy, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
-  std::string body = json{{"cmd", {"sh", "-c", "head -c " + std::to_string(kOut) + " /dev/zero | tr '\\0' a"}},
-                          {"output_limit", kOut}}.dump();
-  std::string request = "POST /v1/environments/" + id + "/exec HTTP/1.1\r\nHost: moatd\r\nAuthorization: Bearer " +
-                        daemon_->token() + "\r\nContent-Type: application/json\r\nContent-Length: " +
-                        std::to_string(body.size()) + "\r\n\r\n" + body;
+  std::string body = json{
+      {"cmd", {"sh", "-c", "head -c " + std::to_string(kOut) + " /dev/zero | tr '\\0' a"}},
+      {"output_limit",
+       kOut}}.dump();
+  std::string request =
+      "POST /v1/environments/" + id + "/exec HTTP/1.1\r\nHost: moatd\r\nAuthorization: Bearer " + daemon_->token() +
+      "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(::send(busy, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
   struct pollfd started = {busy, POLLIN, 0};
   ASSERT_EQ(::poll(&started, 1, 30000), 1) << "no answer started";
@@ -1028,8 +1038,10 @@ TEST_F(MoatdApi, ARefusedUploadStillGetsItsAnswer) {
     struct timeval wait = {30, 0};
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
     ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &wait, sizeof wait);
-    std::string head = "PUT /v1/environments/abcdefabcdef/files?path=/big HTTP/1.1\r\nHost: moatd\r\n"
-                       "Authorization: Bearer " + token + "\r\nContent-Length: " + std::to_string(kBody) + "\r\n\r\n";
+    std::string head =
+        "PUT /v1/environments/abcdefabcdef/files?path=/big HTTP/1.1\r\nHost: moatd\r\n"
+        "Authorization: Bearer " +
+        token + "\r\nContent-Length: " + std::to_string(kBody) + "\r\n\r\n";
     ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
     size_t sent = 0;
     while (sent < kBody) {
@@ -1084,9 +1096,8 @@ TEST_F(MoatdApi, KillNineDuringAnExecLosesNothing) {
 TEST_F(MoatdApi, DestroyDuringExecEndsTheExecCleanly) {
   std::string id = createEnv();
   HttpResult longExec;
-  std::thread waiter([&] {
-    longExec = daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["sleep","1000"]})");
-  });
+  std::thread waiter(
+      [&] { longExec = daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["sleep","1000"]})"); });
   ASSERT_TRUE(waitForProcess(id, "sleep"));
   EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + id).status, 204);
   waiter.join();

@@ -7,9 +7,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/encoding.h"
 #include "moatd_fixture.h"
 #include "moatd_process.h"
-#include "common/encoding.h"
 
 namespace moat::test {
 namespace {

@@ -1,7 +1,7 @@
 // moat run end to end, as root on the real kernel: what a user sees.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -180,8 +180,9 @@ TEST_F(Run, LargeOutputArrivesWhole) {
 
 TEST_F(Run, AClosedOutputPipeStopsTheCommandLikeAPipeWould) {
   // moat run yes | head: when head exits, yes must get SIGPIPE (141), not run forever.
-  auto r = runProcess({"/bin/bash", "-c", "timeout 20 " + binDir() + "/moat run -- yes | head -c 6; echo \" ${PIPESTATUS[0]}\""},
-                      "", {{"MOAT_STATE", testStateDir()}, {"MOAT_STORAGE_GB", "8"}});
+  auto r = runProcess(
+      {"/bin/bash", "-c", "timeout 20 " + binDir() + "/moat run -- yes | head -c 6; echo \" ${PIPESTATUS[0]}\""}, "",
+      {{"MOAT_STATE", testStateDir()}, {"MOAT_STORAGE_GB", "8"}});
   EXPECT_EQ(r.exitCode, 0) << r.err;
   EXPECT_EQ(r.out, "y\ny\ny\n 141\n");
 }
@@ -217,11 +218,11 @@ TEST_F(Run, MissingWorkdirIs126) {
 TEST_F(Run, BadUsageIsOneLineAndExit2AndLeavesNothing) {
   HostTraces before = HostTraces::take();
   const std::vector<std::vector<std::string>> cases = {
-      {"run", "--bogus", "--", "true"},      {"run"},
+      {"run", "--bogus", "--", "true"},       {"run"},
       {"run", "--memory", "0", "--", "true"}, {"run", "--pids", "0", "--", "true"},
-      {"run", "--cpus", "100000", "true"},   {"run", "--storage", "0", "true"},
-      {"run", "--timeout", "0", "true"},     {"run", "-v", "/nonexistent:/x", "true"},
-      {"run", "-v", "/tmp:/proc", "true"},   {"run", "--memory", "99999999", "true"},
+      {"run", "--cpus", "100000", "true"},    {"run", "--storage", "0", "true"},
+      {"run", "--timeout", "0", "true"},      {"run", "-v", "/nonexistent:/x", "true"},
+      {"run", "-v", "/tmp:/proc", "true"},    {"run", "--memory", "99999999", "true"},
   };
   for (const auto& args : cases) {
     auto r = runMoat(args);
@@ -306,9 +307,8 @@ TEST_F(Run, AnOrphanedUnrenamedLockFileIsCollected) {
 TEST_F(Run, InterruptIsForwardedToTheCommand) {
   int out[2];
   ASSERT_EQ(::pipe(out), 0);
-  pid_t pid = startMoat({"run", "--", "sh", "-c",
-                         "trap 'echo got-int; exit 5' INT; echo ready; while :; do sleep 0.05; done"},
-                        out[1]);
+  pid_t pid = startMoat(
+      {"run", "--", "sh", "-c", "trap 'echo got-int; exit 5' INT; echo ready; while :; do sleep 0.05; done"}, out[1]);
   ::close(out[1]);
   std::string got;
   char buf[256];
@@ -329,8 +329,7 @@ TEST_F(Run, InterruptIsForwardedToTheCommand) {
 TEST_F(Run, ExecModeInitBehavesTheSame) {
   // moatd will exec the moat-init binary instead of running it in process.
   const std::map<std::string, std::string> exec = {{"MOAT_INIT_MODE", "exec"}};
-  auto r = runMoat({"run", "-i", "--", "sh", "-c", "cat /proc/1/comm; read x; echo got $x; exit 4"},
-                   "line\n", exec);
+  auto r = runMoat({"run", "-i", "--", "sh", "-c", "cat /proc/1/comm; read x; echo got $x; exit 4"}, "line\n", exec);
   EXPECT_EQ(r.exitCode, 4) << r.err;
   EXPECT_EQ(r.out, "moat-init\ngot line\n");
   EXPECT_EQ(runMoat({"run", "--timeout", "0.2", "--", "sleep", "30"}, "", exec).exitCode, 124);
@@ -352,9 +351,9 @@ TEST_F(Run, HostnameIsTheEnvironmentId) {
 // /proc/self/ns/net reads, and whether only a loopback that is up is in it.
 std::pair<std::string, bool> networkOfARun() {
   auto r = runMoat({"run", "--", "sh", "-c",
-                     "readlink /proc/self/ns/net; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; "
-                     "python3 -c 'import socket; s = socket.create_server((\"127.0.0.1\", 0)); "
-                     "socket.create_connection(s.getsockname(), timeout=5); print(\"up\")'"});
+                    "readlink /proc/self/ns/net; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; "
+                    "python3 -c 'import socket; s = socket.create_server((\"127.0.0.1\", 0)); "
+                    "socket.create_connection(s.getsockname(), timeout=5); print(\"up\")'"});
   EXPECT_EQ(r.exitCode, 0) << r.err;
   std::istringstream in(r.out);
   std::string ns, rest;
@@ -436,7 +435,8 @@ TEST_F(Run, AReadyNetworkNamespaceTakenElsewhereIsNotHandedOutAgain) {
                           struct stat st;
                           ::fstat(mine->get(), &st);
                           return st.st_ino;
-                        }()) + "]";
+                        }()) +
+                        "]";
   (void)os::unmount("/run/moat/netns/ready", MNT_DETACH);
   ASSERT_TRUE(os::bindMount("/proc/self/fd/" + std::to_string(mine->get()), "/run/moat/netns/ready").ok());
   ASSERT_EQ(readyNetwork(), foreign);
@@ -457,8 +457,8 @@ TEST_F(Run, EnvironmentIsCleanPlusExplicitVariables) {
   ASSERT_EQ(r.exitCode, 0) << r.err;
   std::set<std::string> keys;
   for (const auto& l : lines(r.out)) keys.insert(l.substr(0, l.find('=')));
-  EXPECT_EQ(keys, (std::set<std::string>{"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TERM",
-                                         "HOSTNAME", "PWD", "FOO", "HOSTVAR"}));
+  EXPECT_EQ(keys, (std::set<std::string>{"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TERM", "HOSTNAME", "PWD",
+                                         "FOO", "HOSTVAR"}));
   EXPECT_NE(r.out.find("FOO=bar baz\n"), std::string::npos);
   EXPECT_NE(r.out.find("HOSTVAR=passed-on-purpose\n"), std::string::npos);
   EXPECT_EQ(r.out.find("must-not-appear"), std::string::npos);
@@ -493,11 +493,12 @@ TEST_F(Run, TheHostFilesTheTemplateSharesCannotBeChangedFromInside) {
   struct stat hostEtc, stateDir;
   ASSERT_EQ(::stat("/etc", &hostEtc), 0);
   ASSERT_EQ(::stat(testStateDir().c_str(), &stateDir), 0);
-  if (hostEtc.st_dev != stateDir.st_dev) GTEST_SKIP() << "the test state directory is on another file system than /etc: nothing is linked";
+  if (hostEtc.st_dev != stateDir.st_dev)
+    GTEST_SKIP() << "the test state directory is on another file system than /etc: nothing is linked";
   std::vector<std::string> files;  // shared regular files
-  for (const char* name : {"inputrc", "debian_version", "ld.so.conf", "shells", "protocols", "services",
-                           "gai.conf", "host.conf", "networks", "bash.bashrc", "profile", "mime.types",
-                           "ssl/certs/ca-certificates.crt"}) {
+  for (const char* name :
+       {"inputrc", "debian_version", "ld.so.conf", "shells", "protocols", "services", "gai.conf", "host.conf",
+        "networks", "bash.bashrc", "profile", "mime.types", "ssl/certs/ca-certificates.crt"}) {
     struct stat st;
     if (::lstat((etc + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink > 1) files.push_back(name);
   }
@@ -525,9 +526,13 @@ TEST_F(Run, TheHostFilesTheTemplateSharesCannotBeChangedFromInside) {
   auto target = os::readLink(link);
   ASSERT_TRUE(target.ok());
   const std::vector<std::string> changes = {
-      "echo hostile >> " + before[0].path, "chmod 4777 " + before[1].path, "chown 123:456 " + before[2].path,
-      "touch -d 2001-01-01 " + before[3].path, "ln -f " + before[4].path + " /workspace/hard && echo more >> /workspace/hard",
-      "rm " + before[5].path, "ln -sfn /bin/hostile " + link};
+      "echo hostile >> " + before[0].path,
+      "chmod 4777 " + before[1].path,
+      "chown 123:456 " + before[2].path,
+      "touch -d 2001-01-01 " + before[3].path,
+      "ln -f " + before[4].path + " /workspace/hard && echo more >> /workspace/hard",
+      "rm " + before[5].path,
+      "ln -sfn /bin/hostile " + link};
   std::string script;
   for (const auto& c : changes) script += c + " && ";
   auto r = runMoat({"run", "--", "sh", "-c", script + "echo done"});
@@ -546,8 +551,8 @@ TEST_F(Run, TheHostFilesTheTemplateSharesCannotBeChangedFromInside) {
   }
   EXPECT_EQ(os::readLink(link).value(), target.value());
   // The next environment sees the template as it was.
-  auto next = runMoat({"run", "--", "sh", "-c", "tail -c 100 " + before[0].path + "; stat -c %a " + before[1].path +
-                                                    "; readlink " + link});
+  auto next = runMoat({"run", "--", "sh", "-c",
+                       "tail -c 100 " + before[0].path + "; stat -c %a " + before[1].path + "; readlink " + link});
   EXPECT_EQ(next.exitCode, 0) << next.err;
   EXPECT_EQ(next.out.find("hostile"), std::string::npos) << next.out;
   EXPECT_EQ(next.out.find("4777"), std::string::npos) << next.out;
@@ -579,8 +584,7 @@ TEST_F(Run, TemplateDirectoryIsTheWholeRoot) {
   // A minimal root file system: dash and the C library, nothing else.
   // Outside the state directory: moat refuses templates that overlap it.
   std::string root = "/tmp/moat-test-rootfs-" + std::to_string(::getpid());
-  for (const std::string f : {"/usr/bin/dash", "/lib/x86_64-linux-gnu/libc.so.6",
-                              "/lib64/ld-linux-x86-64.so.2"}) {
+  for (const std::string f : {"/usr/bin/dash", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"}) {
     ASSERT_TRUE(os::makeDirs(root + f.substr(0, f.rfind('/'))).ok());
     ASSERT_TRUE(os::copyTree(os::realPath(f).value(), root + f).ok()) << f;
     ::chmod((root + f).c_str(), 0755);
@@ -596,8 +600,8 @@ TEST_F(Run, TemplateDirectoryIsTheWholeRoot) {
 }
 
 TEST_F(Run, MemoryLimitKillsTheHogWithAClearMessage) {
-  auto r = runMoat({"run", "--memory", "64", "--", "python3", "-c",
-                    "x = bytearray(256 * 1024 * 1024); print('allocated')"});
+  auto r =
+      runMoat({"run", "--memory", "64", "--", "python3", "-c", "x = bytearray(256 * 1024 * 1024); print('allocated')"});
   EXPECT_EQ(r.exitCode, 128 + SIGKILL);
   EXPECT_EQ(r.out, "");
   EXPECT_NE(r.err.find("out of memory"), std::string::npos) << r.err;

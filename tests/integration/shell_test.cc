@@ -28,8 +28,10 @@ class Viewer {
     websocket::Message m;
     while (output_.find(text) == std::string::npos) {
       if (!socket_.receive(m)) return false;
-      if (m.opcode == websocket::Opcode::kBinary) output_ += m.data;
-      else controls_.push_back(json::parse(m.data));
+      if (m.opcode == websocket::Opcode::kBinary)
+        output_ += m.data;
+      else
+        controls_.push_back(json::parse(m.data));
     }
     return true;
   }
@@ -37,8 +39,10 @@ class Viewer {
   json finish() {
     websocket::Message m;
     while (socket_.receive(m)) {
-      if (m.opcode == websocket::Opcode::kBinary) output_ += m.data;
-      else controls_.push_back(json::parse(m.data));
+      if (m.opcode == websocket::Opcode::kBinary)
+        output_ += m.data;
+      else
+        controls_.push_back(json::parse(m.data));
     }
     return controls_.empty() ? json() : controls_.back();
   }
@@ -206,8 +210,10 @@ TEST_F(Shell, RefusalsComeBeforeTheUpgrade) {
   json key = call("POST", "/v1/keys", {{"scopes", {"create", "read", "exec"}}}, 201);
   auto other = daemon_->request("GET", shellPath(), "", false,
                                 {{"Authorization", "Bearer " + key["token"].get<std::string>()},
-                                 {"Upgrade", "websocket"}, {"Connection", "Upgrade"},
-                                 {"Sec-WebSocket-Version", "13"}, {"Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}});
+                                 {"Upgrade", "websocket"},
+                                 {"Connection", "Upgrade"},
+                                 {"Sec-WebSocket-Version", "13"},
+                                 {"Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}});
   EXPECT_EQ(other.status, 404);
 }
 

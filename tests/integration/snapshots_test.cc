@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <cstdio>
-
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -105,9 +104,8 @@ TEST_F(Snapshots, ANetworkChangeDuringARestoreLosesNeitherTheEnvironmentNorTheCh
       }
     };
     HttpResult restore;
-    std::thread restorer([&] {
-      restore = request("POST", "/v1/environments/" + id + "/restore", R"({"snapshot":")" + sid + "\"}");
-    });
+    std::thread restorer(
+        [&] { restore = request("POST", "/v1/environments/" + id + "/restore", R"({"snapshot":")" + sid + "\"}"); });
     // Not a wait for anything: it varies where the change falls.
     std::this_thread::sleep_for(std::chrono::microseconds(round * 300));
     auto changed = request("PUT", "/v1/environments/" + id + "/network",
@@ -125,8 +123,8 @@ TEST_F(Snapshots, ANetworkChangeDuringARestoreLosesNeitherTheEnvironmentNorTheCh
 }
 
 TEST_F(Snapshots, AForkHasTheFilesAndSettingsButIsItsOwnEnvironment) {
-  std::string id = createEnv({{"env", {{"PROJECT", "moat"}}}, {"labels", {{"team", "a"}}},
-                              {"spec", {{"ram_mb", 256}, {"pids", 200}}}});
+  std::string id = createEnv(
+      {{"env", {{"PROJECT", "moat"}}}, {"labels", {{"team", "a"}}}, {"spec", {{"ram_mb", 256}, {"pids", 200}}}});
   sh(id, "echo original > /workspace/f && cp /bin/true /workspace/suid && chmod 4755 /workspace/suid");
   json fork = call("POST", "/v1/environments/" + id + "/fork", {{"task_id", "branch"}}, 201);
   std::string forked = fork["id"];
@@ -234,7 +232,9 @@ TEST_F(Snapshots, KeysSeeAndUseOnlyTheirOwnSnapshots) {
   EXPECT_EQ(as(noScope, "GET", "/v1/snapshots").status, 403);
   // The master's secret never showed up anywhere the key could read.
   EXPECT_EQ(json::parse(as(agent, "POST", "/v1/environments/" + mine + "/exec",
-                           R"({"cmd":["sh","-c","cat /workspace/secret || true"]})").body)["stdout"], "");
+                           R"({"cmd":["sh","-c","cat /workspace/secret || true"]})")
+                            .body)["stdout"],
+            "");
 }
 
 TEST_F(Snapshots, RestoreIsAWriteTheGateDecides) {
@@ -267,8 +267,8 @@ TEST_F(Snapshots, ADeletionDuringARestoreFromItLosesNeitherTheEnvironmentNorTheR
     auto deleted = daemon_->request("DELETE", "/v1/snapshots/" + sid);
     restorer.join();
     EXPECT_EQ(deleted.status, 204) << deleted.body;
-    ASSERT_TRUE(restore.status == 200 || restore.status == 404) << "round " << round << ": " << restore.status << " "
-                                                                << restore.body;
+    ASSERT_TRUE(restore.status == 200 || restore.status == 404)
+        << "round " << round << ": " << restore.status << " " << restore.body;
     ASSERT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "running") << "round " << round;
     std::string expect = restore.status == 200 ? std::to_string(round) + "\n" : "after\n";
     EXPECT_EQ(sh(id, "cat /workspace/round"), expect) << "round " << round;
@@ -295,8 +295,10 @@ TEST_F(Snapshots, AKilledMoatdLeavesNoHalfMadeSnapshot) {
   {
     auto store = store::openSqliteStore(daemon_->stateDir() + "/moat.db");
     ASSERT_TRUE(store.ok()) << store.error().message();
-    for (auto [name, state] : {std::pair{"snap-00000000000a", "creating"}, {"snap-00000000000c", "transient"},
-                               {"snap-00000000000d", "deleting"}, {"snap-00000000000e", "deleting"}}) {
+    for (auto [name, state] : {std::pair{"snap-00000000000a", "creating"},
+                               {"snap-00000000000c", "transient"},
+                               {"snap-00000000000d", "deleting"},
+                               {"snap-00000000000e", "deleting"}}) {
       store::SnapshotRecord half;
       half.id = name;
       half.environment = id;

@@ -44,8 +44,7 @@ constexpr const char* kProbeDir = "/opt/moat-probe";
 
 std::string probePath() { return std::string(kProbeDir) + "/moat-probe"; }
 
-ProcessResult runProbe(const std::vector<std::string>& probeArgs,
-                       const std::map<std::string, std::string>& env = {},
+ProcessResult runProbe(const std::vector<std::string>& probeArgs, const std::map<std::string, std::string>& env = {},
                        const std::vector<std::string>& moatOptions = {}) {
   std::vector<std::string> args = {"run", "-v", binDir() + ":" + kProbeDir + ":ro"};
   args.insert(args.end(), moatOptions.begin(), moatOptions.end());
@@ -56,13 +55,10 @@ ProcessResult runProbe(const std::vector<std::string>& probeArgs,
 }
 
 std::string describe(const ProcessResult& r) {
-  return "moat exit " + std::to_string(r.exitCode) + "\n--- stdout ---\n" + r.out +
-         "--- stderr ---\n" + r.err;
+  return "moat exit " + std::to_string(r.exitCode) + "\n--- stdout ---\n" + r.out + "--- stderr ---\n" + r.err;
 }
 
-bool startsWith(const std::string& s, const std::string& prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
-}
+bool startsWith(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
 ::testing::AssertionResult Blocked(const ProcessResult& r) {
   if (startsWith(r.out, "ESCAPED:")) {
@@ -179,8 +175,7 @@ TEST(Escape, OpenByHandleOfHostFileDenied) {
   auto* fh = reinterpret_cast<file_handle*>(storage.data());
   fh->handle_bytes = MAX_HANDLE_SZ;
   int mountId = 0;
-  ASSERT_EQ(::name_to_handle_at(AT_FDCWD, canary.path().c_str(), fh, &mountId, 0), 0)
-      << std::strerror(errno);
+  ASSERT_EQ(::name_to_handle_at(AT_FDCWD, canary.path().c_str(), fh, &mountId, 0), 0) << std::strerror(errno);
   struct stat usr, root;
   ASSERT_EQ(::stat("/usr", &usr), 0);
   ASSERT_EQ(::stat("/root", &root), 0);
@@ -314,9 +309,7 @@ TEST(Escape, PtraceOfInitDenied) { EXPECT_BLOCKED_IN_BOTH_INIT_MODES({"ptrace-in
 // memory and environment.
 TEST(Escape, InitFdsExeAndEnvironUnreachable) { EXPECT_BLOCKED_IN_BOTH_INIT_MODES({"init-fds"}); }
 
-TEST(Escape, PidfdGetfdAndProcessVmOfInitDenied) {
-  EXPECT_BLOCKED_IN_BOTH_INIT_MODES({"pidfd-getfd"});
-}
+TEST(Escape, PidfdGetfdAndProcessVmOfInitDenied) { EXPECT_BLOCKED_IN_BOTH_INIT_MODES({"pidfd-getfd"}); }
 
 TEST(Escape, HostProcessesInvisible) {
   MOAT_REQUIRE_ROOT();
@@ -387,8 +380,7 @@ TEST(Escape, Int80SyscallKilled) {
     GTEST_SKIP() << "this kernel has no IA32 emulation: int $0x80 fails before any filter (" << r.out
                  << "), so whether the filter kills i386 calls cannot be seen here; the probe was blocked";
   }
-  EXPECT_NE(r.out.find("SIGSYS"), std::string::npos)
-      << "expected the filter to kill: " << describe(r);
+  EXPECT_NE(r.out.find("SIGSYS"), std::string::npos) << "expected the filter to kill: " << describe(r);
 }
 
 // The filter kills x32 calls (bit 30 set) before the kernel sees them: the
@@ -499,28 +491,19 @@ TEST(Escape, HostnameIsolated) {
 // --- /proc, /sys, cgroups -----------------------------------------------------------------
 
 // Writes back what the file holds, so a success would change nothing.
-TEST(Escape, CorePatternNotWritable) {
-  EXPECT_BLOCKED({"write-back", "/proc/sys/kernel/core_pattern"});
-}
-TEST(Escape, ModprobePathNotWritable) {
-  EXPECT_BLOCKED({"write-back", "/proc/sys/kernel/modprobe"});
-}
-TEST(Escape, HostnameSysctlNotWritable) {
-  EXPECT_BLOCKED({"write-back", "/proc/sys/kernel/hostname"});
-}
+TEST(Escape, CorePatternNotWritable) { EXPECT_BLOCKED({"write-back", "/proc/sys/kernel/core_pattern"}); }
+TEST(Escape, ModprobePathNotWritable) { EXPECT_BLOCKED({"write-back", "/proc/sys/kernel/modprobe"}); }
+TEST(Escape, HostnameSysctlNotWritable) { EXPECT_BLOCKED({"write-back", "/proc/sys/kernel/hostname"}); }
 // "h" only prints help to the kernel log.
-TEST(Escape, SysrqTriggerNotWritable) {
-  EXPECT_BLOCKED({"write-back", "/proc/sysrq-trigger", "h"});
-}
+TEST(Escape, SysrqTriggerNotWritable) { EXPECT_BLOCKED({"write-back", "/proc/sysrq-trigger", "h"}); }
 
 TEST(Escape, SysAbsentOrReadOnly) { EXPECT_BLOCKED({"sys-write"}); }
 
 TEST(Escape, CgroupNamespaceRoot) { EXPECT_BLOCKED({"cgroup"}); }
 
 TEST(Escape, KernelInfoFilesReadEmpty) {
-  EXPECT_BLOCKED({"read-nothing", "/proc/kcore", "/proc/kallsyms", "/proc/keys", "/proc/timer_list",
-                  "/proc/kmsg", "/proc/kpageflags", "/proc/kpagecount", "/proc/kpagecgroup",
-                  "/proc/vmallocinfo", "/proc/slabinfo"});
+  EXPECT_BLOCKED({"read-nothing", "/proc/kcore", "/proc/kallsyms", "/proc/keys", "/proc/timer_list", "/proc/kmsg",
+                  "/proc/kpageflags", "/proc/kpagecount", "/proc/kpagecgroup", "/proc/vmallocinfo", "/proc/slabinfo"});
 }
 
 // --- devices ------------------------------------------------------------------------------
@@ -530,10 +513,9 @@ TEST(Escape, MknodCharDeviceDenied) { EXPECT_BLOCKED({"mknod", "char"}); }
 TEST(Escape, DevHoldsOnlyMinimalSet) { EXPECT_BLOCKED({"dev-list"}); }
 
 TEST(Escape, HostDevicesCannotBeOpened) {
-  EXPECT_BLOCKED({"dev-open", "/dev/sda", "/dev/vda", "/dev/nvme0n1", "/dev/mem", "/dev/kmem",
-                  "/dev/port", "/dev/kmsg", "/dev/console", "/dev/tty0", "/dev/tty1", "/dev/loop0",
-                  "/dev/loop-control", "/dev/mapper/control", "/dev/net/tun", "/dev/fuse",
-                  "/dev/btrfs-control", "/dev/kvm", "/dev/vsock"});
+  EXPECT_BLOCKED({"dev-open", "/dev/sda", "/dev/vda", "/dev/nvme0n1", "/dev/mem", "/dev/kmem", "/dev/port", "/dev/kmsg",
+                  "/dev/console", "/dev/tty0", "/dev/tty1", "/dev/loop0", "/dev/loop-control", "/dev/mapper/control",
+                  "/dev/net/tun", "/dev/fuse", "/dev/btrfs-control", "/dev/kvm", "/dev/vsock"});
 }
 
 // A descriptor the caller of moat leaves open (no close-on-exec) must not
@@ -560,9 +542,8 @@ ProcessResult runOnTerminal(std::vector<std::string> argv, const std::map<std::s
   int master = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
   if (master < 0 || ::grantpt(master) != 0 || ::unlockpt(master) != 0) return result;
   std::string slave = ::ptsname(master);
-  std::vector<std::string> env = {"PATH=/usr/local/bin:/usr/bin:/bin",
-                                  "MOAT_STATE=" + testStateDir(), "MOAT_STORAGE_GB=8",
-                                  "TERM=xterm"};
+  std::vector<std::string> env = {"PATH=/usr/local/bin:/usr/bin:/bin", "MOAT_STATE=" + testStateDir(),
+                                  "MOAT_STORAGE_GB=8", "TERM=xterm"};
   for (const auto& [k, v] : extraEnv) env.push_back(k + "=" + v);
   pid_t pid = ::fork();
   if (pid == 0) {
@@ -619,8 +600,7 @@ TEST(Escape, HostTerminalUnreachable) {
   for (const auto& mode : kInitModes) {
     SCOPED_TRACE(mode.at("MOAT_INIT_MODE") + " init");
     for (const char* attempt : {"tty", "fds"}) {
-      auto r = runMoatOnTerminal(
-          {"run", "-v", binDir() + ":" + kProbeDir + ":ro", "--", probePath(), attempt}, mode);
+      auto r = runMoatOnTerminal({"run", "-v", binDir() + ":" + kProbeDir + ":ro", "--", probePath(), attempt}, mode);
       EXPECT_TRUE(Blocked(r));
     }
   }
@@ -671,8 +651,7 @@ TEST(Escape, OverlayWritesStayInside) {
     SCOPED_TRACE(file);
     auto r = runProbe({"write-file", file, marker + "\n"});
     ASSERT_TRUE(Succeeded(r));
-    EXPECT_EQ(readHostFile(file).find(marker), std::string::npos)
-        << "the host's " << file << " changed";
+    EXPECT_EQ(readHostFile(file).find(marker), std::string::npos) << "the host's " << file << " changed";
     std::string templateCopy = testStateDir() + "/templates/host-v2" + file;
     std::string content = readHostFile(templateCopy);
     EXPECT_FALSE(content.empty()) << "no template copy at " << templateCopy;
@@ -708,8 +687,7 @@ TEST(Escape, DestroyDoesNotFollowGuestSymlinks) {
 // init, is the host moat process's own) shows the host's variables.
 TEST(Escape, HostEnvironmentNotInherited) {
   MOAT_REQUIRE_ROOT();
-  const std::set<std::string> allowed = {"PATH", "HOME", "USER",     "LOGNAME", "SHELL",
-                                         "LANG", "TERM", "HOSTNAME", "PWD"};
+  const std::set<std::string> allowed = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TERM", "HOSTNAME", "PWD"};
   for (const auto& mode : kInitModes) {
     SCOPED_TRACE(mode.at("MOAT_INIT_MODE") + " init");
     std::string secret = "moat-env-secret-" + randomHex();
@@ -727,8 +705,7 @@ TEST(Escape, HostEnvironmentNotInherited) {
     size_t pos = 0;
     while (pos < list.size()) {
       size_t end = list.find(" | ", pos);
-      std::string entry =
-          list.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+      std::string entry = list.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
       keys.insert(entry.substr(0, entry.find('=')));
       if (end == std::string::npos) break;
       pos = end + 3;
@@ -809,7 +786,7 @@ TEST(Sanity, EveryAttemptReportsItsEscapeWhereNothingStopsIt) {
 
   struct Plan {
     std::vector<std::string> args;
-    std::string setup;        // shell commands first, in the same namespaces
+    std::string setup;          // shell commands first, in the same namespaces
     bool ownNamespaces = true;  // false: the host's own (attempts that only look)
     bool onTerminal = false;
   };
@@ -854,8 +831,7 @@ TEST(Sanity, EveryAttemptReportsItsEscapeWhereNothingStopsIt) {
       argv = {"/usr/bin/unshare", "--mount", "--pid", "--fork", "--mount-proc", "--uts", "--ipc", "--"};
     }
     // sh stays pid 1 (the attempt is its child), as moat-init is inside.
-    argv.insert(argv.end(), {"/bin/sh", "-c", plan.setup + "\"$0\" \"$@\"; exit $?",
-                             binDir() + "/moat-probe", name});
+    argv.insert(argv.end(), {"/bin/sh", "-c", plan.setup + "\"$0\" \"$@\"; exit $?", binDir() + "/moat-probe", name});
     argv.insert(argv.end(), plan.args.begin(), plan.args.end());
     auto r = plan.onTerminal ? runOnTerminal(argv, {}) : runProcess(argv, "", {{"MOAT_TEST_SECRET", "x"}});
     EXPECT_TRUE(startsWith(r.out, "ESCAPED:")) << name << " did not report its escape: " << describe(r);

@@ -14,16 +14,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdio>
-
-#include <filesystem>
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <functional>
-#include <thread>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "moat_process.h"
@@ -54,8 +53,8 @@ class HostCanary {
     auto describe = [](const std::string& path) {
       struct stat st;
       if (::lstat(path.c_str(), &st) != 0) return std::string("missing");
-      std::string d = std::to_string(st.st_uid) + ":" + std::to_string(st.st_gid) + " " +
-                      std::to_string(st.st_mode & 07777);
+      std::string d =
+          std::to_string(st.st_uid) + ":" + std::to_string(st.st_gid) + " " + std::to_string(st.st_mode & 07777);
       if (S_ISREG(st.st_mode)) {
         auto content = os::readFile(path);
         d += " " + (content.ok() ? content.value() : "?");
@@ -157,16 +156,16 @@ TEST_F(HostTree, TheFilesMoatWritesAsLinksLeadNowhere) {
   std::string id = createEnv();
   run(id, "ln -sf " + canary.dir() + "/hosts /etc/hosts && ln -sf " + up() + canary.dir().substr(1) +
               "/hostname /etc/hostname");
-  everyOperation(id, canary, "/etc/hosts and /etc/hostname -> the canary",
-                 json::object(), [this](const std::string& env, const std::string& what) {
+  everyOperation(id, canary, "/etc/hosts and /etc/hostname -> the canary", json::object(),
+                 [this](const std::string& env, const std::string& what) {
                    EXPECT_EQ(run(env, "cat /etc/hostname")["stdout"], env + "\n") << what;
                  });
   std::string other = createEnv();
   run(other, "echo mine > /workspace/keep && ln -f /workspace/keep /etc/hosts && ln -f /workspace/keep /etc/hostname");
   everyOperation(other, canary, "/etc/hosts and /etc/hostname hard links to /workspace/keep", json::object(),
                  [this](const std::string& env, const std::string& what) {
-                   EXPECT_EQ(run(env, "cat /workspace/keep")["stdout"], "mine\n") << "moat wrote through a hard link: "
-                                                                                  << what;
+                   EXPECT_EQ(run(env, "cat /workspace/keep")["stdout"], "mine\n")
+                       << "moat wrote through a hard link: " << what;
                    EXPECT_EQ(run(env, "cat /etc/hostname")["stdout"], env + "\n") << what;
                  });
 }
@@ -208,13 +207,16 @@ TEST_F(HostTree, EtcSwappedForALinkDuringSnapshotsAndForksLeadsNowhere) {
   // (a directory of the template's would need redirect_dir).
   run(id, "cp -a /etc /etc.new && rm -rf /etc && mv /etc.new /etc");
   json swapper = call("POST", "/v1/environments/" + id + "/processes",
-                      {{"cmd", {"python3", "-c",
-                                "import os\n"
-                                "os.symlink('" + canary.dir() + "', '/etc.link')\n"
-                                "print('swapping', flush=True)\n"
-                                "while True:\n"
-                                "  os.rename('/etc', '/etc.dir'); os.rename('/etc.link', '/etc')\n"
-                                "  os.rename('/etc', '/etc.link'); os.rename('/etc.dir', '/etc')\n"}}},
+                      {{"cmd",
+                        {"python3", "-c",
+                         "import os\n"
+                         "os.symlink('" +
+                             canary.dir() +
+                             "', '/etc.link')\n"
+                             "print('swapping', flush=True)\n"
+                             "while True:\n"
+                             "  os.rename('/etc', '/etc.dir'); os.rename('/etc.link', '/etc')\n"
+                             "  os.rename('/etc', '/etc.link'); os.rename('/etc.dir', '/etc')\n"}}},
                       201);
   std::string pid = std::to_string(swapper.value("id", 0));
   auto started = daemon_->stream("/v1/environments/" + id + "/processes/" + pid + "/output?follow=1");
@@ -391,7 +393,9 @@ TEST(HostVolumes, ADirectorySwappedForALinkDuringBindsLeadsNowhere) {
   const std::string swap =
       "import os, sys\n"
       "os.mkdir('/data/d'); open('/data/d/mark', 'w').write('env\\n')\n"
-      "os.symlink('" + canary.dir() + "', '/data/l')\n"
+      "os.symlink('" +
+      canary.dir() +
+      "', '/data/l')\n"
       "print('swapping', flush=True)\n"
       "while True:\n"
       "  os.rename('/data/d', '/data/x'); os.rename('/data/x', '/data/d')\n"
@@ -432,8 +436,8 @@ TEST(HostVolumes, ADirectorySwappedForALinkDuringBindsLeadsNowhere) {
 TEST_F(HostTree, FilesTheKernelMakesUpAreRefusedByTheFileApi) {
   std::string id = createEnv();
   run(id, "ln -sf /proc/self/pagemap /workspace/result.txt && mkfifo /workspace/fifo");
-  for (const std::string& path : std::vector<std::string>{"/workspace/result.txt", "/proc/self/pagemap",
-                                                         "/proc/self/status"}) {
+  for (const std::string& path :
+       std::vector<std::string>{"/workspace/result.txt", "/proc/self/pagemap", "/proc/self/status"}) {
     auto r = daemon_->request("GET", "/v1/environments/" + id + "/files?path=" + path);
     EXPECT_EQ(r.status, 400) << path << ": " << r.body.substr(0, 300);
     EXPECT_NE(r.body.find("procfs"), std::string::npos) << path << ": " << r.body.substr(0, 300);

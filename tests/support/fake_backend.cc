@@ -86,8 +86,8 @@ Result<backend::Backend::Created> FakeBackend::create(const backend::Spec& spec)
         if (fd >= 0) ::close(fd);
         return ok;
       };
-      if (::unshare(CLONE_NEWUSER) != 0 || !put("/proc/self/setgroups", "deny") ||
-          !put("/proc/self/uid_map", uidMap) || !put("/proc/self/gid_map", gidMap)) {
+      if (::unshare(CLONE_NEWUSER) != 0 || !put("/proc/self/setgroups", "deny") || !put("/proc/self/uid_map", uidMap) ||
+          !put("/proc/self/gid_map", gidMap)) {
         ::_exit(122);
       }
     }

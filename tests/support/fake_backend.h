@@ -22,8 +22,8 @@ namespace moat::test {
 class FakeBackend final : public backend::Backend {
  public:
   struct Call {
-    std::string op;  // create, destroy, attach, list, networkNamespace, snapshot, deleteSnapshot, snapshots
-    std::string id;  // the environment's, or a snapshot's name
+    std::string op;      // create, destroy, attach, list, networkNamespace, snapshot, deleteSnapshot, snapshots
+    std::string id;      // the environment's, or a snapshot's name
     backend::Spec spec;  // create's
   };
 

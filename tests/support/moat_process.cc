@@ -32,8 +32,8 @@ const std::string& testStateDir() {
 
 namespace {
 
-pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env, int in,
-            int out, int err) {
+pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env, int in, int out,
+            int err) {
   std::vector<std::string> envStrings = {"PATH=/usr/local/bin:/usr/bin:/bin"};
   for (const auto& [k, v] : env) envStrings.push_back(k + "=" + v);
   std::vector<char*> args, envp;
@@ -67,8 +67,7 @@ ProcessResult runProcess(const std::vector<std::string>& argv, const std::string
   return process.collect();
 }
 
-RunningProcess::RunningProcess(const std::vector<std::string>& argv,
-                               const std::map<std::string, std::string>& env) {
+RunningProcess::RunningProcess(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
   int in[2], out[2], err[2];
   if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC)) std::abort();
   ::signal(SIGPIPE, SIG_IGN);

@@ -70,8 +70,9 @@ bool isRoot();
 
 }  // namespace moat::test
 
-#define MOAT_REQUIRE_ROOT()                                                               \
-  do {                                                                                    \
-    if (!::moat::test::isRoot()) GTEST_SKIP() << "needs root: creates namespaces, cgroups " \
-                                                 "and mounts (CI runs as root)";          \
+#define MOAT_REQUIRE_ROOT()                                      \
+  do {                                                           \
+    if (!::moat::test::isRoot())                                 \
+      GTEST_SKIP() << "needs root: creates namespaces, cgroups " \
+                      "and mounts (CI runs as root)";            \
   } while (0)

@@ -43,8 +43,7 @@ class MoatdFixture : public ::testing::Test {
   bool waitForProcess(const std::string& id, const std::string& name) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (std::chrono::steady_clock::now() < deadline) {
-      auto ps = daemon_->request("POST", "/v1/environments/" + id + "/exec",
-                                 json{{"cmd", {"pgrep", name}}}.dump());
+      auto ps = daemon_->request("POST", "/v1/environments/" + id + "/exec", json{{"cmd", {"pgrep", name}}}.dump());
       if (json::parse(ps.body)["exit_code"] == 0) return true;
     }
     return false;

@@ -1,6 +1,7 @@
 #include "moatd_process.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -9,12 +10,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
-
+#include <algorithm>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -180,8 +179,7 @@ http::request<http::string_body> requestOf(const std::string& method, const std:
 
 }  // namespace
 
-HttpResult Moatd::request(const std::string& method, const std::string& target,
-                          const std::string& body, bool withToken,
+HttpResult Moatd::request(const std::string& method, const std::string& target, const std::string& body, bool withToken,
                           const std::map<std::string, std::string>& headers) {
   asio::io_context io;
   asio::local::stream_protocol::socket socket(io);
@@ -206,8 +204,8 @@ HttpConnection::HttpConnection(const std::string& socketPath) : state_(std::make
 
 HttpConnection::~HttpConnection() = default;
 
-HttpResult HttpConnection::request(const std::string& method, const std::string& target,
-                                   const std::string& token, const std::string& body) {
+HttpResult HttpConnection::request(const std::string& method, const std::string& target, const std::string& token,
+                                   const std::string& body) {
   http::write(state_->socket, requestOf(method, target, body, "Bearer " + token));  // HTTP/1.1: keep-alive
   return readAnswer();
 }
@@ -275,8 +273,11 @@ int readHead(int fd, std::string& rest) {
 }  // namespace
 
 EventStream::EventStream(EventStream&& other) noexcept
-    : fd_(other.fd_), status_(other.status_), raw_(std::move(other.raw_)),
-      decoded_(std::move(other.decoded_)), ended_(other.ended_) {
+    : fd_(other.fd_),
+      status_(other.status_),
+      raw_(std::move(other.raw_)),
+      decoded_(std::move(other.decoded_)),
+      ended_(other.ended_) {
   other.fd_ = -1;
 }
 

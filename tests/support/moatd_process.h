@@ -15,10 +15,10 @@ struct HttpResult {
   int status = 0;
   std::string body;
   std::string contentType;
-  std::string upgrade;  // the Upgrade header, if any
-  std::string retryAfter;  // the Retry-After header, if any
+  std::string upgrade;       // the Upgrade header, if any
+  std::string retryAfter;    // the Retry-After header, if any
   std::string mcpSessionId;  // the Mcp-Session-Id header, if any
-  bool keepAlive = false;  // the server keeps the connection open after it
+  bool keepAlive = false;    // the server keeps the connection open after it
 };
 
 // A connected stream socket to `path` (owned by the caller), or -1.
@@ -69,15 +69,14 @@ class Moatd {
   // waits until it serves.
   explicit Moatd(std::vector<std::string> extraArgs = {});
   ~Moatd();
-  void stop();     // SIGTERM and wait
-  void kill9();    // SIGKILL and wait
+  void stop();   // SIGTERM and wait
+  void kill9();  // SIGKILL and wait
   // After a signal sent by the test: its wait status (as waitpid gives it).
   int waitExit();
   void restart();  // start again on the same state directory
 
-  HttpResult request(const std::string& method, const std::string& target,
-                     const std::string& body = "", bool withToken = true,
-                     const std::map<std::string, std::string>& headers = {});
+  HttpResult request(const std::string& method, const std::string& target, const std::string& body = "",
+                     bool withToken = true, const std::map<std::string, std::string>& headers = {});
   // GET target and keep reading: the follow endpoints. `headers` replace
   // nothing: they are added (Last-Event-ID, another Authorization with
   // withToken false).

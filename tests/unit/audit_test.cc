@@ -32,12 +32,8 @@ class RawDb {
     sqlite3_busy_timeout(db_, 5000);
   }
   ~RawDb() { sqlite3_close_v2(db_); }
-  int exec(const std::string& sql) {
-    return sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, nullptr);
-  }
-  void mustExec(const std::string& sql) {
-    ASSERT_EQ(exec(sql), SQLITE_OK) << sql << ": " << sqlite3_errmsg(db_);
-  }
+  int exec(const std::string& sql) { return sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, nullptr); }
+  void mustExec(const std::string& sql) { ASSERT_EQ(exec(sql), SQLITE_OK) << sql << ": " << sqlite3_errmsg(db_); }
   std::string error() const { return sqlite3_errmsg(db_); }
 
  private:
@@ -107,12 +103,10 @@ TEST(AuditChain, TheHashIsSha256OfTheDocumentedCanonicalForm) {
   json data = {{"size", 5}, {"path", "/workspace/\xc3\xbc \"q\"\n\x01"}, {"a", {1, true, nullptr}}};
   std::string prev(64, ' ');
   for (size_t i = 0; i < 64; i += 2) prev.replace(i, 2, "ab");
-  EXPECT_EQ(
-      canonicalEvent(7, 1700000000123, "file.written", "0123456789ab", "master",
-                     canonicalData(data), prev),
-      "[7,1700000000123,\"file.written\",\"0123456789ab\",\"master\","
-      "{\"a\":[1,true,null],\"path\":\"/workspace/\xc3\xbc \\\"q\\\"\\n\\u0001\",\"size\":5},\"" +
-          prev + "\"]");
+  EXPECT_EQ(canonicalEvent(7, 1700000000123, "file.written", "0123456789ab", "master", canonicalData(data), prev),
+            "[7,1700000000123,\"file.written\",\"0123456789ab\",\"master\","
+            "{\"a\":[1,true,null],\"path\":\"/workspace/\xc3\xbc \\\"q\\\"\\n\\u0001\",\"size\":5},\"" +
+                prev + "\"]");
   Event e{7, 1700000000123, "file.written", "0123456789ab", "master", data, prev, ""};
   EXPECT_EQ(chainHash(e), "1a65b24a3734cdf57f56874205102ef60cde9f54d403f789ef29c5b32aafa4fc");
 }
@@ -185,8 +179,7 @@ TEST_F(AuditLog, ConcurrentRecordersGetEveryIdOnce) {
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      for (int i = 0; i < kEach; ++i)
-        log_->record("test.concurrent", "", std::to_string(t), {{"i", i}});
+      for (int i = 0; i < kEach; ++i) log_->record("test.concurrent", "", std::to_string(t), {{"i", i}});
     });
   }
   for (auto& t : threads) t.join();
@@ -303,8 +296,8 @@ TEST_F(AuditLog, AnEditWithARecomputedHashBreaksTheNextLink) {
   {
     RawDb raw(path_);
     raw.mustExec("DROP TRIGGER events_append_only");
-    raw.mustExec("UPDATE events SET data = '" + canonicalData(forged.data) + "', hash = '" +
-                 forged.hash + "' WHERE id = 5");
+    raw.mustExec("UPDATE events SET data = '" + canonicalData(forged.data) + "', hash = '" + forged.hash +
+                 "' WHERE id = 5");
   }
   VerifyResult r = verify();
   EXPECT_FALSE(r.ok);
@@ -363,8 +356,8 @@ TEST_F(AuditLog, AForgedCheckpointDoesNotVerify) {
   {
     RawDb raw(path_);
     raw.mustExec("DROP TRIGGER events_append_only");
-    raw.mustExec("UPDATE events SET data = json_set(data, '$.pruned_hash', '" +
-                 std::string(64, 'f') + "') WHERE type = 'audit.checkpoint'");
+    raw.mustExec("UPDATE events SET data = json_set(data, '$.pruned_hash', '" + std::string(64, 'f') +
+                 "') WHERE type = 'audit.checkpoint'");
   }
   VerifyResult r = verify();
   EXPECT_FALSE(r.ok);
@@ -497,16 +490,14 @@ TEST_F(AuditLog, WaitersWakeOnNewEventsAndOnInterrupt) {
   uint64_t seen = log_->committedId();
   EXPECT_EQ(seen, 1u);
   std::atomic<uint64_t> woke{0};
-  std::thread waiter([&] {
-    woke = log_->waitForNewer(seen, std::chrono::steady_clock::now() + std::chrono::seconds(30));
-  });
+  std::thread waiter(
+      [&] { woke = log_->waitForNewer(seen, std::chrono::steady_clock::now() + std::chrono::seconds(30)); });
   log_->record("test.wake", "", "master", json::object());
   waiter.join();
   EXPECT_EQ(woke.load(), 2u);
 
   auto started = std::chrono::steady_clock::now();
-  std::thread interrupted(
-      [&] { log_->waitForNewer(2, std::chrono::steady_clock::now() + std::chrono::seconds(30)); });
+  std::thread interrupted([&] { log_->waitForNewer(2, std::chrono::steady_clock::now() + std::chrono::seconds(30)); });
   log_->interrupt();
   interrupted.join();
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));

@@ -1,3 +1,5 @@
+#include "isolation/cgroup/cgroup.h"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -8,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "isolation/cgroup/cgroup.h"
 #include "isolation/cgroup/layout.h"
 #include "os/file.h"
 
@@ -94,8 +95,7 @@ TEST(CgroupLayout, PureV2) {
 }
 
 TEST(CgroupLayout, PureV2WithOverride) {
-  auto layout = detectLayout(kPureV2Mountinfo, "0::/user.slice/x\n",
-                             "/sys/fs/cgroup/user.slice/./delegated//moat/");
+  auto layout = detectLayout(kPureV2Mountinfo, "0::/user.slice/x\n", "/sys/fs/cgroup/user.slice/./delegated//moat/");
   ASSERT_TRUE(layout.ok()) << layout.error().message();
   EXPECT_EQ(layout->version, Version::kV2);
   EXPECT_EQ(layout->v2Parent, "/sys/fs/cgroup/user.slice/delegated/moat");
@@ -142,8 +142,7 @@ TEST(CgroupLayout, NoCgroupMountsIsAnError) {
     auto layout = detectLayout(text, "0::/\n");
     ASSERT_FALSE(layout.ok());
     EXPECT_EQ(layout.error().code, "unsupported");
-    EXPECT_NE(layout.error().context.find("no cgroup"), std::string::npos)
-        << layout.error().context;
+    EXPECT_NE(layout.error().context.find("no cgroup"), std::string::npos) << layout.error().context;
   }
 }
 
@@ -177,8 +176,7 @@ TEST(CgroupLayout, NestedContainerRootIsAPathPrefixNotAStringPrefix) {
   auto layout = detectLayout(mountinfo, "4:memory:/docker/abcdef\n1:cpu:/docker/abc\n");
   ASSERT_TRUE(layout.ok()) << layout.error().message();
   EXPECT_EQ(layout->v1Parents.at("cpu"), "/sys/fs/cgroup/cpu/moat");
-  EXPECT_EQ(layout->v1Parents.at("memory").rfind("/sys/fs/cgroup/memory/", 0), 0u)
-      << layout->v1Parents.at("memory");
+  EXPECT_EQ(layout->v1Parents.at("memory").rfind("/sys/fs/cgroup/memory/", 0), 0u) << layout->v1Parents.at("memory");
 }
 
 TEST(CgroupLayout, SkipsMalformedLines) {
@@ -194,8 +192,7 @@ TEST(CgroupLayout, SkipsMalformedLines) {
 std::string describe(const std::vector<KnobWrite>& writes) {
   std::ostringstream out;
   for (const auto& w : writes) {
-    out << "[" << w.controller << "] " << w.file << "=" << w.value << (w.optional ? " (opt)" : "")
-        << "\n";
+    out << "[" << w.controller << "] " << w.file << "=" << w.value << (w.optional ? " (opt)" : "") << "\n";
   }
   return out.str();
 }
@@ -321,8 +318,7 @@ TEST_F(FakeCgroupFs, V2CreatesTheParentDirectory) {
   EXPECT_TRUE(S_ISDIR(st.st_mode));
   EXPECT_EQ(trim(get(root_ + "/cgroup.subtree_control")), "+cpu +memory +pids");
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.error().message().find("cgroup.controllers"), std::string::npos)
-      << s.error().message();
+  EXPECT_NE(s.error().message().find("cgroup.controllers"), std::string::npos) << s.error().message();
 }
 
 TEST_F(FakeCgroupFs, V2MissingMemoryNamesMemory) {
@@ -363,9 +359,8 @@ TEST_F(FakeCgroupFs, V2MissingSubtreeControlIsAnError) {
 TEST_F(FakeCgroupFs, V1CreatesEveryParent) {
   Layout layout;
   layout.version = Version::kV1;
-  layout.v1Parents = {{"cpu", root_ + "/cpu/moat"},
-                      {"memory", root_ + "/memory/a/b/moat"},
-                      {"pids", root_ + "/pids/moat"}};
+  layout.v1Parents = {
+      {"cpu", root_ + "/cpu/moat"}, {"memory", root_ + "/memory/a/b/moat"}, {"pids", root_ + "/pids/moat"}};
   Status s = prepareParents(layout);
   ASSERT_TRUE(s.ok()) << s.error().message();
   for (const auto& [c, dir] : layout.v1Parents) EXPECT_TRUE(os::isDirectory(dir)) << dir;

@@ -35,9 +35,7 @@ std::string openSslClientHello(const char* serverName, int maxVersion = 0) {
   return hello;
 }
 
-std::string u16(size_t v) {
-  return {static_cast<char>(v >> 8 & 0xff), static_cast<char>(v & 0xff)};
-}
+std::string u16(size_t v) { return {static_cast<char>(v >> 8 & 0xff), static_cast<char>(v & 0xff)}; }
 std::string u24(size_t v) { return static_cast<char>(v >> 16 & 0xff) + u16(v); }
 
 std::string record(const std::string& fragment, uint8_t type = 22) {
@@ -49,8 +47,7 @@ std::string record(const std::string& fragment, uint8_t type = 22) {
 std::string refragment(const std::string& records, size_t size) {
   std::string message;
   for (size_t pos = 0; pos + 5 <= records.size();) {
-    size_t length =
-        static_cast<uint8_t>(records[pos + 3]) << 8 | static_cast<uint8_t>(records[pos + 4]);
+    size_t length = static_cast<uint8_t>(records[pos + 3]) << 8 | static_cast<uint8_t>(records[pos + 4]);
     message += records.substr(pos + 5, length);
     pos += 5 + length;
   }
@@ -68,11 +65,9 @@ struct Builder {
   bool withExtensions = true;
   std::vector<std::pair<uint16_t, std::string>> extensions;
 
-  static std::string serverNameExtension(
-      const std::vector<std::pair<uint8_t, std::string>>& names) {
+  static std::string serverNameExtension(const std::vector<std::pair<uint8_t, std::string>>& names) {
     std::string list;
-    for (const auto& [type, name] : names)
-      list += static_cast<char>(type) + u16(name.size()) + name;
+    for (const auto& [type, name] : names) list += static_cast<char>(type) + u16(name.size()) + name;
     return u16(list.size()) + list;
   }
   Builder& sni(const std::string& name) {
@@ -170,14 +165,12 @@ TEST(ClientHello, OpenSslHelloWithoutSni) {
 
 TEST(ClientHello, BytesAfterTheHelloAreIgnored) {
   std::string name;
-  EXPECT_EQ(parse(openSslClientHello("a.test") + record("\x14", 20) + "junk", &name),
-            HelloStatus::kOk);
+  EXPECT_EQ(parse(openSslClientHello("a.test") + record("\x14", 20) + "junk", &name), HelloStatus::kOk);
   EXPECT_EQ(name, "a.test");
 }
 
 TEST(ClientHello, EveryPrefixNeedsMore) {
-  for (const std::string& hello :
-       {openSslClientHello("api.example.test"), openSslClientHello(nullptr)}) {
+  for (const std::string& hello : {openSslClientHello("api.example.test"), openSslClientHello(nullptr)}) {
     for (size_t n = 0; n < hello.size(); ++n) {
       ASSERT_EQ(parse(std::string_view(hello).substr(0, n)), HelloStatus::kNeedMore) << n;
     }
@@ -193,8 +186,7 @@ TEST(ClientHello, HelloSplitOverRecordsIsJoined) {
     ASSERT_EQ(parse(split, &name), HelloStatus::kOk) << size;
     EXPECT_EQ(name, "split.example.test");
     for (size_t n = 0; n < split.size(); ++n) {
-      ASSERT_EQ(parse(std::string_view(split).substr(0, n)), HelloStatus::kNeedMore)
-          << size << " " << n;
+      ASSERT_EQ(parse(std::string_view(split).substr(0, n)), HelloStatus::kNeedMore) << size << " " << n;
     }
   }
 }
@@ -218,20 +210,15 @@ TEST(ClientHello, LargeHelloUpToTheBoundIsFine) {
 
 TEST(ClientHello, HelloBeyondTheBoundIsMalformed) {
   // Split into 1-byte records, 8000 bytes of hello take 48000 bytes; 12000 take 72000.
-  std::string fits =
-      refragment(Builder().sni("a.test").extension(21, std::string(8000, '\0')).build(), 1);
+  std::string fits = refragment(Builder().sni("a.test").extension(21, std::string(8000, '\0')).build(), 1);
   ASSERT_LT(fits.size(), kMaxClientHelloBytes);
   EXPECT_EQ(parse(fits), HelloStatus::kOk);
-  std::string over =
-      refragment(Builder().sni("a.test").extension(21, std::string(12000, '\0')).build(), 1);
-  EXPECT_EQ(parse(std::string_view(over).substr(0, kMaxClientHelloBytes - 10)),
-            HelloStatus::kNeedMore);
-  EXPECT_EQ(parse(std::string_view(over).substr(0, kMaxClientHelloBytes + 10)),
-            HelloStatus::kMalformed);
+  std::string over = refragment(Builder().sni("a.test").extension(21, std::string(12000, '\0')).build(), 1);
+  EXPECT_EQ(parse(std::string_view(over).substr(0, kMaxClientHelloBytes - 10)), HelloStatus::kNeedMore);
+  EXPECT_EQ(parse(std::string_view(over).substr(0, kMaxClientHelloBytes + 10)), HelloStatus::kMalformed);
   // A declared handshake length past the bound is refused at once.
   EXPECT_EQ(parse(record("\x01" + u24(0xffffff) + std::string(100, 'x'))), HelloStatus::kMalformed);
-  EXPECT_EQ(parse(record("\x01" + u24(kMaxClientHelloBytes) + std::string(100, 'x'))),
-            HelloStatus::kMalformed);
+  EXPECT_EQ(parse(record("\x01" + u24(kMaxClientHelloBytes) + std::string(100, 'x'))), HelloStatus::kMalformed);
 }
 
 TEST(ClientHello, NonTlsStreamsAreRecognisedEarly) {
@@ -263,12 +250,7 @@ TEST(ClientHello, OtherHandshakeMessagesAreMalformed) {
 
 TEST(ClientHello, BuilderHelloParses) {
   std::string name;
-  EXPECT_EQ(parse(Builder()
-                      .extension(10, u16(2) + u16(29))
-                      .sni("a.test")
-                      .extension(43, "\x02\x03\x04")
-                      .build(),
-                  &name),
+  EXPECT_EQ(parse(Builder().extension(10, u16(2) + u16(29)).sni("a.test").extension(43, "\x02\x03\x04").build(), &name),
             HelloStatus::kOk);
   EXPECT_EQ(name, "a.test");
   Builder noExtensions;
@@ -287,16 +269,13 @@ TEST(ClientHello, BuilderHelloParses) {
 // has been swallowed as that extension's data): then the name is empty.
 TEST(ClientHello, EveryLengthFieldLying) {
   Builder builder;
-  builder.extension(10, u16(4) + u16(29) + u16(23))
-      .sni("lying.example.test")
-      .extension(16, u16(3) + "\x02h2");
+  builder.extension(10, u16(4) + u16(29) + u16(23)).sni("lying.example.test").extension(16, u16(3) + "\x02h2");
   std::string hello = builder.build();
   ASSERT_EQ(parse(hello), HelloStatus::kOk);
   ASSERT_GE(builder.fields.size(), 9u);
   for (const auto& field : builder.fields) {
     size_t truth = 0;
-    for (int i = 0; i < field.width; ++i)
-      truth = truth << 8 | static_cast<uint8_t>(hello[field.offset + i]);
+    for (int i = 0; i < field.width; ++i) truth = truth << 8 | static_cast<uint8_t>(hello[field.offset + i]);
     size_t max = (size_t{1} << (8 * field.width)) - 1;
     std::vector<size_t> lies = {0, 1, max, max - 1, max / 2 + 1};
     for (size_t delta = 1; delta <= 40; ++delta) {
@@ -315,8 +294,7 @@ TEST(ClientHello, EveryLengthFieldLying) {
       if (skipped && status == HelloStatus::kOk) {
         EXPECT_EQ(name, "") << field.name << " = " << lie;
       } else {
-        EXPECT_NE(status, HelloStatus::kOk)
-            << field.name << " = " << lie << " (truly " << truth << ")";
+        EXPECT_NE(status, HelloStatus::kOk) << field.name << " = " << lie << " (truly " << truth << ")";
       }
     }
   }
@@ -351,45 +329,38 @@ TEST(ClientHello, BodyFieldsOutOfRangeAreMalformed) {
 }
 
 TEST(ClientHello, ServerNameExtensionShapes) {
-  auto withSni = [](std::string extensionData) {
-    return Builder().extension(0, std::move(extensionData)).build();
-  };
+  auto withSni = [](std::string extensionData) { return Builder().extension(0, std::move(extensionData)).build(); };
   std::string name;
   // An unknown name type is skipped by its length; the host_name still counts.
-  EXPECT_EQ(parse(withSni(Builder::serverNameExtension({{7, "whatever"}, {0, "b.test"}})), &name),
-            HelloStatus::kOk);
+  EXPECT_EQ(parse(withSni(Builder::serverNameExtension({{7, "whatever"}, {0, "b.test"}})), &name), HelloStatus::kOk);
   EXPECT_EQ(name, "b.test");
-  EXPECT_EQ(parse(withSni(Builder::serverNameExtension({{7, "whatever"}})), &name),
-            HelloStatus::kOk);
+  EXPECT_EQ(parse(withSni(Builder::serverNameExtension({{7, "whatever"}})), &name), HelloStatus::kOk);
   EXPECT_EQ(name, "");
   // Two host names, two extensions, an empty list, an empty name, trailing bytes.
-  EXPECT_EQ(parse(withSni(Builder::serverNameExtension({{0, "a.test"}, {0, "b.test"}}))),
-            HelloStatus::kMalformed);
+  EXPECT_EQ(parse(withSni(Builder::serverNameExtension({{0, "a.test"}, {0, "b.test"}}))), HelloStatus::kMalformed);
   EXPECT_EQ(parse(Builder().sni("a.test").sni("a.test").build()), HelloStatus::kMalformed);
   EXPECT_EQ(parse(withSni(u16(0))), HelloStatus::kMalformed);
   EXPECT_EQ(parse(withSni("")), HelloStatus::kMalformed);
   EXPECT_EQ(parse(withSni(Builder::serverNameExtension({{0, ""}}))), HelloStatus::kMalformed);
-  EXPECT_EQ(parse(withSni(Builder::serverNameExtension({{0, "a.test"}}) + "x")),
-            HelloStatus::kMalformed);
+  EXPECT_EQ(parse(withSni(Builder::serverNameExtension({{0, "a.test"}}) + "x")), HelloStatus::kMalformed);
 }
 
 TEST(ClientHello, HostNameMustLookLikeADnsName) {
   std::string label63(63, 'a');
   std::string longest = label63 + "." + label63 + "." + label63 + "." + std::string(61, 'd');
   ASSERT_EQ(longest.size(), 253u);
-  for (const std::string& good : {std::string("a"), std::string("xn--bcher-kva.example"),
-                                  std::string("_dmarc.under_score.test"), std::string("1.2.3.4"),
-                                  std::string("a-b.c-d.test"), label63 + ".test", longest}) {
+  for (const std::string& good :
+       {std::string("a"), std::string("xn--bcher-kva.example"), std::string("_dmarc.under_score.test"),
+        std::string("1.2.3.4"), std::string("a-b.c-d.test"), label63 + ".test", longest}) {
     std::string name;
     EXPECT_EQ(parse(Builder().sni(good).build(), &name), HelloStatus::kOk) << good;
     EXPECT_EQ(name, good);
   }
   for (const std::string& bad :
-       {std::string("a\0b.test", 8), std::string("a.test\0", 7), std::string("exa mple.test"),
-        std::string("a/b.test"), std::string("a:443"), std::string("a..b"), std::string(".a.test"),
-        std::string("a.test."), std::string("."), std::string("caf\xc3\xa9.test"),
-        std::string("*.example.test"), std::string("a\r\nb"), std::string(64, 'a') + ".test",
-        longest + "e", std::string(300, 'a')}) {
+       {std::string("a\0b.test", 8), std::string("a.test\0", 7), std::string("exa mple.test"), std::string("a/b.test"),
+        std::string("a:443"), std::string("a..b"), std::string(".a.test"), std::string("a.test."), std::string("."),
+        std::string("caf\xc3\xa9.test"), std::string("*.example.test"), std::string("a\r\nb"),
+        std::string(64, 'a') + ".test", longest + "e", std::string(300, 'a')}) {
     EXPECT_EQ(parse(Builder().sni(bad).build()), HelloStatus::kMalformed) << bad;
   }
 }

@@ -35,10 +35,31 @@ TEST(DaemonFlags, NoArgumentsAreTheDefaults) {
 }
 
 TEST(DaemonFlags, EachFlagSetsWhatItNames) {
-  auto f = parse({"--state", "/srv/moat", "--listen", "0.0.0.0:8080", "--warm-pool", "2:ram_mb=512", "--warm-pool",
-                  "1", "--max-environments", "10", "--max-connections", "20", "--key-rate", "0",
-                  "--approval-timeout", "30", "--lossless-wait", "5", "--audit-retention-days", "0",
-                  "--audit-max-events", "5000", "--egress-head-timeout", "7", "--no-egress"});
+  auto f = parse({"--state",
+                  "/srv/moat",
+                  "--listen",
+                  "0.0.0.0:8080",
+                  "--warm-pool",
+                  "2:ram_mb=512",
+                  "--warm-pool",
+                  "1",
+                  "--max-environments",
+                  "10",
+                  "--max-connections",
+                  "20",
+                  "--key-rate",
+                  "0",
+                  "--approval-timeout",
+                  "30",
+                  "--lossless-wait",
+                  "5",
+                  "--audit-retention-days",
+                  "0",
+                  "--audit-max-events",
+                  "5000",
+                  "--egress-head-timeout",
+                  "7",
+                  "--no-egress"});
   ASSERT_TRUE(f.ok()) << f.error().message();
   EXPECT_EQ(f->stateDir, "/srv/moat");
   EXPECT_EQ(f->listen, "0.0.0.0:8080");
@@ -58,10 +79,12 @@ TEST(DaemonFlags, EachFlagSetsWhatItNames) {
 }
 
 TEST(DaemonFlags, ValuesOutOfRangeAreRefusedByName) {
-  EXPECT_EQ(problem({"--max-environments", "0"}), "invalid_argument: --max-environments needs a number from 1 to 100000");
+  EXPECT_EQ(problem({"--max-environments", "0"}),
+            "invalid_argument: --max-environments needs a number from 1 to 100000");
   EXPECT_EQ(problem({"--max-environments", "100001"}),
             "invalid_argument: --max-environments needs a number from 1 to 100000");
-  EXPECT_EQ(problem({"--max-connections", "-1"}), "invalid_argument: --max-connections needs a number from 1 to 100000");
+  EXPECT_EQ(problem({"--max-connections", "-1"}),
+            "invalid_argument: --max-connections needs a number from 1 to 100000");
   EXPECT_EQ(problem({"--key-rate", "1e3"}),
             "invalid_argument: --key-rate needs a number of requests per second from 0 (no limit) to 100000");
   EXPECT_EQ(problem({"--approval-timeout", "86401"}),
@@ -100,9 +123,10 @@ TEST(DaemonFlags, PermissionsComeFromAJsonFileAndABadOneIsRefusedWithItsProblem)
   EXPECT_EQ(f->manager.defaultPermissions.toJson()["run_command"], "deny");
   EXPECT_EQ(problem({"--permissions", bad}), "invalid_argument: --permissions: " + bad + " is not JSON");
   std::string why = problem({"--permissions", wrong});
-  EXPECT_EQ(why.rfind("invalid_argument: --permissions: " + wrong + ": permissions.run_command: must be", 0), 0u) << why;
-  EXPECT_EQ(problem({"--permissions", std::string(dir) + "/missing.json"}).rfind("invalid_argument: --permissions: ", 0),
-            0u);
+  EXPECT_EQ(why.rfind("invalid_argument: --permissions: " + wrong + ": permissions.run_command: must be", 0), 0u)
+      << why;
+  EXPECT_EQ(
+      problem({"--permissions", std::string(dir) + "/missing.json"}).rfind("invalid_argument: --permissions: ", 0), 0u);
   for (const auto& p : {good, bad, wrong}) ::unlink(p.c_str());
   ::rmdir(dir);
 }

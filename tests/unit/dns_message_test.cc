@@ -18,9 +18,7 @@
 namespace moat::egress {
 namespace {
 
-std::string u16(unsigned v) {
-  return {static_cast<char>(v >> 8 & 0xff), static_cast<char>(v & 0xff)};
-}
+std::string u16(unsigned v) { return {static_cast<char>(v >> 8 & 0xff), static_cast<char>(v & 0xff)}; }
 
 std::string wireName(const std::vector<std::string>& labels) {
   std::string out;
@@ -28,8 +26,7 @@ std::string wireName(const std::vector<std::string>& labels) {
   return out + std::string(1, '\0');
 }
 
-std::string header(unsigned id, unsigned flags, unsigned qd, unsigned an = 0, unsigned ns = 0,
-                   unsigned ar = 0) {
+std::string header(unsigned id, unsigned flags, unsigned qd, unsigned an = 0, unsigned ns = 0, unsigned ar = 0) {
   return u16(id) + u16(flags) + u16(qd) + u16(an) + u16(ns) + u16(ar);
 }
 
@@ -73,8 +70,7 @@ struct Parsed {
 Parsed libcParse(const std::string& packet) {
   Parsed p;
   ns_msg msg;
-  if (ns_initparse(reinterpret_cast<const unsigned char*>(packet.data()),
-                   static_cast<int>(packet.size()), &msg) != 0) {
+  if (ns_initparse(reinterpret_cast<const unsigned char*>(packet.data()), static_cast<int>(packet.size()), &msg) != 0) {
     return p;
   }
   p.id = ns_msg_id(msg);
@@ -127,8 +123,7 @@ TEST(DnsMessage, ParsesAQuery) {
 
 TEST(DnsMessage, ParsesWhatResMkqueryBuilds) {
   unsigned char buf[512];
-  int n = res_mkquery(ns_o_query, "Host.Example.Test", ns_c_in, ns_t_a, nullptr, 0, nullptr, buf,
-                      sizeof buf);
+  int n = res_mkquery(ns_o_query, "Host.Example.Test", ns_c_in, ns_t_a, nullptr, 0, nullptr, buf, sizeof buf);
   ASSERT_GT(n, 0);
   DnsQuery q = mustParse(std::string(reinterpret_cast<char*>(buf), static_cast<size_t>(n)));
   EXPECT_EQ(q.name, "host.example.test");
@@ -137,9 +132,8 @@ TEST(DnsMessage, ParsesWhatResMkqueryBuilds) {
 
 TEST(DnsMessage, IgnoresAnEdnsOptRecord) {
   // What dig sends: the question, then an OPT pseudo-record in additional.
-  std::string packet = header(9, kRd | 0x20 /* AD */, 1, 0, 0, 1) + wireName({"a", "test"}) +
-                       u16(kDnsTypeA) + u16(kDnsClassIN) + std::string(1, '\0') + u16(41) +
-                       u16(1232) + std::string(4, '\0') + u16(0);
+  std::string packet = header(9, kRd | 0x20 /* AD */, 1, 0, 0, 1) + wireName({"a", "test"}) + u16(kDnsTypeA) +
+                       u16(kDnsClassIN) + std::string(1, '\0') + u16(41) + u16(1232) + std::string(4, '\0') + u16(0);
   DnsQuery q = mustParse(packet);
   EXPECT_EQ(q.name, "a.test");
 }
@@ -208,9 +202,8 @@ TEST(DnsMessage, AnswersFitTheUdpLimit) {
   std::vector<uint32_t> many;
   for (uint32_t i = 0; i < 200; ++i) many.push_back(htonl(0x0a000000 + i));
   std::string label63(63, 'a');
-  for (const auto& labels :
-       {std::vector<std::string>{"a", "test"},
-        std::vector<std::string>{label63, label63, label63, std::string(61, 'b')}}) {
+  for (const auto& labels : {std::vector<std::string>{"a", "test"},
+                             std::vector<std::string>{label63, label63, label63, std::string(61, 'b')}}) {
     DnsQuery q = mustParse(query(1, labels));
     std::string answer = dnsAnswer(q, many, 5);
     EXPECT_LE(answer.size(), kDnsMaxUdpMessage);
@@ -240,8 +233,7 @@ TEST(DnsMessage, HandMadeQueryStructsEncodeWellFormed) {
   Parsed p = libcParse(dnsAnswer(q, {ipv4("192.0.2.1")}, 1));
   ASSERT_TRUE(p.ok);
   EXPECT_EQ(p.questionName, "a." + std::string(63, 'x') + ".b");
-  DnsQuery huge{3, std::string(2000, 'x') + "." + std::string(2000, 'y'), kDnsTypeA, kDnsClassIN,
-                true};
+  DnsQuery huge{3, std::string(2000, 'x') + "." + std::string(2000, 'y'), kDnsTypeA, kDnsClassIN, true};
   for (int i = 0; i < 10; ++i) huge.name += "." + std::string(63, 'z');
   Parsed h = libcParse(dnsError(huge, kDnsRefused));
   ASSERT_TRUE(h.ok);
@@ -250,8 +242,7 @@ TEST(DnsMessage, HandMadeQueryStructsEncodeWellFormed) {
 
 TEST(DnsMessage, EveryTruncationIsMalformed) {
   std::string packet = query(0x4242, {"api", "example", "test"});
-  for (size_t n = 0; n < packet.size(); ++n)
-    expectMalformed(packet.substr(0, n), "prefix " + std::to_string(n));
+  for (size_t n = 0; n < packet.size(); ++n) expectMalformed(packet.substr(0, n), "prefix " + std::to_string(n));
 }
 
 TEST(DnsMessage, HeaderChecks) {
@@ -288,8 +279,8 @@ TEST(DnsMessage, NameChecks) {
   for (int i = 0; i < 200; ++i) manyLabels += std::string("\x01", 1) + "a";
   expectMalformed(header(1, 0, 1) + manyLabels + std::string(1, '\0') + tail, "400 characters");
   // Bytes that have no place in a host name.
-  for (const std::string& label : {std::string("a b"), std::string("a\0b", 3), std::string("a.b"),
-                                   std::string("\xff"), std::string("a/b"), std::string("*")}) {
+  for (const std::string& label : {std::string("a b"), std::string("a\0b", 3), std::string("a.b"), std::string("\xff"),
+                                   std::string("a/b"), std::string("*")}) {
     expectMalformed(query(1, {label, "test"}), "label " + label);
   }
   // Name ends, type/class missing.
@@ -325,8 +316,7 @@ TEST(DnsMessage, TcpFraming) {
   EXPECT_EQ(stream.substr(0, 2), u16(a.size()));
   size_t consumed = 0;
   for (size_t n = 0; n < a.size() + 2; ++n) {
-    EXPECT_FALSE(dnsTcpNextMessage(std::string_view(stream).substr(0, n), &consumed).has_value())
-        << n;
+    EXPECT_FALSE(dnsTcpNextMessage(std::string_view(stream).substr(0, n), &consumed).has_value()) << n;
   }
   auto first = dnsTcpNextMessage(stream, &consumed);
   ASSERT_TRUE(first.has_value());
@@ -357,8 +347,7 @@ TEST(DnsMessage, RandomGarbageNeverCrashes) {
       for (char& c : data) c = static_cast<char>(byte(rng));
     } else {
       data = valid;
-      for (int f = 0; f < 1 + i % 3; ++f)
-        data[length(rng) % data.size()] = static_cast<char>(byte(rng));
+      for (int f = 0; f < 1 + i % 3; ++f) data[length(rng) % data.size()] = static_cast<char>(byte(rng));
       data.resize(std::min(data.size(), length(rng)));
     }
     auto q = parseDnsQuery(data);
@@ -369,8 +358,7 @@ TEST(DnsMessage, RandomGarbageNeverCrashes) {
     } else {
       EXPECT_EQ(q.error().code, "malformed");
       auto reply = dnsFormatErrorFor(data);
-      EXPECT_EQ(reply.has_value(),
-                data.size() >= 12 && (static_cast<uint8_t>(data[2]) & 0x80) == 0);
+      EXPECT_EQ(reply.has_value(), data.size() >= 12 && (static_cast<uint8_t>(data[2]) & 0x80) == 0);
     }
   }
 }

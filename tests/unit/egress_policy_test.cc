@@ -48,8 +48,8 @@ TEST(EgressPolicy, ErrorsNameTheField) {
 }
 
 TEST(EgressPolicy, HostGlobsPortsAndDenyFirst) {
-  Policy p = parsed({{"allow", {"*.pypi.org", "api.github.com:443", "files.example.com"}},
-                     {"deny", {"evil.pypi.org"}}});
+  Policy p =
+      parsed({{"allow", {"*.pypi.org", "api.github.com:443", "files.example.com"}}, {"deny", {"evil.pypi.org"}}});
   EXPECT_EQ(outcome(p, "files.pypi.org", 443), Outcome::kAllow);
   EXPECT_EQ(outcome(p, "FILES.PyPI.org", 443), Outcome::kAllow);
   EXPECT_EQ(outcome(p, "pypi.org", 443), Outcome::kUnlisted);  // "*." needs a label
@@ -144,8 +144,8 @@ TEST(EgressPolicy, PathRulesSeeWhatServersSee) {
 }
 
 TEST(EgressPolicy, MethodsCompareInUpperCase) {
-  Policy p = parsed({{"allow", {"api.example.com"}},
-                     {"deny", {{{"host", "api.example.com"}, {"methods", {"DELETE"}}}}}});
+  Policy p =
+      parsed({{"allow", {"api.example.com"}}, {"deny", {{{"host", "api.example.com"}, {"methods", {"DELETE"}}}}}});
   EXPECT_EQ(outcome(p, "api.example.com", 443, {}, "delete", "/x"), Outcome::kDeny);
   EXPECT_EQ(outcome(p, "api.example.com", 443, {}, "Delete", "/x"), Outcome::kDeny);
   EXPECT_EQ(outcome(p, "api.example.com", 443, {}, "GET", "/x"), Outcome::kAllow);
@@ -199,8 +199,8 @@ TEST(EgressSecrets, RefusesWhatCouldLeakOrConfuse) {
   EXPECT_EQ(err(R"([{"name": "A", "value": "v", "hosts": ["*"]}])").rfind("secrets[0].hosts[0]:", 0), 0u);
   // Globs that match (nearly) any host, any host under a top-level domain,
   // any last label, or IP addresses are refused as "*" is.
-  for (const char* broad : {"*.*", "**", "?*", "*?", "*.com", "api.*", "api.example.*", "*.*.com", "10.0.0.*",
-                            "*.0.1", "?.1.2.3", "a..b", ".example.com"}) {
+  for (const char* broad : {"*.*", "**", "?*", "*?", "*.com", "api.*", "api.example.*", "*.*.com", "10.0.0.*", "*.0.1",
+                            "?.1.2.3", "a..b", ".example.com"}) {
     std::string text = std::string(R"([{"name": "A", "value": "v", "hosts": [")") + broad + R"("]}])";
     EXPECT_EQ(err(text.c_str()).rfind("secrets[0].hosts[0]:", 0), 0u) << broad;
   }
@@ -211,8 +211,8 @@ TEST(EgressSecrets, RefusesWhatCouldLeakOrConfuse) {
   }
   EXPECT_EQ(err(R"([{"name": "1A", "value": "v", "hosts": ["x"]}])").rfind("secrets[0].name:", 0), 0u);
   EXPECT_EQ(err(R"([{"name": "A", "value": "a\r\nX-Evil: 1", "hosts": ["x"]}])").rfind("secrets[0].value:", 0), 0u);
-  EXPECT_EQ(err(R"([{"name": "A", "value": "v", "hosts": ["x"], "header": "Bad Name"}])").rfind("secrets[0].header:", 0),
-            0u);
+  EXPECT_EQ(
+      err(R"([{"name": "A", "value": "v", "hosts": ["x"], "header": "Bad Name"}])").rfind("secrets[0].header:", 0), 0u);
   EXPECT_EQ(err(R"([{"name": "A", "value": "v", "hosts": ["x"]}, {"name": "A", "value": "w", "hosts": ["y"]}])")
                 .rfind("secrets[1].name:", 0),
             0u);

@@ -2,6 +2,7 @@
 // process's memory. The reads end where the process's mappings end, so an
 // argv placed against an unmapped page is read whole when it is whole and
 // refused when its end is missing.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -9,8 +10,6 @@
 #include <unistd.h>
 
 #include <cstring>
-
-#include <gtest/gtest.h>
 
 #include "os/exec_notify.h"
 

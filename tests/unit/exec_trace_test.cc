@@ -1,6 +1,9 @@
 // The exec gate's second look (os/exec_trace.h): whether what a process
 // runs after its exec is what was judged, what a script runs as, and what a
 // tracee's stop is.
+#include "os/exec_trace.h"
+
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/ptrace.h>
 #include <sys/stat.h>
@@ -8,10 +11,6 @@
 
 #include <filesystem>
 #include <fstream>
-
-#include <gtest/gtest.h>
-
-#include "os/exec_trace.h"
 
 namespace moat::os {
 namespace {
@@ -71,7 +70,8 @@ TEST(ExecTrace, AFileIsIdentifiedWithItsInterpreter) {
   auto dir = std::filesystem::temp_directory_path() / ("moat-exec-trace-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "s") << "#!  /bin/sh   -e  \t\necho hi\n";
-  std::ofstream(dir / "plain") << "\x7f" "ELF...";
+  std::ofstream(dir / "plain") << "\x7f"
+                                  "ELF...";
   std::ofstream(dir / "empty") << "#!   \n";
   const std::string self = "/proc/" + std::to_string(::getpid()) + "/root";
   auto s = identifyExecFile(::getpid(), self + (dir / "s").string());

@@ -61,8 +61,8 @@ TEST(GateTree, OnlyAllOfItCoversTheWholeFileSystem) {
   // "/*/**" covers every directory's tree but misses /secret itself;
   // "//**" matches no normalized path: neither ends the scan at "/".
   for (const char* first : {"/*/**", "//**"}) {
-    Permissions p = writes({{{"path", first}, {"action", "allow"}}, {{"path", "/secret"}, {"action", "deny"}},
-                            {{"action", "allow"}}});
+    Permissions p = writes(
+        {{{"path", first}, {"action", "allow"}}, {{"path", "/secret"}, {"action", "deny"}}, {{"action", "allow"}}});
     auto v = treeVerdict(p, "/");
     EXPECT_EQ(v.decision, Decision::kDeny) << first;
     EXPECT_EQ(v.rule, 1) << first;

@@ -1,9 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "gate/permissions.h"
 
@@ -55,9 +54,9 @@ TEST(Glob, AProgramIsJudgedByTheFileItNames) {
   EXPECT_EQ(judgedArgv("/usr/bin/rm", {"ls", "-rf", "/"}), (std::vector<std::string>{"/usr/bin/rm", "-rf", "/"}));
   EXPECT_EQ(judgedArgv("/bin/true", {}), (std::vector<std::string>{"/bin/true"}));
   EXPECT_TRUE(argvMatch({"rm", "*"}, judgedArgv("/usr/bin/rm", {"ls", "-rf", "/"})));
-  auto rules = Permissions::parse(nlohmann::json{{"run_command", {{{"match", {"rm", "*"}}, {"action", "deny"}},
-                                                                  {{"action", "allow"}}}}},
-                                  Permissions::defaults());
+  auto rules = Permissions::parse(
+      nlohmann::json{{"run_command", {{{"match", {"rm", "*"}}, {"action", "deny"}}, {{"action", "allow"}}}}},
+      Permissions::defaults());
   ASSERT_TRUE(rules.ok()) << rules.error().message();
   Action program;
   program.scope = Scope::kRunCommand;

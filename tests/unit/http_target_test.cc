@@ -42,9 +42,9 @@ TEST(HttpTarget, HostIsCanonical) {
 }
 
 TEST(HttpTarget, RefusesWhatIsNotAHostAndPort) {
-  for (const char* bad : {"", ":80", "a:", "a:0", "a:65536", "a:123456", "a:8o", "a:+80", "a:-1", "[::1]:80",
-                          "[::1]", "a b", "a/b", "a@b", "user@host:80", "a:80:90", ".", "a..", "h\xc3\xa9.com",
-                          "a\r\nb"}) {
+  for (const char* bad :
+       {"",      ":80", "a:",  "a:0", "a:65536",      "a:123456", "a:8o", "a:+80", "a:-1",          "[::1]:80",
+        "[::1]", "a b", "a/b", "a@b", "user@host:80", "a:80:90",  ".",    "a..",   "h\xc3\xa9.com", "a\r\nb"}) {
     EXPECT_FALSE(split(bad).ok) << bad;
   }
   EXPECT_FALSE(split(std::string(254, 'a')).ok);

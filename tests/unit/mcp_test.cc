@@ -14,9 +14,9 @@ TEST(McpProtocol, TellsMessagesApart) {
   EXPECT_EQ(kindOf(json::parse(R"({"jsonrpc":"2.0","method":"notifications/initialized"})")), Kind::kNotification);
   EXPECT_EQ(kindOf(json::parse(R"({"jsonrpc":"2.0","id":1,"result":{}})")), Kind::kResponse);
   for (const char* bad : {R"({"id":1,"method":"ping"})", R"({"jsonrpc":"1.0","id":1,"method":"ping"})",
-                          R"({"jsonrpc":"2.0","id":1.5,"method":"ping"})", R"({"jsonrpc":"2.0","id":null,"method":"x"})",
-                          R"({"jsonrpc":"2.0","id":1,"method":7})", R"({"jsonrpc":"2.0","id":1,"method":"x","params":3})",
-                          R"([1,2])", R"("text")"}) {
+                          R"({"jsonrpc":"2.0","id":1.5,"method":"ping"})",
+                          R"({"jsonrpc":"2.0","id":null,"method":"x"})", R"({"jsonrpc":"2.0","id":1,"method":7})",
+                          R"({"jsonrpc":"2.0","id":1,"method":"x","params":3})", R"([1,2])", R"("text")"}) {
     EXPECT_EQ(kindOf(json::parse(bad)), Kind::kInvalid) << bad;
   }
 }
@@ -90,7 +90,8 @@ TEST(McpTools, ArgumentsAreCheckedAgainstTheSchema) {
   }
   EXPECT_EQ(checkArguments(json::parse(R"({"command": "ls"})"), schema), "");
   EXPECT_EQ(checkArguments(json::parse(R"({"argv": ["ls", "-l"], "timeout_s": 5})"), schema), "");
-  EXPECT_NE(checkArguments(json::parse(R"({"command": 3})"), schema).find("command: must be string"), std::string::npos);
+  EXPECT_NE(checkArguments(json::parse(R"({"command": 3})"), schema).find("command: must be string"),
+            std::string::npos);
   EXPECT_NE(checkArguments(json::parse(R"({"argv": []})"), schema).find("argv"), std::string::npos);
   EXPECT_NE(checkArguments(json::parse(R"({"argv": ["ls", 1]})"), schema).find("argv[1]"), std::string::npos);
   EXPECT_NE(checkArguments(json::parse(R"({"command": "x", "timeout_s": 0})"), schema).find("timeout_s"),

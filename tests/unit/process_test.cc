@@ -14,8 +14,7 @@ namespace {
 // seen to end; the audit event its end hook records must be there by then,
 // or a client that reads the log right after can miss it.
 TEST(Process, NobodySeesTheEndBeforeTheEndHookHasRun) {
-  auto process = std::make_shared<Process>(1, std::vector<std::string>{"true"}, "exec", false,
-                                           false, 1024);
+  auto process = std::make_shared<Process>(1, std::vector<std::string>{"true"}, "exec", false, false, 1024);
   std::mutex m;
   std::condition_variable cv;
   bool waiterReturned = false;
@@ -45,8 +44,7 @@ TEST(Process, NobodySeesTheEndBeforeTheEndHookHasRun) {
 }
 
 TEST(Process, TheEndHookRunsOnceWhicheverEndComesFirst) {
-  auto process = std::make_shared<Process>(1, std::vector<std::string>{"true"}, "exec", false,
-                                           false, 1024);
+  auto process = std::make_shared<Process>(1, std::vector<std::string>{"true"}, "exec", false, false, 1024);
   int calls = 0;
   ProcessState seen = ProcessState::kStarting;
   process->onEnded([&](const ProcessInfo& info) {

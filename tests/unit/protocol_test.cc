@@ -27,12 +27,18 @@ NamedDecoder decoderFor(const char* name) {
 
 std::vector<NamedDecoder> allDecoders() {
   return {
-      decoderFor<Hello>("Hello"),           decoderFor<SpawnRequest>("SpawnRequest"),
-      decoderFor<Spawned>("Spawned"),       decoderFor<SpawnFailed>("SpawnFailed"),
-      decoderFor<Output>("Output"),         decoderFor<StdinData>("StdinData"),
-      decoderFor<ProcessRef>("ProcessRef"), decoderFor<SignalRequest>("SignalRequest"),
-      decoderFor<Exited>("Exited"),         decoderFor<FileRequest>("FileRequest"),
-      decoderFor<FileResult>("FileResult"), decoderFor<Resize>("Resize"),
+      decoderFor<Hello>("Hello"),
+      decoderFor<SpawnRequest>("SpawnRequest"),
+      decoderFor<Spawned>("Spawned"),
+      decoderFor<SpawnFailed>("SpawnFailed"),
+      decoderFor<Output>("Output"),
+      decoderFor<StdinData>("StdinData"),
+      decoderFor<ProcessRef>("ProcessRef"),
+      decoderFor<SignalRequest>("SignalRequest"),
+      decoderFor<Exited>("Exited"),
+      decoderFor<FileRequest>("FileRequest"),
+      decoderFor<FileResult>("FileResult"),
+      decoderFor<Resize>("Resize"),
       decoderFor<OutputCredit>("OutputCredit"),
   };
 }
@@ -325,8 +331,7 @@ TEST(Protocol, ResizeOutOfRangeRejected) {
   struct Case {
     uint32_t rows, cols;
   };
-  for (Case c : {Case{0, 80}, Case{24, 0}, Case{0, 0}, Case{65536, 80}, Case{24, 65536},
-                 Case{0xffffffffu, 80}}) {
+  for (Case c : {Case{0, 80}, Case{24, 0}, Case{0, 0}, Case{65536, 80}, Case{24, 65536}, Case{0xffffffffu, 80}}) {
     auto back = Resize::decode(Encoder().u32(1).u32(c.rows).u32(c.cols).take());
     ASSERT_FALSE(back.ok()) << c.rows << "x" << c.cols << " accepted";
     EXPECT_EQ(back.error().code, "protocol");
@@ -371,8 +376,8 @@ TEST(Protocol, ExitedRoundTrip) {
 }
 
 TEST(Protocol, FileRequestRoundTripEveryOp) {
-  for (FileOp op : {FileOp::kRead, FileOp::kWrite, FileOp::kStat, FileOp::kList, FileOp::kMkdir,
-                    FileOp::kRemove, FileOp::kRename}) {
+  for (FileOp op : {FileOp::kRead, FileOp::kWrite, FileOp::kStat, FileOp::kList, FileOp::kMkdir, FileOp::kRemove,
+                    FileOp::kRename}) {
     FileRequest r = sampleFileRequest();
     r.op = op;
     auto back = FileRequest::decode(r.encode());
@@ -449,8 +454,7 @@ TEST(Protocol, TruncatedErrorIsAProtocolError) {
 TEST(Protocol, TrailingBytesRejected) {
   for (const auto& s : allSamples()) {
     EXPECT_FALSE(s.decodes(s.payload + "x")) << s.name << " accepted a trailing byte";
-    EXPECT_FALSE(s.decodes(s.payload + std::string(4, '\0')))
-        << s.name << " accepted trailing zeros";
+    EXPECT_FALSE(s.decodes(s.payload + std::string(4, '\0'))) << s.name << " accepted trailing zeros";
   }
   auto r = Hello::decode(Hello{}.encode() + "z");
   ASSERT_FALSE(r.ok());

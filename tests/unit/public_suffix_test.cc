@@ -32,8 +32,8 @@ TEST(PublicSuffix, RulesWildcardsAndExceptions) {
       "s3.amazonaws.com\r\n"
       "github.io\n");
   EXPECT_EQ(list.size(), 8u);
-  for (const char* suffix : {"com", "co.uk", "uk", "anything.ck", "xn--55qx5d.cn", "s3.amazonaws.com", "github.io",
-                             "localtld"}) {
+  for (const char* suffix :
+       {"com", "co.uk", "uk", "anything.ck", "xn--55qx5d.cn", "s3.amazonaws.com", "github.io", "localtld"}) {
     EXPECT_TRUE(list.isPublicSuffix(suffix)) << suffix;
   }
   for (const char* registered : {"example.com", "example.co.uk", "www.ck", "a.anything.ck", "amazonaws.com",
@@ -58,16 +58,16 @@ std::string secretHostError(const std::string& host) {
 TEST(PublicSuffix, SecretGlobsStayInsideOneRegisteredDomain) {
   ASSERT_TRUE(systemPublicSuffixes().ok()) << systemPublicSuffixes().error().message();
   EXPECT_GT(systemPublicSuffixes()->size(), 5000u);
-  for (const char* open : {"*.co.uk", "*.github.io", "?.herokuapp.com", "*.googleapis.com", "api-?.s3.amazonaws.com",
-                           "*.xn--55qx5d.cn"}) {
+  for (const char* open :
+       {"*.co.uk", "*.github.io", "?.herokuapp.com", "*.googleapis.com", "api-?.s3.amazonaws.com", "*.xn--55qx5d.cn"}) {
     std::string error = secretHostError(open);
     EXPECT_NE(error.find("is a public suffix"), std::string::npos) << open << ": " << error;
   }
   // Above a public suffix: "*" crosses dots into names that others register.
   std::string above = secretHostError("*.amazonaws.com");
   EXPECT_NE(above.find("holds public suffixes"), std::string::npos) << above;
-  for (const char* fine : {"*.github.com", "*.example.co.uk", "api-?.example.com", "user.github.io", "co.uk",
-                           "s3.amazonaws.com"}) {
+  for (const char* fine :
+       {"*.github.com", "*.example.co.uk", "api-?.example.com", "user.github.io", "co.uk", "s3.amazonaws.com"}) {
     EXPECT_EQ(secretHostError(fine), "") << fine;
   }
 }

@@ -1,6 +1,4 @@
 #include "cli/run_options.h"
-#include "common/base_environment.h"
-#include "os/file.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -8,6 +6,9 @@
 #include <set>
 #include <string>
 #include <vector>
+
+#include "common/base_environment.h"
+#include "os/file.h"
 
 namespace moat::cli {
 namespace {
@@ -20,9 +21,7 @@ const char* fakeHostEnv(const char* name) {
   return nullptr;
 }
 
-Result<RunOptions> parse(const std::vector<std::string>& args) {
-  return parseRunOptions(args, kHostMb, fakeHostEnv);
-}
+Result<RunOptions> parse(const std::vector<std::string>& args) { return parseRunOptions(args, kHostMb, fakeHostEnv); }
 
 // Sets or unsets MOAT_STATE for one test and restores it afterwards.
 class ScopedStateEnv {
@@ -103,10 +102,10 @@ TEST(RunOptions, StateDirFromEnvironment) {
 
 TEST(RunOptions, EveryFlagSeparateValue) {
   ScopedStateEnv env(nullptr);
-  auto r = parse({"--cpus", "2.5", "--memory", "2048", "--pids", "100", "--storage", "10",
-                  "--timeout", "1.5", "-i", "-e", "A=1", "--env", "B=2", "-v", "/tmp:/data:ro",
-                  "--volume", "/:/host", "-w", "/src", "--template", "/srv/rootfs", "--state",
-                  "/var/tmp/st", "cmd", "arg"});
+  auto r = parse({"--cpus",     "2.5",         "--memory",      "2048",        "--pids",  "100", "--storage",
+                  "10",         "--timeout",   "1.5",           "-i",          "-e",      "A=1", "--env",
+                  "B=2",        "-v",          "/tmp:/data:ro", "--volume",    "/:/host", "-w",  "/src",
+                  "--template", "/srv/rootfs", "--state",       "/var/tmp/st", "cmd",     "arg"});
   ASSERT_TRUE(r.ok()) << r.error().message();
   EXPECT_EQ(r->spec.cpus, 2.5);
   EXPECT_EQ(r->spec.memoryMb, 2048u);
@@ -129,9 +128,9 @@ TEST(RunOptions, EveryFlagSeparateValue) {
 }
 
 TEST(RunOptions, EveryLongFlagWithEquals) {
-  auto r = parse({"--cpus=0.5", "--memory=64", "--pids=4", "--storage=1", "--timeout=30",
-                  "--interactive", "--env=A=x=y", "--volume=/tmp:/data:rw", "--workdir=/a/./b/",
-                  "--template=host", "--state=/st", "cmd"});
+  auto r =
+      parse({"--cpus=0.5", "--memory=64", "--pids=4", "--storage=1", "--timeout=30", "--interactive", "--env=A=x=y",
+             "--volume=/tmp:/data:rw", "--workdir=/a/./b/", "--template=host", "--state=/st", "cmd"});
   ASSERT_TRUE(r.ok()) << r.error().message();
   EXPECT_EQ(r->spec.cpus, 0.5);
   EXPECT_EQ(r->spec.memoryMb, 64u);
@@ -151,7 +150,11 @@ TEST(RunOptions, EveryLongFlagWithEquals) {
 
 TEST(RunOptions, EqualsWithEmptyValueNamesFlag) {
   expectError({"--memory=", "cmd"}, {"--memory", "needs a value"});
-  expectError({"--cpus", }, {"--cpus", "needs a value"});
+  expectError(
+      {
+          "--cpus",
+      },
+      {"--cpus", "needs a value"});
 }
 
 TEST(RunOptions, DoubleDashSeparator) {
@@ -318,8 +321,7 @@ TEST(RunOptions, BaseEnvironmentHasNothingFromTheHost) {
   EXPECT_TRUE(keys.count("TERM"));
   EXPECT_TRUE(has("HOSTNAME=envhost"));
   EXPECT_TRUE(has("PWD=/workspace"));
-  const std::set<std::string> allowed = {"PATH", "HOME",     "USER", "LOGNAME", "SHELL",
-                                         "LANG", "TERM",     "HOSTNAME", "PWD"};
+  const std::set<std::string> allowed = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TERM", "HOSTNAME", "PWD"};
   for (const auto& k : keys) EXPECT_TRUE(allowed.count(k)) << "unexpected variable " << k;
   EXPECT_FALSE(keys.count("MOAT_UNIT_TEST_LEAK"));
 }

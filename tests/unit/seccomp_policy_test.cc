@@ -1,5 +1,3 @@
-#include "isolation/seccomp/policy.h"
-
 #include <errno.h>
 #include <gtest/gtest.h>
 #include <sched.h>
@@ -17,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "isolation/seccomp/policy.h"
 #include "os/security.h"
 
 #ifndef MOAT_SOURCE_DIR
@@ -47,11 +46,10 @@ TEST(SeccompPolicy, DefaultPolicyParses) {
 
 TEST(SeccompPolicy, DefaultDeniesTheDangerousSyscalls) {
   Policy policy = defaultPolicy();
-  const char* mustDeny[] = {"keyctl",       "add_key",          "request_key",     "bpf",
-                            "userfaultfd",  "perf_event_open",  "kexec_load",      "kexec_file_load",
-                            "init_module",  "finit_module",     "delete_module",   "mount",
-                            "umount2",      "pivot_root",       "open_by_handle_at", "io_uring_setup",
-                            "unshare",      "setns",            "clone3"};
+  const char* mustDeny[] = {"keyctl",          "add_key",    "request_key",     "bpf",         "userfaultfd",
+                            "perf_event_open", "kexec_load", "kexec_file_load", "init_module", "finit_module",
+                            "delete_module",   "mount",      "umount2",         "pivot_root",  "open_by_handle_at",
+                            "io_uring_setup",  "unshare",    "setns",           "clone3"};
   for (const char* name : mustDeny) {
     const Rule* r = findRule(policy, name);
     ASSERT_NE(r, nullptr) << name << " is not in the default policy";
@@ -74,8 +72,7 @@ TEST(SeccompPolicy, CloneRuleCoversNewUser) {
   EXPECT_EQ(flags.argIndex, 0);
   EXPECT_NE(flags.anyBits & 0x10000000ull, 0u) << "CLONE_NEWUSER";
   // And the other namespace flags: NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWPID, NEWNET.
-  for (uint64_t flag : {0x00020000ull, 0x02000000ull, 0x04000000ull, 0x08000000ull,
-                        0x20000000ull, 0x40000000ull}) {
+  for (uint64_t flag : {0x00020000ull, 0x02000000ull, 0x04000000ull, 0x08000000ull, 0x20000000ull, 0x40000000ull}) {
     EXPECT_NE(flags.anyBits & flag, 0u) << std::hex << flag;
   }
   // But not CLONE_THREAD/CLONE_VM: threads and fork must keep working.
@@ -92,7 +89,8 @@ TEST(SeccompPolicy, EveryRuleSaysWhy) {
     EXPECT_GT(r.line, 0);
     std::string key = r.syscall;
     for (const auto& c : r.conditions) {
-      key += " " + std::to_string(c.argIndex) + (c.equals ? "==" + std::to_string(c.value) : "&" + std::to_string(c.anyBits));
+      key += " " + std::to_string(c.argIndex) +
+             (c.equals ? "==" + std::to_string(c.value) : "&" + std::to_string(c.anyBits));
     }
     EXPECT_TRUE(seen.insert(key).second) << key << " appears twice";
   }
@@ -120,8 +118,7 @@ TEST(SeccompPolicy, CompilesWithNothingImportantSkipped) {
   EXPECT_GT(program->filter.size(), policy.rules.size()) << "BPF program looks too short";
 #if defined(__x86_64__)
   for (const auto& name : program->skipped) {
-    EXPECT_TRUE(kMayBeMissingOnX86_64.count(name))
-        << name << " was skipped on x86_64: the filter does not deny it";
+    EXPECT_TRUE(kMayBeMissingOnX86_64.count(name)) << name << " was skipped on x86_64: the filter does not deny it";
   }
 #endif
   // defaultProgram() is the filter embedded at build time: exactly this compilation.
@@ -207,10 +204,8 @@ TEST(SeccompPolicy, ParseErrorsNameLineAndProblem) {
     auto p = parsePolicy(text);
     ASSERT_FALSE(p.ok()) << c.what << ": accepted";
     EXPECT_EQ(p.error().code, "invalid_policy") << c.what;
-    EXPECT_NE(p.error().context.find("line 4"), std::string::npos)
-        << c.what << ": " << p.error().context;
-    EXPECT_NE(p.error().context.find(c.mustMention), std::string::npos)
-        << c.what << ": " << p.error().context;
+    EXPECT_NE(p.error().context.find("line 4"), std::string::npos) << c.what << ": " << p.error().context;
+    EXPECT_NE(p.error().context.find(c.mustMention), std::string::npos) << c.what << ": " << p.error().context;
   }
 }
 
@@ -255,8 +250,8 @@ ChildOutcome runFiltered(const std::vector<sock_filter>& filter, Body body, bool
 void expectErrno(std::string& report, const char* what, long rc, int want) {
   int got = errno;
   if (rc != -1 || got != want) {
-    report += std::string(what) + ": rc=" + std::to_string(rc) + " errno=" + std::to_string(got) +
-              " (want " + std::to_string(want) + "); ";
+    report += std::string(what) + ": rc=" + std::to_string(rc) + " errno=" + std::to_string(got) + " (want " +
+              std::to_string(want) + "); ";
   }
 }
 
@@ -289,11 +284,15 @@ TEST(SeccompFilter, DefaultFilterDeniesInARealProcess) {
     rc = ::syscall(SYS_socket, 16, SOCK_DGRAM, 15);
     expectErrno(report, "socket(AF_NETLINK, NETLINK_KOBJECT_UEVENT)", rc, EPERM);
     int route = ::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, 0);
-    if (route < 0) report += "socket(AF_NETLINK, NETLINK_ROUTE) failed; ";
-    else ::close(route);
+    if (route < 0)
+      report += "socket(AF_NETLINK, NETLINK_ROUTE) failed; ";
+    else
+      ::close(route);
     int unixSocket = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    if (unixSocket < 0) report += "socket(AF_UNIX) failed; ";
-    else ::close(unixSocket);
+    if (unixSocket < 0)
+      report += "socket(AF_UNIX) failed; ";
+    else
+      ::close(unixSocket);
     errno = 0;
     rc = ::syscall(SYS_clone, CLONE_NEWUSER | SIGCHLD, 0, 0, 0, 0);
     if (rc == 0) ::_exit(0);  // the filter let it through: the parent reports it
@@ -332,9 +331,9 @@ TEST(SeccompPolicy, MoatdProfileDeniesPrimitivesAndKeepsWhatMoatdNeeds) {
     denied.insert(r.syscall);
     EXPECT_FALSE(r.why.empty()) << r.syscall << " (line " << r.line << ") says not why";
   }
-  for (const char* must : {"bpf", "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "keyctl",
-                           "kexec_load", "init_module", "finit_module", "userfaultfd", "perf_event_open",
-                           "io_uring_setup", "open_by_handle_at"}) {
+  for (const char* must :
+       {"bpf", "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "keyctl", "kexec_load", "init_module",
+        "finit_module", "userfaultfd", "perf_event_open", "io_uring_setup", "open_by_handle_at"}) {
     EXPECT_TRUE(denied.count(must)) << must << " is not denied to moatd";
   }
   for (const char* needed : {"mount", "umount2", "unshare", "setns", "clone", "clone3", "socket", "ioctl", "execve",

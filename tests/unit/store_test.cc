@@ -22,8 +22,7 @@ namespace {
 
 const char kInjection[] = "x'); DROP TABLE environments; --";
 
-EnvironmentRecord makeRecord(const std::string& id, int64_t createdAtMs,
-                             const std::string& state = "running") {
+EnvironmentRecord makeRecord(const std::string& id, int64_t createdAtMs, const std::string& state = "running") {
   EnvironmentRecord record;
   record.id = id;
   record.taskId = "task-1";
@@ -58,8 +57,7 @@ class RawDb {
   std::string query(const std::string& sql) {
     sqlite3_stmt* stmt = nullptr;
     std::string out;
-    EXPECT_EQ(sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt, nullptr), SQLITE_OK)
-        << sqlite3_errmsg(db_);
+    EXPECT_EQ(sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt, nullptr), SQLITE_OK) << sqlite3_errmsg(db_);
     if (sqlite3_step(stmt) == SQLITE_ROW) {
       const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0));
       if (text != nullptr) out = text;
@@ -178,10 +176,8 @@ TEST_F(StoreTest, DuplicateIdIsConflict) {
   Status status = store.insertEnvironment(again);
   ASSERT_FALSE(status.ok());
   EXPECT_EQ(status.error().code, "conflict");
-  EXPECT_NE(status.error().context.find("insert environment abc"), std::string::npos)
-      << status.error().context;
-  EXPECT_NE(status.error().context.find("UNIQUE constraint failed"), std::string::npos)
-      << status.error().context;
+  EXPECT_NE(status.error().context.find("insert environment abc"), std::string::npos) << status.error().context;
+  EXPECT_NE(status.error().context.find("UNIQUE constraint failed"), std::string::npos) << status.error().context;
   // The first record is untouched.
   auto got = store.getEnvironment("abc");
   ASSERT_TRUE(got.ok() && got.value().has_value());
@@ -234,14 +230,11 @@ TEST_F(StoreTest, ListFiltersAndOrdersNewestFirst) {
   EXPECT_EQ(list({.owner = "master"}), (std::vector<std::string>{"b", "d", "a"}));
   // Every label asked for must match; the record may have more.
   EXPECT_EQ(list({.labels = {{"team", "x"}}}), (std::vector<std::string>{"b", "d", "a"}));
-  EXPECT_EQ(list({.labels = {{"team", "x"}, {"env", "prod"}}}),
-            (std::vector<std::string>{"d", "a"}));
+  EXPECT_EQ(list({.labels = {{"team", "x"}, {"env", "prod"}}}), (std::vector<std::string>{"d", "a"}));
   EXPECT_EQ(list({.labels = {{"env", "prod"}, {"missing", ""}}}), (std::vector<std::string>{}));
   // Filters combine.
-  EXPECT_EQ(
-      list(
-          {.taskId = "task-1", .state = "running", .labels = {{"env", "prod"}}, .owner = "master"}),
-      (std::vector<std::string>{"a"}));
+  EXPECT_EQ(list({.taskId = "task-1", .state = "running", .labels = {{"env", "prod"}}, .owner = "master"}),
+            (std::vector<std::string>{"a"}));
 }
 
 TEST_F(StoreTest, DefaultFilterHidesGone) {

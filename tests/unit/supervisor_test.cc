@@ -31,8 +31,8 @@
 namespace moat::init {
 namespace {
 
-constexpr int kControlFd = 7;           // an fd number other than 3: --control-fd is honoured
-constexpr int kDefaultWaitMs = 10000;   // generous: only a hang hits it
+constexpr int kControlFd = 7;          // an fd number other than 3: --control-fd is honoured
+constexpr int kDefaultWaitMs = 10000;  // generous: only a hang hits it
 
 int64_t nowMs() {
   struct timespec ts;
@@ -134,8 +134,7 @@ class InitSupervisor : public ::testing::Test {
   // Waits for moat-init to exit; returns its wait status or -1 on timeout.
   int waitInitExit(int timeoutMs) {
     int status = 0;
-    bool exited = waitFor([&] { return ::waitpid(initPid_, &status, WNOHANG) == initPid_; },
-                          timeoutMs);
+    bool exited = waitFor([&] { return ::waitpid(initPid_, &status, WNOHANG) == initPid_; }, timeoutMs);
     if (!exited) return -1;
     initPid_ = -1;
     return status;
@@ -256,7 +255,8 @@ class InitSupervisor : public ::testing::Test {
       run.problem = s.error().message();
       return run;
     }
-    pump(run, req.id, [](const Outcome&) { return false; }, timeoutMs);
+    pump(
+        run, req.id, [](const Outcome&) { return false; }, timeoutMs);
     return run;
   }
 
@@ -275,8 +275,8 @@ class InitSupervisor : public ::testing::Test {
     while (finished < ids.size()) {
       auto frame = next(static_cast<int>(std::max<int64_t>(deadline - nowMs(), 0)));
       if (!frame.ok()) {
-        problem = frame.error().message() + " after " + std::to_string(finished) + " of " +
-                  std::to_string(ids.size()) + " ended";
+        problem = frame.error().message() + " after " + std::to_string(finished) + " of " + std::to_string(ids.size()) +
+                  " ended";
         return runs;
       }
       auto id = Decoder(frame->payload).u32();
@@ -562,7 +562,8 @@ TEST_F(InitSupervisor, OutputCreditHoldsOutputInThePipeAndExitedWaitsForIt) {
   EXPECT_EQ(run.out.size(), 100000u) << "exactly up to the limit";
   // head is gone (reaped), but its Exited waits for what its pipe still holds.
   ASSERT_TRUE(waitFor([&] { return pidGone(static_cast<pid_t>(run.spawnedMsg.pid)); }, kDefaultWaitMs));
-  pump(run, 13, [](const Outcome& o) { return o.exited; }, 200);
+  pump(
+      run, 13, [](const Outcome& o) { return o.exited; }, 200);
   EXPECT_FALSE(run.exited) << "Exited before the output it still held";
   EXPECT_EQ(run.out.size(), 100000u);
   run.problem.clear();  // the short pump's timeout
@@ -620,7 +621,10 @@ TEST_F(InitSupervisor, PathLookupUsesTheRequestEnvironment) {
   }
   ASSERT_EQ(::chmod(tool.c_str(), 0755), 0);
   std::string noexec = dir + "/moat-noexec";
-  { std::ofstream out(noexec); out << "#!/bin/sh\n"; }
+  {
+    std::ofstream out(noexec);
+    out << "#!/bin/sh\n";
+  }
   ASSERT_EQ(::chmod(noexec.c_str(), 0644), 0);
 
   SpawnRequest req = request(17, {"moat-test-tool", "x"});
@@ -715,8 +719,9 @@ TEST_F(InitSupervisor, ManyCommandsAtOnceEachGetSpawnedThenExited) {
   std::set<uint32_t> ids;
   for (uint32_t id = 100; id < 100 + kCount; ++id) {
     ids.insert(id);
-    SpawnRequest req = id % 2 ? request(id, {"/bin/true"})
-                              : request(id, {"/bin/sh", "-c", "echo " + std::to_string(id) + "; exit " + std::to_string(id % 7)});
+    SpawnRequest req =
+        id % 2 ? request(id, {"/bin/true"})
+               : request(id, {"/bin/sh", "-c", "echo " + std::to_string(id) + "; exit " + std::to_string(id % 7)});
     burst += encodeFrame(MsgType::kSpawn, req.encode());
   }
   std::string problem;
@@ -857,8 +862,7 @@ TEST(InitSupervisorLimits, NoThreadOrProcessCanStartSpawnsFailAndMoatInitServesO
 
 size_t countOf(const std::string& haystack, const std::string& needle) {
   size_t count = 0;
-  for (size_t at = haystack.find(needle); at != std::string::npos;
-       at = haystack.find(needle, at + needle.size())) {
+  for (size_t at = haystack.find(needle); at != std::string::npos; at = haystack.find(needle, at + needle.size())) {
     ++count;
   }
   return count;
@@ -892,8 +896,8 @@ class InitSupervisorPty : public InitSupervisor {
 
 TEST_F(InitSupervisorPty, ProcessSeesATerminal) {
   // 0, 1 and 2 are the terminal, and it is the controlling one (/dev/tty).
-  Outcome run = runToEnd(ptyRequest(
-      1, {"/bin/sh", "-c", "test -t 0 && test -t 1 && test -t 2 && : </dev/tty && echo tty"}));
+  Outcome run =
+      runToEnd(ptyRequest(1, {"/bin/sh", "-c", "test -t 0 && test -t 1 && test -t 2 && : </dev/tty && echo tty"}));
   EXPECT_CLEAN(run);
   ASSERT_TRUE(run.exited) << (run.failed ? run.failure.stage : "");
   EXPECT_EQ(run.exit.exitCode, 0);
@@ -918,8 +922,7 @@ TEST_F(InitSupervisorPty, InitialWindowSize) {
 }
 
 TEST_F(InitSupervisorPty, ResizeReachesTheTerminal) {
-  ASSERT_TRUE(
-      send(MsgType::kSpawn, ptyRequest(4, {"/bin/sh", "-c", "read x; stty size"}).encode()).ok());
+  ASSERT_TRUE(send(MsgType::kSpawn, ptyRequest(4, {"/bin/sh", "-c", "read x; stty size"}).encode()).ok());
   ASSERT_TRUE(send(MsgType::kResize, Resize{4, 40, 120}.encode()).ok());
   ASSERT_TRUE(send(MsgType::kStdin, StdinData{4, "go\n"}.encode()).ok());
   Outcome run;
@@ -932,8 +935,7 @@ TEST_F(InitSupervisorPty, ResizeReachesTheTerminal) {
 
 TEST_F(InitSupervisorPty, ResizeSendsSigwinch) {
   SpawnRequest req =
-      ptyRequest(5, {"/bin/sh", "-c",
-                     "trap 'echo winch; exit 0' WINCH; echo ready; while :; do sleep 0.05; done"});
+      ptyRequest(5, {"/bin/sh", "-c", "trap 'echo winch; exit 0' WINCH; echo ready; while :; do sleep 0.05; done"});
   req.timeoutMs = 8000;
   ASSERT_TRUE(send(MsgType::kSpawn, req.encode()).ok());
   Outcome run;
@@ -1010,8 +1012,7 @@ TEST_F(InitSupervisorPty, OutputLimitApplies) {
 TEST_F(InitSupervisorPty, BackgroundHolderDoesNotDelayExited) {
   // The background sleep ignores the hangup and keeps the terminal open.
   int64_t start = nowMs();
-  Outcome run = runToEnd(
-      ptyRequest(10, {"/bin/sh", "-c", "(trap '' HUP; exec sleep 30) & echo started"}), 20000);
+  Outcome run = runToEnd(ptyRequest(10, {"/bin/sh", "-c", "(trap '' HUP; exec sleep 30) & echo started"}), 20000);
   EXPECT_CLEAN(run);
   ASSERT_TRUE(run.exited);
   EXPECT_EQ(run.exit.exitCode, 0);
@@ -1269,7 +1270,10 @@ TEST_F(InitSupervisorFiles, ReadErrors) {
   EXPECT_EQ(nul->err, EINVAL);
 
   std::string plain = dir + "/plain";
-  { std::ofstream out(plain); out << "x"; }
+  {
+    std::ofstream out(plain);
+    out << "x";
+  }
   auto listFile = file(req(FileOp::kList, plain));
   ASSERT_TRUE(listFile.ok());
   EXPECT_EQ(listFile->err, ENOTDIR);
@@ -1279,7 +1283,10 @@ TEST_F(InitSupervisorFiles, MkdirWithParentsOnAFileFails) {
   std::string dir = tmpDir();
   ASSERT_FALSE(dir.empty());
   std::string f = dir + "/plain";
-  { std::ofstream out(f); out << "x"; }
+  {
+    std::ofstream out(f);
+    out << "x";
+  }
   FileRequest mk = req(FileOp::kMkdir, f);
   mk.flags = kFileCreateParents;
   auto r = file(mk);
@@ -1352,8 +1359,7 @@ TEST_F(InitSupervisor, ClosingControlKillsChildrenAndExits) {
   ASSERT_NE(status, -1) << "moat-init did not exit after its control socket closed";
   EXPECT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
-  EXPECT_TRUE(waitFor([&] { return pidGone(sleeper); }, 5000))
-      << "sleep " << sleeper << " outlived moat-init";
+  EXPECT_TRUE(waitFor([&] { return pidGone(sleeper); }, 5000)) << "sleep " << sleeper << " outlived moat-init";
 }
 
 TEST_F(InitSupervisor, ShutdownKillsChildrenAndExits) {
@@ -1366,8 +1372,7 @@ TEST_F(InitSupervisor, ShutdownKillsChildrenAndExits) {
   int status = waitInitExit(5000);
   ASSERT_NE(status, -1) << "moat-init did not exit on Shutdown";
   EXPECT_TRUE(WIFEXITED(status));
-  EXPECT_TRUE(waitFor([&] { return pidGone(sleeper); }, 5000))
-      << "sleep " << sleeper << " outlived moat-init";
+  EXPECT_TRUE(waitFor([&] { return pidGone(sleeper); }, 5000)) << "sleep " << sleeper << " outlived moat-init";
 }
 
 }  // namespace

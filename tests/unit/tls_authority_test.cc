@@ -5,11 +5,11 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <signal.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -37,8 +37,7 @@ X509* leafOf(const std::shared_ptr<SSL_CTX>& ctx) { return SSL_CTX_get0_certific
 // The SAN entries of a certificate as "DNS:name" / "IP:a.b.c.d" strings.
 std::vector<std::string> subjectAltNames(X509* cert) {
   std::vector<std::string> out;
-  auto* names =
-      static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  auto* names = static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
   if (names == nullptr) return out;
   for (int i = 0; i < sk_GENERAL_NAME_num(names); ++i) {
     const GENERAL_NAME* name = sk_GENERAL_NAME_value(names, i);
@@ -95,8 +94,8 @@ struct HandshakeResult {
 
 // A TLS handshake over a socketpair: the server in a thread with `server`,
 // the client with `client` prepared for `clientHost`; then one round trip.
-HandshakeResult handshake(const std::shared_ptr<SSL_CTX>& server,
-                          const std::shared_ptr<SSL_CTX>& client, const std::string& clientHost) {
+HandshakeResult handshake(const std::shared_ptr<SSL_CTX>& server, const std::shared_ptr<SSL_CTX>& client,
+                          const std::string& clientHost) {
   // The server's close_notify may find the client's end closed already: an
   // EPIPE to ignore, not a signal that kills the test binary.
   ::signal(SIGPIPE, SIG_IGN);
@@ -207,8 +206,7 @@ TEST_F(TlsAuthorityTest, CaCertificateIsASelfSignedP256CaForTenYears) {
   EXPECT_EQ(X509_NAME_cmp(X509_get_subject_name(ca), X509_get_issuer_name(ca)), 0);
 
   int crit = -1;
-  auto* bc =
-      static_cast<BASIC_CONSTRAINTS*>(X509_get_ext_d2i(ca, NID_basic_constraints, &crit, nullptr));
+  auto* bc = static_cast<BASIC_CONSTRAINTS*>(X509_get_ext_d2i(ca, NID_basic_constraints, &crit, nullptr));
   ASSERT_NE(bc, nullptr);
   EXPECT_EQ(crit, 1);
   EXPECT_TRUE(bc->ca);
@@ -262,8 +260,7 @@ TEST_F(TlsAuthorityTest, LeafForDnsNameVerifiesAndNamesTheHost) {
   auto other = server(*authority, "other.example.test");
   EXPECT_EQ(EVP_PKEY_get_base_id(X509_get0_pubkey(leaf)), EVP_PKEY_EC);
   EXPECT_EQ(EVP_PKEY_eq(X509_get0_pubkey(leaf), X509_get0_pubkey(leafOf(other))), 1);
-  EXPECT_NE(ASN1_INTEGER_cmp(X509_get0_serialNumber(leaf), X509_get0_serialNumber(leafOf(other))),
-            0);
+  EXPECT_NE(ASN1_INTEGER_cmp(X509_get0_serialNumber(leaf), X509_get0_serialNumber(leafOf(other))), 0);
   EXPECT_NE(EVP_PKEY_eq(X509_get0_pubkey(leaf), X509_get0_pubkey(ca)), 1);
 }
 
@@ -369,8 +366,7 @@ TEST_F(TlsAuthorityTest, RefusesHostsThatAreNeitherDnsNamesNorIps) {
 
 TEST_F(TlsAuthorityTest, HandshakeSucceedsForTheRightHost) {
   auto authority = load(dir_);
-  auto result = handshake(server(*authority, "api.example.test"), upstream(dir_ + "/ca.crt"),
-                          "api.example.test");
+  auto result = handshake(server(*authority, "api.example.test"), upstream(dir_ + "/ca.crt"), "api.example.test");
   EXPECT_TRUE(result.clientOk);
   EXPECT_TRUE(result.serverOk);
   EXPECT_EQ(result.verifyResult, X509_V_OK);
@@ -379,8 +375,7 @@ TEST_F(TlsAuthorityTest, HandshakeSucceedsForTheRightHost) {
 
 TEST_F(TlsAuthorityTest, HandshakeFailsForAWrongHost) {
   auto authority = load(dir_);
-  auto result = handshake(server(*authority, "api.example.test"), upstream(dir_ + "/ca.crt"),
-                          "other.example.test");
+  auto result = handshake(server(*authority, "api.example.test"), upstream(dir_ + "/ca.crt"), "other.example.test");
   EXPECT_FALSE(result.clientOk);
   EXPECT_FALSE(result.serverOk);
   EXPECT_EQ(result.verifyResult, X509_V_ERR_HOSTNAME_MISMATCH);
@@ -401,8 +396,8 @@ TEST_F(TlsAuthorityTest, UpstreamContextRefusesAnUntrustedCa) {
   auto authority = load(dir_);
   // Another authority's CA file, and the system store: neither trusts ours.
   load(root_ + "/stranger");
-  auto stranger = handshake(server(*authority, "api.example.test"),
-                            upstream(root_ + "/stranger/ca.crt"), "api.example.test");
+  auto stranger =
+      handshake(server(*authority, "api.example.test"), upstream(root_ + "/stranger/ca.crt"), "api.example.test");
   EXPECT_FALSE(stranger.clientOk);
   EXPECT_NE(stranger.verifyResult, X509_V_OK);
   auto system = handshake(server(*authority, "api.example.test"), upstream(""), "api.example.test");
@@ -439,8 +434,7 @@ TEST_F(TlsAuthorityTest, CorruptKeyFileIsAnErrorNamingIt) {
   auto reloaded = TlsAuthority::loadOrCreate(dir_);
   ASSERT_FALSE(reloaded.ok());
   EXPECT_EQ(reloaded.error().code, "invalid");
-  EXPECT_NE(reloaded.error().message().find(dir_ + "/ca.key"), std::string::npos)
-      << reloaded.error().message();
+  EXPECT_NE(reloaded.error().message().find(dir_ + "/ca.key"), std::string::npos) << reloaded.error().message();
 }
 
 TEST_F(TlsAuthorityTest, CorruptCertificateFileIsAnErrorNamingIt) {
@@ -448,8 +442,7 @@ TEST_F(TlsAuthorityTest, CorruptCertificateFileIsAnErrorNamingIt) {
   ASSERT_TRUE(os::writeFile(dir_ + "/ca.crt", "not a certificate", 0644).ok());
   auto reloaded = TlsAuthority::loadOrCreate(dir_);
   ASSERT_FALSE(reloaded.ok());
-  EXPECT_NE(reloaded.error().message().find(dir_ + "/ca.crt"), std::string::npos)
-      << reloaded.error().message();
+  EXPECT_NE(reloaded.error().message().find(dir_ + "/ca.crt"), std::string::npos) << reloaded.error().message();
 }
 
 TEST_F(TlsAuthorityTest, MismatchedKeyIsAnError) {

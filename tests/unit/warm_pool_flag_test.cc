@@ -1,8 +1,8 @@
 // moatd --warm-pool values: a count, or a count and a spec checked as a
 // create's is.
-#include <gtest/gtest.h>
-
 #include "daemon/warm_pool_flag.h"
+
+#include <gtest/gtest.h>
 
 namespace moat::daemon {
 namespace {

@@ -1,6 +1,6 @@
-#include "websocket/frame.h"
-
 #include <gtest/gtest.h>
+
+#include "websocket/frame.h"
 
 namespace moat::websocket {
 namespace {

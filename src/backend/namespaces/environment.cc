@@ -44,9 +44,9 @@ namespace fs = isolation::fs;
 constexpr uint64_t kGiB = 1ULL << 30;
 constexpr uint64_t kMiB = 1ULL << 20;
 // fds the child sets up right before exec.
-constexpr int kControlFd = 3;  // inherited by moat-init
-constexpr int kInitFd = 4;     // the moat-init binary (close-on-exec)
-constexpr int kErrorFd = 5;    // setup errors to the parent (close-on-exec)
+constexpr int kControlFd = 3;     // inherited by moat-init
+constexpr int kInitFd = 4;        // the moat-init binary (close-on-exec)
+constexpr int kErrorFd = 5;       // setup errors to the parent (close-on-exec)
 constexpr int kRendezvousFd = 6;  // new control connections (reattachable only)
 
 }  // namespace
@@ -115,7 +115,7 @@ struct ChildArgs {
   std::vector<std::string> joinFiles;  // v1: join by writing "0"
   int usernsFd;
   int controlFd;
-  int initFd;  // -1: run the supervisor in process
+  int initFd;        // -1: run the supervisor in process
   int rendezvousFd;  // -1: not reattachable
   int errorFd;
   int networkFd;  // -1: the clone made a new network namespace
@@ -167,8 +167,7 @@ int childMain(void* args) { runChild(*static_cast<const ChildArgs*>(args)); }
   int init = a.initFd < 0 ? -1 : ::fcntl(a.initFd, F_DUPFD_CLOEXEC, 10);
   int err = ::fcntl(errFd, F_DUPFD_CLOEXEC, 10);
   int rendezvous = a.rendezvousFd < 0 ? -1 : ::fcntl(a.rendezvousFd, F_DUPFD_CLOEXEC, 10);
-  if (control < 0 || (a.initFd >= 0 && init < 0) || err < 0 ||
-      (a.rendezvousFd >= 0 && rendezvous < 0)) {
+  if (control < 0 || (a.initFd >= 0 && init < 0) || err < 0 || (a.rendezvousFd >= 0 && rendezvous < 0)) {
     childFail(errFd, "dup", Error::fromErrno("fcntl"));
   }
   errFd = err;
@@ -176,8 +175,7 @@ int childMain(void* args) { runChild(*static_cast<const ChildArgs*>(args)); }
     if (::dup2(devNull, fd) < 0) childFail(errFd, "stdio", Error::fromErrno("dup2"));
   }
   if (::dup2(control, kControlFd) < 0 || (init >= 0 && ::dup3(init, kInitFd, O_CLOEXEC) < 0) ||
-      ::dup3(err, kErrorFd, O_CLOEXEC) < 0 ||
-      (rendezvous >= 0 && ::dup2(rendezvous, kRendezvousFd) < 0)) {
+      ::dup3(err, kErrorFd, O_CLOEXEC) < 0 || (rendezvous >= 0 && ::dup2(rendezvous, kRendezvousFd) < 0)) {
     childFail(errFd, "fds", Error::fromErrno("dup2"));
   }
   errFd = kErrorFd;
@@ -212,8 +210,8 @@ int childMain(void* args) { runChild(*static_cast<const ChildArgs*>(args)); }
 }
 
 Status checkSpec(const EnvironmentSpec& spec) {
-  if (!spec.id.empty() && (spec.id.size() != 12 ||
-                           spec.id.find_first_not_of("0123456789abcdef") != std::string::npos)) {
+  if (!spec.id.empty() &&
+      (spec.id.size() != 12 || spec.id.find_first_not_of("0123456789abcdef") != std::string::npos)) {
     return Error::make("invalid_argument", "environment id must be 12 lowercase hex digits");
   }
   if (spec.stateDir.empty() || spec.stateDir[0] != '/') {
@@ -268,9 +266,9 @@ Result<std::unique_ptr<Environment>> Environment::create(
   MOAT_ASSIGN(fs::StoragePool pool, fs::StoragePool::open(spec.stateDir));
   auto storageBytes = static_cast<uint64_t>(spec.storageGb * static_cast<double>(kGiB));
   if (storageBytes > pool.capacityBytes()) {
-    return Error::make("invalid_argument",
-                       "storage of " + std::to_string(storageBytes / kMiB) + " MiB exceeds the pool (" +
-                           std::to_string(pool.capacityBytes() / kMiB) + " MiB; see MOAT_STORAGE_GB)");
+    return Error::make("invalid_argument", "storage of " + std::to_string(storageBytes / kMiB) +
+                                               " MiB exceeds the pool (" + std::to_string(pool.capacityBytes() / kMiB) +
+                                               " MiB; see MOAT_STORAGE_GB)");
   }
   traceStage("pool");
   MOAT_ASSIGN(fs::Template tmpl, fs::resolveTemplate(spec.templateName, spec.stateDir));
@@ -289,8 +287,9 @@ Result<std::unique_ptr<Environment>> Environment::create(
     MOAT_ASSIGN(volume, pool.createVolumeFromSnapshot(spec.fromSnapshot, env->id_, storageBytes));
     env->haveVolume_ = true;
     // The snapshot's own range when it is free (a restore): nothing to re-own.
-    MOAT_ASSIGN(env->idmap_, isolation::namespaces::leaseIdMap(isolation::namespaces::kIdMapLockDir,
-                                                               isolation::namespaces::idMapSlotOf(spec.snapshotHostBase)));
+    MOAT_ASSIGN(env->idmap_,
+                isolation::namespaces::leaseIdMap(isolation::namespaces::kIdMapLockDir,
+                                                  isolation::namespaces::idMapSlotOf(spec.snapshotHostBase)));
     MOAT_TRY(os::shiftOwnership(volume, spec.snapshotHostBase, env->idmap_.map.hostBase, env->idmap_.map.count));
     // The overlay's work directory must start empty.
     MOAT_TRY(os::removeTree(volume + "/work"));
@@ -337,9 +336,8 @@ Result<std::unique_ptr<Environment>> Environment::create(
     env->rendezvous_.reset(pair[0]);
     rendezvousChild.reset(pair[1]);
   }
-  if (!spec.firstFrames.empty() &&
-      ::send(parentEnd.get(), spec.firstFrames.data(), spec.firstFrames.size(), MSG_DONTWAIT) !=
-          static_cast<ssize_t>(spec.firstFrames.size())) {
+  if (!spec.firstFrames.empty() && ::send(parentEnd.get(), spec.firstFrames.data(), spec.firstFrames.size(),
+                                          MSG_DONTWAIT) != static_cast<ssize_t>(spec.firstFrames.size())) {
     return Error::fromErrno("queue first requests");
   }
   int errorPipe[2];
@@ -350,8 +348,15 @@ Result<std::unique_ptr<Environment>> Environment::create(
   clone.flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC;
   if (spec.networkNamespaceFd < 0) clone.flags |= CLONE_NEWNET;
   UniqueFd cgroupFd;
-  ChildArgs args{env->id_,     &plan,        {},           userns.get(), childEnd.get(),
-                 initFd.get(), rendezvousChild.get(), errorWrite.get(), spec.networkNamespaceFd,
+  ChildArgs args{env->id_,
+                 &plan,
+                 {},
+                 userns.get(),
+                 childEnd.get(),
+                 initFd.get(),
+                 rendezvousChild.get(),
+                 errorWrite.get(),
+                 spec.networkNamespaceFd,
                  &program.filter};
   if (haveEnvironmentFileLimit) args.fileLimit = &environmentFileLimit;
   if (layout.version == cg::Version::kV2) {

@@ -31,7 +31,7 @@ struct EnvironmentSpec {
   double cpus = 1;
   uint64_t memoryMb = 1024;
   uint64_t pids = 1024;
-  double storageGb = 4;  // fractional: 0.5 is 512 MiB
+  double storageGb = 4;                           // fractional: 0.5 is 512 MiB
   std::vector<isolation::fs::BindMount> volumes;  // explicit host dirs only
   InitMode initMode = InitMode::kExec;
   // Frames (init::encodeFrame) queued on the control socket before pid 1
@@ -101,7 +101,7 @@ class Environment {
   std::string stateDir_;
   UniqueFd control_;
   UniqueFd initPidfd_;
-  UniqueFd lock_;  // held for the environment's life; a free lock marks a leftover
+  UniqueFd lock_;        // held for the environment's life; a free lock marks a leftover
   UniqueFd rendezvous_;  // reattachable: where new control connections are sent
   std::unique_ptr<isolation::cgroup::Cgroup> cgroup_;
   isolation::namespaces::IdMapLease idmap_;  // this environment's host uid/gid range

@@ -87,13 +87,9 @@ Result<EnvironmentSpec> decodeSpec(init::Decoder& d) {
   return spec;
 }
 
-Status sendMessage(int channel, const std::string& data, int fd = -1) {
-  return os::sendWithFd(channel, data, fd);
-}
+Status sendMessage(int channel, const std::string& data, int fd = -1) { return os::sendWithFd(channel, data, fd); }
 
-Result<std::string> receiveMessage(int channel, UniqueFd* fd) {
-  return os::receiveWithFd(channel, fd, kMaxMessage);
-}
+Result<std::string> receiveMessage(int channel, UniqueFd* fd) { return os::receiveWithFd(channel, fd, kMaxMessage); }
 
 std::string reply(const Status& status, const std::string& value = "") {
   init::Encoder e;
@@ -131,7 +127,7 @@ bool readable(int fd) {
   ::signal(SIGHUP, SIG_IGN);
   ::signal(SIGPIPE, SIG_IGN);
   std::map<std::string, std::unique_ptr<Environment>> environments;
-  std::deque<UniqueFd> networks;  // fresh network namespaces, loopback up
+  std::deque<UniqueFd> networks;                                // fresh network namespaces, loopback up
   std::deque<isolation::namespaces::ReadyUserNamespace> users;  // with their id ranges leased
   int client = channel;
   for (;;) {
@@ -230,8 +226,7 @@ bool readable(int fd) {
       auto it = environments.find(id.value());
       if (op.value() == kAttach) {
         if (it == environments.end()) {
-          (void)sendMessage(client,
-                            reply(Error::make("not_found", "spawner has no environment " + id.value())));
+          (void)sendMessage(client, reply(Error::make("not_found", "spawner has no environment " + id.value())));
           continue;
         }
         auto control = it->second->reconnect();

@@ -11,9 +11,8 @@ const std::vector<int>& environmentCapabilities() {
   // NET_ADMIN/NET_RAW (network), MKNOD (device nodes), SYS_MODULE, SYS_RAWIO,
   // SYS_TIME, SYS_BOOT, DAC_READ_SEARCH (open_by_handle_at), BPF, PERFMON...
   static const std::vector<int> keep = {
-      CAP_CHOWN,    CAP_DAC_OVERRIDE, CAP_FOWNER,     CAP_FSETID,           CAP_KILL,
-      CAP_SETGID,   CAP_SETUID,       CAP_SETPCAP,    CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT,
-      CAP_SETFCAP,  CAP_AUDIT_WRITE,
+      CAP_CHOWN,  CAP_DAC_OVERRIDE, CAP_FOWNER,           CAP_FSETID,     CAP_KILL,    CAP_SETGID,
+      CAP_SETUID, CAP_SETPCAP,      CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT, CAP_SETFCAP, CAP_AUDIT_WRITE,
   };
   return keep;
 }

@@ -27,8 +27,7 @@ uint64_t counterFrom(const std::string& text, const std::string& key) {
 
 }  // namespace
 
-Cgroup::Cgroup(Layout layout, std::vector<std::string> dirs)
-    : layout_(std::move(layout)), dirs_(std::move(dirs)) {
+Cgroup::Cgroup(Layout layout, std::vector<std::string> dirs) : layout_(std::move(layout)), dirs_(std::move(dirs)) {
   for (const auto& d : dirs_) addFiles(d);
 }
 
@@ -113,7 +112,8 @@ std::vector<KnobWrite> limitWrites(Version version, const Limits& limits) {
 Status Cgroup::applyLimits(const Limits& limits) {
   for (const auto& w : limitWrites(layout_.version, limits)) {
     std::string dir = dirs_[0];
-    if (layout_.version == Version::kV1) dir = w.controller == "cpu" ? dirs_[0] : w.controller == "memory" ? dirs_[1] : dirs_[2];
+    if (layout_.version == Version::kV1)
+      dir = w.controller == "cpu" ? dirs_[0] : w.controller == "memory" ? dirs_[1] : dirs_[2];
     std::string path = dir + "/" + w.file;
     Status written = os::writeExisting(path, w.value);
     // An optional knob this kernel does not have (swap accounting off).

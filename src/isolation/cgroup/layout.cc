@@ -28,9 +28,9 @@ std::vector<std::string> split(std::string_view s, char sep) {
 }
 
 struct CgroupMount {
-  std::string root;        // root of the hierarchy visible at this mount
+  std::string root;  // root of the hierarchy visible at this mount
   std::string mountPoint;
-  std::string fsType;      // "cgroup" or "cgroup2"
+  std::string fsType;                // "cgroup" or "cgroup2"
   std::vector<std::string> options;  // super options (controllers for v1)
 };
 
@@ -107,8 +107,8 @@ Result<Layout> detectLayout(const std::string& mountinfo, const std::string& pro
         break;
       }
       if (!layout.v1Parents.count(controller)) {
-        return Error::make("unsupported", "cgroup v1 controller '" + controller +
-                                              "' is not mounted; moat needs cpu, memory and pids");
+        return Error::make("unsupported",
+                           "cgroup v1 controller '" + controller + "' is not mounted; moat needs cpu, memory and pids");
       }
     }
     return layout;
@@ -117,8 +117,8 @@ Result<Layout> detectLayout(const std::string& mountinfo, const std::string& pro
   for (const auto& m : mounts) {
     if (m.fsType != "cgroup2") continue;
     layout.version = Version::kV2;
-    layout.v2Parent = v2ParentOverride.empty() ? os::joinPath(m.mountPoint, "moat")
-                                               : moat::normalizePath(v2ParentOverride);
+    layout.v2Parent =
+        v2ParentOverride.empty() ? os::joinPath(m.mountPoint, "moat") : moat::normalizePath(v2ParentOverride);
     return layout;
   }
   return Error::make("unsupported", "no cgroup file system is mounted");
@@ -144,13 +144,12 @@ Status prepareParents(const Layout& layout) {
     MOAT_TRY(os::makeDirs(dir));
     MOAT_ASSIGN(std::string text, os::readFile(dir + "/cgroup.controllers"));
     std::istringstream words(text);
-    std::vector<std::string> available{std::istream_iterator<std::string>(words),
-                                       std::istream_iterator<std::string>()};
+    std::vector<std::string> available{std::istream_iterator<std::string>(words), std::istream_iterator<std::string>()};
     std::string enable;
     for (const std::string c : {"cpu", "memory", "pids"}) {
       if (std::find(available.begin(), available.end(), c) == available.end()) {
-        return Error::make("unsupported", "cgroup v2 controller '" + c + "' is not available in " +
-                                              dir + " (set MOAT_CGROUP_PARENT to a delegated cgroup)");
+        return Error::make("unsupported", "cgroup v2 controller '" + c + "' is not available in " + dir +
+                                              " (set MOAT_CGROUP_PARENT to a delegated cgroup)");
       }
       enable += "+" + c + " ";
     }

@@ -7,10 +7,10 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include "common/path.h"
 #include "common/trace.h"
 #include "common/unique_fd.h"
 #include "isolation/fs/built_dir.h"
-#include "common/path.h"
 #include "os/file.h"
 #include "os/mount.h"
 #include "os/tree.h"
@@ -19,10 +19,9 @@ namespace moat::isolation::fs {
 namespace {
 
 // /proc entries that leak host kernel state or allow host-wide actions.
-constexpr const char* kProcHidden[] = {"/proc/kcore", "/proc/keys", "/proc/timer_list",
+constexpr const char* kProcHidden[] = {"/proc/kcore",         "/proc/keys",     "/proc/timer_list",
                                        "/proc/sysrq-trigger", "/proc/kallsyms", "/proc/kmsg"};
-constexpr const char* kProcReadOnly[] = {"/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq",
-                                         "/proc/pressure"};
+constexpr const char* kProcReadOnly[] = {"/proc/sys", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/pressure"};
 
 // Gives a detached tree its attributes, with ids mapped through usernsFd
 // (-1: none) when the file system supports it.
@@ -83,8 +82,8 @@ Result<UniqueFd> mountPoint(int rootFd, const std::string& path, bool directory,
 
 // Mounts a new file system onto the mount point `path` (made if missing).
 Status mountNew(int rootFd, const std::string& path, const std::string& fstype,
-                const std::vector<std::pair<std::string, std::string>>& options, const os::MountAttrs& attrs,
-                uid_t uid, gid_t gid) {
+                const std::vector<std::pair<std::string, std::string>>& options, const os::MountAttrs& attrs, uid_t uid,
+                gid_t gid) {
   MOAT_ASSIGN(UniqueFd target, mountPoint(rootFd, path, true, uid, gid));
   MOAT_ASSIGN(UniqueFd tree, os::newMount(fstype, options, attrs));
   return os::attachTree(tree.get(), target.get(), path);
@@ -95,8 +94,8 @@ Status buildDevSkeleton(const std::string& dir) {
     const char* name;
     unsigned major, minor;
   };
-  constexpr Node kNodes[] = {{"null", 1, 3},    {"zero", 1, 5},    {"full", 1, 7},
-                             {"random", 1, 8},  {"urandom", 1, 9}, {"tty", 5, 0}};
+  constexpr Node kNodes[] = {{"null", 1, 3},   {"zero", 1, 5},    {"full", 1, 7},
+                             {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}};
   MOAT_TRY(os::makeDir(dir, 0755));
   for (const auto& n : kNodes) {
     std::string path = dir + "/" + n.name;
@@ -147,8 +146,17 @@ Status maskProc() {
 // named hostname): those are left as the environment made them.
 bool layoutInTheWay(const Error& e) {
   switch (e.sysErrno) {
-    case ENOENT: case ENOTDIR: case EXDEV: case ELOOP: case EISDIR: case ENOTEMPTY: case EBUSY:
-    case EACCES: case EPERM: case EROFS: case EAGAIN:
+    case ENOENT:
+    case ENOTDIR:
+    case EXDEV:
+    case ELOOP:
+    case EISDIR:
+    case ENOTEMPTY:
+    case EBUSY:
+    case EACCES:
+    case EPERM:
+    case EROFS:
+    case EAGAIN:
       return true;
     default:
       return false;
@@ -174,7 +182,6 @@ Status validateBindTarget(const std::string& target) {
   return {};
 }
 
-
 Result<std::string> ensureDevSkeleton(const std::string& poolRoot) {
   return ensureBuiltDirectory(poolRoot + "/skeletons", "dev-v1", buildDevSkeleton);
 }
@@ -191,9 +198,8 @@ Status writeFreshEnvironmentFiles(int upper, int lowerFd, const std::string& hos
   if (!made) return Error::make("conflict", "a new volume already holds etc");
   MOAT_ASSIGN(UniqueFd etc, os::openAt(upper, "etc", O_PATH | O_DIRECTORY, os::kResolveStrict));
   MOAT_TRY(os::chownFd(etc.get(), uid, gid));
-  for (const auto& [name, content] :
-       {std::pair<std::string, std::string>{"hostname", hostname + "\n"},
-        {"hosts", "127.0.0.1 localhost\n::1 localhost\n127.0.1.1 " + hostname + "\n"}}) {
+  for (const auto& [name, content] : {std::pair<std::string, std::string>{"hostname", hostname + "\n"},
+                                      {"hosts", "127.0.0.1 localhost\n::1 localhost\n127.0.1.1 " + hostname + "\n"}}) {
     MOAT_TRY(os::createFileAt(etc.get(), name, 0644, content));
     MOAT_ASSIGN(UniqueFd file, os::openAt(etc.get(), name, O_PATH, os::kResolveStrict));
     MOAT_TRY(os::chownFd(file.get(), uid, gid));
@@ -213,8 +219,8 @@ Status writeFreshEnvironmentFiles(int upper, int lowerFd, const std::string& hos
 
 }  // namespace
 
-Result<RootPlan> prepareRoot(const std::string& volumeDir, int lowerFd, const std::string& hostname,
-                             uid_t hostRootUid, gid_t hostRootGid) {
+Result<RootPlan> prepareRoot(const std::string& volumeDir, int lowerFd, const std::string& hostname, uid_t hostRootUid,
+                             gid_t hostRootGid) {
   RootPlan plan;
   plan.lowerFd = lowerFd;
   plan.lowerMountPoint = volumeDir + "/lower";
@@ -243,8 +249,7 @@ Result<RootPlan> prepareRoot(const std::string& volumeDir, int lowerFd, const st
   return plan;
 }
 
-Status addBind(RootPlan& plan, const std::string& source, const std::string& target, bool readOnly,
-               bool idmapped) {
+Status addBind(RootPlan& plan, const std::string& source, const std::string& target, bool readOnly, bool idmapped) {
   MOAT_ASSIGN(UniqueFd fd, os::openHostPath(source, "bind source"));
   MOAT_ASSIGN(struct stat st, os::statFd(fd.get()));
   plan.binds.push_back({fd.get(), target, readOnly, S_ISDIR(st.st_mode), idmapped});
@@ -284,8 +289,8 @@ Status buildRoot(const RootPlan& plan, int usernsFd) {
   MOAT_ASSIGN(UniqueFd root, os::openAt(AT_FDCWD, "/", O_PATH | O_DIRECTORY, 0));
   for (size_t i = 0; i < plan.binds.size(); ++i) {
     const auto& bind = plan.binds[i];
-    MOAT_ASSIGN(UniqueFd target, mountPoint(root.get(), bind.target, bind.directory, plan.hostRootUid,
-                                            plan.hostRootGid));
+    MOAT_ASSIGN(UniqueFd target,
+                mountPoint(root.get(), bind.target, bind.directory, plan.hostRootUid, plan.hostRootGid));
     MOAT_TRY(os::attachTree(plan.bindTrees[i].get(), target.get(), bind.target));
   }
   traceStage("root: binds");
@@ -312,11 +317,11 @@ Status writeEnvironmentFiles(const std::string& hostname) {
   // choice, and its files are then left as it made them.
   auto etc = os::openAt(root.get(), "etc", O_PATH | O_DIRECTORY, os::kResolveStrict | RESOLVE_NO_XDEV);
   if (!etc.ok()) return layoutInTheWay(etc.error()) ? Status{} : Status(etc.error());
-  for (const auto& [name, content] :
-       {std::pair<std::string, std::string>{"hostname", hostname + "\n"},
-        {"hosts", "127.0.0.1 localhost\n::1 localhost\n127.0.1.1 " + hostname + "\n"}}) {
+  for (const auto& [name, content] : {std::pair<std::string, std::string>{"hostname", hostname + "\n"},
+                                      {"hosts", "127.0.0.1 localhost\n::1 localhost\n127.0.1.1 " + hostname + "\n"}}) {
     Status s = os::replaceFileAt(etc->get(), name, content, 0644);
-    if (!s.ok() && !layoutInTheWay(s.error())) return Error{s.error().code, s.error().sysErrno, "/etc/" + name + ": " + s.error().context};
+    if (!s.ok() && !layoutInTheWay(s.error()))
+      return Error{s.error().code, s.error().sysErrno, "/etc/" + name + ": " + s.error().context};
   }
   return {};
 }

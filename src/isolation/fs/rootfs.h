@@ -18,7 +18,7 @@ struct BindMount {
 
 // A bind as the child makes it: its source already opened by the parent.
 struct PlannedBind {
-  int sourceFd = -1;  // O_PATH, owned by the RootPlan
+  int sourceFd = -1;   // O_PATH, owned by the RootPlan
   std::string target;  // absolute path inside the environment
   bool readOnly = false;
   bool directory = true;
@@ -37,14 +37,14 @@ struct RootPlan {
   std::string lowerMountPoint;  // where the idmapped lower is attached
   std::string upperDir;
   std::string workDir;
-  std::string rootMountPoint;   // where the overlay is mounted, then pivoted into
-  std::string volumeDir;        // holds lower, upper, work and root
-  std::string devDir;           // prepared /dev (device nodes), bound read-only
-  std::vector<PlannedBind> binds;  // template read-only dirs, then user volumes
-  std::vector<UniqueFd> bindSources;  // what binds[i].sourceFd borrows
-  std::vector<UniqueFd> bindTrees;  // binds[i] as a detached mount (detachBinds)
+  std::string rootMountPoint;            // where the overlay is mounted, then pivoted into
+  std::string volumeDir;                 // holds lower, upper, work and root
+  std::string devDir;                    // prepared /dev (device nodes), bound read-only
+  std::vector<PlannedBind> binds;        // template read-only dirs, then user volumes
+  std::vector<UniqueFd> bindSources;     // what binds[i].sourceFd borrows
+  std::vector<UniqueFd> bindTrees;       // binds[i] as a detached mount (detachBinds)
   bool environmentFilesWritten = false;  // by prepareRoot (a fresh volume); else the child's
-  uid_t hostRootUid = 0;        // host uid of root inside (for ownership)
+  uid_t hostRootUid = 0;                 // host uid of root inside (for ownership)
   gid_t hostRootGid = 0;
 };
 
@@ -54,13 +54,12 @@ struct RootPlan {
 // environment's files (all names new, nothing there to follow); on a copy
 // of a snapshot nothing below upper/ is touched: the child writes them as
 // the environment's root (writeEnvironmentFiles).
-Result<RootPlan> prepareRoot(const std::string& volumeDir, int lowerFd, const std::string& hostname,
-                             uid_t hostRootUid, gid_t hostRootGid);
+Result<RootPlan> prepareRoot(const std::string& volumeDir, int lowerFd, const std::string& hostname, uid_t hostRootUid,
+                             gid_t hostRootGid);
 
 // Parent side: opens `source` (a host path; symlinks on the way followed
 // only when root owns them: os::openHostPath) and adds it to the plan.
-Status addBind(RootPlan& plan, const std::string& source, const std::string& target, bool readOnly,
-               bool idmapped);
+Status addBind(RootPlan& plan, const std::string& source, const std::string& target, bool readOnly, bool idmapped);
 
 // Parent side, in the host's mount namespace (a mount can only be copied
 // there): the lower layer and each bind's source as detached mounts with

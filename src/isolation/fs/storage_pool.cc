@@ -28,8 +28,7 @@ Result<std::string> findTool(const std::string& name) {
     std::string path = std::string(dir) + "/" + name;
     if (::access(path.c_str(), X_OK) == 0) return path;
   }
-  return Error::make("missing_dependency",
-                     name + " not found: install btrfs-progs (make build does it for you)");
+  return Error::make("missing_dependency", name + " not found: install btrfs-progs (make build does it for you)");
 }
 
 Status runTool(const std::vector<std::string>& argv) {
@@ -120,11 +119,10 @@ Result<StoragePool> StoragePool::open(const std::string& stateDir, uint64_t imag
     MOAT_ASSIGN(UniqueFd lock, os::open(stateDir + "/storage.lock", O_RDWR | O_CREAT, 0600));
     if (::flock(lock.get(), LOCK_EX) != 0) return Error::fromErrno("lock storage pool");
     if (!isBtrfs(pool.root_)) {  // another moat may have mounted it meanwhile
-      Status s = mountPool(stateDir + "/storage.img", pool.root_,
-                           imageBytes ? imageBytes : defaultImageBytes(stateDir));
+      Status s =
+          mountPool(stateDir + "/storage.img", pool.root_, imageBytes ? imageBytes : defaultImageBytes(stateDir));
       if (!s.ok()) {
-        return Error{s.error().code, s.error().sysErrno,
-                     "storage pool in " + stateDir + ": " + s.error().context};
+        return Error{s.error().code, s.error().sysErrno, "storage pool in " + stateDir + ": " + s.error().context};
       }
     } else if (!isTmpfs(pool.root_ + "/skeletons")) {  // a pool mounted by an older moat
       MOAT_TRY(mountSkeletons(pool.root_));

@@ -5,8 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "isolation/fs/built_dir.h"
 #include "common/path.h"
+#include "isolation/fs/built_dir.h"
 #include "os/file.h"
 #include "os/tree.h"
 
@@ -21,11 +21,11 @@ constexpr const char* kHostSkeleton = "host-v2";
 // loader's cache, certificates, terminfo, alternatives), never credentials
 // (shadow, ssh, ssl/private, sudoers) nor host identity (hostname, machine-id).
 constexpr const char* kCopiedEtc[] = {
-    "ld.so.cache", "ld.so.conf",  "ld.so.conf.d", "alternatives", "ssl/certs",  "ssl/openssl.cnf",
-    "os-release",  "debian_version", "localtime", "timezone",     "terminfo",   "inputrc",
-    "bash.bashrc", "shells",      "protocols",    "services",     "gai.conf",   "host.conf",
-    "networks",    "mime.types",  "magic",        "magic.mime",   "python3",    "python3.11",
-    "profile",     "nanorc",      "vim",          "perl",         "gitconfig",  "mke2fs.conf",
+    "ld.so.cache", "ld.so.conf",     "ld.so.conf.d", "alternatives", "ssl/certs", "ssl/openssl.cnf",
+    "os-release",  "debian_version", "localtime",    "timezone",     "terminfo",  "inputrc",
+    "bash.bashrc", "shells",         "protocols",    "services",     "gai.conf",  "host.conf",
+    "networks",    "mime.types",     "magic",        "magic.mime",   "python3",   "python3.11",
+    "profile",     "nanorc",         "vim",          "perl",         "gitconfig", "mke2fs.conf",
 };
 
 constexpr const char* kNsswitch =
@@ -34,9 +34,8 @@ constexpr const char* kNsswitch =
 
 Status buildHostSkeleton(const std::string& dir) {
   MOAT_TRY(os::makeDir(dir, 0755));
-  for (const char* sub : {"usr", "etc", "proc", "dev", "root", "home", "workspace", "tmp", "var",
-                          "var/tmp", "var/lib", "var/cache", "var/log", "run", "opt", "mnt",
-                          "srv", "media"}) {
+  for (const char* sub : {"usr", "etc", "proc", "dev", "root", "home", "workspace", "tmp", "var", "var/tmp", "var/lib",
+                          "var/cache", "var/log", "run", "opt", "mnt", "srv", "media"}) {
     MOAT_TRY(os::makeDir(os::joinPath(dir, sub), 0755));
   }
   ::chmod((dir + "/root").c_str(), 0700);
@@ -83,16 +82,13 @@ std::string generatedPasswd(bool haveBash) {
          "\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
 }
 
-std::string generatedGroup() {
-  return "root:x:0:\ntty:x:5:\nusers:x:100:\nnogroup:x:65534:\n";
-}
+std::string generatedGroup() { return "root:x:0:\ntty:x:5:\nusers:x:100:\nnogroup:x:65534:\n"; }
 
 Result<Template> resolveTemplate(const std::string& spec, const std::string& stateDir) {
   Template t;
   t.name = spec;
   if (spec == "host") {
-    MOAT_ASSIGN(t.lowerDir,
-                ensureBuiltDirectory(stateDir + "/templates", kHostSkeleton, buildHostSkeleton));
+    MOAT_ASSIGN(t.lowerDir, ensureBuiltDirectory(stateDir + "/templates", kHostSkeleton, buildHostSkeleton));
     MOAT_ASSIGN(t.lower, os::open(t.lowerDir, O_PATH | O_DIRECTORY | O_NOFOLLOW));
     t.hostReadOnlyDirs.push_back("/usr");
     for (const char* top : {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}) {
@@ -110,8 +106,7 @@ Result<Template> resolveTemplate(const std::string& spec, const std::string& sta
   // Where it is, for the checks below: what was opened, not the name again.
   MOAT_ASSIGN(t.lowerDir, os::readLink("/proc/self/fd/" + std::to_string(t.lower.get())));
   if (t.lowerDir == "/") {
-    return Error::make("invalid_argument",
-                       "template / would show the whole host to the environment; use 'host'");
+    return Error::make("invalid_argument", "template / would show the whole host to the environment; use 'host'");
   }
   // The state directory holds the master token, keys and every environment's
   // files: no template may show it, from above or from inside.
@@ -122,8 +117,7 @@ Result<Template> resolveTemplate(const std::string& spec, const std::string& sta
                               (outer == "/" || inner[outer.size()] == '/'));
   };
   if (within(s, t.lowerDir) || within(t.lowerDir, s)) {
-    return Error::make("invalid_argument",
-                       "template " + spec + " overlaps moat's state directory " + s);
+    return Error::make("invalid_argument", "template " + spec + " overlaps moat's state directory " + s);
   }
   return t;
 }

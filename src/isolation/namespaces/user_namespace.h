@@ -35,8 +35,7 @@ inline constexpr uint32_t kIdMapWindow = 0x40000000u;  // host id of range 0's r
 std::optional<uint32_t> idMapSlotOf(uint32_t hostBase);
 // Takes the first free range from a random one on (from `start`, in tests);
 // `exhausted` when every range is held.
-Result<IdMapLease> leaseIdMap(const std::string& lockDir = kIdMapLockDir,
-                              std::optional<uint32_t> start = std::nullopt);
+Result<IdMapLease> leaseIdMap(const std::string& lockDir = kIdMapLockDir, std::optional<uint32_t> start = std::nullopt);
 
 // Creates a user namespace with `map` for uids and gids and returns an fd to
 // it. The short-lived process that created it is reaped before returning; the

@@ -17,8 +17,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto policy = isolation::seccomp::parsePolicy(text.value());
-  auto program = policy.ok() ? isolation::seccomp::compile(policy.value())
-                             : Result<isolation::seccomp::Program>(policy.error());
+  auto program =
+      policy.ok() ? isolation::seccomp::compile(policy.value()) : Result<isolation::seccomp::Program>(policy.error());
   if (!program.ok()) {
     std::fprintf(stderr, "%s: %s\n", argv[1], program.error().message().c_str());
     return 1;

@@ -10,8 +10,7 @@ namespace moat::isolation::seccomp {
 
 Result<Program> defaultProgram() {
   Program program;
-  program.filter.assign(kMoatDefaultSeccompFilter,
-                        kMoatDefaultSeccompFilter + kMoatDefaultSeccompFilterLength);
+  program.filter.assign(kMoatDefaultSeccompFilter, kMoatDefaultSeccompFilter + kMoatDefaultSeccompFilterLength);
   return program;
 }
 

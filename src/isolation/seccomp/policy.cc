@@ -21,8 +21,8 @@ struct ErrnoName {
   const char* name;
   int value;
 };
-constexpr ErrnoName kErrnos[] = {{"EPERM", EPERM},   {"ENOSYS", ENOSYS}, {"EACCES", EACCES},
-                                 {"EINVAL", EINVAL}, {"ENOTSUP", ENOTSUP}};
+constexpr ErrnoName kErrnos[] = {
+    {"EPERM", EPERM}, {"ENOSYS", ENOSYS}, {"EACCES", EACCES}, {"EINVAL", EINVAL}, {"ENOTSUP", ENOTSUP}};
 
 Error lineError(int line, const std::string& what) {
   return Error::make("invalid_policy", "seccomp policy line " + std::to_string(line) + ": " + what);
@@ -157,8 +157,8 @@ Result<Program> compile(const Policy& policy) {
                         : seccomp_rule_add_array(ctx, action, nr, static_cast<unsigned>(cmps.size()), cmps.data());
     }
     if (rc != 0) {
-      return Error{"invalid_policy", -rc, "seccomp rule for " + rule.syscall + " (line " +
-                                              std::to_string(rule.line) + ")"};
+      return Error{"invalid_policy", -rc,
+                   "seccomp rule for " + rule.syscall + " (line " + std::to_string(rule.line) + ")"};
     }
   }
   UniqueFd mem(::memfd_create("moat-seccomp", MFD_CLOEXEC));
@@ -186,8 +186,7 @@ std::string filterSource(const Program& program) {
     std::snprintf(line, sizeof line, "  {0x%04x, %u, %u, 0x%08x},\n", f.code, f.jt, f.jf, f.k);
     out += line;
   }
-  out += "};\nconst size_t kMoatDefaultSeccompFilterLength = " +
-         std::to_string(program.filter.size()) + ";\n";
+  out += "};\nconst size_t kMoatDefaultSeccompFilterLength = " + std::to_string(program.filter.size()) + ";\n";
   return out;
 }
 

@@ -25,7 +25,7 @@ struct Condition {
 
 struct Rule {
   std::string syscall;
-  int errnoValue = 0;   // returned errno; 0 with kill = true
+  int errnoValue = 0;  // returned errno; 0 with kill = true
   bool kill = false;
   std::vector<Condition> conditions;  // all must hold; none: unconditional
   std::string why;

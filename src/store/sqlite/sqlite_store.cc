@@ -1,10 +1,10 @@
 #include "store/sqlite/sqlite_store.h"
 
-#include <algorithm>
 #include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string_view>
 #include <utility>
@@ -44,8 +44,7 @@ Error sqliteError(::sqlite3* db, const std::string& what) {
   }
   // Only an I/O failure has a meaningful errno behind it.
   const int primary = rc & 0xff;
-  const int sysErrno =
-      (primary == SQLITE_IOERR || primary == SQLITE_CANTOPEN) ? sqlite3_system_errno(db) : 0;
+  const int sysErrno = (primary == SQLITE_IOERR || primary == SQLITE_CANTOPEN) ? sqlite3_system_errno(db) : 0;
   return Error{std::move(code), sysErrno, what + ": " + sqlite3_errmsg(db)};
 }
 
@@ -67,8 +66,7 @@ class Statement {
   // From the cache, compiled on first use; reset for the next caller when
   // this one goes out of scope. A statement in use elsewhere (or a full
   // cache: SQL built from filters varies) gets one of its own.
-  static Result<Statement> cached(StatementCache& cache, ::sqlite3* db, std::string_view sql,
-                                  std::string what) {
+  static Result<Statement> cached(StatementCache& cache, ::sqlite3* db, std::string_view sql, std::string what) {
     constexpr size_t kMaxCached = 64;
     auto it = cache.find(std::string(sql));
     if (it == cache.end() && cache.size() < kMaxCached) {
@@ -96,8 +94,7 @@ class Statement {
   }
 
   Status bindAt(int index, std::string_view value) {
-    return check(sqlite3_bind_text64(stmt_, index, value.data(), value.size(), SQLITE_TRANSIENT,
-                                     SQLITE_UTF8));
+    return check(sqlite3_bind_text64(stmt_, index, value.data(), value.size(), SQLITE_TRANSIENT, SQLITE_UTF8));
   }
   Status bindAt(int index, int64_t value) { return check(sqlite3_bind_int64(stmt_, index, value)); }
   Status bindAt(int index, double value) { return check(sqlite3_bind_double(stmt_, index, value)); }
@@ -142,11 +139,9 @@ class Statement {
   Statement(::sqlite3* db, ::sqlite3_stmt* stmt, std::string what, bool* inUse)
       : db_(db), stmt_(stmt), what_(std::move(what)), inUse_(inUse) {}
 
-  static Result<::sqlite3_stmt*> compile(::sqlite3* db, std::string_view sql, unsigned flags,
-                                         const std::string& what) {
+  static Result<::sqlite3_stmt*> compile(::sqlite3* db, std::string_view sql, unsigned flags, const std::string& what) {
     ::sqlite3_stmt* stmt = nullptr;
-    if (sqlite3_prepare_v3(db, sql.data(), static_cast<int>(sql.size()), flags, &stmt, nullptr) !=
-        SQLITE_OK) {
+    if (sqlite3_prepare_v3(db, sql.data(), static_cast<int>(sql.size()), flags, &stmt, nullptr) != SQLITE_OK) {
       sqlite3_finalize(stmt);
       return sqliteError(db, what);
     }
@@ -200,17 +195,15 @@ Result<int64_t> userVersion(::sqlite3* db, const std::string& path) {
 
 Status checkSupported(int64_t version, const std::string& path) {
   if (version >= 0 && version <= kSchemaVersion) return {};
-  return Error::make("unsupported",
-                     "database " + path + " has schema version " + std::to_string(version) +
-                         ", this moatd knows versions 1 to " + std::to_string(kSchemaVersion));
+  return Error::make("unsupported", "database " + path + " has schema version " + std::to_string(version) +
+                                        ", this moatd knows versions 1 to " + std::to_string(kSchemaVersion));
 }
 
 Status migrate(::sqlite3* db, const std::string& path) {
   MOAT_ASSIGN(int64_t version, userVersion(db, path));
   for (const Migration& step : kMigrations) {
     if (step.version <= version) continue;
-    const std::string what =
-        "migrate " + path + " to schema version " + std::to_string(step.version);
+    const std::string what = "migrate " + path + " to schema version " + std::to_string(step.version);
     MOAT_ASSIGN(Transaction transaction, Transaction::begin(db, what));
     // Another process may have migrated between our read and the lock.
     MOAT_ASSIGN(version, userVersion(db, path));
@@ -226,8 +219,7 @@ Status migrate(::sqlite3* db, const std::string& path) {
   return {};
 }
 
-Result<std::string> encodeLabels(const std::map<std::string, std::string>& labels,
-                                 const std::string& what) {
+Result<std::string> encodeLabels(const std::map<std::string, std::string>& labels, const std::string& what) {
   try {
     return nlohmann::json(labels).dump();
   } catch (const nlohmann::json::exception& e) {
@@ -236,13 +228,11 @@ Result<std::string> encodeLabels(const std::map<std::string, std::string>& label
   }
 }
 
-Result<std::map<std::string, std::string>> decodeLabels(const std::string& text,
-                                                        const std::string& id) {
+Result<std::map<std::string, std::string>> decodeLabels(const std::string& text, const std::string& id) {
   std::map<std::string, std::string> labels;
   if (text.empty()) return labels;
   const auto json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  const std::string corrupt =
-      "environment " + id + ": stored labels are not a JSON object of strings";
+  const std::string corrupt = "environment " + id + ": stored labels are not a JSON object of strings";
   if (!json.is_object()) return Error::make("store", corrupt);
   for (const auto& [key, value] : json.items()) {
     if (!value.is_string()) return Error::make("store", corrupt);
@@ -291,8 +281,7 @@ Result<std::vector<EnvironmentRecord>> readEnvironments(Statement& stmt) {
   return records;
 }
 
-bool labelsMatch(const std::map<std::string, std::string>& have,
-                 const std::map<std::string, std::string>& want) {
+bool labelsMatch(const std::map<std::string, std::string>& have, const std::map<std::string, std::string>& want) {
   for (const auto& [key, value] : want) {
     auto it = have.find(key);
     if (it == have.end() || it->second != value) return false;
@@ -313,8 +302,7 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const std::string& path) 
 
   ::sqlite3* raw = nullptr;
   const int rc =
-      sqlite3_open_v2(path.c_str(), &raw,
-                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
+      sqlite3_open_v2(path.c_str(), &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
   DbPtr db(raw);  // a handle comes back even on failure, to be closed
   if (rc != SQLITE_OK) {
     if (!db) return Error::make("store", "open " + path + ": " + sqlite3_errstr(rc));
@@ -348,29 +336,26 @@ Status SqliteStore::insertEnvironment(const EnvironmentRecord& record) {
   MOAT_ASSIGN(std::string labels, encodeLabels(record.labels, what));
   MOAT_ASSIGN(std::string env, encodeLabels(record.env, what));
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt,
-              Statement::cached(statements_, db_.get(),
-                                 "INSERT INTO environments (id, task_id, template, cpus, ram_mb,"
-                                 " storage_gb, pids, labels, state, reason, created_at_ms,"
-                                 " expires_at_ms, owner, env, permissions, network, secrets, net_slot)"
-                                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                 what));
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
+                                                "INSERT INTO environments (id, task_id, template, cpus, ram_mb,"
+                                                " storage_gb, pids, labels, state, reason, created_at_ms,"
+                                                " expires_at_ms, owner, env, permissions, network, secrets, net_slot)"
+                                                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                                what));
   // The unsigned counts are stored as their 64-bit pattern and read back the
   // same way, so every value round-trips.
-  MOAT_TRY(stmt.bindAll(record.id, record.taskId, record.templateName, record.cpus,
-                        static_cast<int64_t>(record.ramMb), record.storageGb,
-                        static_cast<int64_t>(record.pids), labels, record.state, record.reason,
-                        record.createdAtMs, record.expiresAtMs, record.owner, env,
-                        record.permissions, record.network, record.secrets, record.netSlot));
+  MOAT_TRY(stmt.bindAll(record.id, record.taskId, record.templateName, record.cpus, static_cast<int64_t>(record.ramMb),
+                        record.storageGb, static_cast<int64_t>(record.pids), labels, record.state, record.reason,
+                        record.createdAtMs, record.expiresAtMs, record.owner, env, record.permissions, record.network,
+                        record.secrets, record.netSlot));
   return stmt.run();
 }
 
 Result<std::optional<EnvironmentRecord>> SqliteStore::getEnvironment(const std::string& id) {
   const std::string what = "get environment " + id;
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(
-      Statement stmt,
-      Statement::cached(statements_, db_.get(), std::string(kSelectEnvironments) + " WHERE id = ?", what));
+  MOAT_ASSIGN(Statement stmt,
+              Statement::cached(statements_, db_.get(), std::string(kSelectEnvironments) + " WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(id));
   MOAT_ASSIGN(bool row, stmt.step());
   if (!row) return std::optional<EnvironmentRecord>();
@@ -378,8 +363,7 @@ Result<std::optional<EnvironmentRecord>> SqliteStore::getEnvironment(const std::
   return std::optional<EnvironmentRecord>(std::move(record));
 }
 
-Result<std::vector<EnvironmentRecord>> SqliteStore::listEnvironments(
-    const EnvironmentFilter& filter) {
+Result<std::vector<EnvironmentRecord>> SqliteStore::listEnvironments(const EnvironmentFilter& filter) {
   // The SQL is assembled from fixed fragments only (so the indexes on
   // task_id, state and owner can serve it); the values are bound.
   std::string sql(kSelectEnvironments);
@@ -416,20 +400,16 @@ Result<std::vector<EnvironmentRecord>> SqliteStore::listEnvironments(
     MOAT_ASSIGN(records, readEnvironments(stmt));
   }
   if (!filter.labels.empty()) {
-    std::erase_if(records, [&](const EnvironmentRecord& record) {
-      return !labelsMatch(record.labels, filter.labels);
-    });
+    std::erase_if(records, [&](const EnvironmentRecord& record) { return !labelsMatch(record.labels, filter.labels); });
   }
   return records;
 }
 
-Status SqliteStore::setState(const std::string& id, const std::string& state,
-                             const std::string& reason) {
+Status SqliteStore::setState(const std::string& id, const std::string& state, const std::string& reason) {
   const std::string what = "set state of environment " + id + " to " + state;
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt,
-              Statement::cached(statements_, db_.get(),
-                                "UPDATE environments SET state = ?, reason = ? WHERE id = ?", what));
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
+                                                "UPDATE environments SET state = ?, reason = ? WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(state, reason, id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) {
@@ -441,9 +421,8 @@ Status SqliteStore::setState(const std::string& id, const std::string& state,
 Status SqliteStore::setExpiry(const std::string& id, int64_t expiresAtMs) {
   const std::string what = "set expiry of environment " + id;
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt,
-              Statement::cached(statements_, db_.get(),
-                                 "UPDATE environments SET expires_at_ms = ? WHERE id = ?", what));
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
+                                                "UPDATE environments SET expires_at_ms = ? WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(expiresAtMs, id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) {
@@ -466,8 +445,9 @@ Status SqliteStore::setPermissions(const std::string& id, const std::string& per
 Status SqliteStore::setNetwork(const std::string& id, const std::string& network, int64_t netSlot) {
   const std::string what = "set network of environment " + id;
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
-                                                 "UPDATE environments SET network = ?, net_slot = ? WHERE id = ?", what));
+  MOAT_ASSIGN(Statement stmt,
+              Statement::cached(statements_, db_.get(),
+                                "UPDATE environments SET network = ?, net_slot = ? WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(network, netSlot, id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such environment");
@@ -476,11 +456,11 @@ Status SqliteStore::setNetwork(const std::string& id, const std::string& network
 
 Result<std::vector<EnvironmentRecord>> SqliteStore::liveEnvironments() {
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
-                                                 std::string(kSelectEnvironments) +
-                                                     " WHERE state NOT IN ('gone', 'failed')" +
-                                                     std::string(kNewestFirst),
-                                                 "list live environments"));
+  MOAT_ASSIGN(Statement stmt,
+              Statement::cached(statements_, db_.get(),
+                                std::string(kSelectEnvironments) + " WHERE state NOT IN ('gone', 'failed')" +
+                                    std::string(kNewestFirst),
+                                "list live environments"));
   return readEnvironments(stmt);
 }
 
@@ -512,13 +492,11 @@ Status SqliteStore::insertKey(const ApiKeyRecord& key) {
   const std::string what = "insert api key " + key.id;
   std::string scopes = nlohmann::json(key.scopes).dump();
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt,
-              Statement::cached(statements_, db_.get(),
-                                 "INSERT INTO api_keys (id, name, token_hash, scopes, created_at_ms,"
-                                 " revoked_at_ms, permissions) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                 what));
-  MOAT_TRY(stmt.bindAll(key.id, key.name, key.tokenHash, scopes, key.createdAtMs, key.revokedAtMs,
-                        key.permissions));
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
+                                                "INSERT INTO api_keys (id, name, token_hash, scopes, created_at_ms,"
+                                                " revoked_at_ms, permissions) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                                what));
+  MOAT_TRY(stmt.bindAll(key.id, key.name, key.tokenHash, scopes, key.createdAtMs, key.revokedAtMs, key.permissions));
   return stmt.run();
 }
 
@@ -537,9 +515,8 @@ Result<std::optional<ApiKeyRecord>> SqliteStore::getKey(const std::string& id) {
 Result<std::vector<ApiKeyRecord>> SqliteStore::listKeys() {
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
-              Statement::cached(statements_, db_.get(),
-                                 std::string(kSelectKeys) + " ORDER BY created_at_ms DESC, id",
-                                 "list api keys"));
+              Statement::cached(statements_, db_.get(), std::string(kSelectKeys) + " ORDER BY created_at_ms DESC, id",
+                                "list api keys"));
   std::vector<ApiKeyRecord> keys;
   while (true) {
     MOAT_ASSIGN(bool row, stmt.step());
@@ -555,8 +532,7 @@ Status SqliteStore::revokeKey(const std::string& id, int64_t atMs) {
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
               Statement::cached(statements_, db_.get(),
-                                 "UPDATE api_keys SET revoked_at_ms = ? WHERE id = ? AND revoked_at_ms = 0",
-                                 what));
+                                "UPDATE api_keys SET revoked_at_ms = ? WHERE id = ? AND revoked_at_ms = 0", what));
   MOAT_TRY(stmt.bindAll(atMs, id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such active key");
@@ -614,11 +590,11 @@ Status SqliteStore::insertSnapshot(const SnapshotRecord& r) {
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
               Statement::cached(statements_, db_.get(),
-                                 "INSERT INTO snapshots (id, environment, owner, template, storage_gb, host_base,"
-                                 " name, state, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                 what));
-  MOAT_TRY(stmt.bindAll(r.id, r.environment, r.owner, r.templateName, r.storageGb,
-                        static_cast<int64_t>(r.hostBase), r.name, r.state, r.createdAtMs));
+                                "INSERT INTO snapshots (id, environment, owner, template, storage_gb, host_base,"
+                                " name, state, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                what));
+  MOAT_TRY(stmt.bindAll(r.id, r.environment, r.owner, r.templateName, r.storageGb, static_cast<int64_t>(r.hostBase),
+                        r.name, r.state, r.createdAtMs));
   return stmt.run();
 }
 
@@ -626,7 +602,7 @@ Status SqliteStore::setSnapshotState(const std::string& id, const std::string& s
   const std::string what = "set snapshot " + id + " " + state;
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
-                                                 "UPDATE snapshots SET state = ?, host_base = ? WHERE id = ?", what));
+                                                "UPDATE snapshots SET state = ?, host_base = ? WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(state, static_cast<int64_t>(hostBase), id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such snapshot");
@@ -636,7 +612,7 @@ Status SqliteStore::setSnapshotState(const std::string& id, const std::string& s
 Result<std::optional<SnapshotRecord>> SqliteStore::getSnapshot(const std::string& id) {
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(), std::string(kSelectSnapshots) + " WHERE id = ?",
-                                                 "get snapshot " + id));
+                                                "get snapshot " + id));
   MOAT_TRY(stmt.bindAll(id));
   MOAT_ASSIGN(bool row, stmt.step());
   if (!row) return std::optional<SnapshotRecord>();
@@ -661,7 +637,8 @@ Result<std::vector<SnapshotRecord>> SqliteStore::listSnapshots(const std::string
 
 Status SqliteStore::deleteSnapshot(const std::string& id) {
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(), "DELETE FROM snapshots WHERE id = ?", "delete snapshot " + id));
+  MOAT_ASSIGN(Statement stmt,
+              Statement::cached(statements_, db_.get(), "DELETE FROM snapshots WHERE id = ?", "delete snapshot " + id));
   MOAT_TRY(stmt.bindAll(id));
   return stmt.run();
 }
@@ -671,24 +648,22 @@ Status SqliteStore::insertApproval(const ApprovalRecord& a) {
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
               Statement::cached(statements_, db_.get(),
-                                 "INSERT INTO approvals (id, environment, scope, action, requester,"
-                                 " created_at_ms, state, decided_by, reason, decided_at_ms, remember, used)"
-                                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                 what));
-  MOAT_TRY(stmt.bindAll(a.id, a.environment, a.scope, a.action, a.requester, a.createdAtMs, a.state,
-                        a.decidedBy, a.reason, a.decidedAtMs, static_cast<int64_t>(a.remember),
-                        static_cast<int64_t>(a.used)));
+                                "INSERT INTO approvals (id, environment, scope, action, requester,"
+                                " created_at_ms, state, decided_by, reason, decided_at_ms, remember, used)"
+                                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                what));
+  MOAT_TRY(stmt.bindAll(a.id, a.environment, a.scope, a.action, a.requester, a.createdAtMs, a.state, a.decidedBy,
+                        a.reason, a.decidedAtMs, static_cast<int64_t>(a.remember), static_cast<int64_t>(a.used)));
   return stmt.run();
 }
 
 Status SqliteStore::updateApproval(const ApprovalRecord& a) {
   const std::string what = "update approval " + a.id;
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt,
-              Statement::cached(statements_, db_.get(),
-                                 "UPDATE approvals SET state = ?, decided_by = ?, reason = ?,"
-                                 " decided_at_ms = ?, remember = ?, used = ? WHERE id = ?",
-                                 what));
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
+                                                "UPDATE approvals SET state = ?, decided_by = ?, reason = ?,"
+                                                " decided_at_ms = ?, remember = ?, used = ? WHERE id = ?",
+                                                what));
   MOAT_TRY(stmt.bindAll(a.state, a.decidedBy, a.reason, a.decidedAtMs, static_cast<int64_t>(a.remember),
                         static_cast<int64_t>(a.used), a.id));
   MOAT_TRY(stmt.run());
@@ -699,7 +674,7 @@ Status SqliteStore::updateApproval(const ApprovalRecord& a) {
 Result<std::optional<ApprovalRecord>> SqliteStore::getApproval(const std::string& id) {
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(), std::string(kSelectApprovals) + " WHERE id = ?",
-                                                 "get approval " + id));
+                                                "get approval " + id));
   MOAT_TRY(stmt.bindAll(id));
   MOAT_ASSIGN(bool row, stmt.step());
   if (!row) return std::optional<ApprovalRecord>();
@@ -708,7 +683,8 @@ Result<std::optional<ApprovalRecord>> SqliteStore::getApproval(const std::string
 
 Result<std::vector<ApprovalRecord>> SqliteStore::listApprovals(const ApprovalFilter& filter) {
   std::lock_guard lock(mutex_);
-  std::string sql = std::string(kSelectApprovals) + " WHERE (? = '' OR state = ?) AND (? = '' OR environment = ?)"
+  std::string sql = std::string(kSelectApprovals) +
+                    " WHERE (? = '' OR state = ?) AND (? = '' OR environment = ?)"
                     " ORDER BY created_at_ms DESC, id LIMIT 1000";
   MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(), sql, "list approvals"));
   MOAT_TRY(stmt.bindAll(filter.state, filter.state, filter.environment, filter.environment));
@@ -718,8 +694,7 @@ Result<std::vector<ApprovalRecord>> SqliteStore::listApprovals(const ApprovalFil
     if (!row) break;
     ApprovalRecord a = readApproval(stmt);
     if (!filter.environments.empty() &&
-        std::find(filter.environments.begin(), filter.environments.end(), a.environment) ==
-            filter.environments.end()) {
+        std::find(filter.environments.begin(), filter.environments.end(), a.environment) == filter.environments.end()) {
       continue;
     }
     out.push_back(std::move(a));
@@ -731,9 +706,9 @@ Status SqliteStore::expirePendingApprovals(const std::string& reason, int64_t at
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt,
               Statement::cached(statements_, db_.get(),
-                                 "UPDATE approvals SET state = 'expired', reason = ?, decided_by = 'moatd',"
-                                 " decided_at_ms = ? WHERE state = 'pending'",
-                                 "expire pending approvals"));
+                                "UPDATE approvals SET state = 'expired', reason = ?, decided_by = 'moatd',"
+                                " decided_at_ms = ? WHERE state = 'pending'",
+                                "expire pending approvals"));
   MOAT_TRY(stmt.bindAll(reason, atMs));
   return stmt.run();
 }
@@ -773,19 +748,17 @@ Status SqliteStore::appendEvents(const std::vector<EventRecord>& events, uint64_
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Transaction transaction, Transaction::begin(db_.get(), what));
   if (pruneThrough > 0) {
-    MOAT_ASSIGN(Statement prune,
-                Statement::cached(statements_, db_.get(), "DELETE FROM events WHERE id <= ?", what));
+    MOAT_ASSIGN(Statement prune, Statement::cached(statements_, db_.get(), "DELETE FROM events WHERE id <= ?", what));
     MOAT_TRY(prune.bindAll(static_cast<int64_t>(pruneThrough)));
     MOAT_TRY(prune.run());
   }
-  MOAT_ASSIGN(Statement insert,
-              Statement::cached(statements_, db_.get(),
-                                 "INSERT INTO events (id, time_ms, type, environment, actor, data,"
-                                 " prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                                 what));
+  MOAT_ASSIGN(Statement insert, Statement::cached(statements_, db_.get(),
+                                                  "INSERT INTO events (id, time_ms, type, environment, actor, data,"
+                                                  " prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                                  what));
   for (const EventRecord& e : events) {
-    MOAT_TRY(insert.bindAll(static_cast<int64_t>(e.id), e.timeMs, e.type, e.environment, e.actor,
-                            e.data, e.prevHash, e.hash));
+    MOAT_TRY(insert.bindAll(static_cast<int64_t>(e.id), e.timeMs, e.type, e.environment, e.actor, e.data, e.prevHash,
+                            e.hash));
     MOAT_TRY(insert.run());
     insert.reset();
   }
@@ -826,8 +799,7 @@ Result<std::optional<EventRecord>> SqliteStore::getEvent(uint64_t id) {
 
 namespace {
 
-Result<std::optional<EventRecord>> oneEvent(::sqlite3* db, const std::string& sql,
-                                            const std::string& what) {
+Result<std::optional<EventRecord>> oneEvent(::sqlite3* db, const std::string& sql, const std::string& what) {
   MOAT_ASSIGN(Statement stmt, Statement::prepare(db, sql, what));
   MOAT_ASSIGN(bool row, stmt.step());
   if (!row) return std::optional<EventRecord>();
@@ -838,14 +810,12 @@ Result<std::optional<EventRecord>> oneEvent(::sqlite3* db, const std::string& sq
 
 Result<std::optional<EventRecord>> SqliteStore::firstEvent() {
   std::lock_guard lock(mutex_);
-  return oneEvent(db_.get(), std::string(kSelectEvents) + " ORDER BY id LIMIT 1",
-                  "read the first audit event");
+  return oneEvent(db_.get(), std::string(kSelectEvents) + " ORDER BY id LIMIT 1", "read the first audit event");
 }
 
 Result<std::optional<EventRecord>> SqliteStore::lastEvent() {
   std::lock_guard lock(mutex_);
-  return oneEvent(db_.get(), std::string(kSelectEvents) + " ORDER BY id DESC LIMIT 1",
-                  "read the last audit event");
+  return oneEvent(db_.get(), std::string(kSelectEvents) + " ORDER BY id DESC LIMIT 1", "read the last audit event");
 }
 
 Result<uint64_t> SqliteStore::lastEventBefore(int64_t timeMs) {
@@ -853,14 +823,14 @@ Result<uint64_t> SqliteStore::lastEventBefore(int64_t timeMs) {
   std::lock_guard lock(mutex_);
   // A binary search over the ids (a few primary key lookups) instead of an
   // index on time_ms, which every append would have to write.
-  MOAT_ASSIGN(Statement bounds, Statement::cached(statements_, db_.get(),
-                                                   "SELECT coalesce(min(id), 0), coalesce(max(id), 0) FROM events",
-                                                   what));
+  MOAT_ASSIGN(
+      Statement bounds,
+      Statement::cached(statements_, db_.get(), "SELECT coalesce(min(id), 0), coalesce(max(id), 0) FROM events", what));
   MOAT_ASSIGN(bool row, bounds.step());
   if (!row || bounds.integer(0) == 0) return uint64_t{0};
-  MOAT_ASSIGN(Statement at, Statement::cached(statements_, db_.get(),
-                                               "SELECT id, time_ms FROM events WHERE id >= ? ORDER BY id LIMIT 1",
-                                               what));
+  MOAT_ASSIGN(Statement at,
+              Statement::cached(statements_, db_.get(),
+                                "SELECT id, time_ms FROM events WHERE id >= ? ORDER BY id LIMIT 1", what));
   // The first event at or after `id` (ids may have gaps): its id and time.
   auto eventAt = [&](int64_t id, int64_t& foundId, int64_t& foundTime) -> Status {
     at.reset();
