@@ -13,11 +13,11 @@ Result<std::string> loadOrCreateMasterToken(const std::string& stateDir) {
   if (os::exists(path)) {
     struct stat st;
     if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
-      return Error::make("insecure", path + " is readable by others; chmod 600 it");
+      return Error::make(Code::kInsecure, path + " is readable by others; chmod 600 it");
     }
     MOAT_ASSIGN(std::string token, os::readFile(path));
     while (!token.empty() && (token.back() == '\n' || token.back() == ' ')) token.pop_back();
-    if (token.size() < 32) return Error::make("invalid", path + " holds no usable token");
+    if (token.size() < 32) return Error::make(Code::kInvalidArgument, path + " holds no usable token");
     return token;
   }
   MOAT_ASSIGN(std::string token, randomHex(32));

@@ -17,7 +17,7 @@ egress::GateAnswer Api::askForEnvironment(const std::string& id, const gate::Act
   // the person in copies.
   std::optional<store::ApprovalRecord> waiting;
   size_t pendingFromEnvironment = 0;
-  Result<store::ApprovalRecord> approval = Error::make("internal", "no approval");
+  Result<store::ApprovalRecord> approval = Error::make(Code::kInternal, "no approval");
   {
     static std::mutex asking;  // one look-then-ask at a time
     std::lock_guard<std::mutex> lock(asking);

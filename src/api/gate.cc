@@ -12,13 +12,13 @@ namespace {
 ApiError gateError(const Error& e) {
   // Permissions::parse names the field: "<field>: <problem>" or "unknown field <field> (...)".
   std::string field;
-  if (e.code == "unknown_field") {
+  if (e.code == Code::kUnknownField) {
     field = e.context.substr(std::string("unknown field ").size());
     field = field.substr(0, field.find(' '));
   } else {
     field = e.context.substr(0, e.context.find(": "));
   }
-  return {400, e.code == "unknown_field" ? "unknown_field" : "invalid_request", e.context, field};
+  return {400, e.code == Code::kUnknownField ? "unknown_field" : "invalid_request", e.context, field};
 }
 
 json approvalJson(const store::ApprovalRecord& a) {

@@ -294,7 +294,7 @@ HttpServer::~HttpServer() { stop(); }
 
 Status HttpServer::listenTcp(const std::string& hostPort) {
   auto colon = hostPort.rfind(':');
-  if (colon == std::string::npos) return Error::make("invalid_argument", "listen address needs host:port");
+  if (colon == std::string::npos) return Error::make(Code::kInvalidArgument, "listen address needs host:port");
   std::string host = hostPort.substr(0, colon);
   int port = std::atoi(hostPort.substr(colon + 1).c_str());
   struct sockaddr_in addr;
@@ -302,7 +302,7 @@ Status HttpServer::listenTcp(const std::string& hostPort) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   if (::inet_pton(AF_INET, host == "localhost" ? "127.0.0.1" : host.c_str(), &addr.sin_addr) != 1) {
-    return Error::make("invalid_argument", "listen address " + hostPort + " is not an IPv4 host:port");
+    return Error::make(Code::kInvalidArgument, "listen address " + hostPort + " is not an IPv4 host:port");
   }
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Error::fromErrno("socket");
@@ -325,7 +325,7 @@ Status HttpServer::listenUnix(const std::string& path) {
   struct sockaddr_un addr;
   std::memset(&addr, 0, sizeof addr);
   addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof addr.sun_path) return Error::make("invalid_argument", "socket path too long: " + path);
+  if (path.size() >= sizeof addr.sun_path) return Error::make(Code::kInvalidArgument, "socket path too long: " + path);
   std::memcpy(addr.sun_path, path.data(), path.size());
   ::unlink(path.c_str());
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -84,7 +84,7 @@ std::function<bool()> Keys::stillActive(const Principal& principal) {
 Result<Principal> Keys::authenticate(const std::string& token) {
   // moat_<12 hex id>_<64 hex secret>
   if (token.size() != 5 + 12 + 1 + 64 || token.compare(0, 5, "moat_") != 0 || token[17] != '_') {
-    return Error::make("unauthorized", "invalid token");
+    return Error::make(Code::kUnauthorized, "invalid token");
   }
   std::string id = token.substr(5, 12);
   auto key = store_.getKey(id);
@@ -92,9 +92,9 @@ Result<Principal> Keys::authenticate(const std::string& token) {
   // Hash either way, so an unknown id costs what a wrong secret does.
   std::string hash = sha256Hex(token);
   if (!key.value() || !constantTimeEquals(hash, key.value()->tokenHash)) {
-    return Error::make("unauthorized", "invalid token");
+    return Error::make(Code::kUnauthorized, "invalid token");
   }
-  if (key.value()->revokedAtMs != 0) return Error::make("unauthorized", "this key was revoked");
+  if (key.value()->revokedAtMs != 0) return Error::make(Code::kUnauthorized, "this key was revoked");
   Principal p;
   p.keyId = id;
   p.scopes.insert(key.value()->scopes.begin(), key.value()->scopes.end());
@@ -108,7 +108,7 @@ Result<std::shared_ptr<const gate::Permissions>> Keys::ceilingOf(const std::stri
     if (auto it = ceilings_.find(id); it != ceilings_.end()) return it->second;
   }
   MOAT_ASSIGN(auto key, store_.getKey(id));
-  if (!key) return Error::make("not_found", "no key " + id);
+  if (!key) return Error::make(Code::kNotFound, "no key " + id);
   auto ceiling = ceilingFrom(key->permissions);
   std::lock_guard<std::mutex> lock(ceilingsMutex_);
   ceilings_[id] = ceiling;

@@ -136,7 +136,7 @@ void runViewer(const std::shared_ptr<manager::Process>& process, websocket::Conn
       // resizes wait behind it. Beyond that the piece is not delivered, and
       // the viewer is told.
       Status s = process->writeStdin(message.data, false, kInputWait);
-      if (!s.ok() && s.error().code == "stdin_full") {
+      if (!s.ok() && s.error().code == Code::kStdinFull) {
         (void)socket.sendText(
             json{{"type", "error"}, {"message", "input not delivered: " + s.error().message()}}.dump());
         continue;

@@ -48,7 +48,7 @@ std::optional<ApiError> snapshotField(const json& body, const char* field, std::
 
 Result<store::SnapshotRecord> Api::visibleSnapshot(const Principal& principal, const std::string& id) {
   MOAT_ASSIGN(auto snap, manager_.getSnapshot(id));
-  if (!principal.master && snap.owner != principal.keyId) return Error::make("not_found", "no snapshot " + id);
+  if (!principal.master && snap.owner != principal.keyId) return Error::make(Code::kNotFound, "no snapshot " + id);
   return snap;
 }
 
@@ -72,7 +72,7 @@ HttpResponse Api::snapshotsRoute(const HttpRequest& req, const Principal& princi
   }
   if (auto e = onlyQuery(req, {})) return errorResponse(*e);
   auto snap = validSnapshotId(id) ? visibleSnapshot(principal, id)
-                                  : Result<store::SnapshotRecord>(Error::make("not_found", "no snapshot " + id));
+                                  : Result<store::SnapshotRecord>(Error::make(Code::kNotFound, "no snapshot " + id));
   if (!snap.ok()) return errorResponse(fromError(snap.error()));
   if (req.method == "GET") return respond(200, snapshotJson(snap.value()));
   if (req.method != "DELETE") return wrongMethod(req, "GET or DELETE");

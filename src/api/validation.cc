@@ -43,14 +43,31 @@ ApiError invalid(const std::string& field, const std::string& message) {
   return {400, "invalid_request", field + ": " + message, field};
 }
 
-ApiError fromError(const Error& e) {
-  static const std::map<std::string, int> status = {
-      {"not_found", 404}, {"conflict", 409},    {"gone", 409},        {"capacity", 429},   {"invalid_argument", 400},
-      {"timeout", 504},   {"unsupported", 400}, {"unavailable", 503}, {"stdin_full", 409},
-  };
-  auto it = status.find(e.code);
-  return {it == status.end() ? 500 : it->second, e.code, e.message(), ""};
+int httpStatus(Code code) {
+  switch (code) {
+    case Code::kInvalidArgument:
+    case Code::kInvalidRequest:
+    case Code::kUnknownField:
+    case Code::kUnsupported:
+      return 400;
+    case Code::kNotFound:
+      return 404;
+    case Code::kConflict:
+    case Code::kGone:
+    case Code::kStdinFull:
+      return 409;
+    case Code::kCapacity:
+      return 429;
+    case Code::kUnavailable:
+      return 503;
+    case Code::kTimeout:
+      return 504;
+    default:
+      return 500;  // moatd's own failure: the code names it
+  }
 }
+
+ApiError fromError(const Error& e) { return {httpStatus(e.code), codeName(e.code), e.message(), ""}; }
 
 std::optional<ApiError> specFields(const json& spec, const std::string& prefix, double maxRamMb, SpecFields& out) {
   if (!spec.is_object())
@@ -85,16 +102,16 @@ std::string timestamp(int64_t ms) {
 Result<json> parseObject(const std::string& body, ApiError& err) {
   if (body.size() > (1u << 20)) {
     err = {413, "too_large", "JSON body larger than 1 MiB", ""};
-    return Error::make("invalid", "");
+    return Error::make(Code::kInvalidArgument, "");
   }
   json j = json::parse(body.empty() ? "{}" : body, nullptr, false);
   if (j.is_discarded()) {
     err = {400, "bad_json", "the body is not valid JSON", ""};
-    return Error::make("invalid", "");
+    return Error::make(Code::kInvalidArgument, "");
   }
   if (!j.is_object()) {
     err = {400, "bad_json", "the body must be a JSON object", ""};
-    return Error::make("invalid", "");
+    return Error::make(Code::kInvalidArgument, "");
   }
   return j;
 }

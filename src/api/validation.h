@@ -28,7 +28,10 @@ HttpResponse noContent();
 HttpResponse errorResponse(const ApiError& e);
 HttpResponse wrongMethod(const HttpRequest& req, const char* allowed);
 ApiError invalid(const std::string& field, const std::string& message);
-// Maps a manager error code to its HTTP status.
+// The HTTP status an error answers with: one table for every code (what is
+// not the client's doing is 500, its code naming it).
+int httpStatus(Code code);
+// An error as the API answers it: its status, code name and message.
 ApiError fromError(const Error& e);
 std::string timestamp(int64_t ms);
 

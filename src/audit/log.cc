@@ -105,7 +105,7 @@ Status Log::flush(std::chrono::milliseconds timeout) {
   flushWanted_ = true;
   writerCv_.notify_one();
   if (!committedCv_.wait_for(lock, timeout, [&] { return committedId_ >= target; })) {
-    return Error::make("timeout", "the audit log did not write event " + std::to_string(target) + " in time");
+    return Error::make(Code::kTimeout, "the audit log did not write event " + std::to_string(target) + " in time");
   }
   return {};
 }
@@ -204,7 +204,7 @@ Result<uint64_t> Log::pruneThrough(std::unique_lock<std::mutex>& lock, uint64_t 
   if (!first.ok()) return first.error();
   if (!last.ok()) return last.error();
   if (!first.value() || !last.value()) {
-    return Error::make("store", "audit event " + std::to_string(through) + " vanished while being pruned");
+    return Error::make(Code::kStore, "audit event " + std::to_string(through) + " vanished while being pruned");
   }
   const uint64_t count = through - first.value()->id + 1;
   // The checkpoint comes after everything recorded so far: those go into
@@ -255,7 +255,7 @@ Result<uint64_t> Log::pruneBefore(int64_t cutoffMs) {
   PruneRequest request;
   request.cutoffMs = cutoffMs;
   std::unique_lock<std::mutex> lock(mutex_);
-  if (stopping_) return Error::make("unavailable", "the audit log is stopping");
+  if (stopping_) return Error::make(Code::kUnavailable, "the audit log is stopping");
   pruneRequests_.push_back(&request);
   writerCv_.notify_one();
   committedCv_.wait(lock, [&] { return request.done; });
@@ -322,7 +322,7 @@ void Log::writerLoop() {
   }
   // Anyone still waiting for a prune hears that it did not happen.
   for (PruneRequest* request : pruneRequests_) {
-    request->result = Error::make("unavailable", "the audit log stopped");
+    request->result = Error::make(Code::kUnavailable, "the audit log stopped");
     request->done = true;
   }
   pruneRequests_.clear();

@@ -59,13 +59,13 @@ Result<HttpReply> exchange(Stream& stream, const Endpoint& endpoint, const std::
   req.prepare_payload();
   beast::error_code ec;
   http::write(stream, req, ec);
-  if (ec) return Error::make("io", "sending the request to moatd at " + endpoint.display() + ": " + ec.message());
+  if (ec) return Error::make(Code::kIo, "sending the request to moatd at " + endpoint.display() + ": " + ec.message());
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
   parser.body_limit(kMaxReplyBytes);
   http::read(stream, buffer, parser, ec);
   if (ec) {
-    return Error::make("io", "reading moatd's answer from " + endpoint.display() + ": " + ec.message());
+    return Error::make(Code::kIo, "reading moatd's answer from " + endpoint.display() + ": " + ec.message());
   }
   HttpReply reply;
   reply.status = parser.get().result_int();
@@ -156,16 +156,16 @@ Result<HttpReply> streamExchange(Stream& stream, const Endpoint& endpoint, const
   req.keep_alive(false);
   beast::error_code ec;
   http::write(stream, req, ec);
-  if (ec) return Error::make("io", "sending the request to moatd at " + endpoint.display() + ": " + ec.message());
+  if (ec) return Error::make(Code::kIo, "sending the request to moatd at " + endpoint.display() + ": " + ec.message());
   const auto idleLimit = streamIdleLimit();
   IdleWatch watch(stream.native_handle(), idleLimit);
   auto lost = [&](const std::string& what, const beast::error_code& ec) {
     if (watch.fired()) {
-      return Error::make("io", "moatd at " + endpoint.display() + " sent nothing for " +
-                                   std::to_string(idleLimit.count()) +
-                                   " s, not even a heartbeat: the connection is taken for lost");
+      return Error::make(Code::kIo, "moatd at " + endpoint.display() + " sent nothing for " +
+                                        std::to_string(idleLimit.count()) +
+                                        " s, not even a heartbeat: the connection is taken for lost");
     }
-    return Error::make("io", what + ec.message());
+    return Error::make(Code::kIo, what + ec.message());
   };
   beast::flat_buffer buffer;
   http::response_parser<http::buffer_body> parser;
@@ -214,16 +214,16 @@ Result<Client::Upgraded> upgrade(Stream& stream, const Endpoint& endpoint, const
   req.set(http::field::sec_websocket_key, base64Encode(std::string(reinterpret_cast<char*>(nonce), sizeof nonce)));
   beast::error_code ec;
   http::write(stream, req, ec);
-  if (ec) return Error::make("io", "sending the request to moatd at " + endpoint.display() + ": " + ec.message());
+  if (ec) return Error::make(Code::kIo, "sending the request to moatd at " + endpoint.display() + ": " + ec.message());
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
   parser.body_limit(1u << 20);
   http::read_header(stream, buffer, parser, ec);
-  if (ec) return Error::make("io", "reading moatd's answer from " + endpoint.display() + ": " + ec.message());
+  if (ec) return Error::make(Code::kIo, "reading moatd's answer from " + endpoint.display() + ": " + ec.message());
   if (parser.get().result_int() != 101) {
     http::read(stream, buffer, parser, ec);  // the error body
     HttpReply reply{static_cast<int>(parser.get().result_int()), parser.get().body()};
-    return Error::make("refused", describeError(reply));
+    return Error::make(Code::kRefused, describeError(reply));
   }
   Client::Upgraded out;
   out.pending.assign(static_cast<const char*>(buffer.data().data()), buffer.data().size());
@@ -232,7 +232,7 @@ Result<Client::Upgraded> upgrade(Stream& stream, const Endpoint& endpoint, const
 }
 
 Error unreachable(const Endpoint& endpoint, const beast::error_code& ec) {
-  return Error::make("unreachable",
+  return Error::make(Code::kUnreachable,
                      "cannot reach moatd at " + endpoint.display() + ": " + ec.message() + " (is moatd running?)");
 }
 
@@ -315,15 +315,15 @@ Result<Client> Client::fromOptions(const ConnectionOptions& options) {
   if (!text.ok()) {
     const Error& e = text.error();
     std::string why = e.sysErrno != 0 ? std::strerror(e.sysErrno) : e.message();
-    return Client(endpoint, Error::make("no_token", "no token for moatd: pass --token, set MOAT_TOKEN, or make " +
-                                                        tokenFile + " readable (" + why + ")"));
+    return Client(endpoint, Error::make(Code::kNoToken, "no token for moatd: pass --token, set MOAT_TOKEN, or make " +
+                                                            tokenFile + " readable (" + why + ")"));
   }
   token = text.value();
   while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) {
     token.pop_back();
   }
   if (token.empty()) {
-    return Client(endpoint, Error::make("no_token", "no token for moatd: " + tokenFile + " is empty"));
+    return Client(endpoint, Error::make(Code::kNoToken, "no token for moatd: " + tokenFile + " is empty"));
   }
   return Client(endpoint, token);
 }
@@ -344,7 +344,7 @@ Result<R> talkToMoatd(const Endpoint& endpoint, const Result<std::string>& token
     if (endpoint.transport == Endpoint::Transport::kUnix) {
       asio::local::stream_protocol::socket socket(io);
       if (endpoint.path.size() >= sizeof(sockaddr_un::sun_path)) {
-        return Error::make("unreachable",
+        return Error::make(Code::kUnreachable,
                            "cannot reach moatd at " + endpoint.display() + ": the socket path is too long");
       }
       socket.connect(asio::local::stream_protocol::endpoint(endpoint.path), ec);
@@ -361,7 +361,7 @@ Result<R> talkToMoatd(const Endpoint& endpoint, const Result<std::string>& token
     if (!token.ok()) return token.error();
     return talk(socket, token.value());
   } catch (const std::exception& e) {
-    return Error::make("io", "talking to moatd at " + endpoint.display() + ": " + e.what());
+    return Error::make(Code::kIo, "talking to moatd at " + endpoint.display() + ": " + e.what());
   }
 }
 
@@ -425,10 +425,10 @@ Result<nlohmann::json> call(Client& client, const std::string& method, const std
                             const std::string& body, int expect) {
   using json = nlohmann::json;
   MOAT_ASSIGN(HttpReply reply, client.request(method, target, body));
-  if (reply.status != expect) return Error::make("api", describeError(reply));
+  if (reply.status != expect) return Error::make(Code::kApi, describeError(reply));
   if (reply.body.empty()) return json();
   json j = json::parse(reply.body, nullptr, false);
-  if (j.is_discarded()) return Error::make("api", "moatd answered with something that is not JSON");
+  if (j.is_discarded()) return Error::make(Code::kApi, "moatd answered with something that is not JSON");
   return j;
 }
 
@@ -474,7 +474,7 @@ std::string urlEncode(const std::string& s) {
 
 // --- flags -------------------------------------------------------------------
 
-Error usageError(const std::string& message) { return Error::make("usage", message); }
+Error usageError(const std::string& message) { return Error::make(Code::kUsage, message); }
 
 bool FlagReader::currentIsFlag() const {
   const std::string& a = current();
@@ -612,7 +612,7 @@ int complain(int code, const std::string& message) {
 }
 
 int reportFailure(const std::string& command, const Error& error) {
-  if (error.code == "usage") {
+  if (error.code == Code::kUsage) {
     std::fprintf(stderr, "moat %s: %s\n", command.c_str(), error.message().c_str());
     return kExitUsage;
   }

@@ -381,7 +381,7 @@ int remove(const std::vector<std::string>& args) {
       // moatd's messages name the environment.
       code = reportFailure("env rm", done.error());
       // moatd itself is unreachable: the other ids would say the same.
-      if (done.error().code != "api") return code;
+      if (done.error().code != Code::kApi) return code;
       continue;
     }
     std::puts(parsed.positional[i].c_str());

@@ -167,7 +167,7 @@ Status readEvents(Client& client, EventsQuery query,
                   const std::function<bool(const json& event, const std::string& line)>& onEvent) {
   for (;;) {
     MOAT_ASSIGN(HttpReply reply, client.request("GET", eventsTarget(query, false)));
-    if (reply.status != 200) return Error::make("api", describeError(reply));
+    if (reply.status != 200) return Error::make(Code::kApi, describeError(reply));
     size_t seen = 0;
     bool stop = false;
     SseParser parser;

@@ -64,7 +64,7 @@ class PrivateMoatd {
     MOAT_ASSIGN(std::string dir, os::selfDirectory());
     std::string moatd = dir + "/moatd";
     if (::access(moatd.c_str(), X_OK) != 0)
-      return Error::make("not_found", "--standalone: no moatd next to moat (" + moatd + ")");
+      return Error::make(Code::kNotFound, "--standalone: no moatd next to moat (" + moatd + ")");
     char pattern[] = "/tmp/moat-mcp-XXXXXX";
     if (!::mkdtemp(pattern)) return Error::fromErrno("mkdtemp");
     state_ = pattern;
@@ -87,11 +87,11 @@ class PrivateMoatd {
       int status;
       if (::waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = -1;
-        return Error::make("failed", "--standalone: moatd exited at start (its messages are above)");
+        return Error::make(Code::kFailed, "--standalone: moatd exited at start (its messages are above)");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a child we cannot wait on otherwise
     }
-    return Error::make("timeout", "--standalone: moatd did not start within a minute");
+    return Error::make(Code::kTimeout, "--standalone: moatd did not start within a minute");
   }
   void stop() {
     if (pid_ > 0) {

@@ -73,7 +73,7 @@ Result<std::string> base64Decode(const std::string& s) {
     if (c == '/') return 63;
     return -1;
   };
-  if (s.size() % 4 != 0) return Error::make("invalid", "base64 length is not a multiple of 4");
+  if (s.size() % 4 != 0) return Error::make(Code::kInvalidArgument, "base64 length is not a multiple of 4");
   std::string out;
   out.reserve(s.size() / 4 * 3);
   for (size_t i = 0; i < s.size(); i += 4) {
@@ -85,7 +85,7 @@ Result<std::string> base64Decode(const std::string& s) {
         v[k] = 0;
         ++pad;
       } else if (pad > 0 || (v[k] = value(c)) < 0) {
-        return Error::make("invalid", "not base64");
+        return Error::make(Code::kInvalidArgument, "not base64");
       }
     }
     uint32_t x = (v[0] << 18) | (v[1] << 12) | (v[2] << 6) | v[3];

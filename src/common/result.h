@@ -5,21 +5,25 @@
 #include <utility>
 #include <variant>
 
+#include "common/error_code.h"
+
 namespace moat {
 
 // An error that carries what was attempted (context), the errno the kernel
 // returned (0 when the failure is not a syscall) and a short stable code that
 // callers and tests can match on.
 struct Error {
-  std::string code;     // e.g. "syscall", "invalid_argument", "not_found"
+  Code code = Code::kInternal;
   int sysErrno = 0;     // errno at the failure, 0 if none
   std::string context;  // what was being done, e.g. "mount overlay on /x"
 
-  static Error fromErrno(std::string context, int err = errno) { return Error{"syscall", err, std::move(context)}; }
-  static Error make(std::string code, std::string context) { return Error{std::move(code), 0, std::move(context)}; }
+  static Error fromErrno(std::string context, int err = errno) {
+    return Error{Code::kSyscall, err, std::move(context)};
+  }
+  static Error make(Code code, std::string context) { return Error{code, 0, std::move(context)}; }
   // A request's field that cannot be taken: "field: problem".
   static Error invalidField(const std::string& field, const std::string& problem) {
-    return make("invalid_request", field + ": " + problem);
+    return make(Code::kInvalidRequest, field + ": " + problem);
   }
   // "context: strerror" or just "context".
   std::string message() const;

@@ -73,7 +73,7 @@ std::optional<uint64_t> number(const std::string& v, uint64_t lo, uint64_t hi) {
   return n;
 }
 
-Error invalid(const std::string& message) { return Error::make("invalid_argument", message); }
+Error invalid(const std::string& message) { return Error::make(Code::kInvalidArgument, message); }
 
 }  // namespace
 
@@ -101,7 +101,7 @@ Result<DaemonFlags> parseDaemonFlags(const std::vector<std::string>& args, const
     const std::string& a = args[i];
     bool wantsValue = false;
     for (const char* w : kWithValue) wantsValue = wantsValue || a == w;
-    if (wantsValue && i + 1 >= args.size()) return Error::make("usage", a + " needs a value");
+    if (wantsValue && i + 1 >= args.size()) return Error::make(Code::kUsage, a + " needs a value");
     if (a == "--state" || a == "--listen") {
       (a == "--state" ? f.stateDir : f.listen) = args[++i];
     } else if (a == "--warm-pool") {
@@ -160,7 +160,7 @@ Result<DaemonFlags> parseDaemonFlags(const std::vector<std::string>& args, const
       f.help = true;
       return f;
     } else {
-      return Error::make("usage", "unknown argument " + a);
+      return Error::make(Code::kUsage, "unknown argument " + a);
     }
   }
   return f;

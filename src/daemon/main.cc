@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   std::string stateDir = stateEnv && *stateEnv ? stateEnv : "/var/lib/moat";
   auto flags = daemon::parseDaemonFlags(std::vector<std::string>(argv + 1, argv + argc), stateDir,
                                         static_cast<double>(os::totalMemoryMb()));
-  if (!flags.ok() && flags.error().code == "usage") {
+  if (!flags.ok() && flags.error().code == Code::kUsage) {
     std::fprintf(stderr, "moatd: %s\n%s", flags.error().context.c_str(), daemon::daemonUsage());
     return 2;
   }

@@ -18,7 +18,7 @@ Result<manager::WarmPool> parseWarmPoolFlag(const std::string& value, double max
   char* end = nullptr;
   unsigned long long n = std::strtoull(count.c_str(), &end, 10);
   if (count.empty() || count[0] < '0' || count[0] > '9' || *end != '\0' || n > 9999) {
-    return Error::make("invalid_argument", "a number from 0 to 9999, " + form);
+    return Error::make(Code::kInvalidArgument, "a number from 0 to 9999, " + form);
   }
   pool.size = static_cast<size_t>(n);
   if (colon == std::string::npos) return pool;
@@ -32,14 +32,14 @@ Result<manager::WarmPool> parseWarmPoolFlag(const std::string& value, double max
     start = comma + 1;
     size_t eq = item.find('=');
     if (eq == std::string::npos || eq == 0)
-      return Error::make("invalid_argument", "'" + item + "' is not key=value; " + form);
+      return Error::make(Code::kInvalidArgument, "'" + item + "' is not key=value; " + form);
     std::string key = item.substr(0, eq), text = item.substr(eq + 1);
     if (spec.contains(key) || (key == "template" && haveTemplate)) {
-      return Error::make("invalid_argument", key + " given twice");
+      return Error::make(Code::kInvalidArgument, key + " given twice");
     }
     if (key == "template") {
       if (text != "host" && (text.empty() || text[0] != '/' || !os::isDirectory(text))) {
-        return Error::make("invalid_argument",
+        return Error::make(Code::kInvalidArgument,
                            "template: 'host' or an existing absolute directory, not '" + text + "'");
       }
       pool.templateName = text;
@@ -52,7 +52,7 @@ Result<manager::WarmPool> parseWarmPoolFlag(const std::string& value, double max
     spec[key] = parsed.is_discarded() ? json(text) : parsed;
   }
   SpecFields fields;
-  if (auto e = api::specFields(spec, "", maxRamMb, fields)) return Error::make("invalid_argument", e->message);
+  if (auto e = api::specFields(spec, "", maxRamMb, fields)) return Error::make(Code::kInvalidArgument, e->message);
   pool.cpus = fields.cpus;
   pool.ramMb = fields.ramMb;
   pool.storageGb = fields.storageGb;

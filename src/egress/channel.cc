@@ -165,7 +165,7 @@ class TlsChannel : public Channel {
 Result<std::unique_ptr<TlsChannel>> handshake(UniqueFd fd, std::string prefix, SSL_CTX* ctx, bool server,
                                               const std::string& host, Clock::time_point deadline) {
   SSL* ssl = SSL_new(ctx);
-  if (!ssl) return Error::make("tls", sslError("SSL_new"));
+  if (!ssl) return Error::make(Code::kTls, sslError("SSL_new"));
   BIO* bio = BIO_new(bioMethod());
   BIO_set_data(bio, new BioState{fd.get(), std::move(prefix)});
   BIO_set_init(bio, 1);
@@ -188,7 +188,7 @@ Result<std::unique_ptr<TlsChannel>> handshake(UniqueFd fd, std::string prefix, S
         why =
             std::string("upstream certificate rejected: ") + X509_verify_cert_error_string(SSL_get_verify_result(ssl));
       }
-      return Error::make("tls", why.empty() ? "TLS handshake failed" : why);
+      return Error::make(Code::kTls, why.empty() ? "TLS handshake failed" : why);
     }
     MOAT_TRY(waitFor(*channel, deadline));
   }
@@ -219,13 +219,13 @@ Result<std::unique_ptr<Channel>> connectTls(UniqueFd fd, SSL_CTX* ctx, const std
 Status waitFor(Channel& c, Clock::time_point deadline) {
   if (c.pending()) return {};
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  if (left <= 0) return Error::make("timeout", "the peer went silent");
+  if (left <= 0) return Error::make(Code::kTimeout, "the peer went silent");
   struct pollfd p {
     c.fd(), c.waitEvents() ? c.waitEvents() : static_cast<short>(POLLIN), 0
   };
   int r = ::poll(&p, 1, static_cast<int>(left));
   if (r < 0 && errno != EINTR) return Error::fromErrno("poll");
-  if (r == 0) return Error::make("timeout", "the peer went silent");
+  if (r == 0) return Error::make(Code::kTimeout, "the peer went silent");
   return {};
 }
 
@@ -233,7 +233,7 @@ Result<size_t> readWait(Channel& c, char* buf, size_t n, Clock::time_point deadl
   while (true) {
     ssize_t r = c.readSome(buf, n);
     if (r >= 0) return static_cast<size_t>(r);
-    if (r == -2) return Error::make("io", c.lastError());
+    if (r == -2) return Error::make(Code::kIo, c.lastError());
     MOAT_TRY(waitFor(c, deadline));
   }
 }
@@ -246,7 +246,7 @@ Status writeAll(Channel& c, const char* buf, size_t n, Clock::time_point deadlin
       n -= static_cast<size_t>(r);
       continue;
     }
-    if (r == -2 || r == 0) return Error::make("io", c.lastError().empty() ? "connection closed" : c.lastError());
+    if (r == -2 || r == 0) return Error::make(Code::kIo, c.lastError().empty() ? "connection closed" : c.lastError());
     MOAT_TRY(waitFor(c, deadline));
   }
   return {};

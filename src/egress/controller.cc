@@ -71,7 +71,8 @@ Result<EgressNetwork::Link> Controller::attach(const std::string& environment, i
   uint32_t slot = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (byId_.count(environment)) return Error::make("conflict", "environment " + environment + " is already attached");
+    if (byId_.count(environment))
+      return Error::make(Code::kConflict, "environment " + environment + " is already attached");
     while (bySlot_.count(slot)) ++slot;
     auto env = std::make_shared<Env>();
     env->id = environment;
@@ -107,7 +108,7 @@ void Controller::adopt(const std::string& environment, uint32_t slot, Policy pol
 Status Controller::setPolicy(const std::string& environment, Policy policy) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = byId_.find(environment);
-  if (it == byId_.end()) return Error::make("not_found", "environment " + environment + " has no egress link");
+  if (it == byId_.end()) return Error::make(Code::kNotFound, "environment " + environment + " has no egress link");
   std::lock_guard<std::mutex> envLock(it->second->mutex);
   it->second->policy = std::make_shared<const Policy>(std::move(policy));
   return {};

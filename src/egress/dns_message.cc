@@ -31,7 +31,7 @@ void putU32(std::string& out, uint32_t v) {
   putU16(out, v & 0xffff);
 }
 
-Error malformed(const std::string& what) { return Error::make("malformed", "dns query: " + what); }
+Error malformed(const std::string& what) { return Error::make(Code::kInvalidArgument, "dns query: " + what); }
 
 bool isLabelChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';

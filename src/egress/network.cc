@@ -72,7 +72,7 @@ Result<std::unique_ptr<EgressNetwork>> EgressNetwork::openOrCreate(const std::st
   UniqueFd netns;
   if (existing.ok()) {
     netns = std::move(existing.value());
-  } else if (existing.error().code == "not_netns" || existing.error().sysErrno == ENOENT) {
+  } else if (existing.error().code == Code::kNotNetns || existing.error().sysErrno == ENOENT) {
     // No file, or a file left without its mount (a reboot): a new namespace.
     MOAT_ASSIGN(netns, createAt(path));
   } else {
@@ -98,14 +98,14 @@ Result<uint32_t> EgressNetwork::slotOf(uint32_t sourceAddress) {
   uint32_t host = ntohl(sourceAddress);
   uint32_t networkMask = ~0u << (32 - kNetworkPrefixLen);
   if ((host & networkMask) != kNetwork || (host & 3) != 2) {
-    return Error::make("not_found", dottedQuad(sourceAddress) + " is no environment address");
+    return Error::make(Code::kNotFound, dottedQuad(sourceAddress) + " is no environment address");
   }
   return (host - kNetwork) >> 2;
 }
 
 Result<EgressNetwork::Link> EgressNetwork::attach(int envNetnsFd, uint32_t slot) const {
   if (slot >= kSlotCount) {
-    return Error::make("invalid_argument", "egress slot " + std::to_string(slot) + " out of range");
+    return Error::make(Code::kInvalidArgument, "egress slot " + std::to_string(slot) + " out of range");
   }
   Link link = linkFor(slot);
   MOAT_ASSIGN(os::Netlink egress, os::Netlink::open(fd_.get()));
@@ -131,7 +131,7 @@ Result<EgressNetwork::Link> EgressNetwork::attach(int envNetnsFd, uint32_t slot)
 
 Status EgressNetwork::detach(uint32_t slot) const {
   if (slot >= kSlotCount) {
-    return Error::make("invalid_argument", "egress slot " + std::to_string(slot) + " out of range");
+    return Error::make(Code::kInvalidArgument, "egress slot " + std::to_string(slot) + " out of range");
   }
   MOAT_ASSIGN(os::Netlink egress, os::Netlink::open(fd_.get()));
   return egress.deleteLink(linkFor(slot).hostIfName);

@@ -56,7 +56,7 @@ class ChannelStream {
       if (until_ && *until_ < deadline) deadline = *until_;
       auto n = readWait(channel_, static_cast<char*>(b.data()), b.size(), deadline);
       if (!n.ok()) {
-        ec = n.error().code == "timeout" ? boost::asio::error::timed_out : boost::asio::error::connection_reset;
+        ec = n.error().code == Code::kTimeout ? boost::asio::error::timed_out : boost::asio::error::connection_reset;
         return 0;
       }
       if (n.value() == 0) ec = boost::asio::error::eof;
@@ -131,9 +131,9 @@ Result<size_t> readHead(Channel& c, std::string& buffer, Clock::time_point deadl
   while (true) {
     auto end = buffer.find("\r\n\r\n");
     if (end != std::string::npos) return end + 4;
-    if (buffer.size() > kMaxHead) return Error::make("too_large", "request head larger than 64 KiB");
+    if (buffer.size() > kMaxHead) return Error::make(Code::kTooLarge, "request head larger than 64 KiB");
     MOAT_ASSIGN(size_t n, readWait(c, chunk, sizeof chunk, deadline));
-    if (n == 0) return Error::make("eof", "connection closed before a request");
+    if (n == 0) return Error::make(Code::kEof, "connection closed before a request");
     buffer.append(chunk, n);
   }
 }
@@ -237,7 +237,7 @@ Result<UniqueFd> Controller::connectUpstream(uint32_t address, uint16_t port) {
       fd.get(), POLLOUT, 0
     };
     int r = ::poll(&p, 1, static_cast<int>(config_.connectTimeout.count()));
-    if (r == 0) return Error::make("timeout", "connect to " + where + " timed out");
+    if (r == 0) return Error::make(Code::kTimeout, "connect to " + where + " timed out");
     int err = 0;
     socklen_t len = sizeof err;
     ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
@@ -363,7 +363,7 @@ void Controller::handleForward(const std::shared_ptr<Env>& env, UniqueFd client)
   std::string buffer;
   auto headEnd = readHead(*channel, buffer, Clock::now() + config_.headTimeout);
   if (!headEnd.ok()) {
-    if (headEnd.error().code == "timeout" && !buffer.empty()) {
+    if (headEnd.error().code == Code::kTimeout && !buffer.empty()) {
       refuse(env, *channel, 408, "Request Timeout", {{"via", "forward"}, {"rule", "head_timeout"}}, headTimedOut());
     }
     return;
@@ -437,7 +437,7 @@ void Controller::tlsTunnel(const std::shared_ptr<Env>& env, UniqueFd client, std
     char chunk[4096];
     while ((status = parseClientHello(buffered, &hello)) == HelloStatus::kNeedMore && buffered.size() < 20000) {
       auto n = readWait(*reader, chunk, sizeof chunk, deadline);
-      if (!n.ok() && n.error().code == "timeout" && !buffered.empty()) {
+      if (!n.ok() && n.error().code == Code::kTimeout && !buffered.empty()) {
         record(env, false, {{"via", via}, {"port", port}, {"rule", "head_timeout"}, {"reason", headTimedOut()}});
       }
       if (!n.ok() || n.value() == 0) return;

@@ -145,7 +145,7 @@ PublicSuffixList PublicSuffixList::parse(std::string_view text) {
 Result<PublicSuffixList> PublicSuffixList::load(const std::string& path) {
   MOAT_ASSIGN(std::string text, os::readFile(path));
   PublicSuffixList list = parse(text);
-  if (list.size() == 0) return Error::make("invalid_argument", path + " holds no public suffix rules");
+  if (list.size() == 0) return Error::make(Code::kInvalidArgument, path + " holds no public suffix rules");
   return list;
 }
 
@@ -174,8 +174,8 @@ const Result<PublicSuffixList>& systemPublicSuffixes() {
     slot = std::make_unique<Result<PublicSuffixList>>(
         list.ok() ? std::move(list)
                   : Result<PublicSuffixList>(Error::make(
-                        "unavailable", "the public suffix list " + path + " cannot be read (" + list.error().message() +
-                                           "; Debian's package publicsuffix has it)")));
+                        Code::kUnavailable, "the public suffix list " + path + " cannot be read (" +
+                                                list.error().message() + "; Debian's package publicsuffix has it)")));
   }
   return *slot;
 }

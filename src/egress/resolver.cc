@@ -16,7 +16,7 @@ Result<Resolver> Resolver::load(const std::string& hostsFile) {
   Resolver r;
   if (hostsFile.empty()) return r;
   std::ifstream in(hostsFile);
-  if (!in) return Error::make("not_found", "cannot read the egress hosts file " + hostsFile);
+  if (!in) return Error::make(Code::kNotFound, "cannot read the egress hosts file " + hostsFile);
   std::string line;
   int number = 0;
   while (std::getline(in, line)) {
@@ -27,7 +27,7 @@ Result<Resolver> Resolver::load(const std::string& hostsFile) {
     if (!(words >> address)) continue;
     auto a = parseIpv4(address);
     if (!a) {
-      return Error::make("invalid_argument",
+      return Error::make(Code::kInvalidArgument,
                          hostsFile + ":" + std::to_string(number) + ": '" + address + "' is not an IPv4 address");
     }
     while (words >> name) r.overrides_[canonicalHost(name)].push_back(*a);
@@ -51,7 +51,7 @@ Result<std::vector<uint32_t>> Resolver::resolve(const std::string& hostIn) const
   hints.ai_socktype = SOCK_STREAM;
   struct addrinfo* list = nullptr;
   int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &list);
-  if (rc != 0) return Error::make("not_found", "cannot resolve " + host + ": " + gai_strerror(rc));
+  if (rc != 0) return Error::make(Code::kNotFound, "cannot resolve " + host + ": " + gai_strerror(rc));
   std::vector<uint32_t> out;
   for (auto* p = list; p; p = p->ai_next) {
     uint32_t a = ntohl(reinterpret_cast<sockaddr_in*>(p->ai_addr)->sin_addr.s_addr);
@@ -60,7 +60,7 @@ Result<std::vector<uint32_t>> Resolver::resolve(const std::string& hostIn) const
     if (!seen) out.push_back(a);
   }
   ::freeaddrinfo(list);
-  if (out.empty()) return Error::make("not_found", "no IPv4 address for " + host);
+  if (out.empty()) return Error::make(Code::kNotFound, "no IPv4 address for " + host);
   return out;
 }
 

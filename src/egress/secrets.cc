@@ -172,7 +172,7 @@ Result<std::vector<Secret>> secretsFromStored(const std::string& text) {
   std::vector<Secret> out;
   if (text.empty()) return out;
   json j = json::parse(text, nullptr, false);
-  if (!j.is_array()) return Error::make("corrupt", "stored secrets are not a JSON array");
+  if (!j.is_array()) return Error::make(Code::kCorrupt, "stored secrets are not a JSON array");
   for (const auto& s : j) {
     Secret secret;
     try {
@@ -183,7 +183,7 @@ Result<std::vector<Secret>> secretsFromStored(const std::string& text) {
       secret.headerFormat = s.at("header_format");
       secret.placeholder = s.at("placeholder");
     } catch (const json::exception& e) {
-      return Error::make("corrupt", std::string("stored secret: ") + e.what());
+      return Error::make(Code::kCorrupt, std::string("stored secret: ") + e.what());
     }
     out.push_back(std::move(secret));
   }

@@ -49,7 +49,7 @@ std::string takeSslErrors() {
   ERR_error_string_n(first, buf, sizeof buf);
   return std::string(": ") + buf;
 }
-Error tlsError(const std::string& context) { return Error::make("tls", context + takeSslErrors()); }
+Error tlsError(const std::string& context) { return Error::make(Code::kTls, context + takeSslErrors()); }
 
 // Never prompt on a terminal for a passphrase: an encrypted key is an error.
 int noPassword(char*, int, int, void*) { return 0; }
@@ -93,7 +93,7 @@ bool normalizeDnsName(const std::string& host, std::string* out) {
 }
 
 Error badHost(const std::string& host) {
-  return Error::make("invalid_argument", "not a DNS name or IP address: \"" + host + "\"");
+  return Error::make(Code::kInvalidArgument, "not a DNS name or IP address: \"" + host + "\"");
 }
 
 Result<std::string> toPem(X509* cert) {
@@ -219,7 +219,7 @@ Result<X509Ptr> readCertificate(const std::string& path) {
   MOAT_ASSIGN(std::string pem, os::readFile(path, kMaxPemFile));
   BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
   X509Ptr cert(bio ? PEM_read_bio_X509(bio.get(), nullptr, noPassword, nullptr) : nullptr);
-  if (!cert) return Error::make("invalid", path + ": not a PEM certificate" + takeSslErrors());
+  if (!cert) return Error::make(Code::kInvalidArgument, path + ": not a PEM certificate" + takeSslErrors());
   return cert;
 }
 
@@ -227,13 +227,13 @@ Result<PkeyPtr> readPrivateKey(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return Error::fromErrno("stat " + path);
   if ((st.st_mode & 077) != 0) {
-    return Error::make("insecure", path + " is readable by others; chmod 600 it");
+    return Error::make(Code::kInsecure, path + " is readable by others; chmod 600 it");
   }
   MOAT_ASSIGN(std::string pem, os::readFile(path, kMaxPemFile));
   BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
   PkeyPtr key(bio ? PEM_read_bio_PrivateKey(bio.get(), nullptr, noPassword, nullptr) : nullptr);
   OPENSSL_cleanse(pem.data(), pem.size());
-  if (!key) return Error::make("invalid", path + ": not an unencrypted PEM private key" + takeSslErrors());
+  if (!key) return Error::make(Code::kInvalidArgument, path + ": not an unencrypted PEM private key" + takeSslErrors());
   return key;
 }
 
@@ -269,15 +269,15 @@ Result<std::unique_ptr<TlsAuthority>> TlsAuthority::loadOrCreate(const std::stri
     MOAT_ASSIGN(key, readPrivateKey(keyPath));
     if (X509_check_private_key(cert.get(), key.get()) != 1) {
       ERR_clear_error();
-      return Error::make("invalid", keyPath + " is not the key of " + certPath);
+      return Error::make(Code::kInvalidArgument, keyPath + " is not the key of " + certPath);
     }
     if (X509_check_ca(cert.get()) != 1) {
-      return Error::make("invalid", certPath + " is not a CA certificate");
+      return Error::make(Code::kInvalidArgument, certPath + " is not a CA certificate");
     }
     if (X509_cmp_current_time(X509_get0_notAfter(cert.get())) <= 0) {
-      return Error::make("invalid", certPath +
-                                        " has expired; remove ca.crt and ca.key to create a "
-                                        "new CA (environments must trust the new one)");
+      return Error::make(Code::kInvalidArgument, certPath +
+                                                     " has expired; remove ca.crt and ca.key to create a "
+                                                     "new CA (environments must trust the new one)");
     }
   } else {
     MOAT_TRY(os::makeDirs(dir, 0700));
@@ -382,7 +382,7 @@ Result<std::shared_ptr<SSL_CTX>> TlsAuthority::upstreamContext(const std::string
   if (caBundleFile.empty()) {
     if (SSL_CTX_set_default_verify_paths(ctx.get()) != 1) return tlsError("default CA paths");
   } else if (SSL_CTX_load_verify_file(ctx.get(), caBundleFile.c_str()) != 1) {
-    return Error::make("invalid", caBundleFile + ": cannot load CA certificates" + takeSslErrors());
+    return Error::make(Code::kInvalidArgument, caBundleFile + ": cannot load CA certificates" + takeSslErrors());
   }
   return ctx;
 }

@@ -14,7 +14,7 @@ int64_t now() { return moat::nowMs(); }
 
 Result<Action> actionFromJson(const std::string& text) {
   json j = json::parse(text, nullptr, false);
-  if (!j.is_object()) return Error::make("store", "an approval's action is not a JSON object");
+  if (!j.is_object()) return Error::make(Code::kStore, "an approval's action is not a JSON object");
   Action a;
   std::string scope = j.value("scope", "");
   if (scope == "read_file")
@@ -26,7 +26,7 @@ Result<Action> actionFromJson(const std::string& text) {
   else if (scope == "network")
     a.scope = Scope::kNetwork;
   else
-    return Error::make("store", "an approval's action has an unknown scope");
+    return Error::make(Code::kStore, "an approval's action has an unknown scope");
   if (j.contains("argv") && j["argv"].is_array()) {
     for (const auto& arg : j["argv"]) {
       if (arg.is_string()) a.argv.push_back(arg);
@@ -82,7 +82,7 @@ Result<store::ApprovalRecord> ApprovalCenter::watch(const std::string& id, std::
   for (;;) {
     auto record = store_.getApproval(id);
     if (!record.ok()) return record.error();
-    if (!record.value()) return Error::make("not_found", "no approval " + id);
+    if (!record.value()) return Error::make(Code::kNotFound, "no approval " + id);
     if (record.value()->state != "pending" || stopping_) return *record.value();
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
       auto last = store_.getApproval(id);
@@ -112,11 +112,11 @@ Result<store::ApprovalRecord> ApprovalCenter::finish(const std::string& id, cons
                                                      const std::string& by, const std::string& reason, bool remember) {
   std::lock_guard<std::mutex> lock(mutex_);
   MOAT_ASSIGN(auto found, store_.getApproval(id));
-  if (!found) return Error::make("not_found", "no approval " + id);
+  if (!found) return Error::make(Code::kNotFound, "no approval " + id);
   store::ApprovalRecord a = *found;
   if (a.state != "pending") {
-    return Error::make("conflict", "approval " + id + " is already " + a.state +
-                                       (a.decidedBy.empty() ? "" : " (by " + a.decidedBy + ")"));
+    return Error::make(Code::kConflict, "approval " + id + " is already " + a.state +
+                                            (a.decidedBy.empty() ? "" : " (by " + a.decidedBy + ")"));
   }
   a.state = state;
   a.decidedBy = by;

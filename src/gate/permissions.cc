@@ -155,7 +155,8 @@ Result<Permissions> Permissions::parse(const json& j, const Permissions& base, c
     else if (it.key() == "network")
       scope = Scope::kNetwork;
     else
-      return Error::make("unknown_field", "unknown field " + field + " (read_file, write_file, run_command, network)");
+      return Error::make(Code::kUnknownField,
+                         "unknown field " + field + " (read_file, write_file, run_command, network)");
     ScopePolicy policy;
     if (it.value().is_string()) {
       MOAT_ASSIGN(Decision d, parseDecision(it.value(), field));
@@ -182,7 +183,7 @@ Result<Permissions> Permissions::parse(const json& j, const Permissions& base, c
         bool known = k == "action" || (scope == Scope::kRunCommand && (k == "match" || k == "env")) ||
                      ((scope == Scope::kReadFile || scope == Scope::kWriteFile) && (k == "path" || k == "op")) ||
                      (scope == Scope::kNetwork && (k == "host" || k == "port"));
-        if (!known) return Error::make("unknown_field", "unknown field " + ff);
+        if (!known) return Error::make(Code::kUnknownField, "unknown field " + ff);
       }
       if (!rj.contains("action")) return Error::invalidField(rf + ".action", "required");
       MOAT_ASSIGN(r.decision, parseDecision(rj["action"], rf + ".action"));
@@ -362,7 +363,7 @@ json layersToJson(const std::vector<Permissions>& layers) {
 Result<std::vector<Permissions>> layersFromJson(const std::string& text, const Permissions& defaults) {
   if (text.empty()) return std::vector<Permissions>{defaults};
   json j = json::parse(text, nullptr, false);
-  if (!j.is_array() || j.empty()) return Error::make("store", "stored permissions are not a JSON array of layers");
+  if (!j.is_array() || j.empty()) return Error::make(Code::kStore, "stored permissions are not a JSON array of layers");
   std::vector<Permissions> layers;
   for (const auto& layer : j) {
     MOAT_ASSIGN(Permissions p, Permissions::parse(layer, Permissions::defaults()));

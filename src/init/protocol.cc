@@ -37,7 +37,7 @@ Encoder& Encoder::strings(const std::vector<std::string>& v) {
 }
 
 Status Decoder::need(size_t n) {
-  if (data_.size() - pos_ < n) return Error::make("protocol", "truncated message");
+  if (data_.size() - pos_ < n) return Error::make(Code::kProtocol, "truncated message");
   return {};
 }
 
@@ -76,7 +76,7 @@ Result<std::string> Decoder::bytes() {
 Result<std::vector<std::string>> Decoder::strings() {
   MOAT_ASSIGN(uint32_t count, u32());
   // Each string costs at least its 4-byte length: a larger count is a lie.
-  if (count > (data_.size() - pos_) / 4) return Error::make("protocol", "string count too large");
+  if (count > (data_.size() - pos_) / 4) return Error::make(Code::kProtocol, "string count too large");
   std::vector<std::string> out;
   out.reserve(count);
   for (uint32_t i = 0; i < count; ++i) {
@@ -87,7 +87,7 @@ Result<std::vector<std::string>> Decoder::strings() {
 }
 
 #define FINISH(dec) \
-  if (!(dec).done()) return Error::make("protocol", "trailing bytes in message")
+  if (!(dec).done()) return Error::make(Code::kProtocol, "trailing bytes in message")
 
 std::string Hello::encode() const { return Encoder().u32(version).u32(initPid).take(); }
 Result<Hello> Hello::decode(const std::string& payload) {
@@ -127,10 +127,10 @@ Result<SpawnRequest> SpawnRequest::decode(const std::string& payload) {
   MOAT_ASSIGN(m.timeoutMs, d.u64());
   MOAT_ASSIGN(m.outputLimit, d.u64());
   FINISH(d);
-  if (flags & ~3u) return Error::make("protocol", "unknown spawn flags");
+  if (flags & ~3u) return Error::make(Code::kProtocol, "unknown spawn flags");
   m.stdinPipe = flags & 1;
   m.pty = flags & 2;
-  if (m.argv.empty()) return Error::make("protocol", "spawn without argv");
+  if (m.argv.empty()) return Error::make(Code::kProtocol, "spawn without argv");
   return m;
 }
 
@@ -161,7 +161,7 @@ Result<Output> Output::decode(const std::string& payload) {
   Output m;
   MOAT_ASSIGN(m.id, d.u32());
   MOAT_ASSIGN(uint8_t stream, d.u8());
-  if (stream != 1 && stream != 2) return Error::make("protocol", "unknown output stream");
+  if (stream != 1 && stream != 2) return Error::make(Code::kProtocol, "unknown output stream");
   m.stream = static_cast<Stream>(stream);
   MOAT_ASSIGN(m.data, d.bytes());
   FINISH(d);
@@ -196,7 +196,7 @@ Result<SignalRequest> SignalRequest::decode(const std::string& payload) {
   MOAT_ASSIGN(uint8_t group, d.u8());
   FINISH(d);
   m.wholeGroup = group != 0;
-  if (m.signo < 1 || m.signo > 64) return Error::make("protocol", "signal out of range");
+  if (m.signo < 1 || m.signo > 64) return Error::make(Code::kProtocol, "signal out of range");
   return m;
 }
 
@@ -250,20 +250,20 @@ Result<ExecPolicy> ExecPolicy::decode(const std::string& payload) {
   Decoder d(payload);
   ExecPolicy m;
   MOAT_ASSIGN(m.mode, d.u8());
-  if (m.mode > kLocal) return Error::make("protocol", "unknown exec policy " + std::to_string(m.mode));
+  if (m.mode > kLocal) return Error::make(Code::kProtocol, "unknown exec policy " + std::to_string(m.mode));
   if (payload.size() == 1 && m.mode != kLocal) return m;  // version 3's form
   MOAT_ASSIGN(uint32_t layers, d.u32());
-  if (layers > kMaxLayers) return Error::make("protocol", "too many exec policy layers");
+  if (layers > kMaxLayers) return Error::make(Code::kProtocol, "too many exec policy layers");
   for (uint32_t i = 0; i < layers; ++i) {
     MOAT_ASSIGN(uint32_t rules, d.u32());
-    if (rules > kMaxRules) return Error::make("protocol", "too many exec policy rules");
+    if (rules > kMaxRules) return Error::make(Code::kProtocol, "too many exec policy rules");
     std::vector<ExecRule> layer;
     for (uint32_t j = 0; j < rules; ++j) {
       ExecRule rule;
       MOAT_ASSIGN(rule.decision, d.u8());
       MOAT_ASSIGN(uint8_t hasMatch, d.u8());
       MOAT_ASSIGN(rule.match, d.strings());
-      if (rule.decision > 2 || hasMatch > 1) return Error::make("protocol", "bad exec policy rule");
+      if (rule.decision > 2 || hasMatch > 1) return Error::make(Code::kProtocol, "bad exec policy rule");
       rule.hasMatch = hasMatch == 1;
       layer.push_back(std::move(rule));
     }
@@ -281,7 +281,7 @@ Result<ExecReport> ExecReport::decode(const std::string& payload) {
   ExecReport m;
   MOAT_ASSIGN(m.pid, d.u32());
   MOAT_ASSIGN(m.decision, d.u8());
-  if (m.decision != 0 && m.decision != 2) return Error::make("protocol", "bad exec report decision");
+  if (m.decision != 0 && m.decision != 2) return Error::make(Code::kProtocol, "bad exec report decision");
   MOAT_ASSIGN(m.filename, d.bytes());
   MOAT_ASSIGN(m.argv, d.strings());
   MOAT_ASSIGN(m.parents, d.strings());
@@ -310,7 +310,7 @@ Result<ExecVerdict> ExecVerdict::decode(const std::string& payload) {
   ExecVerdict m;
   MOAT_ASSIGN(m.id, d.u64());
   MOAT_ASSIGN(uint8_t allow, d.u8());
-  if (allow > 1) return Error::make("protocol", "exec verdict is not 0 or 1");
+  if (allow > 1) return Error::make(Code::kProtocol, "exec verdict is not 0 or 1");
   m.allow = allow == 1;
   FINISH(d);
   return m;
@@ -325,7 +325,7 @@ Result<Resize> Resize::decode(const std::string& payload) {
   MOAT_ASSIGN(uint32_t cols, d.u32());
   FINISH(d);
   if (rows < 1 || rows > 0xffff || cols < 1 || cols > 0xffff) {
-    return Error::make("protocol", "window size out of range");
+    return Error::make(Code::kProtocol, "window size out of range");
   }
   m.rows = static_cast<uint16_t>(rows);
   m.cols = static_cast<uint16_t>(cols);
@@ -347,7 +347,7 @@ Result<Exited> Exited::decode(const std::string& payload) {
   MOAT_ASSIGN(m.stderrBytes, d.u64());
   MOAT_ASSIGN(m.durationUs, d.u64());
   FINISH(d);
-  if (flags & ~7u) return Error::make("protocol", "unknown exit flags");
+  if (flags & ~7u) return Error::make(Code::kProtocol, "unknown exit flags");
   m.timedOut = flags & 1;
   m.stdoutTruncated = flags & 2;
   m.stderrTruncated = flags & 4;
@@ -372,7 +372,7 @@ Result<FileRequest> FileRequest::decode(const std::string& payload) {
   FileRequest m;
   MOAT_ASSIGN(m.tag, d.u32());
   MOAT_ASSIGN(uint8_t op, d.u8());
-  if (op < 1 || op > 7) return Error::make("protocol", "unknown file operation");
+  if (op < 1 || op > 7) return Error::make(Code::kProtocol, "unknown file operation");
   m.op = static_cast<FileOp>(op);
   MOAT_ASSIGN(m.path, d.bytes());
   MOAT_ASSIGN(m.target, d.bytes());
@@ -383,7 +383,7 @@ Result<FileRequest> FileRequest::decode(const std::string& payload) {
   MOAT_ASSIGN(m.flags, d.u8());
   FINISH(d);
   if (m.flags & ~(kFileCreateParents | kFileAppend | kFileRecursive)) {
-    return Error::make("protocol", "unknown file flags");
+    return Error::make(Code::kProtocol, "unknown file flags");
   }
   return m;
 }
@@ -438,7 +438,7 @@ Result<bool> FrameReader::next(Frame& out) {
   if (buffer_.size() < 4) return false;
   Decoder d(buffer_);
   MOAT_ASSIGN(uint32_t length, d.u32());
-  if (length == 0 || length > kMaxFrame + 1) return Error::make("protocol", "bad frame length");
+  if (length == 0 || length > kMaxFrame + 1) return Error::make(Code::kProtocol, "bad frame length");
   if (buffer_.size() - 4 < length) return false;
   out.type = static_cast<MsgType>(static_cast<uint8_t>(buffer_[4]));
   out.payload = buffer_.substr(5, length - 1);
@@ -447,7 +447,7 @@ Result<bool> FrameReader::next(Frame& out) {
 }
 
 Status writeFrame(int fd, MsgType type, const std::string& payload) {
-  if (payload.size() > kMaxFrame) return Error::make("protocol", "frame too large");
+  if (payload.size() > kMaxFrame) return Error::make(Code::kProtocol, "frame too large");
   return writeFrames(fd, encodeFrame(type, payload));
 }
 
@@ -475,7 +475,7 @@ Result<Frame> readFrame(int fd, FrameReader& reader) {
       if (errno == EINTR) continue;
       return Error::fromErrno("read frame");
     }
-    if (n == 0) return Error::make("eof", "peer closed the connection");
+    if (n == 0) return Error::make(Code::kEof, "peer closed the connection");
     reader.feed(buf, static_cast<size_t>(n));
   }
 }

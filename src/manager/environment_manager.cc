@@ -340,7 +340,7 @@ void EnvironmentManager::refillPool() {
       warmUp(connection, id);
       if (connection->closed()) {
         (void)backend_.destroy(id);
-        created = Error::make("gone", "a pool environment ended while warming up");
+        created = Error::make(Code::kGone, "a pool environment ended while warming up");
       }
     }
     std::lock_guard<std::mutex> lock(mutex_);
@@ -369,7 +369,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   record.owner = request.owner;
   if (request.network.mode != egress::Mode::kNone || !request.secrets.empty()) {
     if (!egress_) {
-      return Error::make("unavailable",
+      return Error::make(Code::kUnavailable,
                          "egress control is not running in this moatd (see moatd --help): "
                          "only network mode \"none\" is available");
     }
@@ -384,7 +384,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   if (!request.fromSnapshot.empty()) {
     MOAT_ASSIGN(auto snap, usableSnapshot(request.fromSnapshot, request.forkedFrom));
     if (request.owner != "master" && snap.owner != request.owner) {
-      return Error::make("not_found", "no snapshot " + request.fromSnapshot);
+      return Error::make(Code::kNotFound, "no snapshot " + request.fromSnapshot);
     }
     record.templateName = snap.templateName;
     if (request.storageGb <= 0) record.storageGb = snap.storageGb;
@@ -438,11 +438,12 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (live_.size() + pool_.size() + creating_ >= config_.maxEnvironments) {
-      return Error::make("capacity", "at capacity: " + std::to_string(config_.maxEnvironments) + " environments exist");
+      return Error::make(Code::kCapacity,
+                         "at capacity: " + std::to_string(config_.maxEnvironments) + " environments exist");
     }
     if (reservedMemoryMb_ + record.ramMb > config_.maxTotalMemoryMb) {
-      return Error::make("capacity", "at capacity: " + std::to_string(reservedMemoryMb_) + " of " +
-                                         std::to_string(config_.maxTotalMemoryMb) + " MB of memory are reserved");
+      return Error::make(Code::kCapacity, "at capacity: " + std::to_string(reservedMemoryMb_) + " of " +
+                                              std::to_string(config_.maxTotalMemoryMb) + " MB of memory are reserved");
     }
     ++creating_;
     creatingIds_.insert(record.id);
@@ -499,7 +500,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     (void)store_.setState(id, "gone", "destroyed");
     audit_.record("environment.created", id, record.owner, createdData(record, false));
     audit_.record("environment.destroyed", id, destroyedBy, {{"reason", "destroyed"}, {"state", "gone"}});
-    return Error::make("conflict", "environment " + id + " was destroyed while being created");
+    return Error::make(Code::kConflict, "environment " + id + " was destroyed while being created");
   }
   auto connection = connect(id, std::move(created->control));
   {
@@ -541,7 +542,7 @@ void EnvironmentManager::onInitGone(const std::string& id) {
 
 Result<store::EnvironmentRecord> EnvironmentManager::get(const std::string& id) {
   MOAT_ASSIGN(auto record, store_.getEnvironment(id));
-  if (!record) return Error::make("not_found", "no environment " + id);
+  if (!record) return Error::make(Code::kNotFound, "no environment " + id);
   return record.value();
 }
 
@@ -697,8 +698,8 @@ Status EnvironmentManager::setPermissions(const std::string& id, const gate::Per
     layers = {p};
   } else {
     if (layers.size() >= kMaxLayers) {
-      return Error::make("invalid_argument", "permissions: at most " + std::to_string(kMaxLayers) +
-                                                 " layers; the master can replace them with one");
+      return Error::make(Code::kInvalidArgument, "permissions: at most " + std::to_string(kMaxLayers) +
+                                                     " layers; the master can replace them with one");
     }
     layers.push_back(p);
   }
@@ -721,8 +722,8 @@ Result<EnvironmentManager::Live> EnvironmentManager::liveOf(const std::string& i
     if (it != live_.end()) return it->second;
   }
   MOAT_ASSIGN(auto record, get(id));
-  return Error::make("conflict", "environment " + id + " is " + record.state +
-                                     (record.reason.empty() ? "" : " (" + record.reason + ")"));
+  return Error::make(Code::kConflict, "environment " + id + " is " + record.state +
+                                          (record.reason.empty() ? "" : " (" + record.reason + ")"));
 }
 
 namespace {
@@ -817,7 +818,7 @@ Result<std::shared_ptr<Process>> EnvironmentManager::process(const std::string& 
   MOAT_ASSIGN(Live live, liveOf(id));
   auto process = live.processes->find(processId);
   if (!process) {
-    return Error::make("not_found", "no process " + std::to_string(processId) + " in environment " + id);
+    return Error::make(Code::kNotFound, "no process " + std::to_string(processId) + " in environment " + id);
   }
   return process;
 }
@@ -828,7 +829,7 @@ Result<std::shared_ptr<void>> EnvironmentManager::reserveExecOutput(const std::s
   std::lock_guard<std::mutex> lock(execOutputMutex_);
   uint64_t held = execOutputReserved_.count(caller) ? execOutputReserved_[caller] : 0;
   if (held + reserve > config_.execOutputPerCaller) {
-    return Error::make("capacity",
+    return Error::make(Code::kCapacity,
                        "at capacity: this caller's execs in flight already hold " + std::to_string(held >> 20) +
                            " MiB of output limits (at most " + std::to_string(config_.execOutputPerCaller >> 20) +
                            " MiB; each exec counts twice its output_limit); retry later or lower output_limit");
@@ -878,12 +879,12 @@ Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecReq
   if (!process->waitEnded(deadline)) {
     (void)process->signal(SIGKILL);  // nobody waits for it any more
     process->abandon("moat-init did not report the end of the command in time");
-    return Error::make("timeout", "moat-init did not report the end of the command in time");
+    return Error::make(Code::kTimeout, "moat-init did not report the end of the command in time");
   }
   traceStage("moatd: exec ended");
   ProcessInfo info = process->info();
   ExecResult r;
-  if (info.state == ProcessState::kLost) return Error::make("gone", info.reason);
+  if (info.state == ProcessState::kLost) return Error::make(Code::kGone, info.reason);
   if (info.state == ProcessState::kFailed) {
     r.spawnErrno = info.spawnErrno;
     r.spawnStage = info.spawnStage;
@@ -956,7 +957,7 @@ Status EnvironmentManager::writeNetworkFiles(const std::shared_ptr<InitConnectio
 
 Status EnvironmentManager::connectNetwork(const std::string& id, const egress::Policy& policy,
                                           const std::vector<egress::Secret>& secrets) {
-  if (!egress_) return Error::make("unavailable", "egress control is not running in this moatd");
+  if (!egress_) return Error::make(Code::kUnavailable, "egress control is not running in this moatd");
   MOAT_ASSIGN(Live live, liveOf(id));
   MOAT_ASSIGN(UniqueFd netns, backend_.networkNamespace(id));
   MOAT_ASSIGN(auto link, egress_->attach(id, netns.get(), policy, secrets));
@@ -993,7 +994,8 @@ Status EnvironmentManager::setNetwork(const std::string& id, const egress::Polic
   MOAT_TRY(liveOf(id));
   if (!egress_) {
     if (policy.mode == egress::Mode::kNone) return {};
-    return Error::make("unavailable", "egress control is not running in this moatd: only mode \"none\" is available");
+    return Error::make(Code::kUnavailable,
+                       "egress control is not running in this moatd: only mode \"none\" is available");
   }
   bool linked = egress_->slotOf(id).has_value();
   if (policy.mode == egress::Mode::kNone) {

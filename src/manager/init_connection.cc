@@ -17,7 +17,7 @@ uint32_t randomStart() {
   return (v & 0x7fffffff) | 1;  // far from wrapping, never 0
 }
 
-Error gone(const std::string& reason) { return Error::make("gone", reason); }
+Error gone(const std::string& reason) { return Error::make(Code::kGone, reason); }
 
 }  // namespace
 
@@ -257,7 +257,7 @@ Result<init::FileResult> InitConnection::file(init::FileRequest request) {
   PendingFile p = std::move(files_[tag]);
   files_.erase(tag);
   if (p.done) return std::move(p.result);
-  if (sent && !finished) return Error::make("timeout", "moat-init did not answer in time");
+  if (sent && !finished) return Error::make(Code::kTimeout, "moat-init did not answer in time");
   return gone("the environment ended");
 }
 

@@ -125,7 +125,7 @@ Status Process::start(const std::shared_ptr<InitConnection>& connection, init::S
     lock.unlock();
     (void)connection->signal(initId, SIGKILL, true);
     onLost("moat-init did not start the command within 30 s");
-    return Error::make("timeout", "the environment did not start the command in time");
+    return Error::make(Code::kTimeout, "the environment did not start the command in time");
   }
   return {};
 }
@@ -216,7 +216,7 @@ void Process::sendCredit(uint64_t upTo) {
 }
 
 Status Process::connectionGone() const {
-  return Error::make("conflict", "process " + std::to_string(id_) + " has ended");
+  return Error::make(Code::kConflict, "process " + std::to_string(id_) + " has ended");
 }
 
 Result<Process::Channel> Process::channel(const std::function<Status()>& check) {
@@ -235,7 +235,7 @@ Result<Process::Channel> Process::channelLocked(const std::function<Status()>& c
 Status Process::writeStdin(const std::string& data, bool close, std::chrono::milliseconds wait) {
   auto check = [&]() -> Status {
     if (!info_.stdinOpen) {
-      return Error::make("conflict", "stdin of process " + std::to_string(id_) + " is closed");
+      return Error::make(Code::kConflict, "stdin of process " + std::to_string(id_) + " is closed");
     }
     return {};
   };
@@ -267,7 +267,7 @@ Status Process::waitForStdinRoom(std::unique_lock<std::mutex>& lock, size_t size
   auto held = [&] { return stdinSent_ - stdinTaken_; };
   auto room = [&] { return info_.ended() || !info_.stdinOpen || held() == 0 || held() + size <= kStdinWindow; };
   if (cv_.wait_for(lock, wait, room)) return {};
-  return Error::make("stdin_full",
+  return Error::make(Code::kStdinFull,
                      "process " + std::to_string(id_) + " is not reading its input: " + std::to_string(held()) +
                          " bytes sent earlier still wait in the environment (" + std::to_string(kStdinWindow >> 10) +
                          " KiB may); none of this piece was sent, "
@@ -288,7 +288,7 @@ Status Process::signal(int signo) {
 Status Process::resize(uint16_t rows, uint16_t cols) {
   MOAT_ASSIGN(Channel c, channel([&]() -> Status {
                 if (info_.pty) return {};
-                return Error::make("conflict", "process " + std::to_string(id_) + " has no terminal to resize");
+                return Error::make(Code::kConflict, "process " + std::to_string(id_) + " has no terminal to resize");
               }));
   return c.connection->resize(c.initId, rows, cols);
 }

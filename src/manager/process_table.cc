@@ -5,7 +5,7 @@ namespace moat::manager {
 Result<std::shared_ptr<Process>> ProcessTable::add(std::vector<std::string> argv, const std::string& kind, bool pty,
                                                    bool stdinOpen, size_t outputCapPerStream) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (closed_) return Error::make("gone", closeReason_);
+  if (closed_) return Error::make(Code::kGone, closeReason_);
   // Execs are bounded by their callers' connections and their own output
   // limits; the cap is for what runs on unattended.
   size_t running = 0;
@@ -14,7 +14,7 @@ Result<std::shared_ptr<Process>> ProcessTable::add(std::vector<std::string> argv
     running += info.ended() || info.kind == "exec" ? 0 : 1;
   }
   if (kind != "exec" && running >= limits_.maxRunning) {
-    return Error::make("capacity",
+    return Error::make(Code::kCapacity,
                        "at capacity: " + std::to_string(limits_.maxRunning) + " processes run in this environment");
   }
   pruneEnded();

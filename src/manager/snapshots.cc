@@ -34,8 +34,9 @@ Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string
   (void)live;
   MOAT_ASSIGN(auto mine, store_.listSnapshots(record.owner, ""));
   if (!transient && mine.size() >= config_.maxSnapshotsPerOwner) {
-    return Error::make("capacity", "at capacity: " + std::to_string(mine.size()) + " snapshots are kept (at most " +
-                                       std::to_string(config_.maxSnapshotsPerOwner) + "); delete some first");
+    return Error::make(Code::kCapacity, "at capacity: " + std::to_string(mine.size()) +
+                                            " snapshots are kept (at most " +
+                                            std::to_string(config_.maxSnapshotsPerOwner) + "); delete some first");
   }
   store::SnapshotRecord snap;
   snap.id = newSnapshotId();
@@ -106,7 +107,7 @@ Result<store::SnapshotRecord> EnvironmentManager::usableSnapshot(const std::stri
   MOAT_ASSIGN(auto snap, store_.getSnapshot(snapshotId));
   bool usable = snap && (snap->state == "ready" ||
                          (snap->state == "transient" && !forkOf.empty() && snap->environment == forkOf));
-  if (!usable) return Error::make("not_found", "no snapshot " + snapshotId);
+  if (!usable) return Error::make(Code::kNotFound, "no snapshot " + snapshotId);
   return snap.value();
 }
 
@@ -188,15 +189,15 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
   auto snapshotHeld = holdSnapshot(snapshotId);
   MOAT_ASSIGN(auto snap, getSnapshot(snapshotId));
   if (snap.templateName != record.templateName) {
-    return Error::make("invalid_argument", "snapshot " + snap.id + " is of template " + snap.templateName +
-                                               "; environment " + id + " has " + record.templateName);
+    return Error::make(Code::kInvalidArgument, "snapshot " + snap.id + " is of template " + snap.templateName +
+                                                   "; environment " + id + " has " + record.templateName);
   }
   Live old;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = live_.find(id);
     if (it == live_.end()) {
-      return Error::make("conflict",
+      return Error::make(Code::kConflict,
                          "environment " + id + " is " + record.state + ": only a running one can be restored");
     }
     old = it->second;

@@ -35,7 +35,7 @@ Result<LoopDevice> attachLoop(const std::string& imagePath) {
     if (errno != EBUSY) return Error::fromErrno("LOOP_CONFIGURE " + device);
     // Another process took this device between GET_FREE and CONFIGURE.
   }
-  return Error::make("busy", "no free loop device after 16 attempts");
+  return Error::make(Code::kBusy, "no free loop device after 16 attempts");
 }
 
 Result<QuotaMode> enableBtrfsQuota(const std::string& mountPoint, bool preferSimple) {
@@ -58,7 +58,7 @@ Result<QuotaMode> enableBtrfsQuota(const std::string& mountPoint, bool preferSim
 static Status subvolumeIoctl(const std::string& parentDir, const std::string& name, unsigned long request,
                              const char* what) {
   if (name.empty() || name.size() > BTRFS_PATH_NAME_MAX || name.find('/') != std::string::npos) {
-    return Error::make("invalid_argument", std::string(what) + ": bad name " + name);
+    return Error::make(Code::kInvalidArgument, std::string(what) + ": bad name " + name);
   }
   MOAT_ASSIGN(UniqueFd dir, open(parentDir, O_RDONLY | O_DIRECTORY));
   struct btrfs_ioctl_vol_args args;
@@ -82,7 +82,7 @@ Status snapshotSubvolume(const std::string& sourcePath, const std::string& paren
                          bool readOnly) {
   if (name.empty() || name.size() > BTRFS_SUBVOL_NAME_MAX || name.find('/') != std::string::npos || name == "." ||
       name == "..") {
-    return Error::make("invalid_argument", "snapshot subvolume: bad name " + name);
+    return Error::make(Code::kInvalidArgument, "snapshot subvolume: bad name " + name);
   }
   MOAT_ASSIGN(UniqueFd source, open(sourcePath, O_RDONLY | O_DIRECTORY));
   MOAT_ASSIGN(UniqueFd dir, open(parentDir, O_RDONLY | O_DIRECTORY));

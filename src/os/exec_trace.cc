@@ -99,7 +99,7 @@ Result<ExecImage> readExecImage(pid_t pid, size_t maxBytes) {
     if (entry[0] == AT_EXECFN) execFnAddr = entry[1];
     if (entry[0] == AT_NULL) break;
   }
-  if (!execFnAddr) return Error::make("exec", "no AT_EXECFN in the new program's auxiliary vector");
+  if (!execFnAddr) return Error::make(Code::kExec, "no AT_EXECFN in the new program's auxiliary vector");
   char name[4097];
   ssize_t got = readProcessMemory(pid, execFnAddr, name, sizeof name - 1);
   if (got <= 0) return Error::fromErrno("read the new program's name", got == 0 ? EFAULT : errno);

@@ -84,7 +84,7 @@ static Status removeAt(int dirFd, const char* name, dev_t dev) {
     return Error::fromErrno(std::string("stat ") + name);
   }
   if (S_ISDIR(st.st_mode)) {
-    if (st.st_dev != dev) return Error::make("busy", std::string("mount point inside tree: ") + name);
+    if (st.st_dev != dev) return Error::make(Code::kBusy, std::string("mount point inside tree: ") + name);
     int fd = ::openat(dirFd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return Error::fromErrno(std::string("open ") + name);
     DIR* dir = ::fdopendir(fd);
@@ -243,7 +243,7 @@ Result<std::string> realPath(const std::string& path) {
 Result<std::string> selfDirectory() {
   MOAT_ASSIGN(std::string exe, readLink("/proc/self/exe"));
   auto slash = exe.rfind('/');
-  if (slash == std::string::npos) return Error::make("internal", "odd /proc/self/exe: " + exe);
+  if (slash == std::string::npos) return Error::make(Code::kInternal, "odd /proc/self/exe: " + exe);
   return exe.substr(0, slash);
 }
 
@@ -275,7 +275,7 @@ Status shiftEntry(int dirFd, const char* name, const std::string& shown, uint32_
   }
   if (!S_ISDIR(st.st_mode)) return {};
   if (depth >= kMaxShiftDepth) {
-    return Error::make("invalid_argument",
+    return Error::make(Code::kInvalidArgument,
                        "re-own " + shown + ": more than " + std::to_string(kMaxShiftDepth) + " directories deep");
   }
   int fd = *name ? ::openat(dirFd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) : ::dup(dirFd);

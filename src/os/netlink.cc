@@ -87,7 +87,7 @@ class Request {
 
 Status checkIfName(const std::string& name) {
   if (name.empty() || name.size() >= IFNAMSIZ) {
-    return Error::make("invalid_argument", "interface name '" + name + "'");
+    return Error::make(Code::kInvalidArgument, "interface name '" + name + "'");
   }
   return {};
 }
@@ -290,7 +290,7 @@ Result<uint8_t> Netlink::routeType(uint32_t destination) {
     const auto* reply = static_cast<const nlmsghdr*>(message);
     if (reply->nlmsg_type == RTM_NEWROUTE) type = static_cast<const rtmsg*>(NLMSG_DATA(reply))->rtm_type;
   }));
-  if (type < 0) return Error::make("not_found", "no route to " + ipv4ToString(destination));
+  if (type < 0) return Error::make(Code::kNotFound, "no route to " + ipv4ToString(destination));
   return static_cast<uint8_t>(type);
 }
 
@@ -401,11 +401,11 @@ Result<UniqueFd> openNetworkNamespace(const std::string& path) {
   struct statfs sfs;
   if (::fstatfs(fd.get(), &sfs) != 0) return Error::fromErrno("fstatfs " + path);
   if (sfs.f_type != static_cast<decltype(sfs.f_type)>(NSFS_MAGIC)) {
-    return Error::make("not_netns", path + " is not a namespace file");
+    return Error::make(Code::kNotNetns, path + " is not a namespace file");
   }
   int type = ::ioctl(fd.get(), NS_GET_NSTYPE);
   if (type < 0) return Error::fromErrno("NS_GET_NSTYPE " + path);
-  if (type != CLONE_NEWNET) return Error::make("not_netns", path + " is not a network namespace");
+  if (type != CLONE_NEWNET) return Error::make(Code::kNotNetns, path + " is not a network namespace");
   return fd;
 }
 

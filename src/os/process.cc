@@ -258,9 +258,9 @@ Result<UniqueFd> networkNamespaceOf(int pidfd) {
     info.assign(buf, static_cast<size_t>(n));
   }
   auto at = info.find("Pid:\t");
-  if (at == std::string::npos) return Error::make("not_found", "pidfd has no Pid in fdinfo");
+  if (at == std::string::npos) return Error::make(Code::kNotFound, "pidfd has no Pid in fdinfo");
   long pid = std::strtol(info.c_str() + at + 5, nullptr, 10);
-  if (pid <= 0) return Error::make("not_found", "the process behind the pidfd has exited");
+  if (pid <= 0) return Error::make(Code::kNotFound, "the process behind the pidfd has exited");
   UniqueFd ns(::open(("/proc/" + std::to_string(pid) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
   if (!ns) return Error::fromErrno("open /proc/" + std::to_string(pid) + "/ns/net");
   return ns;

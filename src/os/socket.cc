@@ -58,11 +58,12 @@ Result<std::string> receiveWithFd(int socket, UniqueFd* fd, size_t maxBytes) {
       }
     }
   }
-  if (n == 0) return Error::make("eof", "peer closed the socket");
+  if (n == 0) return Error::make(Code::kEof, "peer closed the socket");
   if (truncated) {
     // The kernel dropped a descriptor that came with the message (no room
     // for it: this process is at its descriptor limit).
-    return Error::make("resource", "recvmsg: a descriptor sent with the message was lost (at the open file limit?)");
+    return Error::make(Code::kResource,
+                       "recvmsg: a descriptor sent with the message was lost (at the open file limit?)");
   }
   data.resize(static_cast<size_t>(n));
   return data;

@@ -114,11 +114,11 @@ Status replaceFileAt(int dirFd, const std::string& name, const std::string& data
 }
 
 Result<UniqueFd> openHostPath(const std::string& path, const std::string& what, int flags, mode_t mode) {
-  if (path.empty() || path[0] != '/') return Error::make("invalid_argument", what + " must be an absolute path");
+  if (path.empty() || path[0] != '/') return Error::make(Code::kInvalidArgument, what + " must be an absolute path");
   auto fd = openAt(AT_FDCWD, path, flags, RESOLVE_NO_SYMLINKS, mode);
   if (fd.ok()) return fd;
   if (fd.error().sysErrno == ENOENT) {
-    return Error{"not_found", ENOENT, what + " " + path + " does not exist"};
+    return Error{Code::kNotFound, ENOENT, what + " " + path + " does not exist"};
   }
   if (fd.error().sysErrno != ELOOP) return Error{fd.error().code, fd.error().sysErrno, what + " " + path};
   // (ELOOP: a symlink on the way, or the last component one.)
@@ -133,13 +133,13 @@ Result<UniqueFd> openHostPath(const std::string& path, const std::string& what, 
       char target[PATH_MAX];
       ssize_t n = ::readlink(walked.c_str(), target, sizeof target);
       std::string to = n > 0 ? std::string(target, static_cast<size_t>(n)) : "?";
-      return Error{"untrusted_path", ELOOP,
+      return Error{Code::kUntrustedPath, ELOOP,
                    what + " " + path + ": " + walked + " is a symlink (to " + to +
                        "); moat follows none there, as an environment given that directory may have made it: "
                        "name the path it leads to"};
     }
   }
-  return Error{"untrusted_path", ELOOP, what + " " + path + " passes through a symlink; name the path it leads to"};
+  return Error{Code::kUntrustedPath, ELOOP, what + " " + path + " passes through a symlink; name the path it leads to"};
 }
 
 }  // namespace moat::os

@@ -7,7 +7,7 @@
 namespace moat::websocket {
 namespace {
 
-Error protocol(const std::string& what) { return Error::make("protocol", "WebSocket: " + what); }
+Error protocol(const std::string& what) { return Error::make(Code::kProtocol, "WebSocket: " + what); }
 
 bool isControl(uint8_t opcode) { return opcode >= 8; }
 

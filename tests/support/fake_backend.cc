@@ -57,9 +57,9 @@ Result<backend::Backend::Created> FakeBackend::create(const backend::Spec& spec)
     failCreate_.reset();
     return e;
   }
-  if (spec.id.empty() || envs_.count(spec.id)) return Error::make("invalid_argument", "bad or taken id " + spec.id);
+  if (spec.id.empty() || envs_.count(spec.id)) return Error::make(Code::kInvalidArgument, "bad or taken id " + spec.id);
   if (!spec.fromSnapshot.empty() && !snapshots_.count(spec.fromSnapshot)) {
-    return Error::make("not_found", "no snapshot " + spec.fromSnapshot);
+    return Error::make(Code::kNotFound, "no snapshot " + spec.fromSnapshot);
   }
   int control[2], rendezvous[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, control) != 0) return Error::fromErrno("socketpair");
@@ -123,7 +123,7 @@ Result<UniqueFd> FakeBackend::attach(const std::string& id) {
   record("attach", id);
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = envs_.find(id);
-  if (it == envs_.end()) return Error::make("not_found", "no environment " + id);
+  if (it == envs_.end()) return Error::make(Code::kNotFound, "no environment " + id);
   int pair[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return Error::fromErrno("socketpair");
   UniqueFd mine(pair[0]), theirs(pair[1]);
@@ -141,13 +141,13 @@ Result<std::vector<std::string>> FakeBackend::list() {
 
 Result<UniqueFd> FakeBackend::networkNamespace(const std::string& id) {
   record("networkNamespace", id);
-  return Error::make("unsupported", "the fake backend has no network");
+  return Error::make(Code::kUnsupported, "the fake backend has no network");
 }
 
 Result<uint32_t> FakeBackend::snapshot(const std::string& id, const std::string& name) {
   record("snapshot", name);
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!envs_.count(id)) return Error::make("not_found", "no environment " + id);
+  if (!envs_.count(id)) return Error::make(Code::kNotFound, "no environment " + id);
   snapshots_.insert(name);
   return 100000u;
 }
@@ -188,7 +188,7 @@ bool FakeBackend::keepsSnapshot(const std::string& name) {
   return snapshots_.count(name) > 0;
 }
 
-void FakeBackend::failNextCreate(const std::string& code, const std::string& message) {
+void FakeBackend::failNextCreate(Code code, const std::string& message) {
   std::lock_guard<std::mutex> lock(mutex_);
   failCreate_ = Error::make(code, message);
 }

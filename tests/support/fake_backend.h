@@ -44,7 +44,7 @@ class FakeBackend final : public backend::Backend {
   bool runs(const std::string& id);
   bool keepsSnapshot(const std::string& name);
   // The next create fails with this error (and makes nothing).
-  void failNextCreate(const std::string& code, const std::string& message);
+  void failNextCreate(Code code, const std::string& message);
   // Ends the environment's moat-init without being asked (moatd sees its
   // pid 1 go; list() no longer names it).
   void vanish(const std::string& id);

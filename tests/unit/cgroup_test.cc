@@ -119,7 +119,7 @@ TEST(CgroupLayout, V1WithoutPidsNamesPids) {
       "41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
   auto layout = detectLayout(mountinfo, "2:memory:/\n1:cpu,cpuacct:/\n0::/\n");
   ASSERT_FALSE(layout.ok());
-  EXPECT_EQ(layout.error().code, "unsupported");
+  EXPECT_EQ(layout.error().code, Code::kUnsupported);
   EXPECT_NE(layout.error().context.find("'pids'"), std::string::npos) << layout.error().context;
 }
 
@@ -141,7 +141,7 @@ TEST(CgroupLayout, NoCgroupMountsIsAnError) {
   for (const char* text : {mountinfo, ""}) {
     auto layout = detectLayout(text, "0::/\n");
     ASSERT_FALSE(layout.ok());
-    EXPECT_EQ(layout.error().code, "unsupported");
+    EXPECT_EQ(layout.error().code, Code::kUnsupported);
     EXPECT_NE(layout.error().context.find("no cgroup"), std::string::npos) << layout.error().context;
   }
 }
@@ -329,7 +329,7 @@ TEST_F(FakeCgroupFs, V2MissingMemoryNamesMemory) {
   put(root_ + "/moat/cgroup.subtree_control", "");
   Status s = prepareParents(v2Layout());
   ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.error().code, "unsupported");
+  EXPECT_EQ(s.error().code, Code::kUnsupported);
   EXPECT_NE(s.error().context.find("'memory'"), std::string::npos) << s.error().context;
   EXPECT_NE(s.error().context.find(root_), std::string::npos) << s.error().context;
   // Nothing was enabled where the check failed.

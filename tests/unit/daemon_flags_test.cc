@@ -15,7 +15,7 @@ Result<DaemonFlags> parse(std::vector<std::string> args) { return parseDaemonFla
 
 std::string problem(std::vector<std::string> args) {
   auto f = parse(std::move(args));
-  return f.ok() ? "accepted" : f.error().code + ": " + f.error().context;
+  return f.ok() ? "accepted" : std::string(codeName(f.error().code)) + ": " + f.error().context;
 }
 
 TEST(DaemonFlags, NoArgumentsAreTheDefaults) {

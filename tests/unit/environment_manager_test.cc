@@ -126,7 +126,7 @@ TEST_F(ManagerTest, ACreateTheBackendRefusesLeavesNothingRunningOrReserved) {
   ManagerConfig config;
   config.maxTotalMemoryMb = 1024;  // room for one environment of the default size
   auto m = start(config);
-  backend_.failNextCreate("internal", "the host is out of loop devices");
+  backend_.failNextCreate(Code::kInternal, "the host is out of loop devices");
   auto failed = m->create(CreateRequest{});
   ASSERT_FALSE(failed.ok());
   EXPECT_NE(failed.error().message().find("out of loop devices"), std::string::npos) << failed.error().message();
@@ -142,7 +142,7 @@ TEST_F(ManagerTest, ACreateTheBackendRefusesLeavesNothingRunningOrReserved) {
   ASSERT_TRUE(next.ok()) << next.error().message();
   auto over = m->create(CreateRequest{});
   ASSERT_FALSE(over.ok());
-  EXPECT_EQ(over.error().code, "capacity");
+  EXPECT_EQ(over.error().code, Code::kCapacity);
 }
 
 TEST_F(ManagerTest, TheReaperDestroysAnEnvironmentWhoseTtlPassed) {

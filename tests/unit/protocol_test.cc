@@ -269,7 +269,7 @@ TEST(Protocol, OutputUnknownStreamRejected) {
   std::string payload = Encoder().u32(1).u8(3).bytes("x").take();
   auto back = Output::decode(payload);
   ASSERT_FALSE(back.ok());
-  EXPECT_EQ(back.error().code, "protocol");
+  EXPECT_EQ(back.error().code, Code::kProtocol);
   payload = Encoder().u32(1).u8(0).bytes("x").take();
   EXPECT_FALSE(Output::decode(payload).ok());
 }
@@ -306,7 +306,7 @@ TEST(Protocol, SignalRequestOutOfRangeRejected) {
   for (int sig : {0, -1, 65, 1000, INT32_MIN, INT32_MAX}) {
     auto back = SignalRequest::decode(SignalRequest{2, sig, true}.encode());
     ASSERT_FALSE(back.ok()) << "signal " << sig << " accepted";
-    EXPECT_EQ(back.error().code, "protocol");
+    EXPECT_EQ(back.error().code, Code::kProtocol);
     EXPECT_NE(back.error().context.find("signal"), std::string::npos) << back.error().context;
   }
 }
@@ -334,7 +334,7 @@ TEST(Protocol, ResizeOutOfRangeRejected) {
   for (Case c : {Case{0, 80}, Case{24, 0}, Case{0, 0}, Case{65536, 80}, Case{24, 65536}, Case{0xffffffffu, 80}}) {
     auto back = Resize::decode(Encoder().u32(1).u32(c.rows).u32(c.cols).take());
     ASSERT_FALSE(back.ok()) << c.rows << "x" << c.cols << " accepted";
-    EXPECT_EQ(back.error().code, "protocol");
+    EXPECT_EQ(back.error().code, Code::kProtocol);
     EXPECT_NE(back.error().context.find("window size"), std::string::npos) << back.error().context;
   }
 }
@@ -343,7 +343,7 @@ TEST(Protocol, ResizeTrailingBytesRejected) {
   std::string payload = Resize{1, 24, 80}.encode();
   auto back = Resize::decode(payload + std::string(1, '\0'));
   ASSERT_FALSE(back.ok());
-  EXPECT_EQ(back.error().code, "protocol");
+  EXPECT_EQ(back.error().code, Code::kProtocol);
   EXPECT_NE(back.error().context.find("trailing"), std::string::npos) << back.error().context;
   // Sizes as u16 (a shorter encoding) are truncated, not misread.
   EXPECT_FALSE(Resize::decode(Encoder().u32(1).u8(24).u8(0).u8(80).u8(0).take()).ok());
@@ -400,7 +400,7 @@ TEST(Protocol, FileRequestUnknownOpRejected) {
     payload[4] = static_cast<char>(op);  // after the u32 tag
     auto back = FileRequest::decode(payload);
     ASSERT_FALSE(back.ok()) << "op " << int(op);
-    EXPECT_EQ(back.error().code, "protocol");
+    EXPECT_EQ(back.error().code, Code::kProtocol);
   }
 }
 
@@ -447,7 +447,7 @@ TEST(Protocol, TruncatedErrorIsAProtocolError) {
   std::string full = sampleSpawn().encode();
   auto r = SpawnRequest::decode(full.substr(0, full.size() - 1));
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.error().code, "protocol");
+  EXPECT_EQ(r.error().code, Code::kProtocol);
   EXPECT_NE(r.error().context.find("truncated"), std::string::npos) << r.error().context;
 }
 
@@ -466,7 +466,7 @@ TEST(Protocol, SpawnWithEmptyArgvRejected) {
   req.argv.clear();
   auto back = SpawnRequest::decode(req.encode());
   ASSERT_FALSE(back.ok());
-  EXPECT_EQ(back.error().code, "protocol");
+  EXPECT_EQ(back.error().code, Code::kProtocol);
   EXPECT_NE(back.error().context.find("argv"), std::string::npos) << back.error().context;
 }
 
@@ -494,14 +494,14 @@ TEST(Protocol, ExitedUnknownFlagsRejected) {
   ASSERT_EQ(static_cast<uint8_t>(payload[12]), 0u);
   payload[12] = static_cast<char>(0x08);
   auto back = Exited::decode(payload);
-  EXPECT_EQ(back.error().code, "protocol");
+  EXPECT_EQ(back.error().code, Code::kProtocol);
 }
 
 TEST(Protocol, FileRequestUnknownFlagsRejected) {
   FileRequest r = sampleFileRequest();
   r.flags = 0x40;
   auto back = FileRequest::decode(r.encode());
-  EXPECT_EQ(back.error().code, "protocol");
+  EXPECT_EQ(back.error().code, Code::kProtocol);
 }
 
 TEST(Protocol, DecoderStringsRejectsCountLargerThanRemaining) {
@@ -510,7 +510,7 @@ TEST(Protocol, DecoderStringsRejectsCountLargerThanRemaining) {
   Decoder d(data);
   auto r = d.strings();
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.error().code, "protocol");
+  EXPECT_EQ(r.error().code, Code::kProtocol);
   EXPECT_NE(r.error().context.find("count"), std::string::npos) << r.error().context;
 
   // A huge count must be refused before any allocation.
@@ -532,7 +532,7 @@ TEST(Protocol, DecoderBytesRejectsLengthBeyondData) {
   Decoder d(data);
   auto r = d.bytes();
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.error().code, "protocol");
+  EXPECT_EQ(r.error().code, Code::kProtocol);
   std::string max = le32(0xffffffffu);
   Decoder d2(max);
   EXPECT_FALSE(d2.bytes().ok());
@@ -663,7 +663,7 @@ TEST(Protocol, FrameReaderRejectsZeroLength) {
   Frame f;
   auto next = reader.next(f);
   ASSERT_FALSE(next.ok());
-  EXPECT_EQ(next.error().code, "protocol");
+  EXPECT_EQ(next.error().code, Code::kProtocol);
 }
 
 TEST(Protocol, FrameReaderRejectsOversizedLength) {
@@ -674,7 +674,7 @@ TEST(Protocol, FrameReaderRejectsOversizedLength) {
     Frame f;
     auto next = reader.next(f);
     ASSERT_FALSE(next.ok()) << "length " << length;
-    EXPECT_EQ(next.error().code, "protocol");
+    EXPECT_EQ(next.error().code, Code::kProtocol);
   }
   // kMaxFrame + 1 (type byte + a maximal payload) is legal: it waits for more.
   FrameReader reader;
@@ -728,7 +728,7 @@ TEST(Protocol, WriteFrameReadFrameOverPipe) {
   EXPECT_EQ(b->type, MsgType::kShutdown);
   auto c = readFrame(fds[0], reader);
   ASSERT_FALSE(c.ok());
-  EXPECT_EQ(c.error().code, "eof");
+  EXPECT_EQ(c.error().code, Code::kEof);
   ::close(fds[0]);
 }
 

@@ -55,7 +55,7 @@ void expectError(const std::vector<std::string>& args, const std::vector<std::st
   for (const auto& a : args) joined += a + " ";
   auto r = parse(args);
   ASSERT_FALSE(r.ok()) << "accepted: " << joined;
-  EXPECT_EQ(r.error().code, "usage") << joined;
+  EXPECT_EQ(r.error().code, Code::kUsage) << joined;
   for (const auto& n : needles) {
     EXPECT_NE(r.error().context.find(n), std::string::npos)
         << joined << "-> '" << r.error().context << "' does not mention '" << n << "'";

@@ -203,7 +203,7 @@ TEST(SeccompPolicy, ParseErrorsNameLineAndProblem) {
     std::string text = "# header\nbpf EPERM # ok\n\n" + c.line + "\nmount EPERM # ok\n";
     auto p = parsePolicy(text);
     ASSERT_FALSE(p.ok()) << c.what << ": accepted";
-    EXPECT_EQ(p.error().code, "invalid_policy") << c.what;
+    EXPECT_EQ(p.error().code, Code::kInvalidArgument) << c.what;
     EXPECT_NE(p.error().context.find("line 4"), std::string::npos) << c.what << ": " << p.error().context;
     EXPECT_NE(p.error().context.find(c.mustMention), std::string::npos) << c.what << ": " << p.error().context;
   }

@@ -175,7 +175,7 @@ TEST_F(StoreTest, DuplicateIdIsConflict) {
   again.taskId = "other";
   Status status = store.insertEnvironment(again);
   ASSERT_FALSE(status.ok());
-  EXPECT_EQ(status.error().code, "conflict");
+  EXPECT_EQ(status.error().code, Code::kConflict);
   EXPECT_NE(status.error().context.find("insert environment abc"), std::string::npos) << status.error().context;
   EXPECT_NE(status.error().context.find("UNIQUE constraint failed"), std::string::npos) << status.error().context;
   // The first record is untouched.
@@ -188,11 +188,11 @@ TEST_F(StoreTest, UnknownStateIsRejected) {
   Store& store = open();
   Status status = store.insertEnvironment(makeRecord("abc", 1, "sleeping"));
   ASSERT_FALSE(status.ok());
-  EXPECT_EQ(status.error().code, "invalid_argument") << status.error().context;
+  EXPECT_EQ(status.error().code, Code::kInvalidArgument) << status.error().context;
   insert(makeRecord("def", 1));
   Status set = store.setState("def", "bogus", "");
   ASSERT_FALSE(set.ok());
-  EXPECT_EQ(set.error().code, "invalid_argument") << set.error().context;
+  EXPECT_EQ(set.error().code, Code::kInvalidArgument) << set.error().context;
   EXPECT_EQ(store.getEnvironment("def").value()->state, "running");
 }
 
@@ -202,7 +202,7 @@ TEST_F(StoreTest, LabelsThatAreNotUtf8AreRejected) {
   record.labels = {{"k", std::string("\xff\xfe", 2)}};
   Status status = store.insertEnvironment(record);
   ASSERT_FALSE(status.ok());
-  EXPECT_EQ(status.error().code, "invalid_argument") << status.error().context;
+  EXPECT_EQ(status.error().code, Code::kInvalidArgument) << status.error().context;
   EXPECT_FALSE(store.getEnvironment("abc").value().has_value());
 }
 
@@ -268,11 +268,11 @@ TEST_F(StoreTest, SetStateAndExpiryOfUnknownIdAreNotFound) {
   insert(makeRecord("abc", 1));
   Status state = store.setState("nope", "gone", "destroyed");
   ASSERT_FALSE(state.ok());
-  EXPECT_EQ(state.error().code, "not_found");
+  EXPECT_EQ(state.error().code, Code::kNotFound);
   EXPECT_NE(state.error().context.find("nope"), std::string::npos) << state.error().context;
   Status expiry = store.setExpiry("nope", 5);
   ASSERT_FALSE(expiry.ok());
-  EXPECT_EQ(expiry.error().code, "not_found");
+  EXPECT_EQ(expiry.error().code, Code::kNotFound);
   // The existing record was not touched by either.
   auto got = store.getEnvironment("abc");
   ASSERT_TRUE(got.ok() && got.value().has_value());
@@ -389,7 +389,7 @@ TEST_F(StoreTest, NewerSchemaIsRefused) {
   }
   auto store = openSqliteStore(path_);
   ASSERT_FALSE(store.ok());
-  EXPECT_EQ(store.error().code, "unsupported");
+  EXPECT_EQ(store.error().code, Code::kUnsupported);
   const std::string& context = store.error().context;
   EXPECT_NE(context.find("schema version " + std::to_string(future)), std::string::npos) << context;
   EXPECT_NE(context.find(std::to_string(sqlite::kSchemaVersion)), std::string::npos) << context;
@@ -413,7 +413,7 @@ TEST_F(StoreTest, NotADatabaseIsAnError) {
   ASSERT_TRUE(os::writeFile(path_, std::string(4096, 'z'), 0600).ok());
   auto store = openSqliteStore(path_);
   ASSERT_FALSE(store.ok());
-  EXPECT_EQ(store.error().code, "store");
+  EXPECT_EQ(store.error().code, Code::kStore);
   EXPECT_NE(store.error().context.find(path_), std::string::npos) << store.error().context;
 }
 
@@ -466,9 +466,9 @@ TEST_F(StoreTest, ConcurrentInsertsAndListsFromEightThreads) {
         // Errors keep their own code while other threads succeed: the code
         // is read from the connection after the failing call.
         Status duplicate = store.insertEnvironment(record);
-        if (duplicate.ok() || duplicate.error().code != "conflict") ++failures;
+        if (duplicate.ok() || duplicate.error().code != Code::kConflict) ++failures;
         Status unknown = store.setExpiry("missing-" + record.id, 1);
-        if (unknown.ok() || unknown.error().code != "not_found") ++failures;
+        if (unknown.ok() || unknown.error().code != Code::kNotFound) ++failures;
       }
     });
   }

@@ -150,7 +150,7 @@ class InitSupervisor : public ::testing::Test {
       MOAT_ASSIGN(bool have, reader_.next(frame));
       if (have) return frame;
       int64_t left = deadline - nowMs();
-      if (left <= 0) return Error::make("timeout", "no frame from moat-init in time");
+      if (left <= 0) return Error::make(Code::kTimeout, "no frame from moat-init in time");
       pollfd p{fd_, POLLIN, 0};
       int ready = ::poll(&p, 1, static_cast<int>(left));
       if (ready < 0 && errno == EINTR) continue;
@@ -159,7 +159,7 @@ class InitSupervisor : public ::testing::Test {
       ssize_t n = ::read(fd_, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return Error::fromErrno("read control");
-      if (n == 0) return Error::make("eof", "moat-init closed the connection");
+      if (n == 0) return Error::make(Code::kEof, "moat-init closed the connection");
       reader_.feed(buf, static_cast<size_t>(n));
     }
   }
@@ -295,10 +295,10 @@ class InitSupervisor : public ::testing::Test {
     MOAT_TRY(send(MsgType::kFile, req.encode()));
     MOAT_ASSIGN(Frame f, next(kDefaultWaitMs));
     if (f.type != MsgType::kFileResult) {
-      return Error::make("test", "expected FileResult, got type " + std::to_string(int(f.type)));
+      return Error::make(Code::kInternal, "expected FileResult, got type " + std::to_string(int(f.type)));
     }
     MOAT_ASSIGN(FileResult r, FileResult::decode(f.payload));
-    if (r.tag != req.tag) return Error::make("test", "FileResult for another tag");
+    if (r.tag != req.tag) return Error::make(Code::kInternal, "FileResult for another tag");
     return r;
   }
 
@@ -1308,7 +1308,7 @@ TEST_F(InitSupervisor, GarbageGetsProtocolErrorAndExit) {
   EXPECT_NE(msg->find("frame"), std::string::npos) << msg.value();
   auto eof = next(kDefaultWaitMs);
   ASSERT_FALSE(eof.ok());
-  EXPECT_EQ(eof.error().code, "eof");
+  EXPECT_EQ(eof.error().code, Code::kEof);
   int status = waitInitExit(5000);
   ASSERT_NE(status, -1) << "moat-init still running after a corrupt stream";
   EXPECT_TRUE(WIFEXITED(status));

@@ -355,7 +355,7 @@ TEST_F(TlsAuthorityTest, RefusesHostsThatAreNeitherDnsNamesNorIps) {
   for (const std::string& host : bad) {
     auto ctx = authority->serverContext(host);
     ASSERT_FALSE(ctx.ok()) << host;
-    EXPECT_EQ(ctx.error().code, "invalid_argument") << host;
+    EXPECT_EQ(ctx.error().code, Code::kInvalidArgument) << host;
     SSL_CTX* client = SSL_CTX_new(TLS_client_method());
     SSL* ssl = SSL_new(client);
     EXPECT_FALSE(TlsAuthority::prepareUpstream(ssl, host).ok()) << host;
@@ -433,7 +433,7 @@ TEST_F(TlsAuthorityTest, CorruptKeyFileIsAnErrorNamingIt) {
   ASSERT_TRUE(os::writeFile(dir_ + "/ca.key", "-----BEGIN PRIVATE KEY-----\ngarbage\n", 0600).ok());
   auto reloaded = TlsAuthority::loadOrCreate(dir_);
   ASSERT_FALSE(reloaded.ok());
-  EXPECT_EQ(reloaded.error().code, "invalid");
+  EXPECT_EQ(reloaded.error().code, Code::kInvalidArgument);
   EXPECT_NE(reloaded.error().message().find(dir_ + "/ca.key"), std::string::npos) << reloaded.error().message();
 }
 
@@ -453,7 +453,7 @@ TEST_F(TlsAuthorityTest, MismatchedKeyIsAnError) {
   ASSERT_TRUE(os::writeFile(dir_ + "/ca.key", otherKey.value(), 0600).ok());
   auto reloaded = TlsAuthority::loadOrCreate(dir_);
   ASSERT_FALSE(reloaded.ok());
-  EXPECT_EQ(reloaded.error().code, "invalid");
+  EXPECT_EQ(reloaded.error().code, Code::kInvalidArgument);
   EXPECT_NE(reloaded.error().message().find("ca.key is not the key of"), std::string::npos)
       << reloaded.error().message();
 }
@@ -463,7 +463,7 @@ TEST_F(TlsAuthorityTest, MissingOrExposedKeyIsAnError) {
   ASSERT_EQ(chmod((dir_ + "/ca.key").c_str(), 0644), 0);
   auto exposed = TlsAuthority::loadOrCreate(dir_);
   ASSERT_FALSE(exposed.ok());
-  EXPECT_EQ(exposed.error().code, "insecure");
+  EXPECT_EQ(exposed.error().code, Code::kInsecure);
   EXPECT_NE(exposed.error().message().find(dir_ + "/ca.key"), std::string::npos);
 
   ASSERT_EQ(unlink((dir_ + "/ca.key").c_str()), 0);

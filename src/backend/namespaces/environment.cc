@@ -212,10 +212,10 @@ int childMain(void* args) { runChild(*static_cast<const ChildArgs*>(args)); }
 Status checkSpec(const EnvironmentSpec& spec) {
   if (!spec.id.empty() &&
       (spec.id.size() != 12 || spec.id.find_first_not_of("0123456789abcdef") != std::string::npos)) {
-    return Error::make("invalid_argument", "environment id must be 12 lowercase hex digits");
+    return Error::make(Code::kInvalidArgument, "environment id must be 12 lowercase hex digits");
   }
   if (spec.stateDir.empty() || spec.stateDir[0] != '/') {
-    return Error::make("invalid_argument", "state directory must be an absolute path");
+    return Error::make(Code::kInvalidArgument, "state directory must be an absolute path");
   }
   for (const auto& v : spec.volumes) {
     MOAT_TRY(fs::validateBindTarget(v.target));
@@ -266,9 +266,9 @@ Result<std::unique_ptr<Environment>> Environment::create(
   MOAT_ASSIGN(fs::StoragePool pool, fs::StoragePool::open(spec.stateDir));
   auto storageBytes = static_cast<uint64_t>(spec.storageGb * static_cast<double>(kGiB));
   if (storageBytes > pool.capacityBytes()) {
-    return Error::make("invalid_argument", "storage of " + std::to_string(storageBytes / kMiB) +
-                                               " MiB exceeds the pool (" + std::to_string(pool.capacityBytes() / kMiB) +
-                                               " MiB; see MOAT_STORAGE_GB)");
+    return Error::make(Code::kInvalidArgument,
+                       "storage of " + std::to_string(storageBytes / kMiB) + " MiB exceeds the pool (" +
+                           std::to_string(pool.capacityBytes() / kMiB) + " MiB; see MOAT_STORAGE_GB)");
   }
   traceStage("pool");
   MOAT_ASSIGN(fs::Template tmpl, fs::resolveTemplate(spec.templateName, spec.stateDir));
@@ -392,7 +392,7 @@ Result<std::unique_ptr<Environment>> Environment::create(
   if (!failure.empty()) {
     (void)os::waitPidfd(env->initPidfd_.get());
     env->initPidfd_.reset();
-    return Error::make("environment_failed", "environment setup failed at " + failure);
+    return Error::make(Code::kEnvironmentFailed, "environment setup failed at " + failure);
   }
   traceStage("child exec");
   // moat-init's Hello is read by the client together with its first replies:
@@ -402,7 +402,7 @@ Result<std::unique_ptr<Environment>> Environment::create(
 }
 
 Result<UniqueFd> Environment::reconnect() {
-  if (!rendezvous_) return Error::make("unsupported", "environment " + id_ + " is not reattachable");
+  if (!rendezvous_) return Error::make(Code::kUnsupported, "environment " + id_ + " is not reattachable");
   int pair[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
     return Error::fromErrno("socketpair");
@@ -452,7 +452,7 @@ Status Environment::destroy() {
 }
 
 Result<uint32_t> Environment::snapshot(const std::string& name) const {
-  if (!haveVolume_) return Error::make("conflict", "environment " + id_ + " has no writable layer");
+  if (!haveVolume_) return Error::make(Code::kConflict, "environment " + id_ + " has no writable layer");
   MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
   MOAT_TRY(pool.snapshotVolume(id_, name));
   return idmap_.map.hostBase;
@@ -510,7 +510,7 @@ void collectLeftovers(const std::string& stateDir) {
 }
 
 Result<UniqueFd> Environment::networkNamespace() const {
-  if (!initPidfd_ || destroyed_) return Error::make("not_found", "environment " + id_ + " has no pid 1");
+  if (!initPidfd_ || destroyed_) return Error::make(Code::kNotFound, "environment " + id_ + " has no pid 1");
   return os::networkNamespaceOf(initPidfd_.get());
 }
 

@@ -96,7 +96,7 @@ std::string reply(const Status& status, const std::string& value = "") {
   if (status.ok()) {
     e.u8(1).bytes(value);
   } else {
-    e.u8(0).bytes(status.error().code).i32(status.error().sysErrno).bytes(status.error().context);
+    e.u8(0).bytes(codeName(status.error().code)).i32(status.error().sysErrno).bytes(status.error().context);
   }
   return e.take();
 }
@@ -199,7 +199,7 @@ bool readable(int fd) {
       auto name = id.ok() ? d.bytes() : Result<std::string>(id.error());
       auto it = name.ok() ? environments.find(id.value()) : environments.end();
       if (!name.ok() || it == environments.end()) {
-        (void)sendMessage(client, reply(Error::make("not_found", "spawner has no such environment")));
+        (void)sendMessage(client, reply(Error::make(Code::kNotFound, "spawner has no such environment")));
         continue;
       }
       auto base = it->second->snapshot(name.value());
@@ -208,7 +208,7 @@ bool readable(int fd) {
       auto id = d.bytes();
       auto it = id.ok() ? environments.find(id.value()) : environments.end();
       if (it == environments.end()) {
-        (void)sendMessage(client, reply(Error::make("not_found", "spawner has no such environment")));
+        (void)sendMessage(client, reply(Error::make(Code::kNotFound, "spawner has no such environment")));
         continue;
       }
       auto ns = it->second->networkNamespace();
@@ -226,7 +226,7 @@ bool readable(int fd) {
       auto it = environments.find(id.value());
       if (op.value() == kAttach) {
         if (it == environments.end()) {
-          (void)sendMessage(client, reply(Error::make("not_found", "spawner has no environment " + id.value())));
+          (void)sendMessage(client, reply(Error::make(Code::kNotFound, "spawner has no environment " + id.value())));
           continue;
         }
         auto control = it->second->reconnect();
@@ -251,7 +251,7 @@ bool readable(int fd) {
     } else if (op.value() == kShutdown) {
       break;
     } else {
-      (void)sendMessage(client, reply(Error::make("protocol", "unknown spawner request")));
+      (void)sendMessage(client, reply(Error::make(Code::kProtocol, "unknown spawner request")));
     }
   }
   for (auto& [id, env] : environments) (void)env->destroy();
@@ -265,7 +265,7 @@ Result<std::unique_ptr<Spawner>> Spawner::connectOrStart(const std::string& sock
   std::memset(&addr, 0, sizeof addr);
   addr.sun_family = AF_UNIX;
   if (socketPath.size() >= sizeof addr.sun_path) {
-    return Error::make("invalid_argument", "spawner socket path too long: " + socketPath);
+    return Error::make(Code::kInvalidArgument, "spawner socket path too long: " + socketPath);
   }
   std::memcpy(addr.sun_path, socketPath.data(), socketPath.size());
   UniqueFd existing(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
@@ -301,7 +301,7 @@ Spawner::~Spawner() = default;
 
 Status Spawner::shutdown() {
   auto answer = call(init::Encoder().u8(kShutdown).take(), nullptr);
-  if (!answer.ok() && answer.error().code != "eof") return answer.error();
+  if (!answer.ok() && answer.error().code != Code::kEof) return answer.error();
   return {};
 }
 
@@ -309,7 +309,7 @@ Result<UniqueFd> Spawner::attach(const std::string& id) {
   UniqueFd control;
   MOAT_ASSIGN(std::string ignored, call(init::Encoder().u8(kAttach).bytes(id).take(), &control));
   (void)ignored;
-  if (!control) return Error::make("internal", "spawner sent no control socket");
+  if (!control) return Error::make(Code::kInternal, "spawner sent no control socket");
   return control;
 }
 
@@ -317,7 +317,7 @@ Result<UniqueFd> Spawner::networkNamespace(const std::string& id) {
   UniqueFd ns;
   MOAT_ASSIGN(std::string ignored, call(init::Encoder().u8(kNetns).bytes(id).take(), &ns));
   (void)ignored;
-  if (!ns) return Error::make("internal", "spawner sent no namespace");
+  if (!ns) return Error::make(Code::kInternal, "spawner sent no namespace");
   return ns;
 }
 
@@ -335,7 +335,8 @@ Result<std::string> Spawner::call(const std::string& request, UniqueFd* received
   MOAT_ASSIGN(uint8_t ok, d.u8());
   if (ok) return d.bytes();
   Error e;
-  MOAT_ASSIGN(e.code, d.bytes());
+  MOAT_ASSIGN(std::string code, d.bytes());
+  e.code = codeFromName(code).value_or(Code::kInternal);
   MOAT_ASSIGN(e.sysErrno, d.i32());
   MOAT_ASSIGN(e.context, d.bytes());
   return e;
@@ -344,7 +345,7 @@ Result<std::string> Spawner::call(const std::string& request, UniqueFd* received
 Result<Spawner::Created> Spawner::create(const EnvironmentSpec& spec) {
   Created created;
   MOAT_ASSIGN(created.id, call(encodeSpec(spec), &created.control));
-  if (!created.control) return Error::make("internal", "spawner sent no control socket");
+  if (!created.control) return Error::make(Code::kInternal, "spawner sent no control socket");
   return created;
 }
 

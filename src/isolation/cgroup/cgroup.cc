@@ -48,7 +48,7 @@ Cgroup::~Cgroup() { (void)remove(); }
 
 Result<Cgroup> Cgroup::create(const Layout& layout, const std::string& name, const Limits& limits) {
   if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') {
-    return Error::make("invalid_argument", "bad cgroup name: " + name);
+    return Error::make(Code::kInvalidArgument, "bad cgroup name: " + name);
   }
   std::vector<std::string> dirs;
   if (layout.version == Version::kV2) {
@@ -124,7 +124,7 @@ Status Cgroup::applyLimits(const Limits& limits) {
 }
 
 Result<UniqueFd> Cgroup::openDirectory() const {
-  if (layout_.version != Version::kV2) return Error::make("unsupported", "cgroup v1 has no dir fd");
+  if (layout_.version != Version::kV2) return Error::make(Code::kUnsupported, "cgroup v1 has no dir fd");
   return os::open(dirs_[0], O_RDONLY | O_DIRECTORY);
 }
 

@@ -107,7 +107,7 @@ Result<Layout> detectLayout(const std::string& mountinfo, const std::string& pro
         break;
       }
       if (!layout.v1Parents.count(controller)) {
-        return Error::make("unsupported",
+        return Error::make(Code::kUnsupported,
                            "cgroup v1 controller '" + controller + "' is not mounted; moat needs cpu, memory and pids");
       }
     }
@@ -121,7 +121,7 @@ Result<Layout> detectLayout(const std::string& mountinfo, const std::string& pro
         v2ParentOverride.empty() ? os::joinPath(m.mountPoint, "moat") : moat::normalizePath(v2ParentOverride);
     return layout;
   }
-  return Error::make("unsupported", "no cgroup file system is mounted");
+  return Error::make(Code::kUnsupported, "no cgroup file system is mounted");
 }
 
 Result<Layout> detectHostLayout() {
@@ -148,8 +148,8 @@ Status prepareParents(const Layout& layout) {
     std::string enable;
     for (const std::string c : {"cpu", "memory", "pids"}) {
       if (std::find(available.begin(), available.end(), c) == available.end()) {
-        return Error::make("unsupported", "cgroup v2 controller '" + c + "' is not available in " + dir +
-                                              " (set MOAT_CGROUP_PARENT to a delegated cgroup)");
+        return Error::make(Code::kUnsupported, "cgroup v2 controller '" + c + "' is not available in " + dir +
+                                                   " (set MOAT_CGROUP_PARENT to a delegated cgroup)");
       }
       enable += "+" + c + " ";
     }

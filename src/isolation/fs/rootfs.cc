@@ -45,7 +45,7 @@ Error refusedMountPoint(const std::string& path, const Error& e) {
                     : e.sysErrno == EXDEV   ? "is missing and would have to be made inside another mount (a volume, "
                                               "/usr): make it there first"
                                             : "cannot be made: " + e.message();
-  return Error{"environment_failed", e.sysErrno, "mount point " + path + " in the environment " + why};
+  return Error{Code::kEnvironmentFailed, e.sysErrno, "mount point " + path + " in the environment " + why};
 }
 
 // The mount point `path` (absolute, inside the environment) under rootFd,
@@ -167,16 +167,16 @@ bool layoutInTheWay(const Error& e) {
 
 Status validateBindTarget(const std::string& target) {
   if (target.empty() || target[0] != '/') {
-    return Error::make("invalid_argument", "volume target must be an absolute path: " + target);
+    return Error::make(Code::kInvalidArgument, "volume target must be an absolute path: " + target);
   }
   if (moat::normalizePath(target) != target && moat::normalizePath(target) + "/" != target) {
-    return Error::make("invalid_argument", "volume target must be a plain path (no '.', '..' or '//'): " + target);
+    return Error::make(Code::kInvalidArgument, "volume target must be a plain path (no '.', '..' or '//'): " + target);
   }
   std::string t = moat::normalizePath(target);
   for (const char* reserved : {"/", "/proc", "/dev", "/sys"}) {
     std::string r = reserved;
     if (t == r || (r != "/" && t.compare(0, r.size() + 1, r + "/") == 0)) {
-      return Error::make("invalid_argument", "volume target " + target + " is reserved");
+      return Error::make(Code::kInvalidArgument, "volume target " + target + " is reserved");
     }
   }
   return {};
@@ -195,7 +195,7 @@ namespace {
 // is set through a descriptor.
 Status writeFreshEnvironmentFiles(int upper, int lowerFd, const std::string& hostname, uid_t uid, gid_t gid) {
   MOAT_ASSIGN(bool made, os::makeDirAt(upper, "etc", 0755));
-  if (!made) return Error::make("conflict", "a new volume already holds etc");
+  if (!made) return Error::make(Code::kConflict, "a new volume already holds etc");
   MOAT_ASSIGN(UniqueFd etc, os::openAt(upper, "etc", O_PATH | O_DIRECTORY, os::kResolveStrict));
   MOAT_TRY(os::chownFd(etc.get(), uid, gid));
   for (const auto& [name, content] : {std::pair<std::string, std::string>{"hostname", hostname + "\n"},

@@ -28,7 +28,7 @@ Result<std::string> findTool(const std::string& name) {
     std::string path = std::string(dir) + "/" + name;
     if (::access(path.c_str(), X_OK) == 0) return path;
   }
-  return Error::make("missing_dependency", name + " not found: install btrfs-progs (make build does it for you)");
+  return Error::make(Code::kMissingDependency, name + " not found: install btrfs-progs (make build does it for you)");
 }
 
 Status runTool(const std::vector<std::string>& argv) {
@@ -48,7 +48,7 @@ Status runTool(const std::vector<std::string>& argv) {
     if (errno != EINTR) return Error::fromErrno("wait " + argv[0]);
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return Error::make("tool_failed", argv[0] + " failed (status " + std::to_string(status) + ")");
+    return Error::make(Code::kToolFailed, argv[0] + " failed (status " + std::to_string(status) + ")");
   }
   return {};
 }
@@ -155,13 +155,13 @@ Status StoragePool::destroyVolume(const std::string& name) {
 
 Status StoragePool::snapshotVolume(const std::string& volume, const std::string& snapshot) {
   MOAT_TRY(os::makeDir(root_ + "/snapshots", 0700));
-  if (!os::exists(volumePath(volume))) return Error::make("not_found", "no volume " + volume);
+  if (!os::exists(volumePath(volume))) return Error::make(Code::kNotFound, "no volume " + volume);
   return os::snapshotSubvolume(volumePath(volume), root_ + "/snapshots", snapshot, true);
 }
 
 Result<std::string> StoragePool::createVolumeFromSnapshot(const std::string& snapshot, const std::string& name,
                                                           uint64_t limitBytes) {
-  if (!os::exists(snapshotPath(snapshot))) return Error::make("not_found", "no snapshot " + snapshot);
+  if (!os::exists(snapshotPath(snapshot))) return Error::make(Code::kNotFound, "no snapshot " + snapshot);
   MOAT_TRY(os::snapshotSubvolume(snapshotPath(snapshot), root_ + "/envs", name, false));
   return limitNewVolume(name, limitBytes);
 }

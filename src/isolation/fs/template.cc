@@ -97,16 +97,16 @@ Result<Template> resolveTemplate(const std::string& spec, const std::string& sta
     return t;
   }
   if (spec.empty() || spec.find('/') == std::string::npos) {
-    return Error::make("invalid_argument",
+    return Error::make(Code::kInvalidArgument,
                        "unknown template '" + spec + "' (use 'host' or a root file system directory)");
   }
   MOAT_ASSIGN(t.lower, os::openHostPath(spec, "template directory"));
   MOAT_ASSIGN(struct stat st, os::statFd(t.lower.get()));
-  if (!S_ISDIR(st.st_mode)) return Error::make("invalid_argument", "template " + spec + " is not a directory");
+  if (!S_ISDIR(st.st_mode)) return Error::make(Code::kInvalidArgument, "template " + spec + " is not a directory");
   // Where it is, for the checks below: what was opened, not the name again.
   MOAT_ASSIGN(t.lowerDir, os::readLink("/proc/self/fd/" + std::to_string(t.lower.get())));
   if (t.lowerDir == "/") {
-    return Error::make("invalid_argument", "template / would show the whole host to the environment; use 'host'");
+    return Error::make(Code::kInvalidArgument, "template / would show the whole host to the environment; use 'host'");
   }
   // The state directory holds the master token, keys and every environment's
   // files: no template may show it, from above or from inside.
@@ -117,7 +117,7 @@ Result<Template> resolveTemplate(const std::string& spec, const std::string& sta
                               (outer == "/" || inner[outer.size()] == '/'));
   };
   if (within(s, t.lowerDir) || within(t.lowerDir, s)) {
-    return Error::make("invalid_argument", "template " + spec + " overlaps moat's state directory " + s);
+    return Error::make(Code::kInvalidArgument, "template " + spec + " overlaps moat's state directory " + s);
   }
   return t;
 }

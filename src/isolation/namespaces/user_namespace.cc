@@ -39,8 +39,8 @@ Result<IdMapLease> leaseIdMap(const std::string& lockDir, std::optional<uint32_t
     lease.lock = std::move(lock.value());
     return lease;
   }
-  return Error::make(
-      "exhausted", "every one of the " + std::to_string(kIdMapSlots) + " host id ranges is held by a live environment");
+  return Error::make(Code::kCapacity, "every one of the " + std::to_string(kIdMapSlots) +
+                                          " host id ranges is held by a live environment");
 }
 
 namespace {

@@ -25,7 +25,7 @@ constexpr ErrnoName kErrnos[] = {
     {"EPERM", EPERM}, {"ENOSYS", ENOSYS}, {"EACCES", EACCES}, {"EINVAL", EINVAL}, {"ENOTSUP", ENOTSUP}};
 
 Error lineError(int line, const std::string& what) {
-  return Error::make("invalid_policy", "seccomp policy line " + std::to_string(line) + ": " + what);
+  return Error::make(Code::kInvalidArgument, "seccomp policy line " + std::to_string(line) + ": " + what);
 }
 
 }  // namespace
@@ -112,7 +112,7 @@ Result<Policy> parsePolicy(const std::string& text) {
 
 Result<Program> compile(const Policy& policy) {
   scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
-  if (ctx == nullptr) return Error::make("internal", "seccomp_init failed");
+  if (ctx == nullptr) return Error::make(Code::kInternal, "seccomp_init failed");
   struct CtxGuard {
     scmp_filter_ctx c;
     ~CtxGuard() { seccomp_release(c); }
@@ -157,16 +157,16 @@ Result<Program> compile(const Policy& policy) {
                         : seccomp_rule_add_array(ctx, action, nr, static_cast<unsigned>(cmps.size()), cmps.data());
     }
     if (rc != 0) {
-      return Error{"invalid_policy", -rc,
+      return Error{Code::kInvalidArgument, -rc,
                    "seccomp rule for " + rule.syscall + " (line " + std::to_string(rule.line) + ")"};
     }
   }
   UniqueFd mem(::memfd_create("moat-seccomp", MFD_CLOEXEC));
   if (!mem) return Error::fromErrno("memfd_create");
   int rc = seccomp_export_bpf(ctx, mem.get());
-  if (rc != 0) return Error{"internal", -rc, "seccomp_export_bpf"};
+  if (rc != 0) return Error{Code::kInternal, -rc, "seccomp_export_bpf"};
   off_t size = ::lseek(mem.get(), 0, SEEK_END);
-  if (size <= 0 || size % sizeof(sock_filter) != 0) return Error::make("internal", "odd BPF size");
+  if (size <= 0 || size % sizeof(sock_filter) != 0) return Error::make(Code::kInternal, "odd BPF size");
   program.filter.resize(static_cast<size_t>(size) / sizeof(sock_filter));
   if (::pread(mem.get(), program.filter.data(), static_cast<size_t>(size), 0) != size) {
     return Error::fromErrno("read BPF");

@@ -36,16 +36,16 @@ namespace {
 // "insert environment abc: UNIQUE constraint failed: environments.id".
 Error sqliteError(::sqlite3* db, const std::string& what) {
   const int rc = sqlite3_extended_errcode(db);
-  std::string code = "store";
+  Code code = Code::kStore;
   if (rc == SQLITE_CONSTRAINT_PRIMARYKEY || rc == SQLITE_CONSTRAINT_UNIQUE) {
-    code = "conflict";
+    code = Code::kConflict;
   } else if (rc == SQLITE_CONSTRAINT_CHECK || rc == SQLITE_CONSTRAINT_NOTNULL) {
-    code = "invalid_argument";
+    code = Code::kInvalidArgument;
   }
   // Only an I/O failure has a meaningful errno behind it.
   const int primary = rc & 0xff;
   const int sysErrno = (primary == SQLITE_IOERR || primary == SQLITE_CANTOPEN) ? sqlite3_system_errno(db) : 0;
-  return Error{std::move(code), sysErrno, what + ": " + sqlite3_errmsg(db)};
+  return Error{code, sysErrno, what + ": " + sqlite3_errmsg(db)};
 }
 
 // Runs SQL that carries no outside values (pragmas, schema, BEGIN/COMMIT).
@@ -189,14 +189,14 @@ Result<int64_t> userVersion(::sqlite3* db, const std::string& path) {
   const std::string what = "read schema version of " + path;
   MOAT_ASSIGN(Statement stmt, Statement::prepare(db, "PRAGMA user_version", what));
   MOAT_ASSIGN(bool row, stmt.step());
-  if (!row) return Error::make("store", what + ": no result");
+  if (!row) return Error::make(Code::kStore, what + ": no result");
   return stmt.integer(0);
 }
 
 Status checkSupported(int64_t version, const std::string& path) {
   if (version >= 0 && version <= kSchemaVersion) return {};
-  return Error::make("unsupported", "database " + path + " has schema version " + std::to_string(version) +
-                                        ", this moatd knows versions 1 to " + std::to_string(kSchemaVersion));
+  return Error::make(Code::kUnsupported, "database " + path + " has schema version " + std::to_string(version) +
+                                             ", this moatd knows versions 1 to " + std::to_string(kSchemaVersion));
 }
 
 Status migrate(::sqlite3* db, const std::string& path) {
@@ -224,7 +224,7 @@ Result<std::string> encodeLabels(const std::map<std::string, std::string>& label
     return nlohmann::json(labels).dump();
   } catch (const nlohmann::json::exception& e) {
     // dump() throws on strings that are not UTF-8.
-    return Error::make("invalid_argument", what + ": labels: " + e.what());
+    return Error::make(Code::kInvalidArgument, what + ": labels: " + e.what());
   }
 }
 
@@ -233,9 +233,9 @@ Result<std::map<std::string, std::string>> decodeLabels(const std::string& text,
   if (text.empty()) return labels;
   const auto json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   const std::string corrupt = "environment " + id + ": stored labels are not a JSON object of strings";
-  if (!json.is_object()) return Error::make("store", corrupt);
+  if (!json.is_object()) return Error::make(Code::kStore, corrupt);
   for (const auto& [key, value] : json.items()) {
-    if (!value.is_string()) return Error::make("store", corrupt);
+    if (!value.is_string()) return Error::make(Code::kStore, corrupt);
     labels.emplace(key, value.get<std::string>());
   }
   return labels;
@@ -305,7 +305,7 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const std::string& path) 
       sqlite3_open_v2(path.c_str(), &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
   DbPtr db(raw);  // a handle comes back even on failure, to be closed
   if (rc != SQLITE_OK) {
-    if (!db) return Error::make("store", "open " + path + ": " + sqlite3_errstr(rc));
+    if (!db) return Error::make(Code::kStore, "open " + path + ": " + sqlite3_errstr(rc));
     return sqliteError(db.get(), "open " + path);
   }
 
@@ -322,7 +322,7 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const std::string& path) 
     // SQLite answers with the mode now in force; it keeps the old one when
     // the file system cannot do WAL.
     const std::string mode = row ? stmt.text(0) : "";
-    if (mode != "wal") return Error::make("store", what + ": journal mode is \"" + mode + "\"");
+    if (mode != "wal") return Error::make(Code::kStore, what + ": journal mode is \"" + mode + "\"");
   }
   MOAT_TRY(exec(db.get(), "PRAGMA synchronous = NORMAL", setUp));
   MOAT_TRY(exec(db.get(), "PRAGMA foreign_keys = ON", setUp));
@@ -413,7 +413,7 @@ Status SqliteStore::setState(const std::string& id, const std::string& state, co
   MOAT_TRY(stmt.bindAll(state, reason, id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) {
-    return Error::make("not_found", what + ": no such environment");
+    return Error::make(Code::kNotFound, what + ": no such environment");
   }
   return {};
 }
@@ -426,7 +426,7 @@ Status SqliteStore::setExpiry(const std::string& id, int64_t expiresAtMs) {
   MOAT_TRY(stmt.bindAll(expiresAtMs, id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) {
-    return Error::make("not_found", what + ": no such environment");
+    return Error::make(Code::kNotFound, what + ": no such environment");
   }
   return {};
 }
@@ -438,7 +438,7 @@ Status SqliteStore::setPermissions(const std::string& id, const std::string& per
               Statement::cached(statements_, db_.get(), "UPDATE environments SET permissions = ? WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(permissions, id));
   MOAT_TRY(stmt.run());
-  if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such environment");
+  if (sqlite3_changes(db_.get()) == 0) return Error::make(Code::kNotFound, what + ": no such environment");
   return {};
 }
 
@@ -450,7 +450,7 @@ Status SqliteStore::setNetwork(const std::string& id, const std::string& network
                                 "UPDATE environments SET network = ?, net_slot = ? WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(network, netSlot, id));
   MOAT_TRY(stmt.run());
-  if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such environment");
+  if (sqlite3_changes(db_.get()) == 0) return Error::make(Code::kNotFound, what + ": no such environment");
   return {};
 }
 
@@ -475,9 +475,10 @@ Result<ApiKeyRecord> readKey(const Statement& stmt) {
   key.name = stmt.text(1);
   key.tokenHash = stmt.text(2);
   auto scopes = nlohmann::json::parse(stmt.text(3), nullptr, false);
-  if (!scopes.is_array()) return Error::make("store", "api key " + key.id + ": stored scopes are not a JSON array");
+  if (!scopes.is_array())
+    return Error::make(Code::kStore, "api key " + key.id + ": stored scopes are not a JSON array");
   for (const auto& s : scopes) {
-    if (!s.is_string()) return Error::make("store", "api key " + key.id + ": a scope is not a string");
+    if (!s.is_string()) return Error::make(Code::kStore, "api key " + key.id + ": a scope is not a string");
     key.scopes.push_back(s.get<std::string>());
   }
   key.createdAtMs = stmt.integer(4);
@@ -535,7 +536,7 @@ Status SqliteStore::revokeKey(const std::string& id, int64_t atMs) {
                                 "UPDATE api_keys SET revoked_at_ms = ? WHERE id = ? AND revoked_at_ms = 0", what));
   MOAT_TRY(stmt.bindAll(atMs, id));
   MOAT_TRY(stmt.run());
-  if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such active key");
+  if (sqlite3_changes(db_.get()) == 0) return Error::make(Code::kNotFound, what + ": no such active key");
   return {};
 }
 
@@ -605,7 +606,7 @@ Status SqliteStore::setSnapshotState(const std::string& id, const std::string& s
                                                 "UPDATE snapshots SET state = ?, host_base = ? WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(state, static_cast<int64_t>(hostBase), id));
   MOAT_TRY(stmt.run());
-  if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such snapshot");
+  if (sqlite3_changes(db_.get()) == 0) return Error::make(Code::kNotFound, what + ": no such snapshot");
   return {};
 }
 
@@ -667,7 +668,7 @@ Status SqliteStore::updateApproval(const ApprovalRecord& a) {
   MOAT_TRY(stmt.bindAll(a.state, a.decidedBy, a.reason, a.decidedAtMs, static_cast<int64_t>(a.remember),
                         static_cast<int64_t>(a.used), a.id));
   MOAT_TRY(stmt.run());
-  if (sqlite3_changes(db_.get()) == 0) return Error::make("not_found", what + ": no such approval");
+  if (sqlite3_changes(db_.get()) == 0) return Error::make(Code::kNotFound, what + ": no such approval");
   return {};
 }
 
@@ -836,7 +837,7 @@ Result<uint64_t> SqliteStore::lastEventBefore(int64_t timeMs) {
     at.reset();
     MOAT_TRY(at.bindAll(id));
     MOAT_ASSIGN(bool found, at.step());
-    if (!found) return Error::make("store", what + ": no event at or after " + std::to_string(id));
+    if (!found) return Error::make(Code::kStore, what + ": no event at or after " + std::to_string(id));
     foundId = at.integer(0);
     foundTime = at.integer(1);
     return {};
