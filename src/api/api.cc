@@ -18,7 +18,7 @@ json environmentJson(const store::EnvironmentRecord& r) {
   json j = {{"id", r.id},
             {"task_id", r.taskId},
             {"template", r.templateName},
-            {"state", r.state},
+            {"state", store::stateName(r.state)},
             {"spec", {{"cpus", r.cpus}, {"ram_mb", r.ramMb}, {"storage_gb", r.storageGb}, {"pids", r.pids}}},
             {"created_at", timestamp(r.createdAtMs)},
             {"expires_at", timestamp(r.expiresAtMs)},
@@ -308,7 +308,11 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
         if (k == "task_id") {
           filter.taskId = v;
         } else if (k == "state") {
-          filter.state = v;
+          filter.state = store::environmentStateNamed(v);
+          if (!filter.state) {
+            return errorResponse(
+                invalid("state", "one of creating, running, destroying, gone, failed; not '" + v + "'"));
+          }
         } else if (k == "label") {
           auto eq = v.find('=');
           if (eq == std::string::npos) return errorResponse(invalid("label", "expected key=value"));

@@ -122,7 +122,7 @@ void Api::endOrphanedMcpEnvironments() {
   auto orphans = manager_.list(filter);
   if (!orphans.ok()) return;
   for (const auto& e : orphans.value()) {
-    if (e.state != "running") continue;
+    if (e.state != store::EnvironmentState::kRunning) continue;
     (void)manager_.destroy(e.id, "its MCP session ended with the moatd that held it", "moatd");
   }
 }

@@ -184,23 +184,25 @@ Status EnvironmentManager::recoverAfterRestart() {
   // is not known, so both are relinked.
   std::map<int64_t, int> named;
   for (const auto& r : live) {
-    if (r.netSlot >= 0 && r.state != "destroying" && running.count(r.id)) ++named[r.netSlot];
+    if (r.netSlot >= 0 && r.state != EnvironmentState::kDestroying && running.count(r.id)) ++named[r.netSlot];
   }
   for (const auto& r : live) {
     recorded.insert(r.id);
-    if (!running.count(r.id) || r.state == "destroying") {
+    if (!running.count(r.id) || r.state == EnvironmentState::kDestroying) {
       if (running.count(r.id)) (void)backend_.destroy(r.id);
-      const std::string state = r.state == "destroying" ? "gone" : "failed";
-      const std::string reason = r.state == "destroying" ? r.reason : "moatd restarted and the environment was gone";
+      const EnvironmentState state =
+          r.state == EnvironmentState::kDestroying ? EnvironmentState::kGone : EnvironmentState::kFailed;
+      const std::string reason =
+          r.state == EnvironmentState::kDestroying ? r.reason : "moatd restarted and the environment was gone";
       (void)store_.setState(r.id, state, reason);
-      audit_.record("environment.destroyed", r.id, "moatd", {{"reason", reason}, {"state", state}});
+      audit_.record("environment.destroyed", r.id, "moatd", {{"reason", reason}, {"state", stateName(state)}});
       continue;
     }
     auto control = backend_.attach(r.id);
     if (!control.ok()) {
       (void)backend_.destroy(r.id);
       const std::string reason = "re-attach after a moatd restart failed: " + control.error().message();
-      (void)store_.setState(r.id, "failed", reason);
+      (void)store_.setState(r.id, EnvironmentState::kFailed, reason);
       audit_.record("environment.destroyed", r.id, "moatd", {{"reason", reason}, {"state", "failed"}});
       continue;
     }
@@ -212,7 +214,7 @@ Status EnvironmentManager::recoverAfterRestart() {
       nextExpiryMs_ = std::min(nextExpiryMs_, r.expiresAtMs);
       reservedMemoryMb_ += r.ramMb;
     }
-    if (r.state != "running") (void)store_.setState(id, "running", "");
+    if (r.state != EnvironmentState::kRunning) (void)store_.setState(id, EnvironmentState::kRunning, "");
     bool wantsLink = false;
     if (!r.network.empty()) {
       auto stored = egress::Policy::parse(nlohmann::json::parse(r.network, nullptr, false));
@@ -390,7 +392,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     if (request.storageGb <= 0) record.storageGb = snap.storageGb;
     from = std::move(snap);
   }
-  record.state = "creating";
+  record.state = EnvironmentState::kCreating;
   record.createdAtMs = nowMs();
   int64_t ttl = request.ttlS > 0 ? request.ttlS : config_.defaultTtlS;
   record.expiresAtMs = record.createdAtMs + ttl * 1000;
@@ -404,7 +406,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
       lastClaimMs_ = nowMs();
       lock.unlock();
       record.id = ready.id;
-      record.state = "running";
+      record.state = EnvironmentState::kRunning;
       // A DELETE of the id (seen in a listing) waits until it is live.
       auto held = exclusive(record.id);
       Status stored = store_.insertEnvironment(record);
@@ -477,7 +479,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     // descriptor lost at moatd's limit): nothing of it may stay running.
     (void)backend_.destroy(record.id);
     release(false);
-    (void)store_.setState(record.id, "failed", created.error().message());
+    (void)store_.setState(record.id, EnvironmentState::kFailed, created.error().message());
     nlohmann::json data = createdData(record, false);
     data["error"] = created.error().message();
     audit_.record("environment.failed", record.id, record.owner, std::move(data));
@@ -497,7 +499,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     // A DELETE came while the backend was creating it: honour it now.
     (void)backend_.destroy(id);
     release(false);
-    (void)store_.setState(id, "gone", "destroyed");
+    (void)store_.setState(id, EnvironmentState::kGone, "destroyed");
     audit_.record("environment.created", id, record.owner, createdData(record, false));
     audit_.record("environment.destroyed", id, destroyedBy, {{"reason", "destroyed"}, {"state", "gone"}});
     return Error::make(Code::kConflict, "environment " + id + " was destroyed while being created");
@@ -510,8 +512,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     live_[id] = makeLive(connection, record);
     nextExpiryMs_ = std::min(nextExpiryMs_, record.expiresAtMs);
   }
-  record.state = "running";
-  (void)store_.setState(id, "running", "");
+  record.state = EnvironmentState::kRunning;
+  (void)store_.setState(id, EnvironmentState::kRunning, "");
   held.run();
   traceStage("moatd: running stored");
   nlohmann::json createdEvent = createdData(record, false);
@@ -722,7 +724,7 @@ Result<EnvironmentManager::Live> EnvironmentManager::liveOf(const std::string& i
     if (it != live_.end()) return it->second;
   }
   MOAT_ASSIGN(auto record, get(id));
-  return Error::make(Code::kConflict, "environment " + id + " is " + record.state +
+  return Error::make(Code::kConflict, "environment " + id + " is " + stateName(record.state) +
                                           (record.reason.empty() ? "" : " (" + record.reason + ")"));
 }
 
@@ -1048,7 +1050,7 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   if (!here) {
     // Not running here: known (gone, failed: done already) or not at all.
     MOAT_ASSIGN(auto record, get(id));
-    if (record.state == "gone" || record.state == "failed") {
+    if (record.state == EnvironmentState::kGone || record.state == EnvironmentState::kFailed) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!live_.count(id)) return {};
     }
@@ -1059,7 +1061,7 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
     if (creatingIds_.count(id)) {
       // The backend is still creating it; create() destroys it when done.
       destroyRequested_.emplace(id, actor);
-      (void)store_.setState(id, "destroying", reason);
+      (void)store_.setState(id, EnvironmentState::kDestroying, reason);
       return {};
     }
     auto it = live_.find(id);
@@ -1075,7 +1077,7 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   if (endedHook_) endedHook_(id, endReason(reason));
   // Stored before its link's slot is freed: a moatd killed after another
   // environment took the slot must not find two records naming it.
-  (void)store_.setState(id, "destroying", reason);
+  (void)store_.setState(id, EnvironmentState::kDestroying, reason);
   if (egress_) egress_->forget(id);  // its link goes with its namespace
   traceStage("moatd: destroying stored");
   Status s = backend_.destroy(id);
@@ -1083,7 +1085,7 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   live.connection.reset();  // joins its reader: moat-init is gone by now
   // A failed destroy stays "destroying": the next moatd start finishes it.
   if (s.ok()) {
-    (void)store_.setState(id, failed ? "failed" : "gone", reason);
+    (void)store_.setState(id, failed ? EnvironmentState::kFailed : EnvironmentState::kGone, reason);
     traceStage("moatd: gone stored");
   }
   nlohmann::json data = {{"reason", reason}, {"state", failed ? "failed" : "gone"}};
@@ -1159,7 +1161,7 @@ void EnvironmentManager::reaperLoop() {
         if (it != live_.end() && it->second.connection && !it->second.connection->closed()) continue;
       }
       auto record = store_.getEnvironment(id);
-      if (record.ok() && record.value() && record.value()->state == "running") {
+      if (record.ok() && record.value() && record.value()->state == EnvironmentState::kRunning) {
         (void)destroy(id, "failed: pid 1 of the environment exited");
       }
     }
@@ -1187,9 +1189,9 @@ Counters EnvironmentManager::counters() {
       c.warmPools.push_back({config_.warmPools[i], 0, poolClaims_[i]});
     for (const auto& r : pool_) ++c.warmPools[r.pool].ready;
   }
-  auto all = store_.listEnvironments({"", "", {}, ""});
+  auto all = store_.listEnvironments(store::EnvironmentFilter{});  // every state but gone
   if (all.ok()) {
-    for (const auto& r : all.value()) ++c.byState[r.state];
+    for (const auto& r : all.value()) ++c.byState[stateName(r.state)];
   }
   return c;
 }

@@ -27,6 +27,9 @@
 
 namespace moat::manager {
 
+using store::EnvironmentState;
+using store::stateName;
+
 // One warm pool: `size` environments of this template and spec kept ready.
 // A 0 resource is the default spec's.
 struct WarmPool {

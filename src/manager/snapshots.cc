@@ -197,8 +197,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = live_.find(id);
     if (it == live_.end()) {
-      return Error::make(Code::kConflict,
-                         "environment " + id + " is " + record.state + ": only a running one can be restored");
+      return Error::make(Code::kConflict, "environment " + id + " is " + stateName(record.state) +
+                                              ": only a running one can be restored");
     }
     old = it->second;
   }
@@ -225,7 +225,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
     }
     std::string reason = "failed: restoring snapshot " + snap.id + ": " + created.error().message();
     (void)backend_.destroy(id);
-    (void)store_.setState(id, "failed", reason);
+    (void)store_.setState(id, EnvironmentState::kFailed, reason);
     if (endedHook_) endedHook_(id, reason);
     audit_.record("environment.destroyed", id, actor, {{"reason", reason}, {"state", "failed"}});
     return created.error();

@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/result.h"
@@ -13,6 +14,34 @@
 // approvals later. SQLite by default (one file in the state directory),
 // PostgreSQL in cluster mode later, behind this one interface.
 namespace moat::store {
+
+// An environment's life: creating -> running -> destroying -> gone, or
+// failed from any of them. Stored, listed and shown by name.
+enum class EnvironmentState : uint8_t { kCreating, kRunning, kDestroying, kGone, kFailed };
+
+constexpr const char* stateName(EnvironmentState state) {
+  switch (state) {
+    case EnvironmentState::kCreating:
+      return "creating";
+    case EnvironmentState::kRunning:
+      return "running";
+    case EnvironmentState::kDestroying:
+      return "destroying";
+    case EnvironmentState::kGone:
+      return "gone";
+    case EnvironmentState::kFailed:
+      return "failed";
+  }
+  return "failed";
+}
+
+inline std::optional<EnvironmentState> environmentStateNamed(std::string_view name) {
+  for (auto s : {EnvironmentState::kCreating, EnvironmentState::kRunning, EnvironmentState::kDestroying,
+                 EnvironmentState::kGone, EnvironmentState::kFailed}) {
+    if (name == stateName(s)) return s;
+  }
+  return std::nullopt;
+}
 
 struct EnvironmentRecord {
   std::string id;      // 12 hex digits
@@ -23,7 +52,7 @@ struct EnvironmentRecord {
   double storageGb = 0;
   uint64_t pids = 0;
   std::map<std::string, std::string> labels;
-  std::string state;        // creating | running | destroying | gone | failed
+  EnvironmentState state = EnvironmentState::kCreating;
   std::string reason;       // why it is gone or failed ("destroyed", "expired", ...)
   int64_t createdAtMs = 0;  // unix time, milliseconds
   int64_t expiresAtMs = 0;
@@ -107,7 +136,7 @@ struct SnapshotRecord {
 
 struct EnvironmentFilter {
   std::string taskId;                         // empty: any
-  std::string state;                          // empty: any state but "gone"
+  std::optional<EnvironmentState> state;      // none: any state but gone
   std::map<std::string, std::string> labels;  // all must match
   std::string owner;                          // empty: any
 };
@@ -121,7 +150,7 @@ class Store {
   // Newest first.
   virtual Result<std::vector<EnvironmentRecord>> listEnvironments(const EnvironmentFilter& filter) = 0;
   // Error code "not_found" for an unknown id.
-  virtual Status setState(const std::string& id, const std::string& state, const std::string& reason) = 0;
+  virtual Status setState(const std::string& id, EnvironmentState state, const std::string& reason) = 0;
   virtual Status setExpiry(const std::string& id, int64_t expiresAtMs) = 0;
   // Records in a state other than gone and failed (what a restart must look at).
   virtual Result<std::vector<EnvironmentRecord>> liveEnvironments() = 0;

@@ -1140,6 +1140,7 @@ def run_exchanges(c):
     c.call("GET", "/v1/environments?task_id=conf-a", status=200, check=ids(a))
     c.call("GET", "/v1/environments?state=running", status=200, check=ids(a, b))
     c.call("GET", "/v1/environments?label=team", status=400, code="invalid_request", field="label")
+    c.call("GET", "/v1/environments?state=sleeping", status=400, code="invalid_request", field="state")
     c.call("GET", "/v1/environments?colour=red", status=400, code="unknown_field", field="colour")
 
     # Exec.

@@ -507,7 +507,7 @@ TEST_F(AuditLog, WaitersWakeOnNewEventsAndOnInterrupt) {
 TEST_F(AuditLog, ReadFiltersByEnvironmentTypeAndOwner) {
   store::EnvironmentRecord mine;
   mine.id = "aaaaaaaaaaaa";
-  mine.state = "running";
+  mine.state = store::EnvironmentState::kRunning;
   mine.owner = "key1";
   ASSERT_TRUE(store_->insertEnvironment(mine).ok());
   open();

@@ -87,7 +87,7 @@ class ManagerTest : public ::testing::Test {
 
   std::string state(EnvironmentManager& m, const std::string& id) {
     auto r = m.get(id);
-    return r.ok() ? r->state : "error: " + r.error().message();
+    return r.ok() ? std::string(stateName(r->state)) : "error: " + r.error().message();
   }
 
   std::string dir_;
@@ -101,7 +101,7 @@ TEST_F(ManagerTest, CreateRunsAnEnvironmentInTheBackendAndDestroyEndsIt) {
   auto created = m->create(CreateRequest{});
   ASSERT_TRUE(created.ok()) << created.error().message();
   const std::string id = created->id;
-  EXPECT_EQ(created->state, "running");
+  EXPECT_EQ(created->state, store::EnvironmentState::kRunning);
   auto creates = backend_.calls("create");
   ASSERT_EQ(creates.size(), 1u);
   EXPECT_EQ(creates[0].spec.id, id);

@@ -1,12 +1,13 @@
 // Error codes: one list, stable names that survive a trip through the
 // spawner's wire, and one HTTP status each.
+#include "common/error_code.h"
+
 #include <gtest/gtest.h>
 
 #include <set>
 #include <string>
 
 #include "api/validation.h"
-#include "common/error_code.h"
 
 namespace moat {
 namespace {

@@ -258,7 +258,10 @@ Result<EnvironmentRecord> readEnvironment(const Statement& stmt) {
   record.pids = static_cast<uint64_t>(stmt.integer(6));
   MOAT_ASSIGN(record.labels, decodeLabels(stmt.text(7), record.id));
   MOAT_ASSIGN(record.env, decodeLabels(stmt.text(13), record.id));
-  record.state = stmt.text(8);
+  auto state = environmentStateNamed(stmt.text(8));
+  if (!state)
+    return Error::make(Code::kCorrupt, "environment " + record.id + " has no known state ('" + stmt.text(8) + "')");
+  record.state = *state;
   record.reason = stmt.text(9);
   record.createdAtMs = stmt.integer(10);
   record.expiresAtMs = stmt.integer(11);
@@ -345,9 +348,9 @@ Status SqliteStore::insertEnvironment(const EnvironmentRecord& record) {
   // The unsigned counts are stored as their 64-bit pattern and read back the
   // same way, so every value round-trips.
   MOAT_TRY(stmt.bindAll(record.id, record.taskId, record.templateName, record.cpus, static_cast<int64_t>(record.ramMb),
-                        record.storageGb, static_cast<int64_t>(record.pids), labels, record.state, record.reason,
-                        record.createdAtMs, record.expiresAtMs, record.owner, env, record.permissions, record.network,
-                        record.secrets, record.netSlot));
+                        record.storageGb, static_cast<int64_t>(record.pids), labels,
+                        std::string(stateName(record.state)), record.reason, record.createdAtMs, record.expiresAtMs,
+                        record.owner, env, record.permissions, record.network, record.secrets, record.netSlot));
   return stmt.run();
 }
 
@@ -378,11 +381,11 @@ Result<std::vector<EnvironmentRecord>> SqliteStore::listEnvironments(const Envir
     condition("task_id = ?");
     values.push_back(filter.taskId);
   }
-  if (filter.state.empty()) {
+  if (!filter.state) {
     condition("state != 'gone'");
   } else {
     condition("state = ?");
-    values.push_back(filter.state);
+    values.push_back(stateName(*filter.state));
   }
   if (!filter.owner.empty()) {
     condition("owner = ?");
@@ -405,12 +408,12 @@ Result<std::vector<EnvironmentRecord>> SqliteStore::listEnvironments(const Envir
   return records;
 }
 
-Status SqliteStore::setState(const std::string& id, const std::string& state, const std::string& reason) {
-  const std::string what = "set state of environment " + id + " to " + state;
+Status SqliteStore::setState(const std::string& id, EnvironmentState state, const std::string& reason) {
+  const std::string what = "set state of environment " + id + " to " + stateName(state);
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
                                                 "UPDATE environments SET state = ?, reason = ? WHERE id = ?", what));
-  MOAT_TRY(stmt.bindAll(state, reason, id));
+  MOAT_TRY(stmt.bindAll(std::string(stateName(state)), reason, id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) {
     return Error::make(Code::kNotFound, what + ": no such environment");

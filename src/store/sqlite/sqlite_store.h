@@ -36,7 +36,7 @@ class SqliteStore final : public Store {
   Status insertEnvironment(const EnvironmentRecord& record) override;
   Result<std::optional<EnvironmentRecord>> getEnvironment(const std::string& id) override;
   Result<std::vector<EnvironmentRecord>> listEnvironments(const EnvironmentFilter& filter) override;
-  Status setState(const std::string& id, const std::string& state, const std::string& reason) override;
+  Status setState(const std::string& id, EnvironmentState state, const std::string& reason) override;
   Status setExpiry(const std::string& id, int64_t expiresAtMs) override;
   Result<std::vector<EnvironmentRecord>> liveEnvironments() override;
   Status insertKey(const ApiKeyRecord& key) override;
