@@ -9,7 +9,7 @@
 // names another; "$KEY" stands for a scoped key's token), over a real
 // environment manager and an SQLite store in a temporary directory, with no
 // environments and room for none: every validation runs and nothing is
-// started (no spawner, no namespaces). Routes that wait or keep state
+// started (a backend that makes nothing, no namespaces). Routes that wait or keep state
 // across requests (/mcp sessions, /v1/events, approval watches, /v1/keys)
 // are left to other tests. The pure helpers of src/api/validation.h are also
 // run on the body, with their promises checked.
@@ -22,6 +22,7 @@
 
 #include "api/api.h"
 #include "api/validation.h"
+#include "backend/backend.h"
 #include "store/sqlite/sqlite_store.h"
 
 using namespace moat;
@@ -36,12 +37,24 @@ namespace {
 
 const std::string kMaster = "fuzz-master-token";
 
+// No environment can be made here: with maxEnvironments 0 a create stops at
+// capacity before the backend, and every other call finds no environment.
+// A call that reaches it anyway is a finding.
+class NoBackend final : public backend::Backend {
+ public:
+  Result<Created> create(const backend::Spec&) override { fail("backend create reached"); }
+  Status destroy(const std::string&) override { return {}; }
+  Result<UniqueFd> attach(const std::string& id) override { return Error::make(Code::kNotFound, id); }
+  Result<std::vector<std::string>> list() override { return std::vector<std::string>{}; }
+  Result<UniqueFd> networkNamespace(const std::string& id) override { return Error::make(Code::kNotFound, id); }
+  Result<uint32_t> snapshot(const std::string&, const std::string&) override { fail("backend snapshot reached"); }
+  Status deleteSnapshot(const std::string&) override { return {}; }
+  Result<std::vector<std::string>> snapshots() override { return std::vector<std::string>{}; }
+};
+
 struct Daemon {
   std::unique_ptr<store::sqlite::SqliteStore> store;
-  // The manager holds a Spawner& it never uses here: with maxEnvironments 0
-  // a create stops at capacity and every other call finds no environment.
-  // Raw storage stands in; nothing reads it.
-  alignas(backend::namespaces::Spawner) unsigned char spawner[sizeof(backend::namespaces::Spawner)] = {};
+  NoBackend backend;
   std::unique_ptr<manager::EnvironmentManager> manager;
   std::unique_ptr<Keys> keys;
   std::unique_ptr<gate::ApprovalCenter> approvals;
@@ -67,8 +80,7 @@ Daemon* daemon() {
     config.stateDir = dir;
     config.maxEnvironments = 0;
     config.maxTotalMemoryMb = 1 << 20;
-    d->manager = std::make_unique<manager::EnvironmentManager>(
-        config, *d->store, *reinterpret_cast<backend::namespaces::Spawner*>(d->spawner));
+    d->manager = std::make_unique<manager::EnvironmentManager>(config, *d->store, d->backend);
     d->keys = std::make_unique<Keys>(*d->store);
     d->approvals = std::make_unique<gate::ApprovalCenter>(*d->store);
     ApiOptions options;

@@ -309,7 +309,7 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
           filter.taskId = v;
         } else if (k == "state") {
           filter.state = store::environmentStateNamed(v);
-          if (!filter.state) {
+          if (!filter.state && !v.empty()) {  // empty: no filter, as without it
             return errorResponse(
                 invalid("state", "one of creating, running, destroying, gone, failed; not '" + v + "'"));
           }

@@ -62,9 +62,36 @@ int httpStatus(Code code) {
       return 503;
     case Code::kTimeout:
       return 504;
-    default:
-      return 500;  // moatd's own failure: the code names it
+    // moatd's own failures (or its host's): 500, the code names it. Every
+    // code is listed, so a new one does not compile until it is placed.
+    case Code::kSyscall:
+    case Code::kUsage:
+    case Code::kTooLarge:
+    case Code::kMissingDependency:
+    case Code::kUnauthorized:
+    case Code::kNoToken:
+    case Code::kRefused:
+    case Code::kUnreachable:
+    case Code::kInsecure:
+    case Code::kUntrustedPath:
+    case Code::kBusy:
+    case Code::kCorrupt:
+    case Code::kNotNetns:
+    case Code::kEnvironmentFailed:
+    case Code::kResource:
+    case Code::kExec:
+    case Code::kProtocol:
+    case Code::kEof:
+    case Code::kTls:
+    case Code::kStore:
+    case Code::kIo:
+    case Code::kApi:
+    case Code::kToolFailed:
+    case Code::kFailed:
+    case Code::kInternal:
+      return 500;
   }
+  return 500;
 }
 
 ApiError fromError(const Error& e) { return {httpStatus(e.code), codeName(e.code), e.message(), ""}; }

@@ -247,6 +247,13 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
 void EnvironmentManager::recoverSnapshots() {
   auto all = store_.listSnapshots("", "");
   if (!all.ok()) return;
+  // What the backend keeps: when it cannot say (its storage cannot be
+  // reached now), every record stays as it is for the next start.
+  auto present = backend_.snapshots();
+  if (!present.ok()) {
+    std::fprintf(stderr, "moatd: snapshots are not recovered this time: %s\n", present.error().message().c_str());
+    return;
+  }
   std::set<std::string> kept;
   for (const auto& snap : all.value()) {
     if (snap.state == "ready") {
@@ -255,7 +262,13 @@ void EnvironmentManager::recoverSnapshots() {
     }
     // Begun by a moatd that was killed before it finished: rolled back
     // (a deletion is finished; a fork's snapshot was never announced).
-    (void)backend_.deleteSnapshot(snap.id);
+    // A volume that cannot be removed keeps its record (and is not
+    // swept below): the next start tries again.
+    if (Status s = backend_.deleteSnapshot(snap.id); !s.ok()) {
+      std::fprintf(stderr, "moatd: rolling back snapshot %s: %s\n", snap.id.c_str(), s.error().message().c_str());
+      kept.insert(snap.id);
+      continue;
+    }
     (void)store_.deleteSnapshot(snap.id);
     if (snap.state == "deleting") {
       audit_.record("snapshot.deleted", snap.environment, "moatd",
@@ -265,8 +278,6 @@ void EnvironmentManager::recoverSnapshots() {
                     {{"snapshot", snap.id}, {"reason", "moatd stopped while the snapshot was being taken"}});
     }
   }
-  auto present = backend_.snapshots();
-  if (!present.ok()) return;
   for (const auto& name : present.value()) {
     if (kept.count(name)) continue;
     Status s = backend_.deleteSnapshot(name);

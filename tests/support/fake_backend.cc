@@ -73,12 +73,26 @@ Result<backend::Backend::Created> FakeBackend::create(const backend::Spec& spec)
   const bool asRoot = ::geteuid() == 0;
   const std::string uidMap = "0 " + std::to_string(::geteuid()) + " 1";
   const std::string gidMap = "0 " + std::to_string(::getegid()) + " 1";
+  int status[2];
+  if (::pipe2(status, O_CLOEXEC) != 0) return Error::fromErrno("pipe");
   pid_t pid = ::fork();
   if (pid < 0) return Error::fromErrno("fork");
   if (pid == 0) {
-    // Above every descriptor the fixed numbers could collide with.
-    int c = ::fcntl(theirs.get(), F_DUPFD, 10), r = ::fcntl(rendezvousTheirs.get(), F_DUPFD, 10);
-    if (c < 0 || r < 0 || ::dup2(c, kControlFd) < 0 || ::dup2(r, kRendezvousFd) < 0) ::_exit(120);
+    // Above every descriptor the fixed numbers could collide with, before
+    // any of them is taken.
+    int st = ::fcntl(status[1], F_DUPFD_CLOEXEC, 10);
+    int c = ::fcntl(theirs.get(), F_DUPFD_CLOEXEC, 10), r = ::fcntl(rendezvousTheirs.get(), F_DUPFD_CLOEXEC, 10);
+    auto die = [st](int code) {
+      char byte = static_cast<char>(code);
+      if (st >= 0) (void)!::write(st, &byte, 1);
+      ::_exit(code);
+    };
+    if (st < 0 || c < 0 || r < 0 || ::dup2(c, kControlFd) < 0 || ::dup2(r, kRendezvousFd) < 0) die(120);
+    // Nothing else of the test process reaches moat-init (the status pipe
+    // is close-on-exec: its closing says the exec happened).
+    for (int fd = kRendezvousFd + 1; fd < 1024; ++fd) {
+      if (fd != st) ::close(fd);
+    }
     if (!asRoot) {
       auto put = [](const char* path, const std::string& text) {
         int fd = ::open(path, O_WRONLY | O_CLOEXEC);
@@ -88,15 +102,24 @@ Result<backend::Backend::Created> FakeBackend::create(const backend::Spec& spec)
       };
       if (::unshare(CLONE_NEWUSER) != 0 || !put("/proc/self/setgroups", "deny") || !put("/proc/self/uid_map", uidMap) ||
           !put("/proc/self/gid_map", gidMap)) {
-        ::_exit(122);
+        die(122);
       }
     }
     // The exec gate's filter needs it without root, as in an environment.
     ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     const char* argv[] = {"moat-init", "--control-fd", "3", "--rendezvous-fd", "4", nullptr};
     ::execv(bin.c_str(), const_cast<char* const*>(argv));
-    ::_exit(121);
+    die(121);
+  }
+  ::close(status[1]);
+  // A byte: the child could not exec moat-init (its exit code says where).
+  char failed = 0;
+  ssize_t got = ::read(status[0], &failed, 1);
+  ::close(status[0]);
+  if (got > 0) {
+    ::waitpid(pid, nullptr, 0);
+    return Error::make(Code::kEnvironmentFailed,
+                       "the fake could not start moat-init (step " + std::to_string(static_cast<int>(failed)) + ")");
   }
   Env env;
   env.pid = pid;
@@ -155,6 +178,7 @@ Result<uint32_t> FakeBackend::snapshot(const std::string& id, const std::string&
 Status FakeBackend::deleteSnapshot(const std::string& name) {
   record("deleteSnapshot", name);
   std::lock_guard<std::mutex> lock(mutex_);
+  if (failSnapshotDeletes_) return Error::make(Code::kIo, "the fake's storage cannot be reached");
   snapshots_.erase(name);
   return {};
 }
@@ -191,6 +215,16 @@ bool FakeBackend::keepsSnapshot(const std::string& name) {
 void FakeBackend::failNextCreate(Code code, const std::string& message) {
   std::lock_guard<std::mutex> lock(mutex_);
   failCreate_ = Error::make(code, message);
+}
+
+void FakeBackend::failSnapshotDeletes(bool fail) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  failSnapshotDeletes_ = fail;
+}
+
+void FakeBackend::holdSnapshot(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  snapshots_.insert(name);
 }
 
 void FakeBackend::vanish(const std::string& id) {

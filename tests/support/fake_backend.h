@@ -45,6 +45,11 @@ class FakeBackend final : public backend::Backend {
   bool keepsSnapshot(const std::string& name);
   // The next create fails with this error (and makes nothing).
   void failNextCreate(Code code, const std::string& message);
+  // deleteSnapshot fails (as storage that cannot be reached would) while set.
+  void failSnapshotDeletes(bool fail);
+  // A snapshot volume the backend holds without a snapshot() call (left by
+  // a moatd killed while taking or deleting it).
+  void holdSnapshot(const std::string& name);
   // Ends the environment's moat-init without being asked (moatd sees its
   // pid 1 go; list() no longer names it).
   void vanish(const std::string& id);
@@ -62,6 +67,7 @@ class FakeBackend final : public backend::Backend {
   std::map<std::string, Env> envs_;
   std::set<std::string> snapshots_;
   std::optional<Error> failCreate_;
+  bool failSnapshotDeletes_ = false;
 };
 
 }  // namespace moat::test

@@ -28,9 +28,10 @@ Status NamespacesBackend::deleteSnapshot(const std::string& name) {
 }
 
 Result<std::vector<std::string>> NamespacesBackend::snapshots() {
-  // No snapshot was ever taken: no reason to set up the storage pool before
-  // the first environment needs it.
-  if (!os::exists(stateDir_ + "/storage/snapshots")) return std::vector<std::string>{};
+  // No storage pool yet: nothing can be kept, and no reason to make one
+  // before the first environment needs it. One that exists is opened
+  // (mounted again after a reboot) to be listed.
+  if (!os::exists(stateDir_ + "/storage.img")) return std::vector<std::string>{};
   MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
   return pool.snapshots();
 }

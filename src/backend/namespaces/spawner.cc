@@ -339,6 +339,8 @@ Result<std::string> Spawner::call(const std::string& request, UniqueFd* received
   e.code = codeFromName(code).value_or(Code::kInternal);
   MOAT_ASSIGN(e.sysErrno, d.i32());
   MOAT_ASSIGN(e.context, d.bytes());
+  // A code this moatd does not know (a spawner of another version): kept in the message.
+  if (!codeFromName(code)) e.context += " (spawner's code " + code + ")";
   return e;
 }
 
