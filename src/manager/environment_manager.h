@@ -28,6 +28,7 @@
 namespace moat::manager {
 
 using store::EnvironmentState;
+using store::SnapshotState;
 using store::stateName;
 
 // One warm pool: `size` environments of this template and spec kept ready.

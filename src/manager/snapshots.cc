@@ -45,7 +45,7 @@ Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string
   snap.templateName = record.templateName;
   snap.storageGb = record.storageGb;
   snap.name = name;
-  snap.state = "creating";
+  snap.state = SnapshotState::kCreating;
   snap.createdAtMs = nowMs();
   // Recorded first: a moatd killed before the snapshot is finished leaves a
   // record the next one finds and rolls back (recoverSnapshots).
@@ -56,7 +56,7 @@ Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string
     return base.error();
   }
   snap.hostBase = base.value();
-  snap.state = transient ? "transient" : "ready";
+  snap.state = transient ? SnapshotState::kTransient : SnapshotState::kReady;
   Status stored = store_.setSnapshotState(snap.id, snap.state, snap.hostBase);
   if (!stored.ok()) {
     (void)backend_.deleteSnapshot(snap.id);
@@ -105,8 +105,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::fork(const std::string& id,
 Result<store::SnapshotRecord> EnvironmentManager::usableSnapshot(const std::string& snapshotId,
                                                                  const std::string& forkOf) {
   MOAT_ASSIGN(auto snap, store_.getSnapshot(snapshotId));
-  bool usable = snap && (snap->state == "ready" ||
-                         (snap->state == "transient" && !forkOf.empty() && snap->environment == forkOf));
+  bool usable = snap && (snap->state == SnapshotState::kReady ||
+                         (snap->state == SnapshotState::kTransient && !forkOf.empty() && snap->environment == forkOf));
   if (!usable) return Error::make(Code::kNotFound, "no snapshot " + snapshotId);
   return snap.value();
 }
@@ -114,7 +114,7 @@ Result<store::SnapshotRecord> EnvironmentManager::usableSnapshot(const std::stri
 Result<std::vector<store::SnapshotRecord>> EnvironmentManager::snapshots(const std::string& owner,
                                                                          const std::string& environment) {
   MOAT_ASSIGN(auto all, store_.listSnapshots(owner, environment));
-  std::erase_if(all, [](const store::SnapshotRecord& s) { return s.state != "ready"; });
+  std::erase_if(all, [](const store::SnapshotRecord& s) { return s.state != SnapshotState::kReady; });
   return all;
 }
 
@@ -152,9 +152,9 @@ Status EnvironmentManager::deleteSnapshot(const std::string& snapshotId, const s
   MOAT_ASSIGN(auto snap, getSnapshot(snapshotId));
   // Marked first: a moatd killed after the volume went and before the
   // record did would otherwise list a snapshot that is not there.
-  MOAT_TRY(store_.setSnapshotState(snap.id, "deleting", snap.hostBase));
+  MOAT_TRY(store_.setSnapshotState(snap.id, SnapshotState::kDeleting, snap.hostBase));
   if (Status s = backend_.deleteSnapshot(snap.id); !s.ok()) {
-    (void)store_.setSnapshotState(snap.id, "ready", snap.hostBase);
+    (void)store_.setSnapshotState(snap.id, SnapshotState::kReady, snap.hostBase);
     return s.error();
   }
   MOAT_TRY(store_.deleteSnapshot(snap.id));
@@ -256,7 +256,7 @@ void EnvironmentManager::recoverSnapshots() {
   }
   std::set<std::string> kept;
   for (const auto& snap : all.value()) {
-    if (snap.state == "ready") {
+    if (snap.state == SnapshotState::kReady) {
       kept.insert(snap.id);
       continue;
     }
@@ -270,10 +270,10 @@ void EnvironmentManager::recoverSnapshots() {
       continue;
     }
     (void)store_.deleteSnapshot(snap.id);
-    if (snap.state == "deleting") {
+    if (snap.state == SnapshotState::kDeleting) {
       audit_.record("snapshot.deleted", snap.environment, "moatd",
                     {{"snapshot", snap.id}, {"name", snap.name}, {"reason", "moatd stopped while deleting it"}});
-    } else if (snap.state != "transient") {
+    } else if (snap.state != SnapshotState::kTransient) {
       audit_.record("snapshot.failed", snap.environment, "moatd",
                     {{"snapshot", snap.id}, {"reason", "moatd stopped while the snapshot was being taken"}});
     }

@@ -43,6 +43,33 @@ inline std::optional<EnvironmentState> environmentStateNamed(std::string_view na
   return std::nullopt;
 }
 
+// A snapshot's: creating (being taken), ready (kept and listed), transient
+// (a fork's, used by the fork's create and then removed), deleting (being
+// removed). A moatd that starts finds only ready ones: it rolls back the rest.
+enum class SnapshotState : uint8_t { kCreating, kReady, kTransient, kDeleting };
+
+constexpr const char* stateName(SnapshotState state) {
+  switch (state) {
+    case SnapshotState::kCreating:
+      return "creating";
+    case SnapshotState::kReady:
+      return "ready";
+    case SnapshotState::kTransient:
+      return "transient";
+    case SnapshotState::kDeleting:
+      return "deleting";
+  }
+  return "creating";
+}
+
+inline std::optional<SnapshotState> snapshotStateNamed(std::string_view name) {
+  for (auto s :
+       {SnapshotState::kCreating, SnapshotState::kReady, SnapshotState::kTransient, SnapshotState::kDeleting}) {
+    if (name == stateName(s)) return s;
+  }
+  return std::nullopt;
+}
+
 struct EnvironmentRecord {
   std::string id;      // 12 hex digits
   std::string taskId;  // caller's label for the task; may be empty
@@ -127,10 +154,7 @@ struct SnapshotRecord {
   double storageGb = 0;      // the environment's storage limit
   uint32_t hostBase = 0;     // host uid of root inside when it was taken
   std::string name;          // the caller's label; may be empty
-  // creating: being taken; ready: kept and listed; transient: a fork's,
-  // used by the fork's create and then removed; deleting: being removed.
-  // A moatd that starts finds only ready ones: it rolls back the rest.
-  std::string state;
+  SnapshotState state = SnapshotState::kCreating;
   int64_t createdAtMs = 0;
 };
 
@@ -164,7 +188,7 @@ class Store {
   virtual Status setNetwork(const std::string& environmentId, const std::string& network, int64_t netSlot) = 0;
   virtual Status insertSnapshot(const SnapshotRecord& snapshot) = 0;  // "conflict" on a duplicate id
   // The state and the host uid its files' root had. "not_found".
-  virtual Status setSnapshotState(const std::string& id, const std::string& state, uint32_t hostBase) = 0;
+  virtual Status setSnapshotState(const std::string& id, SnapshotState state, uint32_t hostBase) = 0;
   virtual Result<std::optional<SnapshotRecord>> getSnapshot(const std::string& id) = 0;
   // Newest first; owner "" lists everyone's, environment "" every environment's.
   virtual Result<std::vector<SnapshotRecord>> listSnapshots(const std::string& owner,

@@ -295,10 +295,10 @@ TEST_F(Snapshots, AKilledMoatdLeavesNoHalfMadeSnapshot) {
   {
     auto store = store::openSqliteStore(daemon_->stateDir() + "/moat.db");
     ASSERT_TRUE(store.ok()) << store.error().message();
-    for (auto [name, state] : {std::pair{"snap-00000000000a", "creating"},
-                               {"snap-00000000000c", "transient"},
-                               {"snap-00000000000d", "deleting"},
-                               {"snap-00000000000e", "deleting"}}) {
+    for (auto [name, state] : {std::pair{"snap-00000000000a", store::SnapshotState::kCreating},
+                               {"snap-00000000000c", store::SnapshotState::kTransient},
+                               {"snap-00000000000d", store::SnapshotState::kDeleting},
+                               {"snap-00000000000e", store::SnapshotState::kDeleting}}) {
       store::SnapshotRecord half;
       half.id = name;
       half.environment = id;

@@ -302,9 +302,9 @@ TEST_F(ManagerTest, ARestartRollsBackHalfDoneSnapshotsAndKeepsThoseItCannotRemov
     env = a->id;
     first->detach();
   }
-  for (const char* state : {"creating", "deleting"}) {
+  for (auto state : {SnapshotState::kCreating, SnapshotState::kDeleting}) {
     store::SnapshotRecord snap;
-    snap.id = std::string("snap-") + state;
+    snap.id = std::string("snap-") + stateName(state);
     snap.environment = env;
     snap.owner = "master";
     snap.templateName = "host";

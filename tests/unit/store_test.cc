@@ -201,6 +201,35 @@ TEST_F(StoreTest, UnknownStateIsRejected) {
   EXPECT_NE(got.error().context.find("sleeping"), std::string::npos) << got.error().context;
 }
 
+// Snapshots alike: a state written by hand past the table's check (or by a
+// newer moatd) is an error naming it, never read as another state (which
+// a restart would roll back).
+TEST_F(StoreTest, ASnapshotStateNoMoatdKnowsIsAnErrorNamingIt) {
+  Store& store = open();
+  insert(makeRecord("abc", 1));
+  SnapshotRecord snap;
+  snap.id = "snap-000000000001";
+  snap.environment = "abc";
+  snap.owner = "master";
+  snap.templateName = "host";
+  snap.state = SnapshotState::kTransient;
+  ASSERT_TRUE(store.insertSnapshot(snap).ok());
+  auto back = store.getSnapshot(snap.id);
+  ASSERT_TRUE(back.ok() && back.value());
+  EXPECT_EQ(back.value()->state, SnapshotState::kTransient);
+  ASSERT_TRUE(store.setSnapshotState(snap.id, SnapshotState::kReady, 7).ok());
+  EXPECT_EQ(store.getSnapshot(snap.id).value()->state, SnapshotState::kReady);
+  RawDb raw(path_);
+  EXPECT_EQ(raw.query("SELECT state FROM snapshots"), "ready");
+  raw.exec("PRAGMA ignore_check_constraints = ON");
+  raw.exec("UPDATE snapshots SET state = 'archived'");
+  auto got = store.getSnapshot(snap.id);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.error().code, Code::kCorrupt);
+  EXPECT_NE(got.error().context.find("archived"), std::string::npos) << got.error().context;
+  EXPECT_FALSE(store.listSnapshots("", "").ok());
+}
+
 TEST_F(StoreTest, LabelsThatAreNotUtf8AreRejected) {
   Store& store = open();
   EnvironmentRecord record = makeRecord("abc", 1);

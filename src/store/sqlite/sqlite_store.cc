@@ -573,7 +573,7 @@ namespace {
 constexpr std::string_view kSelectSnapshots =
     "SELECT id, environment, owner, template, storage_gb, host_base, name, state, created_at_ms FROM snapshots";
 
-SnapshotRecord readSnapshot(const Statement& stmt) {
+Result<SnapshotRecord> readSnapshot(const Statement& stmt) {
   SnapshotRecord r;
   r.id = stmt.text(0);
   r.environment = stmt.text(1);
@@ -582,7 +582,9 @@ SnapshotRecord readSnapshot(const Statement& stmt) {
   r.storageGb = stmt.real(4);
   r.hostBase = static_cast<uint32_t>(stmt.integer(5));
   r.name = stmt.text(6);
-  r.state = stmt.text(7);
+  auto state = snapshotStateNamed(stmt.text(7));
+  if (!state) return Error::make(Code::kCorrupt, "snapshot " + r.id + " has no known state ('" + stmt.text(7) + "')");
+  r.state = *state;
   r.createdAtMs = stmt.integer(8);
   return r;
 }
@@ -598,16 +600,16 @@ Status SqliteStore::insertSnapshot(const SnapshotRecord& r) {
                                 " name, state, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                 what));
   MOAT_TRY(stmt.bindAll(r.id, r.environment, r.owner, r.templateName, r.storageGb, static_cast<int64_t>(r.hostBase),
-                        r.name, r.state, r.createdAtMs));
+                        r.name, std::string(stateName(r.state)), r.createdAtMs));
   return stmt.run();
 }
 
-Status SqliteStore::setSnapshotState(const std::string& id, const std::string& state, uint32_t hostBase) {
-  const std::string what = "set snapshot " + id + " " + state;
+Status SqliteStore::setSnapshotState(const std::string& id, SnapshotState state, uint32_t hostBase) {
+  const std::string what = "set snapshot " + id + " " + stateName(state);
   std::lock_guard lock(mutex_);
   MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
                                                 "UPDATE snapshots SET state = ?, host_base = ? WHERE id = ?", what));
-  MOAT_TRY(stmt.bindAll(state, static_cast<int64_t>(hostBase), id));
+  MOAT_TRY(stmt.bindAll(std::string(stateName(state)), static_cast<int64_t>(hostBase), id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) return Error::make(Code::kNotFound, what + ": no such snapshot");
   return {};
@@ -620,7 +622,8 @@ Result<std::optional<SnapshotRecord>> SqliteStore::getSnapshot(const std::string
   MOAT_TRY(stmt.bindAll(id));
   MOAT_ASSIGN(bool row, stmt.step());
   if (!row) return std::optional<SnapshotRecord>();
-  return std::optional<SnapshotRecord>(readSnapshot(stmt));
+  MOAT_ASSIGN(SnapshotRecord snapshot, readSnapshot(stmt));
+  return std::optional<SnapshotRecord>(std::move(snapshot));
 }
 
 Result<std::vector<SnapshotRecord>> SqliteStore::listSnapshots(const std::string& owner,
@@ -634,7 +637,8 @@ Result<std::vector<SnapshotRecord>> SqliteStore::listSnapshots(const std::string
   while (true) {
     MOAT_ASSIGN(bool row, stmt.step());
     if (!row) break;
-    out.push_back(readSnapshot(stmt));
+    MOAT_ASSIGN(SnapshotRecord snapshot, readSnapshot(stmt));
+    out.push_back(std::move(snapshot));
   }
   return out;
 }

@@ -46,7 +46,7 @@ class SqliteStore final : public Store {
   Status setPermissions(const std::string& environmentId, const std::string& permissions) override;
   Status setNetwork(const std::string& environmentId, const std::string& network, int64_t netSlot) override;
   Status insertSnapshot(const SnapshotRecord& snapshot) override;
-  Status setSnapshotState(const std::string& id, const std::string& state, uint32_t hostBase) override;
+  Status setSnapshotState(const std::string& id, SnapshotState state, uint32_t hostBase) override;
   Result<std::optional<SnapshotRecord>> getSnapshot(const std::string& id) override;
   Result<std::vector<SnapshotRecord>> listSnapshots(const std::string& owner, const std::string& environment) override;
   Status deleteSnapshot(const std::string& id) override;
