@@ -1,129 +1,57 @@
 #include "common/error_code.h"
 
-#include <unordered_map>
+#include <iterator>
+
+#include "common/enum_names.h"
 
 namespace moat {
 
-const char* codeName(Code code) {
-  switch (code) {
-    case Code::kSyscall:
-      return "syscall";
-    case Code::kInvalidArgument:
-      return "invalid_argument";
-    case Code::kInvalidRequest:
-      return "invalid_request";
-    case Code::kUnknownField:
-      return "unknown_field";
-    case Code::kUsage:
-      return "usage";
-    case Code::kNotFound:
-      return "not_found";
-    case Code::kConflict:
-      return "conflict";
-    case Code::kGone:
-      return "gone";
-    case Code::kCapacity:
-      return "capacity";
-    case Code::kTooLarge:
-      return "too_large";
-    case Code::kStdinFull:
-      return "stdin_full";
-    case Code::kTimeout:
-      return "timeout";
-    case Code::kUnsupported:
-      return "unsupported";
-    case Code::kUnavailable:
-      return "unavailable";
-    case Code::kMissingDependency:
-      return "missing_dependency";
-    case Code::kUnauthorized:
-      return "unauthorized";
-    case Code::kNoToken:
-      return "no_token";
-    case Code::kRefused:
-      return "refused";
-    case Code::kUnreachable:
-      return "unreachable";
-    case Code::kInsecure:
-      return "insecure";
-    case Code::kUntrustedPath:
-      return "untrusted_path";
-    case Code::kBusy:
-      return "busy";
-    case Code::kCorrupt:
-      return "corrupt";
-    case Code::kNotNetns:
-      return "not_netns";
-    case Code::kEnvironmentFailed:
-      return "environment_failed";
-    case Code::kResource:
-      return "resource";
-    case Code::kExec:
-      return "exec";
-    case Code::kProtocol:
-      return "protocol";
-    case Code::kEof:
-      return "eof";
-    case Code::kTls:
-      return "tls";
-    case Code::kStore:
-      return "store";
-    case Code::kIo:
-      return "io";
-    case Code::kApi:
-      return "api";
-    case Code::kToolFailed:
-      return "tool_failed";
-    case Code::kFailed:
-      return "failed";
-    case Code::kInternal:
-      return "internal";
-  }
-  return "internal";
-}
+namespace {
 
-std::optional<Code> codeFromName(std::string_view name) {
-  static const std::unordered_map<std::string_view, Code> byName = {
-      {"syscall", Code::kSyscall},
-      {"invalid_argument", Code::kInvalidArgument},
-      {"invalid_request", Code::kInvalidRequest},
-      {"unknown_field", Code::kUnknownField},
-      {"usage", Code::kUsage},
-      {"not_found", Code::kNotFound},
-      {"conflict", Code::kConflict},
-      {"gone", Code::kGone},
-      {"capacity", Code::kCapacity},
-      {"too_large", Code::kTooLarge},
-      {"stdin_full", Code::kStdinFull},
-      {"timeout", Code::kTimeout},
-      {"unsupported", Code::kUnsupported},
-      {"unavailable", Code::kUnavailable},
-      {"missing_dependency", Code::kMissingDependency},
-      {"unauthorized", Code::kUnauthorized},
-      {"no_token", Code::kNoToken},
-      {"refused", Code::kRefused},
-      {"unreachable", Code::kUnreachable},
-      {"insecure", Code::kInsecure},
-      {"untrusted_path", Code::kUntrustedPath},
-      {"busy", Code::kBusy},
-      {"corrupt", Code::kCorrupt},
-      {"not_netns", Code::kNotNetns},
-      {"environment_failed", Code::kEnvironmentFailed},
-      {"resource", Code::kResource},
-      {"exec", Code::kExec},
-      {"protocol", Code::kProtocol},
-      {"eof", Code::kEof},
-      {"tls", Code::kTls},
-      {"store", Code::kStore},
-      {"io", Code::kIo},
-      {"api", Code::kApi},
-      {"tool_failed", Code::kToolFailed},
-      {"failed", Code::kFailed},
-      {"internal", Code::kInternal},
-  };
-  auto it = byName.find(name);
-  if (it == byName.end()) return std::nullopt;
-  return it->second;
-}
+constexpr EnumName<Code> kCodes[] = {
+    {Code::kSyscall, "syscall"},
+    {Code::kInvalidArgument, "invalid_argument"},
+    {Code::kInvalidRequest, "invalid_request"},
+    {Code::kUnknownField, "unknown_field"},
+    {Code::kUsage, "usage"},
+    {Code::kNotFound, "not_found"},
+    {Code::kConflict, "conflict"},
+    {Code::kGone, "gone"},
+    {Code::kCapacity, "capacity"},
+    {Code::kTooLarge, "too_large"},
+    {Code::kStdinFull, "stdin_full"},
+    {Code::kTimeout, "timeout"},
+    {Code::kUnsupported, "unsupported"},
+    {Code::kUnavailable, "unavailable"},
+    {Code::kMissingDependency, "missing_dependency"},
+    {Code::kUnauthorized, "unauthorized"},
+    {Code::kNoToken, "no_token"},
+    {Code::kRefused, "refused"},
+    {Code::kUnreachable, "unreachable"},
+    {Code::kInsecure, "insecure"},
+    {Code::kUntrustedPath, "untrusted_path"},
+    {Code::kBusy, "busy"},
+    {Code::kCorrupt, "corrupt"},
+    {Code::kNotNetns, "not_netns"},
+    {Code::kEnvironmentFailed, "environment_failed"},
+    {Code::kResource, "resource"},
+    {Code::kExec, "exec"},
+    {Code::kProtocol, "protocol"},
+    {Code::kEof, "eof"},
+    {Code::kTls, "tls"},
+    {Code::kStore, "store"},
+    {Code::kIo, "io"},
+    {Code::kApi, "api"},
+    {Code::kToolFailed, "tool_failed"},
+    {Code::kFailed, "failed"},
+    {Code::kInternal, "internal"},
+};
+static_assert(std::size(kCodes) == static_cast<size_t>(Code::kInternal) + 1, "a code without a name");
+
+}  // namespace
+
+const char* codeName(Code code) { return nameIn(kCodes, code, "internal"); }
+
+std::optional<Code> codeFromName(std::string_view name) { return valueNamed(kCodes, name); }
 
 }  // namespace moat

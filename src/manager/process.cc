@@ -3,9 +3,11 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "common/clock.h"
+#include "common/enum_names.h"
 
 namespace moat::manager {
 namespace {
@@ -17,19 +19,12 @@ constexpr auto kStartTimeout = std::chrono::seconds(30);
 }  // namespace
 
 const char* processStateName(ProcessState state) {
-  switch (state) {
-    case ProcessState::kStarting:
-      return "starting";
-    case ProcessState::kRunning:
-      return "running";
-    case ProcessState::kExited:
-      return "exited";
-    case ProcessState::kFailed:
-      return "failed";
-    case ProcessState::kLost:
-      return "lost";
-  }
-  return "unknown";
+  static constexpr EnumName<ProcessState> kNames[] = {
+      {ProcessState::kStarting, "starting"}, {ProcessState::kRunning, "running"}, {ProcessState::kExited, "exited"},
+      {ProcessState::kFailed, "failed"},     {ProcessState::kLost, "lost"},
+  };
+  static_assert(std::size(kNames) == static_cast<size_t>(ProcessState::kLost) + 1);
+  return nameIn(kNames, state, "unknown");
 }
 
 Process::Process(uint64_t id, std::vector<std::string> argv, std::string kind, bool pty, bool stdinOpen,

@@ -1,6 +1,8 @@
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -8,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/enum_names.h"
 #include "common/result.h"
 
 // moatd's persistent state: environments, API keys and the audit log;
@@ -19,28 +22,15 @@ namespace moat::store {
 // failed from any of them. Stored, listed and shown by name.
 enum class EnvironmentState : uint8_t { kCreating, kRunning, kDestroying, kGone, kFailed };
 
-constexpr const char* stateName(EnvironmentState state) {
-  switch (state) {
-    case EnvironmentState::kCreating:
-      return "creating";
-    case EnvironmentState::kRunning:
-      return "running";
-    case EnvironmentState::kDestroying:
-      return "destroying";
-    case EnvironmentState::kGone:
-      return "gone";
-    case EnvironmentState::kFailed:
-      return "failed";
-  }
-  return "failed";
-}
-
-inline std::optional<EnvironmentState> environmentStateNamed(std::string_view name) {
-  for (auto s : {EnvironmentState::kCreating, EnvironmentState::kRunning, EnvironmentState::kDestroying,
-                 EnvironmentState::kGone, EnvironmentState::kFailed}) {
-    if (name == stateName(s)) return s;
-  }
-  return std::nullopt;
+inline constexpr EnumName<EnvironmentState> kEnvironmentStates[] = {
+    {EnvironmentState::kCreating, "creating"},     {EnvironmentState::kRunning, "running"},
+    {EnvironmentState::kDestroying, "destroying"}, {EnvironmentState::kGone, "gone"},
+    {EnvironmentState::kFailed, "failed"},
+};
+static_assert(std::size(kEnvironmentStates) == static_cast<size_t>(EnvironmentState::kFailed) + 1);
+constexpr const char* stateName(EnvironmentState state) { return nameIn(kEnvironmentStates, state, "failed"); }
+constexpr std::optional<EnvironmentState> environmentStateNamed(std::string_view name) {
+  return valueNamed(kEnvironmentStates, name);
 }
 
 // A snapshot's: creating (being taken), ready (kept and listed), transient
@@ -48,26 +38,16 @@ inline std::optional<EnvironmentState> environmentStateNamed(std::string_view na
 // removed). A moatd that starts finds only ready ones: it rolls back the rest.
 enum class SnapshotState : uint8_t { kCreating, kReady, kTransient, kDeleting };
 
-constexpr const char* stateName(SnapshotState state) {
-  switch (state) {
-    case SnapshotState::kCreating:
-      return "creating";
-    case SnapshotState::kReady:
-      return "ready";
-    case SnapshotState::kTransient:
-      return "transient";
-    case SnapshotState::kDeleting:
-      return "deleting";
-  }
-  return "creating";
-}
-
-inline std::optional<SnapshotState> snapshotStateNamed(std::string_view name) {
-  for (auto s :
-       {SnapshotState::kCreating, SnapshotState::kReady, SnapshotState::kTransient, SnapshotState::kDeleting}) {
-    if (name == stateName(s)) return s;
-  }
-  return std::nullopt;
+inline constexpr EnumName<SnapshotState> kSnapshotStates[] = {
+    {SnapshotState::kCreating, "creating"},
+    {SnapshotState::kReady, "ready"},
+    {SnapshotState::kTransient, "transient"},
+    {SnapshotState::kDeleting, "deleting"},
+};
+static_assert(std::size(kSnapshotStates) == static_cast<size_t>(SnapshotState::kDeleting) + 1);
+constexpr const char* stateName(SnapshotState state) { return nameIn(kSnapshotStates, state, "creating"); }
+constexpr std::optional<SnapshotState> snapshotStateNamed(std::string_view name) {
+  return valueNamed(kSnapshotStates, name);
 }
 
 struct EnvironmentRecord {

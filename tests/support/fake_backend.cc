@@ -1,12 +1,13 @@
 #include "fake_backend.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "moat_process.h"
@@ -36,15 +37,8 @@ void FakeBackend::end(Env& env) {
   if (env.pid <= 0) return;
   // moat-init ends what it runs and exits once its rendezvous is gone; one
   // that does not within 5 s is killed.
-  for (int i = 0; i < 500; ++i) {
-    if (::waitpid(env.pid, nullptr, WNOHANG) == env.pid) {
-      env.pid = -1;
-      return;
-    }
-    struct timespec pause = {0, 10 * 1000 * 1000};
-    ::nanosleep(&pause, nullptr);
-  }
-  ::kill(env.pid, SIGKILL);
+  struct pollfd exited = {env.exited.get(), POLLIN, 0};
+  if (!env.exited || ::poll(&exited, 1, 5000) != 1) ::kill(env.pid, SIGKILL);
   ::waitpid(env.pid, nullptr, 0);
   env.pid = -1;
 }
@@ -123,6 +117,7 @@ Result<backend::Backend::Created> FakeBackend::create(const backend::Spec& spec)
   }
   Env env;
   env.pid = pid;
+  env.exited.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
   env.rendezvous = std::move(rendezvousOurs);
   envs_[spec.id] = std::move(env);
   return Created{spec.id, std::move(ours)};

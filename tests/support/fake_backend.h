@@ -57,6 +57,7 @@ class FakeBackend final : public backend::Backend {
  private:
   struct Env {
     pid_t pid = -1;
+    UniqueFd exited;      // a pidfd: readable once moat-init has exited
     UniqueFd rendezvous;  // closed: moat-init ends everything and exits
   };
   void record(const std::string& op, const std::string& id, const backend::Spec& spec = {});

@@ -336,11 +336,12 @@ Result<std::string> Spawner::call(const std::string& request, UniqueFd* received
   if (ok) return d.bytes();
   Error e;
   MOAT_ASSIGN(std::string code, d.bytes());
-  e.code = codeFromName(code).value_or(Code::kInternal);
+  const auto known = codeFromName(code);
+  e.code = known.value_or(Code::kInternal);
   MOAT_ASSIGN(e.sysErrno, d.i32());
   MOAT_ASSIGN(e.context, d.bytes());
   // A code this moatd does not know (a spawner of another version): kept in the message.
-  if (!codeFromName(code)) e.context += " (spawner's code " + code + ")";
+  if (!known) e.context += " (spawner's code " + code + ")";
   return e;
 }
 
