@@ -269,203 +269,118 @@ HttpResponse Api::keysRoute(const HttpRequest& req, const Principal& principal) 
   return respond(201, out);
 }
 
+const std::vector<Route>& Api::routes() {
+  using P = PathParams;
+  // One handler per resource; those below read the rest of the path themselves.
+  const auto processes = [](Api& a, const HttpRequest& r, const Principal& p, const P& m) {
+    return a.processesRoute(r, p, m.at("id"));
+  };
+  const auto files = [](Api& a, const HttpRequest& r, const Principal& p, const P& m) {
+    return a.filesRoute(r, p, m.at("id"), pathSegment(r.path, 4));
+  };
+  const auto network = [](Api& a, const HttpRequest& r, const Principal& p, const P& m) {
+    return a.networkRoute(r, p, m.at("id"));
+  };
+  const auto permissions = [](Api& a, const HttpRequest& r, const Principal& p, const P& m) {
+    return a.permissionsRoute(r, p, m.at("id"));
+  };
+  const auto environmentSnapshots = [](Api& a, const HttpRequest& r, const Principal& p, const P& m) {
+    return a.environmentSnapshotsRoute(r, p, m.at("id"), pathSegment(r.path, 3));
+  };
+  const auto snapshots = [](Api& a, const HttpRequest& r, const Principal& p, const P&) {
+    return a.snapshotsRoute(r, p);
+  };
+  const auto approvals = [](Api& a, const HttpRequest& r, const Principal& p, const P&) {
+    return a.approvalsRoute(r, p);
+  };
+  const auto keys = [](Api& a, const HttpRequest& r, const Principal& p, const P&) { return a.keysRoute(r, p); };
+  // Rows of one pattern stay together (findRoute); the order is
+  // api/openapi.yaml's, which tests/unit/api_routes_test.cc holds it to.
+  static const std::vector<Route> table = {
+      {"GET", "/healthz", "", false, true,
+       [](Api&, const HttpRequest&, const Principal&, const P&) {
+         return respond(200, {{"status", "ok"}});
+       }},
+      {"GET", "/metrics", "read", false, true,
+       [](Api& a, const HttpRequest&, const Principal&, const P&) { return a.metrics(); }},
+      // The MCP tools call this API with the caller's own token (docs/MCP.md).
+      {"*", "/mcp", "", false, true,
+       [](Api& a, const HttpRequest& r, const Principal& p, const P&) { return a.mcpRoute(r, p); }},
+      {"GET", "/v1/environments", "read", false, true,
+       [](Api& a, const HttpRequest& r, const Principal& p, const P&) { return a.listEnvironments(r, p); }},
+      {"POST", "/v1/environments", "create", false, true,
+       [](Api& a, const HttpRequest& r, const Principal& p, const P&) { return a.createEnvironment(r, p); }},
+      {"GET", "/v1/environments/{id}", "read", true, false,
+       [](Api& a, const HttpRequest&, const Principal&, const P& m) { return a.getEnvironment(m.at("id")); }},
+      {"DELETE", "/v1/environments/{id}", "destroy", true, false,
+       [](Api& a, const HttpRequest&, const Principal& p, const P& m) { return a.destroyEnvironment(p, m.at("id")); }},
+      {"POST", "/v1/environments/{id}/timeout", "timeout", true, false,
+       [](Api& a, const HttpRequest& r, const Principal& p, const P& m) {
+         return a.setEnvironmentTimeout(r, p, m.at("id"));
+       }},
+      {"POST", "/v1/environments/{id}/exec", "exec", true, false,
+       [](Api& a, const HttpRequest& r, const Principal& p, const P& m) { return a.execRoute(r, p, m.at("id")); }},
+      // Processes and shells run commands: they need the exec scope.
+      {"GET", "/v1/environments/{id}/processes", "exec", true, true, processes},
+      {"POST", "/v1/environments/{id}/processes", "exec", true, true, processes},
+      {"GET", "/v1/environments/{id}/processes/{pid}", "exec", true, true, processes},
+      {"GET", "/v1/environments/{id}/processes/{pid}/output", "exec", true, true, processes},
+      {"POST", "/v1/environments/{id}/processes/{pid}/stdin", "exec", true, true, processes},
+      {"POST", "/v1/environments/{id}/processes/{pid}/signal", "exec", true, true, processes},
+      {"POST", "/v1/environments/{id}/processes/{pid}/resize", "exec", true, true, processes},
+      {"GET", "/v1/environments/{id}/shell", "exec", true, true,
+       [](Api& a, const HttpRequest& r, const Principal& p, const P& m) { return a.shellRoute(r, p, m.at("id")); }},
+      {"GET", "/v1/environments/{id}/files", "files", true, true, files},
+      {"PUT", "/v1/environments/{id}/files", "files", true, true, files},
+      {"DELETE", "/v1/environments/{id}/files", "files", true, true, files},
+      {"GET", "/v1/environments/{id}/files/list", "files", true, true, files},
+      {"GET", "/v1/environments/{id}/files/stat", "files", true, true, files},
+      {"POST", "/v1/environments/{id}/files/mkdir", "files", true, true, files},
+      {"POST", "/v1/environments/{id}/files/move", "files", true, true, files},
+      {"GET", "/v1/environments/{id}/network", "read", true, true, network},
+      {"PUT", "/v1/environments/{id}/network", "read", true, true, network},
+      {"GET", "/v1/environments/{id}/snapshots", "snapshots", true, true, environmentSnapshots},
+      {"POST", "/v1/environments/{id}/snapshots", "snapshots", true, true, environmentSnapshots},
+      {"POST", "/v1/environments/{id}/restore", "snapshots", true, true, environmentSnapshots},
+      {"POST", "/v1/environments/{id}/fork", "create", true, true, environmentSnapshots},
+      {"GET", "/v1/snapshots", "snapshots", false, true, snapshots},
+      {"GET", "/v1/snapshots/{snapshot_id}", "snapshots", false, true, snapshots},
+      {"DELETE", "/v1/snapshots/{snapshot_id}", "snapshots", false, true, snapshots},
+      {"GET", "/v1/environments/{id}/permissions", "read", true, true, permissions},
+      {"PUT", "/v1/environments/{id}/permissions", "read", true, true, permissions},
+      {"GET", "/v1/approvals", "", false, true, approvals},
+      {"GET", "/v1/approvals/{id}", "", false, true, approvals},
+      {"POST", "/v1/approvals/{id}", "", false, true, approvals},
+      {"GET", "/v1/keys", "", false, true, keys},
+      {"POST", "/v1/keys", "", false, true, keys},
+      {"DELETE", "/v1/keys/{id}", "", false, true, keys},
+      {"GET", "/v1/events", "", false, true,
+       [](Api& a, const HttpRequest& r, const Principal& p, const P&) { return a.eventsRoute(r, p); }},
+      {"GET", "/v1/audit/verify", "", false, true,
+       [](Api& a, const HttpRequest& r, const Principal& p, const P&) { return a.verifyRoute(r, p); }},
+  };
+  return table;
+}
+
 HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
-  const std::string& p = req.path;
-  auto forbidden = [](const std::string& scope) {
-    return errorResponse({403, "forbidden", "this key lacks the '" + scope + "' scope", ""});
-  };
-  if (p == "/metrics") {
-    if (req.method != "GET") return errorResponse({405, "method_not_allowed", "use GET", ""});
-    if (!principal.may("read")) return forbidden("read");
-    return metrics();
+  const RouteMatch match = findRoute(routes(), req.method, req.path);
+  if (match.route == nullptr) {
+    if (match.allowed.empty()) return errorResponse({404, "not_found", "no such endpoint: " + req.path, ""});
+    return errorResponse(
+        {405, "method_not_allowed", req.method + " " + req.path + ": use " + methodList(match.allowed), ""});
   }
-  if (p == "/mcp") return mcpRoute(req, principal);  // the tools call this API with the caller's own token
-  if (p == "/v1/keys" || p.rfind("/v1/keys/", 0) == 0) return keysRoute(req, principal);
-  if (p == "/v1/approvals" || p.rfind("/v1/approvals/", 0) == 0) return approvalsRoute(req, principal);
-  if (p == "/v1/events") return eventsRoute(req, principal);
-  if (p == "/v1/snapshots" || p.rfind("/v1/snapshots/", 0) == 0) return snapshotsRoute(req, principal);
-  if (p == "/v1/audit/verify") return verifyRoute(req, principal);
-  if (p.rfind("/v1/environments", 0) != 0) {
-    return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
-  }
-  std::string id = pathSegment(p, 2);
-  std::string sub = pathSegment(p, 3);
-  std::string subsub = pathSegment(p, 4);
-  auto wrongMethod = [&](const char* allowed) {
-    return errorResponse({405, "method_not_allowed", req.method + " " + p + ": use " + allowed, ""});
-  };
-  ApiError perr{};
-
-  // /v1/environments
-  if (id.empty()) {
-    if (p != "/v1/environments" && p != "/v1/environments/")
-      return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
-    if (req.method == "GET") {
-      if (!principal.may("read")) return forbidden("read");
-      store::EnvironmentFilter filter;
-      if (!principal.master) filter.owner = principal.keyId;
-      for (const auto& [k, v] : req.queryAll) {
-        if (k == "task_id") {
-          filter.taskId = v;
-        } else if (k == "state") {
-          filter.state = store::environmentStateNamed(v);
-          if (!filter.state && !v.empty()) {  // empty: no filter, as without it
-            return errorResponse(
-                invalid("state", "one of creating, running, destroying, gone, failed; not '" + v + "'"));
-          }
-        } else if (k == "label") {
-          auto eq = v.find('=');
-          if (eq == std::string::npos) return errorResponse(invalid("label", "expected key=value"));
-          filter.labels[v.substr(0, eq)] = v.substr(eq + 1);
-        } else {
-          return errorResponse({400, "unknown_field", "unknown query parameter " + k, k});
-        }
-      }
-      auto list = manager_.list(filter);
-      if (!list.ok()) return errorResponse(fromError(list.error()));
-      json arr = json::array();
-      for (const auto& r : list.value()) arr.push_back(environmentJson(r));
-      return respond(200, {{"environments", arr}});
-    }
-    if (req.method != "POST") return wrongMethod("GET or POST");
-    if (!principal.may("create")) return forbidden("create");
-    auto body = parseObject(req.body, perr);
-    if (!body.ok()) return errorResponse(perr);
-    const json& j = body.value();
-    if (auto e = onlyFields(
-            j,
-            {"task_id", "template", "spec", "ttl_s", "labels", "env", "permissions", "network", "secrets", "snapshot"},
-            "")) {
-      return errorResponse(*e);
-    }
-    manager::CreateRequest create;
-    create.owner = principal.owner();
-    if (j.contains("task_id")) {
-      if (!j["task_id"].is_string() || j["task_id"].get<std::string>().size() > 256) {
-        return errorResponse(invalid("task_id", "must be a string of at most 256 bytes"));
-      }
-      create.taskId = j["task_id"];
-    }
-    if (j.contains("template")) {
-      if (!j["template"].is_string()) return errorResponse(invalid("template", "must be a string"));
-      create.templateName = j["template"];
-      if (create.templateName != "host" && create.templateName.rfind("/", 0) != 0) {
-        return errorResponse(invalid("template", "'host' or an absolute root file system directory"));
-      }
-      // A directory template shows that host directory to the environment's
-      // root: only the master token may choose one.
-      if (create.templateName != "host" && !principal.master) {
-        return errorResponse(
-            {403, "forbidden", "template: only the master token may use a directory template", "template"});
-      }
-    }
-    if (j.contains("spec")) {
-      SpecFields spec;
-      if (auto e = specFields(j["spec"], "spec.", static_cast<double>(manager_.config().maxTotalMemoryMb), spec)) {
-        return errorResponse(*e);
-      }
-      create.cpus = spec.cpus;
-      create.ramMb = spec.ramMb;
-      create.storageGb = spec.storageGb;
-      create.pids = spec.pids;
-    }
-    if (j.contains("ttl_s")) {
-      if (auto e = number(j["ttl_s"], "ttl_s", 1, static_cast<double>(manager_.config().maxTtlS), true, create.ttlS)) {
-        return errorResponse(*e);
-      }
-    }
-    if (j.contains("labels")) {
-      if (auto e = stringMap(j["labels"], "labels", false, create.labels)) return errorResponse(*e);
-    }
-    if (j.contains("env")) {
-      if (auto e = stringMap(j["env"], "env", true, create.env)) return errorResponse(*e);
-    }
-    if (j.contains("permissions")) {
-      auto parsed = parsePermissions(j["permissions"], manager_.config().defaultPermissions, perr);
-      if (!parsed.ok()) return errorResponse(perr);
-      create.permissions = parsed.value();
-    }
-    if (auto e = parseNetwork(j, create)) return errorResponse(*e);
-    if (j.contains("snapshot")) {
-      // The files come from the snapshot; so does the template under them.
-      if (j.contains("template")) return errorResponse(invalid("template", "a snapshot brings its own template"));
-      if (auto e = snapshotField(j, "snapshot", create.fromSnapshot)) return errorResponse(*e);
-      if (!visibleSnapshot(principal, create.fromSnapshot).ok()) {
-        return errorResponse({404, "not_found", "no snapshot " + create.fromSnapshot, "snapshot"});
-      }
-    }
-    auto created = manager_.create(create);
-    if (!created.ok()) return errorResponse(fromError(created.error()));
-    return respond(201, environmentJson(created.value()));
-  }
-
-  if (!sub.empty() && sub != "exec" && sub != "timeout" && sub != "files" && sub != "processes" && sub != "shell" &&
-      sub != "permissions" && sub != "network" && sub != "snapshots" && sub != "restore" && sub != "fork") {
-    return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
+  const Route& route = *match.route;
+  if (*route.scope != '\0' && !principal.may(route.scope)) {
+    return errorResponse({403, "forbidden", "this key lacks the '" + std::string(route.scope) + "' scope", ""});
   }
   // A key acts only on its own environments; others look like they do not exist.
-  // Processes and shells run commands: they need the exec scope.
-  std::string scope = sub.empty()                              ? (req.method == "DELETE" ? "destroy" : "read")
-                      : sub == "timeout"                       ? "timeout"
-                      : sub == "files"                         ? "files"
-                      : sub == "permissions"                   ? "read"
-                      : sub == "network"                       ? "read"
-                      : sub == "snapshots" || sub == "restore" ? "snapshots"
-                      : sub == "fork"                          ? "create"
-                                                               : "exec";
-  if (!principal.may(scope)) return forbidden(scope);
-  if (!principal.master && manager_.ownerOf(id) != principal.keyId) {
-    return errorResponse({404, "not_found", "no environment " + id, ""});
+  if (route.ownedEnvironment && !principal.master && manager_.ownerOf(match.params.at("id")) != principal.keyId) {
+    return errorResponse({404, "not_found", "no environment " + match.params.at("id"), ""});
   }
-
-  if (sub != "files" && sub != "processes" && sub != "shell" && sub != "permissions" && sub != "network" &&
-      sub != "snapshots") {
+  if (!route.takesQuery) {
     if (auto e = onlyQuery(req, {})) return errorResponse(*e);
   }
-
-  // /v1/environments/{id}
-  if (sub.empty()) {
-    if (req.method == "GET") {
-      auto r = manager_.get(id);
-      if (!r.ok()) return errorResponse(fromError(r.error()));
-      return respond(200, environmentJson(r.value()));
-    }
-    if (req.method == "DELETE") {
-      Status s = manager_.destroy(id, "destroyed", principal.owner());
-      if (!s.ok()) return errorResponse(fromError(s.error()));
-      HttpResponse r;
-      r.status = 204;
-      return r;
-    }
-    return wrongMethod("GET or DELETE");
-  }
-
-  if (sub == "timeout" && subsub.empty()) {
-    if (req.method != "POST") return wrongMethod("POST");
-    auto body = parseObject(req.body, perr);
-    if (!body.ok()) return errorResponse(perr);
-    if (auto e = onlyFields(body.value(), {"ttl_s"}, "")) return errorResponse(*e);
-    if (!body->contains("ttl_s")) return errorResponse(invalid("ttl_s", "required"));
-    int64_t ttl = 0;
-    if (auto e = number((*body)["ttl_s"], "ttl_s", 1, static_cast<double>(manager_.config().maxTtlS), true, ttl)) {
-      return errorResponse(*e);
-    }
-    auto r = manager_.setTtl(id, ttl);
-    if (!r.ok()) return errorResponse(fromError(r.error()));
-    audit_.record("environment.ttl_set", id, principal.owner(), {{"ttl_s", ttl}, {"expires_at_ms", r->expiresAtMs}});
-    return respond(200, environmentJson(r.value()));
-  }
-
-  if (sub == "exec" && subsub.empty()) return execRoute(req, principal, id);
-  if (sub == "files") return filesRoute(req, principal, id, subsub);
-  if (sub == "processes") return processesRoute(req, principal, id);
-  if (sub == "shell" && subsub.empty()) return shellRoute(req, principal, id);
-  if (sub == "permissions" && subsub.empty()) return permissionsRoute(req, principal, id);
-  if (sub == "network" && subsub.empty()) return networkRoute(req, principal, id);
-  if ((sub == "snapshots" || sub == "restore" || sub == "fork") && subsub.empty()) {
-    return environmentSnapshotsRoute(req, principal, id, sub);
-  }
-  return errorResponse({404, "not_found", "no such endpoint: " + p, ""});
+  return route.handler(*this, req, principal, match.params);
 }
 
 HttpResponse Api::metrics() {

@@ -12,6 +12,7 @@
 #include "api/http.h"
 #include "api/keys.h"
 #include "api/rate_limit.h"
+#include "api/routes.h"
 #include "api/validation.h"
 #include "audit/log.h"
 #include "gate/approvals.h"
@@ -90,9 +91,19 @@ class Api {
   // A connection the HTTP server turned away (503): counted in /metrics
   // with the errors the handlers answer.
   void countRefusedConnection() { countError("unavailable"); }
+  // Every endpoint, in api/openapi.yaml's order (api/routes.h).
+  static const std::vector<Route>& routes();
 
  private:
+  // The route table's verdict (404, 405, 403, a key's foreign environment,
+  // an unexpected query), or the handler's answer.
   HttpResponse route(const HttpRequest& request, const Principal& principal);
+  // environments.cc: /v1/environments and /v1/environments/{id}.
+  HttpResponse listEnvironments(const HttpRequest& request, const Principal& principal);
+  HttpResponse createEnvironment(const HttpRequest& request, const Principal& principal);
+  HttpResponse getEnvironment(const std::string& id);
+  HttpResponse destroyEnvironment(const Principal& principal, const std::string& id);
+  HttpResponse setEnvironmentTimeout(const HttpRequest& request, const Principal& principal, const std::string& id);
   HttpResponse keysRoute(const HttpRequest& request, const Principal& principal);
   // One file per resource: exec.cc, files.cc, processes.cc, shell.cc, events.cc.
   HttpResponse execRoute(const HttpRequest& request, const Principal& principal, const std::string& id);

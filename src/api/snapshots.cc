@@ -54,9 +54,6 @@ Result<store::SnapshotRecord> Api::visibleSnapshot(const Principal& principal, c
 
 // /v1/snapshots and /v1/snapshots/{id}: a key sees only its own.
 HttpResponse Api::snapshotsRoute(const HttpRequest& req, const Principal& principal) {
-  if (!principal.may("snapshots")) {
-    return errorResponse({403, "forbidden", "this key lacks the 'snapshots' scope", ""});
-  }
   std::string id = pathSegment(req.path, 2);
   if (pathSegment(req.path, 3) != "") return errorResponse({404, "not_found", "no such endpoint: " + req.path, ""});
   if (id.empty()) {

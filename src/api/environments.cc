@@ -1,0 +1,138 @@
+#include <nlohmann/json.hpp>
+
+#include "api/api.h"
+#include "api/validation.h"
+
+// /v1/environments and /v1/environments/{id}: list, create, get, destroy,
+// and the time to live. (The caller's scope and, for a key, that it owns
+// the environment: checked by the route table, api.cc.)
+namespace moat::api {
+
+HttpResponse Api::listEnvironments(const HttpRequest& req, const Principal& principal) {
+  store::EnvironmentFilter filter;
+  if (!principal.master) filter.owner = principal.keyId;
+  for (const auto& [k, v] : req.queryAll) {
+    if (k == "task_id") {
+      filter.taskId = v;
+    } else if (k == "state") {
+      filter.state = store::environmentStateNamed(v);
+      if (!filter.state && !v.empty()) {  // empty: no filter, as without it
+        return errorResponse(
+            invalid("state", "one of creating, running, destroying, gone, failed; not '" + v + "'"));
+      }
+    } else if (k == "label") {
+      auto eq = v.find('=');
+      if (eq == std::string::npos) return errorResponse(invalid("label", "expected key=value"));
+      filter.labels[v.substr(0, eq)] = v.substr(eq + 1);
+    } else {
+      return errorResponse({400, "unknown_field", "unknown query parameter " + k, k});
+    }
+  }
+  auto list = manager_.list(filter);
+  if (!list.ok()) return errorResponse(fromError(list.error()));
+  json arr = json::array();
+  for (const auto& r : list.value()) arr.push_back(environmentJson(r));
+  return respond(200, {{"environments", arr}});
+}
+
+HttpResponse Api::createEnvironment(const HttpRequest& req, const Principal& principal) {
+  ApiError perr{};
+  auto body = parseObject(req.body, perr);
+  if (!body.ok()) return errorResponse(perr);
+  const json& j = body.value();
+  if (auto e = onlyFields(
+          j,
+          {"task_id", "template", "spec", "ttl_s", "labels", "env", "permissions", "network", "secrets", "snapshot"},
+          "")) {
+    return errorResponse(*e);
+  }
+  manager::CreateRequest create;
+  create.owner = principal.owner();
+  if (j.contains("task_id")) {
+    if (!j["task_id"].is_string() || j["task_id"].get<std::string>().size() > 256) {
+      return errorResponse(invalid("task_id", "must be a string of at most 256 bytes"));
+    }
+    create.taskId = j["task_id"];
+  }
+  if (j.contains("template")) {
+    if (!j["template"].is_string()) return errorResponse(invalid("template", "must be a string"));
+    create.templateName = j["template"];
+    if (create.templateName != "host" && create.templateName.rfind("/", 0) != 0) {
+      return errorResponse(invalid("template", "'host' or an absolute root file system directory"));
+    }
+    // A directory template shows that host directory to the environment's
+    // root: only the master token may choose one.
+    if (create.templateName != "host" && !principal.master) {
+      return errorResponse(
+          {403, "forbidden", "template: only the master token may use a directory template", "template"});
+    }
+  }
+  if (j.contains("spec")) {
+    SpecFields spec;
+    if (auto e = specFields(j["spec"], "spec.", static_cast<double>(manager_.config().maxTotalMemoryMb), spec)) {
+      return errorResponse(*e);
+    }
+    create.cpus = spec.cpus;
+    create.ramMb = spec.ramMb;
+    create.storageGb = spec.storageGb;
+    create.pids = spec.pids;
+  }
+  if (j.contains("ttl_s")) {
+    if (auto e = number(j["ttl_s"], "ttl_s", 1, static_cast<double>(manager_.config().maxTtlS), true, create.ttlS)) {
+      return errorResponse(*e);
+    }
+  }
+  if (j.contains("labels")) {
+    if (auto e = stringMap(j["labels"], "labels", false, create.labels)) return errorResponse(*e);
+  }
+  if (j.contains("env")) {
+    if (auto e = stringMap(j["env"], "env", true, create.env)) return errorResponse(*e);
+  }
+  if (j.contains("permissions")) {
+    auto parsed = parsePermissions(j["permissions"], manager_.config().defaultPermissions, perr);
+    if (!parsed.ok()) return errorResponse(perr);
+    create.permissions = parsed.value();
+  }
+  if (auto e = parseNetwork(j, create)) return errorResponse(*e);
+  if (j.contains("snapshot")) {
+    // The files come from the snapshot; so does the template under them.
+    if (j.contains("template")) return errorResponse(invalid("template", "a snapshot brings its own template"));
+    if (auto e = snapshotField(j, "snapshot", create.fromSnapshot)) return errorResponse(*e);
+    if (!visibleSnapshot(principal, create.fromSnapshot).ok()) {
+      return errorResponse({404, "not_found", "no snapshot " + create.fromSnapshot, "snapshot"});
+    }
+  }
+  auto created = manager_.create(create);
+  if (!created.ok()) return errorResponse(fromError(created.error()));
+  return respond(201, environmentJson(created.value()));
+}
+
+HttpResponse Api::getEnvironment(const std::string& id) {
+  auto r = manager_.get(id);
+  if (!r.ok()) return errorResponse(fromError(r.error()));
+  return respond(200, environmentJson(r.value()));
+}
+
+HttpResponse Api::destroyEnvironment(const Principal& principal, const std::string& id) {
+  Status s = manager_.destroy(id, "destroyed", principal.owner());
+  if (!s.ok()) return errorResponse(fromError(s.error()));
+  return noContent();
+}
+
+HttpResponse Api::setEnvironmentTimeout(const HttpRequest& req, const Principal& principal, const std::string& id) {
+  ApiError perr{};
+  auto body = parseObject(req.body, perr);
+  if (!body.ok()) return errorResponse(perr);
+  if (auto e = onlyFields(body.value(), {"ttl_s"}, "")) return errorResponse(*e);
+  if (!body->contains("ttl_s")) return errorResponse(invalid("ttl_s", "required"));
+  int64_t ttl = 0;
+  if (auto e = number((*body)["ttl_s"], "ttl_s", 1, static_cast<double>(manager_.config().maxTtlS), true, ttl)) {
+    return errorResponse(*e);
+  }
+  auto r = manager_.setTtl(id, ttl);
+  if (!r.ok()) return errorResponse(fromError(r.error()));
+  audit_.record("environment.ttl_set", id, principal.owner(), {{"ttl_s", ttl}, {"expires_at_ms", r->expiresAtMs}});
+  return respond(200, environmentJson(r.value()));
+}
+
+}  // namespace moat::api
