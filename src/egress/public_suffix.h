@@ -12,6 +12,14 @@
 // "s3.amazonaws.com"). A secret's host glob must stay inside one registered
 // domain (egress/secrets.cc), or the proxy would hand the secret to hosts
 // of many owners.
+//
+// Why not libpsl (Debian's libpsl5, over the same list): it answers "is this
+// a public suffix" and "what is this name's registrable domain", but not
+// suffixBelow(): whether any suffix lies under a domain ("*.amazonaws.com"
+// covers s3.amazonaws.com, which anyone can register under), which the
+// check of a secret's glob needs. Its compiled list cannot be walked. The
+// text list is read from /usr/share/publicsuffix, the file libpsl's own
+// package builds from.
 namespace moat::egress {
 
 class PublicSuffixList {

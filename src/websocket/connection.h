@@ -13,6 +13,16 @@ namespace moat::websocket {
 // One WebSocket after its handshake, over a connected socket. One thread
 // receives; any thread may send (frames never interleave). Pings are
 // answered inside receive().
+//
+// Why not Boost.Beast's websocket::stream (moatd already uses Beast for
+// HTTP): a shell's connection is read by one thread (the viewer's keys and
+// resizes) while others write to it (the terminal's output, pings), and
+// abort() ends a blocked read from a third. Beast's stream allows none of
+// that for its blocking calls ("Shared objects: Unsafe"; its read also
+// writes, to answer pings and closes, and a close() during a read asserts),
+// so it would need the whole relay rewritten on async operations and a
+// strand. This framing is small, and tests/unit/websocket_frame_test.cc
+// holds it to RFC 6455.
 class Connection {
  public:
   // fd stays owned by the caller. `pending`: bytes already read past the
