@@ -826,22 +826,8 @@ Result<std::shared_ptr<Process>> EnvironmentManager::process(const std::string& 
 }
 
 Result<std::shared_ptr<void>> EnvironmentManager::reserveExecOutput(const std::string& caller, uint64_t outputLimit) {
-  uint64_t limit = outputLimit ? std::min(outputLimit, kExecOutputMax) : kExecOutputMax;
-  uint64_t reserve = 2 * limit;  // two streams
-  std::lock_guard<std::mutex> lock(execOutputMutex_);
-  uint64_t held = execOutputReserved_.count(caller) ? execOutputReserved_[caller] : 0;
-  if (held + reserve > config_.execOutputPerCaller) {
-    return Error::make(Code::kCapacity,
-                       "at capacity: this caller's execs in flight already hold " + std::to_string(held >> 20) +
-                           " MiB of output limits (at most " + std::to_string(config_.execOutputPerCaller >> 20) +
-                           " MiB; each exec counts twice its output_limit); retry later or lower output_limit");
-  }
-  execOutputReserved_[caller] = held + reserve;
-  return std::shared_ptr<void>(nullptr, [this, caller, reserve](void*) {
-    std::lock_guard<std::mutex> lock(execOutputMutex_);
-    auto it = execOutputReserved_.find(caller);
-    if (it != execOutputReserved_.end() && (it->second -= reserve) == 0) execOutputReserved_.erase(it);
-  });
+  const uint64_t limit = outputLimit ? std::min(outputLimit, kExecOutputMax) : kExecOutputMax;
+  return execOutput_.reserve(caller, 2 * limit);  // two streams
 }
 
 Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecRequest& request,
@@ -1021,18 +1007,7 @@ Status EnvironmentManager::setNetwork(const std::string& id, const egress::Polic
 }
 
 ScopeExit<std::function<void()>> EnvironmentManager::exclusive(const std::string& id) {
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    exclusiveCv_.wait(lock, [&] { return !exclusive_.count(id); });
-    exclusive_.insert(id);
-  }
-  return ScopeExit<std::function<void()>>([this, id] {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      exclusive_.erase(id);
-    }
-    exclusiveCv_.notify_all();
-  });
+  return operations_.exclusive(id);
 }
 
 Status EnvironmentManager::destroy(const std::string& id, const std::string& reason, const std::string& actor) {
@@ -1152,7 +1127,7 @@ void EnvironmentManager::reaperLoop() {
       {
         std::lock_guard<std::mutex> relock(mutex_);
         // Being destroyed, snapshotted or restored: decided once that ends.
-        if (exclusive_.count(id)) {
+        if (operations_.held(id)) {
           initGone_.push_back(id);
           continue;
         }

@@ -16,11 +16,13 @@
 #include "audit/event.h"
 #include "backend/backend.h"
 #include "common/clock.h"
+#include "common/keyed_lock.h"
 #include "common/result.h"
 #include "common/scope_exit.h"
 #include "egress/controller.h"
 #include "gate/permissions.h"
 #include "init/protocol.h"
+#include "manager/exec_output_budget.h"
 #include "manager/init_connection.h"
 #include "manager/process_table.h"
 #include "store/store.h"
@@ -359,18 +361,15 @@ class EnvironmentManager {
   std::vector<std::string> initGone_;
   uint64_t reservedMemoryMb_ = 0;
   std::atomic<uint64_t> execs_{0};
-  // Environments being destroyed, snapshotted or restored (guarded by
-  // mutex_): a second such operation on the same one waits on exclusiveCv_;
-  // operations on different environments overlap (in the backend).
-  std::set<std::string> exclusive_;
-  std::condition_variable exclusiveCv_;
-  std::mutex snapshotMutex_;
-  std::map<std::string, int> snapshotHolds_;  // guarded by snapshotMutex_
-  std::set<std::string> snapshotsDeleting_;   // guarded by snapshotMutex_
-  std::condition_variable snapshotCv_;
-  std::mutex execOutputMutex_;
-  std::map<std::string, uint64_t> execOutputReserved_;  // per caller (actor)
-  std::mutex permissionsMutex_;                         // serializes read-modify-write of permission layers
+  // Environments being destroyed, snapshotted or restored, held
+  // exclusively: a second such operation on the same one waits; operations
+  // on different environments overlap (in the backend).
+  KeyedLock operations_;
+  // Snapshots being copied from (shared, by a create or restore) or deleted
+  // (exclusive).
+  KeyedLock snapshotUse_;
+  ExecOutputBudget execOutput_{config_.execOutputPerCaller};
+  std::mutex permissionsMutex_;  // serializes read-modify-write of permission layers
   std::function<void(const std::string&, const std::string&)> endedHook_;
   ExecCheckHook execCheck_;
   ExecPolicyHook execPolicy_;

@@ -120,35 +120,13 @@ Result<std::vector<store::SnapshotRecord>> EnvironmentManager::snapshots(const s
 
 ScopeExit<std::function<void()>> EnvironmentManager::holdSnapshot(const std::string& snapshotId) {
   if (snapshotId.empty()) return ScopeExit<std::function<void()>>([] {});
-  {
-    std::unique_lock<std::mutex> lock(snapshotMutex_);
-    snapshotCv_.wait(lock, [&] { return !snapshotsDeleting_.count(snapshotId); });
-    ++snapshotHolds_[snapshotId];
-  }
-  return ScopeExit<std::function<void()>>([this, snapshotId] {
-    {
-      std::lock_guard<std::mutex> lock(snapshotMutex_);
-      if (--snapshotHolds_[snapshotId] == 0) snapshotHolds_.erase(snapshotId);
-    }
-    snapshotCv_.notify_all();
-  });
+  return snapshotUse_.shared(snapshotId);
 }
 
 Status EnvironmentManager::deleteSnapshot(const std::string& snapshotId, const std::string& actor) {
   // A restore or create copying from it finishes first: its environment
   // would fail (a restore's old files are already gone by then).
-  {
-    std::unique_lock<std::mutex> lock(snapshotMutex_);
-    snapshotCv_.wait(lock, [&] { return !snapshotHolds_.count(snapshotId) && !snapshotsDeleting_.count(snapshotId); });
-    snapshotsDeleting_.insert(snapshotId);
-  }
-  ScopeExit<std::function<void()>> deleted([this, snapshotId] {
-    {
-      std::lock_guard<std::mutex> lock(snapshotMutex_);
-      snapshotsDeleting_.erase(snapshotId);
-    }
-    snapshotCv_.notify_all();
-  });
+  auto deleting = snapshotUse_.exclusive(snapshotId);
   MOAT_ASSIGN(auto snap, getSnapshot(snapshotId));
   // Marked first: a moatd killed after the volume went and before the
   // record did would otherwise list a snapshot that is not there.
