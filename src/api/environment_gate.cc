@@ -22,7 +22,7 @@ egress::GateAnswer Api::askForEnvironment(const std::string& id, const gate::Act
     static std::mutex asking;  // one look-then-ask at a time
     std::lock_guard<std::mutex> lock(asking);
     store::ApprovalFilter filter;
-    filter.state = "pending";
+    filter.state = store::ApprovalState::kPending;
     filter.environment = id;
     if (auto pending = approvals_.list(filter); pending.ok()) {
       for (const auto& a : pending.value()) {
@@ -48,11 +48,12 @@ egress::GateAnswer Api::askForEnvironment(const std::string& id, const gate::Act
   if (waiting) {
     auto decided = approvals_.watch(waiting->id, std::chrono::milliseconds(options_.approvalTimeoutMs));
     if (!decided.ok()) return {false, decided.error().message()};
-    if (decided->state == "approved") {
+    if (decided->state == store::ApprovalState::kApproved) {
       return {true, "approved by " + decided->decidedBy + " (approval " + decided->id + ")"};
     }
-    return {false, decided->state == "denied" ? "a person denied it (approval " + decided->id + ")"
-                                              : "the approval was not decided (approval " + decided->id + ")"};
+    return {false, decided->state == store::ApprovalState::kDenied
+                       ? "a person denied it (approval " + decided->id + ")"
+                       : "the approval was not decided (approval " + decided->id + ")"};
   }
   if (!approval.ok()) return {false, approval.error().message()};
   // Each one recorded: at most kPendingQuestionsPerEnvironment wait at once.
@@ -60,11 +61,11 @@ egress::GateAnswer Api::askForEnvironment(const std::string& id, const gate::Act
                 {{"id", approval->id}, {"scope", scope}, {"action", action.toJson()}});
   auto decided = approvals_.await(approval->id, std::chrono::milliseconds(options_.approvalTimeoutMs));
   if (!decided.ok()) return {false, decided.error().message()};
-  if (decided->state == "approved") {
+  if (decided->state == store::ApprovalState::kApproved) {
     approvals_.markUsed(decided->id);
     return {true, "approved by " + decided->decidedBy + " (approval " + decided->id + ")"};
   }
-  return {false, decided->state == "denied"
+  return {false, decided->state == store::ApprovalState::kDenied
                      ? "a person denied it (approval " + decided->id + ")"
                      : "the approval expired (approval " + decided->id + "): " + decided->reason};
 }

@@ -29,8 +29,8 @@ json approvalJson(const store::ApprovalRecord& a) {
             {"action", action.is_discarded() ? json(a.action) : action},
             {"requester", a.requester},
             {"created_at", timestamp(a.createdAtMs)},
-            {"state", a.state}};
-  if (a.state != "pending") {
+            {"state", store::stateName(a.state)}};
+  if (a.state != store::ApprovalState::kPending) {
     j["decided_by"] = a.decidedBy;
     j["decided_at"] = timestamp(a.decidedAtMs);
     j["reason"] = a.reason;
@@ -104,12 +104,13 @@ std::optional<HttpResponse> Api::check(const HttpRequest& req, const Principal& 
   auto decided = approvals_.await(approval->id, std::chrono::milliseconds(options_.approvalTimeoutMs));
   if (!decided.ok()) return errorResponse(fromError(decided.error()));
   const store::ApprovalRecord& a = decided.value();
-  if (a.state == "approved") {
+  if (a.state == store::ApprovalState::kApproved) {
     approvals_.markUsed(a.id);  // this request was the one it was for
     return std::nullopt;
   }
-  std::string why = a.state == "denied" ? "denied by " + a.decidedBy + (a.reason.empty() ? "" : ": " + a.reason)
-                                        : "approval expired: " + a.reason;
+  std::string why = a.state == store::ApprovalState::kDenied
+                        ? "denied by " + a.decidedBy + (a.reason.empty() ? "" : ": " + a.reason)
+                        : "approval expired: " + a.reason;
   return denied(action, std::string(gate::scopeName(action.scope)) + " asked a person (approval " + a.id + "); " + why,
                 e.ruleJson, a.id);
 }
@@ -177,10 +178,8 @@ HttpResponse Api::approvalsRoute(const HttpRequest& req, const Principal& princi
     if (auto e = onlyQuery(req, {"state", "environment"})) return errorResponse(*e);
     store::ApprovalFilter filter;
     if (auto it = req.query.find("state"); it != req.query.end()) {
-      if (it->second != "pending" && it->second != "approved" && it->second != "denied" && it->second != "expired") {
-        return errorResponse(invalid("state", "pending, approved, denied or expired"));
-      }
-      filter.state = it->second;
+      filter.state = store::approvalStateNamed(it->second);
+      if (!filter.state) return errorResponse(invalid("state", "pending, approved, denied or expired"));
     }
     if (auto it = req.query.find("environment"); it != req.query.end()) filter.environment = it->second;
     auto list = approvals_.list(filter);

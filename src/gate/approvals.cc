@@ -71,7 +71,7 @@ Result<store::ApprovalRecord> ApprovalCenter::request(const std::string& environ
   a.action = action.toJson().dump(-1, ' ', false, json::error_handler_t::replace);
   a.requester = requester;
   a.createdAtMs = now();
-  a.state = "pending";
+  a.state = store::ApprovalState::kPending;
   MOAT_TRY(store_.insertApproval(a));
   return a;
 }
@@ -83,7 +83,7 @@ Result<store::ApprovalRecord> ApprovalCenter::watch(const std::string& id, std::
     auto record = store_.getApproval(id);
     if (!record.ok()) return record.error();
     if (!record.value()) return Error::make(Code::kNotFound, "no approval " + id);
-    if (record.value()->state != "pending" || stopping_) return *record.value();
+    if (record.value()->state != store::ApprovalState::kPending || stopping_) return *record.value();
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
       auto last = store_.getApproval(id);
       if (!last.ok()) return last.error();
@@ -94,13 +94,13 @@ Result<store::ApprovalRecord> ApprovalCenter::watch(const std::string& id, std::
 
 Result<store::ApprovalRecord> ApprovalCenter::await(const std::string& id, std::chrono::milliseconds timeout) {
   MOAT_ASSIGN(auto record, watch(id, timeout));
-  if (record.state != "pending") return record;
+  if (record.state != store::ApprovalState::kPending) return record;
   std::string why = "no decision within " + std::to_string(timeout.count() / 1000) + " s";
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) why = "moatd is stopping";
   }
-  auto expired = finish(id, "expired", "moatd", why, false);
+  auto expired = finish(id, store::ApprovalState::kExpired, "moatd", why, false);
   if (expired.ok()) return expired;
   // Decided at the last moment: that decision stands.
   auto current = store_.getApproval(id);
@@ -108,14 +108,14 @@ Result<store::ApprovalRecord> ApprovalCenter::await(const std::string& id, std::
   return *current.value();
 }
 
-Result<store::ApprovalRecord> ApprovalCenter::finish(const std::string& id, const std::string& state,
+Result<store::ApprovalRecord> ApprovalCenter::finish(const std::string& id, store::ApprovalState state,
                                                      const std::string& by, const std::string& reason, bool remember) {
   std::lock_guard<std::mutex> lock(mutex_);
   MOAT_ASSIGN(auto found, store_.getApproval(id));
   if (!found) return Error::make(Code::kNotFound, "no approval " + id);
   store::ApprovalRecord a = *found;
-  if (a.state != "pending") {
-    return Error::make(Code::kConflict, "approval " + id + " is already " + a.state +
+  if (a.state != store::ApprovalState::kPending) {
+    return Error::make(Code::kConflict, "approval " + id + " is already " + store::stateName(a.state) +
                                             (a.decidedBy.empty() ? "" : " (by " + a.decidedBy + ")"));
   }
   a.state = state;
@@ -130,7 +130,8 @@ Result<store::ApprovalRecord> ApprovalCenter::finish(const std::string& id, cons
 
 Result<store::ApprovalRecord> ApprovalCenter::decide(const std::string& id, bool approve, const std::string& decidedBy,
                                                      const std::string& reason, bool remember) {
-  return finish(id, approve ? "approved" : "denied", decidedBy, reason, remember);
+  return finish(id, approve ? store::ApprovalState::kApproved : store::ApprovalState::kDenied, decidedBy, reason,
+                remember);
 }
 
 void ApprovalCenter::markUsed(const std::string& id) {
@@ -145,7 +146,7 @@ void ApprovalCenter::markUsed(const std::string& id) {
 bool ApprovalCenter::consumeGrant(const std::string& environment, const Action& action, const std::string& requester) {
   std::lock_guard<std::mutex> lock(mutex_);
   store::ApprovalFilter filter;
-  filter.state = "approved";
+  filter.state = store::ApprovalState::kApproved;
   filter.environment = environment;
   auto approved = store_.listApprovals(filter);
   if (!approved.ok()) return false;
@@ -162,11 +163,11 @@ bool ApprovalCenter::consumeGrant(const std::string& environment, const Action& 
 
 void ApprovalCenter::closeEnvironment(const std::string& environment, const std::string& reason) {
   store::ApprovalFilter filter;
-  filter.state = "pending";
+  filter.state = store::ApprovalState::kPending;
   filter.environment = environment;
   auto pending = store_.listApprovals(filter);
   if (!pending.ok()) return;
-  for (const auto& a : pending.value()) (void)finish(a.id, "expired", "moatd", reason, false);
+  for (const auto& a : pending.value()) (void)finish(a.id, store::ApprovalState::kExpired, "moatd", reason, false);
 }
 
 void ApprovalCenter::shutdown() {

@@ -51,7 +51,7 @@ class ApprovalCenter {
   void shutdown();
 
  private:
-  Result<store::ApprovalRecord> finish(const std::string& id, const std::string& state, const std::string& by,
+  Result<store::ApprovalRecord> finish(const std::string& id, store::ApprovalState state, const std::string& by,
                                        const std::string& reason, bool remember);
 
   store::Store& store_;

@@ -50,6 +50,22 @@ constexpr std::optional<SnapshotState> snapshotStateNamed(std::string_view name)
   return valueNamed(kSnapshotStates, name);
 }
 
+// An approval's: pending (a person has yet to decide), approved, denied,
+// or expired (nobody decided in time, or moatd stopped meanwhile).
+enum class ApprovalState : uint8_t { kPending, kApproved, kDenied, kExpired };
+
+inline constexpr EnumName<ApprovalState> kApprovalStates[] = {
+    {ApprovalState::kPending, "pending"},
+    {ApprovalState::kApproved, "approved"},
+    {ApprovalState::kDenied, "denied"},
+    {ApprovalState::kExpired, "expired"},
+};
+static_assert(std::size(kApprovalStates) == static_cast<size_t>(ApprovalState::kExpired) + 1);
+constexpr const char* stateName(ApprovalState state) { return nameIn(kApprovalStates, state, "expired"); }
+constexpr std::optional<ApprovalState> approvalStateNamed(std::string_view name) {
+  return valueNamed(kApprovalStates, name);
+}
+
 struct EnvironmentRecord {
   std::string id;      // 12 hex digits
   std::string taskId;  // caller's label for the task; may be empty
@@ -90,7 +106,7 @@ struct ApprovalRecord {
   std::string action;     // JSON
   std::string requester;  // "master" or an API key id
   int64_t createdAtMs = 0;
-  std::string state;  // pending | approved | denied | expired
+  ApprovalState state = ApprovalState::kPending;
   std::string decidedBy;
   std::string reason;
   int64_t decidedAtMs = 0;
@@ -99,7 +115,7 @@ struct ApprovalRecord {
 };
 
 struct ApprovalFilter {
-  std::string state;                      // empty: any
+  std::optional<ApprovalState> state;     // none: any
   std::string environment;                // empty: any
   std::vector<std::string> environments;  // non-empty: only these (a key's own)
 };

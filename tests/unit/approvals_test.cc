@@ -52,7 +52,7 @@ TEST_F(ApprovalsTest, PathThatIsNotUtf8CanBeAskedAbout) {
   // It is decided like any other.
   auto decided = approvals.decide(requested->id, false, "master", "no", false);
   ASSERT_TRUE(decided.ok()) << decided.error().message();
-  EXPECT_EQ(decided->state, "denied");
+  EXPECT_EQ(decided->state, store::ApprovalState::kDenied);
 }
 
 }  // namespace

@@ -230,6 +230,36 @@ TEST_F(StoreTest, ASnapshotStateNoMoatdKnowsIsAnErrorNamingIt) {
   EXPECT_FALSE(store.listSnapshots("", "").ok());
 }
 
+// Approvals alike: stored by name, filtered by state, and a name no moatd
+// knows is an error naming it (never taken for a pending or granted one).
+TEST_F(StoreTest, AnApprovalStateNoMoatdKnowsIsAnErrorNamingIt) {
+  Store& store = open();
+  ApprovalRecord a;
+  a.id = "aaaaaaaaaaaa";
+  a.environment = "abc";
+  a.scope = "run_command";
+  a.action = "{}";
+  a.requester = "master";
+  ASSERT_TRUE(store.insertApproval(a).ok());
+  a.id = "bbbbbbbbbbbb";
+  a.state = ApprovalState::kDenied;
+  ASSERT_TRUE(store.insertApproval(a).ok());
+  auto denied = store.listApprovals({.state = ApprovalState::kDenied});
+  ASSERT_TRUE(denied.ok());
+  ASSERT_EQ(denied->size(), 1u);
+  EXPECT_EQ(denied->at(0).id, "bbbbbbbbbbbb");
+  EXPECT_EQ(store.listApprovals({}).value().size(), 2u);
+  RawDb raw(path_);
+  EXPECT_EQ(raw.query("SELECT state FROM approvals WHERE id = 'bbbbbbbbbbbb'"), "denied");
+  raw.exec("PRAGMA ignore_check_constraints = ON");
+  raw.exec("UPDATE approvals SET state = 'granted' WHERE id = 'aaaaaaaaaaaa'");
+  auto got = store.getApproval("aaaaaaaaaaaa");
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.error().code, Code::kCorrupt);
+  EXPECT_NE(got.error().context.find("granted"), std::string::npos) << got.error().context;
+  EXPECT_FALSE(store.listApprovals({}).ok());
+}
+
 TEST_F(StoreTest, LabelsThatAreNotUtf8AreRejected) {
   Store& store = open();
   EnvironmentRecord record = makeRecord("abc", 1);

@@ -549,7 +549,7 @@ constexpr std::string_view kSelectApprovals =
     "SELECT id, environment, scope, action, requester, created_at_ms, state, decided_by, reason,"
     " decided_at_ms, remember, used FROM approvals";
 
-ApprovalRecord readApproval(const Statement& stmt) {
+Result<ApprovalRecord> readApproval(const Statement& stmt) {
   ApprovalRecord a;
   a.id = stmt.text(0);
   a.environment = stmt.text(1);
@@ -557,7 +557,9 @@ ApprovalRecord readApproval(const Statement& stmt) {
   a.action = stmt.text(3);
   a.requester = stmt.text(4);
   a.createdAtMs = stmt.integer(5);
-  a.state = stmt.text(6);
+  auto state = approvalStateNamed(stmt.text(6));
+  if (!state) return Error::make(Code::kCorrupt, "approval " + a.id + " has no known state ('" + stmt.text(6) + "')");
+  a.state = *state;
   a.decidedBy = stmt.text(7);
   a.reason = stmt.text(8);
   a.decidedAtMs = stmt.integer(9);
@@ -660,8 +662,9 @@ Status SqliteStore::insertApproval(const ApprovalRecord& a) {
                                 " created_at_ms, state, decided_by, reason, decided_at_ms, remember, used)"
                                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                 what));
-  MOAT_TRY(stmt.bindAll(a.id, a.environment, a.scope, a.action, a.requester, a.createdAtMs, a.state, a.decidedBy,
-                        a.reason, a.decidedAtMs, static_cast<int64_t>(a.remember), static_cast<int64_t>(a.used)));
+  MOAT_TRY(stmt.bindAll(a.id, a.environment, a.scope, a.action, a.requester, a.createdAtMs,
+                        std::string(stateName(a.state)), a.decidedBy, a.reason, a.decidedAtMs,
+                        static_cast<int64_t>(a.remember), static_cast<int64_t>(a.used)));
   return stmt.run();
 }
 
@@ -672,8 +675,8 @@ Status SqliteStore::updateApproval(const ApprovalRecord& a) {
                                                 "UPDATE approvals SET state = ?, decided_by = ?, reason = ?,"
                                                 " decided_at_ms = ?, remember = ?, used = ? WHERE id = ?",
                                                 what));
-  MOAT_TRY(stmt.bindAll(a.state, a.decidedBy, a.reason, a.decidedAtMs, static_cast<int64_t>(a.remember),
-                        static_cast<int64_t>(a.used), a.id));
+  MOAT_TRY(stmt.bindAll(std::string(stateName(a.state)), a.decidedBy, a.reason, a.decidedAtMs,
+                        static_cast<int64_t>(a.remember), static_cast<int64_t>(a.used), a.id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) return Error::make(Code::kNotFound, what + ": no such approval");
   return {};
@@ -686,7 +689,8 @@ Result<std::optional<ApprovalRecord>> SqliteStore::getApproval(const std::string
   MOAT_TRY(stmt.bindAll(id));
   MOAT_ASSIGN(bool row, stmt.step());
   if (!row) return std::optional<ApprovalRecord>();
-  return std::optional<ApprovalRecord>(readApproval(stmt));
+  MOAT_ASSIGN(ApprovalRecord approval, readApproval(stmt));
+  return std::optional<ApprovalRecord>(std::move(approval));
 }
 
 Result<std::vector<ApprovalRecord>> SqliteStore::listApprovals(const ApprovalFilter& filter) {
@@ -695,12 +699,13 @@ Result<std::vector<ApprovalRecord>> SqliteStore::listApprovals(const ApprovalFil
                     " WHERE (? = '' OR state = ?) AND (? = '' OR environment = ?)"
                     " ORDER BY created_at_ms DESC, id LIMIT 1000";
   MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(), sql, "list approvals"));
-  MOAT_TRY(stmt.bindAll(filter.state, filter.state, filter.environment, filter.environment));
+  const std::string state = filter.state ? stateName(*filter.state) : "";
+  MOAT_TRY(stmt.bindAll(state, state, filter.environment, filter.environment));
   std::vector<ApprovalRecord> out;
   while (true) {
     MOAT_ASSIGN(bool row, stmt.step());
     if (!row) break;
-    ApprovalRecord a = readApproval(stmt);
+    MOAT_ASSIGN(ApprovalRecord a, readApproval(stmt));
     if (!filter.environments.empty() &&
         std::find(filter.environments.begin(), filter.environments.end(), a.environment) == filter.environments.end()) {
       continue;
