@@ -17,8 +17,7 @@ HttpResponse Api::listEnvironments(const HttpRequest& req, const Principal& prin
     } else if (k == "state") {
       filter.state = store::environmentStateNamed(v);
       if (!filter.state && !v.empty()) {  // empty: no filter, as without it
-        return errorResponse(
-            invalid("state", "one of creating, running, destroying, gone, failed; not '" + v + "'"));
+        return errorResponse(invalid("state", "one of creating, running, destroying, gone, failed; not '" + v + "'"));
       }
     } else if (k == "label") {
       auto eq = v.find('=');
@@ -41,8 +40,7 @@ HttpResponse Api::createEnvironment(const HttpRequest& req, const Principal& pri
   if (!body.ok()) return errorResponse(perr);
   const json& j = body.value();
   if (auto e = onlyFields(
-          j,
-          {"task_id", "template", "spec", "ttl_s", "labels", "env", "permissions", "network", "secrets", "snapshot"},
+          j, {"task_id", "template", "spec", "ttl_s", "labels", "env", "permissions", "network", "secrets", "snapshot"},
           "")) {
     return errorResponse(*e);
   }

@@ -1,7 +1,5 @@
 // The route table: how a method and path find their handler, and that the
 // table and api/openapi.yaml list the same endpoints.
-#include "api/routes.h"
-
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -10,6 +8,7 @@
 #include <sstream>
 
 #include "api/api.h"
+#include "api/routes.h"
 
 #ifndef MOAT_SOURCE_DIR
 #error "MOAT_SOURCE_DIR must be defined by tests/unit/CMakeLists.txt"

@@ -117,7 +117,8 @@ TEST_F(ApiTest, TheRouteTableAnswersUnknownPathsAndMethodsBeforeAnyHandler) {
   EXPECT_EQ(wrong.status, 405);
   EXPECT_EQ(wrong.body["error"]["code"], "method_not_allowed");
   EXPECT_EQ(message(wrong), "PATCH /v1/environments: use GET or POST");
-  EXPECT_EQ(message(call("POST", "/v1/environments/abc/files")), "POST /v1/environments/abc/files: use GET, PUT or DELETE");
+  EXPECT_EQ(message(call("POST", "/v1/environments/abc/files")),
+            "POST /v1/environments/abc/files: use GET, PUT or DELETE");
   EXPECT_TRUE(backend_.calls().empty());
 }
 
@@ -141,8 +142,12 @@ TEST_F(ApiTest, AKeyReachesOnlyTheEnvironmentsItCreated) {
   const std::string keys = own.body["id"];
 
   // Another's environment looks like none, on every route under it.
-  for (const auto& [method, suffix] : std::vector<std::pair<std::string, std::string>>{
-           {"GET", ""}, {"DELETE", ""}, {"POST", "/exec"}, {"GET", "/files?path=/etc/hostname"}, {"GET", "/processes"}}) {
+  for (const auto& [method, suffix] :
+       std::vector<std::pair<std::string, std::string>>{{"GET", ""},
+                                                        {"DELETE", ""},
+                                                        {"POST", "/exec"},
+                                                        {"GET", "/files?path=/etc/hostname"},
+                                                        {"GET", "/processes"}}) {
     json body = method == "POST" ? json{{"cmd", {"/bin/true"}}} : json(nullptr);
     auto r = call(method, "/v1/environments/" + masters + suffix, body, key);
     EXPECT_EQ(r.status, 404) << method << " " << suffix << ": " << r.body;
