@@ -41,8 +41,8 @@ Decision authorize(const Policy& policy, const Request& request, const Lookups& 
   Verdict withAddress = decide(policy, resolved);
   if (withAddress.outcome == Outcome::kDeny) {
     d.rule = withAddress.rule;
-    d.why = request.host + " resolves to " + formatIpv4(d.address) + ", which the policy refuses (" +
-            withAddress.rule + ")";
+    d.why = request.host + " resolves to " + formatIpv4(d.address) + ", which the policy refuses (" + withAddress.rule +
+            ")";
     return d;
   }
   d.inspect = d.inspect || withAddress.inspect;

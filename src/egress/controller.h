@@ -18,6 +18,7 @@
 #include "audit/event.h"
 #include "common/result.h"
 #include "common/unique_fd.h"
+#include "egress/authorize.h"
 #include "egress/channel.h"
 #include "egress/network.h"
 #include "egress/policy.h"
@@ -45,17 +46,6 @@ struct EgressConfig {
 
 constexpr uint16_t kProxyPort = 3128;
 
-// The gate's say on a destination: one that no allowlist entry matched
-// (listed false), where the environment's network permission decides and
-// waits for a person when it is "ask"; and one the policy allows (listed
-// true), which the ceiling of the key that created the environment may
-// still refuse or ask about.
-struct GateAnswer {
-  bool allowed = false;
-  std::string why;  // for the refusal and the event
-};
-using GateHook =
-    std::function<GateAnswer(const std::string& environment, const std::string& host, uint16_t port, bool listed)>;
 // What that question would get, without waiting for anyone, for the
 // resolver: deny (refused), ask (a stand-in address: nothing goes upstream
 // before the decision) or allow (resolved).
@@ -101,7 +91,6 @@ class Controller {
 
  private:
   struct Env;
-  struct Decision;
   enum class Entry { kForward, kHttp, kTls };
   Controller() = default;
 

@@ -58,14 +58,5 @@ struct Controller::Env {
 };
 
 // How a destination was judged.
-struct Controller::Decision {
-  bool allowed = false;
-  std::string rule;  // which rule decided ("allow[0]", "gate", "deny[1]", ...)
-  nlohmann::json ruleJson;
-  std::string why;       // for a refusal
-  bool inspect = false;  // requests must be seen: TLS is intercepted
-  bool byGate = false;   // unlisted, allowed by the gate (or a person)
-  uint32_t address = 0;  // where to connect, host byte order
-};
 
 }  // namespace moat::egress

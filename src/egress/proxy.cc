@@ -246,52 +246,11 @@ Result<UniqueFd> Controller::connectUpstream(uint32_t address, uint16_t port) {
   return fd;
 }
 
-Controller::Decision Controller::authorize(const std::shared_ptr<Env>& env, const std::string& host, uint16_t port,
-                                           const std::string& method, const std::string& path) {
-  Decision d;
-  auto policy = env->currentPolicy();
-  Verdict v = decide(*policy, Destination{host, port, std::nullopt, method, path});
-  d.rule = v.rule;
-  d.ruleJson = v.ruleJson;
-  d.inspect = v.inspect;
-  if (v.outcome == Outcome::kDeny) {
-    d.why = host + ":" + std::to_string(port) + " is denied by the network policy (" + v.rule + ")";
-    return d;
-  }
-  if (v.outcome == Outcome::kUnlisted) {
-    GateAnswer g = gate_ ? gate_(env->id, host, port, false) : GateAnswer{false, "not on the allowlist"};
-    if (!g.allowed) {
-      d.rule = "gate";
-      d.why = host + ":" + std::to_string(port) + " is not on the allowlist (" + g.why + ")";
-      return d;
-    }
-    d.rule = "gate";
-    d.byGate = true;
-  } else if (gate_) {
-    GateAnswer g = gate_(env->id, host, port, true);
-    if (!g.allowed) {
-      d.rule = "ceiling";
-      d.why = host + ":" + std::to_string(port) + " is refused (" + g.why + ")";
-      return d;
-    }
-  }
-  auto addresses = resolver_.resolve(host);
-  if (!addresses.ok()) {
-    d.why = addresses.error().message();
-    return d;
-  }
-  d.address = addresses->front();
-  Destination withAddressDestination{host, port, d.address, method, path};
-  withAddressDestination.hostLocal = !isSpecialAddress(d.address) && hostLocal(d.address);
-  Verdict withAddress = decide(*policy, withAddressDestination);
-  if (withAddress.outcome == Outcome::kDeny) {
-    d.rule = withAddress.rule;
-    d.why = host + " resolves to " + formatIpv4(d.address) + ", which the policy refuses (" + withAddress.rule + ")";
-    return d;
-  }
-  d.inspect = d.inspect || withAddress.inspect;
-  d.allowed = true;
-  return d;
+Decision Controller::authorize(const std::shared_ptr<Env>& env, const std::string& host, uint16_t port,
+                               const std::string& method, const std::string& path) {
+  Lookups lookups{gate_, [this](const std::string& name) { return resolver_.resolve(name); },
+                  [this](uint32_t address) { return hostLocal(address); }};
+  return egress::authorize(*env->currentPolicy(), Request{env->id, host, port, method, path}, lookups);
 }
 
 void Controller::serveConnection(const std::shared_ptr<Env>& env, UniqueFd client, Entry entry) {

@@ -2,9 +2,9 @@
 // name, the gate, then the policy on the address the name resolves to.
 // No namespace and no network: the gate, the resolver and the host's own
 // addresses are the test's.
-#include "egress/authorize.h"
-
 #include <gtest/gtest.h>
+
+#include "egress/authorize.h"
 
 namespace moat::egress {
 namespace {
