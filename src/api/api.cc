@@ -10,6 +10,7 @@
 #include "api/auth.h"
 #include "api/validation.h"
 #include "common/encoding.h"
+#include "manager/stored_settings.h"
 #include "os/file.h"
 
 namespace moat::api {
@@ -24,14 +25,16 @@ json environmentJson(const store::EnvironmentRecord& r) {
             {"expires_at", timestamp(r.expiresAtMs)},
             {"labels", r.labels}};
   if (!r.reason.empty()) j["reason"] = r.reason;
-  json layers = json::parse(r.permissions.empty() ? "[]" : r.permissions, nullptr, false);
-  if (layers.is_array() && !layers.empty()) {
-    j["permissions"] = layers[0];
-    if (layers.size() > 1) j["permission_layers"] = layers.size();
+  // Shown as stored (a record that has none yet shows none).
+  auto layers = r.permissions.empty() ? Result<std::vector<gate::Permissions>>(std::vector<gate::Permissions>{})
+                                      : manager::storedLayers(r, gate::Permissions::defaults());
+  if (layers.ok() && !layers->empty()) {
+    j["permissions"] = layers->front().toJson();
+    if (layers->size() > 1) j["permission_layers"] = layers->size();
   }
-  json network = json::parse(r.network.empty() ? "{\"mode\": \"none\"}" : r.network, nullptr, false);
-  j["network"] = network.is_object() ? network["mode"] : json("none");
-  auto secrets = egress::secretsFromStored(r.secrets);
+  auto network = manager::storedNetwork(r);
+  j["network"] = egress::modeName(network.ok() ? network->mode : egress::Mode::kNone);
+  auto secrets = manager::storedSecrets(r);
   if (secrets.ok() && !secrets->empty()) j["secrets"] = egress::secretsToPublic(secrets.value());
   return j;
 }

@@ -14,6 +14,7 @@
 #include "common/base_environment.h"
 #include "common/scope_exit.h"
 #include "common/trace.h"
+#include "manager/stored_settings.h"
 #include "os/process.h"
 
 namespace moat::manager {
@@ -215,17 +216,13 @@ Status EnvironmentManager::recoverAfterRestart() {
       reservedMemoryMb_ += r.ramMb;
     }
     if (r.state != EnvironmentState::kRunning) (void)store_.setState(id, EnvironmentState::kRunning, "");
-    bool wantsLink = false;
-    if (!r.network.empty()) {
-      auto stored = egress::Policy::parse(nlohmann::json::parse(r.network, nullptr, false));
-      wantsLink = stored.ok() && stored->mode != egress::Mode::kNone;
-    }
+    auto stored = storedNetwork(r);
+    const bool wantsLink = stored.ok() && stored->mode != egress::Mode::kNone;
     if (egress_ && r.netSlot >= 0 && (!linked || linked->count(static_cast<uint32_t>(r.netSlot))) &&
         named[r.netSlot] == 1) {
-      auto policy = egress::Policy::parse(nlohmann::json::parse(r.network, nullptr, false));
-      auto secrets = egress::secretsFromStored(r.secrets);
+      auto secrets = storedSecrets(r);
       // A policy that cannot be read any more adopts the link shut.
-      egress_->adopt(id, static_cast<uint32_t>(r.netSlot), policy.ok() ? policy.value() : egress::Policy{},
+      egress_->adopt(id, static_cast<uint32_t>(r.netSlot), stored.ok() ? stored.value() : egress::Policy{},
                      secrets.ok() ? secrets.value() : std::vector<egress::Secret>{});
     } else if (egress_ && (r.netSlot >= 0 || wantsLink)) {
       relink.push_back(id);  // once the links nobody holds are gone, below
@@ -259,12 +256,9 @@ Status EnvironmentManager::recoverAfterRestart() {
 
 Status EnvironmentManager::restoreNetwork(const std::string& id, const std::string& why) {
   MOAT_ASSIGN(auto record, get(id));
-  egress::Policy policy;  // mode none
-  if (!record.network.empty()) {
-    MOAT_ASSIGN(policy, egress::Policy::parse(nlohmann::json::parse(record.network, nullptr, false)));
-  }
+  MOAT_ASSIGN(egress::Policy policy, storedNetwork(record));
   if (policy.mode == egress::Mode::kNone) {
-    MOAT_TRY(store_.setNetwork(id, policy.toJson().dump(), -1));
+    MOAT_TRY(store_.setNetwork(id, networkText(policy), -1));
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = live_.find(id); it != live_.end()) {
       for (auto& [k, v] : egress::Controller::environmentVariables(egress::EgressNetwork::linkFor(0))) {
@@ -273,7 +267,7 @@ Status EnvironmentManager::restoreNetwork(const std::string& id, const std::stri
     }
     return {};
   }
-  auto secrets = egress::secretsFromStored(record.secrets);
+  auto secrets = storedSecrets(record);
   MOAT_TRY(connectNetwork(id, policy, secrets.ok() ? secrets.value() : std::vector<egress::Secret>{}));
   audit_.record("network.changed", id, "moatd", {{"network", policy.toJson()}, {"reason", why}});
   return {};
@@ -375,12 +369,12 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
                          "egress control is not running in this moatd (see moatd --help): "
                          "only network mode \"none\" is available");
     }
-    record.network = request.network.toJson().dump();
-    record.secrets = egress::secretsToStored(request.secrets).dump();
+    record.network = networkText(request.network);
+    record.secrets = secretsText(request.secrets);
   }
   std::vector<gate::Permissions> layers = {request.permissions ? *request.permissions : config_.defaultPermissions};
   layers.insert(layers.end(), request.furtherLayers.begin(), request.furtherLayers.end());
-  record.permissions = gate::layersToJson(layers).dump();
+  record.permissions = layersText(layers);
   std::optional<store::SnapshotRecord> from;
   auto snapshotHeld = holdSnapshot(request.fromSnapshot);  // until the backend has copied it
   if (!request.fromSnapshot.empty()) {
@@ -569,7 +563,7 @@ Result<std::vector<store::EnvironmentRecord>> EnvironmentManager::list(const sto
 
 EnvironmentManager::Live EnvironmentManager::makeLive(std::shared_ptr<InitConnection> connection,
                                                       const store::EnvironmentRecord& record) const {
-  auto layers = gate::layersFromJson(record.permissions, config_.defaultPermissions);
+  auto layers = storedLayers(record, config_.defaultPermissions);
   // A record whose permissions cannot be read gates everything shut.
   std::vector<gate::Permissions> closed;
   if (!layers.ok()) {
@@ -606,11 +600,11 @@ Result<std::vector<gate::Permissions>> EnvironmentManager::permissions(const std
     if (it != live_.end()) return *it->second.permissions;
   }
   MOAT_ASSIGN(auto record, get(id));
-  return gate::layersFromJson(record.permissions, config_.defaultPermissions);
+  return storedLayers(record, config_.defaultPermissions);
 }
 
 Status EnvironmentManager::storeLayers(const std::string& id, std::vector<gate::Permissions> layers) {
-  MOAT_TRY(store_.setPermissions(id, gate::layersToJson(layers).dump()));
+  MOAT_TRY(store_.setPermissions(id, layersText(layers)));
   std::shared_ptr<InitConnection> connection;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -950,7 +944,7 @@ Status EnvironmentManager::connectNetwork(const std::string& id, const egress::P
   MOAT_ASSIGN(UniqueFd netns, backend_.networkNamespace(id));
   MOAT_ASSIGN(auto link, egress_->attach(id, netns.get(), policy, secrets));
   Status s = writeNetworkFiles(live.connection, link);
-  if (s.ok()) s = store_.setNetwork(id, policy.toJson().dump(), link.slot);
+  if (s.ok()) s = store_.setNetwork(id, networkText(policy), link.slot);
   if (!s.ok()) {
     (void)egress_->detach(id);
     return s;
@@ -973,8 +967,7 @@ Status EnvironmentManager::connectNetworkUnlessSet(const std::string& id, const 
 
 Result<egress::Policy> EnvironmentManager::network(const std::string& id) {
   MOAT_ASSIGN(auto record, get(id));
-  if (record.network.empty()) return egress::Policy{};
-  return egress::Policy::parse(nlohmann::json::parse(record.network, nullptr, false));
+  return storedNetwork(record);
 }
 
 Status EnvironmentManager::setNetwork(const std::string& id, const egress::Policy& policy) {
@@ -988,7 +981,7 @@ Status EnvironmentManager::setNetwork(const std::string& id, const egress::Polic
   bool linked = egress_->slotOf(id).has_value();
   if (policy.mode == egress::Mode::kNone) {
     if (linked) MOAT_TRY(egress_->detach(id));
-    MOAT_TRY(store_.setNetwork(id, policy.toJson().dump(), -1));
+    MOAT_TRY(store_.setNetwork(id, networkText(policy), -1));
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = live_.find(id); it != live_.end()) {
       for (auto& [k, v] : egress::Controller::environmentVariables(egress::EgressNetwork::linkFor(0))) {
@@ -999,10 +992,10 @@ Status EnvironmentManager::setNetwork(const std::string& id, const egress::Polic
   }
   if (linked) {
     MOAT_TRY(egress_->setPolicy(id, policy));
-    return store_.setNetwork(id, policy.toJson().dump(), *egress_->slotOf(id));
+    return store_.setNetwork(id, networkText(policy), *egress_->slotOf(id));
   }
   MOAT_ASSIGN(auto record, get(id));
-  auto secrets = egress::secretsFromStored(record.secrets);
+  auto secrets = storedSecrets(record);
   return connectNetwork(id, policy, secrets.ok() ? secrets.value() : std::vector<egress::Secret>{});
 }
 

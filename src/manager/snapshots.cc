@@ -7,6 +7,7 @@
 #include "common/clock.h"
 #include "common/hex.h"
 #include "manager/environment_manager.h"
+#include "manager/stored_settings.h"
 
 namespace moat::manager {
 
@@ -84,12 +85,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::fork(const std::string& id,
     copy.permissions = layers.front();
     copy.furtherLayers.assign(layers.begin() + 1, layers.end());
   }
-  if (!source.network.empty()) {
-    MOAT_ASSIGN(copy.network, egress::Policy::parse(nlohmann::json::parse(source.network, nullptr, false)));
-  }
-  if (!source.secrets.empty()) {
-    MOAT_ASSIGN(copy.secrets, egress::secretsFromStored(source.secrets));
-  }
+  MOAT_ASSIGN(copy.network, storedNetwork(source));
+  MOAT_ASSIGN(copy.secrets, storedSecrets(source));
   // Through a snapshot nobody keeps: gone once the fork has its own copy
   // (volume first: a kill in between leaves a transient record, rolled back).
   MOAT_ASSIGN(auto snap, takeSnapshot(id, "fork", request.owner, true));
