@@ -128,9 +128,6 @@ constexpr uint64_t kDrainBytes = 64u << 10;
 // closes, stays silent this long, or this much time has passed.
 constexpr std::chrono::milliseconds kLingerIdle{2000};
 constexpr std::chrono::seconds kLingerTotal{30};
-// How long a newcomer at the connection limit waits for a place before it
-// is refused (503).
-constexpr std::chrono::seconds kWaitForPlace{1};
 
 // `mark(busy)` tells the server whether a request is in progress (false:
 // the connection waits for the next one); it answers false once the server
@@ -358,30 +355,26 @@ void HttpServer::acceptLoop(int listenFd) {
       return;
     }
     std::unique_lock<std::mutex> lock(mutex_);
-    // Make room: close the connection that has waited longest for a
-    // request. Idle connections cost a thread each; a client holding
-    // hundreds open must not lock everyone else out. A newcomer waits a
-    // moment for its place: for the closed one's thread to end, and for a
-    // busy one whose answer is on its way to become idle (its client may
-    // already have read that answer and gone on to open this connection).
-    // One closed at a time: a burst of newcomers (the backlog holds
-    // thousands) must not each close one before the closed ones are gone.
-    const auto deadline = std::chrono::steady_clock::now() + kWaitForPlace;
-    while (active_ >= limits_.maxConnections && !stopping_) {
+    bool full = active_ >= limits_.maxConnections;
+    if (full && !stopping_) {
+      // Make room: close the connection that has waited longest for a
+      // request. Idle connections cost a thread each; a client holding
+      // hundreds open must not lock everyone else out.
       auto oldest = connections_.end();
-      bool closing = false;
       for (auto it = connections_.begin(); it != connections_.end(); ++it) {
-        closing = closing || it->second.evicted;
         if (it->second.busy || it->second.evicted) continue;
         if (oldest == connections_.end() || it->second.since < oldest->second.since) oldest = it;
       }
-      if (!closing && oldest != connections_.end()) {
+      if (oldest != connections_.end()) {
         oldest->second.evicted = true;
         ::shutdown(oldest->first, SHUT_RDWR);  // its thread ends and gives back its place
+        // Taken once that thread has ended: a burst of newcomers (the
+        // backlog holds thousands) must not each evict one and start its
+        // thread before the evicted ones are gone.
+        full = !idle_.wait_for(lock, std::chrono::seconds(1),
+                               [this] { return active_ < limits_.maxConnections || stopping_; });
       }
-      if (idle_.wait_until(lock, deadline) == std::cv_status::timeout) break;
     }
-    const bool full = active_ >= limits_.maxConnections;
     if (full || stopping_) {
       lock.unlock();
       static const std::string body = errorBody("unavailable", "too many connections; retry later");
@@ -443,16 +436,21 @@ bool HttpServer::markBusy(int fd, bool busy) {
   if (it == connections_.end() || it->second.evicted) return false;
   if (stopping_) return false;  // stop() waits for the answer in progress, not for more
   it->second.busy = busy;
-  if (!busy) {
-    it->second.since = std::chrono::steady_clock::now();
-    idle_.notify_all();  // a newcomer at the limit may take its place
-  }
+  if (!busy) it->second.since = std::chrono::steady_clock::now();
   return true;
+}
+
+void HttpServer::beginStop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  idle_.notify_all();  // a newcomer waiting for an evicted connection's place is refused now
 }
 
 void HttpServer::stop() {
   if (stopped_.exchange(true)) return;
-  stopping_ = true;
+  beginStop();
   for (int fd : listenFds_) ::shutdown(fd, SHUT_RDWR);
   for (auto& t : acceptors_) t.join();
   for (int fd : listenFds_) ::close(fd);

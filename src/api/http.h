@@ -103,7 +103,7 @@ class HttpServer {
   // From now on no request starts and newcomers get 503; requests in
   // progress go on and write their answers. For the caller to call before
   // it tells those requests to end, so that none of them is taken for idle.
-  void beginStop() { stopping_ = true; }
+  void beginStop();
   // beginStop(), then ends the connections: idle ones at once, each busy one
   // once its answer is written, or after limits.stopGrace. Returns when all
   // are gone.
