@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <numeric>
 #include <set>
 
 #include "common/base_environment.h"
@@ -66,21 +65,21 @@ nlohmann::json endedData(const ProcessInfo& info) {
 
 }  // namespace
 
-EnvironmentManager::EnvironmentManager(ManagerConfig config, store::Store& store, backend::Backend& backend,
-                                       audit::Recorder* audit)
-    : config_(std::move(config)), store_(store), backend_(backend), audit_(audit ? *audit : audit::nullRecorder()) {
-  if (config_.maxTotalMemoryMb == 0) config_.maxTotalMemoryMb = os::totalMemoryMb();
-  // A pool's 0 resources are the default spec's; pools of no size are dropped.
-  std::erase_if(config_.warmPools, [](const WarmPool& p) { return p.size == 0; });
-  for (auto& p : config_.warmPools) {
-    if (p.cpus <= 0) p.cpus = config_.defaultCpus;
-    if (p.ramMb == 0) p.ramMb = config_.defaultRamMb;
-    if (p.storageGb <= 0) p.storageGb = config_.defaultStorageGb;
-    if (p.pids == 0) p.pids = config_.defaultPids;
-  }
-  // One pool per (template, spec): the sizes of repeated ones add up.
+namespace {
+
+// The limits and pools as the manager keeps them: the memory limit is the
+// host's when none is given; a pool's 0 resources are the default spec's,
+// pools of no size are dropped, and one pool per (template, spec) holds the
+// sizes of repeated ones.
+ManagerConfig resolved(ManagerConfig config) {
+  if (config.maxTotalMemoryMb == 0) config.maxTotalMemoryMb = os::totalMemoryMb();
+  std::erase_if(config.warmPools, [](const WarmPool& p) { return p.size == 0; });
   std::vector<WarmPool> pools;
-  for (const auto& p : config_.warmPools) {
+  for (WarmPool p : config.warmPools) {
+    if (p.cpus <= 0) p.cpus = config.defaultCpus;
+    if (p.ramMb == 0) p.ramMb = config.defaultRamMb;
+    if (p.storageGb <= 0) p.storageGb = config.defaultStorageGb;
+    if (p.pids == 0) p.pids = config.defaultPids;
     auto same = std::find_if(pools.begin(), pools.end(), [&](const WarmPool& q) {
       return q.keeps(p.templateName, p.cpus, p.ramMb, p.storageGb, p.pids);
     });
@@ -90,10 +89,18 @@ EnvironmentManager::EnvironmentManager(ManagerConfig config, store::Store& store
       same->size += p.size;
     }
   }
-  config_.warmPools = std::move(pools);
-  poolCreating_.assign(config_.warmPools.size(), 0);
-  poolClaims_.assign(config_.warmPools.size(), 0);
-  poolRetryAfterMs_.assign(config_.warmPools.size(), 0);
+  config.warmPools = std::move(pools);
+  return config;
+}
+
+}  // namespace
+
+EnvironmentManager::EnvironmentManager(ManagerConfig config, store::Store& store, backend::Backend& backend,
+                                       audit::Recorder* audit)
+    : config_(resolved(std::move(config))),
+      store_(store),
+      backend_(backend),
+      audit_(audit ? *audit : audit::nullRecorder()) {
   reaper_ = std::thread([this] { reaperLoop(); });
   // The pool fills on its own thread: a slow create must not hold up expiry.
   if (!config_.warmPools.empty()) pooler_ = std::thread([this] { poolLoop(); });
@@ -106,7 +113,7 @@ void EnvironmentManager::poolLoop() {
   constexpr int64_t kRefillAfterClaimMs = 10;
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
-    int64_t quietAt = lastClaimMs_ + kRefillAfterClaimMs;
+    int64_t quietAt = pools_.lastClaimMs() + kRefillAfterClaimMs;
     if (nowMs() < quietAt) {
       poolCv_.wait_for(lock, std::chrono::milliseconds(quietAt - nowMs()));
       continue;
@@ -137,11 +144,10 @@ EnvironmentManager::~EnvironmentManager() {
   // hands a new connection to the next moatd. Dropped here, while every member
   // their reader threads touch (onInitGone) still exists.
   std::map<std::string, Live> live;
-  std::vector<Ready> pool;
+  std::vector<ReadyEnvironment> pool = pools_.takeAll();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     live.swap(live_);
-    pool.swap(pool_);
   }
   live.clear();
   pool.clear();
@@ -153,8 +159,8 @@ void EnvironmentManager::interrupt() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& [id, l] : live_) connections.push_back(l.connection);
-    for (auto& r : pool_) connections.push_back(r.connection);
   }
+  for (auto& [id, c] : pools_.connections()) connections.push_back(c);
   for (auto& c : connections) c->close("moatd is shutting down");
 }
 
@@ -213,8 +219,8 @@ Status EnvironmentManager::recoverAfterRestart() {
       std::lock_guard<std::mutex> lock(mutex_);
       live_[id] = makeLive(connection, r);
       nextExpiryMs_ = std::min(nextExpiryMs_, r.expiresAtMs);
-      reservedMemoryMb_ += r.ramMb;
     }
+    capacity_.count(r.ramMb);
     if (r.state != EnvironmentState::kRunning) (void)store_.setState(id, EnvironmentState::kRunning, "");
     auto stored = storedNetwork(r);
     const bool wantsLink = stored.ok() && stored->mode != egress::Mode::kNone;
@@ -290,42 +296,27 @@ backend::Spec EnvironmentManager::specFor(const std::string& templateName, doubl
 }
 
 backend::Spec EnvironmentManager::poolSpec(size_t pool) const {
-  const WarmPool& p = config_.warmPools[pool];
+  const WarmPool& p = pools_.pools()[pool];
   return specFor(p.templateName, p.cpus, p.ramMb, p.storageGb, p.pids);
 }
 
 std::optional<size_t> EnvironmentManager::poolFor(const store::EnvironmentRecord& record) const {
-  for (size_t i = 0; i < config_.warmPools.size(); ++i) {
-    const WarmPool& p = config_.warmPools[i];
-    if (p.keeps(record.templateName, record.cpus, record.ramMb, record.storageGb, record.pids)) return i;
-  }
-  return std::nullopt;
+  return pools_.poolFor(record.templateName, record.cpus, record.ramMb, record.storageGb, record.pids);
 }
 
 void EnvironmentManager::refillPool() {
   for (;;) {
-    size_t pool = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_ || detached_) return;
-      // The first pool short of its size and not backing off.
-      const int64_t now = nowMs();
-      std::vector<size_t> ready(config_.warmPools.size(), 0);
-      for (const auto& r : pool_) ++ready[r.pool];
-      for (pool = 0; pool < config_.warmPools.size(); ++pool) {
-        if (ready[pool] + poolCreating_[pool] < config_.warmPools[pool].size && now >= poolRetryAfterMs_[pool]) break;
-      }
-      if (pool == config_.warmPools.size()) return;
-      size_t creating = std::accumulate(poolCreating_.begin(), poolCreating_.end(), size_t{0});
-      const uint64_t ramMb = config_.warmPools[pool].ramMb;
-      if (live_.size() + pool_.size() + creating_ + creating >= config_.maxEnvironments ||
-          reservedMemoryMb_ + ramMb > config_.maxTotalMemoryMb) {
-        return;  // real requests come first
-      }
-      ++poolCreating_[pool];
-      reservedMemoryMb_ += ramMb;
     }
-    auto spec = poolSpec(pool);
+    // Only this thread refills: the pool found short stays short until it does.
+    auto pool = pools_.shortOf(nowMs());
+    if (!pool) return;
+    const uint64_t ramMb = pools_.pools()[*pool].ramMb;
+    if (!capacity_.take(ramMb).ok()) return;  // real requests come first
+    pools_.refilling(*pool);
+    auto spec = poolSpec(*pool);
     spec.id = backend::newEnvironmentId();  // named, so that a failed create can be cleaned up
     auto created = backend_.create(spec);
     if (!created.ok()) (void)backend_.destroy(spec.id);  // made but not handed over (a lost descriptor)
@@ -339,14 +330,12 @@ void EnvironmentManager::refillPool() {
         created = Error::make(Code::kGone, "a pool environment ended while warming up");
       }
     }
-    std::lock_guard<std::mutex> lock(mutex_);
-    --poolCreating_[pool];
     if (!created.ok()) {
-      reservedMemoryMb_ -= config_.warmPools[pool].ramMb;
-      poolRetryAfterMs_[pool] = nowMs() + 5000;  // back off: this pool's next try in 5 s
+      capacity_.release(ramMb);
+      pools_.refillFailed(*pool, nowMs());
       continue;
     }
-    pool_.push_back(Ready{created->id, std::move(connection), pool});
+    pools_.refilled(ReadyEnvironment{created->id, std::move(connection), *pool});
   }
 }
 
@@ -392,30 +381,23 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   record.expiresAtMs = record.createdAtMs + ttl * 1000;
   // A warm environment of exactly this template and spec: a claim.
   if (auto warm = from ? std::nullopt : poolFor(record)) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    auto it = std::find_if(pool_.rbegin(), pool_.rend(), [&](const Ready& r) { return r.pool == *warm; });
-    if (it != pool_.rend()) {
-      Ready ready = std::move(*it);
-      pool_.erase(std::next(it).base());
-      lastClaimMs_ = nowMs();
-      lock.unlock();
+    if (auto taken = pools_.take(*warm, nowMs())) {
+      ReadyEnvironment ready = std::move(*taken);
       record.id = ready.id;
       record.state = EnvironmentState::kRunning;
       // A DELETE of the id (seen in a listing) waits until it is live.
       auto held = exclusive(record.id);
       Status stored = store_.insertEnvironment(record);
-      lock.lock();
       if (!stored.ok()) {
-        pool_.push_back(std::move(ready));
-        lock.unlock();
-        held.run();  // its release takes mutex_
+        pools_.putBack(std::move(ready));
         return stored.error();
       }
-      live_[record.id] = makeLive(ready.connection, record);
-      nextExpiryMs_ = std::min(nextExpiryMs_, record.expiresAtMs);
-      ++warmClaims_;  // counted once it is one
-      ++poolClaims_[*warm];
-      lock.unlock();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        live_[record.id] = makeLive(ready.connection, record);
+        nextExpiryMs_ = std::min(nextExpiryMs_, record.expiresAtMs);
+      }
+      pools_.claimed(*warm);  // counted once it is one
       // Its permissions are the claimer's: told before anyone else may reach it.
       sendExecPolicy(record.id, ready.connection);
       held.run();
@@ -431,31 +413,24 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
       return record;
     }
   }
+  MOAT_TRY(capacity_.take(record.ramMb));
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (live_.size() + pool_.size() + creating_ >= config_.maxEnvironments) {
-      return Error::make(Code::kCapacity,
-                         "at capacity: " + std::to_string(config_.maxEnvironments) + " environments exist");
-    }
-    if (reservedMemoryMb_ + record.ramMb > config_.maxTotalMemoryMb) {
-      return Error::make(Code::kCapacity, "at capacity: " + std::to_string(reservedMemoryMb_) + " of " +
-                                              std::to_string(config_.maxTotalMemoryMb) + " MB of memory are reserved");
-    }
-    ++creating_;
     creatingIds_.insert(record.id);
-    reservedMemoryMb_ += record.ramMb;
   }
-  auto release = [&](bool keepMemory) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    --creating_;
-    creatingIds_.erase(record.id);
-    destroyRequested_.erase(record.id);
-    if (!keepMemory) reservedMemoryMb_ -= record.ramMb;
+  // It will not run: its place and memory go back.
+  auto release = [&] {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      creatingIds_.erase(record.id);
+      destroyRequested_.erase(record.id);
+    }
+    capacity_.release(record.ramMb);
   };
   traceStage("moatd: create");
   Status stored = store_.insertEnvironment(record);
   if (!stored.ok()) {
-    release(false);
+    release();
     return stored.error();
   }
   traceStage("moatd: inserted");
@@ -472,7 +447,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     // The backend may have made it and failed only to hand it over (its
     // descriptor lost at moatd's limit): nothing of it may stay running.
     (void)backend_.destroy(record.id);
-    release(false);
+    release();
     (void)store_.setState(record.id, EnvironmentState::kFailed, created.error().message());
     nlohmann::json data = createdData(record, false);
     data["error"] = created.error().message();
@@ -492,7 +467,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   if (!destroyedBy.empty()) {
     // A DELETE came while the backend was creating it: honour it now.
     (void)backend_.destroy(id);
-    release(false);
+    release();
     (void)store_.setState(id, EnvironmentState::kGone, "destroyed");
     audit_.record("environment.created", id, record.owner, createdData(record, false));
     audit_.record("environment.destroyed", id, destroyedBy, {{"reason", "destroyed"}, {"state", "gone"}});
@@ -501,7 +476,6 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   auto connection = connect(id, std::move(created->control));
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    --creating_;
     creatingIds_.erase(id);
     live_[id] = makeLive(connection, record);
     nextExpiryMs_ = std::min(nextExpiryMs_, record.expiresAtMs);
@@ -680,8 +654,8 @@ void EnvironmentManager::refreshExecPolicies() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& [id, live] : live_) all.emplace_back(id, live.connection);
-    for (const auto& ready : pool_) all.emplace_back(ready.id, ready.connection);
   }
+  for (auto& warm : pools_.connections()) all.push_back(std::move(warm));
   for (const auto& [id, connection] : all) sendExecPolicy(id, connection);
 }
 
@@ -1036,7 +1010,7 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
     if (it != live_.end()) {
       live = std::move(it->second);
       live_.erase(it);
-      reservedMemoryMb_ -= live.ramMb;
+      capacity_.release(live.ramMb);
     }
   }
   bool failed = reason.rfind("failed", 0) == 0;
@@ -1067,16 +1041,14 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
 
 void EnvironmentManager::destroyAll(const std::string& reason) {
   std::vector<std::string> ids;
-  std::vector<Ready> ready;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& [id, live] : live_) ids.push_back(id);
-    ready = std::move(pool_);
-    pool_.clear();
   }
-  for (auto& r : ready) {
+  for (auto& r : pools_.takeAll()) {
     (void)backend_.destroy(r.id);
     r.connection.reset();
+    capacity_.release(pools_.pools()[r.pool].ramMb);
   }
   for (const auto& id : ids) (void)destroy(id, reason);
 }
@@ -1103,18 +1075,15 @@ void EnvironmentManager::reaperLoop() {
     initGone_.clear();
     std::vector<std::weak_ptr<Process>> lossless = std::move(lossless_);
     lossless_.clear();
+    lock.unlock();
     // A pool member that died is dropped and destroyed.
-    std::vector<std::string> deadReady;
     for (const auto& id : gone) {
-      auto it = std::find_if(pool_.begin(), pool_.end(), [&](const Ready& r) { return r.id == id; });
-      if (it != pool_.end()) {
-        reservedMemoryMb_ -= config_.warmPools[it->pool].ramMb;
-        pool_.erase(it);
-        deadReady.push_back(id);
+      if (auto dead = pools_.remove(id)) {
+        (void)backend_.destroy(id);
+        dead->connection.reset();
+        capacity_.release(pools_.pools()[dead->pool].ramMb);
       }
     }
-    lock.unlock();
-    for (const auto& id : deadReady) (void)backend_.destroy(id);
     poolCv_.notify_all();
     for (const auto& id : gone) {
       {
@@ -1149,14 +1118,9 @@ void EnvironmentManager::reaperLoop() {
 Counters EnvironmentManager::counters() {
   Counters c;
   c.execs = execs_;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    c.warmReady = pool_.size();
-    c.warmClaims = warmClaims_;
-    for (size_t i = 0; i < config_.warmPools.size(); ++i)
-      c.warmPools.push_back({config_.warmPools[i], 0, poolClaims_[i]});
-    for (const auto& r : pool_) ++c.warmPools[r.pool].ready;
-  }
+  c.warmPools = pools_.counts();
+  for (const auto& p : c.warmPools) c.warmReady += p.ready;
+  c.warmClaims = pools_.claims();
   auto all = store_.listEnvironments(store::EnvironmentFilter{});  // every state but gone
   if (all.ok()) {
     for (const auto& r : all.value()) ++c.byState[stateName(r.state)];

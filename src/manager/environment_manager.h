@@ -22,9 +22,11 @@
 #include "egress/controller.h"
 #include "gate/permissions.h"
 #include "init/protocol.h"
+#include "manager/capacity.h"
 #include "manager/exec_output_budget.h"
 #include "manager/init_connection.h"
 #include "manager/process_table.h"
+#include "manager/warm_pools.h"
 #include "store/store.h"
 
 namespace moat::manager {
@@ -32,21 +34,6 @@ namespace moat::manager {
 using store::EnvironmentState;
 using store::SnapshotState;
 using store::stateName;
-
-// One warm pool: `size` environments of this template and spec kept ready.
-// A 0 resource is the default spec's.
-struct WarmPool {
-  std::string templateName = "host";
-  double cpus = 0;
-  uint64_t ramMb = 0;
-  double storageGb = 0;
-  uint64_t pids = 0;
-  size_t size = 0;
-  // Whether an environment of this template and spec is one this pool keeps.
-  bool keeps(const std::string& templ, double c, uint64_t ram, double storage, uint64_t p) const {
-    return templ == templateName && c == cpus && ram == ramMb && storage == storageGb && p == pids;
-  }
-};
 
 struct ManagerConfig {
   std::string stateDir;
@@ -154,11 +141,7 @@ struct Counters {
   uint64_t warmReady = 0;
   uint64_t warmClaims = 0;
   // Per warm pool (template and spec resolved): ready now, claims so far.
-  struct Pool {
-    WarmPool spec;
-    uint64_t ready = 0;
-    uint64_t claims = 0;
-  };
+  using Pool = PoolCount;
   std::vector<Pool> warmPools;
 };
 
@@ -334,19 +317,9 @@ class EnvironmentManager {
   // The warm pool whose template and spec a create asks for exactly.
   std::optional<size_t> poolFor(const store::EnvironmentRecord& record) const;
 
-  struct Ready {
-    std::string id;
-    std::shared_ptr<InitConnection> connection;
-    size_t pool = 0;  // index into config_.warmPools
-  };
-  std::vector<Ready> pool_;                // guarded by mutex_
-  std::vector<size_t> poolCreating_;       // per pool; guarded by mutex_
-  std::vector<int64_t> poolRetryAfterMs_;  // per pool: after a failed create; guarded by mutex_
-  uint64_t warmClaims_ = 0;
-  std::vector<uint64_t> poolClaims_;  // per pool; guarded by mutex_
-  int64_t lastClaimMs_ = 0;           // guarded by mutex_
-
-  ManagerConfig config_;
+  ManagerConfig config_;  // its memory limit and warm pools resolved (see the constructor)
+  Capacity capacity_{config_.maxEnvironments, config_.maxTotalMemoryMb};
+  WarmPools pools_{config_.warmPools};
   store::Store& store_;
   backend::Backend& backend_;
   audit::Recorder& audit_;
@@ -354,12 +327,10 @@ class EnvironmentManager {
   std::mutex networkMutex_;  // serializes network changes (and restores, which redo the network); before exclusive()
   std::mutex mutex_;
   std::map<std::string, Live> live_;
-  int64_t nextExpiryMs_ = 0;  // no live environment expires before; the reaper scans from then
-  size_t creating_ = 0;
-  std::set<std::string> creatingIds_;                    // guarded by mutex_
+  int64_t nextExpiryMs_ = 0;           // no live environment expires before; the reaper scans from then
+  std::set<std::string> creatingIds_;  // guarded by mutex_
   std::map<std::string, std::string> destroyRequested_;  // DELETE arrived while creating: id -> actor
   std::vector<std::string> initGone_;
-  uint64_t reservedMemoryMb_ = 0;
   std::atomic<uint64_t> execs_{0};
   // Environments being destroyed, snapshotted or restored, held
   // exclusively: a second such operation on the same one waits; operations

@@ -196,7 +196,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
   if (!created.ok()) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (live_.erase(id)) reservedMemoryMb_ -= record.ramMb;
+      if (live_.erase(id)) capacity_.release(record.ramMb);
     }
     std::string reason = "failed: restoring snapshot " + snap.id + ": " + created.error().message();
     (void)backend_.destroy(id);

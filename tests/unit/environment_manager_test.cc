@@ -200,6 +200,31 @@ TEST_F(ManagerTest, AWarmPoolIsClaimedByACreateOfItsSpecAndRefilled) {
   EXPECT_EQ(last.spec.memoryMb, 512u);
 }
 
+// --max-environments counts every environment: warm ones, and a claimed one
+// once (not as warm and as running); a destroyed one gives its place back.
+TEST_F(ManagerTest, WarmEnvironmentsCountAgainstTheLimitAndAClaimedOneCountsOnce) {
+  ManagerConfig config;
+  config.maxEnvironments = 2;
+  WarmPool pool;
+  pool.size = 1;  // of the default spec
+  config.warmPools = {pool};
+  auto m = start(config);
+  ASSERT_TRUE(waitFor([&] { return m->counters().warmReady == 1; }));
+  auto claimed = m->create(CreateRequest{});
+  ASSERT_TRUE(claimed.ok()) << claimed.error().message();
+  ASSERT_EQ(m->counters().warmClaims, 1u);
+  ASSERT_TRUE(waitFor([&] { return m->counters().warmReady == 1; }));  // refilled: two now
+  CreateRequest other;
+  other.ramMb = 512;
+  auto refused = m->create(other);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, Code::kCapacity);
+  EXPECT_EQ(refused.error().context, "at capacity: 2 environments exist");
+  ASSERT_TRUE(m->destroy(claimed->id, "destroyed").ok());
+  auto made = m->create(other);
+  EXPECT_TRUE(made.ok()) << made.error().message();
+}
+
 TEST_F(ManagerTest, ARestartReattachesWhatRunsFailsWhatVanishedAndDestroysWhatNobodyRecorded) {
   std::string kept, lost;
   {
