@@ -72,7 +72,7 @@ Preflight Api::preflight(const HttpRequest& head) {
       head.method == "PUT" && head.path.size() > 6 && head.path.compare(head.path.size() - 6, 6, "/files") == 0;
   p.bodyLimit = fileWrite ? (16u << 20) : (1u << 20);
   if (head.path == "/healthz") return p;
-  if (head.path == "/mcp") {
+  if (head.path == "/mcp" || head.path == "/mcp/") {  // as the route table matches it
     if (auto refused = mcpGuard(head)) {
       p.reject = true;
       p.response = *refused;

@@ -37,7 +37,8 @@ Decision authorize(const Policy& policy, const Request& request, const Lookups& 
   }
   d.address = addresses->front();
   Destination resolved{request.host, request.port, d.address, request.method, request.path};
-  resolved.hostLocal = !isSpecialAddress(d.address) && lookups.hostLocal && lookups.hostLocal(d.address);
+  // Without a way to tell, every address counts as the host's own: refused.
+  resolved.hostLocal = !isSpecialAddress(d.address) && (!lookups.hostLocal || lookups.hostLocal(d.address));
   Verdict withAddress = decide(policy, resolved);
   if (withAddress.outcome == Outcome::kDeny) {
     d.rule = withAddress.rule;

@@ -43,7 +43,8 @@ struct Request {
 };
 
 // What authorize() asks of the world: the gate (none: unlisted is refused),
-// the name's addresses, and whether an address is one of moatd's host's own.
+// the name's addresses, and whether an address is one of moatd's host's own
+// (none: every address is, and refused unless an allow entry names it).
 struct Lookups {
   GateHook gate;
   std::function<Result<std::vector<uint32_t>>(const std::string& host)> resolve;

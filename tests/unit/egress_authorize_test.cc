@@ -114,6 +114,11 @@ TEST(EgressAuthorize, AnAllowedNameThatResolvesToAPrivateOrHostAddressIsRefused)
   auto host = authorize(open, {"env", "mine.example", 22, "", ""}, w.lookups());
   EXPECT_FALSE(host.allowed);
   EXPECT_EQ(host.why.rfind("mine.example resolves to 192.0.2.33, which the policy refuses", 0), 0u) << host.why;
+  // Without a way to tell the host's addresses, every one counts as the host's.
+  Lookups blind = w.lookups();
+  blind.hostLocal = nullptr;
+  w.addresses["pypi.org"] = kPublic;
+  EXPECT_FALSE(authorize(open, {"env", "pypi.org", 443, "", ""}, blind).allowed);
   // Unless an allow entry names that network.
   auto named = authorize(policy({{"allow", {"169.254.169.254/32"}}, {"mode", "open"}}),
                          {"env", "rebind.example", 80, "GET", "/"}, w.lookups());
