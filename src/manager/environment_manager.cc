@@ -1,16 +1,10 @@
 #include "manager/environment_manager.h"
 
-#include <arpa/inet.h>
-#include <signal.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <set>
 
-#include "common/base_environment.h"
 #include "common/scope_exit.h"
 #include "common/trace.h"
 #include "manager/stored_settings.h"
@@ -40,27 +34,6 @@ nlohmann::json createdData(const store::EnvironmentRecord& r, bool warm) {
           {"task_id", r.taskId},
           {"labels", r.labels},
           {"warm", warm}};
-}
-
-// A command's end as the audit log records it (exec.ended, process.ended).
-nlohmann::json endedData(const ProcessInfo& info) {
-  nlohmann::json j = {
-      {"process", info.id}, {"argv", info.argv}, {"kind", info.kind}, {"state", processStateName(info.state)}};
-  if (info.state == ProcessState::kExited) {
-    j["exit_code"] = info.signal ? 128 + info.signal : info.exitCode;
-    j["signal"] = info.signal;
-    j["timed_out"] = info.timedOut;
-    j["duration_ms"] = info.durationUs / 1000;
-    j["stdout_bytes"] = info.stdoutBytes;
-    j["stderr_bytes"] = info.stderrBytes;
-  } else if (info.state == ProcessState::kFailed) {
-    j["exit_code"] = info.spawnStage == "exec" && info.spawnErrno == ENOENT ? 127 : 126;
-    j["error"] = info.spawnStage + ": " + std::strerror(info.spawnErrno);
-  } else {
-    j["reason"] = info.reason;
-    j["duration_ms"] = info.endedAtMs - info.startedAtMs;
-  }
-  return j;
 }
 
 }  // namespace
@@ -104,26 +77,6 @@ EnvironmentManager::EnvironmentManager(ManagerConfig config, store::Store& store
   reaper_ = std::thread([this] { reaperLoop(); });
   // The pool fills on its own thread: a slow create must not hold up expiry.
   if (!config_.warmPools.empty()) pooler_ = std::thread([this] { poolLoop(); });
-}
-
-void EnvironmentManager::poolLoop() {
-  // A claimed environment's first commands come right after the claim; the
-  // refill (a create: milliseconds of CPU) waits until they have run, so it
-  // does not compete with them on a small machine.
-  constexpr int64_t kRefillAfterClaimMs = 10;
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stopping_) {
-    int64_t quietAt = pools_.lastClaimMs() + kRefillAfterClaimMs;
-    if (nowMs() < quietAt) {
-      poolCv_.wait_for(lock, std::chrono::milliseconds(quietAt - nowMs()));
-      continue;
-    }
-    lock.unlock();
-    refillPool();
-    lock.lock();
-    if (stopping_) break;
-    poolCv_.wait_for(lock, std::chrono::milliseconds(500));
-  }
 }
 
 void EnvironmentManager::stopThreads() {
@@ -260,25 +213,6 @@ Status EnvironmentManager::recoverAfterRestart() {
   return {};
 }
 
-Status EnvironmentManager::restoreNetwork(const std::string& id, const std::string& why) {
-  MOAT_ASSIGN(auto record, get(id));
-  MOAT_ASSIGN(egress::Policy policy, storedNetwork(record));
-  if (policy.mode == egress::Mode::kNone) {
-    MOAT_TRY(store_.setNetwork(id, networkText(policy), -1));
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (auto it = live_.find(id); it != live_.end()) {
-      for (auto& [k, v] : egress::Controller::environmentVariables(egress::EgressNetwork::linkFor(0))) {
-        it->second.env.erase(k);
-      }
-    }
-    return {};
-  }
-  auto secrets = storedSecrets(record);
-  MOAT_TRY(connectNetwork(id, policy, secrets.ok() ? secrets.value() : std::vector<egress::Secret>{}));
-  audit_.record("network.changed", id, "moatd", {{"network", policy.toJson()}, {"reason", why}});
-  return {};
-}
-
 void EnvironmentManager::detach() {
   std::lock_guard<std::mutex> lock(mutex_);
   detached_ = true;
@@ -293,50 +227,6 @@ backend::Spec EnvironmentManager::specFor(const std::string& templateName, doubl
   spec.pids = pids;
   spec.storageGb = storageGb;
   return spec;
-}
-
-backend::Spec EnvironmentManager::poolSpec(size_t pool) const {
-  const WarmPool& p = pools_.pools()[pool];
-  return specFor(p.templateName, p.cpus, p.ramMb, p.storageGb, p.pids);
-}
-
-std::optional<size_t> EnvironmentManager::poolFor(const store::EnvironmentRecord& record) const {
-  return pools_.poolFor(record.templateName, record.cpus, record.ramMb, record.storageGb, record.pids);
-}
-
-void EnvironmentManager::refillPool() {
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (stopping_ || detached_) return;
-    }
-    // Only this thread refills: the pool found short stays short until it does.
-    auto pool = pools_.shortOf(nowMs());
-    if (!pool) return;
-    const uint64_t ramMb = pools_.pools()[*pool].ramMb;
-    if (!capacity_.take(ramMb).ok()) return;  // real requests come first
-    pools_.refilling(*pool);
-    auto spec = poolSpec(*pool);
-    spec.id = backend::newEnvironmentId();  // named, so that a failed create can be cleaned up
-    auto created = backend_.create(spec);
-    if (!created.ok()) (void)backend_.destroy(spec.id);  // made but not handed over (a lost descriptor)
-    std::shared_ptr<InitConnection> connection;
-    if (created.ok()) {
-      std::string id = created->id;
-      connection = connect(id, std::move(created->control));
-      warmUp(connection, id);
-      if (connection->closed()) {
-        (void)backend_.destroy(id);
-        created = Error::make(Code::kGone, "a pool environment ended while warming up");
-      }
-    }
-    if (!created.ok()) {
-      capacity_.release(ramMb);
-      pools_.refillFailed(*pool, nowMs());
-      continue;
-    }
-    pools_.refilled(ReadyEnvironment{created->id, std::move(connection), *pool});
-  }
 }
 
 Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest& request) {
@@ -498,18 +388,6 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   return record;
 }
 
-void EnvironmentManager::onInitGone(const std::string& id) {
-  // moat-init went away. After a destroy that is expected; otherwise the
-  // environment failed. The reaper thread decides and cleans up (this is the
-  // connection's reader thread, which the cleanup joins).
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) return;  // a shutdown drops connections on purpose
-    initGone_.push_back(id);
-  }
-  reaperCv_.notify_all();
-}
-
 Result<store::EnvironmentRecord> EnvironmentManager::get(const std::string& id) {
   MOAT_ASSIGN(auto record, store_.getEnvironment(id));
   if (!record) return Error::make(Code::kNotFound, "no environment " + id);
@@ -559,37 +437,6 @@ EnvironmentManager::Live EnvironmentManager::makeLive(std::shared_ptr<InitConnec
               record.expiresAtMs,
               std::make_shared<const std::vector<gate::Permissions>>(layers.ok() ? layers.value() : closed),
               record.owner};
-}
-
-Result<gate::Evaluation> EnvironmentManager::evaluate(const std::string& id, const gate::Action& action,
-                                                      const gate::Permissions* ceiling) {
-  MOAT_ASSIGN(Live live, liveOf(id));
-  return gate::evaluate(*live.permissions, ceiling, action);
-}
-
-Result<std::vector<gate::Permissions>> EnvironmentManager::permissions(const std::string& id) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.find(id);
-    if (it != live_.end()) return *it->second.permissions;
-  }
-  MOAT_ASSIGN(auto record, get(id));
-  return storedLayers(record, config_.defaultPermissions);
-}
-
-Status EnvironmentManager::storeLayers(const std::string& id, std::vector<gate::Permissions> layers) {
-  MOAT_TRY(store_.setPermissions(id, layersText(layers)));
-  std::shared_ptr<InitConnection> connection;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.find(id);
-    if (it != live_.end()) {
-      it->second.permissions = std::make_shared<const std::vector<gate::Permissions>>(std::move(layers));
-      connection = it->second.connection;
-    }
-  }
-  if (connection) sendExecPolicy(id, connection);  // the new layers may judge programs
-  return {};
 }
 
 std::shared_ptr<InitConnection> EnvironmentManager::connect(const std::string& id, UniqueFd control) {
@@ -659,32 +506,6 @@ void EnvironmentManager::refreshExecPolicies() {
   for (const auto& [id, connection] : all) sendExecPolicy(id, connection);
 }
 
-Status EnvironmentManager::setPermissions(const std::string& id, const gate::Permissions& p, bool replace) {
-  constexpr size_t kMaxLayers = 16;
-  std::lock_guard<std::mutex> serial(permissionsMutex_);
-  MOAT_ASSIGN(Live live, liveOf(id));
-  std::vector<gate::Permissions> layers = *live.permissions;
-  if (replace) {
-    layers = {p};
-  } else {
-    if (layers.size() >= kMaxLayers) {
-      return Error::make(Code::kInvalidArgument, "permissions: at most " + std::to_string(kMaxLayers) +
-                                                     " layers; the master can replace them with one");
-    }
-    layers.push_back(p);
-  }
-  return storeLayers(id, std::move(layers));
-}
-
-Status EnvironmentManager::rememberRule(const std::string& id, gate::Scope scope, const gate::Rule& rule,
-                                        bool everyLayer) {
-  std::lock_guard<std::mutex> serial(permissionsMutex_);
-  MOAT_ASSIGN(Live live, liveOf(id));
-  std::vector<gate::Permissions> layers = *live.permissions;
-  for (size_t i = 0; i < (everyLayer ? layers.size() : 1); ++i) layers[i].prepend(scope, rule);
-  return storeLayers(id, std::move(layers));
-}
-
 Result<EnvironmentManager::Live> EnvironmentManager::liveOf(const std::string& id) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -694,173 +515,6 @@ Result<EnvironmentManager::Live> EnvironmentManager::liveOf(const std::string& i
   MOAT_ASSIGN(auto record, get(id));
   return Error::make(Code::kConflict, "environment " + id + " is " + stateName(record.state) +
                                           (record.reason.empty() ? "" : " (" + record.reason + ")"));
-}
-
-namespace {
-
-// The command's environment: the documented base set, the environment's
-// own variables, then the request's.
-std::vector<std::string> commandEnvironment(const std::string& id, const std::string& cwd,
-                                            const std::map<std::string, std::string>& own,
-                                            const std::map<std::string, std::string>& extra) {
-  std::map<std::string, std::string> merged = own;
-  for (const auto& [k, v] : extra) merged[k] = v;
-  std::vector<std::string> env = baseEnvironment(id, cwd);
-  for (const auto& [k, v] : merged) {
-    std::string prefix = k + "=";
-    std::erase_if(env, [&](const std::string& e) { return e.rfind(prefix, 0) == 0; });
-    env.push_back(prefix + v);
-  }
-  return env;
-}
-
-// Exec keeps everything up to its output limit; moat-init stops forwarding there.
-constexpr uint64_t kExecOutputMax = 16u << 20;
-
-}  // namespace
-
-void EnvironmentManager::warmUp(const std::shared_ptr<InitConnection>& connection, const std::string& id) {
-  // The first command in a new environment pays for cold lookups through its
-  // fresh overlay (the dynamic loader, libc: ~1 ms here). A pool environment
-  // pays them before it is claimed, so the claimer's first exec does not.
-  auto process = std::make_shared<Process>(0, std::vector<std::string>{"/usr/bin/true"}, "exec", false, false, 4096);
-  init::SpawnRequest spawn;
-  spawn.argv = {"/usr/bin/true"};
-  spawn.env = commandEnvironment(id, "/workspace", {}, {});
-  spawn.cwd = "/workspace";
-  spawn.timeoutMs = 5000;
-  spawn.outputLimit = 4096;
-  if (process->start(connection, spawn, "", false).ok()) {
-    (void)process->waitEnded(std::chrono::steady_clock::now() + std::chrono::seconds(10));
-  }
-}
-
-Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::string& id,
-                                                                  const ProcessRequest& request) {
-  MOAT_ASSIGN(Live live, liveOf(id));
-  MOAT_ASSIGN(auto process,
-              live.processes->add(request.argv, request.kind, request.pty, request.stdinOpen || request.pty,
-                                  live.processes->limits().outputCapPerStream));
-  init::SpawnRequest spawn;
-  spawn.argv = request.argv;
-  spawn.env = commandEnvironment(id, request.cwd, live.env, request.env);
-  if (request.pty &&
-      std::none_of(spawn.env.begin(), spawn.env.end(), [](const std::string& e) { return e.rfind("TERM=", 0) == 0; })) {
-    spawn.env.push_back("TERM=xterm-256color");
-  }
-  spawn.cwd = request.cwd;
-  spawn.stdinPipe = request.stdinOpen;
-  spawn.pty = request.pty;
-  spawn.timeoutMs = request.timeoutMs;
-  audit_.record("process.started", id, request.actor,
-                {{"process", process->id()},
-                 {"argv", request.argv},
-                 {"kind", request.kind},
-                 {"cwd", request.cwd},
-                 {"pty", request.pty},
-                 {"env", request.env}});
-  process->onEnded([recorder = &audit_, id, actor = request.actor](const ProcessInfo& info) {
-    recorder->record("process.ended", id, actor, endedData(info));
-  });
-  // A moat-init older than flow control (an environment started before an
-  // upgrade) forwards everything: the process is an ordinary one there.
-  if (request.lossless && live.connection->peerVersion() >= init::kFlowControlSince) {
-    process->makeLossless();
-    std::lock_guard<std::mutex> lock(mutex_);
-    lossless_.push_back(process);  // the reaper lets it go once nobody follows it
-  }
-  Status started = process->start(live.connection, spawn, "", false);
-  if (started.ok() && request.pty) (void)process->resize(request.rows, request.cols);
-  ++execs_;
-  if (!started.ok()) {
-    process->abandon(started.error().message());  // its end is recorded
-    return started.error();
-  }
-  return process;
-}
-
-Result<std::vector<std::shared_ptr<Process>>> EnvironmentManager::processes(const std::string& id) {
-  MOAT_ASSIGN(Live live, liveOf(id));
-  return live.processes->all();
-}
-
-Result<std::shared_ptr<Process>> EnvironmentManager::process(const std::string& id, uint64_t processId) {
-  MOAT_ASSIGN(Live live, liveOf(id));
-  auto process = live.processes->find(processId);
-  if (!process) {
-    return Error::make(Code::kNotFound, "no process " + std::to_string(processId) + " in environment " + id);
-  }
-  return process;
-}
-
-Result<std::shared_ptr<void>> EnvironmentManager::reserveExecOutput(const std::string& caller, uint64_t outputLimit) {
-  const uint64_t limit = outputLimit ? std::min(outputLimit, kExecOutputMax) : kExecOutputMax;
-  return execOutput_.reserve(caller, 2 * limit);  // two streams
-}
-
-Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecRequest& request,
-                                            const std::map<std::string, std::string>& env) {
-  MOAT_ASSIGN(Live live, liveOf(id));
-  uint64_t limit = request.outputLimit ? std::min(request.outputLimit, kExecOutputMax) : kExecOutputMax;
-  MOAT_ASSIGN(auto process, live.processes->add(request.argv, "exec", false, false, limit));
-  ScopeExit forget([&] { live.processes->remove(process->id()); });
-  init::SpawnRequest spawn;
-  spawn.argv = request.argv;
-  spawn.env = commandEnvironment(id, request.cwd, live.env, env);
-  spawn.cwd = request.cwd;
-  spawn.stdinPipe = request.withStdin;
-  spawn.timeoutMs = request.timeoutMs;
-  spawn.outputLimit = limit;
-  ++execs_;
-  audit_.record("exec.started", id, request.actor, [&] {
-    nlohmann::json data = {{"process", process->id()}, {"argv", request.argv}, {"cwd", request.cwd}, {"env", env}};
-    if (!request.stdinEvent.is_null()) data["stdin"] = request.stdinEvent;  // what it was given to read
-    return data;
-  }());
-  // Every way out below ends the process; its end is recorded then.
-  process->onEnded([recorder = &audit_, id, actor = request.actor](const ProcessInfo& info) {
-    recorder->record("exec.ended", id, actor, endedData(info));
-  });
-  traceStage("moatd: exec");
-  Status started = process->start(live.connection, spawn, request.stdinData, request.withStdin);
-  if (!started.ok()) {
-    process->abandon(started.error().message());
-    return started.error();
-  }
-  traceStage("moatd: exec sent");
-  // moat-init enforces the timeout; the grace covers the kill and the report.
-  auto deadline =
-      std::chrono::steady_clock::now() + (request.timeoutMs ? std::chrono::milliseconds(request.timeoutMs + 10000)
-                                                            : std::chrono::milliseconds(24LL * 3600 * 1000));
-  if (!process->waitEnded(deadline)) {
-    (void)process->signal(SIGKILL);  // nobody waits for it any more
-    process->abandon("moat-init did not report the end of the command in time");
-    return Error::make(Code::kTimeout, "moat-init did not report the end of the command in time");
-  }
-  traceStage("moatd: exec ended");
-  ProcessInfo info = process->info();
-  ExecResult r;
-  if (info.state == ProcessState::kLost) return Error::make(Code::kGone, info.reason);
-  if (info.state == ProcessState::kFailed) {
-    r.spawnErrno = info.spawnErrno;
-    r.spawnStage = info.spawnStage;
-    return r;
-  }
-  r.started = true;
-  r.exitCode = info.exitCode;
-  r.signal = info.signal;
-  r.timedOut = info.timedOut;
-  r.durationUs = info.durationUs;
-  r.out = process->take(OutputStream::kStdout);
-  r.err = process->take(OutputStream::kStderr);
-  r.outTruncated = info.stdoutTruncated || info.stdoutDropped > 0;
-  r.errTruncated = info.stderrTruncated || info.stderrDropped > 0;
-  return r;
-}
-
-Result<init::FileResult> EnvironmentManager::file(const std::string& id, const init::FileRequest& request) {
-  MOAT_ASSIGN(Live live, liveOf(id));
-  return live.connection->file(request);
 }
 
 Result<store::EnvironmentRecord> EnvironmentManager::setTtl(const std::string& id, int64_t ttlS) {
@@ -874,103 +528,6 @@ Result<store::EnvironmentRecord> EnvironmentManager::setTtl(const std::string& i
   }
   reaperCv_.notify_all();
   return get(id);
-}
-
-Status EnvironmentManager::writeNetworkFiles(const std::shared_ptr<InitConnection>& connection,
-                                             const egress::EgressNetwork::Link& link) {
-  auto write = [&](const std::string& path, const std::string& data) -> Status {
-    init::FileRequest w;
-    w.op = init::FileOp::kWrite;
-    w.path = path;
-    w.data = data;
-    w.mode = 0644;
-    w.flags = init::kFileCreateParents;
-    MOAT_ASSIGN(init::FileResult r, connection->file(w));
-    if (r.err != 0) return Error::fromErrno("write " + path + " in the environment", r.err);
-    return {};
-  };
-  const std::string& ca = egress_->caCertificatePem();
-  // The environment's own bundle plus moatd's CA, for programs that only
-  // read the system's (and for the variables that name ours).
-  std::string bundle;
-  init::FileRequest read;
-  read.op = init::FileOp::kRead;
-  read.path = "/etc/ssl/certs/ca-certificates.crt";
-  read.length = 4 << 20;
-  auto existing = connection->file(read);
-  bool haveSystemBundle = existing.ok() && existing->err == 0;
-  if (haveSystemBundle) bundle = existing->data;
-  if (!bundle.empty() && bundle.back() != '\n') bundle += '\n';
-  bundle += ca;
-  MOAT_TRY(write(egress::Controller::kCaPath, ca));
-  MOAT_TRY(write(egress::Controller::kCaBundlePath, bundle));
-  if (haveSystemBundle) MOAT_TRY(write(read.path, bundle));
-  std::string gateway = egress::formatIpv4(ntohl(link.gateway));
-  MOAT_TRY(write("/etc/resolv.conf", "# moat: names are answered by moatd's resolver (docs/EGRESS.md)\nnameserver " +
-                                         gateway + "\noptions timeout:2 attempts:2\n"));
-  return {};
-}
-
-Status EnvironmentManager::connectNetwork(const std::string& id, const egress::Policy& policy,
-                                          const std::vector<egress::Secret>& secrets) {
-  if (!egress_) return Error::make(Code::kUnavailable, "egress control is not running in this moatd");
-  MOAT_ASSIGN(Live live, liveOf(id));
-  MOAT_ASSIGN(UniqueFd netns, backend_.networkNamespace(id));
-  MOAT_ASSIGN(auto link, egress_->attach(id, netns.get(), policy, secrets));
-  Status s = writeNetworkFiles(live.connection, link);
-  if (s.ok()) s = store_.setNetwork(id, networkText(policy), link.slot);
-  if (!s.ok()) {
-    (void)egress_->detach(id);
-    return s;
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (auto it = live_.find(id); it != live_.end()) {
-    for (auto& [k, v] : egress::Controller::environmentVariables(link)) it->second.env[k] = v;
-  }
-  return {};
-}
-
-Status EnvironmentManager::connectNetworkUnlessSet(const std::string& id, const egress::Policy& policy,
-                                                   const std::vector<egress::Secret>& secrets) {
-  std::lock_guard<std::mutex> serial(networkMutex_);
-  // A PUT .../network that came between "running" and here has put its
-  // policy in force: it is the later word.
-  if (egress_ && egress_->slotOf(id)) return {};
-  return connectNetwork(id, policy, secrets);
-}
-
-Result<egress::Policy> EnvironmentManager::network(const std::string& id) {
-  MOAT_ASSIGN(auto record, get(id));
-  return storedNetwork(record);
-}
-
-Status EnvironmentManager::setNetwork(const std::string& id, const egress::Policy& policy) {
-  std::lock_guard<std::mutex> serial(networkMutex_);
-  MOAT_TRY(liveOf(id));
-  if (!egress_) {
-    if (policy.mode == egress::Mode::kNone) return {};
-    return Error::make(Code::kUnavailable,
-                       "egress control is not running in this moatd: only mode \"none\" is available");
-  }
-  bool linked = egress_->slotOf(id).has_value();
-  if (policy.mode == egress::Mode::kNone) {
-    if (linked) MOAT_TRY(egress_->detach(id));
-    MOAT_TRY(store_.setNetwork(id, networkText(policy), -1));
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (auto it = live_.find(id); it != live_.end()) {
-      for (auto& [k, v] : egress::Controller::environmentVariables(egress::EgressNetwork::linkFor(0))) {
-        it->second.env.erase(k);
-      }
-    }
-    return {};
-  }
-  if (linked) {
-    MOAT_TRY(egress_->setPolicy(id, policy));
-    return store_.setNetwork(id, networkText(policy), *egress_->slotOf(id));
-  }
-  MOAT_ASSIGN(auto record, get(id));
-  auto secrets = storedSecrets(record);
-  return connectNetwork(id, policy, secrets.ok() ? secrets.value() : std::vector<egress::Secret>{});
 }
 
 ScopeExit<std::function<void()>> EnvironmentManager::exclusive(const std::string& id) {
@@ -1051,68 +608,6 @@ void EnvironmentManager::destroyAll(const std::string& reason) {
     capacity_.release(pools_.pools()[r.pool].ramMb);
   }
   for (const auto& id : ids) (void)destroy(id, reason);
-}
-
-void EnvironmentManager::reaperLoop() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stopping_) {
-    reaperCv_.wait_for(lock, std::chrono::milliseconds(200));
-    if (stopping_) break;
-    // Expiry from memory, and only once one is due: a store read per
-    // environment every 200 ms cost moatd ~10% of a core with 1,000 idle
-    // environments, a scan of them all ~2%. Expired ones count towards the
-    // next expiry too, so one still there (its destroy failed) is tried again.
-    std::vector<std::string> expired;
-    int64_t now = nowMs();
-    if (now >= nextExpiryMs_) {
-      nextExpiryMs_ = INT64_MAX;
-      for (const auto& [id, live] : live_) {
-        if (live.expiresAtMs <= now) expired.push_back(id);
-        nextExpiryMs_ = std::min(nextExpiryMs_, live.expiresAtMs);
-      }
-    }
-    std::vector<std::string> gone = std::move(initGone_);
-    initGone_.clear();
-    std::vector<std::weak_ptr<Process>> lossless = std::move(lossless_);
-    lossless_.clear();
-    lock.unlock();
-    // A pool member that died is dropped and destroyed.
-    for (const auto& id : gone) {
-      if (auto dead = pools_.remove(id)) {
-        (void)backend_.destroy(id);
-        dead->connection.reset();
-        capacity_.release(pools_.pools()[dead->pool].ramMb);
-      }
-    }
-    poolCv_.notify_all();
-    for (const auto& id : gone) {
-      {
-        std::lock_guard<std::mutex> relock(mutex_);
-        // Being destroyed, snapshotted or restored: decided once that ends.
-        if (operations_.held(id)) {
-          initGone_.push_back(id);
-          continue;
-        }
-        // A restore replaced the connection that went: this one is alive.
-        auto it = live_.find(id);
-        if (it != live_.end() && it->second.connection && !it->second.connection->closed()) continue;
-      }
-      auto record = store_.getEnvironment(id);
-      if (record.ok() && record.value() && record.value()->state == EnvironmentState::kRunning) {
-        (void)destroy(id, "failed: pid 1 of the environment exited");
-      }
-    }
-    for (const auto& id : expired) (void)destroy(id, "expired");
-    // Lossless processes nobody follows any more go back to dropping.
-    const auto wait = std::chrono::milliseconds(config_.processLimits.losslessWaitMs);
-    const auto checked = std::chrono::steady_clock::now();  // after the destroys above
-    std::erase_if(lossless, [&](const std::weak_ptr<Process>& weak) {
-      auto process = weak.lock();
-      return !process || !process->releaseIfUnfollowed(checked, wait);
-    });
-    lock.lock();
-    lossless_.insert(lossless_.end(), lossless.begin(), lossless.end());
-  }
 }
 
 Counters EnvironmentManager::counters() {

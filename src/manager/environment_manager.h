@@ -150,6 +150,12 @@ struct Counters {
 // environments are destroyed by a reaper thread, with the reason recorded.
 // Lifecycle changes and every command's start and end go to the audit log
 // (`audit`; none: not recorded).
+//
+// A thin facade over owners with a lock each (Capacity, WarmPools,
+// ExecOutputBudget, KeyedLock); its own code is in one file per concern:
+// environment_manager.cc (create, destroy, restart), commands.cc,
+// permission_layers.cc, network_binding.cc, snapshots.cc, reaper.cc and
+// warm_pool_refill.cc.
 class EnvironmentManager {
  public:
   EnvironmentManager(ManagerConfig config, store::Store& store, backend::Backend& backend,
