@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <functional>
 #include <optional>
 
 #include "daemon/warm_pool_flag.h"
@@ -75,6 +77,90 @@ std::optional<uint64_t> number(const std::string& v, uint64_t lo, uint64_t hi) {
 
 Error invalid(const std::string& message) { return Error::make(Code::kInvalidArgument, message); }
 
+// One flag: whether a value follows it, and what it does to the flags (an
+// error names the flag and what it needs).
+struct Flag {
+  const char* name;
+  bool takesValue;
+  std::function<Status(const std::string& value, DaemonFlags& f, double hostMemoryMb)> apply;
+};
+
+// A flag whose value is a number from `lo` to `hi`; `needs` says what it is.
+Flag numberFlag(const char* name, uint64_t lo, uint64_t hi, std::string needs,
+                std::function<void(DaemonFlags&, uint64_t)> set) {
+  return {name, true, [=](const std::string& v, DaemonFlags& f, double) -> Status {
+            auto n = number(v, lo, hi);
+            if (!n) return invalid(std::string(name) + " needs " + needs);
+            set(f, *n);
+            return {};
+          }};
+}
+
+// A flag whose value is a file moatd must be able to read.
+Flag readableFileFlag(const char* name, std::function<void(DaemonFlags&, const std::string&)> set) {
+  return {name, true, [=](const std::string& path, DaemonFlags& f, double) -> Status {
+            if (::access(path.c_str(), R_OK) != 0) return invalid(std::string(name) + ": cannot read " + path);
+            set(f, path);
+            return {};
+          }};
+}
+
+Status permissionsFile(const std::string& path, DaemonFlags& f) {
+  auto text = os::readFile(path, 1u << 20);
+  if (!text.ok()) return invalid("--permissions: " + text.error().message());
+  auto j = nlohmann::json::parse(text.value(), nullptr, false);
+  if (j.is_discarded()) return invalid("--permissions: " + path + " is not JSON");
+  auto parsed = gate::Permissions::parse(j, gate::Permissions::defaults());
+  if (!parsed.ok()) return invalid("--permissions: " + path + ": " + parsed.error().context);
+  f.manager.defaultPermissions = parsed.value();
+  return {};
+}
+
+const std::vector<Flag>& flags() {
+  static const std::vector<Flag> all = {
+      {"--state", true,
+       [](const std::string& v, DaemonFlags& f, double) -> Status { return f.stateDir = v, Status{}; }},
+      {"--listen", true, [](const std::string& v, DaemonFlags& f, double) -> Status { return f.listen = v, Status{}; }},
+      {"--warm-pool", true,
+       [](const std::string& v, DaemonFlags& f, double hostMemoryMb) -> Status {
+         auto pool = parseWarmPoolFlag(v, hostMemoryMb);
+         if (!pool.ok()) return invalid("--warm-pool needs " + pool.error().message());
+         f.manager.warmPools.push_back(pool.value());
+         return {};
+       }},
+      numberFlag("--max-environments", 1, 100000, "a number from 1 to 100000",
+                 [](DaemonFlags& f, uint64_t n) { f.manager.maxEnvironments = n; }),
+      numberFlag("--max-connections", 1, 100000, "a number from 1 to 100000",
+                 [](DaemonFlags& f, uint64_t n) { f.server.maxConnections = n; }),
+      numberFlag("--key-rate", 0, 100000, "a number of requests per second from 0 (no limit) to 100000",
+                 [](DaemonFlags& f, uint64_t n) { f.keyRate = n; }),
+      numberFlag("--approval-timeout", 1, 86400, "a number of seconds from 1 to 86400",
+                 [](DaemonFlags& f, uint64_t n) { f.approvalTimeoutS = static_cast<int64_t>(n); }),
+      numberFlag(
+          "--lossless-wait", 1, 86400, "a number of seconds from 1 to 86400",
+          [](DaemonFlags& f, uint64_t n) { f.manager.processLimits.losslessWaitMs = static_cast<int64_t>(n) * 1000; }),
+      {"--permissions", true, [](const std::string& v, DaemonFlags& f, double) { return permissionsFile(v, f); }},
+      numberFlag("--audit-retention-days", 0, 36500, "a number from 0 to 36500",
+                 [](DaemonFlags& f, uint64_t n) { f.audit.retentionDays = static_cast<int64_t>(n); }),
+      {"--audit-max-events", true,
+       [](const std::string& v, DaemonFlags& f, double) -> Status {
+         auto n = number(v, 0, 1000000000);
+         if (!n || (*n != 0 && *n < 1000))
+           return invalid("--audit-max-events needs 0 or a number from 1000 to 1000000000");
+         f.audit.maxEvents = *n;
+         return {};
+       }},
+      readableFileFlag("--egress-hosts", [](DaemonFlags& f, const std::string& p) { f.egress.hostsFile = p; }),
+      readableFileFlag("--egress-ca-bundle",
+                       [](DaemonFlags& f, const std::string& p) { f.egress.upstreamCaBundle = p; }),
+      numberFlag("--egress-head-timeout", 1, 3600, "a number of seconds from 1 to 3600",
+                 [](DaemonFlags& f, uint64_t n) { f.egress.headTimeout = std::chrono::seconds(n); }),
+      {"--no-egress", false,
+       [](const std::string&, DaemonFlags& f, double) -> Status { return f.egressOn = false, Status{}; }},
+  };
+  return all;
+}
+
 }  // namespace
 
 const char* daemonUsage() { return kUsage; }
@@ -83,85 +169,21 @@ Result<DaemonFlags> parseDaemonFlags(const std::vector<std::string>& args, const
                                      double hostMemoryMb) {
   DaemonFlags f;
   f.stateDir = defaultStateDir;
-  static const char* const kWithValue[] = {"--state",
-                                           "--listen",
-                                           "--warm-pool",
-                                           "--max-environments",
-                                           "--max-connections",
-                                           "--key-rate",
-                                           "--approval-timeout",
-                                           "--lossless-wait",
-                                           "--permissions",
-                                           "--audit-retention-days",
-                                           "--audit-max-events",
-                                           "--egress-hosts",
-                                           "--egress-ca-bundle",
-                                           "--egress-head-timeout"};
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    bool wantsValue = false;
-    for (const char* w : kWithValue) wantsValue = wantsValue || a == w;
-    if (wantsValue && i + 1 >= args.size()) return Error::make(Code::kUsage, a + " needs a value");
-    if (a == "--state" || a == "--listen") {
-      (a == "--state" ? f.stateDir : f.listen) = args[++i];
-    } else if (a == "--warm-pool") {
-      auto pool = parseWarmPoolFlag(args[++i], hostMemoryMb);
-      if (!pool.ok()) return invalid("--warm-pool needs " + pool.error().message());
-      f.manager.warmPools.push_back(pool.value());
-    } else if (a == "--max-environments") {
-      auto n = number(args[++i], 1, 100000);
-      if (!n) return invalid("--max-environments needs a number from 1 to 100000");
-      f.manager.maxEnvironments = *n;
-    } else if (a == "--max-connections") {
-      auto n = number(args[++i], 1, 100000);
-      if (!n) return invalid("--max-connections needs a number from 1 to 100000");
-      f.server.maxConnections = *n;
-    } else if (a == "--key-rate") {
-      auto n = number(args[++i], 0, 100000);
-      if (!n) return invalid("--key-rate needs a number of requests per second from 0 (no limit) to 100000");
-      f.keyRate = *n;
-    } else if (a == "--approval-timeout") {
-      auto n = number(args[++i], 1, 86400);
-      if (!n) return invalid("--approval-timeout needs a number of seconds from 1 to 86400");
-      f.approvalTimeoutS = static_cast<int64_t>(*n);
-    } else if (a == "--lossless-wait") {
-      auto n = number(args[++i], 1, 86400);
-      if (!n) return invalid("--lossless-wait needs a number of seconds from 1 to 86400");
-      f.manager.processLimits.losslessWaitMs = static_cast<int64_t>(*n) * 1000;
-    } else if (a == "--permissions") {
-      const std::string& path = args[++i];
-      auto text = os::readFile(path, 1u << 20);
-      if (!text.ok()) return invalid("--permissions: " + text.error().message());
-      auto j = nlohmann::json::parse(text.value(), nullptr, false);
-      if (j.is_discarded()) return invalid("--permissions: " + path + " is not JSON");
-      auto parsed = gate::Permissions::parse(j, gate::Permissions::defaults());
-      if (!parsed.ok()) return invalid("--permissions: " + path + ": " + parsed.error().context);
-      f.manager.defaultPermissions = parsed.value();
-    } else if (a == "--audit-retention-days") {
-      auto n = number(args[++i], 0, 36500);
-      if (!n) return invalid("--audit-retention-days needs a number from 0 to 36500");
-      f.audit.retentionDays = static_cast<int64_t>(*n);
-    } else if (a == "--audit-max-events") {
-      auto n = number(args[++i], 0, 1000000000);
-      if (!n || (*n != 0 && *n < 1000))
-        return invalid("--audit-max-events needs 0 or a number from 1000 to 1000000000");
-      f.audit.maxEvents = *n;
-    } else if (a == "--egress-hosts" || a == "--egress-ca-bundle") {
-      const std::string& path = args[++i];
-      if (::access(path.c_str(), R_OK) != 0) return invalid(a + ": cannot read " + path);
-      (a == "--egress-hosts" ? f.egress.hostsFile : f.egress.upstreamCaBundle) = path;
-    } else if (a == "--egress-head-timeout") {
-      auto n = number(args[++i], 1, 3600);
-      if (!n) return invalid("--egress-head-timeout needs a number of seconds from 1 to 3600");
-      f.egress.headTimeout = std::chrono::seconds(*n);
-    } else if (a == "--no-egress") {
-      f.egressOn = false;
-    } else if (a == "-h" || a == "--help") {
+    if (a == "-h" || a == "--help") {
       f.help = true;
       return f;
-    } else {
-      return Error::make(Code::kUsage, "unknown argument " + a);
     }
+    const auto& all = flags();
+    auto flag = std::find_if(all.begin(), all.end(), [&](const Flag& candidate) { return a == candidate.name; });
+    if (flag == all.end()) return Error::make(Code::kUsage, "unknown argument " + a);
+    std::string value;
+    if (flag->takesValue) {
+      if (i + 1 >= args.size()) return Error::make(Code::kUsage, a + " needs a value");
+      value = args[++i];
+    }
+    MOAT_TRY(flag->apply(value, f, hostMemoryMb));
   }
   return f;
 }

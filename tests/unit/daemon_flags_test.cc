@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <set>
 
 #include "daemon/flags.h"
 
@@ -108,6 +109,21 @@ TEST(DaemonFlags, UnknownArgumentsAndMissingValuesAreUsageErrors) {
   ASSERT_TRUE(help.ok());
   EXPECT_TRUE(help->help);
   EXPECT_NE(std::string(daemonUsage()).find("--warm-pool N[:SPEC]"), std::string::npos);
+}
+
+// What --help lists is what moatd takes: every flag in the usage text is
+// known to the parser.
+TEST(DaemonFlags, EveryFlagTheUsageListsIsKnown) {
+  const std::string usage = daemonUsage();
+  std::set<std::string> listed;
+  for (size_t at = usage.find("--"); at != std::string::npos; at = usage.find("--", at + 2)) {
+    size_t end = usage.find_first_not_of("abcdefghijklmnopqrstuvwxyz-", at + 2);
+    listed.insert(usage.substr(at, end - at));
+  }
+  ASSERT_GE(listed.size(), 15u);
+  for (const auto& flag : listed) {
+    EXPECT_EQ(problem({flag}).find("unknown argument"), std::string::npos) << flag;
+  }
 }
 
 TEST(DaemonFlags, PermissionsComeFromAJsonFileAndABadOneIsRefusedWithItsProblem) {
