@@ -61,10 +61,7 @@ void Api::recordAuthFailure(const HttpRequest& request, const std::string& token
   audit_.record("auth.failed", "", "anonymous", std::move(data));
 }
 
-void Api::countError(const std::string& code) {
-  std::lock_guard<std::mutex> lock(errorsMutex_);
-  ++errors_[code];
-}
+void Api::countError(const std::string& code) { metrics_.countError(code); }
 
 Preflight Api::preflight(const HttpRequest& head) {
   Preflight p;
@@ -127,9 +124,8 @@ Preflight Api::preflight(const HttpRequest& head) {
       }
       if (turn.wait.count() > 0) {
         std::unique_lock<std::mutex> lock(turnMutex_);
-        ++waitingTurn_;
+        auto waiting = metrics_.waiting();
         bool stopped = turnCv_.wait_for(lock, turn.wait, [this] { return stopping_; });
-        --waitingTurn_;
         if (stopped) {
           p.reject = true;
           p.hold.reset();
@@ -387,59 +383,9 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
 }
 
 HttpResponse Api::metrics() {
-  std::ostringstream out;
-  auto counters = manager_.counters();
-  out << "# HELP moat_environments Environments by state.\n# TYPE moat_environments gauge\n";
-  for (const char* state : {"creating", "running", "destroying", "failed"}) {
-    out << "moat_environments{state=\"" << state << "\"} " << counters.byState[state] << "\n";
-  }
-  out << "# HELP moat_warm_pool_ready Warm environments ready to be claimed.\n# TYPE moat_warm_pool_ready gauge\n";
-  out << "moat_warm_pool_ready " << counters.warmReady << "\n";
-  out << "# HELP moat_warm_pool_claims_total Creates served from the warm pool.\n# TYPE moat_warm_pool_claims_total "
-         "counter\n";
-  out << "moat_warm_pool_claims_total " << counters.warmClaims << "\n";
-  if (!counters.warmPools.empty()) {
-    auto labels = [](const manager::WarmPool& p) {
-      std::string t;  // label value escaping: backslash, quote, newline
-      for (char c : p.templateName) t += c == '\\' ? "\\\\" : c == '"' ? "\\\"" : c == '\n' ? "\\n" : std::string(1, c);
-      char numbers[160];
-      std::snprintf(numbers, sizeof numbers, "\",cpus=\"%g\",ram_mb=\"%llu\",storage_gb=\"%g\",pids=\"%llu\"}", p.cpus,
-                    static_cast<unsigned long long>(p.ramMb), p.storageGb, static_cast<unsigned long long>(p.pids));
-      return "{template=\"" + t + numbers;
-    };
-    out << "# HELP moat_warm_pool_ready_by_spec Warm environments ready to be claimed, per pool.\n"
-           "# TYPE moat_warm_pool_ready_by_spec gauge\n";
-    for (const auto& p : counters.warmPools)
-      out << "moat_warm_pool_ready_by_spec" << labels(p.spec) << " " << p.ready << "\n";
-    out << "# HELP moat_warm_pool_claims_by_spec_total Creates served from each warm pool.\n"
-           "# TYPE moat_warm_pool_claims_by_spec_total counter\n";
-    for (const auto& p : counters.warmPools) {
-      out << "moat_warm_pool_claims_by_spec_total" << labels(p.spec) << " " << p.claims << "\n";
-    }
-  }
-  out << "# HELP moat_exec_total Commands run through the exec API.\n# TYPE moat_exec_total counter\n";
-  out << "moat_exec_total " << execCount_.load() << "\n";
-  out << "# HELP moat_exec_duration_seconds Exec latency.\n# TYPE moat_exec_duration_seconds histogram\n";
-  uint64_t cumulative = 0;
-  for (size_t i = 0; i < kBuckets.size(); ++i) {
-    cumulative += execBuckets_[i];
-    out << "moat_exec_duration_seconds_bucket{le=\"" << kBuckets[i] << "\"} " << cumulative << "\n";
-  }
-  cumulative += execBuckets_[kBuckets.size()];
-  out << "moat_exec_duration_seconds_bucket{le=\"+Inf\"} " << cumulative << "\n";
-  out << "moat_exec_duration_seconds_sum " << execMicros_.load() / 1e6 << "\n";
-  out << "moat_exec_duration_seconds_count " << execCount_.load() << "\n";
-  out << "# HELP moat_api_requests_waiting Requests waiting for their turn under their key's rate limit.\n"
-         "# TYPE moat_api_requests_waiting gauge\n";
-  out << "moat_api_requests_waiting " << waitingTurn_.load() << "\n";
-  out << "# HELP moat_api_errors_total API error responses by code.\n# TYPE moat_api_errors_total counter\n";
-  {
-    std::lock_guard<std::mutex> lock(errorsMutex_);
-    for (const auto& [code, n] : errors_) out << "moat_api_errors_total{code=\"" << code << "\"} " << n << "\n";
-  }
   HttpResponse r;
   r.contentType = "text/plain; version=0.0.4";
-  r.body = out.str();
+  r.body = metrics_.render(manager_.counters());
   return r;
 }
 

@@ -11,6 +11,7 @@
 
 #include "api/http.h"
 #include "api/keys.h"
+#include "api/metrics.h"
 #include "api/rate_limit.h"
 #include "api/routes.h"
 #include "api/validation.h"
@@ -159,8 +160,6 @@ class Api {
   audit::Recorder& audit_;  // log_, or a recorder that drops everything
   std::mutex mcpMutex_;
   std::map<std::string, std::shared_ptr<McpHttpSession>> mcpSessions_;
-  std::mutex errorsMutex_;
-  std::map<std::string, uint64_t> errors_;
   std::mutex inFlightMutex_;
   std::map<std::string, size_t> inFlight_;  // requests in progress per key id
   RateLimiter keyRate_;
@@ -171,11 +170,7 @@ class Api {
   std::mutex turnMutex_;
   std::condition_variable turnCv_;  // wakes requests waiting for their turn at stop
   bool stopping_ = false;
-  std::atomic<uint64_t> waitingTurn_{0};  // requests waiting for their turn now (/metrics)
-  static constexpr std::array<double, 10> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 10};
-  std::array<std::atomic<uint64_t>, 11> execBuckets_{};
-  std::atomic<uint64_t> execMicros_{0};
-  std::atomic<uint64_t> execCount_{0};
+  ApiMetrics metrics_;
 };
 
 }  // namespace moat::api

@@ -72,11 +72,7 @@ HttpResponse Api::execRoute(const HttpRequest& req, const Principal& principal, 
   auto started = std::chrono::steady_clock::now();
   auto result = manager_.exec(id, exec, env);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  size_t bucket = 0;
-  while (bucket < kBuckets.size() && seconds > kBuckets[bucket]) ++bucket;
-  ++execBuckets_[bucket];
-  execMicros_ += static_cast<uint64_t>(seconds * 1e6);
-  ++execCount_;
+  metrics_.observeExec(seconds);
   if (!result.ok()) return errorResponse(fromError(result.error()));
   auto& r = result.value();
   if (!r.started) {
