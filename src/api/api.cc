@@ -48,7 +48,7 @@ Api::Api(manager::EnvironmentManager& manager, Keys& keys, gate::ApprovalCenter&
       options_(std::move(options)),
       log_(audit),
       audit_(audit ? static_cast<audit::Recorder&>(*audit) : audit::nullRecorder()),
-      keyRate_({options_.keyRequestsPerSecond, 2 * options_.keyRequestsPerSecond}) {}
+      admission_(options_.maxRequestsPerKey, options_.keyRequestsPerSecond, metrics_) {}
 
 void Api::recordAuthFailure(const HttpRequest& request, const std::string& token, const std::string& why) {
   json data = {{"reason", why}, {"method", request.method}, {"path", request.path}};
@@ -92,48 +92,17 @@ Preflight Api::preflight(const HttpRequest& head) {
     if (constantTimeEquals(token, masterToken_)) return p;
     auto key = keys_.authenticate(token);
     if (key.ok()) {
-      std::string id = key->keyId;
-      {
-        std::lock_guard<std::mutex> lock(inFlightMutex_);
-        size_t& n = inFlight_[id];
-        if (n >= options_.maxRequestsPerKey) {
-          return refuse(
-              {429, "capacity",
-               "at capacity: this key has " + std::to_string(n) + " requests in progress; retry when some have ended",
-               ""},
-              "1");
-        }
-        ++n;
+      auto verdict = admission_.admit(key->keyId);
+      if (!verdict.refusal) {
+        p.hold = std::move(verdict.hold);
+        return p;
       }
-      // The server holds this until the request is answered (or its stream
-      // ends); a request waiting for its turn below counts as in progress.
-      p.hold = std::shared_ptr<void>(nullptr, [this, id](void*) {
-        std::lock_guard<std::mutex> lock(inFlightMutex_);
-        auto it = inFlight_.find(id);
-        if (it != inFlight_.end() && --it->second == 0) inFlight_.erase(it);
-      });
-      auto turn = keyRate_.admit(id, RateLimiter::Clock::now());
-      if (!turn.admitted) {
-        auto secs = std::to_string(std::chrono::ceil<std::chrono::seconds>(turn.retryAfter).count());
-        return refuse(
-            {429, "capacity",
-             "rate limited: this key may send " + std::to_string(static_cast<long>(keyRate_.limits().perSecond)) +
-                 " requests per second (moatd --key-rate); retry in " + secs + " s",
-             ""},
-            secs);
+      if (verdict.refusal->status == 503) {  // moatd is stopping: not counted
+        p.reject = true;
+        p.response = errorResponse(*verdict.refusal);
+        return p;
       }
-      if (turn.wait.count() > 0) {
-        std::unique_lock<std::mutex> lock(turnMutex_);
-        auto waiting = metrics_.waiting();
-        bool stopped = turnCv_.wait_for(lock, turn.wait, [this] { return stopping_; });
-        if (stopped) {
-          p.reject = true;
-          p.hold.reset();
-          p.response = errorResponse({503, "unavailable", "moatd is stopping", ""});
-          return p;
-        }
-      }
-      return p;
+      return refuse(*verdict.refusal, verdict.retryAfter);
     }
     why = key.error().context;
   }
@@ -141,13 +110,7 @@ Preflight Api::preflight(const HttpRequest& head) {
   return refuse({401, "unauthorized", why, ""});
 }
 
-void Api::stopWaiting() {
-  {
-    std::lock_guard<std::mutex> lock(turnMutex_);
-    stopping_ = true;
-  }
-  turnCv_.notify_all();
-}
+void Api::stopWaiting() { admission_.stop(); }
 
 HttpResponse Api::handle(const HttpRequest& request) {
   HttpResponse response;

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "api/http.h"
+#include "api/key_admission.h"
 #include "api/keys.h"
 #include "api/metrics.h"
 #include "api/rate_limit.h"
@@ -160,17 +161,12 @@ class Api {
   audit::Recorder& audit_;  // log_, or a recorder that drops everything
   std::mutex mcpMutex_;
   std::map<std::string, std::shared_ptr<McpHttpSession>> mcpSessions_;
-  std::mutex inFlightMutex_;
-  std::map<std::string, size_t> inFlight_;  // requests in progress per key id
-  RateLimiter keyRate_;
   std::mutex execAsksMutex_;
   std::condition_variable execAsksCv_;
   std::map<std::string, size_t> execAsks_;  // exec questions waiting, per environment
   size_t execAsksTotal_ = 0;
-  std::mutex turnMutex_;
-  std::condition_variable turnCv_;  // wakes requests waiting for their turn at stop
-  bool stopping_ = false;
   ApiMetrics metrics_;
+  KeyAdmission admission_;  // after metrics_, which it counts waiters in
 };
 
 }  // namespace moat::api
