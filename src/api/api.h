@@ -12,6 +12,7 @@
 #include "api/http.h"
 #include "api/key_admission.h"
 #include "api/keys.h"
+#include "api/mcp_sessions.h"
 #include "api/metrics.h"
 #include "api/rate_limit.h"
 #include "api/routes.h"
@@ -135,8 +136,6 @@ class Api {
   HttpResponse verifyRoute(const HttpRequest& request, const Principal& principal);
   // A refused token (401), for the audit log.
   void recordAuthFailure(const HttpRequest& request, const std::string& token, const std::string& why);
-  // mcp.cc: Streamable HTTP at /mcp (docs/MCP.md).
-  struct McpHttpSession;
   // network.cc: what a network action of the environment's own gets: with
   // the ceiling of the key that created it (none for the master's); listed
   // (the policy allows it): from that ceiling alone.
@@ -148,7 +147,6 @@ class Api {
   HttpResponse mcpRoute(const HttpRequest& request, const Principal& principal);
   // Host and Origin must be local (DNS rebinding); before authentication.
   std::optional<HttpResponse> mcpGuard(const HttpRequest& head);
-  void expireMcpSessions();
   HttpResponse metrics();
   void countError(const std::string& code);
 
@@ -158,9 +156,8 @@ class Api {
   std::string masterToken_;
   ApiOptions options_;
   audit::Log* log_;
-  audit::Recorder& audit_;  // log_, or a recorder that drops everything
-  std::mutex mcpMutex_;
-  std::map<std::string, std::shared_ptr<McpHttpSession>> mcpSessions_;
+  audit::Recorder& audit_;   // log_, or a recorder that drops everything
+  McpSessions mcpSessions_;  // mcp.cc: Streamable HTTP at /mcp (docs/MCP.md)
   std::mutex execAsksMutex_;
   std::condition_variable execAsksCv_;
   std::map<std::string, size_t> execAsks_;  // exec questions waiting, per environment

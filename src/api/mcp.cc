@@ -12,10 +12,6 @@
 namespace moat::api {
 namespace {
 
-constexpr auto kSessionIdle = std::chrono::minutes(30);
-constexpr size_t kMaxSessions = 256;
-constexpr size_t kMaxSessionsPerKey = 16;  // one key cannot take every session
-
 // "localhost", "127.0.0.1", "[::1]", each with an optional port.
 bool localName(const std::string& hostPort) {
   std::string h = asciiLower(hostPort);
@@ -63,14 +59,6 @@ class InProcessRest : public mcp::RestBackend {
   std::string remote_;
 };
 
-struct Api::McpHttpSession {
-  std::string authorization;  // the token that opened it; only it may use it
-  std::string owner;          // the master or the key id, for the per-key limit
-  std::unique_ptr<InProcessRest> rest;
-  std::unique_ptr<mcp::Session> session;
-  std::chrono::steady_clock::time_point lastUsed = std::chrono::steady_clock::now();
-};
-
 std::optional<HttpResponse> Api::mcpGuard(const HttpRequest& head) {
   // DNS rebinding: a web page's script reaching moatd through a name it
   // controls carries that name in Host, and its origin in Origin.
@@ -88,33 +76,9 @@ std::optional<HttpResponse> Api::mcpGuard(const HttpRequest& head) {
   return std::nullopt;
 }
 
-void Api::expireMcpSessions() {
-  std::vector<std::shared_ptr<McpHttpSession>> expired;
-  {
-    std::lock_guard<std::mutex> lock(mcpMutex_);
-    auto now = std::chrono::steady_clock::now();
-    for (auto it = mcpSessions_.begin(); it != mcpSessions_.end();) {
-      if (now - it->second->lastUsed > kSessionIdle) {
-        expired.push_back(it->second);
-        it = mcpSessions_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (auto& s : expired) s->session->close();
-}
-
 Api::~Api() { closeMcpSessions(); }
 
-void Api::closeMcpSessions() {
-  std::map<std::string, std::shared_ptr<McpHttpSession>> all;
-  {
-    std::lock_guard<std::mutex> lock(mcpMutex_);
-    all.swap(mcpSessions_);
-  }
-  for (auto& [id, s] : all) s->session->close();
-}
+void Api::closeMcpSessions() { mcpSessions_.closeAll(); }
 
 void Api::endOrphanedMcpEnvironments() {
   store::EnvironmentFilter filter;
@@ -129,7 +93,7 @@ void Api::endOrphanedMcpEnvironments() {
 
 HttpResponse Api::mcpRoute(const HttpRequest& req, const Principal& principal) {
   if (auto refused = mcpGuard(req)) return *refused;
-  expireMcpSessions();
+  mcpSessions_.expire();
   if (req.method == "GET") {
     HttpResponse r =
         errorResponse({405, "method_not_allowed", "GET /mcp: this server sends nothing unasked; POST requests", ""});
@@ -140,23 +104,11 @@ HttpResponse Api::mcpRoute(const HttpRequest& req, const Principal& principal) {
                                                    req.mcpProtocolVersion) == mcp::kProtocolVersions.end()) {
     return rpcError(400, nullptr, mcp::kInvalidRequest, "unsupported MCP-Protocol-Version " + req.mcpProtocolVersion);
   }
-  auto find = [&]() -> std::shared_ptr<McpHttpSession> {
-    std::lock_guard<std::mutex> lock(mcpMutex_);
-    auto it = mcpSessions_.find(req.mcpSessionId);
-    // Another token's session does not exist for this caller.
-    if (it == mcpSessions_.end() || it->second->authorization != req.authorization) return nullptr;
-    it->second->lastUsed = std::chrono::steady_clock::now();
-    return it->second;
-  };
   if (req.method == "DELETE") {
     if (req.mcpSessionId.empty())
       return rpcError(400, nullptr, mcp::kInvalidRequest, "DELETE /mcp needs Mcp-Session-Id");
-    auto s = find();
+    auto s = mcpSessions_.remove(req.mcpSessionId, req.authorization);
     if (!s) return rpcError(404, nullptr, mcp::kInvalidRequest, "no such MCP session");
-    {
-      std::lock_guard<std::mutex> lock(mcpMutex_);
-      mcpSessions_.erase(req.mcpSessionId);
-    }
     s->session->close();
     return noContent();
   }
@@ -178,28 +130,14 @@ HttpResponse Api::mcpRoute(const HttpRequest& req, const Principal& principal) {
     s = std::make_shared<McpHttpSession>();
     s->authorization = req.authorization;
     s->owner = principal.owner();
+    s->master = principal.master;
     s->rest = std::make_unique<InProcessRest>(*this, req.authorization, req.remote + " mcp");
     s->session = std::make_unique<mcp::Session>(*s->rest, "moat", mcp::kMoatdSession);
-    {
-      // Counted and added at once: parallel initializes cannot all fit.
-      std::lock_guard<std::mutex> lock(mcpMutex_);
-      if (mcpSessions_.size() >= kMaxSessions) {
-        return rpcError(429, message["id"], mcp::kInternalError,
-                        "too many MCP sessions open (" + std::to_string(kMaxSessions) + "); end some with DELETE /mcp");
-      }
-      size_t mine = 0;
-      for (const auto& [id, open] : mcpSessions_) mine += open->owner == principal.owner() ? 1 : 0;
-      if (!principal.master && mine >= kMaxSessionsPerKey) {
-        return rpcError(429, message["id"], mcp::kInternalError,
-                        "this key has " + std::to_string(mine) + " MCP sessions open (at most " +
-                            std::to_string(kMaxSessionsPerKey) + " per key); end some with DELETE /mcp");
-      }
-      mcpSessions_[sessionId] = s;
-    }
+    if (auto full = mcpSessions_.add(sessionId, s)) return rpcError(429, message["id"], mcp::kInternalError, *full);
   } else {
     if (sessionId.empty())
       return rpcError(400, nullptr, mcp::kInvalidRequest, "missing Mcp-Session-Id (initialize first)");
-    s = find();
+    s = mcpSessions_.find(sessionId, req.authorization);
     if (!s)
       return rpcError(404, nullptr, mcp::kInvalidRequest,
                       "no such MCP session (it ended or expired): initialize again");
