@@ -164,7 +164,6 @@ HttpResponse Api::keysRoute(const HttpRequest& req, const Principal& principal) 
   if (!id.empty()) {
     if (!pathSegment(req.path, 3).empty())
       return errorResponse({404, "not_found", "no such endpoint: " + req.path, ""});
-    if (req.method != "DELETE") return errorResponse({405, "method_not_allowed", "use DELETE", ""});
     Status s = keys_.revoke(id);
     if (!s.ok()) return errorResponse({404, "not_found", "no active key " + id, ""});
     audit_.record("key.revoked", "", principal.owner(), {{"key", id}});
@@ -188,7 +187,6 @@ HttpResponse Api::keysRoute(const HttpRequest& req, const Principal& principal) 
     for (const auto& k : list.value()) arr.push_back(keyJson(k));
     return respond(200, {{"keys", arr}});
   }
-  if (req.method != "POST") return errorResponse({405, "method_not_allowed", "use GET or POST", ""});
   ApiError perr{};
   auto body = parseObject(req.body, perr);
   if (!body.ok()) return errorResponse(perr);

@@ -13,7 +13,6 @@ namespace moat::api {
 
 HttpResponse Api::execRoute(const HttpRequest& req, const Principal& principal, const std::string& id) {
   ApiError perr{};
-  if (req.method != "POST") return wrongMethod(req, "POST");
   auto body = parseObject(req.body, perr);
   if (!body.ok()) return errorResponse(perr);
   const json& j = body.value();

@@ -168,14 +168,12 @@ HttpResponse Api::filesRoute(const HttpRequest& req, const Principal& principal,
     return wrongMethod(req, "GET, PUT or DELETE");
   }
   if (subsub == "list" || subsub == "stat") {
-    if (req.method != "GET") return wrongMethod(req, "GET");
     if (auto e = onlyQuery(req, {"path"})) return errorResponse(*e);
     if (auto e = pathParam()) return errorResponse(*e);
     f.op = subsub == "list" ? init::FileOp::kList : init::FileOp::kStat;
     return fileCall(f);
   }
   if (subsub == "mkdir" || subsub == "move") {
-    if (req.method != "POST") return wrongMethod(req, "POST");
     auto body = parseObject(req.body, perr);
     if (!body.ok()) return errorResponse(perr);
     const json& j = body.value();

@@ -124,7 +124,6 @@ HttpResponse Api::permissionsRoute(const HttpRequest& req, const Principal& prin
     if (principal.ceiling) out["ceiling"] = principal.ceiling->toJson();
     return respond(200, out);
   }
-  if (req.method != "PUT") return wrongMethod(req, "GET or PUT");
   ApiError perr{};
   auto body = parseObject(req.body, perr);
   if (!body.ok()) return errorResponse(perr);
@@ -174,7 +173,6 @@ HttpResponse Api::approvalsRoute(const HttpRequest& req, const Principal& princi
   }
   if (!pathSegment(req.path, 3).empty()) return errorResponse({404, "not_found", "no such endpoint: " + req.path, ""});
   if (id.empty()) {
-    if (req.method != "GET") return wrongMethod(req, "GET");
     if (auto e = onlyQuery(req, {"state", "environment"})) return errorResponse(*e);
     store::ApprovalFilter filter;
     if (auto it = req.query.find("state"); it != req.query.end()) {
@@ -196,7 +194,6 @@ HttpResponse Api::approvalsRoute(const HttpRequest& req, const Principal& princi
     if (!a.ok()) return errorResponse(fromError(a.error()));
     return respond(200, approvalJson(a.value()));
   }
-  if (req.method != "POST") return wrongMethod(req, "GET or POST");
   if (auto e = onlyQuery(req, {})) return errorResponse(*e);
   ApiError perr{};
   auto body = parseObject(req.body, perr);

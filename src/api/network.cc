@@ -56,7 +56,6 @@ HttpResponse Api::networkRoute(const HttpRequest& req, const Principal& principa
     if (!record.ok()) return errorResponse(fromError(record.error()));
     return respond(200, networkJson(policy.value(), record.value()));
   }
-  if (req.method != "PUT") return wrongMethod(req, "GET or PUT");
   // A new policy can open the network: like replacing permissions.
   if (!principal.may("permissions")) {
     return errorResponse({403, "forbidden",

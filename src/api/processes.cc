@@ -226,7 +226,6 @@ HttpResponse Api::processesRoute(const HttpRequest& req, const Principal& princi
       return startProcess(manager_, req, id, principal.owner(),
                           [&](const gate::Action& action) { return check(req, principal, id, action); });
     }
-    if (req.method != "GET") return wrongMethod(req, "GET or POST");
     if (auto e = onlyQuery(req, {})) return errorResponse(*e);
     auto list = manager_.processes(id);
     if (!list.ok()) return errorResponse(fromError(list.error()));
@@ -240,18 +239,15 @@ HttpResponse Api::processesRoute(const HttpRequest& req, const Principal& princi
   auto process = manager_.process(id, std::stoull(pid));
   if (!process.ok()) return errorResponse(fromError(process.error()));
   if (action.empty()) {
-    if (req.method != "GET") return wrongMethod(req, "GET");
     if (auto e = onlyQuery(req, {})) return errorResponse(*e);
     return respond(200, processJson(process.value()->info()));
   }
   if (action == "output") {
-    if (req.method != "GET") return wrongMethod(req, "GET");
     return readOutput(process.value(), req, keys_.stillActive(principal));
   }
   if (action != "stdin" && action != "signal" && action != "resize") {
     return errorResponse({404, "not_found", "no such endpoint: " + req.path, ""});
   }
-  if (req.method != "POST") return wrongMethod(req, "POST");
   if (auto e = onlyQuery(req, {})) return errorResponse(*e);
   Note note = [&](const std::string& type, json data) { audit_.record(type, id, principal.owner(), std::move(data)); };
   if (action == "stdin") return writeStdin(process.value(), req, note);

@@ -172,7 +172,6 @@ void runViewer(const std::shared_ptr<manager::Process>& process, websocket::Conn
 }  // namespace
 
 HttpResponse Api::shellRoute(const HttpRequest& req, const Principal& principal, const std::string& id) {
-  if (req.method != "GET") return wrongMethod(req, "GET (a WebSocket upgrade)");
   if (auto e = onlyQuery(req, {"process", "rows", "cols"})) return errorResponse(*e);
   if (!req.websocketUpgrade) {
     HttpResponse refused =

@@ -57,7 +57,6 @@ HttpResponse Api::snapshotsRoute(const HttpRequest& req, const Principal& princi
   std::string id = pathSegment(req.path, 2);
   if (pathSegment(req.path, 3) != "") return errorResponse({404, "not_found", "no such endpoint: " + req.path, ""});
   if (id.empty()) {
-    if (req.method != "GET") return wrongMethod(req, "GET");
     if (auto e = onlyQuery(req, {"environment_id"})) return errorResponse(*e);
     std::string environment;
     if (auto it = req.query.find("environment_id"); it != req.query.end()) environment = it->second;
@@ -72,7 +71,6 @@ HttpResponse Api::snapshotsRoute(const HttpRequest& req, const Principal& princi
                                   : Result<store::SnapshotRecord>(Error::make(Code::kNotFound, "no snapshot " + id));
   if (!snap.ok()) return errorResponse(fromError(snap.error()));
   if (req.method == "GET") return respond(200, snapshotJson(snap.value()));
-  if (req.method != "DELETE") return wrongMethod(req, "GET or DELETE");
   Status s = manager_.deleteSnapshot(id, principal.owner());
   if (!s.ok()) return errorResponse(fromError(s.error()));
   return noContent();
@@ -92,7 +90,6 @@ HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Princi
       for (const auto& s : list.value()) arr.push_back(snapshotJson(s));
       return respond(200, {{"snapshots", arr}});
     }
-    if (req.method != "POST") return wrongMethod(req, "GET or POST");
     auto body = parseObject(req.body, perr);
     if (!body.ok()) return errorResponse(perr);
     if (auto e = onlyFields(body.value(), {"name"}, "")) return errorResponse(*e);
@@ -111,7 +108,6 @@ HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Princi
     if (!snap.ok()) return errorResponse(fromError(snap.error()));
     return respond(201, snapshotJson(snap.value()));
   }
-  if (req.method != "POST") return wrongMethod(req, "POST");
   auto body = parseObject(req.body, perr);
   if (!body.ok()) return errorResponse(perr);
   if (sub == "restore") {
