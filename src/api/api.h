@@ -156,14 +156,16 @@ class Api {
   std::string masterToken_;
   ApiOptions options_;
   audit::Log* log_;
-  audit::Recorder& audit_;   // log_, or a recorder that drops everything
-  McpSessions mcpSessions_;  // mcp.cc: Streamable HTTP at /mcp (docs/MCP.md)
+  audit::Recorder& audit_;  // log_, or a recorder that drops everything
   std::mutex execAsksMutex_;
   std::condition_variable execAsksCv_;
   std::map<std::string, size_t> execAsks_;  // exec questions waiting, per environment
   size_t execAsksTotal_ = 0;
   ApiMetrics metrics_;
   KeyAdmission admission_;  // after metrics_, which it counts waiters in
+  // mcp.cc: Streamable HTTP at /mcp (docs/MCP.md). Last: gone first, while
+  // everything a closing session calls still exists.
+  McpSessions mcpSessions_;
 };
 
 }  // namespace moat::api

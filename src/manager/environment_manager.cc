@@ -168,12 +168,14 @@ Status EnvironmentManager::recoverAfterRestart() {
     }
     std::string id = r.id;
     auto connection = connect(id, std::move(control.value()));
+    // Counted before it is live: the reaper (running already) may destroy
+    // it at once, and its release must find it counted.
+    capacity_.count(r.ramMb);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       live_[id] = makeLive(connection, r);
       nextExpiryMs_ = std::min(nextExpiryMs_, r.expiresAtMs);
     }
-    capacity_.count(r.ramMb);
     if (r.state != EnvironmentState::kRunning) (void)store_.setState(id, EnvironmentState::kRunning, "");
     auto stored = storedNetwork(r);
     const bool wantsLink = stored.ok() && stored->mode != egress::Mode::kNone;
