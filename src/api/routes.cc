@@ -1,6 +1,7 @@
 #include "api/routes.h"
 
-#include <algorithm>
+#include <cstring>
+#include <string_view>
 
 namespace moat::api {
 
@@ -19,18 +20,27 @@ std::vector<std::string> segments(const std::string& path) {
   return out;
 }
 
-bool matches(const std::vector<std::string>& pattern, const std::vector<std::string>& path, PathParams& params) {
-  if (pattern.size() != path.size()) return false;
+// `pattern` against the path's segments, without copying the pattern: a
+// "{name}" segment matches any non-empty one and names it.
+bool matches(std::string_view pattern, const std::vector<std::string>& path, PathParams& params) {
   PathParams found;
-  for (size_t i = 0; i < pattern.size(); ++i) {
-    const std::string& p = pattern[i];
+  size_t i = 0;
+  pattern.remove_prefix(1);  // the leading "/"
+  for (;;) {
+    const size_t slash = pattern.find('/');
+    const std::string_view p = pattern.substr(0, slash);
+    if (i >= path.size()) return false;
     if (p.size() > 2 && p.front() == '{' && p.back() == '}') {
       if (path[i].empty()) return false;
-      found[p.substr(1, p.size() - 2)] = path[i];
+      found.emplace(std::string(p.substr(1, p.size() - 2)), path[i]);
     } else if (p != path[i]) {
       return false;
     }
+    ++i;
+    if (slash == std::string_view::npos) break;
+    pattern.remove_prefix(slash + 1);
   }
+  if (i != path.size()) return false;
   params = std::move(found);
   return true;
 }
@@ -45,14 +55,14 @@ RouteMatch findRoute(const std::vector<Route>& table, const std::string& method,
   for (const Route& route : table) {
     // Rows of one pattern follow each other: the first pattern that matches
     // is the path's.
-    if (matchedPattern != nullptr && std::string(route.pattern) != matchedPattern) continue;
+    if (matchedPattern != nullptr && std::strcmp(route.pattern, matchedPattern) != 0) continue;
     PathParams params;
-    if (matchedPattern == nullptr && !matches(segments(route.pattern), parts, params)) continue;
+    if (matchedPattern == nullptr && !matches(route.pattern, parts, params)) continue;
     if (matchedPattern == nullptr) {
       matchedPattern = route.pattern;
       match.params = std::move(params);
     }
-    if (route.method == method || std::string(route.method) == "*") {
+    if (route.method == method || std::strcmp(route.method, "*") == 0) {
       match.route = &route;
       match.allowed.clear();
       return match;
