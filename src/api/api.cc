@@ -41,7 +41,11 @@ json environmentJson(const store::EnvironmentRecord& r) {
 
 Api::Api(manager::EnvironmentManager& manager, Keys& keys, gate::ApprovalCenter& approvals, std::string masterToken,
          ApiOptions options, audit::Log* audit)
-    : manager_(manager),
+    : environments_(manager),
+      commands_(manager),
+      permissionLayers_(manager),
+      networks_(manager),
+      snapshots_(manager),
       keys_(keys),
       approvals_(approvals),
       masterToken_(std::move(masterToken)),
@@ -334,7 +338,7 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
     return errorResponse({403, "forbidden", "this key lacks the '" + std::string(route.scope) + "' scope", ""});
   }
   // A key acts only on its own environments; others look like they do not exist.
-  if (route.ownedEnvironment && !principal.master && manager_.ownerOf(match.params.at("id")) != principal.keyId) {
+  if (route.ownedEnvironment && !principal.master && environments_.ownerOf(match.params.at("id")) != principal.keyId) {
     return errorResponse({404, "not_found", "no environment " + match.params.at("id"), ""});
   }
   if (!route.takesQuery) {
@@ -346,7 +350,7 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
 HttpResponse Api::metrics() {
   HttpResponse r;
   r.contentType = "text/plain; version=0.0.4";
-  r.body = metrics_.render(manager_.counters());
+  r.body = metrics_.render(environments_.counters());
   return r;
 }
 

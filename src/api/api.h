@@ -150,7 +150,12 @@ class Api {
   HttpResponse metrics();
   void countError(const std::string& code);
 
-  manager::EnvironmentManager& manager_;
+  // The manager, as the narrow services the handlers use (manager/services.h).
+  manager::EnvironmentService& environments_;
+  manager::CommandService& commands_;
+  manager::PermissionService& permissionLayers_;
+  manager::NetworkService& networks_;
+  manager::SnapshotService& snapshots_;
   Keys& keys_;
   gate::ApprovalCenter& approvals_;
   std::string masterToken_;

@@ -77,7 +77,7 @@ init::ExecPolicy Api::execPolicyFor(const std::string& id) {
   // nested program sets no variables moatd judges, so a rule's "env" plays
   // no part there.
   init::ExecPolicy policy;
-  auto layers = manager_.permissions(id);
+  auto layers = permissionLayers_.permissions(id);
   // Not an environment (yet: a warm one, its claimer unknown): moatd judges
   // what it runs, until it is claimed and told.
   if (!layers.ok()) {
@@ -87,7 +87,7 @@ init::ExecPolicy Api::execPolicyFor(const std::string& id) {
   std::vector<const gate::Permissions*> all;
   for (const auto& layer : layers.value()) all.push_back(&layer);
   std::shared_ptr<const gate::Permissions> ceiling;
-  std::string owner = manager_.ownerOf(id);
+  std::string owner = environments_.ownerOf(id);
   if (!owner.empty() && owner != "master") {
     auto read = keys_.ceilingOf(owner);
     if (!read.ok()) {

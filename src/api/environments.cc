@@ -27,7 +27,7 @@ HttpResponse Api::listEnvironments(const HttpRequest& req, const Principal& prin
       return errorResponse({400, "unknown_field", "unknown query parameter " + k, k});
     }
   }
-  auto list = manager_.list(filter);
+  auto list = environments_.list(filter);
   if (!list.ok()) return errorResponse(fromError(list.error()));
   json arr = json::array();
   for (const auto& r : list.value()) arr.push_back(environmentJson(r));
@@ -67,7 +67,7 @@ HttpResponse Api::createEnvironment(const HttpRequest& req, const Principal& pri
   }
   if (j.contains("spec")) {
     SpecFields spec;
-    if (auto e = specFields(j["spec"], "spec.", static_cast<double>(manager_.config().maxTotalMemoryMb), spec)) {
+    if (auto e = specFields(j["spec"], "spec.", static_cast<double>(environments_.config().maxTotalMemoryMb), spec)) {
       return errorResponse(*e);
     }
     create.cpus = spec.cpus;
@@ -76,7 +76,8 @@ HttpResponse Api::createEnvironment(const HttpRequest& req, const Principal& pri
     create.pids = spec.pids;
   }
   if (j.contains("ttl_s")) {
-    if (auto e = number(j["ttl_s"], "ttl_s", 1, static_cast<double>(manager_.config().maxTtlS), true, create.ttlS)) {
+    if (auto e =
+            number(j["ttl_s"], "ttl_s", 1, static_cast<double>(environments_.config().maxTtlS), true, create.ttlS)) {
       return errorResponse(*e);
     }
   }
@@ -87,7 +88,7 @@ HttpResponse Api::createEnvironment(const HttpRequest& req, const Principal& pri
     if (auto e = stringMap(j["env"], "env", true, create.env)) return errorResponse(*e);
   }
   if (j.contains("permissions")) {
-    auto parsed = parsePermissions(j["permissions"], manager_.config().defaultPermissions, perr);
+    auto parsed = parsePermissions(j["permissions"], environments_.config().defaultPermissions, perr);
     if (!parsed.ok()) return errorResponse(perr);
     create.permissions = parsed.value();
   }
@@ -100,19 +101,19 @@ HttpResponse Api::createEnvironment(const HttpRequest& req, const Principal& pri
       return errorResponse({404, "not_found", "no snapshot " + create.fromSnapshot, "snapshot"});
     }
   }
-  auto created = manager_.create(create);
+  auto created = environments_.create(create);
   if (!created.ok()) return errorResponse(fromError(created.error()));
   return respond(201, environmentJson(created.value()));
 }
 
 HttpResponse Api::getEnvironment(const std::string& id) {
-  auto r = manager_.get(id);
+  auto r = environments_.get(id);
   if (!r.ok()) return errorResponse(fromError(r.error()));
   return respond(200, environmentJson(r.value()));
 }
 
 HttpResponse Api::destroyEnvironment(const Principal& principal, const std::string& id) {
-  Status s = manager_.destroy(id, "destroyed", principal.owner());
+  Status s = environments_.destroy(id, "destroyed", principal.owner());
   if (!s.ok()) return errorResponse(fromError(s.error()));
   return noContent();
 }
@@ -124,10 +125,10 @@ HttpResponse Api::setEnvironmentTimeout(const HttpRequest& req, const Principal&
   if (auto e = onlyFields(body.value(), {"ttl_s"}, "")) return errorResponse(*e);
   if (!body->contains("ttl_s")) return errorResponse(invalid("ttl_s", "required"));
   int64_t ttl = 0;
-  if (auto e = number((*body)["ttl_s"], "ttl_s", 1, static_cast<double>(manager_.config().maxTtlS), true, ttl)) {
+  if (auto e = number((*body)["ttl_s"], "ttl_s", 1, static_cast<double>(environments_.config().maxTtlS), true, ttl)) {
     return errorResponse(*e);
   }
-  auto r = manager_.setTtl(id, ttl);
+  auto r = environments_.setTtl(id, ttl);
   if (!r.ok()) return errorResponse(fromError(r.error()));
   audit_.record("environment.ttl_set", id, principal.owner(), {{"ttl_s", ttl}, {"expires_at_ms", r->expiresAtMs}});
   return respond(200, environmentJson(r.value()));

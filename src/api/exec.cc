@@ -61,15 +61,15 @@ HttpResponse Api::execRoute(const HttpRequest& req, const Principal& principal, 
   action.scope = gate::Scope::kRunCommand;
   action.argv = exec.argv;
   // What the command runs with: the environment's variables, then these.
-  action.env = manager_.envOf(id);
+  action.env = commands_.envOf(id);
   for (const auto& [k, v] : env) action.env[k] = v;
   action.op = "exec";
   if (auto answer = check(req, principal, id, action)) return *answer;
   // Held until the answer is written: the output is in memory until then.
-  auto reservation = manager_.reserveExecOutput(exec.actor, exec.outputLimit);
+  auto reservation = commands_.reserveExecOutput(exec.actor, exec.outputLimit);
   if (!reservation.ok()) return errorResponse(fromError(reservation.error()));
   auto started = std::chrono::steady_clock::now();
-  auto result = manager_.exec(id, exec, env);
+  auto result = commands_.exec(id, exec, env);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   metrics_.observeExec(seconds);
   if (!result.ok()) return errorResponse(fromError(result.error()));

@@ -82,7 +82,7 @@ HttpResponse Api::filesRoute(const HttpRequest& req, const Principal& principal,
           f.op == init::FileOp::kRename || (f.op == init::FileOp::kRemove && (f.flags & init::kFileRecursive) != 0);
       if (auto answer = check(req, principal, id, action)) return *answer;
     }
-    auto r = manager_.file(id, f);
+    auto r = commands_.file(id, f);
     if (!r.ok()) return errorResponse(fromError(r.error()));
     auto [type, data] = fileEvent(f, r.value());
     audit_.record(type, id, principal.owner(), std::move(data));
@@ -118,7 +118,7 @@ HttpResponse Api::filesRoute(const HttpRequest& req, const Principal& principal,
         entry.scope = gate::Scope::kReadFile;
         entry.op = "list";
         entry.path = gate::normalizePath(dir + "/" + e.name);
-        auto verdict = manager_.evaluate(id, entry, principal.ceiling.get());
+        auto verdict = permissionLayers_.evaluate(id, entry, principal.ceiling.get());
         if (verdict.ok() && verdict->decision == gate::Decision::kDeny) continue;
         arr.push_back(info(e));
       }

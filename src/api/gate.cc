@@ -71,7 +71,7 @@ Result<gate::Permissions> Api::parsePermissions(const json& j, const gate::Permi
 
 std::optional<HttpResponse> Api::check(const HttpRequest& req, const Principal& principal, const std::string& id,
                                        const gate::Action& action) {
-  auto evaluation = manager_.evaluate(id, action, principal.ceiling.get());
+  auto evaluation = permissionLayers_.evaluate(id, action, principal.ceiling.get());
   if (!evaluation.ok()) return errorResponse(fromError(evaluation.error()));
   const gate::Evaluation& e = evaluation.value();
   if (e.decision == gate::Decision::kAllow) return std::nullopt;
@@ -118,7 +118,7 @@ std::optional<HttpResponse> Api::check(const HttpRequest& req, const Principal& 
 HttpResponse Api::permissionsRoute(const HttpRequest& req, const Principal& principal, const std::string& id) {
   if (auto e = onlyQuery(req, {})) return errorResponse(*e);
   if (req.method == "GET") {
-    auto layers = manager_.permissions(id);
+    auto layers = permissionLayers_.permissions(id);
     if (!layers.ok()) return errorResponse(fromError(layers.error()));
     json out = {{"permissions", layers->front().toJson()}, {"layers", gate::layersToJson(layers.value())}};
     if (principal.ceiling) out["ceiling"] = principal.ceiling->toJson();
@@ -143,13 +143,13 @@ HttpResponse Api::permissionsRoute(const HttpRequest& req, const Principal& prin
                           "or the 'permissions' scope (without \"replace\", a layer is added, which only tightens)",
                           "replace"});
   }
-  gate::Permissions base = replace ? manager_.config().defaultPermissions : gate::Permissions::allowAll();
+  gate::Permissions base = replace ? environments_.config().defaultPermissions : gate::Permissions::allowAll();
   auto parsed = parsePermissions(j["permissions"], base, perr);
   if (!parsed.ok()) return errorResponse(perr);
-  Status s = manager_.setPermissions(id, parsed.value(), replace);
+  Status s = permissionLayers_.setPermissions(id, parsed.value(), replace);
   if (!s.ok()) return errorResponse(fromError(s.error()));
   audit_.record("policy.changed", id, principal.owner(), {{"permissions", parsed->toJson()}, {"replace", replace}});
-  auto layers = manager_.permissions(id);
+  auto layers = permissionLayers_.permissions(id);
   if (!layers.ok()) return errorResponse(fromError(layers.error()));
   return respond(200, {{"permissions", layers->front().toJson()}, {"layers", gate::layersToJson(layers.value())}});
 }
@@ -225,7 +225,7 @@ HttpResponse Api::approvalsRoute(const HttpRequest& req, const Principal& princi
   if (!principal.master && existing.value()->requester == principal.keyId) {
     return errorResponse({403, "forbidden", "a key cannot decide the approvals it asked for", ""});
   }
-  if (!principal.master && manager_.ownerOf(existing.value()->environment) == principal.keyId) {
+  if (!principal.master && environments_.ownerOf(existing.value()->environment) == principal.keyId) {
     return errorResponse({403, "forbidden", "a key cannot decide the approvals of the environments it created", ""});
   }
   auto decided = approvals_.decide(id, approve, principal.owner(), reason, remember);
@@ -265,7 +265,7 @@ HttpResponse Api::approvalsRoute(const HttpRequest& req, const Principal& princi
       }
       // An allow must hold in every layer that could have asked; a deny
       // needs only one.
-      Status s = manager_.rememberRule(decided->environment, action->scope, rule, approve);
+      Status s = permissionLayers_.rememberRule(decided->environment, action->scope, rule, approve);
       if (!s.ok()) return errorResponse(fromError(s.error()));
     }
   }

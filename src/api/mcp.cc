@@ -83,11 +83,11 @@ void Api::closeMcpSessions() { mcpSessions_.closeAll(); }
 void Api::endOrphanedMcpEnvironments() {
   store::EnvironmentFilter filter;
   filter.labels[mcp::kSessionLabel] = mcp::kMoatdSession;
-  auto orphans = manager_.list(filter);
+  auto orphans = environments_.list(filter);
   if (!orphans.ok()) return;
   for (const auto& e : orphans.value()) {
     if (e.state != store::EnvironmentState::kRunning) continue;
-    (void)manager_.destroy(e.id, "its MCP session ended with the moatd that held it", "moatd");
+    (void)environments_.destroy(e.id, "its MCP session ended with the moatd that held it", "moatd");
   }
 }
 

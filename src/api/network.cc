@@ -50,9 +50,9 @@ std::optional<ApiError> Api::parseNetwork(const json& body, manager::CreateReque
 HttpResponse Api::networkRoute(const HttpRequest& req, const Principal& principal, const std::string& id) {
   if (auto e = onlyQuery(req, {})) return errorResponse(*e);
   if (req.method == "GET") {
-    auto policy = manager_.network(id);
+    auto policy = networks_.network(id);
     if (!policy.ok()) return errorResponse(fromError(policy.error()));
-    auto record = manager_.get(id);
+    auto record = environments_.get(id);
     if (!record.ok()) return errorResponse(fromError(record.error()));
     return respond(200, networkJson(policy.value(), record.value()));
   }
@@ -70,10 +70,10 @@ HttpResponse Api::networkRoute(const HttpRequest& req, const Principal& principa
   if (!body->contains("network")) return errorResponse(invalid("network", "required"));
   auto policy = egress::Policy::parse((*body)["network"]);
   if (!policy.ok()) return errorResponse(fieldError(policy.error()));
-  Status s = manager_.setNetwork(id, policy.value());
+  Status s = networks_.setNetwork(id, policy.value());
   if (!s.ok()) return errorResponse(fromError(s.error()));
   audit_.record("network.changed", id, principal.owner(), {{"network", policy->toJson()}});
-  auto record = manager_.get(id);
+  auto record = environments_.get(id);
   if (!record.ok()) return errorResponse(fromError(record.error()));
   return respond(200, networkJson(policy.value(), record.value()));
 }
@@ -82,7 +82,7 @@ Result<gate::Evaluation> Api::networkEvaluation(const std::string& id, const gat
   // An environment's own connections answer to the ceiling of the key that
   // created it, listed destinations too: the policy it was created with
   // cannot take it past that (docs/GATE.md, "Key ceilings").
-  std::string owner = manager_.ownerOf(id);
+  std::string owner = environments_.ownerOf(id);
   std::shared_ptr<const gate::Permissions> ceiling;
   if (!owner.empty() && owner != "master") {
     auto read = keys_.ceilingOf(owner);
@@ -92,7 +92,7 @@ Result<gate::Evaluation> Api::networkEvaluation(const std::string& id, const gat
     }
     ceiling = read.value();
   }
-  if (!listed) return manager_.evaluate(id, action, ceiling.get());
+  if (!listed) return permissionLayers_.evaluate(id, action, ceiling.get());
   if (!ceiling) return gate::Evaluation{gate::Decision::kAllow, 0, -1, nullptr};  // the policy's word stands
   auto v = ceiling->evaluate(action);
   return gate::Evaluation{v.decision, -1, v.rule, v.ruleJson};

@@ -26,7 +26,7 @@ constexpr auto kCoalesce = std::chrono::milliseconds(10);
 
 std::string line(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"; }
 
-HttpResponse startProcess(manager::EnvironmentManager& manager, const HttpRequest& req, const std::string& id,
+HttpResponse startProcess(manager::CommandService& manager, const HttpRequest& req, const std::string& id,
                           const std::string& actor,
                           const std::function<std::optional<HttpResponse>(const gate::Action&)>& gate) {
   ApiError perr{};
@@ -223,11 +223,11 @@ HttpResponse Api::processesRoute(const HttpRequest& req, const Principal& princi
   if (pid.empty()) {
     if (req.method == "POST") {
       if (auto e = onlyQuery(req, {})) return errorResponse(*e);
-      return startProcess(manager_, req, id, principal.owner(),
+      return startProcess(commands_, req, id, principal.owner(),
                           [&](const gate::Action& action) { return check(req, principal, id, action); });
     }
     if (auto e = onlyQuery(req, {})) return errorResponse(*e);
-    auto list = manager_.processes(id);
+    auto list = commands_.processes(id);
     if (!list.ok()) return errorResponse(fromError(list.error()));
     json arr = json::array();
     for (const auto& p : list.value()) arr.push_back(processJson(p->info()));
@@ -236,7 +236,7 @@ HttpResponse Api::processesRoute(const HttpRequest& req, const Principal& princi
   if (pid.size() > 18 || pid.find_first_not_of("0123456789") != std::string::npos) {
     return errorResponse({404, "not_found", "no process " + pid + " in environment " + id, ""});
   }
-  auto process = manager_.process(id, std::stoull(pid));
+  auto process = commands_.process(id, std::stoull(pid));
   if (!process.ok()) return errorResponse(fromError(process.error()));
   if (action.empty()) {
     if (auto e = onlyQuery(req, {})) return errorResponse(*e);

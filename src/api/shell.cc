@@ -187,7 +187,7 @@ HttpResponse Api::shellRoute(const HttpRequest& req, const Principal& principal,
   std::shared_ptr<manager::Process> process;
   if (processId != 0) {
     // Another viewer of a terminal that already runs.
-    auto found = manager_.process(id, processId);
+    auto found = commands_.process(id, processId);
     if (!found.ok()) return errorResponse(fromError(found.error()));
     if (!found.value()->info().pty) {
       return errorResponse(invalid("process", "process " + std::to_string(processId) + " has no terminal"));
@@ -196,7 +196,7 @@ HttpResponse Api::shellRoute(const HttpRequest& req, const Principal& principal,
     gate::Action action;
     action.scope = gate::Scope::kRunCommand;
     action.argv = found.value()->info().argv;
-    action.env = manager_.envOf(id);
+    action.env = commands_.envOf(id);
     action.op = "shell";
     if (auto answer = check(req, principal, id, action)) return *answer;
     process = found.value();
@@ -205,14 +205,14 @@ HttpResponse Api::shellRoute(const HttpRequest& req, const Principal& principal,
     init::FileRequest probe;
     probe.op = init::FileOp::kStat;
     probe.path = "/bin/bash";
-    auto bash = manager_.file(id, probe);
+    auto bash = commands_.file(id, probe);
     if (!bash.ok()) return errorResponse(fromError(bash.error()));
     request.argv = {bash->err == 0 ? "/bin/bash" : "/bin/sh"};
     // A shell counts as run_command: its argv is what the rules see.
     gate::Action action;
     action.scope = gate::Scope::kRunCommand;
     action.argv = request.argv;
-    action.env = manager_.envOf(id);
+    action.env = commands_.envOf(id);
     action.op = "shell";
     if (auto answer = check(req, principal, id, action)) return *answer;
     request.pty = true;
@@ -220,7 +220,7 @@ HttpResponse Api::shellRoute(const HttpRequest& req, const Principal& principal,
     request.cols = static_cast<uint16_t>(cols);
     request.kind = "shell";
     request.actor = principal.owner();
-    auto started = manager_.startProcess(id, request);
+    auto started = commands_.startProcess(id, request);
     if (!started.ok()) return errorResponse(fromError(started.error()));
     process = started.value();
     if (process->info().state == manager::ProcessState::kFailed) {

@@ -47,7 +47,7 @@ std::optional<ApiError> snapshotField(const json& body, const char* field, std::
 }
 
 Result<store::SnapshotRecord> Api::visibleSnapshot(const Principal& principal, const std::string& id) {
-  MOAT_ASSIGN(auto snap, manager_.getSnapshot(id));
+  MOAT_ASSIGN(auto snap, snapshots_.getSnapshot(id));
   if (!principal.master && snap.owner != principal.keyId) return Error::make(Code::kNotFound, "no snapshot " + id);
   return snap;
 }
@@ -60,7 +60,7 @@ HttpResponse Api::snapshotsRoute(const HttpRequest& req, const Principal& princi
     if (auto e = onlyQuery(req, {"environment_id"})) return errorResponse(*e);
     std::string environment;
     if (auto it = req.query.find("environment_id"); it != req.query.end()) environment = it->second;
-    auto list = manager_.snapshots(principal.master ? "" : principal.keyId, environment);
+    auto list = snapshots_.snapshots(principal.master ? "" : principal.keyId, environment);
     if (!list.ok()) return errorResponse(fromError(list.error()));
     json arr = json::array();
     for (const auto& s : list.value()) arr.push_back(snapshotJson(s));
@@ -71,7 +71,7 @@ HttpResponse Api::snapshotsRoute(const HttpRequest& req, const Principal& princi
                                   : Result<store::SnapshotRecord>(Error::make(Code::kNotFound, "no snapshot " + id));
   if (!snap.ok()) return errorResponse(fromError(snap.error()));
   if (req.method == "GET") return respond(200, snapshotJson(snap.value()));
-  Status s = manager_.deleteSnapshot(id, principal.owner());
+  Status s = snapshots_.deleteSnapshot(id, principal.owner());
   if (!s.ok()) return errorResponse(fromError(s.error()));
   return noContent();
 }
@@ -84,7 +84,7 @@ HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Princi
   ApiError perr{};
   if (sub == "snapshots") {
     if (req.method == "GET") {
-      auto list = manager_.snapshots(principal.master ? "" : principal.keyId, id);
+      auto list = snapshots_.snapshots(principal.master ? "" : principal.keyId, id);
       if (!list.ok()) return errorResponse(fromError(list.error()));
       json arr = json::array();
       for (const auto& s : list.value()) arr.push_back(snapshotJson(s));
@@ -104,7 +104,7 @@ HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Princi
     // A snapshot reads every file (and a create from it shows them under
     // other permissions): the gate's read_file for the whole tree.
     if (auto answer = check(req, principal, id, wholeTree(gate::Scope::kReadFile, "snapshot"))) return *answer;
-    auto snap = manager_.snapshot(id, name, principal.owner());
+    auto snap = snapshots_.snapshot(id, name, principal.owner());
     if (!snap.ok()) return errorResponse(fromError(snap.error()));
     return respond(201, snapshotJson(snap.value()));
   }
@@ -119,7 +119,7 @@ HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Princi
     }
     // A restore rewrites every file: the gate's write_file for the whole tree.
     if (auto answer = check(req, principal, id, wholeTree(gate::Scope::kWriteFile, "restore"))) return *answer;
-    auto restored = manager_.restore(id, snapshotId, principal.owner());
+    auto restored = snapshots_.restore(id, snapshotId, principal.owner());
     if (!restored.ok()) return errorResponse(fromError(restored.error()));
     return respond(200, environmentJson(restored.value()));
   }
@@ -140,8 +140,8 @@ HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Princi
     fork.labels = labels;
   }
   if (body->contains("ttl_s")) {
-    if (auto e =
-            number((*body)["ttl_s"], "ttl_s", 1, static_cast<double>(manager_.config().maxTtlS), true, fork.ttlS)) {
+    if (auto e = number((*body)["ttl_s"], "ttl_s", 1, static_cast<double>(environments_.config().maxTtlS), true,
+                        fork.ttlS)) {
       return errorResponse(*e);
     }
   }
@@ -149,14 +149,14 @@ HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Princi
     // The source's labels, but not the mark of a /mcp session's own
     // environment: a fork outlives the session (a restarted moatd destroys
     // what carries that mark).
-    auto source = manager_.get(id);
+    auto source = environments_.get(id);
     if (!source.ok()) return errorResponse(fromError(source.error()));
     fork.labels = source->labels;
     if (auto it = fork.labels->find(mcp::kSessionLabel); it != fork.labels->end() && it->second == mcp::kMoatdSession) {
       fork.labels->erase(it);
     }
   }
-  auto created = manager_.fork(id, fork);
+  auto created = snapshots_.fork(id, fork);
   if (!created.ok()) return errorResponse(fromError(created.error()));
   return respond(201, environmentJson(created.value()));
 }

@@ -26,6 +26,7 @@
 #include "manager/exec_output_budget.h"
 #include "manager/init_connection.h"
 #include "manager/process_table.h"
+#include "manager/services.h"
 #include "manager/warm_pools.h"
 #include "store/store.h"
 
@@ -34,116 +35,6 @@ namespace moat::manager {
 using store::EnvironmentState;
 using store::SnapshotState;
 using store::stateName;
-
-struct ManagerConfig {
-  std::string stateDir;
-  int64_t defaultTtlS = 3600;
-  int64_t maxTtlS = 7 * 24 * 3600;
-  size_t maxEnvironments = 256;
-  uint64_t maxTotalMemoryMb = 0;  // 0: the host's memory
-  double defaultCpus = 1;
-  uint64_t defaultRamMb = 1024;
-  double defaultStorageGb = 4;
-  uint64_t defaultPids = 1024;
-  // Environments kept ready per (template, spec), so that a create asking
-  // for exactly that becomes a claim (moatd --warm-pool).
-  std::vector<WarmPool> warmPools;
-  ProcessLimits processLimits;
-  // What one caller's (a key's, or the master token's) blocking execs in
-  // flight may hold of output at once: each reserves twice its output
-  // limit (two streams) while it runs; an exec beyond is refused with
-  // `capacity`. Bounds what a flood of execs makes moatd hold, and keeps a
-  // flooding key's execs from using up another's.
-  uint64_t execOutputPerCaller = 256u << 20;
-  // Snapshots one owner (a key, or the master token) may keep at once.
-  size_t maxSnapshotsPerOwner = 64;
-  // What an environment created without "permissions" gets (docs/GATE.md).
-  gate::Permissions defaultPermissions = gate::Permissions::defaults();
-};
-
-struct CreateRequest {
-  std::string taskId;
-  std::string templateName = "host";
-  double cpus = 0;  // 0: the default
-  uint64_t ramMb = 0;
-  double storageGb = 0;
-  uint64_t pids = 0;
-  int64_t ttlS = 0;  // 0: the default
-  std::map<std::string, std::string> labels;
-  std::map<std::string, std::string> env;  // added to every command's environment
-  std::string owner = "master";
-  std::optional<gate::Permissions> permissions;  // none: the server's defaults
-  // Layers over it (a fork's: its source's tightenings), stored with it in
-  // one write, so no moment or kill finds the environment without them.
-  std::vector<gate::Permissions> furtherLayers;
-  egress::Policy network;               // mode none: loopback only
-  std::vector<egress::Secret> secrets;  // their placeholders go into `env`
-  // Not empty: a fork. The writable layer starts as this snapshot (its
-  // template is the environment's; the storage limit defaults to its).
-  std::string fromSnapshot;
-  std::string forkedFrom;  // a fork of this environment (for the audit log)
-};
-
-// A fork: a new environment with a copy of a running one's files and all
-// its settings (spec, template, variables, permission layers, network
-// policy, secrets); these may differ.
-struct ForkRequest {
-  std::optional<std::string> taskId;
-  std::optional<std::map<std::string, std::string>> labels;
-  int64_t ttlS = 0;  // 0: the default
-  std::string owner = "master";
-};
-
-// A command started in the background (or a shell): it runs on while
-// clients attach, detach and read its output from an offset.
-struct ProcessRequest {
-  std::vector<std::string> argv;
-  std::map<std::string, std::string> env;  // added to the environment's set
-  std::string cwd = "/workspace";
-  bool stdinOpen = true;  // false: stdin is /dev/null
-  bool pty = false;
-  uint16_t rows = 24;
-  uint16_t cols = 80;
-  uint64_t timeoutMs = 0;
-  bool lossless = false;  // output waits for its followers (Process::makeLossless)
-  std::string kind = "process";
-  std::string actor = "master";  // who asked: for the audit log
-};
-
-struct ExecRequest {
-  std::vector<std::string> argv;
-  std::string cwd = "/workspace";
-  std::string stdinData;
-  bool withStdin = false;
-  nlohmann::json stdinEvent;  // what exec.started says of stdinData (size, hash, short text)
-  uint64_t timeoutMs = 0;
-  uint64_t outputLimit = 0;      // bytes kept per stream; 0: 16 MiB
-  std::string actor = "master";  // who asked: for the audit log
-};
-
-struct ExecResult {
-  bool started = false;  // false: spawnErrno/spawnStage say why
-  int spawnErrno = 0;
-  std::string spawnStage;
-  int exitCode = -1;
-  int signal = 0;
-  bool timedOut = false;
-  std::string out;
-  std::string err;
-  bool outTruncated = false;
-  bool errTruncated = false;
-  uint64_t durationUs = 0;
-};
-
-struct Counters {
-  std::map<std::string, uint64_t> byState;
-  uint64_t execs = 0;
-  uint64_t warmReady = 0;
-  uint64_t warmClaims = 0;
-  // Per warm pool (template and spec resolved): ready now, claims so far.
-  using Pool = PoolCount;
-  std::vector<Pool> warmPools;
-};
 
 // The lifecycle of moatd's environments: creating -> running -> destroying
 // -> gone, or failed. Every transition is written to the store first. Expired
@@ -156,7 +47,11 @@ struct Counters {
 // environment_manager.cc (create, destroy, restart), commands.cc,
 // permission_layers.cc, network_binding.cc, snapshots.cc, reaper.cc and
 // warm_pool_refill.cc.
-class EnvironmentManager {
+class EnvironmentManager final : public EnvironmentService,
+                                 public CommandService,
+                                 public PermissionService,
+                                 public NetworkService,
+                                 public SnapshotService {
  public:
   EnvironmentManager(ManagerConfig config, store::Store& store, backend::Backend& backend,
                      audit::Recorder* audit = nullptr);
@@ -174,66 +69,44 @@ class EnvironmentManager {
   // control connection so that requests waiting on an environment end now.
   void interrupt();
 
-  Result<store::EnvironmentRecord> create(const CreateRequest& request);
-  Result<store::EnvironmentRecord> get(const std::string& id);
-  // Who created the environment ("master" or a key id); from memory while it
-  // runs (no store read on every keyed request), else from the store; empty
-  // when there is no such environment.
-  std::string ownerOf(const std::string& id);
-  // The variables the environment adds to every command (empty when it does
-  // not run).
-  std::map<std::string, std::string> envOf(const std::string& id);
-  Result<std::vector<store::EnvironmentRecord>> list(const store::EnvironmentFilter& filter);
-  // The command's environment is the environment's base set plus `env`.
-  // Runs a command to its end: a process like the others (it shows in the
-  // list while it runs) whose whole output comes back at once.
+  // The services (manager/services.h).
+  Result<store::EnvironmentRecord> create(const CreateRequest& request) override;
+  Result<store::EnvironmentRecord> get(const std::string& id) override;
+  std::string ownerOf(const std::string& id) override;
+  std::map<std::string, std::string> envOf(const std::string& id) override;
+  Result<std::vector<store::EnvironmentRecord>> list(const store::EnvironmentFilter& filter) override;
+  Result<store::EnvironmentRecord> setTtl(const std::string& id, int64_t ttlS) override;
+  Status destroy(const std::string& id, const std::string& reason, const std::string& actor = "moatd") override;
+  Counters counters() override;
+  const ManagerConfig& config() const override { return config_; }
   Result<ExecResult> exec(const std::string& id, const ExecRequest& request,
-                          const std::map<std::string, std::string>& env);
-  // Before an exec: counts twice its output limit (0: the maximum) against
-  // what `caller` may hold in flight (ManagerConfig::execOutputPerCaller),
-  // until the returned handle is released; `capacity` when it would not fit.
-  Result<std::shared_ptr<void>> reserveExecOutput(const std::string& caller, uint64_t outputLimit);
-  // Background processes: started, listed, found by id (docs/API.md).
-  Result<std::shared_ptr<Process>> startProcess(const std::string& id, const ProcessRequest& request);
-  Result<std::vector<std::shared_ptr<Process>>> processes(const std::string& id);
-  Result<std::shared_ptr<Process>> process(const std::string& id, uint64_t processId);
-  Result<init::FileResult> file(const std::string& id, const init::FileRequest& request);
-  Result<store::EnvironmentRecord> setTtl(const std::string& id, int64_t ttlS);
-
-  // The gate: what the environment's permission layers (and the caller's
-  // ceiling) say about an action.
+                          const std::map<std::string, std::string>& env) override;
+  Result<std::shared_ptr<void>> reserveExecOutput(const std::string& caller, uint64_t outputLimit) override;
+  Result<std::shared_ptr<Process>> startProcess(const std::string& id, const ProcessRequest& request) override;
+  Result<std::vector<std::shared_ptr<Process>>> processes(const std::string& id) override;
+  Result<std::shared_ptr<Process>> process(const std::string& id, uint64_t processId) override;
+  Result<init::FileResult> file(const std::string& id, const init::FileRequest& request) override;
   Result<gate::Evaluation> evaluate(const std::string& id, const gate::Action& action,
-                                    const gate::Permissions* ceiling);
-  Result<std::vector<gate::Permissions>> permissions(const std::string& id);
-  // replace: the layers become [p] (loosening is possible: the API lets only
-  // the master or a "permissions" key do it); otherwise p is added as a
-  // further layer, which can only tighten.
-  Status setPermissions(const std::string& id, const gate::Permissions& p, bool replace);
-  // Puts a rule first in the environment's first layer, or in every layer
-  // ("remember": an allow must hold in each layer; a key's ceiling still applies).
-  Status rememberRule(const std::string& id, gate::Scope scope, const gate::Rule& rule, bool everyLayer);
+                                    const gate::Permissions* ceiling) override;
+  Result<std::vector<gate::Permissions>> permissions(const std::string& id) override;
+  Status setPermissions(const std::string& id, const gate::Permissions& p, bool replace) override;
+  Status rememberRule(const std::string& id, gate::Scope scope, const gate::Rule& rule, bool everyLayer) override;
+  Result<egress::Policy> network(const std::string& id) override;
+  Status setNetwork(const std::string& id, const egress::Policy& policy) override;
+  Result<store::SnapshotRecord> snapshot(const std::string& id, const std::string& name,
+                                         const std::string& actor) override;
+  Result<store::SnapshotRecord> getSnapshot(const std::string& snapshotId) override {
+    return usableSnapshot(snapshotId, "");
+  }
+  Result<std::vector<store::SnapshotRecord>> snapshots(const std::string& owner,
+                                                       const std::string& environment) override;
+  Status deleteSnapshot(const std::string& snapshotId, const std::string& actor) override;
+  Result<store::EnvironmentRecord> fork(const std::string& id, const ForkRequest& request) override;
+  Result<store::EnvironmentRecord> restore(const std::string& id, const std::string& snapshotId,
+                                           const std::string& actor) override;
+
   // Egress (docs/EGRESS.md): without a controller, only mode "none" works.
   void setEgress(egress::Controller* egress) { egress_ = egress; }
-  // The policy as stored (mode "none" when there is none).
-  Result<egress::Policy> network(const std::string& id);
-  // Changes the policy of a running environment: plugs its link in or out
-  // as the mode requires; open connections finish as they were.
-  Status setNetwork(const std::string& id, const egress::Policy& policy);
-  // Snapshots (docs/API.md, "Snapshots"): the writable layer's files at one
-  // point in time (like a power cut: written data is in, processes are not).
-  Result<store::SnapshotRecord> snapshot(const std::string& id, const std::string& name, const std::string& actor);
-  Result<store::SnapshotRecord> getSnapshot(const std::string& snapshotId) { return usableSnapshot(snapshotId, ""); }
-  Result<std::vector<store::SnapshotRecord>> snapshots(const std::string& owner, const std::string& environment);
-  Status deleteSnapshot(const std::string& snapshotId, const std::string& actor);
-  Result<store::EnvironmentRecord> fork(const std::string& id, const ForkRequest& request);
-  // Puts the environment's files back as the snapshot has them: every
-  // process ends (the environment restarts on the snapshot, same id, same
-  // settings, network and permissions).
-  Result<store::EnvironmentRecord> restore(const std::string& id, const std::string& snapshotId,
-                                           const std::string& actor);
-  // Idempotent: destroying a gone environment is fine. `actor`: who asked
-  // ("moatd" for expiry, failure and shutdown).
-  Status destroy(const std::string& id, const std::string& reason, const std::string& actor = "moatd");
   void destroyAll(const std::string& reason);
   // Called (on the destroying thread) when an environment ends, with why:
   // what waits on it elsewhere (approvals) can end too. Set before serving.
@@ -257,8 +130,6 @@ class EnvironmentManager {
   // Tells every running environment's moat-init whether to ask (after
   // setExecGate, for the environments re-attached before it).
   void refreshExecPolicies();
-  Counters counters();
-  const ManagerConfig& config() const { return config_; }
   audit::Recorder& audit() { return audit_; }
 
  private:
