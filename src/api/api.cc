@@ -278,6 +278,8 @@ const std::vector<Route>& Api::routes() {
        [](Api& a, const HttpRequest&, const Principal&, const P& m) { return a.getEnvironment(m.at("id")); }},
       {"DELETE", "/v1/environments/{id}", "destroy", true, false,
        [](Api& a, const HttpRequest&, const Principal& p, const P& m) { return a.destroyEnvironment(p, m.at("id")); }},
+      {"GET", "/v1/environments/{id}/stats", "read", true, false,
+       [](Api& a, const HttpRequest&, const Principal&, const P& m) { return a.environmentStats(m.at("id")); }},
       {"POST", "/v1/environments/{id}/timeout", "timeout", true, false,
        [](Api& a, const HttpRequest& r, const Principal& p, const P& m) {
          return a.setEnvironmentTimeout(r, p, m.at("id"));

@@ -106,6 +106,7 @@ class Api {
   HttpResponse createEnvironment(const HttpRequest& request, const Principal& principal);
   HttpResponse getEnvironment(const std::string& id);
   HttpResponse destroyEnvironment(const Principal& principal, const std::string& id);
+  HttpResponse environmentStats(const std::string& id);
   HttpResponse setEnvironmentTimeout(const HttpRequest& request, const Principal& principal, const std::string& id);
   HttpResponse keysRoute(const HttpRequest& request, const Principal& principal);
   // One file per resource: exec.cc, files.cc, processes.cc, shell.cc, events.cc.

@@ -4,7 +4,7 @@
 #include "api/validation.h"
 
 // /v1/environments and /v1/environments/{id}: list, create, get, destroy,
-// and the time to live. (The caller's scope and, for a key, that it owns
+// the time to live, and what one uses now (stats). (The caller's scope and, for a key, that it owns
 // the environment: checked by the route table, api.cc.)
 namespace moat::api {
 
@@ -110,6 +110,24 @@ HttpResponse Api::getEnvironment(const std::string& id) {
   auto r = environments_.get(id);
   if (!r.ok()) return errorResponse(fromError(r.error()));
   return respond(200, environmentJson(r.value()));
+}
+
+HttpResponse Api::environmentStats(const std::string& id) {
+  auto record = environments_.get(id);
+  if (!record.ok()) return errorResponse(fromError(record.error()));
+  auto usage = environments_.usage(id);
+  if (!usage.ok()) return errorResponse(fromError(usage.error()));
+  const backend::Usage& u = usage.value();
+  const store::EnvironmentRecord& r = record.value();
+  return respond(200, {{"id", id},
+                       {"at", timestamp(nowMs())},
+                       {"cpu_usec", u.cpuKnown ? json(u.cpuUsec) : json(nullptr)},
+                       {"cpus", r.cpus},
+                       {"memory_bytes", u.memoryBytes},
+                       {"memory_limit_bytes", r.ramMb << 20},
+                       {"pids", u.pids},
+                       {"pids_limit", r.pids},
+                       {"oom_kills", u.oomKills}});
 }
 
 HttpResponse Api::destroyEnvironment(const Principal& principal, const std::string& id) {

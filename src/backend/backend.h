@@ -33,6 +33,15 @@ struct Spec {
 
 std::string newEnvironmentId();
 
+// What an environment uses now, against its Spec's limits.
+struct Usage {
+  bool cpuKnown = false;  // false: this host cannot account CPU time per environment
+  uint64_t cpuUsec = 0;   // CPU time since the environment began
+  uint64_t memoryBytes = 0;
+  uint64_t pids = 0;  // tasks: processes and threads
+  uint64_t oomKills = 0;
+};
+
 // Environments a backend runs outlive the moatd that made them (a restart
 // re-attaches), until destroy(). Calls may come from any thread. A fork is
 // a snapshot and a create from it; a restore, a destroy and a create of
@@ -54,6 +63,7 @@ class Backend {
   virtual Result<UniqueFd> attach(const std::string& id) = 0;
   // The ids of the environments it runs.
   virtual Result<std::vector<std::string>> list() = 0;
+  virtual Result<Usage> usage(const std::string& id) = 0;
   // Where the environment's network attaches: its network namespace.
   virtual Result<UniqueFd> networkNamespace(const std::string& id) = 0;
   // A read-only copy of the environment's writable layer at this moment,

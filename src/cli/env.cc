@@ -3,6 +3,7 @@
 #include <ctime>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/client.h"
 #include "cli/commands.h"
@@ -45,11 +46,12 @@ commands:
       --task-id ID      only those of this task
       --state S         only those in state S (creating, running, destroying, failed, gone)
   get ID             one environment, as key: value lines
+  stats ID           what it uses now: CPU time, memory, processes, beside its limits
   network ID [options]
                      show the network policy, or change it with --network, --allow, --deny
   rm ID...           destroy environments (done when the command returns)
 
-  --json             print moatd's JSON instead (create, ls, get)
+  --json             print moatd's JSON instead (create, ls, get, stats)
 
 )";
 
@@ -323,26 +325,50 @@ int list(const std::vector<std::string>& args) {
   return 0;
 }
 
-int get(const std::vector<std::string>& args) {
-  Parsed parsed;
+// `moat env SUB ID`: a GET of the environment's path plus `suffix`; none
+// when the command already ended (with its exit code in `code`).
+std::optional<json> getOne(const std::vector<std::string>& args, const std::string& sub, const std::string& suffix,
+                           Parsed& parsed, int& code) {
+  const std::string command = "env " + sub;
   Status s = parseArgs(args, parsed, nullptr);
   if (s.ok() && !parsed.help && parsed.positional.size() != 1) {
-    s = usageError(parsed.positional.empty() ? "missing environment id (usage: moat env get ID)"
+    s = usageError(parsed.positional.empty() ? "missing environment id (usage: moat env " + sub + " ID)"
                                              : "takes one environment id");
   }
-  if (!s.ok()) return reportFailure("env get", s.error());
-  if (parsed.help) return help();
-  auto path = environmentPath(parsed.positional[0]);
-  if (!path.ok()) return reportFailure("env get", path.error());
-  auto client = Client::fromOptions(parsed.connection);
-  if (!client.ok()) return reportFailure("env get", client.error());
-  auto env = call(client.value(), "GET", path.value(), "", 200);
-  if (!env.ok()) return reportFailure("env get", env.error());
-  if (parsed.json) {
-    std::puts(env->dump(2).c_str());
-    return 0;
+  code = 0;
+  if (!s.ok()) code = reportFailure(command, s.error());
+  if (!s.ok() || parsed.help) {
+    if (parsed.help) code = help();
+    return std::nullopt;
   }
-  const json& e = env.value();
+  auto path = environmentPath(parsed.positional[0]);
+  if (!path.ok()) {
+    code = reportFailure(command, path.error());
+    return std::nullopt;
+  }
+  auto client = Client::fromOptions(parsed.connection);
+  if (!client.ok()) {
+    code = reportFailure(command, client.error());
+    return std::nullopt;
+  }
+  auto answer = call(client.value(), "GET", path.value() + suffix, "", 200);
+  if (!answer.ok()) {
+    code = reportFailure(command, answer.error());
+    return std::nullopt;
+  }
+  if (parsed.json) {
+    std::puts(answer->dump(2).c_str());
+    return std::nullopt;
+  }
+  return answer.value();
+}
+
+int get(const std::vector<std::string>& args) {
+  Parsed parsed;
+  int code = 0;
+  auto env = getOne(args, "get", "", parsed, code);
+  if (!env) return code;
+  const json& e = *env;
   const json& spec = e.contains("spec") ? e["spec"] : json::object();
   std::vector<std::pair<std::string, std::string>> lines = {
       {"id", text(e, "id")},
@@ -354,6 +380,33 @@ int get(const std::vector<std::string>& args) {
   for (const char* key : {"created_at", "expires_at"}) lines.emplace_back(key, text(e, key));
   lines.emplace_back("labels", labelsText(e));
   for (const auto& [k, v] : lines) std::printf("%s: %s\n", k.c_str(), v.c_str());
+  return 0;
+}
+
+std::string mebibytes(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+int stats(const std::vector<std::string>& args) {
+  Parsed parsed;
+  int code = 0;
+  auto got = getOne(args, "stats", "/stats", parsed, code);
+  if (!got) return code;
+  const json& u = *got;
+  auto whole = [&](const char* key) { return u.value(key, json(0)).is_number() ? u[key].get<uint64_t>() : 0; };
+  char cpu[64] = "not counted on this host";
+  if (u.contains("cpu_usec") && u["cpu_usec"].is_number()) {
+    std::snprintf(cpu, sizeof cpu, "%.3f s", static_cast<double>(whole("cpu_usec")) / 1e6);
+  }
+  const uint64_t memory = whole("memory_bytes"), limit = whole("memory_limit_bytes");
+  std::printf("cpu time: %s (limit %s CPU)\n", cpu, text(u, "cpus").c_str());
+  std::printf("memory: %s of %s (%.0f%%)\n", mebibytes(memory).c_str(), mebibytes(limit).c_str(),
+              limit ? 100.0 * static_cast<double>(memory) / static_cast<double>(limit) : 0.0);
+  std::printf("pids: %llu of %llu\n", static_cast<unsigned long long>(whole("pids")),
+              static_cast<unsigned long long>(whole("pids_limit")));
+  std::printf("oom kills: %llu\n", static_cast<unsigned long long>(whole("oom_kills")));
   return 0;
 }
 
@@ -438,10 +491,11 @@ int envCommand(const std::vector<std::string>& args) {
   if (sub == "create") return create(rest);
   if (sub == "ls" || sub == "list") return list(rest);
   if (sub == "get" || sub == "inspect") return get(rest);
+  if (sub == "stats") return stats(rest);
   if (sub == "rm" || sub == "remove") return remove(rest);
   if (sub == "network") return networkOf(rest);
   if (sub == "-h" || sub == "--help" || sub == "help") return help();
-  std::fprintf(stderr, "moat env: unknown command '%s' (create, ls, get, rm or network; see moat env --help)\n",
+  std::fprintf(stderr, "moat env: unknown command '%s' (create, ls, get, stats, rm or network; see moat env --help)\n",
                sub.c_str());
   return kExitUsage;
 }

@@ -532,6 +532,14 @@ Result<store::EnvironmentRecord> EnvironmentManager::setTtl(const std::string& i
   return get(id);
 }
 
+Result<backend::Usage> EnvironmentManager::usage(const std::string& id) {
+  MOAT_TRY(liveOf(id));
+  auto usage = backend_.usage(id);
+  // Gone between the two looks: say what it is now.
+  if (!usage.ok()) MOAT_TRY(liveOf(id));
+  return usage;
+}
+
 ScopeExit<std::function<void()>> EnvironmentManager::exclusive(const std::string& id) {
   return operations_.exclusive(id);
 }

@@ -76,6 +76,7 @@ class EnvironmentManager final : public EnvironmentService,
   std::map<std::string, std::string> envOf(const std::string& id) override;
   Result<std::vector<store::EnvironmentRecord>> list(const store::EnvironmentFilter& filter) override;
   Result<store::EnvironmentRecord> setTtl(const std::string& id, int64_t ttlS) override;
+  Result<backend::Usage> usage(const std::string& id) override;
   Status destroy(const std::string& id, const std::string& reason, const std::string& actor = "moatd") override;
   Counters counters() override;
   const ManagerConfig& config() const override { return config_; }

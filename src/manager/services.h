@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "common/result.h"
 #include "egress/policy.h"
 #include "egress/secrets.h"
@@ -144,6 +145,8 @@ class EnvironmentService {
   virtual std::string ownerOf(const std::string& id) = 0;
   virtual Result<std::vector<store::EnvironmentRecord>> list(const store::EnvironmentFilter& filter) = 0;
   virtual Result<store::EnvironmentRecord> setTtl(const std::string& id, int64_t ttlS) = 0;
+  // What a running environment uses now (conflict when it does not run).
+  virtual Result<backend::Usage> usage(const std::string& id) = 0;
   // Idempotent: destroying a gone environment is fine. `actor`: who asked
   // ("moatd" for expiry, failure and shutdown).
   virtual Status destroy(const std::string& id, const std::string& reason, const std::string& actor = "moatd") = 0;

@@ -1766,6 +1766,19 @@ def run_exchanges(c):
            field="extra")
     c.call("GET", env(a) + "/timeout", status=405, code="method_not_allowed")
 
+    # Stats: a's use, read from its cgroup, beside its limits.
+    def uses(r):
+        j = r.json
+        expect(j["id"] == a, f"id {j['id']}, expected {a}")
+        expect(j["pids"] >= 1, f"pids {j['pids']}: moat-init at least")
+        expect(j["memory_bytes"] > 0, f"memory_bytes {j['memory_bytes']}")
+        expect(j["memory_limit_bytes"] == j["memory_limit_bytes"] // (1 << 20) * (1 << 20) > 0,
+               f"memory_limit_bytes {j['memory_limit_bytes']}")
+        expect(j["pids_limit"] >= 4 and j["cpus"] > 0, f"limits {j}")
+        expect(j["cpu_usec"] is None or j["cpu_usec"] > 0, f"cpu_usec {j['cpu_usec']}")
+    c.call("GET", env(a) + "/stats", status=200, check=uses)
+    c.call("POST", env(a) + "/stats", status=405, code="method_not_allowed")
+
     # Request errors on create.
     envs = "/v1/environments"
     c.call("POST", envs, "{not json", status=400, code="bad_json")
@@ -1839,6 +1852,7 @@ def run_exchanges(c):
     c.call("GET", envs + "?state=gone", status=200, check=ids(b))
     c.call("POST", env(b) + "/exec", {"cmd": ["true"]}, status=409, code="conflict")
     c.call("POST", env(b) + "/timeout", {"ttl_s": 60}, status=409, code="conflict")
+    c.call("GET", env(b) + "/stats", status=409, code="conflict", note="a gone environment uses nothing")
     c.call("GET", env(b) + "/files?path=/etc/hostname", status=409, code="conflict")
     c.call("GET", bprocs, status=409, code="conflict", note="processes end with their environment")
     c.call("POST", bprocs, {"cmd": ["true"]}, status=409, code="conflict")
@@ -1933,6 +1947,7 @@ def run_exchanges(c):
     c.call("GET", env(a) + "/files/stat?path=/", token=tok("agent"), status=404, code="not_found",
            note="master's environment")
     c.call("DELETE", env(a), token=tok("agent"), status=404, code="not_found", note="master's environment")
+    c.call("GET", env(a) + "/stats", token=tok("agent"), status=404, code="not_found", note="master's environment")
     c.call("GET", env(a), status=200, check=has(state="running"), note="still running")
     c.call("GET", envs, status=200, check=ids(a, mine, mine2), note="the master lists every owner's")
     c.call("POST", env(mine) + "/exec", {"cmd": ["cat", "/workspace/k.txt"]}, status=200, check=out("by key"),

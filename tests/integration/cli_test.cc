@@ -163,6 +163,13 @@ TEST_F(MoatCli, CreateExecListGetRemove) {
   json got = json::parse(r.out, nullptr, false);
   EXPECT_EQ(got.value("id", ""), id) << r.out;
   EXPECT_EQ(got["spec"].value("ram_mb", 0), 256) << r.out;
+  r = client({"env", "stats", id});
+  EXPECT_EQ(r.exitCode, 0) << describe(r);
+  EXPECT_NE(r.out.find(" of 256.0 MiB ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\npids: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cpu time: "), std::string::npos) << r.out;
+  r = client({"env", "stats", id, "--json"});
+  EXPECT_GT(json::parse(r.out, nullptr, false).value("memory_bytes", 0), 0) << r.out;
 
   r = client({"env", "rm", id});
   EXPECT_EQ(r.exitCode, 0) << describe(r);
@@ -174,6 +181,9 @@ TEST_F(MoatCli, CreateExecListGetRemove) {
   r = client({"exec", id, "--", "true"});
   EXPECT_EQ(r.exitCode, 125) << describe(r);
   EXPECT_NE(r.err.find("(conflict)"), std::string::npos) << r.err;
+  r = client({"env", "stats", id});
+  EXPECT_NE(r.exitCode, 0);
+  EXPECT_NE(r.err.find("is gone"), std::string::npos) << r.err;
 }
 
 TEST_F(MoatCli, CreateWithJsonAndRemoveSeveral) {
@@ -657,7 +667,8 @@ TEST(MoatCliWithoutDaemon, BadUsageExits2AndNamesTheProblem) {
       {{"env", "ls", "-x"}, "moat env ls: unknown option -x\n"},
       {{"env", "get"}, "moat env get: missing environment id (usage: moat env get ID)\n"},
       {{"env", "rm"}, "moat env rm: missing environment id (usage: moat env rm ID...)\n"},
-      {{"env", "frob"}, "moat env: unknown command 'frob' (create, ls, get, rm or network; see moat env --help)\n"},
+      {{"env", "frob"},
+       "moat env: unknown command 'frob' (create, ls, get, stats, rm or network; see moat env --help)\n"},
       {{"exec"}, "moat exec: missing environment id (usage: moat exec ENV [options] -- COMMAND...)\n"},
       {{"exec", "abc"}, "moat exec: missing command (usage: moat exec ENV [options] -- COMMAND...)\n"},
       {{"exec", "abc", "--frob", "--", "true"}, "moat exec: unknown option --frob\n"},

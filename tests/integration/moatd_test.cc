@@ -620,6 +620,57 @@ TEST(MoatdWarmPool, EachSpecHasItsOwnPoolAndACreateClaimsOnlyItsOwn) {
   EXPECT_NE(body.find("\nmoat_warm_pool_claims_by_spec_total" + default_ + " 1\n"), std::string::npos) << body;
 }
 
+// GET .../stats reads the environment's own cgroup: what runs inside moves
+// it, and its limits are the environment's spec.
+TEST(MoatdStats, WhatRunsInsideMovesItsUseAndTheLimitsAreItsSpec) {
+  MOAT_REQUIRE_ROOT();
+  Moatd daemon;
+  auto created = daemon.request("POST", "/v1/environments", R"({"spec":{"ram_mb":512,"pids":64,"cpus":0.5}})");
+  ASSERT_EQ(created.status, 201) << created.body;
+  std::string id = json::parse(created.body)["id"];
+  std::string stats = "/v1/environments/" + id + "/stats";
+  auto read = [&] {
+    auto r = daemon.request("GET", stats);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return json::parse(r.body);
+  };
+  json before = read();
+  EXPECT_EQ(before["memory_limit_bytes"], 512ull << 20);
+  EXPECT_EQ(before["pids_limit"], 64);
+  EXPECT_EQ(before["cpus"], 0.5);
+  EXPECT_GE(before["pids"].get<uint64_t>(), 1u) << "moat-init";
+  EXPECT_EQ(before["oom_kills"], 0);
+  // CPU time is counted wherever the host can: v2, or v1 with cpuacct.
+  auto layout = isolation::cgroup::detectHostLayout();
+  ASSERT_TRUE(layout.ok());
+  bool cpuCounted = layout->version == isolation::cgroup::Version::kV2 || layout->v1Parents.count("cpuacct") ||
+                    os::exists(layout->v1Parents.at("cpu") + "/cpuacct.usage");
+  ASSERT_EQ(cpuCounted, !before["cpu_usec"].is_null()) << before.dump();
+
+  // 96 MiB held by a process that stays.
+  auto started = daemon.request(
+      "POST", "/v1/environments/" + id + "/processes",
+      R"J({"cmd":["python3","-c","import time; b = bytearray(96 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(120)"]})J");
+  ASSERT_EQ(started.status, 201) << started.body;
+  json held;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  do {
+    held = read();
+  } while (held["memory_bytes"].get<uint64_t>() < before["memory_bytes"].get<uint64_t>() + (90ull << 20) &&
+           std::chrono::steady_clock::now() < deadline);
+  EXPECT_GE(held["memory_bytes"].get<uint64_t>(), before["memory_bytes"].get<uint64_t>() + (90ull << 20))
+      << before.dump() << " -> " << held.dump();
+  EXPECT_GT(held["pids"].get<uint64_t>(), before["pids"].get<uint64_t>());
+  if (cpuCounted) {
+    auto busy = daemon.request("POST", "/v1/environments/" + id + "/exec",
+                               R"({"cmd":["sh","-c","i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"]})");
+    ASSERT_EQ(busy.status, 200) << busy.body;
+    json after = read();
+    EXPECT_GT(after["cpu_usec"].get<uint64_t>(), held["cpu_usec"].get<uint64_t>() + 50000)
+        << "a busy loop of ~0.1 s or more: " << held.dump() << " -> " << after.dump();
+  }
+}
+
 TEST(MoatdCapacity, MaxEnvironmentsIsAFlagAndEnvironmentsKeepTheUsualOpenFilesLimit) {
   MOAT_REQUIRE_ROOT();
   Moatd daemon({"--max-environments", "2"});

@@ -157,6 +157,18 @@ Result<std::vector<std::string>> FakeBackend::list() {
   return ids;
 }
 
+Result<backend::Usage> FakeBackend::usage(const std::string& id) {
+  record("usage", id);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!envs_.count(id)) return Error::make(Code::kNotFound, "no environment " + id);
+  return usage_;
+}
+
+void FakeBackend::setUsage(const backend::Usage& usage) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  usage_ = usage;
+}
+
 Result<UniqueFd> FakeBackend::networkNamespace(const std::string& id) {
   record("networkNamespace", id);
   return Error::make(Code::kUnsupported, "the fake backend has no network");

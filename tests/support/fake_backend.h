@@ -22,7 +22,7 @@ namespace moat::test {
 class FakeBackend final : public backend::Backend {
  public:
   struct Call {
-    std::string op;      // create, destroy, attach, list, networkNamespace, snapshot, deleteSnapshot, snapshots
+    std::string op;      // create, destroy, attach, list, usage, networkNamespace, snapshot, deleteSnapshot, snapshots
     std::string id;      // the environment's, or a snapshot's name
     backend::Spec spec;  // create's
   };
@@ -33,6 +33,7 @@ class FakeBackend final : public backend::Backend {
   Status destroy(const std::string& id) override;
   Result<UniqueFd> attach(const std::string& id) override;
   Result<std::vector<std::string>> list() override;
+  Result<backend::Usage> usage(const std::string& id) override;
   Result<UniqueFd> networkNamespace(const std::string& id) override;
   Result<uint32_t> snapshot(const std::string& id, const std::string& name) override;
   Status deleteSnapshot(const std::string& name) override;
@@ -50,6 +51,8 @@ class FakeBackend final : public backend::Backend {
   // A snapshot volume the backend holds without a snapshot() call (left by
   // a moatd killed while taking or deleting it).
   void holdSnapshot(const std::string& name);
+  // What usage() answers for every environment it runs.
+  void setUsage(const backend::Usage& usage);
   // Ends the environment's moat-init without being asked (moatd sees its
   // pid 1 go; list() no longer names it).
   void vanish(const std::string& id);
@@ -69,6 +72,7 @@ class FakeBackend final : public backend::Backend {
   std::set<std::string> snapshots_;
   std::optional<Error> failCreate_;
   bool failSnapshotDeletes_ = false;
+  backend::Usage usage_;
 };
 
 }  // namespace moat::test

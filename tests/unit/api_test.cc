@@ -147,7 +147,8 @@ TEST_F(ApiTest, AKeyReachesOnlyTheEnvironmentsItCreated) {
                                                         {"DELETE", ""},
                                                         {"POST", "/exec"},
                                                         {"GET", "/files?path=/etc/hostname"},
-                                                        {"GET", "/processes"}}) {
+                                                        {"GET", "/processes"},
+                                                        {"GET", "/stats"}}) {
     json body = method == "POST" ? json{{"cmd", {"/bin/true"}}} : json(nullptr);
     auto r = call(method, "/v1/environments/" + masters + suffix, body, key);
     EXPECT_EQ(r.status, 404) << method << " " << suffix << ": " << r.body;
@@ -172,6 +173,40 @@ TEST_F(ApiTest, AQueryParameterARouteDoesNotTakeIsAnErrorNamingIt) {
   auto bad = call("GET", "/v1/environments?state=sleeping");
   EXPECT_EQ(bad.status, 400);
   EXPECT_EQ(bad.body["error"]["field"], "state");
+}
+
+TEST_F(ApiTest, StatsAreTheBackendsCountsBesideTheSpecAndNoneOnceGone) {
+  auto created = call("POST", "/v1/environments", {{"spec", {{"ram_mb", 256}, {"pids", 32}, {"cpus", 0.5}}}});
+  ASSERT_EQ(created.status, 201) << created.body;
+  const std::string id = created.body["id"];
+  backend::Usage usage;
+  usage.cpuKnown = true;
+  usage.cpuUsec = 1234;
+  usage.memoryBytes = 5 << 20;
+  usage.pids = 3;
+  usage.oomKills = 1;
+  backend_.setUsage(usage);
+  auto stats = call("GET", "/v1/environments/" + id + "/stats");
+  ASSERT_EQ(stats.status, 200) << stats.body;
+  EXPECT_EQ(stats.body["cpu_usec"], 1234);
+  EXPECT_EQ(stats.body["memory_bytes"], 5 << 20);
+  EXPECT_EQ(stats.body["memory_limit_bytes"], 256 << 20);
+  EXPECT_EQ(stats.body["pids"], 3);
+  EXPECT_EQ(stats.body["pids_limit"], 32);
+  EXPECT_EQ(stats.body["cpus"], 0.5);
+  EXPECT_EQ(stats.body["oom_kills"], 1);
+
+  usage.cpuKnown = false;  // a host that cannot count CPU time says so
+  backend_.setUsage(usage);
+  EXPECT_TRUE(call("GET", "/v1/environments/" + id + "/stats").body["cpu_usec"].is_null());
+
+  ASSERT_EQ(call("DELETE", "/v1/environments/" + id).status, 204);
+  size_t asked = backend_.calls("usage").size();
+  auto gone = call("GET", "/v1/environments/" + id + "/stats");
+  EXPECT_EQ(gone.status, 409);
+  EXPECT_EQ(message(gone), "environment " + id + " is gone (destroyed)");
+  EXPECT_EQ(backend_.calls("usage").size(), asked) << "a gone environment's backend is not asked";
+  EXPECT_EQ(call("GET", "/v1/environments/000000000000/stats").status, 404);
 }
 
 }  // namespace

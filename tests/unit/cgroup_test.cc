@@ -48,8 +48,9 @@ TEST(CgroupLayout, HybridHostUsesV1) {
   auto layout = detectLayout(kHybridMountinfo, kHybridProcCgroup);
   ASSERT_TRUE(layout.ok()) << layout.error().message();
   EXPECT_EQ(layout->version, Version::kV1);
-  ASSERT_EQ(layout->v1Parents.size(), 3u);
+  ASSERT_EQ(layout->v1Parents.size(), 4u);
   EXPECT_EQ(layout->v1Parents.at("cpu"), "/sys/fs/cgroup/cpu/moat");
+  EXPECT_EQ(layout->v1Parents.at("cpuacct"), "/sys/fs/cgroup/cpuacct/moat");  // mounted apart: CPU usage
   EXPECT_EQ(layout->v1Parents.at("memory"), "/sys/fs/cgroup/memory/process_api/abc/moat");
   EXPECT_EQ(layout->v1Parents.at("pids"), "/sys/fs/cgroup/pids/moat");
 }
@@ -77,6 +78,7 @@ TEST(CgroupLayout, CoMountedCpuCpuacct) {
   ASSERT_TRUE(layout.ok()) << layout.error().message();
   EXPECT_EQ(layout->version, Version::kV1);
   EXPECT_EQ(layout->v1Parents.at("cpu"), "/sys/fs/cgroup/cpu,cpuacct/user.slice/moat");
+  EXPECT_EQ(layout->v1Parents.count("cpuacct"), 0u);  // the cpu directory has cpuacct.usage
   EXPECT_EQ(layout->v1Parents.at("memory"), "/sys/fs/cgroup/memory/user.slice/moat");
   EXPECT_EQ(layout->v1Parents.at("pids"), "/sys/fs/cgroup/pids/user.slice/user-1000.slice/moat");
 }
@@ -252,6 +254,42 @@ TEST(CgroupLimits, ZeroLimitsWriteNothing) {
   ASSERT_EQ(writes.size(), 1u);
   EXPECT_EQ(writes[0].file, "pids.max");
   EXPECT_EQ(writes[0].value, "5");
+}
+
+TEST(CgroupUsage, V2ReadsCpuStatCurrentAndEvents) {
+  UsageFiles files;
+  files.cpu = "usage_usec 123456\nuser_usec 100000\nsystem_usec 23456\n";
+  files.memory = "4096000\n";
+  files.pids = "7\n";
+  files.memoryEvents = "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n";
+  Usage u = usageFrom(Version::kV2, files);
+  ASSERT_TRUE(u.cpuUsec.has_value());
+  EXPECT_EQ(*u.cpuUsec, 123456u);
+  EXPECT_EQ(u.memoryBytes, 4096000u);
+  EXPECT_EQ(u.pids, 7u);
+  EXPECT_EQ(u.oomKills, 2u);
+}
+
+TEST(CgroupUsage, V1ReadsNanosecondsAndOomControl) {
+  UsageFiles files;
+  files.cpu = "2500000\n";  // cpuacct.usage: nanoseconds
+  files.memory = "8192\n";
+  files.pids = "1\n";
+  files.memoryEvents = "oom_kill_disable 0\nunder_oom 0\noom_kill 4\n";
+  Usage u = usageFrom(Version::kV1, files);
+  ASSERT_TRUE(u.cpuUsec.has_value());
+  EXPECT_EQ(*u.cpuUsec, 2500u);
+  EXPECT_EQ(u.memoryBytes, 8192u);
+  EXPECT_EQ(u.oomKills, 4u);
+}
+
+TEST(CgroupUsage, AMissingCpuFileIsNoCpuNotZero) {
+  UsageFiles files;
+  files.memory = "1\n";
+  Usage u = usageFrom(Version::kV1, files);
+  EXPECT_FALSE(u.cpuUsec.has_value());
+  EXPECT_EQ(u.memoryBytes, 1u);
+  EXPECT_EQ(u.pids, 0u);
 }
 
 // --- prepareParents on a fake cgroupfs -------------------------------------------

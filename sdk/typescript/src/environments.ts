@@ -10,6 +10,7 @@ import { Shell, openShell } from "./shell.js";
 import type {
   CreateEnvironmentRequest,
   Environment,
+  EnvironmentStats,
   ExecRequest,
   ExecResponse,
   ExecResult,
@@ -62,6 +63,15 @@ export class Environments {
 
   get(id: string, options: RequestOptions = {}): Promise<Environment> {
     return this.transport.json<Environment>({ method: "GET", path: `/v1/environments/${seg(id)}`, ...options });
+  }
+
+  /** What a running environment uses now (CPU time, memory, pids) beside its limits. */
+  stats(id: string, options: RequestOptions = {}): Promise<EnvironmentStats> {
+    return this.transport.json<EnvironmentStats>({
+      method: "GET",
+      path: `/v1/environments/${seg(id)}/stats`,
+      ...options,
+    });
   }
 
   /** Destroys an environment; destroying a gone one is fine (idempotent). */

@@ -102,6 +102,22 @@ export interface Environment {
   secrets?: SecretPublic[];
 }
 
+/** What a running environment uses now, beside its limits (`GET .../stats`). */
+export interface EnvironmentStats {
+  id: string;
+  /** When it was read. */
+  at: string;
+  /** CPU time since the environment began; null where the host cannot count it. */
+  cpu_usec: number | null;
+  cpus: number;
+  memory_bytes: number;
+  memory_limit_bytes: number;
+  /** Processes and threads. */
+  pids: number;
+  pids_limit: number;
+  oom_kills: number;
+}
+
 export interface ListEnvironmentsFilter {
   /** Every label must match. */
   labels?: Record<string, string>;

@@ -115,6 +115,10 @@ describe("against a real moatd", { skip }, () => {
     const updated = await client.environments.setTimeout(a.id, 60);
     assert.ok(Date.parse(updated.expires_at) < before);
     assert.equal((await client.environments.get(a.id)).expires_at, updated.expires_at);
+    const stats = await client.environments.stats(a.id);
+    assert.equal(stats.id, a.id);
+    assert.ok(stats.pids >= 1 && stats.memory_bytes > 0, JSON.stringify(stats));
+    assert.equal(stats.memory_limit_bytes, a.spec.ram_mb * 1024 * 1024);
 
     const metrics = await client.metrics();
     assert.match(metrics, /^moat_environments\{state="running"\} \d+$/m);

@@ -22,6 +22,17 @@ Result<Backend::Created> NamespacesBackend::create(const Spec& spec) {
   return Created{std::move(made.id), std::move(made.control)};
 }
 
+Result<Usage> NamespacesBackend::usage(const std::string& id) {
+  MOAT_ASSIGN(isolation::cgroup::Usage counted, spawner_.usage(id));
+  Usage usage;
+  usage.cpuKnown = counted.cpuUsec.has_value();
+  usage.cpuUsec = counted.cpuUsec.value_or(0);
+  usage.memoryBytes = counted.memoryBytes;
+  usage.pids = counted.pids;
+  usage.oomKills = counted.oomKills;
+  return usage;
+}
+
 Status NamespacesBackend::deleteSnapshot(const std::string& name) {
   MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
   return pool.destroySnapshot(name);

@@ -90,6 +90,7 @@ class Environment {
   // processes are not); returns the host uid its files' root maps to.
   Result<uint32_t> snapshot(const std::string& name) const;
   uint64_t oomKills() const { return cgroup_ ? cgroup_->oomKills() : 0; }
+  isolation::cgroup::Usage usage() const { return cgroup_ ? cgroup_->usage() : isolation::cgroup::Usage{}; }
   // Kills everything inside and removes every trace outside the volume
   // directory, then the volume itself. Idempotent.
   Status destroy();

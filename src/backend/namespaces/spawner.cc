@@ -29,7 +29,16 @@ constexpr size_t kMaxMessage = 1 << 16;
 // Network namespaces made ahead of the creates that join them.
 constexpr size_t kNetworkPool = 2;
 constexpr size_t kUserPool = 2;
-enum Op : uint8_t { kCreate = 1, kDestroy = 2, kAttach = 3, kList = 4, kShutdown = 5, kNetns = 6, kSnapshot = 7 };
+enum Op : uint8_t {
+  kCreate = 1,
+  kDestroy = 2,
+  kAttach = 3,
+  kList = 4,
+  kShutdown = 5,
+  kNetns = 6,
+  kSnapshot = 7,
+  kUsage = 8
+};
 
 uint64_t bitsOf(double v) {
   uint64_t bits;
@@ -204,6 +213,17 @@ bool readable(int fd) {
       }
       auto base = it->second->snapshot(name.value());
       (void)sendMessage(client, base.ok() ? reply(Status{}, std::to_string(base.value())) : reply(base.error()));
+    } else if (op.value() == kUsage) {
+      auto id = d.bytes();
+      auto it = id.ok() ? environments.find(id.value()) : environments.end();
+      if (it == environments.end()) {
+        (void)sendMessage(client, reply(Error::make(Code::kNotFound, "spawner has no such environment")));
+        continue;
+      }
+      auto u = it->second->usage();
+      init::Encoder e;
+      e.u8(u.cpuUsec ? 1 : 0).u64(u.cpuUsec.value_or(0)).u64(u.memoryBytes).u64(u.pids).u64(u.oomKills);
+      (void)sendMessage(client, reply(Status{}, e.take()));
     } else if (op.value() == kNetns) {
       auto id = d.bytes();
       auto it = id.ok() ? environments.find(id.value()) : environments.end();
@@ -319,6 +339,19 @@ Result<UniqueFd> Spawner::networkNamespace(const std::string& id) {
   (void)ignored;
   if (!ns) return Error::make(Code::kInternal, "spawner sent no namespace");
   return ns;
+}
+
+Result<isolation::cgroup::Usage> Spawner::usage(const std::string& id) {
+  MOAT_ASSIGN(std::string payload, call(init::Encoder().u8(kUsage).bytes(id).take(), nullptr));
+  init::Decoder d(payload);
+  isolation::cgroup::Usage u;
+  MOAT_ASSIGN(uint8_t cpuKnown, d.u8());
+  MOAT_ASSIGN(uint64_t cpu, d.u64());
+  if (cpuKnown) u.cpuUsec = cpu;
+  MOAT_ASSIGN(u.memoryBytes, d.u64());
+  MOAT_ASSIGN(u.pids, d.u64());
+  MOAT_ASSIGN(u.oomKills, d.u64());
+  return u;
 }
 
 Result<std::vector<std::string>> Spawner::list() {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 
 #include "os/file.h"
@@ -56,6 +57,10 @@ Result<Cgroup> Cgroup::create(const Layout& layout, const std::string& name, con
   } else {
     for (const std::string c : {"cpu", "memory", "pids"}) {
       dirs.push_back(layout.v1Parents.at(c) + "/" + name);
+    }
+    // Joined for its accounting only (no limit): what usage() reports as CPU.
+    if (auto acct = layout.v1Parents.find("cpuacct"); acct != layout.v1Parents.end()) {
+      dirs.push_back(acct->second + "/" + name);
     }
   }
   Cgroup cg(layout, {});
@@ -128,12 +133,41 @@ Result<UniqueFd> Cgroup::openDirectory() const {
   return os::open(dirs_[0], O_RDONLY | O_DIRECTORY);
 }
 
-uint64_t Cgroup::oomKills() const {
-  if (dirs_.empty()) return 0;
+Usage usageFrom(Version version, const UsageFiles& files) {
+  const bool v2 = version == Version::kV2;
+  auto number = [](const std::optional<std::string>& text) -> uint64_t {
+    return text ? std::strtoull(text->c_str(), nullptr, 10) : 0;
+  };
+  Usage usage;
+  if (files.cpu) usage.cpuUsec = v2 ? counterFrom(*files.cpu, "usage_usec") : number(files.cpu) / 1000;
+  usage.memoryBytes = number(files.memory);
+  usage.pids = number(files.pids);
+  if (files.memoryEvents) usage.oomKills = counterFrom(*files.memoryEvents, "oom_kill");
+  return usage;
+}
+
+Usage Cgroup::usage() const {
+  if (dirs_.empty()) return {};
   const bool v2 = layout_.version == Version::kV2;
-  const std::string& memDir = v2 ? dirs_[0] : dirs_[1];
-  auto text = os::readFile(memDir + (v2 ? "/memory.events" : "/memory.oom_control"));
-  return text.ok() ? counterFrom(text.value(), "oom_kill") : 0;
+  auto read = [](const std::string& path) -> std::optional<std::string> {
+    auto text = os::readFile(path);
+    if (!text.ok()) return std::nullopt;
+    return std::move(text.value());
+  };
+  UsageFiles files;
+  if (v2) {
+    files.cpu = read(dirs_[0] + "/cpu.stat");
+    files.memory = read(dirs_[0] + "/memory.current");
+    files.pids = read(dirs_[0] + "/pids.current");
+    files.memoryEvents = read(dirs_[0] + "/memory.events");
+  } else {
+    // cpuacct mounted with cpu (most hybrid hosts) or apart (dirs_[3]).
+    files.cpu = read((dirs_.size() > 3 ? dirs_[3] : dirs_[0]) + "/cpuacct.usage");
+    files.memory = read(dirs_[1] + "/memory.usage_in_bytes");
+    files.pids = read(dirs_[2] + "/pids.current");
+    files.memoryEvents = read(dirs_[1] + "/memory.oom_control");
+  }
+  return usageFrom(layout_.version, files);
 }
 
 void Cgroup::killAll() const {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,26 @@ struct KnobWrite {
 // for both versions without cgroupfs).
 std::vector<KnobWrite> limitWrites(Version version, const Limits& limits);
 
+// What an environment's processes use now.
+struct Usage {
+  // CPU time since the cgroup began; none where the host has no CPU
+  // accounting (cgroup v1 without the cpuacct controller).
+  std::optional<uint64_t> cpuUsec;
+  uint64_t memoryBytes = 0;  // v1: page cache included, as the limit counts it
+  uint64_t pids = 0;         // tasks (processes and threads)
+  uint64_t oomKills = 0;
+};
+
+// The texts of the files Cgroup::usage() reads; none: the file is missing.
+// v2: cpu.stat, memory.current, pids.current, memory.events; v1:
+// cpuacct.usage (nanoseconds), memory.usage_in_bytes, pids.current,
+// memory.oom_control.
+struct UsageFiles {
+  std::optional<std::string> cpu, memory, pids, memoryEvents;
+};
+// Pure: unit-tested for both versions without cgroupfs.
+Usage usageFrom(Version version, const UsageFiles& files);
+
 // One environment's cgroup (one directory on v2, one per controller on v1).
 // Removed when the object dies; a failed create removes what it made.
 class Cgroup {
@@ -47,7 +68,9 @@ class Cgroup {
   // v2 only: a directory fd for CLONE_INTO_CGROUP.
   Result<UniqueFd> openDirectory() const;
   // Times the kernel's OOM killer fired inside this cgroup.
-  uint64_t oomKills() const;
+  uint64_t oomKills() const { return usage().oomKills; }
+  // Zero for what cannot be read (a cgroup being removed).
+  Usage usage() const;
   // Kills every process in the cgroup (v2 cgroup.kill; v1 by pid list).
   void killAll() const;
   // Removes the directories; retries briefly while the kernel finishes exits.
@@ -59,7 +82,7 @@ class Cgroup {
   void addFiles(const std::string& dir);
 
   Layout layout_;
-  std::vector<std::string> dirs_;  // v2: one; v1: cpu, memory, pids
+  std::vector<std::string> dirs_;  // v2: one; v1: cpu, memory, pids, then cpuacct if the layout has it
   std::vector<std::string> procsFiles_;
   std::vector<std::string> joinFiles_;
 };

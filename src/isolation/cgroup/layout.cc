@@ -111,6 +111,20 @@ Result<Layout> detectLayout(const std::string& mountinfo, const std::string& pro
                            "cgroup v1 controller '" + controller + "' is not mounted; moat needs cpu, memory and pids");
       }
     }
+    // CPU accounting where cpuacct has a hierarchy of its own (mounted with
+    // cpu, the cpu directory already has it): optional, for usage only.
+    for (const auto& m : mounts) {
+      if (m.fsType != "cgroup") continue;
+      bool acct = false, cpu = false;
+      for (const auto& o : m.options) {
+        acct |= (o == "cpuacct");
+        cpu |= (o == "cpu");
+      }
+      if (!acct || cpu) continue;
+      auto it = paths.find("cpuacct");
+      layout.v1Parents["cpuacct"] = os::joinPath(dirUnder(m, it == paths.end() ? "/" : it->second), "moat");
+      break;
+    }
     return layout;
   }
 
