@@ -106,6 +106,15 @@ std::string urlEncode(const std::string& s);
 
 // Strict flag parsing: "--flag value", "--flag=value", "-f value". Errors
 // have code "usage" and name the flag.
+//
+// Why not CLI11 (Debian's libcli11-dev): this reader is the only part of
+// the CLI's parsing that CLI11 would replace. What remains either way is
+// per flag: its check and a message in the CLI's words (parseNumber,
+// parseLabel, parsePermissionsFlag, the network and secret readers shared by
+// `env create`, `run` and `env network`), the usage texts written with
+// examples, and exit code 2 for every usage error (cli/exit_codes.h), which
+// CLI11 would need a validator, a custom message and a failure handler per
+// command to say the same. tests/integration/cli_test.cc pins the messages.
 class FlagReader {
  public:
   explicit FlagReader(const std::vector<std::string>& args) : args_(args) {}

@@ -103,61 +103,47 @@ Result<RunOptions> parseRunOptions(const std::vector<std::string>& args, uint64_
                                                                 : backend::namespaces::InitMode::kInProcess;
   const char* state = std::getenv("MOAT_STATE");
   o.spec.stateDir = state && *state ? state : "/var/lib/moat";
-  size_t i = 0;
-  auto value = [&](const std::string& flag, std::string& inlineValue) -> Result<std::string> {
-    if (!inlineValue.empty()) return inlineValue;
-    if (i + 1 >= args.size()) return usageError(flag + " needs a value");
-    return args[++i];
-  };
-  for (; i < args.size(); ++i) {
-    std::string arg = args[i];
-    if (arg == "--") {
-      ++i;
+  FlagReader flags(args);
+  while (!flags.done()) {
+    if (flags.current() == "--") {
+      flags.skip();
       break;
     }
-    if (arg.empty() || arg[0] != '-') break;  // the command starts here
-    std::string inlineValue;
-    if (arg.compare(0, 2, "--") == 0) {
-      auto eq = arg.find('=');
-      if (eq != std::string::npos) {
-        inlineValue = arg.substr(eq + 1);
-        arg = arg.substr(0, eq);
-        if (inlineValue.empty()) return usageError(arg + " needs a value after '='");
-      }
-    }
-    bool takesNoValue = arg == "-h" || arg == "--help" || arg == "-i" || arg == "--interactive";
-    if (takesNoValue && !inlineValue.empty()) return usageError(arg + " takes no value");
+    if (!flags.currentIsFlag()) break;  // the command starts here
+    MOAT_TRY(flags.next());
+    const std::string arg = flags.name();
+    if (arg == "-h" || arg == "--help" || arg == "-i" || arg == "--interactive") MOAT_TRY(flags.noValue());
     if (arg == "-h" || arg == "--help") {
       o.help = true;
       return o;
     } else if (arg == "-i" || arg == "--interactive") {
       o.interactive = true;
     } else if (arg == "--cpus") {
-      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      MOAT_ASSIGN(std::string v, flags.value());
       MOAT_ASSIGN(o.spec.cpus, parseNumber(arg, v));
       if (!(o.spec.cpus >= 0.01 && o.spec.cpus <= 1024)) {
         return usageError("--cpus: " + v + " is out of range (0.01 to 1024)");
       }
     } else if (arg == "--memory") {
-      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      MOAT_ASSIGN(std::string v, flags.value());
       MOAT_ASSIGN(o.spec.memoryMb, parseWhole(arg, v, 16, hostMemoryMb, " MB, the host's memory"));
     } else if (arg == "--pids") {
-      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      MOAT_ASSIGN(std::string v, flags.value());
       MOAT_ASSIGN(o.spec.pids, parseWhole(arg, v, 4, 4194304, ""));
     } else if (arg == "--storage") {
-      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      MOAT_ASSIGN(std::string v, flags.value());
       MOAT_ASSIGN(o.spec.storageGb, parseNumber(arg, v));
       if (!(o.spec.storageGb >= 0.01 && o.spec.storageGb <= 65536)) {
         return usageError("--storage: " + v + " is out of range (0.01 to 65536 GB)");
       }
     } else if (arg == "--timeout") {
-      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      MOAT_ASSIGN(std::string v, flags.value());
       MOAT_ASSIGN(o.timeoutSeconds, parseNumber(arg, v));
       if (!(o.timeoutSeconds >= 0.001 && o.timeoutSeconds <= 31536000)) {
         return usageError("--timeout: " + v + " is out of range (0.001 to 31536000 seconds)");
       }
     } else if (arg == "-e" || arg == "--env") {
-      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      MOAT_ASSIGN(std::string v, flags.value());
       auto eq = v.find('=');
       std::string name = v.substr(0, eq);
       if (!validEnvName(name)) return usageError("-e: '" + name + "' is not a valid variable name");
@@ -168,24 +154,24 @@ Result<RunOptions> parseRunOptions(const std::vector<std::string>& args, uint64_
       }
       o.env.push_back(v);
     } else if (arg == "-v" || arg == "--volume") {
-      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      MOAT_ASSIGN(std::string v, flags.value());
       MOAT_ASSIGN(auto bind, parseVolume(v));
       o.spec.volumes.push_back(bind);
     } else if (arg == "-w" || arg == "--workdir") {
-      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      MOAT_ASSIGN(std::string v, flags.value());
       if (v.empty() || v[0] != '/') return usageError("-w: working directory must be absolute: " + v);
       o.workdir = moat::normalizePath(v);
     } else if (arg == "--template") {
-      MOAT_ASSIGN(o.spec.templateName, value(arg, inlineValue));
+      MOAT_ASSIGN(o.spec.templateName, flags.value());
     } else if (arg == "--state") {
-      MOAT_ASSIGN(std::string v, value(arg, inlineValue));
+      MOAT_ASSIGN(std::string v, flags.value());
       if (v.empty() || v[0] != '/') return usageError("--state: must be an absolute path: " + v);
       o.spec.stateDir = moat::normalizePath(v);
     } else {
       return usageError("unknown option " + arg);
     }
   }
-  for (; i < args.size(); ++i) o.command.push_back(args[i]);
+  o.command = flags.rest();
   if (o.command.empty()) return usageError("missing command (usage: moat run [options] -- COMMAND...)");
   return o;
 }

@@ -31,6 +31,13 @@
 // (HTTP forward proxy on 3128, transparent HTTP on 80 and HTTPS on 443) and
 // resolver (UDP 53) are the only things listening. Each connection is
 // decided by the environment's policy, then the gate, and recorded.
+//
+// Tested in two layers: what it decides is pure and unit-tested without
+// root (authorize.h: policy, then the gate; policy.h, http_target.h,
+// client_hello.h, dns_message.h, secrets.h, public_suffix.h); this class is
+// the sockets, threads and the namespace around those decisions, and is
+// tested as moatd runs it (tests/egress: end to end and abuse, as root in
+// namespaces the tests make). A fake network under it would test the fake.
 namespace moat::egress {
 
 struct EgressConfig {

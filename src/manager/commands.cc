@@ -73,7 +73,7 @@ void EnvironmentManager::warmUp(const std::shared_ptr<InitConnection>& connectio
 
 Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::string& id,
                                                                   const ProcessRequest& request) {
-  MOAT_ASSIGN(Live live, liveOf(id));
+  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   MOAT_ASSIGN(auto process,
               live.processes->add(request.argv, request.kind, request.pty, request.stdinOpen || request.pty,
                                   live.processes->limits().outputCapPerStream));
@@ -102,7 +102,7 @@ Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::str
   // upgrade) forwards everything: the process is an ordinary one there.
   if (request.lossless && live.connection->peerVersion() >= init::kFlowControlSince) {
     process->makeLossless();
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(threadsMutex_);
     lossless_.push_back(process);  // the reaper lets it go once nobody follows it
   }
   Status started = process->start(live.connection, spawn, "", false);
@@ -116,12 +116,12 @@ Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::str
 }
 
 Result<std::vector<std::shared_ptr<Process>>> EnvironmentManager::processes(const std::string& id) {
-  MOAT_ASSIGN(Live live, liveOf(id));
+  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   return live.processes->all();
 }
 
 Result<std::shared_ptr<Process>> EnvironmentManager::process(const std::string& id, uint64_t processId) {
-  MOAT_ASSIGN(Live live, liveOf(id));
+  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   auto process = live.processes->find(processId);
   if (!process) {
     return Error::make(Code::kNotFound, "no process " + std::to_string(processId) + " in environment " + id);
@@ -136,7 +136,7 @@ Result<std::shared_ptr<void>> EnvironmentManager::reserveExecOutput(const std::s
 
 Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecRequest& request,
                                             const std::map<std::string, std::string>& env) {
-  MOAT_ASSIGN(Live live, liveOf(id));
+  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   uint64_t limit = request.outputLimit ? std::min(request.outputLimit, kExecOutputMax) : kExecOutputMax;
   MOAT_ASSIGN(auto process, live.processes->add(request.argv, "exec", false, false, limit));
   ScopeExit forget([&] { live.processes->remove(process->id()); });
@@ -195,7 +195,7 @@ Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecReq
 }
 
 Result<init::FileResult> EnvironmentManager::file(const std::string& id, const init::FileRequest& request) {
-  MOAT_ASSIGN(Live live, liveOf(id));
+  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   return live.connection->file(request);
 }
 

@@ -81,7 +81,7 @@ EnvironmentManager::EnvironmentManager(ManagerConfig config, store::Store& store
 
 void EnvironmentManager::stopThreads() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(threadsMutex_);
     stopping_ = true;
   }
   reaperCv_.notify_all();
@@ -96,25 +96,16 @@ EnvironmentManager::~EnvironmentManager() {
   // Detached: dropping the connections leaves moat-init running; the backend
   // hands a new connection to the next moatd. Dropped here, while every member
   // their reader threads touch (onInitGone) still exists.
-  std::map<std::string, Live> live;
   std::vector<ReadyEnvironment> pool = pools_.takeAll();
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    live.swap(live_);
-  }
-  live.clear();
+  live_.takeAll().clear();
   pool.clear();
 }
 
 void EnvironmentManager::interrupt() {
   stopThreads();
-  std::vector<std::shared_ptr<InitConnection>> connections;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [id, l] : live_) connections.push_back(l.connection);
-  }
-  for (auto& [id, c] : pools_.connections()) connections.push_back(c);
-  for (auto& c : connections) c->close("moatd is shutting down");
+  auto connections = live_.connections();
+  for (auto& warm : pools_.connections()) connections.push_back(std::move(warm));
+  for (auto& [id, c] : connections) c->close("moatd is shutting down");
 }
 
 Status EnvironmentManager::recoverAfterRestart() {
@@ -171,11 +162,7 @@ Status EnvironmentManager::recoverAfterRestart() {
     // Counted before it is live: the reaper (running already) may destroy
     // it at once, and its release must find it counted.
     capacity_.count(r.ramMb);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      live_[id] = makeLive(connection, r);
-      nextExpiryMs_ = std::min(nextExpiryMs_, r.expiresAtMs);
-    }
+    live_.put(id, makeLive(connection, r));
     if (r.state != EnvironmentState::kRunning) (void)store_.setState(id, EnvironmentState::kRunning, "");
     auto stored = storedNetwork(r);
     const bool wantsLink = stored.ok() && stored->mode != egress::Mode::kNone;
@@ -216,7 +203,7 @@ Status EnvironmentManager::recoverAfterRestart() {
 }
 
 void EnvironmentManager::detach() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(threadsMutex_);
   detached_ = true;
 }
 
@@ -284,11 +271,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
         pools_.putBack(std::move(ready));
         return stored.error();
       }
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        live_[record.id] = makeLive(ready.connection, record);
-        nextExpiryMs_ = std::min(nextExpiryMs_, record.expiresAtMs);
-      }
+      live_.put(record.id, makeLive(ready.connection, record));
       pools_.claimed(*warm);  // counted once it is one
       // Its permissions are the claimer's: told before anyone else may reach it.
       sendExecPolicy(record.id, ready.connection);
@@ -306,17 +289,10 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     }
   }
   MOAT_TRY(capacity_.take(record.ramMb));
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    creatingIds_.insert(record.id);
-  }
+  live_.beginCreate(record.id);
   // It will not run: its place and memory go back.
   auto release = [&] {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      creatingIds_.erase(record.id);
-      destroyRequested_.erase(record.id);
-    }
+    live_.abandonCreate(record.id);
     capacity_.release(record.ramMb);
   };
   traceStage("moatd: create");
@@ -351,11 +327,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   // environment live), or it came before and is honoured below. Checked and
   // made live in two steps, a DELETE between them was answered 204 and lost.
   auto held = exclusive(id);
-  std::string destroyedBy;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (auto it = destroyRequested_.find(id); it != destroyRequested_.end()) destroyedBy = it->second;
-  }
+  const std::string destroyedBy = live_.destroyRequestedBy(id);
   if (!destroyedBy.empty()) {
     // A DELETE came while the backend was creating it: honour it now.
     (void)backend_.destroy(id);
@@ -366,12 +338,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     return Error::make(Code::kConflict, "environment " + id + " was destroyed while being created");
   }
   auto connection = connect(id, std::move(created->control));
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    creatingIds_.erase(id);
-    live_[id] = makeLive(connection, record);
-    nextExpiryMs_ = std::min(nextExpiryMs_, record.expiresAtMs);
-  }
+  live_.put(id, makeLive(connection, record));
   record.state = EnvironmentState::kRunning;
   (void)store_.setState(id, EnvironmentState::kRunning, "");
   held.run();
@@ -397,26 +364,22 @@ Result<store::EnvironmentRecord> EnvironmentManager::get(const std::string& id) 
 }
 
 std::string EnvironmentManager::ownerOf(const std::string& id) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (auto it = live_.find(id); it != live_.end()) return it->second.owner;
-  }
+  if (auto live = live_.find(id)) return live->owner;
   auto record = get(id);
   return record.ok() ? record->owner : std::string();
 }
 
 std::map<std::string, std::string> EnvironmentManager::envOf(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = live_.find(id);
-  return it != live_.end() ? it->second.env : std::map<std::string, std::string>{};
+  auto live = live_.find(id);
+  return live ? std::move(live->env) : std::map<std::string, std::string>{};
 }
 
 Result<std::vector<store::EnvironmentRecord>> EnvironmentManager::list(const store::EnvironmentFilter& filter) {
   return store_.listEnvironments(filter);
 }
 
-EnvironmentManager::Live EnvironmentManager::makeLive(std::shared_ptr<InitConnection> connection,
-                                                      const store::EnvironmentRecord& record) const {
+LiveEnvironment EnvironmentManager::makeLive(std::shared_ptr<InitConnection> connection,
+                                             const store::EnvironmentRecord& record) const {
   auto layers = storedLayers(record, config_.defaultPermissions);
   // A record whose permissions cannot be read gates everything shut.
   std::vector<gate::Permissions> closed;
@@ -432,13 +395,13 @@ EnvironmentManager::Live EnvironmentManager::makeLive(std::shared_ptr<InitConnec
       env.emplace(k, v);
     }
   }
-  return Live{std::move(connection),
-              std::move(env),
-              record.ramMb,
-              std::make_shared<ProcessTable>(config_.processLimits),
-              record.expiresAtMs,
-              std::make_shared<const std::vector<gate::Permissions>>(layers.ok() ? layers.value() : closed),
-              record.owner};
+  return LiveEnvironment{std::move(connection),
+                         std::move(env),
+                         record.ramMb,
+                         std::make_shared<ProcessTable>(config_.processLimits),
+                         record.expiresAtMs,
+                         std::make_shared<const std::vector<gate::Permissions>>(layers.ok() ? layers.value() : closed),
+                         record.owner};
 }
 
 std::shared_ptr<InitConnection> EnvironmentManager::connect(const std::string& id, UniqueFd control) {
@@ -446,7 +409,7 @@ std::shared_ptr<InitConnection> EnvironmentManager::connect(const std::string& i
   hooks.check = [this, id](const init::ExecCheck& check, InitConnection::ExecAnswer answer) {
     ExecCheckHook gate;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<std::mutex> lock(hooksMutex_);
       gate = execCheck_;
     }
     if (gate) return gate(id, check, std::move(answer));
@@ -455,7 +418,7 @@ std::shared_ptr<InitConnection> EnvironmentManager::connect(const std::string& i
   hooks.report = [this, id](const init::ExecReport& report) {
     ExecReportHook hook;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<std::mutex> lock(hooksMutex_);
       hook = execReport_;
       if (!hook) {
         // Re-attached at start, before the gate is set: kept for it.
@@ -474,7 +437,7 @@ std::shared_ptr<InitConnection> EnvironmentManager::connect(const std::string& i
 void EnvironmentManager::sendExecPolicy(const std::string& id, const std::shared_ptr<InitConnection>& connection) {
   ExecPolicyHook policy;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(hooksMutex_);
     policy = execPolicy_;
   }
   // Until the gate is set (re-attaching at start): nothing, so moat-init
@@ -487,7 +450,7 @@ void EnvironmentManager::sendExecPolicy(const std::string& id, const std::shared
 void EnvironmentManager::setExecGate(ExecCheckHook check, ExecPolicyHook policy, ExecReportHook report) {
   std::vector<std::pair<std::string, init::ExecReport>> early;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(hooksMutex_);
     execCheck_ = std::move(check);
     execPolicy_ = std::move(policy);
     execReport_ = report;
@@ -499,21 +462,13 @@ void EnvironmentManager::setExecGate(ExecCheckHook check, ExecPolicyHook policy,
 }
 
 void EnvironmentManager::refreshExecPolicies() {
-  std::vector<std::pair<std::string, std::shared_ptr<InitConnection>>> all;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& [id, live] : live_) all.emplace_back(id, live.connection);
-  }
+  auto all = live_.connections();
   for (auto& warm : pools_.connections()) all.push_back(std::move(warm));
   for (const auto& [id, connection] : all) sendExecPolicy(id, connection);
 }
 
-Result<EnvironmentManager::Live> EnvironmentManager::liveOf(const std::string& id) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.find(id);
-    if (it != live_.end()) return it->second;
-  }
+Result<LiveEnvironment> EnvironmentManager::liveOf(const std::string& id) {
+  if (auto live = live_.find(id)) return std::move(*live);
   MOAT_ASSIGN(auto record, get(id));
   return Error::make(Code::kConflict, "environment " + id + " is " + stateName(record.state) +
                                           (record.reason.empty() ? "" : " (" + record.reason + ")"));
@@ -523,11 +478,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::setTtl(const std::string& i
   MOAT_TRY(liveOf(id));
   int64_t expiresAtMs = nowMs() + ttlS * 1000;
   MOAT_TRY(store_.setExpiry(id, expiresAtMs));
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (auto it = live_.find(id); it != live_.end()) it->second.expiresAtMs = expiresAtMs;
-    nextExpiryMs_ = std::min(nextExpiryMs_, expiresAtMs);
-  }
+  live_.setExpiry(id, expiresAtMs);
   reaperCv_.notify_all();
   return get(id);
 }
@@ -551,34 +502,24 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   // and a destroy took seconds (docs/BENCHMARKS.md, "Load").
   traceStage("moatd: destroy");
   auto held = exclusive(id);
-  bool here;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    here = live_.count(id) || creatingIds_.count(id);
-  }
-  if (!here) {
+  if (!live_.runsOrIsBeingCreated(id)) {
     // Not running here: known (gone, failed: done already) or not at all.
     MOAT_ASSIGN(auto record, get(id));
     if (record.state == EnvironmentState::kGone || record.state == EnvironmentState::kFailed) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!live_.count(id)) return {};
+      if (!live_.runs(id)) return {};
     }
   }
-  Live live;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (creatingIds_.count(id)) {
+  LiveEnvironment live;
+  switch (live_.takeForDestroy(id, actor, live)) {
+    case LiveTable::Destroy::kRequested:
       // The backend is still creating it; create() destroys it when done.
-      destroyRequested_.emplace(id, actor);
       (void)store_.setState(id, EnvironmentState::kDestroying, reason);
       return {};
-    }
-    auto it = live_.find(id);
-    if (it != live_.end()) {
-      live = std::move(it->second);
-      live_.erase(it);
+    case LiveTable::Destroy::kTaken:
       capacity_.release(live.ramMb);
-    }
+      break;
+    case LiveTable::Destroy::kAbsent:
+      break;
   }
   bool failed = reason.rfind("failed", 0) == 0;
   // Whoever follows a process hears why it ends before the kill lands.
@@ -607,11 +548,7 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
 }
 
 void EnvironmentManager::destroyAll(const std::string& reason) {
-  std::vector<std::string> ids;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& [id, live] : live_) ids.push_back(id);
-  }
+  std::vector<std::string> ids = live_.ids();
   for (auto& r : pools_.takeAll()) {
     (void)backend_.destroy(r.id);
     r.connection.reset();

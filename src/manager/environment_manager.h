@@ -25,6 +25,7 @@
 #include "manager/capacity.h"
 #include "manager/exec_output_budget.h"
 #include "manager/init_connection.h"
+#include "manager/live_table.h"
 #include "manager/process_table.h"
 #include "manager/services.h"
 #include "manager/warm_pools.h"
@@ -42,8 +43,8 @@ using store::stateName;
 // Lifecycle changes and every command's start and end go to the audit log
 // (`audit`; none: not recorded).
 //
-// A thin facade over owners with a lock each (Capacity, WarmPools,
-// ExecOutputBudget, KeyedLock); its own code is in one file per concern:
+// A thin facade over owners with a lock each (LiveTable, Capacity,
+// WarmPools, ExecOutputBudget, KeyedLock); its own code is in one file per concern:
 // environment_manager.cc (create, destroy, restart), commands.cc,
 // permission_layers.cc, network_binding.cc, snapshots.cc, reaper.cc and
 // warm_pool_refill.cc.
@@ -134,16 +135,7 @@ class EnvironmentManager final : public EnvironmentService,
   audit::Recorder& audit() { return audit_; }
 
  private:
-  struct Live {
-    std::shared_ptr<InitConnection> connection;
-    std::map<std::string, std::string> env;
-    uint64_t ramMb = 0;
-    std::shared_ptr<ProcessTable> processes;
-    int64_t expiresAtMs = 0;                                            // the store's, kept here for the reaper
-    std::shared_ptr<const std::vector<gate::Permissions>> permissions;  // replaced whole, never edited
-    std::string owner;                                                  // never changes
-  };
-  Live makeLive(std::shared_ptr<InitConnection> connection, const store::EnvironmentRecord& record) const;
+  LiveEnvironment makeLive(std::shared_ptr<InitConnection> connection, const store::EnvironmentRecord& record) const;
   // Gives a running environment its egress link and the files and variables
   // that go with it (resolver, CA bundle, proxy variables).
   Status connectNetwork(const std::string& id, const egress::Policy& policy,
@@ -180,7 +172,9 @@ class EnvironmentManager final : public EnvironmentService,
   // in (permissionsMutex_ held by the caller).
   Status storeLayers(const std::string& id, std::vector<gate::Permissions> layers);
   // A copy of the environment's live handles, or why there are none.
-  Result<Live> liveOf(const std::string& id);
+  Result<LiveEnvironment> liveOf(const std::string& id);
+  // Its network is gone: its commands no longer get the proxy variables.
+  void dropNetworkVariables(const std::string& id);
   void reaperLoop();
   void stopThreads();  // idempotent
   void onInitGone(const std::string& id);
@@ -203,11 +197,10 @@ class EnvironmentManager final : public EnvironmentService,
   audit::Recorder& audit_;
   egress::Controller* egress_ = nullptr;
   std::mutex networkMutex_;  // serializes network changes (and restores, which redo the network); before exclusive()
-  std::mutex mutex_;
-  std::map<std::string, Live> live_;
-  int64_t nextExpiryMs_ = 0;           // no live environment expires before; the reaper scans from then
-  std::set<std::string> creatingIds_;  // guarded by mutex_
-  std::map<std::string, std::string> destroyRequested_;  // DELETE arrived while creating: id -> actor
+  LiveTable live_;
+  // What the reaper and the pool threads wake up for: stopping_, detached_,
+  // initGone_, lossless_.
+  std::mutex threadsMutex_;
   std::vector<std::string> initGone_;
   std::atomic<uint64_t> execs_{0};
   // Environments being destroyed, snapshotted or restored, held
@@ -220,11 +213,12 @@ class EnvironmentManager final : public EnvironmentService,
   ExecOutputBudget execOutput_{config_.execOutputPerCaller};
   std::mutex permissionsMutex_;  // serializes read-modify-write of permission layers
   std::function<void(const std::string&, const std::string&)> endedHook_;
+  std::mutex hooksMutex_;  // the exec gate's hooks and the reports kept for them
   ExecCheckHook execCheck_;
   ExecPolicyHook execPolicy_;
   ExecReportHook execReport_;
   static constexpr size_t kEarlyReports = 4096;
-  std::vector<std::pair<std::string, init::ExecReport>> earlyReports_;  // guarded by mutex_
+  std::vector<std::pair<std::string, init::ExecReport>> earlyReports_;
   // A new connection to `id`'s moat-init: its exec checks go to the gate,
   // and it is told whether to ask.
   std::shared_ptr<InitConnection> connect(const std::string& id, UniqueFd control);

@@ -8,17 +8,18 @@
 
 namespace moat::manager {
 
+void EnvironmentManager::dropNetworkVariables(const std::string& id) {
+  live_.update(id, [](LiveEnvironment& live) {
+    for (auto& [k, v] : egress::Controller::environmentVariables(egress::EgressNetwork::linkFor(0))) live.env.erase(k);
+  });
+}
+
 Status EnvironmentManager::restoreNetwork(const std::string& id, const std::string& why) {
   MOAT_ASSIGN(auto record, get(id));
   MOAT_ASSIGN(egress::Policy policy, storedNetwork(record));
   if (policy.mode == egress::Mode::kNone) {
     MOAT_TRY(store_.setNetwork(id, networkText(policy), -1));
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (auto it = live_.find(id); it != live_.end()) {
-      for (auto& [k, v] : egress::Controller::environmentVariables(egress::EgressNetwork::linkFor(0))) {
-        it->second.env.erase(k);
-      }
-    }
+    dropNetworkVariables(id);
     return {};
   }
   auto secrets = storedSecrets(record);
@@ -65,7 +66,7 @@ Status EnvironmentManager::writeNetworkFiles(const std::shared_ptr<InitConnectio
 Status EnvironmentManager::connectNetwork(const std::string& id, const egress::Policy& policy,
                                           const std::vector<egress::Secret>& secrets) {
   if (!egress_) return Error::make(Code::kUnavailable, "egress control is not running in this moatd");
-  MOAT_ASSIGN(Live live, liveOf(id));
+  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   MOAT_ASSIGN(UniqueFd netns, backend_.networkNamespace(id));
   MOAT_ASSIGN(auto link, egress_->attach(id, netns.get(), policy, secrets));
   Status s = writeNetworkFiles(live.connection, link);
@@ -74,10 +75,9 @@ Status EnvironmentManager::connectNetwork(const std::string& id, const egress::P
     (void)egress_->detach(id);
     return s;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (auto it = live_.find(id); it != live_.end()) {
-    for (auto& [k, v] : egress::Controller::environmentVariables(link)) it->second.env[k] = v;
-  }
+  live_.update(id, [&](LiveEnvironment& live) {
+    for (auto& [k, v] : egress::Controller::environmentVariables(link)) live.env[k] = v;
+  });
   return {};
 }
 
@@ -107,12 +107,7 @@ Status EnvironmentManager::setNetwork(const std::string& id, const egress::Polic
   if (policy.mode == egress::Mode::kNone) {
     if (linked) MOAT_TRY(egress_->detach(id));
     MOAT_TRY(store_.setNetwork(id, networkText(policy), -1));
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (auto it = live_.find(id); it != live_.end()) {
-      for (auto& [k, v] : egress::Controller::environmentVariables(egress::EgressNetwork::linkFor(0))) {
-        it->second.env.erase(k);
-      }
-    }
+    dropNetworkVariables(id);
     return {};
   }
   if (linked) {

@@ -7,16 +7,12 @@ namespace moat::manager {
 
 Result<gate::Evaluation> EnvironmentManager::evaluate(const std::string& id, const gate::Action& action,
                                                       const gate::Permissions* ceiling) {
-  MOAT_ASSIGN(Live live, liveOf(id));
+  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   return gate::evaluate(*live.permissions, ceiling, action);
 }
 
 Result<std::vector<gate::Permissions>> EnvironmentManager::permissions(const std::string& id) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.find(id);
-    if (it != live_.end()) return *it->second.permissions;
-  }
+  if (auto live = live_.find(id)) return *live->permissions;
   MOAT_ASSIGN(auto record, get(id));
   return storedLayers(record, config_.defaultPermissions);
 }
@@ -24,14 +20,11 @@ Result<std::vector<gate::Permissions>> EnvironmentManager::permissions(const std
 Status EnvironmentManager::storeLayers(const std::string& id, std::vector<gate::Permissions> layers) {
   MOAT_TRY(store_.setPermissions(id, layersText(layers)));
   std::shared_ptr<InitConnection> connection;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.find(id);
-    if (it != live_.end()) {
-      it->second.permissions = std::make_shared<const std::vector<gate::Permissions>>(std::move(layers));
-      connection = it->second.connection;
-    }
-  }
+  auto shared = std::make_shared<const std::vector<gate::Permissions>>(std::move(layers));
+  live_.update(id, [&](LiveEnvironment& live) {
+    live.permissions = shared;
+    connection = live.connection;
+  });
   if (connection) sendExecPolicy(id, connection);  // the new layers may judge programs
   return {};
 }
@@ -39,7 +32,7 @@ Status EnvironmentManager::storeLayers(const std::string& id, std::vector<gate::
 Status EnvironmentManager::setPermissions(const std::string& id, const gate::Permissions& p, bool replace) {
   constexpr size_t kMaxLayers = 16;
   std::lock_guard<std::mutex> serial(permissionsMutex_);
-  MOAT_ASSIGN(Live live, liveOf(id));
+  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   std::vector<gate::Permissions> layers = *live.permissions;
   if (replace) {
     layers = {p};
@@ -56,7 +49,7 @@ Status EnvironmentManager::setPermissions(const std::string& id, const gate::Per
 Status EnvironmentManager::rememberRule(const std::string& id, gate::Scope scope, const gate::Rule& rule,
                                         bool everyLayer) {
   std::lock_guard<std::mutex> serial(permissionsMutex_);
-  MOAT_ASSIGN(Live live, liveOf(id));
+  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   std::vector<gate::Permissions> layers = *live.permissions;
   for (size_t i = 0; i < (everyLayer ? layers.size() : 1); ++i) layers[i].prepend(scope, rule);
   return storeLayers(id, std::move(layers));

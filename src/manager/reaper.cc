@@ -9,23 +9,13 @@
 namespace moat::manager {
 
 void EnvironmentManager::reaperLoop() {
-  std::unique_lock<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(threadsMutex_);
   while (!stopping_) {
     reaperCv_.wait_for(lock, std::chrono::milliseconds(200));
     if (stopping_) break;
-    // Expiry from memory, and only once one is due: a store read per
-    // environment every 200 ms cost moatd ~10% of a core with 1,000 idle
-    // environments, a scan of them all ~2%. Expired ones count towards the
-    // next expiry too, so one still there (its destroy failed) is tried again.
-    std::vector<std::string> expired;
-    int64_t now = nowMs();
-    if (now >= nextExpiryMs_) {
-      nextExpiryMs_ = INT64_MAX;
-      for (const auto& [id, live] : live_) {
-        if (live.expiresAtMs <= now) expired.push_back(id);
-        nextExpiryMs_ = std::min(nextExpiryMs_, live.expiresAtMs);
-      }
-    }
+    // Expiry from memory (LiveTable::expired): a store read per environment
+    // every 200 ms cost moatd ~10% of a core with 1,000 idle environments.
+    std::vector<std::string> expired = live_.expired(nowMs());
     std::vector<std::string> gone = std::move(initGone_);
     initGone_.clear();
     std::vector<std::weak_ptr<Process>> lossless = std::move(lossless_);
@@ -42,16 +32,15 @@ void EnvironmentManager::reaperLoop() {
     poolCv_.notify_all();
     for (const auto& id : gone) {
       {
-        std::lock_guard<std::mutex> relock(mutex_);
+        std::lock_guard<std::mutex> relock(threadsMutex_);
         // Being destroyed, snapshotted or restored: decided once that ends.
         if (operations_.held(id)) {
           initGone_.push_back(id);
           continue;
         }
-        // A restore replaced the connection that went: this one is alive.
-        auto it = live_.find(id);
-        if (it != live_.end() && it->second.connection && !it->second.connection->closed()) continue;
       }
+      // A restore replaced the connection that went: this one is alive.
+      if (live_.connected(id)) continue;
       auto record = store_.getEnvironment(id);
       if (record.ok() && record.value() && record.value()->state == EnvironmentState::kRunning) {
         (void)destroy(id, "failed: pid 1 of the environment exited");
@@ -75,7 +64,7 @@ void EnvironmentManager::onInitGone(const std::string& id) {
   // environment failed. The reaper thread decides and cleans up (this is the
   // connection's reader thread, which the cleanup joins).
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(threadsMutex_);
     if (stopping_) return;  // a shutdown drops connections on purpose
     initGone_.push_back(id);
   }

@@ -31,7 +31,7 @@ Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string
                                                                const std::string& actor, bool transient) {
   auto held = exclusive(id);
   MOAT_ASSIGN(auto record, get(id));
-  MOAT_ASSIGN(Live live, liveOf(id));  // running: its volume is there
+  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));  // running: its volume is there
   (void)live;
   MOAT_ASSIGN(auto mine, store_.listSnapshots(record.owner, ""));
   if (!transient && mine.size() >= config_.maxSnapshotsPerOwner) {
@@ -167,16 +167,12 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
     return Error::make(Code::kInvalidArgument, "snapshot " + snap.id + " is of template " + snap.templateName +
                                                    "; environment " + id + " has " + record.templateName);
   }
-  Live old;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.find(id);
-    if (it == live_.end()) {
-      return Error::make(Code::kConflict, "environment " + id + " is " + stateName(record.state) +
-                                              ": only a running one can be restored");
-    }
-    old = it->second;
+  auto running = live_.find(id);
+  if (!running) {
+    return Error::make(Code::kConflict,
+                       "environment " + id + " is " + stateName(record.state) + ": only a running one can be restored");
   }
+  LiveEnvironment old = std::move(*running);
   const std::string why = "environment restored from snapshot " + snap.id;
   if (old.processes) old.processes->close(why);
   // The link goes with the old namespace. Stored first: once its slot is
@@ -194,10 +190,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
   auto created = destroyed.ok() ? backend_.create(spec) : Result<backend::Backend::Created>(destroyed.error());
   snapshotHeld.run();
   if (!created.ok()) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (live_.erase(id)) capacity_.release(record.ramMb);
-    }
+    if (live_.take(id)) capacity_.release(record.ramMb);
     std::string reason = "failed: restoring snapshot " + snap.id + ": " + created.error().message();
     (void)backend_.destroy(id);
     (void)store_.setState(id, EnvironmentState::kFailed, reason);
@@ -207,13 +200,10 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
   }
   auto connection = connect(id, std::move(created->control));
   record.netSlot = -1;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    Live fresh = makeLive(connection, record);
-    fresh.expiresAtMs = old.expiresAtMs;
-    live_[id] = std::move(fresh);
-  }
-  old.connection.reset();  // joins its reader (outside mutex_: it reports the old pid 1 gone)
+  LiveEnvironment fresh = makeLive(connection, record);
+  fresh.expiresAtMs = old.expiresAtMs;
+  live_.put(id, std::move(fresh));
+  old.connection.reset();  // joins its reader (outside the table's lock: it reports the old pid 1 gone)
   old.processes.reset();
   audit_.record("environment.restored", id, actor, snapshotData(snap));
   return record;

@@ -12,7 +12,7 @@ void EnvironmentManager::poolLoop() {
   // refill (a create: milliseconds of CPU) waits until they have run, so it
   // does not compete with them on a small machine.
   constexpr int64_t kRefillAfterClaimMs = 10;
-  std::unique_lock<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(threadsMutex_);
   while (!stopping_) {
     int64_t quietAt = pools_.lastClaimMs() + kRefillAfterClaimMs;
     if (nowMs() < quietAt) {
@@ -39,7 +39,7 @@ std::optional<size_t> EnvironmentManager::poolFor(const store::EnvironmentRecord
 void EnvironmentManager::refillPool() {
   for (;;) {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<std::mutex> lock(threadsMutex_);
       if (stopping_ || detached_) return;
     }
     // Only this thread refills: the pool found short stays short until it does.

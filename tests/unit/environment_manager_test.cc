@@ -166,6 +166,22 @@ TEST_F(ManagerTest, TheReaperDestroysAnEnvironmentWhoseTtlPassed) {
   EXPECT_TRUE(backend_.runs(kept->id));
 }
 
+TEST_F(ManagerTest, AnEnvironmentWhosePid1DiesIsFailedByTheReaperAndFreesItsPlace) {
+  ManagerConfig config;
+  config.maxEnvironments = 1;
+  auto m = start(config);
+  auto created = m->create(CreateRequest{});
+  ASSERT_TRUE(created.ok()) << created.error().message();
+  const std::string id = created->id;
+  EXPECT_FALSE(m->create(CreateRequest{}).ok()) << "the one place is taken";
+  backend_.vanish(id);
+  ASSERT_TRUE(waitFor([&] { return state(*m, id) == "failed"; })) << state(*m, id);
+  EXPECT_EQ(m->get(id)->reason, "failed: pid 1 of the environment exited");
+  EXPECT_FALSE(m->usage(id).ok()) << "nothing to count once it is gone";
+  auto again = m->create(CreateRequest{});
+  EXPECT_TRUE(again.ok()) << "its place came back: " << again.error().message();
+}
+
 TEST_F(ManagerTest, AWarmPoolIsClaimedByACreateOfItsSpecAndRefilled) {
   ManagerConfig config;
   WarmPool pool;
