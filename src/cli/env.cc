@@ -395,7 +395,9 @@ int stats(const std::vector<std::string>& args) {
   auto got = getOne(args, "stats", "/stats", parsed, code);
   if (!got) return code;
   const json& u = *got;
-  auto whole = [&](const char* key) { return u.value(key, json(0)).is_number() ? u[key].get<uint64_t>() : 0; };
+  auto whole = [&](const char* key) -> uint64_t {
+    return u.contains(key) && u[key].is_number_unsigned() ? u[key].get<uint64_t>() : 0;
+  };
   char cpu[64] = "not counted on this host";
   if (u.contains("cpu_usec") && u["cpu_usec"].is_number()) {
     std::snprintf(cpu, sizeof cpu, "%.3f s", static_cast<double>(whole("cpu_usec")) / 1e6);

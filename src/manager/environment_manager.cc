@@ -486,9 +486,11 @@ Result<store::EnvironmentRecord> EnvironmentManager::setTtl(const std::string& i
 Result<backend::Usage> EnvironmentManager::usage(const std::string& id) {
   MOAT_TRY(liveOf(id));
   auto usage = backend_.usage(id);
-  // Gone between the two looks: say what it is now.
-  if (!usage.ok()) MOAT_TRY(liveOf(id));
-  return usage;
+  if (usage.ok() || usage.error().code != Code::kNotFound) return usage;
+  // Gone between the two looks: say what it is now; still here, it is
+  // between a restore's destroy and create.
+  MOAT_TRY(liveOf(id));
+  return Error::make(Code::kConflict, "environment " + id + " is being restored; ask again");
 }
 
 ScopeExit<std::function<void()>> EnvironmentManager::exclusive(const std::string& id) {

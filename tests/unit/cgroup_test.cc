@@ -83,6 +83,23 @@ TEST(CgroupLayout, CoMountedCpuCpuacct) {
   EXPECT_EQ(layout->v1Parents.at("pids"), "/sys/fs/cgroup/pids/user.slice/user-1000.slice/moat");
 }
 
+// cpuacct sharing a hierarchy with memory (or cpuset) is not used: memory's
+// directory would be made twice, and a new cpuset cgroup has no CPUs.
+TEST(CgroupLayout, CpuacctSharingAHierarchyWithMemoryOrCpusetIsLeftOut) {
+  for (const std::string shared : {"memory,cpuacct", "cpuset,cpuacct"}) {
+    std::string mountinfo =
+        "32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n"
+        "33 31 0:30 / /sys/fs/cgroup/x rw - cgroup cgroup rw," +
+        shared +
+        "\n"
+        "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+        "39 31 0:36 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n";
+    auto layout = detectLayout(mountinfo, "0::/\n");
+    ASSERT_TRUE(layout.ok()) << layout.error().message();
+    EXPECT_EQ(layout->v1Parents.count("cpuacct"), 0u) << shared;
+  }
+}
+
 const char kPureV2Mountinfo[] =
     "22 27 0:21 / /proc rw,nosuid - proc proc rw\n"
     "30 25 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 "
@@ -402,6 +419,23 @@ TEST_F(FakeCgroupFs, V1CreatesEveryParent) {
   Status s = prepareParents(layout);
   ASSERT_TRUE(s.ok()) << s.error().message();
   for (const auto& [c, dir] : layout.v1Parents) EXPECT_TRUE(os::isDirectory(dir)) << dir;
+}
+
+// Accounting is optional: a cpuacct parent moat cannot make stops nothing.
+TEST_F(FakeCgroupFs, V1WithoutRoomForCpuacctStillPrepares) {
+  put(root_ + "/acct", "a file where the hierarchy would be");
+  Layout layout;
+  layout.version = Version::kV1;
+  layout.v1Parents = {{"cpu", root_ + "/cpu/moat"},
+                      {"memory", root_ + "/memory/moat"},
+                      {"pids", root_ + "/pids/moat"},
+                      {"cpuacct", root_ + "/acct/moat"}};
+  Status s = prepareParents(layout);
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  EXPECT_TRUE(os::isDirectory(root_ + "/pids/moat"));
+  layout.v1Parents.erase("cpuacct");
+  layout.v1Parents["memory"] = root_ + "/acct/moat";  // a required one is still required
+  EXPECT_FALSE(prepareParents(layout).ok());
 }
 
 }  // namespace

@@ -23,7 +23,16 @@ Result<Backend::Created> NamespacesBackend::create(const Spec& spec) {
 }
 
 Result<Usage> NamespacesBackend::usage(const std::string& id) {
-  MOAT_ASSIGN(isolation::cgroup::Usage counted, spawner_.usage(id));
+  auto asked = spawner_.usage(id);
+  // A spawner started by an older moatd (it outlives moatd) does not know
+  // the request.
+  if (!asked.ok() && asked.error().code == Code::kProtocol &&
+      asked.error().context.find("unknown spawner request") != std::string::npos) {
+    return Error::make(Code::kUnsupported,
+                       "this host's spawner predates usage reporting: it answers once moatd and its environments "
+                       "have been restarted");
+  }
+  MOAT_ASSIGN(isolation::cgroup::Usage counted, std::move(asked));
   Usage usage;
   usage.cpuKnown = counted.cpuUsec.has_value();
   usage.cpuUsec = counted.cpuUsec.value_or(0);

@@ -58,16 +58,21 @@ Result<Cgroup> Cgroup::create(const Layout& layout, const std::string& name, con
     for (const std::string c : {"cpu", "memory", "pids"}) {
       dirs.push_back(layout.v1Parents.at(c) + "/" + name);
     }
-    // Joined for its accounting only (no limit): what usage() reports as CPU.
-    if (auto acct = layout.v1Parents.find("cpuacct"); acct != layout.v1Parents.end()) {
-      dirs.push_back(acct->second + "/" + name);
-    }
   }
   Cgroup cg(layout, {});
   for (const auto& d : dirs) {
     if (::mkdir(d.c_str(), 0755) != 0) return Error::fromErrno("create cgroup " + d);
     cg.dirs_.push_back(d);  // from here on, the destructor removes it
     cg.addFiles(d);
+  }
+  // Joined for its accounting only (no limit): what usage() reports as CPU.
+  // Best effort: a host that does not let moat make it runs without.
+  if (auto acct = layout.v1Parents.find("cpuacct"); layout.version == Version::kV1 && acct != layout.v1Parents.end()) {
+    std::string d = acct->second + "/" + name;
+    if (::mkdir(d.c_str(), 0755) == 0) {
+      cg.dirs_.push_back(d);
+      cg.addFiles(d);
+    }
   }
   MOAT_TRY(cg.applyLimits(limits));
   return cg;

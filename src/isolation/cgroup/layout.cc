@@ -111,16 +111,18 @@ Result<Layout> detectLayout(const std::string& mountinfo, const std::string& pro
                            "cgroup v1 controller '" + controller + "' is not mounted; moat needs cpu, memory and pids");
       }
     }
-    // CPU accounting where cpuacct has a hierarchy of its own (mounted with
-    // cpu, the cpu directory already has it): optional, for usage only.
+    // CPU accounting where cpuacct has a hierarchy apart from cpu (mounted
+    // with cpu, the cpu directory already has it): optional, for usage only.
+    // Not where it shares one with memory or pids (their directory would be
+    // made twice) or cpuset (a new cpuset cgroup has no CPUs to join).
     for (const auto& m : mounts) {
       if (m.fsType != "cgroup") continue;
-      bool acct = false, cpu = false;
+      bool acct = false, other = false;
       for (const auto& o : m.options) {
         acct |= (o == "cpuacct");
-        cpu |= (o == "cpu");
+        other |= (o == "cpu" || o == "memory" || o == "pids" || o == "cpuset");
       }
-      if (!acct || cpu) continue;
+      if (!acct || other) continue;
       auto it = paths.find("cpuacct");
       layout.v1Parents["cpuacct"] = os::joinPath(dirUnder(m, it == paths.end() ? "/" : it->second), "moat");
       break;
@@ -147,7 +149,11 @@ Result<Layout> detectHostLayout() {
 
 Status prepareParents(const Layout& layout) {
   if (layout.version == Version::kV1) {
-    for (const auto& [controller, dir] : layout.v1Parents) MOAT_TRY(os::makeDirs(dir));
+    for (const auto& [controller, dir] : layout.v1Parents) {
+      Status made = os::makeDirs(dir);
+      // Accounting only: without it, usage has no CPU time.
+      if (!made.ok() && controller != "cpuacct") return made;
+    }
     return {};
   }
   // Controllers must be enabled on every level from the mount down to the
