@@ -270,6 +270,18 @@ const std::vector<Route>& Api::routes() {
       // The MCP tools call this API with the caller's own token (docs/MCP.md).
       {"*", "/mcp", "", false, true,
        [](Api& a, const HttpRequest& r, const Principal& p, const P&) { return a.mcpRoute(r, p); }},
+      {"POST", "/v1/agents", "create", false, false,
+       [](Api& a, const HttpRequest& r, const Principal& p, const P&) { return a.createAgent(r, p); }},
+      {"GET", "/v1/agents", "read", false, false,
+       [](Api& a, const HttpRequest&, const Principal& p, const P&) { return a.listAgents(p); }},
+      {"GET", "/v1/agents/{id}", "read", false, false,
+       [](Api& a, const HttpRequest&, const Principal& p, const P& m) { return a.getAgent(p, m.at("id")); }},
+      {"POST", "/v1/agents/{id}/stop", "destroy", false, false,
+       [](Api& a, const HttpRequest&, const Principal& p, const P& m) { return a.stopAgent(p, m.at("id")); }},
+      {"GET", "/v1/agents/{id}/transcript", "read", false, true,
+       [](Api& a, const HttpRequest& r, const Principal& p, const P& m) {
+         return a.agentTranscript(r, p, m.at("id"));
+       }},
       {"GET", "/v1/environments", "read", false, true,
        [](Api& a, const HttpRequest& r, const Principal& p, const P&) { return a.listEnvironments(r, p); }},
       {"POST", "/v1/environments", "create", false, true,

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "api/agent_runs.h"
 #include "api/http.h"
 #include "api/key_admission.h"
 #include "api/keys.h"
@@ -40,6 +41,10 @@ struct ApiOptions {
   // Retry-After (moatd --key-rate; 0: no limit). The master token is not
   // limited.
   double keyRequestsPerSecond = 200;
+  // API keys' agent runs may call providers on moatd's own host and
+  // networks (otherwise only the master token's may: a key could make
+  // moatd POST to services only moatd reaches).
+  bool agentLocalProviders = false;
 };
 
 // An environment as the API shows it.
@@ -53,6 +58,12 @@ constexpr audit::Pace kEnvironmentProgramEvents{50, 200};
 // its programs waiting for one (each on a thread).
 constexpr size_t kPendingQuestionsPerEnvironment = 16;
 constexpr size_t kExecAsksInFlight = 64;
+// The labels of an agent run's environment: {kAgentRunLabel: run id}, and
+// {kAgentLabel: kAgentLabelValue} unless it is kept after the run (moatd
+// destroys those left running at its next start).
+inline constexpr const char* kAgentLabel = "moat-agent";
+inline constexpr const char* kAgentLabelValue = "moatd";
+inline constexpr const char* kAgentRunLabel = "moat-agent-run";
 
 class Api {
  public:
@@ -88,6 +99,10 @@ class Api {
   // mcp.cc: at start, before serving: destroys the default environments of
   // the MCP sessions a previous moatd held (it was killed; they ended with it).
   void endOrphanedMcpEnvironments();
+  // Agent runs (docs/AGENTS.md): all end (stopped) at moatd's stop; at its
+  // start, the environments of runs a previous moatd ran are destroyed.
+  void stopAgentRuns();
+  void endOrphanedAgentEnvironments();
   // At stop: requests waiting for their turn under the key rate limit are
   // answered 503 at once, and none waits from now on.
   void stopWaiting();
@@ -146,6 +161,14 @@ class Api {
   // kPendingQuestionsPerEnvironment at once. Blocks until decided.
   egress::GateAnswer askForEnvironment(const std::string& id, const gate::Action& action, const char* scope);
   HttpResponse mcpRoute(const HttpRequest& request, const Principal& principal);
+  HttpResponse createAgent(const HttpRequest& request, const Principal& principal);
+  HttpResponse listAgents(const Principal& principal);
+  HttpResponse getAgent(const Principal& principal, const std::string& id);
+  HttpResponse stopAgent(const Principal& principal, const std::string& id);
+  HttpResponse agentTranscript(const HttpRequest& request, const Principal& principal, const std::string& id);
+  nlohmann::json agentJson(const AgentRunEntry& entry);
+  // The run, if the caller may see it (a key: its own).
+  std::shared_ptr<AgentRunEntry> visibleRun(const Principal& principal, const std::string& id);
   // Host and Origin must be local (DNS rebinding); before authentication.
   std::optional<HttpResponse> mcpGuard(const HttpRequest& head);
   HttpResponse metrics();
@@ -169,9 +192,12 @@ class Api {
   size_t execAsksTotal_ = 0;
   ApiMetrics metrics_;
   KeyAdmission admission_;  // after metrics_, which it counts waiters in
-  // mcp.cc: Streamable HTTP at /mcp (docs/MCP.md). Last: gone first, while
-  // everything a closing session calls still exists.
+  // mcp.cc: Streamable HTTP at /mcp (docs/MCP.md). Near the end: gone
+  // early, while everything a closing session calls still exists.
   McpSessions mcpSessions_;
+  // agents.cc: agent runs (docs/AGENTS.md). Last: stopped first; their
+  // tools call this API.
+  AgentRuns agentRuns_;
 };
 
 }  // namespace moat::api

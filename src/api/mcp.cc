@@ -4,6 +4,7 @@
 #include <cctype>
 
 #include "api/api.h"
+#include "api/in_process_rest.h"
 #include "api/validation.h"
 #include "common/hex.h"
 #include "common/text.h"
@@ -35,29 +36,6 @@ HttpResponse rpcError(int status, const json& id, int code, const std::string& m
 }
 
 }  // namespace
-
-// The API in process, for the tools of one MCP session.
-class InProcessRest : public mcp::RestBackend {
- public:
-  InProcessRest(Api& api, std::string authorization, std::string remote)
-      : api_(api), authorization_(std::move(authorization)), remote_(std::move(remote)) {}
-  mcp::RestResponse call(const std::string& method, const std::string& target, const std::string& body) override {
-    HttpRequest r;
-    r.method = method;
-    parseTarget(target, r);
-    r.body = body;
-    r.authorization = authorization_;
-    r.remote = remote_;
-    HttpResponse answer = api_.handle(r);
-    if (answer.stream || answer.websocket) return {500, "a streamed answer where none was asked for", ""};
-    return {answer.status, answer.body, answer.contentType};
-  }
-
- private:
-  Api& api_;
-  std::string authorization_;
-  std::string remote_;
-};
 
 std::optional<HttpResponse> Api::mcpGuard(const HttpRequest& head) {
   // DNS rebinding: a web page's script reaching moatd through a name it

@@ -385,42 +385,6 @@ Result<HttpReply> Client::stream(const std::string& target, const std::function<
   });
 }
 
-bool SseParser::feed(const std::string& bytes, const std::function<bool(const SseEvent&)>& onEvent) {
-  for (char c : bytes) {
-    if (c != '\n') {
-      line_ += c;
-      continue;
-    }
-    if (!line_.empty() && line_.back() == '\r') line_.pop_back();
-    if (line_.empty()) {
-      // A blank line ends an event (one with no data is not dispatched).
-      bool go = true;
-      if (hasData_) go = onEvent(current_);
-      current_ = SseEvent();
-      hasData_ = false;
-      if (!go) return false;
-      continue;
-    }
-    if (line_[0] != ':') {  // ':' starts a comment (heartbeats)
-      auto colon = line_.find(':');
-      std::string field = line_.substr(0, colon);
-      std::string value = colon == std::string::npos ? "" : line_.substr(colon + 1);
-      if (!value.empty() && value[0] == ' ') value.erase(0, 1);
-      if (field == "data") {
-        if (hasData_) current_.data += '\n';
-        current_.data += value;
-        hasData_ = true;
-      } else if (field == "id") {
-        current_.id = value;
-      } else if (field == "event") {
-        current_.event = value;
-      }
-    }
-    line_.clear();
-  }
-  return true;
-}
-
 Result<nlohmann::json> call(Client& client, const std::string& method, const std::string& target,
                             const std::string& body, int expect) {
   using json = nlohmann::json;
@@ -512,6 +476,40 @@ Status FlagReader::noValue() const {
 std::vector<std::string> FlagReader::rest() const {
   return std::vector<std::string>(args_.begin() + static_cast<std::ptrdiff_t>(std::min(index_, args_.size())),
                                   args_.end());
+}
+
+Status parseArgs(const std::vector<std::string>& args, Parsed& out,
+                 const std::function<Status(FlagReader&, bool&)>& handle) {
+  FlagReader flags(args);
+  while (!flags.done()) {
+    if (flags.current() == "--") {
+      flags.skip();
+      for (const auto& a : flags.rest()) out.positional.push_back(a);
+      break;
+    }
+    if (!flags.currentIsFlag()) {
+      out.positional.push_back(flags.current());
+      flags.skip();
+      continue;
+    }
+    MOAT_TRY(flags.next());
+    const std::string& name = flags.name();
+    if (name == "-h" || name == "--help") {
+      MOAT_TRY(flags.noValue());
+      out.help = true;
+      return {};
+    }
+    if (name == "--json") {
+      MOAT_TRY(flags.noValue());
+      out.json = true;
+      continue;
+    }
+    bool matched = false;
+    if (handle) MOAT_TRY(handle(flags, matched));
+    if (!matched) MOAT_TRY(readConnectionFlag(flags, out.connection, matched));
+    if (!matched) return usageError("unknown option " + name);
+  }
+  return {};
 }
 
 Status readConnectionFlag(FlagReader& flags, ConnectionOptions& options, bool& matched) {

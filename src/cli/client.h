@@ -9,6 +9,7 @@
 
 #include "common/encoding.h"
 #include "common/result.h"
+#include "common/sse.h"
 #include "common/unique_fd.h"
 
 // What the moatd client commands (`moat env`, `moat exec`) share: finding
@@ -79,24 +80,6 @@ class Client {
 Result<nlohmann::json> call(Client& client, const std::string& method, const std::string& target,
                             const std::string& body, int expect);
 
-// Server-Sent Events (text/event-stream, what GET /v1/events answers), fed
-// as bytes arrive: each complete event goes to the callback.
-struct SseEvent {
-  std::string id;
-  std::string event;
-  std::string data;  // data lines joined with '\n'
-};
-class SseParser {
- public:
-  // False when `onEvent` said stop.
-  bool feed(const std::string& bytes, const std::function<bool(const SseEvent&)>& onEvent);
-
- private:
-  std::string line_;
-  SseEvent current_;
-  bool hasData_ = false;
-};
-
 // moatd's {"error":{"code","message","field"}} as one line:
 // "<message> (<code>[, field <field>])".
 std::string describeError(const HttpReply& reply);
@@ -141,6 +124,18 @@ class FlagReader {
 };
 
 Error usageError(const std::string& message);
+
+// The flag loop of the moatd client subcommands: connection flags, --json
+// and -h are common; `handle` takes the subcommand's own flags (setting
+// `matched`); everything else that is not a flag is positional.
+struct Parsed {
+  ConnectionOptions connection;
+  std::vector<std::string> positional;
+  bool json = false;
+  bool help = false;
+};
+Status parseArgs(const std::vector<std::string>& args, Parsed& out,
+                 const std::function<Status(FlagReader&, bool&)>& handle);
 // Handles --url, --state and --token; `matched` says whether the flag was one of them.
 Status readConnectionFlag(FlagReader& flags, ConnectionOptions& options, bool& matched);
 Result<double> parseNumber(const std::string& flag, const std::string& value);

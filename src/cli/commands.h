@@ -11,6 +11,7 @@ namespace moat::cli {
 int runCommand(const std::vector<std::string>& args);
 // The moatd client commands (src/cli/client.h finds moatd and its token).
 int envCommand(const std::vector<std::string>& args);
+int agentCommand(const std::vector<std::string>& args);
 int execCommand(const std::vector<std::string>& args);
 int cpCommand(const std::vector<std::string>& args);
 int keysCommand(const std::vector<std::string>& args);

@@ -129,50 +129,6 @@ void printTable(const std::vector<std::vector<std::string>>& rows) {
   }
 }
 
-// The flag loop shared by the subcommands: connection flags, --json and
-// -h are common; `handle` takes the subcommand's own flags (setting
-// `matched`); everything else that is not a flag is positional.
-struct Parsed {
-  ConnectionOptions connection;
-  std::vector<std::string> positional;
-  bool json = false;
-  bool help = false;
-};
-
-Status parseArgs(const std::vector<std::string>& args, Parsed& out,
-                 const std::function<Status(FlagReader&, bool&)>& handle) {
-  FlagReader flags(args);
-  while (!flags.done()) {
-    if (flags.current() == "--") {
-      flags.skip();
-      for (const auto& a : flags.rest()) out.positional.push_back(a);
-      break;
-    }
-    if (!flags.currentIsFlag()) {
-      out.positional.push_back(flags.current());
-      flags.skip();
-      continue;
-    }
-    MOAT_TRY(flags.next());
-    const std::string& name = flags.name();
-    if (name == "-h" || name == "--help") {
-      MOAT_TRY(flags.noValue());
-      out.help = true;
-      return {};
-    }
-    if (name == "--json") {
-      MOAT_TRY(flags.noValue());
-      out.json = true;
-      continue;
-    }
-    bool matched = false;
-    if (handle) MOAT_TRY(handle(flags, matched));
-    if (!matched) MOAT_TRY(readConnectionFlag(flags, out.connection, matched));
-    if (!matched) return usageError("unknown option " + name);
-  }
-  return {};
-}
-
 Status noPositional(const Parsed& parsed) {
   if (!parsed.positional.empty()) return usageError("unexpected argument '" + parsed.positional[0] + "'");
   return {};

@@ -29,6 +29,8 @@ commands:
   events    moatd's audit log, listed or followed live (moat events --help)
   audit     check the audit log's hash chain, export it
             (moat audit verify|export)
+  agent     agent runs moatd drives, every tool call through the gate
+            (moat agent run|ls|get|stop|transcript, see docs/AGENTS.md)
   mcp       serve the Model Context Protocol on stdio, for agents
             (moat mcp [--standalone], see docs/MCP.md)
   version   print the version
@@ -61,6 +63,7 @@ int main(int argc, char** argv) {
   if (command == "audit") return moat::cli::auditCommand(args);
   if (command == "mcp") return moat::cli::mcpCommand(args);
   if (command == "snapshot") return moat::cli::snapshotCommand(args);
+  if (command == "agent") return moat::cli::agentCommand(args);
   if (command == "version" || command == "--version") {
     std::puts("moat " MOAT_VERSION);
     return 0;

@@ -19,7 +19,7 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
              [--approval-timeout S]
              [--audit-retention-days N] [--audit-max-events N] [--egress-hosts FILE]
              [--egress-ca-bundle FILE] [--egress-head-timeout S] [--no-egress]
-             [--key-rate N]
+             [--key-rate N] [--agent-local-providers]
 
   --state DIR             state directory (default $MOAT_STATE or /var/lib/moat)
   --listen HOST:PORT      TCP address (default 127.0.0.1:7070; port 0 picks one)
@@ -60,6 +60,9 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
                           (1 to 3600, default 30), however slowly it trickles
   --no-egress             no egress proxy: every environment stays on network
                           mode "none" (docs/EGRESS.md)
+  --agent-local-providers API keys' agent runs may call model providers on
+                          moatd's own host and networks (a local Ollama); by
+                          default only the master token's may (docs/AGENTS.md)
 
 Always also serves <state>/moatd.sock. The master token is <state>/master-token.
 SIGTERM/SIGINT stop moatd and destroy its environments. SIGUSR1 stops moatd
@@ -157,6 +160,8 @@ const std::vector<Flag>& flags() {
                  [](DaemonFlags& f, uint64_t n) { f.egress.headTimeout = std::chrono::seconds(n); }),
       {"--no-egress", false,
        [](const std::string&, DaemonFlags& f, double) -> Status { return f.egressOn = false, Status{}; }},
+      {"--agent-local-providers", false,
+       [](const std::string&, DaemonFlags& f, double) -> Status { return f.agentLocalProviders = true, Status{}; }},
   };
   return all;
 }

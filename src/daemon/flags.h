@@ -28,7 +28,8 @@ struct DaemonFlags {
   egress::EgressConfig egress;
   api::ServerLimits server;
   bool egressOn = true;
-  bool help = false;  // -h, --help: print daemonUsage() and stop
+  bool agentLocalProviders = false;  // api::ApiOptions::agentLocalProviders
+  bool help = false;                 // -h, --help: print daemonUsage() and stop
 };
 
 // Parses moatd's arguments (without argv[0]). `hostMemoryMb` bounds a warm

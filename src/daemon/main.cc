@@ -191,6 +191,7 @@ int main(int argc, char** argv) {
     apiOptions.stateDir = stateDir;
     apiOptions.approvalTimeoutMs = approvalTimeoutS * 1000;
     apiOptions.keyRequestsPerSecond = static_cast<double>(keyRate);
+    apiOptions.agentLocalProviders = flags->agentLocalProviders;
     api::Api api(manager, keys, approvals, token.value(), apiOptions, auditLog->get());
     apiForEgress = &api;
     manager.setExecGate(
@@ -201,6 +202,7 @@ int main(int argc, char** argv) {
         [&api](const std::string& id, const init::ExecReport& report) { api.execReport(id, report); });
     manager.refreshExecPolicies();  // the environments re-attached before the gate was set
     api.endOrphanedMcpEnvironments();
+    api.endOrphanedAgentEnvironments();
     api::HttpServer server([&api](const api::HttpRequest& r) { return api.handle(r); },
                            [&api](const api::HttpRequest& head) { return api.preflight(head); }, serverLimits,
                            [&api] { api.countRefusedConnection(); });
@@ -227,6 +229,7 @@ int main(int argc, char** argv) {
     }).detach();
     server.beginStop();               // no request starts; those in progress still answer
     api.stopWaiting();                // requests waiting under the key rate limit: 503 now
+    api.stopAgentRuns();              // agent runs end as stopped (their environments go)
     api.closeMcpSessions();           // their own environments go with them
     manager.interrupt();              // waiting execs end; nothing new starts
     approvals.shutdown();             // requests waiting for a person end too

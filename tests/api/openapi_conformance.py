@@ -1860,6 +1860,31 @@ def run_exchanges(c):
     c.call("POST", f"{bprocs}/{follower.get('id', no_pid)}/signal", {"signal": "KILL"}, status=409, code="conflict")
     c.call("GET", env(b) + "/shell", websocket=True, status=409, code="conflict")
 
+    # Agents (docs/AGENTS.md; tests/agent drives whole runs against provider
+    # doubles): requests refused by field, and a run stopped while its
+    # provider cannot be reached.
+    agents = "/v1/agents"
+    nowhere = {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1", "api_key": "sk-conformance-provider-key"}
+    c.call("POST", agents, {"instruction": "x", "provider": {"kind": "gemini", "model": "m"}}, status=400,
+           code="invalid_request", field="provider.kind")
+    c.call("POST", agents, {"instruction": "x", "provider": nowhere, "colour": 1}, status=400, code="unknown_field",
+           field="colour")
+    c.call("POST", agents, {"provider": nowhere}, status=400, code="invalid_request", field="instruction")
+    run_ids = {}
+    def agent_started(r):
+        expect(r.json["state"] == "running", f"state {r.json['state']}")
+        expect("sk-conformance" not in json.dumps(r.json), "the key is not shown")
+        run_ids["x"] = r.json["id"]
+    c.call("POST", agents, {"instruction": "x", "provider": nowhere, "max_iterations": 2}, status=201,
+           check=agent_started)
+    run_path = agents + "/" + run_ids.get("x", "000000000000")
+    c.call("POST", run_path + "/stop", status=200, check=has(state="stopped"))
+    c.call("GET", run_path, status=200, check=has(state="stopped"))
+    c.call("GET", run_path + "/transcript", status=200)
+    c.call("GET", agents, status=200)
+    c.call("GET", agents + "/000000000000", status=404, code="not_found")
+    c.call("DELETE", run_path, status=405, code="method_not_allowed")
+
     # Scoped API keys. The master token manages them; a key may do only what
     # its scopes allow (403) and only to the environments it created (any
     # other looks like it does not exist: 404). `a` (the master's) is running.

@@ -209,5 +209,28 @@ TEST_F(ApiTest, StatsAreTheBackendsCountsBesideTheSpecAndNoneOnceGone) {
   EXPECT_EQ(call("GET", "/v1/environments/000000000000/stats").status, 404);
 }
 
+TEST_F(ApiTest, AKeysAgentRunMayNotCallAProviderOnMoatdsOwnHostOrUseItsVariables) {
+  const std::string key = keyWith({"create", "read", "exec", "files", "destroy"});
+  for (const std::string url : {"http://127.0.0.1:11434/v1", "http://localhost:8080/v1", "http://10.1.2.3/v1",
+                                "http://169.254.169.254/latest", "http://[::1]:9000/v1"}) {
+    auto r = call("POST", "/v1/agents",
+                  {{"instruction", "hi"}, {"provider", {{"kind", "openai"}, {"model", "m"}, {"base_url", url}}}}, key);
+    EXPECT_EQ(r.status, 403) << url << ": " << r.body;
+    EXPECT_EQ(r.body["error"]["field"], "provider.base_url") << url;
+  }
+  ::setenv("MOAT_API_TEST_SECRET", "moatd's own", 1);
+  auto env = call("POST", "/v1/agents",
+                  {{"instruction", "hi"},
+                   {"provider", {{"kind", "anthropic"}, {"model", "m"}, {"api_key_env", "MOAT_API_TEST_SECRET"}}}},
+                  key);
+  EXPECT_EQ(env.status, 403) << env.body;
+  EXPECT_EQ(env.body["error"]["field"], "provider.api_key_env");
+  EXPECT_TRUE(backend_.calls("create").empty()) << "nothing was made for a refused run";
+  auto unknown =
+      call("POST", "/v1/agents", {{"instruction", "hi"}, {"provider", {{"kind", "gemini"}, {"model", "m"}}}});
+  EXPECT_EQ(unknown.status, 400);
+  EXPECT_EQ(unknown.body["error"]["field"], "provider.kind");
+}
+
 }  // namespace
 }  // namespace moat::api

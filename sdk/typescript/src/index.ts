@@ -3,6 +3,7 @@
 export { Moat } from "./moat.js";
 export { Transport, SDK_VERSION, type MoatOptions } from "./client.js";
 export { Approvals } from "./approvals.js";
+export { Agents, Agent, createAgent, type AgentOptions } from "./agents.js";
 export { EnvironmentPermissions } from "./permissions.js";
 export { Environments, EXEC_MARGIN_MS } from "./environments.js";
 export { EnvironmentNetwork } from "./network.js";

@@ -1,5 +1,6 @@
 // The client: `new Moat({ baseUrl, token })`.
 
+import { Agents } from "./agents.js";
 import { Approvals } from "./approvals.js";
 import { type MoatOptions, Transport } from "./client.js";
 import { Environments } from "./environments.js";
@@ -16,6 +17,8 @@ export class Moat {
   readonly keys: Keys;
   /** What the gate asks a person (master token or the `approve` scope). */
   readonly approvals: Approvals;
+  /** Agent runs moatd drives itself (docs/AGENTS.md); see also createAgent. */
+  readonly agents: Agents;
   /** The transport every call goes through (base URL, token, timeouts, retries). */
   readonly transport: Transport;
 
@@ -25,6 +28,7 @@ export class Moat {
     this.snapshots = new Snapshots(this.transport);
     this.keys = new Keys(this.transport);
     this.approvals = new Approvals(this.transport);
+    this.agents = new Agents(this.transport);
   }
 
   /** `GET /healthz` (needs no token). */

@@ -102,6 +102,68 @@ export interface Environment {
   secrets?: SecretPublic[];
 }
 
+/** POST /v1/agents (docs/AGENTS.md). */
+export interface CreateAgentRequest {
+  instruction: string;
+  provider: {
+    kind: "anthropic" | "openai";
+    model: string;
+    base_url?: string;
+    api_key?: string;
+    /** A variable of moatd's own environment (master token only). */
+    api_key_env?: string;
+    max_tokens?: number;
+  };
+  max_iterations?: number;
+  timeout_s?: number;
+  keep_environment?: boolean;
+  labels?: Record<string, string>;
+  spec?: Partial<Spec>;
+  template?: string;
+  snapshot?: string;
+  permissions?: Permissions;
+  network?: EgressPolicy;
+  secrets?: SecretRequest[];
+}
+
+export type AgentState = "running" | "waiting_approval" | "completed" | "failed" | "max_iterations" | "stopped";
+
+export interface AgentRun {
+  id: string;
+  state: AgentState;
+  environment: string;
+  keep_environment: boolean;
+  iterations: number;
+  max_iterations: number;
+  usage: { input_tokens: number; output_tokens: number };
+  provider: { kind: "anthropic" | "openai"; model: string; base_url: string };
+  labels: Record<string, string>;
+  created_at: string;
+  ended_at?: string;
+  /** The model's final text (completed runs). */
+  result?: string;
+  /** Why it failed or stopped. */
+  error?: string;
+}
+
+/** One step of a run's transcript. */
+export interface AgentStep {
+  seq: number;
+  at: string;
+  kind: "instruction" | "model" | "tool_result" | "retry" | "end";
+  text?: string;
+  tool_calls?: { id: string; name: string; arguments: unknown }[];
+  usage?: { input_tokens: number; output_tokens: number };
+  id?: string;
+  name?: string;
+  is_error?: boolean;
+  content?: string;
+  redacted?: number;
+  reason?: string;
+  state?: AgentState;
+  iterations?: number;
+}
+
 /** What a running environment uses now, beside its limits (`GET .../stats`). */
 export interface EnvironmentStats {
   id: string;
