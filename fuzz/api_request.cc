@@ -46,6 +46,7 @@ class NoBackend final : public backend::Backend {
   Status destroy(const std::string&) override { return {}; }
   Result<UniqueFd> attach(const std::string& id) override { return Error::make(Code::kNotFound, id); }
   Result<std::vector<std::string>> list() override { return std::vector<std::string>{}; }
+  Result<backend::Usage> usage(const std::string& id) override { return Error::make(Code::kNotFound, id); }
   Result<UniqueFd> networkNamespace(const std::string& id) override { return Error::make(Code::kNotFound, id); }
   Result<uint32_t> snapshot(const std::string&, const std::string&) override { fail("backend snapshot reached"); }
   Status deleteSnapshot(const std::string&) override { return {}; }

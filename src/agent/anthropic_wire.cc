@@ -6,6 +6,7 @@
 #include <map>
 
 #include "agent/wire.h"
+#include "mcp/protocol.h"
 
 namespace moat::agent {
 namespace {
@@ -13,7 +14,7 @@ namespace {
 class AnthropicStream final : public StreamDecoder {
  public:
   Status feed(const SseEvent& event, const std::function<void(const std::string&)>& onText) override {
-    json e = json::parse(event.data, nullptr, false);
+    json e = mcp::parseBounded(event.data);
     if (!e.is_object()) return Error::make(Code::kProtocol, "the provider streamed an event that is not JSON");
     const std::string type = e.value("type", event.event);
     if (type == "error") {

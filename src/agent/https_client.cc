@@ -1,5 +1,7 @@
 #include "agent/https_client.h"
 
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <openssl/ssl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -9,6 +11,7 @@
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cstring>
 
 #include "common/text.h"
 
@@ -76,7 +79,47 @@ Result<HttpAnswer> exchange(Stream& stream, const Url& url, const std::string& p
   return answer;
 }
 
+bool local4(uint32_t ip) {
+  const uint8_t a = ip >> 24, b = (ip >> 16) & 0xff;
+  return a == 0 || a == 10 || a == 127 || (a == 100 && (b & 0xc0) == 64) || (a == 169 && b == 254) ||
+         (a == 172 && (b & 0xf0) == 16) || (a == 192 && b == 168) || (a == 192 && b == 0) ||
+         (a == 198 && (b & 0xfe) == 18) || a >= 224;
+}
+
+bool sameAddress(const struct sockaddr* a, const struct sockaddr* b) {
+  if (a->sa_family != b->sa_family) return false;
+  if (a->sa_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in*>(b)->sin_addr.s_addr;
+  }
+  return a->sa_family == AF_INET6 && std::memcmp(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr,
+                                                 &reinterpret_cast<const sockaddr_in6*>(b)->sin6_addr, 16) == 0;
+}
+
 }  // namespace
+
+bool localAddress(const struct sockaddr* address) {
+  if (address->sa_family == AF_INET) {
+    if (local4(ntohl(reinterpret_cast<const sockaddr_in*>(address)->sin_addr.s_addr))) return true;
+  } else if (address->sa_family == AF_INET6) {
+    const uint8_t* b = reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr.s6_addr;
+    static const uint8_t kZero[10] = {};
+    const bool mapped = std::memcmp(b, kZero, 10) == 0 && b[10] == 0xff && b[11] == 0xff;
+    const bool compatible = std::memcmp(b, kZero, 10) == 0 && b[10] == 0 && b[11] == 0;  // ::a.b.c.d, ::1, ::
+    const bool nat64 = b[0] == 0x00 && b[1] == 0x64 && b[2] == 0xff && b[3] == 0x9b;     // 64:ff9b::/96 and /48
+    const bool sixToFour = b[0] == 0x20 && b[1] == 0x02;
+    if (mapped || compatible || nat64 || sixToFour) return true;
+    if ((b[0] & 0xfe) == 0xfc || (b[0] == 0xfe && (b[1] & 0xc0) == 0x80) || b[0] == 0xff) return true;
+  } else {
+    return true;  // not an internet address at all
+  }
+  struct ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) return true;  // cannot tell: refused
+  bool own = false;
+  for (auto* i = all; i && !own; i = i->ifa_next) own = i->ifa_addr && sameAddress(i->ifa_addr, address);
+  ::freeifaddrs(all);
+  return own;
+}
 
 Result<Url> parseUrl(const std::string& text) {
   Url url;
@@ -88,6 +131,9 @@ Result<Url> parseUrl(const std::string& text) {
     rest = text.substr(7);
   } else {
     return Error::make(Code::kInvalidArgument, "'" + text + "' is not an http:// or https:// URL");
+  }
+  for (unsigned char c : text) {
+    if (c <= 0x20 || c >= 0x7f) return Error::make(Code::kInvalidArgument, "a URL of printable ASCII without spaces");
   }
   if (rest.find_first_of("?#@ ") != std::string::npos) {
     return Error::make(Code::kInvalidArgument, "'" + text + "': no user info, query, fragment or spaces");
@@ -158,7 +204,12 @@ Result<HttpAnswer> post(const Url& url, const std::string& path,
   auto found = resolver.resolve(url.host, std::to_string(url.port), ec);
   if (ec) return Error::make(Code::kUnreachable, "cannot resolve " + url.host + ": " + ec.message());
   tcp::socket socket(io);
+  bool refusedLocal = false;
   for (const auto& entry : found) {
+    if (options.refuseLocal && localAddress(entry.endpoint().data())) {
+      refusedLocal = true;
+      continue;
+    }
     socket.open(entry.endpoint().protocol(), ec);
     if (ec) continue;
     // On Linux the send timeout bounds a blocking connect too.
@@ -176,8 +227,14 @@ Result<HttpAnswer> post(const Url& url, const std::string& path,
     }
   } unwatch{cancel};
   if (cancel && cancel->cancelled()) return stopped();
-  if (ec || !socket.is_open())
+  if (!socket.is_open() && refusedLocal) {
+    return Error::make(Code::kRefused, url.host +
+                                           " resolves to moatd's own host or networks, where this run may not "
+                                           "send requests (moatd --agent-local-providers allows it)");
+  }
+  if (ec || !socket.is_open()) {
     return Error::make(Code::kUnreachable, "cannot connect to " + where + ": " + ec.message());
+  }
   setTimeout(socket.native_handle(), SO_SNDTIMEO, options.idleTimeout);
   setTimeout(socket.native_handle(), SO_RCVTIMEO, options.idleTimeout);
   Result<HttpAnswer> answer = Error::make(Code::kInternal, "no answer");

@@ -13,6 +13,8 @@
 
 #include "common/result.h"
 
+struct sockaddr;
+
 // The client moatd calls model providers with: one POST per connection,
 // HTTP or HTTPS (certificates checked against the system's trust store, or
 // the bundle SSL_CERT_FILE names), the answer's body handed over as it
@@ -53,11 +55,22 @@ struct HttpAnswer {
   std::string body;  // a non-200 answer's body (at most 1 MiB); a 200's when no onBody is given
 };
 
+// An address of moatd's own host or networks: loopback, private,
+// link-local, unique-local, shared (100.64/10), benchmarking (198.18/15),
+// multicast and reserved ranges, the unspecified address, IPv6 forms that
+// carry an IPv4 address (mapped, NAT64, 6to4), and this host's own
+// interfaces' addresses.
+bool localAddress(const struct sockaddr* address);
+
 struct PostOptions {
   std::chrono::seconds connectTimeout{10};
   // Nothing at all arriving for this long ends the request.
   std::chrono::seconds idleTimeout{120};
   uint64_t maxBody = 64u << 20;
+  // Connect only to addresses that are not localAddress(): checked on each
+  // connection, after the name is resolved (a name that resolves elsewhere
+  // later is checked again).
+  bool refuseLocal = false;
 };
 
 // `onBody` receives a 200 answer's body in pieces (return false to stop

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "agent/wire.h"
+#include "mcp/protocol.h"
 
 namespace moat::agent {
 namespace {
@@ -25,7 +26,7 @@ class OpenAiStream final : public StreamDecoder {
       done_ = true;
       return {};
     }
-    json chunk = json::parse(event.data, nullptr, false);
+    json chunk = mcp::parseBounded(event.data);
     if (!chunk.is_object()) return Error::make(Code::kProtocol, "the provider streamed a chunk that is not JSON");
     if (chunk.contains("error")) {
       return Error::make(Code::kProtocol, "the provider reported an error mid-stream: " +
@@ -152,7 +153,7 @@ class OpenAiWire final : public Wire {
   std::unique_ptr<StreamDecoder> decoder() const override { return std::make_unique<OpenAiStream>(); }
 
   bool contextTooLong(int status, const std::string& body) const override {
-    json j = json::parse(body, nullptr, false);
+    json j = mcp::parseBounded(body);
     return status == 400 && j.is_object() && j.contains("error") && j["error"].is_object() &&
            j["error"].value("code", json(nullptr)) == "context_length_exceeded";
   }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "mcp/protocol.h"
+
 namespace moat::agent {
 namespace {
 
@@ -32,10 +34,10 @@ Status Provider::check() const {
 }
 
 Result<ModelTurn> Provider::complete(const ModelRequest& request, const std::function<void(const std::string&)>& onText,
-                                     const std::function<void(const std::string&)>& onRetry, Cancel& cancel) const {
+                                     const std::function<void(const std::string&)>& onRetry, Cancel& cancel) {
   MOAT_ASSIGN(Url url, parseUrl(baseUrl()));
   const std::string name = providerName(config_.kind);
-  const std::string body = wire_->request(request).dump();
+  const std::string body = wire_->request(request).dump(-1, ' ', false, json::error_handler_t::replace);
   auto headers = wire_->headers(config_.apiKey);
   std::chrono::milliseconds backoff = retry_.firstDelay;
   for (int attempt = 1;; ++attempt) {
@@ -67,13 +69,18 @@ Result<ModelTurn> Provider::complete(const ModelRequest& request, const std::fun
     auto answer = post(url, url.path + wire_->path(), headers, body, reader, post_, &cancel);
     std::string why;
     if (!answer.ok()) {
-      if (cancel.cancelled()) return answer.error();
+      // Stopped, refused by moatd's own rules, or a certificate that does
+      // not verify: trying again changes nothing.
+      const Code code = answer.error().code;
+      if (cancel.cancelled() || code == Code::kRefused || code == Code::kTls || code == Code::kInvalidArgument) {
+        return answer.error();
+      }
       // Not reached, or the connection broke: worth another try.
       why = answer.error().message();
     } else if (answer->status == 200) {
       if (!streamed.ok()) return streamed.error();
       if (!request.stream || !plain.empty()) {
-        json j = json::parse(request.stream ? plain : answer->body, nullptr, false);
+        json j = mcp::parseBounded(request.stream ? plain : answer->body);
         if (j.is_discarded()) return Error::make(Code::kProtocol, name + " answered 200 with a body that is not JSON");
         return wire_->response(j);
       }

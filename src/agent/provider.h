@@ -27,15 +27,31 @@ struct RetryPolicy {
   std::chrono::milliseconds maxDelay{30000};
 };
 
-class Provider {
+// What a run asks for its model's turns: a provider over the network, or a
+// recording of another run's turns (agent/replay.h).
+class Model {
+ public:
+  virtual ~Model() = default;
+  // One model turn. `onText` hears model text as it streams; `onRetry`
+  // why a request is tried again. Cancelling `cancel` ends it at once.
+  virtual Result<ModelTurn> complete(const ModelRequest& request, const std::function<void(const std::string&)>& onText,
+                                     const std::function<void(const std::string&)>& onRetry, Cancel& cancel) = 0;
+  // The provider's kind ("anthropic", "openai", "replay") and model.
+  virtual std::string kind() const = 0;
+  virtual const std::string& model() const = 0;
+  virtual uint64_t maxTokens() const = 0;
+};
+
+class Provider final : public Model {
  public:
   Provider(ProviderConfig config, RetryPolicy retry, PostOptions post);
   // The base URL's parse, done once (an error names the field).
   Status check() const;
-  // One model turn. `onText` hears model text as it streams; `onRetry`
-  // why a request is tried again. Cancelling `cancel` ends it at once.
   Result<ModelTurn> complete(const ModelRequest& request, const std::function<void(const std::string&)>& onText,
-                             const std::function<void(const std::string&)>& onRetry, Cancel& cancel) const;
+                             const std::function<void(const std::string&)>& onRetry, Cancel& cancel) override;
+  std::string kind() const override { return providerName(config_.kind); }
+  const std::string& model() const override { return config_.model; }
+  uint64_t maxTokens() const override { return config_.maxTokens; }
   const ProviderConfig& config() const { return config_; }
   std::string baseUrl() const;
 

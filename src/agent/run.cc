@@ -38,9 +38,9 @@ const char* runStateName(RunState state) {
   return "failed";
 }
 
-Run::Run(RunSettings settings, Provider provider, std::unique_ptr<Toolbox> toolbox, RunRecorder record)
+Run::Run(RunSettings settings, std::unique_ptr<Model> model, std::unique_ptr<Toolbox> toolbox, RunRecorder record)
     : settings_(std::move(settings)),
-      provider_(std::move(provider)),
+      model_(std::move(model)),
       toolbox_(std::move(toolbox)),
       record_(std::move(record)) {}
 
@@ -48,7 +48,26 @@ Run::~Run() { stop("moatd is stopping"); }
 
 void Run::start(std::function<void(const RunStatus&)> ended) {
   ended_ = std::move(ended);
-  thread_ = std::thread([this] { loop(); });
+  deadline_ = std::chrono::steady_clock::now() + settings_.timeout;
+  thread_ = std::thread([this] {
+    try {
+      loop();
+    } catch (const std::exception& e) {
+      // What a provider or a tool sent that the code did not expect must
+      // end the run, not moatd.
+      end(RunState::kFailed, std::string("an answer moatd could not take: ") + e.what());
+    }
+  });
+  // timeout_s holds within a turn too: a provider that trickles is cut off.
+  watchdog_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto over = [&] { return status_.state != RunState::kRunning || !stopReason_.empty(); };
+    if (changed_.wait_until(lock, deadline_, over)) return;
+    timedOut_ = true;
+    lock.unlock();
+    cancel_.cancel();
+    toolbox_->cancel();
+  });
 }
 
 void Run::stop(const std::string& why) {
@@ -58,7 +77,12 @@ void Run::stop(const std::string& why) {
   }
   cancel_.cancel();
   toolbox_->cancel();
-  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  changed_.notify_all();  // the watchdog
+  // Two stops at once (a request and moatd's shutdown): one joins.
+  std::lock_guard<std::mutex> joining(joinMutex_);
+  if (thread_.get_id() == std::this_thread::get_id()) return;
+  if (thread_.joinable()) thread_.join();
+  if (watchdog_.joinable()) watchdog_.join();
 }
 
 bool Run::stopping() const {
@@ -82,19 +106,24 @@ std::string Run::streaming() const {
 }
 
 void Run::step(const std::string& kind, json data) {
-  size_t size = data.dump().size();
+  auto measure = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace).size(); };
+  size_t size = measure(data);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    // A full transcript keeps every step, without its text (the model got
-    // it whole; the audit log has the rest).
+    // A full transcript keeps its steps' kinds and numbers, without their
+    // text (the model got it whole; the audit log has the rest); beyond
+    // kMaxSteps, steps are counted only.
+    if (steps_.size() >= kMaxSteps && kind != "end") {
+      ++stepsLeftOut_;
+      return;
+    }
     if (transcriptBytes_ + size > kMaxTranscriptBytes) {
-      for (const char* field : {"text", "content", "arguments"}) {
-        if (data.contains(field)) data[field] = "[left out: the transcript is full]";
+      json brief = {{"left_out", "the transcript is full"}};
+      for (const char* field : {"iteration", "id", "is_error", "state", "iterations"}) {
+        if (data.contains(field)) brief[field] = data[field];
       }
-      if (data.contains("tool_calls")) {
-        for (auto& call : data["tool_calls"]) call["arguments"] = "[left out: the transcript is full]";
-      }
-      size = data.dump().size();
+      data = std::move(brief);
+      size = measure(data);
     }
     transcriptBytes_ += size;
     steps_.push_back({steps_.size() + 1, nowMs(), kind, std::move(data)});
@@ -113,50 +142,57 @@ void Run::end(RunState state, const std::string& why, const std::string& result)
   RunStatus final;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    // A stop that came meanwhile wins over whatever the step was doing.
-    if (!stopReason_.empty() && state != RunState::kCompleted) {
-      state = RunState::kStopped;
+    // A stop that came meanwhile wins over whatever the step was doing; so
+    // does the watchdog's timeout.
+    const bool stoppedByRequest = !stopReason_.empty() && state != RunState::kCompleted;
+    if (stoppedByRequest) state = RunState::kStopped;
+    std::string reason = stoppedByRequest ? stopReason_ : why;
+    if (timedOut_ && !stoppedByRequest && state != RunState::kCompleted) {
+      state = RunState::kFailed;
+      reason = "ran out of time: " + std::to_string(settings_.timeout.count()) + " s";
     }
     status_.state = state;
     status_.result = result;
-    status_.error = state == RunState::kStopped ? stopReason_ : why;
+    status_.error = reason;
     status_.endedAtMs = nowMs();
     status_.inTool = false;
     streaming_.clear();
     final = status_;
   }
   json data = {{"state", runStateName(final.state)}, {"iterations", final.iterations}};
-  if (!final.error.empty()) data["reason"] = final.error;
+  if (!final.error.empty()) data["reason"] = final.error.substr(0, 4096);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stepsLeftOut_) data["steps_left_out"] = stepsLeftOut_;
+  }
   step("end", data);
   record_("agent.ended", data);
   if (ended_) ended_(final);
 }
 
 void Run::loop() {
-  const auto deadline = std::chrono::steady_clock::now() + settings_.timeout;
   ModelRequest request;
-  request.model = provider_.config().model;
-  request.maxTokens = provider_.config().maxTokens;
+  request.model = model_->model();
+  request.maxTokens = model_->maxTokens();
   request.system = kSystemPrompt;
   request.tools = toolbox_->tools();
   request.conversation.push_back({Entry::Kind::kUser, settings_.instruction, {}, {}});
   step("instruction", {{"text", settings_.instruction}});
-  record_("agent.started", {{"provider", providerName(provider_.config().kind)},
-                            {"model", provider_.config().model},
-                            {"max_iterations", settings_.maxIterations}});
+  record_("agent.started",
+          {{"provider", model_->kind()}, {"model", model_->model()}, {"max_iterations", settings_.maxIterations}});
   for (uint32_t iteration = 1;; ++iteration) {
     if (stopping()) return end(RunState::kStopped, "");
-    if (std::chrono::steady_clock::now() >= deadline) {
+    if (std::chrono::steady_clock::now() >= deadline_) {
       return end(RunState::kFailed, "ran out of time: " + std::to_string(settings_.timeout.count()) + " s");
     }
-    auto turn = provider_.complete(
+    auto turn = model_->complete(
         request,
         [&](const std::string& text) {
           std::lock_guard<std::mutex> lock(mutex_);
-          streaming_ += text;
+          if (streaming_.size() < kMaxStreaming) streaming_ += text.substr(0, kMaxStreaming - streaming_.size());
         },
         [&](const std::string& why) {
-          step("retry", {{"reason", why}});
+          step("retry", {{"reason", why.substr(0, 4096)}});
         },
         cancel_);
     {
@@ -180,6 +216,15 @@ void Run::loop() {
     for (const auto& c : turn->calls) names.push_back(c.name);
     record_("agent.turn", {{"iteration", iteration}, {"tool_calls", names}, {"usage", usage}});
     if (turn->calls.empty()) return end(RunState::kCompleted, "", turn->text);
+    if (settings_.tokenBudget) {
+      const RunStatus now = status();
+      const uint64_t used = now.inputTokens + now.outputTokens;
+      if (used >= settings_.tokenBudget) {
+        return end(RunState::kStopped, "its token budget of " + std::to_string(settings_.tokenBudget) + " is spent (" +
+                                           std::to_string(used) + " used); " + std::to_string(turn->calls.size()) +
+                                           " tool call(s) not run");
+      }
+    }
     if (iteration >= settings_.maxIterations) {
       return end(RunState::kMaxIterations, "the model still asked for " + std::to_string(turn->calls.size()) +
                                                " tool call(s) after " + std::to_string(iteration) +
@@ -187,8 +232,16 @@ void Run::loop() {
     }
     request.conversation.push_back({Entry::Kind::kAssistant, turn->text, turn->calls, {}});
     Entry results{Entry::Kind::kToolResults, "", {}, {}};
-    for (const auto& call : turn->calls) {
-      if (stopping()) return end(RunState::kStopped, "");
+    for (size_t i = 0; i < turn->calls.size(); ++i) {
+      const ToolCall& call = turn->calls[i];
+      if (stopping() || timedOut_) return end(RunState::kStopped, "");
+      if (i >= kMaxCallsPerTurn) {
+        // Each call still gets its answer: the formats want one per call.
+        results.results.push_back({call.id, call.name,
+                                   "not run: at most " + std::to_string(kMaxCallsPerTurn) + " tool calls per turn",
+                                   true});
+        continue;
+      }
       {
         std::lock_guard<std::mutex> lock(mutex_);
         status_.inTool = true;
@@ -198,9 +251,10 @@ void Run::loop() {
         std::lock_guard<std::mutex> lock(mutex_);
         status_.inTool = false;
       }
+      // Redacted whole, then cut: a secret across the cut does not half leak.
       const size_t half = settings_.toolOutputLimit / 2;
-      Redacted safe = redact(mcp::capOutput(result.content, half, half).text, settings_.secrets);
-      result.content = std::move(safe.text);
+      Redacted safe = redact(result.content, settings_.secrets);
+      result.content = mcp::capOutput(safe.text, half, half).text;
       result.callId = call.id;
       result.name = call.name;
       json data = {{"id", call.id}, {"name", call.name}, {"is_error", result.isError}, {"content", result.content}};

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -22,6 +23,7 @@
 //   running --model turn without tool calls--> completed
 //   running --max_iterations turns, the last still asking--> max_iterations
 //   running --provider error, timeout--> failed
+//   running --token budget spent--> stopped
 //   any --stop()--> stopped
 //
 // (waiting_approval is running while a tool waits for a person: the
@@ -34,6 +36,7 @@ const char* runStateName(RunState state);
 struct RunSettings {
   std::string instruction;
   uint32_t maxIterations = 30;  // model turns
+  uint64_t tokenBudget = 0;     // input and output tokens in all; 0: no bound
   std::chrono::seconds timeout{3600};
   size_t toolOutputLimit = 16u << 10;  // what of one tool's output the model sees
   std::vector<std::string> secrets;    // values redacted from what goes to the provider
@@ -73,7 +76,7 @@ using RunRecorder = std::function<void(const std::string& kind, const json& data
 
 class Run {
  public:
-  Run(RunSettings settings, Provider provider, std::unique_ptr<Toolbox> toolbox, RunRecorder record);
+  Run(RunSettings settings, std::unique_ptr<Model> model, std::unique_ptr<Toolbox> toolbox, RunRecorder record);
   ~Run();  // stops it
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
@@ -97,7 +100,7 @@ class Run {
   bool stopping() const;
 
   RunSettings settings_;
-  Provider provider_;
+  std::unique_ptr<Model> model_;
   std::unique_ptr<Toolbox> toolbox_;
   RunRecorder record_;
   std::function<void(const RunStatus&)> ended_;
@@ -110,7 +113,15 @@ class Run {
   static constexpr size_t kMaxTranscriptBytes = 2u << 20;
   std::string streaming_;
   std::string stopReason_;
+  std::chrono::steady_clock::time_point deadline_;
+  std::atomic<bool> timedOut_{false};
+  size_t stepsLeftOut_ = 0;
+  std::mutex joinMutex_;
   std::thread thread_;
+  std::thread watchdog_;  // cancels what runs at timeout_s
+  static constexpr size_t kMaxSteps = 10000;
+  static constexpr size_t kMaxStreaming = 64u << 10;
+  static constexpr size_t kMaxCallsPerTurn = 64;
 };
 
 }  // namespace moat::agent

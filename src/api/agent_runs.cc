@@ -4,16 +4,42 @@
 
 namespace moat::api {
 
-void AgentRuns::add(std::shared_ptr<AgentRunEntry> entry) {
+Status AgentRuns::admit(const std::string& owner) const {
   std::lock_guard<std::mutex> lock(mutex_);
+  size_t all = 0, owners = 0;
+  for (const auto& [id, r] : runs_) {
+    if (!r->run || r->run->status().state != agent::RunState::kRunning) continue;
+    ++all;
+    if (r->owner == owner) ++owners;
+  }
+  if (owners >= kRunningPerOwner) {
+    return Error::make(Code::kCapacity, "at most " + std::to_string(kRunningPerOwner) +
+                                            " agent runs of one owner run at once; stop one or wait for one to end");
+  }
+  if (all >= kRunning) {
+    return Error::make(Code::kCapacity, "moatd runs " + std::to_string(kRunning) + " agent runs, its most at once");
+  }
+  return {};
+}
+
+void AgentRuns::add(std::shared_ptr<AgentRunEntry> entry) {
+  // The evicted go after the lock is let go: their runs' threads are joined.
+  std::vector<std::shared_ptr<AgentRunEntry>> evicted;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string owner = entry->owner;
   runs_[entry->id] = std::move(entry);
+  // Each owner keeps its own newest ended runs: one owner's failures do
+  // not push out another's.
   std::vector<std::shared_ptr<AgentRunEntry>> ended;
   for (const auto& [id, r] : runs_) {
-    if (r->run && r->run->status().state != agent::RunState::kRunning) ended.push_back(r);
+    if (r->owner == owner && r->run && r->run->status().state != agent::RunState::kRunning) ended.push_back(r);
   }
-  if (ended.size() <= kKeptEnded) return;
+  if (ended.size() <= kKeptEndedPerOwner) return;
   std::sort(ended.begin(), ended.end(), [](const auto& a, const auto& b) { return a->createdAtMs < b->createdAtMs; });
-  for (size_t i = 0; i + kKeptEnded < ended.size(); ++i) runs_.erase(ended[i]->id);
+  for (size_t i = 0; i + kKeptEndedPerOwner < ended.size(); ++i) {
+    runs_.erase(ended[i]->id);
+    evicted.push_back(ended[i]);
+  }
 }
 
 std::shared_ptr<AgentRunEntry> AgentRuns::get(const std::string& id) const {

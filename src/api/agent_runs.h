@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "agent/run.h"
+#include "common/result.h"
 
 // The agent runs moatd holds (docs/AGENTS.md), each with its environment
 // and whose it is. Kept in memory: a moatd restart ends the running ones
@@ -19,7 +20,7 @@ struct AgentRunEntry {
   std::string owner;  // "master" or a key id: as the environment's
   std::string environment;
   bool keepEnvironment = false;
-  agent::ProviderKind kind = agent::ProviderKind::kAnthropic;
+  std::string kind;  // anthropic, openai, replay
   std::string model;
   std::string baseUrl;
   uint32_t maxIterations = 30;
@@ -31,6 +32,8 @@ struct AgentRunEntry {
 class AgentRuns {
  public:
   ~AgentRuns() { stopAll("moatd is stopping"); }
+  // Room for one more running run of `owner` (capacity when not).
+  Status admit(const std::string& owner) const;
   void add(std::shared_ptr<AgentRunEntry> entry);
   std::shared_ptr<AgentRunEntry> get(const std::string& id) const;
   // Newest first; `owner` empty: everyone's.
@@ -38,9 +41,12 @@ class AgentRuns {
   // Every running one ends as stopped (moatd's shutdown).
   void stopAll(const std::string& why);
   size_t running() const;
-  // Ended runs kept for reading, beyond which the oldest ended go.
-  // (A transcript holds at most 2 MiB: 512 MiB for all at worst.)
-  static constexpr size_t kKeptEnded = 256;
+  // Runs running at once, per owner and in all (each holds two threads).
+  static constexpr size_t kRunningPerOwner = 32;
+  static constexpr size_t kRunning = 256;
+  // Ended runs each owner keeps for reading, beyond which its oldest ended
+  // go (a transcript holds at most 2 MiB).
+  static constexpr size_t kKeptEndedPerOwner = 64;
 
  private:
   mutable std::mutex mutex_;

@@ -10,7 +10,9 @@
 #include <cstdlib>
 #include <set>
 
+#include "agent/https_client.h"
 #include "agent/provider.h"
+#include "agent/replay.h"
 #include "agent/run.h"
 #include "api/agent_runs.h"
 #include "api/api.h"
@@ -82,7 +84,13 @@ class McpToolbox final : public agent::Toolbox {
     args["environment_id"] = environment_;
     auto context = std::make_shared<mcp::CallContext>(json(), nullptr);
     {
+      // Published and checked under one lock: a cancel either sees this
+      // call or is seen by it.
       std::lock_guard<std::mutex> lock(mutex_);
+      if (cancelled_) {
+        result.content = "the run was stopped";
+        return result;
+      }
       current_ = context;
     }
     json answer = mcp::Tools(session_, *context).call(c.name, args);
@@ -98,10 +106,10 @@ class McpToolbox final : public agent::Toolbox {
   }
 
   void cancel() override {
-    cancelled_ = true;
     std::shared_ptr<mcp::CallContext> current;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      cancelled_ = true;
       current = current_;
     }
     if (current) current->cancel();
@@ -119,30 +127,18 @@ class McpToolbox final : public agent::Toolbox {
   std::shared_ptr<mcp::CallContext> current_;
 };
 
-// A host a key's run may not send its requests to: moatd's own host and
-// networks (loopback, private, link-local, unique local), by name or
-// address. Checked when the run is created.
+// A host a key's run may not send its requests to (agent::localAddress),
+// by name or address: refused at once when the run is created, and checked
+// again on every connection (PostOptions::refuseLocal), since a name may
+// resolve elsewhere later.
 bool localHost(const std::string& host) {
   struct addrinfo hints = {};
   hints.ai_socktype = SOCK_STREAM;
   struct addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;  // unresolvable: fails later
+  // Unresolvable now: the client checks each address it connects to anyway.
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
   bool local = false;
-  for (auto* a = found; a; a = a->ai_next) {
-    if (a->ai_family == AF_INET) {
-      uint32_t ip = ntohl(reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr);
-      uint8_t first = ip >> 24, second = (ip >> 16) & 0xff;
-      local |= first == 127 || first == 10 || first == 0 || (first == 172 && (second & 0xf0) == 16) ||
-               (first == 192 && second == 168) || (first == 169 && second == 254) ||
-               (first == 100 && (second & 0xc0) == 64);
-    } else if (a->ai_family == AF_INET6) {
-      const auto& b = reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr.s6_addr;
-      local |= IN6_IS_ADDR_LOOPBACK(reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr.s6_addr) ||
-               (b[0] & 0xfe) == 0xfc || (b[0] == 0xfe && (b[1] & 0xc0) == 0x80) ||
-               IN6_IS_ADDR_V4MAPPED(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr) ||
-               IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
-    }
-  }
+  for (auto* a = found; a && !local; a = a->ai_next) local = agent::localAddress(a->ai_addr);
   ::freeaddrinfo(found);
   return local;
 }
@@ -155,7 +151,7 @@ std::optional<ApiError> providerFields(const json& p, const Principal& principal
     return e;
   }
   if (!p.contains("kind") || !p["kind"].is_string() || (p["kind"] != "anthropic" && p["kind"] != "openai")) {
-    return invalid("provider.kind", "one of anthropic, openai");
+    return invalid("provider.kind", "one of anthropic, openai, replay");
   }
   out.kind = p["kind"] == "anthropic" ? agent::ProviderKind::kAnthropic : agent::ProviderKind::kOpenAi;
   if (!p.contains("model") || !p["model"].is_string() || p["model"].get<std::string>().empty() ||
@@ -216,17 +212,16 @@ json Api::agentJson(const AgentRunEntry& entry) {
     auto pending = approvals_.list(filter);
     if (pending.ok() && !pending->empty()) state = "waiting_approval";
   }
-  json j = {
-      {"id", entry.id},
-      {"state", state},
-      {"environment", entry.environment},
-      {"keep_environment", entry.keepEnvironment},
-      {"iterations", s.iterations},
-      {"max_iterations", entry.maxIterations},
-      {"usage", {{"input_tokens", s.inputTokens}, {"output_tokens", s.outputTokens}}},
-      {"provider", {{"kind", agent::providerName(entry.kind)}, {"model", entry.model}, {"base_url", entry.baseUrl}}},
-      {"labels", entry.labels},
-      {"created_at", timestamp(entry.createdAtMs)}};
+  json j = {{"id", entry.id},
+            {"state", state},
+            {"environment", entry.environment},
+            {"keep_environment", entry.keepEnvironment},
+            {"iterations", s.iterations},
+            {"max_iterations", entry.maxIterations},
+            {"usage", {{"input_tokens", s.inputTokens}, {"output_tokens", s.outputTokens}}},
+            {"provider", {{"kind", entry.kind}, {"model", entry.model}, {"base_url", entry.baseUrl}}},
+            {"labels", entry.labels},
+            {"created_at", timestamp(entry.createdAtMs)}};
   if (s.state == agent::RunState::kCompleted) j["result"] = s.result;
   if (!s.error.empty()) j["error"] = s.error;
   if (s.endedAtMs) j["ended_at"] = timestamp(s.endedAtMs);
@@ -245,8 +240,8 @@ HttpResponse Api::createAgent(const HttpRequest& req, const Principal& principal
   if (!body.ok()) return errorResponse(perr);
   const json& j = body.value();
   if (auto e = onlyFields(j,
-                          {"instruction", "provider", "permissions", "max_iterations", "timeout_s", "spec", "template",
-                           "snapshot", "network", "secrets", "labels", "keep_environment"},
+                          {"instruction", "provider", "permissions", "max_iterations", "timeout_s", "token_budget",
+                           "spec", "template", "snapshot", "network", "secrets", "labels", "keep_environment"},
                           "")) {
     return errorResponse(*e);
   }
@@ -256,13 +251,39 @@ HttpResponse Api::createAgent(const HttpRequest& req, const Principal& principal
   }
   if (!j.contains("provider")) return errorResponse(invalid("provider", "required: {kind, model, ...}"));
   agent::ProviderConfig provider;
-  if (auto e = providerFields(j["provider"], principal, options_.agentLocalProviders, provider)) {
+  // A replay: another run's recorded turns, the caller's own and ended.
+  std::unique_ptr<agent::Model> model;
+  std::string replayed;
+  if (j["provider"].is_object() && j["provider"].value("kind", json()) == "replay") {
+    const json& p = j["provider"];
+    if (auto e = onlyFields(p, {"kind", "run"}, "provider.")) return errorResponse(*e);
+    if (!p.contains("run") || !p["run"].is_string()) {
+      return errorResponse(invalid("provider.run", "required: the id of the run to replay"));
+    }
+    replayed = p["run"];
+    auto source = visibleRun(principal, replayed);
+    if (!source) return errorResponse({404, "not_found", "no agent run " + replayed, "provider.run"});
+    if (source->run->status().state == agent::RunState::kRunning) {
+      return errorResponse({409, "conflict", "run " + replayed + " has not ended yet", "provider.run"});
+    }
+    auto turns = agent::ReplayModel::turnsOf(source->run->transcript());
+    if (!turns.ok()) {
+      return errorResponse(
+          {409, "conflict", "run " + replayed + " cannot be replayed: " + turns.error().context, "provider.run"});
+    }
+    model = std::make_unique<agent::ReplayModel>(std::move(turns.value()), source->model);
+  } else if (auto e = providerFields(j["provider"], principal, options_.agentLocalProviders, provider)) {
     return errorResponse(*e);
   }
   agent::RunSettings settings;
   settings.instruction = j["instruction"];
   if (j.contains("max_iterations")) {
     if (auto e = number(j["max_iterations"], "max_iterations", 1, 1000, true, settings.maxIterations)) {
+      return errorResponse(*e);
+    }
+  }
+  if (j.contains("token_budget")) {
+    if (auto e = number(j["token_budget"], "token_budget", 1, 1e12, true, settings.tokenBudget)) {
       return errorResponse(*e);
     }
   }
@@ -281,6 +302,7 @@ HttpResponse Api::createAgent(const HttpRequest& req, const Principal& principal
     if (auto e = stringMap(j["labels"], "labels", false, labels)) return errorResponse(*e);
   }
 
+  if (Status room = agentRuns_.admit(principal.owner()); !room.ok()) return errorResponse(fromError(room.error()));
   // The environment: made as its creator would make it, marked as the run's.
   auto entry = std::make_shared<AgentRunEntry>();
   auto id = randomHex(6);
@@ -316,17 +338,24 @@ HttpResponse Api::createAgent(const HttpRequest& req, const Principal& principal
   }
   entry->owner = principal.owner();
   entry->keepEnvironment = keep;
-  entry->kind = provider.kind;
-  entry->model = provider.model;
+  if (!model) {
+    agent::PostOptions post;
+    post.refuseLocal = !principal.master && !options_.agentLocalProviders;
+    auto client = std::make_unique<agent::Provider>(provider, agent::RetryPolicy{}, post);
+    entry->baseUrl = client->baseUrl();
+    model = std::move(client);
+  } else {
+    entry->baseUrl = "replay:" + replayed;
+  }
+  entry->kind = model->kind();
+  entry->model = model->model();
   entry->maxIterations = settings.maxIterations;
   entry->createdAtMs = nowMs();
   entry->labels = labels;
-  agent::Provider client(provider, agent::RetryPolicy{}, agent::PostOptions{});
-  entry->baseUrl = client.baseUrl();
   const std::string environment = entry->environment, owner = entry->owner, runId = entry->id;
   audit::Recorder& audit = audit_;
   entry->run =
-      std::make_unique<agent::Run>(std::move(settings), std::move(client),
+      std::make_unique<agent::Run>(std::move(settings), std::move(model),
                                    std::make_unique<McpToolbox>(*this, req.authorization, environment, approvals_),
                                    [&audit, environment, owner, runId](const std::string& kind, const json& data) {
                                      json d = data;

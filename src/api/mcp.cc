@@ -91,7 +91,7 @@ HttpResponse Api::mcpRoute(const HttpRequest& req, const Principal& principal) {
     return noContent();
   }
   if (req.method != "POST") return wrongMethod(req, "POST or DELETE");
-  json message = json::parse(req.body, nullptr, false);
+  json message = mcp::parseBounded(req.body);
   if (message.is_discarded()) return respond(400, mcp::Session::parseError("the body is not JSON"));
   if (message.is_array()) {
     return rpcError(400, nullptr, mcp::kInvalidRequest,

@@ -3,6 +3,8 @@
 #include <cctype>
 #include <ctime>
 
+#include "mcp/protocol.h"
+
 namespace moat::api {
 namespace {
 
@@ -131,9 +133,9 @@ Result<json> parseObject(const std::string& body, ApiError& err) {
     err = {413, "too_large", "JSON body larger than 1 MiB", ""};
     return Error::make(Code::kInvalidArgument, "");
   }
-  json j = json::parse(body.empty() ? "{}" : body, nullptr, false);
+  json j = mcp::parseBounded(body.empty() ? "{}" : body);
   if (j.is_discarded()) {
-    err = {400, "bad_json", "the body is not valid JSON", ""};
+    err = {400, "bad_json", "the body is not valid JSON (or nests deeper than 64)", ""};
     return Error::make(Code::kInvalidArgument, "");
   }
   if (!j.is_object()) {

@@ -35,10 +35,12 @@ commands:
                         http://127.0.0.1:11434/v1 for Ollama
       --api-key-env V   the variable holding the provider's key, read here and
                         sent to moatd for this run only (default
-                        ANTHROPIC_API_KEY or OPENAI_API_KEY; none set: no key)
+                        ANTHROPIC_API_KEY or OPENAI_API_KEY, except with
+                        --base-url; none set: no key)
       --max-iterations N
                         model turns at most (default 30)
       --timeout S       the run's wall-clock bound in seconds (default 3600)
+      --token-budget N  input and output tokens in all (default: no bound)
       --permissions J   the gate's permissions, JSON or @FILE (docs/GATE.md)
       --label K=V       a label; repeatable
       --keep            keep the environment after the run
@@ -78,20 +80,32 @@ int exitFor(const std::string& state) {
   return 1;
 }
 
+// What a model or a program said, safe for a terminal: control characters
+// (escape sequences) shown as '?', newlines kept unless `oneLine`.
+std::string printable(std::string s, bool oneLine) {
+  for (char& c : s) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (c == '\n' && oneLine)
+      c = ' ';
+    else if ((u < 0x20 && c != '\n' && c != '\t') || u == 0x7f)
+      c = '?';
+  }
+  return s;
+}
+
 // One line of a value for a person: text as it is, anything else as JSON,
 // cut at `limit` bytes.
 std::string brief(const json& value, size_t limit = 200) {
-  std::string s = value.is_string() ? value.get<std::string>() : value.dump();
-  for (char& c : s) {
-    if (c == '\n') c = ' ';
-  }
+  std::string s =
+      value.is_string() ? value.get<std::string>() : value.dump(-1, ' ', false, json::error_handler_t::replace);
+  s = printable(s, true);
   return s.size() > limit ? s.substr(0, limit) + "..." : s;
 }
 
 void printStep(const json& step) {
   const std::string kind = step.value("kind", "");
   if (kind == "model") {
-    std::string text = step.value("text", "");
+    std::string text = printable(step.value("text", ""), false);
     if (!text.empty()) std::printf("%s\n", text.c_str());
     for (const auto& call : step.value("tool_calls", json::array())) {
       std::printf("> %s %s\n", call.value("name", "").c_str(), brief(call.value("arguments", json::object())).c_str());
@@ -126,9 +140,12 @@ class RunFlags {
       MOAT_ASSIGN(provider_["base_url"], flags.value());
     } else if (name == "--api-key-env") {
       MOAT_ASSIGN(keyVariable_, flags.value());
-    } else if (name == "--max-iterations" || name == "--timeout") {
+    } else if (name == "--max-iterations" || name == "--timeout" || name == "--token-budget") {
       MOAT_ASSIGN(std::string v, flags.value());
-      MOAT_ASSIGN(body_[name == "--timeout" ? "timeout_s" : "max_iterations"], parseWhole(name, v));
+      const char* field = name == "--timeout"        ? "timeout_s"
+                          : name == "--token-budget" ? "token_budget"
+                                                     : "max_iterations";
+      MOAT_ASSIGN(body_[field], parseWhole(name, v));
     } else if (name == "--permissions") {
       MOAT_ASSIGN(std::string v, flags.value());
       MOAT_ASSIGN(body_["permissions"], parsePermissionsFlag(name, v));
@@ -155,9 +172,13 @@ class RunFlags {
       const char* anthropic = std::getenv("ANTHROPIC_API_KEY");
       provider["kind"] = anthropic && *anthropic ? "anthropic" : "openai";
     }
+    // The default variable's key goes to the provider's own server only:
+    // another --base-url gets a key when --api-key-env names one.
     std::string variable = keyVariable_;
-    if (variable.empty()) variable = provider["kind"] == "anthropic" ? "ANTHROPIC_API_KEY" : "OPENAI_API_KEY";
-    const char* key = std::getenv(variable.c_str());
+    if (variable.empty() && !provider.contains("base_url")) {
+      variable = provider["kind"] == "anthropic" ? "ANTHROPIC_API_KEY" : "OPENAI_API_KEY";
+    }
+    const char* key = variable.empty() ? nullptr : std::getenv(variable.c_str());
     if (key && *key) provider["api_key"] = key;
     json body = body_;
     body["provider"] = provider;

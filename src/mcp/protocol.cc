@@ -13,6 +13,16 @@ std::string negotiateVersion(const std::string& requested) {
   return kProtocolVersions.front();
 }
 
+json parseBounded(const std::string& text) {
+  bool tooDeep = false;
+  json::parser_callback_t limit = [&tooDeep](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxJsonDepth) tooDeep = true;
+    return !tooDeep;
+  };
+  json parsed = json::parse(text, limit, false);
+  return tooDeep ? json(json::value_t::discarded) : parsed;
+}
+
 json errorResponse(const json& id, int code, const std::string& message) {
   return {{"jsonrpc", "2.0"}, {"id", id}, {"error", {{"code", code}, {"message", message}}}};
 }

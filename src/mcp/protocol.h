@@ -32,6 +32,12 @@ Kind kindOf(const json& message);
 json toolResult(const std::string& text, json structured, bool isError = false);
 json toolError(const std::string& text);
 
+// JSON from outside (requests, MCP messages, model providers): parsed
+// without exceptions, and discarded (is_discarded()) when it nests deeper
+// than kMaxJsonDepth, since copying and writing JSON recurse.
+constexpr int kMaxJsonDepth = 64;
+json parseBounded(const std::string& text);
+
 // "%2F"-style encoding of a query value or path segment.
 std::string urlEncode(const std::string& s);
 

@@ -611,6 +611,38 @@ class AgentCases:
         self.assertEqual(code, 2, err)
         self.assertIn(":1: unknown field \"colour\"", err)
 
+    def test_a_spent_token_budget_stops_the_run_before_its_tools(self):
+        d = self.double(self.two_step_script())  # the first turn: 11 + 5 tokens and a write_file
+        run = self.start_run(self.provider(d), token_budget=16, keep_environment=True)
+        run = self.wait_run(run["id"])
+        self.assertEqual(run["state"], "stopped", run)
+        self.assertIn("token budget of 16 is spent (16 used)", run["error"])
+        self.assertEqual(run["iterations"], 1)
+        self.assertEqual(len(d.requests()), 1)
+        self.assertEqual(self.read_file(run["environment"], HELLO["path"])[0], 404, "its tool call was not run")
+        status, body = MOATD.call("POST", "/v1/agents", {"instruction": "x", "provider": self.provider(d),
+                                                           "token_budget": 0})
+        self.assertEqual((status, body["error"]["field"]), (400, "token_budget"), body)
+
+    def test_a_replay_answers_a_new_run_with_the_recorded_turns(self):
+        d = self.double(self.two_step_script())
+        first = self.wait_run(self.start_run(self.provider(d))["id"])
+        self.assertEqual(first["state"], "completed", first)
+        asked = len(d.requests())
+        status, replay = MOATD.call("POST", "/v1/agents", {"instruction": INSTRUCTION, "keep_environment": True,
+                                                           "provider": {"kind": "replay", "run": first["id"]}})
+        self.assertEqual(status, 201, replay)
+        self.addCleanup(MOATD.call, "DELETE", f"/v1/environments/{replay['environment']}")
+        self.assertEqual(replay["provider"]["kind"], "replay")
+        replay = self.wait_run(replay["id"])
+        self.assertEqual((replay["state"], replay["result"], replay["iterations"]), ("completed", "wrote it", 2), replay)
+        self.assertEqual(len(d.requests()), asked, "a replay asks no provider")
+        self.assertEqual(self.read_file(replay["environment"], HELLO["path"]), (200, HELLO["content"].encode()),
+                         "its tools ran for real in its own environment")
+        status, body = MOATD.call("POST", "/v1/agents", {"instruction": "x",
+                                                         "provider": {"kind": "replay", "run": "0123456789ab"}})
+        self.assertEqual((status, body["error"]["field"]), (404, "provider.run"), body)
+
     def test_the_key_from_moatds_environment(self):
         d = self.double(self.two_step_script(), api_key=ENV_KEY)
         run = self.start_run(self.provider(d, api_key=None, api_key_env=ENV_KEY_NAME))

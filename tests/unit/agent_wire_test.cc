@@ -1,6 +1,8 @@
 // The providers' wire formats against their documented shapes: requests
 // written, plain answers and streams read (tool calls split across chunks).
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 
 #include "agent/https_client.h"
 #include "agent/redact.h"
@@ -144,6 +146,8 @@ TEST(AnthropicWire, AnErrorEventMidStreamIsAnError) {
 
 TEST(Wire, ArgumentsThatAreNotJsonStayText) {
   EXPECT_EQ(parseArguments(R"({"a":1})")["a"], 1);
+  EXPECT_TRUE(parseArguments(std::string(100000, '[') + std::string(100000, ']')).is_string())
+      << "JSON nested too deep is not taken as JSON";
   EXPECT_EQ(parseArguments("{broken"), "{broken");
   EXPECT_TRUE(parseArguments("").is_object());
 }
@@ -159,6 +163,44 @@ TEST(Redact, SecretsAndCredentialShapesAreReplacedAndCounted) {
   EXPECT_EQ(pem.text, "x\n[redacted: a credential]\ny");
   Redacted plain = redact("nothing secret here", {"abc"});  // a secret shorter than 4 bytes is left
   EXPECT_EQ(plain.replaced, 0u);
+}
+
+TEST(Redact, LongTokensAndACutKeyNeitherCrashNorLeak) {
+  std::string huge = "x sk-" + std::string(200000, 'a') + " y";
+  Redacted r = redact(huge, {});
+  EXPECT_EQ(r.text, "x [redacted: a credential] y");
+  Redacted cut = redact("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXkt", {});
+  EXPECT_EQ(cut.text, "[redacted: a credential]");
+  Redacted certificate = redact("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----", {});
+  EXPECT_EQ(certificate.replaced, 0u) << "a certificate is public";
+  EXPECT_EQ(redact("task-123 and sk-short", {}).replaced, 0u) << "words that only start alike stay";
+}
+
+TEST(ProviderUrl, LocalAddressesAreMoatdsOwnHostAndNetworks) {
+  auto v4 = [](const char* text) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    ::inet_pton(AF_INET, text, &a.sin_addr);
+    return localAddress(reinterpret_cast<sockaddr*>(&a));
+  };
+  auto v6 = [](const char* text) {
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    ::inet_pton(AF_INET6, text, &a.sin6_addr);
+    return localAddress(reinterpret_cast<sockaddr*>(&a));
+  };
+  for (const char* local : {"127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1",
+                            "0.0.0.0", "198.18.0.1", "224.0.0.1", "255.255.255.255"}) {
+    EXPECT_TRUE(v4(local)) << local;
+  }
+  for (const char* local :
+       {"::1", "::", "fd00::1", "fe80::1", "::ffff:127.0.0.1", "64:ff9b::a9fe:a9fe", "2002:7f00:1::1", "ff02::1"}) {
+    EXPECT_TRUE(v6(local)) << local;
+  }
+  EXPECT_FALSE(v4("8.8.8.8"));
+  EXPECT_FALSE(v4("203.0.113.7"));
+  EXPECT_FALSE(v6("2606:4700::1111"));
+  EXPECT_FALSE(parseUrl("http://h/v1\r\nX-Injected: 1").ok());
 }
 
 TEST(ProviderUrl, BaseUrlsParseAsTheProvidersSdksTakeThem) {

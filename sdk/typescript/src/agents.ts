@@ -90,6 +90,8 @@ export interface AgentOptions {
   /** The runaway bound: model turns at most (default 30). */
   maxIterations?: number;
   timeoutS?: number;
+  /** Input and output tokens in all (default: no bound). */
+  tokenBudget?: number;
   keepEnvironment?: boolean;
   labels?: Record<string, string>;
   spec?: Partial<Spec>;
@@ -115,6 +117,7 @@ export class Agent {
       permissions: o.permissions,
       max_iterations: o.maxIterations,
       timeout_s: o.timeoutS,
+      token_budget: o.tokenBudget,
       keep_environment: o.keepEnvironment,
       labels: o.labels,
       spec: o.spec,

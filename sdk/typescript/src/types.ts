@@ -116,6 +116,8 @@ export interface CreateAgentRequest {
   };
   max_iterations?: number;
   timeout_s?: number;
+  /** Input and output tokens in all; once spent after a turn, the run ends `stopped`. */
+  token_budget?: number;
   keep_environment?: boolean;
   labels?: Record<string, string>;
   spec?: Partial<Spec>;
