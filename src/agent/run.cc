@@ -70,7 +70,7 @@ void Run::start(std::function<void(const RunStatus&)> ended) {
   });
 }
 
-void Run::stop(const std::string& why) {
+void Run::requestStop(const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopReason_.empty()) stopReason_ = why;
@@ -78,6 +78,10 @@ void Run::stop(const std::string& why) {
   cancel_.cancel();
   toolbox_->cancel();
   changed_.notify_all();  // the watchdog
+}
+
+void Run::stop(const std::string& why) {
+  requestStop(why);
   // Two stops at once (a request and moatd's shutdown): one joins.
   std::lock_guard<std::mutex> joining(joinMutex_);
   if (thread_.get_id() == std::this_thread::get_id()) return;
@@ -215,6 +219,10 @@ void Run::loop() {
     json names = json::array();
     for (const auto& c : turn->calls) names.push_back(c.name);
     record_("agent.turn", {{"iteration", iteration}, {"tool_calls", names}, {"usage", usage}});
+    if (settings_.spend) {
+      std::string spent = settings_.spend(turn->inputTokens + turn->outputTokens);
+      if (!spent.empty() && !turn->calls.empty()) return end(RunState::kStopped, spent);
+    }
     if (turn->calls.empty()) return end(RunState::kCompleted, "", turn->text);
     if (settings_.tokenBudget) {
       const RunStatus now = status();

@@ -40,6 +40,9 @@ struct RunSettings {
   std::chrono::seconds timeout{3600};
   size_t toolOutputLimit = 16u << 10;  // what of one tool's output the model sees
   std::vector<std::string> secrets;    // values redacted from what goes to the provider
+  // Told each turn's tokens; says why the run must end when a budget
+  // beyond the run's own is spent (its owner's across runs), else "".
+  std::function<std::string(uint64_t tokens)> spend;
 };
 
 // The tools a run offers its model, run by whoever drives it (moatd: the
@@ -85,6 +88,9 @@ class Run {
   void start(std::function<void(const RunStatus&)> ended);
   // Ends the run (state stopped unless it already ended) and waits for it.
   void stop(const std::string& why);
+  // The same without waiting (from a thread the run may itself be waiting
+  // on, such as one destroying its environment).
+  void requestStop(const std::string& why);
   RunStatus status() const;
   std::vector<Step> transcript() const;
   // Waits until there are steps after `after` or the run has ended, at most

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/clock.h"
+
 namespace moat::api {
 
 Status AgentRuns::admit(const std::string& owner) const {
@@ -69,6 +71,37 @@ void AgentRuns::stopAll(const std::string& why) {
   for (const auto& r : all) {
     if (r->run) r->run->stop(why);
   }
+}
+
+void AgentRuns::environmentEnded(const std::string& environment, const std::string& reason) {
+  std::vector<std::shared_ptr<AgentRunEntry>> ended;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [id, r] : runs_) {
+      if (r->environment == environment && r->run && r->run->status().state == agent::RunState::kRunning) {
+        ended.push_back(r);
+      }
+    }
+  }
+  for (const auto& r : ended) r->run->requestStop(reason);  // "the environment was destroyed", ".. expired ..."
+}
+
+std::string AgentRuns::spend(const std::string& owner, uint64_t tokens, uint64_t limit) {
+  if (limit == 0) return "";
+  std::lock_guard<std::mutex> lock(mutex_);
+  Tokens& t = tokens_[owner];
+  const int64_t today = nowMs() / 86400000;
+  if (t.day != today) t = {today, 0};
+  t.used += tokens;
+  if (t.used < limit) return "";
+  return "its owner's agent token budget for today (" + std::to_string(limit) + ", moatd --agent-key-tokens) is spent";
+}
+
+bool AgentRuns::spent(const std::string& owner, uint64_t limit) {
+  if (limit == 0) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = tokens_.find(owner);
+  return it != tokens_.end() && it->second.day == nowMs() / 86400000 && it->second.used >= limit;
 }
 
 size_t AgentRuns::running() const {

@@ -40,6 +40,14 @@ class AgentRuns {
   std::vector<std::shared_ptr<AgentRunEntry>> list(const std::string& owner) const;
   // Every running one ends as stopped (moatd's shutdown).
   void stopAll(const std::string& why);
+  // The environment ended (destroyed, expired, failed): its run stops,
+  // `reason` (manager's "the environment was destroyed", ...) its error.
+  void environmentEnded(const std::string& environment, const std::string& reason);
+  // An owner's tokens today (UTC) across its runs, against `limit` (0: no
+  // limit): spend() counts a turn's and says why the run must end once
+  // the day's budget is spent; spent() whether it is.
+  std::string spend(const std::string& owner, uint64_t tokens, uint64_t limit);
+  bool spent(const std::string& owner, uint64_t limit);
   size_t running() const;
   // Runs running at once, per owner and in all (each holds two threads).
   static constexpr size_t kRunningPerOwner = 32;
@@ -51,6 +59,11 @@ class AgentRuns {
  private:
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<AgentRunEntry>> runs_;
+  struct Tokens {
+    int64_t day = 0;
+    uint64_t used = 0;
+  };
+  std::map<std::string, Tokens> tokens_;  // per owner, guarded by mutex_
 };
 
 }  // namespace moat::api

@@ -303,6 +303,13 @@ HttpResponse Api::createAgent(const HttpRequest& req, const Principal& principal
   }
 
   if (Status room = agentRuns_.admit(principal.owner()); !room.ok()) return errorResponse(fromError(room.error()));
+  const uint64_t keyTokens = principal.master ? 0 : options_.agentKeyTokensPerDay;
+  if (agentRuns_.spent(principal.owner(), keyTokens)) {
+    return errorResponse(
+        {429, "capacity",
+         "this key's agent token budget for today (" + std::to_string(keyTokens) + ") is spent; it renews at 00:00 UTC",
+         ""});
+  }
   // The environment: made as its creator would make it, marked as the run's.
   auto entry = std::make_shared<AgentRunEntry>();
   auto id = randomHex(6);
@@ -338,6 +345,10 @@ HttpResponse Api::createAgent(const HttpRequest& req, const Principal& principal
   }
   entry->owner = principal.owner();
   entry->keepEnvironment = keep;
+  AgentRuns& runs = agentRuns_;
+  settings.spend = [&runs, owner = entry->owner, keyTokens](uint64_t tokens) {
+    return runs.spend(owner, tokens, keyTokens);
+  };
   if (!model) {
     agent::PostOptions post;
     post.refuseLocal = !principal.master && !options_.agentLocalProviders;

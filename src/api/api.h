@@ -45,6 +45,9 @@ struct ApiOptions {
   // networks (otherwise only the master token's may: a key could make
   // moatd POST to services only moatd reaches).
   bool agentLocalProviders = false;
+  // Tokens one API key's agent runs may use per UTC day, in all (moatd
+  // --agent-key-tokens; 0: no limit). The master token is not limited.
+  uint64_t agentKeyTokensPerDay = 0;
 };
 
 // An environment as the API shows it.
@@ -103,6 +106,11 @@ class Api {
   // start, the environments of runs a previous moatd ran are destroyed.
   void stopAgentRuns();
   void endOrphanedAgentEnvironments();
+  // An environment ended (manager::EnvironmentManager::onEnded): an agent
+  // run in it stops.
+  void agentEnvironmentEnded(const std::string& id, const std::string& reason) {
+    agentRuns_.environmentEnded(id, reason);
+  }
   // At stop: requests waiting for their turn under the key rate limit are
   // answered 503 at once, and none waits from now on.
   void stopWaiting();

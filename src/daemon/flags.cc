@@ -19,7 +19,7 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
              [--approval-timeout S]
              [--audit-retention-days N] [--audit-max-events N] [--egress-hosts FILE]
              [--egress-ca-bundle FILE] [--egress-head-timeout S] [--no-egress]
-             [--key-rate N] [--agent-local-providers]
+             [--key-rate N] [--agent-local-providers] [--agent-key-tokens N]
 
   --state DIR             state directory (default $MOAT_STATE or /var/lib/moat)
   --listen HOST:PORT      TCP address (default 127.0.0.1:7070; port 0 picks one)
@@ -63,6 +63,9 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
   --agent-local-providers API keys' agent runs may call model providers on
                           moatd's own host and networks (a local Ollama); by
                           default only the master token's may (docs/AGENTS.md)
+  --agent-key-tokens N    tokens one API key's agent runs may use per UTC day,
+                          in all (default 0: no limit); beyond, its runs stop
+                          and new ones are 429 capacity
 
 Always also serves <state>/moatd.sock. The master token is <state>/master-token.
 SIGTERM/SIGINT stop moatd and destroy its environments. SIGUSR1 stops moatd
@@ -160,6 +163,8 @@ const std::vector<Flag>& flags() {
                  [](DaemonFlags& f, uint64_t n) { f.egress.headTimeout = std::chrono::seconds(n); }),
       {"--no-egress", false,
        [](const std::string&, DaemonFlags& f, double) -> Status { return f.egressOn = false, Status{}; }},
+      numberFlag("--agent-key-tokens", 0, 1000000000000ull, "a number of tokens from 0 to 10^12",
+                 [](DaemonFlags& f, uint64_t n) { f.agentKeyTokens = n; }),
       {"--agent-local-providers", false,
        [](const std::string&, DaemonFlags& f, double) -> Status { return f.agentLocalProviders = true, Status{}; }},
   };

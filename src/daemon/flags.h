@@ -29,6 +29,7 @@ struct DaemonFlags {
   api::ServerLimits server;
   bool egressOn = true;
   bool agentLocalProviders = false;  // api::ApiOptions::agentLocalProviders
+  uint64_t agentKeyTokens = 0;       // api::ApiOptions::agentKeyTokensPerDay
   bool help = false;                 // -h, --help: print daemonUsage() and stop
 };
 

@@ -192,8 +192,15 @@ int main(int argc, char** argv) {
     apiOptions.approvalTimeoutMs = approvalTimeoutS * 1000;
     apiOptions.keyRequestsPerSecond = static_cast<double>(keyRate);
     apiOptions.agentLocalProviders = flags->agentLocalProviders;
+    apiOptions.agentKeyTokensPerDay = flags->agentKeyTokens;
     api::Api api(manager, keys, approvals, token.value(), apiOptions, auditLog->get());
     apiForEgress = &api;
+    // And an agent run in it stops (reset before the API goes, below).
+    manager.onEnded([&approvals, &api, log = auditLog->get()](const std::string& id, const std::string& reason) {
+      approvals.closeEnvironment(id, reason);
+      log->closeEnvironment(id);
+      api.agentEnvironmentEnded(id, reason);
+    });
     manager.setExecGate(
         [&api](const std::string& id, const init::ExecCheck& check, manager::InitConnection::ExecAnswer answer) {
           api.execCheck(id, check, std::move(answer));

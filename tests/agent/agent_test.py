@@ -643,6 +643,15 @@ class AgentCases:
                                                          "provider": {"kind": "replay", "run": "0123456789ab"}})
         self.assertEqual((status, body["error"]["field"]), (404, "provider.run"), body)
 
+    def test_destroying_its_environment_stops_the_run(self):
+        d = self.double([{"hang": True}])
+        run = self.start_run(self.provider(d))
+        status, _ = MOATD.call("DELETE", f"/v1/environments/{run['environment']}")
+        self.assertEqual(status, 204)
+        run = self.wait_run(run["id"])
+        self.assertEqual(run["state"], "stopped", run)
+        self.assertEqual(run["error"], "the environment was destroyed")
+
     def test_the_key_from_moatds_environment(self):
         d = self.double(self.two_step_script(), api_key=ENV_KEY)
         run = self.start_run(self.provider(d, api_key=None, api_key_env=ENV_KEY_NAME))

@@ -120,6 +120,31 @@ TEST(AgentRun, ASpentTokenBudgetStopsTheRunBeforeItsTools) {
   EXPECT_EQ(h.tools->calls.size(), 1u);
 }
 
+TEST(AgentRun, ABudgetBeyondTheRunsOwnEndsItWhenSpent) {
+  Harness h;
+  RunSettings settings;
+  uint64_t spent = 0;
+  settings.spend = [&spent](uint64_t tokens) {
+    spent += tokens;
+    return spent >= 30 ? std::string("the owner's budget is spent") : std::string();
+  };
+  h.start({callTurn(), callTurn(), callTurn(), textTurn("never")}, settings);
+  RunStatus s = h.waitEnd();
+  EXPECT_EQ(s.state, RunState::kStopped);
+  EXPECT_EQ(s.error, "the owner's budget is spent");
+  EXPECT_EQ(h.tools->calls.size(), 1u);
+}
+
+TEST(AgentRun, ARequestToStopDoesNotWaitAndTheRunEndsOnItsOwn) {
+  Harness h;
+  h.start({callTurn(), textTurn("never")}, {}, [](RecordingToolbox& t) { t.block = true; });
+  while (!h.run->status().inTool && h.run->status().state == RunState::kRunning) std::this_thread::yield();
+  h.run->requestStop("its environment ended (destroyed)");
+  RunStatus s = h.waitEnd();
+  EXPECT_EQ(s.state, RunState::kStopped);
+  EXPECT_EQ(s.error, "its environment ended (destroyed)");
+}
+
 TEST(AgentRun, AStopDuringAToolEndsTheRunAsStopped) {
   Harness h;
   h.start({callTurn(), textTurn("never")}, {}, [](RecordingToolbox& t) { t.block = true; });

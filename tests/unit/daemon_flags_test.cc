@@ -60,6 +60,9 @@ TEST(DaemonFlags, EachFlagSetsWhatItNames) {
                   "5000",
                   "--egress-head-timeout",
                   "7",
+                  "--agent-key-tokens",
+                  "100000",
+                  "--agent-local-providers",
                   "--no-egress"});
   ASSERT_TRUE(f.ok()) << f.error().message();
   EXPECT_EQ(f->stateDir, "/srv/moat");
@@ -77,6 +80,8 @@ TEST(DaemonFlags, EachFlagSetsWhatItNames) {
   EXPECT_EQ(f->audit.maxEvents, 5000u);
   EXPECT_EQ(f->egress.headTimeout, std::chrono::seconds(7));
   EXPECT_FALSE(f->egressOn);
+  EXPECT_EQ(f->agentKeyTokens, 100000u);
+  EXPECT_TRUE(f->agentLocalProviders);
 }
 
 TEST(DaemonFlags, ValuesOutOfRangeAreRefusedByName) {
@@ -94,6 +99,8 @@ TEST(DaemonFlags, ValuesOutOfRangeAreRefusedByName) {
             "invalid_argument: --audit-max-events needs 0 or a number from 1000 to 1000000000");
   EXPECT_EQ(problem({"--audit-max-events", "99999999999"}),
             "invalid_argument: --audit-max-events needs 0 or a number from 1000 to 1000000000");
+  EXPECT_EQ(problem({"--agent-key-tokens", "-5"}),
+            "invalid_argument: --agent-key-tokens needs a number of tokens from 0 to 10^12");
   EXPECT_EQ(problem({"--egress-head-timeout", ""}),
             "invalid_argument: --egress-head-timeout needs a number of seconds from 1 to 3600");
   EXPECT_EQ(problem({"--warm-pool", "2:ram_mb=99999"}).rfind("invalid_argument: --warm-pool needs ", 0), 0u);
