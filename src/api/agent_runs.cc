@@ -104,11 +104,4 @@ bool AgentRuns::spent(const std::string& owner, uint64_t limit) {
   return it != tokens_.end() && it->second.day == nowMs() / 86400000 && it->second.used >= limit;
 }
 
-size_t AgentRuns::running() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<size_t>(std::count_if(runs_.begin(), runs_.end(), [](const auto& kv) {
-    return kv.second->run && kv.second->run->status().state == agent::RunState::kRunning;
-  }));
-}
-
 }  // namespace moat::api

@@ -48,7 +48,6 @@ class AgentRuns {
   // the day's budget is spent; spent() whether it is.
   std::string spend(const std::string& owner, uint64_t tokens, uint64_t limit);
   bool spent(const std::string& owner, uint64_t limit);
-  size_t running() const;
   // Runs running at once, per owner and in all (each holds two threads).
   static constexpr size_t kRunningPerOwner = 32;
   static constexpr size_t kRunning = 256;

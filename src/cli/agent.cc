@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -12,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
 #include "cli/network_flags.h"
+#include "os/file.h"
 
 namespace moat::cli {
 namespace {
@@ -281,19 +283,8 @@ struct Task {
 };
 
 Result<std::vector<Task>> readTasks(const std::string& file, const json& base) {
-  std::string text;
-  if (file == "-") {
-    char buf[65536];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, stdin)) > 0) text.append(buf, n);
-  } else {
-    FILE* f = std::fopen(file.c_str(), "rb");
-    if (!f) return Error::fromErrno("open " + file);
-    char buf[65536];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-    std::fclose(f);
-  }
+  // "-" is standard input, whatever it is (a pipe, a file).
+  MOAT_ASSIGN(std::string text, os::readFile(file == "-" ? "/dev/stdin" : file, std::numeric_limits<size_t>::max()));
   std::vector<Task> tasks;
   size_t lineNo = 0, start = 0;
   while (start < text.size()) {
