@@ -433,35 +433,18 @@ int fleet(const std::vector<std::string>& args) {
 // `moat agent SUB ID`: a GET or POST of the run's path plus `suffix`.
 std::optional<json> one(const std::vector<std::string>& args, const std::string& sub, const std::string& method,
                         const std::string& suffix, Parsed& parsed, int& code) {
-  code = 0;
-  Status s = parseArgs(args, parsed, nullptr);
-  if (s.ok() && !parsed.help && parsed.positional.size() != 1) {
-    s = usageError("usage: moat agent " + sub + " ID");
-  }
-  if (s.ok() && !parsed.help &&
-      (parsed.positional[0].size() != 12 ||
-       parsed.positional[0].find_first_not_of("0123456789abcdef") != std::string::npos)) {
-    s = usageError("'" + parsed.positional[0] + "' is not a run id (12 hex digits)");
-  }
-  if (!s.ok() || parsed.help) {
-    code = s.ok() ? help() : reportFailure("agent " + sub, s.error());
-    return std::nullopt;
-  }
-  auto client = Client::fromOptions(parsed.connection);
-  if (!client.ok()) {
-    code = reportFailure("agent " + sub, client.error());
-    return std::nullopt;
-  }
-  auto answer = call(client.value(), method, "/v1/agents/" + parsed.positional[0] + suffix, "", 200);
-  if (!answer.ok()) {
-    code = reportFailure("agent " + sub, answer.error());
-    return std::nullopt;
-  }
-  if (parsed.json) {
-    std::puts(answer->dump(2).c_str());
-    return std::nullopt;
-  }
-  return answer.value();
+  OneResource what;
+  what.command = "agent " + sub;
+  what.missing = what.several = "usage: moat agent " + sub + " ID";
+  what.pathOf = [&suffix](const std::string& id) -> Result<std::string> {
+    if (id.size() != 12 || id.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      return usageError("'" + id + "' is not a run id (12 hex digits)");
+    }
+    return "/v1/agents/" + id + suffix;
+  };
+  what.method = method;
+  what.help = help;
+  return callOne(args, what, parsed, code);
 }
 
 void printRun(const json& r) {

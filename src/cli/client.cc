@@ -512,6 +512,39 @@ Status parseArgs(const std::vector<std::string>& args, Parsed& out,
   return {};
 }
 
+std::optional<nlohmann::json> callOne(const std::vector<std::string>& args, const OneResource& what, Parsed& parsed,
+                                      int& code) {
+  code = 0;
+  Status s = parseArgs(args, parsed, nullptr);
+  if (s.ok() && !parsed.help && parsed.positional.size() != 1) {
+    s = usageError(parsed.positional.empty() ? what.missing : what.several);
+  }
+  if (!s.ok() || parsed.help) {
+    code = s.ok() ? what.help() : reportFailure(what.command, s.error());
+    return std::nullopt;
+  }
+  auto path = what.pathOf(parsed.positional[0]);
+  if (!path.ok()) {
+    code = reportFailure(what.command, path.error());
+    return std::nullopt;
+  }
+  auto client = Client::fromOptions(parsed.connection);
+  if (!client.ok()) {
+    code = reportFailure(what.command, client.error());
+    return std::nullopt;
+  }
+  auto answer = call(client.value(), what.method, path.value(), "", 200);
+  if (!answer.ok()) {
+    code = reportFailure(what.command, answer.error());
+    return std::nullopt;
+  }
+  if (parsed.json) {
+    std::puts(answer->dump(2).c_str());
+    return std::nullopt;
+  }
+  return answer.value();
+}
+
 Status readConnectionFlag(FlagReader& flags, ConnectionOptions& options, bool& matched) {
   matched = true;
   const std::string& name = flags.name();

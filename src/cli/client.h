@@ -4,6 +4,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,22 @@ struct Parsed {
 };
 Status parseArgs(const std::vector<std::string>& args, Parsed& out,
                  const std::function<Status(FlagReader&, bool&)>& handle);
+
+// A client command on the one resource its only argument names ("moat env
+// get ID", "moat agent stop ID"): its flags parsed, the argument turned
+// into a path by `pathOf` (an error is reported as it is), one request,
+// --json printed. The answer; none once the command has ended, its exit
+// code in `code` (usage errors, failures, --help, --json).
+struct OneResource {
+  std::string command;  // "env get": for messages
+  std::string missing;  // the usage error without an argument
+  std::string several;  // ... with more than one
+  std::function<Result<std::string>(const std::string&)> pathOf;
+  std::string method = "GET";
+  std::function<int()> help;
+};
+std::optional<nlohmann::json> callOne(const std::vector<std::string>& args, const OneResource& what, Parsed& parsed,
+                                      int& code);
 // Handles --url, --state and --token; `matched` says whether the flag was one of them.
 Status readConnectionFlag(FlagReader& flags, ConnectionOptions& options, bool& matched);
 Result<double> parseNumber(const std::string& flag, const std::string& value);

@@ -281,42 +281,19 @@ int list(const std::vector<std::string>& args) {
   return 0;
 }
 
-// `moat env SUB ID`: a GET of the environment's path plus `suffix`; none
-// when the command already ended (with its exit code in `code`).
+// `moat env SUB ID`: a GET of the environment's path plus `suffix`.
 std::optional<json> getOne(const std::vector<std::string>& args, const std::string& sub, const std::string& suffix,
                            Parsed& parsed, int& code) {
-  const std::string command = "env " + sub;
-  Status s = parseArgs(args, parsed, nullptr);
-  if (s.ok() && !parsed.help && parsed.positional.size() != 1) {
-    s = usageError(parsed.positional.empty() ? "missing environment id (usage: moat env " + sub + " ID)"
-                                             : "takes one environment id");
-  }
-  code = 0;
-  if (!s.ok()) code = reportFailure(command, s.error());
-  if (!s.ok() || parsed.help) {
-    if (parsed.help) code = help();
-    return std::nullopt;
-  }
-  auto path = environmentPath(parsed.positional[0]);
-  if (!path.ok()) {
-    code = reportFailure(command, path.error());
-    return std::nullopt;
-  }
-  auto client = Client::fromOptions(parsed.connection);
-  if (!client.ok()) {
-    code = reportFailure(command, client.error());
-    return std::nullopt;
-  }
-  auto answer = call(client.value(), "GET", path.value() + suffix, "", 200);
-  if (!answer.ok()) {
-    code = reportFailure(command, answer.error());
-    return std::nullopt;
-  }
-  if (parsed.json) {
-    std::puts(answer->dump(2).c_str());
-    return std::nullopt;
-  }
-  return answer.value();
+  OneResource what;
+  what.command = "env " + sub;
+  what.missing = "missing environment id (usage: moat env " + sub + " ID)";
+  what.several = "takes one environment id";
+  what.pathOf = [&suffix](const std::string& id) -> Result<std::string> {
+    MOAT_ASSIGN(std::string path, environmentPath(id));
+    return path + suffix;
+  };
+  what.help = help;
+  return callOne(args, what, parsed, code);
 }
 
 int get(const std::vector<std::string>& args) {
