@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -14,6 +13,7 @@
 
 #include "moatd_fixture.h"
 #include "moatd_process.h"
+#include "os/file.h"
 
 namespace moat::test {
 namespace {
@@ -735,9 +735,9 @@ std::vector<pid_t> hostPidsWith(const std::string& marker) {
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     std::string name = entry.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "cmdline");
-    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (cmdline.find(marker) != std::string::npos) pids.push_back(std::stoi(name));
+    // A process may end while it is read (ESRCH): it is then not one of them.
+    auto cmdline = os::readFile(entry.path() / "cmdline");
+    if (cmdline && cmdline->find(marker) != std::string::npos) pids.push_back(std::stoi(name));
   }
   return pids;
 }
@@ -763,8 +763,9 @@ TEST_F(Gate, ProgramsRunWhileMoatdRestartsAreRecordedByTheNext) {
   for (int i = 0; i < 500 && pids.empty(); ++i) pids = hostPidsWith(marker);
   const std::vector<pid_t> all = pids;
   std::erase_if(pids, [&](pid_t pid) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    auto read = os::readFile("/proc/" + std::to_string(pid) + "/stat");
+    if (!read) return true;  // gone meanwhile
+    const std::string& text = *read;
     size_t close = text.rfind(')');
     if (close == std::string::npos) return true;  // gone meanwhile
     pid_t parent = std::atoi(text.c_str() + close + 4);
