@@ -373,7 +373,11 @@ int fleet(const std::vector<std::string>& args) {
     if (line.value("state", "") == "completed") ++completed;
     std::puts(line.dump().c_str());
     std::fflush(stdout);
-    std::fprintf(stderr, "[%zu/%zu] %s %s\n", done, tasks.size(), task.name.c_str(), line.value("state", "").c_str());
+    // A task that did not complete says why on the progress line too.
+    std::string why =
+        line.contains("error") && line["error"].is_string() ? ": " + line["error"].get<std::string>() : "";
+    std::fprintf(stderr, "[%zu/%zu] %s %s%s\n", done, tasks.size(), printable(task.name, true).c_str(),
+                 line.value("state", "").c_str(), printable(why, true).c_str());
   };
   bool stopping = false;
   while (done < tasks.size()) {

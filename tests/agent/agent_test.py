@@ -114,7 +114,10 @@ class Moatd:
         if token:
             headers["Authorization"] = "Bearer " + (token if isinstance(token, str) else self.token)
         data = None
-        if body is not None:
+        if isinstance(body, bytes):
+            data = body
+            headers["Content-Type"] = "application/octet-stream"
+        elif body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         try:
@@ -610,6 +613,55 @@ class AgentCases:
         code, _, err = self.moat_agent("fleet", tasks, "--model", "m")
         self.assertEqual(code, 2, err)
         self.assertIn(":1: unknown field \"colour\"", err)
+
+    def test_moat_agent_fleet_forks_each_task_from_a_snapshot(self):
+        # The source: an environment with a file, snapshotted, then destroyed
+        # (a snapshot outlives its environment).
+        status, env = MOATD.call("POST", "/v1/environments", {"task_id": f"fleet-source-{self.kind}"})
+        self.assertEqual(status, 201, env)
+        status, _ = MOATD.raw("PUT", f"/v1/environments/{env['id']}/files?path=/workspace/seed.txt", b"from the snapshot")
+        self.assertEqual(status, 200)
+        status, snap = MOATD.call("POST", f"/v1/environments/{env['id']}/snapshots", {"name": "fleet base"})
+        self.assertEqual(status, 201, snap)
+        self.addCleanup(MOATD.call, "DELETE", f"/v1/snapshots/{snap['id']}")
+        self.assertEqual(MOATD.call("DELETE", f"/v1/environments/{env['id']}")[0], 204)
+        # Each task reads the snapshot's file, writes its own, and answers.
+        script = []
+        for i in range(2):
+            script += [{"tool_calls": [{"name": "read_file", "arguments": {"path": "seed.txt"}},
+                                       {"name": "write_file", "arguments": {"path": "mine.txt", "content": f"{i}"}}]},
+                       {"text": "done"}]
+        d = self.double(script)
+        tasks = os.path.join(MOATD.state, f"snapshot-tasks-{self.kind}.jsonl")
+        with open(tasks, "w") as f:
+            for i in range(2):
+                f.write(json.dumps({"id": f"snap-{self.kind}-{i}", "instruction": f"task {i}", "keep_environment": True,
+                                    "labels": {"fleet": f"snap-{self.kind}"}}) + "\n")
+        code, out, err = self.moat_agent("fleet", tasks, "--parallel", "1", "--snapshot", snap["id"],
+                                         "--provider", self.kind, "--model", MODELS[self.kind],
+                                         "--base-url", d.url(self.kind), "--api-key-env", "THE_KEY",
+                                         key_env={"THE_KEY": PROVIDER_KEY})
+        self.assertEqual(code, 0, f"stdout:\n{out}\nstderr:\n{err}")
+        lines = [json.loads(line) for line in out.splitlines()]
+        self.assertEqual(len(lines), 2, out)
+        environments = set()
+        for line in lines:
+            self.assertEqual(line["state"], "completed", line)
+            run = self.get_run(line["run"])
+            environments.add(run["environment"])
+            self.addCleanup(MOATD.call, "DELETE", f"/v1/environments/{run['environment']}")
+            results = [s for s in self.transcript(line["run"]) if s["kind"] == "tool_result"]
+            self.assertIn("from the snapshot", results[0]["content"], results)
+        self.assertEqual(len(environments), 2, "each task has an environment of its own")
+        # Each kept environment holds the snapshot's file and only its own write.
+        written = {self.read_file(e, "/workspace/mine.txt")[1] for e in environments}
+        self.assertEqual(written, {b"0", b"1"})
+        for e in environments:
+            self.assertEqual(self.read_file(e, "/workspace/seed.txt"), (200, b"from the snapshot"))
+        code, _, err = self.moat_agent("fleet", tasks, "--snapshot", "snap-000000000000", "--provider", self.kind,
+                                       "--model", MODELS[self.kind], "--base-url", d.url(self.kind))
+        self.assertNotEqual(code, 0)
+        self.assertIn("snap-000000000000", err)
 
     def test_a_spent_token_budget_stops_the_run_before_its_tools(self):
         d = self.double(self.two_step_script())  # the first turn: 11 + 5 tokens and a write_file
