@@ -51,6 +51,9 @@ class NoBackend final : public backend::Backend {
   Result<uint32_t> snapshot(const std::string&, const std::string&) override { fail("backend snapshot reached"); }
   Status deleteSnapshot(const std::string&) override { return {}; }
   Result<std::vector<std::string>> snapshots() override { return std::vector<std::string>{}; }
+  Result<backend::Changes> changes(const backend::ChangesRequest& r) override {
+    return Error::make(Code::kNotFound, r.id);
+  }
 };
 
 struct Daemon {

@@ -346,6 +346,8 @@ const std::vector<Route>& Api::routes() {
       {"POST", "/v1/environments/{id}/snapshots", "snapshots", true, true, environmentSnapshots},
       {"POST", "/v1/environments/{id}/restore", "snapshots", true, true, environmentSnapshots},
       {"POST", "/v1/environments/{id}/fork", "create", true, true, environmentSnapshots},
+      {"GET", "/v1/environments/{id}/changes", "files", true, true,
+       [](Api& a, const HttpRequest& r, const Principal& p, const P& m) { return a.changesRoute(r, p, m.at("id")); }},
       {"GET", "/v1/snapshots", "snapshots", false, true, snapshots},
       {"GET", "/v1/snapshots/{snapshot_id}", "snapshots", false, true, snapshots},
       {"DELETE", "/v1/snapshots/{snapshot_id}", "snapshots", false, true, snapshots},

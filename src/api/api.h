@@ -159,6 +159,8 @@ class Api {
   HttpResponse snapshotsRoute(const HttpRequest& request, const Principal& principal);
   HttpResponse environmentSnapshotsRoute(const HttpRequest& request, const Principal& principal, const std::string& id,
                                          const std::string& sub);
+  // GET /v1/environments/{id}/changes: against its template or a snapshot.
+  HttpResponse changesRoute(const HttpRequest& request, const Principal& principal, const std::string& id);
   // A ready snapshot the caller may use (a key: only its own); not_found otherwise.
   Result<store::SnapshotRecord> visibleSnapshot(const Principal& principal, const std::string& id);
   // The create request's "network" and "secrets".

@@ -35,7 +35,56 @@ bool validSnapshotId(const std::string& id) {
          id.find_first_not_of("0123456789abcdef", 5) == std::string::npos;
 }
 
+json changeJson(const isolation::fs::LayerChange& c) {
+  using Kind = isolation::fs::LayerChange::Kind;
+  const char* type = c.type == 'f' ? "file" : c.type == 'd' ? "directory" : c.type == 'l' ? "symlink" : "other";
+  json j = {{"path", c.path},
+            {"change", c.kind == Kind::kAdded      ? "added"
+                       : c.kind == Kind::kModified ? "modified"
+                                                   : "deleted"},
+            {"type", type}};
+  if (c.type != 'd') {  // a directory's size says nothing of what it holds
+    if (c.kind != Kind::kDeleted) j["size"] = c.size;
+    if (c.kind != Kind::kAdded) j["size_before"] = c.sizeBefore;
+  }
+  if (c.type == 'l') j["target"] = c.target;
+  if (!c.modeChange.empty()) j["mode"] = c.modeChange;
+  if (!c.diff.empty()) j["diff"] = c.diff;
+  if (!c.diffOmitted.empty()) j["diff_omitted"] = c.diffOmitted;
+  return j;
+}
+
 }  // namespace
+
+HttpResponse Api::changesRoute(const HttpRequest& req, const Principal& principal, const std::string& id) {
+  if (auto e = onlyQuery(req, {"against", "diff"})) return errorResponse(*e);
+  std::string against = "template";
+  if (auto it = req.query.find("against"); it != req.query.end() && !it->second.empty()) against = it->second;
+  if (against != "template" && !validSnapshotId(against)) {
+    return errorResponse(invalid("against", "'template' or a snapshot id (snap- and 12 hex digits)"));
+  }
+  bool diffs = true;
+  if (req.query.count("diff")) {
+    const std::string& d = req.query.at("diff");
+    if (d != "0" && d != "1") return errorResponse(invalid("diff", "0 or 1"));
+    diffs = d == "1";
+  }
+  if (against != "template" && !visibleSnapshot(principal, against).ok()) {
+    return errorResponse({404, "not_found", "no snapshot " + against, "against"});
+  }
+  // It shows what every changed file holds: the gate's read_file for the
+  // whole tree, as a snapshot.
+  if (auto answer = check(req, principal, id, wholeTree(gate::Scope::kReadFile, "changes"))) return *answer;
+  isolation::fs::LayerChangeLimits limits;
+  limits.diffs = diffs;
+  auto changes = snapshots_.changes(id, against == "template" ? "" : against, limits);
+  if (!changes.ok()) return errorResponse(fromError(changes.error()));
+  json list = json::array();
+  for (const auto& c : changes->changes) list.push_back(changeJson(c));
+  return respond(
+      200,
+      {{"environment", id}, {"against", against}, {"truncated", changes->truncated}, {"changes", std::move(list)}});
+}
 
 std::optional<ApiError> snapshotField(const json& body, const char* field, std::string& out) {
   if (!body.contains(field)) return invalid(field, "required");

@@ -6,6 +6,7 @@
 
 #include "common/result.h"
 #include "common/unique_fd.h"
+#include "isolation/fs/layer_changes.h"
 
 // What moatd's environment manager needs of whatever runs an environment:
 // the seam between the manager (lifecycle, pools, snapshots' records) and
@@ -42,6 +43,17 @@ struct Usage {
   uint64_t oomKills = 0;
 };
 
+// What changes() compares: the environment `id`'s files against its
+// template's (`snapshot` empty) or against snapshot `snapshot` (one of the
+// same template).
+struct ChangesRequest {
+  std::string id;
+  std::string templateName;
+  std::string snapshot;
+  isolation::fs::LayerChangeLimits limits;
+};
+using Changes = isolation::fs::LayerChanges;
+
 // Environments a backend runs outlive the moatd that made them (a restart
 // re-attaches), until destroy(). Calls may come from any thread. A fork is
 // a snapshot and a create from it; a restore, a destroy and a create of
@@ -74,6 +86,9 @@ class Backend {
   virtual Status deleteSnapshot(const std::string& name) = 0;
   // The names of the snapshots it keeps.
   virtual Result<std::vector<std::string>> snapshots() = 0;
+  // What differs in a running environment's files (read only, for a
+  // person's review): never following what the environment planted.
+  virtual Result<Changes> changes(const ChangesRequest& request) = 0;
 };
 
 }  // namespace moat::backend

@@ -106,6 +106,8 @@ class EnvironmentManager final : public EnvironmentService,
   Result<store::EnvironmentRecord> fork(const std::string& id, const ForkRequest& request) override;
   Result<store::EnvironmentRecord> restore(const std::string& id, const std::string& snapshotId,
                                            const std::string& actor) override;
+  Result<backend::Changes> changes(const std::string& id, const std::string& snapshotId,
+                                   const isolation::fs::LayerChangeLimits& limits) override;
 
   // Egress (docs/EGRESS.md): without a controller, only mode "none" works.
   void setEgress(egress::Controller* egress) { egress_ = egress; }

@@ -224,6 +224,10 @@ class SnapshotService {
   // settings, network and permissions).
   virtual Result<store::EnvironmentRecord> restore(const std::string& id, const std::string& snapshotId,
                                                    const std::string& actor) = 0;
+  // What differs in a running environment's files from its template's
+  // (snapshotId empty) or from a snapshot's of the same template.
+  virtual Result<backend::Changes> changes(const std::string& id, const std::string& snapshotId,
+                                           const isolation::fs::LayerChangeLimits& limits) = 0;
 };
 
 }  // namespace moat::manager

@@ -68,6 +68,30 @@ Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string
   return snap;
 }
 
+Result<backend::Changes> EnvironmentManager::changes(const std::string& id, const std::string& snapshotId,
+                                                     const isolation::fs::LayerChangeLimits& limits) {
+  // As a snapshot does: no restore swaps the files while they are read, and
+  // the snapshot compared with stays.
+  auto held = exclusive(id);
+  auto using_ = holdSnapshot(snapshotId);
+  MOAT_ASSIGN(auto record, get(id));
+  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));  // running: its volume is there
+  (void)live;
+  backend::ChangesRequest request;
+  request.id = id;
+  request.templateName = record.templateName;
+  request.limits = limits;
+  if (!snapshotId.empty()) {
+    MOAT_ASSIGN(auto snap, usableSnapshot(snapshotId, ""));
+    if (snap.templateName != record.templateName) {
+      return Error::make(Code::kInvalidArgument, "snapshot " + snapshotId + " is of template '" + snap.templateName +
+                                                     "', the environment's is '" + record.templateName + "'");
+    }
+    request.snapshot = snap.id;
+  }
+  return backend_.changes(request);
+}
+
 Result<store::EnvironmentRecord> EnvironmentManager::fork(const std::string& id, const ForkRequest& request) {
   MOAT_ASSIGN(auto source, get(id));
   MOAT_ASSIGN(auto layers, permissions(id));

@@ -1,11 +1,14 @@
 #include "os/tree.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <sys/random.h>
 #include <sys/syscall.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace moat::os {
@@ -32,6 +35,67 @@ Result<struct stat> statFd(int fd) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return Error::fromErrno("fstat");
   return st;
+}
+
+Result<struct stat> statAt(int dirFd, const std::string& name) {
+  struct stat st;
+  if (::fstatat(dirFd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return Error::fromErrno("stat " + name);
+  return st;
+}
+
+Result<std::string> readLinkAt(int dirFd, const std::string& name) {
+  char target[PATH_MAX];
+  ssize_t n = ::readlinkat(dirFd, name.c_str(), target, sizeof target);
+  if (n < 0) return Error::fromErrno("readlink " + name);
+  return std::string(target, static_cast<size_t>(n));
+}
+
+Result<std::vector<std::string>> listDirFd(int dirFd, size_t maxNames) {
+  // fdopendir takes the descriptor over: give it its own, at the start.
+  MOAT_ASSIGN(UniqueFd own, openAt(dirFd, ".", O_RDONLY | O_DIRECTORY, kResolveStrict));
+  DIR* dir = ::fdopendir(own.get());
+  if (dir == nullptr) return Error::fromErrno("opendir");
+  (void)own.release();
+  std::vector<std::string> names;
+  errno = 0;
+  while (struct dirent* e = ::readdir(dir)) {
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    if (names.size() >= maxNames) {
+      ::closedir(dir);
+      return Error::make(Code::kTooLarge, "more than " + std::to_string(maxNames) + " names in one directory");
+    }
+    names.emplace_back(e->d_name);
+  }
+  const int err = errno;
+  ::closedir(dir);
+  if (err != 0) return Error::fromErrno("readdir", err);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Result<std::string> xattrFd(int fd, const char* name) {
+  char value[256];
+  ssize_t n = ::fgetxattr(fd, name, value, sizeof value);
+  if (n < 0) {
+    if (errno == ENODATA || errno == ENOTSUP) return std::string();
+    return Error::fromErrno(std::string("getxattr ") + name);
+  }
+  return std::string(value, static_cast<size_t>(n));
+}
+
+Result<ReadBytes> readUpTo(int fd, size_t maxBytes) {
+  ReadBytes out;
+  char buf[65536];
+  while (out.data.size() <= maxBytes) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Error::fromErrno("read");
+    if (n == 0) return out;
+    out.data.append(buf, static_cast<size_t>(n));
+  }
+  out.data.resize(maxBytes);
+  out.truncated = true;
+  return out;
 }
 
 Result<bool> makeDirAt(int dirFd, const std::string& name, mode_t mode) {

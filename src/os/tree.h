@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/result.h"
 #include "common/unique_fd.h"
@@ -26,6 +27,22 @@ constexpr uint64_t kResolveStrict = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESO
 
 Result<UniqueFd> openAt(int dirFd, const std::string& path, int flags, uint64_t resolve, mode_t mode = 0);
 Result<struct stat> statFd(int fd);
+// What `name` in dirFd is, not following it if it is a symlink.
+Result<struct stat> statAt(int dirFd, const std::string& name);
+// The target of the symlink `name` in dirFd (at most PATH_MAX bytes), as data.
+Result<std::string> readLinkAt(int dirFd, const std::string& name);
+// The names in the directory dirFd is open on (not "." or ".."), sorted;
+// at most maxNames (more: an error with code "too_large").
+Result<std::vector<std::string>> listDirFd(int dirFd, size_t maxNames);
+// The value of extended attribute `name` of what fd is open on (not
+// O_PATH), at most 255 bytes; empty when it has none.
+Result<std::string> xattrFd(int fd, const char* name);
+// Up to maxBytes from fd's current offset; truncated says there was more.
+struct ReadBytes {
+  std::string data;
+  bool truncated = false;
+};
+Result<ReadBytes> readUpTo(int fd, size_t maxBytes);
 // mkdirat: true when it made the directory, false when the name exists
 // (whatever it is).
 Result<bool> makeDirAt(int dirFd, const std::string& name, mode_t mode);

@@ -2209,6 +2209,17 @@ def run_snapshot_exchanges(c):
     c.call("POST", envs, {"snapshot": mid("s", "snap-000000000000"), "template": "host"}, status=400,
            code="invalid_request", field="template", expressible=False)
     c.call("POST", f"{env(mid('e'))}/fork", {"spec": small}, status=400, code="unknown_field", field="spec")
+    # Changes: the restored f ("one") against the template, nothing since snapshot one.
+    c.call("GET", f"{env(mid('e'))}/changes", status=200,
+           check=lambda r: expect([(x["path"], x["change"], x.get("diff")) for x in r.json["changes"]] ==
+                                  [("/workspace/f", "added", "@@ -0,0 +1 @@\n+one\n")], r.json))
+    c.call("GET", f"{env(mid('e'))}/changes?against={mid('s', 'snap-000000000000')}&diff=0", status=200,
+           check=lambda r: expect(r.json["changes"] == [] and r.json["truncated"] is False, r.json))
+    c.call("GET", f"{env(mid('e'))}/changes?against=other", status=400, code="invalid_request", field="against")
+    c.call("GET", f"{env(mid('e'))}/changes?against=snap-000000000000", status=404, code="not_found",
+           field="against")
+    c.call("GET", f"{env(mid('e'))}/changes?colour=1", status=400, code="unknown_field", field="colour")
+    c.call("DELETE", f"{env(mid('e'))}/changes", status=405, code="method_not_allowed")
     c.call("GET", "/v1/snapshots/snap-000000000000", status=404, code="not_found")
     c.call("DELETE", f"/v1/snapshots/{mid('s', 'snap-000000000000')}", status=204)
     c.call("DELETE", f"/v1/snapshots/{mid('s2', 'snap-000000000000')}", status=204)

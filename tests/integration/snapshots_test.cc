@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -324,6 +325,69 @@ TEST_F(Snapshots, AKilledMoatdLeavesNoHalfMadeSnapshot) {
   // The finished one is there and works.
   call("POST", "/v1/environments/" + id + "/restore", {{"snapshot", sid}}, 200);
   EXPECT_EQ(sh(id, "cat /workspace/f"), "kept\n");
+}
+
+// The changes a person reviews: against the template, against a snapshot,
+// never through what the environment planted.
+TEST_F(Snapshots, ChangesShowWhatTheEnvironmentChangedSinceItsTemplateOrASnapshot) {
+  std::string id = createEnv();
+  json none = call("GET", "/v1/environments/" + id + "/changes", nullptr, 200);
+  EXPECT_EQ(none["changes"], json::array())
+      << "moat's own /etc/hosts and /etc/hostname are not the environment's doing";
+  EXPECT_EQ(none["against"], "template");
+  sh(id, "echo one > /workspace/notes.txt; echo extra >> /etc/profile");
+  json snap = snapshot(id);
+  sh(id,
+     "echo two >> /workspace/notes.txt; ln -s /etc/shadow /workspace/evil; ln /workspace/notes.txt /workspace/hard;"
+     "mkdir /workspace/d; head -c 100 /dev/urandom > /workspace/d/blob");
+  json all = call("GET", "/v1/environments/" + id + "/changes?against=template", nullptr, 200);
+  std::map<std::string, json> byPath;
+  for (const auto& c : all["changes"]) byPath[c["path"]] = c;
+  EXPECT_EQ(byPath["/etc/profile"]["change"], "modified");
+  EXPECT_NE(byPath["/etc/profile"]["diff"].get<std::string>().find("+extra\n"), std::string::npos);
+  EXPECT_EQ(byPath["/workspace/notes.txt"]["diff"], "@@ -0,0 +1,2 @@\n+one\n+two\n");
+  EXPECT_EQ(byPath["/workspace/evil"]["type"], "symlink");
+  EXPECT_EQ(byPath["/workspace/evil"]["target"], "/etc/shadow");
+  EXPECT_FALSE(byPath["/workspace/evil"].contains("diff")) << "the host's /etc/shadow is never read";
+  EXPECT_EQ(byPath["/workspace/hard"]["diff"], "@@ -0,0 +1,2 @@\n+one\n+two\n") << "a hard link is its own file";
+  EXPECT_EQ(byPath["/workspace/d"]["type"], "directory");
+  EXPECT_EQ(byPath["/workspace/d/blob"]["size"], 100);
+  EXPECT_EQ(all.dump().find("root:"), std::string::npos) << "nothing of the host's files";
+  // Since the snapshot: only the second command's doing.
+  json since =
+      call("GET", "/v1/environments/" + id + "/changes?against=" + snap["id"].get<std::string>(), nullptr, 200);
+  byPath.clear();
+  for (const auto& c : since["changes"]) byPath[c["path"]] = c;
+  EXPECT_EQ(byPath.count("/etc/profile"), 0u) << since.dump();
+  EXPECT_EQ(byPath["/workspace/notes.txt"]["diff"], "@@ -1 +1,2 @@\n one\n+two\n");
+  EXPECT_EQ(byPath["/workspace/notes.txt"]["size_before"], 4);
+  EXPECT_EQ(byPath.size(), 5u) << since.dump();  // notes.txt, evil, hard, d, d/blob
+  // diff=0: paths and sizes only.
+  json bare = call("GET", "/v1/environments/" + id + "/changes?diff=0", nullptr, 200);
+  EXPECT_EQ(bare.dump().find("\"diff\""), std::string::npos);
+  // Bad requests name what is wrong.
+  EXPECT_EQ(call("GET", "/v1/environments/" + id + "/changes?against=../../etc", nullptr, 400)["error"]["field"],
+            "against");
+  EXPECT_EQ(
+      call("GET", "/v1/environments/" + id + "/changes?against=snap-000000000000", nullptr, 404)["error"]["field"],
+      "against");
+  EXPECT_EQ(call("GET", "/v1/environments/" + id + "/changes?diff=2", nullptr, 400)["error"]["field"], "diff");
+  EXPECT_EQ(call("POST", "/v1/environments/" + id + "/changes", nullptr, 405)["error"]["code"], "method_not_allowed");
+}
+
+TEST_F(Snapshots, ChangesAreReadsOfTheWholeTreeForTheGateAndAKeysOwn) {
+  std::string id = createEnv({{"permissions", {{"read_file", {{{"path", "/etc/**"}, {"action", "deny"}}}}}}});
+  json r = call("GET", "/v1/environments/" + id + "/changes", nullptr, 403);
+  EXPECT_EQ(r["error"]["code"], "denied_by_policy");
+  json key = call("POST", "/v1/keys", {{"name", "reviewer"}, {"scopes", {"read", "files"}}}, 201);
+  std::string master = createEnv();
+  auto theirs = daemon_->request("GET", "/v1/environments/" + master + "/changes", "", false,
+                                 {{"Authorization", "Bearer " + key["token"].get<std::string>()}});
+  EXPECT_EQ(theirs.status, 404) << theirs.body;
+  json noFiles = call("POST", "/v1/keys", {{"name", "reader"}, {"scopes", {"read"}}}, 201);
+  auto scoped = daemon_->request("GET", "/v1/environments/" + master + "/changes", "", false,
+                                 {{"Authorization", "Bearer " + noFiles["token"].get<std::string>()}});
+  EXPECT_EQ(scoped.status, 403) << scoped.body;
 }
 
 }  // namespace

@@ -190,6 +190,11 @@ Status FakeBackend::deleteSnapshot(const std::string& name) {
   return {};
 }
 
+Result<backend::Changes> FakeBackend::changes(const backend::ChangesRequest& request) {
+  record("changes", request.id);
+  return backend::Changes{};
+}
+
 Result<std::vector<std::string>> FakeBackend::snapshots() {
   record("snapshots", "");
   std::lock_guard<std::mutex> lock(mutex_);

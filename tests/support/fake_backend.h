@@ -22,7 +22,8 @@ namespace moat::test {
 class FakeBackend final : public backend::Backend {
  public:
   struct Call {
-    std::string op;      // create, destroy, attach, list, usage, networkNamespace, snapshot, deleteSnapshot, snapshots
+    std::string
+        op;  // create, destroy, attach, list, usage, networkNamespace, snapshot, deleteSnapshot, snapshots, changes
     std::string id;      // the environment's, or a snapshot's name
     backend::Spec spec;  // create's
   };
@@ -38,6 +39,8 @@ class FakeBackend final : public backend::Backend {
   Result<uint32_t> snapshot(const std::string& id, const std::string& name) override;
   Status deleteSnapshot(const std::string& name) override;
   Result<std::vector<std::string>> snapshots() override;
+  // Records the call; no files: nothing changed.
+  Result<backend::Changes> changes(const backend::ChangesRequest& request) override;
 
   std::vector<Call> calls();
   // Calls of one kind, in order.

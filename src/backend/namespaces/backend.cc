@@ -1,6 +1,10 @@
 #include "backend/namespaces/backend.h"
 
+#include <fcntl.h>
+
+#include "isolation/fs/rootfs.h"
 #include "isolation/fs/storage_pool.h"
+#include "isolation/fs/template.h"
 #include "os/file.h"
 
 namespace moat::backend::namespaces {
@@ -45,6 +49,31 @@ Result<Usage> NamespacesBackend::usage(const std::string& id) {
 Status NamespacesBackend::deleteSnapshot(const std::string& name) {
   MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
   return pool.destroySnapshot(name);
+}
+
+Result<Changes> NamespacesBackend::changes(const ChangesRequest& request) {
+  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
+  MOAT_ASSIGN(isolation::fs::Template tmpl, isolation::fs::resolveTemplate(request.templateName, stateDir_));
+  // The layers' tops are moat's own names; below them, compareLayers
+  // follows nothing.
+  auto openUpper = [](const std::string& volume) {
+    return os::open(volume + "/upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  };
+  MOAT_ASSIGN(UniqueFd now, openUpper(pool.volumePath(request.id)));
+  // What moat wrote into it is not the environment's doing (its hostname
+  // is its id).
+  isolation::fs::LayerChangeLimits limits = request.limits;
+  for (const auto& [name, content] : isolation::fs::environmentFiles(request.id))
+    limits.baseline["/etc/" + name] = content;
+  limits.baseline["/workspace"] = "/";
+  limits.baseline["/tmp"] = "/";
+  isolation::fs::LayerView before{-1, tmpl.lower.get()};
+  UniqueFd then;
+  if (!request.snapshot.empty()) {
+    MOAT_ASSIGN(then, openUpper(pool.snapshotPath(request.snapshot)));
+    before.upperFd = then.get();
+  }
+  return isolation::fs::compareLayers(before, isolation::fs::LayerView{now.get(), tmpl.lower.get()}, limits);
 }
 
 Result<std::vector<std::string>> NamespacesBackend::snapshots() {

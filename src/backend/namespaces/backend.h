@@ -25,6 +25,7 @@ class NamespacesBackend final : public Backend {
   }
   Status deleteSnapshot(const std::string& name) override;
   Result<std::vector<std::string>> snapshots() override;
+  Result<Changes> changes(const ChangesRequest& request) override;
 
  private:
   Spawner& spawner_;

@@ -186,6 +186,10 @@ Result<std::string> ensureDevSkeleton(const std::string& poolRoot) {
   return ensureBuiltDirectory(poolRoot + "/skeletons", "dev-v1", buildDevSkeleton);
 }
 
+std::vector<std::pair<std::string, std::string>> environmentFiles(const std::string& hostname) {
+  return {{"hostname", hostname + "\n"}, {"hosts", "127.0.0.1 localhost\n::1 localhost\n127.0.1.1 " + hostname + "\n"}};
+}
+
 namespace {
 
 // A volume made just now: its upper layer is empty and no process has seen
@@ -198,8 +202,7 @@ Status writeFreshEnvironmentFiles(int upper, int lowerFd, const std::string& hos
   if (!made) return Error::make(Code::kConflict, "a new volume already holds etc");
   MOAT_ASSIGN(UniqueFd etc, os::openAt(upper, "etc", O_PATH | O_DIRECTORY, os::kResolveStrict));
   MOAT_TRY(os::chownFd(etc.get(), uid, gid));
-  for (const auto& [name, content] : {std::pair<std::string, std::string>{"hostname", hostname + "\n"},
-                                      {"hosts", "127.0.0.1 localhost\n::1 localhost\n127.0.1.1 " + hostname + "\n"}}) {
+  for (const auto& [name, content] : environmentFiles(hostname)) {
     MOAT_TRY(os::createFileAt(etc.get(), name, 0644, content));
     MOAT_ASSIGN(UniqueFd file, os::openAt(etc.get(), name, O_PATH, os::kResolveStrict));
     MOAT_TRY(os::chownFd(file.get(), uid, gid));
@@ -317,8 +320,7 @@ Status writeEnvironmentFiles(const std::string& hostname) {
   // choice, and its files are then left as it made them.
   auto etc = os::openAt(root.get(), "etc", O_PATH | O_DIRECTORY, os::kResolveStrict | RESOLVE_NO_XDEV);
   if (!etc.ok()) return layoutInTheWay(etc.error()) ? Status{} : Status(etc.error());
-  for (const auto& [name, content] : {std::pair<std::string, std::string>{"hostname", hostname + "\n"},
-                                      {"hosts", "127.0.0.1 localhost\n::1 localhost\n127.0.1.1 " + hostname + "\n"}}) {
+  for (const auto& [name, content] : environmentFiles(hostname)) {
     Status s = os::replaceFileAt(etc->get(), name, content, 0644);
     if (!s.ok() && !layoutInTheWay(s.error()))
       return Error{s.error().code, s.error().sysErrno, "/etc/" + name + ": " + s.error().context};

@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/result.h"
@@ -54,6 +55,9 @@ struct RootPlan {
 // environment's files (all names new, nothing there to follow); on a copy
 // of a snapshot nothing below upper/ is touched: the child writes them as
 // the environment's root (writeEnvironmentFiles).
+// The files moat writes into every environment's /etc (name, bytes).
+std::vector<std::pair<std::string, std::string>> environmentFiles(const std::string& hostname);
+
 Result<RootPlan> prepareRoot(const std::string& volumeDir, int lowerFd, const std::string& hostname, uid_t hostRootUid,
                              gid_t hostRootGid);
 
