@@ -1,0 +1,237 @@
+// The audit log (docs/API.md, "Audit"): read a page at a time, followed live
+// with an EventSource, and each event said in one line for a card.
+
+import { type AuditEvent, query, request } from "./api";
+import { argvLine, bytes, cut } from "./format";
+
+/** Events per answer without follow (moatd's page). */
+export const PAGE = 1000;
+
+// An EventSource hands named events (`event: exec.ended`) only to listeners
+// of that name, so the board listens for every type moatd records.
+export const EVENT_TYPES = [
+  "environment.created", "environment.failed", "environment.destroyed", "environment.ttl_set",
+  "environment.reattached", "environment.restored",
+  "exec.started", "exec.ended", "process.started", "process.ended", "program.started",
+  "process.input", "process.signal", "terminal.attached", "terminal.detached", "terminal.input",
+  "file.written", "file.read", "file.removed", "file.moved", "dir.created",
+  "gate.denied", "approval.requested", "approval.decided", "policy.changed",
+  "egress.allowed", "egress.denied", "network.changed",
+  "snapshot.created", "snapshot.deleted", "snapshot.failed",
+  "agent.started", "agent.turn", "agent.tool", "agent.ended",
+  "auth.failed", "auth.denied", "key.created", "key.revoked", "session.opened", "session.closed",
+  "audit.summarized", "audit.checkpoint", "audit.prune_failed",
+];
+
+/** The events of an SSE answer (frames of `id:`, `event:`, `data:` lines). */
+export function parseSse(text: string): AuditEvent[] {
+  const out: AuditEvent[] = [];
+  for (const frame of text.split("\n\n")) {
+    let data = "";
+    for (const line of frame.split("\n")) {
+      if (line.startsWith("data:")) data += line.slice(line.startsWith("data: ") ? 6 : 5);
+    }
+    if (data) out.push(JSON.parse(data) as AuditEvent);
+  }
+  return out;
+}
+
+export interface PageQuery {
+  since?: number;
+  environment?: string;
+  type?: string;
+}
+
+/** Up to PAGE events after `since`, oldest first. */
+export async function eventsPage(q: PageQuery, signal?: AbortSignal): Promise<AuditEvent[]> {
+  const res = await request("GET", `/v1/events${query({ ...q })}`, signal ? { signal } : {});
+  return parseSse(await res.text());
+}
+
+/**
+ * The newest event id the caller may see, and the newest events (at most a
+ * page) to fill the cards with. moatd's pages run oldest first, so this
+ * searches for the end: a doubling step, then halving, each probe one page
+ * (for a log of a million events about 40 requests, for a short one, one).
+ */
+export async function latestEvents(): Promise<{ last: number; recent: AuditEvent[] }> {
+  const lastOf = (p: AuditEvent[], fallback: number) => p[p.length - 1]?.id ?? fallback;
+  let page = await eventsPage({ since: 0 });
+  if (page.length < PAGE) return { last: lastOf(page, 0), recent: page };
+  // A full page: events up to `lo` exist, after it there may be more.
+  let lo = lastOf(page, 0);
+  let hi = 0; // no event after hi
+  for (let step = Math.max(lo, PAGE); hi === 0; step *= 2) {
+    page = await eventsPage({ since: lo + step });
+    if (page.length === 0) hi = lo + step;
+    else if (page.length < PAGE) return finish(lastOf(page, lo), page);
+    else lo = lastOf(page, lo);
+  }
+  while (hi - lo >= PAGE) {
+    const mid = Math.floor((lo + hi) / 2);
+    page = await eventsPage({ since: mid });
+    if (page.length === 0) hi = mid;
+    else if (page.length < PAGE) return finish(lastOf(page, mid), page);
+    else lo = lastOf(page, mid);
+  }
+  // Fewer than a page of ids lie after lo: this page ends the log.
+  page = await eventsPage({ since: lo });
+  return finish(lastOf(page, lo), page);
+}
+
+/** A short last page gives the cards little history: take the page before the end too. */
+async function finish(last: number, recent: AuditEvent[]): Promise<{ last: number; recent: AuditEvent[] }> {
+  if (recent.length >= PAGE / 2 || last <= recent.length) return { last, recent };
+  const before = await eventsPage({ since: Math.max(0, last - PAGE) });
+  return { last, recent: before.length > recent.length ? before : recent };
+}
+
+export type StreamState = "connecting" | "live" | "reconnecting";
+
+/**
+ * Follows the log from `since`: every event after it, live. The browser
+ * reconnects by itself after a break and sends the last id it saw
+ * (Last-Event-ID), so none is lost or repeated.
+ */
+export function followEvents(
+  since: number,
+  onEvent: (e: AuditEvent) => void,
+  onState: (s: StreamState) => void,
+): EventSource {
+  const source = new EventSource(`/v1/events${query({ follow: 1, since })}`);
+  const handle = (m: MessageEvent<string>) => {
+    let e: AuditEvent;
+    try {
+      e = JSON.parse(m.data) as AuditEvent;
+    } catch {
+      return;
+    }
+    onEvent(e);
+  };
+  for (const t of EVENT_TYPES) source.addEventListener(t, handle as EventListener);
+  source.addEventListener("message", handle as EventListener);
+  onState("connecting");
+  source.addEventListener("open", () => onState("live"));
+  source.addEventListener("error", () => onState(source.readyState === EventSource.CLOSED ? "connecting" : "reconnecting"));
+  return source;
+}
+
+// ---- one line per event ----
+
+export type Tone = "ok" | "bad" | "ask" | "info";
+
+export interface Said {
+  text: string;
+  tone: Tone;
+}
+
+const str = (v: unknown): string => (typeof v === "string" ? v : v === undefined || v === null ? "" : JSON.stringify(v));
+const num = (v: unknown): number | undefined => (typeof v === "number" ? v : undefined);
+
+/** What a gate action is about, in a line: the command, the path, the host. */
+export function actionLine(action: unknown): string {
+  if (!action || typeof action !== "object") return "";
+  const a = action as Record<string, unknown>;
+  const scope = str(a["scope"]);
+  if (scope === "run_command") return `${str(a["op"]) || "run"} ${argvLine(a["argv"])}`;
+  if (scope === "read_file" || scope === "write_file") {
+    const size = num(a["size"]);
+    return `${str(a["op"])} ${str(a["path"])}${a["tree"] ? " (tree)" : ""}${size ? ` (${bytes(size)})` : ""}`;
+  }
+  if (scope === "network") {
+    const port = num(a["port"]);
+    return `connect ${str(a["host"])}${port ? `:${port}` : ""}`;
+  }
+  return JSON.stringify(a);
+}
+
+export function describeEvent(e: AuditEvent): Said {
+  const d = e.data ?? {};
+  const argv = argvLine(d["argv"]);
+  switch (e.type) {
+    case "exec.started":
+    case "process.started":
+      return { text: `$ ${argv}`, tone: "info" };
+    case "exec.ended":
+    case "process.ended": {
+      const state = str(d["state"]);
+      if (state === "failed") return { text: `$ ${argv}: ${str(d["error"]) || "could not start"}`, tone: "bad" };
+      if (state === "lost") return { text: `$ ${argv}: lost (${str(d["reason"])})`, tone: "bad" };
+      const code = num(d["exit_code"]) ?? 0;
+      const ms = num(d["duration_ms"]);
+      const timedOut = d["timed_out"] === true ? ", timed out" : "";
+      return {
+        text: `$ ${argv} → exit ${code}${timedOut}${ms !== undefined ? ` (${ms} ms)` : ""}`,
+        tone: code === 0 ? "ok" : "bad",
+      };
+    }
+    case "program.started":
+      return { text: `program ${argvLine((d["action"] as Record<string, unknown> | undefined)?.["argv"])}`, tone: "info" };
+    case "file.written": {
+      if (d["error"]) return { text: `write ${str(d["path"])} failed: ${str(d["error"])}`, tone: "bad" };
+      const size = num(d["size"]) ?? 0;
+      return { text: `${d["append"] ? "appended" : "wrote"} ${str(d["path"])} (${bytes(size)})`, tone: "ok" };
+    }
+    case "file.read":
+      if (d["error"]) return { text: `read ${str(d["path"])} failed: ${str(d["error"])}`, tone: "bad" };
+      return { text: `${str(d["op"]) || "read"} ${str(d["path"])}`, tone: "info" };
+    case "file.removed":
+      return { text: `removed ${str(d["path"])}${d["recursive"] ? " (recursive)" : ""}`, tone: "info" };
+    case "file.moved":
+      return { text: `moved ${str(d["from"])} → ${str(d["to"])}`, tone: "info" };
+    case "dir.created":
+      return { text: `mkdir ${str(d["path"])}`, tone: "info" };
+    case "egress.allowed":
+    case "egress.denied": {
+      const allowed = e.type === "egress.allowed";
+      const port = num(d["port"]);
+      const target = `${str(d["host"]) || str(d["address"])}${port ? `:${port}` : ""}`;
+      const req = d["method"] ? ` ${str(d["method"])} ${cut(str(d["path"]), 60)}` : "";
+      const why = allowed ? (d["rule"] ? ` (${str(d["rule"])})` : "") : `: ${str(d["reason"])}`;
+      return { text: `egress ${allowed ? "allowed" : "denied"} ${target}${req}${why}`, tone: allowed ? "ok" : "bad" };
+    }
+    case "gate.denied":
+      return { text: `denied: ${actionLine(d["action"])}`, tone: "bad" };
+    case "approval.requested":
+      return { text: `asks: ${actionLine(d["action"])}`, tone: "ask" };
+    case "approval.decided": {
+      const state = str(d["state"]);
+      const reason = str(d["reason"]);
+      return {
+        text: `${state} by ${str(d["decided_by"])}: ${actionLine(d["action"])}${reason ? ` (${reason})` : ""}`,
+        tone: state === "approved" ? "ok" : "bad",
+      };
+    }
+    case "policy.changed":
+      return { text: "permissions changed", tone: "info" };
+    case "environment.created":
+      return {
+        text: `created${d["forked_from"] ? ` (fork of ${str(d["forked_from"])})` : ""}${d["from_snapshot"] ? ` from ${str(d["from_snapshot"])}` : ""}${d["warm"] ? " (warm)" : ""}`,
+        tone: "info",
+      };
+    case "environment.destroyed":
+      return { text: `ended: ${str(d["reason"])}`, tone: "bad" };
+    case "environment.failed":
+      return { text: `failed: ${str(d["error"])}`, tone: "bad" };
+    case "environment.ttl_set":
+      return { text: `ttl set to ${num(d["ttl_s"]) ?? "?"} s`, tone: "info" };
+    case "environment.restored":
+      return { text: `restored from ${str(d["snapshot"])}`, tone: "info" };
+    case "snapshot.created":
+      return { text: `snapshot ${str(d["snapshot"]) || str(d["id"])}${d["name"] ? ` "${str(d["name"])}"` : ""}`, tone: "ok" };
+    case "terminal.input":
+      return { text: `typed ${cut(JSON.stringify(str(d["text"])), 60)}`, tone: "info" };
+    case "agent.started":
+      return { text: `agent ${str(d["run"])} started (${str(d["provider"])} ${str(d["model"])})`, tone: "info" };
+    case "agent.turn": {
+      const tools = Array.isArray(d["tool_calls"]) ? (d["tool_calls"] as unknown[]).map(str).join(", ") : "";
+      return { text: `agent turn ${num(d["iteration"]) ?? "?"}${tools ? `: ${tools}` : ": answered"}`, tone: "info" };
+    }
+    case "agent.tool":
+      return { text: `agent tool ${str(d["name"])}${d["is_error"] ? " (error)" : ""}`, tone: d["is_error"] ? "bad" : "ok" };
+    case "agent.ended":
+      return { text: `agent ${str(d["state"])}${d["reason"] ? `: ${cut(str(d["reason"]), 120)}` : ""}`, tone: str(d["state"]) === "completed" ? "ok" : "bad" };
+    default:
+      return { text: e.type, tone: "info" };
+  }
+}
