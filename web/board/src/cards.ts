@@ -78,6 +78,7 @@ export class EnvCard {
   private readonly mem = new Metric("mem");
   private readonly pids = new Metric("pids");
   private pidsMax = 8;
+  private memMax = 1 << 20;
   private lastCpu: { usec: number; atMs: number } | null = null;
   private readonly actionButtons: HTMLButtonElement[] = [];
   /** In the viewport (IntersectionObserver): only then are sparklines and clocks redrawn. */
@@ -205,25 +206,25 @@ export class EnvCard {
     }
     this.mem.push(s.memory_bytes);
     this.pids.push(s.pids);
+    // CPU is drawn against its limit; memory and pids against their recent
+    // peak (their limits dwarf a quiet environment's use; the text gives both).
     this.pidsMax = Math.max(8, ...this.pids.history.map((v) => v * 1.25));
+    this.memMax = Math.max(1 << 20, ...this.mem.history.map((v) => v * 1.25));
     const cpuNow = this.cpu.history[this.cpu.history.length - 1];
     const cpuLabel = s.cpus === 1 ? "1 CPU" : `${s.cpus} CPUs`;
     this.cpu.value.data = s.cpu_usec === null ? `n/a (${cpuLabel})` : `${cpuNow === undefined ? "…" : percent(cpuNow)} of ${cpuLabel}`;
     this.mem.value.data = `${bytes(s.memory_bytes)} / ${bytes(s.memory_limit_bytes)}`;
     this.pids.value.data = `${s.pids} / ${s.pids_limit}`;
-    this.memLimit = s.memory_limit_bytes;
     this.oom.hidden = s.oom_kills === 0;
     if (s.oom_kills) setText(this.oom, `OOM ×${s.oom_kills}`);
     this.dirty = true;
     if (this.inView) this.drawStats();
   }
 
-  private memLimit = 1;
-
   private drawStats(): void {
     this.dirty = false;
     this.cpu.spark.draw(this.cpu.history, 100, HISTORY);
-    this.mem.spark.draw(this.mem.history, this.memLimit, HISTORY);
+    this.mem.spark.draw(this.mem.history, this.memMax, HISTORY);
     this.pids.spark.draw(this.pids.history, this.pidsMax, HISTORY);
   }
 

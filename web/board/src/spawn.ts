@@ -134,6 +134,7 @@ function agentForm(hooks: SpawnHooks): HTMLElement {
   const model = input("model", { placeholder: "claude-sonnet-5 / gpt-… / replay: the run id" });
   const baseUrl = input("base_url", { placeholder: "default for the kind" });
   const keyEnv = input("api_key_env", { placeholder: "ANTHROPIC_API_KEY" });
+  const key = input("api_key", { type: "password", autocomplete: "off", placeholder: "or the key itself" });
   const maxIter = input("max_iterations", { type: "number", min: "1", max: "1000", placeholder: "30" });
   const permissions = el("textarea", { name: "permissions", rows: 2, placeholder: '{"run_command": "ask"}' });
   const keep = el("input", { type: "checkbox", name: "keep_environment" });
@@ -149,7 +150,8 @@ function agentForm(hooks: SpawnHooks): HTMLElement {
     el("h3", {}, "Agent run"),
     field("instruction", instruction),
     el("div", { class: "row" }, field("provider", kind), field("model", model)),
-    el("div", { class: "row" }, field("base URL", baseUrl), field("API key variable", keyEnv, who().master ? "a variable of moatd's environment" : "the master token only")),
+    field("base URL", baseUrl),
+    el("div", { class: "row" }, field("API key variable", keyEnv, who().master ? "a variable of moatd's environment" : "the master token only"), field("API key", key, "held in moatd's memory for the run")),
     el("div", { class: "row" }, field("max iterations", maxIter), el("label", { class: "field check" }, keep, el("span", {}, "keep the environment"))),
     field("permissions (JSON)", permissions),
     submit,
@@ -162,7 +164,13 @@ function agentForm(hooks: SpawnHooks): HTMLElement {
       const provider =
         kind.value === "replay"
           ? { kind: "replay", run: model.value.trim() }
-          : drop({ kind: kind.value, model: model.value.trim(), base_url: baseUrl.value.trim() || undefined, api_key_env: keyEnv.value.trim() || undefined });
+          : drop({
+              kind: kind.value,
+              model: model.value.trim(),
+              base_url: baseUrl.value.trim() || undefined,
+              api_key_env: keyEnv.value.trim() || undefined,
+              api_key: key.value || undefined,
+            });
       body = drop({
         instruction: instruction.value,
         provider,
@@ -180,6 +188,7 @@ function agentForm(hooks: SpawnHooks): HTMLElement {
     status.className = "form-status";
     send<AgentRun>("POST", "/v1/agents", body)
       .then((run) => {
+        key.value = "";
         setText(status, `started run ${run.id} in ${run.environment ?? "?"}`);
         hooks.started(run);
       })
