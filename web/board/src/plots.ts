@@ -31,7 +31,7 @@ export class Sparkline {
     let pts = "";
     for (let i = 0; i < values.length; i++) {
       const v = Math.min(1, Math.max(0, (values[i] ?? 0) / scale));
-      pts += `${(x0 + i * dx).toFixed(1)},${(H - 0.5 - v * (H - 1)).toFixed(1)} `;
+      pts += `${(x0 + i * dx).toFixed(1)},${(H - 1 - v * (H - 2)).toFixed(1)} `;
     }
     this.line.setAttribute("points", pts);
     this.area.setAttribute("points", `${x0.toFixed(1)},${H} ${pts}${W},${H}`);
@@ -89,8 +89,9 @@ export class FleetPlot {
       for (const st of PLOT_STATES) max = Math.max(max, s.counts[st]);
       max = Math.max(max, s.pending);
     }
-    const dx = PW / (KEEP - 1);
-    const x0 = PW - dx * (this.samples.length - 1);
+    // The samples so far fill the width (the scale line says how long they span).
+    const dx = PW / Math.max(1, this.samples.length - 1);
+    const x0 = 0;
     const y = (v: number) => (PH - 1 - (v / max) * (PH - 2)).toFixed(1);
     for (const [name, line] of this.lines) {
       let pts = "";
