@@ -476,7 +476,15 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
       ["fix-flaky-test", { team: "search", tier: "ci" }, undefined],
       ["refactor-parser", { team: "lang" }, undefined],
       ["deploy-preview", { team: "web", owner: "dana" }, { run_command: [{ match: ["git", "*"], action: "allow" }, { action: "ask" }] }],
-    ]) envs.push(await createEnv({ task_id: task, labels, ...(permissions ? { permissions } : {}) }));
+    ]) envs.push(await createEnv({ task_id: task, labels, spec: { cpus: 0.5, ram_mb: 64 }, ...(permissions ? { permissions } : {}) }));
+    // Something for the sparklines to show: CPU on and off, memory growing.
+    const busy = await api("POST", `/v1/environments/${envs[0].id}/processes`, {
+      cmd: ["sh", "-c", "while :; do timeout 3 sh -c 'while :; do :; done'; sleep 2; done"],
+    });
+    assert.equal(busy.status, 201, JSON.stringify(busy.body));
+    await api("POST", `/v1/environments/${envs[1].id}/processes`, {
+      cmd: ["python3", "-c", "import time\nb = []\nfor i in range(40):\n    b.append(bytearray(1 << 20)); time.sleep(0.5)\ntime.sleep(600)"],
+    });
     for (const env of envs.slice(0, 2)) {
       await api("POST", `/v1/environments/${env.id}/exec`, { cmd: ["python3", "-c", "print(sum(range(10**6)))"] });
       await fetch(`${moatd.baseUrl}/v1/environments/${env.id}/files?path=/workspace/notes.md`, { method: "PUT", headers: { Authorization: `Bearer ${moatd.token}` }, body: "# notes\n" });
@@ -487,7 +495,7 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
     const pending = api("POST", `/v1/environments/${envs[2].id}/exec`, { cmd: ["npm", "publish", "--tag", "preview"], env: { NODE_ENV: "production" } });
     await card(page, envs[2].id).getByTestId("approval").waitFor({ timeout: 10_000 });
     // A few stats polls, so the sparklines and the fleet plot have lines.
-    await until("sparklines", async () => (await page.locator(".spark-mem .spark-line").first().getAttribute("points")).trim().split(" ").length >= 3, 15_000);
+    await until("sparklines", async () => (await page.locator(".spark-cpu .spark-line").last().getAttribute("points")).trim().split(" ").length >= 10, 40_000, 500);
     await page.screenshot({ path: join(dir, "board.png") });
     await card(page, envs[2].id).getByTestId("deny").click();
     assert.equal((await pending).status, 403);
