@@ -73,6 +73,10 @@ Preflight Api::preflight(const HttpRequest& head) {
       head.method == "PUT" && head.path.size() > 6 && head.path.compare(head.path.size() - 6, 6, "/files") == 0;
   p.bodyLimit = fileWrite ? (16u << 20) : (1u << 20);
   if (head.path == "/healthz") return p;
+  if (isBoardPath(head.path)) {  // public assets, and a sign-in's token in its body
+    p.bodyLimit = 4096;
+    return p;
+  }
   if (head.path == "/mcp" || head.path == "/mcp/") {  // as the route table matches it
     if (auto refused = mcpGuard(head)) {
       p.reject = true;
@@ -92,6 +96,14 @@ Preflight Api::preflight(const HttpRequest& head) {
   };
   std::string token = bearerToken(head.authorization);
   std::string why = "missing Authorization: Bearer <token>";
+  if (head.authorization.empty()) {
+    BoardCredentials board = sessionCredentials(head);
+    if (board.refusal) {
+      if (board.refusal->status == 401) recordAuthFailure(head, "", board.refusal->message);
+      return refuse(*board.refusal);
+    }
+    token = board.token;
+  }
   if (!token.empty()) {
     if (constantTimeEquals(token, masterToken_)) return p;
     auto key = keys_.authenticate(token);
@@ -120,8 +132,19 @@ HttpResponse Api::handle(const HttpRequest& request) {
   HttpResponse response;
   std::string token = bearerToken(request.authorization);
   std::string actor;
+  std::optional<ApiError> sessionRefusal;
+  if (request.authorization.empty() && !isBoardPath(request.path)) {
+    BoardCredentials board = sessionCredentials(request);
+    sessionRefusal = board.refusal;
+    token = board.token;
+  }
   if (request.path == "/healthz" && request.method == "GET") {
     response = respond(200, {{"status", "ok"}});
+  } else if (isBoardPath(request.path)) {
+    response = boardRoute(request);
+  } else if (sessionRefusal) {
+    response = errorResponse(*sessionRefusal);
+    if (sessionRefusal->status == 401) recordAuthFailure(request, "", sessionRefusal->message);
   } else if (token.empty()) {
     // Only without a preflight (which refuses these first).
     response = errorResponse({401, "unauthorized", "missing Authorization: Bearer <token>", ""});
@@ -292,6 +315,8 @@ const std::vector<Route>& Api::routes() {
        [](Api& a, const HttpRequest&, const Principal& p, const P& m) { return a.destroyEnvironment(p, m.at("id")); }},
       {"GET", "/v1/environments/{id}/stats", "read", true, false,
        [](Api& a, const HttpRequest&, const Principal&, const P& m) { return a.environmentStats(m.at("id")); }},
+      {"GET", "/v1/stats", "read", false, false,
+       [](Api& a, const HttpRequest&, const Principal& p, const P&) { return a.fleetStats(p); }},
       {"POST", "/v1/environments/{id}/timeout", "timeout", true, false,
        [](Api& a, const HttpRequest& r, const Principal& p, const P& m) {
          return a.setEnvironmentTimeout(r, p, m.at("id"));

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "api/agent_runs.h"
+#include "api/board_sessions.h"
 #include "api/http.h"
 #include "api/key_admission.h"
 #include "api/keys.h"
@@ -48,6 +49,17 @@ struct ApiOptions {
   // Tokens one API key's agent runs may use per UTC day, in all (moatd
   // --agent-key-tokens; 0: no limit). The master token is not limited.
   uint64_t agentKeyTokensPerDay = 0;
+  // Where the board's page and assets are (docs/BOARD.md); empty: no board.
+  std::string boardDir;
+};
+
+// What a request made with the board's session cookie acts as: the
+// session's token, or why it is refused (an unknown session, a missing CSRF
+// header, a foreign Origin or Host). Neither without a cookie.
+struct BoardCredentials {
+  bool viaSession = false;
+  std::string token;
+  std::optional<ApiError> refusal;
 };
 
 // An environment as the API shows it.
@@ -181,6 +193,18 @@ class Api {
   std::optional<HttpResponse> mcpGuard(const HttpRequest& head);
   HttpResponse metrics();
   void countError(const std::string& code);
+  // board.cc: the board's page, assets and sign-in (/, /board/*, /ui/session),
+  // answered without a token; and what a request with its cookie acts as.
+  static bool isBoardPath(const std::string& path);
+  HttpResponse boardRoute(const HttpRequest& request);
+  HttpResponse boardAsset(const HttpRequest& request);
+  HttpResponse uiSession(const HttpRequest& request);
+  std::optional<ApiError> boardGuard(const HttpRequest& request);
+  BoardCredentials sessionCredentials(const HttpRequest& request);
+  // The master token's or an active key's principal; none for anything else.
+  std::optional<Principal> principalOf(const std::string& token);
+  // environments.cc: GET /v1/stats, every running environment's use.
+  HttpResponse fleetStats(const Principal& principal);
 
   // The manager, as the narrow services the handlers use (manager/services.h).
   manager::EnvironmentService& environments_;
@@ -200,6 +224,7 @@ class Api {
   size_t execAsksTotal_ = 0;
   ApiMetrics metrics_;
   KeyAdmission admission_;  // after metrics_, which it counts waiters in
+  BoardSessions boardSessions_;
   // mcp.cc: Streamable HTTP at /mcp (docs/MCP.md). Near the end: gone
   // early, while everything a closing session calls still exists.
   McpSessions mcpSessions_;

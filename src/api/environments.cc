@@ -112,22 +112,37 @@ HttpResponse Api::getEnvironment(const std::string& id) {
   return respond(200, environmentJson(r.value()));
 }
 
+namespace {
+
+json statsJson(const store::EnvironmentRecord& r, const backend::Usage& u) {
+  return {{"id", r.id},     {"at", timestamp(nowMs())},      {"cpu_usec", u.cpuKnown ? json(u.cpuUsec) : json(nullptr)},
+          {"cpus", r.cpus}, {"memory_bytes", u.memoryBytes}, {"memory_limit_bytes", r.ramMb << 20},
+          {"pids", u.pids}, {"pids_limit", r.pids},          {"oom_kills", u.oomKills}};
+}
+
+}  // namespace
+
 HttpResponse Api::environmentStats(const std::string& id) {
   auto record = environments_.get(id);
   if (!record.ok()) return errorResponse(fromError(record.error()));
   auto usage = environments_.usage(id);
   if (!usage.ok()) return errorResponse(fromError(usage.error()));
-  const backend::Usage& u = usage.value();
-  const store::EnvironmentRecord& r = record.value();
-  return respond(200, {{"id", id},
-                       {"at", timestamp(nowMs())},
-                       {"cpu_usec", u.cpuKnown ? json(u.cpuUsec) : json(nullptr)},
-                       {"cpus", r.cpus},
-                       {"memory_bytes", u.memoryBytes},
-                       {"memory_limit_bytes", r.ramMb << 20},
-                       {"pids", u.pids},
-                       {"pids_limit", r.pids},
-                       {"oom_kills", u.oomKills}});
+  return respond(200, statsJson(record.value(), usage.value()));
+}
+
+HttpResponse Api::fleetStats(const Principal& principal) {
+  store::EnvironmentFilter filter;
+  if (!principal.master) filter.owner = principal.keyId;
+  filter.state = store::EnvironmentState::kRunning;
+  auto list = environments_.list(filter);
+  if (!list.ok()) return errorResponse(fromError(list.error()));
+  json all = json::array();
+  for (const auto& r : list.value()) {
+    auto usage = environments_.usage(r.id);
+    if (!usage.ok()) continue;  // it ended meanwhile
+    all.push_back(statsJson(r, usage.value()));
+  }
+  return respond(200, {{"at", timestamp(nowMs())}, {"environments", all}});
 }
 
 HttpResponse Api::destroyEnvironment(const Principal& principal, const std::string& id) {

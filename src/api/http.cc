@@ -49,6 +49,8 @@ HttpRequest requestHead(const http::request<http::string_body>& req, const std::
   request.method = std::string(req.method_string());
   parseTarget(std::string(req.target()), request);
   request.authorization = std::string(req[http::field::authorization]);
+  request.cookie = std::string(req[http::field::cookie]);
+  request.csrf = std::string(req["X-Moat-CSRF"]);
   request.host = std::string(req[http::field::host]);
   request.origin = std::string(req[http::field::origin]);
   request.prefer = std::string(req["Prefer"]);

@@ -27,6 +27,8 @@ struct HttpRequest {
   std::vector<std::pair<std::string, std::string>> queryAll;
   std::string body;
   std::string authorization;
+  std::string cookie;  // the Cookie header (the board's session: docs/BOARD.md)
+  std::string csrf;    // X-Moat-CSRF: a board session's state-changing requests carry it
   std::string host;
   std::string origin;
   std::string prefer;       // the Prefer header ("respond-async": answer 202 instead of waiting)

@@ -20,6 +20,7 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
              [--audit-retention-days N] [--audit-max-events N] [--egress-hosts FILE]
              [--egress-ca-bundle FILE] [--egress-head-timeout S] [--no-egress]
              [--key-rate N] [--agent-local-providers] [--agent-key-tokens N]
+             [--board-dir DIR | --no-board]
 
   --state DIR             state directory (default $MOAT_STATE or /var/lib/moat)
   --listen HOST:PORT      TCP address (default 127.0.0.1:7070; port 0 picks one)
@@ -66,6 +67,9 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
   --agent-key-tokens N    tokens one API key's agent runs may use per UTC day,
                           in all (default 0: no limit); beyond, its runs stop
                           and new ones are 429 capacity
+  --board-dir DIR         the board's page and assets, served at / (default:
+                          share/moat/board beside moatd's bin/; docs/BOARD.md)
+  --no-board              serve no board (/ is 404)
 
 Always also serves <state>/moatd.sock. The master token is <state>/master-token.
 SIGTERM/SIGINT stop moatd and destroy its environments. SIGUSR1 stops moatd
@@ -165,6 +169,14 @@ const std::vector<Flag>& flags() {
        [](const std::string&, DaemonFlags& f, double) -> Status { return f.egressOn = false, Status{}; }},
       numberFlag("--agent-key-tokens", 0, 1000000000000ull, "a number of tokens from 0 to 10^12",
                  [](DaemonFlags& f, uint64_t n) { f.agentKeyTokens = n; }),
+      {"--board-dir", true,
+       [](const std::string& dir, DaemonFlags& f, double) -> Status {
+         if (!os::isDirectory(dir)) return invalid("--board-dir: " + dir + " is not a directory");
+         f.boardDir = dir;
+         return {};
+       }},
+      {"--no-board", false,
+       [](const std::string&, DaemonFlags& f, double) -> Status { return f.board = false, Status{}; }},
       {"--agent-local-providers", false,
        [](const std::string&, DaemonFlags& f, double) -> Status { return f.agentLocalProviders = true, Status{}; }},
   };

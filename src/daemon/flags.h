@@ -12,7 +12,7 @@
 
 namespace moat::daemon {
 
-// Why not CLI11 (Debian's libcli11-dev): moatd has 14 flags, parsed once,
+// Why not CLI11 (Debian's libcli11-dev): moatd has 16 flags, parsed once,
 // each with its own range and a message saying what the number means
 // (tests/unit/daemon_flags_test.cc pins them). CLI11 would need a validator
 // and a custom message per flag to say the same, for no fewer lines.
@@ -30,6 +30,8 @@ struct DaemonFlags {
   bool egressOn = true;
   bool agentLocalProviders = false;  // api::ApiOptions::agentLocalProviders
   uint64_t agentKeyTokens = 0;       // api::ApiOptions::agentKeyTokensPerDay
+  std::string boardDir;              // empty: share/moat/board beside moatd's bin/
+  bool board = true;                 // --no-board: none
   bool help = false;                 // -h, --help: print daemonUsage() and stop
 };
 

@@ -193,6 +193,13 @@ int main(int argc, char** argv) {
     apiOptions.keyRequestsPerSecond = static_cast<double>(keyRate);
     apiOptions.agentLocalProviders = flags->agentLocalProviders;
     apiOptions.agentKeyTokensPerDay = flags->agentKeyTokens;
+    if (flags->board) {
+      apiOptions.boardDir = flags->boardDir;
+      if (apiOptions.boardDir.empty()) {
+        auto bin = os::selfDirectory();
+        if (bin.ok()) apiOptions.boardDir = bin.value() + "/../share/moat/board";
+      }
+    }
     api::Api api(manager, keys, approvals, token.value(), apiOptions, auditLog->get());
     apiForEgress = &api;
     // And an agent run in it stops (reset before the API goes, below).

@@ -1778,6 +1778,14 @@ def run_exchanges(c):
         expect(j["cpu_usec"] is None or j["cpu_usec"] > 0, f"cpu_usec {j['cpu_usec']}")
     c.call("GET", env(a) + "/stats", status=200, check=uses)
     c.call("POST", env(a) + "/stats", status=405, code="method_not_allowed")
+    # The fleet's: every running environment, a's among them, each as above.
+    def fleet_uses(r):
+        readings = [e for e in r.json["environments"] if e["id"] == a]
+        expect(len(readings) == 1, f"a in /v1/stats once: {r.json}")
+        uses(type("R", (), {"json": readings[0]}))
+    c.call("GET", "/v1/stats", status=200, check=fleet_uses)
+    c.call("GET", "/v1/stats?x=1", status=400, code="unknown_field", field="x")
+    c.call("DELETE", "/v1/stats", status=405, code="method_not_allowed")
 
     # Request errors on create.
     envs = "/v1/environments"
@@ -1973,6 +1981,9 @@ def run_exchanges(c):
            note="master's environment")
     c.call("DELETE", env(a), token=tok("agent"), status=404, code="not_found", note="master's environment")
     c.call("GET", env(a) + "/stats", token=tok("agent"), status=404, code="not_found", note="master's environment")
+    c.call("GET", "/v1/stats", token=tok("agent"), status=200,
+           check=lambda r: expect(a not in [e["id"] for e in r.json["environments"]], r.json),
+           note="a key's fleet is its own")
     c.call("GET", env(a), status=200, check=has(state="running"), note="still running")
     c.call("GET", envs, status=200, check=ids(a, mine, mine2), note="the master lists every owner's")
     c.call("POST", env(mine) + "/exec", {"cmd": ["cat", "/workspace/k.txt"]}, status=200, check=out("by key"),

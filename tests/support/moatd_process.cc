@@ -156,6 +156,11 @@ HttpResult resultOf(http::response<http::string_body> res) {
   r.retryAfter = std::string(res[http::field::retry_after]);
   r.mcpSessionId = std::string(res["Mcp-Session-Id"]);
   r.keepAlive = res.keep_alive();
+  for (const auto& field : res) {
+    std::string name(field.name_string());
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    r.headers[name] = std::string(field.value());
+  }
   r.body = std::move(res.body());
   return r;
 }
@@ -170,7 +175,7 @@ http::request<http::string_body> requestOf(const std::string& method, const std:
   if (!authorization.empty()) req.set(http::field::authorization, authorization);
   for (const auto& [k, v] : headers) req.set(k, v);
   if (!body.empty() || method == "POST" || method == "PUT") {
-    req.set(http::field::content_type, "application/json");
+    if (req[http::field::content_type].empty()) req.set(http::field::content_type, "application/json");
     req.body() = body;
     req.prepare_payload();
   }
@@ -338,13 +343,15 @@ EventStream Moatd::stream(const std::string& target, const std::map<std::string,
   return EventStream(fd, status, rest);
 }
 
-Moatd::Upgrade Moatd::websocket(const std::string& target, bool withToken) {
+Moatd::Upgrade Moatd::websocket(const std::string& target, bool withToken,
+                                const std::map<std::string, std::string>& headers) {
   Upgrade u;
   u.fd = connectUnix(socketPath());
   std::string req = "GET " + target +
                     " HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                     "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
   if (withToken) req += "Authorization: Bearer " + token_ + "\r\n";
+  for (const auto& [k, v] : headers) req += k + ": " + v + "\r\n";
   req += "\r\n";
   if (u.fd >= 0 && sendAll(u.fd, req)) u.status = readHead(u.fd, u.rest);
   return u;

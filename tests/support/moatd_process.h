@@ -15,10 +15,11 @@ struct HttpResult {
   int status = 0;
   std::string body;
   std::string contentType;
-  std::string upgrade;       // the Upgrade header, if any
-  std::string retryAfter;    // the Retry-After header, if any
-  std::string mcpSessionId;  // the Mcp-Session-Id header, if any
-  bool keepAlive = false;    // the server keeps the connection open after it
+  std::string upgrade;                         // the Upgrade header, if any
+  std::string retryAfter;                      // the Retry-After header, if any
+  std::string mcpSessionId;                    // the Mcp-Session-Id header, if any
+  bool keepAlive = false;                      // the server keeps the connection open after it
+  std::map<std::string, std::string> headers;  // every header, by its lowercase name
 };
 
 // A connected stream socket to `path` (owned by the caller), or -1.
@@ -90,7 +91,8 @@ class Moatd {
     int status = 0;
     std::string rest;
   };
-  Upgrade websocket(const std::string& target, bool withToken = true);
+  Upgrade websocket(const std::string& target, bool withToken = true,
+                    const std::map<std::string, std::string>& headers = {});
   const std::string& stateDir() const { return stateDir_; }
   const std::string& token() const { return token_; }
   std::string socketPath() const { return stateDir_ + "/moatd.sock"; }

@@ -63,6 +63,8 @@ TEST(DaemonFlags, EachFlagSetsWhatItNames) {
                   "--agent-key-tokens",
                   "100000",
                   "--agent-local-providers",
+                  "--board-dir",
+                  "/tmp",
                   "--no-egress"});
   ASSERT_TRUE(f.ok()) << f.error().message();
   EXPECT_EQ(f->stateDir, "/srv/moat");
@@ -82,6 +84,11 @@ TEST(DaemonFlags, EachFlagSetsWhatItNames) {
   EXPECT_FALSE(f->egressOn);
   EXPECT_EQ(f->agentKeyTokens, 100000u);
   EXPECT_TRUE(f->agentLocalProviders);
+  EXPECT_EQ(f->boardDir, "/tmp");
+  EXPECT_TRUE(f->board);
+  auto none = parse({"--no-board"});
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->board);
 }
 
 TEST(DaemonFlags, ValuesOutOfRangeAreRefusedByName) {
@@ -104,6 +111,8 @@ TEST(DaemonFlags, ValuesOutOfRangeAreRefusedByName) {
   EXPECT_EQ(problem({"--egress-head-timeout", ""}),
             "invalid_argument: --egress-head-timeout needs a number of seconds from 1 to 3600");
   EXPECT_EQ(problem({"--warm-pool", "2:ram_mb=99999"}).rfind("invalid_argument: --warm-pool needs ", 0), 0u);
+  EXPECT_EQ(problem({"--board-dir", "/nonexistent/board"}),
+            "invalid_argument: --board-dir: /nonexistent/board is not a directory");
   EXPECT_EQ(problem({"--egress-hosts", "/nonexistent/hosts"}),
             "invalid_argument: --egress-hosts: cannot read /nonexistent/hosts");
 }
