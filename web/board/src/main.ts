@@ -290,8 +290,21 @@ function startBoard(info: SessionInfo): void {
 }
 
 async function main(): Promise<void> {
+  // A 401 from the API usually means the session ended (a moatd restart, a
+  // revoked key); the session itself says whether it did. If it holds, the
+  // 401 was the request's own and its caller shows it.
+  let checking = false;
   setUnauthorizedHandler((message) => {
-    if (teardown) showSignIn(`Signed out: ${message}`);
+    if (!teardown || checking) return;
+    checking = true;
+    currentSession()
+      .then((info) => {
+        if (!info) showSignIn(`Signed out: ${message}`);
+      })
+      .catch((e: unknown) => report("the session", e))
+      .finally(() => {
+        checking = false;
+      });
   });
   let info: SessionInfo | null;
   try {
