@@ -266,6 +266,19 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
     await assertClean(page);
   });
 
+  it("returns to the sign-in form, saying why, when its key is revoked", async () => {
+    const key = await api("POST", "/v1/keys", { name: "revoked", scopes: ["read", "audit"] });
+    const page = await signedIn(key.body.token);
+    // Without the scopes, the buttons say what they need.
+    assert.equal(await page.getByTestId("terminate-all").isDisabled(), true);
+    assert.equal(await page.getByTestId("terminate-all").getAttribute("title"), "needs the 'destroy' scope");
+    assert.equal((await api("DELETE", `/v1/keys/${key.body.id}`)).status, 204);
+    // The next stats poll (2 s) is refused; the session is gone with the key.
+    await page.getByTestId("signin-form").waitFor({ timeout: 10_000 });
+    assert.match(await page.getByTestId("signin-error").textContent(), /^Signed out: .+/);
+    await assertClean(page);
+  });
+
   it("renders markup from an environment as text", async () => {
     const page = await signedIn();
     const env = await createEnv({ task_id: PAYLOAD, labels: { note: PAYLOAD } });
@@ -411,54 +424,83 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
     await assertClean(page);
   });
 
-  it("starts an agent run from the Spawn form and shows its card, tool call and transcript", async () => {
-    // A model provider double on loopback (OpenAI's format, plain JSON
-    // answers): a tool call first, then the final text.
+  /** A model provider on loopback (OpenAI's format, plain JSON answers): a tool call first, then the final text. */
+  async function providerDouble() {
     let turns = 0;
-    const provider = createServer((req, res) => {
+    const server = createServer((req, res) => {
       req.resume();
       req.on("end", () => {
         turns++;
-        const message =
-          turns === 1
-            ? { role: "assistant", content: "Running it.", tool_calls: [{ id: "call_1", type: "function", function: { name: "run_command", arguments: JSON.stringify({ argv: ["echo", "from-agent"] }) } }] }
-            : { role: "assistant", content: `All done. ${PAYLOAD}` };
+        const first = turns % 2 === 1;
+        const message = first
+          ? { role: "assistant", content: "Running it.", tool_calls: [{ id: `call_${turns}`, type: "function", function: { name: "run_command", arguments: JSON.stringify({ argv: ["echo", "from-agent"] }) } }] }
+          : { role: "assistant", content: `All done. ${PAYLOAD}` };
         res.writeHead(200, { "Content-Type": "application/json" });
         res.end(JSON.stringify({
           id: `chatcmpl-${turns}`, object: "chat.completion", created: 0, model: "double",
-          choices: [{ index: 0, message, finish_reason: turns === 1 ? "tool_calls" : "stop" }],
+          choices: [{ index: 0, message, finish_reason: first ? "tool_calls" : "stop" }],
           usage: { prompt_tokens: 10, completion_tokens: 5, total_tokens: 15 },
         }));
       });
     });
-    await new Promise((r) => provider.listen(0, "127.0.0.1", r));
+    await new Promise((r) => server.listen(0, "127.0.0.1", r));
+    return { baseUrl: `http://127.0.0.1:${server.address().port}/v1`, close: () => server.close() };
+  }
+
+  it("shows an agent run's card, its tool call, its environment and its transcript", async () => {
+    const provider = await providerDouble();
     try {
       const page = await signedIn();
-      await page.locator("[data-testid=spawn] summary").click();
-      await page.getByTestId("spawn-instruction").fill("Say hello from the agent");
-      await page.getByTestId("spawn-kind").selectOption("openai");
-      await page.getByTestId("spawn-model").fill("double");
-      await page.getByTestId("spawn-base_url").fill(`http://127.0.0.1:${provider.address().port}/v1`);
-      await page.getByTestId("spawn-api_key").fill("not-a-real-key");
-      await page.getByTestId("spawn-max_iterations").fill("5");
-      await page.getByTestId("spawn-agent").click();
-      const [, runId, envId] = await until("the run", async () => /^started run ([0-9a-f]{12}) in ([0-9a-f]{12})$/.exec(await page.getByTestId("spawn-agent-status").textContent()));
+      const created = await api("POST", "/v1/agents", {
+        instruction: "Say hello from the agent",
+        provider: { kind: "openai", model: "double", base_url: provider.baseUrl, api_key: "not-a-real-key" },
+        max_iterations: 5,
+      });
+      assert.equal(created.status, 201, JSON.stringify(created.body));
+      const { id: runId, environment: envId } = created.body;
       const agentCard = page.locator(`[data-testid=agent-card][data-run="${runId}"]`);
       await agentCard.waitFor();
       await until("the run completed", async () => (await agentCard.getAttribute("data-state")) === "completed", 30_000);
       await until("the final text", async () => (await agentCard.getByTestId("agent-text").textContent()) === `All done. ${PAYLOAD}`);
       await until("the tool call", async () => /run_command \{"argv":\["echo","from-agent"\]\}/.test(await agentCard.getByTestId("agent-tools").textContent()));
       assert.equal(await agentCard.getByTestId("agent-env").textContent(), `environment ${envId}`);
-      // The environment's card knew its run while it lived (the run does not keep it).
+      // The environment's card links its run (the card stays a while after the run destroyed it).
       await until("the environment's card", async () => (await card(page, envId).getByTestId("card-agent").textContent()) === `agent ${runId}`);
       await agentCard.getByTestId("agent-inspect").click();
-      await until("the transcript's end", async () => (await page.getByTestId("transcript-step").count()) >= 4 && (await page.locator("[data-testid=transcript-step][data-kind=end]").count()) === 1, 15_000);
+      await until("the transcript's end", async () => (await page.locator("[data-testid=transcript-step][data-kind=end]").count()) === 1, 15_000);
       const transcript = await page.getByTestId("transcript").textContent();
       assert.match(transcript, /instruction: Say hello from the agent/);
       assert.match(transcript, /run_command result: .*from-agent/s);
       assert.match(transcript, /end: completed/);
       assert.equal(await page.evaluate(() => window.__pwned), undefined);
       assert.equal(await page.locator("img").count(), 0);
+      await assertClean(page);
+    } finally {
+      provider.close();
+    }
+  });
+
+  it("starts an agent run from the Spawn form", async () => {
+    const provider = await providerDouble();
+    try {
+      const page = await signedIn();
+      await page.locator("[data-testid=spawn] summary").click();
+      await page.getByTestId("spawn-instruction").fill("Say hello from the agent");
+      await page.getByTestId("spawn-kind").selectOption("openai");
+      await page.getByTestId("spawn-model").fill("double");
+      await page.getByTestId("spawn-base_url").fill(provider.baseUrl);
+      await page.getByTestId("spawn-api_key").fill("not-a-real-key");
+      await page.getByTestId("spawn-max_iterations").fill("5");
+      await page.getByTestId("spawn-agent").click();
+      const said = await until("moatd's answer", async () => {
+        const text = await page.getByTestId("spawn-agent-status").textContent();
+        return text && text !== "starting…" ? text : null;
+      });
+      const started = /^started run ([0-9a-f]{12}) in ([0-9a-f]{12})$/.exec(said);
+      assert.ok(started, `the agent form says: ${said}`);
+      const agentCard = page.locator(`[data-testid=agent-card][data-run="${started[1]}"]`);
+      await until("the run completed", async () => (await agentCard.getAttribute("data-state")) === "completed", 30_000);
+      assert.equal(await page.getByTestId("spawn-api_key").inputValue(), "", "the key is not kept in the form");
       await assertClean(page);
     } finally {
       provider.close();
