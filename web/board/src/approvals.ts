@@ -84,16 +84,18 @@ export class Approvals {
 
   /** Re-reads the pending approvals (at start and with every stats poll). */
   async refresh(): Promise<void> {
+    if (!may("approve")) {
+      // Listing needs `approve` too: the stream still brings this key's own.
+      this.refuse("listing and deciding them needs the 'approve' scope");
+      return;
+    }
+    if (this.refusal) return;
     let pending: Approval[];
     try {
       pending = (await getJson<{ approvals: Approval[] }>("/v1/approvals?state=pending")).approvals;
     } catch (e) {
       if (e instanceof ApiError && e.status === 403) {
-        // A key without `approve` cannot list them: say so once, in the panel.
-        if (!this.refusal) {
-          this.refusal = messageOf(e);
-          setText(this.note, `Approvals are not shown: ${this.refusal}`);
-        }
+        this.refuse(messageOf(e));
         return;
       }
       throw e;
@@ -104,6 +106,14 @@ export class Approvals {
       this.add(a);
     }
     for (const id of [...this.items.keys()]) if (!seen.has(id)) this.drop(id);
+  }
+
+  /** Says once, in the panel, why the queue is not complete. */
+  private refuse(why: string): void {
+    if (this.refusal) return;
+    this.refusal = why;
+    setText(this.note, `Only approvals of this key's own environments show: ${why}.`);
+    this.note.hidden = false;
   }
 
   add(a: Approval): void {
