@@ -88,17 +88,25 @@ async function finish(last: number, recent: AuditEvent[]): Promise<{ last: numbe
 
 export type StreamState = "connecting" | "live" | "reconnecting";
 
+/** Wait before opening the stream again after moatd refused or ended it. */
+const REOPEN_MS = 3000;
+
 /**
- * Follows the log from `since`: every event after it, live. The browser
- * reconnects by itself after a break and sends the last id it saw
- * (Last-Event-ID), so none is lost or repeated.
+ * Follows the log from `since`: every event after it, live. After a broken
+ * connection the browser reconnects by itself and sends the last id it saw
+ * (Last-Event-ID), so none is lost or repeated; after an answer that is not
+ * a stream (moatd restarting: 503; signed out: 401), which ends an
+ * EventSource for good, a new one starts from the last id seen.
  */
 export function followEvents(
   since: number,
   onEvent: (e: AuditEvent) => void,
   onState: (s: StreamState) => void,
-): EventSource {
-  const source = new EventSource(`/v1/events${query({ follow: 1, since })}`);
+): { close(): void } {
+  let last = since;
+  let source: EventSource | null = null;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  let closed = false;
   const handle = (m: MessageEvent<string>) => {
     let e: AuditEvent;
     try {
@@ -106,14 +114,32 @@ export function followEvents(
     } catch {
       return;
     }
+    if (e.id <= last) return;
+    last = e.id;
     onEvent(e);
   };
-  for (const t of EVENT_TYPES) source.addEventListener(t, handle as EventListener);
-  source.addEventListener("message", handle as EventListener);
+  const open = () => {
+    source = new EventSource(`/v1/events${query({ follow: 1, since: last })}`);
+    for (const t of EVENT_TYPES) source.addEventListener(t, handle as EventListener);
+    source.addEventListener("message", handle as EventListener);
+    source.addEventListener("open", () => onState("live"));
+    source.addEventListener("error", () => {
+      onState("reconnecting");
+      if (source?.readyState === EventSource.CLOSED && !closed) {
+        source = null;
+        timer = setTimeout(open, REOPEN_MS);
+      }
+    });
+  };
   onState("connecting");
-  source.addEventListener("open", () => onState("live"));
-  source.addEventListener("error", () => onState(source.readyState === EventSource.CLOSED ? "connecting" : "reconnecting"));
-  return source;
+  open();
+  return {
+    close() {
+      closed = true;
+      clearTimeout(timer);
+      source?.close();
+    },
+  };
 }
 
 // ---- one line per event ----
