@@ -49,41 +49,62 @@ export async function eventsPage(q: PageQuery, signal?: AbortSignal): Promise<Au
 }
 
 /**
- * The newest event id the caller may see, and the newest events (at most a
+ * The newest event id the caller may see, and the newest events (up to a
  * page) to fill the cards with. moatd's pages run oldest first, so this
- * searches for the end: a doubling step, then halving, each probe one page
- * (for a log of a million events about 40 requests, for a short one, one).
+ * searches for the end: doubling steps past the newest full page until a
+ * page comes back empty, then halving, each probe one page (a log of a
+ * million events takes about 20 requests, a short one one; ids may be
+ * sparse: a key sees only its own environments' events).
  */
 export async function latestEvents(): Promise<{ last: number; recent: AuditEvent[] }> {
-  const lastOf = (p: AuditEvent[], fallback: number) => p[p.length - 1]?.id ?? fallback;
-  let page = await eventsPage({ since: 0 });
-  if (page.length < PAGE) return { last: lastOf(page, 0), recent: page };
-  // A full page: events up to `lo` exist, after it there may be more.
-  let lo = lastOf(page, 0);
-  let hi = 0; // no event after hi
-  for (let step = Math.max(lo, PAGE); hi === 0; step *= 2) {
-    page = await eventsPage({ since: lo + step });
-    if (page.length === 0) hi = lo + step;
-    else if (page.length < PAGE) return finish(lastOf(page, lo), page);
-    else lo = lastOf(page, lo);
+  const first = await eventsPage({ since: 0 });
+  if (first.length < PAGE) return { last: lastOf(first, 0), recent: first };
+  // A full page ends at `lo`: the log goes at least that far.
+  let lo = lastOf(first, 0);
+  let loPage = first;
+  let hi = Infinity; // no event after hi
+  // A probe that finds the end returns its page (every event after x).
+  const probe = async (x: number): Promise<AuditEvent[] | null> => {
+    const page = await eventsPage({ since: x });
+    if (page.length === 0) hi = x;
+    else if (page.length < PAGE) return page;
+    else {
+      lo = lastOf(page, x);
+      loPage = page;
+    }
+    return null;
+  };
+  for (let step = Math.max(lo, PAGE); hi === Infinity; step *= 2) {
+    const end = await probe(lo + step);
+    if (end) return recentEnd(end, loPage);
   }
-  while (hi - lo >= PAGE) {
-    const mid = Math.floor((lo + hi) / 2);
-    page = await eventsPage({ since: mid });
-    if (page.length === 0) hi = mid;
-    else if (page.length < PAGE) return finish(lastOf(page, mid), page);
-    else lo = lastOf(page, mid);
+  while (hi - lo > PAGE) {
+    const end = await probe(Math.floor((lo + hi) / 2));
+    if (end) return recentEnd(end, loPage);
   }
-  // Fewer than a page of ids lie after lo: this page ends the log.
-  page = await eventsPage({ since: lo });
-  return finish(lastOf(page, lo), page);
+  // At most a page of ids lies after lo: one read has every event after it.
+  const tail = await eventsPage({ since: lo });
+  return { last: lastOf(tail, lo), recent: [...loPage, ...tail].slice(-PAGE) };
 }
 
-/** A short last page gives the cards little history: take the page before the end too. */
-async function finish(last: number, recent: AuditEvent[]): Promise<{ last: number; recent: AuditEvent[] }> {
-  if (recent.length >= PAGE / 2 || last <= recent.length) return { last, recent };
-  const before = await eventsPage({ since: Math.max(0, last - PAGE) });
-  return { last, recent: before.length > recent.length ? before : recent };
+function lastOf(page: AuditEvent[], fallback: number): number {
+  return page[page.length - 1]?.id ?? fallback;
+}
+
+/**
+ * `end` holds every event after some id; when it is short, one more read
+ * further back (as far as the density of `before`, a full page, says about
+ * nine tenths of a page reaches) gives the cards more history.
+ */
+async function recentEnd(end: AuditEvent[], before: AuditEvent[]): Promise<{ last: number; recent: AuditEvent[] }> {
+  const last = lastOf(end, 0);
+  if (end.length >= PAGE / 2 || before.length === 0) return { last, recent: end };
+  const span = lastOf(before, 0) - (before[0]?.id ?? 0) + 1;
+  const back = Math.ceil((0.9 * PAGE * span) / before.length);
+  const more = await eventsPage({ since: Math.max(0, last - back) });
+  // A full page may stop short of the end: then it is no use.
+  const reaches = more.length < PAGE && lastOf(more, 0) === last;
+  return { last, recent: reaches && more.length > end.length ? more : end };
 }
 
 export type StreamState = "connecting" | "live" | "reconnecting";
