@@ -38,4 +38,4 @@ trap 'rm -rf "$out"' EXIT
 export MOAT_BOARD_DIR="$out/board"
 
 cd "$here"
-node --test --test-reporter=spec --test-timeout=900000 "$@" board.test.mjs
+node --test --test-reporter=spec --test-timeout=900000 "$@" stream_start.test.mjs board.test.mjs
