@@ -83,6 +83,8 @@ export class EnvCard {
   private readonly actionButtons: HTMLButtonElement[] = [];
   /** In the viewport (IntersectionObserver): only then are sparklines and clocks redrawn. */
   inView = false;
+  /** When this page first saw the environment (a list older than that may not have it yet). */
+  readonly seenAt = Date.now();
   private dirty = false;
   goneAtMs = 0;
   search = "";
@@ -166,9 +168,7 @@ export class EnvCard {
     if (run) setText(this.agentLink, `agent ${run}`);
     setText(this.reasonText, env.reason ?? "");
     const ended = env.state === "gone" || env.state === "failed";
-    for (const b of this.actionButtons) {
-      if (b.dataset["testid"] !== "snapshot") b.disabled = ended || env.state === "destroying";
-    }
+    for (const b of this.actionButtons) b.disabled = ended || env.state === "destroying";
     if (env.state === "gone" && !this.goneAtMs) this.goneAtMs = Date.now();
     this.search = [env.id, env.task_id, env.state, env.template, env.network, env.reason ?? "", ...labelPairs(env.labels)].join(" ").toLowerCase();
     this.tick(Date.now());
@@ -231,13 +231,20 @@ export class EnvCard {
   /** The newest events first; at most CARD_EVENTS. */
   addEvent(e: AuditEvent): void {
     const said = describeEvent(e);
+    const process = typeof e.data?.["process"] === "number" ? String(e.data["process"]) : undefined;
     const li = el(
       "li",
-      { class: `ev tone-${said.tone}`, "data-testid": "card-event", "data-type": e.type, title: said.text },
+      { class: `ev tone-${said.tone}`, "data-testid": "card-event", "data-type": e.type, "data-process": process, title: said.text },
       el("time", {}, clock(e.time)),
       " ",
       cut(said.text, 200),
     );
+    // A command's end takes the place of its start (the line says both).
+    if (process !== undefined && e.type.endsWith(".ended")) {
+      for (const old of this.events.querySelectorAll<HTMLElement>("li[data-process]")) {
+        if (old.dataset["process"] === process && old.dataset["type"] === e.type.replace(".ended", ".started")) old.remove();
+      }
+    }
     this.events.prepend(li);
     while (this.events.childElementCount > CARD_EVENTS) this.events.lastElementChild?.remove();
   }

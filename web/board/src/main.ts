@@ -220,13 +220,19 @@ function startBoard(info: SessionInfo): void {
   };
 
   const reconcile = async () => {
+    const asked = Date.now();
     try {
       const { environments } = await getJson<{ environments: Environment[] }>("/v1/environments");
       const listed = new Set(environments.map((env) => env.id));
       addEnvironments(environments.filter((env) => !board.card(env.id)), true);
       addEnvironments(environments.filter((env) => board.card(env.id)));
-      for (const card of board.all()) {
-        if (card.live && !listed.has(card.id)) board.ended(card.id, "gone", card.env.reason ?? "no longer listed");
+      // A live card the list left out has ended (the list has no gone ones):
+      // its own record says how. Cards newer than the list are not judged.
+      for (const card of [...board.all()]) {
+        if (!card.live || listed.has(card.id) || card.seenAt >= asked) continue;
+        getJson<Environment>(`/v1/environments/${enc(card.id)}`)
+          .then((env) => addEnvironments([env]))
+          .catch(() => board.ended(card.id, "gone", "no longer visible to this session"));
       }
     } catch (e) {
       report("list environments", e);
