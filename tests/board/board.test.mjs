@@ -266,6 +266,21 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
     await assertClean(page);
   });
 
+  it("without the 'audit' scope, polls the list instead of following events", async () => {
+    const key = await api("POST", "/v1/keys", { name: "no-audit", scopes: ["create", "read"] });
+    const page = await newPage();
+    await page.goto(moatd.baseUrl + "/");
+    await page.getByTestId("token").fill(key.body.token);
+    await page.getByTestId("signin").click();
+    await until("the stream's state", async () => /^off \(no 'audit' scope\); polling$/.test(await page.getByTestId("stream-state").textContent()));
+    const env = await createEnv({ task_id: "polled" }, key.body.token);
+    await card(page, env.id).waitFor({ timeout: 6000 });
+    await api("DELETE", `/v1/environments/${env.id}`);
+    await until("the card gone", async () => (await card(page, env.id).getAttribute("data-state")) === "gone", 6000);
+    assert.match(await page.getByTestId("queue-note").textContent(), /needs the 'approve' scope/);
+    await assertClean(page);
+  });
+
   it("returns to the sign-in form, saying why, when its key is revoked", async () => {
     const key = await api("POST", "/v1/keys", { name: "revoked", scopes: ["read", "audit"] });
     const page = await signedIn(key.body.token);
