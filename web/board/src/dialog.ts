@@ -12,12 +12,13 @@ export interface ConfirmOptions {
   body: (string | Node)[];
   confirm: string;
   danger?: boolean;
-  /** Runs on confirm; the dialog closes when it resolves. */
-  action: () => Promise<unknown>;
+  /** Runs on confirm (it may say how far it got); the dialog closes when it resolves. */
+  action: (progress: (text: string) => void) => Promise<unknown>;
 }
 
 export function confirmDialog(opts: ConfirmOptions): HTMLDialogElement {
   const error = el("p", { class: "form-error", "data-testid": "dialog-error", role: "alert" });
+  const progress = el("p", { class: "muted", "data-testid": "dialog-progress", role: "status" });
   const ok = el("button", { type: "button", class: opts.danger ? "danger" : "primary", "data-testid": "dialog-confirm" }, opts.confirm);
   const cancel = el("button", { type: "button", "data-testid": "dialog-cancel" }, "Cancel");
   const dialog = el(
@@ -25,6 +26,7 @@ export function confirmDialog(opts: ConfirmOptions): HTMLDialogElement {
     { class: "confirm", "data-testid": "dialog" },
     el("h2", {}, opts.title),
     ...opts.body.map((line) => (typeof line === "string" ? el("p", {}, line) : line)),
+    progress,
     error,
     el("div", { class: "dialog-buttons" }, cancel, ok),
   );
@@ -42,7 +44,9 @@ export function confirmDialog(opts: ConfirmOptions): HTMLDialogElement {
     cancel.disabled = true;
     error.textContent = "";
     opts
-      .action()
+      .action((text) => {
+        progress.textContent = text;
+      })
       .then(close)
       .catch((e: unknown) => {
         error.textContent = messageOf(e);

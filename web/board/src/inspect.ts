@@ -39,9 +39,17 @@ export class Inspector {
       this.tabBar,
       this.body,
     );
-    document.addEventListener("keydown", (ev) => {
-      if (ev.key === "Escape" && !this.node.hidden && !this.node.contains(document.activeElement)) this.close();
-    });
+    document.addEventListener("keydown", this.onKey);
+  }
+
+  // Escape closes the panel, unless it is typed into the panel (the terminal).
+  private readonly onKey = (ev: KeyboardEvent) => {
+    if (ev.key === "Escape" && !this.node.hidden && !this.node.contains(document.activeElement)) this.close();
+  };
+
+  dispose(): void {
+    this.close();
+    document.removeEventListener("keydown", this.onKey);
   }
 
   get environment(): string | undefined {

@@ -70,7 +70,7 @@ function startBoard(info: SessionInfo): void {
   // ---- header: who, the stream, filters, bulk action, sign-out ----
   const streamText = el("span", { class: "stream", "data-testid": "stream-state" }, "connecting…");
   const setStream = (s: StreamState | string) => {
-    setText(streamText, s === "live" ? "live" : s);
+    setText(streamText, s);
     streamText.dataset["state"] = s;
   };
   const labelFilter = el("input", { type: "search", placeholder: "label k=v", "data-testid": "filter-label", "aria-label": "filter by label" });
@@ -159,9 +159,10 @@ function startBoard(info: SessionInfo): void {
       body: [`Every environment the filter shows ends now, with its processes and files: ${shown}.`, "Snapshots stay. This cannot be undone."],
       confirm: `Terminate ${ids.length}`,
       danger: true,
-      action: async () => {
+      action: async (progress) => {
         const failed: string[] = [];
         let next = 0;
+        let done = 0;
         const worker = async () => {
           while (next < ids.length) {
             const id = ids[next++]!;
@@ -170,6 +171,7 @@ function startBoard(info: SessionInfo): void {
             } catch (e) {
               failed.push(`${id}: ${messageOf(e)}`);
             }
+            progress(`${++done} of ${ids.length} done${failed.length ? `, ${failed.length} refused` : ""}…`);
           }
         };
         await Promise.all(Array.from({ length: Math.min(8, ids.length) }, worker));
@@ -292,7 +294,7 @@ function startBoard(info: SessionInfo): void {
   disposers.push(() => clearInterval(clockTimer));
   const reconcileTimer = setInterval(() => void reconcile(), RECONCILE_MS);
   disposers.push(() => clearInterval(reconcileTimer));
-  disposers.push(() => inspector.close());
+  disposers.push(() => inspector.dispose());
 }
 
 async function main(): Promise<void> {
