@@ -258,7 +258,7 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
     // A new environment of the master's after sign-in does not show either.
     const later = await createEnv({ task_id: "the-masters-later" });
     const mineLater = await createEnv({ task_id: "the-keys-later" }, key.body.token);
-    await card(page, mineLater.id).waitFor({ timeout: 2000 });
+    await card(page, mineLater.id).waitFor({ timeout: 10_000 });
     assert.equal(await card(page, masters.id).count(), 0);
     assert.equal(await card(page, later.id).count(), 0);
     const shown = await page.locator("[data-testid=card]").evaluateAll((cs) => cs.map((c) => c.dataset.env));
@@ -364,6 +364,65 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
     await assertClean(page);
   });
 
+  it("takes screenshots of the board and of the terminal", async () => {
+    const dir = process.env.MOAT_BOARD_SCREENSHOTS === "1" ? join(repo, "docs") : mkdtempSync(join(tmpdir(), "board-shots-"));
+    mkdirSync(dir, { recursive: true });
+    // A clean board for the picture: the earlier tests' environments go.
+    const { body } = await api("GET", "/v1/environments");
+    await Promise.all(body.environments.map((e) => api("DELETE", `/v1/environments/${e.id}`)));
+    const envs = [];
+    for (const [task, labels, permissions] of [
+      ["fix-flaky-test", { team: "search", tier: "ci" }, undefined],
+      ["refactor-parser", { team: "lang" }, undefined],
+      ["deploy-preview", { team: "web", owner: "dana" }, { run_command: [{ match: ["git", "*"], action: "allow" }, { action: "ask" }] }],
+    ]) envs.push(await createEnv({ task_id: task, labels, spec: { cpus: 0.5, ram_mb: 64 }, ...(permissions ? { permissions } : {}) }));
+    // Something for the sparklines to show: CPU on and off, memory growing.
+    const busy = await api("POST", `/v1/environments/${envs[0].id}/processes`, {
+      cmd: ["sh", "-c", "while :; do timeout 3 sh -c 'while :; do :; done'; sleep 2; done"],
+    });
+    assert.equal(busy.status, 201, JSON.stringify(busy.body));
+    await api("POST", `/v1/environments/${envs[1].id}/processes`, {
+      cmd: ["python3", "-c", "import time\nb = []\nfor i in range(40):\n    b.append(bytearray(1 << 20)); time.sleep(0.5)\ntime.sleep(600)"],
+    });
+    for (const env of envs.slice(0, 2)) {
+      await api("POST", `/v1/environments/${env.id}/exec`, { cmd: ["python3", "-c", "print(sum(range(10**6)))"] });
+      await fetch(`${moatd.baseUrl}/v1/environments/${env.id}/files?path=/workspace/notes.md`, { method: "PUT", headers: { Authorization: `Bearer ${moatd.token}` }, body: "# notes\n" });
+      await api("POST", `/v1/environments/${env.id}/exec`, { cmd: ["sh", "-c", "ls /workspace && exit 1"] });
+    }
+    // An agent run, kept with its environment, for the agent card.
+    const provider = await providerDouble("The primes below 50 are 2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43 and 47.", {
+      command: "python3 -c 'print([p for p in range(2, 50) if all(p % d for d in range(2, p))])'",
+    });
+    const run = await api("POST", "/v1/agents", {
+      instruction: "Print the primes below 50 with Python and report them",
+      provider: { kind: "openai", model: "qwen2.5-coder", base_url: provider.baseUrl, api_key: "not-a-real-key" },
+      labels: { team: "search" },
+      keep_environment: true,
+    });
+    assert.equal(run.status, 201, JSON.stringify(run.body));
+    const page = await signedIn();
+    await page.locator(`[data-testid=agent-card][data-run="${run.body.id}"][data-state=completed]`).waitFor({ timeout: 30_000 });
+    provider.close();
+    await api("POST", `/v1/environments/${envs[2].id}/exec`, { cmd: ["git", "status"] });
+    const pending = api("POST", `/v1/environments/${envs[2].id}/exec`, { cmd: ["npm", "publish", "--tag", "preview"], env: { NODE_ENV: "production" } });
+    await card(page, envs[2].id).getByTestId("approval").waitFor({ timeout: 10_000 });
+    // A few stats polls, so the sparklines and the fleet plot have lines.
+    await until("sparklines", async () => (await page.locator(".spark-cpu .spark-line").last().getAttribute("points")).trim().split(" ").length >= 10, 40_000, 500);
+    await page.screenshot({ path: join(dir, "board.png") });
+    await card(page, envs[2].id).getByTestId("deny").click();
+    assert.equal((await pending).status, 403);
+
+    await card(page, envs[0].id).getByTestId("inspect").click();
+    await until("the shell", async () => /^shell:/.test(await page.getByTestId("terminal-status").textContent()));
+    await page.locator(".xterm").click();
+    await page.keyboard.type("cd /workspace && ls -la && python3 -c 'import platform; print(platform.python_version())' && echo hello from moat");
+    await page.keyboard.press("Enter");
+    await until("the output", async () => (await page.locator(".xterm-rows > div").allTextContents()).some((l) => l.trim() === "hello from moat"));
+    await page.screenshot({ path: join(dir, "board-terminal.png") });
+    console.log(`# screenshots in ${dir}`);
+    await assertClean(page);
+  });
+
   it("Snapshot, Fork and +10 min on a card do what they say", async () => {
     const page = await signedIn();
     const env = await createEnv({ task_id: "actions", ttl_s: 300, labels: { kind: "original" } });
@@ -376,7 +435,7 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
 
     await c.getByTestId("fork").click();
     const forked = await until("the fork", async () => /^forked into ([0-9a-f]{12})$/.exec(await c.getByTestId("card-status").textContent())?.[1]);
-    await card(page, forked).waitFor({ timeout: 2000 });
+    await card(page, forked).waitFor({ timeout: 10_000 });
     assert.equal(await card(page, forked).getByTestId("card-label").textContent(), "kind=original");
 
     const before = Date.parse((await api("GET", `/v1/environments/${env.id}`)).body.expires_at);
@@ -440,7 +499,7 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
   });
 
   /** A model provider on loopback (OpenAI's format, plain JSON answers): a tool call first, then the final text. */
-  async function providerDouble() {
+  async function providerDouble(finalText = `All done. ${PAYLOAD}`, command = { argv: ["echo", "from-agent"] }) {
     let turns = 0;
     const server = createServer((req, res) => {
       req.resume();
@@ -448,8 +507,8 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
         turns++;
         const first = turns % 2 === 1;
         const message = first
-          ? { role: "assistant", content: "Running it.", tool_calls: [{ id: `call_${turns}`, type: "function", function: { name: "run_command", arguments: JSON.stringify({ argv: ["echo", "from-agent"] }) } }] }
-          : { role: "assistant", content: `All done. ${PAYLOAD}` };
+          ? { role: "assistant", content: "Running it.", tool_calls: [{ id: `call_${turns}`, type: "function", function: { name: "run_command", arguments: JSON.stringify(command) } }] }
+          : { role: "assistant", content: finalText };
         res.writeHead(200, { "Content-Type": "application/json" });
         res.end(JSON.stringify({
           id: `chatcmpl-${turns}`, object: "chat.completion", created: 0, model: "double",
@@ -522,52 +581,6 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
     }
   });
 
-  it("takes screenshots of the board and of the terminal", async () => {
-    const dir = process.env.MOAT_BOARD_SCREENSHOTS === "1" ? join(repo, "docs") : mkdtempSync(join(tmpdir(), "board-shots-"));
-    mkdirSync(dir, { recursive: true });
-    // A clean board for the picture: the earlier tests' environments go.
-    const { body } = await api("GET", "/v1/environments");
-    await Promise.all(body.environments.map((e) => api("DELETE", `/v1/environments/${e.id}`)));
-    const envs = [];
-    for (const [task, labels, permissions] of [
-      ["fix-flaky-test", { team: "search", tier: "ci" }, undefined],
-      ["refactor-parser", { team: "lang" }, undefined],
-      ["deploy-preview", { team: "web", owner: "dana" }, { run_command: [{ match: ["git", "*"], action: "allow" }, { action: "ask" }] }],
-    ]) envs.push(await createEnv({ task_id: task, labels, spec: { cpus: 0.5, ram_mb: 64 }, ...(permissions ? { permissions } : {}) }));
-    // Something for the sparklines to show: CPU on and off, memory growing.
-    const busy = await api("POST", `/v1/environments/${envs[0].id}/processes`, {
-      cmd: ["sh", "-c", "while :; do timeout 3 sh -c 'while :; do :; done'; sleep 2; done"],
-    });
-    assert.equal(busy.status, 201, JSON.stringify(busy.body));
-    await api("POST", `/v1/environments/${envs[1].id}/processes`, {
-      cmd: ["python3", "-c", "import time\nb = []\nfor i in range(40):\n    b.append(bytearray(1 << 20)); time.sleep(0.5)\ntime.sleep(600)"],
-    });
-    for (const env of envs.slice(0, 2)) {
-      await api("POST", `/v1/environments/${env.id}/exec`, { cmd: ["python3", "-c", "print(sum(range(10**6)))"] });
-      await fetch(`${moatd.baseUrl}/v1/environments/${env.id}/files?path=/workspace/notes.md`, { method: "PUT", headers: { Authorization: `Bearer ${moatd.token}` }, body: "# notes\n" });
-      await api("POST", `/v1/environments/${env.id}/exec`, { cmd: ["sh", "-c", "ls /workspace && exit 1"] });
-    }
-    const page = await signedIn();
-    await api("POST", `/v1/environments/${envs[2].id}/exec`, { cmd: ["git", "status"] });
-    const pending = api("POST", `/v1/environments/${envs[2].id}/exec`, { cmd: ["npm", "publish", "--tag", "preview"], env: { NODE_ENV: "production" } });
-    await card(page, envs[2].id).getByTestId("approval").waitFor({ timeout: 10_000 });
-    // A few stats polls, so the sparklines and the fleet plot have lines.
-    await until("sparklines", async () => (await page.locator(".spark-cpu .spark-line").last().getAttribute("points")).trim().split(" ").length >= 10, 40_000, 500);
-    await page.screenshot({ path: join(dir, "board.png") });
-    await card(page, envs[2].id).getByTestId("deny").click();
-    assert.equal((await pending).status, 403);
-
-    await card(page, envs[0].id).getByTestId("inspect").click();
-    await until("the shell", async () => /^shell:/.test(await page.getByTestId("terminal-status").textContent()));
-    await page.locator(".xterm").click();
-    await page.keyboard.type("cd /workspace && ls -la && python3 -c 'import platform; print(platform.python_version())' && echo hello from moat");
-    await page.keyboard.press("Enter");
-    await until("the output", async () => (await page.locator(".xterm-rows > div").allTextContents()).some((l) => l.trim() === "hello from moat"));
-    await page.screenshot({ path: join(dir, "board-terminal.png") });
-    console.log(`# screenshots in ${dir}`);
-    await assertClean(page);
-  });
-
   it(`stays usable with ${CARDS} environments (a measurement, no bound asserted)`, { timeout: 900_000 }, async (t) => {
     const { body } = await api("GET", "/v1/environments");
     await Promise.all(body.environments.map((e) => api("DELETE", `/v1/environments/${e.id}`)));
@@ -601,9 +614,9 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
     // what happens next arrives.
     await until("the event stream", async () => (await page.getByTestId("stream-state").textContent()) === "live");
     const newest = ids[ids.length - 1];
-    await until("the newest card's created event", async () => /created/.test(await card(page, newest).getByTestId("card-events").textContent()));
+    await until("the newest card's created event", async () => /created/.test(await card(page, newest).getByTestId("card-events").textContent()), 30_000);
     const late = await createEnv({ task_id: "late", labels: { batch: "load" }, spec: { ram_mb: 16, pids: 64, storage_gb: 0.1 } });
-    await card(page, late.id).waitFor({ timeout: 2000 });
+    await card(page, late.id).waitFor({ timeout: 15_000 });
 
     // Steady state: long tasks (main thread busy > 50 ms) over 3 stats polls.
     const steady = await page.evaluate(async () => {
