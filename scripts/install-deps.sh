@@ -15,6 +15,7 @@ packages=(
   python3-yaml python3-jsonschema                # tests/api: OpenAPI conformance
   clang libclang-rt-dev llvm                     # fuzz/: libFuzzer, sanitizers, llvm-symbolizer
   clang-format                                   # make format; tests/structure checks the layout
+  chromium                                       # tests/board: the board in a real (headless) browser
 )
 
 missing=()
