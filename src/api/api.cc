@@ -136,7 +136,15 @@ HttpResponse Api::handle(const HttpRequest& request) {
   if (request.authorization.empty() && !isBoardPath(request.path)) {
     BoardCredentials board = sessionCredentials(request);
     sessionRefusal = board.refusal;
-    token = board.token;
+    if (!board.refusal && !board.token.empty()) {
+      // As if the session's token had come: what calls this API again in
+      // process with the caller's own token (agent runs' tools, MCP) then
+      // has it.
+      HttpRequest asToken = request;
+      asToken.authorization = "Bearer " + board.token;
+      asToken.cookie.clear();
+      return handle(asToken);
+    }
   }
   if (request.path == "/healthz" && request.method == "GET") {
     response = respond(200, {{"status", "ok"}});

@@ -521,6 +521,33 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
     return { baseUrl: `http://127.0.0.1:${server.address().port}/v1`, close: () => server.close() };
   }
 
+  it("shows what an environment changed since its template or a snapshot, each text file's diff as text", async () => {
+    const page = await signedIn();
+    const env = await createEnv({ task_id: "changes" });
+    let r = await api("POST", `/v1/environments/${env.id}/exec`, { cmd: ["sh", "-c", "echo hello > /workspace/greet.txt; ln -s /etc/shadow /workspace/evil"] });
+    assert.equal(r.body.exit_code, 0, JSON.stringify(r.body));
+    const snap = await api("POST", `/v1/environments/${env.id}/snapshots`, { name: "before again" });
+    assert.equal(snap.status, 201, JSON.stringify(snap.body));
+    r = await api("POST", `/v1/environments/${env.id}/exec`, { cmd: ["sh", "-c", "echo '<img src=x onerror=window.__pwned=1>' >> /workspace/greet.txt"] });
+    assert.equal(r.body.exit_code, 0);
+    await card(page, env.id).getByTestId("inspect").click();
+    await page.getByTestId("tab-changes").click();
+    await until("the changes against the template", async () => /^2 changes since its template/.test(await page.getByTestId("changes-status").textContent()));
+    const paths = await page.getByTestId("change-path").allTextContents();
+    assert.deepEqual(paths, ["/workspace/evil", "/workspace/greet.txt"]);
+    assert.match(await page.getByTestId("change").first().textContent(), /→ \/etc\/shadow/);
+    const diff = await page.getByTestId("change-diff").textContent();
+    assert.equal(diff, "@@ -0,0 +1,2 @@\n+hello\n+<img src=x onerror=window.__pwned=1>\n");
+    // Since the snapshot: only the second line.
+    await until("the snapshot to choose", async () => (await page.getByTestId("changes-against").locator("option").count()) === 2);
+    await page.getByTestId("changes-against").selectOption(snap.body.id);
+    await until("the changes since the snapshot", async () => /^1 change since snapshot/.test(await page.getByTestId("changes-status").textContent()));
+    assert.equal(await page.getByTestId("change-diff").textContent(), "@@ -1 +1,2 @@\n hello\n+<img src=x onerror=window.__pwned=1>\n");
+    assert.equal(await page.evaluate(() => window.__pwned), undefined);
+    assert.equal(await page.locator("img").count(), 0);
+    await assertClean(page);
+  });
+
   it("shows an agent run's card, its tool call, its environment and its transcript", async () => {
     const provider = await providerDouble();
     try {

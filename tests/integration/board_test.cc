@@ -112,6 +112,15 @@ TEST_F(Board, ASessionActsAsItsTokenAndStateChangesNeedTheCsrfHeader) {
   EXPECT_GT(json::parse(stats.body)["environments"][0]["pids"].get<int>(), 0);
   EXPECT_EQ(withSession("DELETE", "/v1/environments/" + id, cookie).status, 403);
   EXPECT_EQ(withSession("DELETE", "/v1/environments/" + id, cookie, {{"X-Moat-CSRF", csrf}}).status, 204);
+  // What calls this API again in process with the caller's token (an agent
+  // run making its environment) gets the session's.
+  auto run = withSession("POST", "/v1/agents", cookie, {{"X-Moat-CSRF", csrf}},
+                         json{{"instruction", "x"},
+                              {"provider", {{"kind", "openai"}, {"model", "m"}, {"base_url", "http://127.0.0.1:9/v1"}}}}
+                             .dump());
+  ASSERT_EQ(run.status, 201) << run.body;
+  const std::string runId = json::parse(run.body)["id"];
+  EXPECT_EQ(withSession("POST", "/v1/agents/" + runId + "/stop", cookie, {{"X-Moat-CSRF", csrf}}).status, 200);
 }
 
 TEST_F(Board, ForeignOriginsAndRebindingHostsAreRefused) {

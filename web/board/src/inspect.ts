@@ -1,4 +1,5 @@
-// The inspect panel for one card: a terminal, the file browser, the audit
+// The inspect panel for one card: a terminal, the file browser, the
+// changes since its template or a snapshot, the audit
 // timeline and, for an agent run, its transcript. Each tab is made the
 // first time it is shown and kept (a terminal stays connected) until the
 // panel closes or shows another card.
@@ -6,12 +7,13 @@
 import type { AuditEvent } from "./api";
 import { openTranscript } from "./agents";
 import { button, el, replace, setText } from "./dom";
+import { openChanges } from "./changes";
 import { openFiles } from "./files";
 import { may, who } from "./session";
 import { openTerminal } from "./terminal";
 import { type TimelineView, openTimeline } from "./timeline";
 
-type Tab = "terminal" | "files" | "timeline" | "transcript";
+type Tab = "terminal" | "files" | "changes" | "timeline" | "transcript";
 
 interface Opened {
   node: HTMLElement;
@@ -66,7 +68,7 @@ export class Inspector {
     const tabs: Tab[] = [];
     if (envId) {
       if (may("exec")) tabs.push("terminal");
-      if (may("files")) tabs.push("files");
+      if (may("files")) tabs.push("files", "changes");
       if (may("audit")) tabs.push("timeline");
     }
     if (runId) tabs.push("transcript");
@@ -102,6 +104,8 @@ export class Inspector {
         return openTerminal(env);
       case "files":
         return openFiles(env);
+      case "changes":
+        return openChanges(env);
       case "timeline":
         this.timeline = openTimeline(env, who().master);
         return this.timeline;
