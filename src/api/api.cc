@@ -126,7 +126,14 @@ Preflight Api::preflight(const HttpRequest& head) {
   return refuse({401, "unauthorized", why, ""});
 }
 
-void Api::stopWaiting() { admission_.stop(); }
+void Api::stopWaiting() {
+  admission_.stop();
+  {
+    std::lock_guard<std::mutex> lock(streamsMutex_);
+    streamsStopping_ = true;
+  }
+  streamsCv_.notify_all();
+}
 
 HttpResponse Api::handle(const HttpRequest& request) {
   HttpResponse response;
@@ -323,8 +330,8 @@ const std::vector<Route>& Api::routes() {
        [](Api& a, const HttpRequest&, const Principal& p, const P& m) { return a.destroyEnvironment(p, m.at("id")); }},
       {"GET", "/v1/environments/{id}/stats", "read", true, false,
        [](Api& a, const HttpRequest&, const Principal&, const P& m) { return a.environmentStats(m.at("id")); }},
-      {"GET", "/v1/stats", "read", false, false,
-       [](Api& a, const HttpRequest&, const Principal& p, const P&) { return a.fleetStats(p); }},
+      {"GET", "/v1/stats", "read", false, true,
+       [](Api& a, const HttpRequest& r, const Principal& p, const P&) { return a.fleetStatsRoute(r, p); }},
       {"POST", "/v1/environments/{id}/timeout", "timeout", true, false,
        [](Api& a, const HttpRequest& r, const Principal& p, const P& m) {
          return a.setEnvironmentTimeout(r, p, m.at("id"));

@@ -205,7 +205,9 @@ class Api {
   BoardCredentials sessionCredentials(const HttpRequest& request);
   // The master token's or an active key's principal; none for anything else.
   std::optional<Principal> principalOf(const std::string& token);
-  // environments.cc: GET /v1/stats, every running environment's use.
+  // environments.cc: GET /v1/stats, every running environment's use, once
+  // or (follow=1) as a stream of readings.
+  HttpResponse fleetStatsRoute(const HttpRequest& request, const Principal& principal);
   HttpResponse fleetStats(const Principal& principal);
 
   // The manager, as the narrow services the handlers use (manager/services.h).
@@ -227,6 +229,10 @@ class Api {
   ApiMetrics metrics_;
   KeyAdmission admission_;  // after metrics_, which it counts waiters in
   BoardSessions boardSessions_;
+  // Set by stopWaiting(): streams that wait between their frames end.
+  std::mutex streamsMutex_;
+  std::condition_variable streamsCv_;
+  bool streamsStopping_ = false;
   // mcp.cc: Streamable HTTP at /mcp (docs/MCP.md). Near the end: gone
   // early, while everything a closing session calls still exists.
   McpSessions mcpSessions_;

@@ -130,6 +130,38 @@ HttpResponse Api::environmentStats(const std::string& id) {
   return respond(200, statsJson(record.value(), usage.value()));
 }
 
+HttpResponse Api::fleetStatsRoute(const HttpRequest& req, const Principal& principal) {
+  if (auto e = onlyQuery(req, {"follow", "interval_ms"})) return errorResponse(*e);
+  bool follow = false;
+  if (auto e = queryFlag(req, "follow", follow)) return errorResponse(*e);
+  uint64_t intervalMs = 2000;
+  if (auto e = queryNumber(req, "interval_ms", 60000, 10, intervalMs)) return errorResponse(*e);
+  if (intervalMs < 500) return errorResponse(invalid("interval_ms", "from 500 to 60000 (milliseconds)"));
+  if (!follow) return fleetStats(principal);
+  // A reading every interval, as Server-Sent Events ("stats"), until the
+  // client goes, moatd stops or the key is revoked.
+  HttpResponse response;
+  response.contentType = "text/event-stream";
+  response.headers.emplace_back("Cache-Control", "no-cache");
+  response.stream = [this, principal, intervalMs, stillActive = keys_.stillActive(principal)](const BodyWriter& write) {
+    for (;;) {
+      if (!stillActive()) {
+        (void)write(": error: the API key of this request was revoked\n\n");
+        return;
+      }
+      HttpResponse now = fleetStats(principal);
+      if (now.status != 200) {
+        (void)write(": error: " + now.body + "\n\n");
+        return;
+      }
+      if (!write("event: stats\ndata: " + now.body + "\n\n")) return;
+      std::unique_lock<std::mutex> lock(streamsMutex_);
+      if (streamsCv_.wait_for(lock, std::chrono::milliseconds(intervalMs), [this] { return streamsStopping_; })) return;
+    }
+  };
+  return response;
+}
+
 HttpResponse Api::fleetStats(const Principal& principal) {
   store::EnvironmentFilter filter;
   if (!principal.master) filter.owner = principal.keyId;

@@ -1785,6 +1785,8 @@ def run_exchanges(c):
         uses(type("R", (), {"json": readings[0]}))
     c.call("GET", "/v1/stats", status=200, check=fleet_uses)
     c.call("GET", "/v1/stats?x=1", status=400, code="unknown_field", field="x")
+    c.call("GET", "/v1/stats?follow=1&interval_ms=100", status=400, code="invalid_request", field="interval_ms")
+    c.call("GET", "/v1/stats?follow=2", status=400, code="invalid_request", field="follow")
     c.call("DELETE", "/v1/stats", status=405, code="method_not_allowed")
 
     # Request errors on create.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -206,6 +207,52 @@ TEST_F(Board, AKeysSessionHasItsScopesAndOwnEnvironmentsAndEndsWithTheKey) {
   call("DELETE", "/v1/keys/" + key["id"].get<std::string>(), nullptr, 204);
   EXPECT_EQ(withSession("GET", "/v1/environments", cookie).status, 401);
   EXPECT_EQ(withSession("GET", "/ui/session", cookie).status, 401);
+}
+
+TEST_F(Board, TheFleetsStatsComeAsAStreamOfReadings) {
+  std::string id = createEnv();
+  auto stream = daemon_->stream("/v1/stats?follow=1&interval_ms=500");
+  ASSERT_EQ(stream.status(), 200);
+  // Three readings, each naming the environment; the second one only after
+  // the interval (not all at once).
+  std::vector<std::chrono::steady_clock::time_point> arrived;
+  std::string line;
+  while (arrived.size() < 3 && stream.nextLine(line, 5000)) {
+    if (line.rfind("data: ", 0) != 0) continue;
+    arrived.push_back(std::chrono::steady_clock::now());
+    auto reading = json::parse(line.substr(6));
+    ASSERT_EQ(reading["environments"].size(), 1u) << line;
+    EXPECT_EQ(reading["environments"][0]["id"], id);
+  }
+  ASSERT_EQ(arrived.size(), 3u);
+  EXPECT_GE(arrived[2] - arrived[0], std::chrono::milliseconds(900));
+  // A destroyed environment leaves the readings.
+  call("DELETE", "/v1/environments/" + id, nullptr, 204);
+  bool emptied = false;
+  for (int i = 0; i < 10 && !emptied && stream.nextLine(line, 5000);) {
+    if (line.rfind("data: ", 0) != 0) continue;
+    ++i;
+    emptied = json::parse(line.substr(6))["environments"].empty();
+  }
+  EXPECT_TRUE(emptied);
+  EXPECT_EQ(daemon_->request("GET", "/v1/stats?follow=1&interval_ms=100").status, 400);
+  EXPECT_EQ(daemon_->request("GET", "/v1/stats?interval_ms=x").status, 400);
+}
+
+TEST_F(Board, ARevokedKeysStatsStreamEnds) {
+  json key = call("POST", "/v1/keys", {{"name", "watcher"}, {"scopes", {"read"}}}, 201);
+  auto stream = daemon_->stream("/v1/stats?follow=1&interval_ms=500",
+                                {{"Authorization", "Bearer " + key["token"].get<std::string>()}}, false);
+  ASSERT_EQ(stream.status(), 200);
+  std::string line;
+  ASSERT_TRUE(stream.nextLine(line, 5000));
+  call("DELETE", "/v1/keys/" + key["id"].get<std::string>(), nullptr, 204);
+  bool ended = false;
+  for (int i = 0; i < 20 && !ended; ++i) {
+    if (!stream.nextLine(line, 5000)) break;
+    ended = line.find("revoked") != std::string::npos;
+  }
+  EXPECT_TRUE(ended) << "the stream went on after the revocation";
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ import { Inspector } from "./inspect";
 import { FleetPlot } from "./plots";
 import { currentSession, describePrincipal, may, signInForm, signOut } from "./session";
 import { spawnPanel } from "./spawn";
-import { StatsPoller } from "./stats";
+import { StatsStream } from "./stats";
 
 /** Re-read the whole list this often, in case an event was missed. */
 const RECONCILE_MS = 30_000;
@@ -281,7 +281,7 @@ function startBoard(info: SessionInfo): void {
   };
   void boot();
 
-  const stats = new StatsPoller(
+  const stats = new StatsStream(
     (s, at) => board.applyStats(s.environments, at),
     () => {
       approvals.refresh().catch((e: unknown) => report("approvals", e));

@@ -1,18 +1,23 @@
-// The fleet's resource use: GET /v1/stats every 2 s while the page is
-// visible (there is no stream for stats). Each answer goes to the cards and
-// the fleet plot; a failing poll says why once, not every 2 s.
+// The fleet's resource use: GET /v1/stats?follow=1, a reading every 2 s as
+// Server-Sent Events while the page is visible (closed while it is hidden).
+// Each reading goes to the cards and the fleet plot. A stream that moatd
+// ended or refused (a restart, a 503) is opened again after a pause; a
+// failure says why once, not at every try.
 
-import { type FleetStats, getJson } from "./api";
-import { messageOf, report } from "./errors";
+import type { FleetStats } from "./api";
+import { report } from "./errors";
 
 export const STATS_INTERVAL_MS = 2000;
+const REOPEN_MS = 3000;
 
-export class StatsPoller {
-  private timer: ReturnType<typeof setInterval> | null = null;
-  private inFlight = false;
-  private lastError = "";
+export class StatsStream {
+  private source: EventSource | null = null;
+  private reopen: ReturnType<typeof setTimeout> | null = null;
+  private running = false;
+  private failed = false;
   private readonly onVisible = () => {
-    if (document.visibilityState === "visible") void this.poll();
+    if (document.visibilityState === "visible") this.open();
+    else this.close();
   };
 
   constructor(
@@ -21,32 +26,49 @@ export class StatsPoller {
   ) {}
 
   start(): void {
-    this.timer = setInterval(() => void this.poll(), STATS_INTERVAL_MS);
+    this.running = true;
     document.addEventListener("visibilitychange", this.onVisible);
-    void this.poll();
+    if (document.visibilityState === "visible") this.open();
   }
 
   stop(): void {
-    if (this.timer !== null) clearInterval(this.timer);
-    this.timer = null;
+    this.running = false;
     document.removeEventListener("visibilitychange", this.onVisible);
+    this.close();
   }
 
-  private async poll(): Promise<void> {
-    if (document.visibilityState !== "visible" || this.inFlight || this.timer === null) return;
-    this.inFlight = true;
-    try {
-      const stats = await getJson<FleetStats>("/v1/stats");
+  private open(): void {
+    if (!this.running || this.source) return;
+    const source = new EventSource(`/v1/stats?follow=1&interval_ms=${STATS_INTERVAL_MS}`);
+    this.source = source;
+    source.addEventListener("stats", (ev) => {
+      let stats: FleetStats;
+      try {
+        stats = JSON.parse((ev as MessageEvent<string>).data) as FleetStats;
+      } catch (e) {
+        report("stats", e);
+        return;
+      }
+      this.failed = false;
       const at = Date.parse(stats.at);
       this.onStats(stats, Number.isNaN(at) ? Date.now() : at);
-      this.lastError = "";
-    } catch (e) {
-      const m = messageOf(e);
-      if (m !== this.lastError) report("stats", e);
-      this.lastError = m;
-    } finally {
-      this.inFlight = false;
-    }
-    this.onTick();
+      this.onTick();
+    });
+    source.addEventListener("error", () => {
+      // The browser retries a dropped stream itself; one it gave up on
+      // (CLOSED) is opened again here.
+      if (source.readyState !== EventSource.CLOSED) return;
+      if (!this.failed) report("stats", new Error("the stats stream ended; opening it again"));
+      this.failed = true;
+      this.close();
+      if (this.running) this.reopen = setTimeout(() => this.open(), REOPEN_MS);
+    });
+  }
+
+  private close(): void {
+    if (this.reopen !== null) clearTimeout(this.reopen);
+    this.reopen = null;
+    this.source?.close();
+    this.source = null;
   }
 }
