@@ -247,6 +247,60 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
     await assertClean(page);
   });
 
+  it("attaches the terminal to a running pty process and to another viewer's shell", async () => {
+    const page = await signedIn();
+    const env = await createEnv({ task_id: "attach" });
+    const started = await api("POST", `/v1/environments/${env.id}/processes`, { cmd: ["sh", "-c", "echo ready; cat"], pty: true });
+    assert.equal(started.status, 201, JSON.stringify(started.body));
+    const proc = started.body.id;
+    await card(page, env.id).getByTestId("inspect").click();
+    // The default is still a new shell; the list shows the pty process (and that shell).
+    await until("the shell's hello", async () => /^shell: process/.test(await page.getByTestId("terminal-status").textContent()));
+    const shell = Number(/^shell: process (\d+)/.exec(await page.getByTestId("terminal-status").textContent())[1]);
+    const row = page.locator(`[data-testid=terminal-process][data-process="${proc}"]`);
+    await row.waitFor();
+    assert.match(await row.textContent(), /sh -c echo ready; cat/);
+    await row.getByTestId("terminal-attach").click();
+    await until("attached", async () => new RegExp(`^attached: process ${proc} `).test(await page.getByTestId("terminal-status").textContent()));
+    const lines = async () => (await page.locator(".xterm-rows > div").allTextContents()).map((l) => l.trim());
+    await until("its earlier output", async () => (await lines()).includes("ready"));
+    await page.locator(".xterm").click();
+    await page.keyboard.type("echo-back-line");
+    await page.keyboard.press("Enter");
+    // The terminal echoes the line as typed, then cat writes it again.
+    await until("cat's echo", async () => (await lines()).filter((l) => l === "echo-back-line").length >= 2);
+    const out = await api("GET", `/v1/environments/${env.id}/processes/${proc}/output`);
+    // (ndjson: one line here, which the helper parsed as JSON)
+    const logged = typeof out.body === "string" ? out.body : JSON.stringify(out.body);
+    assert.match(logged, /echo-back-line(\\r|\r)?(\\n|\n).*echo-back-line/s, logged);
+
+    // Another viewer's shell: a second page attaches to the first one's.
+    await page.getByTestId("terminal-new-shell").click();
+    await until("a new shell", async () => /^shell: process/.test(await page.getByTestId("terminal-status").textContent()));
+    const own = Number(/^shell: process (\d+)/.exec(await page.getByTestId("terminal-status").textContent())[1]);
+    assert.notEqual(own, shell);
+    await page.locator(".xterm").click();
+    await page.keyboard.type("echo from-first-$((6*7))");
+    await page.keyboard.press("Enter");
+    await until("the first viewer's output", async () => (await lines()).includes("from-first-42"));
+    const other = await signedIn();
+    await card(other, env.id).getByTestId("inspect").click();
+    await until("the second page's own shell", async () => /^shell: process/.test(await other.getByTestId("terminal-status").textContent()));
+    await other.getByTestId("terminal-refresh").click();
+    const shared = other.locator(`[data-testid=terminal-process][data-process="${own}"]`);
+    await shared.waitFor();
+    await shared.getByTestId("terminal-attach").click();
+    await until("attached to the first page's shell", async () => new RegExp(`^attached: process ${own} `).test(await other.getByTestId("terminal-status").textContent()));
+    const otherLines = async () => (await other.locator(".xterm-rows > div").allTextContents()).map((l) => l.trim());
+    await until("the shell's earlier output", async () => (await otherLines()).includes("from-first-42"));
+    await other.locator(".xterm").click();
+    await other.keyboard.type("echo from-second-$((6*8))");
+    await other.keyboard.press("Enter");
+    await until("the second viewer's line on both pages", async () => (await otherLines()).includes("from-second-48") && (await lines()).includes("from-second-48"));
+    await assertClean(page);
+    await assertClean(other);
+  });
+
   it("signed in with an API key, shows only that key's environments", async () => {
     const key = await api("POST", "/v1/keys", { name: "board-test", scopes: ["create", "read", "exec", "files", "destroy", "audit"] });
     assert.equal(key.status, 201);
