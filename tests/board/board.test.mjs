@@ -662,6 +662,77 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
     }
   });
 
+  it("starts a fleet of agent runs from the Spawn form, at most N at once", async () => {
+    // A provider double for runs in parallel: a conversation without a tool
+    // result yet gets a tool call, one with it the final text; each answer
+    // takes a while, so runs overlap.
+    let inFlight = 0;
+    let maxInFlight = 0;
+    const server = createServer((req, res) => {
+      const chunks = [];
+      req.on("data", (c) => chunks.push(c));
+      req.on("end", () => {
+        inFlight++;
+        maxInFlight = Math.max(maxInFlight, inFlight);
+        const { messages } = JSON.parse(Buffer.concat(chunks).toString());
+        const first = !messages.some((m) => m.role === "tool");
+        const message = first
+          ? { role: "assistant", content: "Running it.", tool_calls: [{ id: "call_1", type: "function", function: { name: "run_command", arguments: JSON.stringify({ argv: ["echo", "fleet"] }) } }] }
+          : { role: "assistant", content: "Done." };
+        setTimeout(() => {
+          inFlight--;
+          res.writeHead(200, { "Content-Type": "application/json" });
+          res.end(JSON.stringify({
+            id: "chatcmpl-fleet", object: "chat.completion", created: 0, model: "double",
+            choices: [{ index: 0, message, finish_reason: first ? "tool_calls" : "stop" }],
+            usage: { prompt_tokens: 10, completion_tokens: 5, total_tokens: 15 },
+          }));
+        }, 300);
+      });
+    });
+    await new Promise((r) => server.listen(0, "127.0.0.1", r));
+    try {
+      const page = await signedIn();
+      await page.locator("[data-testid=spawn] summary").click();
+      const instructions = ["one", "two", "three", "four", "five"].map((w) => `Say ${w}`);
+      await page.getByTestId("fleet-instructions").fill(instructions.join("\n"));
+      await page.getByTestId("fleet-name").fill("f1");
+      assert.equal(await page.getByTestId("fleet-parallel").inputValue(), "4", "parallel defaults to 4");
+      await page.getByTestId("fleet-parallel").fill("2");
+      await page.getByTestId("fleet-kind").selectOption("openai");
+      await page.getByTestId("fleet-model").fill("double");
+      await page.getByTestId("fleet-base_url").fill(`http://127.0.0.1:${server.address().port}/v1`);
+      await page.getByTestId("fleet-api_key").fill("not-a-real-key");
+      await page.getByTestId("fleet-max_iterations").fill("5");
+      await page.getByTestId("fleet-start").click();
+      await until(
+        "every run completed",
+        async () => (await page.getByTestId("fleet-status").textContent()) === "started 5 · ended 5 · total 5" && (await page.locator("[data-testid=fleet-run][data-state=completed]").count()) === 5,
+        60_000,
+      );
+      const ids = await page.locator("[data-testid=fleet-run]").evaluateAll((rows) => rows.map((r) => r.getAttribute("data-run")));
+      const runs = [];
+      for (const id of ids) runs.push((await api("GET", `/v1/agents/${id}`)).body);
+      assert.deepEqual(runs.map((r) => r.state), Array(5).fill("completed"));
+      assert.ok(runs.every((r) => r.labels.fleet === "f1"), JSON.stringify(runs.map((r) => r.labels)));
+      // At most 2 at once, from the runs' own times (and 2 did run together).
+      let most = 0;
+      for (const r of runs) {
+        const t = Date.parse(r.created_at);
+        most = Math.max(most, runs.filter((o) => Date.parse(o.created_at) <= t && t < Date.parse(o.ended_at)).length);
+      }
+      assert.equal(most, 2, JSON.stringify(runs.map((r) => [r.created_at, r.ended_at])));
+      assert.ok(maxInFlight <= 2, `the double saw ${maxInFlight} requests at once`);
+      // Their cards are on the board; their environments are gone.
+      for (const r of runs) await page.locator(`[data-testid=agent-card][data-run="${r.id}"][data-state=completed]`).waitFor();
+      for (const r of runs) await until(`environment ${r.environment} gone`, async () => (await api("GET", `/v1/environments/${r.environment}`)).body.state === "gone");
+      assert.equal(await page.getByTestId("fleet-stop").isHidden(), true);
+      await assertClean(page);
+    } finally {
+      server.close();
+    }
+  });
+
   it(`stays usable with ${CARDS} environments (a measurement, no bound asserted)`, { timeout: 900_000 }, async (t) => {
     const { body } = await api("GET", "/v1/environments");
     await Promise.all(body.environments.map((e) => api("DELETE", `/v1/environments/${e.id}`)));
