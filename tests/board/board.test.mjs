@@ -733,6 +733,58 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
     }
   });
 
+  it("Stop all stops a fleet's running runs and starts no more; its label selects its environments", async () => {
+    // A slow double: every answer a tool call, 2 s each, so runs stay running.
+    const server = createServer((req, res) => {
+      req.resume();
+      req.on("end", () => {
+        const t = setTimeout(() => {
+          res.writeHead(200, { "Content-Type": "application/json" });
+          res.end(JSON.stringify({
+            id: "chatcmpl-slow", object: "chat.completion", created: 0, model: "double",
+            choices: [{ index: 0, message: { role: "assistant", content: "", tool_calls: [{ id: "c", type: "function", function: { name: "run_command", arguments: "{\"argv\":[\"true\"]}" } }] }, finish_reason: "tool_calls" }],
+            usage: { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 },
+          }));
+        }, 2000);
+        res.on("close", () => clearTimeout(t));
+      });
+    });
+    await new Promise((r) => server.listen(0, "127.0.0.1", r));
+    try {
+      const page = await signedIn();
+      await page.locator("[data-testid=spawn] summary").click();
+      await page.getByTestId("fleet-instructions").fill("a\nb\nc\nd");
+      await page.getByTestId("fleet-name").fill("f2");
+      await page.getByTestId("fleet-parallel").fill("2");
+      await page.getByTestId("fleet-kind").selectOption("openai");
+      await page.getByTestId("fleet-model").fill("double");
+      await page.getByTestId("fleet-base_url").fill(`http://127.0.0.1:${server.address().port}/v1`);
+      await page.getByTestId("fleet-api_key").fill("not-a-real-key");
+      await page.getByTestId("fleet-keep").check();
+      await page.getByTestId("fleet-start").click();
+      await until("two running", async () => (await page.locator("[data-testid=fleet-run][data-state=running]").count()) === 2, 20_000);
+      // The label filter selects the fleet's (kept) environments.
+      await page.getByTestId("filter-label").fill("fleet=f2");
+      await until("the fleet's two environment cards", async () => (await page.locator("[data-testid=card]:visible").count()) === 2);
+      await page.getByTestId("fleet-stop").click();
+      await until("two stopped, two not started", async () =>
+        (await page.locator("[data-testid=fleet-run][data-state=stopped]").count()) === 2 &&
+        (await page.locator("[data-testid=fleet-run][data-state='not started']").count()) === 2, 20_000);
+      await until("the form done", async () => await page.getByTestId("fleet-stop").isHidden());
+      assert.match(await page.getByTestId("fleet-status").textContent(), /^started 2 · ended 2 · total 4 · 2 not started/);
+      const runs = (await api("GET", "/v1/agents")).body.agents.filter((r) => r.labels?.fleet === "f2");
+      assert.deepEqual(runs.map((r) => r.state), ["stopped", "stopped"]);
+      // Terminate all for the filter ends the kept environments.
+      await page.getByTestId("terminate-all").click();
+      await page.getByTestId("dialog").getByTestId("dialog-confirm").click();
+      for (const r of runs) await until(`environment ${r.environment} gone`, async () => (await api("GET", `/v1/environments/${r.environment}`)).body.state === "gone");
+      await assertClean(page);
+    } finally {
+      server.closeAllConnections?.();
+      server.close();
+    }
+  });
+
   it(`stays usable with ${CARDS} environments (a measurement, no bound asserted)`, { timeout: 900_000 }, async (t) => {
     const { body } = await api("GET", "/v1/environments");
     await Promise.all(body.environments.map((e) => api("DELETE", `/v1/environments/${e.id}`)));
