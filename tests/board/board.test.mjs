@@ -733,7 +733,7 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
     }
   });
 
-  it("Stop all stops a fleet's running runs and starts no more; its label selects its environments", async () => {
+  it("Stop all stops a fleet's running runs and starts no more; each forked from the snapshot; its label selects its environments", async () => {
     // A slow double: every answer a tool call, 2 s each, so runs stay running.
     const server = createServer((req, res) => {
       req.resume();
@@ -751,9 +751,15 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
     });
     await new Promise((r) => server.listen(0, "127.0.0.1", r));
     try {
+      const source = await createEnv({ task_id: "fleet-source" });
+      const wrote = await api("POST", `/v1/environments/${source.id}/exec`, { cmd: ["sh", "-c", "echo from-snapshot > /workspace/marker"] });
+      assert.equal(wrote.body.exit_code, 0, JSON.stringify(wrote.body));
+      const snap = await api("POST", `/v1/environments/${source.id}/snapshots`, { name: "fleet" });
+      assert.equal(snap.status, 201, JSON.stringify(snap.body));
       const page = await signedIn();
       await page.locator("[data-testid=spawn] summary").click();
       await page.getByTestId("fleet-instructions").fill("a\nb\nc\nd");
+      await page.getByTestId("fleet-snapshot").fill(snap.body.id);
       await page.getByTestId("fleet-name").fill("f2");
       await page.getByTestId("fleet-parallel").fill("2");
       await page.getByTestId("fleet-kind").selectOption("openai");
@@ -774,6 +780,10 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
       assert.match(await page.getByTestId("fleet-status").textContent(), /^started 2 · ended 2 · total 4 · 2 not started/);
       const runs = (await api("GET", "/v1/agents")).body.agents.filter((r) => r.labels?.fleet === "f2");
       assert.deepEqual(runs.map((r) => r.state), ["stopped", "stopped"]);
+      for (const r of runs) {
+        const cat = await api("POST", `/v1/environments/${r.environment}/exec`, { cmd: ["cat", "/workspace/marker"] });
+        assert.equal(cat.body.stdout, "from-snapshot\n", JSON.stringify(cat.body));
+      }
       // Terminate all for the filter ends the kept environments.
       await page.getByTestId("terminate-all").click();
       await page.getByTestId("dialog").getByTestId("dialog-confirm").click();

@@ -4,7 +4,8 @@
 // optionally forked from a snapshot. At most N run at once: the board
 // starts the next when one ends (it reads each running run every
 // POLL_MS), and a 429 (moatd's own bound on runs) waits likewise before it
-// tries again. Stop all stops the running ones and starts no more.
+// tries again (RETRY_MS when none of the fleet's runs is running). Stop all
+// stops the running ones and starts no more.
 
 import { type AgentRun, ApiError, enc, getJson, send } from "./api";
 import { button, el, replace, setText } from "./dom";
@@ -15,6 +16,7 @@ import type { SpawnHooks } from "./spawn";
 
 const MAX_INSTRUCTIONS = 100;
 const POLL_MS = 500;
+const RETRY_MS = 2000;
 const ENDED = new Set(["completed", "failed", "max_iterations", "stopped"]);
 
 interface Member {
@@ -133,7 +135,8 @@ export function fleetForm(hooks: SpawnHooks): HTMLElement {
       }
       show();
       if (next >= members.length) break;
-      await sleep(POLL_MS);
+      // Here after a 429: soon again while a run of ours may end, else after a while.
+      await sleep(running() > 0 ? POLL_MS : RETRY_MS);
       await poll();
     }
     for (const m of members.slice(next)) if (m.state === "waiting") m.state = "not started";
