@@ -247,6 +247,60 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
     await assertClean(page);
   });
 
+  it("attaches the terminal to a running pty process and to another viewer's shell", async () => {
+    const page = await signedIn();
+    const env = await createEnv({ task_id: "attach" });
+    const started = await api("POST", `/v1/environments/${env.id}/processes`, { cmd: ["sh", "-c", "echo ready; cat"], pty: true });
+    assert.equal(started.status, 201, JSON.stringify(started.body));
+    const proc = started.body.id;
+    await card(page, env.id).getByTestId("inspect").click();
+    // The default is still a new shell; the list shows the pty process (and that shell).
+    await until("the shell's hello", async () => /^shell: process/.test(await page.getByTestId("terminal-status").textContent()));
+    const shell = Number(/^shell: process (\d+)/.exec(await page.getByTestId("terminal-status").textContent())[1]);
+    const row = page.locator(`[data-testid=terminal-process][data-process="${proc}"]`);
+    await row.waitFor();
+    assert.match(await row.textContent(), /sh -c echo ready; cat/);
+    await row.getByTestId("terminal-attach").click();
+    await until("attached", async () => new RegExp(`^attached: process ${proc} `).test(await page.getByTestId("terminal-status").textContent()));
+    const lines = async () => (await page.locator(".xterm-rows > div").allTextContents()).map((l) => l.trim());
+    await until("its earlier output", async () => (await lines()).includes("ready"));
+    await page.locator(".xterm").click();
+    await page.keyboard.type("echo-back-line");
+    await page.keyboard.press("Enter");
+    // The terminal echoes the line as typed, then cat writes it again.
+    await until("cat's echo", async () => (await lines()).filter((l) => l === "echo-back-line").length >= 2);
+    const out = await api("GET", `/v1/environments/${env.id}/processes/${proc}/output`);
+    // (ndjson: one line here, which the helper parsed as JSON)
+    const logged = typeof out.body === "string" ? out.body : JSON.stringify(out.body);
+    assert.match(logged, /echo-back-line(\\r|\r)?(\\n|\n).*echo-back-line/s, logged);
+
+    // Another viewer's shell: a second page attaches to the first one's.
+    await page.getByTestId("terminal-new-shell").click();
+    await until("a new shell", async () => /^shell: process/.test(await page.getByTestId("terminal-status").textContent()));
+    const own = Number(/^shell: process (\d+)/.exec(await page.getByTestId("terminal-status").textContent())[1]);
+    assert.notEqual(own, shell);
+    await page.locator(".xterm").click();
+    await page.keyboard.type("echo from-first-$((6*7))");
+    await page.keyboard.press("Enter");
+    await until("the first viewer's output", async () => (await lines()).includes("from-first-42"));
+    const other = await signedIn();
+    await card(other, env.id).getByTestId("inspect").click();
+    await until("the second page's own shell", async () => /^shell: process/.test(await other.getByTestId("terminal-status").textContent()));
+    await other.getByTestId("terminal-refresh").click();
+    const shared = other.locator(`[data-testid=terminal-process][data-process="${own}"]`);
+    await shared.waitFor();
+    await shared.getByTestId("terminal-attach").click();
+    await until("attached to the first page's shell", async () => new RegExp(`^attached: process ${own} `).test(await other.getByTestId("terminal-status").textContent()));
+    const otherLines = async () => (await other.locator(".xterm-rows > div").allTextContents()).map((l) => l.trim());
+    await until("the shell's earlier output", async () => (await otherLines()).includes("from-first-42"));
+    await other.locator(".xterm").click();
+    await other.keyboard.type("echo from-second-$((6*8))");
+    await other.keyboard.press("Enter");
+    await until("the second viewer's line on both pages", async () => (await otherLines()).includes("from-second-48") && (await lines()).includes("from-second-48"));
+    await assertClean(page);
+    await assertClean(other);
+  });
+
   it("signed in with an API key, shows only that key's environments", async () => {
     const key = await api("POST", "/v1/keys", { name: "board-test", scopes: ["create", "read", "exec", "files", "destroy", "audit"] });
     assert.equal(key.status, 201);
@@ -605,6 +659,139 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
       await assertClean(page);
     } finally {
       provider.close();
+    }
+  });
+
+  it("starts a fleet of agent runs from the Spawn form, at most N at once", async () => {
+    // A provider double for runs in parallel: a conversation without a tool
+    // result yet gets a tool call, one with it the final text; each answer
+    // takes a while, so runs overlap.
+    let inFlight = 0;
+    let maxInFlight = 0;
+    const server = createServer((req, res) => {
+      const chunks = [];
+      req.on("data", (c) => chunks.push(c));
+      req.on("end", () => {
+        inFlight++;
+        maxInFlight = Math.max(maxInFlight, inFlight);
+        const { messages } = JSON.parse(Buffer.concat(chunks).toString());
+        const first = !messages.some((m) => m.role === "tool");
+        const message = first
+          ? { role: "assistant", content: "Running it.", tool_calls: [{ id: "call_1", type: "function", function: { name: "run_command", arguments: JSON.stringify({ argv: ["echo", "fleet"] }) } }] }
+          : { role: "assistant", content: "Done." };
+        setTimeout(() => {
+          inFlight--;
+          res.writeHead(200, { "Content-Type": "application/json" });
+          res.end(JSON.stringify({
+            id: "chatcmpl-fleet", object: "chat.completion", created: 0, model: "double",
+            choices: [{ index: 0, message, finish_reason: first ? "tool_calls" : "stop" }],
+            usage: { prompt_tokens: 10, completion_tokens: 5, total_tokens: 15 },
+          }));
+        }, 300);
+      });
+    });
+    await new Promise((r) => server.listen(0, "127.0.0.1", r));
+    try {
+      const page = await signedIn();
+      await page.locator("[data-testid=spawn] summary").click();
+      const instructions = ["one", "two", "three", "four", "five"].map((w) => `Say ${w}`);
+      await page.getByTestId("fleet-instructions").fill(instructions.join("\n"));
+      await page.getByTestId("fleet-name").fill("f1");
+      assert.equal(await page.getByTestId("fleet-parallel").inputValue(), "4", "parallel defaults to 4");
+      await page.getByTestId("fleet-parallel").fill("2");
+      await page.getByTestId("fleet-kind").selectOption("openai");
+      await page.getByTestId("fleet-model").fill("double");
+      await page.getByTestId("fleet-base_url").fill(`http://127.0.0.1:${server.address().port}/v1`);
+      await page.getByTestId("fleet-api_key").fill("not-a-real-key");
+      await page.getByTestId("fleet-max_iterations").fill("5");
+      await page.getByTestId("fleet-start").click();
+      await until(
+        "every run completed",
+        async () => (await page.getByTestId("fleet-status").textContent()) === "started 5 · ended 5 · total 5" && (await page.locator("[data-testid=fleet-run][data-state=completed]").count()) === 5,
+        60_000,
+      );
+      const ids = await page.locator("[data-testid=fleet-run]").evaluateAll((rows) => rows.map((r) => r.getAttribute("data-run")));
+      const runs = [];
+      for (const id of ids) runs.push((await api("GET", `/v1/agents/${id}`)).body);
+      assert.deepEqual(runs.map((r) => r.state), Array(5).fill("completed"));
+      assert.ok(runs.every((r) => r.labels.fleet === "f1"), JSON.stringify(runs.map((r) => r.labels)));
+      // At most 2 at once, from the runs' own times (and 2 did run together).
+      let most = 0;
+      for (const r of runs) {
+        const t = Date.parse(r.created_at);
+        most = Math.max(most, runs.filter((o) => Date.parse(o.created_at) <= t && t < Date.parse(o.ended_at)).length);
+      }
+      assert.equal(most, 2, JSON.stringify(runs.map((r) => [r.created_at, r.ended_at])));
+      assert.ok(maxInFlight <= 2, `the double saw ${maxInFlight} requests at once`);
+      // Their cards are on the board; their environments are gone.
+      for (const r of runs) await page.locator(`[data-testid=agent-card][data-run="${r.id}"][data-state=completed]`).waitFor();
+      for (const r of runs) await until(`environment ${r.environment} gone`, async () => (await api("GET", `/v1/environments/${r.environment}`)).body.state === "gone");
+      assert.equal(await page.getByTestId("fleet-stop").isHidden(), true);
+      await assertClean(page);
+    } finally {
+      server.close();
+    }
+  });
+
+  it("Stop all stops a fleet's running runs and starts no more; each forked from the snapshot; its label selects its environments", async () => {
+    // A slow double: every answer a tool call, 2 s each, so runs stay running.
+    const server = createServer((req, res) => {
+      req.resume();
+      req.on("end", () => {
+        const t = setTimeout(() => {
+          res.writeHead(200, { "Content-Type": "application/json" });
+          res.end(JSON.stringify({
+            id: "chatcmpl-slow", object: "chat.completion", created: 0, model: "double",
+            choices: [{ index: 0, message: { role: "assistant", content: "", tool_calls: [{ id: "c", type: "function", function: { name: "run_command", arguments: "{\"argv\":[\"true\"]}" } }] }, finish_reason: "tool_calls" }],
+            usage: { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 },
+          }));
+        }, 2000);
+        res.on("close", () => clearTimeout(t));
+      });
+    });
+    await new Promise((r) => server.listen(0, "127.0.0.1", r));
+    try {
+      const source = await createEnv({ task_id: "fleet-source" });
+      const wrote = await api("POST", `/v1/environments/${source.id}/exec`, { cmd: ["sh", "-c", "echo from-snapshot > /workspace/marker"] });
+      assert.equal(wrote.body.exit_code, 0, JSON.stringify(wrote.body));
+      const snap = await api("POST", `/v1/environments/${source.id}/snapshots`, { name: "fleet" });
+      assert.equal(snap.status, 201, JSON.stringify(snap.body));
+      const page = await signedIn();
+      await page.locator("[data-testid=spawn] summary").click();
+      await page.getByTestId("fleet-instructions").fill("a\nb\nc\nd");
+      await page.getByTestId("fleet-snapshot").fill(snap.body.id);
+      await page.getByTestId("fleet-name").fill("f2");
+      await page.getByTestId("fleet-parallel").fill("2");
+      await page.getByTestId("fleet-kind").selectOption("openai");
+      await page.getByTestId("fleet-model").fill("double");
+      await page.getByTestId("fleet-base_url").fill(`http://127.0.0.1:${server.address().port}/v1`);
+      await page.getByTestId("fleet-api_key").fill("not-a-real-key");
+      await page.getByTestId("fleet-keep").check();
+      await page.getByTestId("fleet-start").click();
+      await until("two running", async () => (await page.locator("[data-testid=fleet-run][data-state=running]").count()) === 2, 20_000);
+      // The label filter selects the fleet's (kept) environments.
+      await page.getByTestId("filter-label").fill("fleet=f2");
+      await until("the fleet's two environment cards", async () => (await page.locator("[data-testid=card]:visible").count()) === 2);
+      await page.getByTestId("fleet-stop").click();
+      await until("two stopped, two not started", async () =>
+        (await page.locator("[data-testid=fleet-run][data-state=stopped]").count()) === 2 &&
+        (await page.locator("[data-testid=fleet-run][data-state='not started']").count()) === 2, 20_000);
+      await until("the form done", async () => await page.getByTestId("fleet-stop").isHidden());
+      assert.match(await page.getByTestId("fleet-status").textContent(), /^started 2 · ended 2 · total 4 · 2 not started/);
+      const runs = (await api("GET", "/v1/agents")).body.agents.filter((r) => r.labels?.fleet === "f2");
+      assert.deepEqual(runs.map((r) => r.state), ["stopped", "stopped"]);
+      for (const r of runs) {
+        const cat = await api("POST", `/v1/environments/${r.environment}/exec`, { cmd: ["cat", "/workspace/marker"] });
+        assert.equal(cat.body.stdout, "from-snapshot\n", JSON.stringify(cat.body));
+      }
+      // Terminate all for the filter ends the kept environments.
+      await page.getByTestId("terminate-all").click();
+      await page.getByTestId("dialog").getByTestId("dialog-confirm").click();
+      for (const r of runs) await until(`environment ${r.environment} gone`, async () => (await api("GET", `/v1/environments/${r.environment}`)).body.state === "gone");
+      await assertClean(page);
+    } finally {
+      server.closeAllConnections?.();
+      server.close();
     }
   });
 

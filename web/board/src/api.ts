@@ -212,6 +212,17 @@ export interface AgentRun {
   error?: string;
 }
 
+/** A background process or shell in an environment (docs/API.md, "Processes"). */
+export interface Process {
+  id: number;
+  pid: number;
+  cmd: string[];
+  kind: string;
+  pty: boolean;
+  state: string;
+  started_at?: string;
+}
+
 export interface TranscriptStep {
   seq: number;
   at: string;

@@ -18,6 +18,8 @@ type Tab = "terminal" | "files" | "changes" | "timeline" | "transcript";
 interface Opened {
   node: HTMLElement;
   dispose?: () => void;
+  /** Shown again (after another tab). */
+  shown?: () => void;
 }
 
 export class Inspector {
@@ -93,7 +95,7 @@ export class Inspector {
       this.views.set(tab, view);
       view.node.dataset["view"] = tab;
       this.body.append(view.node);
-    }
+    } else view.shown?.();
     for (const [t, v] of this.views) v.node.hidden = t !== tab;
   }
 
