@@ -1,11 +1,13 @@
 // The fleet's resource use: GET /v1/stats?follow=1, a reading every 2 s as
 // Server-Sent Events while the page is visible (closed while it is hidden).
 // Each reading goes to the cards and the fleet plot. A stream that moatd
-// ended or refused (a restart, a 503) is opened again after a pause; a
-// failure says why once, not at every try.
+// ended or refused (a restart, a 503, a revoked key) is read once without
+// following (so that a 401 signs the page out, as any request's does),
+// then opened again after a pause; a failure says why once, not at every
+// try.
 
-import type { FleetStats } from "./api";
-import { report } from "./errors";
+import { type FleetStats, getJson } from "./api";
+import { messageOf, report } from "./errors";
 
 export const STATS_INTERVAL_MS = 2000;
 const REOPEN_MS = 3000;
@@ -56,13 +58,24 @@ export class StatsStream {
     });
     source.addEventListener("error", () => {
       // The browser retries a dropped stream itself; one it gave up on
-      // (CLOSED) is opened again here.
+      // (CLOSED) is asked once plainly, then opened again here.
       if (source.readyState !== EventSource.CLOSED) return;
-      if (!this.failed) report("stats", new Error("the stats stream ended; opening it again"));
-      this.failed = true;
       this.close();
-      if (this.running) this.reopen = setTimeout(() => this.open(), REOPEN_MS);
+      void this.probe();
     });
+  }
+
+  private async probe(): Promise<void> {
+    try {
+      const stats = await getJson<FleetStats>("/v1/stats");
+      const at = Date.parse(stats.at);
+      this.onStats(stats, Number.isNaN(at) ? Date.now() : at);
+      this.onTick();
+    } catch (e) {
+      if (!this.failed) report("stats", new Error(`the stats stream ended: ${messageOf(e)}`));
+      this.failed = true;
+    }
+    if (this.running && this.source === null) this.reopen = setTimeout(() => this.open(), REOPEN_MS);
   }
 
   private close(): void {
