@@ -56,6 +56,7 @@ step 'moat env rm $id'
 
 if [ -n "${moatd_pid:-}" ]; then
   printf '\nmoatd is serving http://127.0.0.1:7070 and unix:%s/moatd.sock (token: %s/master-token).\n' "$state" "$state"
+  printf 'The board: open http://127.0.0.1:7070/ and sign in with that token (docs/BOARD.md).\n'
   printf 'API: docs/API.md. Ctrl-C stops it and destroys its environments.\n'
   trap 'kill -TERM $moatd_pid 2>/dev/null' INT TERM
   wait "$moatd_pid" || true
