@@ -188,7 +188,7 @@ HttpResponse Api::uiSession(const HttpRequest& req) {
       return errorResponse({401, "unauthorized", "not the master token or an active API key", "token"});
     }
     if (!id.empty()) boardSessions_.close(id);  // a new sign-in replaces the old session
-    auto opened = boardSessions_.open(token);
+    auto opened = boardSessions_.open(token, principal->owner());
     if (!opened.ok()) return errorResponse(fromError(opened.error()));
     json data = {{"via", "board"}};
     if (!req.remote.empty()) data["remote"] = req.remote;

@@ -13,19 +13,29 @@ namespace moat::api {
 BoardSessions::BoardSessions(BoardSessionLimits limits, Clock clock)
     : limits_(limits), clock_(clock ? std::move(clock) : [] { return std::chrono::steady_clock::now(); }) {}
 
-Result<BoardSessions::Opened> BoardSessions::open(const std::string& token) {
+Result<BoardSessions::Opened> BoardSessions::open(const std::string& token, const std::string& owner) {
   auto id = randomHex(32);
   if (!id.ok()) return id.error();
   auto csrf = randomHex(32);
   if (!csrf.ok()) return csrf.error();
   const auto now = clock_();
   std::lock_guard<std::mutex> lock(mutex_);
-  while (sessions_.size() >= limits_.maxSessions && !sessions_.empty()) {
-    auto oldest = std::min_element(sessions_.begin(), sessions_.end(),
-                                   [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
-    sessions_.erase(oldest);
+  auto leastRecent = [&](bool ownOnly) {
+    auto oldest = sessions_.end();
+    for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+      if (ownOnly && it->second.owner != owner) continue;
+      if (oldest == sessions_.end() || it->second.used < oldest->second.used) oldest = it;
+    }
+    return oldest;
+  };
+  size_t own = 0;
+  for (const auto& entry : sessions_) own += entry.second.owner == owner ? 1 : 0;
+  if (own >= limits_.maxPerOwner) {
+    sessions_.erase(leastRecent(true));
+  } else if (sessions_.size() >= limits_.maxSessions && !sessions_.empty()) {
+    sessions_.erase(leastRecent(false));
   }
-  sessions_[id.value()] = Entry{{token, csrf.value()}, now, now};
+  sessions_[id.value()] = Entry{{token, csrf.value()}, owner, now, now};
   return Opened{id.value(), csrf.value()};
 }
 

@@ -26,7 +26,11 @@ struct BoardSession {
 };
 
 struct BoardSessionLimits {
-  size_t maxSessions = 256;                         // beyond: the least recently used goes
+  size_t maxSessions = 256;  // beyond: the least recently used goes
+  // One owner's (the master, a key) at most: beyond, its own least recently
+  // used goes, so that one key signing in again and again cannot sign
+  // everyone else out.
+  size_t maxPerOwner = 16;
   std::chrono::milliseconds idle{8 * 3600 * 1000};  // unused this long: signed out
   std::chrono::milliseconds lifetime{24 * 3600 * 1000};
 };
@@ -39,8 +43,9 @@ class BoardSessions {
     std::string id;
     std::string csrf;
   };
-  // A new session for `token` (already authenticated by the caller).
-  Result<Opened> open(const std::string& token);
+  // A new session for `token` (already authenticated by the caller as
+  // `owner`).
+  Result<Opened> open(const std::string& token, const std::string& owner);
   // The session `id` names, if it is open and not expired (its use renews
   // the idle bound); an expired one is forgotten.
   std::optional<BoardSession> find(const std::string& id);
@@ -50,6 +55,7 @@ class BoardSessions {
  private:
   struct Entry {
     BoardSession session;
+    std::string owner;
     std::chrono::steady_clock::time_point created;
     std::chrono::steady_clock::time_point used;
   };

@@ -83,18 +83,26 @@ Result<std::string> xattrFd(int fd, const char* name) {
   return std::string(value, static_cast<size_t>(n));
 }
 
-Result<ReadBytes> readUpTo(int fd, size_t maxBytes) {
-  ReadBytes out;
+Result<std::string> readExactly(int fd, size_t bytes) {
+  std::string out;
   char buf[65536];
-  while (out.data.size() <= maxBytes) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
+  while (out.size() < bytes) {
+    ssize_t n = ::read(fd, buf, std::min(sizeof buf, bytes - out.size()));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Error::fromErrno("read");
-    if (n == 0) return out;
-    out.data.append(buf, static_cast<size_t>(n));
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
   }
-  out.data.resize(maxBytes);
-  out.truncated = true;
+  return out;
+}
+
+Result<ReadBytes> readUpTo(int fd, size_t maxBytes) {
+  // One byte more than asked says whether there was more.
+  MOAT_ASSIGN(std::string data, readExactly(fd, maxBytes + 1));
+  ReadBytes out;
+  out.truncated = data.size() > maxBytes;
+  if (out.truncated) data.resize(maxBytes);
+  out.data = std::move(data);
   return out;
 }
 

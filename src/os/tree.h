@@ -37,7 +37,10 @@ Result<std::vector<std::string>> listDirFd(int dirFd, size_t maxNames);
 // The value of extended attribute `name` of what fd is open on (not
 // O_PATH), at most 255 bytes; empty when it has none.
 Result<std::string> xattrFd(int fd, const char* name);
-// Up to maxBytes from fd's current offset; truncated says there was more.
+// `bytes` from fd's current offset, fewer only at its end.
+Result<std::string> readExactly(int fd, size_t bytes);
+// Up to maxBytes from fd's current offset; truncated says there was more
+// (one byte beyond maxBytes was read to know).
 struct ReadBytes {
   std::string data;
   bool truncated = false;

@@ -18,8 +18,8 @@ struct FakeClock {
 
 TEST(BoardSessions, ASessionIsFoundByItsIdAndHoldsItsTokenAndCsrf) {
   BoardSessions sessions;
-  auto a = sessions.open("token-a");
-  auto b = sessions.open("token-b");
+  auto a = sessions.open("token-a", "master");
+  auto b = sessions.open("token-b", "master");
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->id.size(), 64u);
   EXPECT_NE(a->id, b->id);
@@ -41,7 +41,7 @@ TEST(BoardSessions, AnIdleOrOldSessionExpires) {
   limits.idle = 10min;
   limits.lifetime = 60min;
   BoardSessions sessions(limits, clock.fn());
-  auto s = sessions.open("t");
+  auto s = sessions.open("t", "master");
   ASSERT_TRUE(s.ok());
   // Used every 9 minutes, it lives until its lifetime ends.
   for (int i = 0; i < 6; ++i) {
@@ -50,7 +50,7 @@ TEST(BoardSessions, AnIdleOrOldSessionExpires) {
   }
   clock.now += 9min;  // 63 min old
   EXPECT_FALSE(sessions.find(s->id));
-  auto idle = sessions.open("t");
+  auto idle = sessions.open("t", "master");
   clock.now += 10min;
   EXPECT_FALSE(sessions.find(idle->id));
   EXPECT_EQ(sessions.size(), 0u);
@@ -64,17 +64,33 @@ TEST(BoardSessions, BeyondTheCapTheLeastRecentlyUsedGoes) {
   std::vector<std::string> ids;
   for (int i = 0; i < 3; ++i) {
     clock.now += 1s;
-    ids.push_back(sessions.open("t" + std::to_string(i))->id);
+    ids.push_back(sessions.open("t" + std::to_string(i), "k" + std::to_string(i))->id);
   }
   clock.now += 1s;
   EXPECT_TRUE(sessions.find(ids[0]));  // the oldest, used now
   clock.now += 1s;
-  auto fourth = sessions.open("t3");
+  auto fourth = sessions.open("t3", "k3");
   EXPECT_EQ(sessions.size(), 3u);
   EXPECT_TRUE(sessions.find(ids[0]));
   EXPECT_FALSE(sessions.find(ids[1])) << "the least recently used";
   EXPECT_TRUE(sessions.find(ids[2]));
   EXPECT_TRUE(sessions.find(fourth->id));
+}
+
+TEST(BoardSessions, OneOwnerSigningInAgainAndAgainEvictsOnlyItsOwn) {
+  FakeClock clock;
+  BoardSessionLimits limits;
+  limits.maxSessions = 8;
+  limits.maxPerOwner = 2;
+  BoardSessions sessions(limits, clock.fn());
+  clock.now += 1s;
+  auto master = sessions.open("m", "master");
+  for (int i = 0; i < 50; ++i) {
+    clock.now += 1s;
+    ASSERT_TRUE(sessions.open("k", "key1").ok());
+  }
+  EXPECT_TRUE(sessions.find(master->id)) << "another owner's session survives";
+  EXPECT_EQ(sessions.size(), 3u);
 }
 
 TEST(BoardSessions, CookieValueFindsExactlyTheNamedCookie) {

@@ -160,6 +160,48 @@ TEST_F(LayerChangesTest, WhatMoatWroteItselfIsNoChangeUntilTheEnvironmentChanges
   EXPECT_EQ(c.size(), 2u);
 }
 
+TEST_F(LayerChangesTest, ASameSizeEditAnywhereInALargeFileIsAChange) {
+  // Edits at every 64 KiB window of a 300 KiB file, the size unchanged.
+  const std::string original(300 << 10, 'a');
+  file("lower/opt/big", original);
+  for (size_t at : {size_t{10}, size_t{70000}, size_t{140000}, size_t{200000}, size_t{307000}}) {
+    std::string edited = original;
+    edited[at] = 'b';
+    file("upper/opt/big", edited);
+    auto c = compare(LayerView{-1, fd("lower")}, LayerView{fd("upper"), fd("lower")});
+    EXPECT_EQ(kindOf(c["/opt/big"]), "modified f") << "an edit at " << at;
+  }
+  file("upper/opt/big", original);
+  EXPECT_TRUE(compare(LayerView{-1, fd("lower")}, LayerView{fd("upper"), fd("lower")}).empty());
+}
+
+TEST_F(LayerChangesTest, FilesBeyondTheReadingBudgetAreListedAsNotCompared) {
+  const std::string same(200 << 10, 'z');
+  file("lower/opt/one", same);
+  file("lower/opt/two", same);
+  file("upper/opt/one", same);  // copied up, unchanged
+  file("upper/opt/two", same);
+  LayerChangeLimits limits;
+  limits.maxCompareBytes = 500 << 10;  // enough for one of them, not both
+  auto c = compare(LayerView{-1, fd("lower")}, LayerView{fd("upper"), fd("lower")}, limits);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c.begin()->first, "/opt/two");
+  EXPECT_EQ(kindOf(c.begin()->second), "modified f");
+  EXPECT_EQ(c.begin()->second.diffOmitted, "not_compared");
+}
+
+TEST_F(LayerChangesTest, AnOpaqueMarkTheEnvironmentCanSetDoesNotHideTheTemplate) {
+  // user.* attributes are the environment's to set; the overlay reads trusted.*.
+  file("upper/opt/tool/c", "c\n");
+  if (::setxattr((dir_ + "/upper/opt/tool").c_str(), "user.overlay.opaque", "y", 1, 0) != 0) {
+    GTEST_SKIP() << "this file system takes no user.* attributes";
+  }
+  auto c = compare(LayerView{-1, fd("lower")}, LayerView{fd("upper"), fd("lower")});
+  EXPECT_EQ(c.count("/opt/tool/a"), 0u);
+  EXPECT_EQ(kindOf(c["/opt/tool/c"]), "added f");
+  EXPECT_EQ(c.size(), 1u);
+}
+
 TEST_F(LayerChangesTest, LimitsTruncateAndBoundTheDiffs) {
   for (int i = 0; i < 20; ++i) file("upper/workspace/f" + std::to_string(100 + i), std::string(100, 'x') + "\n");
   file("upper/workspace/big", std::string(300 << 10, 'y'));
@@ -181,6 +223,17 @@ TEST_F(LayerChangesTest, LimitsTruncateAndBoundTheDiffs) {
   }
   EXPECT_EQ(withDiff, 4u);
   EXPECT_EQ(overBudget, 16u);
+  // Paths and link targets have their budget too.
+  limits.maxListBytes = 100;
+  c = compare(LayerView{-1, fd("lower")}, LayerView{fd("upper"), fd("lower")}, limits);
+  EXPECT_TRUE(truncated_);
+  EXPECT_LT(c.size(), 10u);
+  // And the walk its time.
+  limits = LayerChangeLimits{};
+  limits.deadline = std::chrono::milliseconds(0);
+  c = compare(LayerView{-1, fd("lower")}, LayerView{fd("upper"), fd("lower")}, limits);
+  EXPECT_TRUE(truncated_);
+  EXPECT_TRUE(c.empty());
 }
 
 }  // namespace

@@ -25,6 +25,7 @@ struct Entry {
   struct stat st {};
   int dirFd = -1;  // the layer directory it is in
   bool upper = false;
+  bool vanished = false;  // listed in the writable layer, gone when looked at
 };
 
 char typeOf(const struct stat& st) {
@@ -36,10 +37,12 @@ char typeOf(const struct stat& st) {
 
 bool whiteout(const struct stat& st) { return S_ISCHR(st.st_mode) && st.st_rdev == makedev(0, 0); }
 
-Entry entryOf(const LayerView& view, const std::string& name) {
+// listed: the name was in the view's writable layer when it was listed.
+Entry entryOf(const LayerView& view, const std::string& name, bool listed) {
   Entry e;
   if (view.upperFd >= 0) {
     auto st = os::statAt(view.upperFd, name);
+    if (!st.ok() && listed) e.vanished = true;
     if (st.ok()) {
       if (whiteout(st.value())) return e;  // deleted in this view
       e.present = true;
@@ -60,12 +63,11 @@ Entry entryOf(const LayerView& view, const std::string& name) {
   return e;
 }
 
+// Host root mounts the overlay (not with userxattr): only the trusted
+// attribute counts, which the environment cannot set.
 bool opaque(int dirFd) {
-  for (const char* name : {"trusted.overlay.opaque", "user.overlay.opaque"}) {
-    auto v = os::xattrFd(dirFd, name);
-    if (v.ok() && v.value() == "y") return true;
-  }
-  return false;
+  auto v = os::xattrFd(dirFd, "trusted.overlay.opaque");
+  return v.ok() && v.value() == "y";
 }
 
 // The view of directory `name` below `view`, given that `entry` (a
@@ -102,17 +104,41 @@ std::optional<std::string> readRegular(const Entry& e, const std::string& name, 
   return std::move(bytes->data);
 }
 
-// Whether two regular files hold the same bytes, read side by side.
-bool sameBytes(const Entry& a, const Entry& b, const std::string& name) {
-  if (a.st.st_size != b.st.st_size) return false;
+enum class Same { kYes, kNo, kUnknown };
+
+bool sameTime(const struct timespec& a, const struct timespec& b) {
+  return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
+}
+
+// Whether two regular files hold the same bytes, read side by side from
+// `budget` (unknown once it is spent).
+Same sameBytes(const Entry& a, const Entry& b, const std::string& name, uint64_t& budget) {
+  if (a.st.st_size != b.st.st_size) return Same::kNo;
+  // A snapshot's file that its environment has not touched since: the same
+  // inode in another subvolume, with the change time only the kernel sets.
+  if (a.st.st_dev != b.st.st_dev && a.st.st_ino == b.st.st_ino && sameTime(a.st.st_ctim, b.st.st_ctim) &&
+      sameTime(a.st.st_mtim, b.st.st_mtim)) {
+    return Same::kYes;
+  }
   auto fa = os::openAt(a.dirFd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, kResolve);
   auto fb = os::openAt(b.dirFd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, kResolve);
-  if (!fa.ok() || !fb.ok()) return false;
-  for (;;) {
-    auto ca = os::readUpTo(fa->get(), 1 << 16);
-    auto cb = os::readUpTo(fb->get(), 1 << 16);
-    if (!ca.ok() || !cb.ok() || ca->data != cb->data) return false;
-    if (ca->data.empty()) return true;
+  if (!fa.ok() || !fb.ok()) return Same::kNo;
+  auto sa = os::statFd(fa->get());
+  auto sb = os::statFd(fb->get());
+  if (!sa.ok() || !sb.ok() || !S_ISREG(sa->st_mode) || !S_ISREG(sb->st_mode)) return Same::kNo;
+  // Both read whole (a sparse file's holes too), or not at all.
+  const uint64_t cost = 2 * static_cast<uint64_t>(sa->st_size);
+  if (cost > budget) return Same::kUnknown;
+  budget -= cost;
+  constexpr size_t kChunk = 1 << 16;
+  for (uint64_t left = static_cast<uint64_t>(sa->st_size) + 1;;) {
+    auto ca = os::readExactly(fa->get(), kChunk);
+    auto cb = os::readExactly(fb->get(), kChunk);
+    if (!ca.ok() || !cb.ok() || ca.value() != cb.value()) return Same::kNo;
+    if (ca->empty()) return Same::kYes;
+    // Grown while read: more than was paid for.
+    if (ca->size() >= left) return Same::kUnknown;
+    left -= ca->size();
   }
 }
 
@@ -124,7 +150,10 @@ std::string octal(mode_t mode) {
 
 class Walk {
  public:
-  explicit Walk(const LayerChangeLimits& limits) : limits_(limits) {}
+  explicit Walk(const LayerChangeLimits& limits)
+      : limits_(limits),
+        compareBudget_(limits.maxCompareBytes),
+        deadline_(std::chrono::steady_clock::now() + limits.deadline) {}
   LayerChanges result;
 
   // Compares directory `path` ("" for the root) as the two views show it.
@@ -135,7 +164,7 @@ class Walk {
       return;
     }
     std::set<std::string> names;
-    auto add = [&](int fd) {
+    auto add = [&](int fd, std::set<std::string>* listed) {
       if (fd < 0) return;
       auto list = os::listDirFd(fd, kMaxNamesPerDirectory);
       if (!list.ok()) {
@@ -143,28 +172,36 @@ class Walk {
         return;
       }
       names.insert(list->begin(), list->end());
+      if (listed) listed->insert(list->begin(), list->end());
     };
-    add(before.upperFd);
-    add(after.upperFd);
+    std::set<std::string> inBefore;
+    std::set<std::string> inAfter;
+    add(before.upperFd, &inBefore);
+    add(after.upperFd, &inAfter);
     // The template's own names differ only where one view hides them.
-    if ((before.lowerFd >= 0) != (after.lowerFd >= 0)) add(before.lowerFd >= 0 ? before.lowerFd : after.lowerFd);
+    if ((before.lowerFd >= 0) != (after.lowerFd >= 0))
+      add(before.lowerFd >= 0 ? before.lowerFd : after.lowerFd, nullptr);
     for (const std::string& name : names) {
       if (full()) return;
-      one(path + "/" + name, name, before, after, depth);
+      one(path + "/" + name, name, before, after, depth, inBefore.count(name) > 0, inAfter.count(name) > 0);
     }
   }
 
  private:
   bool full() {
-    if (result.changes.size() < limits_.maxChanges) return false;
+    if (result.changes.size() < limits_.maxChanges && listBytes_ <= limits_.maxListBytes &&
+        std::chrono::steady_clock::now() < deadline_) {
+      return false;
+    }
     result.truncated = true;
     return true;
   }
 
-  void one(const std::string& path, const std::string& name, const LayerView& before, const LayerView& after,
-           int depth) {
-    const Entry a = entryOf(before, name);
-    const Entry b = entryOf(after, name);
+  void one(const std::string& path, const std::string& name, const LayerView& before, const LayerView& after, int depth,
+           bool listedBefore, bool listedAfter) {
+    const Entry a = entryOf(before, name, listedBefore);
+    const Entry b = entryOf(after, name, listedAfter);
+    if (a.vanished || b.vanished) result.truncated = true;  // it went while the walk read the tree
     if (!a.present && !b.present) return;
     if (a.present && b.present && !a.upper && !b.upper) return;  // the template's, on both sides
     std::vector<UniqueFd> held;
@@ -191,8 +228,11 @@ class Walk {
     }
     const bool modeDiffers = (a.st.st_mode & 07777) != (b.st.st_mode & 07777) && tb != 'l';
     bool differs = modeDiffers;
-    if (tb == 'f') {
-      differs = differs || !sameBytes(a, b, name);
+    bool unread = false;
+    if (tb == 'f' && !differs) {
+      const Same same = sameBytes(a, b, name, compareBudget_);
+      differs = same != Same::kYes;
+      unread = same == Same::kUnknown;
     } else if (tb == 'l') {
       auto la = os::readLinkAt(a.dirFd, name);
       auto lb = os::readLinkAt(b.dirFd, name);
@@ -200,13 +240,14 @@ class Walk {
     } else if (tb == 'o') {
       differs = differs || (a.st.st_mode & S_IFMT) != (b.st.st_mode & S_IFMT) || a.st.st_rdev != b.st.st_rdev;
     }
-    if (differs) report(path, LayerChange::Kind::kModified, &a, &b, name);
+    if (differs) report(path, LayerChange::Kind::kModified, &a, &b, name, unread);
     if (tb == 'd') directory(path, subView(before, a, name, held), subView(after, b, name, held), depth + 1);
   }
 
   // a, b: the entry on each side (null where there is none).
-  void report(const std::string& path, LayerChange::Kind kind, const Entry* a, const Entry* b,
-              const std::string& name) {
+  // unread: its bytes could not be compared (listed as possibly modified).
+  void report(const std::string& path, LayerChange::Kind kind, const Entry* a, const Entry* b, const std::string& name,
+              bool unread = false) {
     LayerChange c;
     c.path = path;
     c.kind = kind;
@@ -221,7 +262,12 @@ class Walk {
       auto target = os::readLinkAt(shown.dirFd, name);
       if (target.ok()) c.target = target.value();
     }
-    if (c.type == 'f' && limits_.diffs) diff(c, a, b, name);
+    if (unread) {
+      c.diffOmitted = "not_compared";
+    } else if (c.type == 'f' && limits_.diffs) {
+      diff(c, a, b, name);
+    }
+    listBytes_ += c.path.size() + c.target.size();
     result.changes.push_back(std::move(c));
   }
 
@@ -271,6 +317,9 @@ class Walk {
 
   const LayerChangeLimits& limits_;
   size_t diffBytes_ = 0;
+  size_t listBytes_ = 0;
+  uint64_t compareBudget_;
+  std::chrono::steady_clock::time_point deadline_;
 };
 
 }  // namespace

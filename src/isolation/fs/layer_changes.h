@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -33,13 +34,20 @@ struct LayerChange {
   std::string modeChange;   // "0644 -> 0755" when only the mode differs, or both
   std::string target;       // a symlink's (now; deleted: before), as data: never followed
   std::string diff;         // a unified diff (files of text, within the limits)
-  std::string diffOmitted;  // why there is none: "binary", "too_large", "too_different", "budget"
+  // Why there is none: "binary", "too_large", "too_different", "budget"
+  // (the diffs' bytes are spent), "not_compared" (the request's reading
+  // budget or time was spent before its bytes were compared: it may be
+  // unchanged; it is listed so that nothing changed goes unseen).
+  std::string diffOmitted;
 };
 
 struct LayerChangeLimits {
-  size_t maxChanges = 5000;             // beyond: truncated
-  size_t maxDiffFileBytes = 256 << 10;  // a larger side: no diff ("too_large")
-  size_t maxDiffBytes = 1 << 20;        // all diffs together ("budget")
+  size_t maxChanges = 5000;                   // beyond: truncated
+  size_t maxDiffFileBytes = 256 << 10;        // a larger side: no diff ("too_large")
+  size_t maxDiffBytes = 1 << 20;              // all diffs together ("budget")
+  size_t maxListBytes = 4 << 20;              // paths and link targets together; beyond: truncated
+  uint64_t maxCompareBytes = 256ull << 20;    // file bytes read to compare; beyond: "not_compared"
+  std::chrono::milliseconds deadline{10000};  // the whole walk; beyond: truncated
   bool diffs = true;
   // What moat itself writes into every environment (its /etc/hostname and
   // /etc/hosts, a /workspace and /tmp the template lacks), by path: a file
@@ -50,6 +58,8 @@ struct LayerChangeLimits {
 
 struct LayerChanges {
   std::vector<LayerChange> changes;  // in path order
+  // The list is not all there is: more changes than maxChanges, a budget or
+  // the deadline spent, or names that went while they were read.
   bool truncated = false;
 };
 
