@@ -220,9 +220,11 @@ TEST_F(MoatdApi, EveryEnvironmentGetsAUserNamespaceAndIdRangeOfItsOwn) {
 // died on a thread it could not start, and the environment with it.
 TEST_F(MoatdApi, ExecsAtAFullPidsLimitFailCleanlyAndTheEnvironmentSurvives) {
   std::string id = createEnv({{"spec", {{"pids", 16}}}});
-  // The shell starts sleepers until it cannot fork (and exits 2 then).
+  // The shell starts sleepers until it cannot fork (and exits 2 then). They
+  // hold the pids for 10 s: long enough for the execs below on a slow,
+  // loaded machine (3 s was not, under the sanitizers beside other work).
   json filled =
-      exec(id, {{"cmd", {"sh", "-c", "i=0; while [ $i -lt 40 ]; do sleep 3 & i=$((i+1)); done 2>/dev/null"}}});
+      exec(id, {{"cmd", {"sh", "-c", "i=0; while [ $i -lt 40 ]; do sleep 10 & i=$((i+1)); done 2>/dev/null"}}});
   ASSERT_EQ(filled["exit_code"], 2) << "the pids limit did not stop the shell: " << filled.dump();
   std::vector<std::thread> clients;
   std::vector<int> statuses(8, 0);
@@ -245,12 +247,12 @@ TEST_F(MoatdApi, ExecsAtAFullPidsLimitFailCleanlyAndTheEnvironmentSurvives) {
   EXPECT_GT(refused, 0) << "the pids limit did not hold";
   // Once the sleepers end, the environment runs commands again.
   bool alive = false;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (!alive && std::chrono::steady_clock::now() < deadline) {
     auto r = daemon_->request("POST", "/v1/environments/" + id + "/exec", json{{"cmd", {"echo", "alive"}}}.dump());
     ASSERT_EQ(r.status, 200) << r.body;
     alive = json::parse(r.body)["stdout"] == "alive\n";
-    if (!alive) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the sleepers hold the pids for 3 s
+    if (!alive) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the sleepers hold the pids for 10 s
   }
   EXPECT_TRUE(alive) << "the environment never ran a command again";
   EXPECT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "running");
