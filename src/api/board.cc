@@ -29,11 +29,10 @@ void boardHeaders(HttpResponse& r) {
   r.headers.emplace_back("Cache-Control", "no-cache");
 }
 
-HttpResponse text(int status, const std::string& body) {
-  HttpResponse r;
-  r.status = status;
-  r.contentType = "text/plain; charset=utf-8";
-  r.body = body;
+// A refusal as every API error is (JSON naming the problem), with the
+// board's headers.
+HttpResponse refusal(int status, const std::string& code, const std::string& message) {
+  HttpResponse r = errorResponse({status, code, message, ""});
   boardHeaders(r);
   return r;
 }
@@ -78,16 +77,17 @@ HttpResponse Api::boardAsset(const HttpRequest& req) {
   const std::string name = req.path == "/" ? "index.html" : req.path.substr(req.path.rfind('/') + 1);
   const bool nested = req.path != "/" && req.path != "/index.html" && req.path != "/board/" + name;
   if (nested || !assetName(name) || contentTypeOf(name) == nullptr) {
-    return text(404, "no such file of the board: " + req.path + "\n");
+    return refusal(404, "not_found", "no such file of the board: " + req.path);
   }
-  if (options_.boardDir.empty()) return text(404, "this moatd serves no board\n");
+  if (options_.boardDir.empty()) return refusal(404, "not_found", "this moatd serves no board (moatd --no-board)");
   auto body = os::readFile(options_.boardDir + "/" + name, 16u << 20);
   if (!body.ok()) {
     if (name == "index.html") {
-      return text(503, "moat's board is not built: " + options_.boardDir +
-                           " has no index.html (make build builds it; moatd --board-dir names another)\n");
+      return refusal(503, "unavailable",
+                     "moat's board is not built: " + options_.boardDir +
+                         " has no index.html (make build builds it; moatd --board-dir names another)");
     }
-    return text(404, "no such file of the board: " + req.path + "\n");
+    return refusal(404, "not_found", "no such file of the board: " + req.path);
   }
   HttpResponse r;
   r.contentType = contentTypeOf(name);
