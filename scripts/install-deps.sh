@@ -16,6 +16,9 @@ packages=(
   clang libclang-rt-dev llvm                     # fuzz/: libFuzzer, sanitizers, llvm-symbolizer
   clang-format                                   # make format; tests/structure checks the layout
   chromium                                       # tests/board: the board in a real (headless) browser
+  skopeo umoci                                   # templates from OCI images (docs/TEMPLATES.md)
+  lxcfs                                          # /proc inside shows the environment's limits
+  python3-pytest                                 # sdk/python's tests
 )
 
 missing=()
