@@ -14,7 +14,9 @@ See sdk/python/README.md.
 from .client import Moat
 from .environments import Environment
 from .errors import (
+    ApprovalExpiredError,
     ApprovalPendingError,
+    ApprovalTimeoutError,
     CapacityError,
     CommandError,
     ConflictError,
@@ -53,6 +55,8 @@ __all__ = [
     "ForbiddenError",
     "DeniedByPolicyError",
     "ApprovalPendingError",
+    "ApprovalExpiredError",
+    "ApprovalTimeoutError",
     "ConflictError",
     "InvalidRequestError",
     "MethodNotAllowedError",

@@ -13,6 +13,7 @@ The families::
     ├── UnauthorizedError        401 unauthorized
     ├── ForbiddenError           403 forbidden (a key's scope, a host path)
     │   └── DeniedByPolicyError  403 denied_by_policy (the gate)
+    │       └── ApprovalExpiredError  nobody decided in time (alias ApprovalTimeoutError)
     ├── ApprovalPendingError     202: the gate asks a person, the call did not wait
     ├── ConflictError            409 conflict, gone, stdin_full
     ├── InvalidRequestError      400 invalid_request, unknown_field, bad_json, ...
@@ -106,6 +107,16 @@ class DeniedByPolicyError(ForbiddenError):
     def approval(self) -> Optional[str]:
         value = self.details.get("approval")
         return value if isinstance(value, str) else None
+
+
+class ApprovalExpiredError(DeniedByPolicyError):
+    """403 ``denied_by_policy`` after a person was asked and nobody decided in time
+    (``moatd --approval-timeout``, default 120 s), or moatd stopped meanwhile.
+    ``approval`` names the expired approval; asking again makes a new one."""
+
+
+#: The name the family is also known by.
+ApprovalTimeoutError = ApprovalExpiredError
 
 
 class ApprovalPendingError(MoatError):
@@ -277,6 +288,8 @@ def error_from_response(status: int, body: bytes, retry_after: Optional[str] = N
         if isinstance(details.get("field"), str) and details["field"]:
             field = details["field"]
     cls = _BY_CODE.get(code) or _BY_STATUS.get(status) or MoatError
+    if cls is DeniedByPolicyError and "); approval expired: " in message:
+        cls = ApprovalExpiredError
     if cls is CapacityError and retry_after_s is not None:
         cls = RateLimitedError
     return cls(message, code=code, status=status, field=field, retry_after_s=retry_after_s, details=details)

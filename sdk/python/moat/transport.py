@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 from .errors import (
+    InvalidRequestError,
     MoatConnectionError,
     MoatError,
     MoatTimeoutError,
@@ -204,8 +205,16 @@ def _query_string(query: Optional[Mapping[str, QueryValue]]) -> str:
 
 
 def seg(value: Union[str, int]) -> str:
-    """One path segment, escaped (a '/' in it cannot name another endpoint)."""
-    return urllib.parse.quote(str(value), safe="")
+    """One path segment (an id, a name), escaped.
+
+    moatd decodes a path before it splits it, so an escaped '/' would still
+    name another endpoint: an id with '/' (or one that is '.' or '..') is
+    refused here, before anything is sent, as the CLI does.
+    """
+    text = str(value)
+    if not text or "/" in text or text in (".", "..") or any(ord(c) < 0x20 for c in text):
+        raise InvalidRequestError(f"{text!r} is not an id or a name", code="invalid_request", field="id")
+    return urllib.parse.quote(text, safe="")
 
 
 class Transport:

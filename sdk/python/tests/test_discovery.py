@@ -89,9 +89,12 @@ def test_the_state_directory_token_and_socket_reach_a_real_moatd(clean_env: pyte
 def test_the_token_variable_is_used_and_a_wrong_one_is_unauthorized(clean_env: pytest.MonkeyPatch, moatd) -> None:  # type: ignore[no-untyped-def]
     clean_env.setenv("MOAT_URL", moatd.url)
     clean_env.setenv("MOAT_TOKEN", moatd.token)
-    assert isinstance(Moat().list(), list)
+    client = Moat()
+    assert isinstance(client.list(), list)
+    assert moatd.token not in repr(client) and moatd.token not in repr(client.transport.endpoint)
     clean_env.setenv("MOAT_TOKEN", "0" * 64)
     with pytest.raises(UnauthorizedError) as caught:
         Moat().list()
+    assert "0" * 64 not in str(caught.value)  # the token is never in a message
     assert caught.value.status == 401
     assert caught.value.code == "unauthorized"

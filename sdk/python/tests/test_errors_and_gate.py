@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from moat import (
+    ApprovalExpiredError,
     ApprovalPendingError,
     CapacityError,
     ConflictError,
@@ -30,6 +31,25 @@ def test_an_unknown_environment_is_not_found(moat: Moat) -> None:
     e = caught.value
     assert (e.status, e.code) == (404, "not_found")
     assert isinstance(e, MoatError) and e.message
+
+
+def test_an_id_cannot_reach_another_endpoint(moatd: Moatd, moat: Moat) -> None:
+    # moatd decodes paths before splitting them: '../keys' as an environment id
+    # would list the keys. Refused before anything is sent, whatever the token.
+    key = moat.keys.create(["read", "files"], name="pysdk-traversal")
+    reader = moatd.client(token=key["token"])
+    for bad in ("../keys", "x/../../keys", "..", ".", "", "a\nb"):
+        with pytest.raises(InvalidRequestError) as caught:
+            reader.get(bad)
+        assert caught.value.field == "id" and caught.value.status == 0
+    with pytest.raises(InvalidRequestError):
+        moat.snapshots.delete("../environments")
+    with pytest.raises(InvalidRequestError):
+        moat.approvals.approve("../../keys")
+    # A name that only looks odd is escaped and reaches moatd as one segment.
+    with pytest.raises(NotFoundError):
+        reader.get("..%2Fkeys")
+    moat.keys.revoke(key["id"])
 
 
 def test_malformed_input_names_the_field(moat: Moat) -> None:
@@ -133,6 +153,20 @@ def test_an_ask_waited_for_and_denied_by_a_person(moat: Moat) -> None:
         assert isinstance(outcome[0], DeniedByPolicyError)
         assert outcome[0].approval == approval["id"] and "not now" in outcome[0].message
         assert waited[0]["state"] == "denied"
+
+
+def test_an_ask_nobody_decides_expires_as_its_own_error(moatd: Moatd) -> None:
+    daemon = Moatd(["--approval-timeout", "1"])  # a moatd of its own (the fixture's: root and binary checked)
+    try:
+        moat = daemon.client()
+        with moat.create(ram_mb=128, permissions={"run_command": "ask"}) as env:
+            with pytest.raises(ApprovalExpiredError) as caught:
+                env.run(["echo", "nobody"])
+            e = caught.value
+            assert isinstance(e, DeniedByPolicyError) and "no decision within 1 s" in e.message
+            assert moat.approvals.get(e.approval or "")["state"] == "expired"
+    finally:
+        daemon.stop()
 
 
 def test_status_and_code_map_to_their_families() -> None:
