@@ -214,3 +214,20 @@ def test_changes_permissions_and_network(env: Environment) -> None:
 def test_health_and_metrics(moat: Moat) -> None:
     assert moat.health() == {"status": "ok"}
     assert "moat_environments" in moat.metrics()
+
+
+def test_the_remaining_handle_calls(env: Environment) -> None:
+    assert env.refresh()["id"] == env.id and env.state == "running"
+    assert env.set_network("none")["network"]["mode"] == "none"
+    env.set_permissions({"run_command": "allow"}, replace=True)
+    assert len(env.permissions()["layers"]) == 1
+    cat = env.start(["cat"], stdin=True)
+    wait_until(lambda: cat.refresh()["pid"] > 0, what="cat to start")
+    assert cat.pid > 0
+    cat.write("line\n")
+    cat.close_stdin()  # EOF: cat ends by itself
+    result = cat.wait(timeout=20)
+    assert (result.exit_code, result.stdout) == (0, "line\n")
+    sleeper = env.start("sleep 600")
+    sleeper.signal("TERM")
+    assert sleeper.wait(timeout=20).exit_code == 128 + 15
