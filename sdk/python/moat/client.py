@@ -22,7 +22,8 @@ class Moat:
     ``<state>/master-token``; the state directory is ``state_dir``, else
     ``$MOAT_STATE``, else ``/var/lib/moat``. Without a token, NoTokenError
     says every place it looked. ``timeout``: seconds a request waits for its
-    answer (a run's own length is not bounded by it).
+    answer (a run's own length is not bounded by it); ``approval_timeout``:
+    how long a call the gate checks may wait for a person's decision.
     """
 
     def __init__(
@@ -33,8 +34,10 @@ class Moat:
         *,
         timeout: float = 60.0,
         max_retries: int = 2,
+        approval_timeout: float = 900.0,
     ) -> None:
-        self.transport = Transport(url, token, state_dir, timeout=timeout, max_retries=max_retries)
+        self.transport = Transport(url, token, state_dir, timeout=timeout, max_retries=max_retries,
+                                   approval_timeout=approval_timeout)
         #: Snapshots across environments (list, get, delete).
         self.snapshots = Snapshots(self.transport)
         #: What the gate asks a person (list, get, wait, approve, deny).

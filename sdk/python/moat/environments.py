@@ -15,7 +15,7 @@ from .processes import (
     _Collector,
     argv_of,
     follow_output,
-    gated_headers,
+    gated,
     start_request,
     write_stdin,
 )
@@ -115,7 +115,7 @@ class Environment:
         callback raises (or Ctrl-C), the command is killed.
         """
         body = start_request(cmd, cwd, env, timeout, stdin=stdin is not None, lossless=True)
-        info = self._transport.json("POST", self._path("/processes"), json=body, headers=gated_headers(approval))
+        info = self._transport.json("POST", self._path("/processes"), json=body, **gated(self._transport, approval))
         process_id = int(info["id"])
         proc_path = self._path(f"/processes/{process_id}")
         feeder: Optional[threading.Thread] = None
@@ -174,7 +174,7 @@ class Environment:
         followed = on_stdout is not None or on_stderr is not None or on_exit is not None
         body = start_request(cmd, cwd, env, timeout, stdin=stdin is not None and stdin is not False,
                              lossless=followed, pty=pty)
-        info = self._transport.json("POST", self._path("/processes"), json=body, headers=gated_headers(approval))
+        info = self._transport.json("POST", self._path("/processes"), json=body, **gated(self._transport, approval))
         process = Process(self, info, on_stdout, on_stderr, on_exit)
         if isinstance(stdin, (str, bytes)):
             process.write(stdin, close=True)
@@ -190,10 +190,14 @@ class Environment:
 
     # --- snapshots -----------------------------------------------------------
 
-    def snapshot(self, name: Optional[str] = None) -> dict[str, Any]:
-        """Snapshots its files now (not its processes): ``{"id": "snap-...", ...}``."""
+    def snapshot(self, name: Optional[str] = None, *, approval: str = "wait") -> dict[str, Any]:
+        """Snapshots its files now (not its processes): ``{"id": "snap-...", ...}``.
+
+        It reads every file: the gate's ``read_file`` for the whole tree decides.
+        """
         result: dict[str, Any] = self._transport.json(
-            "POST", self._path("/snapshots"), json={"name": name} if name is not None else {}
+            "POST", self._path("/snapshots"), json={"name": name} if name is not None else {},
+            **gated(self._transport, approval),
         )
         return result
 
@@ -205,7 +209,7 @@ class Environment:
         """Starts it again on the snapshot's files (same id; every process ends)."""
         snapshot_id = snapshot if isinstance(snapshot, str) else str(snapshot["id"])
         self.info = self._transport.json(
-            "POST", self._path("/restore"), json={"snapshot": snapshot_id}, headers=gated_headers(approval)
+            "POST", self._path("/restore"), json={"snapshot": snapshot_id}, **gated(self._transport, approval)
         )
         return self
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from .errors import NotFoundError
-from .processes import gated_headers
+from .processes import gated
 from .transport import seg
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ class Files:
         """The file's bytes (at most 8 MiB per call; ``offset``/``length`` for more)."""
         answer = self._env._transport.request(
             "GET", self._path(), query={"path": path, "offset": offset, "length": length},
-            headers=gated_headers(approval),
+            **gated(self._env._transport, approval),
         )
         return answer.body
 
@@ -54,20 +54,20 @@ class Files:
         mode_text = format(mode, "o") if isinstance(mode, int) else mode
         self._env._transport.request(
             "PUT", self._path(), query={"path": path, "append": True if append else None, "mode": mode_text},
-            body=raw, headers=gated_headers(approval),
+            body=raw, **gated(self._env._transport, approval),
         )
 
     def list(self, path: str = "/workspace", *, approval: str = "wait") -> list[dict[str, Any]]:
         """The entries of a directory: ``[{"name", "type", "size", "mode", "mtime"}]``."""
         answer = self._env._transport.json(
-            "GET", self._path("/list"), query={"path": path}, headers=gated_headers(approval)
+            "GET", self._path("/list"), query={"path": path}, **gated(self._env._transport, approval)
         )
         return list(answer["entries"])
 
     def stat(self, path: str, *, approval: str = "wait") -> dict[str, Any]:
         """lstat of a path: ``{"name", "type", "size", "mode", "mtime"}``."""
         result: dict[str, Any] = self._env._transport.json(
-            "GET", self._path("/stat"), query={"path": path}, headers=gated_headers(approval)
+            "GET", self._path("/stat"), query={"path": path}, **gated(self._env._transport, approval)
         )
         return result
 
@@ -82,15 +82,15 @@ class Files:
         """Removes a file or an empty directory; ``recursive`` removes a tree."""
         self._env._transport.json(
             "DELETE", self._path(), query={"path": path, "recursive": True if recursive else None},
-            headers=gated_headers(approval),
+            **gated(self._env._transport, approval),
         )
 
     def mkdir(self, path: str, *, parents: bool = False, approval: str = "wait") -> None:
         self._env._transport.json(
-            "POST", self._path("/mkdir"), json={"path": path, "parents": parents}, headers=gated_headers(approval)
+            "POST", self._path("/mkdir"), json={"path": path, "parents": parents}, **gated(self._env._transport, approval)
         )
 
     def move(self, source: str, target: str, *, approval: str = "wait") -> None:
         self._env._transport.json(
-            "POST", self._path("/move"), json={"from": source, "to": target}, headers=gated_headers(approval)
+            "POST", self._path("/move"), json={"from": source, "to": target}, **gated(self._env._transport, approval)
         )

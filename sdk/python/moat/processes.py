@@ -42,13 +42,19 @@ def argv_of(cmd: Command) -> list[str]:
     return argv
 
 
-def gated_headers(approval: str) -> dict[str, str]:
-    """``approval="async"`` -> ``Prefer: respond-async`` (the gate's ask raises ApprovalPendingError at once)."""
+def gated(transport: Transport, approval: str) -> dict[str, Any]:
+    """The request options of a call the gate checks.
+
+    ``approval="wait"`` (the default): an ``ask`` holds the request until a
+    person decides, so it may wait ``transport.approval_timeout`` (not the
+    usual request timeout). ``approval="async"``: ``Prefer: respond-async``,
+    and an ``ask`` raises ApprovalPendingError at once.
+    """
     if approval == "async":
-        return {"Prefer": "respond-async"}
+        return {"headers": {"Prefer": "respond-async"}}
     if approval != "wait":
         raise ValueError(f'approval: "wait" or "async", not {approval!r}')
-    return {}
+    return {"timeout": max(transport.timeout, transport.approval_timeout)}
 
 
 @dataclass

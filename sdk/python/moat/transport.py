@@ -228,10 +228,14 @@ class Transport:
         timeout: float = 60.0,
         max_retries: int = 2,
         retry_delay: float = 0.2,
+        approval_timeout: float = 900.0,
     ) -> None:
         self.endpoint, self.token = discover(url, token, state_dir)
         #: Seconds a request waits for its answer (0 or None: forever).
         self.timeout = timeout
+        #: Seconds a call the gate checks may wait for a person's decision (moatd's
+        #: --approval-timeout, 120 s by default, decides; this only bounds a hung answer).
+        self.approval_timeout = approval_timeout
         self.max_retries = max(0, max_retries)
         self.retry_delay = retry_delay
 

@@ -155,6 +155,22 @@ def test_an_ask_waited_for_and_denied_by_a_person(moat: Moat) -> None:
         assert waited[0]["state"] == "denied"
 
 
+def test_a_person_may_take_longer_than_the_request_timeout(moatd: Moatd) -> None:
+    # An ask holds the request until a person decides: the client's usual
+    # request timeout (here 0.5 s) does not cut that wait short.
+    moat = Moat(url=moatd.url, token=moatd.token, timeout=0.5)
+    with moat.create(ram_mb=128, permissions={"write_file": "ask"}) as env:
+        done: list[object] = []
+        t = threading.Thread(target=lambda: done.append(env.files.write("/workspace/slow.txt", "ok")))
+        t.start()
+        pending = moat.approvals.wait_for_pending(environment=env.id, timeout=20)
+        t.join(1.0)  # longer than the request timeout: the call must still be waiting
+        assert t.is_alive() and not done
+        moat.approvals.approve(pending["id"])
+        t.join(30)
+        assert done == [None] and env.files.read_text("/workspace/slow.txt") == "ok"
+
+
 def test_an_ask_nobody_decides_expires_as_its_own_error(moatd: Moatd) -> None:
     daemon = Moatd(["--approval-timeout", "1"])  # a moatd of its own (the fixture's: root and binary checked)
     try:
