@@ -103,20 +103,24 @@ def discover(
         return endpoint, env_token.strip()
     looked.append("$MOAT_TOKEN (not set)" if env_token is None else "$MOAT_TOKEN (empty)")
     token_file = os.path.join(state, "master-token")
+    if state_dir:
+        origin = "given as state_dir"
+    elif os.environ.get("MOAT_STATE"):
+        origin = "from $MOAT_STATE"
+    else:
+        origin = "the default; state_dir= or $MOAT_STATE name another"
     try:
         with open(token_file, "rb") as f:
             text = f.read(4096).decode("utf-8", "replace").strip()
         if text:
             return endpoint, text
-        looked.append(f"{token_file} (empty)")
+        why = "empty"
     except OSError as e:
-        looked.append(f"{token_file} ({e.strerror or e})")
-    where = "state directory from " + (
-        "state_dir" if state_dir else "$MOAT_STATE" if os.environ.get("MOAT_STATE") else "the default"
-    )
+        why = e.strerror or str(e)
+    looked.append(f"{token_file} ({why}; the state directory {state} is {origin})")
     raise NoTokenError(
-        "no token for moatd: pass token=..., set MOAT_TOKEN, or make the state directory's master-token "
-        f"readable ({where}). Looked at: " + "; ".join(looked),
+        "no token for moatd. Looked at: " + "; ".join(looked)
+        + f". Pass token=..., set MOAT_TOKEN, or make {token_file} readable.",
         looked,
     )
 

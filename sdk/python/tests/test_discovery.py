@@ -28,7 +28,8 @@ def test_no_token_lists_every_place_it_looked(clean_env: pytest.MonkeyPatch, tmp
     message = str(e)
     assert "the token argument (not given)" in message
     assert "$MOAT_TOKEN (not set)" in message
-    assert f"{state}/master-token (No such file or directory)" in message
+    assert f"{state}/master-token (No such file or directory; the state directory {state} is given as state_dir)" in message
+    assert e.message.endswith(f"make {state}/master-token readable.")
 
 
 def test_an_empty_token_file_and_empty_variable_are_named(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -38,8 +39,7 @@ def test_an_empty_token_file_and_empty_variable_are_named(clean_env: pytest.Monk
     with pytest.raises(NoTokenError) as caught:
         Moat()
     assert "$MOAT_TOKEN (empty)" in str(caught.value)
-    assert f"{tmp_path}/master-token (empty)" in str(caught.value)
-    assert "$MOAT_STATE" in str(caught.value)
+    assert f"{tmp_path}/master-token (empty; the state directory {tmp_path} is from $MOAT_STATE)" in str(caught.value)
 
 
 def test_the_default_state_directory_is_var_lib_moat(clean_env: pytest.MonkeyPatch) -> None:
@@ -50,7 +50,7 @@ def test_the_default_state_directory_is_var_lib_moat(clean_env: pytest.MonkeyPat
         return
     with pytest.raises(NoTokenError) as caught:
         Moat()
-    assert "/var/lib/moat/master-token" in str(caught.value)
+    assert "/var/lib/moat/master-token (" in str(caught.value) and "is the default" in str(caught.value)
     assert Moat(token="t").url == "unix:/var/lib/moat/moatd.sock"
 
 
