@@ -8,6 +8,11 @@ import { type Transport, seg } from "./client.js";
 import { MoatAbortError, MoatTimeoutError, TemplateFailedError } from "./errors.js";
 import type { RequestOptions, Template } from "./types.js";
 
+/** A template name as a path segment: `:` stays as is (`/v1/templates/python:3.12`), anything else is escaped. */
+function nameSeg(name: string): string {
+  return seg(name).replace(/%3A/gi, ":");
+}
+
 export interface WaitTemplateOptions extends RequestOptions {
   /** Called with the template each time it is polled while it imports or builds (its `progress`). */
   onProgress?: (template: Template) => void;
@@ -48,7 +53,7 @@ export class Templates {
   }
 
   get(name: string, options: RequestOptions = {}): Promise<Template> {
-    return this.transport.json<Template>({ method: "GET", path: `/v1/templates/${seg(name)}`, ...options });
+    return this.transport.json<Template>({ method: "GET", path: `/v1/templates/${nameSeg(name)}`, ...options });
   }
 
   /**
@@ -79,7 +84,7 @@ export class Templates {
 
   /** Deletes a template (ConflictError while an environment uses it). */
   async remove(name: string, options: RequestOptions = {}): Promise<void> {
-    await this.transport.json({ method: "DELETE", path: `/v1/templates/${seg(name)}`, ...options });
+    await this.transport.json({ method: "DELETE", path: `/v1/templates/${nameSeg(name)}`, ...options });
   }
 
   /**

@@ -97,6 +97,14 @@ describe("the environment handle, against a real moatd", { skip }, () => {
     assert.equal((await env.refresh()).expires_at, env.expires_at);
     assert.equal((await env.stats()).id, env.id);
 
+    // The calls by id still return plain records; a record becomes a handle.
+    const record = await moat.environments.get(env.id);
+    assert.ok(!(record instanceof Environment));
+    assert.equal(Object.getPrototypeOf(record), Object.prototype);
+    assert.deepEqual(record, env.info);
+    const wrapped = new Environment(moat, record);
+    assert.equal((await wrapped.run(["echo", "wrapped"])).stdout, "wrapped\n");
+
     await env.destroy();
     assert.equal(env.state, "gone");
     assert.equal((await env.refresh()).state, "gone");
@@ -129,26 +137,35 @@ describe("the environment handle, against a real moatd", { skip }, () => {
 
   it("callbacks get the output as it arrives, in order, all before run resolves", async () => {
     const env = await moat.create();
-    // The command waits for a file the stdout callback writes when it sees
-    // "ready": it can only finish if the callback ran while it was running.
+    // The command waits at each step for a file a callback writes when it
+    // sees the step's output: it can only finish if the callbacks ran while
+    // it was running, as each piece arrived.
+    const wait = (f) => `while [ ! -e /tmp/${f} ]; do sleep 0.01; done`;
+    const script = [
+      "echo ready", wait("go"),
+      "for i in 1 2 3; do echo out $i; echo err $i >&2; done",
+      "echo mid >&2", wait("go2"),
+      "echo after",
+      "printf '\\303'", wait("go3"), "printf '\\251'",  // é split across two pieces
+      "printf x >&2",
+    ].join("; ");
     const seen = [];
     let resolved = false;
-    const r = await env.run(
-      "echo ready; while [ ! -e /tmp/go ]; do sleep 0.02; done; for i in 1 2 3; do echo out $i; echo err $i >&2; done; printf 'é'; printf 'x' >&2",
-      {
-        timeoutMs: 20_000,
-        onStdout: async (text, raw) => {
-          assert.equal(resolved, false);
-          assert.ok(Buffer.isBuffer(raw));
-          seen.push(["out", text]);
-          if (text.includes("ready")) await env.files.write("/tmp/go", "");
-        },
-        onStderr: (text) => {
-          assert.equal(resolved, false);
-          seen.push(["err", text]);
-        },
+    const r = await env.run(script, {
+      timeoutMs: 20_000,
+      onStdout: async (text, raw) => {
+        assert.equal(resolved, false);
+        assert.ok(Buffer.isBuffer(raw));
+        seen.push(["out", text, raw]);
+        if (text.includes("ready")) await env.files.write("/tmp/go", "");
+        if (raw.length > 0 && raw[raw.length - 1] === 0xc3) await env.files.write("/tmp/go3", "");
       },
-    ).then((res) => {
+      onStderr: async (text) => {
+        assert.equal(resolved, false);
+        seen.push(["err", text]);
+        if (text.includes("mid")) await env.files.write("/tmp/go2", "");
+      },
+    }).then((res) => {
       resolved = true;
       return res;
     });
@@ -156,17 +173,22 @@ describe("the environment handle, against a real moatd", { skip }, () => {
     assert.equal(r.exitCode, 0);
     const out = seen.filter(([s]) => s === "out").map(([, t]) => t).join("");
     const err = seen.filter(([s]) => s === "err").map(([, t]) => t).join("");
-    assert.equal(out, r.stdout);
-    assert.equal(err, r.stderr);
-    assert.equal(out, "ready\nout 1\nout 2\nout 3\né");
-    assert.equal(err, "err 1\nerr 2\nerr 3\nx");
+    // Each stream whole and in order, the same as the result.
+    assert.equal(out, "ready\nout 1\nout 2\nout 3\nafter\né");
+    assert.equal(err, "err 1\nerr 2\nerr 3\nmid\nx");
+    assert.equal(r.stdout, out);
+    assert.equal(r.stderr, err);
     assert.equal(seen[0][1], "ready\n");  // first, alone: the command waited on it
-
-    // Lines interleave across the streams in the order they were produced.
-    const order = seen.flatMap(([s, t]) => t.split("\n").filter(Boolean).map((l) => `${s}:${l}`));
-    const idx = (x) => order.indexOf(x);
-    for (const i of [1, 2, 3]) assert.ok(idx(`out:out ${i}`) < idx(`err:err ${i}`), order.join(","));
-    for (const i of [1, 2]) assert.ok(idx(`err:err ${i}`) < idx(`out:out ${i + 1}`), order.join(","));
+    const at = (stream, what) => seen.findIndex(([s, t]) => s === stream && t.includes(what));
+    assert.ok(at("err", "mid") < at("out", "after"), JSON.stringify(seen.map(([s, t]) => `${s}:${t}`)));
+    // The piece that ended with the first byte of é (the command waited
+    // there) gave text without it; the next piece's text starts with é.
+    const outs = seen.filter(([s]) => s === "out");
+    const cutAt = outs.findIndex(([, , raw]) => raw.length > 0 && raw[raw.length - 1] === 0xc3);
+    assert.ok(cutAt >= 0);
+    assert.equal(outs[cutAt][1], outs[cutAt][2].subarray(0, -1).toString("utf8"));
+    assert.ok(!outs[cutAt][1].includes("\ufffd"));
+    assert.ok(outs[cutAt + 1][1].startsWith("é"), JSON.stringify(outs.slice(cutAt).map(([, t]) => t)));
     await env.destroy();
   });
 

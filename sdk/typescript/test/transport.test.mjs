@@ -216,6 +216,23 @@ describe("errors", () => {
     const plain = errorFromResponse(502, "Bad Gateway");
     assert.equal(plain.code, "http_502");
     assert.equal(plain.message, "Bad Gateway");
+    assert.equal(plain.name, "MoatError");  // a proxy's 502 is not moatd's port_unreachable
+  });
+
+  it("maps the families issue 28 added: ports, moatd's own failures, 405, gone", () => {
+    const unreachable = errorFromResponse(502, '{"error":{"code":"port_unreachable","message":"nothing listens on 127.0.0.1:3000"}}');
+    assert.equal(unreachable.name, "PortUnreachableError");
+    assert.equal(unreachable.status, 502);
+    const internal = errorFromResponse(500, '{"error":{"code":"environment_failed","message":"mount: EPERM"}}');
+    assert.equal(internal.name, "InternalError");
+    assert.equal(internal.code, "environment_failed");
+    assert.equal(errorFromResponse(500, '{"error":{"code":"internal","message":"bug"}}').name, "InternalError");
+    assert.equal(errorFromResponse(405, '{"error":{"code":"method_not_allowed","message":"use GET"}}').name, "InvalidRequestError");
+    const gone = errorFromResponse(409, '{"error":{"code":"gone","message":"destroyed"}}');
+    assert.equal(gone.name, "ConflictError");
+    assert.equal(gone.code, "gone");
+    const conflict = errorFromResponse(409, '{"error":{"code":"conflict","message":"template python:3.12 exists","field":"name"}}');
+    assert.equal(conflict.field, "name");
   });
 });
 
