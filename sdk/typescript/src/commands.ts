@@ -6,7 +6,7 @@
 
 import { StringDecoder } from "node:string_decoder";
 
-import { ConflictError, MoatAbortError } from "./errors.js";
+import { CommandError, ConflictError, MoatAbortError } from "./errors.js";
 import { type Process, type Processes } from "./processes.js";
 import type { ExitEvent, GatedOptions, StartProcessRequest } from "./types.js";
 
@@ -37,6 +37,8 @@ export interface CommandOptions extends Omit<GatedOptions, "timeoutMs"> {
 export interface RunOptions extends CommandOptions {
   /** Fed to the command's stdin, which is then closed. Default: stdin is /dev/null. */
   stdin?: string | Uint8Array;
+  /** Throw CommandError (carrying the result) unless the command exits 0. Default false: a failure is a result. */
+  check?: boolean;
 }
 
 export interface StartOptions extends CommandOptions {
@@ -59,6 +61,8 @@ export interface StartOptions extends CommandOptions {
 export interface RunResult {
   /** 0 on success; 128+N when signal N killed it; 127 not found, 126 not runnable (`error` says why). */
   exitCode: number;
+  /** exitCode is 0. */
+  ok: boolean;
   /** The signal that killed it, 0 if none. */
   signal: number;
   /** Its `timeoutMs` ran out and it was killed. */
@@ -137,6 +141,7 @@ function resultOf(final: ExitEvent, out: StreamSink, err: StreamSink, dropped: b
   }
   const result: RunResult = {
     exitCode: final.exit_code,
+    ok: final.exit_code === 0,
     signal: final.signal ?? 0,
     timedOut: final.timed_out ?? false,
     stdout: stdoutRaw.toString("utf8"),
@@ -342,15 +347,18 @@ export async function startCommand(processes: Processes, envId: string, cmd: Com
  * as it comes; resolves with the result. An AbortSignal kills the command.
  */
 export async function runCommand(processes: Processes, envId: string, cmd: Command, options: RunOptions = {}): Promise<RunResult> {
-  const { onExit: _ignored, ...rest } = options as StartOptions;
+  const { onExit: _ignored, check, ...rest } = options as StartOptions & RunOptions;
   void _ignored;
   const handle = await startCommand(processes, envId, cmd, { ...rest, onError: () => undefined });
   const signal = options.signal;
   const onAbort = () => void handle.process.signal("KILL").catch(() => undefined);
   signal?.addEventListener("abort", onAbort, { once: true });
+  let result: RunResult;
   try {
-    return await handle.wait();
+    result = await handle.wait();
   } finally {
     signal?.removeEventListener("abort", onAbort);
   }
+  if (check && result.exitCode !== 0) throw new CommandError(handle.process.info.cmd, result);
+  return result;
 }

@@ -161,6 +161,27 @@ export class TemplateFailedError extends MoatError {
   }
 }
 
+/**
+ * `run(cmd, { check: true })` of a command that did not exit 0 (status 0,
+ * code `command_failed`); `result` holds its exit code and output.
+ */
+export class CommandError extends MoatError {
+  readonly result: { exitCode: number; stdout: string; stderr: string; timedOut: boolean };
+  /** The argv that ran (a shell line as `/bin/sh -c LINE`). */
+  readonly cmd: string[];
+
+  constructor(cmd: string[], result: { exitCode: number; stdout: string; stderr: string; timedOut: boolean }) {
+    const lastLine = result.stderr.trim().split("\n").at(-1) ?? "";
+    super({
+      status: 0,
+      code: "command_failed",
+      message: `${JSON.stringify(cmd)} ${result.timedOut ? "timed out" : `exited ${result.exitCode}`}${lastLine ? `: ${lastLine}` : ""}`,
+    });
+    this.cmd = cmd;
+    this.result = result;
+  }
+}
+
 const byCode: Record<string, typeof MoatError> = {
   not_found: NotFoundError,
   unauthorized: UnauthorizedError,

@@ -50,6 +50,7 @@ export {
   PortUnreachableError,
   InternalError,
   TemplateFailedError,
+  CommandError,
   ServerTimeoutError,
   MoatTimeoutError,
   MoatConnectionError,

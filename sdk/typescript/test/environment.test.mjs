@@ -6,6 +6,7 @@ import { after, before, describe, it } from "node:test";
 
 import {
   CapacityError,
+  CommandError,
   CommandHandle,
   ConflictError,
   DeniedByPolicyError,
@@ -128,6 +129,19 @@ describe("the environment handle, against a real moatd", { skip }, () => {
     assert.match(missing.stderr, /no-such-command/);
     const missingInShell = await env.run("no-such-command x");
     assert.equal(missingInShell.exitCode, 127);  // the shell says so
+
+    assert.equal(shell.ok, true);
+    assert.equal(missing.ok, false);
+    await assert.rejects(env.run("echo bad >&2; exit 4", { check: true }), (e) => {
+      assert.ok(e instanceof CommandError);
+      assert.equal(e.code, "command_failed");
+      assert.equal(e.result.exitCode, 4);
+      assert.equal(e.result.stderr, "bad\n");
+      assert.deepEqual(e.cmd, ["/bin/sh", "-c", "echo bad >&2; exit 4"]);
+      assert.match(e.message, /exited 4: bad$/);
+      return true;
+    });
+    assert.equal((await env.run("true", { check: true })).exitCode, 0);
 
     await assert.rejects(env.run(""), TypeError);
     await assert.rejects(env.run([]), TypeError);
