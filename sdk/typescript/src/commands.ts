@@ -13,8 +13,8 @@ import type { ExitEvent, GatedOptions, StartProcessRequest } from "./types.js";
 /** A shell line (run with `/bin/sh -c`) or an argv array (run as is, no shell). */
 export type Command = string | readonly string[];
 
-/** Called with each piece of output as it arrives: text (UTF-8, split only between characters) and its exact bytes. */
-export type OutputCallback = (text: string, raw: Buffer) => void | Promise<void>;
+/** Called with each piece of output as it arrives: text (UTF-8, split only between characters) and its exact bytes. A promise it returns is awaited (the command waits meanwhile). */
+export type OutputCallback = (text: string, raw: Buffer) => unknown;
 
 export interface CommandOptions extends Omit<GatedOptions, "timeoutMs"> {
   /** The working directory (default: the template's, `/workspace` for `host`). */
@@ -52,9 +52,9 @@ export interface StartOptions extends CommandOptions {
   rows?: number;
   cols?: number;
   /** Called once with the result when the command ends (before `wait()` resolves). */
-  onExit?: (result: RunResult) => void | Promise<void>;
+  onExit?: (result: RunResult) => unknown;
   /** Called once when the command can no longer be followed (environment gone, connection lost, a callback threw). */
-  onError?: (error: Error) => void;
+  onError?: (error: Error) => unknown;
 }
 
 /** How a command ended. A failing command is a result, not an error. */
