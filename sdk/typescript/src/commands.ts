@@ -95,6 +95,36 @@ export function toArgv(cmd: Command): string[] {
   return [...cmd];
 }
 
+/** Bytes of stdin sent per request: base64 of it stays well under moatd's 1 MiB JSON body limit. */
+const STDIN_PIECE = 512 << 10;
+
+/**
+ * Writes all of `data` to a process's stdin, in pieces moatd takes (a JSON
+ * body is at most 1 MiB), sending a piece again when moatd answers
+ * `stdin_full` (the process has not read the earlier input yet; none of the
+ * piece was taken). `close` closes stdin after the last piece.
+ */
+export async function writeAll(process: Process, data: string | Uint8Array, close: boolean): Promise<void> {
+  const bytes = typeof data === "string" ? Buffer.from(data, "utf8") : Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+  if (bytes.length === 0) {
+    if (close) await process.closeStdin();
+    return;
+  }
+  for (let at = 0; at < bytes.length; at += STDIN_PIECE) {
+    const piece = bytes.subarray(at, at + STDIN_PIECE);
+    const last = at + STDIN_PIECE >= bytes.length;
+    for (;;) {
+      try {
+        await process.write(piece, { close: close && last });
+        break;
+      } catch (e) {
+        if (e instanceof ConflictError && e.code === "stdin_full") continue;  // moatd waited 30 s; wait again
+        throw e;
+      }
+    }
+  }
+}
+
 /** Collects one stream: its text for the callback, its bytes for the result (up to a cap). */
 class StreamSink {
   private readonly decoder = new StringDecoder("utf8");
@@ -246,9 +276,12 @@ export class CommandHandle {
     }
   }
 
-  /** Writes to its stdin (started with `stdin: true`). */
+  /**
+   * Writes to its stdin (started with `stdin: true`), in pieces of at most
+   * 512 KiB, waiting while the command has not read earlier input.
+   */
   write(data: string | Uint8Array): Promise<void> {
-    return this.process.write(data);
+    return writeAll(this.process, data, false);
   }
 
   /** Closes its stdin (EOF). */
@@ -329,7 +362,7 @@ export async function startCommand(processes: Processes, envId: string, cmd: Com
   const handle = new CommandHandle(process, options);
   if (feed !== undefined) {
     try {
-      await process.write(feed, { close: true });
+      await writeAll(process, feed, true);
     } catch (e) {
       // It ended before reading (a command that ignores stdin): not an error.
       if (!(e instanceof ConflictError)) {

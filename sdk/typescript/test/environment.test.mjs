@@ -222,6 +222,25 @@ describe("the environment handle, against a real moatd", { skip }, () => {
     await env.destroy();
   });
 
+  it("feeds stdin larger than moatd takes in one request", async () => {
+    const env = await moat.create();
+    const big = Buffer.alloc(3 << 20, 0x61);
+    big[big.length - 1] = 0x0a;
+    const r = await env.run("wc -c", { stdin: big });
+    assert.equal(r.stdout.trim(), String(3 << 20));
+    const text = "é".repeat(600_000);  // 1.2 MB of UTF-8, split inside characters
+    assert.equal((await env.run(["sha256sum"], { stdin: text })).stdout.split(" ")[0],
+      (await import("node:crypto")).createHash("sha256").update(text).digest("hex"));
+    let echoed = 0;
+    const cat = await env.start(["cat"], { stdin: true, onStdout: (_t, raw) => { echoed += raw.length; } });
+    await cat.write(Buffer.alloc(2 << 20, 0x62));
+    await cat.closeStdin();
+    const done = await cat.wait();
+    assert.equal(echoed, 2 << 20);
+    assert.equal(done.stdout.length, 2 << 20);
+    await env.destroy();
+  });
+
   it("a throwing callback ends the command and rejects run; an AbortSignal kills it", async () => {
     const env = await moat.create();
     const boom = new Error("stop here");
