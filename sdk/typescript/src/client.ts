@@ -103,9 +103,15 @@ export function gatedCall(options: GatedOptions): Pick<Call, "headers" | "timeou
   return call;
 }
 
-/** Escapes one path segment. */
+/**
+ * Escapes one path segment. `.` and `..` are escaped too (`%2E`), so an id
+ * or name can never act as a dot-segment that a proxy in front of moatd
+ * (or URL normalization) would resolve to another endpoint.
+ */
 export function seg(value: string | number): string {
-  return encodeURIComponent(String(value));
+  const text = String(value);
+  if (text === "." || text === "..") return text.replace(/\./g, "%2E");
+  return encodeURIComponent(text);
 }
 
 function parseBaseUrl(baseUrl: string): Endpoint {

@@ -9,7 +9,10 @@
 // file is read when a request first needs it (and again while it cannot be
 // read), so a client made before moatd wrote it still works once it has.
 
-import { readFileSync } from "node:fs";
+import { readFileSync, statSync } from "node:fs";
+
+/** The CLI reads at most this much of the token file. */
+const MAX_TOKEN_FILE = 4096;
 
 /** The state directory moatd and the CLI use when nothing says otherwise. */
 export const DEFAULT_STATE_DIR = "/var/lib/moat";
@@ -72,6 +75,11 @@ export function lookUpToken(options: DiscoveryOptions, env: NodeJS.ProcessEnv = 
   const tokenFile = `${state.path}/master-token`;
   let text: string;
   try {
+    // As the CLI: a token file is small; a large one is not a token.
+    if (statSync(tokenFile).size > MAX_TOKEN_FILE) {
+      looked.push(`${tokenFile} (larger than ${MAX_TOKEN_FILE} bytes; state directory from ${state.source})`);
+      return { looked, tokenFile };
+    }
     text = readFileSync(tokenFile, "utf8");
   } catch (e) {
     const err = e as NodeJS.ErrnoException;

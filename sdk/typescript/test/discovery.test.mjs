@@ -74,6 +74,9 @@ describe("token discovery without moatd", () => {
       ]);
       return true;
     });
+    writeFileSync(join(dir, "master-token"), "x".repeat(5000));  // as the CLI: not a token
+    await assert.rejects(client.list(), (e) => e instanceof NoTokenError && /master-token \(larger than 4096 bytes/.test(e.message));
+    // Only a user other than root can be refused a file (root reads any).
     if (process.getuid?.() !== 0) {
       writeFileSync(join(dir, "master-token"), "abc\n");
       chmodSync(join(dir, "master-token"), 0o000);

@@ -381,6 +381,7 @@ describe("the environment handle, against a real moatd", { skip }, () => {
       assert.match(e.message, /000000000000/);
       return true;
     });
+    for (const id of ["..", "../keys", "."]) await assert.rejects(moat.get(id), NotFoundError);
     await assert.rejects(moat.create({ spec: { cpus: 5000 } }), (e) => {
       assert.ok(e instanceof InvalidRequestError);
       assert.equal(e.status, 400);

@@ -192,6 +192,30 @@ describe("retries", () => {
   });
 });
 
+describe("paths", () => {
+  it("escapes ids and names so none acts as a dot-segment or a second segment", async () => {
+    const fake = await serve((req, res) => {
+      res.writeHead(404, { "Content-Type": "application/json" });
+      res.end('{"error":{"code":"not_found","message":"no"}}');
+    });
+    const client = new Moat({ baseUrl: fake.url, token: "t", maxRetries: 0 });
+    for (const id of ["..", ".", "../keys", "a/b", "x?y#z"]) await client.get(id).catch(() => undefined);
+    await client.templates.get("python:3.12").catch(() => undefined);
+    await client.templates.get("..").catch(() => undefined);
+    assert.deepEqual(fake.requests, [
+      "GET /v1/environments/%2E%2E",
+      "GET /v1/environments/%2E",
+      "GET /v1/environments/..%2Fkeys",
+      "GET /v1/environments/a%2Fb",
+      "GET /v1/environments/x%3Fy%23z",
+      "GET /v1/templates/python:3.12",
+      "GET /v1/templates/%2E%2E",
+    ]);
+    client.close();
+    await fake.close();
+  });
+});
+
 describe("errors", () => {
   it("maps moatd's error bodies to classes", () => {
     const e = errorFromResponse(400, '{"error":{"code":"invalid_request","message":"spec.cpus: out of range","field":"spec.cpus"}}');
