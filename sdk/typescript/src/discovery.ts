@@ -11,7 +11,10 @@
 
 import { readFileSync, statSync } from "node:fs";
 
-/** The CLI reads at most this much of the token file. */
+/**
+ * The CLI reads at most this much of the token file (and sends what it read);
+ * the SDK refuses a larger file outright, naming it: no token is that long.
+ */
 const MAX_TOKEN_FILE = 4096;
 
 /** The state directory moatd and the CLI use when nothing says otherwise. */
@@ -75,7 +78,6 @@ export function lookUpToken(options: DiscoveryOptions, env: NodeJS.ProcessEnv = 
   const tokenFile = `${state.path}/master-token`;
   let text: string;
   try {
-    // As the CLI: a token file is small; a large one is not a token.
     if (statSync(tokenFile).size > MAX_TOKEN_FILE) {
       looked.push(`${tokenFile} (larger than ${MAX_TOKEN_FILE} bytes; state directory from ${state.source})`);
       return { looked, tokenFile };
