@@ -102,7 +102,8 @@ Result<TemplateView> Catalog::import(const std::string& name, const std::string&
                                             "); delete it first (moat template rm " + name + ")");
   }
   MOAT_ASSIGN(std::string suffix, randomHex(6));
-  const std::string workDir = imagesDir() + "/.partial-" + name + "-" + suffix;
+  // Not the name: skopeo and umoci read "oci:PATH:TAG" up to the first colon.
+  const std::string workDir = imagesDir() + "/.partial-" + suffix;
   MOAT_TRY(os::makeDirs(imagesDir(), 0700, 0700));
   if (::mkdir(workDir.c_str(), 0700) != 0) return Error::fromErrno("mkdir " + workDir);
   Status stored = store_.insertTemplate(record);
@@ -205,7 +206,7 @@ Status Catalog::remove(const std::string& name) {
   const std::string dir = imagesDir() + "/" + name;
   if (os::exists(dir)) {
     MOAT_ASSIGN(std::string suffix, randomHex(6));
-    const std::string doomed = imagesDir() + "/.deleting-" + name + "-" + suffix;
+    const std::string doomed = imagesDir() + "/.deleting-" + suffix;
     if (::rename(dir.c_str(), doomed.c_str()) != 0) return Error::fromErrno("move " + dir + " aside");
     MOAT_TRY(store_.deleteTemplate(name));
     return os::removeTree(doomed);

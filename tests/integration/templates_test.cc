@@ -266,7 +266,7 @@ TEST_F(Templates, AnImageBecomesATemplateWhoseEnvironmentsSeeItsFilesAndDefaults
   json r = exec(id, {{"cmd",
                       {"/bin/sh", "-c",
                        "echo $GREETING $OVERRIDDEN $HOME $USER; pwd; cat /hello.txt; "
-                       "while read k v rest; do [ \"$k\" = Uid: ] && echo uid=$v; done < /proc/self/status"}}});
+                       "while read k v rest; do [ \"$k\" = Uid: ] && echo uid=$v; done < /proc/self/status; true"}}});
   EXPECT_EQ(r["exit_code"], 0) << r.dump();
   EXPECT_EQ(r["stdout"], "hello request /home/app app\n/srv/app\nfrom the image\nuid=1234\n") << r.dump();
   // A cwd and variables the request names win.
