@@ -249,9 +249,10 @@ HttpResponse Api::keysRoute(const HttpRequest& req, const Principal& principal) 
     const json& s = j["scopes"][i];
     const auto& known = knownScopes();
     if (!s.is_string() || std::find(known.begin(), known.end(), s.get<std::string>()) == known.end()) {
-      return errorResponse(invalid(
-          "scopes[" + std::to_string(i) + "]",
-          "unknown scope (create, read, exec, files, destroy, timeout, approve, permissions, audit, snapshots)"));
+      return errorResponse(
+          invalid("scopes[" + std::to_string(i) + "]",
+                  "unknown scope (create, read, exec, files, destroy, timeout, approve, permissions, audit, snapshots, "
+                  "templates)"));
     }
     if (std::find(scopes.begin(), scopes.end(), s.get<std::string>()) == scopes.end()) scopes.push_back(s);
   }
@@ -296,6 +297,10 @@ const std::vector<Route>& Api::routes() {
     return a.approvalsRoute(r, p);
   };
   const auto keys = [](Api& a, const HttpRequest& r, const Principal& p, const P&) { return a.keysRoute(r, p); };
+  const auto templateRoutes = [](Api& a, const HttpRequest& r, const Principal& p, const P& m) {
+    auto name = m.find("name");
+    return a.templatesRoute(r, p, name == m.end() ? std::string() : name->second);
+  };
   // Rows of one pattern stay together (findRoute); the order is
   // api/openapi.yaml's, which tests/unit/api_routes_test.cc holds it to.
   static const std::vector<Route> table = {
@@ -378,6 +383,10 @@ const std::vector<Route>& Api::routes() {
        [](Api& a, const HttpRequest& r, const Principal& p, const P&) { return a.eventsRoute(r, p); }},
       {"GET", "/v1/audit/verify", "", false, true,
        [](Api& a, const HttpRequest& r, const Principal& p, const P&) { return a.verifyRoute(r, p); }},
+      {"GET", "/v1/templates", "read", false, false, templateRoutes},
+      {"POST", "/v1/templates", "templates", false, false, templateRoutes},
+      {"GET", "/v1/templates/{name}", "read", false, false, templateRoutes},
+      {"DELETE", "/v1/templates/{name}", "templates", false, false, templateRoutes},
   };
   return table;
 }

@@ -23,6 +23,10 @@
 #include "gate/approvals.h"
 #include "manager/environment_manager.h"
 
+namespace moat::templates {
+class Catalog;
+}
+
 namespace moat::api {
 
 // The REST API of moatd (docs/API.md, api/openapi.yaml): authentication,
@@ -88,6 +92,8 @@ class Api {
       ApiOptions options = {}, audit::Log* audit = nullptr);
   ~Api();  // ends the MCP sessions while everything they call still exists
   HttpResponse handle(const HttpRequest& request);
+  // Named templates (docs/TEMPLATES.md); set before serving.
+  void setTemplates(templates::Catalog* catalog) { templates_ = catalog; }
   // Before the body: unauthenticated requests are refused unread, and the
   // body limit is 16 MiB for file writes, 1 MiB for everything else.
   Preflight preflight(const HttpRequest& head);
@@ -157,6 +163,7 @@ class Api {
   HttpResponse networkRoute(const HttpRequest& request, const Principal& principal, const std::string& id);
   // snapshots.cc: /v1/snapshots, and an environment's snapshots, restore and fork.
   HttpResponse snapshotsRoute(const HttpRequest& request, const Principal& principal);
+  HttpResponse templatesRoute(const HttpRequest& request, const Principal& principal, const std::string& name);
   HttpResponse environmentSnapshotsRoute(const HttpRequest& request, const Principal& principal, const std::string& id,
                                          const std::string& sub);
   // GET /v1/environments/{id}/changes: against its template or a snapshot.
@@ -221,7 +228,9 @@ class Api {
   std::string masterToken_;
   ApiOptions options_;
   audit::Log* log_;
-  audit::Recorder& audit_;  // log_, or a recorder that drops everything
+  audit::Recorder& audit_;
+  templates::Catalog* templates_ =
+      nullptr;  // none: /v1/templates answers 503  // log_, or a recorder that drops everything
   std::mutex execAsksMutex_;
   std::condition_variable execAsksCv_;
   std::map<std::string, size_t> execAsks_;  // exec questions waiting, per environment

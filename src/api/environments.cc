@@ -2,6 +2,7 @@
 
 #include "api/api.h"
 #include "api/validation.h"
+#include "templates/catalog.h"
 
 // /v1/environments and /v1/environments/{id}: list, create, get, destroy,
 // the time to live, and what one uses now (stats). (The caller's scope and, for a key, that it owns
@@ -55,12 +56,16 @@ HttpResponse Api::createEnvironment(const HttpRequest& req, const Principal& pri
   if (j.contains("template")) {
     if (!j["template"].is_string()) return errorResponse(invalid("template", "must be a string"));
     create.templateName = j["template"];
-    if (create.templateName != "host" && create.templateName.rfind("/", 0) != 0) {
-      return errorResponse(invalid("template", "'host' or an absolute root file system directory"));
+    const bool directory = create.templateName.rfind("/", 0) == 0;
+    if (create.templateName != "host" && !directory && !templates::validName(create.templateName)) {
+      return errorResponse(invalid("template",
+                                   "'host', a template's name (GET /v1/templates) or an absolute root file "
+                                   "system directory; not '" +
+                                       create.templateName.substr(0, 80) + "'"));
     }
     // A directory template shows that host directory to the environment's
     // root: only the master token may choose one.
-    if (create.templateName != "host" && !principal.master) {
+    if (directory && !principal.master) {
       return errorResponse(
           {403, "forbidden", "template: only the master token may use a directory template", "template"});
     }

@@ -22,7 +22,8 @@ Environments kept by moatd, which live until removed or their TTL ends.
 commands:
   create [options]   create one; prints its id (or the JSON with --json)
       --task-id ID      a caller's id to find it by
-      --template T      'host' (default) or a root file system directory
+      --template T      'host' (default), a template's name (moat template ls)
+                        or a root file system directory
       --snapshot SNAP   start from a snapshot's files (moat snapshot --help)
       --cpus N          CPU time per second (fractional), default 1
       --memory MB       memory limit, default 1024

@@ -21,6 +21,7 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
              [--egress-ca-bundle FILE] [--egress-head-timeout S] [--no-egress]
              [--key-rate N] [--agent-local-providers] [--agent-key-tokens N]
              [--board-dir DIR | --no-board]
+             [--template-max-bytes N] [--template-max-files N] [--template-timeout S]
 
   --state DIR             state directory (default $MOAT_STATE or /var/lib/moat)
   --listen HOST:PORT      TCP address (default 127.0.0.1:7070; port 0 picks one)
@@ -49,6 +50,11 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
   --audit-max-events N    keep at most N audit events (default 1000000, 0.3 to
                           0.6 GB; 1000 to 1000000000, 0: no cap): beyond it the
                           oldest are pruned the same way, down to 9/10 of N
+  --template-max-bytes N  an imported image's files may hold at most N bytes
+                          (default 8 GiB; 1 MiB to 1 TiB); docs/TEMPLATES.md
+  --template-max-files N  ... and at most N files, directories and links
+                          (default 1000000; 10 to 100000000)
+  --template-timeout S    an import ends failed after S seconds (default 1800)
   --key-rate N            requests per second one API key may send (bursts of
                           2N; default 200; 0: no limit); more wait their turn,
                           up to 2 s, then are 429 capacity with a Retry-After
@@ -160,6 +166,12 @@ const std::vector<Flag>& flags() {
          f.audit.maxEvents = *n;
          return {};
        }},
+      numberFlag("--template-max-bytes", 1u << 20, 1ull << 40, "a number of bytes from 1048576 to 1099511627776",
+                 [](DaemonFlags& f, uint64_t n) { f.templateLimits.maxBytes = n; }),
+      numberFlag("--template-max-files", 10, 100000000, "a number from 10 to 100000000",
+                 [](DaemonFlags& f, uint64_t n) { f.templateLimits.maxEntries = n; }),
+      numberFlag("--template-timeout", 10, 86400, "a number of seconds from 10 to 86400",
+                 [](DaemonFlags& f, uint64_t n) { f.templateLimits.timeout = std::chrono::seconds(n); }),
       readableFileFlag("--egress-hosts", [](DaemonFlags& f, const std::string& p) { f.egress.hostsFile = p; }),
       readableFileFlag("--egress-ca-bundle",
                        [](DaemonFlags& f, const std::string& p) { f.egress.upstreamCaBundle = p; }),

@@ -9,6 +9,7 @@
 #include "common/result.h"
 #include "egress/controller.h"
 #include "manager/environment_manager.h"
+#include "templates/importer.h"
 
 namespace moat::daemon {
 
@@ -28,11 +29,12 @@ struct DaemonFlags {
   egress::EgressConfig egress;
   api::ServerLimits server;
   bool egressOn = true;
-  bool agentLocalProviders = false;  // api::ApiOptions::agentLocalProviders
-  uint64_t agentKeyTokens = 0;       // api::ApiOptions::agentKeyTokensPerDay
-  std::string boardDir;              // empty: share/moat/board beside moatd's bin/
-  bool board = true;                 // --no-board: none
-  bool help = false;                 // -h, --help: print daemonUsage() and stop
+  bool agentLocalProviders = false;        // api::ApiOptions::agentLocalProviders
+  uint64_t agentKeyTokens = 0;             // api::ApiOptions::agentKeyTokensPerDay
+  std::string boardDir;                    // empty: share/moat/board beside moatd's bin/
+  bool board = true;                       // --no-board: none
+  templates::ImportLimits templateLimits;  // --template-max-bytes, --template-max-files, --template-timeout
+  bool help = false;                       // -h, --help: print daemonUsage() and stop
 };
 
 // Parses moatd's arguments (without argv[0]). `hostMemoryMb` bounds a warm

@@ -33,6 +33,7 @@
 #include "os/process.h"
 #include "os/security.h"
 #include "store/sqlite/sqlite_store.h"
+#include "templates/catalog.h"
 
 namespace {
 
@@ -51,6 +52,30 @@ moat::Status installOwnSeccompProfile() {
 #endif
   MOAT_ASSIGN(auto program, moat::isolation::seccomp::compile(policy));
   return moat::os::installSeccomp(program.filter, true);
+}
+
+// What a named template's image config means for its environments' commands
+// (docs/TEMPLATES.md): Env under the creator's own variables, HOME (and
+// USER) of the image's user unless Env sets them, WorkingDir, uid and gid.
+moat::manager::TemplateDefaults templateDefaults(const moat::templates::Defaults& d) {
+  moat::manager::TemplateDefaults out;
+  if (!d.named) return out;
+  for (const auto& e : d.config.env) {
+    auto eq = e.find('=');
+    if (eq != std::string::npos) out.env[e.substr(0, eq)] = e.substr(eq + 1);
+  }
+  if (d.config.uid != 0) {
+    if (!d.config.home.empty()) out.env.emplace("HOME", d.config.home);
+    std::string user = d.config.user.substr(0, d.config.user.find(':'));
+    if (!user.empty() && user.find_first_not_of("0123456789") != std::string::npos) {
+      out.env.emplace("USER", user);
+      out.env.emplace("LOGNAME", user);
+    }
+  }
+  out.cwd = d.config.workingDir;
+  out.uid = d.config.uid;
+  out.gid = d.config.gid;
+  return out;
 }
 
 }  // namespace
@@ -168,10 +193,30 @@ int main(int argc, char** argv) {
     }
     egress = std::move(started.value());
   }
+  // Named templates (docs/TEMPLATES.md): outlive the manager, which asks
+  // them for every create.
+  templates::CatalogConfig catalogConfig;
+  catalogConfig.stateDir = stateDir;
+  catalogConfig.limits = flags->templateLimits;
+  for (const auto& pool : config.warmPools) catalogConfig.warmPoolTemplates.push_back(pool.templateName);
+  templates::Catalog catalog(catalogConfig, *store.value());
+  if (auto s = catalog.recover(); !s.ok()) return failEarly("templates: " + s.error().message());
+  catalog.onFinished([log = auditLog->get()](const store::TemplateRecord& r) {
+    nlohmann::json data = {{"template", r.name}, {"source", r.source}, {"state", store::stateName(r.state)}};
+    if (r.state == store::TemplateState::kFailed) data["error"] = r.errorMessage;
+    if (r.state == store::TemplateState::kReady) data["size_bytes"] = r.sizeBytes;
+    log->record(r.state == store::TemplateState::kReady ? "template.imported" : "template.failed", "", r.owner,
+                std::move(data));
+  });
   {
     backend::namespaces::NamespacesBackend backend(*spawner.value(), stateDir);
     manager::EnvironmentManager manager(config, *store.value(), backend, auditLog->get());
     manager.setEgress(egress.get());
+    manager.setTemplates({[&catalog](const std::string& name) -> Result<manager::TemplateDefaults> {
+                            MOAT_ASSIGN(templates::Defaults d, catalog.defaultsFor(name));
+                            return templateDefaults(d);
+                          },
+                          [&catalog](const std::string& name) { return catalog.hold(name); }});
     // Until serving, a failure must leave the environments as they are.
     if (auto s = manager.recoverAfterRestart(); !s.ok()) {
       manager.detach();
@@ -201,6 +246,7 @@ int main(int argc, char** argv) {
       }
     }
     api::Api api(manager, keys, approvals, token.value(), apiOptions, auditLog->get());
+    api.setTemplates(&catalog);
     apiForEgress = &api;
     // And an agent run in it stops (reset before the API goes, below).
     manager.onEnded([&approvals, &api, log = auditLog->get()](const std::string& id, const std::string& reason) {
@@ -252,6 +298,7 @@ int main(int argc, char** argv) {
     manager.onEnded({});              // the approvals go before the manager does
     auditLog.value()->interrupt();    // event streams end
     server.stop();
+    catalog.stop();  // imports in progress end failed, their files removed
     apiForEgress = nullptr;
     if (egress) egress->stop();  // no connection outlives the API it asks
     if (keep) {

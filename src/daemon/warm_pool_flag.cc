@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "api/validation.h"
+#include "isolation/fs/template.h"
 #include "os/file.h"
 
 namespace moat::daemon {
@@ -38,9 +39,11 @@ Result<manager::WarmPool> parseWarmPoolFlag(const std::string& value, double max
       return Error::make(Code::kInvalidArgument, key + " given twice");
     }
     if (key == "template") {
-      if (text != "host" && (text.empty() || text[0] != '/' || !os::isDirectory(text))) {
+      // A template's name is checked when the pool fills (it may be imported after the start).
+      if (text != "host" && !isolation::fs::isTemplateName(text) &&
+          (text.empty() || text[0] != '/' || !os::isDirectory(text))) {
         return Error::make(Code::kInvalidArgument,
-                           "template: 'host' or an existing absolute directory, not '" + text + "'");
+                           "template: 'host', a template's name or an existing absolute directory, not '" + text + "'");
       }
       pool.templateName = text;
       haveTemplate = true;

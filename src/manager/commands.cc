@@ -79,12 +79,15 @@ Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::str
                                   live.processes->limits().outputCapPerStream));
   init::SpawnRequest spawn;
   spawn.argv = request.argv;
-  spawn.env = commandEnvironment(id, request.cwd, live.env, request.env);
+  const std::string cwd = request.cwd.empty() ? live.cwd : request.cwd;
+  spawn.env = commandEnvironment(id, cwd, live.env, request.env);
+  spawn.uid = live.uid;
+  spawn.gid = live.gid;
   if (request.pty &&
       std::none_of(spawn.env.begin(), spawn.env.end(), [](const std::string& e) { return e.rfind("TERM=", 0) == 0; })) {
     spawn.env.push_back("TERM=xterm-256color");
   }
-  spawn.cwd = request.cwd;
+  spawn.cwd = cwd;
   spawn.stdinPipe = request.stdinOpen;
   spawn.pty = request.pty;
   spawn.timeoutMs = request.timeoutMs;
@@ -92,7 +95,7 @@ Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::str
                 {{"process", process->id()},
                  {"argv", request.argv},
                  {"kind", request.kind},
-                 {"cwd", request.cwd},
+                 {"cwd", cwd},
                  {"pty", request.pty},
                  {"env", request.env}});
   process->onEnded([recorder = &audit_, id, actor = request.actor](const ProcessInfo& info) {
@@ -142,14 +145,17 @@ Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecReq
   ScopeExit forget([&] { live.processes->remove(process->id()); });
   init::SpawnRequest spawn;
   spawn.argv = request.argv;
-  spawn.env = commandEnvironment(id, request.cwd, live.env, env);
-  spawn.cwd = request.cwd;
+  const std::string cwd = request.cwd.empty() ? live.cwd : request.cwd;
+  spawn.env = commandEnvironment(id, cwd, live.env, env);
+  spawn.cwd = cwd;
+  spawn.uid = live.uid;
+  spawn.gid = live.gid;
   spawn.stdinPipe = request.withStdin;
   spawn.timeoutMs = request.timeoutMs;
   spawn.outputLimit = limit;
   ++execs_;
   audit_.record("exec.started", id, request.actor, [&] {
-    nlohmann::json data = {{"process", process->id()}, {"argv", request.argv}, {"cwd", request.cwd}, {"env", env}};
+    nlohmann::json data = {{"process", process->id()}, {"argv", request.argv}, {"cwd", cwd}, {"env", env}};
     if (!request.stdinEvent.is_null()) data["stdin"] = request.stdinEvent;  // what it was given to read
     return data;
   }());

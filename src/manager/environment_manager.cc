@@ -229,6 +229,16 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   record.pids = request.pids > 0 ? request.pids : config_.defaultPids;
   record.labels = request.labels;
   record.env = request.env;
+  // A named template's: held until the record is stored (a deletion waits),
+  // its variables under the request's own.
+  std::shared_ptr<void> templateHeld;
+  auto useTemplate = [&]() -> Status {
+    if (!templates_.defaults) return {};
+    if (templates_.hold) templateHeld = templates_.hold(record.templateName);
+    MOAT_ASSIGN(TemplateDefaults defaults, templates_.defaults(record.templateName));
+    for (const auto& [k, v] : defaults.env) record.env.emplace(k, v);
+    return {};
+  };
   for (const auto& secret : request.secrets) record.env[secret.name] = secret.placeholder;
   record.owner = request.owner;
   if (request.network.mode != egress::Mode::kNone || !request.secrets.empty()) {
@@ -254,6 +264,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     if (request.storageGb <= 0) record.storageGb = snap.storageGb;
     from = std::move(snap);
   }
+  MOAT_TRY(useTemplate());
   record.state = EnvironmentState::kCreating;
   record.createdAtMs = nowMs();
   int64_t ttl = request.ttlS > 0 ? request.ttlS : config_.defaultTtlS;
@@ -395,13 +406,23 @@ LiveEnvironment EnvironmentManager::makeLive(std::shared_ptr<InitConnection> con
       env.emplace(k, v);
     }
   }
-  return LiveEnvironment{std::move(connection),
-                         std::move(env),
-                         record.ramMb,
-                         std::make_shared<ProcessTable>(config_.processLimits),
-                         record.expiresAtMs,
-                         std::make_shared<const std::vector<gate::Permissions>>(layers.ok() ? layers.value() : closed),
-                         record.owner};
+  LiveEnvironment live{std::move(connection),
+                       std::move(env),
+                       record.ramMb,
+                       std::make_shared<ProcessTable>(config_.processLimits),
+                       record.expiresAtMs,
+                       std::make_shared<const std::vector<gate::Permissions>>(layers.ok() ? layers.value() : closed),
+                       record.owner};
+  if (templates_.defaults) {
+    // A template in use cannot be deleted, so its defaults stay what they were.
+    auto defaults = templates_.defaults(record.templateName);
+    if (defaults.ok()) {
+      if (!defaults->cwd.empty()) live.cwd = defaults->cwd;
+      live.uid = defaults->uid;
+      live.gid = defaults->gid;
+    }
+  }
+  return live;
 }
 
 std::shared_ptr<InitConnection> EnvironmentManager::connect(const std::string& id, UniqueFd control) {

@@ -111,6 +111,8 @@ class EnvironmentManager final : public EnvironmentService,
 
   // Egress (docs/EGRESS.md): without a controller, only mode "none" works.
   void setEgress(egress::Controller* egress) { egress_ = egress; }
+  // Named templates (docs/TEMPLATES.md). Set before recoverAfterRestart.
+  void setTemplates(TemplateHooks hooks) { templates_ = std::move(hooks); }
   void destroyAll(const std::string& reason);
   // Called (on the destroying thread) when an environment ends, with why:
   // what waits on it elsewhere (approvals) can end too. Set before serving.
@@ -198,6 +200,7 @@ class EnvironmentManager final : public EnvironmentService,
   backend::Backend& backend_;
   audit::Recorder& audit_;
   egress::Controller* egress_ = nullptr;
+  TemplateHooks templates_;
   std::mutex networkMutex_;  // serializes network changes (and restores, which redo the network); before exclusive()
   LiveTable live_;
   // What the reaper and the pool threads wake up for: stopping_, detached_,

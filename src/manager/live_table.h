@@ -26,6 +26,10 @@ struct LiveEnvironment {
   int64_t expiresAtMs = 0;                                            // the store's, kept here for the reaper
   std::shared_ptr<const std::vector<gate::Permissions>> permissions;  // replaced whole, never edited
   std::string owner;                                                  // never changes
+  // Its template's defaults for commands (TemplateDefaults).
+  std::string cwd = "/workspace";
+  uint32_t uid = 0;
+  uint32_t gid = 0;
 };
 
 // The environments that run here and those whose create is with the

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -49,6 +50,25 @@ struct ManagerConfig {
   gate::Permissions defaultPermissions = gate::Permissions::defaults();
 };
 
+// What a named template gives the environments made from it
+// (docs/TEMPLATES.md): variables under the creator's own, the commands'
+// default directory and user.
+struct TemplateDefaults {
+  std::map<std::string, std::string> env;
+  std::string cwd;  // empty: /workspace
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+};
+
+// The template catalog as the manager sees it (moatd sets it; without it,
+// only "host" and directories exist).
+struct TemplateHooks {
+  // An error when the template cannot be used now (unknown, importing, failed).
+  std::function<Result<TemplateDefaults>(const std::string& name)> defaults;
+  // Keeps the template from being deleted while the hold lives.
+  std::function<std::shared_ptr<void>(const std::string& name)> hold;
+};
+
 struct CreateRequest {
   std::string taskId;
   std::string templateName = "host";
@@ -87,8 +107,8 @@ struct ForkRequest {
 struct ProcessRequest {
   std::vector<std::string> argv;
   std::map<std::string, std::string> env;  // added to the environment's set
-  std::string cwd = "/workspace";
-  bool stdinOpen = true;  // false: stdin is /dev/null
+  std::string cwd;                         // empty: the template's WorkingDir, else /workspace
+  bool stdinOpen = true;                   // false: stdin is /dev/null
   bool pty = false;
   uint16_t rows = 24;
   uint16_t cols = 80;
@@ -100,7 +120,7 @@ struct ProcessRequest {
 
 struct ExecRequest {
   std::vector<std::string> argv;
-  std::string cwd = "/workspace";
+  std::string cwd;  // empty: the template's WorkingDir, else /workspace
   std::string stdinData;
   bool withStdin = false;
   nlohmann::json stdinEvent;  // what exec.started says of stdinData (size, hash, short text)

@@ -66,6 +66,22 @@ constexpr std::optional<ApprovalState> approvalStateNamed(std::string_view name)
   return valueNamed(kApprovalStates, name);
 }
 
+// A template's (templates/): importing or building until its root file
+// system is in place, then ready; failed keeps the error until it is
+// deleted. A moatd that starts fails those it finds importing or building.
+enum class TemplateState : uint8_t { kImporting, kBuilding, kReady, kFailed };
+inline constexpr EnumName<TemplateState> kTemplateStates[] = {
+    {TemplateState::kImporting, "importing"},
+    {TemplateState::kBuilding, "building"},
+    {TemplateState::kReady, "ready"},
+    {TemplateState::kFailed, "failed"},
+};
+static_assert(std::size(kTemplateStates) == static_cast<size_t>(TemplateState::kFailed) + 1);
+constexpr const char* stateName(TemplateState state) { return nameIn(kTemplateStates, state, "failed"); }
+constexpr std::optional<TemplateState> templateStateNamed(std::string_view name) {
+  return valueNamed(kTemplateStates, name);
+}
+
 struct EnvironmentRecord {
   std::string id;      // 12 hex digits
   std::string taskId;  // caller's label for the task; may be empty
@@ -154,6 +170,20 @@ struct SnapshotRecord {
   int64_t createdAtMs = 0;
 };
 
+// A named template: a root file system moatd keeps under its state
+// directory (made from an OCI image or a recipe).
+struct TemplateRecord {
+  std::string name;
+  std::string source;  // as given: "docker-archive:/x.tar", "docker://...", "build:<base>"
+  TemplateState state = TemplateState::kImporting;
+  std::string errorCode;  // failed: why
+  std::string errorMessage;
+  std::string config;  // JSON text (templates/): the image's defaults; opaque here
+  uint64_t sizeBytes = 0;
+  std::string owner;  // who made it: "master" or an API key id
+  int64_t createdAtMs = 0;
+};
+
 struct EnvironmentFilter {
   std::string taskId;                         // empty: any
   std::optional<EnvironmentState> state;      // none: any state but gone
@@ -190,6 +220,16 @@ class Store {
   virtual Result<std::vector<SnapshotRecord>> listSnapshots(const std::string& owner,
                                                             const std::string& environment) = 0;
   virtual Status deleteSnapshot(const std::string& id) = 0;  // no error when already gone
+  // Templates: "conflict" on a duplicate name; update writes state, error,
+  // config and size ("not_found").
+  virtual Status insertTemplate(const TemplateRecord& record) = 0;
+  virtual Status updateTemplate(const TemplateRecord& record) = 0;
+  virtual Result<std::optional<TemplateRecord>> getTemplate(const std::string& name) = 0;
+  virtual Result<std::vector<TemplateRecord>> listTemplates() = 0;  // by name
+  virtual Status deleteTemplate(const std::string& name) = 0;       // no error when already gone
+  // What stands on a template: "environment <id>" for each one not gone or
+  // failed, "snapshot <id>" for each snapshot (their files sit on it).
+  virtual Result<std::vector<std::string>> templateUsers(const std::string& name) = 0;
   virtual Status insertApproval(const ApprovalRecord& approval) = 0;
   // Writes state, decided_by, reason, decided_at_ms, remember and used.
   virtual Status updateApproval(const ApprovalRecord& approval) = 0;

@@ -2062,6 +2062,7 @@ def run_exchanges(c):
     run_gate_exchanges(c)
     run_egress_exchanges(c)
     run_snapshot_exchanges(c)
+    run_template_exchanges(c)
     # The audit log: everything above is in it, and its chain holds.
     def sse_events(r):
         events = [json.loads(line[6:]) for line in r.body.decode().split("\n") if line.startswith("data: ")]
@@ -2228,6 +2229,39 @@ def run_snapshot_exchanges(c):
     c.call("DELETE", f"/v1/snapshots/{mid('s2', 'snap-000000000000')}", status=404, code="not_found")
     for name in ("e", "f", "g"):
         c.call("DELETE", env(mid(name)), status=204)
+
+
+def run_template_exchanges(c):
+    """Templates (docs/API.md, "Templates"): the list, an import that fails
+    (no image is needed to see every answer's shape), refusals, delete."""
+    c.call("GET", "/v1/templates", status=200,
+           check=lambda r: expect(r.json["templates"][0]["name"] == "host", r.json))
+    c.call("GET", "/v1/templates/host", status=200)
+    c.call("POST", "/v1/templates", {"name": "conf:1", "source": "docker-archive:/nonexistent/moat.tar"},
+           status=202, check=lambda r: expect(r.json["state"] == "importing", r.json))
+    c.call("POST", "/v1/templates", {"name": "conf:1", "source": "docker-archive:/nonexistent/moat.tar"},
+           status=409, code="conflict")
+    deadline = time.monotonic() + 30
+    state = "importing"
+    while state == "importing" and time.monotonic() < deadline:
+        time.sleep(0.1)  # the import runs in moatd; polled as a client does
+        state = c.daemon.request("GET", "/v1/templates/conf:1").json.get("state")
+    c.call("GET", "/v1/templates/conf:1", status=200,
+           check=lambda r: expect(r.json["state"] == "failed" and "moat.tar" in r.json["error"]["message"], r.json))
+    c.call("POST", "/v1/environments", {"template": "conf:1"}, status=409, code="conflict")
+    c.call("POST", "/v1/environments", {"template": "nothing-here"}, status=404, code="not_found")
+    c.call("POST", "/v1/templates", {"name": "Bad", "source": "docker://x"}, status=400, code="invalid_request",
+           field="name", expressible=False)
+    c.call("POST", "/v1/templates", {"name": "ok", "source": "ftp://x"}, status=400, code="invalid_request",
+           field="source")
+    c.call("POST", "/v1/templates", {"name": "ok", "source": "docker://x", "tag": 1}, status=400,
+           code="unknown_field", field="tag", expressible=False)
+    c.call("POST", "/v1/templates", {"name": "ok", "build": {"base": "host", "run": ["true"]}}, status=501,
+           code="unsupported")
+    c.call("DELETE", "/v1/templates/host", status=409, code="conflict")
+    c.call("DELETE", "/v1/templates/conf:1", status=204)
+    c.call("DELETE", "/v1/templates/conf:1", status=404, code="not_found")
+    c.call("GET", "/v1/templates/conf:1", status=404, code="not_found")
 
 
 def run_gate_exchanges(c):

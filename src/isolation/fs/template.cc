@@ -84,6 +84,18 @@ std::string generatedPasswd(bool haveBash) {
 
 std::string generatedGroup() { return "root:x:0:\ntty:x:5:\nusers:x:100:\nnogroup:x:65534:\n"; }
 
+std::string namedTemplatesDir(const std::string& stateDir) { return stateDir + "/templates/images"; }
+
+bool isTemplateName(const std::string& name) {
+  if (name.empty() || name.size() > 64 || name == "host") return false;
+  auto lowerOrDigit = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
+  if (!lowerOrDigit(name[0])) return false;
+  for (char c : name) {
+    if (!lowerOrDigit(c) && c != '.' && c != '_' && c != ':' && c != '-') return false;
+  }
+  return true;
+}
+
 Result<Template> resolveTemplate(const std::string& spec, const std::string& stateDir) {
   Template t;
   t.name = spec;
@@ -96,9 +108,23 @@ Result<Template> resolveTemplate(const std::string& spec, const std::string& sta
     }
     return t;
   }
+  if (isTemplateName(spec)) {
+    // Named: made by moatd; present only once complete. No symlink on the way.
+    const std::string dir = namedTemplatesDir(stateDir) + "/" + spec;
+    auto opened = os::open(dir, O_PATH | O_DIRECTORY | O_NOFOLLOW);
+    if (!opened.ok()) {
+      if (opened.error().sysErrno == ENOENT) {
+        return Error::make(Code::kNotFound, "unknown template '" + spec + "' (moat template ls lists them)");
+      }
+      return opened.error();
+    }
+    t.lower = std::move(opened.value());
+    t.lowerDir = dir;
+    return t;
+  }
   if (spec.empty() || spec.find('/') == std::string::npos) {
-    return Error::make(Code::kInvalidArgument,
-                       "unknown template '" + spec + "' (use 'host' or a root file system directory)");
+    return Error::make(Code::kInvalidArgument, "unknown template '" + spec +
+                                                   "' (use 'host', a template's name or a root file system directory)");
   }
   MOAT_ASSIGN(t.lower, os::openHostPath(spec, "template directory"));
   MOAT_ASSIGN(struct stat st, os::statFd(t.lower.get()));

@@ -19,6 +19,14 @@ struct Template {
   std::vector<std::string> hostReadOnlyDirs;  // host dirs shown read-only at the same path
 };
 
+// Named templates (made by moatd from OCI images or recipes, src/templates/)
+// live in <state>/templates/images/<name>, each directory the whole root
+// file system, present only once complete. The images directory is
+// root's, mode 0700: the trees hold setuid files no host user may reach.
+std::string namedTemplatesDir(const std::string& stateDir);
+// ^[a-z0-9][a-z0-9._:-]{0,63}$ and not "host".
+bool isTemplateName(const std::string& name);
+
 // A directory template is opened as named, following no symlink
 // (os::openHostPath): its path may lead through a directory an environment
 // was given.

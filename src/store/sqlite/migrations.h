@@ -116,6 +116,22 @@ CREATE TABLE snapshots (
 );
 CREATE INDEX snapshots_owner ON snapshots (owner, created_at_ms);
 )sql"},
+    // Named templates (src/templates/): root file systems moatd keeps under
+    // its state directory, made from OCI images or recipes; `config` holds
+    // the image's defaults as JSON. A restart fails those still importing.
+    Migration{7, R"sql(
+CREATE TABLE templates (
+  name           TEXT PRIMARY KEY NOT NULL,
+  source         TEXT NOT NULL,
+  state          TEXT NOT NULL,
+  error_code     TEXT NOT NULL DEFAULT '',
+  error_message  TEXT NOT NULL DEFAULT '',
+  config         TEXT NOT NULL DEFAULT '{}',
+  size_bytes     INTEGER NOT NULL DEFAULT 0,
+  owner          TEXT NOT NULL,
+  created_at_ms  INTEGER NOT NULL
+);
+)sql"},
 };
 
 inline constexpr int kSchemaVersion = kMigrations.back().version;

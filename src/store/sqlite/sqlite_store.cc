@@ -653,6 +653,108 @@ Status SqliteStore::deleteSnapshot(const std::string& id) {
   return stmt.run();
 }
 
+namespace {
+
+constexpr std::string_view kSelectTemplates =
+    "SELECT name, source, state, error_code, error_message, config, size_bytes, owner, created_at_ms FROM templates";
+
+Result<TemplateRecord> readTemplate(const Statement& stmt) {
+  TemplateRecord r;
+  r.name = stmt.text(0);
+  r.source = stmt.text(1);
+  auto state = templateStateNamed(stmt.text(2));
+  if (!state) return Error::make(Code::kCorrupt, "template " + r.name + " has no known state ('" + stmt.text(2) + "')");
+  r.state = *state;
+  r.errorCode = stmt.text(3);
+  r.errorMessage = stmt.text(4);
+  r.config = stmt.text(5);
+  r.sizeBytes = static_cast<uint64_t>(stmt.integer(6));
+  r.owner = stmt.text(7);
+  r.createdAtMs = stmt.integer(8);
+  return r;
+}
+
+}  // namespace
+
+Status SqliteStore::insertTemplate(const TemplateRecord& r) {
+  const std::string what = "insert template " + r.name;
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt,
+              Statement::cached(statements_, db_.get(),
+                                "INSERT INTO templates (name, source, state, error_code, error_message, config,"
+                                " size_bytes, owner, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                what));
+  MOAT_TRY(stmt.bindAll(r.name, r.source, std::string(stateName(r.state)), r.errorCode, r.errorMessage, r.config,
+                        static_cast<int64_t>(r.sizeBytes), r.owner, r.createdAtMs));
+  return stmt.run();
+}
+
+Status SqliteStore::updateTemplate(const TemplateRecord& r) {
+  const std::string what = "update template " + r.name;
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
+                                                "UPDATE templates SET state = ?, error_code = ?, error_message = ?,"
+                                                " config = ?, size_bytes = ? WHERE name = ?",
+                                                what));
+  MOAT_TRY(stmt.bindAll(std::string(stateName(r.state)), r.errorCode, r.errorMessage, r.config,
+                        static_cast<int64_t>(r.sizeBytes), r.name));
+  MOAT_TRY(stmt.run());
+  if (sqlite3_changes(db_.get()) == 0) return Error::make(Code::kNotFound, what + ": no such template");
+  return {};
+}
+
+Result<std::optional<TemplateRecord>> SqliteStore::getTemplate(const std::string& name) {
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt,
+              Statement::cached(statements_, db_.get(), std::string(kSelectTemplates) + " WHERE name = ?",
+                                "get template " + name));
+  MOAT_TRY(stmt.bindAll(name));
+  MOAT_ASSIGN(bool row, stmt.step());
+  if (!row) return std::optional<TemplateRecord>();
+  MOAT_ASSIGN(TemplateRecord record, readTemplate(stmt));
+  return std::optional<TemplateRecord>(std::move(record));
+}
+
+Result<std::vector<TemplateRecord>> SqliteStore::listTemplates() {
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
+                                                std::string(kSelectTemplates) + " ORDER BY name", "list templates"));
+  std::vector<TemplateRecord> out;
+  while (true) {
+    MOAT_ASSIGN(bool row, stmt.step());
+    if (!row) break;
+    MOAT_ASSIGN(TemplateRecord record, readTemplate(stmt));
+    out.push_back(std::move(record));
+  }
+  return out;
+}
+
+Status SqliteStore::deleteTemplate(const std::string& name) {
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(), "DELETE FROM templates WHERE name = ?",
+                                                "delete template " + name));
+  MOAT_TRY(stmt.bindAll(name));
+  return stmt.run();
+}
+
+Result<std::vector<std::string>> SqliteStore::templateUsers(const std::string& name) {
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(
+      Statement stmt,
+      Statement::cached(statements_, db_.get(),
+                        "SELECT 'environment ' || id FROM environments WHERE template = ? AND state NOT IN"
+                        " ('gone', 'failed') UNION ALL SELECT 'snapshot ' || id FROM snapshots WHERE template = ?",
+                        "list the users of template " + name));
+  MOAT_TRY(stmt.bindAll(name, name));
+  std::vector<std::string> out;
+  while (true) {
+    MOAT_ASSIGN(bool row, stmt.step());
+    if (!row) break;
+    out.push_back(stmt.text(0));
+  }
+  return out;
+}
+
 Status SqliteStore::insertApproval(const ApprovalRecord& a) {
   const std::string what = "insert approval " + a.id;
   std::lock_guard lock(mutex_);

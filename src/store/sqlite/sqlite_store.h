@@ -50,6 +50,12 @@ class SqliteStore final : public Store {
   Result<std::optional<SnapshotRecord>> getSnapshot(const std::string& id) override;
   Result<std::vector<SnapshotRecord>> listSnapshots(const std::string& owner, const std::string& environment) override;
   Status deleteSnapshot(const std::string& id) override;
+  Status insertTemplate(const TemplateRecord& record) override;
+  Status updateTemplate(const TemplateRecord& record) override;
+  Result<std::optional<TemplateRecord>> getTemplate(const std::string& name) override;
+  Result<std::vector<TemplateRecord>> listTemplates() override;
+  Status deleteTemplate(const std::string& name) override;
+  Result<std::vector<std::string>> templateUsers(const std::string& name) override;
   Status insertApproval(const ApprovalRecord& approval) override;
   Status updateApproval(const ApprovalRecord& approval) override;
   Result<std::optional<ApprovalRecord>> getApproval(const std::string& id) override;
