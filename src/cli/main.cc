@@ -24,6 +24,8 @@ commands:
             (moat shell --help)
   snapshot  snapshots of environments' files, restores and forks
             (moat snapshot create|ls|restore|fork|rm)
+  port      a preview URL of a server inside an environment
+            (moat port ENV PORT, moat port ls|revoke; docs/PORTS.md)
   keys      scoped API keys for agents (moat keys create|ls|rm)
   approvals what the gate asks a person (moat approvals ls|approve|deny|watch)
   events    moatd's audit log, listed or followed live (moat events --help)
@@ -63,6 +65,7 @@ int main(int argc, char** argv) {
   if (command == "audit") return moat::cli::auditCommand(args);
   if (command == "mcp") return moat::cli::mcpCommand(args);
   if (command == "snapshot") return moat::cli::snapshotCommand(args);
+  if (command == "port") return moat::cli::portCommand(args);
   if (command == "agent") return moat::cli::agentCommand(args);
   if (command == "version" || command == "--version") {
     std::puts("moat " MOAT_VERSION);

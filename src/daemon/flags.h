@@ -28,11 +28,13 @@ struct DaemonFlags {
   egress::EgressConfig egress;
   api::ServerLimits server;
   bool egressOn = true;
-  bool agentLocalProviders = false;  // api::ApiOptions::agentLocalProviders
-  uint64_t agentKeyTokens = 0;       // api::ApiOptions::agentKeyTokensPerDay
-  std::string boardDir;              // empty: share/moat/board beside moatd's bin/
-  bool board = true;                 // --no-board: none
-  bool help = false;                 // -h, --help: print daemonUsage() and stop
+  bool agentLocalProviders = false;                 // api::ApiOptions::agentLocalProviders
+  uint64_t agentKeyTokens = 0;                      // api::ApiOptions::agentKeyTokensPerDay
+  std::string boardDir;                             // empty: share/moat/board beside moatd's bin/
+  bool board = true;                                // --no-board: none
+  std::string previewDomain = "preview.localhost";  // api::ApiOptions::previewDomain
+  int64_t portTimeoutS = 60;                        // api::PortProxyLimits::idle
+  bool help = false;                                // -h, --help: print daemonUsage() and stop
 };
 
 // Parses moatd's arguments (without argv[0]). `hostMemoryMb` bounds a warm
