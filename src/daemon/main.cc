@@ -245,6 +245,8 @@ int main(int argc, char** argv) {
         if (bin.ok()) apiOptions.boardDir = bin.value() + "/../share/moat/board";
       }
     }
+    apiOptions.previewDomain = flags->previewDomain;
+    apiOptions.portLimits.idle = std::chrono::seconds(flags->portTimeoutS);
     api::Api api(manager, keys, approvals, token.value(), apiOptions, auditLog->get());
     api.setTemplates(&catalog);
     apiForEgress = &api;
@@ -253,6 +255,7 @@ int main(int argc, char** argv) {
       approvals.closeEnvironment(id, reason);
       log->closeEnvironment(id);
       api.agentEnvironmentEnded(id, reason);
+      api.portsEnvironmentEnded(id);  // its previews end with it
     });
     manager.setExecGate(
         [&api](const std::string& id, const init::ExecCheck& check, manager::InitConnection::ExecAnswer answer) {
@@ -272,6 +275,7 @@ int main(int argc, char** argv) {
         return fail(s.error().message());
       }
     }
+    api.setPreviewPort(server.tcpPort());
     std::fprintf(stderr, "moatd: serving http://127.0.0.1:%d and unix:%s/moatd.sock (state %s)\n", server.tcpPort(),
                  stateDir.c_str(), stateDir.c_str());
     std::fflush(stderr);
