@@ -359,6 +359,7 @@ Result<std::unique_ptr<Environment>> Environment::create(
   limits.cpus = spec.cpus;
   limits.memoryBytes = spec.memoryMb * kMiB;
   limits.pids = spec.pids;
+  limits.cpuSet = cpus;
   MOAT_ASSIGN(env->cgroup_, createCgroup(layout, cgroupName(env->id_), limits));
 
   traceStage("cgroup");
