@@ -227,6 +227,32 @@ TEST_F(LimitsMoatd, EnvironmentsShowTheirLimitsAcrossARestartAndLeaveNoMountBehi
   EXPECT_EQ(daemon_->log().find("warning"), std::string::npos) << daemon_->log();
 }
 
+// Without lxcfs, moatd says why once, and its environments still start.
+TEST(LimitsMoatdWithoutLxcfs, MoatdWarnsOnceAndEnvironmentsStillStart) {
+  MOAT_REQUIRE_ROOT();
+  char tmpl[] = "/tmp/moat-lxcfs-none-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  {
+    Moatd daemon({}, {"MOAT_LXCFS=/no/such/lxcfs", "MOAT_LXCFS_DIR=" + dir + "/mnt"});
+    for (int i = 0; i < 2; ++i) {
+      auto created = daemon.request("POST", "/v1/environments", R"({"spec":{"ram_mb":512}})");
+      ASSERT_EQ(created.status, 201) << created.body;
+      std::string id = nlohmann::json::parse(created.body)["id"];
+      auto ran = daemon.request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["cat","/proc/meminfo"]})");
+      ASSERT_EQ(ran.status, 200) << ran.body;
+      auto host = os::readFile("/proc/meminfo");
+      ASSERT_TRUE(host.ok());
+      EXPECT_EQ(meminfoKb(nlohmann::json::parse(ran.body)["stdout"], "MemTotal"), meminfoKb(host.value(), "MemTotal"));
+    }
+    std::string log = daemon.log();
+    size_t first = log.find("moatd: warning: environments will show the host's memory");
+    ASSERT_NE(first, std::string::npos) << log;
+    EXPECT_NE(log.find("/no/such/lxcfs", first), std::string::npos) << "the warning names the reason: " << log;
+    EXPECT_EQ(log.find("moatd: warning", first + 1), std::string::npos) << "once: " << log;
+  }
+  (void)os::removeTree(dir);
+}
+
 TEST(LimitsHostValues, AnEnvironmentWithoutLimitsBeyondTheHostSeesTheHostsCpus) {
   MOAT_REQUIRE_ROOT();
   auto r = runMoat({"run", "--cpus", std::to_string(hostCpus()), "--", "nproc"});
