@@ -19,8 +19,6 @@
 #include "os/mount.h"
 #include "os/process.h"
 
-extern char** environ;
-
 namespace moat::isolation::proc {
 namespace {
 
@@ -64,7 +62,7 @@ std::string lastLine(const std::string& path) {
 // Runs lxcfs detached: lxcfs stays in the foreground (it is made for a
 // service manager), so a child starts a session and forks it, and exits.
 // Nothing of the caller's reaches it: no descriptor beyond stdio (its log),
-// default signal dispositions, an empty mask. Returns once it serves dir,
+// no environment variable, default signal dispositions, an empty mask. Returns once it serves dir,
 // or with why not.
 Status startLxcfs(const std::string& binary, const std::string& dir) {
   const std::string pidFile = dir + ".pid", logFile = dir + ".log";
@@ -91,7 +89,8 @@ Status startLxcfs(const std::string& binary, const std::string& dir) {
     os::resetSignals();
     if (::dup2(devNull.get(), 0) < 0 || ::dup2(log.get(), 1) < 0 || ::dup2(log.get(), 2) < 0) ::_exit(126);
     (void)os::markCloseOnExecFrom(3);
-    ::execve(args[0], args.data(), environ);
+    char* noEnvironment[] = {nullptr};
+    ::execve(args[0], args.data(), noEnvironment);
     ::_exit(127);
   }
   reportWrite.reset();
