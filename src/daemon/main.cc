@@ -134,6 +134,10 @@ int main(int argc, char** argv) {
   // after the first large free, keeping such buffers in the heap for good.
   ::mallopt(M_MMAP_THRESHOLD, 256 << 10);
 
+  // /proc inside environments shows their limits through LXCFS: started
+  // now, when no moat process has yet, and the warning given here once.
+  backend::namespaces::prepareLimitsView();
+
   // Before any thread: a new spawner is a fork of this process. An earlier
   // moatd's spawner, still running its environments, is reused.
   auto spawner = backend::namespaces::Spawner::connectOrStart(stateDir + "/spawner.sock");
