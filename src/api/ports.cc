@@ -177,6 +177,9 @@ HttpResponse Api::previewsRoute(const HttpRequest& req, const Principal& princip
     return noContent();
   }
   if (req.method == "GET") {
+    // An environment that does not exist has no list to show (404), as every other of its resources.
+    auto known = environments_.get(id);
+    if (!known.ok()) return errorResponse(fromError(known.error()));
     json list = json::array();
     for (const auto& p : previews_.list(id)) list.push_back(previewJson(p));
     return respond(200, {{"previews", list}});
