@@ -163,6 +163,9 @@ class Api {
   HttpResponse setEnvironmentTimeout(const HttpRequest& request, const Principal& principal, const std::string& id);
   HttpResponse keysRoute(const HttpRequest& request, const Principal& principal);
   // One file per resource: exec.cc, files.cc, processes.cc, shell.cc, events.cc.
+  // The command of a request that sends no `cmd`: the environment's image's
+  // Entrypoint then Cmd (docs/TEMPLATES.md); an error naming `cmd` when it has none.
+  std::optional<ApiError> imageCommand(const std::string& id, std::vector<std::string>& argv);
   HttpResponse execRoute(const HttpRequest& request, const Principal& principal, const std::string& id);
   HttpResponse filesRoute(const HttpRequest& request, const Principal& principal, const std::string& id,
                           const std::string& sub);

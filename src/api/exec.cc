@@ -7,9 +7,25 @@
 #include "api/process_json.h"
 #include "api/validation.h"
 #include "common/encoding.h"
+#include "templates/catalog.h"
 
 // POST /v1/environments/{id}/exec: run a command to its end.
 namespace moat::api {
+
+std::optional<ApiError> Api::imageCommand(const std::string& id, std::vector<std::string>& argv) {
+  const ApiError required =
+      invalid("cmd", "required: a non-empty array of strings (the environment's template has no Entrypoint or Cmd)");
+  auto record = environments_.get(id);
+  if (!record.ok()) return fromError(record.error());
+  if (templates_ == nullptr || !templates::validName(record->templateName)) return required;
+  auto defaults = templates_->defaultsFor(record->templateName);
+  if (!defaults.ok()) return required;  // gone since: nothing to run by default
+  const auto& config = defaults->config;
+  argv = config.entrypoint;
+  argv.insert(argv.end(), config.cmd.begin(), config.cmd.end());
+  if (argv.empty()) return required;
+  return std::nullopt;
+}
 
 HttpResponse Api::execRoute(const HttpRequest& req, const Principal& principal, const std::string& id) {
   ApiError perr{};
@@ -21,8 +37,9 @@ HttpResponse Api::execRoute(const HttpRequest& req, const Principal& principal, 
   }
   manager::ExecRequest exec;
   exec.actor = principal.owner();
-  if (!j.contains("cmd")) return errorResponse(invalid("cmd", "required: a non-empty array of strings"));
-  if (auto e = commandLine(j["cmd"], "cmd", exec.argv)) return errorResponse(*e);
+  if (auto e = j.contains("cmd") ? commandLine(j["cmd"], "cmd", exec.argv) : imageCommand(id, exec.argv)) {
+    return errorResponse(*e);
+  }
   std::string encoding = "utf8";
   if (j.contains("encoding")) {
     if (!j["encoding"].is_string() || (j["encoding"] != "utf8" && j["encoding"] != "base64")) {

@@ -28,7 +28,8 @@ std::string line(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 
 HttpResponse startProcess(manager::CommandService& manager, const HttpRequest& req, const std::string& id,
                           const std::string& actor,
-                          const std::function<std::optional<HttpResponse>(const gate::Action&)>& gate) {
+                          const std::function<std::optional<HttpResponse>(const gate::Action&)>& gate,
+                          const std::function<std::optional<ApiError>(std::vector<std::string>&)>& imageCommand) {
   ApiError perr{};
   auto body = parseObject(req.body, perr);
   if (!body.ok()) return errorResponse(perr);
@@ -38,8 +39,9 @@ HttpResponse startProcess(manager::CommandService& manager, const HttpRequest& r
   }
   manager::ProcessRequest request;
   request.actor = actor;
-  if (!j.contains("cmd")) return errorResponse(invalid("cmd", "required: a non-empty array of strings"));
-  if (auto e = commandLine(j["cmd"], "cmd", request.argv)) return errorResponse(*e);
+  if (auto e = j.contains("cmd") ? commandLine(j["cmd"], "cmd", request.argv) : imageCommand(request.argv)) {
+    return errorResponse(*e);
+  }
   if (j.contains("env")) {
     if (auto e = stringMap(j["env"], "env", true, request.env)) return errorResponse(*e);
   }
@@ -223,8 +225,10 @@ HttpResponse Api::processesRoute(const HttpRequest& req, const Principal& princi
   if (pid.empty()) {
     if (req.method == "POST") {
       if (auto e = onlyQuery(req, {})) return errorResponse(*e);
-      return startProcess(commands_, req, id, principal.owner(),
-                          [&](const gate::Action& action) { return check(req, principal, id, action); });
+      return startProcess(
+          commands_, req, id, principal.owner(),
+          [&](const gate::Action& action) { return check(req, principal, id, action); },
+          [&](std::vector<std::string>& argv) { return imageCommand(id, argv); });
     }
     if (auto e = onlyQuery(req, {})) return errorResponse(*e);
     auto list = commands_.processes(id);

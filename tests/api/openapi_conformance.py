@@ -1572,7 +1572,7 @@ def run_exchanges(c):
 
     # Request errors.
     c.call("POST", procs, {"cmd": ["true"], "shell": True}, status=400, code="unknown_field", field="shell")
-    c.call("POST", procs, {}, status=400, code="invalid_request", field="cmd", note="no cmd")
+    c.call("POST", procs, {}, status=400, code="invalid_request", field="cmd", note="no cmd (a template without Entrypoint or Cmd)", expressible=False)
     c.call("POST", procs, {"cmd": []}, status=400, code="invalid_request", field="cmd")
     c.call("POST", procs, {"cmd": ["ls", 5]}, status=400, code="invalid_request", field="cmd[1]")
     c.call("POST", procs, {"cmd": ["true"], "pty": "yes"}, status=400, code="invalid_request", field="pty")
@@ -1819,7 +1819,7 @@ def run_exchanges(c):
            declared_length=65 << 20, status=413, code="too_large", note="request over 64 MiB")
 
     # Request errors on exec.
-    c.call("POST", ex, {}, status=400, code="invalid_request", field="cmd", note="no cmd")
+    c.call("POST", ex, {}, status=400, code="invalid_request", field="cmd", note="no cmd (a template without Entrypoint or Cmd)", expressible=False)
     c.call("POST", ex, {"cmd": []}, status=400, code="invalid_request", field="cmd")
     c.call("POST", ex, {"cmd": "ls"}, status=400, code="invalid_request", field="cmd", note="wrong type")
     c.call("POST", ex, {"cmd": ["ls", 5]}, status=400, code="invalid_request", field="cmd[1]")

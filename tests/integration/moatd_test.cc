@@ -879,7 +879,7 @@ TEST(MoatdCapacity, AKeyBeyondItsRateWaitsItsTurnOrIsToldWhenToComeBackAndKeepsI
 TEST(MoatdFlags, ANumberOutOfRangeOrNotANumberIsRefusedByName) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
       {"--warm-pool",
-       {"-1", "10000", "four", "", "2:ram_mb=8", "2:bogus=1", "2:cpus=fast", "2:pids=1.5", "2:template=relative",
+       {"-1", "10000", "four", "", "2:ram_mb=8", "2:bogus=1", "2:cpus=fast", "2:pids=1.5", "2:template=Relative/dir",
         "2:template=/nonexistent", "2:ram_mb", "2:", "2:cpus=1,cpus=2"}},
       {"--max-environments", {"0", "100001", "1e3"}},
       {"--max-connections", {"0", "100001", "many", "99999999999"}},

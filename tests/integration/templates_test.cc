@@ -237,7 +237,8 @@ TEST_F(Templates, AnImageBecomesATemplateWhoseEnvironmentsSeeItsFilesAndDefaults
                {{"Env", {"PATH=/bin", "GREETING=hello", "OVERRIDDEN=image"}},
                 {"WorkingDir", "/srv/app"},
                 {"User", "app"},
-                {"Cmd", {"/bin/sh"}}}}});
+                {"Entrypoint", {"/bin/sh", "-c"}},
+                {"Cmd", {"echo default $GREETING from $PWD"}}}}});
   json started =
       call("POST", "/v1/templates", {{"name", "demo:1.0"}, {"source", "docker-archive:" + dir_ + "/image.tar"}}, 202);
   EXPECT_EQ(started["state"], "importing");
@@ -249,7 +250,8 @@ TEST_F(Templates, AnImageBecomesATemplateWhoseEnvironmentsSeeItsFilesAndDefaults
   EXPECT_GT(t["size_bytes"].get<uint64_t>(), 100000u);
   EXPECT_EQ(t["config"]["working_dir"], "/srv/app");
   EXPECT_EQ(t["config"]["user"], "app");
-  EXPECT_EQ(t["config"]["cmd"], json({"/bin/sh"}));
+  EXPECT_EQ(t["config"]["entrypoint"], json({"/bin/sh", "-c"}));
+  EXPECT_EQ(t["config"]["cmd"], json({"echo default $GREETING from $PWD"}));
   EXPECT_FALSE(t["config"].contains("uid")) << "internal";
   json list = call("GET", "/v1/templates", nullptr, 200);
   ASSERT_EQ(list["templates"].size(), 2u) << list.dump();
@@ -269,6 +271,16 @@ TEST_F(Templates, AnImageBecomesATemplateWhoseEnvironmentsSeeItsFilesAndDefaults
                        "while read k v rest; do [ \"$k\" = Uid: ] && echo uid=$v; done < /proc/self/status; true"}}});
   EXPECT_EQ(r["exit_code"], 0) << r.dump();
   EXPECT_EQ(r["stdout"], "hello request /home/app app\n/srv/app\nfrom the image\nuid=1234\n") << r.dump();
+  // No cmd: the image's Entrypoint then Cmd, as exec and as a process.
+  r = exec(id, json::object());
+  EXPECT_EQ(r["stdout"], "default hello from /srv/app\n") << r.dump();
+  json process = call("POST", "/v1/environments/" + id + "/processes", json::object(), 201);
+  EXPECT_EQ(process["cmd"], json({"/bin/sh", "-c", "echo default $GREETING from $PWD"})) << process.dump();
+  // An environment of the host template has no default command: cmd is required, by name.
+  std::string plain = createEnv(json::object());
+  json noCmd = call("POST", "/v1/environments/" + plain + "/exec", json::object(), 400);
+  EXPECT_EQ(noCmd["error"]["field"], "cmd") << noCmd.dump();
+  call("DELETE", "/v1/environments/" + plain, nullptr, 204);
   // A cwd and variables the request names win.
   r = exec(id, {{"cmd", {"/bin/sh", "-c", "pwd; echo $GREETING"}}, {"cwd", "/"}, {"env", {{"GREETING", "hi"}}}});
   EXPECT_EQ(r["stdout"], "/\nhi\n") << r.dump();
