@@ -337,6 +337,31 @@ TEST_F(Templates, KeysNeedTheScopeAndMayNotNameHostPaths) {
   EXPECT_EQ(r.status, 200) << r.body;
 }
 
+TEST_F(Templates, TheCliImportsListsAndRemoves) {
+  writeImage(
+      {{"format", "oci"}, {"out", dir_ + "/layout"}, {"layers", {shellLayer()}}, {"config", {{"Env", {"X=1"}}}}});
+  auto moat = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {std::string(MOAT_BIN_DIR) + "/moat"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return runProcess(argv, "", {{"MOAT_STATE", daemon_->stateDir()}});
+  };
+  auto r = moat({"template", "import", "oci:" + dir_ + "/layout:latest", "--name", "cli-made"});
+  ASSERT_EQ(r.exitCode, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("cli-made  ready"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("importing"), std::string::npos) << "progress while importing: " << r.err;
+  r = moat({"template", "ls"});
+  EXPECT_NE(r.out.find("host"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cli-made"), std::string::npos) << r.out;
+  r = moat({"template", "import", "oci:" + dir_ + "/none", "--name", "cli-failed"});
+  EXPECT_EQ(r.exitCode, 1);
+  EXPECT_NE(r.err.find("cli-failed failed"), std::string::npos) << r.err;
+  r = moat({"template", "import", "oci:" + dir_ + "/layout"});
+  EXPECT_EQ(r.exitCode, 2) << "--name is required: " << r.err;
+  r = moat({"template", "rm", "cli-made", "cli-failed"});
+  EXPECT_EQ(r.exitCode, 0) << r.err;
+  EXPECT_EQ(call("GET", "/v1/templates", nullptr, 200)["templates"].size(), 1u);
+}
+
 TEST_F(Templates, AnImportCutByARestartEndsFailedAndItsFilesGo) {
   daemon_->stop();
   {
