@@ -7,7 +7,16 @@ import https from "node:https";
 import type { Socket } from "node:net";
 import { setTimeout as sleepTimer } from "node:timers/promises";
 
-import { MoatAbortError, MoatConnectionError, MoatError, MoatTimeoutError, errorFromResponse, pendingFromResponse } from "./errors.js";
+import { type TokenLookup, lookUpToken, noTokenMessage, resolveUrl } from "./discovery.js";
+import {
+  MoatAbortError,
+  MoatConnectionError,
+  MoatError,
+  MoatTimeoutError,
+  NoTokenError,
+  errorFromResponse,
+  pendingFromResponse,
+} from "./errors.js";
 import type { GatedOptions } from "./types.js";
 
 export const SDK_VERSION = "0.1.0";
@@ -15,12 +24,18 @@ export const SDK_VERSION = "0.1.0";
 export interface MoatOptions {
   /**
    * `http://127.0.0.1:7070` (a path prefix is kept), `https://...` behind a
-   * proxy, or `unix:/var/lib/moat/moatd.sock`. Default: `$MOAT_URL`, else
-   * `http://127.0.0.1:7070`.
+   * proxy, or `unix:/var/lib/moat/moatd.sock`. Default, as for the CLI:
+   * `$MOAT_URL`, else `unix:<state>/moatd.sock`.
    */
   baseUrl?: string;
-  /** The master token or an API key. Default: `$MOAT_TOKEN`. */
+  /**
+   * The master token or an API key. Default, as for the CLI: `$MOAT_TOKEN`,
+   * else the file `<state>/master-token` (read when a request first needs
+   * it). Without any, requests throw NoTokenError naming every place looked at.
+   */
   token?: string;
+  /** moatd's state directory (for the default address and token file). Default: `$MOAT_STATE`, else `/var/lib/moat`. */
+  stateDir?: string;
   /** Per-request timeout in ms (default 60 000); each call may override it. 0 waits forever. */
   timeoutMs?: number;
   /**
@@ -88,9 +103,15 @@ export function gatedCall(options: GatedOptions): Pick<Call, "headers" | "timeou
   return call;
 }
 
-/** Escapes one path segment. */
+/**
+ * Escapes one path segment. `.` and `..` are escaped too (`%2E`), so an id
+ * or name can never act as a dot-segment that a proxy in front of moatd
+ * (or URL normalization) would resolve to another endpoint.
+ */
 export function seg(value: string | number): string {
-  return encodeURIComponent(String(value));
+  const text = String(value);
+  if (text === "." || text === "..") return text.replace(/\./g, "%2E");
+  return encodeURIComponent(text);
 }
 
 function parseBaseUrl(baseUrl: string): Endpoint {
@@ -146,19 +167,30 @@ function retryable(e: unknown): boolean {
 
 export class Transport {
   readonly baseUrl: string;
+  /** Where `baseUrl` came from (the option, $MOAT_URL, or the state directory's socket). */
+  readonly baseUrlSource: string;
   readonly timeoutMs: number;
   readonly maxRetries: number;
   readonly retryDelayMs: number;
   private readonly endpoint: Endpoint;
-  private readonly token: string | undefined;
+  private readonly discovery: { token?: string | undefined; stateDir?: string | undefined };
+  private tokenLookup: TokenLookup;
   private readonly extraHeaders: Record<string, string>;
   private readonly agent: http.Agent;
 
   constructor(options: MoatOptions = {}) {
-    this.baseUrl = options.baseUrl ?? process.env.MOAT_URL ?? "http://127.0.0.1:7070";
-    this.endpoint = parseBaseUrl(this.baseUrl);
-    const token = options.token ?? process.env.MOAT_TOKEN;
-    this.token = token ? token.trim() : undefined;
+    const url = resolveUrl(options);
+    this.baseUrl = url.url;
+    this.baseUrlSource = url.source;
+    try {
+      this.endpoint = parseBaseUrl(this.baseUrl);
+    } catch (e) {
+      // Say which setting holds the bad address.
+      if (url.source === "$MOAT_URL") throw new TypeError(`MOAT_URL: ${(e as Error).message}`);
+      throw e;
+    }
+    this.discovery = { token: options.token, stateDir: options.stateDir };
+    this.tokenLookup = lookUpToken(this.discovery);
     this.timeoutMs = options.timeoutMs ?? 60_000;
     this.maxRetries = Math.max(0, options.maxRetries ?? 2);
     this.retryDelayMs = options.retryDelayMs ?? 200;
@@ -167,6 +199,21 @@ export class Transport {
     // a request is never sent on a connection moatd is closing.
     const agentOptions = { keepAlive: true, timeout: 15_000 };
     this.agent = this.endpoint.module === https ? new https.Agent(agentOptions) : new http.Agent(agentOptions);
+  }
+
+  /**
+   * The token requests carry, looked for as the CLI does; the state
+   * directory's file is read again while it gives none.
+   */
+  private currentToken(): TokenLookup {
+    if (this.tokenLookup.token === undefined) this.tokenLookup = lookUpToken(this.discovery);
+    return this.tokenLookup;
+  }
+
+  /** Where the token came from (`the token option`, `$MOAT_TOKEN`, the file's path), or undefined when none was found. */
+  get tokenSource(): string | undefined {
+    const found = this.currentToken();
+    return found.token === undefined ? undefined : found.source;
   }
 
   /** Closes idle keep-alive connections. The client stays usable. */
@@ -244,7 +291,14 @@ export class Transport {
       ...this.extraHeaders,
       ...(call.headers ?? {}),
     };
-    if (this.token) headers.Authorization = `Bearer ${this.token}`;
+    const found = this.currentToken();
+    if (found.token !== undefined) {
+      headers.Authorization = `Bearer ${found.token}`;
+    } else if (call.path !== "/healthz") {
+      // Every endpoint but /healthz needs a token: say where none was found
+      // rather than send a request moatd can only refuse.
+      return Promise.reject(new NoTokenError(noTokenMessage(found), found.looked));
+    }
     let payload: Uint8Array | undefined;
     if (call.json !== undefined) {
       payload = Buffer.from(JSON.stringify(call.json), "utf8");
@@ -288,7 +342,7 @@ export class Transport {
         reject(err);
       }
       req.on("error", (e: NodeJS.ErrnoException) => {
-        fail(new MoatConnectionError(`${where}: cannot reach moatd (${e.code ?? e.message})`, e));
+        fail(new MoatConnectionError(`${where}: cannot reach moatd (${e.code ?? e.message}); the address is from ${this.baseUrlSource}`, e));
       });
       req.on("upgrade", (res, socket, head) => {
         if (settled) {

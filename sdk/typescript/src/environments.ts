@@ -9,7 +9,7 @@ import { Processes } from "./processes.js";
 import { Shell, openShell } from "./shell.js";
 import type {
   CreateEnvironmentRequest,
-  Environment,
+  EnvironmentInfo,
   EnvironmentStats,
   ExecRequest,
   ExecResponse,
@@ -45,14 +45,14 @@ export class Environments {
    * other than `"none"`, or `secrets`, it needs moatd's egress control
    * (UnavailableError from a moatd run with `--no-egress`).
    */
-  create(request: CreateEnvironmentRequest = {}, options: RequestOptions = {}): Promise<Environment> {
-    return this.transport.json<Environment>({ method: "POST", path: "/v1/environments", json: request, ...options });
+  create(request: CreateEnvironmentRequest = {}, options: RequestOptions = {}): Promise<EnvironmentInfo> {
+    return this.transport.json<EnvironmentInfo>({ method: "POST", path: "/v1/environments", json: request, ...options });
   }
 
   /** Environments, newest first; without `state`, gone ones are left out. */
-  async list(filter: ListEnvironmentsFilter = {}, options: RequestOptions = {}): Promise<Environment[]> {
+  async list(filter: ListEnvironmentsFilter = {}, options: RequestOptions = {}): Promise<EnvironmentInfo[]> {
     const labels = Object.entries(filter.labels ?? {}).map(([k, v]) => `${k}=${v}`);
-    const answer = await this.transport.json<{ environments: Environment[] }>({
+    const answer = await this.transport.json<{ environments: EnvironmentInfo[] }>({
       method: "GET",
       path: "/v1/environments",
       query: { task_id: filter.task_id, state: filter.state, label: labels },
@@ -61,8 +61,8 @@ export class Environments {
     return answer.environments;
   }
 
-  get(id: string, options: RequestOptions = {}): Promise<Environment> {
-    return this.transport.json<Environment>({ method: "GET", path: `/v1/environments/${seg(id)}`, ...options });
+  get(id: string, options: RequestOptions = {}): Promise<EnvironmentInfo> {
+    return this.transport.json<EnvironmentInfo>({ method: "GET", path: `/v1/environments/${seg(id)}`, ...options });
   }
 
   /** What a running environment uses now (CPU time, memory, pids) beside its limits. */
@@ -80,8 +80,8 @@ export class Environments {
   }
 
   /** Makes the environment expire `ttlS` seconds from now (longer or shorter). */
-  setTimeout(id: string, ttlS: number, options: RequestOptions = {}): Promise<Environment> {
-    return this.transport.json<Environment>({
+  setTimeout(id: string, ttlS: number, options: RequestOptions = {}): Promise<EnvironmentInfo> {
+    return this.transport.json<EnvironmentInfo>({
       method: "POST",
       path: `/v1/environments/${seg(id)}/timeout`,
       json: { ttl_s: ttlS },

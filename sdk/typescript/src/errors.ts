@@ -2,7 +2,7 @@
 // each becomes a MoatError (or a subclass picked by its code) carrying the
 // HTTP status, the code and the field. Client-side failures have status 0.
 
-import type { Approval, CommandRule, FileRule, GateAction, GateScope, NetworkRule } from "./types.js";
+import type { Approval, CommandRule, FileRule, GateAction, GateScope, NetworkRule, Template } from "./types.js";
 
 export interface MoatErrorInit {
   status: number;
@@ -37,6 +37,21 @@ export class MoatError extends Error {
 export class NotFoundError extends MoatError {}
 /** 401 `unauthorized`: a missing, wrong or revoked token. */
 export class UnauthorizedError extends MoatError {}
+/**
+ * No token could be found, so nothing was sent (status 0, code `no_token`):
+ * neither the `token` option, nor $MOAT_TOKEN, nor a readable
+ * `<state>/master-token`. `looked` lists each place and why it gave none.
+ * An UnauthorizedError too.
+ */
+export class NoTokenError extends UnauthorizedError {
+  /** Every place looked at, in order, each with why it gave no token. */
+  readonly looked: string[];
+
+  constructor(message: string, looked: string[]) {
+    super({ status: 0, code: "no_token", message });
+    this.looked = looked;
+  }
+}
 /** 403 `forbidden`: the API key lacks the scope, or a file permission. */
 export class ForbiddenError extends MoatError {}
 
@@ -100,6 +115,10 @@ export class FileError extends MoatError {}
  * `--no-egress` (a network policy other than `"none"`, or secrets).
  */
 export class UnavailableError extends MoatError {}
+/** 502 `port_unreachable`: nothing listens on that port inside the environment (ports and previews). */
+export class PortUnreachableError extends MoatError {}
+/** 500: moatd (or its host) failed; `code` names what (`internal`, `syscall`, `environment_failed`, ...). */
+export class InternalError extends MoatError {}
 /** 504 `timeout`: moatd's own wait for the environment timed out (not the client's: see MoatTimeoutError). */
 export class ServerTimeoutError extends MoatError {}
 
@@ -124,6 +143,45 @@ export class MoatAbortError extends MoatError {
   }
 }
 
+/**
+ * A template's import or build ended in state `failed` while the SDK waited
+ * for it (moat.templates.import/build): `code` and `message` are the
+ * template's `error`; `template` is what moatd last said about it.
+ */
+export class TemplateFailedError extends MoatError {
+  readonly template: Template;
+
+  constructor(template: Template) {
+    super({
+      status: 0,
+      code: template.error?.code ?? "failed",
+      message: `template ${template.name} failed: ${template.error?.message ?? "moatd gave no reason"}`,
+    });
+    this.template = template;
+  }
+}
+
+/**
+ * `run(cmd, { check: true })` of a command that did not exit 0 (status 0,
+ * code `command_failed`); `result` holds its exit code and output.
+ */
+export class CommandError extends MoatError {
+  readonly result: { exitCode: number; stdout: string; stderr: string; timedOut: boolean };
+  /** The argv that ran (a shell line as `/bin/sh -c LINE`). */
+  readonly cmd: string[];
+
+  constructor(cmd: string[], result: { exitCode: number; stdout: string; stderr: string; timedOut: boolean }) {
+    const lastLine = result.stderr.trim().split("\n").at(-1) ?? "";
+    super({
+      status: 0,
+      code: "command_failed",
+      message: `${JSON.stringify(cmd)} ${result.timedOut ? "timed out" : `exited ${result.exitCode}`}${lastLine ? `: ${lastLine}` : ""}`,
+    });
+    this.cmd = cmd;
+    this.result = result;
+  }
+}
+
 const byCode: Record<string, typeof MoatError> = {
   not_found: NotFoundError,
   unauthorized: UnauthorizedError,
@@ -142,8 +200,11 @@ const byCode: Record<string, typeof MoatError> = {
   too_large: TooLargeError,
   file_error: FileError,
   no_space: FileError,
+  method_not_allowed: InvalidRequestError,
   unavailable: UnavailableError,
+  port_unreachable: PortUnreachableError,
   timeout: ServerTimeoutError,
+  internal: InternalError,
 };
 
 const byStatus: Record<number, typeof MoatError> = {
@@ -151,9 +212,11 @@ const byStatus: Record<number, typeof MoatError> = {
   401: UnauthorizedError,
   403: ForbiddenError,
   404: NotFoundError,
+  405: InvalidRequestError,
   409: ConflictError,
   413: TooLargeError,
   429: CapacityError,
+  500: InternalError,
   503: UnavailableError,
   504: ServerTimeoutError,
 };

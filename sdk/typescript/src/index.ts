@@ -2,6 +2,26 @@
 
 export { Moat } from "./moat.js";
 export { Transport, SDK_VERSION, type MoatOptions } from "./client.js";
+export { DEFAULT_STATE_DIR } from "./discovery.js";
+export { Environment, EnvironmentFiles, EnvironmentProcesses, EnvironmentPreviews } from "./environment.js";
+export {
+  CommandHandle,
+  toArgv,
+  type Command,
+  type CommandOptions,
+  type OutputCallback,
+  type RunOptions,
+  type RunResult,
+  type StartOptions,
+} from "./commands.js";
+export {
+  Templates,
+  type BuildTemplateRequest,
+  type CreateTemplateOptions,
+  type ImportTemplateOptions,
+  type WaitTemplateOptions,
+} from "./templates.js";
+export { Previews, type CreatePreviewOptions } from "./previews.js";
 export { Approvals } from "./approvals.js";
 export { Agents, Agent, createAgent, type AgentOptions } from "./agents.js";
 export { EnvironmentPermissions } from "./permissions.js";
@@ -17,6 +37,7 @@ export {
   MoatError,
   NotFoundError,
   UnauthorizedError,
+  NoTokenError,
   ForbiddenError,
   DeniedByPolicyError,
   ApprovalPendingError,
@@ -26,6 +47,10 @@ export {
   TooLargeError,
   FileError,
   UnavailableError,
+  PortUnreachableError,
+  InternalError,
+  TemplateFailedError,
+  CommandError,
   ServerTimeoutError,
   MoatTimeoutError,
   MoatConnectionError,

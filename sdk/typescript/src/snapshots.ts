@@ -2,7 +2,7 @@
 // "Snapshots"). A snapshot holds files, not processes.
 
 import { type Transport, gatedCall, seg } from "./client.js";
-import type { Environment, ForkRequest, GatedOptions, RequestOptions, Snapshot } from "./types.js";
+import type { EnvironmentInfo, ForkRequest, GatedOptions, RequestOptions, Snapshot } from "./types.js";
 
 export class Snapshots {
   constructor(private readonly transport: Transport) {}
@@ -46,8 +46,8 @@ export class Snapshots {
    * process in it ends. The gate's `write_file` for `/` decides
    * (DeniedByPolicyError, or an approval as with exec).
    */
-  restore(envId: string, snapshotId: string, options: GatedOptions = {}): Promise<Environment> {
-    return this.transport.json<Environment>({
+  restore(envId: string, snapshotId: string, options: GatedOptions = {}): Promise<EnvironmentInfo> {
+    return this.transport.json<EnvironmentInfo>({
       method: "POST",
       path: `/v1/environments/${seg(envId)}/restore`,
       json: { snapshot: snapshotId },
@@ -59,8 +59,8 @@ export class Snapshots {
    * A new environment with a copy of the environment's files and all its
    * settings (`task_id`, `labels`, `ttl_s` may differ). Never retried.
    */
-  fork(envId: string, request: ForkRequest = {}, options: RequestOptions = {}): Promise<Environment> {
-    return this.transport.json<Environment>({
+  fork(envId: string, request: ForkRequest = {}, options: RequestOptions = {}): Promise<EnvironmentInfo> {
+    return this.transport.json<EnvironmentInfo>({
       method: "POST",
       path: `/v1/environments/${seg(envId)}/fork`,
       json: request,

@@ -29,7 +29,11 @@ export interface Spec {
 export interface CreateEnvironmentRequest {
   /** The caller's name for the task (at most 256 bytes); filterable. */
   task_id?: string;
-  /** `host` (default) or an absolute root file system directory (master token only). */
+  /**
+   * A template's name (`host`, the default, or one imported or built:
+   * `moat.templates`, docs/TEMPLATES.md), or an absolute root file system
+   * directory (master token only).
+   */
   template?: string;
   spec?: Partial<Spec>;
   /** Seconds until the environment expires (1 to 604800, default 3600). */
@@ -81,7 +85,12 @@ export interface ForkRequest {
   ttl_s?: number;
 }
 
-export interface Environment {
+/**
+ * An environment as moatd describes it (a plain record: what
+ * `moat.environments.*` return). `moat.create`/`get`/`list` return the
+ * Environment handle instead, which carries these same fields.
+ */
+export interface EnvironmentInfo {
   id: string;
   task_id: string;
   template: string;
@@ -424,7 +433,8 @@ export interface WriteFileOptions extends GatedOptions {
  * `audit`: read the audit events of the key's own environments.
  */
 export type Scope =
-  | "create" | "read" | "exec" | "files" | "destroy" | "timeout" | "approve" | "permissions" | "audit" | "snapshots";
+  | "create" | "read" | "exec" | "files" | "destroy" | "timeout" | "approve" | "permissions" | "audit" | "snapshots"
+  | "templates" | "ports";
 
 export interface CreateKeyRequest {
   name?: string;
@@ -658,4 +668,61 @@ export interface SecretPublic {
   name: string;
   hosts: string[];
   header?: string;
+}
+
+// ---- templates (docs/TEMPLATES.md) ------------------------------------------------
+
+export type TemplateState = "importing" | "building" | "ready" | "failed";
+
+/** What an image says a command runs with: defaults every environment made from it gets. */
+export interface TemplateConfig {
+  /** `K=V` strings. */
+  env: string[];
+  working_dir: string;
+  user: string;
+  entrypoint: string[];
+  cmd: string[];
+}
+
+export interface Template {
+  /** `^[a-z0-9][a-z0-9._:-]{0,63}$`, not `host` (so `python:3.12` is a name). */
+  name: string;
+  /** Where it came from: `docker://...`, `oci:DIR[:TAG]`, `oci-archive:FILE`, `docker-archive:FILE`, a recipe, or `builtin`. */
+  source: string;
+  state: TemplateState;
+  /** state `failed`: why. */
+  error?: { code: string; message: string };
+  /** While importing or building: what it is doing. */
+  progress?: { stage: string; bytes?: number };
+  size_bytes?: number;
+  created_at: string;
+  config?: TemplateConfig;
+}
+
+/** `POST /v1/templates` with a recipe: an environment from `base` runs `run`, then becomes the template. */
+export interface TemplateRecipe {
+  /** The template the recipe starts from (`host` or another template's name). */
+  base: string;
+  /** Shell lines, run in order; the first that fails fails the build. */
+  run: string[];
+  env?: Record<string, string>;
+}
+
+// ---- previews (docs/PORTS.md) -------------------------------------------------------
+
+/** `POST /v1/environments/{id}/previews`: the url (holding its secret) is shown only here. */
+export interface PreviewCreated {
+  id: string;
+  port: number;
+  /** Opens in a browser without the token until `expires_at` or revocation. */
+  url: string;
+  expires_at: string;
+}
+
+/** A preview as listed (without its url). */
+export interface Preview {
+  id: string;
+  port: number;
+  expires_at: string;
+  created_at: string;
 }

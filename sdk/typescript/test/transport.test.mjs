@@ -192,6 +192,30 @@ describe("retries", () => {
   });
 });
 
+describe("paths", () => {
+  it("escapes ids and names so none acts as a dot-segment or a second segment", async () => {
+    const fake = await serve((req, res) => {
+      res.writeHead(404, { "Content-Type": "application/json" });
+      res.end('{"error":{"code":"not_found","message":"no"}}');
+    });
+    const client = new Moat({ baseUrl: fake.url, token: "t", maxRetries: 0 });
+    for (const id of ["..", ".", "../keys", "a/b", "x?y#z"]) await client.get(id).catch(() => undefined);
+    await client.templates.get("python:3.12").catch(() => undefined);
+    await client.templates.get("..").catch(() => undefined);
+    assert.deepEqual(fake.requests, [
+      "GET /v1/environments/%2E%2E",
+      "GET /v1/environments/%2E",
+      "GET /v1/environments/..%2Fkeys",
+      "GET /v1/environments/a%2Fb",
+      "GET /v1/environments/x%3Fy%23z",
+      "GET /v1/templates/python:3.12",
+      "GET /v1/templates/%2E%2E",
+    ]);
+    client.close();
+    await fake.close();
+  });
+});
+
 describe("errors", () => {
   it("maps moatd's error bodies to classes", () => {
     const e = errorFromResponse(400, '{"error":{"code":"invalid_request","message":"spec.cpus: out of range","field":"spec.cpus"}}');
@@ -216,6 +240,23 @@ describe("errors", () => {
     const plain = errorFromResponse(502, "Bad Gateway");
     assert.equal(plain.code, "http_502");
     assert.equal(plain.message, "Bad Gateway");
+    assert.equal(plain.name, "MoatError");  // a proxy's 502 is not moatd's port_unreachable
+  });
+
+  it("maps the families issue 28 added: ports, moatd's own failures, 405, gone", () => {
+    const unreachable = errorFromResponse(502, '{"error":{"code":"port_unreachable","message":"nothing listens on 127.0.0.1:3000"}}');
+    assert.equal(unreachable.name, "PortUnreachableError");
+    assert.equal(unreachable.status, 502);
+    const internal = errorFromResponse(500, '{"error":{"code":"environment_failed","message":"mount: EPERM"}}');
+    assert.equal(internal.name, "InternalError");
+    assert.equal(internal.code, "environment_failed");
+    assert.equal(errorFromResponse(500, '{"error":{"code":"internal","message":"bug"}}').name, "InternalError");
+    assert.equal(errorFromResponse(405, '{"error":{"code":"method_not_allowed","message":"use GET"}}').name, "InvalidRequestError");
+    const gone = errorFromResponse(409, '{"error":{"code":"gone","message":"destroyed"}}');
+    assert.equal(gone.name, "ConflictError");
+    assert.equal(gone.code, "gone");
+    const conflict = errorFromResponse(409, '{"error":{"code":"conflict","message":"template python:3.12 exists","field":"name"}}');
+    assert.equal(conflict.field, "name");
   });
 });
 
