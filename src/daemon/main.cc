@@ -205,8 +205,10 @@ int main(int argc, char** argv) {
     nlohmann::json data = {{"template", r.name}, {"source", r.source}, {"state", store::stateName(r.state)}};
     if (r.state == store::TemplateState::kFailed) data["error"] = r.errorMessage;
     if (r.state == store::TemplateState::kReady) data["size_bytes"] = r.sizeBytes;
-    log->record(r.state == store::TemplateState::kReady ? "template.imported" : "template.failed", "", r.owner,
-                std::move(data));
+    const bool built = r.source.rfind("build:", 0) == 0;
+    log->record(
+        r.state == store::TemplateState::kReady ? (built ? "template.built" : "template.imported") : "template.failed",
+        "", r.owner, std::move(data));
   });
   {
     backend::namespaces::NamespacesBackend backend(*spawner.value(), stateDir);
@@ -247,6 +249,7 @@ int main(int argc, char** argv) {
     }
     api::Api api(manager, keys, approvals, token.value(), apiOptions, auditLog->get());
     api.setTemplates(&catalog);
+    catalog.onDropSnapshot([&manager](const std::string& id) { return manager.deleteSnapshot(id, "moatd"); });
     apiForEgress = &api;
     // And an agent run in it stops (reset before the API goes, below).
     manager.onEnded([&approvals, &api, log = auditLog->get()](const std::string& id, const std::string& reason) {
@@ -262,6 +265,7 @@ int main(int argc, char** argv) {
         [&api](const std::string& id, const init::ExecReport& report) { api.execReport(id, report); });
     manager.refreshExecPolicies();  // the environments re-attached before the gate was set
     api.endOrphanedMcpEnvironments();
+    api.endOrphanedTemplateBuilds();
     api.endOrphanedAgentEnvironments();
     api::HttpServer server([&api](const api::HttpRequest& r) { return api.handle(r); },
                            [&api](const api::HttpRequest& head) { return api.preflight(head); }, serverLimits,

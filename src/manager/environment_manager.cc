@@ -257,7 +257,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   auto snapshotHeld = holdSnapshot(request.fromSnapshot);  // until the backend has copied it
   if (!request.fromSnapshot.empty()) {
     MOAT_ASSIGN(auto snap, usableSnapshot(request.fromSnapshot, request.forkedFrom));
-    if (request.owner != "master" && snap.owner != request.owner) {
+    if (!request.snapshotOwner.empty() ? snap.owner != request.snapshotOwner
+                                       : request.owner != "master" && snap.owner != request.owner) {
       return Error::make(Code::kNotFound, "no snapshot " + request.fromSnapshot);
     }
     record.templateName = snap.templateName;

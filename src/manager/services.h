@@ -90,6 +90,10 @@ struct CreateRequest {
   // template is the environment's; the storage limit defaults to its).
   std::string fromSnapshot;
   std::string forkedFrom;  // a fork of this environment (for the audit log)
+  // Not empty: fromSnapshot must belong to this owner (a built template's
+  // snapshot, which the caller resolved from the template's name), whoever
+  // the environment's owner is.
+  std::string snapshotOwner;
 };
 
 // A fork: a new environment with a copy of a running one's files and all
@@ -234,6 +238,10 @@ class SnapshotService {
   // point in time (like a power cut: written data is in, processes are not).
   virtual Result<store::SnapshotRecord> snapshot(const std::string& id, const std::string& name,
                                                  const std::string& actor) = 0;
+  // A snapshot that belongs to `owner`, not to the environment's owner (a
+  // built template's: templates::snapshotOwner); counted against `owner`'s.
+  virtual Result<store::SnapshotRecord> snapshotOwnedBy(const std::string& id, const std::string& owner,
+                                                        const std::string& name, const std::string& actor) = 0;
   virtual Result<store::SnapshotRecord> getSnapshot(const std::string& snapshotId) = 0;
   virtual Result<std::vector<store::SnapshotRecord>> snapshots(const std::string& owner,
                                                                const std::string& environment) = 0;
