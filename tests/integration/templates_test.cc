@@ -578,6 +578,32 @@ TEST_F(Templates, ABuildRunsUnderTheCallersCeiling) {
   EXPECT_EQ(r.status, 403) << r.body;
 }
 
+TEST_F(Templates, TheCliBuildsFromFlagsAndARecipeFile) {
+  auto moat = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {std::string(MOAT_BIN_DIR) + "/moat"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return runProcess(argv, "", {{"MOAT_STATE", daemon_->stateDir()}});
+  };
+  auto r = moat({"template", "build", "--name", "cli-built", "--base", "host", "--run", "echo \"$A\" > /hi", "--run",
+                 "echo there >> /hi", "--env", "A=hello"});
+  ASSERT_EQ(r.exitCode, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("cli-built  ready"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("building"), std::string::npos) << "progress while building: " << r.err;
+  std::string id = createEnv({{"template", "cli-built"}});
+  EXPECT_EQ(catFile(id, "/hi"), "hello\nthere\n");
+  call("DELETE", "/v1/environments/" + id, nullptr, 204);
+  std::ofstream(dir_ + "/recipe.json") << R"({"base": "cli-built", "run": ["echo more >> /hi"]})";
+  r = moat({"template", "build", "--name", "cli-file", "-f", dir_ + "/recipe.json", "--run", "exit 7"});
+  EXPECT_EQ(r.exitCode, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("cli-file failed"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("step 2/2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("code 7"), std::string::npos) << r.err;
+  r = moat({"template", "build", "--name", "x", "--run", "true"});
+  EXPECT_EQ(r.exitCode, 2) << "--base is required: " << r.err;
+  r = moat({"template", "rm", "cli-file", "cli-built"});
+  EXPECT_EQ(r.exitCode, 0) << r.err;
+}
+
 TEST_F(Templates, ABuildCutByARestartEndsFailedAndLeavesNothing) {
   call("POST", "/v1/templates", {{"name", "cut-build"}, {"build", {{"base", "host"}, {"run", {"sleep 120"}}}}}, 202);
   json t;
