@@ -295,6 +295,7 @@ int main(int argc, char** argv) {
     api.stopWaiting();                // requests waiting under the key rate limit: 503 now
     api.stopAgentRuns();              // agent runs end as stopped (their environments go)
     api.closeMcpSessions();           // their own environments go with them
+    catalog.interrupt();              // builds end as interrupted (their execs end next)
     manager.interrupt();              // waiting execs end; nothing new starts
     approvals.shutdown();             // requests waiting for a person end too
     api.waitForExecAsks();            // and programs waiting for one (refused now)

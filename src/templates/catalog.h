@@ -76,6 +76,9 @@ class Catalog {
   Status recover();
   // Imports in progress stop: each ends failed, its partial files removed.
   void stop();
+  // The start of a shutdown, before the manager's: builds in progress end
+  // failed as interrupted (their commands are cut next); stop() joins them.
+  void interrupt() { stopping_ = true; }
 
   Result<TemplateView> import(const std::string& name, const std::string& sourceText, const std::string& owner);
   // A template from a recipe: `work` runs on a thread of its own (source

@@ -624,6 +624,25 @@ TEST_F(Templates, ABuildCutByARestartEndsFailedAndLeavesNothing) {
   EXPECT_EQ(buildEnvironments(), 0u) << "its environment is destroyed";
   EXPECT_TRUE(templateSnapshots("cut-build").empty());
   call("DELETE", "/v1/templates/cut-build", nullptr, 204);
+
+  // A stop (SIGTERM) during a step: the build ends interrupted at once.
+  call("POST", "/v1/templates", {{"name", "stopped-build"}, {"build", {{"base", "host"}, {"run", {"sleep 120"}}}}},
+       202);
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polled as the CLI does
+    t = call("GET", "/v1/templates/stopped-build", nullptr, 200);
+  } while (t["progress"].value("stage", "").find("step 1/1") == std::string::npos &&
+           std::chrono::steady_clock::now() < deadline);
+  auto stopping = std::chrono::steady_clock::now();
+  daemon_->stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - stopping, std::chrono::seconds(60)) << "the step held moatd up";
+  daemon_->restart();
+  t = call("GET", "/v1/templates/stopped-build", nullptr, 200);
+  EXPECT_EQ(t["state"], "failed") << t.dump();
+  EXPECT_EQ(t["error"]["code"], "interrupted") << t.dump();
+  EXPECT_EQ(buildEnvironments(), 0u);
+  EXPECT_TRUE(templateSnapshots("stopped-build").empty());
 }
 
 }  // namespace
