@@ -106,23 +106,6 @@ HttpResponse Api::createEnvironment(const HttpRequest& req, const Principal& pri
       return errorResponse({404, "not_found", "no snapshot " + create.fromSnapshot, "snapshot"});
     }
   }
-  // A built template (docs/TEMPLATES.md, "Recipes"): a fork of its
-  // snapshot, on its base's files and with its base's defaults; held (not
-  // deleted) until the environment is recorded.
-  std::shared_ptr<void> builtHeld;
-  if (templates_ && create.fromSnapshot.empty() && templates::validName(create.templateName)) {
-    builtHeld = templates_->hold(create.templateName);
-    auto defaults = templates_->defaultsFor(create.templateName);
-    if (!defaults.ok()) {
-      ApiError e = fromError(defaults.error());
-      e.field = "template";
-      return errorResponse(e);
-    }
-    if (!defaults->snapshot.empty()) {
-      create.snapshotOwner = templates::snapshotOwner(create.templateName);
-      create.fromSnapshot = defaults->snapshot;
-    }
-  }
   auto created = environments_.create(create);
   if (!created.ok()) return errorResponse(fromError(created.error()));
   return respond(201, environmentJson(created.value()));

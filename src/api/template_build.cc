@@ -140,16 +140,10 @@ Result<templates::Built> Api::runTemplateBuild(const HttpRequest& req, const Pri
   manager::CreateRequest create;
   create.owner = principal.owner();  // its ceiling rules what the steps run
   create.labels[std::string(kTemplateBuildLabel)] = name;
-  auto hold = templates_->hold(recipe.base);
+  // On a built template: a fork of its snapshot (the manager's create).
+  create.templateName = recipe.base;
   MOAT_ASSIGN(templates::Defaults base, templates_->defaultsFor(recipe.base));
-  if (!base.snapshot.empty()) {
-    create.fromSnapshot = base.snapshot;  // on a built template: a fork of its snapshot
-    create.snapshotOwner = templates::snapshotOwner(recipe.base);
-  } else {
-    create.templateName = recipe.base;
-  }
   auto created = environments_.create(create);
-  hold.reset();
   if (!created.ok())
     return Error::make(created.error().code,
                        "creating the build's environment from " + recipe.base + ": " + created.error().message());

@@ -216,7 +216,12 @@ int main(int argc, char** argv) {
     manager.setEgress(egress.get());
     manager.setTemplates({[&catalog](const std::string& name) -> Result<manager::TemplateDefaults> {
                             MOAT_ASSIGN(templates::Defaults d, catalog.defaultsFor(name));
-                            return templateDefaults(d);
+                            manager::TemplateDefaults out = templateDefaults(d);
+                            if (!d.snapshot.empty()) {
+                              out.snapshot = d.snapshot;
+                              out.snapshotOwner = templates::snapshotOwner(name);
+                            }
+                            return out;
                           },
                           [&catalog](const std::string& name) { return catalog.hold(name); }});
     // Until serving, a failure must leave the environments as they are.

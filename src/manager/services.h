@@ -58,6 +58,10 @@ struct TemplateDefaults {
   std::string cwd;  // empty: /workspace
   uint32_t uid = 0;
   uint32_t gid = 0;
+  // A built template: environments are forks of this snapshot (owned by
+  // snapshotOwner, whoever creates them), on its base's files and defaults.
+  std::string snapshot;
+  std::string snapshotOwner;
 };
 
 // The template catalog as the manager sees it (moatd sets it; without it,
