@@ -137,6 +137,7 @@ Result<templates::Built> Api::runTemplateBuild(const HttpRequest& req, const Pri
                                                const std::function<void(const std::string&)>& progress,
                                                const std::function<bool()>& stopping) {
   progress("creating an environment from " + recipe.base);
+  const auto stillActive = keys_.stillActive(principal);  // a revoked key's build ends at its next step
   manager::CreateRequest create;
   create.owner = principal.owner();  // its ceiling rules what the steps run
   create.labels[std::string(kTemplateBuildLabel)] = name;
@@ -153,6 +154,8 @@ Result<templates::Built> Api::runTemplateBuild(const HttpRequest& req, const Pri
   for (size_t i = 0; i < n; ++i) {
     const std::string step = "step " + std::to_string(i + 1) + "/" + std::to_string(n);
     if (stopping()) return Error::make(Code::kUnavailable, "stopped before " + step);
+    if (!stillActive())
+      return Error::make(Code::kUnauthorized, "the API key that started it was revoked before " + step);
     const std::string& line = recipe.run[i];
     progress(step + ": " + shortLine(line));
     manager::ExecRequest exec;

@@ -604,6 +604,35 @@ TEST_F(Templates, TheCliBuildsFromFlagsAndARecipeFile) {
   EXPECT_EQ(r.exitCode, 0) << r.err;
 }
 
+TEST_F(Templates, ARevokedKeysBuildEndsAtItsNextStep) {
+  json key = call("POST", "/v1/keys", {{"scopes", {"templates", "read"}}}, 201);
+  auto r = daemon_->request(
+      "POST", "/v1/templates",
+      json{{"name", "revoked-build"},
+           {"build", {{"base", "host"}, {"run", {"while [ ! -e /tmp/go ]; do sleep 0.1; done", "touch /after"}}}}}
+          .dump(),
+      false, {{"Authorization", "Bearer " + key["token"].get<std::string>()}});
+  ASSERT_EQ(r.status, 202) << r.body;
+  // The build's environment is the key's (its ceiling rules it); the test
+  // lets step 1 end once the key is revoked.
+  std::string id;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (id.empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polled as the CLI does
+    const json list = call("GET", "/v1/environments", nullptr, 200);
+    for (const auto& e : list["environments"]) {
+      if (e["labels"].value("moat.template_build", "") == "revoked-build" && e["state"] == "running") id = e["id"];
+    }
+  }
+  ASSERT_FALSE(id.empty());
+  call("DELETE", "/v1/keys/" + key["id"].get<std::string>(), nullptr, 204);
+  exec(id, {{"cmd", {"touch", "/tmp/go"}}});
+  json t = waitForImport("revoked-build");
+  EXPECT_EQ(t["state"], "failed") << t.dump();
+  EXPECT_NE(t["error"]["message"].get<std::string>().find("revoked before step 2/2"), std::string::npos) << t.dump();
+  EXPECT_EQ(buildEnvironments(), 0u);
+}
+
 TEST_F(Templates, ABuildCutByARestartEndsFailedAndLeavesNothing) {
   call("POST", "/v1/templates", {{"name", "cut-build"}, {"build", {{"base", "host"}, {"run", {"sleep 120"}}}}}, 202);
   json t;
