@@ -72,6 +72,15 @@ Preflight Api::preflight(const HttpRequest& head) {
   bool fileWrite =
       head.method == "PUT" && head.path.size() > 6 && head.path.compare(head.path.size() - 6, 6, "/files") == 0;
   p.bodyLimit = fileWrite ? (16u << 20) : (1u << 20);
+  // A preview host's requests go to its environment, never to the API:
+  // the URL's secret is their grant (ports.cc).
+  if (previewSecretOf(head.host, options_.previewDomain)) {
+    p.bodyLimit = 16u << 20;
+    return p;
+  }
+  if (head.path.rfind("/v1/environments/", 0) == 0 && head.path.find("/ports/") != std::string::npos) {
+    p.bodyLimit = 16u << 20;  // a request body for a server inside
+  }
   if (head.path == "/healthz") return p;
   if (isBoardPath(head.path)) {  // public assets, and a sign-in's token in its body
     p.bodyLimit = 4096;
@@ -136,6 +145,7 @@ void Api::stopWaiting() {
 }
 
 HttpResponse Api::handle(const HttpRequest& request) {
+  if (auto secret = previewSecretOf(request.host, options_.previewDomain)) return previewRequest(request, *secret);
   HttpResponse response;
   std::string token = bearerToken(request.authorization);
   std::string actor;
@@ -252,7 +262,7 @@ HttpResponse Api::keysRoute(const HttpRequest& req, const Principal& principal) 
       return errorResponse(
           invalid("scopes[" + std::to_string(i) + "]",
                   "unknown scope (create, read, exec, files, destroy, timeout, approve, permissions, audit, snapshots, "
-                  "templates)"));
+                  "templates, ports)"));
     }
     if (std::find(scopes.begin(), scopes.end(), s.get<std::string>()) == scopes.end()) scopes.push_back(s);
   }
@@ -300,6 +310,9 @@ const std::vector<Route>& Api::routes() {
   const auto templateRoutes = [](Api& a, const HttpRequest& r, const Principal& p, const P& m) {
     auto name = m.find("name");
     return a.templatesRoute(r, p, name == m.end() ? std::string() : name->second);
+  };
+  const auto previews = [](Api& a, const HttpRequest& r, const Principal& p, const P& m) {
+    return a.previewsRoute(r, p, m.at("id"), m.count("preview_id") ? m.at("preview_id") : "");
   };
   // Rows of one pattern stay together (findRoute); the order is
   // api/openapi.yaml's, which tests/unit/api_routes_test.cc holds it to.
@@ -368,6 +381,14 @@ const std::vector<Route>& Api::routes() {
       {"POST", "/v1/environments/{id}/fork", "create", true, true, environmentSnapshots},
       {"GET", "/v1/environments/{id}/changes", "files", true, true,
        [](Api& a, const HttpRequest& r, const Principal& p, const P& m) { return a.changesRoute(r, p, m.at("id")); }},
+      // Any method: the request goes on to the server inside (docs/PORTS.md).
+      {"*", "/v1/environments/{id}/ports/{port}/{path...}", "ports", true, true,
+       [](Api& a, const HttpRequest& r, const Principal& p, const P& m) {
+         return a.portsRoute(r, p, m.at("id"), m.at("port"));
+       }},
+      {"GET", "/v1/environments/{id}/previews", "ports", true, false, previews},
+      {"POST", "/v1/environments/{id}/previews", "ports", true, false, previews},
+      {"DELETE", "/v1/environments/{id}/previews/{preview_id}", "ports", true, false, previews},
       {"GET", "/v1/snapshots", "snapshots", false, true, snapshots},
       {"GET", "/v1/snapshots/{snapshot_id}", "snapshots", false, true, snapshots},
       {"DELETE", "/v1/snapshots/{snapshot_id}", "snapshots", false, true, snapshots},

@@ -16,6 +16,8 @@
 #include "api/keys.h"
 #include "api/mcp_sessions.h"
 #include "api/metrics.h"
+#include "api/port_proxy.h"
+#include "api/previews.h"
 #include "api/rate_limit.h"
 #include "api/routes.h"
 #include "api/validation.h"
@@ -56,6 +58,12 @@ struct ApiOptions {
   uint64_t agentKeyTokensPerDay = 0;
   // Where the board's page and assets are (docs/BOARD.md); empty: no board.
   std::string boardDir;
+  // Preview URLs are http://<secret>.<previewDomain>:<port>/ (docs/PORTS.md;
+  // moatd --preview-domain). A request whose Host is under it never reaches
+  // the API.
+  std::string previewDomain = "preview.localhost";
+  // The port proxy's deadlines (moatd --port-timeout sets idle).
+  PortProxyLimits portLimits;
 };
 
 // What a request made with the board's session cookie acts as: the
@@ -133,6 +141,10 @@ class Api {
   void agentEnvironmentEnded(const std::string& id, const std::string& reason) {
     agentRuns_.environmentEnded(id, reason);
   }
+  // ports.cc: an environment ended: its previews are revoked.
+  void portsEnvironmentEnded(const std::string& id);
+  // The TCP port moatd serves on, for preview URLs (0: the Host header's).
+  void setPreviewPort(int port) { previewPort_ = port; }
   // At stop: requests waiting for their turn under the key rate limit are
   // answered 503 at once, and none waits from now on.
   void stopWaiting();
@@ -206,6 +218,18 @@ class Api {
   // kPendingQuestionsPerEnvironment at once. Blocks until decided.
   egress::GateAnswer askForEnvironment(const std::string& id, const gate::Action& action, const char* scope);
   HttpResponse mcpRoute(const HttpRequest& request, const Principal& principal);
+  // ports.cc: /v1/environments/{id}/ports/{port}/..., previews, and a
+  // request to a preview host (no token: the URL's secret is the grant).
+  HttpResponse portsRoute(const HttpRequest& request, const Principal& principal, const std::string& id,
+                          const std::string& port);
+  HttpResponse previewsRoute(const HttpRequest& request, const Principal& principal, const std::string& id,
+                             const std::string& previewId);
+  HttpResponse previewRequest(const HttpRequest& request, const std::string& secret);
+  HttpResponse proxyToPort(const HttpRequest& request, const std::string& id, const PortForward& forward,
+                           const std::string& actor, const std::string& previewId);
+  std::string previewUrl(const std::string& secret, const HttpRequest& request) const;
+  // A place among the environment's proxied connections (null: all taken).
+  std::shared_ptr<void> admitPortConnection(const std::string& id);
   HttpResponse createAgent(const HttpRequest& request, const Principal& principal);
   HttpResponse listAgents(const Principal& principal);
   HttpResponse getAgent(const Principal& principal, const std::string& id);
@@ -254,6 +278,12 @@ class Api {
   ApiMetrics metrics_;
   KeyAdmission admission_;  // after metrics_, which it counts waiters in
   BoardSessions boardSessions_;
+  // ports.cc: previews, and the proxied connections open per environment.
+  static constexpr size_t kPortConnectionsPerEnvironment = 64;
+  Previews previews_;
+  std::atomic<int> previewPort_{0};
+  std::mutex portConnectionsMutex_;
+  std::map<std::string, size_t> portConnections_;
   // Set by stopWaiting(): streams that wait between their frames end.
   std::mutex streamsMutex_;
   std::condition_variable streamsCv_;

@@ -106,6 +106,16 @@ std::optional<ApiError> Api::boardGuard(const HttpRequest& req) {
   if (!req.origin.empty() && !sameOrigin(req.origin, req.host)) {
     return ApiError{403, "forbidden", "the board's session refuses requests from the web origin " + req.origin, ""};
   }
+  // A browser says where a request comes from. "same-site" is another
+  // origin of the same site: a preview (x.preview.localhost:7070) is
+  // same-site with localhost:7070, and SameSite=Strict alone would let its
+  // pages send the session (docs/PORTS.md). Only the board's own pages
+  // ("same-origin") and the user's own doing ("none": typed, bookmarked).
+  if (!req.secFetchSite.empty() && req.secFetchSite != "same-origin" && req.secFetchSite != "none") {
+    return ApiError{
+        403, "forbidden",
+        "the board's session refuses requests from other origins (Sec-Fetch-Site: " + req.secFetchSite + ")", ""};
+  }
   return std::nullopt;
 }
 

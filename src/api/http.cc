@@ -47,7 +47,8 @@ HttpRequest requestHead(const http::request<http::string_body>& req, const std::
   HttpRequest request;
   request.remote = remote;
   request.method = std::string(req.method_string());
-  parseTarget(std::string(req.target()), request);
+  request.target = std::string(req.target());
+  parseTarget(request.target, request);
   request.authorization = std::string(req[http::field::authorization]);
   request.cookie = std::string(req[http::field::cookie]);
   request.csrf = std::string(req["X-Moat-CSRF"]);
@@ -59,6 +60,9 @@ HttpRequest requestHead(const http::request<http::string_body>& req, const std::
   request.contentType = std::string(req[http::field::content_type]);
   request.mcpSessionId = std::string(req["Mcp-Session-Id"]);
   request.mcpProtocolVersion = std::string(req["MCP-Protocol-Version"]);
+  request.secFetchSite = std::string(req["Sec-Fetch-Site"]);
+  for (const auto& field : req)
+    request.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
   auto lower = [](std::string v) {
     for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     return v;
@@ -216,6 +220,12 @@ void serveStream(Stream& stream, const Handler& handler, const PreflightHandler&
         }
         if (response.stream) {
           streamBody(stream, response);
+          return;
+        }
+        if (response.takeover) {
+          std::string pending(static_cast<const char*>(buffer.data().data()), buffer.data().size());
+          buffer.consume(buffer.size());
+          response.takeover(stream.native_handle(), std::move(pending));
           return;
         }
       } catch (const std::exception& e) {

@@ -23,6 +23,7 @@ namespace moat::api {
 struct HttpRequest {
   std::string method;
   std::string path;                          // decoded, without the query
+  std::string target;                        // as the client sent it: undecoded, with the query
   std::map<std::string, std::string> query;  // decoded; the last value wins
   std::vector<std::pair<std::string, std::string>> queryAll;
   std::string body;
@@ -37,6 +38,9 @@ struct HttpRequest {
   std::string contentType;
   std::string mcpSessionId;        // Mcp-Session-Id (docs/MCP.md)
   std::string mcpProtocolVersion;  // MCP-Protocol-Version
+  std::string secFetchSite;        // Sec-Fetch-Site: a browser's word on where a request comes from
+  // Every header as sent, in order (the port proxy forwards them: docs/PORTS.md).
+  std::vector<std::pair<std::string, std::string>> headers;
   // Who is on the other end, for the audit log: "127.0.0.1:50312", or
   // "unix pid=812 uid=0" (the peer's credentials on the unix socket).
   std::string remote;
@@ -59,6 +63,11 @@ struct HttpResponse {
   // Set (on a request with websocketUpgrade): the server answers 101 and
   // runs this with the WebSocket on the connection's thread.
   std::function<void(websocket::Connection& socket)> websocket;
+  // Set: the server hands the connection over to this function on the
+  // connection's thread: it writes the whole answer itself, raw, and may
+  // read on (`pending`: bytes the server read past the request). The
+  // connection closes after it returns. (The port proxy: docs/PORTS.md.)
+  std::function<void(int fd, std::string pending)> takeover;
   // Released once the answer is written (or the stream ends).
   std::shared_ptr<void> hold;
 };

@@ -29,6 +29,14 @@ bool matches(std::string_view pattern, const std::vector<std::string>& path, Pat
   for (;;) {
     const size_t slash = pattern.find('/');
     const std::string_view p = pattern.substr(0, slash);
+    // A last "{name...}" takes the rest of the path: none, one or more segments.
+    if (slash == std::string_view::npos && p.size() > 5 && p.front() == '{' && p.substr(p.size() - 4) == "...}") {
+      std::string rest;
+      for (size_t j = i; j < path.size(); ++j) rest += (j > i ? "/" : "") + path[j];
+      found.emplace(std::string(p.substr(1, p.size() - 5)), rest);
+      i = path.size();
+      break;
+    }
     if (i >= path.size()) return false;
     if (p.size() > 2 && p.front() == '{' && p.back() == '}') {
       if (path[i].empty()) return false;

@@ -19,9 +19,11 @@ class Api;
 using PathParams = std::map<std::string, std::string>;
 
 struct Route {
-  const char* method;   // GET, POST, PUT or DELETE; "*": any (the handler answers 405 itself)
-  const char* pattern;  // "/v1/environments/{id}/exec": a {name} matches one segment
-  const char* scope;    // the scope a key needs; "": the handler decides who may
+  const char* method;  // GET, POST, PUT or DELETE; "*": any (the handler answers 405 itself)
+  // "/v1/environments/{id}/exec": a {name} matches one segment; a last
+  // {name...} the rest of the path (none, one or more segments).
+  const char* pattern;
+  const char* scope;  // the scope a key needs; "": the handler decides who may
   // {id} names an environment: a key acts only on its own, and another's
   // looks like none (404), before the handler runs.
   bool ownedEnvironment;

@@ -21,6 +21,7 @@ int eventsCommand(const std::vector<std::string>& args);
 int auditCommand(const std::vector<std::string>& args);
 int snapshotCommand(const std::vector<std::string>& args);
 int templateCommand(const std::vector<std::string>& args);
+int portCommand(const std::vector<std::string>& args);
 // moat mcp: the MCP server over stdio (docs/MCP.md).
 int mcpCommand(const std::vector<std::string>& args);
 

@@ -25,6 +25,8 @@ commands:
   snapshot  snapshots of environments' files, restores and forks
             (moat snapshot create|ls|restore|fork|rm)
   template  templates from OCI images (moat template import|ls|rm)
+  port      a preview URL of a server inside an environment
+            (moat port ENV PORT, moat port ls|revoke; docs/PORTS.md)
   keys      scoped API keys for agents (moat keys create|ls|rm)
   approvals what the gate asks a person (moat approvals ls|approve|deny|watch)
   events    moatd's audit log, listed or followed live (moat events --help)
@@ -65,6 +67,7 @@ int main(int argc, char** argv) {
   if (command == "mcp") return moat::cli::mcpCommand(args);
   if (command == "snapshot") return moat::cli::snapshotCommand(args);
   if (command == "template") return moat::cli::templateCommand(args);
+  if (command == "port") return moat::cli::portCommand(args);
   if (command == "agent") return moat::cli::agentCommand(args);
   if (command == "version" || command == "--version") {
     std::puts("moat " MOAT_VERSION);

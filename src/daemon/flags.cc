@@ -20,7 +20,7 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
              [--audit-retention-days N] [--audit-max-events N] [--egress-hosts FILE]
              [--egress-ca-bundle FILE] [--egress-head-timeout S] [--no-egress]
              [--key-rate N] [--agent-local-providers] [--agent-key-tokens N]
-             [--board-dir DIR | --no-board]
+             [--board-dir DIR | --no-board] [--preview-domain NAME] [--port-timeout S]
              [--template-max-bytes N] [--template-max-files N] [--template-timeout S]
 
   --state DIR             state directory (default $MOAT_STATE or /var/lib/moat)
@@ -76,6 +76,13 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
   --board-dir DIR         the board's page and assets, served at / (default:
                           share/moat/board beside moatd's bin/; docs/BOARD.md)
   --no-board              serve no board (/ is 404)
+  --preview-domain NAME   preview URLs are http://<secret>.NAME:<port>/
+                          (default preview.localhost; docs/PORTS.md): requests
+                          whose Host is under NAME go to a preview, never to
+                          the API
+  --port-timeout S        the port proxy waits at most S seconds for a server
+                          inside to answer, and ends a request silent that
+                          long (1 to 3600, default 60; docs/PORTS.md)
 
 Always also serves <state>/moatd.sock. The master token is <state>/master-token.
 SIGTERM/SIGINT stop moatd and destroy its environments. SIGUSR1 stops moatd
@@ -189,6 +196,20 @@ const std::vector<Flag>& flags() {
        }},
       {"--no-board", false,
        [](const std::string&, DaemonFlags& f, double) -> Status { return f.board = false, Status{}; }},
+      {"--preview-domain", true,
+       [](const std::string& name, DaemonFlags& f, double) -> Status {
+         // A DNS name of at least two labels, lowercase: never an address or
+         // a name the API is reached by alone.
+         bool ok = name.size() >= 3 && name.size() <= 200 && name.find('.') != std::string::npos &&
+                   name.front() != '.' && name.back() != '.' && name.find("..") == std::string::npos &&
+                   name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789.-") == std::string::npos &&
+                   name.find_first_not_of("0123456789.") != std::string::npos;
+         if (!ok) return invalid("--preview-domain: " + name + " is not a lowercase DNS name of two labels or more");
+         f.previewDomain = name;
+         return {};
+       }},
+      numberFlag("--port-timeout", 1, 3600, "a number of seconds from 1 to 3600",
+                 [](DaemonFlags& f, uint64_t n) { f.portTimeoutS = static_cast<int64_t>(n); }),
       {"--agent-local-providers", false,
        [](const std::string&, DaemonFlags& f, double) -> Status { return f.agentLocalProviders = true, Status{}; }},
   };

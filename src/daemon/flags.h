@@ -29,12 +29,14 @@ struct DaemonFlags {
   egress::EgressConfig egress;
   api::ServerLimits server;
   bool egressOn = true;
-  bool agentLocalProviders = false;        // api::ApiOptions::agentLocalProviders
-  uint64_t agentKeyTokens = 0;             // api::ApiOptions::agentKeyTokensPerDay
-  std::string boardDir;                    // empty: share/moat/board beside moatd's bin/
-  bool board = true;                       // --no-board: none
-  templates::ImportLimits templateLimits;  // --template-max-bytes, --template-max-files, --template-timeout
-  bool help = false;                       // -h, --help: print daemonUsage() and stop
+  bool agentLocalProviders = false;                 // api::ApiOptions::agentLocalProviders
+  uint64_t agentKeyTokens = 0;                      // api::ApiOptions::agentKeyTokensPerDay
+  std::string boardDir;                             // empty: share/moat/board beside moatd's bin/
+  bool board = true;                                // --no-board: none
+  templates::ImportLimits templateLimits;           // --template-max-bytes, --template-max-files, --template-timeout
+  std::string previewDomain = "preview.localhost";  // api::ApiOptions::previewDomain
+  int64_t portTimeoutS = 60;                        // api::PortProxyLimits::idle
+  bool help = false;                                // -h, --help: print daemonUsage() and stop
 };
 
 // Parses moatd's arguments (without argv[0]). `hostMemoryMb` bounds a warm

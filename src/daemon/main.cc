@@ -134,6 +134,10 @@ int main(int argc, char** argv) {
   // after the first large free, keeping such buffers in the heap for good.
   ::mallopt(M_MMAP_THRESHOLD, 256 << 10);
 
+  // /proc inside environments shows their limits through LXCFS: started
+  // now, when no moat process has yet, and the warning given here once.
+  backend::namespaces::prepareLimitsView();
+
   // Before any thread: a new spawner is a fork of this process. An earlier
   // moatd's spawner, still running its environments, is reused.
   auto spawner = backend::namespaces::Spawner::connectOrStart(stateDir + "/spawner.sock");
@@ -252,6 +256,8 @@ int main(int argc, char** argv) {
         if (bin.ok()) apiOptions.boardDir = bin.value() + "/../share/moat/board";
       }
     }
+    apiOptions.previewDomain = flags->previewDomain;
+    apiOptions.portLimits.idle = std::chrono::seconds(flags->portTimeoutS);
     api::Api api(manager, keys, approvals, token.value(), apiOptions, auditLog->get());
     api.setTemplates(&catalog);
     catalog.onDropSnapshot([&manager](const std::string& id) { return manager.deleteSnapshot(id, "moatd"); });
@@ -261,6 +267,7 @@ int main(int argc, char** argv) {
       approvals.closeEnvironment(id, reason);
       log->closeEnvironment(id);
       api.agentEnvironmentEnded(id, reason);
+      api.portsEnvironmentEnded(id);  // its previews end with it
     });
     manager.setExecGate(
         [&api](const std::string& id, const init::ExecCheck& check, manager::InitConnection::ExecAnswer answer) {
@@ -281,6 +288,7 @@ int main(int argc, char** argv) {
         return fail(s.error().message());
       }
     }
+    api.setPreviewPort(server.tcpPort());
     std::fprintf(stderr, "moatd: serving http://127.0.0.1:%d and unix:%s/moatd.sock (state %s)\n", server.tcpPort(),
                  stateDir.c_str(), stateDir.c_str());
     std::fflush(stderr);

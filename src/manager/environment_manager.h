@@ -95,6 +95,7 @@ class EnvironmentManager final : public EnvironmentService,
   Status rememberRule(const std::string& id, gate::Scope scope, const gate::Rule& rule, bool everyLayer) override;
   Result<egress::Policy> network(const std::string& id) override;
   Status setNetwork(const std::string& id, const egress::Policy& policy) override;
+  Result<UniqueFd> networkNamespaceOf(const std::string& id) override;
   Result<store::SnapshotRecord> snapshot(const std::string& id, const std::string& name,
                                          const std::string& actor) override;
   Result<store::SnapshotRecord> snapshotOwnedBy(const std::string& id, const std::string& owner,

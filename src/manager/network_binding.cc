@@ -90,6 +90,11 @@ Status EnvironmentManager::connectNetworkUnlessSet(const std::string& id, const 
   return connectNetwork(id, policy, secrets);
 }
 
+Result<UniqueFd> EnvironmentManager::networkNamespaceOf(const std::string& id) {
+  MOAT_TRY(liveOf(id));
+  return backend_.networkNamespace(id);
+}
+
 Result<egress::Policy> EnvironmentManager::network(const std::string& id) {
   MOAT_ASSIGN(auto record, get(id));
   return storedNetwork(record);

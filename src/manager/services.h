@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "common/result.h"
+#include "common/unique_fd.h"
 #include "egress/policy.h"
 #include "egress/secrets.h"
 #include "gate/permissions.h"
@@ -232,6 +233,10 @@ class NetworkService {
   // Changes the policy of a running environment: plugs its link in or out
   // as the mode requires; open connections finish as they were.
   virtual Status setNetwork(const std::string& id, const egress::Policy& policy) = 0;
+  // A running environment's own network namespace (docs/PORTS.md: what
+  // moatd connects to a port inside from); "conflict" when it is not
+  // running.
+  virtual Result<UniqueFd> networkNamespaceOf(const std::string& id) = 0;
 };
 
 // Snapshots, forks and restores (docs/API.md, "Snapshots").

@@ -10,6 +10,7 @@
 #include <linux/veth.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -431,6 +432,37 @@ Result<UniqueFd> openTcpListener(int netnsFd, uint32_t addr, uint16_t port) {
 
 Result<UniqueFd> openUdpSocket(int netnsFd, uint32_t addr, uint16_t port) {
   return openInetSocketIn(netnsFd, SOCK_DGRAM, addr, port);
+}
+
+Result<UniqueFd> connectLoopbackIn(int netnsFd, uint16_t port, std::chrono::milliseconds timeout) {
+  const std::string what = "127.0.0.1:" + std::to_string(port) + " in the environment's network";
+  UniqueFd fd;
+  MOAT_TRY(inNetworkNamespace(netnsFd, [&]() -> Status {
+    fd = UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd) return Error::fromErrno("socket for " + what);
+    return {};
+  }));
+  sockaddr_in sin{};
+  sin.sin_family = AF_INET;
+  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sin.sin_port = htons(port);
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&sin), sizeof sin) == 0) return fd;
+  if (errno == ECONNREFUSED) return Error::make(Code::kRefused, "nothing listens on " + what);
+  if (errno != EINPROGRESS) return Error::fromErrno("connect to " + what);
+  pollfd p{fd.get(), POLLOUT, 0};
+  int ready;
+  do {
+    ready = ::poll(&p, 1, static_cast<int>(timeout.count()));
+  } while (ready < 0 && errno == EINTR);
+  if (ready < 0) return Error::fromErrno("poll connect to " + what);
+  if (ready == 0)
+    return Error::make(Code::kTimeout, "no answer from " + what + " within " + std::to_string(timeout.count()) + " ms");
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) return Error::fromErrno("SO_ERROR " + what);
+  if (err == ECONNREFUSED) return Error::make(Code::kRefused, "nothing listens on " + what);
+  if (err != 0) return Error::fromErrno("connect to " + what, err);
+  return fd;
 }
 
 }  // namespace moat::os

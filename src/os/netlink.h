@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -90,5 +91,12 @@ std::string ipv4ToString(uint32_t address);
 // addr:port inside netnsFd (< 0: the caller's). Close-on-exec, blocking.
 Result<UniqueFd> openTcpListener(int netnsFd, uint32_t addr, uint16_t port);
 Result<UniqueFd> openUdpSocket(int netnsFd, uint32_t addr, uint16_t port);
+
+// A TCP connection to 127.0.0.1:port inside the network namespace netnsFd:
+// the calling thread enters it only to make the socket (a socket stays in
+// the namespace it was made in), and connects from its own, within
+// `timeout`. Non-blocking, close-on-exec. Error code "refused" when nothing
+// listens there, "timeout" when no answer came in time.
+Result<UniqueFd> connectLoopbackIn(int netnsFd, uint16_t port, std::chrono::milliseconds timeout);
 
 }  // namespace moat::os

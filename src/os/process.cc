@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/sched.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -150,6 +151,39 @@ Status pidfdSendSignal(int pidfd, int signo) {
   if (::syscall(SYS_pidfd_send_signal, pidfd, signo, nullptr, 0) != 0 && errno != ESRCH) {
     return Error::fromErrno("pidfd_send_signal");
   }
+  return {};
+}
+
+Result<UniqueFd> pidfdOpen(pid_t pid) {
+  long fd = ::syscall(SYS_pidfd_open, pid, 0);
+  if (fd < 0) return Error::fromErrno("pidfd_open " + std::to_string(pid));
+  ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+  return UniqueFd(static_cast<int>(fd));
+}
+
+bool pidfdExited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) != 0;  // readable once it exited; an error counts as gone
+}
+
+Result<std::vector<int>> cpuAffinity() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return Error::fromErrno("sched_getaffinity");
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+Status setCpuAffinity(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int cpu : cpus) {
+    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &set);
+  }
+  if (::syscall(SYS_sched_setaffinity, 0, sizeof set, &set) != 0) return Error::fromErrno("sched_setaffinity");
   return {};
 }
 

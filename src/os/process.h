@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/result.h"
 #include "common/unique_fd.h"
@@ -46,6 +47,15 @@ Result<Child> cloneLight(uint64_t flags, int (*fn)(void*), void* arg);
 // Waits for the child behind pidfd; returns the wait status (as waitpid).
 Result<int> waitPidfd(int pidfd);
 Status pidfdSendSignal(int pidfd, int signo);
+// A pidfd for an existing process (pidfd_open); ESRCH when it is gone.
+Result<UniqueFd> pidfdOpen(pid_t pid);
+// True once the process behind pidfd has exited (a poll that does not wait).
+bool pidfdExited(int pidfd);
+// The CPUs the calling thread may run on (sched_getaffinity).
+Result<std::vector<int>> cpuAffinity();
+// Restricts the calling thread (and what it forks from then on) to `cpus`
+// by a raw system call: async-signal-safe, for a vforked child.
+Status setCpuAffinity(const std::vector<int>& cpus);
 // The network namespace of the process behind pidfd (an nsfs fd).
 Result<UniqueFd> networkNamespaceOf(int pidfd);
 

@@ -160,6 +160,36 @@ TEST_F(Board, ForeignOriginsAndRebindingHostsAreRefused) {
   }
 }
 
+// A preview's page (x.preview.localhost:7070) is same-site with the board
+// (localhost:7070): SameSite=Strict sends the cookie along. Without an
+// Origin (a GET, an <img>, a navigation) only Sec-Fetch-Site tells them
+// apart: each of these passed the Host, Origin and CSRF checks alone.
+TEST_F(Board, TheSessionServesOnlyItsOwnOriginNotASameSitePreview) {
+  auto [cookie, csrf] = signIn(daemon_->token());
+  std::string id = createEnv();
+  for (const char* site : {"same-site", "cross-site"}) {
+    auto read = withSession("GET", "/v1/environments", cookie, {{"Sec-Fetch-Site", site}});
+    EXPECT_EQ(read.status, 403) << site << ": " << read.body;
+    EXPECT_NE(read.body.find("Sec-Fetch-Site"), std::string::npos) << read.body;
+    auto write = withSession("POST", "/v1/environments/" + id + "/exec", cookie,
+                             {{"Sec-Fetch-Site", site}, {"X-Moat-CSRF", csrf}}, R"({"cmd":["true"]})");
+    EXPECT_EQ(write.status, 403) << site << ": " << write.body;
+    auto again = withSession("GET", "/ui/session", cookie, {{"Sec-Fetch-Site", site}});
+    EXPECT_EQ(again.status, 403) << "the csrf value must not be readable either: " << again.body;
+    auto ws = daemon_->websocket("/v1/environments/" + id + "/shell", false,
+                                 {{"Cookie", cookie}, {"Origin", "http://localhost"}, {"Sec-Fetch-Site", site}});
+    EXPECT_EQ(ws.status, 403) << site;
+    if (ws.fd >= 0) ::close(ws.fd);
+    auto proxied = withSession("GET", "/v1/environments/" + id + "/ports/8000/", cookie, {{"Sec-Fetch-Site", site}});
+    EXPECT_EQ(proxied.status, 403) << site << ": " << proxied.body;
+  }
+  // The board's own pages, and the person's own doing, are fine.
+  EXPECT_EQ(withSession("GET", "/v1/environments", cookie, {{"Sec-Fetch-Site", "same-origin"}}).status, 200);
+  EXPECT_EQ(withSession("GET", "/v1/environments", cookie, {{"Sec-Fetch-Site", "none"}}).status, 200);
+  // A token is not a session: Sec-Fetch-Site does not matter to it.
+  EXPECT_EQ(daemon_->request("GET", "/v1/environments", "", true, {{"Sec-Fetch-Site", "cross-site"}}).status, 200);
+}
+
 TEST_F(Board, ABadTokenSignsNobodyInAndSignOutEndsTheSession) {
   auto bad = daemon_->request("POST", "/ui/session",
                               json{{"token", "moat_000000000000_" + std::string(64, '0')}}.dump(), false);

@@ -40,6 +40,19 @@ Moatd::Moatd(std::vector<std::string> extraArgs) : extraArgs_(std::move(extraArg
   }
 }
 
+Moatd::Moatd(std::vector<std::string> extraArgs, std::vector<std::string> extraEnv)
+    : extraArgs_(std::move(extraArgs)), extraEnv_(std::move(extraEnv)) {
+  char tmpl[] = "/tmp/moatd-test-XXXXXX";
+  stateDir_ = ::mkdtemp(tmpl);
+  logPath_ = stateDir_ + ".log";
+  try {
+    start();
+  } catch (...) {
+    removeState();  // no destructor runs for an object whose constructor threw
+    throw;
+  }
+}
+
 void Moatd::start() {
   pid_ = ::fork();
   if (pid_ == 0) {
@@ -48,13 +61,15 @@ void Moatd::start() {
     ::dup2(log, 1);
     std::string bin = binDir() + "/moatd";
     std::string storage = "MOAT_STORAGE_GB=8";
-    char* envp[] = {storage.data(), nullptr};
+    std::vector<char*> envp = {storage.data()};
+    for (auto& e : extraEnv_) envp.push_back(e.data());
+    envp.push_back(nullptr);
     std::vector<std::string> args = {bin, "--state", stateDir_, "--listen", "127.0.0.1:0"};
     args.insert(args.end(), extraArgs_.begin(), extraArgs_.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    ::execve(argv[0], argv.data(), envp);
+    ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
   // Serving when the socket answers /healthz (bounded wait).

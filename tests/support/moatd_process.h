@@ -69,6 +69,8 @@ class Moatd {
   // Starts build/bin/moatd on a fresh state directory with `extraArgs`;
   // waits until it serves.
   explicit Moatd(std::vector<std::string> extraArgs = {});
+  // ... and `extraEnv` ("NAME=VALUE") beside MOAT_STORAGE_GB.
+  Moatd(std::vector<std::string> extraArgs, std::vector<std::string> extraEnv);
   ~Moatd();
   void stop();   // SIGTERM and wait
   void kill9();  // SIGKILL and wait
@@ -108,6 +110,7 @@ class Moatd {
   std::string token_;
   std::string logPath_;
   std::vector<std::string> extraArgs_;
+  std::vector<std::string> extraEnv_;
   pid_t pid_ = -1;
 };
 

@@ -48,9 +48,10 @@ TEST(CgroupLayout, HybridHostUsesV1) {
   auto layout = detectLayout(kHybridMountinfo, kHybridProcCgroup);
   ASSERT_TRUE(layout.ok()) << layout.error().message();
   EXPECT_EQ(layout->version, Version::kV1);
-  ASSERT_EQ(layout->v1Parents.size(), 4u);
+  ASSERT_EQ(layout->v1Parents.size(), 5u);
   EXPECT_EQ(layout->v1Parents.at("cpu"), "/sys/fs/cgroup/cpu/moat");
   EXPECT_EQ(layout->v1Parents.at("cpuacct"), "/sys/fs/cgroup/cpuacct/moat");  // mounted apart: CPU usage
+  EXPECT_EQ(layout->v1Parents.at("cpuset"), "/sys/fs/cgroup/cpuset/moat");    // its own: CPUs per environment
   EXPECT_EQ(layout->v1Parents.at("memory"), "/sys/fs/cgroup/memory/process_api/abc/moat");
   EXPECT_EQ(layout->v1Parents.at("pids"), "/sys/fs/cgroup/pids/moat");
 }
@@ -409,6 +410,40 @@ TEST_F(FakeCgroupFs, V2MissingSubtreeControlIsAnError) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error().context.find("subtree_control"), std::string::npos) << s.error().context;
   EXPECT_FALSE(os::exists(root_ + "/cgroup.subtree_control"));
+}
+
+// A cpuset shared with another controller is left out (that directory
+// would be made twice, or hold no CPUs to join).
+TEST(CgroupLayout, CpusetSharingAHierarchyIsLeftOut) {
+  std::string mountinfo =
+      "32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n"
+      "33 31 0:30 / /sys/fs/cgroup/x rw - cgroup cgroup rw,cpuset,memory\n"
+      "39 31 0:36 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n";
+  auto layout = detectLayout(mountinfo, "0::/\n");
+  ASSERT_TRUE(layout.ok()) << layout.error().message();
+  EXPECT_EQ(layout->v1Parents.count("cpuset"), 0u);
+}
+
+// moat's cpuset parent takes its parent's CPUs and memory nodes (a new v1
+// cpuset has none); one it cannot make stops nothing.
+TEST_F(FakeCgroupFs, V1CpusetParentTakesItsParentsCpusAndMems) {
+  Layout layout;
+  layout.version = Version::kV1;
+  ASSERT_TRUE(os::makeDirs(root_ + "/cpuset/moat").ok());
+  ASSERT_TRUE(os::writeFile(root_ + "/cpuset/cpuset.cpus", "0-3\n").ok());
+  ASSERT_TRUE(os::writeFile(root_ + "/cpuset/cpuset.mems", "0\n").ok());
+  ASSERT_TRUE(os::writeFile(root_ + "/cpuset/moat/cpuset.cpus", "").ok());
+  ASSERT_TRUE(os::writeFile(root_ + "/cpuset/moat/cpuset.mems", "").ok());
+  layout.v1Parents = {{"cpu", root_ + "/cpu/moat"},
+                      {"memory", root_ + "/memory/moat"},
+                      {"pids", root_ + "/pids/moat"},
+                      {"cpuset", root_ + "/cpuset/moat"}};
+  ASSERT_TRUE(prepareParents(layout).ok());
+  EXPECT_EQ(os::readFile(root_ + "/cpuset/moat/cpuset.cpus").value(), "0-3\n");
+  EXPECT_EQ(os::readFile(root_ + "/cpuset/moat/cpuset.mems").value(), "0\n");
+  layout.v1Parents["cpuset"] = root_ + "/not-a-dir-file/moat";
+  ASSERT_TRUE(os::writeFile(root_ + "/not-a-dir-file", "").ok());
+  EXPECT_TRUE(prepareParents(layout).ok());
 }
 
 TEST_F(FakeCgroupFs, V1CreatesEveryParent) {

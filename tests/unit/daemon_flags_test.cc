@@ -89,6 +89,23 @@ TEST(DaemonFlags, EachFlagSetsWhatItNames) {
   auto none = parse({"--no-board"});
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->board);
+  EXPECT_EQ(none->previewDomain, "preview.localhost");
+  EXPECT_EQ(none->portTimeoutS, 60);
+  auto ports = parse({"--preview-domain", "preview.example.com", "--port-timeout", "5"});
+  ASSERT_TRUE(ports.ok()) << ports.error().message();
+  EXPECT_EQ(ports->previewDomain, "preview.example.com");
+  EXPECT_EQ(ports->portTimeoutS, 5);
+}
+
+// Every host under the preview domain is a preview's: never one the API is
+// reached by (localhost, an address), nor something that is not a name.
+TEST(DaemonFlags, ThePreviewDomainIsALowercaseNameOfTwoLabelsOrMore) {
+  for (const char* bad :
+       {"localhost", "127.0.0.1", "Preview.localhost", ".preview.localhost", "preview..localhost", "a.b/c", "x."}) {
+    EXPECT_EQ(problem({"--preview-domain", bad}).rfind("invalid_argument: --preview-domain", 0), 0u) << bad;
+  }
+  EXPECT_EQ(problem({"--port-timeout", "0"}),
+            "invalid_argument: --port-timeout needs a number of seconds from 1 to 3600");
 }
 
 TEST(DaemonFlags, ValuesOutOfRangeAreRefusedByName) {

@@ -10,8 +10,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
@@ -22,10 +25,12 @@
 #include "init/protocol.h"
 #include "init/supervisor.h"
 #include "isolation/caps/capabilities.h"
+#include "isolation/cgroup/cpus.h"
 #include "isolation/cgroup/layout.h"
 #include "isolation/fs/storage_pool.h"
 #include "isolation/fs/template.h"
 #include "isolation/namespaces/user_namespace.h"
+#include "isolation/proc/lxcfs.h"
 #include "isolation/seccomp/policy.h"
 #include "os/file.h"
 #include "os/mount.h"
@@ -109,6 +114,42 @@ bool leftoversDue() {
   return true;
 }
 
+std::atomic<bool> limitsViewWarned{false};
+
+void warnWithoutLimitsView(const Error& why) {
+  if (limitsViewWarned.exchange(true)) return;
+  std::fprintf(stderr,
+               "moatd: warning: environments will show the host's memory and CPUs in /proc, not their limits: %s "
+               "(docs/SECURITY.md, \"Limits inside\")\n",
+               why.message().c_str());
+}
+
+// LXCFS's /proc files for one environment. Without them it still starts,
+// and its /proc shows the host's values.
+std::vector<isolation::proc::ProcFileTree> limitsView(bool warn) {
+  static const isolation::proc::LxcfsConfig config = isolation::proc::lxcfsConfigFromEnvironment();
+  auto trees = isolation::proc::lxcfsProcTrees(config);
+  if (trees.ok()) return std::move(trees.value());
+  if (warn) warnWithoutLimitsView(trees.error());
+  return {};
+}
+
+// The CPUs an environment's processes start on: as many as its CPU limit
+// rounded up, taken in turn from the creator's, so that consecutive
+// environments spread over the host (a random first one for `moat run`,
+// where each process makes one). Empty: all of them.
+std::vector<int> environmentCpus(double cpus) {
+  static std::atomic<unsigned> next{[] {
+    unsigned seed = 0;
+    (void)::getrandom(&seed, sizeof seed, 0);
+    return seed;
+  }()};
+  auto allowed = os::cpuAffinity();
+  if (!allowed.ok() || cpus <= 0) return {};
+  auto count = static_cast<unsigned>(std::ceil(cpus));
+  return cg::chooseCpus(allowed.value(), cpus, next.fetch_add(count));
+}
+
 struct ChildArgs {
   std::string id;
   const fs::RootPlan* plan;
@@ -121,6 +162,7 @@ struct ChildArgs {
   int networkFd;  // -1: the clone made a new network namespace
   const std::vector<sock_filter>* seccomp;
   const struct rlimit* fileLimit = nullptr;  // null: keep the creator's
+  const std::vector<int>* cpus = nullptr;    // empty: every CPU of the creator
 };
 
 [[noreturn]] void runChild(const ChildArgs& a);
@@ -148,6 +190,8 @@ int childMain(void* args) { runChild(*static_cast<const ChildArgs*>(args)); }
   if (a.networkFd >= 0) CHILD_STEP("network namespace", os::setNamespace(a.networkFd, CLONE_NEWNET));
   for (const auto& file : a.joinFiles) CHILD_STEP("join cgroup", os::writeExisting(file, "0"));
   CHILD_STEP("cgroup namespace", os::unshareNamespaces(CLONE_NEWCGROUP));
+  // After joining the cgroup (a v1 cpuset resets the affinity of who joins).
+  if (a.cpus && !a.cpus->empty()) CHILD_STEP("cpu affinity", os::setCpuAffinity(*a.cpus));
   CHILD_STEP("root file system", fs::buildRoot(*a.plan, a.usernsFd));
   CHILD_STEP("hostname", os::setHostname(a.id));
   if (a.networkFd < 0) CHILD_STEP("loopback", os::bringLoopbackUp());  // a pooled one has it up
@@ -230,6 +274,12 @@ Status checkSpec(const EnvironmentSpec& spec) {
 
 }  // namespace
 
+void prepareLimitsView() {
+  auto config = isolation::proc::lxcfsConfigFromEnvironment();
+  if (!config.enabled) return;
+  if (auto started = isolation::proc::ensureLxcfs(config); !started.ok()) warnWithoutLimitsView(started.error());
+}
+
 Result<std::string> findInitBinary() {
   if (const char* env = std::getenv("MOAT_INIT")) return std::string(env);
   MOAT_ASSIGN(std::string dir, os::selfDirectory());
@@ -300,12 +350,16 @@ Result<std::unique_ptr<Environment>> Environment::create(
   MOAT_ASSIGN(plan.devDir, fs::ensureDevSkeleton(pool.root()));
   for (const auto& dir : tmpl.hostReadOnlyDirs) MOAT_TRY(fs::addBind(plan, dir, dir, true, false));
   for (const auto& v : spec.volumes) MOAT_TRY(fs::addBind(plan, v.source, v.target, v.readOnly, true));
+  plan.procFiles = limitsView(spec.warnWithoutLimitsView);
+  traceStage("limits view");
+  const std::vector<int> cpus = environmentCpus(spec.cpus);
 
   traceStage("root prepared");
   cg::Limits limits;
   limits.cpus = spec.cpus;
   limits.memoryBytes = spec.memoryMb * kMiB;
   limits.pids = spec.pids;
+  limits.cpuSet = cpus;
   MOAT_ASSIGN(env->cgroup_, createCgroup(layout, cgroupName(env->id_), limits));
 
   traceStage("cgroup");
@@ -359,6 +413,7 @@ Result<std::unique_ptr<Environment>> Environment::create(
                  spec.networkNamespaceFd,
                  &program.filter};
   if (haveEnvironmentFileLimit) args.fileLimit = &environmentFileLimit;
+  args.cpus = &cpus;
   if (layout.version == cg::Version::kV2) {
     MOAT_ASSIGN(cgroupFd, env->cgroup_->openDirectory());
     clone.cgroupFd = cgroupFd.get();

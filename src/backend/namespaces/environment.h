@@ -52,6 +52,10 @@ struct EnvironmentSpec {
   // moatd's spawner keeps a few ready. The caller keeps the descriptor and
   // must not hand the namespace out again. -1: make one.
   int networkNamespaceFd = -1;
+  // Say once per process, on stderr, when the environment's /proc cannot
+  // show its limits (LXCFS missing or failing): moatd's spawner does; a
+  // `moat run` keeps its command's stderr to the command.
+  bool warnWithoutLimitsView = false;
 };
 
 // The open files limit pid 1 of a new environment starts with, for a creator
@@ -113,6 +117,12 @@ class Environment {
 // Removes what environments of crashed or killed moat processes left behind
 // (their processes are already gone: moat-init dies with its client).
 void collectLeftovers(const std::string& stateDir);
+
+// Starts the host's LXCFS (isolation/proc/lxcfs.h) when none runs, off
+// the path of a first create; says on stderr, once per process (and its
+// forks), when environments will show the host's values instead. moatd
+// calls it before it forks its spawner.
+void prepareLimitsView();
 
 // Where moat-init lives: MOAT_INIT, else next to the running executable.
 Result<std::string> findInitBinary();

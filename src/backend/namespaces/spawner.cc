@@ -180,6 +180,7 @@ bool readable(int fd) {
         continue;
       }
       spec.value().reattachable = true;
+      spec.value().warnWithoutLimitsView = true;
       // Used once, whatever comes of the create.
       UniqueFd network;
       if (!networks.empty()) {

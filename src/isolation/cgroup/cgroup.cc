@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "isolation/cgroup/cpus.h"
 #include "os/file.h"
 
 namespace moat::isolation::cgroup {
@@ -41,7 +42,8 @@ Cgroup::Cgroup(Cgroup&& other) noexcept
     : layout_(std::move(other.layout_)),
       dirs_(std::move(other.dirs_)),
       procsFiles_(std::move(other.procsFiles_)),
-      joinFiles_(std::move(other.joinFiles_)) {
+      joinFiles_(std::move(other.joinFiles_)),
+      cpuacct_(other.cpuacct_) {
   other.dirs_.clear();
 }
 
@@ -72,6 +74,23 @@ Result<Cgroup> Cgroup::create(const Layout& layout, const std::string& name, con
     if (::mkdir(d.c_str(), 0755) == 0) {
       cg.dirs_.push_back(d);
       cg.addFiles(d);
+      cg.cpuacct_ = true;
+    }
+  }
+  if (auto set = layout.v1Parents.find("cpuset");
+      layout.version == Version::kV1 && set != layout.v1Parents.end() && !limits.cpuSet.empty()) {
+    std::string d = set->second + "/" + name;
+    if (::mkdir(d.c_str(), 0755) == 0) {
+      // A new cpuset has no memory nodes: the parent's; then its CPUs. One
+      // that cannot be given both is not joined (nothing could join it).
+      auto mems = os::readFile(set->second + "/cpuset.mems");
+      if (mems.ok() && os::writeExisting(d + "/cpuset.mems", mems.value()).ok() &&
+          os::writeExisting(d + "/cpuset.cpus", formatCpuList(limits.cpuSet)).ok()) {
+        cg.dirs_.push_back(d);
+        cg.addFiles(d);
+      } else {
+        ::rmdir(d.c_str());
+      }
     }
   }
   MOAT_TRY(cg.applyLimits(limits));
@@ -167,7 +186,7 @@ Usage Cgroup::usage() const {
     files.memoryEvents = read(dirs_[0] + "/memory.events");
   } else {
     // cpuacct mounted with cpu (most hybrid hosts) or apart (dirs_[3]).
-    files.cpu = read((dirs_.size() > 3 ? dirs_[3] : dirs_[0]) + "/cpuacct.usage");
+    files.cpu = read((cpuacct_ ? dirs_[3] : dirs_[0]) + "/cpuacct.usage");
     files.memory = read(dirs_[1] + "/memory.usage_in_bytes");
     files.pids = read(dirs_[2] + "/pids.current");
     files.memoryEvents = read(dirs_[1] + "/memory.oom_control");

@@ -15,6 +15,9 @@ struct Limits {
   double cpus = 0;           // CPU time per wall second; 0: unlimited
   uint64_t memoryBytes = 0;  // hard limit, swap included; 0: unlimited
   uint64_t pids = 0;         // tasks; 0: unlimited
+  // v1 with a cpuset hierarchy: a cpuset cgroup with these CPUs (cpus.h);
+  // empty, or one that cannot be made: none (the affinity still applies).
+  std::vector<int> cpuSet;
 };
 
 // One knob write: file relative to the environment's cgroup directory of
@@ -82,9 +85,10 @@ class Cgroup {
   void addFiles(const std::string& dir);
 
   Layout layout_;
-  std::vector<std::string> dirs_;  // v2: one; v1: cpu, memory, pids, then cpuacct if the layout has it
+  std::vector<std::string> dirs_;  // v2: one; v1: cpu, memory, pids, then cpuacct and cpuset if made
   std::vector<std::string> procsFiles_;
   std::vector<std::string> joinFiles_;
+  bool cpuacct_ = false;  // v1: dirs_[3] is cpuacct's
 };
 
 }  // namespace moat::isolation::cgroup

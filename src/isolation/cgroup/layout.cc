@@ -127,6 +127,23 @@ Result<Layout> detectLayout(const std::string& mountinfo, const std::string& pro
       layout.v1Parents["cpuacct"] = os::joinPath(dirUnder(m, it == paths.end() ? "/" : it->second), "moat");
       break;
     }
+    // cpuset, optional, where it has a hierarchy of its own: an environment
+    // whose CPU limit is below the host's CPUs gets that many (cpus.h). Its
+    // affinity follows (nproc), and so does LXCFS's /proc/cpuinfo and
+    // /proc/stat: lxcfs 5.0.3 reads the CPU quota at the cpuset cgroup's
+    // path, which without one is the host's.
+    for (const auto& m : mounts) {
+      if (m.fsType != "cgroup") continue;
+      bool cpuset = false, other = false;
+      for (const auto& o : m.options) {
+        cpuset |= (o == "cpuset");
+        other |= (o == "cpu" || o == "cpuacct" || o == "memory" || o == "pids");
+      }
+      if (!cpuset || other) continue;
+      auto it = paths.find("cpuset");
+      layout.v1Parents["cpuset"] = os::joinPath(dirUnder(m, it == paths.end() ? "/" : it->second), "moat");
+      break;
+    }
     return layout;
   }
 
@@ -152,7 +169,19 @@ Status prepareParents(const Layout& layout) {
     for (const auto& [controller, dir] : layout.v1Parents) {
       Status made = os::makeDirs(dir);
       // Accounting only: without it, usage has no CPU time.
-      if (!made.ok() && controller != "cpuacct") return made;
+      if (!made.ok() && controller != "cpuacct" && controller != "cpuset") return made;
+      // A new v1 cpuset has no CPUs and no memory nodes: moat's parent takes
+      // its own parent's, and each environment's is given its CPUs at create.
+      if (made.ok() && controller == "cpuset") {
+        std::string up = dir.substr(0, dir.rfind('/'));
+        for (const std::string file : {"cpuset.cpus", "cpuset.mems"}) {
+          auto mine = os::readFile(dir + "/" + file);
+          auto theirs = os::readFile(up + "/" + file);
+          if (mine.ok() && theirs.ok() && (mine->empty() || *mine == "\n")) {
+            (void)os::writeExisting(dir + "/" + file, theirs.value());
+          }
+        }
+      }
     }
     return {};
   }

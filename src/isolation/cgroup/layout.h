@@ -15,8 +15,9 @@ struct Layout {
   Version version = Version::kV2;
   // v2: the directory under which environment cgroups are created.
   std::string v2Parent;
-  // v1: controller ("cpu", "memory", "pids", and "cpuacct" where it is
-  // mounted apart from cpu) -> parent directory.
+  // v1: controller ("cpu", "memory", "pids", "cpuacct" where it is
+  // mounted apart from cpu, "cpuset" where it has a hierarchy of its own)
+  // -> parent directory.
   std::map<std::string, std::string> v1Parents;
 };
 

@@ -300,6 +300,12 @@ Status buildRoot(const RootPlan& plan, int usernsFd) {
   os::MountAttrs proc;
   proc.noExec = true;
   MOAT_TRY(mountNew(root.get(), "/proc", "proc", {{"source", "proc"}}, proc, plan.hostRootUid, plan.hostRootGid));
+  for (const auto& file : plan.procFiles) {
+    auto target = os::openAt(root.get(), file.target.substr(1), O_PATH, os::kResolveStrict);
+    if (!target.ok() && target.error().sysErrno == ENOENT) continue;  // a kernel without it (swaps)
+    if (!target.ok()) return target.error();
+    MOAT_TRY(os::attachTree(file.tree.get(), target->get(), file.target));
+  }
   traceStage("root: proc");
   MOAT_TRY(mountDev(root.get(), std::move(devTree), plan));
   traceStage("root: dev");

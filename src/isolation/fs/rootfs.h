@@ -8,6 +8,7 @@
 
 #include "common/result.h"
 #include "common/unique_fd.h"
+#include "isolation/proc/lxcfs.h"
 
 namespace moat::isolation::fs {
 
@@ -38,12 +39,15 @@ struct RootPlan {
   std::string lowerMountPoint;  // where the idmapped lower is attached
   std::string upperDir;
   std::string workDir;
-  std::string rootMountPoint;            // where the overlay is mounted, then pivoted into
-  std::string volumeDir;                 // holds lower, upper, work and root
-  std::string devDir;                    // prepared /dev (device nodes), bound read-only
-  std::vector<PlannedBind> binds;        // template read-only dirs, then user volumes
-  std::vector<UniqueFd> bindSources;     // what binds[i].sourceFd borrows
-  std::vector<UniqueFd> bindTrees;       // binds[i] as a detached mount (detachBinds)
+  std::string rootMountPoint;         // where the overlay is mounted, then pivoted into
+  std::string volumeDir;              // holds lower, upper, work and root
+  std::string devDir;                 // prepared /dev (device nodes), bound read-only
+  std::vector<PlannedBind> binds;     // template read-only dirs, then user volumes
+  std::vector<UniqueFd> bindSources;  // what binds[i].sourceFd borrows
+  std::vector<UniqueFd> bindTrees;    // binds[i] as a detached mount (detachBinds)
+  // Read-only files attached over /proc/<name> once /proc is mounted (LXCFS's
+  // view of the environment's limits); one missing from /proc is skipped.
+  std::vector<proc::ProcFileTree> procFiles;
   bool environmentFilesWritten = false;  // by prepareRoot (a fresh volume); else the child's
   uid_t hostRootUid = 0;                 // host uid of root inside (for ownership)
   gid_t hostRootGid = 0;

@@ -1,0 +1,373 @@
+#include "api/port_proxy.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <set>
+#include <string_view>
+#include <vector>
+
+#include "api/board_sessions.h"
+
+namespace moat::api {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return std::string(s);
+}
+
+// The comma-separated tokens of a Connection header, lowercase.
+std::set<std::string> connectionTokens(const std::string& value) {
+  std::set<std::string> out;
+  size_t start = 0;
+  while (start <= value.size()) {
+    size_t end = value.find(',', start);
+    if (end == std::string::npos) end = value.size();
+    std::string token = lower(trim(std::string_view(value).substr(start, end - start)));
+    if (!token.empty()) out.insert(token);
+    start = end + 1;
+  }
+  return out;
+}
+
+// Headers that describe one connection, not the message (RFC 9110 7.6.1),
+// and those moatd sets itself.
+const std::set<std::string>& hopByHop() {
+  static const std::set<std::string> names = {
+      "connection",         "keep-alive", "proxy-connection", "proxy-authorization",
+      "proxy-authenticate", "te",         "trailer",          "upgrade"};
+  return names;
+}
+
+// A Cookie header without moat's own session.
+std::string withoutSessionCookie(const std::string& header) {
+  std::string out;
+  size_t start = 0;
+  while (start <= header.size()) {
+    size_t end = header.find(';', start);
+    if (end == std::string::npos) end = header.size();
+    std::string pair = trim(std::string_view(header).substr(start, end - start));
+    std::string name = trim(std::string_view(pair).substr(0, pair.find('=')));
+    if (!pair.empty() && name != kSessionCookie) {
+      if (!out.empty()) out += "; ";
+      out += pair;
+    }
+    start = end + 1;
+  }
+  return out;
+}
+
+// Writes all of `data`, waiting at most `idle` for each bit of progress.
+bool sendAll(int fd, std::string_view data, std::chrono::milliseconds idle) {
+  while (!data.empty()) {
+    ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      data.remove_prefix(static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      int ready = ::poll(&p, 1, static_cast<int>(idle.count()));
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready <= 0) return false;
+      continue;
+    }
+    return false;
+  }
+  return true;
+}
+
+std::string jsonError(int status, const std::string& code, const std::string& message) {
+  std::string escaped;
+  for (char c : message) {
+    if (c == '"' || c == '\\') escaped += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) escaped += c;
+  }
+  std::string body = R"({"error":{"code":")" + code + R"(","message":")" + escaped + R"("}})";
+  return "HTTP/1.1 " + std::to_string(status) + (status == 504 ? " Gateway Timeout" : " Bad Gateway") +
+         "\r\nServer: moatd\r\nContent-Type: application/json\r\nCache-Control: no-store\r\nConnection: close\r\n"
+         "Content-Length: " +
+         std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+struct ResponseHead {
+  int status = 0;
+  std::string reason;
+  std::vector<std::pair<std::string, std::string>> fields;
+};
+
+// "HTTP/1.1 200 OK\r\nA: b\r\n..." (without the blank line); false when it
+// is not an HTTP/1.x response head.
+bool parseHead(const std::string& text, ResponseHead& head) {
+  size_t lineEnd = text.find("\r\n");
+  std::string line = text.substr(0, lineEnd);
+  if (line.size() < 12 || line.compare(0, 7, "HTTP/1.") != 0 || line[8] != ' ') return false;
+  for (int i = 9; i < 12; ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(line[i]))) return false;
+  }
+  if (line.size() > 12 && line[12] != ' ') return false;
+  head.status = std::stoi(line.substr(9, 3));
+  if (head.status < 100) return false;
+  for (char c : line.size() > 13 ? line.substr(13) : "") {
+    if (static_cast<unsigned char>(c) >= 0x20 && c != 0x7f) head.reason += c;
+  }
+  size_t pos = lineEnd == std::string::npos ? text.size() : lineEnd + 2;
+  while (pos < text.size()) {
+    size_t end = text.find("\r\n", pos);
+    if (end == std::string::npos) end = text.size();
+    std::string field = text.substr(pos, end - pos);
+    pos = end + 2;
+    size_t colon = field.find(':');
+    if (colon == 0 || colon == std::string::npos) return false;
+    std::string name = field.substr(0, colon);
+    for (char c : name) {
+      if (!std::isalnum(static_cast<unsigned char>(c)) &&
+          std::string_view("!#$%&'*+-.^_`|~").find(c) == std::string_view::npos) {
+        return false;
+      }
+    }
+    std::string value = trim(std::string_view(field).substr(colon + 1));
+    for (char c : value) {
+      if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f) return false;
+    }
+    head.fields.emplace_back(std::move(name), std::move(value));
+  }
+  return true;
+}
+
+}  // namespace
+
+bool hostOnlyCookie(const std::string& setCookie) {
+  size_t start = setCookie.find(';');
+  while (start != std::string::npos) {
+    size_t end = setCookie.find(';', start + 1);
+    std::string attribute = lower(trim(
+        std::string_view(setCookie).substr(start + 1, end == std::string::npos ? std::string::npos : end - start - 1)));
+    if (attribute.rfind("domain", 0) == 0 && trim(std::string_view(attribute).substr(6)).rfind('=', 0) == 0) {
+      return false;
+    }
+    start = end;
+  }
+  return true;
+}
+
+std::string upstreamRequest(const HttpRequest& request, const PortForward& forward) {
+  std::set<std::string> drop = hopByHop();
+  for (const char* name : {"host", "transfer-encoding", "content-length", "expect", "forwarded", "x-forwarded-for",
+                           "x-forwarded-host", "x-forwarded-proto", "x-moat-csrf"}) {
+    drop.insert(name);
+  }
+  if (forward.dropAuthorization) drop.insert("authorization");
+  for (const auto& [name, value] : request.headers) {
+    if (lower(name) == "connection") drop.merge(connectionTokens(value));
+  }
+  std::string out =
+      request.method + " " + forward.target + " HTTP/1.1\r\nHost: localhost:" + std::to_string(forward.port) + "\r\n";
+  for (const auto& [name, value] : request.headers) {
+    const std::string key = lower(name);
+    if (drop.count(key)) continue;
+    if (key == "cookie") {
+      std::string kept = withoutSessionCookie(value);
+      if (!kept.empty()) out += name + ": " + kept + "\r\n";
+      continue;
+    }
+    out += name + ": " + value + "\r\n";
+  }
+  if (!request.host.empty()) out += "X-Forwarded-Host: " + request.host + "\r\n";
+  out += "X-Forwarded-Proto: http\r\n";
+  // "127.0.0.1:50312" -> 127.0.0.1 (a unix socket's peer is no address).
+  if (request.remote.rfind("unix", 0) != 0 && !request.remote.empty()) {
+    std::string address = request.remote.substr(0, request.remote.rfind(':'));
+    if (address.size() > 2 && address.front() == '[') address = address.substr(1, address.size() - 2);
+    out += "X-Forwarded-For: " + address + "\r\n";
+  }
+  if (request.websocketUpgrade) {
+    out += "Connection: Upgrade\r\nUpgrade: websocket\r\n";
+  } else {
+    out += "Connection: close\r\n";
+  }
+  const bool bodyMethod = request.method == "POST" || request.method == "PUT" || request.method == "PATCH";
+  if (!request.body.empty() || bodyMethod) out += "Content-Length: " + std::to_string(request.body.size()) + "\r\n";
+  out += "\r\n";
+  out += request.body;
+  return out;
+}
+
+ProxyOutcome relayPort(int client, const std::string& clientPending, int upstream, const std::string& request,
+                       const PortForward& forward, bool headRequest, bool wantsUpgrade, const PortProxyLimits& limits) {
+  ProxyOutcome outcome;
+  auto fail = [&](int status, const std::string& code, const std::string& message) {
+    outcome.status = status;
+    outcome.error = message;
+    (void)sendAll(client, jsonError(status, code, message), limits.idle);
+    return outcome;
+  };
+  const std::string where = "port " + std::to_string(forward.port);
+  if (!sendAll(upstream, request, limits.idle)) {
+    return fail(502, "port_bad_response", "the server on " + where + " did not take the request");
+  }
+  if (wantsUpgrade && !clientPending.empty()) {
+    if (!sendAll(upstream, clientPending, limits.idle)) {
+      return fail(502, "port_bad_response", "the server on " + where + " did not take the request");
+    }
+    outcome.bytesToEnvironment += clientPending.size();
+  }
+
+  // The response head, bounded in size and time. 1xx heads other than 101
+  // (100 Continue, 103 Early Hints) are dropped: the final one follows.
+  std::string buffer;
+  ResponseHead head;
+  const auto deadline = Clock::now() + limits.idle;
+  char chunk[16384];
+  for (;;) {
+    size_t end = buffer.find("\r\n\r\n");
+    if ((end == std::string::npos ? buffer.size() : end) > limits.maxHeadBytes) {
+      return fail(502, "port_bad_response",
+                  "the server on " + where + " sent a response head larger than " +
+                      std::to_string(limits.maxHeadBytes) + " bytes");
+    }
+    if (end != std::string::npos) {
+      head = ResponseHead();
+      if (!parseHead(buffer.substr(0, end), head)) {
+        return fail(502, "port_bad_response", "the server on " + where + " answered something that is not HTTP/1.x");
+      }
+      buffer.erase(0, end + 4);
+      if (head.status >= 100 && head.status < 200 && head.status != 101) continue;
+      break;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    pollfd fds[2] = {{upstream, POLLIN, 0}, {client, POLLRDHUP, 0}};
+    int ready = left.count() > 0 ? ::poll(fds, 2, static_cast<int>(left.count())) : 0;
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) {
+      return fail(504, "port_timeout",
+                  "the server on " + where + " sent no response head within " +
+                      std::to_string(limits.idle.count() / 1000) + " s");
+    }
+    if (ready < 0) return fail(502, "port_bad_response", "poll: " + std::string(std::strerror(errno)));
+    if (fds[1].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+      outcome.error = "the client went away";
+      return outcome;
+    }
+    ssize_t n = ::recv(upstream, chunk, sizeof chunk, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n <= 0) {
+      return fail(502, "port_bad_response", "the server on " + where + " closed the connection without answering");
+    }
+    outcome.bytesFromEnvironment += static_cast<uint64_t>(n);
+    buffer.append(chunk, static_cast<size_t>(n));
+  }
+  const bool upgraded = head.status == 101;
+  if (upgraded && !wantsUpgrade) {
+    return fail(502, "port_bad_response", "the server on " + where + " switched protocols unasked");
+  }
+
+  // The head the client gets.
+  std::set<std::string> drop = hopByHop();
+  std::optional<uint64_t> contentLength;
+  bool chunked = false;
+  for (const auto& [name, value] : head.fields) {
+    const std::string key = lower(name);
+    if (key == "connection") drop.merge(connectionTokens(value));
+    if (key == "transfer-encoding") chunked = true;
+    if (key == "content-length") {
+      if (value.empty() || value.size() > 18 || value.find_first_not_of("0123456789") != std::string::npos) {
+        return fail(502, "port_bad_response", "the server on " + where + " sent a bad Content-Length");
+      }
+      uint64_t n = std::stoull(value);
+      if (contentLength && *contentLength != n) {
+        return fail(502, "port_bad_response", "the server on " + where + " sent two Content-Lengths");
+      }
+      contentLength = n;
+    }
+  }
+  if (upgraded) drop.erase("upgrade");
+  std::string out = "HTTP/1.1 " + std::to_string(head.status) + " " + head.reason + "\r\n";
+  for (const auto& [name, value] : head.fields) {
+    const std::string key = lower(name);
+    if (drop.count(key)) continue;
+    if (key == "content-length" && chunked) continue;  // Transfer-Encoding rules (RFC 9112 6.3)
+    if (forward.apiOrigin && (key == "set-cookie" || key.rfind("access-control-", 0) == 0)) continue;
+    // Clears the cookies of the whole site (localhost): the board's session too.
+    if (key == "clear-site-data") continue;
+    if (!forward.apiOrigin && key == "set-cookie" && !hostOnlyCookie(value)) continue;
+    out += name + ": " + value + "\r\n";
+  }
+  // Under moatd's origin a page from inside runs in a unique origin: it
+  // can read nothing of moatd's, and its requests carry no session.
+  if (forward.apiOrigin) out += "Content-Security-Policy: sandbox\r\n";
+  out += upgraded ? "Connection: Upgrade\r\n\r\n" : "Connection: close\r\n\r\n";
+  outcome.status = head.status;
+  outcome.upgraded = upgraded;
+
+  // What the body is: nothing, Content-Length bytes, or until the server closes.
+  const bool noBody = !upgraded && (headRequest || head.status == 204 || head.status == 304 || head.status < 200);
+  std::optional<uint64_t> remaining;
+  if (noBody) {
+    remaining = 0;
+  } else if (!upgraded && !chunked && contentLength) {
+    remaining = *contentLength;
+  }
+  if (remaining && buffer.size() > *remaining) buffer.resize(*remaining);
+  if (remaining) *remaining -= buffer.size();
+  if (!sendAll(client, out + buffer, limits.idle)) {
+    outcome.error = "the client stopped reading";
+    return outcome;
+  }
+  if (remaining && *remaining == 0) return outcome;
+
+  const auto idle = upgraded ? limits.tunnelIdle : limits.idle;
+  for (;;) {
+    pollfd fds[2] = {{upstream, POLLIN, 0}, {client, static_cast<short>(upgraded ? POLLIN : POLLRDHUP), 0}};
+    int ready = ::poll(fds, 2, static_cast<int>(idle.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) {
+      outcome.error = ready == 0 ? "idle for " + std::to_string(idle.count() / 1000) + " s" : "poll failed";
+      return outcome;
+    }
+    if (fds[0].revents) {
+      ssize_t n = ::recv(upstream, chunk, sizeof chunk, MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+      if (n <= 0) return outcome;  // the server's answer (or its side of the tunnel) ended
+      size_t take = static_cast<size_t>(n);
+      if (remaining && take > *remaining) take = static_cast<size_t>(*remaining);
+      outcome.bytesFromEnvironment += static_cast<uint64_t>(n);
+      if (!sendAll(client, std::string_view(chunk, take), idle)) {
+        outcome.error = "the client stopped reading";
+        return outcome;
+      }
+      if (remaining) {
+        *remaining -= take;
+        if (*remaining == 0) return outcome;
+      }
+    }
+    if (fds[1].revents) {
+      if (!upgraded) return outcome;  // the client hung up
+      ssize_t n = ::recv(client, chunk, sizeof chunk, MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+      if (n <= 0) return outcome;
+      outcome.bytesToEnvironment += static_cast<uint64_t>(n);
+      if (!sendAll(upstream, std::string_view(chunk, static_cast<size_t>(n)), idle)) {
+        outcome.error = "the server stopped reading";
+        return outcome;
+      }
+    }
+  }
+}
+
+}  // namespace moat::api

@@ -1,0 +1,264 @@
+// What an environment sees of its own limits (docs/SECURITY.md, "Limits
+// inside"): /proc's memory, CPU and load files from LXCFS, and as many CPUs
+// as its CPU limit allows. As root on the real kernel, through `moat run`
+// and moatd, as a user would meet them.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <sstream>
+#include <string>
+
+#include "isolation/proc/lxcfs.h"
+#include "moat_process.h"
+#include "moatd_fixture.h"
+#include "os/file.h"
+#include "os/process.h"
+
+namespace moat::test {
+namespace {
+
+// A field of /proc/meminfo's text in kB; -1 when missing.
+long meminfoKb(const std::string& text, const std::string& field) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(field + ":", 0) == 0) return std::stol(line.substr(field.size() + 1));
+  }
+  return -1;
+}
+
+int countLinesStartingWith(const std::string& text, const std::string& prefix) {
+  std::istringstream in(text);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) n += line.rfind(prefix, 0) == 0;
+  return n;
+}
+
+long hostCpus() { return ::sysconf(_SC_NPROCESSORS_ONLN); }
+
+// LXCFS is part of what these tests check: without it they fail and say so,
+// rather than skip (the package is a dependency of moat, install-deps.sh).
+void requireLxcfsInstalled() { ASSERT_EQ(::access("/usr/bin/lxcfs", X_OK), 0) << "install the lxcfs package"; }
+
+class Limits : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MOAT_REQUIRE_ROOT();
+    requireLxcfsInstalled();
+  }
+  ProcessResult run(const std::vector<std::string>& flags, const std::string& script,
+                    const std::map<std::string, std::string>& env = {}) {
+    std::vector<std::string> args = {"run"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.insert(args.end(), {"--", "sh", "-c", script});
+    return runMoat(args, "", env);
+  }
+};
+
+TEST_F(Limits, MemoryLimitIsTheMemoryInProcMeminfoAndFree) {
+  auto r = run({"--memory", "512"}, "cat /proc/meminfo; echo ---; free -k");
+  ASSERT_EQ(r.exitCode, 0) << r.err;
+  EXPECT_EQ(meminfoKb(r.out, "MemTotal"), 512 * 1024) << r.out;
+  long available = meminfoKb(r.out, "MemAvailable");
+  EXPECT_GT(available, 0);
+  EXPECT_LE(available, 512 * 1024);
+  // free(1) reads the same file: its total is the limit.
+  auto at = r.out.find("\nMem:");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  std::istringstream freeLine(r.out.substr(at + 5));
+  long total = 0;
+  freeLine >> total;
+  EXPECT_EQ(total, 512 * 1024) << r.out;
+}
+
+TEST_F(Limits, OneCpuIsOneCpuForNprocAndSchedGetaffinity) {
+  if (hostCpus() < 2) GTEST_SKIP() << "a host with one CPU shows one either way";
+  auto r = run({"--cpus", "1"}, "nproc; python3 -c 'import os; print(len(os.sched_getaffinity(0)))'");
+  ASSERT_EQ(r.exitCode, 0) << r.err;
+  EXPECT_EQ(r.out, "1\n1\n");
+  // 1.5 CPUs: two may run at once.
+  if (hostCpus() > 2) {
+    auto two = run({"--cpus", "1.5"}, "nproc");
+    EXPECT_EQ(two.out, "2\n") << two.err;
+  }
+}
+
+TEST_F(Limits, ProcStatLoadavgUptimeAndCpuinfoAreLxcfsViews) {
+  auto r = run({"--cpus", "1"},
+               "grep -c ^processor /proc/cpuinfo; grep -c '^cpu[0-9]' /proc/stat; cat /proc/loadavg; "
+               "cat /proc/uptime; grep /proc/ /proc/self/mountinfo");
+  ASSERT_EQ(r.exitCode, 0) << r.err;
+  std::istringstream in(r.out);
+  int processors = 0, statCpus = 0;
+  in >> processors >> statCpus;
+  EXPECT_GE(processors, 1);
+  EXPECT_GE(statCpus, 1);
+  // Each file is LXCFS's, bound read-only over procfs's.
+  for (const char* file : {"/proc/meminfo", "/proc/cpuinfo", "/proc/stat", "/proc/loadavg", "/proc/uptime"}) {
+    auto at = r.out.find(std::string(" ") + file + " ");
+    ASSERT_NE(at, std::string::npos) << file << " is not a mount:\n" << r.out;
+    std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+    EXPECT_NE(line.find(" ro,"), std::string::npos) << line;
+    EXPECT_NE(line.find("fuse.lxcfs"), std::string::npos) << line;
+  }
+  // /proc/stat's first line is the all-CPU sum, as the kernel writes it.
+  auto stat = run({"--cpus", "1"}, "head -1 /proc/stat");
+  ASSERT_EQ(stat.exitCode, 0) << stat.err;
+  std::istringstream cpuLine(stat.out);
+  std::string cpu;
+  long user = -1, nice = -1, system = -1;
+  cpuLine >> cpu >> user >> nice >> system;
+  EXPECT_EQ(cpu, "cpu");
+  EXPECT_GE(user, 0);
+  EXPECT_GE(system, 0);
+}
+
+TEST_F(Limits, OneCpuIsOneProcessorInCpuinfoAndOneCpuLineInStat) {
+  if (hostCpus() < 2) GTEST_SKIP() << "a host with one CPU shows one either way";
+  auto r = run({"--cpus", "1"}, "grep -c ^processor /proc/cpuinfo; grep -c '^cpu[0-9]' /proc/stat; head -1 /proc/stat");
+  ASSERT_EQ(r.exitCode, 0) << r.err;
+  std::istringstream in(r.out);
+  int processors = 0, statCpus = 0;
+  std::string cpu;
+  long user = -1, nice = -1, system = -1;
+  in >> processors >> statCpus >> cpu >> user >> nice >> system;
+  EXPECT_EQ(processors, 1) << r.out;
+  EXPECT_EQ(statCpus, 1) << r.out;
+  EXPECT_LT(user + system, 1000) << "clock ticks of a fresh environment: " << r.out;
+}
+
+TEST_F(Limits, InsideNobodyCanUnmountRemountOrWriteTheLxcfsFiles) {
+  auto r = run({"--memory", "256"},
+               "umount /proc/meminfo 2>&1; umount -l /proc/meminfo 2>&1; "
+               "mount -o remount,rw,bind /proc/meminfo 2>&1; "
+               "echo x > /proc/meminfo 2>&1; echo x > /proc/loadavg 2>&1; "
+               "grep MemTotal /proc/meminfo");
+  EXPECT_EQ(countLinesStartingWith(r.out, "MemTotal:"), 1) << r.out;
+  EXPECT_EQ(meminfoKb(r.out, "MemTotal"), 256 * 1024) << r.out;
+  EXPECT_EQ(countLinesStartingWith(r.out, "umount:"), 2) << r.out;
+  EXPECT_EQ(countLinesStartingWith(r.out, "mount:"), 1) << r.out;
+  // The shell reports a failed redirection itself, on its stderr.
+  EXPECT_EQ(countLinesStartingWith(r.err, "sh: 1: cannot create /proc/"), 2) << "both writes refused:\n" << r.err;
+}
+
+TEST_F(Limits, WithLxcfsOffTheEnvironmentStillStartsAndShowsTheHost) {
+  auto r = run({"--memory", "512"}, "grep MemTotal /proc/meminfo; grep -c lxcfs /proc/self/mountinfo",
+               {{"MOAT_LXCFS", "off"}});
+  ASSERT_EQ(r.exitCode, 1) << "grep -c counts no lxcfs mount, and says so with 1: " << r.out << r.err;
+  auto host = os::readFile("/proc/meminfo");
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(meminfoKb(r.out, "MemTotal"), meminfoKb(host.value(), "MemTotal")) << r.out;
+}
+
+TEST_F(Limits, AMissingLxcfsBinaryStillStartsTheEnvironment) {
+  char tmpl[] = "/tmp/moat-lxcfs-missing-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  auto r = run({"--memory", "512"}, "grep MemTotal /proc/meminfo",
+               {{"MOAT_LXCFS", "/no/such/lxcfs"}, {"MOAT_LXCFS_DIR", dir + "/mnt"}});
+  ASSERT_EQ(r.exitCode, 0) << r.err;
+  auto host = os::readFile("/proc/meminfo");
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(meminfoKb(r.out, "MemTotal"), meminfoKb(host.value(), "MemTotal")) << r.out;
+  EXPECT_EQ(r.err, "") << "moat run keeps its command's stderr to the command";
+  (void)os::removeTree(dir);
+}
+
+// An lxcfs of the test's own, killed: the next environment gets a new one
+// and reads its limits again.
+TEST_F(Limits, ADeadLxcfsIsReplacedByTheNextCreate) {
+  char tmpl[] = "/tmp/moat-lxcfs-XXXXXX";
+  std::string dir = std::string(::mkdtemp(tmpl)) + "/mnt";
+  isolation::proc::LxcfsConfig config;
+  config.dir = dir;
+  auto first = isolation::proc::ensureLxcfs(config);
+  ASSERT_TRUE(first.ok()) << first.error().message();
+  auto again = isolation::proc::ensureLxcfs(config);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again.value(), first.value()) << "a live one is used, not started twice";
+  auto pidfd = os::pidfdOpen(first.value());
+  ASSERT_TRUE(pidfd.ok());
+  ASSERT_TRUE(os::pidfdSendSignal(pidfd->get(), SIGKILL).ok());
+  while (!os::pidfdExited(pidfd->get())) ::usleep(1000);  // not our child: no wait
+  auto r = run({"--memory", "384"}, "grep MemTotal /proc/meminfo", {{"MOAT_LXCFS_DIR", dir}});
+  ASSERT_EQ(r.exitCode, 0) << r.err;
+  EXPECT_EQ(meminfoKb(r.out, "MemTotal"), 384 * 1024) << r.out;
+  auto text = os::readFile(dir + ".pid");
+  ASSERT_TRUE(text.ok());
+  pid_t second = static_cast<pid_t>(std::stol(text.value()));
+  EXPECT_NE(second, first.value());
+  auto secondFd = os::pidfdOpen(second);
+  ASSERT_TRUE(secondFd.ok());
+  (void)os::pidfdSendSignal(secondFd->get(), SIGKILL);  // its mount is detached below
+  while (!os::pidfdExited(secondFd->get())) ::usleep(1000);
+  ::umount2(dir.c_str(), MNT_DETACH);
+  (void)os::removeTree(dir.substr(0, dir.rfind('/')));
+}
+
+class LimitsMoatd : public MoatdFixture {};
+
+TEST_F(LimitsMoatd, EnvironmentsShowTheirLimitsAcrossARestartAndLeaveNoMountBehind) {
+  requireLxcfsInstalled();
+  std::string id = createEnv({{"spec", {{"ram_mb", 512}, {"cpus", 1}}}});
+  auto read = [&](const std::string& envId) {
+    return exec(envId, {{"cmd", {"sh", "-c", "cat /proc/meminfo; nproc"}}})["stdout"].get<std::string>();
+  };
+  std::string before = read(id);
+  EXPECT_EQ(meminfoKb(before, "MemTotal"), 512 * 1024) << before;
+  if (hostCpus() > 1) {
+    EXPECT_NE(before.find("\n1\n"), std::string::npos) << before;
+  }
+  daemon_->kill9();
+  daemon_->restart();
+  EXPECT_EQ(meminfoKb(read(id), "MemTotal"), 512 * 1024);
+  std::string other = createEnv({{"spec", {{"ram_mb", 256}}}});
+  EXPECT_EQ(meminfoKb(read(other), "MemTotal"), 256 * 1024);
+  // An environment without a CPU limit beyond the host's sees every CPU.
+  std::string wide = createEnv({{"spec", {{"cpus", static_cast<double>(hostCpus())}}}});
+  auto nproc = exec(wide, {{"cmd", {"nproc"}}})["stdout"].get<std::string>();
+  EXPECT_EQ(nproc, std::to_string(hostCpus()) + "\n");
+  // The binds live in the environments' mount namespaces only: the host's
+  // mount table holds none of them before or after.
+  for (const auto& envId : {id, other, wide}) call("DELETE", "/v1/environments/" + envId, nullptr, 204);
+  auto mounts = os::readFile("/proc/self/mountinfo", 4 << 20);
+  ASSERT_TRUE(mounts.ok());
+  EXPECT_EQ(mounts->find(" /proc/meminfo "), std::string::npos);
+  EXPECT_EQ(mounts->find("/proc/meminfo"), std::string::npos);
+  EXPECT_EQ(daemon_->log().find("warning"), std::string::npos) << daemon_->log();
+}
+
+// Without lxcfs, moatd says why once, and its environments still start.
+TEST(LimitsMoatdWithoutLxcfs, MoatdWarnsOnceAndEnvironmentsStillStart) {
+  MOAT_REQUIRE_ROOT();
+  char tmpl[] = "/tmp/moat-lxcfs-none-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  {
+    Moatd daemon({}, {"MOAT_LXCFS=/no/such/lxcfs", "MOAT_LXCFS_DIR=" + dir + "/mnt"});
+    for (int i = 0; i < 2; ++i) {
+      auto created = daemon.request("POST", "/v1/environments", R"({"spec":{"ram_mb":512}})");
+      ASSERT_EQ(created.status, 201) << created.body;
+      std::string id = nlohmann::json::parse(created.body)["id"];
+      auto ran = daemon.request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["cat","/proc/meminfo"]})");
+      ASSERT_EQ(ran.status, 200) << ran.body;
+      auto host = os::readFile("/proc/meminfo");
+      ASSERT_TRUE(host.ok());
+      EXPECT_EQ(meminfoKb(nlohmann::json::parse(ran.body)["stdout"], "MemTotal"), meminfoKb(host.value(), "MemTotal"));
+    }
+    std::string log = daemon.log();
+    size_t first = log.find("moatd: warning: environments will show the host's memory");
+    ASSERT_NE(first, std::string::npos) << log;
+    EXPECT_NE(log.find("/no/such/lxcfs", first), std::string::npos) << "the warning names the reason: " << log;
+    EXPECT_EQ(log.find("moatd: warning", first + 1), std::string::npos) << "once: " << log;
+  }
+  (void)os::removeTree(dir);
+}
+
+TEST(LimitsHostValues, AnEnvironmentWithoutLimitsBeyondTheHostSeesTheHostsCpus) {
+  MOAT_REQUIRE_ROOT();
+  auto r = runMoat({"run", "--cpus", std::to_string(hostCpus()), "--", "nproc"});
+  ASSERT_EQ(r.exitCode, 0) << r.err;
+  EXPECT_EQ(r.out, std::to_string(hostCpus()) + "\n");
+}
+
+}  // namespace
+}  // namespace moat::test
