@@ -27,7 +27,8 @@
 
 namespace moat::templates {
 class Catalog;
-}
+struct Built;
+}  // namespace moat::templates
 
 namespace moat::api {
 
@@ -128,6 +129,9 @@ class Api {
   // mcp.cc: at start, before serving: destroys the default environments of
   // the MCP sessions a previous moatd held (it was killed; they ended with it).
   void endOrphanedMcpEnvironments();
+  // At start: environments of template builds a previous moatd left are
+  // destroyed, and snapshots of templates no ready template names deleted.
+  void endOrphanedTemplateBuilds();
   // Agent runs (docs/AGENTS.md): all end (stopped) at moatd's stop; at its
   // start, the environments of runs a previous moatd ran are destroyed.
   void stopAgentRuns();
@@ -179,6 +183,18 @@ class Api {
   // snapshots.cc: /v1/snapshots, and an environment's snapshots, restore and fork.
   HttpResponse snapshotsRoute(const HttpRequest& request, const Principal& principal);
   HttpResponse templatesRoute(const HttpRequest& request, const Principal& principal, const std::string& name);
+  // template_build.cc: a template from a recipe, built on the catalog's thread.
+  struct BuildRecipe {
+    std::string base;
+    std::vector<std::string> run;
+    std::map<std::string, std::string> env;
+  };
+  static constexpr const char* kTemplateBuildLabel = "moat.template_build";  // on a build's environment
+  HttpResponse startTemplateBuild(const HttpRequest& request, const Principal& principal, const json& body);
+  Result<templates::Built> runTemplateBuild(const HttpRequest& request, const Principal& principal,
+                                            const std::string& name, const BuildRecipe& recipe,
+                                            const std::function<void(const std::string&)>& progress,
+                                            const std::function<bool()>& stopping);
   HttpResponse environmentSnapshotsRoute(const HttpRequest& request, const Principal& principal, const std::string& id,
                                          const std::string& sub);
   // GET /v1/environments/{id}/changes: against its template or a snapshot.

@@ -120,6 +120,13 @@ HttpResponse Api::snapshotsRoute(const HttpRequest& req, const Principal& princi
                                   : Result<store::SnapshotRecord>(Error::make(Code::kNotFound, "no snapshot " + id));
   if (!snap.ok()) return errorResponse(fromError(snap.error()));
   if (req.method == "GET") return respond(200, snapshotJson(snap.value()));
+  // A built template's (a key never sees one): it goes with the template.
+  if (snap->owner.rfind("template:", 0) == 0) {
+    return errorResponse({409, "conflict",
+                          "snapshot " + id + " belongs to template " + snap->owner.substr(9) +
+                              "; it is deleted with it (DELETE /v1/templates/" + snap->owner.substr(9) + ")",
+                          ""});
+  }
   Status s = snapshots_.deleteSnapshot(id, principal.owner());
   if (!s.ok()) return errorResponse(fromError(s.error()));
   return noContent();

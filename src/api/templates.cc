@@ -10,8 +10,7 @@
 // master token.
 namespace moat::api {
 
-namespace {
-
+// Also template_build.cc's.
 json templateJson(const templates::TemplateView& v) {
   const store::TemplateRecord& r = v.record;
   json config = json::parse(r.config, nullptr, false);
@@ -34,6 +33,8 @@ json templateJson(const templates::TemplateView& v) {
   }
   return out;
 }
+
+namespace {
 
 json hostTemplateJson() {
   return {{"name", "host"},
@@ -83,8 +84,8 @@ HttpResponse Api::templatesRoute(const HttpRequest& req, const Principal& princi
     if (auto e = onlyFields(j, {"name", "source", "build"}, "")) return errorResponse(*e);
     if (!j.contains("name") || !j["name"].is_string()) return errorResponse(invalid("name", "required: a string"));
     if (j.contains("build")) {
-      return errorResponse(
-          {501, "unsupported", "build: recipes are not served by this moatd yet; import an image", "build"});
+      if (j.contains("source")) return errorResponse(invalid("source", "a template has a source or a build, not both"));
+      return startTemplateBuild(req, principal, j);
     }
     if (!j.contains("source") || !j["source"].is_string()) {
       return errorResponse(

@@ -1,4 +1,4 @@
-// moat template: named templates from OCI images (docs/TEMPLATES.md).
+// moat template: named templates from OCI images and recipes (docs/TEMPLATES.md).
 #include <unistd.h>
 
 #include <chrono>
@@ -10,6 +10,7 @@
 #include "cli/client.h"
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
+#include "os/file.h"
 
 namespace moat::cli {
 namespace {
@@ -20,6 +21,13 @@ constexpr const char* kTemplateUsage =
     R"(usage: moat template import SOURCE --name NAME [--no-wait]
                                            import an OCI image as template NAME, showing
                                            progress until it is ready (or failed)
+       moat template build --name NAME --base BASE --run LINE [--run LINE...]
+                           [--env K=V...] [-f RECIPE.json] [--no-wait]
+                                           build template NAME from a recipe: an
+                                           environment of BASE runs each LINE with
+                                           /bin/sh -c (under your key's permissions),
+                                           then is snapshotted as NAME; progress is
+                                           shown until it is ready (or failed)
        moat template ls                    the templates
        moat template rm NAME...            delete templates (refused while in use)
 
@@ -28,7 +36,10 @@ constexpr const char* kTemplateUsage =
           oci:DIR[:TAG]         an OCI image layout directory
           docker://REF          pulled from a registry (when moatd's host reaches it)
           (FILE and DIR are paths on moatd's host: master token only)
-  --json   print moatd's JSON instead (import, ls)
+  BASE    host, a template's name, or (master token) a root directory
+  RECIPE  a JSON file: {"base": ..., "run": [...], "env": {...}} (the body's
+          "build"); --base, --run and --env add to or override it
+  --json   print moatd's JSON instead (import, build, ls)
 
 Environments use one with `moat env create --template NAME`. Keys need the
 'templates' scope to import or delete (ls: 'read').
@@ -42,6 +53,10 @@ struct Options {
   bool help = false;
   bool wait = true;
   std::string name;
+  std::string base;
+  std::string recipeFile;
+  std::vector<std::string> run;
+  std::map<std::string, std::string> env;
 };
 
 Status parse(const std::vector<std::string>& args, const std::string& sub, Options& out) {
@@ -62,9 +77,21 @@ Status parse(const std::vector<std::string>& args, const std::string& sub, Optio
     } else if (name == "--json") {
       MOAT_TRY(flags.noValue());
       out.asJson = true;
-    } else if (name == "--name" && sub == "import") {
+    } else if (name == "--name" && (sub == "import" || sub == "build")) {
       MOAT_ASSIGN(out.name, flags.value());
-    } else if (name == "--no-wait" && sub == "import") {
+    } else if (name == "--base" && sub == "build") {
+      MOAT_ASSIGN(out.base, flags.value());
+    } else if (name == "--run" && sub == "build") {
+      MOAT_ASSIGN(std::string line, flags.value());
+      out.run.push_back(line);
+    } else if ((name == "-f" || name == "--file") && sub == "build") {
+      MOAT_ASSIGN(out.recipeFile, flags.value());
+    } else if (name == "--env" && sub == "build") {
+      MOAT_ASSIGN(std::string kv, flags.value());
+      auto eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) return usageError("--env takes K=V, not '" + kv + "'");
+      out.env[kv.substr(0, eq)] = kv.substr(eq + 1);
+    } else if (name == "--no-wait" && (sub == "import" || sub == "build")) {
       MOAT_TRY(flags.noValue());
       out.wait = false;
     } else {
@@ -119,11 +146,12 @@ int templateCommand(const std::vector<std::string>& args) {
     return 0;
   }
   const std::string what = "template " + sub;
-  const std::map<std::string, std::pair<size_t, size_t>> arity = {
-      {"import", {1, 1}}, {"ls", {0, 0}}, {"list", {0, 0}}, {"rm", {1, 1000}}, {"remove", {1, 1000}}};
+  const std::map<std::string, std::pair<size_t, size_t>> arity = {{"import", {1, 1}}, {"build", {0, 0}},
+                                                                  {"ls", {0, 0}},     {"list", {0, 0}},
+                                                                  {"rm", {1, 1000}},  {"remove", {1, 1000}}};
   auto known = arity.find(sub);
   if (known == arity.end()) {
-    std::fprintf(stderr, "moat template: unknown command '%s' (import, ls or rm; see moat template --help)\n",
+    std::fprintf(stderr, "moat template: unknown command '%s' (import, build, ls or rm; see moat template --help)\n",
                  sub.c_str());
     return kExitUsage;
   }
@@ -132,7 +160,23 @@ int templateCommand(const std::vector<std::string>& args) {
   if (s.ok() && !o.help && (o.positional.size() < known->second.first || o.positional.size() > known->second.second)) {
     s = usageError("wrong number of arguments (see moat template --help)");
   }
-  if (s.ok() && !o.help && sub == "import" && o.name.empty()) s = usageError("--name NAME is required");
+  if (s.ok() && !o.help && (sub == "import" || sub == "build") && o.name.empty()) {
+    s = usageError("--name NAME is required");
+  }
+  json recipe = json::object();
+  if (s.ok() && !o.help && sub == "build") {
+    if (!o.recipeFile.empty()) {
+      auto text = os::readFile(o.recipeFile);
+      if (!text.ok()) return reportFailure(what, text.error());
+      recipe = json::parse(text.value(), nullptr, false);
+      if (!recipe.is_object()) return reportFailure(what, usageError(o.recipeFile + ": not a JSON object"));
+    }
+    if (!o.base.empty()) recipe["base"] = o.base;
+    for (const auto& line : o.run) recipe["run"].push_back(line);
+    for (const auto& [k, v] : o.env) recipe["env"][k] = v;
+    if (!recipe.contains("base")) s = usageError("--base BASE is required (or \"base\" in the recipe file)");
+    if (s.ok() && !recipe.contains("run")) s = usageError("at least one --run LINE (or \"run\" in the recipe file)");
+  }
   if (!s.ok()) return reportFailure(what, s.error());
   if (o.help) {
     std::fputs(kTemplateUsage, stdout);
@@ -167,8 +211,9 @@ int templateCommand(const std::vector<std::string>& args) {
   }
   auto path = templatePath(o.name);
   if (!path.ok()) return reportFailure(what, path.error());
-  auto started =
-      call(client.value(), "POST", "/v1/templates", json{{"name", o.name}, {"source", o.positional[0]}}.dump(), 202);
+  json body =
+      sub == "build" ? json{{"name", o.name}, {"build", recipe}} : json{{"name", o.name}, {"source", o.positional[0]}};
+  auto started = call(client.value(), "POST", "/v1/templates", body.dump(), 202);
   if (!started.ok()) return reportFailure(what, started.error());
   json t = started.value();
   // Progress on stderr while it imports (one line, rewritten on a terminal).
@@ -193,7 +238,7 @@ int templateCommand(const std::vector<std::string>& args) {
   if (o.asJson) {
     std::puts(t.dump(2).c_str());
   } else if (t.value("state", "") == "failed") {
-    std::fprintf(stderr, "moat template import: %s failed: %s\n", o.name.c_str(),
+    std::fprintf(stderr, "moat template %s: %s failed: %s\n", sub.c_str(), o.name.c_str(),
                  t.contains("error") ? t["error"].value("message", "").c_str() : "");
   } else {
     std::printf("%s  %s%s\n", o.name.c_str(), t.value("state", "").c_str(),

@@ -209,8 +209,10 @@ int main(int argc, char** argv) {
     nlohmann::json data = {{"template", r.name}, {"source", r.source}, {"state", store::stateName(r.state)}};
     if (r.state == store::TemplateState::kFailed) data["error"] = r.errorMessage;
     if (r.state == store::TemplateState::kReady) data["size_bytes"] = r.sizeBytes;
-    log->record(r.state == store::TemplateState::kReady ? "template.imported" : "template.failed", "", r.owner,
-                std::move(data));
+    const bool built = r.source.rfind("build:", 0) == 0;
+    log->record(
+        r.state == store::TemplateState::kReady ? (built ? "template.built" : "template.imported") : "template.failed",
+        "", r.owner, std::move(data));
   });
   {
     backend::namespaces::NamespacesBackend backend(*spawner.value(), stateDir);
@@ -218,7 +220,12 @@ int main(int argc, char** argv) {
     manager.setEgress(egress.get());
     manager.setTemplates({[&catalog](const std::string& name) -> Result<manager::TemplateDefaults> {
                             MOAT_ASSIGN(templates::Defaults d, catalog.defaultsFor(name));
-                            return templateDefaults(d);
+                            manager::TemplateDefaults out = templateDefaults(d);
+                            if (!d.snapshot.empty()) {
+                              out.snapshot = d.snapshot;
+                              out.snapshotOwner = templates::snapshotOwner(name);
+                            }
+                            return out;
                           },
                           [&catalog](const std::string& name) { return catalog.hold(name); }});
     // Until serving, a failure must leave the environments as they are.
@@ -253,6 +260,7 @@ int main(int argc, char** argv) {
     apiOptions.portLimits.idle = std::chrono::seconds(flags->portTimeoutS);
     api::Api api(manager, keys, approvals, token.value(), apiOptions, auditLog->get());
     api.setTemplates(&catalog);
+    catalog.onDropSnapshot([&manager](const std::string& id) { return manager.deleteSnapshot(id, "moatd"); });
     apiForEgress = &api;
     // And an agent run in it stops (reset before the API goes, below).
     manager.onEnded([&approvals, &api, log = auditLog->get()](const std::string& id, const std::string& reason) {
@@ -269,6 +277,7 @@ int main(int argc, char** argv) {
         [&api](const std::string& id, const init::ExecReport& report) { api.execReport(id, report); });
     manager.refreshExecPolicies();  // the environments re-attached before the gate was set
     api.endOrphanedMcpEnvironments();
+    api.endOrphanedTemplateBuilds();
     api.endOrphanedAgentEnvironments();
     api::HttpServer server([&api](const api::HttpRequest& r) { return api.handle(r); },
                            [&api](const api::HttpRequest& head) { return api.preflight(head); }, serverLimits,
@@ -299,6 +308,7 @@ int main(int argc, char** argv) {
     api.stopWaiting();                // requests waiting under the key rate limit: 503 now
     api.stopAgentRuns();              // agent runs end as stopped (their environments go)
     api.closeMcpSessions();           // their own environments go with them
+    catalog.interrupt();              // builds end as interrupted (their execs end next)
     manager.interrupt();              // waiting execs end; nothing new starts
     approvals.shutdown();             // requests waiting for a person end too
     api.waitForExecAsks();            // and programs waiting for one (refused now)

@@ -254,11 +254,23 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   layers.insert(layers.end(), request.furtherLayers.begin(), request.furtherLayers.end());
   record.permissions = layersText(layers);
   std::optional<store::SnapshotRecord> from;
-  auto snapshotHeld = holdSnapshot(request.fromSnapshot);  // until the backend has copied it
-  if (!request.fromSnapshot.empty()) {
-    MOAT_ASSIGN(auto snap, usableSnapshot(request.fromSnapshot, request.forkedFrom));
-    if (request.owner != "master" && snap.owner != request.owner) {
-      return Error::make(Code::kNotFound, "no snapshot " + request.fromSnapshot);
+  // A built template (docs/TEMPLATES.md, "Recipes"): a fork of its
+  // snapshot, on its base; the template held until the record is stored.
+  std::string fromSnapshot = request.fromSnapshot;
+  std::string snapshotOwner = request.snapshotOwner;
+  std::shared_ptr<void> builtHeld;
+  if (fromSnapshot.empty() && templates_.defaults) {
+    if (templates_.hold) builtHeld = templates_.hold(record.templateName);
+    MOAT_ASSIGN(TemplateDefaults built, templates_.defaults(record.templateName));
+    fromSnapshot = built.snapshot;
+    snapshotOwner = built.snapshotOwner;
+  }
+  auto snapshotHeld = holdSnapshot(fromSnapshot);  // until the backend has copied it
+  if (!fromSnapshot.empty()) {
+    MOAT_ASSIGN(auto snap, usableSnapshot(fromSnapshot, request.forkedFrom));
+    if (!snapshotOwner.empty() ? snap.owner != snapshotOwner
+                               : request.owner != "master" && snap.owner != request.owner) {
+      return Error::make(Code::kNotFound, "no snapshot " + fromSnapshot);
     }
     record.templateName = snap.templateName;
     if (request.storageGb <= 0) record.storageGb = snap.storageGb;

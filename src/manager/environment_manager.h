@@ -98,6 +98,8 @@ class EnvironmentManager final : public EnvironmentService,
   Result<UniqueFd> networkNamespaceOf(const std::string& id) override;
   Result<store::SnapshotRecord> snapshot(const std::string& id, const std::string& name,
                                          const std::string& actor) override;
+  Result<store::SnapshotRecord> snapshotOwnedBy(const std::string& id, const std::string& owner,
+                                                const std::string& name, const std::string& actor) override;
   Result<store::SnapshotRecord> getSnapshot(const std::string& snapshotId) override {
     return usableSnapshot(snapshotId, "");
   }
@@ -161,8 +163,9 @@ class EnvironmentManager final : public EnvironmentService,
   // "transient", so a moatd killed before the fork removed it rolls it back).
   // A ready snapshot, or the transient one taken for a fork of `forkOf`.
   Result<store::SnapshotRecord> usableSnapshot(const std::string& snapshotId, const std::string& forkOf);
+  // owner "": the environment's.
   Result<store::SnapshotRecord> takeSnapshot(const std::string& id, const std::string& name, const std::string& actor,
-                                             bool transient);
+                                             bool transient, const std::string& owner = "");
   // Held by a create or restore from the snapshot until its copy is made:
   // a deletion waits for the holds, and a hold for a deletion in progress
   // (which then leaves the snapshot not found). No-op for "".

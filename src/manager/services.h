@@ -59,6 +59,10 @@ struct TemplateDefaults {
   std::string cwd;  // empty: /workspace
   uint32_t uid = 0;
   uint32_t gid = 0;
+  // A built template: environments are forks of this snapshot (owned by
+  // snapshotOwner, whoever creates them), on its base's files and defaults.
+  std::string snapshot;
+  std::string snapshotOwner;
 };
 
 // The template catalog as the manager sees it (moatd sets it; without it,
@@ -91,6 +95,10 @@ struct CreateRequest {
   // template is the environment's; the storage limit defaults to its).
   std::string fromSnapshot;
   std::string forkedFrom;  // a fork of this environment (for the audit log)
+  // Not empty: fromSnapshot must belong to this owner (a built template's
+  // snapshot, which the caller resolved from the template's name), whoever
+  // the environment's owner is.
+  std::string snapshotOwner;
 };
 
 // A fork: a new environment with a copy of a running one's files and all
@@ -239,6 +247,10 @@ class SnapshotService {
   // point in time (like a power cut: written data is in, processes are not).
   virtual Result<store::SnapshotRecord> snapshot(const std::string& id, const std::string& name,
                                                  const std::string& actor) = 0;
+  // A snapshot that belongs to `owner`, not to the environment's owner (a
+  // built template's: templates::snapshotOwner); counted against `owner`'s.
+  virtual Result<store::SnapshotRecord> snapshotOwnedBy(const std::string& id, const std::string& owner,
+                                                        const std::string& name, const std::string& actor) = 0;
   virtual Result<store::SnapshotRecord> getSnapshot(const std::string& snapshotId) = 0;
   virtual Result<std::vector<store::SnapshotRecord>> snapshots(const std::string& owner,
                                                                const std::string& environment) = 0;

@@ -27,12 +27,20 @@ Result<store::SnapshotRecord> EnvironmentManager::snapshot(const std::string& id
   return takeSnapshot(id, name, actor, false);
 }
 
+Result<store::SnapshotRecord> EnvironmentManager::snapshotOwnedBy(const std::string& id, const std::string& owner,
+                                                                  const std::string& name, const std::string& actor) {
+  if (owner.empty()) return Error::make(Code::kInvalidArgument, "a snapshot's owner is required");
+  return takeSnapshot(id, name, actor, false, owner);
+}
+
 Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string& id, const std::string& name,
-                                                               const std::string& actor, bool transient) {
+                                                               const std::string& actor, bool transient,
+                                                               const std::string& owner) {
   auto held = exclusive(id);
   MOAT_ASSIGN(auto record, get(id));
   MOAT_ASSIGN(LiveEnvironment live, liveOf(id));  // running: its volume is there
   (void)live;
+  if (!owner.empty()) record.owner = owner;
   MOAT_ASSIGN(auto mine, store_.listSnapshots(record.owner, ""));
   if (!transient && mine.size() >= config_.maxSnapshotsPerOwner) {
     return Error::make(Code::kCapacity, "at capacity: " + std::to_string(mine.size()) +

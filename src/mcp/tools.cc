@@ -21,7 +21,7 @@ const char* kToolDefinitions = R"json([
 {"name": "create_environment",
  "description": "Create a new isolated Linux environment (its own processes, files and network; root inside cannot touch the host). You only need this for a second environment or special settings: tools without environment_id already use this session's own environment. The new environment outlives the session until destroyed or its TTL ends. Returns its id.",
  "inputSchema": {"type": "object", "additionalProperties": false, "properties": {
-   "template": {"type": "string", "description": "'host' (default: the host's /usr read-only, a clean /etc) or an absolute root file system directory on the host"},
+   "template": {"type": "string", "description": "'host' (default: the host's /usr read-only, a clean /etc), a template's name (imported from an OCI image) or an absolute root file system directory on the host"},
    "cpus": {"type": "number", "minimum": 0.01, "maximum": 1024, "description": "CPU time per second, default 1"},
    "ram_mb": {"type": "integer", "minimum": 16, "description": "memory limit in MB, default 1024"},
    "storage_gb": {"type": "number", "minimum": 0.01, "description": "writable storage in GB, default 4"},

@@ -13,6 +13,12 @@ namespace moat::templates {
 
 bool validName(const std::string& name) { return isolation::fs::isTemplateName(name); }
 
+std::string builtSnapshot(const store::TemplateRecord& record) {
+  nlohmann::json config = nlohmann::json::parse(record.config, nullptr, false);
+  if (!config.is_object() || !config.contains("snapshot") || !config["snapshot"].is_string()) return "";
+  return config["snapshot"];
+}
+
 Catalog::Catalog(CatalogConfig config, store::Store& store) : config_(std::move(config)), store_(store) {}
 
 Catalog::~Catalog() { stop(); }
@@ -47,9 +53,13 @@ Status Catalog::recover() {
   std::map<std::string, store::TemplateRecord> byName;
   for (auto& r : records) {
     if (r.state == store::TemplateState::kImporting || r.state == store::TemplateState::kBuilding) {
+      const bool building = r.state == store::TemplateState::kBuilding;
       r.state = store::TemplateState::kFailed;
       r.errorCode = "interrupted";
-      r.errorMessage = "moatd restarted during the import; its partial files were removed (delete it and import again)";
+      r.errorMessage = building ? "moatd restarted during the build; its environment and snapshot were removed (delete "
+                                  "it and build again)"
+                                : "moatd restarted during the import; its partial files were removed (delete it and "
+                                  "import again)";
       MOAT_TRY(store_.updateTemplate(r));
     }
     byName[r.name] = r;
@@ -65,7 +75,7 @@ Status Catalog::recover() {
     }
   }
   for (auto& [name, r] : byName) {
-    if (r.state == store::TemplateState::kReady && !os::isDirectory(dir + "/" + name)) {
+    if (r.state == store::TemplateState::kReady && builtSnapshot(r).empty() && !os::isDirectory(dir + "/" + name)) {
       r.state = store::TemplateState::kFailed;
       r.errorCode = "missing";
       r.errorMessage = "its files are gone from " + dir;
@@ -75,45 +85,77 @@ Status Catalog::recover() {
   return {};
 }
 
-Result<TemplateView> Catalog::import(const std::string& name, const std::string& sourceText, const std::string& owner) {
-  if (!validName(name)) {
-    return Error::invalidField(
-        "name", "'" + name.substr(0, 80) + "': 1 to 64 of a-z 0-9 . _ : - starting with a letter or digit, not 'host'");
-  }
-  MOAT_ASSIGN(Source source, parseSource(sourceText));
+std::string snapshotOwner(const std::string& templateName) { return "template:" + templateName; }
+
+namespace {
+
+Status checkName(const std::string& name) {
+  if (validName(name)) return {};
+  return Error::invalidField(
+      "name", "'" + name.substr(0, 80) + "': 1 to 64 of a-z 0-9 . _ : - starting with a letter or digit, not 'host'");
+}
+
+}  // namespace
+
+Result<TemplateView> Catalog::start(store::TemplateRecord record, const std::function<Status()>& prepare,
+                                    std::function<void(store::TemplateRecord)> thread) {
   if (stopping_) return Error::make(Code::kUnavailable, "moatd is stopping");
   std::lock_guard lock(mutex_);
   for (auto& t : finishedThreads_) t.join();
   finishedThreads_.clear();
   if (running_.size() >= config_.maxImports) {
-    return Error::make(Code::kCapacity, std::to_string(running_.size()) + " imports are in progress (at most " +
+    return Error::make(Code::kCapacity, std::to_string(running_.size()) +
+                                            " imports and builds are in progress (at most " +
                                             std::to_string(config_.maxImports) + " at once); try again later");
   }
-  store::TemplateRecord record;
-  record.name = name;
-  record.source = sourceText;
-  record.state = store::TemplateState::kImporting;
-  record.config = "{}";
-  record.owner = owner;
+  record.config = record.config.empty() ? "{}" : record.config;
   record.createdAtMs = nowMs();
+  const std::string name = record.name;
   MOAT_ASSIGN(auto existing, store_.getTemplate(name));
   if (existing) {
     return Error::make(Code::kConflict, "template " + name + " exists (" + stateName(existing->state) +
                                             "); delete it first (moat template rm " + name + ")");
   }
+  MOAT_TRY(prepare());
+  MOAT_TRY(store_.insertTemplate(record));
+  progress_[name] = Progress{"starting", 0};
+  running_[name] = std::thread([thread = std::move(thread), record] { thread(record); });
+  return TemplateView{record, Progress{"starting", 0}};
+}
+
+Result<TemplateView> Catalog::import(const std::string& name, const std::string& sourceText, const std::string& owner) {
+  MOAT_TRY(checkName(name));
+  MOAT_ASSIGN(Source source, parseSource(sourceText));
+  store::TemplateRecord record;
+  record.name = name;
+  record.source = sourceText;
+  record.state = store::TemplateState::kImporting;
+  record.owner = owner;
   MOAT_ASSIGN(std::string suffix, randomHex(6));
   // Not the name: skopeo and umoci read "oci:PATH:TAG" up to the first colon.
   const std::string workDir = imagesDir() + "/.partial-" + suffix;
-  MOAT_TRY(os::makeDirs(imagesDir(), 0700, 0700));
-  if (::mkdir(workDir.c_str(), 0700) != 0) return Error::fromErrno("mkdir " + workDir);
-  Status stored = store_.insertTemplate(record);
-  if (!stored.ok()) {
-    (void)os::removeTree(workDir);
-    return stored.error();
-  }
-  progress_[name] = Progress{"starting", 0};
-  running_[name] = std::thread([this, record, source, workDir] { run(record, source, workDir); });
-  return TemplateView{record, Progress{"starting", 0}};
+  bool made = false;
+  auto prepare = [&]() -> Status {
+    MOAT_TRY(os::makeDirs(imagesDir(), 0700, 0700));
+    if (::mkdir(workDir.c_str(), 0700) != 0) return Error::fromErrno("mkdir " + workDir);
+    made = true;
+    return {};
+  };
+  auto started = start(record, prepare, [this, source, workDir](store::TemplateRecord r) { run(r, source, workDir); });
+  if (!started.ok() && made) (void)os::removeTree(workDir);
+  return started;
+}
+
+Result<TemplateView> Catalog::build(const std::string& name, const std::string& base, const std::string& owner,
+                                    BuildWork work) {
+  MOAT_TRY(checkName(name));
+  store::TemplateRecord record;
+  record.name = name;
+  record.source = "build:" + base;
+  record.state = store::TemplateState::kBuilding;
+  record.owner = owner;
+  return start(
+      record, [] { return Status{}; }, [this, work = std::move(work)](store::TemplateRecord r) { runBuild(r, work); });
 }
 
 void Catalog::setProgress(const std::string& name, const std::string& stage, uint64_t bytes) {
@@ -150,6 +192,27 @@ void Catalog::run(store::TemplateRecord record, Source source, std::string workD
     record.errorCode = stopping_ ? "interrupted" : codeName(e.code);
     record.errorMessage = stopping_ ? "moatd stopped during the import; its partial files were removed" : e.message();
   }
+  finish(record);
+}
+
+void Catalog::runBuild(store::TemplateRecord record, BuildWork work) {
+  auto built = work([this, &record](const std::string& stage) { setProgress(record.name, stage, 0); },
+                    [this] { return stopping_.load(); });
+  if (built.ok()) {
+    nlohmann::json config = configJson(built->config);
+    config["snapshot"] = built->snapshot;
+    record.state = store::TemplateState::kReady;
+    record.config = config.dump();
+  } else {
+    record.state = store::TemplateState::kFailed;
+    record.errorCode = stopping_ ? "interrupted" : codeName(built.error().code);
+    record.errorMessage =
+        stopping_ ? "moatd stopped during the build: " + built.error().message() : built.error().message();
+  }
+  finish(record);
+}
+
+void Catalog::finish(store::TemplateRecord& record) {
   Status s = store_.updateTemplate(record);
   if (!s.ok()) std::fprintf(stderr, "moatd: template %s: %s\n", record.name.c_str(), s.error().message().c_str());
   if (finished_) finished_(record);
@@ -202,6 +265,13 @@ Status Catalog::remove(const std::string& name) {
     if (users.size() > 5) list += " and " + std::to_string(users.size() - 5) + " more";
     return Error::make(Code::kConflict, "template " + name + " is in use by " + list);
   }
+  // A built template's snapshot goes first: a template record naming a
+  // snapshot that is gone would only fail creates.
+  const std::string snapshot = builtSnapshot(*record);
+  if (!snapshot.empty() && dropSnapshot_) {
+    Status dropped = dropSnapshot_(snapshot);
+    if (!dropped.ok() && dropped.error().code != Code::kNotFound) return dropped.error();
+  }
   // Out of the name first (environments can no longer find it), then gone.
   const std::string dir = imagesDir() + "/" + name;
   if (os::exists(dir)) {
@@ -227,6 +297,7 @@ Result<Defaults> Catalog::defaultsFor(const std::string& name) {
   }
   d.named = true;
   d.config = configFromJson(nlohmann::json::parse(record->config, nullptr, false));
+  d.snapshot = builtSnapshot(*record);
   return d;
 }
 

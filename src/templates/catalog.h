@@ -46,7 +46,24 @@ struct TemplateView {
 struct Defaults {
   ImageConfig config;
   bool named = false;
+  // A built template (a recipe): its environments are forks of this
+  // snapshot (its owner: snapshotOwner(name)), on the base's files.
+  std::string snapshot;
 };
+
+// A recipe's result (Catalog::build): the snapshot of the environment the
+// recipe ran in, and the base's defaults.
+struct Built {
+  std::string snapshot;
+  ImageConfig config;
+};
+// The owner the store records for a built template's snapshot: no key's,
+// so no key may use or delete it through /v1/snapshots.
+std::string snapshotOwner(const std::string& templateName);
+// What a build does, on the catalog's thread: says how far it is, gives
+// up when stopping() says so.
+using BuildWork = std::function<Result<Built>(const std::function<void(const std::string& stage)>& progress,
+                                              const std::function<bool()>& stopping)>;
 
 class Catalog {
  public:
@@ -59,8 +76,15 @@ class Catalog {
   Status recover();
   // Imports in progress stop: each ends failed, its partial files removed.
   void stop();
+  // The start of a shutdown, before the manager's: builds in progress end
+  // failed as interrupted (their commands are cut next); stop() joins them.
+  void interrupt() { stopping_ = true; }
 
   Result<TemplateView> import(const std::string& name, const std::string& sourceText, const std::string& owner);
+  // A template from a recipe: `work` runs on a thread of its own (source
+  // "build:<base>"); the same name rule, conflict and capacity as import.
+  Result<TemplateView> build(const std::string& name, const std::string& base, const std::string& owner,
+                             BuildWork work);
   Result<std::vector<TemplateView>> list();
   Result<TemplateView> get(const std::string& name);
   // "conflict" while it imports or anything uses it (an environment not
@@ -76,12 +100,20 @@ class Catalog {
 
   // Called on the import's thread when it ends (ready or failed).
   void onFinished(std::function<void(const store::TemplateRecord&)> hook) { finished_ = std::move(hook); }
+  // Deletes a built template's snapshot (the manager's); set before serving.
+  void onDropSnapshot(std::function<Status(const std::string& snapshotId)> hook) { dropSnapshot_ = std::move(hook); }
 
   const CatalogConfig& config() const { return config_; }
   std::string imagesDir() const;
 
  private:
   void run(store::TemplateRecord record, Source source, std::string workDir);
+  void runBuild(store::TemplateRecord record, BuildWork work);
+  // Records the outcome, then lets the thread go (joined later).
+  void finish(store::TemplateRecord& record);
+  // The checks and the record of a new import or build; then `thread` runs.
+  Result<TemplateView> start(store::TemplateRecord record, const std::function<Status()>& prepare,
+                             std::function<void(store::TemplateRecord)> thread);
   void setProgress(const std::string& name, const std::string& stage, uint64_t bytes);
 
   CatalogConfig config_;
@@ -93,7 +125,11 @@ class Catalog {
   std::vector<std::thread> finishedThreads_;    // under mutex_: joined by the next import or stop()
   std::atomic<bool> stopping_{false};
   std::function<void(const store::TemplateRecord&)> finished_;
+  std::function<Status(const std::string&)> dropSnapshot_;
 };
+
+// The snapshot a built template's record names ("" for an imported one).
+std::string builtSnapshot(const store::TemplateRecord& record);
 
 // The API's name rule (isolation::fs::isTemplateName).
 bool validName(const std::string& name);

@@ -2256,8 +2256,22 @@ def run_template_exchanges(c):
            field="source")
     c.call("POST", "/v1/templates", {"name": "ok", "source": "docker://x", "tag": 1}, status=400,
            code="unknown_field", field="tag", expressible=False)
-    c.call("POST", "/v1/templates", {"name": "ok", "build": {"base": "host", "run": ["true"]}}, status=501,
-           code="unsupported")
+    # A recipe (docs/TEMPLATES.md, "Recipes") whose second step fails.
+    c.call("POST", "/v1/templates", {"name": "built", "build": {"base": "host", "run": ["true", "exit 3"]}},
+           status=202, check=lambda r: expect(r.json["state"] == "building" and r.json["source"] == "build:host",
+                                              r.json))
+    deadline = time.monotonic() + 60
+    state = "building"
+    while state == "building" and time.monotonic() < deadline:
+        time.sleep(0.1)  # the build runs in moatd; polled as a client does
+        state = c.daemon.request("GET", "/v1/templates/built").json.get("state")
+    c.call("GET", "/v1/templates/built", status=200,
+           check=lambda r: expect(r.json["state"] == "failed" and "step 2/2" in r.json["error"]["message"], r.json))
+    c.call("DELETE", "/v1/templates/built", status=204)
+    c.call("POST", "/v1/templates", {"name": "ok", "build": {"base": "nothing-here", "run": ["true"]}}, status=404,
+           code="not_found", field="build.base")
+    c.call("POST", "/v1/templates", {"name": "ok", "build": {"base": "host"}}, status=400,
+           code="invalid_request", field="build.run")
     c.call("DELETE", "/v1/templates/host", status=409, code="conflict")
     c.call("DELETE", "/v1/templates/conf:1", status=204)
     c.call("DELETE", "/v1/templates/conf:1", status=404, code="not_found")

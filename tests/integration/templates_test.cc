@@ -218,8 +218,30 @@ class Templates : public MoatdFixture {
     do {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the import runs in moatd; polled as the CLI does
       t = call("GET", "/v1/templates/" + name, nullptr, 200);
-    } while (t.value("state", "") == "importing" && std::chrono::steady_clock::now() < deadline);
+    } while ((t.value("state", "") == "importing" || t.value("state", "") == "building") &&
+             std::chrono::steady_clock::now() < deadline);
     return t;
+  }
+  // The snapshots a built template keeps (listed to the master token, by name).
+  json templateSnapshots(const std::string& name) {
+    json out = json::array();
+    const json list = call("GET", "/v1/snapshots", nullptr, 200);
+    for (const auto& s : list["snapshots"]) {
+      if (s["name"] == "template " + name) out.push_back(s);
+    }
+    return out;
+  }
+  // Environments of builds still there.
+  size_t buildEnvironments() {
+    size_t n = 0;
+    const json list = call("GET", "/v1/environments", nullptr, 200);
+    for (const auto& e : list["environments"]) {
+      if (e["labels"].contains("moat.template_build") && e["state"] != "gone" && e["state"] != "failed") ++n;
+    }
+    return n;
+  }
+  std::string catFile(const std::string& id, const std::string& path) {
+    return exec(id, {{"cmd", {"cat", path}}})["stdout"];
   }
   std::string imagesDir() { return daemon_->stateDir() + "/templates/images"; }
   std::string dir_;
@@ -349,6 +371,31 @@ TEST_F(Templates, KeysNeedTheScopeAndMayNotNameHostPaths) {
   EXPECT_EQ(r.status, 200) << r.body;
 }
 
+TEST_F(Templates, TheCliImportsListsAndRemoves) {
+  writeImage(
+      {{"format", "oci"}, {"out", dir_ + "/layout"}, {"layers", {shellLayer()}}, {"config", {{"Env", {"X=1"}}}}});
+  auto moat = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {std::string(MOAT_BIN_DIR) + "/moat"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return runProcess(argv, "", {{"MOAT_STATE", daemon_->stateDir()}});
+  };
+  auto r = moat({"template", "import", "oci:" + dir_ + "/layout:latest", "--name", "cli-made"});
+  ASSERT_EQ(r.exitCode, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("cli-made  ready"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("importing"), std::string::npos) << "progress while importing: " << r.err;
+  r = moat({"template", "ls"});
+  EXPECT_NE(r.out.find("host"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cli-made"), std::string::npos) << r.out;
+  r = moat({"template", "import", "oci:" + dir_ + "/none", "--name", "cli-failed"});
+  EXPECT_EQ(r.exitCode, 1);
+  EXPECT_NE(r.err.find("cli-failed failed"), std::string::npos) << r.err;
+  r = moat({"template", "import", "oci:" + dir_ + "/layout"});
+  EXPECT_EQ(r.exitCode, 2) << "--name is required: " << r.err;
+  r = moat({"template", "rm", "cli-made", "cli-failed"});
+  EXPECT_EQ(r.exitCode, 0) << r.err;
+  EXPECT_EQ(call("GET", "/v1/templates", nullptr, 200)["templates"].size(), 1u);
+}
+
 TEST_F(Templates, AnImportCutByARestartEndsFailedAndItsFilesGo) {
   daemon_->stop();
   {
@@ -370,6 +417,273 @@ TEST_F(Templates, AnImportCutByARestartEndsFailedAndItsFilesGo) {
   EXPECT_EQ(t["error"]["code"], "interrupted");
   EXPECT_NE(t["error"]["message"].get<std::string>().find("restarted"), std::string::npos) << t.dump();
   EXPECT_TRUE(fs::is_empty(imagesDir())) << "the partial files are gone";
+}
+
+// Recipes (docs/TEMPLATES.md, "Recipes").
+
+TEST_F(Templates, ARecipeOnHostBecomesATemplateWhoseEnvironmentsAreIndependentForks) {
+  json started = call("POST", "/v1/templates",
+                      {{"name", "tools:1"},
+                       {"build",
+                        {{"base", "host"},
+                         {"run", {"mkdir -p /opt && echo one > /opt/x", "echo \"$EXTRA\" >> /opt/x"}},
+                         {"env", {{"EXTRA", "two"}}}}}},
+                      202);
+  EXPECT_EQ(started["state"], "building") << started.dump();
+  EXPECT_EQ(started["source"], "build:host");
+  EXPECT_TRUE(started.contains("progress")) << started.dump();
+  json t = waitForImport("tools:1");
+  ASSERT_EQ(t["state"], "ready") << t.dump();
+  EXPECT_EQ(buildEnvironments(), 0u) << "the build's environment is destroyed";
+  json snaps = templateSnapshots("tools:1");
+  ASSERT_EQ(snaps.size(), 1u) << call("GET", "/v1/snapshots", nullptr, 200).dump();
+  EXPECT_EQ(snaps[0]["template"], "host");
+
+  std::string a = createEnv({{"template", "tools:1"}});
+  std::string b = createEnv({{"template", "tools:1"}});
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  EXPECT_EQ(catFile(a, "/opt/x"), "one\ntwo\n");
+  json r = exec(a, {{"cmd", {"/bin/sh", "-c", "echo three >> /opt/x && echo mine > /opt/y && cat /opt/x /opt/y"}}});
+  EXPECT_EQ(r["exit_code"], 0) << r.dump();
+  EXPECT_EQ(r["stdout"], "one\ntwo\nthree\nmine\n") << r.dump();
+  // b is its own fork: a's writes are not in it.
+  EXPECT_EQ(catFile(b, "/opt/x"), "one\ntwo\n");
+  r = exec(b, {{"cmd", {"/bin/sh", "-c", "test -e /opt/y"}}});
+  EXPECT_NE(r["exit_code"], 0) << "a's file shows in b";
+  // The build's variables were for the build only.
+  r = exec(b, {{"cmd", {"/bin/sh", "-c", "echo \"[$EXTRA]\""}}});
+  EXPECT_EQ(r["stdout"], "[]\n") << r.dump();
+
+  // The snapshot is the template's: neither the master nor a key deletes it
+  // through /v1/snapshots, a key does not even see it.
+  const std::string snap = snaps[0]["id"];
+  json refused = call("DELETE", "/v1/snapshots/" + snap, nullptr, 409);
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("tools:1"), std::string::npos) << refused.dump();
+  json key = call("POST", "/v1/keys", {{"scopes", {"templates", "read", "create", "snapshots"}}}, 201);
+  auto as = [&](const std::string& method, const std::string& target, const json& body) {
+    return daemon_->request(method, target, body.is_null() ? "" : body.dump(), false,
+                            {{"Authorization", "Bearer " + key["token"].get<std::string>()}});
+  };
+  EXPECT_EQ(as("DELETE", "/v1/snapshots/" + snap, nullptr).status, 404);
+  EXPECT_EQ(as("GET", "/v1/snapshots", nullptr).body.find(snap), std::string::npos);
+  EXPECT_EQ(as("POST", "/v1/environments", {{"snapshot", snap}}).status, 404) << "not through its id";
+  // Through the template's name, a key's environment is made like any.
+  auto keyed = as("POST", "/v1/environments", {{"template", "tools:1"}});
+  ASSERT_EQ(keyed.status, 201) << keyed.body;
+  std::string c = json::parse(keyed.body)["id"];
+  EXPECT_EQ(catFile(c, "/opt/x"), "one\ntwo\n");
+
+  // Deleting the template takes its snapshot; the environments keep their copies.
+  call("DELETE", "/v1/templates/tools:1", nullptr, 204);
+  EXPECT_TRUE(templateSnapshots("tools:1").empty());
+  call("GET", "/v1/snapshots/" + snap, nullptr, 404);
+  EXPECT_EQ(catFile(a, "/opt/x"), "one\ntwo\nthree\n");
+  call("POST", "/v1/environments", {{"template", "tools:1"}}, 404);
+  std::string events = daemon_->request("GET", "/v1/events").body;
+  EXPECT_NE(events.find("template.built"), std::string::npos);
+  EXPECT_NE(events.find("moat.template_build"), std::string::npos) << "the build's environment is in the log";
+}
+
+TEST_F(Templates, AFailingStepFailsTheBuildNamingItsStepAndExitCode) {
+  call("POST", "/v1/templates",
+       {{"name", "broken-build"},
+        {"build", {{"base", "host"}, {"run", {"echo before", "echo oops >&2; exit 3", "touch /never"}}}}},
+       202);
+  json t = waitForImport("broken-build");
+  ASSERT_EQ(t["state"], "failed") << t.dump();
+  const std::string message = t["error"]["message"];
+  EXPECT_NE(message.find("step 2/3"), std::string::npos) << message;
+  EXPECT_NE(message.find("exited with code 3"), std::string::npos) << message;
+  EXPECT_NE(message.find("oops"), std::string::npos) << "the tail of its output: " << message;
+  EXPECT_EQ(buildEnvironments(), 0u);
+  EXPECT_TRUE(templateSnapshots("broken-build").empty());
+  json env = call("POST", "/v1/environments", {{"template", "broken-build"}}, 409);
+  call("DELETE", "/v1/templates/broken-build", nullptr, 204);
+}
+
+TEST_F(Templates, ARecipeOnAnImageInheritsItsDefaultsAndKeepsItFromBeingDeleted) {
+  json layer = shellLayer();
+  layer.push_back({{"name", "srv"}, {"type", "dir"}});
+  layer.push_back({{"name", "srv/app"}, {"type", "dir"}, {"uid", 1234}, {"gid", 2345}});
+  writeImage({{"format", "docker-archive"},
+              {"out", dir_ + "/image.tar"},
+              {"layers", {layer}},
+              {"config", {{"Env", {"PATH=/bin", "GREETING=hello"}}, {"WorkingDir", "/srv/app"}, {"User", "app"}}}});
+  call("POST", "/v1/templates", {{"name", "base-img"}, {"source", "docker-archive:" + dir_ + "/image.tar"}}, 202);
+  ASSERT_EQ(waitForImport("base-img")["state"], "ready");
+  call("POST", "/v1/templates",
+       {{"name", "built-img"},
+        {"build", {{"base", "base-img"}, {"run", {"pwd > where; echo $GREETING $B >> where"}}, {"env", {{"B", "b"}}}}}},
+       202);
+  json t = waitForImport("built-img");
+  ASSERT_EQ(t["state"], "ready") << t.dump();
+  EXPECT_EQ(t["source"], "build:base-img");
+  EXPECT_EQ(t["config"]["working_dir"], "/srv/app");
+  EXPECT_EQ(t["config"]["user"], "app");
+  std::string id = createEnv({{"template", "built-img"}});
+  ASSERT_FALSE(id.empty());
+  json r = exec(id, {{"cmd", {"/bin/sh", "-c", "cat where; pwd; echo $GREETING; echo mine > own && cat own"}}});
+  EXPECT_EQ(r["exit_code"], 0) << r.dump();
+  // The step ran as the image's user in its WorkingDir with its variables
+  // and the recipe's; the environment gets the image's defaults again.
+  EXPECT_EQ(r["stdout"], "/srv/app\nhello b\n/srv/app\nhello\nmine\n") << r.dump();
+  call("DELETE", "/v1/environments/" + id, nullptr, 204);
+  // The built template's snapshot sits on the image: it stays.
+  json refused = call("DELETE", "/v1/templates/base-img", nullptr, 409);
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("snapshot"), std::string::npos) << refused.dump();
+  call("DELETE", "/v1/templates/built-img", nullptr, 204);
+  call("DELETE", "/v1/templates/base-img", nullptr, 204);
+}
+
+TEST_F(Templates, BadRecipesAreClearErrors) {
+  auto field = [&](const json& build, int status) {
+    json e = call("POST", "/v1/templates", {{"name", "r"}, {"build", build}}, status);
+    return e["error"].value("field", "");
+  };
+  EXPECT_EQ(field("echo", 400), "build");
+  EXPECT_EQ(field(json{{"run", {"true"}}}, 400), "build.base");
+  EXPECT_EQ(field(json{{"base", "host"}}, 400), "build.run");
+  EXPECT_EQ(field(json{{"base", "host"}, {"run", json::array()}}, 400), "build.run");
+  EXPECT_EQ(field(json{{"base", "host"}, {"run", {1}}}, 400), "build.run");
+  EXPECT_EQ(field(json{{"base", "Bad Base"}, {"run", {"true"}}}, 400), "build.base");
+  EXPECT_EQ(field(json{{"base", "nosuch"}, {"run", {"true"}}}, 404), "build.base");
+  EXPECT_EQ(field(json{{"base", "host"}, {"run", {"true"}}, {"extra", 1}}, 400), "build.extra");
+  EXPECT_EQ(field(json{{"base", "host"}, {"run", {"true"}}, {"env", {{"1BAD", "x"}}}}, 400).rfind("build.env", 0), 0u);
+  call("POST", "/v1/templates", {{"name", "r"}, {"source", "docker://x"}, {"build", {{"base", "host"}}}}, 400);
+  call("GET", "/v1/templates/r", nullptr, 404);
+}
+
+TEST_F(Templates, ABuildRunsUnderTheCallersCeiling) {
+  // A key that may make templates, but whose ceiling denies commands.
+  json key =
+      call("POST", "/v1/keys", {{"scopes", {"templates", "read"}}, {"permissions", {{"run_command", "deny"}}}}, 201);
+  auto as = [&](const std::string& method, const std::string& target, const json& body) {
+    return daemon_->request(method, target, body.is_null() ? "" : body.dump(), false,
+                            {{"Authorization", "Bearer " + key["token"].get<std::string>()}});
+  };
+  auto r = as("POST", "/v1/templates", {{"name", "sneaky"}, {"build", {{"base", "host"}, {"run", {"touch /x"}}}}});
+  EXPECT_EQ(r.status, 403) << r.body;
+  EXPECT_NE(r.body.find("denied_by_policy"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("ceiling"), std::string::npos) << r.body;
+  call("GET", "/v1/templates/sneaky", nullptr, 404);
+  EXPECT_EQ(buildEnvironments(), 0u);
+  // Only rm denied: a build of other commands is made, one with rm refused.
+  json narrow =
+      call("POST", "/v1/keys",
+           {{"scopes", {"templates", "read"}},
+            {"permissions",
+             {{"run_command", {{{"match", {"/bin/sh", "-c", "rm *"}}, {"action", "deny"}}, {{"action", "allow"}}}}}}},
+           201);
+  auto asNarrow = [&](const json& body) {
+    return daemon_->request("POST", "/v1/templates", body.dump(), false,
+                            {{"Authorization", "Bearer " + narrow["token"].get<std::string>()}});
+  };
+  r = asNarrow({{"name", "narrow-bad"}, {"build", {{"base", "host"}, {"run", {"true", "rm -rf /opt"}}}}});
+  EXPECT_EQ(r.status, 403) << r.body;
+  r = asNarrow({{"name", "narrow-ok"}, {"build", {{"base", "host"}, {"run", {"echo ok > /ok"}}}}});
+  ASSERT_EQ(r.status, 202) << r.body;
+  json t = waitForImport("narrow-ok");
+  EXPECT_EQ(t["state"], "ready") << t.dump();
+  // And a directory base is the master's.
+  r = asNarrow({{"name", "dir-base"}, {"build", {{"base", "/"}, {"run", {"true"}}}}});
+  EXPECT_EQ(r.status, 403) << r.body;
+}
+
+TEST_F(Templates, TheCliBuildsFromFlagsAndARecipeFile) {
+  auto moat = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {std::string(MOAT_BIN_DIR) + "/moat"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return runProcess(argv, "", {{"MOAT_STATE", daemon_->stateDir()}});
+  };
+  auto r = moat({"template", "build", "--name", "cli-built", "--base", "host", "--run", "echo \"$A\" > /hi", "--run",
+                 "echo there >> /hi", "--env", "A=hello"});
+  ASSERT_EQ(r.exitCode, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("cli-built  ready"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("building"), std::string::npos) << "progress while building: " << r.err;
+  std::string id = createEnv({{"template", "cli-built"}});
+  EXPECT_EQ(catFile(id, "/hi"), "hello\nthere\n");
+  call("DELETE", "/v1/environments/" + id, nullptr, 204);
+  std::ofstream(dir_ + "/recipe.json") << R"({"base": "cli-built", "run": ["echo more >> /hi"]})";
+  r = moat({"template", "build", "--name", "cli-file", "-f", dir_ + "/recipe.json", "--run", "exit 7"});
+  EXPECT_EQ(r.exitCode, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("cli-file failed"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("step 2/2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("code 7"), std::string::npos) << r.err;
+  r = moat({"template", "build", "--name", "x", "--run", "true"});
+  EXPECT_EQ(r.exitCode, 2) << "--base is required: " << r.err;
+  r = moat({"template", "rm", "cli-file", "cli-built"});
+  EXPECT_EQ(r.exitCode, 0) << r.err;
+}
+
+TEST_F(Templates, ARevokedKeysBuildEndsAtItsNextStep) {
+  json key = call("POST", "/v1/keys", {{"scopes", {"templates", "read"}}}, 201);
+  auto r = daemon_->request(
+      "POST", "/v1/templates",
+      json{{"name", "revoked-build"},
+           {"build", {{"base", "host"}, {"run", {"while [ ! -e /tmp/go ]; do sleep 0.1; done", "touch /after"}}}}}
+          .dump(),
+      false, {{"Authorization", "Bearer " + key["token"].get<std::string>()}});
+  ASSERT_EQ(r.status, 202) << r.body;
+  // The build's environment is the key's (its ceiling rules it); the test
+  // lets step 1 end once the key is revoked.
+  std::string id;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (id.empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polled as the CLI does
+    const json list = call("GET", "/v1/environments", nullptr, 200);
+    for (const auto& e : list["environments"]) {
+      if (e["labels"].value("moat.template_build", "") == "revoked-build" && e["state"] == "running") id = e["id"];
+    }
+  }
+  ASSERT_FALSE(id.empty());
+  call("DELETE", "/v1/keys/" + key["id"].get<std::string>(), nullptr, 204);
+  exec(id, {{"cmd", {"touch", "/tmp/go"}}});
+  json t = waitForImport("revoked-build");
+  EXPECT_EQ(t["state"], "failed") << t.dump();
+  EXPECT_NE(t["error"]["message"].get<std::string>().find("revoked before step 2/2"), std::string::npos) << t.dump();
+  EXPECT_EQ(buildEnvironments(), 0u);
+}
+
+TEST_F(Templates, ABuildCutByARestartEndsFailedAndLeavesNothing) {
+  call("POST", "/v1/templates", {{"name", "cut-build"}, {"build", {{"base", "host"}, {"run", {"sleep 120"}}}}}, 202);
+  json t;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polled as the CLI does
+    t = call("GET", "/v1/templates/cut-build", nullptr, 200);
+  } while (t["progress"].value("stage", "").find("step 1/1") == std::string::npos &&
+           std::chrono::steady_clock::now() < deadline);
+  ASSERT_NE(t["progress"].value("stage", "").find("step 1/1: sleep 120"), std::string::npos) << t.dump();
+  EXPECT_EQ(buildEnvironments(), 1u);
+  daemon_->kill9();
+  daemon_->restart();
+  t = call("GET", "/v1/templates/cut-build", nullptr, 200);
+  EXPECT_EQ(t["state"], "failed") << t.dump();
+  EXPECT_EQ(t["error"]["code"], "interrupted");
+  EXPECT_NE(t["error"]["message"].get<std::string>().find("build"), std::string::npos) << t.dump();
+  EXPECT_EQ(buildEnvironments(), 0u) << "its environment is destroyed";
+  EXPECT_TRUE(templateSnapshots("cut-build").empty());
+  call("DELETE", "/v1/templates/cut-build", nullptr, 204);
+
+  // A stop (SIGTERM) during a step: the build ends interrupted at once.
+  call("POST", "/v1/templates", {{"name", "stopped-build"}, {"build", {{"base", "host"}, {"run", {"sleep 120"}}}}},
+       202);
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polled as the CLI does
+    t = call("GET", "/v1/templates/stopped-build", nullptr, 200);
+  } while (t["progress"].value("stage", "").find("step 1/1") == std::string::npos &&
+           std::chrono::steady_clock::now() < deadline);
+  auto stopping = std::chrono::steady_clock::now();
+  daemon_->stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - stopping, std::chrono::seconds(60)) << "the step held moatd up";
+  daemon_->restart();
+  t = call("GET", "/v1/templates/stopped-build", nullptr, 200);
+  EXPECT_EQ(t["state"], "failed") << t.dump();
+  EXPECT_EQ(t["error"]["code"], "interrupted") << t.dump();
+  EXPECT_EQ(buildEnvironments(), 0u);
+  EXPECT_TRUE(templateSnapshots("stopped-build").empty());
 }
 
 }  // namespace

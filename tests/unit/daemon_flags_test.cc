@@ -182,3 +182,21 @@ TEST(DaemonFlags, PermissionsComeFromAJsonFileAndABadOneIsRefusedWithItsProblem)
 
 }  // namespace
 }  // namespace moat::daemon
+
+namespace moat::daemon {
+namespace {
+
+TEST(DaemonFlags, TemplateLimitsAreSetAndRangeChecked) {
+  auto f = parse({"--template-max-bytes", "16777216", "--template-max-files", "100", "--template-timeout", "60"});
+  ASSERT_TRUE(f.ok()) << f.error().message();
+  EXPECT_EQ(f->templateLimits.maxBytes, 16777216u);
+  EXPECT_EQ(f->templateLimits.maxEntries, 100u);
+  EXPECT_EQ(f->templateLimits.timeout, std::chrono::seconds(60));
+  EXPECT_EQ(parse({})->templateLimits.maxBytes, 8ull << 30);
+  EXPECT_NE(problem({"--template-max-bytes", "1000"}).find("--template-max-bytes"), std::string::npos);
+  EXPECT_NE(problem({"--template-max-files", "0"}).find("--template-max-files"), std::string::npos);
+  EXPECT_NE(problem({"--template-timeout", "x"}).find("--template-timeout"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace moat::daemon
