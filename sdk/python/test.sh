@@ -32,10 +32,6 @@ for path in sorted(pathlib.Path("moat").glob("*.py")):
     compile(path.read_text(), str(path), "exec")
 PY
 
-# needs_issue28_server: the templates and ports tests (tests/test_ports_templates.py)
-# need endpoints that are built in parallel for issue 28 and are not in this
-# moatd yet. The coordinator enables them after merging those pieces: drop
-# the -m option below.
-args=(-m "not needs_issue28_server")
+args=()
 # -rs lists why each skipped test skipped; in CI (MOAT_CI=1) conftest.py fails them.
 exec "$python" -m pytest -p no:cacheprovider -rs -v "${args[@]}" tests "$@"

@@ -31,7 +31,4 @@ fi
 
 ./node_modules/.bin/tsc -p tsconfig.json
 # The files run at once: each starts its own moatd (or a fake one on loopback).
-# test/pending/ is not run yet: its tests need moatd's /v1/templates and
-# previews (issue 28's server pieces); the coordinator enables them after
-# merging those (see the head of test/pending/templates-previews.test.mjs).
 exec node --test --test-reporter=spec --test-concurrency=5 test/*.test.mjs
