@@ -106,6 +106,8 @@ struct Responder {
 }  // namespace
 
 Result<std::unique_ptr<DiskView>> DiskView::start(os::QgroupCounters counters) {
+  // moat-init's alone: no command inherits them.
+  for (int fd : {counters.referenced.get(), counters.maxReferenced.get()}) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   auto r = std::make_unique<Responder>();
   r->counters = std::move(counters);
   if (os::statfsUnwatched("/", &r->root) != 0) return Error::fromErrno("statfs /");
