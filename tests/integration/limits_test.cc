@@ -255,6 +255,23 @@ TEST_F(LimitsMoatd, DfShowsTheStorageLimitThroughTheExecGateAndAcrossARestart) {
   for (const auto& envId : {id, judged}) call("DELETE", "/v1/environments/" + envId, nullptr, 204);
 }
 
+// A volume without a limit (one cleared from the host; moat makes every
+// volume with one): df shows the pool, the real answer.
+TEST_F(LimitsMoatd, AVolumeWithoutALimitShowsThePool) {
+  std::string id = createEnv({{"spec", {{"storage_gb", 0.125}}}});
+  auto df = [&] {
+    return exec(id, {{"cmd", {"sh", "-c", "stat -f -c '%S %b' /workspace"}}})["stdout"].get<std::string>();
+  };
+  ASSERT_EQ(df(), "4096 32768\n");
+  std::string volume = daemon_->stateDir() + "/storage/envs/" + id;
+  auto cleared = runProcess({"/usr/bin/btrfs", "qgroup", "limit", "none", volume});
+  ASSERT_EQ(cleared.exitCode, 0) << cleared.err;
+  struct statfs pool;
+  ASSERT_EQ(::statfs(volume.c_str(), &pool), 0);
+  EXPECT_EQ(df(), std::to_string(pool.f_frsize) + " " + std::to_string(pool.f_blocks) + "\n");
+  call("DELETE", "/v1/environments/" + id, nullptr, 204);
+}
+
 // Without lxcfs, moatd says why once, and its environments still start.
 TEST(LimitsMoatdWithoutLxcfs, MoatdWarnsOnceAndEnvironmentsStillStart) {
   MOAT_REQUIRE_ROOT();
