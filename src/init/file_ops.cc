@@ -12,6 +12,7 @@
 
 #include "common/unique_fd.h"
 #include "os/file.h"
+#include "os/statfs_notify.h"
 #include "os/tree.h"
 
 namespace moat::init {
@@ -54,7 +55,8 @@ Status makeParents(const std::string& path) {
 // the exec's output limit.
 bool madeUpByTheKernel(int fd, const char** name) {
   struct statfs fs;
-  if (::fstatfs(fd, &fs) != 0) return false;
+  if (os::fstatfsUnwatched(fd, &fs) != 0) return false;  // moat-init's own: past the disk view
+
   struct Known {
     unsigned long magic;
     const char* name;

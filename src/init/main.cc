@@ -1,5 +1,6 @@
 // moat-init: pid 1 of every environment. Serves the guest protocol on fd 3
 // (or --control-fd N when run outside an environment, as the tests do).
+#include <fcntl.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -14,9 +15,11 @@ MOAT_PID1_SANITIZER_OPTIONS()
 int main(int argc, char** argv) {
   int controlFd = 3;
   int rendezvousFd = -1;
+  int diskFd = -1;  // the volume's qgroup counters: this one and the next
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--control-fd") == 0) controlFd = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--rendezvous-fd") == 0) rendezvousFd = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--disk-fds") == 0) diskFd = std::atoi(argv[i + 1]);
   }
   // Not dumpable: processes of the environment cannot ptrace pid 1 or open
   // its /proc entries (fds, exe, memory).
@@ -24,5 +27,11 @@ int main(int argc, char** argv) {
   bool gateExec = rendezvousFd >= 0;  // moatd's environments: programs answer to the gate
   for (int i = 1; i < argc; ++i) gateExec = gateExec || std::strcmp(argv[i], "--gate-exec") == 0;
   moat::init::Supervisor supervisor(controlFd, ::getpid() == 1, rendezvousFd, gateExec);
+  if (diskFd >= 0) {
+    // Not inherited by the commands: the counters are moat-init's.
+    ::fcntl(diskFd, F_SETFD, FD_CLOEXEC);
+    ::fcntl(diskFd + 1, F_SETFD, FD_CLOEXEC);
+    supervisor.showDiskLimit(moat::os::QgroupCounters{moat::UniqueFd(diskFd), moat::UniqueFd(diskFd + 1)});
+  }
   return supervisor.run();
 }

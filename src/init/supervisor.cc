@@ -14,12 +14,14 @@
 #include <vector>
 
 #include "common/glob.h"
+#include "init/disk_view.h"
 #include "init/file_ops.h"
 #include "init/pty.h"
 #include "os/exec_notify.h"
 #include "os/exec_trace.h"
 #include "os/process.h"
 #include "os/socket.h"
+#include "os/statfs_notify.h"
 
 namespace moat::init {
 namespace {
@@ -91,6 +93,11 @@ size_t bytesOf(const std::vector<std::string>& argv) {
 void Supervisor::handleExecNotification() {
   auto n = os::receiveExecNotification(execListener_.get());
   if (!n.ok()) return;
+  // df's calls (the listener is the same): answered on the disk view's thread.
+  if (os::isStatfsCall(n->nr)) {
+    if (diskView_) return diskView_->hand(execListener_.get(), n.value());
+    return (void)os::answerExecNotification(execListener_.get(), n->id, true);
+  }
   if (execPolicy_.mode == ExecPolicy::kAllowAll) {
     // Still traced after an earlier judged exec that failed: whatever runs now.
     if (auto it = traced_.find(n->pid); it != traced_.end()) {
@@ -355,13 +362,28 @@ int Supervisor::run() {
   ::signal(SIGPIPE, SIG_IGN);
   if (!signalFd_) return 1;
 
-  // Before any thread: the filter is the process's, and threads inherit it.
+  // The thread that answers statfs calls is the one thread without the
+  // filter below (it never execs). Failing, `df` shows the pool.
+  if (diskCounters_) {
+    auto view = DiskView::start(std::move(*diskCounters_));
+    if (view.ok()) diskView_ = std::move(view.value());
+    diskCounters_.reset();
+  }
+  // Before any other thread: the filter is the process's, and threads inherit it.
   if (gateExec_) {
-    auto listener = os::installExecListener();
+    auto listener = os::installExecListener(diskView_ != nullptr);
     if (!listener.ok()) return 1;
     execListener_ = std::move(listener.value());
+    if (diskView_) diskView_->share(execListener_.get());
     launcher_.allowInline(false);         // this loop answers the launches' execs
     execPolicy_.mode = ExecPolicy::kAsk;  // until the client says how to judge
+  } else if (diskView_) {
+    auto listener = os::installStatfsListener();
+    if (listener.ok()) {
+      diskView_->serve(std::move(listener.value()));
+    } else {
+      diskView_.reset();
+    }
   }
 
   send(MsgType::kHello, Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode());
@@ -772,6 +794,7 @@ int Supervisor::pollTimeoutMs() const {
 void Supervisor::killEverything() {
   // Nobody answers execs from here on: closing the listener fails those
   // waiting (a launch's child among them, which its launch waits for).
+  diskView_.reset();  // its thread answers what it was handed, then ends
   execListener_.reset();
   // Launches under way finish; their processes are killed with the rest.
   for (auto& launch : launcher_.stop()) {

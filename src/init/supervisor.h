@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "common/unique_fd.h"
+#include "init/disk_view.h"
 #include "init/launcher.h"
 #include "init/protocol.h"
+#include "os/block.h"
 #include "os/exec_trace.h"
 
 namespace moat::init {
@@ -32,6 +34,9 @@ class Supervisor {
   // gateExec: every exec in the environment is handed to this loop first
   // (os::installExecListener) and goes on as the client's ExecPolicy says.
   Supervisor(int controlFd, bool isPidOne, int rendezvousFd = -1, bool gateExec = false);
+  // statfs of the environment's root answers with the volume's qgroup limit
+  // and usage (init/disk_view.h). Before run().
+  void showDiskLimit(os::QgroupCounters counters) { diskCounters_ = std::move(counters); }
   // Runs until the control connection closes or Shutdown arrives; returns
   // moat-init's exit code.
   int run();
@@ -165,6 +170,8 @@ class Supervisor {
   // what is left once no launch is pending were orphans.
   std::map<pid_t, int> unclaimed_;
   bool gateExec_ = false;
+  std::optional<os::QgroupCounters> diskCounters_;
+  std::unique_ptr<DiskView> diskView_;  // answers statfs of the root (df)
   UniqueFd execListener_;
   ExecPolicy execPolicy_;
   std::map<uint64_t, PendingExec> pendingExecs_;  // sent as ExecCheck, waiting for the verdict

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/btrfs.h>
+#include <linux/btrfs_tree.h>
 #include <linux/loop.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
@@ -109,6 +110,31 @@ Status limitSubvolume(const std::string& subvolumePath, uint64_t bytes) {
     return Error::fromErrno("limit subvolume " + subvolumePath);
   }
   return {};
+}
+
+Result<QgroupCounters> openQgroupCounters(const std::string& subvolumePath) {
+  MOAT_ASSIGN(UniqueFd dir, open(subvolumePath, O_RDONLY | O_DIRECTORY));
+  struct btrfs_ioctl_fs_info_args info;
+  std::memset(&info, 0, sizeof info);
+  if (::ioctl(dir.get(), BTRFS_IOC_FS_INFO, &info) != 0) return Error::fromErrno("btrfs fs info " + subvolumePath);
+  struct btrfs_ioctl_ino_lookup_args lookup;
+  std::memset(&lookup, 0, sizeof lookup);
+  lookup.objectid = BTRFS_FIRST_FREE_OBJECTID;  // treeid 0: the subvolume the fd is in
+  if (::ioctl(dir.get(), BTRFS_IOC_INO_LOOKUP, &lookup) != 0) {
+    return Error::fromErrno("btrfs subvolume id " + subvolumePath);
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string uuid;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) uuid += '-';
+    uuid += kHex[info.fsid[i] >> 4];
+    uuid += kHex[info.fsid[i] & 15];
+  }
+  std::string qgroup = "/sys/fs/btrfs/" + uuid + "/qgroups/0_" + std::to_string(lookup.treeid);
+  QgroupCounters counters;
+  MOAT_ASSIGN(counters.referenced, open(qgroup + "/referenced", O_RDONLY));
+  MOAT_ASSIGN(counters.maxReferenced, open(qgroup + "/max_referenced", O_RDONLY));
+  return counters;
 }
 
 }  // namespace moat::os

@@ -29,6 +29,16 @@ Status snapshotSubvolume(const std::string& sourcePath, const std::string& paren
 // Caps the bytes a subvolume may hold (its qgroup's referenced and exclusive limit).
 Status limitSubvolume(const std::string& subvolumePath, uint64_t bytes);
 
+// A subvolume's qgroup counters in btrfs's sysfs
+// (/sys/fs/btrfs/<fsid>/qgroups/0_<subvolume id>/), opened read-only: the
+// bytes it refers to and its limit (0: none). Files, not the directory: who
+// holds them reaches nothing else of sysfs.
+struct QgroupCounters {
+  UniqueFd referenced;
+  UniqueFd maxReferenced;
+};
+Result<QgroupCounters> openQgroupCounters(const std::string& subvolumePath);
+
 constexpr long kBtrfsMagic = 0x9123683E;
 
 }  // namespace moat::os

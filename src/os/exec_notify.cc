@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 // Linux 6.6; Debian 12's headers predate them.
 #ifndef SECCOMP_IOCTL_NOTIF_SET_FLAGS
@@ -25,20 +26,38 @@
 
 namespace moat::os {
 
-Result<UniqueFd> installExecListener() {
+Result<UniqueFd> installExecListener(bool alsoStatfs) {
   // Other architectures' calls are left to the environment's main filter,
-  // which kills them; only x86-64's execve and execveat are handed over.
-  struct sock_filter code[] = {
+  // which kills them; only x86-64's execve and execveat are handed over
+  // (and statfs and fstatfs, for the disk view: a process's filters can
+  // have one listener only, so both share this one).
+  std::vector<struct sock_filter> code = {
       BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
       BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
       BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execve, 2, 0),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execveat, 1, 0),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF),
   };
-  struct sock_fprog prog = {static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
+  std::vector<long> calls = {SYS_execve, SYS_execveat};
+  if (alsoStatfs) calls.insert(calls.end(), {SYS_statfs, SYS_fstatfs});
+  for (size_t i = 0; i < calls.size(); ++i) {
+    // execs: to the notify return below, past the remaining checks and the
+    // allow; statfs calls: to the check of their third argument after it.
+    auto skip = static_cast<unsigned char>(calls.size() - i + (i >= 2 ? 1 : 0));
+    code.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<unsigned>(calls[i]), skip, 0));
+  }
+  code.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+  code.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF));
+  if (alsoStatfs) {
+    // statfs and fstatfs jump here instead: moat-init's own calls
+    // (statfs_notify.h's kUnwatched as the third argument) run.
+    code.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2])));
+    code.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(kUnwatchedStatfs), 0, 3));
+    code.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2]) + 4));
+    code.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(kUnwatchedStatfs >> 32), 0, 1));
+    code.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+    code.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF));
+  }
+  struct sock_fprog prog = {static_cast<unsigned short>(code.size()), code.data()};
   long fd = ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog);
   if (fd < 0) return Error::fromErrno("seccomp exec listener");
   // No listener after this one: when several filters hand a call over, the

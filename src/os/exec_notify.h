@@ -15,8 +15,13 @@
 namespace moat::os {
 
 // Installs the filter on the calling process (before it has other threads)
-// and returns the listener. The process needs no_new_privs.
-Result<UniqueFd> installExecListener();
+// and returns the listener. The process needs no_new_privs. alsoStatfs:
+// statfs and fstatfs go to the same listener (the kernel allows one
+// listener in a process's filters), for init/disk_view.h.
+Result<UniqueFd> installExecListener(bool alsoStatfs = false);
+// The third argument of a statfs or fstatfs the filters let run
+// (os/statfs_notify.h's statfsUnwatched).
+constexpr uint64_t kUnwatchedStatfs = 0x6d6f61742d646600;  // "moat-df"
 
 struct ExecNotification {
   uint64_t id = 0;

@@ -10,6 +10,8 @@
 
 #include <cstring>
 
+#include "os/statfs_notify.h"
+
 namespace moat::os {
 
 Result<UniqueFd> open(const std::string& path, int flags, mode_t mode) {
@@ -212,7 +214,7 @@ Status copyTree(const std::string& from, const std::string& to, CopyMode mode, b
 
 Result<long> fileSystemType(const std::string& path) {
   struct statfs sfs;
-  if (::statfs(path.c_str(), &sfs) != 0) return Error::fromErrno("statfs " + path);
+  if (statfsUnwatched(path.c_str(), &sfs) != 0) return Error::fromErrno("statfs " + path);
   return static_cast<long>(sfs.f_type);
 }
 

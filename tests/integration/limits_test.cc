@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <sstream>
@@ -227,6 +228,50 @@ TEST_F(LimitsMoatd, EnvironmentsShowTheirLimitsAcrossARestartAndLeaveNoMountBehi
   EXPECT_EQ(daemon_->log().find("warning"), std::string::npos) << daemon_->log();
 }
 
+// moatd's environments (the exec gate's listener takes the statfs calls
+// too): df shows storage_gb, across a restart of moatd, and under rules
+// that judge every program.
+TEST_F(LimitsMoatd, DfShowsTheStorageLimitThroughTheExecGateAndAcrossARestart) {
+  std::string id = createEnv({{"spec", {{"storage_gb", 0.125}}}});
+  auto df = [&](const std::string& envId) {
+    return exec(envId, {{"cmd", {"sh", "-c", "df -B1 /workspace | tail -1; stat -f -c '%b %T' /proc"}}})["stdout"]
+        .get<std::string>();
+  };
+  std::string before = df(id);
+  EXPECT_NE(before.find(" 134217728 "), std::string::npos) << before;
+  EXPECT_NE(before.find("\n0 proc\n"), std::string::npos) << before;
+  daemon_->kill9();
+  daemon_->restart();
+  EXPECT_NE(df(id).find(" 134217728 "), std::string::npos);
+  std::string judged = createEnv({{"spec", {{"storage_gb", 0.25}}},
+                                  {"permissions",
+                                   {{"run_command",
+                                     {{{"match", {"sh", "*"}}, {"action", "allow"}},
+                                      {{"match", {"df", "*"}}, {"action", "allow"}},
+                                      {{"match", {"tail", "*"}}, {"action", "allow"}},
+                                      {{"match", {"stat", "*"}}, {"action", "allow"}}}}}}});
+  std::string out = df(judged);
+  EXPECT_NE(out.find(" 268435456 "), std::string::npos) << out;
+  for (const auto& envId : {id, judged}) call("DELETE", "/v1/environments/" + envId, nullptr, 204);
+}
+
+// A volume without a limit (one cleared from the host; moat makes every
+// volume with one): df shows the pool, the real answer.
+TEST_F(LimitsMoatd, AVolumeWithoutALimitShowsThePool) {
+  std::string id = createEnv({{"spec", {{"storage_gb", 0.125}}}});
+  auto df = [&] {
+    return exec(id, {{"cmd", {"sh", "-c", "stat -f -c '%S %b' /workspace"}}})["stdout"].get<std::string>();
+  };
+  ASSERT_EQ(df(), "4096 32768\n");
+  std::string volume = daemon_->stateDir() + "/storage/envs/" + id;
+  auto cleared = runProcess({"/usr/bin/btrfs", "qgroup", "limit", "none", volume});
+  ASSERT_EQ(cleared.exitCode, 0) << cleared.err;
+  struct statfs pool;
+  ASSERT_EQ(::statfs(volume.c_str(), &pool), 0);
+  EXPECT_EQ(df(), std::to_string(pool.f_frsize) + " " + std::to_string(pool.f_blocks) + "\n");
+  call("DELETE", "/v1/environments/" + id, nullptr, 204);
+}
+
 // Without lxcfs, moatd says why once, and its environments still start.
 TEST(LimitsMoatdWithoutLxcfs, MoatdWarnsOnceAndEnvironmentsStillStart) {
   MOAT_REQUIRE_ROOT();
@@ -259,6 +304,153 @@ TEST(LimitsHostValues, AnEnvironmentWithoutLimitsBeyondTheHostSeesTheHostsCpus) 
   ASSERT_EQ(r.exitCode, 0) << r.err;
   EXPECT_EQ(r.out, std::to_string(hostCpus()) + "\n");
 }
+
+// `stat -f -c '%S %b %f %a %T'`: block size, blocks, free, available, type.
+struct FsNumbers {
+  long long unit = -1, blocks = -1, freeBlocks = -1, avail = -1;
+  std::string type;
+};
+// The line after `label` in the output.
+FsNumbers fsNumbersAfter(const std::string& out, const std::string& label) {
+  FsNumbers n;
+  auto at = out.find(label + "\n");
+  if (at == std::string::npos) return n;
+  std::istringstream line(out.substr(at + label.size() + 1));
+  line >> n.unit >> n.blocks >> n.freeBlocks >> n.avail >> n.type;
+  return n;
+}
+
+constexpr long long kMiB = 1 << 20;
+
+// df inside shows the environment's own disk (docs/SECURITY.md, "Limits
+// inside"): its volume's qgroup limit and usage, answered by moat-init for
+// statfs and fstatfs of the root; every other file system as it is. Both
+// ways moat-init runs: exec'd (as moatd's environments) and in process.
+class LimitsDisk : public Limits, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(LimitsDisk, StorageLimitIsWhatDfAndStatFShowAndUsageGrowsWithAFile) {
+  const std::string fmt = "stat -f -c '%S %b %f %a %T' ";
+  auto r =
+      run({"--storage", "0.125"},  // 128 MiB
+          "df -B1 /workspace | tail -1; echo root; " + fmt + "/; echo ws; " + fmt +
+              "/workspace; dd if=/dev/zero of=/workspace/f bs=1M count=20 status=none && sync; echo after; " + fmt +
+              "/workspace; echo fd; python3 -c 'import os; s = os.statvfs(os.open(\"/workspace/f\", "
+              "os.O_RDONLY)); print(s.f_frsize, s.f_blocks, s.f_bfree, s.f_bavail, \"x\")'; echo proc; " +
+              fmt + "/proc; echo dev; " + fmt + "/dev",
+          {{"MOAT_INIT_MODE", GetParam()}});
+  ASSERT_EQ(r.exitCode, 0) << r.out << r.err;
+  // df's line: "overlay 134217728 used avail use% /"
+  std::istringstream df(r.out);
+  std::string source;
+  long long size = 0;
+  df >> source >> size;
+  EXPECT_EQ(size, 128 * kMiB) << r.out;
+  auto root = fsNumbersAfter(r.out, "root");
+  auto ws = fsNumbersAfter(r.out, "ws");
+  auto after = fsNumbersAfter(r.out, "after");
+  auto fd = fsNumbersAfter(r.out, "fd");
+  ASSERT_GT(ws.unit, 0) << r.out;
+  EXPECT_EQ(ws.blocks * ws.unit, 128 * kMiB) << r.out;
+  EXPECT_EQ(root.blocks, ws.blocks) << "/ and /workspace are one volume: " << r.out;
+  EXPECT_LE(ws.freeBlocks, ws.blocks) << r.out;
+  EXPECT_LE(ws.avail, ws.freeBlocks) << r.out;
+  // 20 MiB written and committed (sync): at least that much less free.
+  EXPECT_EQ(after.blocks, ws.blocks) << r.out;
+  EXPECT_LE(after.freeBlocks * after.unit, ws.freeBlocks * ws.unit - 20 * kMiB) << r.out;
+  EXPECT_GT(after.freeBlocks * after.unit, ws.freeBlocks * ws.unit - 40 * kMiB) << r.out;
+  // fstatfs on a descriptor of a file on the root: the same view.
+  EXPECT_EQ(fd.blocks * fd.unit, 128 * kMiB) << r.out;
+  EXPECT_EQ(fd.freeBlocks, after.freeBlocks) << r.out;
+  // /proc and /dev: their own file systems, untouched.
+  auto proc = fsNumbersAfter(r.out, "proc");
+  EXPECT_EQ(proc.type, "proc") << r.out;
+  EXPECT_EQ(proc.blocks, 0) << r.out;
+  auto dev = fsNumbersAfter(r.out, "dev");
+  EXPECT_NE(dev.type, root.type) << r.out;
+  EXPECT_NE(dev.blocks * dev.unit, 128 * kMiB) << r.out;
+}
+
+TEST_P(LimitsDisk, AHostDirectoryMountedInsideShowsTheHostsFileSystem) {
+  char tmpl[] = "/tmp/moat-disk-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  struct statfs host;
+  ASSERT_EQ(::statfs(dir.c_str(), &host), 0);
+  auto r = run({"--storage", "0.125", "-v", dir + ":/mnt/host"}, "echo host; stat -f -c '%S %b %f %a %T' /mnt/host",
+               {{"MOAT_INIT_MODE", GetParam()}});
+  (void)os::removeTree(dir);
+  ASSERT_EQ(r.exitCode, 0) << r.out << r.err;
+  auto inside = fsNumbersAfter(r.out, "host");
+  EXPECT_EQ(inside.unit, static_cast<long long>(host.f_frsize)) << r.out;
+  EXPECT_EQ(inside.blocks, static_cast<long long>(host.f_blocks)) << r.out;
+}
+
+TEST_P(LimitsDisk, BadBuffersAndDescriptorsGetTheKernelsAnswers) {
+  // A buffer nowhere, a path nowhere, descriptors not open, paths that are
+  // not there: the kernel's own errors (EFAULT, EBADF, ENOENT), and
+  // moat-init answers the calls after them.
+  auto r = run({"--storage", "0.125"},
+               "python3 -c '\n"
+               "import ctypes, os\n"
+               "libc = ctypes.CDLL(None, use_errno=True)\n"
+               "buf = ctypes.create_string_buffer(256)\n"
+               "def call(nr, a, b):\n"
+               "    r = libc.syscall(nr, a, b)\n"
+               "    return 0 if r == 0 else ctypes.get_errno()\n"
+               "print(call(137, b\"/workspace\", ctypes.c_void_p(8)))\n"
+               "print(call(137, ctypes.c_void_p(8), buf))\n"
+               "print(call(138, 987, buf))\n"
+               "print(call(138, -1, buf))\n"
+               "print(call(137, b\"/no/such\", buf))\n"
+               "print(call(137, b\"\", buf))\n"
+               "print(call(137, b\"/workspace\", buf))\n"
+               "'; df -B1 / | tail -1",
+               {{"MOAT_INIT_MODE", GetParam()}});
+  ASSERT_EQ(r.exitCode, 0) << r.out << r.err;
+  EXPECT_EQ(r.out.substr(0, r.out.rfind("\n", r.out.size() - 2) + 1), "14\n14\n9\n9\n2\n2\n0\n") << r.out;
+  EXPECT_NE(r.out.find(" 134217728 "), std::string::npos) << r.out;
+}
+
+TEST_P(LimitsDisk, AThreadRemappingTheBufferAndKilledCallersLeaveMoatInitServing) {
+  // One thread unmaps and maps again the page another has statfs write to;
+  // callers killed in the middle of their calls. Each call gets the answer
+  // or EFAULT, and moat-init answers whatever comes after.
+  auto r = run(
+      {"--storage", "0.125"},
+      "python3 -c '\n"
+      "import ctypes, threading\n"
+      "libc = ctypes.CDLL(None, use_errno=True)\n"
+      "libc.mmap.restype = ctypes.c_void_p\n"
+      "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, "
+      "ctypes.c_int, ctypes.c_long]\n"
+      "libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]\n"
+      "addr = libc.mmap(None, 4096, 3, 0x22, -1, 0)\n"
+      "stop = []\n"
+      "def flip():\n"
+      "    while not stop:\n"
+      "        libc.munmap(addr, 4096)\n"
+      "        libc.mmap(addr, 4096, 3, 0x32, -1, 0)\n"
+      "t = threading.Thread(target=flip)\n"
+      "t.start()\n"
+      "seen = set()\n"
+      "for i in range(3000):\n"
+      "    r = libc.syscall(137, b\"/workspace\", ctypes.c_void_p(addr))\n"
+      "    seen.add(0 if r == 0 else ctypes.get_errno())\n"
+      "stop.append(1)\n"
+      "t.join()\n"
+      "print(\"seen\", sorted(seen - {0, 14}))\n"
+      "'\n"
+      "for i in 1 2 3 4 5 6 7 8; do (while :; do stat -f / >/dev/null; done) & p=$!; "
+      "stat -f /tmp >/dev/null; kill -9 $p; wait $p 2>/dev/null; done\n"
+      "df -B1 / | tail -1; cat /proc/1/fd/7 /proc/1/fd/8 2>/dev/null && echo counters-readable; ls -l /proc/self/fd/",
+      {{"MOAT_INIT_MODE", GetParam()}});
+  ASSERT_EQ(r.exitCode, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("seen []\n"), std::string::npos) << "only the answer or EFAULT: " << r.out;
+  EXPECT_NE(r.out.find(" 134217728 "), std::string::npos) << "moat-init still answers: " << r.out;
+  EXPECT_EQ(r.out.find("counters-readable"), std::string::npos) << "pid 1's descriptors are its own: " << r.out;
+  EXPECT_EQ(r.out.find("qgroups"), std::string::npos) << "the counters are moat-init's alone: " << r.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(InitModes, LimitsDisk, ::testing::Values("exec", "inprocess"));
 
 }  // namespace
 }  // namespace moat::test

@@ -32,6 +32,7 @@
 #include "isolation/namespaces/user_namespace.h"
 #include "isolation/proc/lxcfs.h"
 #include "isolation/seccomp/policy.h"
+#include "os/block.h"
 #include "os/file.h"
 #include "os/mount.h"
 #include "os/net.h"
@@ -53,6 +54,8 @@ constexpr int kControlFd = 3;     // inherited by moat-init
 constexpr int kInitFd = 4;        // the moat-init binary (close-on-exec)
 constexpr int kErrorFd = 5;       // setup errors to the parent (close-on-exec)
 constexpr int kRendezvousFd = 6;  // new control connections (reattachable only)
+constexpr int kDiskUsedFd = 7;    // the volume's qgroup counters (df inside)
+constexpr int kDiskLimitFd = 8;
 
 }  // namespace
 
@@ -163,6 +166,8 @@ struct ChildArgs {
   const std::vector<sock_filter>* seccomp;
   const struct rlimit* fileLimit = nullptr;  // null: keep the creator's
   const std::vector<int>* cpus = nullptr;    // empty: every CPU of the creator
+  int diskUsedFd = -1;                       // -1: statfs shows the pool (no counters)
+  int diskLimitFd = -1;
 };
 
 [[noreturn]] void runChild(const ChildArgs& a);
@@ -211,7 +216,11 @@ int childMain(void* args) { runChild(*static_cast<const ChildArgs*>(args)); }
   int init = a.initFd < 0 ? -1 : ::fcntl(a.initFd, F_DUPFD_CLOEXEC, 10);
   int err = ::fcntl(errFd, F_DUPFD_CLOEXEC, 10);
   int rendezvous = a.rendezvousFd < 0 ? -1 : ::fcntl(a.rendezvousFd, F_DUPFD_CLOEXEC, 10);
-  if (control < 0 || (a.initFd >= 0 && init < 0) || err < 0 || (a.rendezvousFd >= 0 && rendezvous < 0)) {
+  const bool disk = a.diskUsedFd >= 0 && a.diskLimitFd >= 0;
+  int diskUsed = disk ? ::fcntl(a.diskUsedFd, F_DUPFD_CLOEXEC, 10) : -1;
+  int diskLimit = disk ? ::fcntl(a.diskLimitFd, F_DUPFD_CLOEXEC, 10) : -1;
+  if (control < 0 || (a.initFd >= 0 && init < 0) || err < 0 || (a.rendezvousFd >= 0 && rendezvous < 0) ||
+      (disk && (diskUsed < 0 || diskLimit < 0))) {
     childFail(errFd, "dup", Error::fromErrno("fcntl"));
   }
   errFd = err;
@@ -219,7 +228,8 @@ int childMain(void* args) { runChild(*static_cast<const ChildArgs*>(args)); }
     if (::dup2(devNull, fd) < 0) childFail(errFd, "stdio", Error::fromErrno("dup2"));
   }
   if (::dup2(control, kControlFd) < 0 || (init >= 0 && ::dup3(init, kInitFd, O_CLOEXEC) < 0) ||
-      ::dup3(err, kErrorFd, O_CLOEXEC) < 0 || (rendezvous >= 0 && ::dup2(rendezvous, kRendezvousFd) < 0)) {
+      ::dup3(err, kErrorFd, O_CLOEXEC) < 0 || (rendezvous >= 0 && ::dup2(rendezvous, kRendezvousFd) < 0) ||
+      (disk && (::dup2(diskUsed, kDiskUsedFd) < 0 || ::dup2(diskLimit, kDiskLimitFd) < 0))) {
     childFail(errFd, "fds", Error::fromErrno("dup2"));
   }
   errFd = kErrorFd;
@@ -228,7 +238,11 @@ int childMain(void* args) { runChild(*static_cast<const ChildArgs*>(args)); }
   // the environment from being collected.
   if (init < 0) ::close(kInitFd);
   if (rendezvous < 0) ::close(kRendezvousFd);
-  CHILD_STEP("close fds", os::closeFrom(kRendezvousFd + 1));
+  if (!disk) {
+    ::close(kDiskUsedFd);
+    ::close(kDiskLimitFd);
+  }
+  CHILD_STEP("close fds", os::closeFrom(kDiskLimitFd + 1));
   // After the dups above: the creator's descriptors may be numbered beyond it.
   if (a.fileLimit) CHILD_STEP("open files limit", os::setOpenFilesLimit(*a.fileLimit));
   // As the environment's root, in its root, with its capabilities and
@@ -237,9 +251,19 @@ int childMain(void* args) { runChild(*static_cast<const ChildArgs*>(args)); }
   CHILD_STEP("seccomp", os::installSeccomp(*a.seccomp));
   if (init >= 0) {
     // Nothing allocated: this child shares its creator's memory (see create).
-    static char name[] = "moat-init", flag[] = "--rendezvous-fd", fd[] = "6";
-    static_assert(kRendezvousFd == 6);
-    char* argv[] = {name, rendezvous >= 0 ? flag : nullptr, fd, nullptr};
+    static char name[] = "moat-init", flag[] = "--rendezvous-fd", fd[] = "6", diskFlag[] = "--disk-fds",
+                diskFds[] = "7";
+    static_assert(kRendezvousFd == 6 && kDiskUsedFd == 7 && kDiskLimitFd == 8);
+    char* argv[5] = {name, nullptr, nullptr, nullptr, nullptr};
+    int argc = 1;
+    if (rendezvous >= 0) {
+      argv[argc++] = flag;
+      argv[argc++] = fd;
+    }
+    if (disk) {
+      argv[argc++] = diskFlag;
+      argv[argc++] = diskFds;
+    }
     char* env[] = {nullptr};
     childFail(errFd, "exec", os::execFd(kInitFd, argv, env));
   }
@@ -250,7 +274,9 @@ int childMain(void* args) { runChild(*static_cast<const ChildArgs*>(args)); }
   ::prctl(PR_SET_NAME, "moat-init", 0, 0, 0);
   scrubProcessArgs();
   ::close(errFd);
-  ::_exit(init::Supervisor(kControlFd, true, rendezvous >= 0 ? kRendezvousFd : -1).run());
+  init::Supervisor supervisor(kControlFd, true, rendezvous >= 0 ? kRendezvousFd : -1);
+  if (disk) supervisor.showDiskLimit(os::QgroupCounters{UniqueFd(kDiskUsedFd), UniqueFd(kDiskLimitFd)});
+  ::_exit(supervisor.run());
 }
 
 Status checkSpec(const EnvironmentSpec& spec) {
@@ -345,6 +371,9 @@ Result<std::unique_ptr<Environment>> Environment::create(
     MOAT_TRY(os::removeTree(volume + "/work"));
   }
   const auto& idmap = env->idmap_.map;
+  // What `df` inside shows: without the counters (a kernel without btrfs's
+  // qgroups in sysfs), the pool's size, as before.
+  auto disk = os::openQgroupCounters(volume);
   traceStage("volume");
   MOAT_ASSIGN(fs::RootPlan plan, fs::prepareRoot(volume, tmpl.lower.get(), env->id_, idmap.hostBase, idmap.hostBase));
   MOAT_ASSIGN(plan.devDir, fs::ensureDevSkeleton(pool.root()));
@@ -413,6 +442,10 @@ Result<std::unique_ptr<Environment>> Environment::create(
                  spec.networkNamespaceFd,
                  &program.filter};
   if (haveEnvironmentFileLimit) args.fileLimit = &environmentFileLimit;
+  if (disk.ok()) {
+    args.diskUsedFd = disk->referenced.get();
+    args.diskLimitFd = disk->maxReferenced.get();
+  }
   args.cpus = &cpus;
   if (layout.version == cg::Version::kV2) {
     MOAT_ASSIGN(cgroupFd, env->cgroup_->openDirectory());

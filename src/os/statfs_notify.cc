@@ -1,0 +1,118 @@
+#include "os/statfs_notify.h"
+
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace moat::os {
+
+Result<UniqueFd> installStatfsListener() {
+  // x86-64's statfs and fstatfs only (it has no statfs64): other
+  // architectures' calls are the environment's main filter's, which kills
+  // them.
+  struct sock_filter code[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_statfs, 2, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_fstatfs, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      // moat-init's own (kUnwatched as the third argument) run.
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2])),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(kUnwatched), 0, 3),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2]) + 4),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(kUnwatched >> 32), 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF),
+  };
+  struct sock_fprog prog = {static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
+  long fd = ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog);
+  if (fd < 0) return Error::fromErrno("seccomp statfs listener");
+  ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+  return UniqueFd(static_cast<int>(fd));
+}
+
+int statfsUnwatched(const char* path, struct statfs* out) {
+  return static_cast<int>(::syscall(SYS_statfs, path, out, kUnwatched));
+}
+
+int fstatfsUnwatched(int fd, struct statfs* out) {
+  return static_cast<int>(::syscall(SYS_fstatfs, fd, out, kUnwatched));
+}
+
+bool isStatfsCall(int nr) { return nr == SYS_statfs || nr == SYS_fstatfs; }
+
+Result<struct statfs> statfsAsCalled(const ExecNotification& n) {
+  const std::string proc = "/proc/" + std::to_string(n.pid);
+  std::string path;
+  if (n.nr == SYS_fstatfs) {
+    auto fd = static_cast<int>(n.args[0]);
+    if (fd < 0) return Error::fromErrno("fstatfs descriptor", EBADF);
+    path = proc + "/fd/" + std::to_string(fd);
+  } else if (n.nr == SYS_statfs) {
+    char name[PATH_MAX];
+    ssize_t got = readProcessMemory(n.pid, n.args[0], name, sizeof name);
+    if (got <= 0) return Error::fromErrno("statfs path", got == 0 ? EFAULT : errno);
+    const void* end = std::memchr(name, '\0', static_cast<size_t>(got));
+    if (!end) return Error::fromErrno("statfs path", ENAMETOOLONG);
+    std::string given(name, static_cast<const char*>(end) - name);
+    if (given.empty()) return Error::fromErrno("statfs path", ENOENT);
+    path = given[0] == '/' ? proc + "/root" + given : proc + "/cwd/" + given;
+  } else {
+    return Error::fromErrno("not a statfs call", ENOSYS);
+  }
+  struct statfs st;
+  if (statfsUnwatched(path.c_str(), &st) != 0) return Error::fromErrno("statfs " + path);
+  return st;
+}
+
+Status answerStatfs(int listener, const ExecNotification& n, const struct statfs& answer) {
+  const uint64_t addr = n.nr == SYS_fstatfs || n.nr == SYS_statfs ? n.args[1] : 0;
+  if (!addr) return Error::fromErrno("statfs buffer", EFAULT);
+  // The memory of the process the descriptor was opened on: checked below
+  // to be the caller's (its pid not reused since the notification).
+  UniqueFd mem(::open(("/proc/" + std::to_string(n.pid) + "/mem").c_str(), O_RDWR | O_CLOEXEC));
+  if (!mem) return Error::fromErrno("open caller's memory");
+  if (!execNotificationValid(listener, n.id)) return Error::fromErrno("statfs caller", ENOENT);
+  // Through the memory file, which writes past a page's protection (as a
+  // debugger's write does): a read-only buffer gets the answer where the
+  // real call would fault. The caller's own memory only, which it may
+  // change itself.
+  ssize_t wrote = ::pwrite(mem.get(), &answer, sizeof answer, static_cast<off_t>(addr));
+  if (wrote != static_cast<ssize_t>(sizeof answer)) {
+    return Error::fromErrno("write statfs answer", wrote < 0 ? errno : EFAULT);
+  }
+  struct seccomp_notif_resp resp;
+  std::memset(&resp, 0, sizeof resp);
+  resp.id = n.id;
+  resp.val = 0;
+  resp.error = 0;
+  if (::ioctl(listener, SECCOMP_IOCTL_NOTIF_SEND, &resp) != 0) return Error::fromErrno("seccomp answer");
+  return {};
+}
+
+Result<uint64_t> readSysfsNumber(int fd) {
+  char buf[64];
+  ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return Error::fromErrno("read sysfs number", n == 0 ? ENODATA : errno);
+  buf[n] = '\0';
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(buf, &end, 10);
+  if (errno != 0 || end == buf || (*end != '\n' && *end != '\0')) return Error::fromErrno("sysfs number", EINVAL);
+  return static_cast<uint64_t>(v);
+}
+
+}  // namespace moat::os
