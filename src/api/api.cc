@@ -74,7 +74,15 @@ Preflight Api::preflight(const HttpRequest& head) {
   p.bodyLimit = fileWrite ? (16u << 20) : (1u << 20);
   // A preview host's requests go to its environment, never to the API:
   // the URL's secret is their grant (ports.cc).
-  if (previewSecretOf(head.host, options_.previewDomain)) {
+  if (auto secret = previewSecretOf(head.host, options_.previewDomain)) {
+    // Nobody is asked for a token here: a URL that names no live preview is
+    // refused before its body is read (else anyone could have moatd read and
+    // hold 16 MiB per connection).
+    if (secret->empty() || !previews_.resolve(*secret)) {
+      p.reject = true;
+      p.response = errorResponse({404, "not_found", "no such preview", ""});
+      return p;
+    }
     p.bodyLimit = 16u << 20;
     return p;
   }

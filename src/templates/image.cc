@@ -93,9 +93,12 @@ std::optional<uint32_t> numeric(const std::string& s) {
   return static_cast<uint32_t>(v);
 }
 
-// A file of the image's tree (resolved inside it, never out); empty when absent.
+// A file of the image's tree (resolved inside it, never out); empty when absent
+// or not a regular file. O_NONBLOCK: an image's /etc/passwd may be a FIFO,
+// whose open would wait for a writer for ever (and hold the import's slot).
 std::string imageFile(int rootFd, const std::string& path) {
-  auto fd = os::openAt(rootFd, path, O_RDONLY | O_CLOEXEC, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV);
+  auto fd = os::openAt(rootFd, path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY,
+                       RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV);
   if (!fd.ok()) return "";
   auto st = os::statFd(fd->get());
   if (!st.ok() || !S_ISREG(st->st_mode)) return "";

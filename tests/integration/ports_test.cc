@@ -413,6 +413,11 @@ TEST_F(Ports, APreviewUrlOpensOnePortWithoutTheTokenUntilItIsRevoked) {
   EXPECT_EQ(guessed.status, 404);
   EXPECT_NE(guessed.body.find("not_found"), std::string::npos);
   EXPECT_EQ(daemon_->request("GET", "/v1/environments", "", true, {{"Host", "preview.localhost"}}).status, 404);
+  // A wrong secret is refused before its body is read: a head announcing
+  // 16 MB gets its 404 at once, with none of the body sent.
+  auto unread = HttpConnection(daemon_->socketPath())
+                    .raw("POST /upload HTTP/1.1\r\nHost: " + wrong + "\r\nContent-Length: 16000000\r\n\r\n");
+  EXPECT_EQ(unread.status, 404) << unread.body;
 
   EXPECT_EQ(hostListeners(daemon_->pid()), before) << "a preview opened a port on the host";
 

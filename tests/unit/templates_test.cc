@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -183,6 +184,16 @@ TEST_F(ImageTree, UsersAreFoundInTheImagesOwnFilesNeverTheHosts) {
   std::filesystem::create_symlink("/etc/passwd", dir_ + "/etc/passwd");
   EXPECT_FALSE(resolve("root").ok() && resolve("daemon").ok()) << "the host's passwd was read";
   EXPECT_FALSE(resolve("daemon").ok());
+}
+
+// A hostile image's /etc/passwd that is a FIFO: the lookup answers (the user
+// is unknown) instead of waiting for a writer for ever.
+TEST_F(ImageTree, AnEtcPasswdThatIsAFifoIsNoFileAndNeverWaitedOn) {
+  ASSERT_EQ(::mkfifo((dir_ + "/etc/passwd").c_str(), 0644), 0);
+  ASSERT_EQ(::mkfifo((dir_ + "/etc/group").c_str(), 0644), 0);
+  EXPECT_FALSE(resolve("app").ok());
+  EXPECT_FALSE(resolve("1000:staff").ok());
+  EXPECT_EQ(resolve("1000:7")->uid, 1000u) << "numeric ids need no file";
 }
 
 TEST(TemplateNames, TheContractsRule) {
