@@ -281,7 +281,9 @@ std::string describeWaitStatus(int status) {
 
 Result<UniqueFd> networkNamespaceOf(int pidfd) {
   // The pid from the pidfd's fdinfo, then /proc (PIDFD_GET_NET_NAMESPACE
-  // needs 6.11). The pidfd keeps the pid from being reused while it is open.
+  // needs 6.11). An open pidfd does not keep its pid from being reused once
+  // the process is reaped: the process must still be alive after the open,
+  // or the namespace opened may be another process's.
   std::string info;
   {
     UniqueFd f(::open(("/proc/self/fdinfo/" + std::to_string(pidfd)).c_str(), O_RDONLY | O_CLOEXEC));
@@ -297,6 +299,9 @@ Result<UniqueFd> networkNamespaceOf(int pidfd) {
   if (pid <= 0) return Error::make(Code::kNotFound, "the process behind the pidfd has exited");
   UniqueFd ns(::open(("/proc/" + std::to_string(pid) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
   if (!ns) return Error::fromErrno("open /proc/" + std::to_string(pid) + "/ns/net");
+  if (::syscall(SYS_pidfd_send_signal, pidfd, 0, nullptr, 0) != 0) {
+    return Error::make(Code::kNotFound, "the process behind the pidfd has exited");
+  }
   return ns;
 }
 
