@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "common/sanitizer.h"
 #include "moatd_fixture.h"
 #include "store/store.h"
 #include "templates/importer.h"
@@ -50,6 +51,14 @@ json shellLayer() {
   for (const char* lib : {"lib/x86_64-linux-gnu/libc.so.6"})
     layer.push_back({{"name", lib}, {"host", std::string("/") + lib}});
   layer.push_back({{"name", "lib64/ld-linux-x86-64.so.2"}, {"host", "/lib64/ld-linux-x86-64.so.2"}});
+#if MOAT_ASAN
+  // moat-init of a sanitized build is linked dynamically (ASan has no static
+  // runtime with glibc): the environments of these images need its libraries
+  // too. A release build's moat-init is static.
+  for (const char* lib :
+       {"lib/x86_64-linux-gnu/libstdc++.so.6", "lib/x86_64-linux-gnu/libm.so.6", "lib/x86_64-linux-gnu/libgcc_s.so.1"})
+    layer.push_back({{"name", lib}, {"host", std::string("/") + lib}});
+#endif
   layer.push_back(
       {{"name", "etc/passwd"}, {"data", "root:x:0:0:root:/root:/bin/sh\napp:x:1234:2345:app:/home/app:/bin/sh\n"}});
   layer.push_back({{"name", "etc/group"}, {"data", "root:x:0:\napp:x:2345:\n"}});
