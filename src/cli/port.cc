@@ -27,40 +27,19 @@ any port without a preview. Keys need the 'ports' scope.
 
 )";
 
-struct Options {
-  ConnectionOptions connection;
-  std::vector<std::string> positional;
-  bool asJson = false;
-  bool help = false;
+struct Options : Parsed {
   std::optional<uint64_t> ttl;
 };
 
 Status parse(const std::vector<std::string>& args, Options& out) {
-  FlagReader flags(args);
-  while (!flags.done()) {
-    if (!flags.currentIsFlag()) {
-      out.positional.push_back(flags.current());
-      flags.skip();
-      continue;
-    }
-    MOAT_TRY(flags.next());
-    const std::string& name = flags.name();
-    bool matched = false;
-    MOAT_TRY(readConnectionFlag(flags, out.connection, matched));
-    if (matched) continue;
-    if (name == "-h" || name == "--help") {
-      out.help = true;
-    } else if (name == "--json") {
-      MOAT_TRY(flags.noValue());
-      out.asJson = true;
-    } else if (name == "--ttl") {
+  return parseArgs(args, out, [&](FlagReader& flags, bool& matched) -> Status {
+    matched = flags.name() == "--ttl";
+    if (matched) {
       MOAT_ASSIGN(std::string v, flags.value());
-      MOAT_ASSIGN(out.ttl, parseWhole(name, v));
-    } else {
-      return usageError("unknown option " + name + " for 'moat port'");
+      MOAT_ASSIGN(out.ttl, parseWhole(flags.name(), v));
     }
-  }
-  return {};
+    return {};
+  });
 }
 
 }  // namespace
@@ -92,7 +71,7 @@ int portCommand(const std::vector<std::string>& args) {
     auto listed = call(client.value(), "GET", env.value() + "/previews", "", 200);
     if (!listed.ok()) return reportFailure("port ls", listed.error());
     json list = listed->value("previews", json::array());
-    if (o.asJson) {
+    if (o.json) {
       std::puts(list.dump(2).c_str());
       return 0;
     }
@@ -129,7 +108,7 @@ int portCommand(const std::vector<std::string>& args) {
   if (o.ttl) body["ttl_s"] = *o.ttl;
   auto created = call(client.value(), "POST", env.value() + "/previews", body.dump(), 201);
   if (!created.ok()) return reportFailure("port", created.error());
-  if (o.asJson) {
+  if (o.json) {
     std::puts(created->dump(2).c_str());
   } else {
     std::puts(created->value("url", "").c_str());

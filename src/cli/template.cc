@@ -46,11 +46,7 @@ Environments use one with `moat env create --template NAME`. Keys need the
 
 )";
 
-struct Options {
-  ConnectionOptions connection;
-  std::vector<std::string> positional;
-  bool asJson = false;
-  bool help = false;
+struct Options : Parsed {
   bool wait = true;
   std::string name;
   std::string base;
@@ -60,45 +56,32 @@ struct Options {
 };
 
 Status parse(const std::vector<std::string>& args, const std::string& sub, Options& out) {
-  FlagReader flags(args);
-  while (!flags.done()) {
-    if (!flags.currentIsFlag()) {
-      out.positional.push_back(flags.current());
-      flags.skip();
-      continue;
-    }
-    MOAT_TRY(flags.next());
+  const bool importing = sub == "import", building = sub == "build";
+  return parseArgs(args, out, [&](FlagReader& flags, bool& matched) -> Status {
     const std::string& name = flags.name();
-    bool matched = false;
-    MOAT_TRY(readConnectionFlag(flags, out.connection, matched));
-    if (matched) continue;
-    if (name == "-h" || name == "--help") {
-      out.help = true;
-    } else if (name == "--json") {
-      MOAT_TRY(flags.noValue());
-      out.asJson = true;
-    } else if (name == "--name" && (sub == "import" || sub == "build")) {
+    matched = true;
+    if (name == "--name" && (importing || building)) {
       MOAT_ASSIGN(out.name, flags.value());
-    } else if (name == "--base" && sub == "build") {
+    } else if (name == "--base" && building) {
       MOAT_ASSIGN(out.base, flags.value());
-    } else if (name == "--run" && sub == "build") {
+    } else if (name == "--run" && building) {
       MOAT_ASSIGN(std::string line, flags.value());
       out.run.push_back(line);
-    } else if ((name == "-f" || name == "--file") && sub == "build") {
+    } else if ((name == "-f" || name == "--file") && building) {
       MOAT_ASSIGN(out.recipeFile, flags.value());
-    } else if (name == "--env" && sub == "build") {
+    } else if (name == "--env" && building) {
       MOAT_ASSIGN(std::string kv, flags.value());
       auto eq = kv.find('=');
       if (eq == std::string::npos || eq == 0) return usageError("--env takes K=V, not '" + kv + "'");
       out.env[kv.substr(0, eq)] = kv.substr(eq + 1);
-    } else if (name == "--no-wait" && (sub == "import" || sub == "build")) {
+    } else if (name == "--no-wait" && (importing || building)) {
       MOAT_TRY(flags.noValue());
       out.wait = false;
     } else {
-      return usageError("unknown option " + name + " for 'moat template " + sub + "'");
+      matched = false;
     }
-  }
-  return {};
+    return {};
+  });
 }
 
 // A name as a path segment (':' is fine in one).
@@ -202,7 +185,7 @@ int templateCommand(const std::vector<std::string>& args) {
     auto listed = call(client.value(), "GET", "/v1/templates", "", 200);
     if (!listed.ok()) return reportFailure(what, listed.error());
     json list = listed->value("templates", json::array());
-    if (o.asJson) {
+    if (o.json) {
       std::puts(list.dump(2).c_str());
     } else {
       printTemplates(list);
@@ -235,7 +218,7 @@ int templateCommand(const std::vector<std::string>& args) {
     t = now.value();
   }
   if (tty && !last.empty()) std::fputs("\r\033[K", stderr);
-  if (o.asJson) {
+  if (o.json) {
     std::puts(t.dump(2).c_str());
   } else if (t.value("state", "") == "failed") {
     std::fprintf(stderr, "moat template %s: %s failed: %s\n", sub.c_str(), o.name.c_str(),
