@@ -28,17 +28,7 @@ namespace beast = boost::beast;
 namespace http = boost::beast::http;
 namespace asio = boost::asio;
 
-Moatd::Moatd(std::vector<std::string> extraArgs) : extraArgs_(std::move(extraArgs)) {
-  char tmpl[] = "/tmp/moatd-test-XXXXXX";
-  stateDir_ = ::mkdtemp(tmpl);
-  logPath_ = stateDir_ + ".log";
-  try {
-    start();
-  } catch (...) {
-    removeState();  // no destructor runs for an object whose constructor threw
-    throw;
-  }
-}
+Moatd::Moatd(std::vector<std::string> extraArgs) : Moatd(std::move(extraArgs), {}) {}
 
 Moatd::Moatd(std::vector<std::string> extraArgs, std::vector<std::string> extraEnv)
     : extraArgs_(std::move(extraArgs)), extraEnv_(std::move(extraEnv)) {
