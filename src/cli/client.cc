@@ -545,6 +545,21 @@ std::optional<nlohmann::json> callOne(const std::vector<std::string>& args, cons
   return answer.value();
 }
 
+int deleteEach(Client& client, const std::string& command, const std::vector<std::string>& names,
+               const std::function<Result<std::string>(const std::string&)>& pathOf) {
+  int code = 0;
+  for (const auto& name : names) {
+    auto path = pathOf(name);
+    auto done = path.ok() ? call(client, "DELETE", path.value(), "", 204) : Result<nlohmann::json>(path.error());
+    if (!done.ok()) {
+      code = reportFailure(command, done.error());
+      continue;
+    }
+    std::puts(name.c_str());
+  }
+  return code;
+}
+
 Status readConnectionFlag(FlagReader& flags, ConnectionOptions& options, bool& matched) {
   matched = true;
   const std::string& name = flags.name();

@@ -80,6 +80,11 @@ class Client {
 // message. The JSON answer (null for an empty body).
 Result<nlohmann::json> call(Client& client, const std::string& method, const std::string& target,
                             const std::string& body, int expect);
+// `moat X rm A B ...`: DELETE each one's path (204 expected) and print its
+// name; one that fails is reported (as `command`) and the rest still go.
+// The exit code: the last failure's, else 0.
+int deleteEach(Client& client, const std::string& command, const std::vector<std::string>& names,
+               const std::function<Result<std::string>(const std::string&)>& pathOf);
 
 // moatd's {"error":{"code","message","field"}} as one line:
 // "<message> (<code>[, field <field>])".

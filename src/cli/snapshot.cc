@@ -132,19 +132,7 @@ int snapshotCommand(const std::vector<std::string>& args) {
   auto client = Client::fromOptions(o.connection);
   if (!client.ok()) return reportFailure(what, client.error());
 
-  if (sub == "rm" || sub == "remove") {
-    int code = 0;
-    for (const auto& id : o.positional) {
-      auto path = snapshotPath(id);
-      auto done = path.ok() ? call(client.value(), "DELETE", path.value(), "", 204) : Result<json>(path.error());
-      if (!done.ok()) {
-        code = reportFailure(what, done.error());
-        continue;
-      }
-      std::puts(id.c_str());
-    }
-    return code;
-  }
+  if (sub == "rm" || sub == "remove") return deleteEach(client.value(), what, o.positional, snapshotPath);
   if (sub == "ls" || sub == "list") {
     std::string target = "/v1/snapshots";
     if (!o.positional.empty()) {

@@ -168,19 +168,7 @@ int templateCommand(const std::vector<std::string>& args) {
   auto client = Client::fromOptions(o.connection);
   if (!client.ok()) return reportFailure(what, client.error());
 
-  if (sub == "rm" || sub == "remove") {
-    int code = 0;
-    for (const auto& name : o.positional) {
-      auto path = templatePath(name);
-      auto done = path.ok() ? call(client.value(), "DELETE", path.value(), "", 204) : Result<json>(path.error());
-      if (!done.ok()) {
-        code = reportFailure(what, done.error());
-        continue;
-      }
-      std::puts(name.c_str());
-    }
-    return code;
-  }
+  if (sub == "rm" || sub == "remove") return deleteEach(client.value(), what, o.positional, templatePath);
   if (sub == "ls" || sub == "list") {
     auto listed = call(client.value(), "GET", "/v1/templates", "", 200);
     if (!listed.ok()) return reportFailure(what, listed.error());
