@@ -42,11 +42,58 @@ long hostCpus() { return ::sysconf(_SC_NPROCESSORS_ONLN); }
 // rather than skip (the package is a dependency of moat, install-deps.sh).
 void requireLxcfsInstalled() { ASSERT_EQ(::access("/usr/bin/lxcfs", X_OK), 0) << "install the lxcfs package"; }
 
+std::string readOrEmpty(const std::string& path) {
+  auto text = os::readFile(path, 1 << 20);
+  return text.ok() ? text.value() : "";
+}
+
+// What the host-wide lxcfs is doing, for a failure's message: its pid
+// file, the end of its log, the mount.
+std::string lxcfsState() {
+  const auto config = isolation::proc::lxcfsConfigFromEnvironment();
+  std::string out = "lxcfs at " + config.dir + ": pid file " + readOrEmpty(config.dir + ".pid");
+  std::string text = readOrEmpty(config.dir + ".log");
+  out += "\nits log's end:\n" + text.substr(text.size() > 2000 ? text.size() - 2000 : 0);
+  return out;
+}
+
+// An lxcfs of a test's own, at a directory of its own, ended with the test.
+struct OwnLxcfs {
+  OwnLxcfs() {
+    char tmpl[] = "/tmp/moat-lxcfs-XXXXXX";
+    config.dir = std::string(::mkdtemp(tmpl)) + "/mnt";
+  }
+  ~OwnLxcfs() {
+    for (pid_t pid : started) {
+      if (auto fd = os::pidfdOpen(pid); fd.ok()) {
+        (void)os::pidfdSendSignal(fd->get(), SIGKILL);
+        while (!os::pidfdExited(fd->get())) ::usleep(1000);  // not our child: no wait
+      }
+    }
+    ::umount2(config.dir.c_str(), MNT_DETACH);
+    (void)os::removeTree(config.dir.substr(0, config.dir.rfind('/')));
+  }
+  pid_t ensure() {
+    auto pid = isolation::proc::ensureLxcfs(config);
+    EXPECT_TRUE(pid.ok()) << pid.error().message();
+    if (!pid.ok()) return -1;
+    started.push_back(pid.value());
+    return pid.value();
+  }
+  std::string log() const { return readOrEmpty(config.dir + ".log"); }
+  isolation::proc::LxcfsConfig config;
+  std::vector<pid_t> started;
+};
+
 class Limits : public ::testing::Test {
  protected:
   void SetUp() override {
     MOAT_REQUIRE_ROOT();
     requireLxcfsInstalled();
+    // The host-wide one serves these tests' environments: a failure to
+    // have one says why here, rather than as a host value below.
+    auto trees = isolation::proc::lxcfsProcTrees(isolation::proc::lxcfsConfigFromEnvironment());
+    ASSERT_TRUE(trees.ok()) << trees.error().message() << "\n" << lxcfsState();
   }
   ProcessResult run(const std::vector<std::string>& flags, const std::string& script,
                     const std::map<std::string, std::string>& env = {}) {
@@ -60,7 +107,7 @@ class Limits : public ::testing::Test {
 TEST_F(Limits, MemoryLimitIsTheMemoryInProcMeminfoAndFree) {
   auto r = run({"--memory", "512"}, "cat /proc/meminfo; echo ---; free -k");
   ASSERT_EQ(r.exitCode, 0) << r.err;
-  EXPECT_EQ(meminfoKb(r.out, "MemTotal"), 512 * 1024) << r.out;
+  EXPECT_EQ(meminfoKb(r.out, "MemTotal"), 512 * 1024) << r.out << lxcfsState();
   long available = meminfoKb(r.out, "MemAvailable");
   EXPECT_GT(available, 0);
   EXPECT_LE(available, 512 * 1024);
@@ -168,32 +215,68 @@ TEST_F(Limits, AMissingLxcfsBinaryStillStartsTheEnvironment) {
 // An lxcfs of the test's own, killed: the next environment gets a new one
 // and reads its limits again.
 TEST_F(Limits, ADeadLxcfsIsReplacedByTheNextCreate) {
-  char tmpl[] = "/tmp/moat-lxcfs-XXXXXX";
-  std::string dir = std::string(::mkdtemp(tmpl)) + "/mnt";
-  isolation::proc::LxcfsConfig config;
-  config.dir = dir;
-  auto first = isolation::proc::ensureLxcfs(config);
-  ASSERT_TRUE(first.ok()) << first.error().message();
-  auto again = isolation::proc::ensureLxcfs(config);
-  ASSERT_TRUE(again.ok());
-  EXPECT_EQ(again.value(), first.value()) << "a live one is used, not started twice";
-  auto pidfd = os::pidfdOpen(first.value());
+  OwnLxcfs own;
+  pid_t first = own.ensure();
+  ASSERT_GT(first, 0);
+  EXPECT_EQ(own.ensure(), first) << "a live one is used, not started twice";
+  auto pidfd = os::pidfdOpen(first);
   ASSERT_TRUE(pidfd.ok());
   ASSERT_TRUE(os::pidfdSendSignal(pidfd->get(), SIGKILL).ok());
   while (!os::pidfdExited(pidfd->get())) ::usleep(1000);  // not our child: no wait
-  auto r = run({"--memory", "384"}, "grep MemTotal /proc/meminfo", {{"MOAT_LXCFS_DIR", dir}});
+  auto r = run({"--memory", "384"}, "grep MemTotal /proc/meminfo", {{"MOAT_LXCFS_DIR", own.config.dir}});
   ASSERT_EQ(r.exitCode, 0) << r.err;
   EXPECT_EQ(meminfoKb(r.out, "MemTotal"), 384 * 1024) << r.out;
-  auto text = os::readFile(dir + ".pid");
-  ASSERT_TRUE(text.ok());
-  pid_t second = static_cast<pid_t>(std::stol(text.value()));
-  EXPECT_NE(second, first.value());
-  auto secondFd = os::pidfdOpen(second);
-  ASSERT_TRUE(secondFd.ok());
-  (void)os::pidfdSendSignal(secondFd->get(), SIGKILL);  // its mount is detached below
-  while (!os::pidfdExited(secondFd->get())) ::usleep(1000);
-  ::umount2(dir.c_str(), MNT_DETACH);
-  (void)os::removeTree(dir.substr(0, dir.rfind('/')));
+  pid_t second = own.ensure();
+  EXPECT_NE(second, first);
+}
+
+// SIGUSR2 switches an lxcfs to the host's own values (lxcfs(8)): one in
+// that mode is of no use to an environment, and the next create replaces it.
+TEST_F(Limits, AnLxcfsThatServesTheHostsValuesIsReplaced) {
+  OwnLxcfs own;
+  pid_t first = own.ensure();
+  ASSERT_GT(first, 0);
+  auto pidfd = os::pidfdOpen(first);
+  ASSERT_TRUE(pidfd.ok());
+  ASSERT_TRUE(os::pidfdSendSignal(pidfd->get(), SIGUSR2).ok());
+  for (int i = 0; i < 5000 && own.log().find("non-virtualization") == std::string::npos; ++i) ::usleep(1000);
+  ASSERT_FALSE(isolation::proc::lxcfsLogSaysVirtualizing(own.log())) << own.log();
+  auto r = run({"--memory", "384"}, "grep MemTotal /proc/meminfo", {{"MOAT_LXCFS_DIR", own.config.dir}});
+  ASSERT_EQ(r.exitCode, 0) << r.err;
+  EXPECT_EQ(meminfoKb(r.out, "MemTotal"), 384 * 1024) << r.out;
+  EXPECT_TRUE(os::pidfdExited(pidfd->get())) << "the one that served the host's values was ended";
+  EXPECT_NE(own.ensure(), first);
+}
+
+// A live mount whose pid file names no lxcfs (one of another pid
+// namespace, a pid file lost): a new lxcfs takes the mount point.
+TEST_F(Limits, AnLxcfsItsPidFileDoesNotNameIsReplaced) {
+  OwnLxcfs own;
+  pid_t first = own.ensure();
+  ASSERT_GT(first, 0);
+  ASSERT_TRUE(os::writeFile(own.config.dir + ".pid", "1\n").ok());
+  pid_t second = own.ensure();
+  EXPECT_GT(second, 0);
+  EXPECT_NE(second, first);
+  auto r = run({"--memory", "320"}, "grep MemTotal /proc/meminfo", {{"MOAT_LXCFS_DIR", own.config.dir}});
+  ASSERT_EQ(r.exitCode, 0) << r.err;
+  EXPECT_EQ(meminfoKb(r.out, "MemTotal"), 320 * 1024) << r.out;
+}
+
+TEST(LxcfsLog, SaysWhetherItServesTheReadersLimits) {
+  using isolation::proc::lxcfsLogSaysVirtualizing;
+  EXPECT_TRUE(lxcfsLogSaysVirtualizing(""));
+  EXPECT_TRUE(lxcfsLogSaysVirtualizing("Running constructor lxcfs_init to reload liblxcfs\nhierarchies:\n"));
+  EXPECT_FALSE(lxcfsLogSaysVirtualizing(
+      "Running constructor lxcfs_init to reload liblxcfs\nFailed to run constructor lxcfs_init to reload liblxcfs\n"));
+  // A reload that worked after one that failed.
+  EXPECT_TRUE(lxcfsLogSaysVirtualizing(
+      "Running constructor lxcfs_init\nFailed to run constructor lxcfs_init\nRunning constructor lxcfs_init\n"));
+  EXPECT_FALSE(lxcfsLogSaysVirtualizing("Switched into non-virtualization mode\n"));
+  EXPECT_TRUE(lxcfsLogSaysVirtualizing("Switched into non-virtualization mode\nSwitched into virtualization mode\n"));
+  EXPECT_FALSE(
+      lxcfsLogSaysVirtualizing("Switched into non-virtualization mode\nSwitched into virtualization mode\n"
+                               "Switched into non-virtualization mode\n"));
 }
 
 class LimitsMoatd : public MoatdFixture {};
@@ -205,7 +288,7 @@ TEST_F(LimitsMoatd, EnvironmentsShowTheirLimitsAcrossARestartAndLeaveNoMountBehi
     return exec(envId, {{"cmd", {"sh", "-c", "cat /proc/meminfo; nproc"}}})["stdout"].get<std::string>();
   };
   std::string before = read(id);
-  EXPECT_EQ(meminfoKb(before, "MemTotal"), 512 * 1024) << before;
+  EXPECT_EQ(meminfoKb(before, "MemTotal"), 512 * 1024) << before << lxcfsState();
   if (hostCpus() > 1) {
     EXPECT_NE(before.find("\n1\n"), std::string::npos) << before;
   }

@@ -70,6 +70,9 @@ Status startLxcfs(const std::string& binary, const std::string& dir) {
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
+  // lxcfs refuses to start while another process holds a lock on its pid
+  // file: an old one there (of a process that this one replaces) goes first.
+  if (::unlink(pidFile.c_str()) != 0 && errno != ENOENT) return Error::fromErrno("remove " + pidFile);
   MOAT_ASSIGN(UniqueFd devNull, os::open("/dev/null", O_RDONLY | O_CLOEXEC));
   MOAT_ASSIGN(UniqueFd log, os::open(logFile, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
   int report[2];  // the grandchild's pid, from the child
@@ -106,7 +109,18 @@ Status startLxcfs(const std::string& binary, const std::string& dir) {
   // Up when its mount answers; given 10 s (it starts in ~50 ms here).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (;;) {
-    if (mountState(dir) == MountState::kLive) return {};
+    if (mountState(dir) == MountState::kLive) {
+      // Its library is set up before it mounts: the log says by now
+      // whether it serves the readers' limits.
+      auto log = os::readFile(logFile, 1 << 20);
+      if (!log.ok() || lxcfsLogSaysVirtualizing(log.value())) return {};
+      if (pidfd.ok()) (void)os::pidfdSendSignal(pidfd->get(), SIGKILL);
+      (void)os::unmount(dir, MNT_DETACH);
+      return Error::make(Code::kToolFailed, binary +
+                                                " serves the host's own values, not the readers' limits: the set-up "
+                                                "of its cgroup views failed (see " +
+                                                logFile + ")");
+    }
     bool gone = !pidfd.ok() || os::pidfdExited(pidfd->get());
     if (gone || std::chrono::steady_clock::now() > deadline) {
       std::string why = lastLine(logFile);
@@ -172,6 +186,15 @@ LxcfsConfig lxcfsConfigFromEnvironment() {
   return config;
 }
 
+bool lxcfsLogSaysVirtualizing(const std::string& log) {
+  const size_t start = log.rfind("Running constructor");
+  if (log.find("Failed to run constructor", start == std::string::npos ? 0 : start) != std::string::npos) return false;
+  const size_t off = log.rfind("Switched into non-virtualization mode");
+  if (off == std::string::npos) return true;
+  const size_t on = log.rfind("Switched into virtualization mode");
+  return on != std::string::npos && on > off;
+}
+
 const std::vector<std::string>& lxcfsProcFiles() {
   // slabinfo is root's only on the host and says nothing of limits.
   static const std::vector<std::string> files = {"cpuinfo", "diskstats", "loadavg", "meminfo",
@@ -189,6 +212,18 @@ Result<pid_t> ensureLxcfs(const LxcfsConfig& config) {
     if (errno != EINTR) return Error::fromErrno("lock " + config.dir + ".lock");
   }
   MountState state = mountState(config.dir);
+  if (state == MountState::kLive) {
+    // One that answers, but is not of use: a process this host cannot name
+    // by the pid file (another pid namespace's lxcfs, a lost pid file), or
+    // one that serves the host's own values. A new one takes its place;
+    // environments that bound the old one's files keep them.
+    auto process = lxcfsProcess(config.dir);
+    auto log = os::readFile(config.dir + ".log", 1 << 20);
+    if (!process.ok() || (log.ok() && !lxcfsLogSaysVirtualizing(log.value()))) {
+      if (process.ok()) (void)os::pidfdSendSignal(process->get(), SIGKILL);
+      state = MountState::kDead;
+    }
+  }
   if (state == MountState::kDead) {
     // Its process is gone: the mount only fails every read. Environments
     // that bound its files keep failing reads until they are made again.

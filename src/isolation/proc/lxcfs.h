@@ -30,11 +30,19 @@ LxcfsConfig lxcfsConfigFromEnvironment();
 // The files of LXCFS's proc/ that moat binds over /proc/<name>.
 const std::vector<std::string>& lxcfsProcFiles();
 
-// Makes sure a live lxcfs serves config.dir, starting one (detached, in
-// its own session) when none does, or when the one there died (its mount
-// is then detached first). Host-wide: serialised by a lock file beside the
+// Makes sure a live lxcfs of use serves config.dir, starting one
+// (detached, in its own session) when none does, or in place of one that
+// died, that its pid file does not name (another pid namespace's), or that
+// serves the host's values (its mount is detached first). Host-wide: serialised by a lock file beside the
 // mount point. Returns the lxcfs process's pid.
 Result<pid_t> ensureLxcfs(const LxcfsConfig& config);
+
+// Whether the lxcfs that wrote `log` (its stderr) answers with the readers'
+// limits. It serves the host's own files instead when the set-up of its
+// cgroup views failed ("Failed to run constructor", at start or at a reload
+// by SIGUSR1), and after a SIGUSR2, which switches between the two modes
+// (lxcfs(8)). ensureLxcfs replaces such an lxcfs.
+bool lxcfsLogSaysVirtualizing(const std::string& log);
 
 // A read-only copy of one LXCFS file to attach over `target` (/proc/<name>).
 struct ProcFileTree {
