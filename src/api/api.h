@@ -64,6 +64,13 @@ struct ApiOptions {
   std::string previewDomain = "preview.localhost";
   // The port proxy's deadlines (moatd --port-timeout sets idle).
   PortProxyLimits portLimits;
+  // Proxied connections (port requests and previews, each held until its
+  // answer or WebSocket ends) open at once: in all, and per owner (the
+  // caller of a port request, the maker of a preview). moatd sets half and a
+  // quarter of --max-connections: proxied traffic, which a preview URL lets
+  // anyone send, never takes the places the API itself needs.
+  size_t maxPortConnections = 256;
+  size_t maxPortConnectionsPerOwner = 128;
 };
 
 // What a request made with the board's session cookie acts as: the
@@ -228,11 +235,18 @@ class Api {
   HttpResponse previewsRoute(const HttpRequest& request, const Principal& principal, const std::string& id,
                              const std::string& previewId);
   HttpResponse previewRequest(const HttpRequest& request, const std::string& secret);
+  // `actor`: whom the audit names ("" for a preview's visitor); `owner`:
+  // whose proxied connections it counts among (the preview's maker).
   HttpResponse proxyToPort(const HttpRequest& request, const std::string& id, const PortForward& forward,
-                           const std::string& actor, const std::string& previewId);
+                           const std::string& actor, const std::string& owner, const std::string& previewId);
   std::string previewUrl(const std::string& secret, const HttpRequest& request) const;
-  // A place among the environment's proxied connections (null: all taken).
-  std::shared_ptr<void> admitPortConnection(const std::string& id);
+  // A place among the proxied connections: moatd's, the owner's and the
+  // environment's (a refusal: 429 naming which is full).
+  struct PortAdmission {
+    std::shared_ptr<void> hold;
+    std::optional<ApiError> refusal;
+  };
+  PortAdmission admitPortConnection(const std::string& id, const std::string& owner);
   HttpResponse createAgent(const HttpRequest& request, const Principal& principal);
   HttpResponse listAgents(const Principal& principal);
   HttpResponse getAgent(const Principal& principal, const std::string& id);
@@ -286,7 +300,9 @@ class Api {
   Previews previews_;
   std::atomic<int> previewPort_{0};
   std::mutex portConnectionsMutex_;
-  std::map<std::string, size_t> portConnections_;
+  std::map<std::string, size_t> portConnections_;         // per environment
+  std::map<std::string, size_t> portConnectionsByOwner_;  // per owner
+  size_t portConnectionsTotal_ = 0;
   // Set by stopWaiting(): streams that wait between their frames end.
   std::mutex streamsMutex_;
   std::condition_variable streamsCv_;

@@ -329,7 +329,7 @@ Status HttpServer::listenTcp(const std::string& hostPort) {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   tcpPort_ = ntohs(addr.sin_port);
   listenFds_.push_back(fd);
-  acceptors_.emplace_back([this, fd] { acceptLoop(fd); });
+  acceptors_.emplace_back([this, fd] { acceptLoop(fd, false); });
   return {};
 }
 
@@ -349,11 +349,17 @@ Status HttpServer::listenUnix(const std::string& path) {
   }
   ::chmod(path.c_str(), 0600);
   listenFds_.push_back(fd);
-  acceptors_.emplace_back([this, fd] { acceptLoop(fd); });
+  acceptors_.emplace_back([this, fd] { acceptLoop(fd, true); });
   return {};
 }
 
-void HttpServer::acceptLoop(int listenFd) {
+bool HttpServer::fullFor(bool local) const {
+  if (active_ >= limits_.maxConnections) return true;
+  const size_t keptForLocal = limits_.maxConnections >= 16 ? limits_.maxConnections / 16 : 0;
+  return !local && activeTcp_ >= limits_.maxConnections - keptForLocal;
+}
+
+void HttpServer::acceptLoop(int listenFd, bool local) {
   // Until stop() shuts the listener down; while stopping, newcomers get 503.
   for (;;) {
     int fd = ::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC);
@@ -367,14 +373,16 @@ void HttpServer::acceptLoop(int listenFd) {
       return;
     }
     std::unique_lock<std::mutex> lock(mutex_);
-    bool full = active_ >= limits_.maxConnections;
+    bool full = fullFor(local);
     if (full && !stopping_) {
       // Make room: close the connection that has waited longest for a
       // request. Idle connections cost a thread each; a client holding
-      // hundreds open must not lock everyone else out.
+      // hundreds open must not lock everyone else out. A TCP newcomer short
+      // of TCP places takes a TCP connection's.
+      const bool tcpOnly = !local && active_ < limits_.maxConnections;
       auto oldest = connections_.end();
       for (auto it = connections_.begin(); it != connections_.end(); ++it) {
-        if (it->second.busy || it->second.evicted) continue;
+        if (it->second.busy || it->second.evicted || (tcpOnly && it->second.local)) continue;
         if (oldest == connections_.end() || it->second.since < oldest->second.since) oldest = it;
       }
       if (oldest != connections_.end()) {
@@ -383,8 +391,7 @@ void HttpServer::acceptLoop(int listenFd) {
         // Taken once that thread has ended: a burst of newcomers (the
         // backlog holds thousands) must not each evict one and start its
         // thread before the evicted ones are gone.
-        full = !idle_.wait_for(lock, std::chrono::seconds(1),
-                               [this] { return active_ < limits_.maxConnections || stopping_; });
+        full = !idle_.wait_for(lock, std::chrono::seconds(1), [this, local] { return !fullFor(local) || stopping_; });
       }
     }
     if (full || stopping_) {
@@ -409,7 +416,8 @@ void HttpServer::acceptLoop(int listenFd) {
       continue;
     }
     ++active_;
-    connections_[fd] = Connection{false, false, std::chrono::steady_clock::now()};
+    if (!local) ++activeTcp_;
+    connections_[fd] = Connection{false, false, local, std::chrono::steady_clock::now()};
     std::thread([this, fd] { serve(fd); }).detach();
   }
 }
@@ -436,7 +444,9 @@ void HttpServer::serve(int fd) {
   } catch (const std::exception&) {
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  connections_.erase(fd);
+  auto it = connections_.find(fd);
+  if (it != connections_.end() && !it->second.local) --activeTcp_;
+  if (it != connections_.end()) connections_.erase(it);
   ::close(fd);
   --active_;
   idle_.notify_all();

@@ -92,6 +92,9 @@ struct ServerLimits {
   // At this many, a new connection takes the place of the one that has
   // waited longest for its next request (idle keep-alive, or a request
   // head still arriving); only when every one is busy is it refused (503).
+  // TCP clients get all but a sixteenth of them (from 16 on): the unix
+  // socket's, the host's own operator's, find a place when TCP clients
+  // hold every other one busy.
   size_t maxConnections = 512;
   int idleTimeoutS = 120;  // a connection silent this long is closed
   // stop(): how long a request in progress may take to write its answer
@@ -121,7 +124,11 @@ class HttpServer {
   void stop();
 
  private:
-  void acceptLoop(int listenFd);
+  // `local`: the unix socket's listener (its connections may take the
+  // places kept from TCP clients).
+  void acceptLoop(int listenFd, bool local);
+  // Whether a newcomer (local or TCP) finds no place free. Under mutex_.
+  bool fullFor(bool local) const;
   void serve(int fd);
 
   Handler handler_;
@@ -135,6 +142,7 @@ class HttpServer {
   struct Connection {
     bool busy = false;
     bool evicted = false;
+    bool local = false;  // from the unix socket
     std::chrono::steady_clock::time_point since;
   };
   // Called by the connection's thread around each request: false when the
@@ -148,6 +156,7 @@ class HttpServer {
   std::atomic<bool> stopped_{false};
   int tcpPort_ = 0;
   size_t active_ = 0;
+  size_t activeTcp_ = 0;
   std::condition_variable_any idle_;
 };
 

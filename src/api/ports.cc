@@ -41,21 +41,46 @@ std::string targetInside(const std::string& raw) {
 
 }  // namespace
 
-std::shared_ptr<void> Api::admitPortConnection(const std::string& id) {
+Api::PortAdmission Api::admitPortConnection(const std::string& id, const std::string& owner) {
   std::lock_guard<std::mutex> lock(portConnectionsMutex_);
+  auto refuse = [](const std::string& why) {
+    return PortAdmission{nullptr,
+                         ApiError{429, "capacity", why + " proxied connections open already; retry later", ""}};
+  };
+  if (portConnectionsTotal_ >= options_.maxPortConnections) {
+    return refuse("moatd has " + std::to_string(options_.maxPortConnections) +
+                  " (half of its --max-connections: the rest are the API's)");
+  }
+  size_t& byOwner = portConnectionsByOwner_[owner];
+  if (byOwner >= options_.maxPortConnectionsPerOwner) {
+    return refuse((owner == "master" ? std::string("the master token") : "key " + owner) + " has " +
+                  std::to_string(options_.maxPortConnectionsPerOwner));
+  }
   size_t& open = portConnections_[id];
-  if (open >= kPortConnectionsPerEnvironment) return nullptr;
+  if (open >= kPortConnectionsPerEnvironment) {
+    if (byOwner == 0) portConnectionsByOwner_.erase(owner);
+    return refuse("environment " + id + " has " + std::to_string(kPortConnectionsPerEnvironment));
+  }
   ++open;
-  // Not null (a null hold reads as refused); the deleter gives the place back.
-  return std::shared_ptr<void>(static_cast<void*>(this), [this, id](void*) {
-    std::lock_guard<std::mutex> lock(portConnectionsMutex_);
-    auto it = portConnections_.find(id);
-    if (it != portConnections_.end() && --it->second == 0) portConnections_.erase(it);
-  });
+  ++byOwner;
+  ++portConnectionsTotal_;
+  // The deleter gives the places back.
+  return PortAdmission{std::shared_ptr<void>(static_cast<void*>(this),
+                                             [this, id, owner](void*) {
+                                               std::lock_guard<std::mutex> lock(portConnectionsMutex_);
+                                               auto it = portConnections_.find(id);
+                                               if (it != portConnections_.end() && --it->second == 0)
+                                                 portConnections_.erase(it);
+                                               auto o = portConnectionsByOwner_.find(owner);
+                                               if (o != portConnectionsByOwner_.end() && --o->second == 0)
+                                                 portConnectionsByOwner_.erase(o);
+                                               --portConnectionsTotal_;
+                                             }),
+                       std::nullopt};
 }
 
 HttpResponse Api::proxyToPort(const HttpRequest& req, const std::string& id, const PortForward& forward,
-                              const std::string& actor, const std::string& previewId) {
+                              const std::string& actor, const std::string& owner, const std::string& previewId) {
   nlohmann::json data = {
       {"port", forward.port}, {"method", req.method}, {"via", previewId.empty() ? "api" : "preview"}};
   if (!previewId.empty()) data["preview"] = previewId;
@@ -70,13 +95,9 @@ HttpResponse Api::proxyToPort(const HttpRequest& req, const std::string& id, con
       audit_.recordByEnvironment("port.connection", id, std::move(data), kEnvironmentGateEvents);
     }
   };
-  auto hold = admitPortConnection(id);
-  if (!hold) {
-    return errorResponse({429, "capacity",
-                          "environment " + id + " has " + std::to_string(kPortConnectionsPerEnvironment) +
-                              " proxied connections open already",
-                          ""});
-  }
+  auto admitted = admitPortConnection(id, owner);
+  if (admitted.refusal) return errorResponse(*admitted.refusal);
+  auto hold = std::move(admitted.hold);
   auto netns = networks_.networkNamespaceOf(id);
   if (!netns.ok()) {
     // A preview's environment that ended is no preview (its end revokes it).
@@ -127,7 +148,7 @@ HttpResponse Api::portsRoute(const HttpRequest& req, const Principal& principal,
   forward.target = targetInside(req.target);
   forward.apiOrigin = true;
   forward.dropAuthorization = true;
-  return proxyToPort(req, id, forward, principal.owner(), "");
+  return proxyToPort(req, id, forward, principal.owner(), principal.owner(), "");
 }
 
 HttpResponse Api::previewRequest(const HttpRequest& req, const std::string& secret) {
@@ -146,7 +167,7 @@ HttpResponse Api::previewRequest(const HttpRequest& req, const std::string& secr
   const std::string bearer = bearerToken(req.authorization);
   forward.dropAuthorization =
       !bearer.empty() && (bearer.rfind("moat_", 0) == 0 || constantTimeEquals(bearer, masterToken_));
-  return proxyToPort(req, preview->environment, forward, "", preview->id);
+  return proxyToPort(req, preview->environment, forward, "", preview->owner, preview->id);
 }
 
 std::string Api::previewUrl(const std::string& secret, const HttpRequest& req) const {

@@ -33,7 +33,9 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
                           (1 to 100000, default 256); more is 429 capacity
   --max-connections N     at most N client connections at once (1 to 100000,
                           default 512): a newcomer takes the place of the one
-                          idle longest; with all N busy it gets 503
+                          idle longest; with all N busy it gets 503. TCP
+                          clients get all but N/16, kept for the unix socket;
+                          port and preview connections N/2, N/4 per owner
   --permissions FILE      default permissions of new environments, as JSON
                           (docs/GATE.md; default: read_file, write_file and
                           run_command allow, network deny)

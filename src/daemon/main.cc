@@ -5,6 +5,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -258,6 +259,8 @@ int main(int argc, char** argv) {
     }
     apiOptions.previewDomain = flags->previewDomain;
     apiOptions.portLimits.idle = std::chrono::seconds(flags->portTimeoutS);
+    apiOptions.maxPortConnections = std::max<size_t>(1, flags->server.maxConnections / 2);
+    apiOptions.maxPortConnectionsPerOwner = std::max<size_t>(1, flags->server.maxConnections / 4);
     api::Api api(manager, keys, approvals, token.value(), apiOptions, auditLog->get());
     api.setTemplates(&catalog);
     catalog.onDropSnapshot([&manager](const std::string& id) { return manager.deleteSnapshot(id, "moatd"); });

@@ -206,6 +206,12 @@ class Ports : public MoatdFixture {
   // not come up.
   std::string envWithServers(const json& body = json::object()) {
     std::string id = createEnv(body);
+    startServers(id);
+    return id;
+  }
+
+  // The servers above in environment `id` (the master token reaches any).
+  void startServers(const std::string& id) {
     exec(id, {{"cmd", {"sh", "-c", "cat > /workspace/servers.py; echo 'hello from inside' > /workspace/hello.txt"}},
               {"stdin", kServers}});
     call("POST", "/v1/environments/" + id + "/processes", {{"cmd", {"python3", "/workspace/servers.py"}}}, 201);
@@ -218,7 +224,6 @@ class Ports : public MoatdFixture {
            daemon_->request("GET", port(id, 8001) + "/").status == 200;
     }
     EXPECT_TRUE(up) << "the servers inside did not come up";
-    return id;
   }
 
   static std::string port(const std::string& id, int port) {
@@ -494,6 +499,57 @@ TEST_F(Ports, AbusiveServersInsideCannotHangMoatdOrOtherRequests) {
   EXPECT_TRUE(eventSeen("?type=port.connection&environment=" + id, "\"port\":8005"))
       << "the endless response still holds moatd after its client left";
   EXPECT_EQ(daemon_->request("GET", "/healthz").status, 200);
+}
+
+// Proxied connections, which a preview URL lets anyone open and hold,
+// take at most half of moatd's places, and one owner's (the preview's
+// maker's) at most a quarter: here 8 and 4 of --max-connections 16.
+TEST_F(Ports, ProxiedConnectionsTakeAtMostHalfOfMoatdsPlacesAndAQuarterPerOwner) {
+  daemon_ = std::make_unique<Moatd>(std::vector<std::string>{"--port-timeout", "2", "--max-connections", "16"});
+  auto keyEnvWithPreview = [&](json& key) {
+    key = call("POST", "/v1/keys", {{"scopes", {"create", "read", "ports"}}}, 201);
+    auto made = as(key["token"], "POST", "/v1/environments", "{}");
+    EXPECT_EQ(made.status, 201) << made.body;
+    std::string id = json::parse(made.body)["id"];
+    startServers(id);
+    auto p = as(key["token"], "POST", "/v1/environments/" + id + "/previews", R"({"port":8002})");
+    EXPECT_EQ(p.status, 201) << p.body;
+    return json::parse(p.body);
+  };
+  json mine = preview(envWithServers(), 8002);
+  json keyA, keyB;
+  json a = keyEnvWithPreview(keyA);
+  json b = keyEnvWithPreview(keyB);
+  std::vector<int> open;
+  auto hold = [&](const json& p) {
+    auto u = websocketWithHost(daemon_->socketPath(), hostOf(p), "/");
+    if (u.status == 101)
+      open.push_back(u.fd);
+    else if (u.fd >= 0)
+      ::close(u.fd);
+    return u.status;
+  };
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(hold(mine), 101) << i;
+  auto overOwner = viaPreview(mine, "GET", "/");
+  EXPECT_EQ(overOwner.status, 429) << overOwner.body;
+  EXPECT_NE(overOwner.body.find("the master token has 4 proxied connections open already"), std::string::npos)
+      << overOwner.body;
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(hold(a), 101) << i;
+  // Eight open: moatd's half is taken, whoever asks next.
+  auto overMoatd = viaPreview(b, "GET", "/");
+  EXPECT_EQ(overMoatd.status, 429) << overMoatd.body;
+  EXPECT_NE(overMoatd.body.find("moatd has 8 (half of its --max-connections"), std::string::npos) << overMoatd.body;
+  // The API keeps its half.
+  EXPECT_EQ(daemon_->request("GET", "/healthz").status, 200);
+  EXPECT_EQ(as(keyB["token"], "GET", "/v1/environments").status, 200);
+  // One closed: its place goes back once its relay has ended.
+  ::close(open.front());
+  open.erase(open.begin());
+  int status = 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (status != 101 && Clock::now() < deadline) status = hold(b);
+  EXPECT_EQ(status, 101);
+  for (int fd : open) ::close(fd);
 }
 
 TEST_F(Ports, TheCliPrintsAPreviewUrlListsAndRevokes) {

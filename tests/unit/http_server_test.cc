@@ -1,0 +1,118 @@
+// moatd's connection table (api/http.h): TCP clients never take the last
+// sixteenth of --max-connections, so the host's operator on the unix socket
+// is served while TCP clients hold every other place busy.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "api/http.h"
+
+namespace moat::api {
+namespace {
+
+int connectTcp(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int connectUnix(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Sends one request and reads the answer's status line (0: none).
+int statusOf(int fd, const std::string& path) {
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n";
+  if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) return 0;
+  char buf[512];
+  ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+  return n >= 12 ? std::atoi(std::string(buf + 9, 3).c_str()) : 0;
+}
+
+TEST(HttpServerPlaces, TcpClientsLeaveTheLastSixteenthToTheUnixSocket) {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool release = false;
+  size_t holding = 0;
+  HttpServer server(
+      [&](const HttpRequest& req) {
+        HttpResponse r;
+        if (req.path == "/hold") {
+          std::unique_lock<std::mutex> lock(mutex);
+          ++holding;
+          cv.notify_all();
+          cv.wait(lock, [&] { return release; });
+        }
+        r.body = "{}";
+        return r;
+      },
+      nullptr, ServerLimits{.maxConnections = 16});
+  char dir[] = "/tmp/moat-http-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string socket = std::string(dir) + "/s.sock";
+  ASSERT_TRUE(server.listenTcp("127.0.0.1:0").ok());
+  ASSERT_TRUE(server.listenUnix(socket).ok());
+  // 15 TCP clients, each with a request in progress: every TCP place.
+  std::vector<int> busy;
+  for (int i = 0; i < 15; ++i) {
+    int fd = connectTcp(server.tcpPort());
+    ASSERT_GE(fd, 0);
+    const std::string req = "GET /hold HTTP/1.1\r\nHost: x\r\n\r\n";
+    ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+    busy.push_back(fd);
+  }
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return holding == 15; })) << holding;
+  }
+  // A 16th TCP client, which would hold the last place too, is told to
+  // retry; the unix socket is served.
+  int more = connectTcp(server.tcpPort());
+  ASSERT_GE(more, 0);
+  EXPECT_EQ(statusOf(more, "/hold"), 503);
+  ::close(more);
+  int local = connectUnix(socket);
+  ASSERT_GE(local, 0);
+  EXPECT_EQ(statusOf(local, "/ok"), 200);
+  ::close(local);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    release = true;
+  }
+  cv.notify_all();
+  for (int fd : busy) {
+    char buf[512];
+    EXPECT_GT(::recv(fd, buf, sizeof buf, 0), 0);
+    ::close(fd);
+  }
+  server.stop();
+  ::unlink(socket.c_str());
+  ::rmdir(dir);
+}
+
+}  // namespace
+}  // namespace moat::api
