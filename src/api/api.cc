@@ -227,6 +227,11 @@ HttpResponse Api::keysRoute(const HttpRequest& req, const Principal& principal) 
     Status s = keys_.revoke(id);
     if (!s.ok()) return errorResponse({404, "not_found", "no active key " + id, ""});
     audit_.record("key.revoked", "", principal.owner(), {{"key", id}});
+    // What the key opened to anyone ends with it (docs/PORTS.md).
+    for (const auto& p : previews_.endOwner(id)) {
+      audit_.record("preview.revoked", p.environment, "moatd",
+                    {{"preview", p.id}, {"port", p.port}, {"reason", "key revoked"}});
+    }
     HttpResponse r;
     r.status = 204;
     return r;

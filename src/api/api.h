@@ -240,6 +240,9 @@ class Api {
   HttpResponse proxyToPort(const HttpRequest& request, const std::string& id, const PortForward& forward,
                            const std::string& actor, const std::string& owner, const std::string& previewId);
   std::string previewUrl(const std::string& secret, const HttpRequest& request) const;
+  // Whether an Authorization value holds moatd's master token or an API
+  // key's token in any form (any scheme or case, Basic's user or password).
+  bool carriesMoatCredential(const std::string& authorization) const;
   // A place among the proxied connections: moatd's, the owner's and the
   // environment's (a refusal: 429 naming which is full).
   struct PortAdmission {

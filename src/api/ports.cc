@@ -9,6 +9,8 @@
 #include "api/auth.h"
 #include "api/port_proxy.h"
 #include "api/validation.h"
+#include "common/encoding.h"
+#include "common/text.h"
 #include "os/netlink.h"
 
 namespace moat::api {
@@ -40,6 +42,31 @@ std::string targetInside(const std::string& raw) {
 }
 
 }  // namespace
+
+bool Api::carriesMoatCredential(const std::string& authorization) const {
+  auto holds = [this](const std::string& text) {
+    if (!masterToken_.empty() && text.find(masterToken_) != std::string::npos) return true;
+    // A key's token: moat_<12 hex>_<secret>, anywhere in the value.
+    for (size_t at = text.find("moat_"); at != std::string::npos; at = text.find("moat_", at + 1)) {
+      if (at + 18 <= text.size() && text[at + 17] == '_' &&
+          text.find_first_not_of("0123456789abcdef", at + 5) == at + 17) {
+        return true;
+      }
+    }
+    return false;
+  };
+  if (holds(authorization)) return true;
+  // Basic credentials are base64 of "user:password"; either may be a token.
+  const size_t first = authorization.find_first_not_of(" \t");
+  const std::string value = first == std::string::npos ? "" : authorization.substr(first);
+  if (value.size() > 6 && asciiLower(value.substr(0, 6)) == "basic ") {
+    std::string encoded = value.substr(6);
+    std::erase_if(encoded, [](char c) { return c == ' ' || c == '\t'; });
+    auto decoded = base64Decode(encoded);
+    if (decoded.ok() && holds(decoded.value())) return true;
+  }
+  return false;
+}
 
 Api::PortAdmission Api::admitPortConnection(const std::string& id, const std::string& owner) {
   std::lock_guard<std::mutex> lock(portConnectionsMutex_);
@@ -163,10 +190,12 @@ HttpResponse Api::previewRequest(const HttpRequest& req, const std::string& secr
   forward.port = preview->port;
   forward.target = req.target;
   forward.apiOrigin = false;
-  // The app's own Authorization passes; moat's credentials never reach it.
-  const std::string bearer = bearerToken(req.authorization);
-  forward.dropAuthorization =
-      !bearer.empty() && (bearer.rfind("moat_", 0) == 0 || constantTimeEquals(bearer, masterToken_));
+  // The app's own Authorization passes; moat's credentials never reach it,
+  // in whatever form or header they come.
+  forward.dropAuthorization = false;
+  for (const auto& [name, value] : req.headers) {
+    if (asciiLower(name) == "authorization" && carriesMoatCredential(value)) forward.dropAuthorization = true;
+  }
   return proxyToPort(req, preview->environment, forward, "", preview->owner, preview->id);
 }
 

@@ -61,10 +61,18 @@ std::optional<Preview> Previews::revoke(const std::string& environment, const st
 }
 
 std::vector<Preview> Previews::endEnvironment(const std::string& environment) {
+  return endWhere([&](const Preview& p) { return p.environment == environment; });
+}
+
+std::vector<Preview> Previews::endOwner(const std::string& owner) {
+  return endWhere([&](const Preview& p) { return p.owner == owner; });
+}
+
+std::vector<Preview> Previews::endWhere(const std::function<bool(const Preview&)>& ends) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<Preview> gone;
   for (auto it = bySecretHash_.begin(); it != bySecretHash_.end();) {
-    if (it->second.environment == environment) {
+    if (ends(it->second)) {
       gone.push_back(it->second);
       it = bySecretHash_.erase(it);
     } else {

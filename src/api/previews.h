@@ -45,11 +45,14 @@ class Previews {
   std::optional<Preview> revoke(const std::string& environment, const std::string& id);
   // The environment ended: every preview of it goes (those revoked).
   std::vector<Preview> endEnvironment(const std::string& environment);
+  // The key that made them was revoked: its previews go (those revoked).
+  std::vector<Preview> endOwner(const std::string& owner);
   // The live preview a URL's secret opens, if any.
   std::optional<Preview> resolve(const std::string& secret);
 
  private:
   void dropExpiredLocked(int64_t now);
+  std::vector<Preview> endWhere(const std::function<bool(const Preview&)>& ends);
 
   std::function<int64_t()> now_;
   std::mutex mutex_;

@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "common/encoding.h"
 #include "moat_process.h"
 #include "moatd_fixture.h"
 #include "moatd_process.h"
@@ -459,6 +460,58 @@ TEST_F(Ports, APreviewEndsAtItsExpiryAndWithItsEnvironment) {
   EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + id).status, 204);
   EXPECT_EQ(viaPreview(lasting, "GET", "/hello.txt").status, 404) << "its environment is gone";
   EXPECT_TRUE(eventSeen("?type=preview.revoked&environment=" + id, "environment ended"));
+}
+
+// moat's credentials stay with moatd whatever their form: another case, a
+// second Authorization header after the app's own, Basic's user or
+// password; the app's own credentials alone pass.
+TEST_F(Ports, MoatsCredentialsNeverReachAPreviewsServerInAnyForm) {
+  std::string id = envWithServers();
+  json key = call("POST", "/v1/keys", {{"scopes", {"read"}}}, 201);
+  const std::string keyToken = key["token"], master = daemon_->token();
+  json app = preview(id, 8001);
+  auto headersSeen = [&](const std::vector<std::string>& authorizations) {
+    std::string req = "GET /headers HTTP/1.1\r\nHost: " + hostOf(app) + "\r\n";
+    for (const auto& a : authorizations) req += "Authorization: " + a + "\r\n";
+    req += "Connection: close\r\n\r\n";
+    HttpConnection c(daemon_->socketPath());
+    return c.raw(req).body;
+  };
+  auto b64 = [](const std::string& s) { return base64Encode(s); };
+  for (const auto& forms : std::vector<std::vector<std::string>>{{"bearer " + master},
+                                                                 {"BEARER " + keyToken},
+                                                                 {"Bearer app-token", "Bearer " + master},
+                                                                 {"Bearer app-token", "Token " + keyToken},
+                                                                 {"Basic " + b64("user:" + keyToken)},
+                                                                 {"Basic " + b64(master + ":")},
+                                                                 {"basic  " + b64("x:" + master)}}) {
+    std::string seen = headersSeen(forms);
+    EXPECT_NE(seen.find("\"path\""), std::string::npos) << "the server answered: " << seen;
+    EXPECT_EQ(seen.find(master), std::string::npos) << forms.back() << ": " << seen;
+    EXPECT_EQ(seen.find(keyToken), std::string::npos) << forms.back() << ": " << seen;
+    EXPECT_EQ(seen.find("app-token"), std::string::npos) << "with a moat credential beside it, none passes";
+  }
+  EXPECT_NE(headersSeen({"Bearer app-token"}).find("Bearer app-token"), std::string::npos);
+  EXPECT_NE(headersSeen({"Basic " + b64("app:pw")}).find("Basic " + b64("app:pw")), std::string::npos);
+}
+
+// A key's previews end with the key: what it opened to anyone does not
+// outlive its revocation; the master's previews are untouched.
+TEST_F(Ports, APreviewEndsWhenTheKeyThatMadeItIsRevoked) {
+  json key = call("POST", "/v1/keys", {{"scopes", {"create", "ports"}}}, 201);
+  auto made = as(key["token"], "POST", "/v1/environments", "{}");
+  ASSERT_EQ(made.status, 201) << made.body;
+  std::string id = json::parse(made.body)["id"];
+  startServers(id);
+  auto created = as(key["token"], "POST", "/v1/environments/" + id + "/previews", R"({"port":8000})");
+  ASSERT_EQ(created.status, 201) << created.body;
+  json byKey = json::parse(created.body);
+  json byMaster = preview(id, 8000);
+  EXPECT_EQ(viaPreview(byKey, "GET", "/hello.txt").status, 200);
+  EXPECT_EQ(daemon_->request("DELETE", "/v1/keys/" + key["id"].get<std::string>()).status, 204);
+  EXPECT_EQ(viaPreview(byKey, "GET", "/hello.txt").status, 404) << "its key was revoked";
+  EXPECT_EQ(viaPreview(byMaster, "GET", "/hello.txt").status, 200);
+  EXPECT_TRUE(eventSeen("?type=preview.revoked&environment=" + id, "key revoked"));
 }
 
 TEST_F(Ports, AbusiveServersInsideCannotHangMoatdOrOtherRequests) {
