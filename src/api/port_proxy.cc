@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "api/board_sessions.h"
+#include "api/http.h"
 
 namespace moat::api {
 namespace {
@@ -166,6 +168,119 @@ bool hostOnlyCookie(const std::string& setCookie) {
   return true;
 }
 
+namespace {
+
+// A segment a browser takes for "." or ".." (WHATWG URL: "%2e" is a dot).
+int dots(std::string segment) {
+  segment = lower(segment);
+  if (segment == "." || segment == "%2e") return 1;
+  if (segment == ".." || segment == ".%2e" || segment == "%2e." || segment == "%2e%2e") return 2;
+  return 0;
+}
+
+// RFC 3986 5.2.4 on an absolute path, as a browser reads it: "." and ".."
+// segments resolved, never above "/".
+std::string withoutDotSegments(const std::string& path) {
+  std::vector<std::string> kept;
+  size_t start = 1;
+  bool directory = false;  // the path ends as a directory ("/", "/.", "/..")
+  while (start <= path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    const std::string segment = path.substr(start, end - start);
+    const bool last = end == path.size();
+    if (dots(segment) == 1) {
+      directory = last;
+    } else if (dots(segment) == 2) {
+      if (!kept.empty()) kept.pop_back();
+      directory = last;
+    } else {
+      kept.push_back(segment);
+      directory = false;
+    }
+    start = end + 1;
+  }
+  std::string out;
+  for (const auto& segment : kept) out += "/" + segment;
+  if (out.empty() || directory) out += "/";
+  return out;
+}
+
+// host and port, as a browser compares origins: userinfo gone, percent
+// escapes decoded, lowercase, no trailing dot, the scheme's default port.
+std::pair<std::string, std::string> hostAndPort(const std::string& authority, bool https) {
+  std::string a = authority.substr(authority.rfind('@') == std::string::npos ? 0 : authority.rfind('@') + 1);
+  a = lower(urlDecode(a, false));
+  std::string host = a, port;
+  const size_t colon = a.rfind(':');
+  if (colon != std::string::npos && a.find(']', colon) == std::string::npos) {
+    host = a.substr(0, colon);
+    port = a.substr(colon + 1);
+  }
+  while (!host.empty() && host.back() == '.') host.pop_back();
+  if (port.empty()) port = https ? "443" : "80";
+  return {host, port};
+}
+
+// Whether a URL's authority could be moatd's own origin (the client's
+// Host). A host name other than the client's is another origin; an address
+// in any other form (IPv4's many spellings, IPv6) is taken to be moatd's.
+bool mayBeMoatdsOrigin(const std::string& authority, bool https, const std::string& clientHost) {
+  const auto [host, port] = hostAndPort(authority, https);
+  const auto [ownHost, ownPort] = hostAndPort(clientHost, false);
+  if (host == ownHost) return port == ownPort || https;
+  const size_t lastDot = host.rfind('.');
+  const std::string lastLabel = lastDot == std::string::npos ? host : host.substr(lastDot + 1);
+  const bool name = !host.empty() &&
+                    host.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-.") == std::string::npos &&
+                    lastLabel.find_first_of("abcdefghijklmnopqrstuvwxyz") != std::string::npos &&
+                    !(lastLabel.size() > 2 && lastLabel.compare(0, 2, "0x") == 0 &&
+                      lastLabel.find_first_not_of("0123456789abcdef", 2) == std::string::npos);
+  return !name;
+}
+
+}  // namespace
+
+std::string locationUnderPrefix(const std::string& location, const PortForward& forward) {
+  if (location.empty() || location[0] == '#') return location;
+  // As a browser parses it: tabs and line breaks gone, "\\" a "/".
+  std::string reference;
+  for (char c : location) {
+    if (c == '\t' || c == '\r' || c == '\n') continue;
+    reference += c == '\\' ? '/' : c;
+  }
+  // A URL: on moatd's own origin only when it names the client's Host.
+  const size_t colon = reference.find(':');
+  const bool hasScheme = colon != std::string::npos && colon > 0 &&
+                         std::isalpha(static_cast<unsigned char>(reference[0])) &&
+                         reference.find_first_of("/?#") > colon;
+  const std::string scheme = hasScheme ? lower(reference.substr(0, colon)) : "";
+  if (hasScheme && scheme != "http" && scheme != "https") return location;  // mailto:, data:, ...
+  if (hasScheme && reference.compare(colon, 3, "://") != 0) {
+    reference = reference.substr(colon + 1);  // "http:/x", "http:x": a browser reads them on this origin
+  } else if (hasScheme || reference.rfind("//", 0) == 0) {
+    const size_t authorityAt = hasScheme ? colon + 3 : 2;
+    const size_t pathAt = std::min(reference.find_first_of("/?#", authorityAt), reference.size());
+    const std::string authority = reference.substr(authorityAt, pathAt - authorityAt);
+    if (!mayBeMoatdsOrigin(authority, scheme == "https", forward.host)) return location;
+    reference = reference.substr(pathAt);
+    if (reference.empty() || reference[0] != '/') reference = "/" + reference;
+  }
+  // The path, and what follows it (?query#fragment), in the inside site.
+  const size_t tailAt = std::min(reference.find_first_of("?#"), reference.size());
+  std::string path = reference.substr(0, tailAt);
+  const std::string tail = reference.substr(tailAt);
+  const std::string base =
+      forward.target.substr(0, std::min(forward.target.find_first_of("?#"), forward.target.size()));
+  if (path.empty()) {
+    path = base.empty() ? "/" : base;  // "?q": the same path
+  } else if (path[0] != '/') {
+    path = base.substr(0, base.rfind('/') + 1) + path;  // relative to the inside path's directory
+    if (path.empty() || path[0] != '/') path = "/" + path;
+  }
+  return forward.prefix + withoutDotSegments(path) + tail;
+}
+
 std::string upstreamRequest(const HttpRequest& request, const PortForward& forward) {
   std::set<std::string> drop = hopByHop();
   for (const char* name : {"host", "transfer-encoding", "content-length", "expect", "forwarded", "x-forwarded-for",
@@ -306,6 +421,10 @@ ProxyOutcome relayPort(int client, const std::string& clientPending, int upstrea
     // Clears the cookies of the whole site (localhost): the board's session too.
     if (key == "clear-site-data") continue;
     if (!forward.apiOrigin && key == "set-cookie" && !hostOnlyCookie(value)) continue;
+    if (forward.apiOrigin && key == "location") {
+      out += name + ": " + locationUnderPrefix(value, forward) + "\r\n";
+      continue;
+    }
     out += name + ": " + value + "\r\n";
   }
   // Under moatd's origin a page from inside runs in a unique origin: it

@@ -32,6 +32,10 @@ struct PortForward {
   // cookie and grants no CORS, so a page served from inside never acts as
   // moatd's origin. Otherwise a preview host: only host-only cookies.
   bool apiOrigin = true;
+  // Under moatd's origin: where the port is ("/v1/environments/ID/ports/P")
+  // and the Host the client asked, for the Location of an answer.
+  std::string prefix;
+  std::string host;
   // The Authorization header is moat's credential and stays with moatd.
   bool dropAuthorization = true;
 };
@@ -46,6 +50,15 @@ std::string upstreamRequest(const HttpRequest& request, const PortForward& forwa
 // attribute) passes; one with a Domain could reach moatd's origin or the
 // other previews, which share its parent domain.
 bool hostOnlyCookie(const std::string& setCookie);
+
+// An answer's Location under moatd's origin. The server inside sees its
+// port as the root of its own site: a Location on moatd's origin (a path,
+// a relative reference, or a URL with the client's Host) is taken as that
+// site's and put under forward.prefix, dot segments resolved so that it
+// stays there; a redirect could otherwise send a browser, with the board's
+// session cookie, to another environment's port or to the API. Another
+// origin's URL and a fragment are left as they are.
+std::string locationUnderPrefix(const std::string& location, const PortForward& forward);
 
 struct ProxyOutcome {
   int status = 0;  // the server's, or the one moatd answered (502, 504); 0: none written

@@ -174,6 +174,8 @@ HttpResponse Api::portsRoute(const HttpRequest& req, const Principal& principal,
   forward.port = *port;
   forward.target = targetInside(req.target);
   forward.apiOrigin = true;
+  forward.prefix = "/v1/environments/" + id + "/ports/" + std::to_string(*port);
+  forward.host = req.host;
   forward.dropAuthorization = true;
   return proxyToPort(req, id, forward, principal.owner(), principal.owner(), "");
 }

@@ -46,7 +46,9 @@ class App(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD": self.wfile.write(body)
     def do_GET(self):
-        if self.path == "/cookies":
+        if self.path.startswith("/redirect?to="):
+            self.reply(302, b"", [("Location", self.path[len("/redirect?to="):])])
+        elif self.path == "/cookies":
             self.reply(200, b"ok", [("Set-Cookie", "app=1; Path=/"),
                                     ("Set-Cookie", "moat_session=evil; Domain=localhost; Path=/")])
         else:
@@ -460,6 +462,27 @@ TEST_F(Ports, APreviewEndsAtItsExpiryAndWithItsEnvironment) {
   EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + id).status, 204);
   EXPECT_EQ(viaPreview(lasting, "GET", "/hello.txt").status, 404) << "its environment is gone";
   EXPECT_TRUE(eventSeen("?type=preview.revoked&environment=" + id, "environment ended"));
+}
+
+// Under moatd's origin a redirect from inside stays under the port's own
+// path (the board's session cookie would follow it to another
+// environment's port or to the API); previews, an origin of their own,
+// pass it as it is.
+TEST_F(Ports, ARedirectFromInsideStaysUnderThePortsPath) {
+  std::string id = envWithServers();
+  const std::string prefix = port(id, 8001);
+  for (const auto& [to, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"/login", prefix + "/login"},
+           {"/v1/environments/abcdefabcdef/ports/80/x", prefix + "/v1/environments/abcdefabcdef/ports/80/x"},
+           {"../../../../v1/keys", prefix + "/v1/keys"},
+           {"http://localhost/v1/keys", prefix + "/v1/keys"},
+           {"https://example.com/", "https://example.com/"}}) {
+    auto r = daemon_->request("GET", prefix + "/redirect?to=" + to);
+    EXPECT_EQ(r.status, 302) << r.body;
+    EXPECT_EQ(r.headers["location"], expected) << to;
+  }
+  json p = preview(id, 8001);
+  EXPECT_EQ(viaPreview(p, "GET", "/redirect?to=/login").headers["location"], "/login");
 }
 
 // moat's credentials stay with moatd whatever their form: another case, a

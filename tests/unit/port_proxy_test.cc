@@ -130,6 +130,47 @@ TEST(PortProxy, UnderMoatdsOriginAnAnswerIsSandboxedAndSetsNoCookieNorCors) {
   EXPECT_EQ(got.substr(got.size() - 5), "hello") << "the body ends at its Content-Length";
 }
 
+// A redirect under moatd's origin stays under the port's own path: the
+// server inside sees its port as its site's root; nothing it answers can
+// send a browser (with the board's cookie) to another environment's port
+// or to the API.
+TEST(PortProxy, UnderMoatdsOriginALocationStaysUnderThePortsPath) {
+  PortForward f;
+  f.prefix = "/v1/environments/abcdefabcdef/ports/8000";
+  f.host = "localhost:7070";
+  f.target = "/app/page?x=1";
+  const std::string p = f.prefix;
+  EXPECT_EQ(locationUnderPrefix("/login", f), p + "/login");
+  EXPECT_EQ(locationUnderPrefix("/", f), p + "/");
+  EXPECT_EQ(locationUnderPrefix("next?y=2#top", f), p + "/app/next?y=2#top");
+  EXPECT_EQ(locationUnderPrefix("?y=2", f), p + "/app/page?y=2");
+  EXPECT_EQ(locationUnderPrefix("#top", f), "#top");
+  // Out of the port's path, by any road: kept under it.
+  EXPECT_EQ(locationUnderPrefix("/v1/environments/other1234567/ports/80/delete", f),
+            p + "/v1/environments/other1234567/ports/80/delete");
+  EXPECT_EQ(locationUnderPrefix("../../../../other1234567/ports/80/", f), p + "/other1234567/ports/80/");
+  EXPECT_EQ(locationUnderPrefix("/a/../../../v1/keys", f), p + "/v1/keys");
+  EXPECT_EQ(locationUnderPrefix("http://localhost:7070/v1/keys", f), p + "/v1/keys");
+  EXPECT_EQ(locationUnderPrefix("HTTP://LOCALHOST:7070/../v1", f), p + "/v1");
+  EXPECT_EQ(locationUnderPrefix("//localhost:7070/v1/keys", f), p + "/v1/keys");
+  EXPECT_EQ(locationUnderPrefix("http://user@localhost:7070?q", f), p + "/?q");
+  EXPECT_EQ(locationUnderPrefix("/a/./b/.", f), p + "/a/b/");
+  // A browser's other spellings of moatd's origin, and of a path.
+  EXPECT_EQ(locationUnderPrefix("http:/v1/keys", f), p + "/v1/keys");
+  EXPECT_EQ(locationUnderPrefix("http:v1", f), p + "/app/v1");
+  EXPECT_EQ(locationUnderPrefix("http://%6cocalhost:7070/v1", f), p + "/v1");
+  EXPECT_EQ(locationUnderPrefix("http://localhost.:7070/v1", f), p + "/v1");
+  EXPECT_EQ(locationUnderPrefix("/a\\..\\..\\v1", f), p + "/v1");
+  EXPECT_EQ(locationUnderPrefix("/a/%2e%2E/.%2e/v1", f), p + "/v1");
+  EXPECT_EQ(locationUnderPrefix("/a/.\t./../v1", f), p + "/v1");
+  EXPECT_EQ(locationUnderPrefix("http://2130706433:7070/v1", f), p + "/v1") << "an address may be moatd's";
+  EXPECT_EQ(locationUnderPrefix("http://[::1]:7070/v1", f), p + "/v1");
+  // Another origin is another site's business.
+  EXPECT_EQ(locationUnderPrefix("http://localhost:7071/x", f), "http://localhost:7071/x");
+  EXPECT_EQ(locationUnderPrefix("https://example.com/x", f), "https://example.com/x");
+  EXPECT_EQ(locationUnderPrefix("mailto:a@b", f), "mailto:a@b");
+}
+
 TEST(PortProxy, AHugeOrBrokenHeadIs502AndASilentServer504) {
   {
     Relay relay;
