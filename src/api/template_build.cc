@@ -14,7 +14,7 @@
 // it. The snapshot belongs to the template.
 namespace moat::api {
 
-json templateJson(const templates::TemplateView& v);  // templates.cc
+json templateJson(const templates::TemplateView& v, const Principal& viewer);  // templates.cc
 
 namespace {
 
@@ -48,6 +48,17 @@ gate::Action stepAction(const std::string& line, const std::map<std::string, std
 }  // namespace
 
 HttpResponse Api::startTemplateBuild(const HttpRequest& req, const Principal& principal, const json& j) {
+  // A build makes an environment and runs commands in it: what the create
+  // and exec scopes grant, beside templates.
+  for (const char* scope : {"create", "exec"}) {
+    if (!principal.may(scope)) {
+      return errorResponse({403, "forbidden",
+                            std::string("a template build makes an environment and runs commands in it: it needs the "
+                                        "'create' and 'exec' scopes beside 'templates' (this key lacks '") +
+                                scope + "')",
+                            ""});
+    }
+  }
   const json& b = j["build"];
   if (!b.is_object()) return errorResponse(invalid("build", "must be an object: {\"base\", \"run\", \"env\"?}"));
   if (auto e = onlyFields(b, {"base", "run", "env"}, "build.")) return errorResponse(*e);
@@ -129,7 +140,7 @@ HttpResponse Api::startTemplateBuild(const HttpRequest& req, const Principal& pr
   }
   audit_.record("template.build_started", "", principal.owner(),
                 {{"template", name}, {"base", recipe.base}, {"steps", recipe.run.size()}});
-  return respond(202, templateJson(started.value()));
+  return respond(202, templateJson(started.value(), principal));
 }
 
 Result<templates::Built> Api::runTemplateBuild(const HttpRequest& req, const Principal& principal,

@@ -10,13 +10,17 @@
 // master token.
 namespace moat::api {
 
-// Also template_build.cc's.
-json templateJson(const templates::TemplateView& v) {
+// Also template_build.cc's. A host path is the master's to see: a key is
+// shown the transport only, and no failure's text (a tool's stderr could
+// quote the host's files).
+json templateJson(const templates::TemplateView& v, const Principal& viewer) {
   const store::TemplateRecord& r = v.record;
+  auto source = templates::parseSource(r.source);
+  const bool hidden = !viewer.master && source.ok() && source->namesHostPath();
   json config = json::parse(r.config, nullptr, false);
   templates::ImageConfig c = templates::configFromJson(config.is_discarded() ? json::object() : config);
   json out = {{"name", r.name},
-              {"source", r.source},
+              {"source", hidden ? source->transport + ":" : r.source},
               {"state", store::stateName(r.state)},
               {"created_at", timestamp(r.createdAtMs)},
               {"config",
@@ -26,7 +30,11 @@ json templateJson(const templates::TemplateView& v) {
                 {"entrypoint", c.entrypoint},
                 {"cmd", c.cmd}}}};
   if (r.state == store::TemplateState::kReady) out["size_bytes"] = r.sizeBytes;
-  if (r.state == store::TemplateState::kFailed) out["error"] = {{"code", r.errorCode}, {"message", r.errorMessage}};
+  if (r.state == store::TemplateState::kFailed) {
+    out["error"] = {
+        {"code", r.errorCode},
+        {"message", hidden ? "the import from a host path failed; the master token sees why" : r.errorMessage}};
+  }
   if (v.progress) {
     out["progress"] = {{"stage", v.progress->stage}};
     if (v.progress->bytes) out["progress"]["bytes"] = v.progress->bytes;
@@ -73,7 +81,7 @@ HttpResponse Api::templatesRoute(const HttpRequest& req, const Principal& princi
     auto list = templates_->list();
     if (!list.ok()) return errorResponse(fromError(list.error()));
     json arr = json::array({hostTemplateJson()});
-    for (const auto& v : list.value()) arr.push_back(templateJson(v));
+    for (const auto& v : list.value()) arr.push_back(templateJson(v, principal));
     return respond(200, {{"templates", arr}});
   }
   if (name.empty() && req.method == "POST") {
@@ -108,7 +116,7 @@ HttpResponse Api::templatesRoute(const HttpRequest& req, const Principal& princi
       return errorResponse(e);
     }
     audit_.record("template.import_started", "", principal.owner(), {{"template", j["name"]}, {"source", source}});
-    return respond(202, templateJson(started.value()));
+    return respond(202, templateJson(started.value(), principal));
   }
   if (name == "host") {
     if (req.method == "GET") return respond(200, hostTemplateJson());
@@ -117,7 +125,7 @@ HttpResponse Api::templatesRoute(const HttpRequest& req, const Principal& princi
   if (req.method == "GET") {
     auto v = templates_->get(name);
     if (!v.ok()) return errorResponse(fromError(v.error()));
-    return respond(200, templateJson(v.value()));
+    return respond(200, templateJson(v.value(), principal));
   }
   // DELETE. A key deletes only what it imported.
   auto v = templates_->get(name);

@@ -307,19 +307,23 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "moatd: %s again, exiting at once\n", ::strsignal(again));
       ::_exit(1);
     }).detach();
-    server.beginStop();               // no request starts; those in progress still answer
-    api.stopWaiting();                // requests waiting under the key rate limit: 503 now
-    api.stopAgentRuns();              // agent runs end as stopped (their environments go)
-    api.closeMcpSessions();           // their own environments go with them
-    catalog.interrupt();              // builds end as interrupted (their execs end next)
-    manager.interrupt();              // waiting execs end; nothing new starts
-    approvals.shutdown();             // requests waiting for a person end too
-    api.waitForExecAsks();            // and programs waiting for one (refused now)
+    server.beginStop();      // no request starts; those in progress still answer
+    api.stopWaiting();       // requests waiting under the key rate limit: 503 now
+    api.stopAgentRuns();     // agent runs end as stopped (their environments go)
+    api.closeMcpSessions();  // their own environments go with them
+    catalog.interrupt();     // builds end as interrupted (their execs end next)
+    manager.interrupt();     // waiting execs end; nothing new starts
+    approvals.shutdown();    // requests waiting for a person end too
+    api.waitForExecAsks();   // and programs waiting for one (refused now)
+    // Builds have ended their steps by now; joined here, before the hooks
+    // below change under them (a build's end destroys its environment,
+    // which calls them: moatd crashed when that raced the changes). Imports
+    // in progress end failed, their files removed.
+    catalog.stop();
     manager.setExecGate({}, {}, {});  // the API goes before the manager does
     manager.onEnded({});              // the approvals go before the manager does
     auditLog.value()->interrupt();    // event streams end
     server.stop();
-    catalog.stop();  // imports in progress end failed, their files removed
     apiForEgress = nullptr;
     if (egress) egress->stop();  // no connection outlives the API it asks
     if (keep) {

@@ -378,6 +378,21 @@ TEST_F(Templates, KeysNeedTheScopeAndMayNotNameHostPaths) {
   EXPECT_NE(r.body.find("templates"), std::string::npos) << r.body;
   r = as(reader, "GET", "/v1/templates", nullptr);
   EXPECT_EQ(r.status, 200) << r.body;
+  // A build makes an environment and runs commands: templates alone is not enough.
+  r = as(key, "POST", "/v1/templates", {{"name", "k2"}, {"build", {{"base", "host"}, {"run", {"true"}}}}});
+  EXPECT_EQ(r.status, 403) << r.body;
+  EXPECT_NE(r.body.find("'create' and 'exec' scopes"), std::string::npos) << r.body;
+  // A host path, and what a tool said of it, are the master's to see.
+  call("POST", "/v1/templates", {{"name", "hostpath"}, {"source", "docker-archive:" + dir_ + "/secret-name.tar"}}, 202);
+  EXPECT_EQ(waitForImport("hostpath")["state"], "failed");
+  for (const std::string target : {"/v1/templates", "/v1/templates/hostpath"}) {
+    r = as(reader, "GET", target, nullptr);
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.body.find("secret-name"), std::string::npos) << r.body;
+    EXPECT_EQ(r.body.find(dir_), std::string::npos) << r.body;
+    EXPECT_NE(r.body.find("\"docker-archive:\""), std::string::npos) << r.body;
+  }
+  EXPECT_NE(call("GET", "/v1/templates/hostpath", nullptr, 200).dump().find("secret-name.tar"), std::string::npos);
 }
 
 TEST_F(Templates, TheCliImportsListsAndRemoves) {
@@ -469,7 +484,7 @@ TEST_F(Templates, ARecipeOnHostBecomesATemplateWhoseEnvironmentsAreIndependentFo
   const std::string snap = snaps[0]["id"];
   json refused = call("DELETE", "/v1/snapshots/" + snap, nullptr, 409);
   EXPECT_NE(refused["error"]["message"].get<std::string>().find("tools:1"), std::string::npos) << refused.dump();
-  json key = call("POST", "/v1/keys", {{"scopes", {"templates", "read", "create", "snapshots"}}}, 201);
+  json key = call("POST", "/v1/keys", {{"scopes", {"templates", "read", "create", "exec", "snapshots"}}}, 201);
   auto as = [&](const std::string& method, const std::string& target, const json& body) {
     return daemon_->request(method, target, body.is_null() ? "" : body.dump(), false,
                             {{"Authorization", "Bearer " + key["token"].get<std::string>()}});
@@ -566,7 +581,8 @@ TEST_F(Templates, BadRecipesAreClearErrors) {
 TEST_F(Templates, ABuildRunsUnderTheCallersCeiling) {
   // A key that may make templates, but whose ceiling denies commands.
   json key =
-      call("POST", "/v1/keys", {{"scopes", {"templates", "read"}}, {"permissions", {{"run_command", "deny"}}}}, 201);
+      call("POST", "/v1/keys",
+           {{"scopes", {"templates", "read", "create", "exec"}}, {"permissions", {{"run_command", "deny"}}}}, 201);
   auto as = [&](const std::string& method, const std::string& target, const json& body) {
     return daemon_->request(method, target, body.is_null() ? "" : body.dump(), false,
                             {{"Authorization", "Bearer " + key["token"].get<std::string>()}});
@@ -580,7 +596,7 @@ TEST_F(Templates, ABuildRunsUnderTheCallersCeiling) {
   // Only rm denied: a build of other commands is made, one with rm refused.
   json narrow =
       call("POST", "/v1/keys",
-           {{"scopes", {"templates", "read"}},
+           {{"scopes", {"templates", "read", "create", "exec"}},
             {"permissions",
              {{"run_command", {{{"match", {"/bin/sh", "-c", "rm *"}}, {"action", "deny"}}, {{"action", "allow"}}}}}}},
            201);
@@ -626,7 +642,7 @@ TEST_F(Templates, TheCliBuildsFromFlagsAndARecipeFile) {
 }
 
 TEST_F(Templates, ARevokedKeysBuildEndsAtItsNextStep) {
-  json key = call("POST", "/v1/keys", {{"scopes", {"templates", "read"}}}, 201);
+  json key = call("POST", "/v1/keys", {{"scopes", {"templates", "read", "create", "exec"}}}, 201);
   auto r = daemon_->request(
       "POST", "/v1/templates",
       json{{"name", "revoked-build"},
