@@ -463,14 +463,24 @@ class Neighbour:
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
-        out, _ = self.proc.communicate(timeout=90)
+        try:
+            out, _ = self.proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            # Never left behind: it holds the test's output pipe, and ctest
+            # would wait for that to close.
+            self.proc.kill()
+            self.proc.communicate()
+            raise
         data = json.loads(out)
         self.latencies, self.failures = data["latencies"], data["failures"]
 
 
 def neighbour_main(sock, token, env_id):
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    # A plain flag: the handler runs on this thread, between its bytecodes;
+    # an Event's set() there deadlocks when it interrupts the Event's own
+    # wait(), which holds the same lock (seen: a neighbour that never ended).
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
 
     class Target:
         pass
@@ -479,7 +489,7 @@ def neighbour_main(sock, token, env_id):
     client = Client(target, token, timeout=60)
     latencies, failures = [], []
     print("ready", flush=True)
-    while not stopping.is_set():
+    while not stopping:
         t = time.monotonic()
         try:
             status, r = client.call("POST", f"/v1/environments/{env_id}/exec", {"cmd": ["true"], "timeout_ms": 30000})
@@ -495,7 +505,7 @@ def neighbour_main(sock, token, env_id):
         # At most one exec per NEIGHBOUR_PERIOD_S: a probe of latency, and
         # under moatd's per-key rate limit (--key-rate) so it measures no wait
         # of its own making.
-        stopping.wait(max(0.0, t + NEIGHBOUR_PERIOD_S - time.monotonic()))
+        time.sleep(max(0.0, t + NEIGHBOUR_PERIOD_S - time.monotonic()))
     client.close()
     json.dump({"latencies": latencies, "failures": failures}, sys.stdout)
     return 0
