@@ -249,7 +249,7 @@ class Api {
     std::shared_ptr<void> hold;
     std::optional<ApiError> refusal;
   };
-  PortAdmission admitPortConnection(const std::string& id, const std::string& owner);
+  PortAdmission admitPortConnection(const std::string& id, const std::string& owner, bool viaPreview);
   HttpResponse createAgent(const HttpRequest& request, const Principal& principal);
   HttpResponse listAgents(const Principal& principal);
   HttpResponse getAgent(const Principal& principal, const std::string& id);

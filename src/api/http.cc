@@ -353,10 +353,13 @@ Status HttpServer::listenUnix(const std::string& path) {
   return {};
 }
 
+size_t HttpServer::tcpPlaces() const {
+  return limits_.maxConnections - (limits_.maxConnections >= 16 ? limits_.maxConnections / 16 : 0);
+}
+
 bool HttpServer::fullFor(bool local) const {
   if (active_ >= limits_.maxConnections) return true;
-  const size_t keptForLocal = limits_.maxConnections >= 16 ? limits_.maxConnections / 16 : 0;
-  return !local && activeTcp_ >= limits_.maxConnections - keptForLocal;
+  return !local && activeTcp_ >= tcpPlaces();
 }
 
 void HttpServer::acceptLoop(int listenFd, bool local) {
@@ -379,7 +382,7 @@ void HttpServer::acceptLoop(int listenFd, bool local) {
       // request. Idle connections cost a thread each; a client holding
       // hundreds open must not lock everyone else out. A TCP newcomer short
       // of TCP places takes a TCP connection's.
-      const bool tcpOnly = !local && active_ < limits_.maxConnections;
+      const bool tcpOnly = !local && activeTcp_ >= tcpPlaces();
       auto oldest = connections_.end();
       for (auto it = connections_.begin(); it != connections_.end(); ++it) {
         if (it->second.busy || it->second.evicted || (tcpOnly && it->second.local)) continue;

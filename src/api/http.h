@@ -129,6 +129,8 @@ class HttpServer {
   void acceptLoop(int listenFd, bool local);
   // Whether a newcomer (local or TCP) finds no place free. Under mutex_.
   bool fullFor(bool local) const;
+  // The places TCP clients may hold: all but a sixteenth (from 16 on).
+  size_t tcpPlaces() const;
   void serve(int fd);
 
   Handler handler_;

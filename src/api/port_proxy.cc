@@ -219,6 +219,12 @@ std::pair<std::string, std::string> hostAndPort(const std::string& authority, bo
   }
   while (!host.empty() && host.back() == '.') host.pop_back();
   if (port.empty()) port = https ? "443" : "80";
+  // A number, as a browser reads it ("08080" is 8080); anything else is
+  // left as it came (and then matches no port of moatd's).
+  if (port.find_first_not_of("0123456789") == std::string::npos) {
+    const size_t digits = port.find_first_not_of('0');
+    port = digits == std::string::npos ? "0" : port.substr(digits);
+  }
   return {host, port};
 }
 
@@ -251,9 +257,13 @@ std::string locationUnderPrefix(const std::string& location, const PortForward& 
   }
   // A URL: on moatd's own origin only when it names the client's Host.
   const size_t colon = reference.find(':');
-  const bool hasScheme = colon != std::string::npos && colon > 0 &&
-                         std::isalpha(static_cast<unsigned char>(reference[0])) &&
-                         reference.find_first_of("/?#") > colon;
+  // A scheme only as RFC 3986 spells one (ALPHA *(ALPHA / DIGIT / "+" /
+  // "-" / ".")): a browser reads "a_:/../x" as a relative path.
+  const bool hasScheme =
+      colon != std::string::npos && colon > 0 && std::isalpha(static_cast<unsigned char>(reference[0])) &&
+      std::all_of(reference.begin(), reference.begin() + static_cast<std::ptrdiff_t>(colon), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.';
+      });
   const std::string scheme = hasScheme ? lower(reference.substr(0, colon)) : "";
   if (hasScheme && scheme != "http" && scheme != "https") return location;  // mailto:, data:, ...
   if (hasScheme && reference.compare(colon, 3, "://") != 0) {
@@ -421,6 +431,8 @@ ProxyOutcome relayPort(int client, const std::string& clientPending, int upstrea
     // Clears the cookies of the whole site (localhost): the board's session too.
     if (key == "clear-site-data") continue;
     if (!forward.apiOrigin && key == "set-cookie" && !hostOnlyCookie(value)) continue;
+    // Refresh navigates like a redirect, after the page: not under moatd's origin.
+    if (forward.apiOrigin && key == "refresh") continue;
     if (forward.apiOrigin && key == "location") {
       out += name + ": " + locationUnderPrefix(value, forward) + "\r\n";
       continue;

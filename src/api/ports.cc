@@ -63,12 +63,14 @@ bool Api::carriesMoatCredential(const std::string& authorization) const {
     std::string encoded = value.substr(6);
     std::erase_if(encoded, [](char c) { return c == ' ' || c == '\t'; });
     auto decoded = base64Decode(encoded);
-    if (decoded.ok() && holds(decoded.value())) return true;
+    // What does not decode is not passed on: it could be a token in a
+    // spelling a server decodes anyway (unpadded, base64url).
+    if (!decoded.ok() || holds(decoded.value())) return true;
   }
   return false;
 }
 
-Api::PortAdmission Api::admitPortConnection(const std::string& id, const std::string& owner) {
+Api::PortAdmission Api::admitPortConnection(const std::string& id, const std::string& owner, bool viaPreview) {
   std::lock_guard<std::mutex> lock(portConnectionsMutex_);
   auto refuse = [](const std::string& why) {
     return PortAdmission{nullptr,
@@ -80,13 +82,17 @@ Api::PortAdmission Api::admitPortConnection(const std::string& id, const std::st
   }
   size_t& byOwner = portConnectionsByOwner_[owner];
   if (byOwner >= options_.maxPortConnectionsPerOwner) {
-    return refuse((owner == "master" ? std::string("the master token") : "key " + owner) + " has " +
-                  std::to_string(options_.maxPortConnectionsPerOwner));
+    // A preview's visitor, who may be anyone, learns no key's id.
+    const std::string who = viaPreview          ? std::string("this preview's maker")
+                            : owner == "master" ? std::string("the master token")
+                                                : "key " + owner;
+    return refuse(who + " has " + std::to_string(options_.maxPortConnectionsPerOwner));
   }
   size_t& open = portConnections_[id];
   if (open >= kPortConnectionsPerEnvironment) {
     if (byOwner == 0) portConnectionsByOwner_.erase(owner);
-    return refuse("environment " + id + " has " + std::to_string(kPortConnectionsPerEnvironment));
+    return refuse((viaPreview ? std::string("this preview's environment") : "environment " + id) + " has " +
+                  std::to_string(kPortConnectionsPerEnvironment));
   }
   ++open;
   ++byOwner;
@@ -122,7 +128,7 @@ HttpResponse Api::proxyToPort(const HttpRequest& req, const std::string& id, con
       audit_.recordByEnvironment("port.connection", id, std::move(data), kEnvironmentGateEvents);
     }
   };
-  auto admitted = admitPortConnection(id, owner);
+  auto admitted = admitPortConnection(id, owner, !previewId.empty());
   if (admitted.refusal) return errorResponse(*admitted.refusal);
   auto hold = std::move(admitted.hold);
   auto netns = networks_.networkNamespaceOf(id);

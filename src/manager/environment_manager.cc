@@ -559,7 +559,7 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   bool failed = reason.rfind("failed", 0) == 0;
   // Whoever follows a process hears why it ends before the kill lands.
   if (live.processes) live.processes->close(endReason(reason));
-  if (endedHook_) endedHook_(id, endReason(reason));
+  ended(id, endReason(reason));
   // Stored before its link's slot is freed: a moatd killed after another
   // environment took the slot must not find two records naming it.
   (void)store_.setState(id, EnvironmentState::kDestroying, reason);
@@ -603,6 +603,15 @@ Counters EnvironmentManager::counters() {
     for (const auto& r : all.value()) ++c.byState[stateName(r.state)];
   }
   return c;
+}
+
+void EnvironmentManager::ended(const std::string& id, const std::string& reason) {
+  std::function<void(const std::string&, const std::string&)> hook;
+  {
+    std::lock_guard<std::mutex> lock(hooksMutex_);
+    hook = endedHook_;
+  }
+  if (hook) hook(id, reason);
 }
 
 }  // namespace moat::manager

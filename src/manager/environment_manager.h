@@ -119,7 +119,9 @@ class EnvironmentManager final : public EnvironmentService,
   void destroyAll(const std::string& reason);
   // Called (on the destroying thread) when an environment ends, with why:
   // what waits on it elsewhere (approvals) can end too. Set before serving.
+  // Safe to change while environments end (moatd resets it at stop).
   void onEnded(std::function<void(const std::string& id, const std::string& reason)> hook) {
+    std::lock_guard<std::mutex> lock(hooksMutex_);
     endedHook_ = std::move(hook);
   }
   // The exec gate (docs/GATE.md, "Every program"): `check` judges a
@@ -221,7 +223,9 @@ class EnvironmentManager final : public EnvironmentService,
   KeyedLock snapshotUse_;
   ExecOutputBudget execOutput_{config_.execOutputPerCaller};
   std::mutex permissionsMutex_;  // serializes read-modify-write of permission layers
-  std::function<void(const std::string&, const std::string&)> endedHook_;
+  std::function<void(const std::string&, const std::string&)> endedHook_;  // under hooksMutex_
+  // Calls endedHook_ (a copy, outside the lock: it may take long).
+  void ended(const std::string& id, const std::string& reason);
   std::mutex hooksMutex_;  // the exec gate's hooks and the reports kept for them
   ExecCheckHook execCheck_;
   ExecPolicyHook execPolicy_;

@@ -226,7 +226,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
     std::string reason = "failed: restoring snapshot " + snap.id + ": " + created.error().message();
     (void)backend_.destroy(id);
     (void)store_.setState(id, EnvironmentState::kFailed, reason);
-    if (endedHook_) endedHook_(id, reason);
+    ended(id, reason);
     audit_.record("environment.destroyed", id, actor, {{"reason", reason}, {"state", "failed"}});
     return created.error();
   }

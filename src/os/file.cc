@@ -8,6 +8,7 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "os/statfs_notify.h"
@@ -34,6 +35,27 @@ Result<std::string> readFile(const std::string& path, size_t maxBytes) {
     out.append(buf, static_cast<size_t>(n));
   }
   if (out.size() > maxBytes) out.resize(maxBytes);
+  return out;
+}
+
+Result<std::string> readFileTail(const std::string& path, size_t maxBytes) {
+  MOAT_ASSIGN(UniqueFd fd, open(path, O_RDONLY));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Error::fromErrno("stat " + path);
+  const auto size = static_cast<size_t>(st.st_size);
+  off_t at = static_cast<off_t>(size > maxBytes ? size - maxBytes : 0);
+  std::string out;
+  char buf[8192];
+  while (out.size() < maxBytes) {
+    ssize_t n = ::pread(fd.get(), buf, std::min(sizeof buf, maxBytes - out.size()), at);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error::fromErrno("read " + path);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    at += n;
+  }
   return out;
 }
 

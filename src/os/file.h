@@ -13,6 +13,8 @@
 namespace moat::os {
 
 Result<std::string> readFile(const std::string& path, size_t maxBytes = 1 << 20);
+// The last maxBytes of a file (a log that grows).
+Result<std::string> readFileTail(const std::string& path, size_t maxBytes);
 Status writeFile(const std::string& path, const std::string& data, mode_t mode = 0644);
 // Writes to an existing file (cgroup knobs, /proc files) without O_CREAT.
 Status writeExisting(const std::string& path, const std::string& data);

@@ -26,11 +26,11 @@ Catalog::~Catalog() { stop(); }
 std::string Catalog::imagesDir() const { return isolation::fs::namedTemplatesDir(config_.stateDir); }
 
 void Catalog::stop() {
-  stopping_ = true;
   std::map<std::string, std::thread> running;
   std::vector<std::thread> finished;
   {
     std::lock_guard lock(mutex_);
+    stopping_ = true;
     running.swap(running_);
     finished.swap(finishedThreads_);
   }
@@ -99,8 +99,9 @@ Status checkName(const std::string& name) {
 
 Result<TemplateView> Catalog::start(store::TemplateRecord record, const std::function<Status()>& prepare,
                                     std::function<void(store::TemplateRecord)> thread) {
-  if (stopping_) return Error::make(Code::kUnavailable, "moatd is stopping");
   std::lock_guard lock(mutex_);
+  // Under the lock: stop() takes the threads under it, and none may start after.
+  if (stopping_) return Error::make(Code::kUnavailable, "moatd is stopping");
   for (auto& t : finishedThreads_) t.join();
   finishedThreads_.clear();
   if (running_.size() >= config_.maxImports) {

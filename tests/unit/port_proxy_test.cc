@@ -114,6 +114,7 @@ TEST(PortProxy, UnderMoatdsOriginAnAnswerIsSandboxedAndSetsNoCookieNorCors) {
   auto o = answerWith(relay,
                       "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nSet-Cookie: moat_session=evil\r\n"
                       "Access-Control-Allow-Origin: *\r\nClear-Site-Data: \"cookies\"\r\nConnection: keep-alive\r\n"
+                      "Refresh: 0; url=/v1/keys\r\n"
                       "Content-Length: 5\r\n\r\nhello!!",
                       true);
   EXPECT_EQ(o.status, 200);
@@ -125,6 +126,7 @@ TEST(PortProxy, UnderMoatdsOriginAnAnswerIsSandboxedAndSetsNoCookieNorCors) {
   EXPECT_EQ(got.find("Set-Cookie"), std::string::npos) << got;
   EXPECT_EQ(got.find("Access-Control"), std::string::npos) << got;
   EXPECT_EQ(got.find("Clear-Site-Data"), std::string::npos) << "it would sign the board out: " << got;
+  EXPECT_EQ(got.find("Refresh"), std::string::npos) << "it navigates like a redirect: " << got;
   EXPECT_EQ(got.find("keep-alive"), std::string::npos) << got;
   EXPECT_NE(got.find("Connection: close\r\n"), std::string::npos) << got;
   EXPECT_EQ(got.substr(got.size() - 5), "hello") << "the body ends at its Content-Length";
@@ -165,6 +167,9 @@ TEST(PortProxy, UnderMoatdsOriginALocationStaysUnderThePortsPath) {
   EXPECT_EQ(locationUnderPrefix("/a/.\t./../v1", f), p + "/v1");
   EXPECT_EQ(locationUnderPrefix("http://2130706433:7070/v1", f), p + "/v1") << "an address may be moatd's";
   EXPECT_EQ(locationUnderPrefix("http://[::1]:7070/v1", f), p + "/v1");
+  EXPECT_EQ(locationUnderPrefix("http://localhost:07070/v1", f), p + "/v1") << "a port is a number";
+  EXPECT_EQ(locationUnderPrefix("a_:/../../../../v1/keys", f), p + "/v1/keys") << "no scheme: a relative path";
+  EXPECT_EQ(locationUnderPrefix("a b:/../../../../v1/keys", f), p + "/v1/keys");
   // Another origin is another site's business.
   EXPECT_EQ(locationUnderPrefix("http://localhost:7071/x", f), "http://localhost:7071/x");
   EXPECT_EQ(locationUnderPrefix("https://example.com/x", f), "https://example.com/x");

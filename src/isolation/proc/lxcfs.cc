@@ -112,7 +112,7 @@ Status startLxcfs(const std::string& binary, const std::string& dir) {
     if (mountState(dir) == MountState::kLive) {
       // Its library is set up before it mounts: the log says by now
       // whether it serves the readers' limits.
-      auto log = os::readFile(logFile, 1 << 20);
+      auto log = os::readFileTail(logFile, 1 << 20);
       if (!log.ok() || lxcfsLogSaysVirtualizing(log.value())) return {};
       if (pidfd.ok()) (void)os::pidfdSendSignal(pidfd->get(), SIGKILL);
       (void)os::unmount(dir, MNT_DETACH);
@@ -217,12 +217,12 @@ Result<pid_t> ensureLxcfs(const LxcfsConfig& config) {
     // by the pid file (another pid namespace's lxcfs, a lost pid file), or
     // one that serves the host's own values. A new one takes its place;
     // environments that bound the old one's files keep them.
+    // Detached, not killed: the environments that bound its files keep
+    // reading them (host values beat ENOTCONN), and it ends once the last
+    // of them goes.
     auto process = lxcfsProcess(config.dir);
-    auto log = os::readFile(config.dir + ".log", 1 << 20);
-    if (!process.ok() || (log.ok() && !lxcfsLogSaysVirtualizing(log.value()))) {
-      if (process.ok()) (void)os::pidfdSendSignal(process->get(), SIGKILL);
-      state = MountState::kDead;
-    }
+    auto log = os::readFileTail(config.dir + ".log", 1 << 20);
+    if (!process.ok() || (log.ok() && !lxcfsLogSaysVirtualizing(log.value()))) state = MountState::kDead;
   }
   if (state == MountState::kDead) {
     // Its process is gone: the mount only fails every read. Environments

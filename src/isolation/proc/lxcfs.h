@@ -33,7 +33,8 @@ const std::vector<std::string>& lxcfsProcFiles();
 // Makes sure a live lxcfs of use serves config.dir, starting one
 // (detached, in its own session) when none does, or in place of one that
 // died, that its pid file does not name (another pid namespace's), or that
-// serves the host's values (its mount is detached first). Host-wide: serialised by a lock file beside the
+// serves the host's values (its mount is detached first; a live one is
+// left to end once nothing is bound to it). Host-wide: serialised by a lock file beside the
 // mount point. Returns the lxcfs process's pid.
 Result<pid_t> ensureLxcfs(const LxcfsConfig& config);
 
