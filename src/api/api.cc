@@ -58,8 +58,7 @@ void Api::recordAuthFailure(const HttpRequest& request, const std::string& token
   json data = {{"reason", why}, {"method", request.method}, {"path", request.path}};
   if (!request.remote.empty()) data["remote"] = request.remote;
   // The key a token claims to be (never the token): moat_<12 hex id>_...
-  if (token.size() > 18 && token.compare(0, 5, "moat_") == 0 && token[17] == '_' &&
-      token.find_first_not_of("0123456789abcdef", 5) == 17) {
+  if (token.size() > 18 && keyTokenStartsAt(token, 0)) {
     data["key"] = token.substr(5, 12);
   }
   audit_.record("auth.failed", "", "anonymous", std::move(data));

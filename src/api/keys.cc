@@ -82,6 +82,11 @@ std::function<bool()> Keys::stillActive(const Principal& principal) {
   };
 }
 
+bool keyTokenStartsAt(const std::string& text, size_t at) {
+  return at + 18 <= text.size() && text.compare(at, 5, "moat_") == 0 && text[at + 17] == '_' &&
+         text.find_first_not_of("0123456789abcdef", at + 5) == at + 17;
+}
+
 Result<Principal> Keys::authenticate(const std::string& token) {
   // moat_<12 hex id>_<64 hex secret>
   if (token.size() != 5 + 12 + 1 + 64 || token.compare(0, 5, "moat_") != 0 || token[17] != '_') {

@@ -29,6 +29,10 @@ struct Principal {
 // The scopes a key can hold, one per kind of operation.
 const std::vector<std::string>& knownScopes();
 
+// Whether `text` at `at` starts as a key's token does: "moat_", its 12
+// lowercase hex digit id, "_".
+bool keyTokenStartsAt(const std::string& text, size_t at);
+
 // Scoped API keys: tokens are "moat_<id>_<secret>"; only their SHA-256 is
 // stored, and checking one compares hashes in constant time. A key sees and
 // touches only the environments it created.

@@ -14,17 +14,12 @@
 
 #include "api/board_sessions.h"
 #include "api/http.h"
+#include "common/text.h"
 
 namespace moat::api {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
 
 std::string trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -39,7 +34,7 @@ std::set<std::string> connectionTokens(const std::string& value) {
   while (start <= value.size()) {
     size_t end = value.find(',', start);
     if (end == std::string::npos) end = value.size();
-    std::string token = lower(trim(std::string_view(value).substr(start, end - start)));
+    std::string token = asciiLower(trim(std::string_view(value).substr(start, end - start)));
     if (!token.empty()) out.insert(token);
     start = end + 1;
   }
@@ -158,7 +153,7 @@ bool hostOnlyCookie(const std::string& setCookie) {
   size_t start = setCookie.find(';');
   while (start != std::string::npos) {
     size_t end = setCookie.find(';', start + 1);
-    std::string attribute = lower(trim(
+    std::string attribute = asciiLower(trim(
         std::string_view(setCookie).substr(start + 1, end == std::string::npos ? std::string::npos : end - start - 1)));
     if (attribute.rfind("domain", 0) == 0 && trim(std::string_view(attribute).substr(6)).rfind('=', 0) == 0) {
       return false;
@@ -172,7 +167,7 @@ namespace {
 
 // A segment a browser takes for "." or ".." (WHATWG URL: "%2e" is a dot).
 int dots(std::string segment) {
-  segment = lower(segment);
+  segment = asciiLower(segment);
   if (segment == "." || segment == "%2e") return 1;
   if (segment == ".." || segment == ".%2e" || segment == "%2e." || segment == "%2e%2e") return 2;
   return 0;
@@ -210,7 +205,7 @@ std::string withoutDotSegments(const std::string& path) {
 // escapes decoded, lowercase, no trailing dot, the scheme's default port.
 std::pair<std::string, std::string> hostAndPort(const std::string& authority, bool https) {
   std::string a = authority.substr(authority.rfind('@') == std::string::npos ? 0 : authority.rfind('@') + 1);
-  a = lower(urlDecode(a, false));
+  a = asciiLower(urlDecode(a, false));
   std::string host = a, port;
   const size_t colon = a.rfind(':');
   if (colon != std::string::npos && a.find(']', colon) == std::string::npos) {
@@ -264,7 +259,7 @@ std::string locationUnderPrefix(const std::string& location, const PortForward& 
       std::all_of(reference.begin(), reference.begin() + static_cast<std::ptrdiff_t>(colon), [](char c) {
         return std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.';
       });
-  const std::string scheme = hasScheme ? lower(reference.substr(0, colon)) : "";
+  const std::string scheme = hasScheme ? asciiLower(reference.substr(0, colon)) : "";
   if (hasScheme && scheme != "http" && scheme != "https") return location;  // mailto:, data:, ...
   if (hasScheme && reference.compare(colon, 3, "://") != 0) {
     reference = reference.substr(colon + 1);  // "http:/x", "http:x": a browser reads them on this origin
@@ -299,12 +294,12 @@ std::string upstreamRequest(const HttpRequest& request, const PortForward& forwa
   }
   if (forward.dropAuthorization) drop.insert("authorization");
   for (const auto& [name, value] : request.headers) {
-    if (lower(name) == "connection") drop.merge(connectionTokens(value));
+    if (asciiLower(name) == "connection") drop.merge(connectionTokens(value));
   }
   std::string out =
       request.method + " " + forward.target + " HTTP/1.1\r\nHost: localhost:" + std::to_string(forward.port) + "\r\n";
   for (const auto& [name, value] : request.headers) {
-    const std::string key = lower(name);
+    const std::string key = asciiLower(name);
     if (drop.count(key)) continue;
     if (key == "cookie") {
       std::string kept = withoutSessionCookie(value);
@@ -407,7 +402,7 @@ ProxyOutcome relayPort(int client, const std::string& clientPending, int upstrea
   std::optional<uint64_t> contentLength;
   bool chunked = false;
   for (const auto& [name, value] : head.fields) {
-    const std::string key = lower(name);
+    const std::string key = asciiLower(name);
     if (key == "connection") drop.merge(connectionTokens(value));
     if (key == "transfer-encoding") chunked = true;
     if (key == "content-length") {
@@ -424,7 +419,7 @@ ProxyOutcome relayPort(int client, const std::string& clientPending, int upstrea
   if (upgraded) drop.erase("upgrade");
   std::string out = "HTTP/1.1 " + std::to_string(head.status) + " " + head.reason + "\r\n";
   for (const auto& [name, value] : head.fields) {
-    const std::string key = lower(name);
+    const std::string key = asciiLower(name);
     if (drop.count(key)) continue;
     if (key == "content-length" && chunked) continue;  // Transfer-Encoding rules (RFC 9112 6.3)
     if (forward.apiOrigin && (key == "set-cookie" || key.rfind("access-control-", 0) == 0)) continue;

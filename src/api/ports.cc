@@ -48,10 +48,7 @@ bool Api::carriesMoatCredential(const std::string& authorization) const {
     if (!masterToken_.empty() && text.find(masterToken_) != std::string::npos) return true;
     // A key's token: moat_<12 hex>_<secret>, anywhere in the value.
     for (size_t at = text.find("moat_"); at != std::string::npos; at = text.find("moat_", at + 1)) {
-      if (at + 18 <= text.size() && text[at + 17] == '_' &&
-          text.find_first_not_of("0123456789abcdef", at + 5) == at + 17) {
-        return true;
-      }
+      if (keyTokenStartsAt(text, at)) return true;
     }
     return false;
   };

@@ -134,15 +134,8 @@ app.serve_forever()
 // A TCP connection to 127.0.0.1:port that sends `request` and reads the
 // answer until the server closes (at most 10 s).
 std::string overTcp(int port, const std::string& request) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in sin{};
-  sin.sin_family = AF_INET;
-  sin.sin_port = htons(static_cast<uint16_t>(port));
-  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&sin), sizeof sin) != 0) {
-    ::close(fd);
-    return "";
-  }
+  int fd = connectLoopbackTcp(port);
+  if (fd < 0) return "";
   ssize_t sent = ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
   (void)sent;
   std::string out;
@@ -211,6 +204,24 @@ class Ports : public MoatdFixture {
     std::string id = createEnv(body);
     startServers(id);
     return id;
+  }
+
+  // An environment that `key` (with the create scope) made, running the
+  // servers above; "" when it could not be made (the test fails).
+  std::string keysEnvWithServers(const json& key) {
+    auto made = as(key["token"], "POST", "/v1/environments", "{}");
+    EXPECT_EQ(made.status, 201) << made.body;
+    if (made.status != 201) return "";
+    std::string id = json::parse(made.body)["id"];
+    startServers(id);
+    return id;
+  }
+
+  // A preview of `port` of environment `id`, made by `key`.
+  json previewAs(const json& key, const std::string& id, int port) {
+    auto made = as(key["token"], "POST", "/v1/environments/" + id + "/previews", json{{"port", port}}.dump());
+    EXPECT_EQ(made.status, 201) << made.body;
+    return json::parse(made.body, nullptr, false);
   }
 
   // The servers above in environment `id` (the master token reaches any).
@@ -524,13 +535,9 @@ TEST_F(Ports, MoatsCredentialsNeverReachAPreviewsServerInAnyForm) {
 // outlive its revocation; the master's previews are untouched.
 TEST_F(Ports, APreviewEndsWhenTheKeyThatMadeItIsRevoked) {
   json key = call("POST", "/v1/keys", {{"scopes", {"create", "ports"}}}, 201);
-  auto made = as(key["token"], "POST", "/v1/environments", "{}");
-  ASSERT_EQ(made.status, 201) << made.body;
-  std::string id = json::parse(made.body)["id"];
-  startServers(id);
-  auto created = as(key["token"], "POST", "/v1/environments/" + id + "/previews", R"({"port":8000})");
-  ASSERT_EQ(created.status, 201) << created.body;
-  json byKey = json::parse(created.body);
+  std::string id = keysEnvWithServers(key);
+  json byKey = previewAs(key, id, 8000);
+  ASSERT_FALSE(HasFailure());
   json byMaster = preview(id, 8000);
   EXPECT_EQ(viaPreview(byKey, "GET", "/hello.txt").status, 200);
   EXPECT_EQ(daemon_->request("DELETE", "/v1/keys/" + key["id"].get<std::string>()).status, 204);
@@ -586,13 +593,7 @@ TEST_F(Ports, ProxiedConnectionsTakeAtMostHalfOfMoatdsPlacesAndAQuarterPerOwner)
   daemon_ = std::make_unique<Moatd>(std::vector<std::string>{"--port-timeout", "2", "--max-connections", "16"});
   auto keyEnvWithPreview = [&](json& key) {
     key = call("POST", "/v1/keys", {{"scopes", {"create", "read", "ports"}}}, 201);
-    auto made = as(key["token"], "POST", "/v1/environments", "{}");
-    EXPECT_EQ(made.status, 201) << made.body;
-    std::string id = json::parse(made.body)["id"];
-    startServers(id);
-    auto p = as(key["token"], "POST", "/v1/environments/" + id + "/previews", R"({"port":8002})");
-    EXPECT_EQ(p.status, 201) << p.body;
-    return json::parse(p.body);
+    return previewAs(key, keysEnvWithServers(key), 8002);
   };
   json mine = preview(envWithServers(), 8002);
   json keyA, keyB;

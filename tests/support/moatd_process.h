@@ -24,6 +24,8 @@ struct HttpResult {
 
 // A connected stream socket to `path` (owned by the caller), or -1.
 int connectUnix(const std::string& path);
+// The same to 127.0.0.1:port over TCP.
+int connectLoopbackTcp(int port);
 
 // One keep-alive HTTP connection to moatd's unix socket: requests go one
 // after another on the same connection (request throws once it is closed).

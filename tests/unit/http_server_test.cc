@@ -2,47 +2,20 @@
 // sixteenth of --max-connections, so the host's operator on the unix socket
 // is served while TCP clients hold every other place busy.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <condition_variable>
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "api/http.h"
+#include "moatd_process.h"
 
 namespace moat::api {
 namespace {
-
-int connectTcp(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-int connectUnix(const std::string& path) {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // Sends one request and reads the answer's status line (0: none).
 int statusOf(int fd, const std::string& path) {
@@ -79,7 +52,7 @@ TEST(HttpServerPlaces, TcpClientsLeaveTheLastSixteenthToTheUnixSocket) {
   // 15 TCP clients, each with a request in progress: every TCP place.
   std::vector<int> busy;
   for (int i = 0; i < 15; ++i) {
-    int fd = connectTcp(server.tcpPort());
+    int fd = test::connectLoopbackTcp(server.tcpPort());
     ASSERT_GE(fd, 0);
     const std::string req = "GET /hold HTTP/1.1\r\nHost: x\r\n\r\n";
     ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
@@ -91,11 +64,11 @@ TEST(HttpServerPlaces, TcpClientsLeaveTheLastSixteenthToTheUnixSocket) {
   }
   // A 16th TCP client, which would hold the last place too, is told to
   // retry; the unix socket is served.
-  int more = connectTcp(server.tcpPort());
+  int more = test::connectLoopbackTcp(server.tcpPort());
   ASSERT_GE(more, 0);
   EXPECT_EQ(statusOf(more, "/hold"), 503);
   ::close(more);
-  int local = connectUnix(socket);
+  int local = test::connectUnix(socket);
   ASSERT_GE(local, 0);
   EXPECT_EQ(statusOf(local, "/ok"), 200);
   ::close(local);

@@ -132,9 +132,13 @@ Status startLxcfs(const std::string& binary, const std::string& dir) {
   }
 }
 
-// The process serving dir, by its pid file, checked against its command
-// line (a pid can be reused once its process is gone).
-Result<UniqueFd> lxcfsProcess(const std::string& dir) {
+// The lxcfs process serving dir, by its pid file, checked against its
+// command line (a pid can be reused once its process is gone).
+struct Served {
+  pid_t pid = -1;
+  UniqueFd pidfd;
+};
+Result<Served> lxcfsProcess(const std::string& dir) {
   MOAT_ASSIGN(std::string text, os::readFile(dir + ".pid", 64));
   pid_t pid = static_cast<pid_t>(std::strtol(text.c_str(), nullptr, 10));
   if (pid <= 1) return Error::make(Code::kInternal, "no pid in " + dir + ".pid");
@@ -146,7 +150,7 @@ Result<UniqueFd> lxcfsProcess(const std::string& dir) {
   size_t nul = last.rfind('\0');
   if (nul != std::string::npos) last = last.substr(nul + 1);
   if (last != dir) return Error::make(Code::kInternal, "pid " + std::to_string(pid) + " does not serve " + dir);
-  return pidfd;
+  return Served{pid, std::move(pidfd)};
 }
 
 struct Cache {
@@ -163,10 +167,36 @@ Cache& cache() {
   return *c;
 }
 
-Result<std::pair<pid_t, UniqueFd>> ensureAndOpen(const LxcfsConfig& config) {
-  MOAT_ASSIGN(pid_t pid, ensureLxcfs(config));
-  MOAT_ASSIGN(UniqueFd pidfd, lxcfsProcess(config.dir));
-  return std::pair<pid_t, UniqueFd>{pid, std::move(pidfd)};
+// ensureLxcfs, and the process it found or started.
+Result<Served> ensureServed(const LxcfsConfig& config) {
+  if (!config.enabled) return Error::make(Code::kUnsupported, "LXCFS is off (MOAT_LXCFS=off)");
+  std::string parent = config.dir.substr(0, config.dir.rfind('/'));
+  if (!parent.empty()) MOAT_TRY(os::makeDirs(parent, 0700));
+  MOAT_TRY(os::makeDir(config.dir, 0755));
+  MOAT_ASSIGN(UniqueFd lock, os::open(config.dir + ".lock", O_RDWR | O_CREAT | O_NOFOLLOW, 0600));
+  while (::flock(lock.get(), LOCK_EX) != 0) {
+    if (errno != EINTR) return Error::fromErrno("lock " + config.dir + ".lock");
+  }
+  MountState state = mountState(config.dir);
+  if (state == MountState::kLive) {
+    // Used when its pid file names it and it serves the readers' limits.
+    // Not of use otherwise (another pid namespace's lxcfs, a lost pid file,
+    // one serving the host's values): detached below, not killed, so that
+    // the environments that bound its files keep reading them (host values
+    // beat ENOTCONN); it ends once the last of them goes.
+    auto process = lxcfsProcess(config.dir);
+    auto log = os::readFileTail(config.dir + ".log", 1 << 20);
+    if (process.ok() && (!log.ok() || lxcfsLogSaysVirtualizing(log.value()))) return process;
+    state = MountState::kDead;
+  }
+  if (state == MountState::kDead) {
+    // Dead, or of no use: a new one takes the mount point. Environments
+    // that bound a dead one's files keep failing reads until made again.
+    MOAT_TRY(os::unmount(config.dir, MNT_DETACH));
+  }
+  MOAT_ASSIGN(std::string binary, findBinary(config));
+  MOAT_TRY(startLxcfs(binary, config.dir));
+  return lxcfsProcess(config.dir);
 }
 
 }  // namespace
@@ -203,39 +233,8 @@ const std::vector<std::string>& lxcfsProcFiles() {
 }
 
 Result<pid_t> ensureLxcfs(const LxcfsConfig& config) {
-  if (!config.enabled) return Error::make(Code::kUnsupported, "LXCFS is off (MOAT_LXCFS=off)");
-  std::string parent = config.dir.substr(0, config.dir.rfind('/'));
-  if (!parent.empty()) MOAT_TRY(os::makeDirs(parent, 0700));
-  MOAT_TRY(os::makeDir(config.dir, 0755));
-  MOAT_ASSIGN(UniqueFd lock, os::open(config.dir + ".lock", O_RDWR | O_CREAT | O_NOFOLLOW, 0600));
-  while (::flock(lock.get(), LOCK_EX) != 0) {
-    if (errno != EINTR) return Error::fromErrno("lock " + config.dir + ".lock");
-  }
-  MountState state = mountState(config.dir);
-  if (state == MountState::kLive) {
-    // One that answers, but is not of use: a process this host cannot name
-    // by the pid file (another pid namespace's lxcfs, a lost pid file), or
-    // one that serves the host's own values. A new one takes its place;
-    // environments that bound the old one's files keep them.
-    // Detached, not killed: the environments that bound its files keep
-    // reading them (host values beat ENOTCONN), and it ends once the last
-    // of them goes.
-    auto process = lxcfsProcess(config.dir);
-    auto log = os::readFileTail(config.dir + ".log", 1 << 20);
-    if (!process.ok() || (log.ok() && !lxcfsLogSaysVirtualizing(log.value()))) state = MountState::kDead;
-  }
-  if (state == MountState::kDead) {
-    // Its process is gone: the mount only fails every read. Environments
-    // that bound its files keep failing reads until they are made again.
-    MOAT_TRY(os::unmount(config.dir, MNT_DETACH));
-    state = MountState::kAbsent;
-  }
-  if (state == MountState::kAbsent) {
-    MOAT_ASSIGN(std::string binary, findBinary(config));
-    MOAT_TRY(startLxcfs(binary, config.dir));
-  }
-  MOAT_ASSIGN(std::string text, os::readFile(config.dir + ".pid", 64));
-  return static_cast<pid_t>(std::strtol(text.c_str(), nullptr, 10));
+  MOAT_ASSIGN(Served served, ensureServed(config));
+  return served.pid;
 }
 
 Result<std::vector<ProcFileTree>> lxcfsProcTrees(const LxcfsConfig& config) {
@@ -249,13 +248,13 @@ Result<std::vector<ProcFileTree>> lxcfsProcTrees(const LxcfsConfig& config) {
     if (c.failure && c.dir == config.dir && c.failedAt && now - *c.failedAt < kRetryAfterFailure) return *c.failure;
     c.dir = config.dir;
     auto opened = [&]() -> Status {
-      MOAT_ASSIGN(auto process, ensureAndOpen(config));
+      MOAT_ASSIGN(Served process, ensureServed(config));
       std::vector<std::pair<std::string, UniqueFd>> files;
       for (const auto& name : lxcfsProcFiles()) {
         MOAT_ASSIGN(UniqueFd fd, os::open(config.dir + "/proc/" + name, O_PATH | O_NOFOLLOW));
         files.emplace_back("/proc/" + name, std::move(fd));
       }
-      c.pidfd = std::move(process.second);
+      c.pidfd = std::move(process.pidfd);
       c.files = std::move(files);
       return {};
     }();
