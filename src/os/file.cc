@@ -85,7 +85,9 @@ Status writeExisting(const std::string& path, const std::string& data) {
 Status makeDir(const std::string& path, mode_t mode) {
   if (::mkdir(path.c_str(), mode) == 0) return {};
   if (errno != EEXIST) return Error::fromErrno("mkdir " + path);
-  if (!isDirectory(path)) return Error::fromErrno("mkdir " + path, ENOTDIR);
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return Error::fromErrno("mkdir " + path);  // e.g. a dead FUSE mount
+  if (!S_ISDIR(st.st_mode)) return Error::fromErrno("mkdir " + path, ENOTDIR);
   return {};
 }
 

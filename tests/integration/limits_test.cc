@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
@@ -223,6 +224,12 @@ TEST_F(Limits, ADeadLxcfsIsReplacedByTheNextCreate) {
   ASSERT_TRUE(pidfd.ok());
   ASSERT_TRUE(os::pidfdSendSignal(pidfd->get(), SIGKILL).ok());
   while (!os::pidfdExited(pidfd->get())) ::usleep(1000);  // not our child: no wait
+  // Its mount point answers from the cache for a moment, then fails even
+  // stat (ENOTCONN), as after a crash long ago: the state to recover from.
+  struct stat st;
+  for (int i = 0; i < 10000 && ::stat(own.config.dir.c_str(), &st) == 0; ++i) ::usleep(1000);
+  ASSERT_NE(::stat(own.config.dir.c_str(), &st), 0);
+  ASSERT_EQ(errno, ENOTCONN);
   auto r = run({"--memory", "384"}, "grep MemTotal /proc/meminfo", {{"MOAT_LXCFS_DIR", own.config.dir}});
   ASSERT_EQ(r.exitCode, 0) << r.err;
   EXPECT_EQ(meminfoKb(r.out, "MemTotal"), 384 * 1024) << r.out;

@@ -172,7 +172,6 @@ Result<Served> ensureServed(const LxcfsConfig& config) {
   if (!config.enabled) return Error::make(Code::kUnsupported, "LXCFS is off (MOAT_LXCFS=off)");
   std::string parent = config.dir.substr(0, config.dir.rfind('/'));
   if (!parent.empty()) MOAT_TRY(os::makeDirs(parent, 0700));
-  MOAT_TRY(os::makeDir(config.dir, 0755));
   MOAT_ASSIGN(UniqueFd lock, os::open(config.dir + ".lock", O_RDWR | O_CREAT | O_NOFOLLOW, 0600));
   while (::flock(lock.get(), LOCK_EX) != 0) {
     if (errno != EINTR) return Error::fromErrno("lock " + config.dir + ".lock");
@@ -194,6 +193,9 @@ Result<Served> ensureServed(const LxcfsConfig& config) {
     // that bound a dead one's files keep failing reads until made again.
     MOAT_TRY(os::unmount(config.dir, MNT_DETACH));
   }
+  // Made only now: a dead mount point fails even stat (ENOTCONN) until it
+  // is detached above.
+  MOAT_TRY(os::makeDir(config.dir, 0755));
   MOAT_ASSIGN(std::string binary, findBinary(config));
   MOAT_TRY(startLxcfs(binary, config.dir));
   return lxcfsProcess(config.dir);
