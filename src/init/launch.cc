@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "init/pty.h"
+#include "isolation/caps/capabilities.h"
 #include "os/process.h"
 
 namespace moat::init {
@@ -85,6 +86,8 @@ void planExec(Launch& l) {
   }
   // Everything else closes at exec.
   (void)os::markCloseOnExecFrom(3);
+  // moat-init's alone: no command may read or follow another process.
+  if (int err = os::dropCapabilityInChild(isolation::caps::initOnlyCapability())) childFail(l, "capabilities", err);
   if (l.switchIds) {
     if (int err = os::switchIdsInChild(l.request.uid, l.request.gid)) childFail(l, "setuid", err);
   }

@@ -1,6 +1,7 @@
 #include "os/process.h"
 
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <linux/sched.h>
 #include <poll.h>
 #include <sched.h>
@@ -214,6 +215,20 @@ Status closeFrom(int lowest) {
 
 int markCloseOnExecFrom(int lowest) {
   return ::syscall(SYS_close_range, lowest, ~0U, 4 /* CLOSE_RANGE_CLOEXEC */) == 0 ? 0 : errno;
+}
+
+int dropCapabilityInChild(int cap) {
+  if (::syscall(SYS_prctl, PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) return errno;
+  struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct data[2];
+  if (::syscall(SYS_capget, &header, data) != 0) return errno;
+  const int word = cap / 32;
+  const uint32_t bit = 1u << (cap % 32);
+  data[word].permitted &= ~bit;
+  data[word].effective &= ~bit;
+  data[word].inheritable &= ~bit;
+  if (::syscall(SYS_capset, &header, data) != 0) return errno;
+  return 0;
 }
 
 int switchIdsInChild(uid_t uid, gid_t gid) {

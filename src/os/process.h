@@ -76,6 +76,10 @@ int markCloseOnExecFrom(int lowest);
 // process, and the child would reach its parent's threads. Returns 0 or the
 // errno of the step that failed; async-signal-safe.
 int switchIdsInChild(uid_t uid, gid_t gid);
+// Drops `cap` from the calling thread's bounding, permitted, effective and
+// inheritable sets, by raw system calls (a vforked child's own credentials
+// only). Returns 0 or the errno of the step that failed; async-signal-safe.
+int dropCapabilityInChild(int cap);
 Status setNoNewPrivs();
 Status setDumpable(bool dumpable);
 Status setParentDeathSignal(int signo);

@@ -13,7 +13,11 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <string>
+#include <vector>
+
+#include "os/file.h"
 
 namespace moat::os {
 
@@ -54,27 +58,115 @@ int fstatfsUnwatched(int fd, struct statfs* out) {
 
 bool isStatfsCall(int nr) { return nr == SYS_statfs || nr == SYS_fstatfs; }
 
+namespace {
+
+// The caller's file-system identity, from /proc/TID/status: its fsuid and
+// fsgid (the fourth of the Uid and Gid lines) and its groups.
+struct FsCredentials {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;
+};
+
+Result<FsCredentials> fsCredentialsOf(pid_t pid) {
+  MOAT_ASSIGN(std::string status, readFile("/proc/" + std::to_string(pid) + "/status", 64 << 10));
+  FsCredentials c;
+  bool uid = false, gid = false;
+  std::istringstream lines(status);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    std::string key;
+    words >> key;
+    if (key == "Uid:" || key == "Gid:") {
+      unsigned long ids[4];
+      if (!(words >> ids[0] >> ids[1] >> ids[2] >> ids[3])) return Error::fromErrno("parse " + key, EINVAL);
+      if (key == "Uid:") c.uid = static_cast<uid_t>(ids[3]), uid = true;
+      if (key == "Gid:") c.gid = static_cast<gid_t>(ids[3]), gid = true;
+    } else if (key == "Groups:") {
+      for (unsigned long g; words >> g;) c.groups.push_back(static_cast<gid_t>(g));
+    }
+  }
+  if (!uid || !gid) return Error::fromErrno("no Uid or Gid in /proc/" + std::to_string(pid) + "/status", EINVAL);
+  return c;
+}
+
+// For the scope of one call, this thread (only: raw syscalls, not glibc's
+// process-wide wrappers) reaches files as `c` does: fs ids and groups, and
+// so without the file capabilities root has (the kernel drops them while
+// the fsuid is not 0). Its own are restored at the end.
+class ActingAs {
+ public:
+  explicit ActingAs(const FsCredentials& c) {
+    // On the heap: the answering thread's stack is small (NGROUPS_MAX
+    // groups are 256 KiB).
+    long n = ::syscall(SYS_getgroups, 0, nullptr);
+    if (n < 0) return;
+    own_.resize(static_cast<size_t>(n));
+    if (n > 0 && ::syscall(SYS_getgroups, n, own_.data()) != n) return;
+    changed_ = true;
+    ok_ = ::syscall(SYS_setgroups, c.groups.size(), c.groups.data()) == 0;
+    ::syscall(SYS_setfsgid, c.gid);
+    ::syscall(SYS_setfsuid, c.uid);
+    ok_ = ok_ && static_cast<uid_t>(::syscall(SYS_setfsuid, -1)) == c.uid &&
+          static_cast<gid_t>(::syscall(SYS_setfsgid, -1)) == c.gid;
+  }
+  ~ActingAs() {
+    if (!changed_) return;
+    ::syscall(SYS_setfsuid, ::getuid());
+    ::syscall(SYS_setfsgid, ::getgid());
+    ::syscall(SYS_setgroups, own_.size(), own_.data());
+  }
+  ActingAs(const ActingAs&) = delete;
+  ActingAs& operator=(const ActingAs&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  bool ok_ = false;
+  bool changed_ = false;
+  std::vector<gid_t> own_;
+};
+
+}  // namespace
+
 Result<struct statfs> statfsAsCalled(const ExecNotification& n) {
   const std::string proc = "/proc/" + std::to_string(n.pid);
-  std::string path;
+  struct statfs st;
   if (n.nr == SYS_fstatfs) {
+    // A file the caller holds: nothing to resolve.
     auto fd = static_cast<int>(n.args[0]);
     if (fd < 0) return Error::fromErrno("fstatfs descriptor", EBADF);
-    path = proc + "/fd/" + std::to_string(fd);
-  } else if (n.nr == SYS_statfs) {
-    char name[PATH_MAX];
-    ssize_t got = readProcessMemory(n.pid, n.args[0], name, sizeof name);
-    if (got <= 0) return Error::fromErrno("statfs path", got == 0 ? EFAULT : errno);
-    const void* end = std::memchr(name, '\0', static_cast<size_t>(got));
-    if (!end) return Error::fromErrno("statfs path", ENAMETOOLONG);
-    std::string given(name, static_cast<const char*>(end) - name);
-    if (given.empty()) return Error::fromErrno("statfs path", ENOENT);
-    path = given[0] == '/' ? proc + "/root" + given : proc + "/cwd/" + given;
-  } else {
-    return Error::fromErrno("not a statfs call", ENOSYS);
+    const std::string path = proc + "/fd/" + std::to_string(fd);
+    if (statfsUnwatched(path.c_str(), &st) != 0) return Error::fromErrno("statfs " + path);
+    return st;
   }
-  struct statfs st;
-  if (statfsUnwatched(path.c_str(), &st) != 0) return Error::fromErrno("statfs " + path);
+  if (n.nr != SYS_statfs) return Error::fromErrno("not a statfs call", ENOSYS);
+  char name[PATH_MAX];
+  ssize_t got = readProcessMemory(n.pid, n.args[0], name, sizeof name);
+  if (got <= 0) return Error::fromErrno("statfs path", got == 0 ? EFAULT : errno);
+  const void* end = std::memchr(name, '\0', static_cast<size_t>(got));
+  if (!end) return Error::fromErrno("statfs path", ENAMETOOLONG);
+  std::string given(name, static_cast<const char*>(end) - name);
+  if (given.empty()) return Error::fromErrno("statfs path", ENOENT);
+  // Where the caller's resolution starts, reached with moat-init's rights
+  // (a caller that changed its ids is not dumpable: its /proc entries are
+  // root's only)...
+  const std::string base = proc + (given[0] == '/' ? "/root" : "/cwd");
+  UniqueFd start(::open(base.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!start) return Error::fromErrno("open " + base);
+  size_t first = given.find_first_not_of('/');
+  const std::string rest = first == std::string::npos ? "." : given.substr(first);
+  // ...and the path from there with the caller's: what it may not reach (a
+  // directory it may not search) stays an error, as the kernel makes it,
+  // and the call then runs as it would (review finding L7).
+  MOAT_ASSIGN(FsCredentials caller, fsCredentialsOf(n.pid));
+  UniqueFd file;
+  {
+    ActingAs as(caller);
+    if (!as.ok()) return Error::fromErrno("act as the caller", EPERM);
+    file.reset(::openat(start.get(), rest.c_str(), O_PATH | O_CLOEXEC));
+    if (!file) return Error::fromErrno("open " + given + " as the caller");
+  }
+  if (fstatfsUnwatched(file.get(), &st) != 0) return Error::fromErrno("statfs " + given);
   return st;
 }
 

@@ -33,10 +33,12 @@ int fstatfsUnwatched(int fd, struct statfs* out);
 // Whether a notification is for statfs or fstatfs.
 bool isStatfsCall(int nr);
 
-// The file system the call asks about, as moat-init reaches it: statfs of
-// /proc/TID/{root,cwd}/PATH or /proc/TID/fd/N. An error on any doubt (the
-// path unreadable, too long, empty; a negative descriptor): the caller then
-// lets the call run.
+// The file system the call asks about: statfs of /proc/TID/{root,cwd}/PATH
+// (resolved with the caller's fsuid, fsgid and groups, on this thread only,
+// so that a path the caller may not reach stays an error) or of
+// /proc/TID/fd/N (a file it holds). An error on any doubt (the path
+// unreadable or unreachable, too long, empty; a negative descriptor): the
+// caller then lets the call run, and the kernel answers as for anyone.
 Result<struct statfs> statfsAsCalled(const ExecNotification& n);
 
 // Writes `answer` where the call's buffer is (through /proc/TID/mem, opened

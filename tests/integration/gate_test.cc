@@ -366,6 +366,17 @@ TEST_F(Gate, EveryProgramAnswersToRunCommandHoweverItStarts) {
   EXPECT_LT(ls, lastEnded) << log;
 }
 
+// A user other than root inside answers to the same rules: moat-init reads
+// its exec and follows it to its first instruction as for root's.
+TEST_F(Gate, AnotherUsersProgramsAnswerToTheRulesToo) {
+  std::string id = envWith({{"run_command", {{{"match", {"rm", "*"}}, {"action", "deny"}}, {{"action", "allow"}}}}});
+  json r = exec(id, {{"cmd",
+                      {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
+                       "touch /tmp/f; ls /tmp/f && id -u; rm /tmp/f || echo refused"}}});
+  EXPECT_EQ(r["exit_code"], 0) << r.dump();
+  EXPECT_EQ(r["stdout"], "/tmp/f\n65534\nrefused\n") << r.dump();
+}
+
 // A multithreaded program can rewrite what its exec asks for between the
 // check and the kernel's own read of it: another thread flips the name
 // between an allowed program and a denied one. Whatever the kernel ran,

@@ -463,6 +463,30 @@ TEST_P(LimitsDisk, StorageLimitIsWhatDfAndStatFShowAndUsageGrowsWithAFile) {
   EXPECT_NE(dev.blocks * dev.unit, 128 * kMiB) << r.out;
 }
 
+// moat-init answers statfs for the caller with the caller's rights: a path
+// under a directory another user may not search is EACCES for that user,
+// as the kernel makes it, not an answer that says it exists (review
+// finding L7); what the user may reach still shows the limit.
+TEST_P(LimitsDisk, AStatfsReachesOnlyWhatItsCallerMayReach) {
+  const std::string probe =
+      "import os\n"
+      "os.makedirs('/root/private/inside', exist_ok=True); os.chmod('/root/private', 0o700)\n"
+      "print('root', os.statvfs('/root/private/inside').f_blocks * os.statvfs('/').f_frsize)\n"
+      "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
+      "for path in ('/root/private/inside', '/root/private/none'):\n"
+      "    try:\n"
+      "        os.statvfs(path); print('nobody', path, 'answered')\n"
+      "    except OSError as e:\n"
+      "        print('nobody', path, e.errno)\n"
+      "print('nobody /workspace', os.statvfs('/workspace').f_blocks * os.statvfs('/workspace').f_frsize)\n";
+  auto r = runMoat({"run", "--storage", "0.125", "--", "python3", "-c", probe}, "", {{"MOAT_INIT_MODE", GetParam()}});
+  ASSERT_EQ(r.exitCode, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("root " + std::to_string(128 * kMiB) + "\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("nobody /root/private/inside 13\n"), std::string::npos) << "EACCES: " << r.out;
+  EXPECT_NE(r.out.find("nobody /root/private/none 13\n"), std::string::npos) << "the same for a missing one: " << r.out;
+  EXPECT_NE(r.out.find("nobody /workspace " + std::to_string(128 * kMiB) + "\n"), std::string::npos) << r.out;
+}
+
 TEST_P(LimitsDisk, AHostDirectoryMountedInsideShowsTheHostsFileSystem) {
   char tmpl[] = "/tmp/moat-disk-XXXXXX";
   std::string dir = ::mkdtemp(tmpl);

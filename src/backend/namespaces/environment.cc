@@ -202,7 +202,7 @@ int childMain(void* args) { runChild(*static_cast<const ChildArgs*>(args)); }
   if (a.networkFd < 0) CHILD_STEP("loopback", os::bringLoopbackUp());  // a pooled one has it up
   CHILD_STEP("enter user namespace", os::setNamespace(a.usernsFd, CLONE_NEWUSER));
   CHILD_STEP("become root of the user namespace", os::becomeId(0, 0));
-  CHILD_STEP("capabilities", os::restrictCapabilities(isolation::caps::environmentCapabilities()));
+  CHILD_STEP("capabilities", os::restrictCapabilities(isolation::caps::initCapabilities()));
   CHILD_STEP("no_new_privs", os::setNoNewPrivs());
   // The environment dies with the moat process that created it. Set after
   // the last credential change, which would clear it. (Should the parent die

@@ -8,4 +8,11 @@ namespace moat::isolation::caps {
 // namespace only). Everything else leaves the bounding set for good.
 const std::vector<int>& environmentCapabilities();
 
+// moat-init's: the environment's and CAP_SYS_PTRACE, which the exec gate
+// and the disk view need to read and follow the programs of every user
+// inside (a process that changed its ids is not dumpable). Every command
+// moat-init launches leaves it behind before its exec (initOnlyCapability).
+const std::vector<int>& initCapabilities();
+int initOnlyCapability();
+
 }  // namespace moat::isolation::caps
