@@ -1,6 +1,7 @@
 #include "init/launch.h"
 
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
@@ -10,7 +11,6 @@
 #include <cstring>
 
 #include "init/pty.h"
-#include "isolation/caps/capabilities.h"
 #include "os/process.h"
 
 namespace moat::init {
@@ -86,8 +86,9 @@ void planExec(Launch& l) {
   }
   // Everything else closes at exec.
   (void)os::markCloseOnExecFrom(3);
-  // moat-init's alone: no command may read or follow another process.
-  if (int err = os::dropCapabilityInChild(isolation::caps::initOnlyCapability())) childFail(l, "capabilities", err);
+  // moat-init's alone (isolation/caps initCapabilities): no command may
+  // read or follow another process.
+  if (int err = os::dropCapabilityInChild(CAP_SYS_PTRACE)) childFail(l, "capabilities", err);
   if (l.switchIds) {
     if (int err = os::switchIdsInChild(l.request.uid, l.request.gid)) childFail(l, "setuid", err);
   }

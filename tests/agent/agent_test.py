@@ -603,8 +603,15 @@ class AgentCases:
         # Every environment went with its run.
         status, body = MOATD.call("GET", f"/v1/environments?label=fleet={self.kind}&state=running")
         self.assertEqual((status, body["environments"]), (200, []))
-        status, body = MOATD.call("GET", f"/v1/environments?label=fleet={self.kind}")
-        self.assertEqual(status, 200)
+        # A run's environment is destroyed once the run ends (asynchronously:
+        # the last may still be "destroying" when the fleet reports).
+        deadline = time.monotonic() + 30
+        while True:
+            status, body = MOATD.call("GET", f"/v1/environments?label=fleet={self.kind}")
+            self.assertEqual(status, 200)
+            if all(e["state"] == "gone" for e in body["environments"]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         self.assertTrue(all(e["state"] == "gone" for e in body["environments"]), body)
         code, _, err = self.moat_agent("fleet", "/nonexistent.jsonl", "--model", "m")
         self.assertNotEqual(code, 0)

@@ -18,12 +18,10 @@ const std::vector<int>& environmentCapabilities() {
   return keep;
 }
 
-int initOnlyCapability() { return CAP_SYS_PTRACE; }
-
 const std::vector<int>& initCapabilities() {
   static const std::vector<int> keep = [] {
     std::vector<int> caps = environmentCapabilities();
-    caps.push_back(initOnlyCapability());
+    caps.push_back(CAP_SYS_PTRACE);  // dropped by init/launch.cc for every command
     return caps;
   }();
   return keep;

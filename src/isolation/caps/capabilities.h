@@ -11,8 +11,7 @@ const std::vector<int>& environmentCapabilities();
 // moat-init's: the environment's and CAP_SYS_PTRACE, which the exec gate
 // and the disk view need to read and follow the programs of every user
 // inside (a process that changed its ids is not dumpable). Every command
-// moat-init launches leaves it behind before its exec (initOnlyCapability).
+// moat-init launches leaves it behind before its exec (init/launch.cc).
 const std::vector<int>& initCapabilities();
-int initOnlyCapability();
 
 }  // namespace moat::isolation::caps
