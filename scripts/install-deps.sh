@@ -19,6 +19,8 @@ packages=(
   skopeo umoci                                   # templates from OCI images (docs/TEMPLATES.md)
   lxcfs                                          # /proc inside shows the environment's limits
   python3-pytest                                 # sdk/python's tests
+  qemu-system-x86 erofs-utils                    # microVMs: the VMM, root file system images
+  linux-image-cloud-amd64                        # microVMs: the guest kernel (virtio drivers as modules)
 )
 
 missing=()

@@ -4,13 +4,23 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "common/sanitizer.h"
+#include "init/guest.h"
 #include "init/supervisor.h"
+#include "os/machine.h"
 
 MOAT_PID1_SANITIZER_OPTIONS()
+
+static bool hasFlag(int argc, char** argv, const char* flag) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], flag) == 0) return true;
+  }
+  return false;
+}
 
 int main(int argc, char** argv) {
   int controlFd = 3;
@@ -24,8 +34,22 @@ int main(int argc, char** argv) {
   // Not dumpable: processes of the environment cannot ptrace pid 1 or open
   // its /proc entries (fds, exe, memory).
   ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  if (hasFlag(argc, argv, "--guest")) {
+    // A microVM's pid 1: its root and its control connection are its own to make.
+    auto control = moat::init::prepareGuest();
+    if (!control.ok()) {
+      std::fprintf(stderr, "moat-init: %s\n", control.error().message().c_str());
+      moat::os::powerOff();
+      return 1;  // the kernel then panics, and reboots: QEMU (-no-reboot) ends
+    }
+    controlFd = control->release();
+    moat::init::Supervisor supervisor(controlFd, true);
+    int code = supervisor.run();
+    moat::os::powerOff();
+    return code;
+  }
   bool gateExec = rendezvousFd >= 0;  // moatd's environments: programs answer to the gate
-  for (int i = 1; i < argc; ++i) gateExec = gateExec || std::strcmp(argv[i], "--gate-exec") == 0;
+  gateExec = gateExec || hasFlag(argc, argv, "--gate-exec");
   moat::init::Supervisor supervisor(controlFd, ::getpid() == 1, rendezvousFd, gateExec);
   if (diskFd >= 0) {
     // Not inherited by the commands: the counters are moat-init's.

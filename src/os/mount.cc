@@ -119,4 +119,12 @@ Status pivotInto(const std::string& newRoot) {
   return {};
 }
 
+Status switchRootFromInitramfs(const std::string& newRoot) {
+  if (::chdir(newRoot.c_str()) != 0) return Error::fromErrno("chdir " + newRoot);
+  if (::mount(".", "/", nullptr, MS_MOVE, nullptr) != 0) return Error::fromErrno("move " + newRoot + " onto /");
+  if (::chroot(".") != 0) return Error::fromErrno("chroot " + newRoot);
+  if (::chdir("/") != 0) return Error::fromErrno("chdir /");
+  return {};
+}
+
 }  // namespace moat::os

@@ -42,5 +42,8 @@ Result<UniqueFd> newMount(const std::string& fstype, const std::vector<std::pair
                           const MountAttrs& attrs);
 // pivot_root into `newRoot` and detach the old root.
 Status pivotInto(const std::string& newRoot);
+// From an initramfs (which pivot_root cannot leave): `newRoot` is moved
+// onto / and becomes this process's root and working directory.
+Status switchRootFromInitramfs(const std::string& newRoot);
 
 }  // namespace moat::os

@@ -18,6 +18,9 @@ Status sendWithFd(int socket, const std::string& data, int fd = -1);
 // (closed when fd is null). Error code "eof" when the peer has gone.
 Result<std::string> receiveWithFd(int socket, UniqueFd* fd, size_t maxBytes = 1 << 16);
 
+// A stream connection to the unix socket at `path` (close-on-exec).
+Result<UniqueFd> connectUnixStream(const std::string& path);
+
 // For a connection about to be closed after its final answer while the peer
 // may still be sending its request (a body never read): ends the sending
 // side, then reads and drops what arrives until the peer closes, `idle`

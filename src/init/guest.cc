@@ -1,0 +1,115 @@
+#include "init/guest.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+
+#include "os/file.h"
+#include "os/machine.h"
+#include "os/mount.h"
+
+namespace moat::init {
+namespace {
+
+constexpr auto kDeviceWait = std::chrono::seconds(10);
+
+Status loadModules() {
+  auto list = os::readFile(kGuestModuleList, 64 << 10);
+  if (!list.ok()) return {};  // a kernel with the drivers built in
+  std::istringstream lines(list.value());
+  for (std::string path; std::getline(lines, path);) {
+    if (!path.empty()) MOAT_TRY(os::loadKernelModule(path));
+  }
+  return {};
+}
+
+// Waits (bounded) for a path the kernel makes once a driver has probed.
+Status awaitPath(const std::string& path) {
+  const auto deadline = std::chrono::steady_clock::now() + kDeviceWait;
+  while (::access(path.c_str(), F_OK) != 0) {
+    if (std::chrono::steady_clock::now() > deadline) return Error::fromErrno(path + " did not appear", ENODEV);
+    ::usleep(1000);
+  }
+  return {};
+}
+
+// The template's image on /dev/vda (erofs, read-only) under an overlay
+// whose writable layer is a tmpfs holding at most `storageBytes`.
+Status makeRoot(const std::string& storageBytes) {
+  MOAT_TRY(awaitPath("/dev/vda"));
+  for (const char* dir : {"/moat/lower", "/moat/rw", "/moat/root"}) MOAT_TRY(os::makeDir(dir, 0755));
+  MOAT_TRY(os::mount("/dev/vda", "/moat/lower", "erofs", MS_RDONLY | MS_NODEV, ""));
+  MOAT_TRY(os::mount("tmpfs", "/moat/rw", "tmpfs", MS_NODEV, "mode=0755,size=" + storageBytes));
+  for (const char* dir : {"/moat/rw/upper", "/moat/rw/work"}) MOAT_TRY(os::makeDir(dir, 0755));
+  MOAT_TRY(os::mount("overlay", "/moat/root", "overlay", 0,
+                     "lowerdir=/moat/lower,upperdir=/moat/rw/upper,workdir=/moat/rw/work"));
+  for (const char* dir : {"proc", "sys", "dev", "tmp", "workspace"}) {
+    MOAT_TRY(os::makeDir(std::string("/moat/root/") + dir, 0755));
+  }
+  for (const char* dir : {"/proc", "/sys", "/dev"}) {
+    MOAT_TRY(os::mount(dir, std::string("/moat/root") + dir, "", MS_MOVE, ""));
+  }
+  return os::switchRootFromInitramfs("/moat/root");
+}
+
+// The virtio-serial port named kGuestPortName: /dev/vportNpM.
+Result<std::string> findPort() {
+  MOAT_TRY(awaitPath("/sys/class/virtio-ports"));
+  const auto deadline = std::chrono::steady_clock::now() + kDeviceWait;
+  for (;;) {
+    if (DIR* d = ::opendir("/sys/class/virtio-ports")) {
+      std::string found;
+      while (dirent* e = ::readdir(d)) {
+        std::string name = e->d_name;
+        if (name[0] == '.') continue;
+        auto label = os::readFile("/sys/class/virtio-ports/" + name + "/name", 256);
+        if (label.ok() && (label.value() == kGuestPortName || label.value() == std::string(kGuestPortName) + "\n")) {
+          found = "/dev/" + name;
+        }
+      }
+      ::closedir(d);
+      if (!found.empty() && ::access(found.c_str(), F_OK) == 0) return found;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Error::fromErrno(std::string("no virtio-serial port named ") + kGuestPortName, ENODEV);
+    }
+    ::usleep(1000);
+  }
+}
+
+// A port reads EOF until the host side is connected (virtio_console): the
+// connection is the host's once poll stops saying POLLHUP.
+Status awaitHost(int fd) {
+  for (;;) {
+    pollfd p{fd, POLLOUT, 0};
+    int n = ::poll(&p, 1, 100);
+    if (n < 0 && errno != EINTR) return Error::fromErrno("poll the control port");
+    if (n > 0 && !(p.revents & POLLHUP)) return {};
+    if (n == 0 || (p.revents & POLLHUP)) ::usleep(1000);
+  }
+}
+
+}  // namespace
+
+Result<UniqueFd> prepareGuest() {
+  for (const char* dir : {"/proc", "/sys", "/dev"}) MOAT_TRY(os::makeDir(dir, 0755));
+  MOAT_TRY(os::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, ""));
+  MOAT_TRY(os::mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, ""));
+  MOAT_TRY(os::mount("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755"));
+  MOAT_TRY(loadModules());
+  const char* storage = std::getenv("MOAT_GUEST_STORAGE");
+  MOAT_TRY(makeRoot(storage && *storage ? storage : "1g"));
+  MOAT_ASSIGN(std::string port, findPort());
+  MOAT_ASSIGN(UniqueFd fd, os::open(port, O_RDWR | O_CLOEXEC));
+  MOAT_TRY(awaitHost(fd.get()));
+  return fd;
+}
+
+}  // namespace moat::init

@@ -1,0 +1,138 @@
+// The microVM backend's pure parts: the initramfs archive, the guest's
+// module order, QEMU's command line.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "backend/microvm/guest_kernel.h"
+#include "backend/microvm/initramfs.h"
+#include "backend/microvm/vm.h"
+
+namespace moat::backend::microvm {
+namespace {
+
+struct Read {
+  std::string name;
+  unsigned mode = 0, size = 0, rdevMajor = 0, rdevMinor = 0;
+  std::string data;
+};
+
+unsigned field(const std::string& a, size_t at, int i) {
+  return static_cast<unsigned>(std::stoul(a.substr(at + 6 + 8 * i, 8), nullptr, 16));
+}
+
+// What the kernel's reader would take from the archive.
+std::vector<Read> parse(const std::string& a) {
+  std::vector<Read> out;
+  size_t at = 0;
+  while (at + 110 <= a.size()) {
+    EXPECT_EQ(a.substr(at, 6), "070701");
+    Read r;
+    r.mode = field(a, at, 1);
+    r.size = field(a, at, 6);
+    r.rdevMajor = field(a, at, 9);
+    r.rdevMinor = field(a, at, 10);
+    unsigned nameSize = field(a, at, 11);
+    r.name = a.substr(at + 110, nameSize - 1);
+    EXPECT_EQ(a[at + 110 + nameSize - 1], '\0');
+    at = (at + 110 + nameSize + 3) & ~size_t{3};
+    r.data = a.substr(at, r.size);
+    at = (at + r.size + 3) & ~size_t{3};
+    out.push_back(r);
+    if (r.name == "TRAILER!!!") break;
+  }
+  EXPECT_EQ(at, a.size()) << "nothing after the trailer";
+  return out;
+}
+
+TEST(Initramfs, EntriesAreNewcRecordsAlignedToFourBytesWithATrailer) {
+  std::string archive = newcArchive({{"dev", S_IFDIR | 0755, "", 0, 0},
+                                     {"dev/console", S_IFCHR | 0600, "", 5, 1},
+                                     {"init", S_IFREG | 0755, "#!odd-length", 0, 0}});
+  EXPECT_EQ(archive.size() % 4, 0u);
+  auto read = parse(archive);
+  ASSERT_EQ(read.size(), 4u);
+  EXPECT_EQ(read[0].name, "dev");
+  EXPECT_TRUE(S_ISDIR(read[0].mode));
+  EXPECT_EQ(read[1].name, "dev/console");
+  EXPECT_TRUE(S_ISCHR(read[1].mode));
+  EXPECT_EQ(read[1].rdevMajor, 5u);
+  EXPECT_EQ(read[1].rdevMinor, 1u);
+  EXPECT_EQ(read[2].name, "init");
+  EXPECT_EQ(read[2].mode, static_cast<unsigned>(S_IFREG | 0755));
+  EXPECT_EQ(read[2].data, "#!odd-length");
+  EXPECT_EQ(read[3].name, "TRAILER!!!");
+}
+
+TEST(Initramfs, OnlyRegularFilesCarryData) {
+  auto read = parse(newcArchive({{"d", S_IFDIR | 0755, "ignored", 0, 0}}));
+  ASSERT_EQ(read.size(), 2u);
+  EXPECT_EQ(read[0].size, 0u);
+}
+
+const char* kModulesDep =
+    "kernel/drivers/virtio/virtio_mmio.ko: kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko\n"
+    "kernel/drivers/virtio/virtio.ko: kernel/drivers/virtio/virtio_ring.ko\n"
+    "kernel/drivers/virtio/virtio_ring.ko:\n"
+    "kernel/drivers/char/virtio_console.ko: kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko\n"
+    "kernel/fs/erofs/erofs.ko: kernel/lib/libcrc32c.ko\n"
+    "kernel/lib/libcrc32c.ko:\n"
+    "kernel/fs/overlayfs/overlay.ko:\n"
+    "kernel/drivers/net/some-thing.ko:\n";
+
+TEST(GuestModules, EachComesAfterWhatItNeedsAndOnlyOnce) {
+  auto order = moduleLoadOrder(kModulesDep, {"virtio_mmio", "virtio_console", "erofs", "overlay", "built_in"});
+  ASSERT_TRUE(order.ok()) << order.error().message();
+  const std::vector<std::string> want = {"kernel/drivers/virtio/virtio_ring.ko",
+                                         "kernel/drivers/virtio/virtio.ko",
+                                         "kernel/drivers/virtio/virtio_mmio.ko",
+                                         "kernel/drivers/char/virtio_console.ko",
+                                         "kernel/lib/libcrc32c.ko",
+                                         "kernel/fs/erofs/erofs.ko",
+                                         "kernel/fs/overlayfs/overlay.ko"};
+  EXPECT_EQ(order.value(), want) << "a module modules.dep does not list is built in: nothing to load";
+}
+
+TEST(GuestModules, NamesTakeUnderscoresForDashesAndALineWithoutColonIsAnError) {
+  auto order = moduleLoadOrder(kModulesDep, {"some_thing"});
+  ASSERT_TRUE(order.ok());
+  EXPECT_EQ(order.value(), std::vector<std::string>{"kernel/drivers/net/some-thing.ko"});
+  auto bad = moduleLoadOrder("kernel/x.ko kernel/y.ko\n", {"x"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message().find("modules.dep"), std::string::npos);
+}
+
+bool has(const std::vector<std::string>& argv, const std::string& want) {
+  return std::find(argv.begin(), argv.end(), want) != argv.end();
+}
+
+TEST(QemuArgv, TcgIsToldTheTscAndKvmIsNotAndTheRootIsReadOnly) {
+  VmSpec spec;
+  spec.kernel.image = "/boot/vmlinuz-x";
+  spec.rootImage = "/v/root.img";
+  spec.cpus = 2;
+  spec.memoryMb = 512;
+  spec.storageBytes = 1 << 20;
+  auto tcg = qemuArgv("/usr/bin/qemu", spec, "/v/initramfs", "/v/control.sock", "/v/console.log");
+  EXPECT_TRUE(has(tcg, "tcg"));
+  EXPECT_TRUE(has(tcg, "512"));
+  EXPECT_TRUE(has(tcg, "-no-reboot")) << "a guest whose init ends ends QEMU";
+  EXPECT_TRUE(has(tcg, "id=root,file=/v/root.img,format=raw,if=none,readonly=on"));
+  EXPECT_TRUE(has(tcg, "socket,id=control,path=/v/control.sock,server=on,wait=off"));
+  auto cmdline = std::find(tcg.begin(), tcg.end(), "-append");
+  ASSERT_NE(cmdline, tcg.end());
+  EXPECT_NE(cmdline[1].find("tsc_early_khz="), std::string::npos) << cmdline[1];
+  EXPECT_NE(cmdline[1].find("MOAT_GUEST_STORAGE=1048576"), std::string::npos) << cmdline[1];
+  EXPECT_NE(cmdline[1].find(" -- --guest"), std::string::npos) << cmdline[1];
+  spec.kvm = true;
+  auto kvm = qemuArgv("/usr/bin/qemu", spec, "/v/initramfs", "/v/control.sock", "/v/console.log");
+  EXPECT_TRUE(has(kvm, "kvm"));
+  cmdline = std::find(kvm.begin(), kvm.end(), "-append");
+  EXPECT_EQ(cmdline[1].find("tsc_early_khz"), std::string::npos) << cmdline[1];
+}
+
+}  // namespace
+}  // namespace moat::backend::microvm
