@@ -10,18 +10,21 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <thread>
 
 #include "cli/client.h"
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
+#include "cli/microvm_run.h"
 #include "cli/run_options.h"
 #include "common/base_environment.h"
 #include "common/trace.h"
 #include "common/unique_fd.h"
 #include "init/protocol.h"
 #include "isolation/namespaces/ready_network.h"
+#include "os/tool.h"
 
 namespace moat::cli {
 namespace {
@@ -55,8 +58,7 @@ init::SpawnRequest commandRequest(const std::string& hostname, const RunOptions&
 
 // Talks to moat-init until the command ends (its Spawn request is already
 // queued); returns moat run's exit code.
-int superviseCommand(Environment& env, const RunOptions& options) {
-  int control = env.controlFd();
+int superviseCommand(int control, const RunOptions& options, const std::function<uint64_t()>& oomKills) {
   sigset_t mask;
   sigemptyset(&mask);
   for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&mask, s);
@@ -144,7 +146,7 @@ int superviseCommand(Environment& env, const RunOptions& options) {
             return complain(kExitTimeout, std::string("timeout: killed after ") + secs + "s");
           }
           if (exited->signal != 0) {
-            if (exited->signal == SIGKILL && env.oomKills() > 0) {
+            if (exited->signal == SIGKILL && oomKills() > 0) {
               complain(0, "killed: out of memory (limit " + std::to_string(options.spec.memoryMb) + " MB)");
             }
             return 128 + exited->signal;
@@ -196,6 +198,18 @@ int runCommand(const std::vector<std::string>& args) {
   options.spec.id = backend::newEnvironmentId();
   options.spec.firstFrames =
       init::encodeFrame(init::MsgType::kSpawn, commandRequest(options.spec.id, options).encode());
+  if (options.microvm) {
+    auto vm = MicroVmRun::start(options, options.spec.firstFrames);
+    if (!vm.ok()) return complain(kExitEnvironment, "cannot create environment: " + vm.error().message());
+    traceStage("created");
+    int code = superviseCommand(vm.value()->control(), options, [] { return uint64_t{0}; });
+    if (code == kExitEnvironment) {
+      // Why the guest ended, in its own words (the kernel's, moat-init's).
+      std::string tail = os::tailOf(vm.value()->consoleTail(), 1024);
+      if (!tail.empty()) std::fprintf(stderr, "moat run: the guest's console ended with:\n%s\n", tail.c_str());
+    }
+    return code;
+  }
   // The network namespace made ahead by an earlier run, if any; the next
   // one is made while this run's command runs (docs/ARCHITECTURE.md).
   std::optional<UniqueFd> network = isolation::namespaces::takeReadyNetwork();
@@ -214,7 +228,7 @@ int runCommand(const std::vector<std::string>& args) {
     next = std::jthread([] { (void)isolation::namespaces::makeReadyNetwork(); });
     ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   }
-  int code = superviseCommand(*env.value(), options);
+  int code = superviseCommand(env.value()->controlFd(), options, [&] { return env.value()->oomKills(); });
   Status destroyed = env.value()->destroy();
   if (!destroyed.ok()) complain(0, "warning: cleanup: " + destroyed.error().message());
   return code;

@@ -89,6 +89,9 @@ options:
   -v HOST:PATH[:ro] show a host path inside (explicit only); repeatable
   -w, --workdir DIR working directory inside, default /workspace
   --template T      'host' (default) or a root file system directory
+  --isolation I     'namespaces' (default) or 'microvm': a guest kernel of its
+                    own under QEMU (needs a --template other than host;
+                    docs/MICROVM.md)
   --state DIR       state directory, default $MOAT_STATE or /var/lib/moat
 )";
 }
@@ -161,6 +164,12 @@ Result<RunOptions> parseRunOptions(const std::vector<std::string>& args, uint64_
       MOAT_ASSIGN(std::string v, flags.value());
       if (v.empty() || v[0] != '/') return usageError("-w: working directory must be absolute: " + v);
       o.workdir = moat::normalizePath(v);
+    } else if (arg == "--isolation") {
+      MOAT_ASSIGN(std::string v, flags.value());
+      if (v != "namespaces" && v != "microvm") {
+        return usageError("--isolation: '" + v + "' is not one of namespaces, microvm");
+      }
+      o.microvm = v == "microvm";
     } else if (arg == "--template") {
       MOAT_ASSIGN(o.spec.templateName, flags.value());
     } else if (arg == "--state") {

@@ -16,6 +16,7 @@ struct RunOptions {
   std::string workdir = "/workspace";
   bool interactive = false;
   double timeoutSeconds = 0;  // 0: none
+  bool microvm = false;       // --isolation microvm (docs/MICROVM.md)
   bool help = false;
 };
 

@@ -1,6 +1,7 @@
 // moat-guest-tool: the one program in the microVM tests' root file system
 // (static: the image holds nothing else). `uname` prints the running
-// kernel's release, `cat FILE` a file, `write FILE TEXT` writes one.
+// kernel's release, `cat FILE` a file, `write FILE TEXT` writes one,
+// `echo` copies stdin to stdout line by line.
 #include <sys/utsname.h>
 
 #include <cstdio>
@@ -33,6 +34,14 @@ int main(int argc, char** argv) {
     std::fputs(argv[3], f);
     return std::fclose(f) == 0 ? 0 : 1;
   }
-  std::fprintf(stderr, "usage: moat-guest-tool uname | cat FILE | write FILE TEXT\n");
+  if (argc == 2 && std::strcmp(argv[1], "echo") == 0) {
+    char line[4096];
+    while (std::fgets(line, sizeof line, stdin)) {
+      std::fputs(line, stdout);
+      std::fflush(stdout);
+    }
+    return 0;
+  }
+  std::fprintf(stderr, "usage: moat-guest-tool uname | cat FILE | write FILE TEXT | echo\n");
   return 2;
 }

@@ -3,11 +3,14 @@
 // erofs image, and serves the guest protocol over virtio-serial, as it does
 // in every namespace environment. TCG here (this host's /dev/kvm cannot
 // boot a stock kernel): a boot takes seconds.
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "backend/microvm/vm.h"
@@ -135,6 +138,115 @@ TEST_F(MicroVm, AGuestThatCannotMakeItsRootEndsAndSaysWhy) {
   auto frame = next(vm.value());
   EXPECT_FALSE(frame.ok() && frame->type == init::MsgType::kHello) << "no Hello from a guest without a root";
   EXPECT_NE(vm->consoleTail().find("moat-init: mount erofs on /moat/lower"), std::string::npos) << vm->consoleTail();
+}
+
+// `moat run --isolation microvm`: the same command line, the command in a
+// guest of its own.
+class MicroVmRun : public MicroVm {
+ protected:
+  void SetUp() override {
+    MicroVm::SetUp();
+    if (!isRoot()) GTEST_SKIP() << "needs root: moat run leases a host id range for QEMU (CI runs as root)";
+    tree_ = dir_ + "/tree";
+    ASSERT_TRUE(os::makeDirs(tree_ + "/bin", 0755).ok());
+    auto tool = os::readFile(binDir() + "/moat-guest-tool", 64 << 20);
+    ASSERT_TRUE(tool.ok());
+    ASSERT_TRUE(os::writeFile(tree_ + "/bin/tool", tool.value(), 0755).ok());
+  }
+  std::vector<std::string> runArgs(std::vector<std::string> command) {
+    std::vector<std::string> args = {"run", "--isolation", "microvm", "--template", tree_, "--memory", "256", "--"};
+    args.insert(args.end(), command.begin(), command.end());
+    return args;
+  }
+  std::string tree_;
+};
+
+// What /proc/PID/status says for `key`.
+std::string statusOf(pid_t pid, const std::string& key) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind(key + ":", 0) == 0) {
+      std::string v = line.substr(key.size() + 1);
+      return v.substr(v.find_first_not_of(" \t"));
+    }
+  }
+  return "";
+}
+
+// The children of `parent` named `comm`.
+std::vector<pid_t> childrenNamed(pid_t parent, const std::string& comm) {
+  std::vector<pid_t> found;
+  DIR* d = ::opendir("/proc");
+  while (dirent* e = d ? ::readdir(d) : nullptr) {
+    pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0) continue;
+    if (statusOf(pid, "PPid") == std::to_string(parent) && statusOf(pid, "Name").rfind(comm, 0) == 0) {
+      found.push_back(pid);
+    }
+  }
+  if (d) ::closedir(d);
+  return found;
+}
+
+size_t entriesIn(const std::string& path) {
+  size_t n = 0;
+  DIR* d = ::opendir(path.c_str());
+  while (dirent* e = d ? ::readdir(d) : nullptr) n += e->d_name[0] != '.';
+  if (d) ::closedir(d);
+  return n;
+}
+
+TEST_F(MicroVmRun, TheCommandRunsOnTheGuestsKernelAndItsExitCodeIsMoatRuns) {
+  auto r = runMoat(runArgs({"/bin/tool", "uname"}));
+  EXPECT_EQ(r.exitCode, 0) << r.err;
+  EXPECT_EQ(r.out, spec_.kernel.version + "\n") << r.err;
+  auto missing = runMoat(runArgs({"/bin/tool", "cat", "/nope"}));
+  EXPECT_EQ(missing.exitCode, 1) << missing.err;
+  EXPECT_NE(missing.err.find("/nope: No such file or directory"), std::string::npos) << missing.err;
+  EXPECT_EQ(entriesIn("/run/moat-vms"), 0u) << "each guest's directory goes with it";
+}
+
+// QEMU is jailed before it runs a guest: a host id range's root (not host
+// root), no_new_privs, and its seccomp sandbox; it ends with moat run.
+TEST_F(MicroVmRun, QemuRunsAsAnUnprivilegedIdWithNoNewPrivsAndASandbox) {
+  std::vector<std::string> argv = {binDir() + "/moat"};
+  for (auto& a : runArgs({"/bin/tool", "echo"})) argv.push_back(a);
+  argv.insert(argv.begin() + 2, "-i");
+  RunningProcess run(argv, {{"MOAT_STATE", testStateDir()}});
+  ASSERT_TRUE(run.write("ping\n"));
+  ASSERT_EQ(run.readLine(kBootWaitMs), "ping\n") << "the guest answers";
+  auto qemus = childrenNamed(run.pid(), "qemu-system");
+  ASSERT_EQ(qemus.size(), 1u);
+  pid_t qemu = qemus[0];
+  std::istringstream uids(statusOf(qemu, "Uid"));
+  for (int i = 0; i < 4; ++i) {
+    long uid = -1;
+    uids >> uid;
+    EXPECT_GE(uid, 0x40000000L) << "real, effective, saved and fs uid: a host id range's";
+  }
+  EXPECT_EQ(statusOf(qemu, "NoNewPrivs"), "1");
+  EXPECT_EQ(statusOf(qemu, "Seccomp"), "2") << "QEMU's -sandbox filter";
+  EXPECT_EQ(statusOf(qemu, "CapEff"), "0000000000000000");
+  run.closeInput();
+  auto done = run.wait();
+  EXPECT_EQ(done.exitCode, 0) << done.err;
+  EXPECT_NE(::kill(qemu, 0), 0) << "QEMU ended with the run";
+  EXPECT_EQ(entriesIn("/run/moat-vms"), 0u);
+}
+
+TEST_F(MicroVmRun, WhatAGuestCannotDoYetIsRefusedByName) {
+  auto host = runMoat({"run", "--isolation", "microvm", "--", "/bin/true"});
+  EXPECT_EQ(host.exitCode, 125);
+  EXPECT_NE(host.err.find("needs a root file system"), std::string::npos) << host.err;
+  auto volume = runMoat({"run", "--isolation", "microvm", "--template", tree_, "-v", "/tmp:/x", "--", "/bin/tool"});
+  EXPECT_EQ(volume.exitCode, 125);
+  EXPECT_NE(volume.err.find("-v: host paths cannot be shown inside a microVM"), std::string::npos) << volume.err;
+  auto small = runMoat({"run", "--isolation", "microvm", "--template", tree_, "--memory", "64", "--", "/bin/tool"});
+  EXPECT_EQ(small.exitCode, 125);
+  EXPECT_NE(small.err.find("at least 128 MB"), std::string::npos) << small.err;
+  auto bad = runMoat({"run", "--isolation", "vm", "--", "/bin/true"});
+  EXPECT_EQ(bad.exitCode, 2);
+  EXPECT_NE(bad.err.find("--isolation: 'vm' is not one of namespaces, microvm"), std::string::npos) << bad.err;
 }
 
 }  // namespace

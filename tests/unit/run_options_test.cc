@@ -77,8 +77,20 @@ TEST(RunOptions, Defaults) {
   EXPECT_EQ(r->timeoutSeconds, 0.0);
   EXPECT_FALSE(r->interactive);
   EXPECT_FALSE(r->help);
+  EXPECT_FALSE(r->microvm) << "namespaces unless --isolation microvm";
   EXPECT_TRUE(r->env.empty());
   EXPECT_EQ(r->command, std::vector<std::string>{"true"});
+}
+
+TEST(RunOptions, IsolationIsNamespacesOrMicrovm) {
+  auto vm = parse({"--isolation", "microvm", "true"});
+  ASSERT_TRUE(vm.ok());
+  EXPECT_TRUE(vm->microvm);
+  auto ns = parse({"--isolation=namespaces", "true"});
+  ASSERT_TRUE(ns.ok());
+  EXPECT_FALSE(ns->microvm);
+  expectError({"--isolation", "kvm", "true"}, {"--isolation", "'kvm'", "namespaces, microvm"});
+  expectError({"--isolation"}, {"--isolation"});
 }
 
 TEST(RunOptions, StateDirFromEnvironment) {

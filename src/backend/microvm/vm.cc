@@ -103,6 +103,8 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec, c
           std::to_string(spec.cpus),
           "-m",
           std::to_string(spec.memoryMb),
+          "-sandbox",
+          "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
           "-nodefaults",
           "-no-user-config",
           "-nographic",
@@ -134,6 +136,13 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   Vm vm;
   vm.consoleLog_ = spec.workDir + "/console.log";
   MOAT_TRY(os::writeFile(initramfs, archive, 0600));
+  if (spec.uid != 0 || spec.gid != 0) {
+    // QEMU's own: its directory (the socket and the console log are made
+    // there) and what it reads.
+    for (const std::string& path : {spec.workDir, initramfs, spec.rootImage}) {
+      if (::chown(path.c_str(), spec.uid, spec.gid) != 0) return Error::fromErrno("chown " + path);
+    }
+  }
   auto argv = qemuArgv(qemu, spec, initramfs, socket, vm.consoleLog_);
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
@@ -144,13 +153,16 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   if (pid < 0) return Error::fromErrno("fork for " + qemu);
   if (pid == 0) {
     // Only async-signal-safe calls from here to the exec.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);
     os::resetSignals();
     for (int target = 0; target < 3; ++target) {
       if (::dup2(devNull.get(), target) < 0) ::_exit(126);
     }
     (void)os::markCloseOnExecFrom(3);
+    if ((spec.uid != 0 || spec.gid != 0) && os::switchIdsInChild(spec.uid, spec.gid) != 0) ::_exit(125);
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(125);
+    // After the ids: a change of them clears it.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
     char* noEnvironment[] = {nullptr};
     ::execve(args[0], args.data(), noEnvironment);
     ::_exit(127);

@@ -26,6 +26,11 @@ struct VmSpec {
   uint64_t memoryMb = 256;
   uint64_t storageBytes = 1ull << 30;  // the writable layer (a tmpfs in the guest's memory)
   bool kvm = false;                    // false: TCG (emulated)
+  // QEMU's own ids (a host range's root, never 0 in use): it runs as them,
+  // with no_new_privs and its own seccomp sandbox; workDir and its files
+  // become theirs. 0: the caller's (tests that are not root).
+  uid_t uid = 0;
+  gid_t gid = 0;
 };
 
 // The root file system of a template directory as an erofs image at
@@ -62,6 +67,7 @@ class Vm {
   int control() const { return control_.get(); }
   UniqueFd takeControl() { return std::move(control_); }
   int pidfd() const { return pidfd_.get(); }
+  pid_t pid() const { return pid_; }
   // What the guest's console printed (the kernel's and moat-init's own
   // messages): why a guest that ended did.
   std::string consoleTail() const;
