@@ -58,7 +58,7 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
   vm.kvm = accel && std::string(accel) == "kvm";
   vm.uid = run->ids_->map.hostBase;
   vm.gid = run->ids_->map.hostBase;
-  MOAT_TRY(backend::microvm::buildRootImage(tmpl.lowerDir, vm.rootImage));
+  MOAT_TRY(backend::microvm::buildRootImage(tmpl.lower.get(), vm.rootImage));
   MOAT_ASSIGN(auto started, backend::microvm::Vm::start(vm));
   run->vm_.emplace(std::move(started));
   MOAT_TRY(init::writeFrames(run->vm_->control(), firstFrames));

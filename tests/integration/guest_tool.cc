@@ -1,10 +1,12 @@
 // moat-guest-tool: the one program in the microVM tests' root file system
 // (static: the image holds nothing else). `uname` prints the running
 // kernel's release, `cat FILE` a file, `write FILE TEXT` writes one,
-// `echo` copies stdin to stdout line by line.
+// `echo` copies stdin to stdout line by line, `flood FILE MIB` writes MIB
+// MiB to FILE.
 #include <sys/utsname.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 int main(int argc, char** argv) {
@@ -42,6 +44,17 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  std::fprintf(stderr, "usage: moat-guest-tool uname | cat FILE | write FILE TEXT | echo\n");
+  if (argc == 4 && std::strcmp(argv[1], "flood") == 0) {
+    FILE* f = std::fopen(argv[2], "wb");
+    if (!f) {
+      std::perror(argv[2]);
+      return 1;
+    }
+    static char block[1 << 16];
+    std::memset(block, 'x', sizeof block);
+    for (long i = 0; i < std::atol(argv[3]) * 16; ++i) std::fwrite(block, 1, sizeof block, f);
+    return std::fclose(f) == 0 ? 0 : 1;
+  }
+  std::fprintf(stderr, "usage: moat-guest-tool uname | cat FILE | write FILE TEXT | echo | flood FILE MIB\n");
   return 2;
 }

@@ -4,6 +4,7 @@
 // in every namespace environment. TCG here (this host's /dev/kvm cannot
 // boot a stock kernel): a boot takes seconds.
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/stat.h>
@@ -57,7 +58,9 @@ class MicroVm : public ::testing::Test {
     auto tool = os::readFile(binDir() + "/moat-guest-tool", 64 << 20);
     ASSERT_TRUE(tool.ok()) << tool.error().message();
     ASSERT_TRUE(os::writeFile(root + "/bin/tool", tool.value(), 0755).ok());
-    auto built = backend::microvm::buildRootImage(root, spec_.rootImage);
+    auto tree = os::open(root, O_PATH | O_DIRECTORY);
+    ASSERT_TRUE(tree.ok());
+    auto built = backend::microvm::buildRootImage(tree->get(), spec_.rootImage);
     ASSERT_TRUE(built.ok()) << built.error().message();
   }
 
@@ -127,6 +130,24 @@ TEST_F(MicroVm, MoatInitServesTheGuestProtocolFromTheGuestKernel) {
   ASSERT_TRUE(init::writeFrames(vm->control(), init::encodeFrame(init::MsgType::kShutdown, "")).ok());
   pollfd p{vm->pidfd(), POLLIN, 0};
   EXPECT_EQ(::poll(&p, 1, kBootWaitMs), 1) << "QEMU ended with its guest\n" << vm->consoleTail();
+}
+
+// What the guest prints is the guest's to choose: its console log on the
+// host stops at 1 MiB, and QEMU and the guest go on.
+TEST_F(MicroVm, AGuestFloodingItsConsoleFillsNothingOnTheHost) {
+  buildRoot();
+  auto vm = Vm::start(spec_);
+  ASSERT_TRUE(vm.ok()) << vm.error().message();
+  auto hello = next(vm.value());
+  ASSERT_TRUE(hello.ok()) << hello.error().message() << "\n" << vm->consoleTail();
+  Ran flood = run(vm.value(), {"/bin/tool", "flood", "/dev/console", "2"});
+  EXPECT_EQ(flood.exitCode, 0) << flood.err;
+  struct stat st;
+  ASSERT_EQ(::stat((dir_ + "/console.log").c_str(), &st), 0);
+  EXPECT_LE(st.st_size, 1 << 20) << "the console log is bounded";
+  EXPECT_GE(st.st_size, 512 << 10) << "the flood reached it";
+  Ran after = run(vm.value(), {"/bin/tool", "uname"});
+  EXPECT_EQ(after.out, spec_.kernel.version + "\n") << "the guest still serves";
 }
 
 TEST_F(MicroVm, AGuestThatCannotMakeItsRootEndsAndSaysWhy) {
@@ -244,6 +265,12 @@ TEST_F(MicroVmRun, WhatAGuestCannotDoYetIsRefusedByName) {
   auto small = runMoat({"run", "--isolation", "microvm", "--template", tree_, "--memory", "64", "--", "/bin/tool"});
   EXPECT_EQ(small.exitCode, 125);
   EXPECT_NE(small.err.find("at least 128 MB"), std::string::npos) << small.err;
+  // The tree imaged is the one opened, through no link (a link in the
+  // path could be swapped to lead to the host's files while it is imaged).
+  ASSERT_EQ(::symlink(tree_.c_str(), (dir_ + "/link").c_str()), 0);
+  auto link = runMoat({"run", "--isolation", "microvm", "--template", dir_ + "/link", "--", "/bin/tool", "uname"});
+  EXPECT_EQ(link.exitCode, 125);
+  EXPECT_NE(link.err.find("is a symlink"), std::string::npos) << link.err;
   auto bad = runMoat({"run", "--isolation", "vm", "--", "/bin/true"});
   EXPECT_EQ(bad.exitCode, 2);
   EXPECT_NE(bad.err.find("--isolation: 'vm' is not one of namespaces, microvm"), std::string::npos) << bad.err;

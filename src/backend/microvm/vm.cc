@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +24,7 @@ namespace moat::backend::microvm {
 namespace {
 
 constexpr auto kStartWait = std::chrono::seconds(10);  // QEMU's socket exists within ~100 ms
+constexpr rlim_t kConsoleBytes = 1 << 20;
 
 Result<std::string> findProgram(const char* envName, const char* name, const char* package) {
   if (const char* named = std::getenv(envName); named && *named) return std::string(named);
@@ -36,10 +38,13 @@ Result<std::string> findProgram(const char* envName, const char* name, const cha
 
 }  // namespace
 
-Status buildRootImage(const std::string& templateDir, const std::string& image) {
+Status buildRootImage(int treeFd, const std::string& image) {
   MOAT_ASSIGN(std::string mkfs, findProgram("MOAT_MKFS_EROFS", "mkfs.erofs", "erofs-utils"));
   os::ToolRun run;
-  run.argv = {mkfs, "-T0", image, templateDir};
+  // The tree as this process holds it: /proc/PID/fd/N jumps to it whatever
+  // its path names now, and "/." makes the source the directory itself.
+  const std::string tree = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(treeFd) + "/.";
+  run.argv = {mkfs, "-T0", image, tree};
   run.deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
   return os::runTool(run);
 }
@@ -149,11 +154,17 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   args.push_back(nullptr);
   MOAT_ASSIGN(UniqueFd devNull, os::open("/dev/null", O_RDWR | O_CLOEXEC));
   const pid_t parent = ::getpid();
+  const struct rlimit consoleLimit = {kConsoleBytes, kConsoleBytes};
   pid_t pid = ::fork();
   if (pid < 0) return Error::fromErrno("fork for " + qemu);
   if (pid == 0) {
     // Only async-signal-safe calls from here to the exec.
     os::resetSignals();
+    // The console log is the one file QEMU writes, and what the guest
+    // prints is the guest's to choose: it stops growing at kConsoleBytes
+    // (writes past it fail with EFBIG, SIGXFSZ ignored: QEMU goes on).
+    ::signal(SIGXFSZ, SIG_IGN);
+    if (::setrlimit(RLIMIT_FSIZE, &consoleLimit) != 0) ::_exit(125);
     for (int target = 0; target < 3; ++target) {
       if (::dup2(devNull.get(), target) < 0) ::_exit(126);
     }

@@ -33,9 +33,10 @@ struct VmSpec {
   gid_t gid = 0;
 };
 
-// The root file system of a template directory as an erofs image at
-// `image` (mkfs.erofs, erofs-utils).
-Status buildRootImage(const std::string& templateDir, const std::string& image);
+// The root file system of the template directory `treeFd` (O_PATH will
+// do: reached through it, not by a path that could be swapped for a link)
+// as an erofs image at `image` (mkfs.erofs, erofs-utils).
+Status buildRootImage(int treeFd, const std::string& image);
 
 // The guest's initramfs: moat-init as /init, /dev/console, the modules
 // guestModules() takes from the kernel's modules directory and their list.
