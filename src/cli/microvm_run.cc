@@ -1,8 +1,11 @@
 #include "cli/microvm_run.h"
 
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 
@@ -10,6 +13,7 @@
 #include "init/protocol.h"
 #include "isolation/fs/template.h"
 #include "os/file.h"
+#include "os/tool.h"
 
 namespace moat::cli {
 namespace {
@@ -18,6 +22,8 @@ namespace {
 // directory is its QEMU's alone.
 constexpr const char* kVmsDir = "/run/moat-vms";
 constexpr uint64_t kMinMemoryMb = 128;
+// A boot takes seconds on TCG; a guest that has not answered by then will not.
+constexpr std::chrono::seconds kHelloWait{120};
 
 }  // namespace
 
@@ -36,14 +42,26 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
     return Error::make(Code::kInvalidArgument,
                        "--memory: a microVM needs at least " + std::to_string(kMinMemoryMb) + " MB (its kernel's own)");
   }
+  // mkfs.erofs reads the tree as root by its paths: one that someone other
+  // than root may write could be rewritten under it (docs/MICROVM.md).
+  struct stat top;
+  if (::fstat(tmpl.lower.get(), &top) != 0) return Error::fromErrno("stat " + tmpl.lowerDir);
+  if (top.st_uid != 0 || (top.st_mode & 022) != 0) {
+    return Error::make(Code::kInvalidArgument,
+                       "--template " + tmpl.lowerDir +
+                           ": a microVM's template directory must be root's and writable by root alone "
+                           "(its image is made as root from its paths)");
+  }
   MOAT_ASSIGN(auto kernel, backend::microvm::findGuestKernel());
   MOAT_ASSIGN(std::string init, backend::namespaces::findInitBinary());
   std::unique_ptr<MicroVmRun> run(new MicroVmRun);
   MOAT_ASSIGN(auto ids, isolation::namespaces::leaseIdMap());
   run->ids_.emplace(std::move(ids));
-  MOAT_TRY(os::makeDir(kVmsDir, 0711));
-  if (::chmod(kVmsDir, 0711) != 0) return Error::fromErrno(std::string("chmod ") + kVmsDir);
-  std::string dir = std::string(kVmsDir) + "/run-" + spec.id;
+  const char* vmsEnv = std::getenv("MOAT_VMS_DIR");  // tests: a directory of their own
+  const std::string vms = vmsEnv && *vmsEnv == '/' ? vmsEnv : kVmsDir;
+  MOAT_TRY(os::makeDir(vms, 0711));
+  if (::chmod(vms.c_str(), 0711) != 0) return Error::fromErrno("chmod " + vms);
+  std::string dir = vms + "/run-" + spec.id;
   if (::mkdir(dir.c_str(), 0700) != 0) return Error::fromErrno("mkdir " + dir);
   run->dir_ = dir;
   backend::microvm::VmSpec vm;
@@ -61,6 +79,29 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
   MOAT_TRY(backend::microvm::buildRootImage(tmpl.lower.get(), vm.rootImage));
   MOAT_ASSIGN(auto started, backend::microvm::Vm::start(vm));
   run->vm_.emplace(std::move(started));
+  // The guest's Hello, within a bound this side keeps (a guest whose
+  // kernel hangs says nothing), or QEMU's end; then the command.
+  init::FrameReader reader;
+  const auto deadline = std::chrono::steady_clock::now() + kHelloWait;
+  for (;;) {
+    pollfd fds[2] = {{run->vm_->control(), POLLIN, 0}, {run->vm_->pidfd(), POLLIN, 0}};
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    int n = ::poll(fds, 2, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || (fds[1].revents & POLLIN)) {
+      std::string tail = os::tailOf(run->vm_->consoleTail(), 1024);
+      return Error::make(Code::kToolFailed, std::string(n == 0 ? "the guest did not answer within " +
+                                                                     std::to_string(kHelloWait.count()) + " s"
+                                                               : "the guest ended before it answered") +
+                                                (tail.empty() ? "" : "; its console ended with:\n" + tail));
+    }
+    MOAT_ASSIGN(init::Frame hello, init::readFrame(run->vm_->control(), reader));
+    auto h = init::Hello::decode(hello.payload);
+    if (hello.type != init::MsgType::kHello || !h.ok() || h->version != init::kProtocolVersion) {
+      return Error::make(Code::kToolFailed, "the guest's moat-init speaks another protocol");
+    }
+    break;
+  }
   MOAT_TRY(init::writeFrames(run->vm_->control(), firstFrames));
   return run;
 }

@@ -149,7 +149,7 @@ int superviseCommand(int control, const RunOptions& options, const std::function
             if (exited->signal == SIGKILL && oomKills() > 0) {
               complain(0, "killed: out of memory (limit " + std::to_string(options.spec.memoryMb) + " MB)");
             }
-            return 128 + exited->signal;
+            return 128 + std::clamp(exited->signal, 1, 127);  // a guest's moat-init says what it likes
           }
           return exited->exitCode;
         }

@@ -4,6 +4,7 @@
 #include <linux/landlock.h>
 #include <linux/seccomp.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -82,6 +83,34 @@ Result<bool> landlockScopeSelf() {
   ::close(static_cast<int>(fd));
   if (rc != 0) return Error::fromErrno("landlock_restrict_self", err);
   return true;
+}
+
+Result<UniqueFd> landlockFileRuleset(const std::vector<LandlockRule>& rules) {
+  const int abi = landlockAbi();
+  if (abi < 1) return Error::make(Code::kUnsupported, "this kernel has no Landlock");
+  // The rights of ABI 1, then REFER (2), TRUNCATE (3), IOCTL_DEV (5).
+  uint64_t handled = (1ULL << 13) - 1;
+  if (abi >= 2) handled |= 1ULL << 13;
+  if (abi >= 3) handled |= 1ULL << 14;
+  if (abi >= 5) handled |= 1ULL << 15;
+  constexpr uint64_t kFileRights = (1ULL << 0) | (1ULL << 1) | (1ULL << 2) | (1ULL << 14) | (1ULL << 15);
+  struct {
+    uint64_t handledAccessFs;
+  } attr{handled};
+  long fd = ::syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0);
+  if (fd < 0) return Error::fromErrno("landlock_create_ruleset");
+  UniqueFd ruleset(static_cast<int>(fd));
+  for (const auto& rule : rules) {
+    struct stat st;
+    if (::fstat(rule.fd, &st) != 0) return Error::fromErrno("landlock rule");
+    struct landlock_path_beneath_attr beneath {};
+    beneath.parent_fd = rule.fd;
+    beneath.allowed_access = rule.access & handled & (S_ISDIR(st.st_mode) ? ~0ULL : kFileRights);
+    if (::syscall(SYS_landlock_add_rule, ruleset.get(), LANDLOCK_RULE_PATH_BENEATH, &beneath, 0) != 0) {
+      return Error::fromErrno("landlock_add_rule");
+    }
+  }
+  return ruleset;
 }
 
 }  // namespace moat::os

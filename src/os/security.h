@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "common/unique_fd.h"
 
 // Capabilities, seccomp and Landlock: the calls that shrink what a process may do.
 namespace moat::os {
@@ -20,5 +21,17 @@ int landlockAbi();
 // Confines signals and abstract unix sockets to the caller's Landlock domain
 // (ABI >= 6). Returns false when the kernel cannot do it.
 Result<bool> landlockScopeSelf();
+
+// A Landlock ruleset that handles every file-system access right this
+// kernel knows and allows only `rules`: each a descriptor (O_PATH will do)
+// of a directory (the right for everything beneath it) or a file, and the
+// LANDLOCK_ACCESS_FS_* rights there (a file's are cut to those a file can
+// have). For a child to restrict itself to before an exec (ToolRun).
+// "unsupported" when the kernel has no Landlock.
+struct LandlockRule {
+  int fd;
+  uint64_t access;
+};
+Result<UniqueFd> landlockFileRuleset(const std::vector<LandlockRule>& rules);
 
 }  // namespace moat::os

@@ -2,10 +2,13 @@
 
 #include <fcntl.h>
 #include <linux/audit.h>
+#include <linux/capability.h>
 #include <linux/filter.h>
+#include <linux/openat2.h>
 #include <linux/seccomp.h>
 #include <stddef.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -103,8 +106,14 @@ class ActingAs {
     if (n < 0) return;
     own_.resize(static_cast<size_t>(n));
     if (n > 0 && ::syscall(SYS_getgroups, n, own_.data()) != n) return;
+    // Nor moat-init's CAP_SYS_PTRACE (other processes' /proc links), which
+    // is not a file capability that the fsuid change drops.
+    if (::syscall(SYS_capget, &capHeader_, caps_) != 0) return;
     changed_ = true;
-    ok_ = ::syscall(SYS_setgroups, c.groups.size(), c.groups.data()) == 0;
+    __user_cap_data_struct lowered[2] = {caps_[0], caps_[1]};
+    lowered[CAP_SYS_PTRACE / 32].effective &= ~(1u << (CAP_SYS_PTRACE % 32));
+    ok_ = ::syscall(SYS_capset, &capHeader_, lowered) == 0;
+    ok_ = ok_ && ::syscall(SYS_setgroups, c.groups.size(), c.groups.data()) == 0;
     ::syscall(SYS_setfsgid, c.gid);
     ::syscall(SYS_setfsuid, c.uid);
     ok_ = ok_ && static_cast<uid_t>(::syscall(SYS_setfsuid, -1)) == c.uid &&
@@ -115,6 +124,10 @@ class ActingAs {
     ::syscall(SYS_setfsuid, ::getuid());
     ::syscall(SYS_setfsgid, ::getgid());
     ::syscall(SYS_setgroups, own_.size(), own_.data());
+    ::syscall(SYS_capset, &capHeader_, caps_);
+    // A change of fs ids makes the process as dumpable as the host's
+    // fs.suid_dumpable says: moat-init stays out of reach.
+    ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   }
   ActingAs(const ActingAs&) = delete;
   ActingAs& operator=(const ActingAs&) = delete;
@@ -124,6 +137,8 @@ class ActingAs {
   bool ok_ = false;
   bool changed_ = false;
   std::vector<gid_t> own_;
+  __user_cap_header_struct capHeader_ = {_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct caps_[2] = {};
 };
 
 }  // namespace
@@ -163,7 +178,12 @@ Result<struct statfs> statfsAsCalled(const ExecNotification& n) {
   {
     ActingAs as(caller);
     if (!as.ok()) return Error::fromErrno("act as the caller", EPERM);
-    file.reset(::openat(start.get(), rest.c_str(), O_PATH | O_CLOEXEC));
+    // No /proc magic link (another process's root, cwd or descriptors),
+    // and an absolute path stays under the caller's root.
+    struct open_how how {};
+    how.flags = O_PATH | O_CLOEXEC;
+    how.resolve = RESOLVE_NO_MAGICLINKS | (given[0] == '/' ? RESOLVE_IN_ROOT : 0);
+    file.reset(static_cast<int>(::syscall(SYS_openat2, start.get(), rest.c_str(), &how, sizeof how)));
     if (!file) return Error::fromErrno("open " + given + " as the caller");
   }
   if (fstatfsUnwatched(file.get(), &st) != 0) return Error::fromErrno("statfs " + given);

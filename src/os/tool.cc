@@ -85,7 +85,15 @@ Status runTool(const ToolRun& run) {
     if (::dup2(stdinFd, 0) < 0 || ::dup2(stdoutFd, 1) < 0 || ::dup2(errFd, 2) < 0) {
       childFail(errFd, "dup2 failed\n");
     }
-    ::syscall(SYS_close_range, 3, ~0U, 0);
+    if (run.landlockRuleset >= 0) {
+      if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) childFail(2, "prctl NO_NEW_PRIVS failed\n");
+      if (::syscall(SYS_landlock_restrict_self, run.landlockRuleset, 0) != 0) childFail(2, "landlock failed\n");
+    }
+    // dup2 onto itself keeps close-on-exec: cleared here for that case.
+    if (run.passFd >= 0 && (run.passFd == 3 ? ::fcntl(3, F_SETFD, 0) : ::dup2(run.passFd, 3)) < 0) {
+      childFail(2, "dup2 failed\n");
+    }
+    ::syscall(SYS_close_range, run.passFd >= 0 ? 4 : 3, ~0U, 0);
     if (::chdir(cwd) != 0) childFail(2, "chdir failed\n");
     ::execve(argvp[0], argvp.data(), envp.data());
     childFail(2, "exec failed: is the program installed?\n");

@@ -22,6 +22,10 @@ struct ToolRun {
   uint64_t maxFileBytes = 0;  // RLIMIT_FSIZE (no file it writes grows beyond); 0: none
   int stdinFd = -1;           // -1: /dev/null
   int stdoutFd = -1;          // -1: stdout goes where stderr does (the tail)
+  // >= 0: a Landlock ruleset (landlockFileRuleset) the child restricts
+  // itself to, with no_new_privs, before the exec.
+  int landlockRuleset = -1;
+  int passFd = -1;  // >= 0: the program gets it as its descriptor 3 (and no other)
   // Called about every 200 ms while it runs: an error kills it and is returned.
   std::function<Status()> check;
 };

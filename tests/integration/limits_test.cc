@@ -472,8 +472,14 @@ TEST_P(LimitsDisk, AStatfsReachesOnlyWhatItsCallerMayReach) {
       "import os\n"
       "os.makedirs('/root/private/inside', exist_ok=True); os.chmod('/root/private', 0o700)\n"
       "print('root', os.statvfs('/root/private/inside').f_blocks * os.statvfs('/').f_frsize)\n"
+      "r, w = os.pipe(); hold, held = os.pipe()\n"
+      "child = os.fork()\n"
+      "if child == 0:\n"
+      "    os.close(held); os.chdir('/root/private/inside'); os.write(w, b'x'); os.read(hold, 1); os._exit(0)\n"
+      "os.close(hold); os.read(r, 1)\n"
       "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
-      "for path in ('/root/private/inside', '/root/private/none'):\n"
+      "# root's process's cwd through /proc: the kernel refuses nobody that link\n"
+      "for path in ('/root/private/inside', '/root/private/none', f'/proc/{child}/cwd'):\n"
       "    try:\n"
       "        os.statvfs(path); print('nobody', path, 'answered')\n"
       "    except OSError as e:\n"
@@ -484,6 +490,8 @@ TEST_P(LimitsDisk, AStatfsReachesOnlyWhatItsCallerMayReach) {
   EXPECT_NE(r.out.find("root " + std::to_string(128 * kMiB) + "\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("nobody /root/private/inside 13\n"), std::string::npos) << "EACCES: " << r.out;
   EXPECT_NE(r.out.find("nobody /root/private/none 13\n"), std::string::npos) << "the same for a missing one: " << r.out;
+  EXPECT_NE(r.out.find("/cwd 13\n"), std::string::npos)
+      << "not through moat-init's right to other processes' /proc links: " << r.out;
   EXPECT_NE(r.out.find("nobody /workspace " + std::to_string(128 * kMiB) + "\n"), std::string::npos) << r.out;
 }
 

@@ -161,6 +161,33 @@ TEST_F(MicroVm, AGuestThatCannotMakeItsRootEndsAndSaysWhy) {
   EXPECT_NE(vm->consoleTail().find("moat-init: mount erofs on /moat/lower"), std::string::npos) << vm->consoleTail();
 }
 
+// mkfs.erofs reads the tree as root by its paths: Landlock keeps it to the
+// tree, its program and libraries, and the image's directory, so a link
+// swapped in while it reads reaches nothing else of the host's. A stand-in
+// for mkfs.erofs reports what it could read.
+TEST_F(MicroVm, TheImageMakerReadsTheTreeAndNothingElseOfTheHosts) {
+  const std::string root = dir_ + "/tree";
+  ASSERT_TRUE(os::makeDirs(root, 0755).ok());
+  ASSERT_TRUE(os::writeFile(root + "/inside", "tree's\n", 0644).ok());
+  const std::string script = dir_ + "/fake-mkfs";
+  ASSERT_TRUE(os::writeFile(script,
+                            "#!/bin/sh\n"
+                            "# mkfs.erofs -T0 IMAGE TREE\n"
+                            "{ /usr/bin/cat \"$3/inside\" || echo no-tree; /usr/bin/cat /etc/passwd >/dev/null 2>&1 && "
+                            "echo host-read || echo host-denied; } > \"$2\"\n",
+                            0755)
+                  .ok());
+  ::setenv("MOAT_MKFS_EROFS", script.c_str(), 1);
+  auto tree = os::open(root, O_PATH | O_DIRECTORY);
+  ASSERT_TRUE(tree.ok());
+  auto built = backend::microvm::buildRootImage(tree->get(), spec_.rootImage);
+  ::unsetenv("MOAT_MKFS_EROFS");
+  ASSERT_TRUE(built.ok()) << built.error().message();
+  auto image = os::readFile(spec_.rootImage);
+  ASSERT_TRUE(image.ok());
+  EXPECT_EQ(image.value(), "tree's\nhost-denied\n");
+}
+
 // `moat run --isolation microvm`: the same command line, the command in a
 // guest of its own.
 class MicroVmRun : public MicroVm {
@@ -168,12 +195,16 @@ class MicroVmRun : public MicroVm {
   void SetUp() override {
     MicroVm::SetUp();
     if (!isRoot()) GTEST_SKIP() << "needs root: moat run leases a host id range for QEMU (CI runs as root)";
+    ASSERT_EQ(::chmod(dir_.c_str(), 0711), 0) << "QEMU's own ids pass through to its directory";
     tree_ = dir_ + "/tree";
     ASSERT_TRUE(os::makeDirs(tree_ + "/bin", 0755).ok());
     auto tool = os::readFile(binDir() + "/moat-guest-tool", 64 << 20);
     ASSERT_TRUE(tool.ok());
     ASSERT_TRUE(os::writeFile(tree_ + "/bin/tool", tool.value(), 0755).ok());
   }
+  // moat run with this test's own directory of guests.
+  ProcessResult moatRun(const std::vector<std::string>& args) { return runMoat(args, "", {{"MOAT_VMS_DIR", vms()}}); }
+  std::string vms() const { return dir_ + "/vms"; }
   std::vector<std::string> runArgs(std::vector<std::string> command) {
     std::vector<std::string> args = {"run", "--isolation", "microvm", "--template", tree_, "--memory", "256", "--"};
     args.insert(args.end(), command.begin(), command.end());
@@ -218,13 +249,13 @@ size_t entriesIn(const std::string& path) {
 }
 
 TEST_F(MicroVmRun, TheCommandRunsOnTheGuestsKernelAndItsExitCodeIsMoatRuns) {
-  auto r = runMoat(runArgs({"/bin/tool", "uname"}));
+  auto r = moatRun(runArgs({"/bin/tool", "uname"}));
   EXPECT_EQ(r.exitCode, 0) << r.err;
   EXPECT_EQ(r.out, spec_.kernel.version + "\n") << r.err;
-  auto missing = runMoat(runArgs({"/bin/tool", "cat", "/nope"}));
+  auto missing = moatRun(runArgs({"/bin/tool", "cat", "/nope"}));
   EXPECT_EQ(missing.exitCode, 1) << missing.err;
   EXPECT_NE(missing.err.find("/nope: No such file or directory"), std::string::npos) << missing.err;
-  EXPECT_EQ(entriesIn("/run/moat-vms"), 0u) << "each guest's directory goes with it";
+  EXPECT_EQ(entriesIn(vms()), 0u) << "each guest's directory goes with it";
 }
 
 // QEMU is jailed before it runs a guest: a host id range's root (not host
@@ -233,7 +264,7 @@ TEST_F(MicroVmRun, QemuRunsAsAnUnprivilegedIdWithNoNewPrivsAndASandbox) {
   std::vector<std::string> argv = {binDir() + "/moat"};
   for (auto& a : runArgs({"/bin/tool", "echo"})) argv.push_back(a);
   argv.insert(argv.begin() + 2, "-i");
-  RunningProcess run(argv, {{"MOAT_STATE", testStateDir()}});
+  RunningProcess run(argv, {{"MOAT_STATE", testStateDir()}, {"MOAT_VMS_DIR", vms()}});
   ASSERT_TRUE(run.write("ping\n"));
   ASSERT_EQ(run.readLine(kBootWaitMs), "ping\n") << "the guest answers";
   auto qemus = childrenNamed(run.pid(), "qemu-system");
@@ -248,29 +279,45 @@ TEST_F(MicroVmRun, QemuRunsAsAnUnprivilegedIdWithNoNewPrivsAndASandbox) {
   EXPECT_EQ(statusOf(qemu, "NoNewPrivs"), "1");
   EXPECT_EQ(statusOf(qemu, "Seccomp"), "2") << "QEMU's -sandbox filter";
   EXPECT_EQ(statusOf(qemu, "CapEff"), "0000000000000000");
+  // A session of its own (a terminal's Ctrl-C is for the command), and
+  // network and IPC namespaces of its own.
+  EXPECT_EQ(::getsid(qemu), qemu);
+  for (const char* ns : {"net", "ipc"}) {
+    char mine[128] = {}, its[128] = {};
+    ASSERT_GT(::readlink((std::string("/proc/self/ns/") + ns).c_str(), mine, sizeof mine - 1), 0);
+    ASSERT_GT(::readlink(("/proc/" + std::to_string(qemu) + "/ns/" + ns).c_str(), its, sizeof its - 1), 0);
+    EXPECT_STRNE(mine, its) << ns;
+  }
   run.closeInput();
   auto done = run.wait();
   EXPECT_EQ(done.exitCode, 0) << done.err;
   EXPECT_NE(::kill(qemu, 0), 0) << "QEMU ended with the run";
-  EXPECT_EQ(entriesIn("/run/moat-vms"), 0u);
+  EXPECT_EQ(entriesIn(vms()), 0u);
 }
 
 TEST_F(MicroVmRun, WhatAGuestCannotDoYetIsRefusedByName) {
-  auto host = runMoat({"run", "--isolation", "microvm", "--", "/bin/true"});
+  auto host = moatRun({"run", "--isolation", "microvm", "--", "/bin/true"});
   EXPECT_EQ(host.exitCode, 125);
   EXPECT_NE(host.err.find("needs a root file system"), std::string::npos) << host.err;
-  auto volume = runMoat({"run", "--isolation", "microvm", "--template", tree_, "-v", "/tmp:/x", "--", "/bin/tool"});
+  auto volume = moatRun({"run", "--isolation", "microvm", "--template", tree_, "-v", "/tmp:/x", "--", "/bin/tool"});
   EXPECT_EQ(volume.exitCode, 125);
   EXPECT_NE(volume.err.find("-v: host paths cannot be shown inside a microVM"), std::string::npos) << volume.err;
-  auto small = runMoat({"run", "--isolation", "microvm", "--template", tree_, "--memory", "64", "--", "/bin/tool"});
+  auto small = moatRun({"run", "--isolation", "microvm", "--template", tree_, "--memory", "64", "--", "/bin/tool"});
   EXPECT_EQ(small.exitCode, 125);
   EXPECT_NE(small.err.find("at least 128 MB"), std::string::npos) << small.err;
   // The tree imaged is the one opened, through no link (a link in the
   // path could be swapped to lead to the host's files while it is imaged).
   ASSERT_EQ(::symlink(tree_.c_str(), (dir_ + "/link").c_str()), 0);
-  auto link = runMoat({"run", "--isolation", "microvm", "--template", dir_ + "/link", "--", "/bin/tool", "uname"});
+  auto link = moatRun({"run", "--isolation", "microvm", "--template", dir_ + "/link", "--", "/bin/tool", "uname"});
   EXPECT_EQ(link.exitCode, 125);
   EXPECT_NE(link.err.find("is a symlink"), std::string::npos) << link.err;
+  // A template someone other than root may write could be rewritten while
+  // it is imaged as root: refused.
+  ASSERT_EQ(::chmod(tree_.c_str(), 0775), 0);
+  auto writable = moatRun(runArgs({"/bin/tool", "uname"}));
+  EXPECT_EQ(writable.exitCode, 125);
+  EXPECT_NE(writable.err.find("must be root's and writable by root alone"), std::string::npos) << writable.err;
+  ASSERT_EQ(::chmod(tree_.c_str(), 0755), 0);
   auto bad = runMoat({"run", "--isolation", "vm", "--", "/bin/true"});
   EXPECT_EQ(bad.exitCode, 2);
   EXPECT_NE(bad.err.find("--isolation: 'vm' is not one of namespaces, microvm"), std::string::npos) << bad.err;

@@ -122,6 +122,7 @@ TEST(QemuArgv, TcgIsToldTheTscAndKvmIsNotAndTheRootIsReadOnly) {
   EXPECT_TRUE(has(tcg, "-no-reboot")) << "a guest whose init ends ends QEMU";
   EXPECT_TRUE(has(tcg, "id=root,file=/v/root.img,format=raw,if=none,readonly=on"));
   EXPECT_TRUE(has(tcg, "socket,id=control,path=/v/control.sock,server=on,wait=off"));
+  EXPECT_TRUE(has(tcg, "file,id=console,path=/v/console.log,append=on")) << "moat made it; QEMU appends";
   auto cmdline = std::find(tcg.begin(), tcg.end(), "-append");
   ASSERT_NE(cmdline, tcg.end());
   EXPECT_NE(cmdline[1].find("tsc_early_khz="), std::string::npos) << cmdline[1];

@@ -1,6 +1,8 @@
 #include "backend/microvm/vm.h"
 
 #include <fcntl.h>
+#include <linux/landlock.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -17,6 +19,7 @@
 #include "init/guest.h"
 #include "os/file.h"
 #include "os/process.h"
+#include "os/security.h"
 #include "os/socket.h"
 #include "os/tool.h"
 
@@ -40,10 +43,34 @@ Result<std::string> findProgram(const char* envName, const char* name, const cha
 
 Status buildRootImage(int treeFd, const std::string& image) {
   MOAT_ASSIGN(std::string mkfs, findProgram("MOAT_MKFS_EROFS", "mkfs.erofs", "erofs-utils"));
+  // mkfs.erofs walks the tree by its paths, as root: a link swapped in
+  // while it reads (by whoever may write somewhere in the tree, a /tmp
+  // say) must reach nothing of the host's. Landlock lets it read the tree,
+  // its own program (wherever MOAT_MKFS_EROFS puts it) and libraries, and
+  // write the image's directory only.
+  const std::string out = image.substr(0, image.rfind('/'));
+  MOAT_ASSIGN(UniqueFd outDir, os::open(out.empty() ? "/" : out, O_PATH | O_DIRECTORY | O_CLOEXEC));
+  constexpr uint64_t kRead = LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR;
+  std::vector<os::LandlockRule> rules = {
+      {treeFd, kRead},
+      {outDir.get(), kRead | LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_MAKE_REG |
+                         LANDLOCK_ACCESS_FS_REMOVE_FILE | (1ULL << 14) /* TRUNCATE */}};
+  std::vector<UniqueFd> held;
+  for (const std::string& path : {mkfs, std::string("/usr"), std::string("/lib"), std::string("/lib64"),
+                                  std::string("/etc/ld.so.cache"), std::string("/dev/urandom")}) {
+    auto fd = os::open(path, O_PATH | O_CLOEXEC);
+    if (!fd.ok()) continue;  // not on this host
+    rules.push_back({fd->get(), kRead | LANDLOCK_ACCESS_FS_EXECUTE});
+    held.push_back(std::move(fd.value()));
+  }
+  MOAT_ASSIGN(UniqueFd ruleset, os::landlockFileRuleset(rules));
   os::ToolRun run;
-  // The tree as this process holds it: /proc/PID/fd/N jumps to it whatever
-  // its path names now, and "/." makes the source the directory itself.
-  const std::string tree = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(treeFd) + "/.";
+  run.landlockRuleset = ruleset.get();
+  // The tree as this process holds it, handed over as mkfs.erofs's fd 3:
+  // /proc/self/fd/3 jumps to it whatever its path names now, and "/."
+  // makes the source the directory itself.
+  run.passFd = treeFd;
+  const std::string tree = "/proc/self/fd/3/.";
   run.argv = {mkfs, "-T0", image, tree};
   run.deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
   return os::runTool(run);
@@ -114,8 +141,10 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec, c
           "-no-user-config",
           "-nographic",
           "-no-reboot",
+          "-chardev",
+          "file,id=console,path=" + consoleLog + ",append=on",
           "-serial",
-          "file:" + consoleLog,
+          "chardev:console",
           "-kernel",
           spec.kernel.image,
           "-initrd",
@@ -139,16 +168,26 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   MOAT_ASSIGN(std::string archive, guestInitramfs(spec.kernel, spec.initBinary));
   const std::string initramfs = spec.workDir + "/initramfs", socket = spec.workDir + "/control.sock";
   Vm vm;
-  vm.consoleLog_ = spec.workDir + "/console.log";
+  const std::string consoleLog = spec.workDir + "/console.log";
   MOAT_TRY(os::writeFile(initramfs, archive, 0600));
+  // Made here, not by QEMU, and read through this descriptor: what QEMU
+  // (and a guest that took it over) does to the path later reaches nothing
+  // of the host's through moat's reads.
+  MOAT_ASSIGN(vm.console_, os::open(consoleLog, O_RDWR | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (spec.uid != 0 || spec.gid != 0) {
-    // QEMU's own: its directory (the socket and the console log are made
-    // there) and what it reads.
-    for (const std::string& path : {spec.workDir, initramfs, spec.rootImage}) {
-      if (::chown(path.c_str(), spec.uid, spec.gid) != 0) return Error::fromErrno("chown " + path);
+    // QEMU's own: what it reads and writes, through descriptors (no path
+    // followed), and last its directory (the socket is made there).
+    for (const std::string& path : {initramfs, spec.rootImage}) {
+      MOAT_ASSIGN(UniqueFd fd, os::open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+      if (::fchown(fd.get(), spec.uid, spec.gid) != 0) return Error::fromErrno("chown " + path);
     }
+    if (::fchown(vm.console_.get(), spec.uid, spec.gid) != 0) return Error::fromErrno("chown " + consoleLog);
+    MOAT_ASSIGN(UniqueFd dir, os::open(spec.workDir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (::fchown(dir.get(), spec.uid, spec.gid) != 0) return Error::fromErrno("chown " + spec.workDir);
   }
-  auto argv = qemuArgv(qemu, spec, initramfs, socket, vm.consoleLog_);
+  auto argv = qemuArgv(qemu, spec, initramfs, socket, consoleLog);
+  const std::string workDir = spec.workDir;
+  const int console = vm.console_.get();
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
@@ -165,11 +204,20 @@ Result<Vm> Vm::start(const VmSpec& spec) {
     // (writes past it fail with EFBIG, SIGXFSZ ignored: QEMU goes on).
     ::signal(SIGXFSZ, SIG_IGN);
     if (::setrlimit(RLIMIT_FSIZE, &consoleLimit) != 0) ::_exit(125);
+    // QEMU's own complaints go where the guest's console does.
+    const int stdio[3] = {devNull.get(), devNull.get(), console};
     for (int target = 0; target < 3; ++target) {
-      if (::dup2(devNull.get(), target) < 0) ::_exit(126);
+      if (::dup2(stdio[target], target) < 0) ::_exit(126);
     }
-    (void)os::markCloseOnExecFrom(3);
+    if (os::markCloseOnExecFrom(3) != 0) ::_exit(125);
+    // Its own session (a terminal's Ctrl-C is moat run's to forward to the
+    // command, not QEMU's), and, while still root, network and IPC
+    // namespaces of its own: a QEMU taken over reaches no host network
+    // (it needs none: the guest has no network device).
+    if (::setsid() < 0) ::_exit(125);
+    if (::unshare(CLONE_NEWNET | CLONE_NEWIPC) != 0) ::_exit(125);
     if ((spec.uid != 0 || spec.gid != 0) && os::switchIdsInChild(spec.uid, spec.gid) != 0) ::_exit(125);
+    if (::chdir(workDir.c_str()) != 0) ::_exit(125);
     if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(125);
     // After the ids: a change of them clears it.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -179,7 +227,9 @@ Result<Vm> Vm::start(const VmSpec& spec) {
     ::_exit(127);
   }
   vm.pid_ = pid;
-  MOAT_ASSIGN(vm.pidfd_, os::pidfdOpen(pid));
+  auto pidfd = os::pidfdOpen(pid);
+  if (!pidfd.ok()) return pidfd.error();  // ~Vm kills it by pid: not reaped yet
+  vm.pidfd_ = std::move(pidfd.value());
   const auto deadline = std::chrono::steady_clock::now() + kStartWait;
   for (;;) {
     auto fd = os::connectUnixStream(socket);
@@ -188,7 +238,8 @@ Result<Vm> Vm::start(const VmSpec& spec) {
       return vm;
     }
     if (os::pidfdExited(vm.pidfd_.get())) {
-      return Error::make(Code::kToolFailed, qemu + " exited before its control socket was up");
+      return Error::make(Code::kToolFailed,
+                         qemu + " exited before its control socket was up: " + os::tailOf(vm.consoleTail(), 512));
     }
     if (std::chrono::steady_clock::now() > deadline) {
       return Error::make(Code::kToolFailed, qemu + " made no control socket within 10 s");
@@ -199,15 +250,29 @@ Result<Vm> Vm::start(const VmSpec& spec) {
 
 Vm::~Vm() {
   if (pid_ <= 0) return;
-  if (pidfd_) (void)os::pidfdSendSignal(pidfd_.get(), SIGKILL);
+  if (pidfd_) {
+    (void)os::pidfdSendSignal(pidfd_.get(), SIGKILL);
+  } else {
+    ::kill(pid_, SIGKILL);  // a child not reaped: its pid is still its own
+  }
   int status = 0;
   while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }
 }
 
 std::string Vm::consoleTail() const {
-  auto text = os::readFileTail(consoleLog_, 4096);
-  return text.ok() ? text.value() : "";
+  if (!console_) return "";
+  struct stat st;
+  if (::fstat(console_.get(), &st) != 0) return "";
+  const off_t from = st.st_size > 4096 ? st.st_size - 4096 : 0;
+  std::string text(static_cast<size_t>(st.st_size - from), '\0');
+  ssize_t n = ::pread(console_.get(), text.data(), text.size(), from);
+  text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  // The guest's words: printable text only (no terminal escapes).
+  for (char& c : text) {
+    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) c = '?';
+  }
+  return text;
 }
 
 }  // namespace moat::backend::microvm

@@ -61,7 +61,7 @@ class Vm {
       : pid_(std::exchange(other.pid_, -1)),
         pidfd_(std::move(other.pidfd_)),
         control_(std::move(other.control_)),
-        consoleLog_(std::move(other.consoleLog_)) {}
+        console_(std::move(other.console_)) {}
   Vm& operator=(Vm&&) = delete;
   ~Vm();  // kills QEMU and waits for it
 
@@ -69,8 +69,9 @@ class Vm {
   UniqueFd takeControl() { return std::move(control_); }
   int pidfd() const { return pidfd_.get(); }
   pid_t pid() const { return pid_; }
-  // What the guest's console printed (the kernel's and moat-init's own
-  // messages): why a guest that ended did.
+  // The end of what the guest's console printed (the kernel's and
+  // moat-init's own messages; printable characters only): why a guest that
+  // ended did.
   std::string consoleTail() const;
 
  private:
@@ -78,7 +79,7 @@ class Vm {
   pid_t pid_ = -1;
   UniqueFd pidfd_;
   UniqueFd control_;
-  std::string consoleLog_;
+  UniqueFd console_;  // the console log, as moat made it
 };
 
 }  // namespace moat::backend::microvm
