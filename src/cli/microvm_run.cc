@@ -95,9 +95,15 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
                                                                : "the guest ended before it answered") +
                                                 (tail.empty() ? "" : "; its console ended with:\n" + tail));
     }
-    MOAT_ASSIGN(init::Frame hello, init::readFrame(run->vm_->control(), reader));
-    auto h = init::Hello::decode(hello.payload);
-    if (hello.type != init::MsgType::kHello || !h.ok() || h->version != init::kProtocolVersion) {
+    auto hello = init::readFrame(run->vm_->control(), reader);
+    if (!hello.ok()) {
+      // The connection closed as the guest went: its console says why.
+      std::string tail = os::tailOf(run->vm_->consoleTail(), 1024);
+      return Error::make(Code::kToolFailed, "the guest ended before it answered" +
+                                                (tail.empty() ? "" : "; its console ended with:\n" + tail));
+    }
+    auto h = init::Hello::decode(hello->payload);
+    if (hello->type != init::MsgType::kHello || !h.ok() || h->version != init::kProtocolVersion) {
       return Error::make(Code::kToolFailed, "the guest's moat-init speaks another protocol");
     }
     break;
