@@ -81,6 +81,11 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
   run->vm_.emplace(std::move(started));
   // The guest's Hello, within a bound this side keeps (a guest whose
   // kernel hangs says nothing), or QEMU's end; then the command.
+  // Why it failed, and the end of its console, which says why in its words.
+  auto guestFailed = [&run](const std::string& why) {
+    std::string tail = os::tailOf(run->vm_->consoleTail(), 1024);
+    return Error::make(Code::kToolFailed, why + (tail.empty() ? "" : "; its console ended with:\n" + tail));
+  };
   init::FrameReader reader;
   const auto deadline = std::chrono::steady_clock::now() + kHelloWait;
   for (;;) {
@@ -88,20 +93,11 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     int n = ::poll(fds, 2, static_cast<int>(std::max<int64_t>(left.count(), 0)));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0 || (fds[1].revents & POLLIN)) {
-      std::string tail = os::tailOf(run->vm_->consoleTail(), 1024);
-      return Error::make(Code::kToolFailed, std::string(n == 0 ? "the guest did not answer within " +
-                                                                     std::to_string(kHelloWait.count()) + " s"
-                                                               : "the guest ended before it answered") +
-                                                (tail.empty() ? "" : "; its console ended with:\n" + tail));
-    }
+    if (n == 0) return guestFailed("the guest did not answer within " + std::to_string(kHelloWait.count()) + " s");
+    if (n < 0 || (fds[1].revents & POLLIN)) return guestFailed("the guest ended before it answered");
     auto hello = init::readFrame(run->vm_->control(), reader);
-    if (!hello.ok()) {
-      // The connection closed as the guest went: its console says why.
-      std::string tail = os::tailOf(run->vm_->consoleTail(), 1024);
-      return Error::make(Code::kToolFailed, "the guest ended before it answered" +
-                                                (tail.empty() ? "" : "; its console ended with:\n" + tail));
-    }
+    // The connection closed as the guest went.
+    if (!hello.ok()) return guestFailed("the guest ended before it answered");
     auto h = init::Hello::decode(hello->payload);
     if (hello->type != init::MsgType::kHello || !h.ok() || h->version != init::kProtocolVersion) {
       return Error::make(Code::kToolFailed, "the guest's moat-init speaks another protocol");
