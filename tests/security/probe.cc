@@ -668,10 +668,17 @@ constexpr NsFlag kNsFlags[] = {
       o.note(std::string(file) + " empty");
     }
   }
-  auto tryLink = [&](const std::string& link) {
+  int vanished = 0;
+  // listed: the entry came from a directory listing, and pid 1's descriptors
+  // come and go while it serves (a pipe, a statfs answer's directory): one
+  // closed between the listing and the readlink is ENOENT, which reveals
+  // nothing. Every entry still there must answer EACCES.
+  auto tryLink = [&](const std::string& link, bool listed = false) {
     char buf[4096];
     ssize_t n = ::readlink(link.c_str(), buf, sizeof buf - 1);
-    if (n < 0) {
+    if (n < 0 && listed && errno == ENOENT) {
+      ++vanished;
+    } else if (n < 0) {
       o.deny("readlink " + link, errno, {EACCES});
     } else {
       o.escape("readlink " + link + " = " + std::string(buf, static_cast<size_t>(n)));
@@ -692,7 +699,7 @@ constexpr NsFlag kNsFlags[] = {
       if (name == "." || name == "..") continue;
       ++count;
       std::string entry = dir + "/" + name;
-      tryLink(entry);
+      tryLink(entry, true);
       int fd = ::open(entry.c_str(), O_PATH | O_CLOEXEC);
       if (fd >= 0) {
         ::close(fd);
@@ -700,7 +707,9 @@ constexpr NsFlag kNsFlags[] = {
       }
     }
     ::closedir(d);
-    o.note(dir + " lists " + std::to_string(count) + " entries, none followed");
+    o.note(dir + " lists " + std::to_string(count) + " entries, none followed (" + std::to_string(vanished) +
+           " closed before their readlink)");
+    vanished = 0;
   }
   o.finish();
 }
