@@ -1,10 +1,8 @@
 #include "cli/microvm_run.h"
 
-#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -18,8 +16,7 @@
 namespace moat::cli {
 namespace {
 
-// Where each guest's files are: traversable, not listable; each guest's
-// directory is its QEMU's alone.
+// Where each guest's files are (root's alone: QEMU is handed descriptors).
 constexpr const char* kVmsDir = "/run/moat-vms";
 constexpr uint64_t kMinMemoryMb = 128;
 // A boot takes seconds on TCG; a guest that has not answered by then will not.
@@ -59,8 +56,7 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
   run->ids_.emplace(std::move(ids));
   const char* vmsEnv = std::getenv("MOAT_VMS_DIR");  // tests: a directory of their own
   const std::string vms = vmsEnv && *vmsEnv == '/' ? vmsEnv : kVmsDir;
-  MOAT_TRY(os::makeDir(vms, 0711));
-  if (::chmod(vms.c_str(), 0711) != 0) return Error::fromErrno("chmod " + vms);
+  MOAT_TRY(os::makeDir(vms, 0700));
   std::string dir = vms + "/run-" + spec.id;
   if (::mkdir(dir.c_str(), 0700) != 0) return Error::fromErrno("mkdir " + dir);
   run->dir_ = dir;
@@ -79,30 +75,14 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
   MOAT_TRY(backend::microvm::buildRootImage(tmpl.lower.get(), vm.rootImage));
   MOAT_ASSIGN(auto started, backend::microvm::Vm::start(vm));
   run->vm_.emplace(std::move(started));
-  // The guest's Hello, within a bound this side keeps (a guest whose
-  // kernel hangs says nothing), or QEMU's end; then the command.
-  // Why it failed, and the end of its console, which says why in its words.
-  auto guestFailed = [&run](const std::string& why) {
-    std::string tail = os::tailOf(run->vm_->consoleTail(), 1024);
-    return Error::make(Code::kToolFailed, why + (tail.empty() ? "" : "; its console ended with:\n" + tail));
-  };
+  // The guest's Hello, within a bound this side keeps; then the command.
+  MOAT_TRY(run->vm_->awaitGuest(kHelloWait));
   init::FrameReader reader;
-  const auto deadline = std::chrono::steady_clock::now() + kHelloWait;
-  for (;;) {
-    pollfd fds[2] = {{run->vm_->control(), POLLIN, 0}, {run->vm_->pidfd(), POLLIN, 0}};
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    int n = ::poll(fds, 2, static_cast<int>(std::max<int64_t>(left.count(), 0)));
-    if (n < 0 && errno == EINTR) continue;
-    if (n == 0) return guestFailed("the guest did not answer within " + std::to_string(kHelloWait.count()) + " s");
-    if (n < 0 || (fds[1].revents & POLLIN)) return guestFailed("the guest ended before it answered");
-    auto hello = init::readFrame(run->vm_->control(), reader);
-    // The connection closed as the guest went.
-    if (!hello.ok()) return guestFailed("the guest ended before it answered");
-    auto h = init::Hello::decode(hello->payload);
-    if (hello->type != init::MsgType::kHello || !h.ok() || h->version != init::kProtocolVersion) {
-      return Error::make(Code::kToolFailed, "the guest's moat-init speaks another protocol");
-    }
-    break;
+  auto hello = init::readFrame(run->vm_->control(), reader);
+  if (!hello.ok()) return Error::make(Code::kToolFailed, "the guest ended before it answered");
+  auto h = init::Hello::decode(hello->payload);
+  if (hello->type != init::MsgType::kHello || !h.ok() || h->version != init::kProtocolVersion) {
+    return Error::make(Code::kToolFailed, "the guest's moat-init speaks another protocol");
   }
   MOAT_TRY(init::writeFrames(run->vm_->control(), firstFrames));
   return run;

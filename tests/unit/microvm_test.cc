@@ -116,20 +116,23 @@ TEST(QemuArgv, TcgIsToldTheTscAndKvmIsNotAndTheRootIsReadOnly) {
   spec.cpus = 2;
   spec.memoryMb = 512;
   spec.storageBytes = 1 << 20;
-  auto tcg = qemuArgv("/usr/bin/qemu", spec, "/v/initramfs", "/v/control.sock", "/v/console.log");
+  auto tcg = qemuArgv("/usr/bin/qemu", spec);
   EXPECT_TRUE(has(tcg, "tcg"));
   EXPECT_TRUE(has(tcg, "512"));
   EXPECT_TRUE(has(tcg, "-no-reboot")) << "a guest whose init ends ends QEMU";
-  EXPECT_TRUE(has(tcg, "id=root,file=/v/root.img,format=raw,if=none,readonly=on"));
-  EXPECT_TRUE(has(tcg, "socket,id=control,path=/v/control.sock,server=on,wait=off"));
-  EXPECT_TRUE(has(tcg, "file,id=console,path=/v/console.log,append=on")) << "moat made it; QEMU appends";
+  // Its files are descriptors moat opened: it opens no path of moat's.
+  EXPECT_TRUE(has(tcg, "id=root,file=/proc/self/fd/4,format=raw,if=none,readonly=on,file.locking=off"));
+  EXPECT_TRUE(has(tcg, "/proc/self/fd/5")) << "the initramfs";
+  EXPECT_TRUE(has(tcg, "socket,id=control,fd=3")) << "a connected socket, no listening one";
+  EXPECT_TRUE(has(tcg, "file,id=console,path=/proc/self/fd/2,append=on")) << "moat made it; QEMU appends";
+  EXPECT_FALSE(has(tcg, "/v/root.img"));
   auto cmdline = std::find(tcg.begin(), tcg.end(), "-append");
   ASSERT_NE(cmdline, tcg.end());
   EXPECT_NE(cmdline[1].find("tsc_early_khz="), std::string::npos) << cmdline[1];
   EXPECT_NE(cmdline[1].find("MOAT_GUEST_STORAGE=1048576"), std::string::npos) << cmdline[1];
   EXPECT_NE(cmdline[1].find(" -- --guest"), std::string::npos) << cmdline[1];
   spec.kvm = true;
-  auto kvm = qemuArgv("/usr/bin/qemu", spec, "/v/initramfs", "/v/control.sock", "/v/console.log");
+  auto kvm = qemuArgv("/usr/bin/qemu", spec);
   EXPECT_TRUE(has(kvm, "kvm"));
   cmdline = std::find(kvm.begin(), kvm.end(), "-append");
   EXPECT_EQ(cmdline[1].find("tsc_early_khz"), std::string::npos) << cmdline[1];

@@ -2,14 +2,17 @@
 
 #include <fcntl.h>
 #include <linux/landlock.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <sstream>
@@ -26,7 +29,6 @@
 namespace moat::backend::microvm {
 namespace {
 
-constexpr auto kStartWait = std::chrono::seconds(10);  // QEMU's socket exists within ~100 ms
 constexpr rlim_t kConsoleBytes = 1 << 20;
 
 Result<std::string> findProgram(const char* envName, const char* name, const char* package) {
@@ -73,7 +75,20 @@ Status buildRootImage(int treeFd, const std::string& image) {
   const std::string tree = "/proc/self/fd/3/.";
   run.argv = {mkfs, "-T0", image, tree};
   run.deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
-  return os::runTool(run);
+  MOAT_TRY(os::runTool(run));
+  // Readable by every QEMU's own ids, whatever the umask (its directory
+  // keeps others out).
+  MOAT_ASSIGN(UniqueFd made, os::open(image, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (::fchmod(made.get(), 0644) != 0) return Error::fromErrno("chmod " + image);
+  return {};
+}
+
+Status writeGuestInitramfs(const GuestKernel& kernel, const std::string& initBinary, const std::string& path) {
+  MOAT_ASSIGN(std::string archive, guestInitramfs(kernel, initBinary));
+  MOAT_TRY(os::writeFile(path, archive, 0644));
+  MOAT_ASSIGN(UniqueFd made, os::open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (::fchmod(made.get(), 0644) != 0) return Error::fromErrno("chmod " + path);
+  return {};
 }
 
 Result<std::string> guestInitramfs(const GuestKernel& kernel, const std::string& initBinary) {
@@ -115,8 +130,7 @@ uint64_t hostTscKhz() {
   return 2000000;
 }
 
-std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec, const std::string& initramfs,
-                                  const std::string& socket, const std::string& consoleLog) {
+std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
   // moat-init powers the guest off when it ends; should it crash, the
   // kernel's panic resets at once by a triple fault (reboot=t), which ends
   // QEMU (-no-reboot) whatever the machine offers to reset with.
@@ -124,6 +138,7 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec, c
       "console=ttyS0 quiet panic=-1 reboot=t rdinit=/init MOAT_GUEST_STORAGE=" + std::to_string(spec.storageBytes);
   if (!spec.kvm) cmdline += " tsc_early_khz=" + std::to_string(hostTscKhz());
   cmdline += " -- --guest";
+  auto fd = [](int n) { return "/proc/self/fd/" + std::to_string(n); };
   return {qemu,
           "-M",
           spec.kvm ? "microvm" : "microvm,pit=on",
@@ -142,51 +157,51 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec, c
           "-nographic",
           "-no-reboot",
           "-chardev",
-          "file,id=console,path=" + consoleLog + ",append=on",
+          "file,id=console,path=" + fd(2) + ",append=on",
           "-serial",
           "chardev:console",
           "-kernel",
           spec.kernel.image,
           "-initrd",
-          initramfs,
+          fd(kQemuInitramfsFd),
           "-append",
           cmdline,
           "-drive",
-          "id=root,file=" + spec.rootImage + ",format=raw,if=none,readonly=on",
+          "id=root,file=" + fd(kQemuRootFd) + ",format=raw,if=none,readonly=on,file.locking=off",
           "-device",
           "virtio-blk-device,drive=root",
           "-device",
           "virtio-serial-device",
           "-chardev",
-          "socket,id=control,path=" + socket + ",server=on,wait=off",
+          "socket,id=control,fd=" + std::to_string(kQemuControlFd),
           "-device",
           std::string("virtserialport,chardev=control,name=") + init::kGuestPortName};
 }
 
 Result<Vm> Vm::start(const VmSpec& spec) {
   MOAT_ASSIGN(std::string qemu, findProgram("MOAT_QEMU", "qemu-system-x86_64", "qemu-system-x86"));
-  MOAT_ASSIGN(std::string archive, guestInitramfs(spec.kernel, spec.initBinary));
-  const std::string initramfs = spec.workDir + "/initramfs", socket = spec.workDir + "/control.sock";
+  std::string initramfs = spec.initramfs;
+  if (initramfs.empty()) {
+    initramfs = spec.workDir + "/initramfs";
+    MOAT_TRY(writeGuestInitramfs(spec.kernel, spec.initBinary, initramfs));
+  }
   Vm vm;
   const std::string consoleLog = spec.workDir + "/console.log";
-  MOAT_TRY(os::writeFile(initramfs, archive, 0600));
-  // Made here, not by QEMU, and read through this descriptor: what QEMU
-  // (and a guest that took it over) does to the path later reaches nothing
-  // of the host's through moat's reads.
+  // Made here and read through this descriptor; QEMU gets it as its stderr.
   MOAT_ASSIGN(vm.console_, os::open(consoleLog, O_RDWR | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (spec.uid != 0 || spec.gid != 0) {
-    // QEMU's own: what it reads and writes, through descriptors (no path
-    // followed), and last its directory (the socket is made there).
-    for (const std::string& path : {initramfs, spec.rootImage}) {
-      MOAT_ASSIGN(UniqueFd fd, os::open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-      if (::fchown(fd.get(), spec.uid, spec.gid) != 0) return Error::fromErrno("chown " + path);
-    }
-    if (::fchown(vm.console_.get(), spec.uid, spec.gid) != 0) return Error::fromErrno("chown " + consoleLog);
-    MOAT_ASSIGN(UniqueFd dir, os::open(spec.workDir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (::fchown(dir.get(), spec.uid, spec.gid) != 0) return Error::fromErrno("chown " + spec.workDir);
+  // QEMU reopens its descriptors by /proc/self/fd/N, which checks the
+  // file's mode against its ids: the console is its own to write, the
+  // images are readable by anyone (their directories are not).
+  if ((spec.uid != 0 || spec.gid != 0) && ::fchown(vm.console_.get(), spec.uid, spec.gid) != 0) {
+    return Error::fromErrno("chown " + consoleLog);
   }
-  auto argv = qemuArgv(qemu, spec, initramfs, socket, consoleLog);
-  const std::string workDir = spec.workDir;
+  MOAT_ASSIGN(UniqueFd root, os::open(spec.rootImage, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  MOAT_ASSIGN(UniqueFd initrd, os::open(initramfs, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return Error::fromErrno("socketpair");
+  vm.control_ = UniqueFd(pair[0]);
+  UniqueFd qemuEnd(pair[1]);
+  auto argv = qemuArgv(qemu, spec);
   const int console = vm.console_.get();
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
@@ -194,6 +209,9 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   MOAT_ASSIGN(UniqueFd devNull, os::open("/dev/null", O_RDWR | O_CLOEXEC));
   const pid_t parent = ::getpid();
   const struct rlimit consoleLimit = {kConsoleBytes, kConsoleBytes};
+  // Each source is first moved above the targets, so that no dup2 to a
+  // target overwrites a source still to be placed.
+  const int sources[6] = {devNull.get(), devNull.get(), console, qemuEnd.get(), root.get(), initrd.get()};
   pid_t pid = ::fork();
   if (pid < 0) return Error::fromErrno("fork for " + qemu);
   if (pid == 0) {
@@ -204,12 +222,15 @@ Result<Vm> Vm::start(const VmSpec& spec) {
     // (writes past it fail with EFBIG, SIGXFSZ ignored: QEMU goes on).
     ::signal(SIGXFSZ, SIG_IGN);
     if (::setrlimit(RLIMIT_FSIZE, &consoleLimit) != 0) ::_exit(125);
-    // QEMU's own complaints go where the guest's console does.
-    const int stdio[3] = {devNull.get(), devNull.get(), console};
-    for (int target = 0; target < 3; ++target) {
-      if (::dup2(stdio[target], target) < 0) ::_exit(126);
+    int moved[6];
+    for (int i = 0; i < 6; ++i) {
+      moved[i] = ::fcntl(sources[i], F_DUPFD, 16);
+      if (moved[i] < 0) ::_exit(126);
     }
-    if (os::markCloseOnExecFrom(3) != 0) ::_exit(125);
+    for (int target = 0; target < 6; ++target) {
+      if (::dup2(moved[target], target) < 0) ::_exit(126);
+    }
+    if (os::markCloseOnExecFrom(6) != 0) ::_exit(125);
     // Its own session (a terminal's Ctrl-C is moat run's to forward to the
     // command, not QEMU's), and, while still root, network and IPC
     // namespaces of its own: a QEMU taken over reaches no host network
@@ -217,7 +238,7 @@ Result<Vm> Vm::start(const VmSpec& spec) {
     if (::setsid() < 0) ::_exit(125);
     if (::unshare(CLONE_NEWNET | CLONE_NEWIPC) != 0) ::_exit(125);
     if ((spec.uid != 0 || spec.gid != 0) && os::switchIdsInChild(spec.uid, spec.gid) != 0) ::_exit(125);
-    if (::chdir(workDir.c_str()) != 0) ::_exit(125);
+    if (::chdir("/") != 0) ::_exit(125);
     if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(125);
     // After the ids: a change of them clears it.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -230,21 +251,28 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   auto pidfd = os::pidfdOpen(pid);
   if (!pidfd.ok()) return pidfd.error();  // ~Vm kills it by pid: not reaped yet
   vm.pidfd_ = std::move(pidfd.value());
-  const auto deadline = std::chrono::steady_clock::now() + kStartWait;
+  return vm;
+}
+
+Status Vm::awaitGuest(std::chrono::milliseconds wait) const {
+  auto failed = [this](const std::string& why) {
+    std::string tail = os::tailOf(consoleTail(), 1024);
+    return Error::make(Code::kToolFailed, why + (tail.empty() ? "" : "; its console ended with:\n" + tail));
+  };
+  const auto deadline = std::chrono::steady_clock::now() + wait;
   for (;;) {
-    auto fd = os::connectUnixStream(socket);
-    if (fd.ok()) {
-      vm.control_ = std::move(fd.value());
-      return vm;
-    }
-    if (os::pidfdExited(vm.pidfd_.get())) {
-      return Error::make(Code::kToolFailed,
-                         qemu + " exited before its control socket was up: " + os::tailOf(vm.consoleTail(), 512));
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      return Error::make(Code::kToolFailed, qemu + " made no control socket within 10 s");
-    }
-    ::usleep(2000);
+    pollfd fds[2] = {{control_.get(), POLLIN, 0}, {pidfd_.get(), POLLIN, 0}};
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    int n = ::poll(fds, 2, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) return failed("the guest did not answer within " + std::to_string(wait.count() / 1000) + " s");
+    if (n < 0 || (fds[1].revents & POLLIN)) return failed("the guest ended before it answered");
+    char byte;
+    ssize_t got = ::recv(control_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (got == 1) return {};
+    if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    // The connection closed as the guest went.
+    return failed("the guest ended before it answered");
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -20,18 +21,30 @@ namespace moat::backend::microvm {
 struct VmSpec {
   GuestKernel kernel;
   std::string initBinary;  // moat-init (static): the guest's /init
-  std::string rootImage;   // buildRootImage's
-  std::string workDir;     // private, the VM's own: initramfs, socket, console log
+  // The guest's initramfs (guestInitramfs's, written once and shared);
+  // empty: made from initBinary into workDir.
+  std::string initramfs;
+  std::string rootImage;  // buildRootImage's (read only; may be shared)
+  std::string workDir;    // private, the VM's own: its console log (and initramfs)
   unsigned cpus = 1;
   uint64_t memoryMb = 256;
   uint64_t storageBytes = 1ull << 30;  // the writable layer (a tmpfs in the guest's memory)
   bool kvm = false;                    // false: TCG (emulated)
   // QEMU's own ids (a host range's root, never 0 in use): it runs as them,
-  // with no_new_privs and its own seccomp sandbox; workDir and its files
-  // become theirs. 0: the caller's (tests that are not root).
+  // with no_new_privs and its own seccomp sandbox. It opens no path of
+  // moat's: its files are descriptors moat opened (kQemuControlFd...).
+  // 0: the caller's (tests that are not root).
   uid_t uid = 0;
   gid_t gid = 0;
 };
+
+// The descriptors QEMU is started with, named on its command line as
+// /proc/self/fd/N (so it needs no search right on any directory of moat's):
+// the guest protocol connection (a connected socket), the root image (read
+// only) and the initramfs. Its stderr (2) is the console log.
+inline constexpr int kQemuControlFd = 3;
+inline constexpr int kQemuRootFd = 4;
+inline constexpr int kQemuInitramfsFd = 5;
 
 // The root file system of the template directory `treeFd` (O_PATH will
 // do: reached through it, not by a path that could be swapped for a link)
@@ -42,10 +55,11 @@ Status buildRootImage(int treeFd, const std::string& image);
 // guestModules() takes from the kernel's modules directory and their list.
 Result<std::string> guestInitramfs(const GuestKernel& kernel, const std::string& initBinary);
 
-// QEMU's command line for `spec`, with its files at `initramfs`, `socket`
-// and `consoleLog`.
-std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec, const std::string& initramfs,
-                                  const std::string& socket, const std::string& consoleLog);
+// guestInitramfs's archive written to `path`, readable by every QEMU.
+Status writeGuestInitramfs(const GuestKernel& kernel, const std::string& initBinary, const std::string& path);
+
+// QEMU's command line for `spec`, its files the descriptors above.
+std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec);
 
 // The TSC frequency a TCG guest is told (it cannot measure it: the microvm
 // machine has no PIT to calibrate against by default): the host's, which
@@ -54,8 +68,10 @@ uint64_t hostTscKhz();
 
 class Vm {
  public:
-  // Writes the initramfs, starts QEMU (dies with the calling thread's
-  // process) and connects to its control socket.
+  // Starts QEMU (it dies when the calling thread ends: call it from a
+  // thread that lasts as long as the VM should) and hands back the host's
+  // end of the guest protocol connection; the guest's Hello comes once it
+  // has booted (awaitGuest).
   static Result<Vm> start(const VmSpec& spec);
   Vm(Vm&& other) noexcept
       : pid_(std::exchange(other.pid_, -1)),
@@ -73,6 +89,11 @@ class Vm {
   // moat-init's own messages; printable characters only): why a guest that
   // ended did.
   std::string consoleTail() const;
+  // Waits until the guest has booted and moat-init's first frame (its
+  // Hello) is there to read, left unread; or fails, saying why and with the
+  // end of the console: QEMU ended, the connection closed, or `wait` went
+  // by (a guest whose kernel hangs says nothing: the bound is the host's).
+  Status awaitGuest(std::chrono::milliseconds wait) const;
 
  private:
   Vm() = default;
