@@ -20,11 +20,17 @@ json environmentJson(const store::EnvironmentRecord& r) {
             {"task_id", r.taskId},
             {"template", r.templateName},
             {"state", store::stateName(r.state)},
-            {"spec", {{"cpus", r.cpus}, {"ram_mb", r.ramMb}, {"storage_gb", r.storageGb}, {"pids", r.pids}}},
+            {"spec",
+             {{"cpus", r.cpus},
+              {"ram_mb", r.ramMb},
+              {"storage_gb", r.storageGb},
+              {"pids", r.pids},
+              {"isolation", r.isolation}}},
             {"created_at", timestamp(r.createdAtMs)},
             {"expires_at", timestamp(r.expiresAtMs)},
             {"labels", r.labels}};
   if (!r.reason.empty()) j["reason"] = r.reason;
+  if (!r.accel.empty()) j["accel"] = r.accel;
   // Shown as stored (a record that has none yet shows none).
   auto layers = r.permissions.empty() ? Result<std::vector<gate::Permissions>>(std::vector<gate::Permissions>{})
                                       : manager::storedLayers(r, gate::Permissions::defaults());
@@ -171,7 +177,9 @@ HttpResponse Api::handle(const HttpRequest& request) {
     }
   }
   if (request.path == "/healthz" && request.method == "GET") {
-    response = respond(200, {{"status", "ok"}});
+    json microvm = {{"available", options_.microvmAvailable}};
+    if (options_.microvmAvailable) microvm["accel"] = options_.microvmAccel;
+    response = respond(200, {{"status", "ok"}, {"microvm", microvm}});
   } else if (isBoardPath(request.path)) {
     response = boardRoute(request);
   } else if (sessionRefusal) {

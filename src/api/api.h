@@ -37,6 +37,10 @@ namespace moat::api {
 // name the field), and a typed call into the environment manager.
 struct ApiOptions {
   std::string stateDir;
+  // Whether this host runs microVM environments, and on what ("kvm" or
+  // "tcg"): shown by /healthz.
+  bool microvmAvailable = false;
+  std::string microvmAccel;
   // How long a request whose action needs a person's approval waits.
   int64_t approvalTimeoutMs = 120000;
   // Requests one API key may have in progress at once (from its headers

@@ -72,9 +72,11 @@ HttpResponse Api::createEnvironment(const HttpRequest& req, const Principal& pri
   }
   if (j.contains("spec")) {
     SpecFields spec;
-    if (auto e = specFields(j["spec"], "spec.", static_cast<double>(environments_.config().maxTotalMemoryMb), spec)) {
+    if (auto e =
+            specFields(j["spec"], "spec.", static_cast<double>(environments_.config().maxTotalMemoryMb), spec, true)) {
       return errorResponse(*e);
     }
+    create.isolation = spec.isolation;
     create.cpus = spec.cpus;
     create.ramMb = spec.ramMb;
     create.storageGb = spec.storageGb;

@@ -98,10 +98,20 @@ int httpStatus(Code code) {
 
 ApiError fromError(const Error& e) { return {httpStatus(e.code), codeName(e.code), e.message(), ""}; }
 
-std::optional<ApiError> specFields(const json& spec, const std::string& prefix, double maxRamMb, SpecFields& out) {
+std::optional<ApiError> specFields(const json& spec, const std::string& prefix, double maxRamMb, SpecFields& out,
+                                   bool withIsolation) {
   if (!spec.is_object())
     return invalid(prefix.empty() ? "spec" : prefix.substr(0, prefix.size() - 1), "must be an object");
-  if (auto e = onlyFields(spec, {"cpus", "ram_mb", "storage_gb", "pids"}, prefix)) return e;
+  if (auto e = withIsolation ? onlyFields(spec, {"cpus", "ram_mb", "storage_gb", "pids", "isolation"}, prefix)
+                             : onlyFields(spec, {"cpus", "ram_mb", "storage_gb", "pids"}, prefix)) {
+    return e;
+  }
+  if (spec.contains("isolation")) {
+    const json& v = spec["isolation"];
+    auto named = v.is_string() ? backend::isolationNamed(v.get<std::string>()) : std::nullopt;
+    if (!named) return invalid(prefix + "isolation", "must be \"namespaces\" or \"microvm\"");
+    out.isolation = named;
+  }
   if (spec.contains("cpus")) {
     if (auto e = number(spec["cpus"], prefix + "cpus", 0.01, 1024, false, out.cpus)) return e;
   }

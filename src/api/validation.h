@@ -8,6 +8,7 @@
 #include <string>
 
 #include "api/http.h"
+#include "backend/backend.h"
 #include "common/result.h"
 
 // What every API resource uses to answer and to validate what it was sent:
@@ -56,10 +57,13 @@ struct SpecFields {
   uint64_t ramMb = 0;
   double storageGb = 0;
   uint64_t pids = 0;
+  std::optional<backend::Isolation> isolation;  // a create's only
 };
 // Reads cpus, ram_mb (at most maxRamMb), storage_gb and pids from `spec`
-// (fields named "<prefix>cpus" etc. in errors); absent ones keep their value.
-std::optional<ApiError> specFields(const json& spec, const std::string& prefix, double maxRamMb, SpecFields& out);
+// (fields named "<prefix>cpus" etc. in errors), and `isolation` where
+// `withIsolation`; absent ones keep their value.
+std::optional<ApiError> specFields(const json& spec, const std::string& prefix, double maxRamMb, SpecFields& out,
+                                   bool withIsolation = false);
 
 // The index-th segment of a path ("/v1/environments/x" -> 0 "v1", 1 "environments", 2 "x").
 std::string pathSegment(const std::string& path, size_t index);

@@ -4,6 +4,14 @@
 
 namespace moat::backend {
 
+const char* isolationName(Isolation isolation) { return isolation == Isolation::kMicroVm ? "microvm" : "namespaces"; }
+
+std::optional<Isolation> isolationNamed(std::string_view name) {
+  if (name == "namespaces") return Isolation::kNamespaces;
+  if (name == "microvm") return Isolation::kMicroVm;
+  return std::nullopt;
+}
+
 std::string newEnvironmentId() {
   auto id = randomHex(6);
   // getrandom does not fail for 6 bytes once the kernel's pool is ready.

@@ -1,7 +1,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/result.h"
@@ -17,9 +19,16 @@
 // on all of them.
 namespace moat::backend {
 
+// What bounds an environment: the host kernel's namespaces, or a kernel of
+// its own in a microVM (docs/MICROVM.md).
+enum class Isolation { kNamespaces, kMicroVm };
+const char* isolationName(Isolation isolation);  // "namespaces", "microvm"
+std::optional<Isolation> isolationNamed(std::string_view name);
+
 // One environment, whatever runs it.
 struct Spec {
   std::string id;  // 12 lowercase hex digits (newEnvironmentId)
+  Isolation isolation = Isolation::kNamespaces;
   std::string templateName = "host";
   double cpus = 1;
   uint64_t memoryMb = 1024;

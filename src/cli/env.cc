@@ -29,6 +29,8 @@ commands:
       --memory MB       memory limit, default 1024
       --storage GB      writable storage limit (fractional), default 4
       --pids N          process/thread limit, default 1024
+      --isolation I     namespaces or microvm (a kernel of its own; docs/MICROVM.md),
+                        default moatd's (--isolation)
       --ttl S           destroyed after S seconds, default 3600
       --label K=V       a label; repeatable
       -e NAME=VALUE     a variable for every command (-e NAME copies the host's); repeatable
@@ -165,6 +167,9 @@ int create(const std::vector<std::string>& args) {
     } else if (name == "--storage") {
       MOAT_ASSIGN(std::string v, flags.value());
       MOAT_ASSIGN(spec["storage_gb"], parseNumber(name, v));
+    } else if (name == "--isolation") {
+      // moatd says which it knows (spec.isolation).
+      MOAT_ASSIGN(spec["isolation"], flags.value());
     } else if (name == "--permissions") {
       MOAT_ASSIGN(std::string v, flags.value());
       MOAT_ASSIGN(body["permissions"], parsePermissionsFlag(name, v));
@@ -310,7 +315,9 @@ int get(const std::vector<std::string>& args) {
   };
   if (e.contains("reason")) lines.emplace_back("reason", text(e, "reason"));
   for (const char* key : {"task_id", "template"}) lines.emplace_back(key, text(e, key));
-  for (const char* key : {"cpus", "ram_mb", "storage_gb", "pids"}) lines.emplace_back(key, text(spec, key));
+  for (const char* key : {"cpus", "ram_mb", "storage_gb", "pids", "isolation"})
+    lines.emplace_back(key, text(spec, key));
+  if (e.contains("accel")) lines.emplace_back("accel", text(e, "accel"));
   for (const char* key : {"created_at", "expires_at"}) lines.emplace_back(key, text(e, key));
   lines.emplace_back("labels", labelsText(e));
   for (const auto& [k, v] : lines) std::printf("%s: %s\n", k.c_str(), v.c_str());

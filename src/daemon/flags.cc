@@ -22,6 +22,7 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
              [--key-rate N] [--agent-local-providers] [--agent-key-tokens N]
              [--board-dir DIR | --no-board] [--preview-domain NAME] [--port-timeout S]
              [--template-max-bytes N] [--template-max-files N] [--template-timeout S]
+             [--isolation namespaces|microvm] [--microvm-accel tcg|kvm]
 
   --state DIR             state directory (default $MOAT_STATE or /var/lib/moat)
   --listen HOST:PORT      TCP address (default 127.0.0.1:7070; port 0 picks one)
@@ -82,6 +83,10 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
                           (default preview.localhost; docs/PORTS.md): requests
                           whose Host is under NAME go to a preview, never to
                           the API
+  --isolation MODE        what a create that names no spec.isolation gets:
+                          namespaces (the default) or microvm (docs/MICROVM.md)
+  --microvm-accel A       what microVMs run on: tcg (the default, emulated) or
+                          kvm (a /dev/kvm that boots guests)
   --port-timeout S        the port proxy waits at most S seconds for a server
                           inside to answer, and ends a request silent that
                           long (1 to 3600, default 60; docs/PORTS.md)
@@ -212,6 +217,19 @@ const std::vector<Flag>& flags() {
        }},
       numberFlag("--port-timeout", 1, 3600, "a number of seconds from 1 to 3600",
                  [](DaemonFlags& f, uint64_t n) { f.portTimeoutS = static_cast<int64_t>(n); }),
+      {"--isolation", true,
+       [](const std::string& v, DaemonFlags& f, double) -> Status {
+         auto named = backend::isolationNamed(v);
+         if (!named) return invalid("--isolation needs namespaces or microvm, not " + v);
+         f.manager.defaultIsolation = *named;
+         return {};
+       }},
+      {"--microvm-accel", true,
+       [](const std::string& v, DaemonFlags& f, double) -> Status {
+         if (v != "tcg" && v != "kvm") return invalid("--microvm-accel needs tcg or kvm, not " + v);
+         f.manager.microvmAccel = v;
+         return {};
+       }},
       {"--agent-local-providers", false,
        [](const std::string&, DaemonFlags& f, double) -> Status { return f.agentLocalProviders = true, Status{}; }},
   };

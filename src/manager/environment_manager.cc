@@ -143,8 +143,10 @@ Status EnvironmentManager::recoverAfterRestart() {
       if (running.count(r.id)) (void)backend_.destroy(r.id);
       const EnvironmentState state =
           r.state == EnvironmentState::kDestroying ? EnvironmentState::kGone : EnvironmentState::kFailed;
-      const std::string reason =
-          r.state == EnvironmentState::kDestroying ? r.reason : "moatd restarted and the environment was gone";
+      const std::string reason = r.state == EnvironmentState::kDestroying ? r.reason
+                                 : r.isolation == backend::isolationName(backend::Isolation::kMicroVm)
+                                     ? "moatd restarted: a microVM environment ends with the moatd that ran it"
+                                     : "moatd restarted and the environment was gone";
       (void)store_.setState(r.id, state, reason);
       audit_.record("environment.destroyed", r.id, "moatd", {{"reason", reason}, {"state", stateName(state)}});
       continue;
@@ -208,14 +210,21 @@ void EnvironmentManager::detach() {
 }
 
 backend::Spec EnvironmentManager::specFor(const std::string& templateName, double cpus, uint64_t ramMb,
-                                          double storageGb, uint64_t pids) const {
+                                          double storageGb, uint64_t pids, backend::Isolation isolation) const {
   backend::Spec spec;
+  spec.isolation = isolation;
   spec.templateName = templateName;
   spec.cpus = cpus;
   spec.memoryMb = ramMb;
   spec.pids = pids;
   spec.storageGb = storageGb;
   return spec;
+}
+
+Status EnvironmentManager::onNamespaces(const store::EnvironmentRecord& record, const std::string& what) {
+  if (record.isolation == backend::isolationName(backend::Isolation::kNamespaces)) return {};
+  return Error::make(Code::kUnsupported, what + " is not available for " + record.isolation +
+                                             " environments yet (environment " + record.id + "; docs/MICROVM.md)");
 }
 
 Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest& request) {
@@ -227,6 +236,13 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   record.ramMb = request.ramMb > 0 ? request.ramMb : config_.defaultRamMb;
   record.storageGb = request.storageGb > 0 ? request.storageGb : config_.defaultStorageGb;
   record.pids = request.pids > 0 ? request.pids : config_.defaultPids;
+  const backend::Isolation isolation = request.isolation.value_or(config_.defaultIsolation);
+  record.isolation = backend::isolationName(isolation);
+  if (isolation == backend::Isolation::kMicroVm) record.accel = config_.microvmAccel;
+  if (isolation != backend::Isolation::kNamespaces && request.network.mode != egress::Mode::kNone) {
+    return Error::make(Code::kUnsupported, "network: a " + record.isolation +
+                                               " environment has no network yet (only mode none; docs/MICROVM.md)");
+  }
   record.labels = request.labels;
   record.env = request.env;
   // A named template's: held until the record is stored (a deletion waits),
@@ -282,7 +298,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   int64_t ttl = request.ttlS > 0 ? request.ttlS : config_.defaultTtlS;
   record.expiresAtMs = record.createdAtMs + ttl * 1000;
   // A warm environment of exactly this template and spec: a claim.
-  if (auto warm = from ? std::nullopt : poolFor(record)) {
+  // Warm pools hold namespace environments only.
+  if (auto warm = from || isolation != backend::Isolation::kNamespaces ? std::nullopt : poolFor(record)) {
     if (auto taken = pools_.take(*warm, nowMs())) {
       ReadyEnvironment ready = std::move(*taken);
       record.id = ready.id;
@@ -325,7 +342,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     return stored.error();
   }
   traceStage("moatd: inserted");
-  auto spec = specFor(record.templateName, record.cpus, record.ramMb, record.storageGb, record.pids);
+  auto spec = specFor(record.templateName, record.cpus, record.ramMb, record.storageGb, record.pids, isolation);
   spec.id = record.id;
   if (from) {
     spec.fromSnapshot = from->id;

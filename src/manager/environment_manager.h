@@ -193,8 +193,11 @@ class EnvironmentManager final : public EnvironmentService,
   void refillPool();
   void warmUp(const std::shared_ptr<InitConnection>& connection, const std::string& id);
   void poolLoop();
-  backend::Spec specFor(const std::string& templateName, double cpus, uint64_t ramMb, double storageGb,
-                        uint64_t pids) const;
+  // Refuses `what` (by name) for an environment other than the namespace
+  // backend's.
+  static Status onNamespaces(const store::EnvironmentRecord& record, const std::string& what);
+  backend::Spec specFor(const std::string& templateName, double cpus, uint64_t ramMb, double storageGb, uint64_t pids,
+                        backend::Isolation isolation = backend::Isolation::kNamespaces) const;
   backend::Spec poolSpec(size_t pool) const;
   // The warm pool whose template and spec a create asks for exactly.
   std::optional<size_t> poolFor(const store::EnvironmentRecord& record) const;

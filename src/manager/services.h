@@ -35,6 +35,10 @@ struct ManagerConfig {
   uint64_t defaultRamMb = 1024;
   double defaultStorageGb = 4;
   uint64_t defaultPids = 1024;
+  // What a create that names none gets (moatd --isolation), and the
+  // accelerator microVMs run on ("kvm" or "tcg"; recorded with each).
+  backend::Isolation defaultIsolation = backend::Isolation::kNamespaces;
+  std::string microvmAccel = "tcg";
   // Environments kept ready per (template, spec), so that a create asking
   // for exactly that becomes a claim (moatd --warm-pool).
   std::vector<WarmPool> warmPools;
@@ -81,7 +85,8 @@ struct CreateRequest {
   uint64_t ramMb = 0;
   double storageGb = 0;
   uint64_t pids = 0;
-  int64_t ttlS = 0;  // 0: the default
+  std::optional<backend::Isolation> isolation;  // none: the default
+  int64_t ttlS = 0;                             // 0: the default
   std::map<std::string, std::string> labels;
   std::map<std::string, std::string> env;  // added to every command's environment
   std::string owner = "master";

@@ -38,6 +38,7 @@ Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string
                                                                const std::string& owner) {
   auto held = exclusive(id);
   MOAT_ASSIGN(auto record, get(id));
+  MOAT_TRY(onNamespaces(record, "a snapshot"));
   MOAT_ASSIGN(LiveEnvironment live, liveOf(id));  // running: its volume is there
   (void)live;
   if (!owner.empty()) record.owner = owner;
@@ -83,6 +84,7 @@ Result<backend::Changes> EnvironmentManager::changes(const std::string& id, cons
   auto held = exclusive(id);
   auto using_ = holdSnapshot(snapshotId);
   MOAT_ASSIGN(auto record, get(id));
+  MOAT_TRY(onNamespaces(record, "a review of changed files"));
   MOAT_ASSIGN(LiveEnvironment live, liveOf(id));  // running: its volume is there
   (void)live;
   backend::ChangesRequest request;
@@ -102,6 +104,7 @@ Result<backend::Changes> EnvironmentManager::changes(const std::string& id, cons
 
 Result<store::EnvironmentRecord> EnvironmentManager::fork(const std::string& id, const ForkRequest& request) {
   MOAT_ASSIGN(auto source, get(id));
+  MOAT_TRY(onNamespaces(source, "a fork"));
   MOAT_ASSIGN(auto layers, permissions(id));
   CreateRequest copy;
   copy.taskId = request.taskId ? *request.taskId : source.taskId;
@@ -193,6 +196,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
                                                                   const std::string& actor) {
   auto held = exclusive(id);
   MOAT_ASSIGN(auto record, get(id));
+  MOAT_TRY(onNamespaces(record, "a restore"));
   auto snapshotHeld = holdSnapshot(snapshotId);
   MOAT_ASSIGN(auto snap, getSnapshot(snapshotId));
   if (snap.templateName != record.templateName) {
@@ -212,7 +216,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
   // find two records naming it (this one is relinked at the next start).
   (void)store_.setNetwork(id, record.network, -1);
   if (egress_) egress_->forget(id);
-  auto spec = specFor(record.templateName, record.cpus, record.ramMb, record.storageGb, record.pids);
+  auto spec = specFor(record.templateName, record.cpus, record.ramMb, record.storageGb, record.pids,
+                      backend::isolationNamed(record.isolation).value_or(backend::Isolation::kNamespaces));
   spec.id = id;
   spec.fromSnapshot = snap.id;
   spec.snapshotHostBase = snap.hostBase;

@@ -101,6 +101,8 @@ struct EnvironmentRecord {
   std::string network;                     // egress policy JSON (egress/policy.h); "" = none
   std::string secrets;                     // egress secrets as stored (egress/secrets.h); "" = none
   int64_t netSlot = -1;                    // the egress link's slot; -1: no link
+  std::string isolation = "namespaces";    // "namespaces" or "microvm" (backend::Isolation)
+  std::string accel;                       // a microVM's accelerator: "kvm" or "tcg"; "" until it runs
 };
 
 // A scoped API key. The token itself is never stored: only its SHA-256.

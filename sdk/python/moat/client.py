@@ -67,6 +67,7 @@ class Moat:
         ram_mb: Optional[int] = None,
         storage_gb: Optional[float] = None,
         pids: Optional[int] = None,
+        isolation: Optional[str] = None,
         ttl_s: Optional[int] = None,
         task_id: Optional[str] = None,
         labels: Optional[Mapping[str, str]] = None,
@@ -80,11 +81,13 @@ class Moat:
         """Creates an environment (POST /v1/environments) and returns its handle.
 
         ``template``: ``host``, a template's name (``python:3.12``) or a root
-        directory; ``snapshot``: start from one of your snapshots instead.
+        directory; ``snapshot``: start from one of your snapshots instead;
+        ``isolation``: ``namespaces`` or ``microvm`` (docs/MICROVM.md).
         Anything else the API takes goes in ``fields``.
         """
         body: dict[str, Any] = {}
-        spec = {k: v for k, v in {"cpus": cpus, "ram_mb": ram_mb, "storage_gb": storage_gb, "pids": pids}.items()
+        spec = {k: v for k, v in {"cpus": cpus, "ram_mb": ram_mb, "storage_gb": storage_gb, "pids": pids,
+                                  "isolation": isolation}.items()
                 if v is not None}
         if spec:
             body["spec"] = spec

@@ -13,17 +13,23 @@ export interface RequestOptions {
 
 export interface Health {
   status: "ok";
+  /** Whether this host runs microVM environments, and on what. */
+  microvm: { available: boolean; accel?: "kvm" | "tcg" };
 }
 
 // ---- environments -----------------------------------------------------------
 
 export type EnvironmentState = "creating" | "running" | "destroying" | "gone" | "failed";
 
+/** What bounds an environment (docs/MICROVM.md). */
+export type Isolation = "namespaces" | "microvm";
+
 export interface Spec {
   cpus: number;
   ram_mb: number;
   storage_gb: number;
   pids: number;
+  isolation: Isolation;
 }
 
 export interface CreateEnvironmentRequest {
@@ -98,6 +104,8 @@ export interface EnvironmentInfo {
   /** Present for gone and failed environments: `destroyed`, `expired`, `failed: ...`. */
   reason?: string;
   spec: Spec;
+  /** A microVM environment's accelerator. */
+  accel?: "kvm" | "tcg";
   created_at: string;
   expires_at: string;
   labels: Record<string, string>;

@@ -276,13 +276,18 @@ Status Vm::awaitGuest(std::chrono::milliseconds wait) const {
   }
 }
 
-Vm::~Vm() {
+void Vm::kill() const {
   if (pid_ <= 0) return;
   if (pidfd_) {
     (void)os::pidfdSendSignal(pidfd_.get(), SIGKILL);
   } else {
     ::kill(pid_, SIGKILL);  // a child not reaped: its pid is still its own
   }
+}
+
+Vm::~Vm() {
+  if (pid_ <= 0) return;
+  kill();
   int status = 0;
   while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }

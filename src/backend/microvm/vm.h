@@ -85,6 +85,8 @@ class Vm {
   UniqueFd takeControl() { return std::move(control_); }
   int pidfd() const { return pidfd_.get(); }
   pid_t pid() const { return pid_; }
+  // Ends QEMU now (the destructor reaps it).
+  void kill() const;
   // The end of what the guest's console printed (the kernel's and
   // moat-init's own messages; printable characters only): why a guest that
   // ended did.

@@ -132,6 +132,12 @@ CREATE TABLE templates (
   created_at_ms  INTEGER NOT NULL
 );
 )sql"},
+    // What bounds each environment (docs/MICROVM.md): the namespace backend
+    // or a microVM, and the microVM's accelerator once it runs.
+    Migration{8, R"sql(
+ALTER TABLE environments ADD COLUMN isolation TEXT NOT NULL DEFAULT 'namespaces';
+ALTER TABLE environments ADD COLUMN accel TEXT NOT NULL DEFAULT '';
+)sql"},
 };
 
 inline constexpr int kSchemaVersion = kMigrations.back().version;

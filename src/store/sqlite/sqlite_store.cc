@@ -243,7 +243,8 @@ Result<std::map<std::string, std::string>> decodeLabels(const std::string& text,
 
 constexpr std::string_view kSelectEnvironments =
     "SELECT id, task_id, template, cpus, ram_mb, storage_gb, pids, labels, state, reason,"
-    " created_at_ms, expires_at_ms, owner, env, permissions, network, secrets, net_slot FROM environments";
+    " created_at_ms, expires_at_ms, owner, env, permissions, network, secrets, net_slot, isolation, accel"
+    " FROM environments";
 constexpr std::string_view kNewestFirst = " ORDER BY created_at_ms DESC, id";
 
 // Reads the current row of a statement that selected kSelectEnvironments.
@@ -270,6 +271,8 @@ Result<EnvironmentRecord> readEnvironment(const Statement& stmt) {
   record.network = stmt.text(15);
   record.secrets = stmt.text(16);
   record.netSlot = stmt.integer(17);
+  record.isolation = stmt.text(18);
+  record.accel = stmt.text(19);
   return record;
 }
 
@@ -342,15 +345,17 @@ Status SqliteStore::insertEnvironment(const EnvironmentRecord& record) {
   MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
                                                 "INSERT INTO environments (id, task_id, template, cpus, ram_mb,"
                                                 " storage_gb, pids, labels, state, reason, created_at_ms,"
-                                                " expires_at_ms, owner, env, permissions, network, secrets, net_slot)"
-                                                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                                " expires_at_ms, owner, env, permissions, network, secrets, net_slot,"
+                                                " isolation, accel)"
+                                                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                                 what));
   // The unsigned counts are stored as their 64-bit pattern and read back the
   // same way, so every value round-trips.
   MOAT_TRY(stmt.bindAll(record.id, record.taskId, record.templateName, record.cpus, static_cast<int64_t>(record.ramMb),
                         record.storageGb, static_cast<int64_t>(record.pids), labels,
                         std::string(stateName(record.state)), record.reason, record.createdAtMs, record.expiresAtMs,
-                        record.owner, env, record.permissions, record.network, record.secrets, record.netSlot));
+                        record.owner, env, record.permissions, record.network, record.secrets, record.netSlot,
+                        record.isolation, record.accel));
   return stmt.run();
 }
 

@@ -1,0 +1,266 @@
+#include "backend/microvm/backend.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "backend/namespaces/environment.h"
+#include "isolation/fs/template.h"
+#include "os/file.h"
+
+namespace moat::backend::microvm {
+namespace {
+
+constexpr uint64_t kMinMemoryMb = 128;
+// A boot takes seconds on TCG; a guest that has not answered by then will not.
+constexpr std::chrono::seconds kBootWait{120};
+
+Error notYet(const std::string& what) {
+  return Error::make(Code::kUnsupported, what + " is not available for microVM environments yet (docs/MICROVM.md)");
+}
+
+bool executable(const std::string& path) { return ::access(path.c_str(), X_OK) == 0; }
+
+// A file name for the template: its name, or its directory's path with
+// the slashes replaced, and the identity of its top directory (a template
+// deleted and made again under the same name is another image).
+std::string imageName(const std::string& templateName, const struct stat& top) {
+  std::string name;
+  for (char c : templateName) name += (c == '/' ? '_' : c);
+  return name + "-" + std::to_string(top.st_dev) + "-" + std::to_string(top.st_ino) + "-" +
+         std::to_string(top.st_mtim.tv_sec) + "." + std::to_string(top.st_mtim.tv_nsec) + ".erofs";
+}
+
+}  // namespace
+
+HostSupport probeHost(const std::string& accel) {
+  HostSupport host;
+  host.kvm = accel == "kvm";
+  auto kernel = findGuestKernel();
+  if (!kernel.ok()) {
+    host.missing = kernel.error().message();
+    return host;
+  }
+  host.kernel = kernel.value();
+  auto init = namespaces::findInitBinary();
+  if (!init.ok()) {
+    host.missing = init.error().message();
+    return host;
+  }
+  host.initBinary = init.value();
+  const char* qemu = std::getenv("MOAT_QEMU");
+  if (!executable(qemu && *qemu ? qemu : "/usr/bin/qemu-system-x86_64")) {
+    host.missing = "qemu-system-x86_64 not found (apt-get install qemu-system-x86)";
+    return host;
+  }
+  const char* mkfs = std::getenv("MOAT_MKFS_EROFS");
+  if (!executable(mkfs && *mkfs ? mkfs : "/usr/bin/mkfs.erofs")) {
+    host.missing = "mkfs.erofs not found (apt-get install erofs-utils)";
+    return host;
+  }
+  if (host.kvm && ::access("/dev/kvm", R_OK | W_OK) != 0) {
+    host.missing = "KVM was asked for and /dev/kvm cannot be opened";
+    return host;
+  }
+  host.available = true;
+  return host;
+}
+
+MicroVmBackend::MicroVmBackend(std::string stateDir, HostSupport host)
+    : dir_(stateDir + "/microvm"), host_(std::move(host)) {
+  // Whatever a previous moatd left: its VMs died with it, and its images
+  // may be of templates gone since (they are made again on first use).
+  (void)os::removeTree(dir_);
+}
+
+MicroVmBackend::~MicroVmBackend() {
+  std::map<std::string, std::shared_ptr<Guest>> guests;
+  {
+    std::lock_guard lock(mutex_);
+    guests.swap(guests_);
+  }
+  for (auto& [id, guest] : guests) {
+    if (guest->vm) guest->vm->kill();
+  }
+  guests.clear();  // each reaped
+  (void)os::removeTree(dir_);
+}
+
+Result<std::string> MicroVmBackend::initramfs() {
+  std::lock_guard lock(filesMutex_);
+  if (initramfs_.empty()) {
+    MOAT_TRY(os::makeDirs(dir_, 0700, 0700));
+    const std::string path = dir_ + "/initramfs";
+    MOAT_TRY(writeGuestInitramfs(host_.kernel, host_.initBinary, path));
+    initramfs_ = path;
+  }
+  return initramfs_;
+}
+
+Result<std::string> MicroVmBackend::imageFor(const std::string& templateName) {
+  MOAT_ASSIGN(auto tmpl, isolation::fs::resolveTemplate(templateName, dir_.substr(0, dir_.rfind('/'))));
+  if (!tmpl.hostReadOnlyDirs.empty()) {
+    return Error::make(Code::kUnsupported,
+                       "isolation microvm needs a root file system: an imported template or a directory (the host's "
+                       "own tree is not made into an image; docs/MICROVM.md)");
+  }
+  // mkfs.erofs reads the tree as root by its paths: one that someone other
+  // than root may write could be rewritten under it.
+  struct stat top;
+  if (::fstat(tmpl.lower.get(), &top) != 0) return Error::fromErrno("stat " + tmpl.lowerDir);
+  if (top.st_uid != 0 || (top.st_mode & 022) != 0) {
+    return Error::make(Code::kInvalidArgument, "template " + tmpl.lowerDir +
+                                                   ": a microVM's template directory must be root's and writable "
+                                                   "by root alone (its image is made as root from its paths)");
+  }
+  std::lock_guard lock(filesMutex_);
+  const std::string images = dir_ + "/images";
+  MOAT_TRY(os::makeDirs(images, 0700, 0700));
+  const std::string image = images + "/" + imageName(templateName, top);
+  if (::access(image.c_str(), F_OK) == 0) return image;
+  const std::string partial = image + ".partial";
+  (void)::unlink(partial.c_str());
+  Status built = buildRootImage(tmpl.lower.get(), partial);
+  if (!built.ok()) {
+    (void)::unlink(partial.c_str());
+    return built.error();
+  }
+  if (::rename(partial.c_str(), image.c_str()) != 0) return Error::fromErrno("rename " + partial);
+  return image;
+}
+
+Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
+  if (!host_.available) {
+    return Error::make(Code::kUnsupported, "isolation microvm is not available on this host: " + host_.missing);
+  }
+  if (!spec.fromSnapshot.empty()) return notYet("a create from a snapshot (a fork, a restore, a built template)");
+  if (spec.memoryMb < kMinMemoryMb) {
+    return Error::make(Code::kInvalidArgument, "spec.ram_mb: a microVM needs at least " + std::to_string(kMinMemoryMb) +
+                                                   " MB (its kernel's own)");
+  }
+  MOAT_ASSIGN(std::string image, imageFor(spec.templateName));
+  MOAT_ASSIGN(std::string initrd, initramfs());
+  auto guest = std::make_shared<Guest>();
+  MOAT_ASSIGN(auto ids, isolation::namespaces::leaseIdMap());
+  guest->ids.emplace(std::move(ids));
+  guest->dir = dir_ + "/vms/" + spec.id;
+  MOAT_TRY(os::makeDirs(dir_ + "/vms", 0700, 0700));
+  if (::mkdir(guest->dir.c_str(), 0700) != 0) return Error::fromErrno("mkdir " + guest->dir);
+  {
+    std::lock_guard lock(mutex_);
+    if (guests_.count(spec.id)) {
+      return Error::make(Code::kConflict, "microVM environment " + spec.id + " exists");
+    }
+    guests_[spec.id] = guest;  // a destroy from here on finds it
+  }
+  VmSpec vm;
+  vm.kernel = host_.kernel;
+  vm.initBinary = host_.initBinary;
+  vm.initramfs = initrd;
+  vm.rootImage = image;
+  vm.workDir = guest->dir;
+  vm.cpus = static_cast<unsigned>(std::max(1.0, std::ceil(spec.cpus)));
+  vm.memoryMb = spec.memoryMb;
+  vm.storageBytes = static_cast<uint64_t>(spec.storageGb * (1ull << 30));
+  vm.kvm = host_.kvm;
+  vm.uid = guest->ids->map.hostBase;
+  vm.gid = guest->ids->map.hostBase;
+  auto started = launcher_.run([&vm] { return Vm::start(vm); });
+  if (!started.ok()) {
+    (void)destroy(spec.id);
+    return started.error();
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (guests_.count(spec.id) == 0) {
+      // Destroyed while QEMU started.
+      started->kill();
+      return Error::make(Code::kConflict, "microVM environment " + spec.id + " was destroyed while being created");
+    }
+    guest->vm.emplace(std::move(started.value()));
+  }
+  Status up = guest->vm->awaitGuest(kBootWait);
+  if (!up.ok()) {
+    (void)destroy(spec.id);
+    return up.error();
+  }
+  return Created{spec.id, guest->vm->takeControl()};
+}
+
+std::shared_ptr<MicroVmBackend::Guest> MicroVmBackend::take(const std::string& id) {
+  std::lock_guard lock(mutex_);
+  auto it = guests_.find(id);
+  if (it == guests_.end()) return nullptr;
+  auto guest = std::move(it->second);
+  guests_.erase(it);
+  if (guest->vm) guest->vm->kill();  // a create waiting for its boot sees it end
+  return guest;
+}
+
+std::shared_ptr<MicroVmBackend::Guest> MicroVmBackend::find(const std::string& id) {
+  std::lock_guard lock(mutex_);
+  auto it = guests_.find(id);
+  return it == guests_.end() ? nullptr : it->second;
+}
+
+Status MicroVmBackend::destroy(const std::string& id) {
+  auto guest = take(id);
+  if (!guest) return {};
+  const std::string dir = guest->dir;
+  guest.reset();  // reaped here unless a create still holds it (it then does)
+  return os::removeTree(dir);
+}
+
+Result<UniqueFd> MicroVmBackend::attach(const std::string& id) { return notYet("re-attaching to environment " + id); }
+
+Result<std::vector<std::string>> MicroVmBackend::list() {
+  std::lock_guard lock(mutex_);
+  std::vector<std::string> ids;
+  for (const auto& [id, guest] : guests_) ids.push_back(id);
+  return ids;
+}
+
+Result<Usage> MicroVmBackend::usage(const std::string& id) {
+  auto guest = find(id);
+  if (!guest || !guest->vm) return Error::make(Code::kNotFound, "no microVM environment " + id);
+  // QEMU's, as the host counts it: the guest's memory is inside its RSS.
+  const std::string proc = "/proc/" + std::to_string(guest->vm->pid());
+  Usage usage;
+  MOAT_ASSIGN(std::string stat, os::readFile(proc + "/stat", 4096));
+  auto close = stat.rfind(')');
+  if (close != std::string::npos) {
+    std::istringstream fields(stat.substr(close + 2));
+    std::string field;
+    uint64_t utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && fields >> field; ++i) {
+      if (i == 14) utime = std::strtoull(field.c_str(), nullptr, 10);
+      if (i == 15) stime = std::strtoull(field.c_str(), nullptr, 10);
+    }
+    const long ticks = ::sysconf(_SC_CLK_TCK);
+    usage.cpuKnown = ticks > 0;
+    usage.cpuUsec = ticks > 0 ? (utime + stime) * 1000000 / static_cast<uint64_t>(ticks) : 0;
+  }
+  MOAT_ASSIGN(std::string status, os::readFile(proc + "/status", 16384));
+  auto rss = status.find("VmRSS:");
+  if (rss != std::string::npos) usage.memoryBytes = std::strtoull(status.c_str() + rss + 6, nullptr, 10) * 1024;
+  return usage;
+}
+
+Result<UniqueFd> MicroVmBackend::networkNamespace(const std::string&) {
+  return notYet("network access (a network policy other than none)");
+}
+
+Result<uint32_t> MicroVmBackend::snapshot(const std::string&, const std::string&) { return notYet("a snapshot"); }
+
+Status MicroVmBackend::deleteSnapshot(const std::string&) { return {}; }
+
+Result<std::vector<std::string>> MicroVmBackend::snapshots() { return std::vector<std::string>{}; }
+
+Result<Changes> MicroVmBackend::changes(const ChangesRequest&) { return notYet("a review of changed files"); }
+
+}  // namespace moat::backend::microvm

@@ -1,0 +1,73 @@
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "backend/backend.h"
+#include "backend/microvm/vm.h"
+#include "common/dedicated_thread.h"
+#include "isolation/namespaces/user_namespace.h"
+
+// Environments in microVMs behind moatd's seam (docs/MICROVM.md): each a
+// QEMU of its own, booted from the template's root image (made once per
+// template and moatd), with moat-init as the guest's pid 1 on the same
+// guest protocol. Unlike the namespace backend's, these do not outlive
+// moatd: its QEMUs die with it, and its next start finds them gone.
+namespace moat::backend::microvm {
+
+// What this host offers microVMs, looked at once (moatd's start, doctor).
+struct HostSupport {
+  bool available = false;
+  std::string missing;  // why not: what to install or name
+  bool kvm = false;     // QEMU's accelerator: KVM, or TCG (emulated)
+  GuestKernel kernel;
+  std::string initBinary;
+};
+// `accel`: "kvm", "tcg" or "" (the default: TCG, since a /dev/kvm that
+// answers every ioctl may still fail to boot a guest, as a nested PVM one
+// does; docs/MICROVM.md).
+HostSupport probeHost(const std::string& accel);
+
+class MicroVmBackend final : public Backend {
+ public:
+  MicroVmBackend(std::string stateDir, HostSupport host);
+  ~MicroVmBackend() override;  // ends every VM
+
+  const HostSupport& host() const { return host_; }
+
+  Result<Created> create(const Spec& spec) override;
+  Status destroy(const std::string& id) override;
+  Result<UniqueFd> attach(const std::string& id) override;
+  Result<std::vector<std::string>> list() override;
+  Result<Usage> usage(const std::string& id) override;
+  Result<UniqueFd> networkNamespace(const std::string& id) override;
+  Result<uint32_t> snapshot(const std::string& id, const std::string& name) override;
+  Status deleteSnapshot(const std::string& name) override;
+  Result<std::vector<std::string>> snapshots() override;
+  Result<Changes> changes(const ChangesRequest& request) override;
+
+ private:
+  struct Guest {
+    std::string dir;
+    std::optional<isolation::namespaces::IdMapLease> ids;  // QEMU's own
+    std::optional<Vm> vm;
+  };
+  // The root image of the template `name` (built on first use).
+  Result<std::string> imageFor(const std::string& templateName);
+  Result<std::string> initramfs();
+  std::shared_ptr<Guest> take(const std::string& id);
+  std::shared_ptr<Guest> find(const std::string& id);
+
+  const std::string dir_;  // <state>/microvm: root's alone
+  const HostSupport host_;
+  std::mutex filesMutex_;  // images and the initramfs, made one at a time
+  std::string initramfs_;
+  std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<Guest>> guests_;
+  DedicatedThread launcher_;  // QEMUs are forked here: they die with moatd
+};
+
+}  // namespace moat::backend::microvm
