@@ -154,6 +154,8 @@ Result<templates::Built> Api::runTemplateBuild(const HttpRequest& req, const Pri
   create.labels[std::string(kTemplateBuildLabel)] = name;
   // On a built template: a fork of its snapshot (the manager's create).
   create.templateName = recipe.base;
+  // Its steps end in a snapshot, which the namespace backend makes.
+  create.isolation = backend::Isolation::kNamespaces;
   MOAT_ASSIGN(templates::Defaults base, templates_->defaultsFor(recipe.base));
   auto created = environments_.create(create);
   if (!created.ok())

@@ -68,6 +68,7 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
   vm.cpus = static_cast<unsigned>(std::ceil(spec.cpus));
   vm.memoryMb = spec.memoryMb;
   vm.storageBytes = static_cast<uint64_t>(spec.storageGb * (1ull << 30));
+  vm.pids = spec.pids;
   const char* accel = std::getenv("MOAT_MICROVM_ACCEL");
   vm.kvm = accel && std::string(accel) == "kvm";
   vm.uid = run->ids_->map.hostBase;

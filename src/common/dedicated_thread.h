@@ -29,16 +29,26 @@ class DedicatedThread {
   DedicatedThread(const DedicatedThread&) = delete;
   DedicatedThread& operator=(const DedicatedThread&) = delete;
 
-  // Runs fn() on the thread and returns what it returned.
+  // Runs fn() on the thread and returns what it returned. Once the object
+  // is being destroyed, on the caller's thread instead (never waits for a
+  // thread that has stopped taking work).
   template <typename Fn>
   std::invoke_result_t<Fn> run(Fn fn) {
     std::packaged_task<std::invoke_result_t<Fn>()> task(std::move(fn));
     auto result = task.get_future();
+    bool queued = false;
     {
       std::lock_guard lock(mutex_);
-      queue_.emplace_back([&task] { task(); });
+      if (!stopping_) {
+        queue_.emplace_back([&task] { task(); });
+        queued = true;
+      }
     }
-    cv_.notify_all();
+    if (queued) {
+      cv_.notify_all();
+    } else {
+      task();
+    }
     return result.get();
   }
 

@@ -260,6 +260,11 @@ Result<DaemonFlags> parseDaemonFlags(const std::vector<std::string>& args, const
     }
     MOAT_TRY(flag->apply(value, f, hostMemoryMb));
   }
+  // A pool's environments are the namespace backend's, and a create that
+  // names no isolation would never claim one.
+  if (f.manager.defaultIsolation == backend::Isolation::kMicroVm && !f.manager.warmPools.empty()) {
+    return invalid("--warm-pool keeps namespace environments ready: not with --isolation microvm");
+  }
   return f;
 }
 

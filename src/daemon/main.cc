@@ -223,6 +223,10 @@ int main(int argc, char** argv) {
     // when one is asked for, and by /healthz.
     backend::microvm::MicroVmBackend microvm(stateDir, backend::microvm::probeHost(config.microvmAccel));
     backend::Router backend(namespaces, &microvm, microvm.host().missing);
+    config.microvmMissing = microvm.host().available ? "" : microvm.host().missing;
+    if (config.defaultIsolation == backend::Isolation::kMicroVm && !microvm.host().available) {
+      return fail("--isolation microvm: this host runs no microVMs: " + microvm.host().missing);
+    }
     manager::EnvironmentManager manager(config, *store.value(), backend, auditLog->get());
     manager.setEgress(egress.get());
     manager.setTemplates({[&catalog](const std::string& name) -> Result<manager::TemplateDefaults> {

@@ -10,10 +10,13 @@
 #include <cstdlib>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "os/file.h"
 #include "os/machine.h"
 #include "os/mount.h"
+#include "os/process.h"
+#include "os/security.h"
 
 namespace moat::init {
 namespace {
@@ -96,6 +99,35 @@ Status awaitHost(int fd) {
   }
 }
 
+// The guest's commands under a pids bound (`pids`, the spec's): moat-init
+// joins a cgroup of its own with pids.max, and what it starts inherits it.
+// The guest's to keep: a command that is root in the guest may lift it
+// (the host's bounds are QEMU's cgroup's, docs/MICROVM.md).
+Status boundTasks(const std::string& pids) {
+  MOAT_TRY(os::mount("cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, ""));
+  MOAT_TRY(os::writeExisting("/sys/fs/cgroup/cgroup.subtree_control", "+pids"));
+  MOAT_TRY(os::makeDir("/sys/fs/cgroup/moat", 0755));
+  MOAT_TRY(os::writeExisting("/sys/fs/cgroup/moat/pids.max", pids));
+  return os::writeExisting("/sys/fs/cgroup/moat/cgroup.procs", "0");
+}
+
+// Once its root is made, moat-init keeps what the host named (a namespace
+// environment's init's, and SYS_BOOT): no command it starts can load a
+// module, mount, or trace it; and no_new_privs, as in every environment
+// (the exec gate's filter needs it).
+Status keepCapabilities() {
+  const char* named = std::getenv("MOAT_GUEST_CAPS");
+  if (!named || !*named)
+    return Error::make(Code::kInvalidArgument, "MOAT_GUEST_CAPS is not on the kernel's command line");
+  const uint64_t mask = std::strtoull(named, nullptr, 10);
+  std::vector<int> keep;
+  for (int cap = 0; cap < 64; ++cap) {
+    if (mask & (1ull << cap)) keep.push_back(cap);
+  }
+  MOAT_TRY(os::restrictCapabilities(keep));
+  return os::setNoNewPrivs();
+}
+
 }  // namespace
 
 Result<UniqueFd> prepareGuest() {
@@ -106,9 +138,17 @@ Result<UniqueFd> prepareGuest() {
   MOAT_TRY(loadModules());
   const char* storage = std::getenv("MOAT_GUEST_STORAGE");
   MOAT_TRY(makeRoot(storage && *storage ? storage : "1g"));
+  // Terminals (a pty process, a shell) and POSIX shared memory, as in a
+  // namespace environment.
+  MOAT_TRY(os::makeDir("/dev/pts", 0755));
+  MOAT_TRY(os::mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"));
+  MOAT_TRY(os::makeDir("/dev/shm", 01777));
+  MOAT_TRY(os::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777"));
+  if (const char* pids = std::getenv("MOAT_GUEST_PIDS"); pids && *pids) MOAT_TRY(boundTasks(pids));
   MOAT_ASSIGN(std::string port, findPort());
   MOAT_ASSIGN(UniqueFd fd, os::open(port, O_RDWR | O_CLOEXEC));
   MOAT_TRY(awaitHost(fd.get()));
+  MOAT_TRY(keepCapabilities());
   return fd;
 }
 

@@ -87,8 +87,10 @@ void planExec(Launch& l) {
   // Everything else closes at exec.
   (void)os::markCloseOnExecFrom(3);
   // moat-init's alone (isolation/caps initCapabilities): no command may
-  // read or follow another process.
+  // read or follow another process, nor (in a microVM, where moat-init
+  // keeps it to power off) end the guest.
   if (int err = os::dropCapabilityInChild(CAP_SYS_PTRACE)) childFail(l, "capabilities", err);
+  if (int err = os::dropCapabilityInChild(CAP_SYS_BOOT)) childFail(l, "capabilities", err);
   if (l.switchIds) {
     if (int err = os::switchIdsInChild(l.request.uid, l.request.gid)) childFail(l, "setuid", err);
   }

@@ -43,7 +43,9 @@ int main(int argc, char** argv) {
       return 1;  // the kernel then panics, and reboots: QEMU (-no-reboot) ends
     }
     controlFd = control->release();
-    moat::init::Supervisor supervisor(controlFd, true);
+    // Every program the guest starts answers to the gate, as in a
+    // namespace environment.
+    moat::init::Supervisor supervisor(controlFd, true, -1, true);
     int code = supervisor.run();
     moat::os::powerOff();
     return code;

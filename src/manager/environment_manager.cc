@@ -227,6 +227,33 @@ Status EnvironmentManager::onNamespaces(const store::EnvironmentRecord& record, 
                                              " environments yet (environment " + record.id + "; docs/MICROVM.md)");
 }
 
+Status EnvironmentManager::microVmCreatable(const store::EnvironmentRecord& record, bool fromSnapshot,
+                                            bool withNetwork) const {
+  if (!config_.microvmMissing.empty()) {
+    return Error::make(Code::kUnsupported,
+                       "spec.isolation: microvm is not available on this host: " + config_.microvmMissing);
+  }
+  if (fromSnapshot) {
+    return Error::make(Code::kUnsupported,
+                       "a create from a snapshot (a fork, a built template) is not available for microvm environments "
+                       "yet (docs/MICROVM.md)");
+  }
+  if (record.templateName == "host") {
+    return Error::make(Code::kUnsupported,
+                       "template: isolation microvm needs a root file system, an imported template or a directory "
+                       "(the host's own tree is not made into an image; docs/MICROVM.md)");
+  }
+  if (record.ramMb < kMicroVmMinMemoryMb) {
+    return Error::make(Code::kInvalidArgument, "spec.ram_mb: a microVM needs at least " +
+                                                   std::to_string(kMicroVmMinMemoryMb) + " MB (its kernel's own)");
+  }
+  if (withNetwork) {
+    return Error::make(Code::kUnsupported,
+                       "network: a microvm environment has no network yet (only mode none; docs/MICROVM.md)");
+  }
+  return {};
+}
+
 Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest& request) {
   store::EnvironmentRecord record;
   record.id = backend::newEnvironmentId();
@@ -236,13 +263,6 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   record.ramMb = request.ramMb > 0 ? request.ramMb : config_.defaultRamMb;
   record.storageGb = request.storageGb > 0 ? request.storageGb : config_.defaultStorageGb;
   record.pids = request.pids > 0 ? request.pids : config_.defaultPids;
-  const backend::Isolation isolation = request.isolation.value_or(config_.defaultIsolation);
-  record.isolation = backend::isolationName(isolation);
-  if (isolation == backend::Isolation::kMicroVm) record.accel = config_.microvmAccel;
-  if (isolation != backend::Isolation::kNamespaces && request.network.mode != egress::Mode::kNone) {
-    return Error::make(Code::kUnsupported, "network: a " + record.isolation +
-                                               " environment has no network yet (only mode none; docs/MICROVM.md)");
-  }
   record.labels = request.labels;
   record.env = request.env;
   // A named template's: held until the record is stored (a deletion waits),
@@ -291,6 +311,15 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     record.templateName = snap.templateName;
     if (request.storageGb <= 0) record.storageGb = snap.storageGb;
     from = std::move(snap);
+  }
+  // One from a snapshot (a fork, a built template) is the namespace
+  // backend's unless the request says otherwise: microVMs make none yet.
+  const backend::Isolation isolation =
+      request.isolation.value_or(from ? backend::Isolation::kNamespaces : config_.defaultIsolation);
+  record.isolation = backend::isolationName(isolation);
+  if (isolation == backend::Isolation::kMicroVm) {
+    MOAT_TRY(microVmCreatable(record, from.has_value(), request.network.mode != egress::Mode::kNone));
+    record.accel = config_.microvmAccel;
   }
   MOAT_TRY(useTemplate());
   record.state = EnvironmentState::kCreating;

@@ -196,6 +196,8 @@ class EnvironmentManager final : public EnvironmentService,
   // Refuses `what` (by name) for an environment other than the namespace
   // backend's.
   static Status onNamespaces(const store::EnvironmentRecord& record, const std::string& what);
+  // What a microVM create is refused for, before anything is stored or booted.
+  Status microVmCreatable(const store::EnvironmentRecord& record, bool fromSnapshot, bool withNetwork) const;
   backend::Spec specFor(const std::string& templateName, double cpus, uint64_t ramMb, double storageGb, uint64_t pids,
                         backend::Isolation isolation = backend::Isolation::kNamespaces) const;
   backend::Spec poolSpec(size_t pool) const;

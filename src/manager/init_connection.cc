@@ -175,8 +175,20 @@ void InitConnection::dispatch(const init::Frame& frame) {
 }
 
 Status InitConnection::send(init::MsgType type, const std::string& payload) {
+  if (payload.size() > init::kMaxFrame) return Error::make(Code::kProtocol, "frame too large");
+  return sendFrames(init::encodeFrame(type, payload));
+}
+
+Status InitConnection::sendFrames(const std::string& frames) {
   std::lock_guard<std::mutex> lock(writeMutex_);
-  return init::writeFrame(control_.get(), type, payload);
+  Status s = init::writeFrames(control_.get(), frames);
+  // A connection with a send timeout (a microVM's: its moat-init is the
+  // guest's to stop) that ran out may hold part of a frame: nothing after
+  // it could be read right, so it ends here.
+  if (!s.ok() && (s.error().sysErrno == EAGAIN || s.error().sysErrno == EWOULDBLOCK)) {
+    close("moat-init stopped taking what moatd sends (a write waited out its timeout)");
+  }
+  return s;
 }
 
 Result<uint32_t> InitConnection::spawn(init::SpawnRequest spawn, std::shared_ptr<ProcessSink> sink,
@@ -194,8 +206,7 @@ Result<uint32_t> InitConnection::spawn(init::SpawnRequest spawn, std::shared_ptr
   } else {
     std::string frames = init::encodeFrame(init::MsgType::kSpawn, spawn.encode()) +
                          init::encodeFrame(init::MsgType::kOutputCredit, init::OutputCredit{id, outputLimit}.encode());
-    std::lock_guard<std::mutex> lock(writeMutex_);
-    s = init::writeFrames(control_.get(), frames);
+    s = sendFrames(frames);
   }
   if (s.ok() && !stdinData.empty()) s = writeStdin(id, stdinData);
   if (s.ok() && closeStdin) s = this->closeStdin(id);

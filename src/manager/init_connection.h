@@ -92,6 +92,7 @@ class InitConnection : public std::enable_shared_from_this<InitConnection> {
   void dispatch(const init::Frame& frame);
   std::shared_ptr<ProcessSink> sinkOf(uint32_t id, bool last);
   Status send(init::MsgType type, const std::string& payload);
+  Status sendFrames(const std::string& frames);
 
   UniqueFd control_;
   std::function<void()> onClosed_;

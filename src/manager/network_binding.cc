@@ -103,6 +103,10 @@ Result<egress::Policy> EnvironmentManager::network(const std::string& id) {
 Status EnvironmentManager::setNetwork(const std::string& id, const egress::Policy& policy) {
   std::lock_guard<std::mutex> serial(networkMutex_);
   MOAT_TRY(liveOf(id));
+  if (policy.mode != egress::Mode::kNone) {
+    MOAT_ASSIGN(auto current, get(id));
+    MOAT_TRY(onNamespaces(current, "network access (a mode other than none)"));
+  }
   if (!egress_) {
     if (policy.mode == egress::Mode::kNone) return {};
     return Error::make(Code::kUnavailable,

@@ -25,6 +25,9 @@
 // EnvironmentManager serves them all; a caller holds only the ones it uses.
 namespace moat::manager {
 
+// The least memory a microVM environment gets (its kernel's own).
+inline constexpr uint64_t kMicroVmMinMemoryMb = 128;
+
 struct ManagerConfig {
   std::string stateDir;
   int64_t defaultTtlS = 3600;
@@ -39,6 +42,7 @@ struct ManagerConfig {
   // accelerator microVMs run on ("kvm" or "tcg"; recorded with each).
   backend::Isolation defaultIsolation = backend::Isolation::kNamespaces;
   std::string microvmAccel = "tcg";
+  std::string microvmMissing;  // not empty: why this host runs no microVMs
   // Environments kept ready per (template, spec), so that a create asking
   // for exactly that becomes a claim (moatd --warm-pool).
   std::vector<WarmPool> warmPools;

@@ -9,6 +9,19 @@
 
 namespace moat::os {
 
+Result<SocketPair> streamSocketPair() {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return Error::fromErrno("socketpair");
+  return SocketPair{UniqueFd(pair[0]), UniqueFd(pair[1])};
+}
+
+Status setSendTimeout(int socket, std::chrono::milliseconds timeout) {
+  struct timeval tv = {static_cast<time_t>(timeout.count() / 1000),
+                       static_cast<suseconds_t>(timeout.count() % 1000) * 1000};
+  if (::setsockopt(socket, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0) return Error::fromErrno("SO_SNDTIMEO");
+  return {};
+}
+
 Status sendWithFd(int socket, const std::string& data, int fd) {
   struct iovec iov = {const_cast<char*>(data.data()), data.size()};
   struct msghdr msg;

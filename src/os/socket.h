@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
 
 #include "common/result.h"
 #include "common/unique_fd.h"
@@ -17,6 +18,16 @@ Status sendWithFd(int socket, const std::string& data, int fd = -1);
 // Receives one message of at most maxBytes; an attached fd lands in *fd
 // (closed when fd is null). Error code "eof" when the peer has gone.
 Result<std::string> receiveWithFd(int socket, UniqueFd* fd, size_t maxBytes = 1 << 16);
+
+// A connected pair of unix stream sockets (close-on-exec).
+struct SocketPair {
+  UniqueFd first, second;
+};
+Result<SocketPair> streamSocketPair();
+
+// Writes to `socket` that cannot go on for `timeout` fail with EAGAIN
+// (SO_SNDTIMEO), possibly after part of what was asked went.
+Status setSendTimeout(int socket, std::chrono::milliseconds timeout);
 
 // A stream connection to the unix socket at `path` (close-on-exec).
 Result<UniqueFd> connectUnixStream(const std::string& path);

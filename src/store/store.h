@@ -102,7 +102,7 @@ struct EnvironmentRecord {
   std::string secrets;                     // egress secrets as stored (egress/secrets.h); "" = none
   int64_t netSlot = -1;                    // the egress link's slot; -1: no link
   std::string isolation = "namespaces";    // "namespaces" or "microvm" (backend::Isolation)
-  std::string accel;                       // a microVM's accelerator: "kvm" or "tcg"; "" until it runs
+  std::string accel;                       // a microVM's accelerator: "kvm" or "tcg" (moatd's); "" otherwise
 };
 
 // A scoped API key. The token itself is never stored: only its SHA-256.

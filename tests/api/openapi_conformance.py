@@ -1100,7 +1100,8 @@ def run_exchanges(c):
         remember("a")(r)
         j = r.json
         expect(j["task_id"] == "conf-a" and j["template"] == "host", f"task/template: {j}")
-        expect(j["spec"] == {"cpus": 1, "ram_mb": 256, "storage_gb": 1, "pids": 128}, f"spec {j['spec']}")
+        expect(j["spec"] == {"cpus": 1, "ram_mb": 256, "storage_gb": 1, "pids": 128, "isolation": "namespaces"},
+               f"spec {j['spec']}")
         expect(j["labels"] == {"team": "a", "role": "x"}, f"labels {j['labels']}")
         expect("reason" not in j, "a running environment has no reason")
         expect(j.get("permissions") == DEFAULT_PERMISSIONS and "permission_layers" not in j,
@@ -1114,7 +1115,7 @@ def run_exchanges(c):
 
     def env_b(r):
         remember("b")(r)
-        expect(r.json["spec"] == {"cpus": 1, "ram_mb": 1024, "storage_gb": 4, "pids": 1024},
+        expect(r.json["spec"] == {"cpus": 1, "ram_mb": 1024, "storage_gb": 4, "pids": 1024, "isolation": "namespaces"},
                f"defaults: {r.json['spec']}")
     c.call("POST", "/v1/environments", "", status=201, check=env_b, note="empty body: defaults")
     a, b = created.get("a", "000000000000"), created.get("b", "000000000000")

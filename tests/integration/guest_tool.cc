@@ -2,8 +2,12 @@
 // (static: the image holds nothing else). `uname` prints the running
 // kernel's release, `cat FILE` a file, `write FILE TEXT` writes one,
 // `echo` copies stdin to stdout line by line, `flood FILE MIB` writes MIB
-// MiB to FILE.
+// MiB to FILE, `fork N` starts N children that wait and prints how many
+// it could start, `exec PROGRAM ARGS...` becomes PROGRAM (errno's text on
+// stderr when it cannot).
 #include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -55,6 +59,34 @@ int main(int argc, char** argv) {
     for (long i = 0; i < std::atol(argv[3]) * 16; ++i) std::fwrite(block, 1, sizeof block, f);
     return std::fclose(f) == 0 ? 0 : 1;
   }
-  std::fprintf(stderr, "usage: moat-guest-tool uname | cat FILE | write FILE TEXT | echo | flood FILE MIB\n");
+  if (argc >= 3 && std::strcmp(argv[1], "exec") == 0) {
+    execv(argv[2], argv + 2);
+    std::perror(argv[2]);
+    return 126;
+  }
+  if (argc == 3 && std::strcmp(argv[1], "fork") == 0) {
+    int gate[2];
+    if (pipe(gate) != 0) return 1;
+    long started = 0;
+    for (long i = 0; i < std::atol(argv[2]); ++i) {
+      pid_t pid = fork();
+      if (pid < 0) break;
+      if (pid == 0) {
+        close(gate[1]);
+        char c;
+        (void)read(gate[0], &c, 1);  // until the parent closes its end
+        _exit(0);
+      }
+      ++started;
+    }
+    close(gate[1]);
+    while (wait(nullptr) > 0) {
+    }
+    std::printf("%ld\n", started);
+    return 0;
+  }
+  std::fprintf(stderr,
+               "usage: moat-guest-tool uname | cat FILE | write FILE TEXT | echo | flood FILE MIB | fork N | exec "
+               "PROGRAM ARGS...\n");
   return 2;
 }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backend/microvm/guest_kernel.h"
+#include "common/encoding.h"
 #include "moatd_fixture.h"
 #include "os/file.h"
 
@@ -27,7 +28,10 @@ std::vector<std::string> holdersOf(const std::string& dir) {
     while (dirent* e = d ? ::readdir(d) : nullptr) {
       char target[4096];
       ssize_t n = ::readlink((fds + "/" + e->d_name).c_str(), target, sizeof target - 1);
-      if (n > 0 && std::string(target, static_cast<size_t>(n)).rfind(dir, 0) == 0) found.push_back(p->d_name);
+      if (n > 0 && std::string(target, static_cast<size_t>(n)).rfind(dir, 0) == 0) {
+        found.push_back(p->d_name);
+        break;  // once per process
+      }
     }
     if (d) ::closedir(d);
   }
@@ -51,6 +55,7 @@ class MicroVmEnvironments : public MoatdFixture {
     auto tool = os::readFile(binDir() + "/moat-guest-tool", 64 << 20);
     ASSERT_TRUE(tool.ok()) << tool.error().message();
     ASSERT_TRUE(os::writeFile(tree_ + "/bin/tool", tool.value(), 0755).ok());
+    ASSERT_TRUE(os::writeFile(tree_ + "/bin/other", tool.value(), 0755).ok());
   }
   void TearDown() override {
     daemon_.reset();
@@ -68,7 +73,8 @@ TEST_F(MicroVmEnvironments, RunCommandsAndHoldFilesOnTheirOwnKernelAndLeaveNothi
   json health = call("GET", "/healthz", nullptr, 200);
   EXPECT_EQ(health["microvm"]["available"], true) << health.dump();
   EXPECT_EQ(health["microvm"]["accel"], "tcg");
-  json env = call("POST", "/v1/environments", vmBody(), 201);
+  json env = call("POST", "/v1/environments",
+                  {{"template", tree_}, {"spec", {{"isolation", "microvm"}, {"ram_mb", 256}, {"pids", 64}}}}, 201);
   ASSERT_EQ(env["state"], "running") << env.dump();
   const std::string id = env["id"];
   EXPECT_EQ(env["spec"]["isolation"], "microvm");
@@ -87,6 +93,43 @@ TEST_F(MicroVmEnvironments, RunCommandsAndHoldFilesOnTheirOwnKernelAndLeaveNothi
   EXPECT_EQ(exec(id, {{"cmd", {"/bin/tool", "write", "/workspace/made", "in the guest"}}})["exit_code"], 0);
   EXPECT_EQ(daemon_->request("GET", files + "?path=/workspace/made").body, "in the guest");
   EXPECT_EQ(daemon_->request("GET", files + "?path=/../../etc/shadow").status / 100, 4);
+  // A process on a terminal, its output followed to its exit.
+  json proc =
+      call("POST", "/v1/environments/" + id + "/processes", {{"cmd", {"/bin/tool", "uname"}}, {"pty", true}}, 201);
+  auto stream = daemon_->stream("/v1/environments/" + id + "/processes/" + std::to_string(proc["id"].get<int>()) +
+                                "/output?follow=1");
+  ASSERT_EQ(stream.status(), 200);
+  std::string shown, line;
+  json last;
+  while (stream.nextLine(line)) {
+    last = json::parse(line);
+    if (last["type"] == "output") {
+      const std::string data = last["data"];
+      shown += last.value("encoding", "") == "base64" ? base64Decode(data).value() : data;
+    }
+    if (last["type"] == "exit" || last["type"] == "end") break;
+  }
+  EXPECT_EQ(last["type"], "exit") << last.dump();
+  EXPECT_NE(shown.find(kernelVersion_), std::string::npos) << shown << " / " << last.dump();
+  EXPECT_NE(shown.find("\r\n"), std::string::npos) << "a terminal's line ending: " << shown;
+  // The guest's commands are under the spec's pids bound (64 here): the
+  // tool's children and moat-init's own tasks fit within it, no more.
+  json forked = exec(id, {{"cmd", {"/bin/tool", "fork", "500"}}});
+  ASSERT_EQ(forked["exit_code"], 0) << forked.dump();
+  const long started = std::stol(forked["stdout"].get<std::string>());
+  EXPECT_LT(started, 64) << "pids.max holds in the guest";
+  EXPECT_GT(started, 40) << "the bound is the spec's, not lower";
+  // QEMU runs in a cgroup of its own (its limits: the spec's CPU time, the
+  // guest's RAM and QEMU's own memory).
+  std::vector<std::string> qemus;
+  for (const auto& pid : holdersOf(daemon_->stateDir() + "/microvm/vms/" + id)) {
+    auto comm = os::readFile("/proc/" + pid + "/comm");
+    if (comm.ok() && comm->rfind("qemu-system", 0) == 0) qemus.push_back(pid);
+  }
+  ASSERT_EQ(qemus.size(), 1u);
+  auto cgroups = os::readFile("/proc/" + qemus[0] + "/cgroup");
+  ASSERT_TRUE(cgroups.ok());
+  EXPECT_NE(cgroups->find("/moat-vm-" + id), std::string::npos) << cgroups.value();
   // Its usage is QEMU's, as the host counts it.
   json stats = call("GET", "/v1/environments/" + id + "/stats", nullptr, 200);
   EXPECT_GT(stats["memory_bytes"].get<uint64_t>(), 16u << 20) << stats.dump();
@@ -133,6 +176,11 @@ TEST_F(MicroVmEnvironments, WhatTheyCannotDoYetIsRefusedByName) {
     EXPECT_NE(r.body.find(word + " is not available for microvm environments yet"), std::string::npos)
         << path << ": " << r.body;
   }
+  auto opened = daemon_->request("PUT", "/v1/environments/" + id + "/network", json{{"network", "open"}}.dump());
+  EXPECT_EQ(opened.status, 400) << opened.body;
+  EXPECT_NE(opened.body.find("network access (a mode other than none) is not available"), std::string::npos)
+      << opened.body;
+  EXPECT_EQ(call("GET", "/v1/environments/" + id + "/network", nullptr, 200)["network"]["mode"], "none");
   // It still serves.
   EXPECT_EQ(exec(id, {{"cmd", {"/bin/tool", "uname"}}})["stdout"], kernelVersion_ + "\n");
 }
@@ -153,6 +201,41 @@ TEST_F(MicroVmEnvironments, EndWithTheMoatdThatRanThemAndTheNextOneSaysSo) {
       << after.dump();
   struct stat st;
   EXPECT_NE(::stat(vmDir.c_str(), &st), 0) << "the next moatd cleared what the last one left";
+}
+
+// Inside a guest, every program a process starts answers to the gate, as
+// in a namespace environment, and commands hold no capability that could
+// undo it (module loading, mounts, tracing moat-init).
+TEST_F(MicroVmEnvironments, EveryProgramInsideAnswersToTheGateAndCommandsCannotUndoIt) {
+  json body = vmBody();
+  body["permissions"] = {
+      {"run_command", {{{"match", {"/bin/other", "*"}}, {"action", "deny"}}, {{"action", "allow"}}}}};
+  json env = call("POST", "/v1/environments", body, 201);
+  const std::string id = env["id"];
+  json allowed = exec(id, {{"cmd", {"/bin/tool", "exec", "/bin/tool", "uname"}}});
+  EXPECT_EQ(allowed["exit_code"], 0) << allowed.dump();
+  EXPECT_EQ(allowed["stdout"], kernelVersion_ + "\n");
+  json denied = exec(id, {{"cmd", {"/bin/tool", "exec", "/bin/other", "uname"}}});
+  EXPECT_EQ(denied["exit_code"], 126) << denied.dump();
+  EXPECT_NE(denied["stderr"].get<std::string>().find("Operation not permitted"), std::string::npos) << denied.dump();
+  // The gate's record of it (the audit log writes in batches: bounded polling).
+  std::string recorded;
+  for (int i = 0; i < 100 && recorded.find("/bin/other") == std::string::npos; ++i) {
+    if (i > 0) ::usleep(50000);
+    recorded = daemon_->request("GET", "/v1/events?environment=" + id + "&type=gate.denied").body;
+  }
+  EXPECT_NE(recorded.find("/bin/other"), std::string::npos) << recorded;
+  // What a command may do: the bounding set has none of these.
+  json status = exec(id, {{"cmd", {"/bin/tool", "cat", "/proc/self/status"}}});
+  const std::string text = status["stdout"];
+  auto at = text.find("CapBnd:");
+  ASSERT_NE(at, std::string::npos) << text;
+  const uint64_t bounding = std::stoull(text.substr(at + 7, text.find('\n', at) - at - 7), nullptr, 16);
+  for (int cap : {16 /* SYS_MODULE */, 19 /* SYS_PTRACE */, 21 /* SYS_ADMIN */, 22 /* SYS_BOOT */, 17 /* RAWIO */}) {
+    EXPECT_EQ(bounding & (1ull << cap), 0u) << "capability " << cap << " in " << text.substr(at, 30);
+  }
+  EXPECT_NE(bounding & 1u, 0u) << "CHOWN stays: ordinary work on its own files";
+  EXPECT_NE(text.find("NoNewPrivs:\t1"), std::string::npos) << text;
 }
 
 }  // namespace

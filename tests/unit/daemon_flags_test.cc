@@ -132,6 +132,21 @@ TEST(DaemonFlags, ValuesOutOfRangeAreRefusedByName) {
             "invalid_argument: --board-dir: /nonexistent/board is not a directory");
   EXPECT_EQ(problem({"--egress-hosts", "/nonexistent/hosts"}),
             "invalid_argument: --egress-hosts: cannot read /nonexistent/hosts");
+  EXPECT_EQ(problem({"--isolation", "vm"}), "invalid_argument: --isolation needs namespaces or microvm, not vm");
+  EXPECT_EQ(problem({"--microvm-accel", "hvf"}), "invalid_argument: --microvm-accel needs tcg or kvm, not hvf");
+  EXPECT_EQ(problem({"--isolation", "microvm", "--warm-pool", "2"}),
+            "invalid_argument: --warm-pool keeps namespace environments ready: not with --isolation microvm");
+}
+
+TEST(DaemonFlags, IsolationAndAccelSetTheManagersDefaults) {
+  auto f = parse({"--isolation", "microvm", "--microvm-accel", "kvm"});
+  ASSERT_TRUE(f.ok()) << f.error().message();
+  EXPECT_EQ(f->manager.defaultIsolation, backend::Isolation::kMicroVm);
+  EXPECT_EQ(f->manager.microvmAccel, "kvm");
+  auto d = parse({});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->manager.defaultIsolation, backend::Isolation::kNamespaces);
+  EXPECT_EQ(d->manager.microvmAccel, "tcg");
 }
 
 TEST(DaemonFlags, UnknownArgumentsAndMissingValuesAreUsageErrors) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "init/protocol.h"
+#include "os/socket.h"
 
 namespace moat::manager {
 namespace {
@@ -45,6 +46,26 @@ TEST(InitConnection, AMoatInitGoneBeforeItsHelloHasNoVersion) {
   EXPECT_EQ(connection.peerVersion(), 0u);
   // Not the 5 s wait: the end of the connection answers it.
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+}
+
+// A microVM's moat-init is the guest's to stop: one that stops reading
+// makes moatd's write fail once its send timeout runs out (not wait for
+// good), and the connection, which may hold part of a frame, ends.
+TEST(InitConnection, AMoatInitThatStopsReadingEndsItsConnectionAtTheSendTimeout) {
+  Peer peer;
+  peer.hello(init::kProtocolVersion);
+  ASSERT_TRUE(os::setSendTimeout(peer.ours.get(), std::chrono::milliseconds(100)).ok());
+  InitConnection connection(std::move(peer.ours), nullptr);
+  ASSERT_EQ(connection.peerVersion(), init::kProtocolVersion);
+  // More than the socket's buffers hold, to a peer that reads nothing.
+  const std::string chunk(1 << 20, 'x');
+  Status s;
+  for (int i = 0; i < 64 && s.ok(); ++i) s = connection.writeStdin(7, chunk);
+  ASSERT_FALSE(s.ok()) << "a write to a peer that reads nothing must end";
+  // The reader sees the shutdown: the connection is closed for everyone.
+  for (int i = 0; i < 200 && !connection.closed(); ++i) ::usleep(10000);  // bounded wait for the reader thread
+  EXPECT_TRUE(connection.closed());
+  EXPECT_FALSE(connection.writeStdin(7, "y").ok());
 }
 
 }  // namespace

@@ -109,7 +109,7 @@ bool has(const std::vector<std::string>& argv, const std::string& want) {
   return std::find(argv.begin(), argv.end(), want) != argv.end();
 }
 
-TEST(QemuArgv, TcgIsToldTheTscAndKvmIsNotAndTheRootIsReadOnly) {
+TEST(QemuArgv, TcgIsToldTheTscAndKvmIsNotAndTheRootIsReadOnlyAndThePidsBoundGoesToTheGuest) {
   VmSpec spec;
   spec.kernel.image = "/boot/vmlinuz-x";
   spec.rootImage = "/v/root.img";
@@ -130,12 +130,15 @@ TEST(QemuArgv, TcgIsToldTheTscAndKvmIsNotAndTheRootIsReadOnly) {
   ASSERT_NE(cmdline, tcg.end());
   EXPECT_NE(cmdline[1].find("tsc_early_khz="), std::string::npos) << cmdline[1];
   EXPECT_NE(cmdline[1].find("MOAT_GUEST_STORAGE=1048576"), std::string::npos) << cmdline[1];
+  EXPECT_EQ(cmdline[1].find("MOAT_GUEST_PIDS"), std::string::npos) << "0: unbounded";
   EXPECT_NE(cmdline[1].find(" -- --guest"), std::string::npos) << cmdline[1];
   spec.kvm = true;
+  spec.pids = 64;
   auto kvm = qemuArgv("/usr/bin/qemu", spec);
   EXPECT_TRUE(has(kvm, "kvm"));
   cmdline = std::find(kvm.begin(), kvm.end(), "-append");
   EXPECT_EQ(cmdline[1].find("tsc_early_khz"), std::string::npos) << cmdline[1];
+  EXPECT_NE(cmdline[1].find("MOAT_GUEST_PIDS=64"), std::string::npos) << cmdline[1];
 }
 
 }  // namespace

@@ -212,7 +212,9 @@ def test_changes_permissions_and_network(env: Environment) -> None:
 
 
 def test_health_and_metrics(moat: Moat) -> None:
-    assert moat.health() == {"status": "ok"}
+    health = moat.health()
+    assert health["status"] == "ok"
+    assert isinstance(health["microvm"]["available"], bool)
     assert "moat_environments" in moat.metrics()
 
 

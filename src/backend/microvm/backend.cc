@@ -6,12 +6,16 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
-#include <sstream>
+#include <functional>
+#include <thread>
 
 #include "backend/namespaces/environment.h"
 #include "isolation/fs/template.h"
 #include "os/file.h"
+#include "os/security.h"
+#include "os/socket.h"
 
 namespace moat::backend::microvm {
 namespace {
@@ -19,9 +23,14 @@ namespace {
 constexpr uint64_t kMinMemoryMb = 128;
 // A boot takes seconds on TCG; a guest that has not answered by then will not.
 constexpr std::chrono::seconds kBootWait{120};
+constexpr std::chrono::seconds kSendWait{30};
+// QEMU's own memory beside the guest's RAM (measured: docs/MICROVM.md), and
+// its threads.
+constexpr uint64_t kQemuOverheadMb = 128;
+constexpr uint64_t kQemuTasks = 256;
 
 Error notYet(const std::string& what) {
-  return Error::make(Code::kUnsupported, what + " is not available for microVM environments yet (docs/MICROVM.md)");
+  return Error::make(Code::kUnsupported, what + " is not available for microvm environments yet (docs/MICROVM.md)");
 }
 
 bool executable(const std::string& path) { return ::access(path.c_str(), X_OK) == 0; }
@@ -30,9 +39,13 @@ bool executable(const std::string& path) { return ::access(path.c_str(), X_OK) =
 // the slashes replaced, and the identity of its top directory (a template
 // deleted and made again under the same name is another image).
 std::string imageName(const std::string& templateName, const struct stat& top) {
+  // A directory's path may be long: its first characters and a hash of
+  // all (the files live as long as this moatd: the hash need not be stable).
   std::string name;
-  for (char c : templateName) name += (c == '/' ? '_' : c);
-  return name + "-" + std::to_string(top.st_dev) + "-" + std::to_string(top.st_ino) + "-" +
+  for (char c : templateName.substr(0, 64)) name += (c == '/' ? '_' : c);
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016zx", std::hash<std::string>{}(templateName));
+  return name + "-" + hash + "-" + std::to_string(top.st_dev) + "-" + std::to_string(top.st_ino) + "-" +
          std::to_string(top.st_mtim.tv_sec) + "." + std::to_string(top.st_mtim.tv_nsec) + ".erofs";
 }
 
@@ -61,6 +74,10 @@ HostSupport probeHost(const std::string& accel) {
   const char* mkfs = std::getenv("MOAT_MKFS_EROFS");
   if (!executable(mkfs && *mkfs ? mkfs : "/usr/bin/mkfs.erofs")) {
     host.missing = "mkfs.erofs not found (apt-get install erofs-utils)";
+    return host;
+  }
+  if (os::landlockAbi() <= 0) {
+    host.missing = "the kernel has no Landlock, which each template's image is made under";
     return host;
   }
   if (host.kvm && ::access("/dev/kvm", R_OK | W_OK) != 0) {
@@ -148,6 +165,15 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
   auto guest = std::make_shared<Guest>();
   MOAT_ASSIGN(auto ids, isolation::namespaces::leaseIdMap());
   guest->ids.emplace(std::move(ids));
+  // QEMU's cgroup: its CPU time is the spec's, its memory the guest's RAM
+  // and what QEMU needs beside it (TCG's cache, its own), its tasks a few
+  // threads per vCPU. Made before the guest is published: usage() reads it.
+  isolation::cgroup::Limits limits;
+  limits.cpus = spec.cpus;
+  limits.memoryBytes = (spec.memoryMb + kQemuOverheadMb + (host_.kvm ? 0 : kTcgCacheMb)) << 20;
+  limits.pids = kQemuTasks;
+  MOAT_ASSIGN(auto layout, isolation::cgroup::preparedHostLayout(false));
+  MOAT_ASSIGN(guest->cgroup, isolation::cgroup::createUnderPreparedParents(layout, "moat-vm-" + spec.id, limits));
   guest->dir = dir_ + "/vms/" + spec.id;
   MOAT_TRY(os::makeDirs(dir_ + "/vms", 0700, 0700));
   if (::mkdir(guest->dir.c_str(), 0700) != 0) return Error::fromErrno("mkdir " + guest->dir);
@@ -159,14 +185,19 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     guests_[spec.id] = guest;  // a destroy from here on finds it
   }
   VmSpec vm;
+  vm.cgroupJoin = guest->cgroup->procsFiles();
   vm.kernel = host_.kernel;
   vm.initBinary = host_.initBinary;
   vm.initramfs = initrd;
   vm.rootImage = image;
   vm.workDir = guest->dir;
-  vm.cpus = static_cast<unsigned>(std::max(1.0, std::ceil(spec.cpus)));
+  // As many vCPUs as the spec's CPU time rounded up, at most the host's
+  // (each is a thread; the cgroup bounds their time).
+  const unsigned hostCpus = std::max(1u, std::thread::hardware_concurrency());
+  vm.cpus = std::min(hostCpus, static_cast<unsigned>(std::max(1.0, std::ceil(spec.cpus))));
   vm.memoryMb = spec.memoryMb;
   vm.storageBytes = static_cast<uint64_t>(spec.storageGb * (1ull << 30));
+  vm.pids = spec.pids;
   vm.kvm = host_.kvm;
   vm.uid = guest->ids->map.hostBase;
   vm.gid = guest->ids->map.hostBase;
@@ -185,6 +216,9 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     guest->vm.emplace(std::move(started.value()));
   }
   Status up = guest->vm->awaitGuest(kBootWait);
+  // moat-init in a guest is the guest's to stop: moatd's writes to it wait
+  // at most kSendWait (then the connection ends), never for good.
+  if (up.ok()) up = os::setSendTimeout(guest->vm->control(), kSendWait);
   if (!up.ok()) {
     (void)destroy(spec.id);
     return up.error();
@@ -199,6 +233,7 @@ std::shared_ptr<MicroVmBackend::Guest> MicroVmBackend::take(const std::string& i
   auto guest = std::move(it->second);
   guests_.erase(it);
   if (guest->vm) guest->vm->kill();  // a create waiting for its boot sees it end
+  if (guest->cgroup) guest->cgroup->killAll();
   return guest;
 }
 
@@ -227,27 +262,16 @@ Result<std::vector<std::string>> MicroVmBackend::list() {
 
 Result<Usage> MicroVmBackend::usage(const std::string& id) {
   auto guest = find(id);
-  if (!guest || !guest->vm) return Error::make(Code::kNotFound, "no microVM environment " + id);
-  // QEMU's, as the host counts it: the guest's memory is inside its RSS.
-  const std::string proc = "/proc/" + std::to_string(guest->vm->pid());
+  if (!guest || !guest->cgroup) return Error::make(Code::kNotFound, "no microVM environment " + id);
+  // QEMU's cgroup's: the guest's memory as QEMU touched it, TCG's cache,
+  // QEMU's own. Its tasks are QEMU's threads, not the guest's processes:
+  // pids stays 0.
+  auto counted = guest->cgroup->usage();
   Usage usage;
-  MOAT_ASSIGN(std::string stat, os::readFile(proc + "/stat", 4096));
-  auto close = stat.rfind(')');
-  if (close != std::string::npos) {
-    std::istringstream fields(stat.substr(close + 2));
-    std::string field;
-    uint64_t utime = 0, stime = 0;
-    for (int i = 3; i <= 15 && fields >> field; ++i) {
-      if (i == 14) utime = std::strtoull(field.c_str(), nullptr, 10);
-      if (i == 15) stime = std::strtoull(field.c_str(), nullptr, 10);
-    }
-    const long ticks = ::sysconf(_SC_CLK_TCK);
-    usage.cpuKnown = ticks > 0;
-    usage.cpuUsec = ticks > 0 ? (utime + stime) * 1000000 / static_cast<uint64_t>(ticks) : 0;
-  }
-  MOAT_ASSIGN(std::string status, os::readFile(proc + "/status", 16384));
-  auto rss = status.find("VmRSS:");
-  if (rss != std::string::npos) usage.memoryBytes = std::strtoull(status.c_str() + rss + 6, nullptr, 10) * 1024;
+  usage.cpuKnown = counted.cpuUsec.has_value();
+  usage.cpuUsec = counted.cpuUsec.value_or(0);
+  usage.memoryBytes = counted.memoryBytes;
+  usage.oomKills = counted.oomKills;
   return usage;
 }
 

@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "backend/microvm/vm.h"
 #include "common/dedicated_thread.h"
+#include "isolation/cgroup/cgroup.h"
 #include "isolation/namespaces/user_namespace.h"
 
 // Environments in microVMs behind moatd's seam (docs/MICROVM.md): each a
@@ -53,6 +54,7 @@ class MicroVmBackend final : public Backend {
   struct Guest {
     std::string dir;
     std::optional<isolation::namespaces::IdMapLease> ids;  // QEMU's own
+    std::unique_ptr<isolation::cgroup::Cgroup> cgroup;     // QEMU's (removed after it is reaped)
     std::optional<Vm> vm;
   };
   // The root image of the template `name` (built on first use).

@@ -1,6 +1,7 @@
 #include "backend/microvm/vm.h"
 
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <linux/landlock.h>
 #include <poll.h>
 #include <sched.h>
@@ -20,6 +21,7 @@
 
 #include "backend/microvm/initramfs.h"
 #include "init/guest.h"
+#include "isolation/caps/capabilities.h"
 #include "os/file.h"
 #include "os/process.h"
 #include "os/security.h"
@@ -136,6 +138,13 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
   // QEMU (-no-reboot) whatever the machine offers to reset with.
   std::string cmdline =
       "console=ttyS0 quiet panic=-1 reboot=t rdinit=/init MOAT_GUEST_STORAGE=" + std::to_string(spec.storageBytes);
+  if (spec.pids > 0) cmdline += " MOAT_GUEST_PIDS=" + std::to_string(spec.pids);
+  // What moat-init keeps once its root is made: a namespace environment's
+  // init's, and SYS_BOOT to power the guest off; its commands drop
+  // SYS_PTRACE and SYS_BOOT (init/launch.cc).
+  uint64_t caps = 1ull << CAP_SYS_BOOT;
+  for (int cap : isolation::caps::initCapabilities()) caps |= 1ull << cap;
+  cmdline += " MOAT_GUEST_CAPS=" + std::to_string(caps);
   if (!spec.kvm) cmdline += " tsc_early_khz=" + std::to_string(hostTscKhz());
   cmdline += " -- --guest";
   auto fd = [](int n) { return "/proc/self/fd/" + std::to_string(n); };
@@ -143,7 +152,7 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
           "-M",
           spec.kvm ? "microvm" : "microvm,pit=on",
           "-accel",
-          spec.kvm ? "kvm" : "tcg",
+          spec.kvm ? "kvm" : "tcg,tb-size=" + std::to_string(kTcgCacheMb),
           "-cpu",
           spec.kvm ? "host" : "qemu64",
           "-smp",
@@ -197,10 +206,9 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   }
   MOAT_ASSIGN(UniqueFd root, os::open(spec.rootImage, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   MOAT_ASSIGN(UniqueFd initrd, os::open(initramfs, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  int pair[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return Error::fromErrno("socketpair");
-  vm.control_ = UniqueFd(pair[0]);
-  UniqueFd qemuEnd(pair[1]);
+  MOAT_ASSIGN(auto pair, os::streamSocketPair());
+  vm.control_ = std::move(pair.first);
+  UniqueFd qemuEnd = std::move(pair.second);
   auto argv = qemuArgv(qemu, spec);
   const int console = vm.console_.get();
   std::vector<char*> args;
@@ -235,6 +243,13 @@ Result<Vm> Vm::start(const VmSpec& spec) {
     // command, not QEMU's), and, while still root, network and IPC
     // namespaces of its own: a QEMU taken over reaches no host network
     // (it needs none: the guest has no network device).
+    // Into its cgroup while still root (the limits bound QEMU, the guest's
+    // RAM and TCG's cache included).
+    for (const auto& join : spec.cgroupJoin) {
+      int fd = ::open(join.c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd < 0 || ::write(fd, "0", 1) != 1) ::_exit(124);
+      ::close(fd);
+    }
     if (::setsid() < 0) ::_exit(125);
     if (::unshare(CLONE_NEWNET | CLONE_NEWIPC) != 0) ::_exit(125);
     if ((spec.uid != 0 || spec.gid != 0) && os::switchIdsInChild(spec.uid, spec.gid) != 0) ::_exit(125);

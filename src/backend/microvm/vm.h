@@ -29,6 +29,7 @@ struct VmSpec {
   unsigned cpus = 1;
   uint64_t memoryMb = 256;
   uint64_t storageBytes = 1ull << 30;  // the writable layer (a tmpfs in the guest's memory)
+  uint64_t pids = 0;                   // the guest's commands' tasks (a cgroup in the guest); 0: unbounded
   bool kvm = false;                    // false: TCG (emulated)
   // QEMU's own ids (a host range's root, never 0 in use): it runs as them,
   // with no_new_privs and its own seccomp sandbox. It opens no path of
@@ -36,7 +37,14 @@ struct VmSpec {
   // 0: the caller's (tests that are not root).
   uid_t uid = 0;
   gid_t gid = 0;
+  // The cgroup QEMU runs in: the files it writes "0" to (its procs files)
+  // before it drops root. Empty: the caller's.
+  std::vector<std::string> cgroupJoin;
 };
+
+// What TCG may keep of translated code (QEMU's default is 1 GiB): part of
+// what QEMU uses beside the guest's RAM.
+inline constexpr unsigned kTcgCacheMb = 128;
 
 // The descriptors QEMU is started with, named on its command line as
 // /proc/self/fd/N (so it needs no search right on any directory of moat's):

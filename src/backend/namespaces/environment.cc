@@ -73,36 +73,6 @@ namespace {
 
 std::string cgroupName(const std::string& id) { return "moat-" + id; }
 
-// The host's cgroup layout with moat's parent cgroups made, once per process:
-// moatd's spawner creates every environment, and reading mountinfo and
-// walking the parents took ~0.5 ms of each create. `again` re-reads both
-// (the parents were removed under us).
-Result<cg::Layout> preparedLayout(bool again) {
-  static std::mutex mutex;
-  static std::optional<cg::Layout> cached;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (!cached || again) {
-    cached.reset();
-    MOAT_ASSIGN(cg::Layout layout, cg::detectHostLayout());
-    MOAT_TRY(cg::prepareParents(layout));
-    cached = std::move(layout);
-  }
-  return *cached;
-}
-
-// The environment's cgroup under the prepared parents; should those have
-// gone since (ENOENT), they are prepared again (into `layout`) and it is
-// tried once more.
-Result<std::unique_ptr<cg::Cgroup>> createCgroup(cg::Layout& layout, const std::string& name,
-                                                 const cg::Limits& limits) {
-  for (bool again = false;; again = true) {
-    auto cgroup = cg::Cgroup::create(layout, name, limits);
-    if (cgroup.ok()) return std::make_unique<cg::Cgroup>(std::move(cgroup.value()));
-    if (again || cgroup.error().sysErrno != ENOENT) return cgroup.error();
-    MOAT_ASSIGN(layout, preparedLayout(true));
-  }
-}
-
 // Leftovers of processes that died holding environments (their locks are
 // free) are collected at the first create of a process and then at most
 // every 10 s: the scan opens every lock, ~1,000 of them beside a full moatd.
@@ -337,7 +307,7 @@ Result<std::unique_ptr<Environment>> Environment::create(
   }
 
   traceStage("locked");
-  MOAT_ASSIGN(cg::Layout layout, preparedLayout(false));
+  MOAT_ASSIGN(cg::Layout layout, cg::preparedHostLayout(false));
   traceStage("cgroup parents");
   MOAT_ASSIGN(fs::StoragePool pool, fs::StoragePool::open(spec.stateDir));
   auto storageBytes = static_cast<uint64_t>(spec.storageGb * static_cast<double>(kGiB));
@@ -389,7 +359,7 @@ Result<std::unique_ptr<Environment>> Environment::create(
   limits.memoryBytes = spec.memoryMb * kMiB;
   limits.pids = spec.pids;
   limits.cpuSet = cpus;
-  MOAT_ASSIGN(env->cgroup_, createCgroup(layout, cgroupName(env->id_), limits));
+  MOAT_ASSIGN(env->cgroup_, cg::createUnderPreparedParents(layout, cgroupName(env->id_), limits));
 
   traceStage("cgroup");
   if (!userns) {

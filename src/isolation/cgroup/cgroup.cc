@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "isolation/cgroup/cpus.h"
@@ -229,6 +231,29 @@ Status Cgroup::remove() {
   procsFiles_.clear();
   joinFiles_.clear();
   return result;
+}
+
+Result<Layout> preparedHostLayout(bool again) {
+  static std::mutex mutex;
+  static std::optional<Layout> cached;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!cached || again) {
+    cached.reset();
+    MOAT_ASSIGN(Layout layout, detectHostLayout());
+    MOAT_TRY(prepareParents(layout));
+    cached = std::move(layout);
+  }
+  return *cached;
+}
+
+Result<std::unique_ptr<Cgroup>> createUnderPreparedParents(Layout& layout, const std::string& name,
+                                                           const Limits& limits) {
+  for (bool again = false;; again = true) {
+    auto cgroup = Cgroup::create(layout, name, limits);
+    if (cgroup.ok()) return std::make_unique<Cgroup>(std::move(cgroup.value()));
+    if (again || cgroup.error().sysErrno != ENOENT) return cgroup.error();
+    MOAT_ASSIGN(layout, preparedHostLayout(true));
+  }
 }
 
 }  // namespace moat::isolation::cgroup

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -90,5 +91,15 @@ class Cgroup {
   std::vector<std::string> joinFiles_;
   bool cpuacct_ = false;  // v1: dirs_[3] is cpuacct's
 };
+
+// The host's cgroup layout with moat's parent cgroups made, once per
+// process (reading mountinfo and walking the parents took ~0.5 ms of each
+// create). `again` re-reads both (the parents were removed under us).
+Result<Layout> preparedHostLayout(bool again);
+
+// A cgroup under the prepared parents; should those have gone since
+// (ENOENT), they are prepared again (into `layout`) and it is tried once more.
+Result<std::unique_ptr<Cgroup>> createUnderPreparedParents(Layout& layout, const std::string& name,
+                                                           const Limits& limits);
 
 }  // namespace moat::isolation::cgroup

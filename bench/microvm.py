@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""microVM environments against namespace ones and against QEMU's own
+boot, interleaved in one run, through moatd's API.
+
+Per round: a namespace environment created and its first command run; a
+microVM environment (spec.isolation "microvm") the same; and, as the peer,
+the floor of any QEMU boot here: the same QEMU, machine and guest kernel
+booting with nothing to run (rdinit names no file: the kernel panics and
+QEMU ends), timed from exec to exit. Then exec latency on one of each, and
+the memory each holds idle (its cgroup's: for a microVM, QEMU's, the
+guest's touched RAM and TCG's cache included). Both run the same template:
+a directory of one static program (moat-guest-tool as /bin/tool).
+
+  bench/microvm.py --bin-dir build/bin [--runs 10] [--execs 20] [--json FILE]
+
+Needs root; exits 0 with SKIP otherwise.
+"""
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "stress"))
+import moatd_harness as h  # noqa: E402
+
+
+def pct(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def guest_kernel():
+    named = os.environ.get("MOAT_GUEST_KERNEL")
+    if named:
+        return named
+    found = sorted(glob.glob("/boot/vmlinuz-*-cloud-amd64"))
+    if not found:
+        raise SystemExit("no guest kernel: apt-get install linux-image-cloud-amd64 (make deps)")
+    return found[-1]
+
+
+def qemu_floor_ms(kernel):
+    # The same machine and flags moat uses on TCG (backend/microvm/vm.cc),
+    # without moat's initramfs, disks or port: a boot to the first thing it
+    # would run, then the panic and QEMU's end.
+    argv = ["qemu-system-x86_64", "-M", "microvm,pit=on", "-accel", "tcg,tb-size=128", "-cpu", "qemu64",
+            "-m", "256", "-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-kernel", kernel,
+            "-append", "console=ttyS0 quiet panic=-1 reboot=t rdinit=/none"]
+    t = time.perf_counter()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=120)
+    return (time.perf_counter() - t) * 1000
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin-dir", required=True)
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--execs", type=int, default=20)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("SKIP: needs root (moatd creates namespaces, cgroups and QEMUs)")
+        return 0
+    kernel = guest_kernel()
+    tree = tempfile.mkdtemp(prefix="moat-bench-vm-tree-")
+    os.chmod(tree, 0o755)
+    os.makedirs(tree + "/bin", 0o755)
+    shutil.copy(os.path.join(args.bin_dir, "moat-guest-tool"), tree + "/bin/tool")
+    os.chmod(tree + "/bin/tool", 0o755)
+    m = h.Moatd(args.bin_dir, prefix="moatd-bench-vm-")
+    times = {"namespaces": [], "microvm": [], "qemu floor": []}
+    execs = {"namespaces": [], "microvm": []}
+    idle = {}
+    try:
+        def ok(status, body, want):
+            if status != want:
+                raise SystemExit(f"unexpected answer {status}: {body}")
+            return body
+
+        def create_and_run(isolation):
+            spec = {"isolation": isolation, "ram_mb": 256}
+            t = time.perf_counter()
+            env = ok(*m.call("POST", "/v1/environments", {"template": tree, "spec": spec}), 201)
+            r = ok(*m.call("POST", f"/v1/environments/{env['id']}/exec", {"cmd": ["/bin/tool", "uname"]}), 200)
+            took = (time.perf_counter() - t) * 1000
+            if r["exit_code"] != 0:
+                raise SystemExit(f"{isolation}: {r}")
+            return env["id"], took
+
+        # One of each first (the image is made on the first microVM create).
+        warm = [create_and_run(i)[0] for i in ("namespaces", "microvm")]
+        for env in warm:
+            ok(*m.call("DELETE", f"/v1/environments/{env}"), 204)
+        for _ in range(args.runs):
+            for isolation in ("namespaces", "microvm"):
+                env, took = create_and_run(isolation)
+                times[isolation].append(took)
+                ok(*m.call("DELETE", f"/v1/environments/{env}"), 204)
+            times["qemu floor"].append(qemu_floor_ms(kernel))
+        kept = {i: create_and_run(i)[0] for i in ("namespaces", "microvm")}
+        for _ in range(args.execs):
+            for isolation, env in kept.items():
+                t = time.perf_counter()
+                ok(*m.call("POST", f"/v1/environments/{env}/exec", {"cmd": ["/bin/tool", "uname"]}), 200)
+                execs[isolation].append((time.perf_counter() - t) * 1000)
+        time.sleep(2)  # idle: what each holds once nothing runs
+        for isolation, env in kept.items():
+            idle[isolation] = ok(*m.call("GET", f"/v1/environments/{env}/stats"), 200)["memory_bytes"]
+    finally:
+        m.stop()
+        m.remove()
+        shutil.rmtree(tree, ignore_errors=True)
+    floor = statistics.median(times["qemu floor"])
+    print(f"# {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())} {os.uname().release} {os.cpu_count()} cpus, "
+          f"{args.runs} rounds, TCG, guest kernel {os.path.basename(kernel)}")
+    print("| create -> first exec | p50 ms | p90 ms | vs QEMU's boot floor |")
+    print("|---|---|---|---|")
+    for name, values in times.items():
+        print(f"| {name} | {statistics.median(values):.0f} | {pct(values, 90):.0f} | "
+              f"{statistics.median(values) / floor:.2f}x |")
+    print()
+    print("| exec on a running environment | p50 ms | p90 ms | idle memory MiB |")
+    print("|---|---|---|---|")
+    for name, values in execs.items():
+        print(f"| {name} | {statistics.median(values):.1f} | {pct(values, 90):.1f} | {idle[name] / 2**20:.1f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"create_ms": times, "exec_ms": execs, "idle_bytes": idle}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
