@@ -117,7 +117,7 @@ TEST(QemuArgv, TcgIsToldTheTscAndKvmIsNotAndTheRootIsReadOnlyAndThePidsBoundGoes
   spec.memoryMb = 512;
   spec.storageBytes = 1 << 20;
   auto tcg = qemuArgv("/usr/bin/qemu", spec);
-  EXPECT_TRUE(has(tcg, "tcg"));
+  EXPECT_TRUE(has(tcg, "tcg,tb-size=128")) << "TCG's translation cache is bounded (QEMU's default: 1 GiB)";
   EXPECT_TRUE(has(tcg, "512"));
   EXPECT_TRUE(has(tcg, "-no-reboot")) << "a guest whose init ends ends QEMU";
   // Its files are descriptors moat opened: it opens no path of moat's.
@@ -132,6 +132,14 @@ TEST(QemuArgv, TcgIsToldTheTscAndKvmIsNotAndTheRootIsReadOnlyAndThePidsBoundGoes
   EXPECT_NE(cmdline[1].find("MOAT_GUEST_STORAGE=1048576"), std::string::npos) << cmdline[1];
   EXPECT_EQ(cmdline[1].find("MOAT_GUEST_PIDS"), std::string::npos) << "0: unbounded";
   EXPECT_NE(cmdline[1].find(" -- --guest"), std::string::npos) << cmdline[1];
+  // moat-init keeps CHOWN and SYS_BOOT, never SYS_ADMIN or SYS_MODULE.
+  auto caps = cmdline[1].find("MOAT_GUEST_CAPS=");
+  ASSERT_NE(caps, std::string::npos) << cmdline[1];
+  const uint64_t mask = std::stoull(cmdline[1].substr(caps + 16));
+  EXPECT_NE(mask & (1ull << 0), 0u);
+  EXPECT_NE(mask & (1ull << 22), 0u);
+  EXPECT_EQ(mask & (1ull << 21), 0u);
+  EXPECT_EQ(mask & (1ull << 16), 0u);
   spec.kvm = true;
   spec.pids = 64;
   auto kvm = qemuArgv("/usr/bin/qemu", spec);
