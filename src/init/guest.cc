@@ -101,14 +101,16 @@ Status awaitHost(int fd) {
 
 // The guest's commands under a pids bound (`pids`, the spec's): moat-init
 // joins a cgroup of its own with pids.max, and what it starts inherits it.
-// The guest's to keep: a command that is root in the guest may lift it
-// (the host's bounds are QEMU's cgroup's, docs/MICROVM.md).
+// The cgroup file system is unmounted again (the membership and the bound
+// stay): a command, root in the guest but without SYS_ADMIN, cannot mount
+// it to lift the bound.
 Status boundTasks(const std::string& pids) {
   MOAT_TRY(os::mount("cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, ""));
   MOAT_TRY(os::writeExisting("/sys/fs/cgroup/cgroup.subtree_control", "+pids"));
   MOAT_TRY(os::makeDir("/sys/fs/cgroup/moat", 0755));
   MOAT_TRY(os::writeExisting("/sys/fs/cgroup/moat/pids.max", pids));
-  return os::writeExisting("/sys/fs/cgroup/moat/cgroup.procs", "0");
+  MOAT_TRY(os::writeExisting("/sys/fs/cgroup/moat/cgroup.procs", "0"));
+  return os::unmount("/sys/fs/cgroup");
 }
 
 // Once its root is made, moat-init keeps what the host named (a namespace

@@ -384,7 +384,15 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     // The backend may have made it and failed only to hand it over (its
     // descriptor lost at moatd's limit): nothing of it may stay running.
     (void)backend_.destroy(record.id);
+    const std::string destroyedBy = live_.destroyRequestedBy(record.id);
     release();
+    if (!destroyedBy.empty()) {
+      // A DELETE ended it while it was being made (a microVM's boot).
+      (void)store_.setState(record.id, EnvironmentState::kGone, "destroyed");
+      audit_.record("environment.created", record.id, record.owner, createdData(record, false));
+      audit_.record("environment.destroyed", record.id, destroyedBy, {{"reason", "destroyed"}, {"state", "gone"}});
+      return Error::make(Code::kConflict, "environment " + record.id + " was destroyed while being created");
+    }
     (void)store_.setState(record.id, EnvironmentState::kFailed, created.error().message());
     nlohmann::json data = createdData(record, false);
     data["error"] = created.error().message();
@@ -592,10 +600,16 @@ Status EnvironmentManager::destroy(const std::string& id, const std::string& rea
   }
   LiveEnvironment live;
   switch (live_.takeForDestroy(id, actor, live)) {
-    case LiveTable::Destroy::kRequested:
+    case LiveTable::Destroy::kRequested: {
       // The backend is still creating it; create() destroys it when done.
       (void)store_.setState(id, EnvironmentState::kDestroying, reason);
+      // A microVM boots for seconds: it ends now, and its create with it.
+      auto record = get(id);
+      if (record.ok() && record->isolation == backend::isolationName(backend::Isolation::kMicroVm)) {
+        (void)backend_.destroy(id);
+      }
       return {};
+    }
     case LiveTable::Destroy::kTaken:
       capacity_.release(live.ramMb);
       break;

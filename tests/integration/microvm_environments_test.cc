@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <thread>
 
 #include "backend/microvm/guest_kernel.h"
 #include "common/encoding.h"
@@ -119,6 +120,9 @@ TEST_F(MicroVmEnvironments, RunCommandsAndHoldFilesOnTheirOwnKernelAndLeaveNothi
   const long started = std::stol(forked["stdout"].get<std::string>());
   EXPECT_LT(started, 64) << "pids.max holds in the guest";
   EXPECT_GT(started, 40) << "the bound is the spec's, not lower";
+  // ... and no command can reach the cgroup's files to lift it.
+  json mounts = exec(id, {{"cmd", {"/bin/tool", "cat", "/proc/self/mounts"}}});
+  EXPECT_EQ(mounts["stdout"].get<std::string>().find("cgroup"), std::string::npos) << mounts["stdout"];
   // QEMU runs in a cgroup of its own (its limits: the spec's CPU time, the
   // guest's RAM and QEMU's own memory).
   std::vector<std::string> qemus;
@@ -183,6 +187,26 @@ TEST_F(MicroVmEnvironments, WhatTheyCannotDoYetIsRefusedByName) {
   EXPECT_EQ(call("GET", "/v1/environments/" + id + "/network", nullptr, 200)["network"]["mode"], "none");
   // It still serves.
   EXPECT_EQ(exec(id, {{"cmd", {"/bin/tool", "uname"}}})["stdout"], kernelVersion_ + "\n");
+}
+
+// A DELETE while a guest boots ends the boot (not seconds later): the
+// create answers 409, the record is gone, no QEMU is left.
+TEST_F(MicroVmEnvironments, ADeleteDuringTheBootEndsIt) {
+  HttpResult created;
+  std::thread creating([&] { created = daemon_->request("POST", "/v1/environments", vmBody().dump()); });
+  std::string id;
+  for (int i = 0; i < 400 && id.empty(); ++i) {  // bounded: until the record exists
+    json list = call("GET", "/v1/environments?state=creating", nullptr, 200);
+    if (!list["environments"].empty()) id = list["environments"][0]["id"];
+    if (id.empty()) ::usleep(10000);
+  }
+  ASSERT_FALSE(id.empty()) << "the create's record, while it boots";
+  call("DELETE", "/v1/environments/" + id, nullptr, 204);
+  creating.join();
+  EXPECT_EQ(created.status, 409) << created.body;
+  EXPECT_NE(created.body.find("destroyed while being created"), std::string::npos) << created.body;
+  EXPECT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "gone");
+  EXPECT_TRUE(holdersOf(daemon_->stateDir() + "/microvm/vms/" + id).empty()) << "no QEMU of it is left";
 }
 
 // Its QEMUs die with moatd (however it ends), and the next moatd says so.

@@ -52,7 +52,7 @@ describe("against a real moatd", { skip }, () => {
       spec: { cpus: 2, ram_mb: 2048, storage_gb: 10 },
     });
     assert.equal(env.state, "running");
-    assert.deepEqual(env.spec, { cpus: 2, ram_mb: 2048, storage_gb: 10, pids: 1024 });
+    assert.deepEqual(env.spec, { cpus: 2, ram_mb: 2048, storage_gb: 10, pids: 1024, isolation: "namespaces" });
 
     await client.environments.files.write(
       env.id,

@@ -135,19 +135,29 @@ Result<std::string> MicroVmBackend::imageFor(const std::string& templateName) {
                                                    ": a microVM's template directory must be root's and writable "
                                                    "by root alone (its image is made as root from its paths)");
   }
-  std::lock_guard lock(filesMutex_);
   const std::string images = dir_ + "/images";
-  MOAT_TRY(os::makeDirs(images, 0700, 0700));
-  const std::string image = images + "/" + imageName(templateName, top);
-  if (::access(image.c_str(), F_OK) == 0) return image;
-  const std::string partial = image + ".partial";
-  (void)::unlink(partial.c_str());
-  Status built = buildRootImage(tmpl.lower.get(), partial);
-  if (!built.ok()) {
-    (void)::unlink(partial.c_str());
-    return built.error();
+  const std::string name = imageName(templateName, top);
+  // One build per image at a time; other templates' creates go on.
+  std::shared_ptr<std::mutex> building;
+  {
+    std::lock_guard lock(filesMutex_);
+    MOAT_TRY(os::makeDirs(images, 0700, 0700));
+    auto& slot = imageLocks_[name];
+    if (!slot) slot = std::make_shared<std::mutex>();
+    building = slot;
   }
-  if (::rename(partial.c_str(), image.c_str()) != 0) return Error::fromErrno("rename " + partial);
+  std::lock_guard lock(*building);
+  const std::string image = images + "/" + name;
+  if (::access(image.c_str(), F_OK) == 0) return image;
+  // mkfs.erofs may write only a directory of its own (Landlock): never
+  // another template's image, which other guests boot.
+  std::string scratch = images + "/.build-XXXXXX";
+  if (!::mkdtemp(scratch.data())) return Error::fromErrno("mkdtemp " + scratch);
+  const std::string partial = scratch + "/image";
+  Status built = buildRootImage(tmpl.lower.get(), partial);
+  if (built.ok() && ::rename(partial.c_str(), image.c_str()) != 0) built = Error::fromErrno("rename " + partial);
+  (void)os::removeTree(scratch);
+  if (!built.ok()) return built.error();
   return image;
 }
 

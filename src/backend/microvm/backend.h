@@ -65,8 +65,9 @@ class MicroVmBackend final : public Backend {
 
   const std::string dir_;  // <state>/microvm: root's alone
   const HostSupport host_;
-  std::mutex filesMutex_;  // images and the initramfs, made one at a time
+  std::mutex filesMutex_;  // the initramfs, and the map below
   std::string initramfs_;
+  std::map<std::string, std::shared_ptr<std::mutex>> imageLocks_;  // image name -> held while it is made
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Guest>> guests_;
   DedicatedThread launcher_;  // QEMUs are forked here: they die with moatd
