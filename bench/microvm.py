@@ -11,7 +11,7 @@ the memory each holds idle (its cgroup's: for a microVM, QEMU's, the
 guest's touched RAM and TCG's cache included). Both run the same template:
 a directory of one static program (moat-guest-tool as /bin/tool).
 
-  bench/microvm.py --bin-dir build/bin [--runs 10] [--execs 20] [--json FILE]
+  bench/microvm.py --bin-dir build/bin [--accel tcg|kvm] [--runs 10] [--execs 20] [--json FILE]
 
 Needs root; exits 0 with SKIP otherwise.
 """
@@ -47,13 +47,28 @@ def guest_kernel():
     return found[-1]
 
 
-def qemu_floor_ms(kernel):
-    # The same machine and flags moat uses on TCG (backend/microvm/vm.cc),
+def host_tsc_khz():
+    # What moat tells a TCG guest (backend/microvm/vm.cc hostTscKhz): without
+    # it the microvm machine's kernel cannot calibrate its clock and hangs.
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("cpu MHz"):
+                return int(float(line.split(":")[1]) * 1000)
+    return 2000000
+
+
+def qemu_floor_ms(kernel, accel):
+    # The same machine and flags moat uses (backend/microvm/vm.cc qemuArgv),
     # without moat's initramfs, disks or port: a boot to the first thing it
     # would run, then the panic and QEMU's end.
-    argv = ["qemu-system-x86_64", "-M", "microvm,pit=on", "-accel", "tcg,tb-size=128", "-cpu", "qemu64",
-            "-m", "256", "-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-kernel", kernel,
-            "-append", "console=ttyS0 quiet panic=-1 reboot=t rdinit=/none"]
+    cmdline = "console=ttyS0 quiet panic=-1 reboot=t rdinit=/none"
+    if accel == "kvm":
+        machine = ["-M", "microvm", "-accel", "kvm", "-cpu", "host"]
+    else:
+        machine = ["-M", "microvm,pit=on", "-accel", "tcg,tb-size=128", "-cpu", "qemu64"]
+        cmdline += f" tsc_early_khz={host_tsc_khz()}"
+    argv = ["qemu-system-x86_64"] + machine + ["-m", "256", "-nodefaults", "-no-user-config", "-nographic",
+                                              "-no-reboot", "-kernel", kernel, "-append", cmdline]
     t = time.perf_counter()
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=120)
     return (time.perf_counter() - t) * 1000
@@ -62,6 +77,7 @@ def qemu_floor_ms(kernel):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin-dir", required=True)
+    ap.add_argument("--accel", choices=["tcg", "kvm"], default="tcg")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--execs", type=int, default=20)
     ap.add_argument("--json")
@@ -75,7 +91,7 @@ def main():
     os.makedirs(tree + "/bin", 0o755)
     shutil.copy(os.path.join(args.bin_dir, "moat-guest-tool"), tree + "/bin/tool")
     os.chmod(tree + "/bin/tool", 0o755)
-    m = h.Moatd(args.bin_dir, prefix="moatd-bench-vm-")
+    m = h.Moatd(args.bin_dir, args=["--microvm-accel", args.accel], prefix="moatd-bench-vm-")
     times = {"namespaces": [], "microvm": [], "qemu floor": []}
     execs = {"namespaces": [], "microvm": []}
     idle = {}
@@ -104,7 +120,7 @@ def main():
                 env, took = create_and_run(isolation)
                 times[isolation].append(took)
                 ok(*m.call("DELETE", f"/v1/environments/{env}"), 204)
-            times["qemu floor"].append(qemu_floor_ms(kernel))
+            times["qemu floor"].append(qemu_floor_ms(kernel, args.accel))
         kept = {i: create_and_run(i)[0] for i in ("namespaces", "microvm")}
         for _ in range(args.execs):
             for isolation, env in kept.items():
@@ -120,7 +136,7 @@ def main():
         shutil.rmtree(tree, ignore_errors=True)
     floor = statistics.median(times["qemu floor"])
     print(f"# {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())} {os.uname().release} {os.cpu_count()} cpus, "
-          f"{args.runs} rounds, TCG, guest kernel {os.path.basename(kernel)}")
+          f"{args.runs} rounds, {args.accel.upper()}, guest kernel {os.path.basename(kernel)}")
     print("| create -> first exec | p50 ms | p90 ms | vs QEMU's boot floor |")
     print("|---|---|---|---|")
     for name, values in times.items():
