@@ -85,6 +85,8 @@ Result<bool> landlockScopeSelf() {
   return true;
 }
 
+int landlockRestrictInChild(int ruleset) { return ::syscall(SYS_landlock_restrict_self, ruleset, 0) == 0 ? 0 : errno; }
+
 Result<UniqueFd> landlockFileRuleset(const std::vector<LandlockRule>& rules) {
   const int abi = landlockAbi();
   if (abi < 1) return Error::make(Code::kUnsupported, "this kernel has no Landlock");

@@ -33,5 +33,8 @@ struct LandlockRule {
   uint64_t access;
 };
 Result<UniqueFd> landlockFileRuleset(const std::vector<LandlockRule>& rules);
+// Restricts the calling process to `ruleset` (no_new_privs must be set).
+// Async-signal-safe, for a forked child: 0 or the errno.
+int landlockRestrictInChild(int ruleset);
 
 }  // namespace moat::os

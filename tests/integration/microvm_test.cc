@@ -7,7 +7,9 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -19,6 +21,7 @@
 #include "moat_process.h"
 #include "os/file.h"
 #include "os/process.h"
+#include "os/security.h"
 
 namespace moat::test {
 namespace {
@@ -186,6 +189,69 @@ TEST_F(MicroVm, TheImageMakerReadsTheTreeAndNothingElseOfTheHosts) {
   auto image = os::readFile(spec_.rootImage);
   ASSERT_TRUE(image.ok());
   EXPECT_EQ(image.value(), "tree's\nhost-denied\n");
+}
+
+// QEMU runs under Landlock: a process restricted by the same ruleset (a
+// QEMU taken over by its guest) runs programs from /usr and reads the
+// guest kernel, its given files and libraries, and writes its console;
+// nothing of the host's beyond: not /etc/passwd, not /tmp, not its root
+// image for writing.
+TEST_F(MicroVm, QemuReachesOnlyItsOwnFilesOfTheHosts) {
+  buildRoot();
+  const std::string secret = dir_ + "/secret";
+  ASSERT_TRUE(os::writeFile(secret, "host's\n", 0644).ok());
+  const std::string console = dir_ + "/console.log";
+  ASSERT_TRUE(os::writeFile(console, "", 0600).ok());
+  auto root = os::open(spec_.rootImage, O_RDONLY | O_CLOEXEC);
+  auto log = os::open(console, O_WRONLY | O_APPEND | O_CLOEXEC);
+  ASSERT_TRUE(root.ok() && log.ok());
+  auto ruleset = backend::microvm::qemuRuleset(spec_, {root->get()}, log->get());
+  ASSERT_TRUE(ruleset.ok()) << ruleset.error().message();
+  int pipeFds[2];
+  ASSERT_EQ(::pipe(pipeFds), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(pipeFds[0]);
+    std::string report;
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || os::landlockRestrictInChild(ruleset->get()) != 0) {
+      report = "restrict failed";
+    } else {
+      auto tryOpen = [&](const std::string& path, int flags) {
+        int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+        report += path + (fd >= 0 ? ":ok " : ":" + std::to_string(errno) + " ");
+        if (fd >= 0) ::close(fd);
+      };
+      tryOpen("/usr/bin/qemu-system-x86_64", O_RDONLY);
+      tryOpen(spec_.kernel.image, O_RDONLY);
+      tryOpen("/proc/self/fd/" + std::to_string(root->get()), O_RDONLY);
+      tryOpen("/proc/self/fd/" + std::to_string(log->get()), O_WRONLY | O_APPEND);
+      tryOpen("/etc/passwd", O_RDONLY);
+      tryOpen(secret, O_RDONLY);
+      tryOpen("/proc/self/fd/" + std::to_string(root->get()), O_WRONLY);
+      tryOpen("/tmp", O_RDONLY | O_DIRECTORY);
+    }
+    (void)!::write(pipeFds[1], report.data(), report.size());
+    ::_exit(0);
+  }
+  ::close(pipeFds[1]);
+  std::string report;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(pipeFds[0], buf, sizeof buf)) > 0;) report.append(buf, static_cast<size_t>(n));
+  ::close(pipeFds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  const std::string denied = ":" + std::to_string(EACCES) + " ";
+  EXPECT_NE(report.find("/usr/bin/qemu-system-x86_64:ok"), std::string::npos) << report;
+  EXPECT_NE(report.find(spec_.kernel.image + ":ok"), std::string::npos) << report;
+  EXPECT_NE(report.find("/proc/self/fd/" + std::to_string(root->get()) + ":ok"), std::string::npos) << report;
+  EXPECT_NE(report.find("/proc/self/fd/" + std::to_string(log->get()) + ":ok"), std::string::npos) << report;
+  EXPECT_NE(report.find("/etc/passwd" + denied), std::string::npos) << report;
+  EXPECT_NE(report.find(secret + denied), std::string::npos) << report;
+  EXPECT_NE(report.find("/tmp" + denied), std::string::npos) << report;
+  // The root image is read only to it: the second open of it, for writing.
+  const std::string rootLink = "/proc/self/fd/" + std::to_string(root->get());
+  EXPECT_NE(report.find(rootLink + denied), std::string::npos) << report;
 }
 
 // `moat run --isolation microvm`: the same command line, the command in a

@@ -187,6 +187,43 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
           std::string("virtserialport,chardev=control,name=") + init::kGuestPortName};
 }
 
+// What QEMU may reach of the host's files once it runs (Landlock; docs/
+// MICROVM.md): its program, libraries, firmware and modules (/usr, read
+// and run), the guest kernel, the descriptors it was given (found again by
+// /proc/self/fd/N: their files), /dev/kvm when it is used, and a few files
+// it reads to learn the host (read only). Nothing else: an escaped QEMU
+// reads no /tmp, /home, /run or other environments' files and writes
+// nothing but its console log.
+Result<UniqueFd> qemuRuleset(const VmSpec& spec, const std::vector<int>& given, int console) {
+  constexpr uint64_t kRead = LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR;
+  constexpr uint64_t kRun = kRead | LANDLOCK_ACCESS_FS_EXECUTE;
+  std::vector<os::LandlockRule> rules;
+  std::vector<UniqueFd> held;
+  auto allow = [&](const std::string& path, uint64_t access, bool needed) -> Status {
+    auto fd = os::open(path, O_PATH | O_CLOEXEC);
+    if (!fd.ok()) {
+      if (needed) return fd.error();
+      return {};
+    }
+    rules.push_back({fd->get(), access});
+    held.push_back(std::move(fd.value()));
+    return {};
+  };
+  MOAT_TRY(allow("/usr", kRun, true));
+  for (const char* path : {"/lib", "/lib64"}) MOAT_TRY(allow(path, kRun, false));
+  for (const char* path : {"/etc/ld.so.cache", "/etc/localtime", "/dev/urandom", "/proc/filesystems",
+                           "/sys/devices/system", "/sys/bus/nd"}) {
+    MOAT_TRY(allow(path, kRead, false));
+  }
+  MOAT_TRY(allow(spec.kernel.image, kRead, true));
+  if (spec.kvm) {
+    MOAT_TRY(allow("/dev/kvm", LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_WRITE_FILE | (1ULL << 15), true));
+  }
+  for (int fd : given) rules.push_back({fd, LANDLOCK_ACCESS_FS_READ_FILE});
+  rules.push_back({console, LANDLOCK_ACCESS_FS_WRITE_FILE});
+  return os::landlockFileRuleset(rules);
+}
+
 Result<Vm> Vm::start(const VmSpec& spec) {
   MOAT_ASSIGN(std::string qemu, findProgram("MOAT_QEMU", "qemu-system-x86_64", "qemu-system-x86"));
   std::string initramfs = spec.initramfs;
@@ -206,6 +243,7 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   }
   MOAT_ASSIGN(UniqueFd root, os::open(spec.rootImage, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   MOAT_ASSIGN(UniqueFd initrd, os::open(initramfs, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  MOAT_ASSIGN(UniqueFd ruleset, qemuRuleset(spec, {root.get(), initrd.get()}, vm.console_.get()));
   MOAT_ASSIGN(auto pair, os::streamSocketPair());
   vm.control_ = std::move(pair.first);
   UniqueFd qemuEnd = std::move(pair.second);
@@ -255,6 +293,7 @@ Result<Vm> Vm::start(const VmSpec& spec) {
     if ((spec.uid != 0 || spec.gid != 0) && os::switchIdsInChild(spec.uid, spec.gid) != 0) ::_exit(125);
     if (::chdir("/") != 0) ::_exit(125);
     if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(125);
+    if (os::landlockRestrictInChild(ruleset.get()) != 0) ::_exit(125);
     // After the ids: a change of them clears it.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);

@@ -63,6 +63,11 @@ Status buildRootImage(int treeFd, const std::string& image);
 // guestModules() takes from the kernel's modules directory and their list.
 Result<std::string> guestInitramfs(const GuestKernel& kernel, const std::string& initBinary);
 
+// The Landlock ruleset QEMU runs under: /usr (read and run), the guest
+// kernel, a few files describing the host (read), /dev/kvm with `spec.kvm`,
+// the files of `given` (read) and `console` (write). Nothing else.
+Result<UniqueFd> qemuRuleset(const VmSpec& spec, const std::vector<int>& given, int console);
+
 // guestInitramfs's archive written to `path`, readable by every QEMU.
 Status writeGuestInitramfs(const GuestKernel& kernel, const std::string& initBinary, const std::string& path);
 
