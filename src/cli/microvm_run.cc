@@ -11,6 +11,7 @@
 #include "init/protocol.h"
 #include "isolation/fs/template.h"
 #include "os/file.h"
+#include "os/socket.h"
 #include "os/tool.h"
 
 namespace moat::cli {
@@ -21,6 +22,7 @@ constexpr const char* kVmsDir = "/run/moat-vms";
 constexpr uint64_t kMinMemoryMb = 128;
 // A boot takes seconds on TCG; a guest that has not answered by then will not.
 constexpr std::chrono::seconds kHelloWait{120};
+constexpr std::chrono::seconds kSendWait{30};
 
 }  // namespace
 
@@ -85,6 +87,9 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
   if (hello->type != init::MsgType::kHello || !h.ok() || h->version != init::kProtocolVersion) {
     return Error::make(Code::kToolFailed, "the guest's moat-init speaks another protocol");
   }
+  // The guest's moat-init is the guest's to stop: a write to it waits at
+  // most kSendWait, then moat run ends with the environment's failure.
+  MOAT_TRY(os::setSendTimeout(run->vm_->control(), kSendWait));
   MOAT_TRY(init::writeFrames(run->vm_->control(), firstFrames));
   return run;
 }

@@ -19,6 +19,7 @@
 #include "cli/exit_codes.h"
 #include "cli/microvm_run.h"
 #include "cli/run_options.h"
+#include "cli/supervise.h"
 #include "common/base_environment.h"
 #include "common/trace.h"
 #include "common/unique_fd.h"
@@ -30,8 +31,6 @@ namespace moat::cli {
 namespace {
 
 using backend::namespaces::Environment;
-
-constexpr uint32_t kCommandId = 1;
 
 uint64_t hostMemoryMb() {
   std::ifstream in("/proc/meminfo");
@@ -46,7 +45,7 @@ uint64_t hostMemoryMb() {
 
 init::SpawnRequest commandRequest(const std::string& hostname, const RunOptions& options) {
   init::SpawnRequest spawn;
-  spawn.id = kCommandId;
+  spawn.id = kRunCommandId;
   spawn.argv = options.command;
   spawn.env = baseEnvironment(hostname, options.workdir);
   for (const auto& e : options.env) spawn.env.push_back(e);
@@ -54,125 +53,6 @@ init::SpawnRequest commandRequest(const std::string& hostname, const RunOptions&
   spawn.stdinPipe = options.interactive;
   spawn.timeoutMs = static_cast<uint64_t>(std::llround(options.timeoutSeconds * 1000));
   return spawn;
-}
-
-// Talks to moat-init until the command ends (its Spawn request is already
-// queued); returns moat run's exit code.
-int superviseCommand(int control, const RunOptions& options, const std::function<uint64_t()>& oomKills) {
-  sigset_t mask;
-  sigemptyset(&mask);
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&mask, s);
-  ::sigprocmask(SIG_BLOCK, &mask, nullptr);
-  UniqueFd signals(::signalfd(-1, &mask, SFD_CLOEXEC));
-  ::signal(SIGPIPE, SIG_IGN);
-
-  bool stdinOpen = options.interactive;
-  // Input is read while at most this much sent earlier waits in moat-init
-  // (StdinTaken): a command that does not read holds up `moat run`'s own
-  // reading, not moat-init's memory.
-  constexpr uint64_t kStdinWindow = 1u << 20;
-  uint64_t stdinSent = 0, stdinTaken = 0;
-  bool readerGone[2] = {false, false};
-  init::FrameReader reader;
-  for (;;) {
-    pollfd fds[3] = {{control, POLLIN, 0}, {signals.get(), POLLIN, 0}, {0, POLLIN, 0}};
-    nfds_t count = stdinOpen && stdinSent - stdinTaken < kStdinWindow ? 3 : 2;
-    if (::poll(fds, count, -1) < 0) {
-      if (errno == EINTR) continue;
-      return complain(kExitEnvironment, std::string("poll: ") + std::strerror(errno));
-    }
-    if (fds[1].revents & POLLIN) {
-      struct signalfd_siginfo info;
-      if (::read(signals.get(), &info, sizeof info) == sizeof info) {
-        init::SignalRequest forward{kCommandId, static_cast<int32_t>(info.ssi_signo), true};
-        (void)init::writeFrame(control, init::MsgType::kSignal, forward.encode());
-      }
-    }
-    if (count == 3 && (fds[2].revents & (POLLIN | POLLHUP | POLLERR))) {
-      char buf[init::kOutputChunk];
-      ssize_t n = ::read(0, buf, sizeof buf);
-      if (n > 0) {
-        init::StdinData data{kCommandId, std::string(buf, static_cast<size_t>(n))};
-        (void)init::writeFrame(control, init::MsgType::kStdin, data.encode());
-        stdinSent += static_cast<uint64_t>(n);
-      } else if (n == 0 || errno != EINTR) {
-        stdinOpen = false;
-        (void)init::writeFrame(control, init::MsgType::kCloseStdin, init::ProcessRef{kCommandId}.encode());
-      }
-    }
-    if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-    char buf[65536];
-    ssize_t n = ::read(control, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return complain(kExitEnvironment, "environment failed: moat-init exited");
-    reader.feed(buf, static_cast<size_t>(n));
-    init::Frame frame;
-    for (;;) {
-      auto next = reader.next(frame);
-      if (!next.ok()) return complain(kExitEnvironment, "environment failed: " + next.error().message());
-      if (!next.value()) break;
-      switch (frame.type) {
-        case init::MsgType::kOutput: {
-          auto out = init::Output::decode(frame.payload);
-          if (!out.ok()) break;
-          int stream = out->stream == init::Stream::kStdout ? 0 : 1;
-          if (readerGone[stream] || writeAll(stream + 1, out->data)) break;
-          // Whoever read our output is gone (`moat run yes | head -1`): the
-          // command gets SIGPIPE, as it would writing to a closed pipe itself.
-          readerGone[stream] = true;
-          init::SignalRequest pipe{kCommandId, SIGPIPE, true};
-          (void)init::writeFrame(control, init::MsgType::kSignal, pipe.encode());
-          break;
-        }
-        case init::MsgType::kSpawnFailed: {
-          auto failed = init::SpawnFailed::decode(frame.payload);
-          if (!failed.ok()) return complain(kExitEnvironment, "environment failed: bad reply");
-          std::string what = std::strerror(failed->err);
-          if (failed->stage == "exec" && failed->err == ENOENT) {
-            return complain(kExitNotFound, "command not found in the environment: " + options.command[0]);
-          }
-          if (failed->stage == "chdir") {
-            return complain(kExitCannotRun, "working directory " + options.workdir + ": " + what);
-          }
-          return complain(kExitCannotRun, "cannot run " + options.command[0] + " (" + failed->stage + "): " + what);
-        }
-        case init::MsgType::kExited: {
-          traceStage("command exited");
-          auto exited = init::Exited::decode(frame.payload);
-          if (!exited.ok()) return complain(kExitEnvironment, "environment failed: bad reply");
-          if (exited->timedOut) {
-            char secs[32];
-            std::snprintf(secs, sizeof secs, "%g", options.timeoutSeconds);
-            return complain(kExitTimeout, std::string("timeout: killed after ") + secs + "s");
-          }
-          if (exited->signal != 0) {
-            if (exited->signal == SIGKILL && oomKills() > 0) {
-              complain(0, "killed: out of memory (limit " + std::to_string(options.spec.memoryMb) + " MB)");
-            }
-            return 128 + std::clamp(exited->signal, 1, 127);  // a guest's moat-init says what it likes
-          }
-          return exited->exitCode;
-        }
-        case init::MsgType::kHello: {
-          auto hello = init::Hello::decode(frame.payload);
-          if (!hello.ok() || hello->version != init::kProtocolVersion) {
-            return complain(kExitEnvironment, "environment failed: moat-init speaks another protocol");
-          }
-          traceStage("hello");
-          break;
-        }
-        case init::MsgType::kStdinTaken: {
-          auto taken = init::StdinTaken::decode(frame.payload);
-          if (taken.ok()) stdinTaken = std::max(stdinTaken, std::min(taken->total, stdinSent));
-          break;
-        }
-        case init::MsgType::kProtocolError:
-          return complain(kExitEnvironment, "environment failed: protocol error");
-        default:
-          break;
-      }
-    }
-  }
 }
 
 }  // namespace
@@ -202,7 +82,15 @@ int runCommand(const std::vector<std::string>& args) {
     auto vm = MicroVmRun::start(options, options.spec.firstFrames);
     if (!vm.ok()) return complain(kExitEnvironment, "cannot create environment: " + vm.error().message());
     traceStage("created");
-    int code = superviseCommand(vm.value()->control(), options, [] { return uint64_t{0}; });
+    // moat-init in a guest is the guest's: its --timeout is kept here too,
+    // a few seconds after the guest's own should have ended the command.
+    std::optional<std::chrono::steady_clock::time_point> deadline;
+    if (options.timeoutSeconds > 0) {
+      deadline = std::chrono::steady_clock::now() +
+                 std::chrono::milliseconds(std::llround(options.timeoutSeconds * 1000)) + kGuestTimeoutGrace;
+    }
+    int code = superviseCommand(
+        vm.value()->control(), options, [] { return uint64_t{0}; }, deadline);
     if (code == kExitEnvironment) {
       // Why the guest ended, in its own words (the kernel's, moat-init's).
       std::string tail = os::tailOf(vm.value()->consoleTail(), 1024);
