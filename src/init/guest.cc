@@ -113,6 +113,19 @@ Status boundTasks(const std::string& pids) {
   return os::unmount("/sys/fs/cgroup");
 }
 
+// The guest kernel's knobs are read-only to commands, which keep no
+// SYS_ADMIN to remount them: a root command that could set
+// /proc/sys/kernel/modprobe or core_pattern would have the kernel run its
+// program with every capability, and could then undo the gate. /sys too
+// (uevent_helper), and /proc/sysrq-trigger.
+Status protectKernelKnobs() {
+  for (const char* path : {"/proc/sys", "/proc/sysrq-trigger"}) {
+    MOAT_TRY(os::bindMount(path, path));
+    MOAT_TRY(os::remountBind(path, MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC));
+  }
+  return os::mount("", "/sys", "", MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "");
+}
+
 // Once its root is made, moat-init keeps what the host named (a namespace
 // environment's init's, and SYS_BOOT): no command it starts can load a
 // module, mount, or trace it; and no_new_privs, as in every environment
@@ -147,6 +160,7 @@ Result<UniqueFd> prepareGuest() {
   MOAT_TRY(os::makeDir("/dev/shm", 01777));
   MOAT_TRY(os::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777"));
   if (const char* pids = std::getenv("MOAT_GUEST_PIDS"); pids && *pids) MOAT_TRY(boundTasks(pids));
+  MOAT_TRY(protectKernelKnobs());
   MOAT_ASSIGN(std::string port, findPort());
   MOAT_ASSIGN(UniqueFd fd, os::open(port, O_RDWR | O_CLOEXEC));
   MOAT_TRY(awaitHost(fd.get()));

@@ -1281,14 +1281,14 @@ constexpr NsFlag kNsFlags[] = {
       ::rmdir(dir);
       o.escape(std::string("created ") + dir);
     } else {
-      o.deny(std::string("mkdir ") + dir, errno, {ENOENT});
+      o.deny(std::string("mkdir ") + dir, errno, {ENOENT, EROFS});
     }
   }
   for (const char* file :
        {"/sys/kernel/uevent_helper", "/sys/kernel/mm/transparent_hugepage/enabled", "/sys/fs/cgroup/cgroup.procs"}) {
     int fd = ::open(file, O_WRONLY | O_CLOEXEC);
     if (fd < 0) {
-      o.deny(std::string("open ") + file + " for writing", errno, {ENOENT});
+      o.deny(std::string("open ") + file + " for writing", errno, {ENOENT, EROFS});
     } else {
       ::close(fd);
       o.escape(std::string("opened ") + file + " for writing");
