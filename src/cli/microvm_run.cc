@@ -1,5 +1,6 @@
 #include "cli/microvm_run.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,6 +24,23 @@ constexpr uint64_t kMinMemoryMb = 128;
 // A boot takes seconds on TCG; a guest that has not answered by then will not.
 constexpr std::chrono::seconds kHelloWait{120};
 constexpr std::chrono::seconds kSendWait{30};
+
+// What runs killed with SIGKILL left (their QEMUs died with them): a
+// run-ID directory whose lock nobody holds.
+void sweepLeftovers(const std::string& vms) {
+  DIR* d = ::opendir(vms.c_str());
+  if (!d) return;
+  std::vector<std::string> dirs;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name.rfind("run-", 0) == 0 && name.find('.') == std::string::npos) dirs.push_back(name);
+  }
+  ::closedir(d);
+  for (const auto& name : dirs) {
+    auto lock = os::FileLock::tryAcquire(vms + "/" + name + ".lock");
+    if (lock.ok()) (void)os::removeTree(vms + "/" + name);
+  }
+}
 
 }  // namespace
 
@@ -59,9 +77,18 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
   const char* vmsEnv = std::getenv("MOAT_VMS_DIR");  // tests: a directory of their own
   const std::string vms = vmsEnv && *vmsEnv == '/' ? vmsEnv : kVmsDir;
   MOAT_TRY(os::makeDir(vms, 0700));
+  sweepLeftovers(vms);
   std::string dir = vms + "/run-" + spec.id;
+  MOAT_ASSIGN(run->held_, os::FileLock::tryAcquire(dir + ".lock"));
   if (::mkdir(dir.c_str(), 0700) != 0) return Error::fromErrno("mkdir " + dir);
   run->dir_ = dir;
+  const char* accel = std::getenv("MOAT_MICROVM_ACCEL");
+  const bool kvm = accel && std::string(accel) == "kvm";
+  // QEMU's cgroup: the spec's CPU time, the guest's RAM and QEMU's own.
+  MOAT_ASSIGN(auto layout, isolation::cgroup::preparedHostLayout(false));
+  MOAT_ASSIGN(run->cgroup_,
+              isolation::cgroup::createUnderPreparedParents(
+                  layout, "moat-vm-run-" + spec.id, backend::microvm::qemuLimits(spec.cpus, spec.memoryMb, kvm)));
   backend::microvm::VmSpec vm;
   vm.kernel = kernel;
   vm.initBinary = init;
@@ -71,8 +98,8 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
   vm.memoryMb = spec.memoryMb;
   vm.storageBytes = static_cast<uint64_t>(spec.storageGb * (1ull << 30));
   vm.pids = spec.pids;
-  const char* accel = std::getenv("MOAT_MICROVM_ACCEL");
-  vm.kvm = accel && std::string(accel) == "kvm";
+  vm.kvm = kvm;
+  vm.cgroupJoin = run->cgroup_->procsFiles();
   vm.uid = run->ids_->map.hostBase;
   vm.gid = run->ids_->map.hostBase;
   MOAT_TRY(backend::microvm::buildRootImage(tmpl.lower.get(), vm.rootImage));
@@ -95,7 +122,7 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
 }
 
 MicroVmRun::~MicroVmRun() {
-  vm_.reset();
+  vm_.reset();  // reaped before its cgroup goes (a member, after this body)
   if (!dir_.empty()) (void)os::removeTree(dir_);
 }
 

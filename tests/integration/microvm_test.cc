@@ -314,13 +314,16 @@ size_t entriesIn(const std::string& path) {
 }
 
 TEST_F(MicroVmRun, TheCommandRunsOnTheGuestsKernelAndItsExitCodeIsMoatRuns) {
+  // What a run killed with SIGKILL left: its directory, its lock free.
+  ASSERT_TRUE(os::makeDirs(vms() + "/run-0123456789ab", 0700).ok());
+  ASSERT_TRUE(os::writeFile(vms() + "/run-0123456789ab/console.log", "old\n", 0600).ok());
   auto r = moatRun(runArgs({"/bin/tool", "uname"}));
   EXPECT_EQ(r.exitCode, 0) << r.err;
   EXPECT_EQ(r.out, spec_.kernel.version + "\n") << r.err;
   auto missing = moatRun(runArgs({"/bin/tool", "cat", "/nope"}));
   EXPECT_EQ(missing.exitCode, 1) << missing.err;
   EXPECT_NE(missing.err.find("/nope: No such file or directory"), std::string::npos) << missing.err;
-  EXPECT_EQ(entriesIn(vms()), 0u) << "each guest's directory goes with it";
+  EXPECT_EQ(entriesIn(vms()), 0u) << "each guest's directory goes with it, and a dead run's with the next run";
 }
 
 // QEMU is jailed before it runs a guest: a host id range's root (not host
@@ -342,6 +345,9 @@ TEST_F(MicroVmRun, QemuRunsAsAnUnprivilegedIdWithNoNewPrivsAndASandbox) {
     EXPECT_GE(uid, 0x40000000L) << "real, effective, saved and fs uid: a host id range's";
   }
   EXPECT_EQ(statusOf(qemu, "NoNewPrivs"), "1");
+  auto cgroups = os::readFile("/proc/" + std::to_string(qemu) + "/cgroup");
+  ASSERT_TRUE(cgroups.ok());
+  EXPECT_NE(cgroups->find("/moat-vm-run-"), std::string::npos) << "a cgroup of its own: " << cgroups.value();
   EXPECT_EQ(statusOf(qemu, "Seccomp"), "2") << "QEMU's -sandbox filter";
   EXPECT_EQ(statusOf(qemu, "CapEff"), "0000000000000000");
   // A session of its own (a terminal's Ctrl-C is for the command), and

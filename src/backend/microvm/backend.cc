@@ -24,10 +24,6 @@ constexpr uint64_t kMinMemoryMb = 128;
 // A boot takes seconds on TCG; a guest that has not answered by then will not.
 constexpr std::chrono::seconds kBootWait{120};
 constexpr std::chrono::seconds kSendWait{30};
-// QEMU's own memory beside the guest's RAM (measured: docs/MICROVM.md), and
-// its threads.
-constexpr uint64_t kQemuOverheadMb = 128;
-constexpr uint64_t kQemuTasks = 256;
 
 Error notYet(const std::string& what) {
   return Error::make(Code::kUnsupported, what + " is not available for microvm environments yet (docs/MICROVM.md)");
@@ -178,10 +174,7 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
   // QEMU's cgroup: its CPU time is the spec's, its memory the guest's RAM
   // and what QEMU needs beside it (TCG's cache, its own), its tasks a few
   // threads per vCPU. Made before the guest is published: usage() reads it.
-  isolation::cgroup::Limits limits;
-  limits.cpus = spec.cpus;
-  limits.memoryBytes = (spec.memoryMb + kQemuOverheadMb + (host_.kvm ? 0 : kTcgCacheMb)) << 20;
-  limits.pids = kQemuTasks;
+  const auto limits = qemuLimits(spec.cpus, spec.memoryMb, host_.kvm);
   MOAT_ASSIGN(auto layout, isolation::cgroup::preparedHostLayout(false));
   MOAT_ASSIGN(guest->cgroup, isolation::cgroup::createUnderPreparedParents(layout, "moat-vm-" + spec.id, limits));
   guest->dir = dir_ + "/vms/" + spec.id;

@@ -85,6 +85,16 @@ Status buildRootImage(int treeFd, const std::string& image) {
   return {};
 }
 
+isolation::cgroup::Limits qemuLimits(double cpus, uint64_t memoryMb, bool kvm) {
+  constexpr uint64_t kQemuOverheadMb = 128;  // measured: docs/MICROVM.md
+  constexpr uint64_t kQemuTasks = 256;
+  isolation::cgroup::Limits limits;
+  limits.cpus = cpus;
+  limits.memoryBytes = (memoryMb + kQemuOverheadMb + (kvm ? 0 : kTcgCacheMb)) << 20;
+  limits.pids = kQemuTasks;
+  return limits;
+}
+
 Status writeGuestInitramfs(const GuestKernel& kernel, const std::string& initBinary, const std::string& path) {
   MOAT_ASSIGN(std::string archive, guestInitramfs(kernel, initBinary));
   MOAT_TRY(os::writeFile(path, archive, 0644));

@@ -11,6 +11,7 @@
 #include "backend/microvm/guest_kernel.h"
 #include "common/result.h"
 #include "common/unique_fd.h"
+#include "isolation/cgroup/cgroup.h"
 
 // One microVM: QEMU's `microvm` machine booting the guest kernel with an
 // initramfs whose /init is moat-init (`--guest`), the template's root file
@@ -67,6 +68,11 @@ Result<std::string> guestInitramfs(const GuestKernel& kernel, const std::string&
 // kernel, a few files describing the host (read), /dev/kvm with `spec.kvm`,
 // the files of `given` (read) and `console` (write). Nothing else.
 Result<UniqueFd> qemuRuleset(const VmSpec& spec, const std::vector<int>& given, int console);
+
+// The cgroup limits of a QEMU running a guest of `cpus` CPU time and
+// `memoryMb` of RAM: that CPU time, the RAM plus QEMU's own memory (and
+// TCG's cache when not on KVM), a few threads per vCPU.
+isolation::cgroup::Limits qemuLimits(double cpus, uint64_t memoryMb, bool kvm);
 
 // guestInitramfs's archive written to `path`, readable by every QEMU.
 Status writeGuestInitramfs(const GuestKernel& kernel, const std::string& initBinary, const std::string& path);
