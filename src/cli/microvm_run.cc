@@ -4,9 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <thread>
 
 #include "backend/namespaces/environment.h"
 #include "init/protocol.h"
@@ -38,7 +40,11 @@ void sweepLeftovers(const std::string& vms) {
   ::closedir(d);
   for (const auto& name : dirs) {
     auto lock = os::FileLock::tryAcquire(vms + "/" + name + ".lock");
-    if (lock.ok()) (void)os::removeTree(vms + "/" + name);
+    if (!lock.ok()) continue;  // a run that lives
+    (void)os::removeTree(vms + "/" + name);
+    if (auto layout = isolation::cgroup::preparedHostLayout(false); layout.ok()) {
+      isolation::cgroup::removeEmptyNamed(layout.value(), "moat-vm-" + name);  // moat-vm-run-ID
+    }
   }
 }
 
@@ -94,7 +100,8 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
   vm.initBinary = init;
   vm.rootImage = dir + "/root.img";
   vm.workDir = dir;
-  vm.cpus = static_cast<unsigned>(std::ceil(spec.cpus));
+  vm.cpus = std::min(std::max(1u, std::thread::hardware_concurrency()),
+                     static_cast<unsigned>(std::max(1.0, std::ceil(spec.cpus))));
   vm.memoryMb = spec.memoryMb;
   vm.storageBytes = static_cast<uint64_t>(spec.storageGb * (1ull << 30));
   vm.pids = spec.pids;

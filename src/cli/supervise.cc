@@ -26,6 +26,11 @@ int superviseCommand(int control, const RunOptions& options, const std::function
   UniqueFd signals(::signalfd(-1, &mask, SFD_CLOEXEC));
   ::signal(SIGPIPE, SIG_IGN);
 
+  // A write that failed (moat-init gone, or a guest's that stopped reading
+  // past the send timeout, maybe mid-frame): nothing more can be said.
+  auto lost = [](const Status& w) {
+    return complain(kExitEnvironment, "environment failed: writing to moat-init: " + w.error().message());
+  };
   bool stdinOpen = options.interactive;
   // Input is read while at most this much sent earlier waits in moat-init
   // (StdinTaken): a command that does not read holds up `moat run`'s own
@@ -59,7 +64,7 @@ int superviseCommand(int control, const RunOptions& options, const std::function
       struct signalfd_siginfo info;
       if (::read(signals.get(), &info, sizeof info) == sizeof info) {
         init::SignalRequest forward{kRunCommandId, static_cast<int32_t>(info.ssi_signo), true};
-        (void)init::writeFrame(control, init::MsgType::kSignal, forward.encode());
+        if (Status w = init::writeFrame(control, init::MsgType::kSignal, forward.encode()); !w.ok()) return lost(w);
       }
     }
     if (count == 3 && (fds[2].revents & (POLLIN | POLLHUP | POLLERR))) {
@@ -67,11 +72,12 @@ int superviseCommand(int control, const RunOptions& options, const std::function
       ssize_t n = ::read(0, buf, sizeof buf);
       if (n > 0) {
         init::StdinData data{kRunCommandId, std::string(buf, static_cast<size_t>(n))};
-        (void)init::writeFrame(control, init::MsgType::kStdin, data.encode());
+        if (Status w = init::writeFrame(control, init::MsgType::kStdin, data.encode()); !w.ok()) return lost(w);
         stdinSent += static_cast<uint64_t>(n);
       } else if (n == 0 || errno != EINTR) {
         stdinOpen = false;
-        (void)init::writeFrame(control, init::MsgType::kCloseStdin, init::ProcessRef{kRunCommandId}.encode());
+        Status w = init::writeFrame(control, init::MsgType::kCloseStdin, init::ProcessRef{kRunCommandId}.encode());
+        if (!w.ok()) return lost(w);
       }
     }
     if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
@@ -95,7 +101,7 @@ int superviseCommand(int control, const RunOptions& options, const std::function
           // command gets SIGPIPE, as it would writing to a closed pipe itself.
           readerGone[stream] = true;
           init::SignalRequest pipe{kRunCommandId, SIGPIPE, true};
-          (void)init::writeFrame(control, init::MsgType::kSignal, pipe.encode());
+          if (Status w = init::writeFrame(control, init::MsgType::kSignal, pipe.encode()); !w.ok()) return lost(w);
           break;
         }
         case init::MsgType::kSpawnFailed: {

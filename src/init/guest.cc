@@ -120,6 +120,7 @@ Status boundTasks(const std::string& pids) {
 // (uevent_helper), and /proc/sysrq-trigger.
 Status protectKernelKnobs() {
   for (const char* path : {"/proc/sys", "/proc/sysrq-trigger"}) {
+    if (::access(path, F_OK) != 0) continue;  // a kernel without magic SysRq
     MOAT_TRY(os::bindMount(path, path));
     MOAT_TRY(os::remountBind(path, MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC));
   }

@@ -384,6 +384,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     // The backend may have made it and failed only to hand it over (its
     // descriptor lost at moatd's limit): nothing of it may stay running.
     (void)backend_.destroy(record.id);
+    // As the success path: a DELETE's "destroying" is not written over.
+    auto failedHeld = exclusive(record.id);
     const std::string destroyedBy = live_.destroyRequestedBy(record.id);
     release();
     if (!destroyedBy.empty()) {

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -19,6 +20,23 @@ namespace moat::test {
 namespace {
 
 // The processes that hold a file under `dir` open.
+// The directory of the memory cgroup `pid` is in (v1's memory hierarchy,
+// or v2's one).
+std::string memoryCgroupOf(const std::string& pid) {
+  auto text = os::readFile("/proc/" + pid + "/cgroup");
+  if (!text.ok()) return "";
+  std::string v2;
+  std::istringstream lines(text.value());
+  for (std::string line; std::getline(lines, line);) {
+    auto first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1), path = line.substr(second + 1);
+    if ((',' + controllers + ',').find(",memory,") != std::string::npos) return "/sys/fs/cgroup/memory" + path;
+    if (controllers.empty()) v2 = "/sys/fs/cgroup" + path;
+  }
+  return v2;
+}
+
 std::vector<std::string> holdersOf(const std::string& dir) {
   std::vector<std::string> found;
   DIR* procs = ::opendir("/proc");
@@ -133,7 +151,8 @@ TEST_F(MicroVmEnvironments, RunCommandsAndHoldFilesOnTheirOwnKernelAndLeaveNothi
   ASSERT_EQ(qemus.size(), 1u);
   auto cgroups = os::readFile("/proc/" + qemus[0] + "/cgroup");
   ASSERT_TRUE(cgroups.ok());
-  EXPECT_NE(cgroups->find("/moat-vm-" + id), std::string::npos) << cgroups.value();
+  EXPECT_NE(cgroups->find("/moat-vm-"), std::string::npos) << cgroups.value();
+  EXPECT_NE(cgroups->find("-" + id + "\n"), std::string::npos) << cgroups.value();
   // Its usage is QEMU's, as the host counts it.
   json stats = call("GET", "/v1/environments/" + id + "/stats", nullptr, 200);
   EXPECT_GT(stats["memory_bytes"].get<uint64_t>(), 16u << 20) << stats.dump();
@@ -260,6 +279,14 @@ TEST_F(MicroVmEnvironments, EndWithTheMoatdThatRanThemAndTheNextOneSaysSo) {
   const std::string id = env["id"];
   const std::string vmDir = daemon_->stateDir() + "/microvm/vms/" + id;
   ASSERT_FALSE(holdersOf(vmDir).empty()) << "QEMU runs";
+  std::string cgroup;
+  for (const auto& pid : holdersOf(vmDir)) {
+    auto comm = os::readFile("/proc/" + pid + "/comm");
+    if (comm.ok() && comm->rfind("qemu-system", 0) == 0) cgroup = memoryCgroupOf(pid);
+  }
+  struct stat st;
+  ASSERT_FALSE(cgroup.empty());
+  ASSERT_EQ(::stat(cgroup.c_str(), &st), 0) << cgroup;
   daemon_->kill9();
   for (int i = 0; i < 200 && !holdersOf(vmDir).empty(); ++i) ::usleep(50000);  // bounded: SIGKILL is on its way
   EXPECT_TRUE(holdersOf(vmDir).empty()) << "QEMU died with moatd";
@@ -268,8 +295,8 @@ TEST_F(MicroVmEnvironments, EndWithTheMoatdThatRanThemAndTheNextOneSaysSo) {
   EXPECT_EQ(after["state"], "failed");
   EXPECT_NE(after.value("reason", "").find("a microVM environment ends with the moatd that ran it"), std::string::npos)
       << after.dump();
-  struct stat st;
   EXPECT_NE(::stat(vmDir.c_str(), &st), 0) << "the next moatd cleared what the last one left";
+  EXPECT_NE(::stat(cgroup.c_str(), &st), 0) << "and its QEMU's cgroup: " << cgroup;
 }
 
 // Inside a guest, every program a process starts answers to the gate, as

@@ -205,7 +205,7 @@ TEST_F(MicroVm, QemuReachesOnlyItsOwnFilesOfTheHosts) {
   auto root = os::open(spec_.rootImage, O_RDONLY | O_CLOEXEC);
   auto log = os::open(console, O_WRONLY | O_APPEND | O_CLOEXEC);
   ASSERT_TRUE(root.ok() && log.ok());
-  auto ruleset = backend::microvm::qemuRuleset(spec_, {root->get()}, log->get());
+  auto ruleset = backend::microvm::qemuRuleset(spec_, "/usr/bin/qemu-system-x86_64", {root->get()}, log->get());
   ASSERT_TRUE(ruleset.ok()) << ruleset.error().message();
   int pipeFds[2];
   ASSERT_EQ(::pipe(pipeFds), 0);
@@ -320,6 +320,11 @@ TEST_F(MicroVmRun, TheCommandRunsOnTheGuestsKernelAndItsExitCodeIsMoatRuns) {
   auto r = moatRun(runArgs({"/bin/tool", "uname"}));
   EXPECT_EQ(r.exitCode, 0) << r.err;
   EXPECT_EQ(r.out, spec_.kernel.version + "\n") << r.err;
+  // A program the command starts runs too (a guest's moat-init gates every
+  // exec; moat run lets every one go).
+  auto nested = moatRun(runArgs({"/bin/tool", "exec", "/bin/tool", "uname"}));
+  EXPECT_EQ(nested.exitCode, 0) << nested.err;
+  EXPECT_EQ(nested.out, spec_.kernel.version + "\n") << nested.err;
   auto missing = moatRun(runArgs({"/bin/tool", "cat", "/nope"}));
   EXPECT_EQ(missing.exitCode, 1) << missing.err;
   EXPECT_NE(missing.err.find("/nope: No such file or directory"), std::string::npos) << missing.err;

@@ -45,6 +45,14 @@ std::string imageName(const std::string& templateName, const struct stat& top) {
          std::to_string(top.st_mtim.tv_sec) + "." + std::to_string(top.st_mtim.tv_nsec) + ".erofs";
 }
 
+// "moat-vm-" and a hash of the state directory: this moatd's QEMU cgroups
+// are told apart from other moatds' (and moat run's, "moat-vm-run-").
+std::string cgroupPrefixOf(const std::string& stateDir) {
+  char hash[9];
+  std::snprintf(hash, sizeof hash, "%08x", static_cast<unsigned>(std::hash<std::string>{}(stateDir)&0xffffffffu));
+  return std::string("moat-vm-") + hash + "-";
+}
+
 }  // namespace
 
 HostSupport probeHost(const std::string& accel) {
@@ -85,10 +93,14 @@ HostSupport probeHost(const std::string& accel) {
 }
 
 MicroVmBackend::MicroVmBackend(std::string stateDir, HostSupport host)
-    : dir_(stateDir + "/microvm"), host_(std::move(host)) {
-  // Whatever a previous moatd left: its VMs died with it, and its images
-  // may be of templates gone since (they are made again on first use).
+    : dir_(stateDir + "/microvm"), host_(std::move(host)), cgroupPrefix_(cgroupPrefixOf(stateDir)) {
+  // Whatever a previous moatd of this state directory left: its VMs died
+  // with it (their cgroups are empty), and its images may be of templates
+  // gone since (they are made again on first use).
   (void)os::removeTree(dir_);
+  if (auto layout = isolation::cgroup::preparedHostLayout(false); layout.ok()) {
+    isolation::cgroup::removeEmptyNamed(layout.value(), cgroupPrefix_);
+  }
 }
 
 MicroVmBackend::~MicroVmBackend() {
@@ -176,7 +188,7 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
   // threads per vCPU. Made before the guest is published: usage() reads it.
   const auto limits = qemuLimits(spec.cpus, spec.memoryMb, host_.kvm);
   MOAT_ASSIGN(auto layout, isolation::cgroup::preparedHostLayout(false));
-  MOAT_ASSIGN(guest->cgroup, isolation::cgroup::createUnderPreparedParents(layout, "moat-vm-" + spec.id, limits));
+  MOAT_ASSIGN(guest->cgroup, isolation::cgroup::createUnderPreparedParents(layout, cgroupPrefix_ + spec.id, limits));
   guest->dir = dir_ + "/vms/" + spec.id;
   MOAT_TRY(os::makeDirs(dir_ + "/vms", 0700, 0700));
   if (::mkdir(guest->dir.c_str(), 0700) != 0) return Error::fromErrno("mkdir " + guest->dir);

@@ -65,7 +65,8 @@ class MicroVmBackend final : public Backend {
 
   const std::string dir_;  // <state>/microvm: root's alone
   const HostSupport host_;
-  std::mutex filesMutex_;  // the initramfs, and the map below
+  const std::string cgroupPrefix_;  // of this state directory's QEMU cgroups
+  std::mutex filesMutex_;           // the initramfs, and the map below
   std::string initramfs_;
   std::map<std::string, std::shared_ptr<std::mutex>> imageLocks_;  // image name -> held while it is made
   std::mutex mutex_;

@@ -204,7 +204,7 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
 // it reads to learn the host (read only). Nothing else: an escaped QEMU
 // reads no /tmp, /home, /run or other environments' files and writes
 // nothing but its console log.
-Result<UniqueFd> qemuRuleset(const VmSpec& spec, const std::vector<int>& given, int console) {
+Result<UniqueFd> qemuRuleset(const VmSpec& spec, const std::string& qemu, const std::vector<int>& given, int console) {
   constexpr uint64_t kRead = LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR;
   constexpr uint64_t kRun = kRead | LANDLOCK_ACCESS_FS_EXECUTE;
   std::vector<os::LandlockRule> rules;
@@ -220,6 +220,12 @@ Result<UniqueFd> qemuRuleset(const VmSpec& spec, const std::vector<int>& given, 
     return {};
   };
   MOAT_TRY(allow("/usr", kRun, true));
+  // Wherever MOAT_QEMU puts it: its program, and the tree it finds its
+  // firmware and modules in (<bindir>/../share/qemu, ../lib/.../qemu).
+  MOAT_TRY(allow(qemu, kRun, true));
+  const std::string bin = qemu.substr(0, qemu.rfind('/'));
+  if (const auto up = bin.rfind('/'); up != std::string::npos && up > 0)
+    MOAT_TRY(allow(bin.substr(0, up), kRun, false));
   for (const char* path : {"/lib", "/lib64"}) MOAT_TRY(allow(path, kRun, false));
   for (const char* path : {"/etc/ld.so.cache", "/etc/localtime", "/dev/urandom", "/proc/filesystems",
                            "/sys/devices/system", "/sys/bus/nd"}) {
@@ -253,7 +259,7 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   }
   MOAT_ASSIGN(UniqueFd root, os::open(spec.rootImage, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   MOAT_ASSIGN(UniqueFd initrd, os::open(initramfs, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  MOAT_ASSIGN(UniqueFd ruleset, qemuRuleset(spec, {root.get(), initrd.get()}, vm.console_.get()));
+  MOAT_ASSIGN(UniqueFd ruleset, qemuRuleset(spec, qemu, {root.get(), initrd.get()}, vm.console_.get()));
   MOAT_ASSIGN(auto pair, os::streamSocketPair());
   vm.control_ = std::move(pair.first);
   UniqueFd qemuEnd = std::move(pair.second);

@@ -64,10 +64,11 @@ Status buildRootImage(int treeFd, const std::string& image);
 // guestModules() takes from the kernel's modules directory and their list.
 Result<std::string> guestInitramfs(const GuestKernel& kernel, const std::string& initBinary);
 
-// The Landlock ruleset QEMU runs under: /usr (read and run), the guest
+// The Landlock ruleset QEMU runs under: /usr and `qemu`'s own tree (read
+// and run), the guest
 // kernel, a few files describing the host (read), /dev/kvm with `spec.kvm`,
 // the files of `given` (read) and `console` (write). Nothing else.
-Result<UniqueFd> qemuRuleset(const VmSpec& spec, const std::vector<int>& given, int console);
+Result<UniqueFd> qemuRuleset(const VmSpec& spec, const std::string& qemu, const std::vector<int>& given, int console);
 
 // The cgroup limits of a QEMU running a guest of `cpus` CPU time and
 // `memoryMb` of RAM: that CPU time, the RAM plus QEMU's own memory (and

@@ -1,5 +1,6 @@
 #include "isolation/cgroup/cgroup.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -231,6 +232,25 @@ Status Cgroup::remove() {
   procsFiles_.clear();
   joinFiles_.clear();
   return result;
+}
+
+void removeEmptyNamed(const Layout& layout, const std::string& prefix) {
+  std::vector<std::string> parents;
+  if (layout.version == Version::kV2) {
+    parents.push_back(layout.v2Parent);
+  } else {
+    for (const auto& [controller, parent] : layout.v1Parents) parents.push_back(parent);
+  }
+  for (const auto& parent : parents) {
+    DIR* d = ::opendir(parent.c_str());
+    if (!d) continue;
+    std::vector<std::string> names;
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_type == DT_DIR && std::string(e->d_name).rfind(prefix, 0) == 0) names.push_back(e->d_name);
+    }
+    ::closedir(d);
+    for (const auto& name : names) (void)::rmdir((parent + "/" + name).c_str());
+  }
 }
 
 Result<Layout> preparedHostLayout(bool again) {

@@ -97,6 +97,11 @@ class Cgroup {
 // create). `again` re-reads both (the parents were removed under us).
 Result<Layout> preparedHostLayout(bool again);
 
+// Removes the cgroups under the layout's parents whose names begin with
+// `prefix` and that are empty (what a process that died holding them left;
+// one with a process in it stays).
+void removeEmptyNamed(const Layout& layout, const std::string& prefix);
+
 // A cgroup under the prepared parents; should those have gone since
 // (ENOENT), they are prepared again (into `layout`) and it is tried once more.
 Result<std::unique_ptr<Cgroup>> createUnderPreparedParents(Layout& layout, const std::string& name,
