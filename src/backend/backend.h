@@ -25,6 +25,9 @@ enum class Isolation { kNamespaces, kMicroVm };
 const char* isolationName(Isolation isolation);  // "namespaces", "microvm"
 std::optional<Isolation> isolationNamed(std::string_view name);
 
+// The least memory a microVM guest gets (its kernel's own).
+inline constexpr uint64_t kMicroVmMinMemoryMb = 128;
+
 // One environment, whatever runs it.
 struct Spec {
   std::string id;  // 12 lowercase hex digits (newEnvironmentId)

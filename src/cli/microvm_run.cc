@@ -22,10 +22,6 @@ namespace {
 
 // Where each guest's files are (root's alone: QEMU is handed descriptors).
 constexpr const char* kVmsDir = "/run/moat-vms";
-constexpr uint64_t kMinMemoryMb = 128;
-// A boot takes seconds on TCG; a guest that has not answered by then will not.
-constexpr std::chrono::seconds kHelloWait{120};
-constexpr std::chrono::seconds kSendWait{30};
 
 // What runs killed with SIGKILL left (their QEMUs died with them): a
 // run-ID directory whose lock nobody holds.
@@ -55,25 +51,12 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
   if (!spec.volumes.empty()) {
     return Error::make(Code::kUnsupported, "-v: host paths cannot be shown inside a microVM yet (docs/MICROVM.md)");
   }
-  MOAT_ASSIGN(auto tmpl, isolation::fs::resolveTemplate(spec.templateName, spec.stateDir));
-  if (!tmpl.hostReadOnlyDirs.empty()) {
-    return Error::make(Code::kUnsupported,
-                       "--isolation microvm needs a root file system: --template DIR or an imported template "
-                       "(the host's own tree is not made into an image; docs/MICROVM.md)");
-  }
-  if (spec.memoryMb < kMinMemoryMb) {
-    return Error::make(Code::kInvalidArgument,
-                       "--memory: a microVM needs at least " + std::to_string(kMinMemoryMb) + " MB (its kernel's own)");
-  }
-  // mkfs.erofs reads the tree as root by its paths: one that someone other
-  // than root may write could be rewritten under it (docs/MICROVM.md).
   struct stat top;
-  if (::fstat(tmpl.lower.get(), &top) != 0) return Error::fromErrno("stat " + tmpl.lowerDir);
-  if (top.st_uid != 0 || (top.st_mode & 022) != 0) {
-    return Error::make(Code::kInvalidArgument,
-                       "--template " + tmpl.lowerDir +
-                           ": a microVM's template directory must be root's and writable by root alone "
-                           "(its image is made as root from its paths)");
+  MOAT_ASSIGN(auto tmpl, backend::microvm::imageableTemplate(spec.templateName, spec.stateDir, top));
+  if (spec.memoryMb < backend::kMicroVmMinMemoryMb) {
+    return Error::make(Code::kInvalidArgument, "--memory: a microVM needs at least " +
+                                                   std::to_string(backend::kMicroVmMinMemoryMb) +
+                                                   " MB (its kernel's own)");
   }
   MOAT_ASSIGN(auto kernel, backend::microvm::findGuestKernel());
   MOAT_ASSIGN(std::string init, backend::namespaces::findInitBinary());
@@ -113,7 +96,7 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
   MOAT_ASSIGN(auto started, backend::microvm::Vm::start(vm));
   run->vm_.emplace(std::move(started));
   // The guest's Hello, within a bound this side keeps; then the command.
-  MOAT_TRY(run->vm_->awaitGuest(kHelloWait));
+  MOAT_TRY(run->vm_->awaitGuest(backend::microvm::kGuestBootWait));
   init::FrameReader reader;
   auto hello = init::readFrame(run->vm_->control(), reader);
   if (!hello.ok()) return Error::make(Code::kToolFailed, "the guest ended before it answered");
@@ -122,8 +105,8 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
     return Error::make(Code::kToolFailed, "the guest's moat-init speaks another protocol");
   }
   // The guest's moat-init is the guest's to stop: a write to it waits at
-  // most kSendWait, then moat run ends with the environment's failure.
-  MOAT_TRY(os::setSendTimeout(run->vm_->control(), kSendWait));
+  // most kGuestSendWait, then moat run ends with the environment's failure.
+  MOAT_TRY(os::setSendTimeout(run->vm_->control(), backend::microvm::kGuestSendWait));
   MOAT_TRY(init::writeFrames(run->vm_->control(), firstFrames));
   return run;
 }

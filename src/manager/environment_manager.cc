@@ -243,9 +243,10 @@ Status EnvironmentManager::microVmCreatable(const store::EnvironmentRecord& reco
                        "template: isolation microvm needs a root file system, an imported template or a directory "
                        "(the host's own tree is not made into an image; docs/MICROVM.md)");
   }
-  if (record.ramMb < kMicroVmMinMemoryMb) {
+  if (record.ramMb < backend::kMicroVmMinMemoryMb) {
     return Error::make(Code::kInvalidArgument, "spec.ram_mb: a microVM needs at least " +
-                                                   std::to_string(kMicroVmMinMemoryMb) + " MB (its kernel's own)");
+                                                   std::to_string(backend::kMicroVmMinMemoryMb) +
+                                                   " MB (its kernel's own)");
   }
   if (withNetwork) {
     return Error::make(Code::kUnsupported,

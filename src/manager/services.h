@@ -25,9 +25,6 @@
 // EnvironmentManager serves them all; a caller holds only the ones it uses.
 namespace moat::manager {
 
-// The least memory a microVM environment gets (its kernel's own).
-inline constexpr uint64_t kMicroVmMinMemoryMb = 128;
-
 struct ManagerConfig {
   std::string stateDir;
   int64_t defaultTtlS = 3600;

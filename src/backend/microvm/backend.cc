@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <functional>
 #include <thread>
+#include <tuple>
 
 #include "backend/namespaces/environment.h"
 #include "isolation/fs/template.h"
@@ -20,16 +21,9 @@
 namespace moat::backend::microvm {
 namespace {
 
-constexpr uint64_t kMinMemoryMb = 128;
-// A boot takes seconds on TCG; a guest that has not answered by then will not.
-constexpr std::chrono::seconds kBootWait{120};
-constexpr std::chrono::seconds kSendWait{30};
-
 Error notYet(const std::string& what) {
   return Error::make(Code::kUnsupported, what + " is not available for microvm environments yet (docs/MICROVM.md)");
 }
-
-bool executable(const std::string& path) { return ::access(path.c_str(), X_OK) == 0; }
 
 // A file name for the template: its name, or its directory's path with
 // the slashes replaced, and the identity of its top directory (a template
@@ -70,15 +64,13 @@ HostSupport probeHost(const std::string& accel) {
     return host;
   }
   host.initBinary = init.value();
-  const char* qemu = std::getenv("MOAT_QEMU");
-  if (!executable(qemu && *qemu ? qemu : "/usr/bin/qemu-system-x86_64")) {
-    host.missing = "qemu-system-x86_64 not found (apt-get install qemu-system-x86)";
-    return host;
-  }
-  const char* mkfs = std::getenv("MOAT_MKFS_EROFS");
-  if (!executable(mkfs && *mkfs ? mkfs : "/usr/bin/mkfs.erofs")) {
-    host.missing = "mkfs.erofs not found (apt-get install erofs-utils)";
-    return host;
+  // Found as Vm::start and buildRootImage find them.
+  for (auto [envName, name, package] : {std::tuple{"MOAT_QEMU", "qemu-system-x86_64", "qemu-system-x86"},
+                                        std::tuple{"MOAT_MKFS_EROFS", "mkfs.erofs", "erofs-utils"}}) {
+    if (auto found = findProgram(envName, name, package); !found.ok()) {
+      host.missing = found.error().message();
+      return host;
+    }
   }
   if (os::landlockAbi() <= 0) {
     host.missing = "the kernel has no Landlock, which each template's image is made under";
@@ -128,21 +120,8 @@ Result<std::string> MicroVmBackend::initramfs() {
 }
 
 Result<std::string> MicroVmBackend::imageFor(const std::string& templateName) {
-  MOAT_ASSIGN(auto tmpl, isolation::fs::resolveTemplate(templateName, dir_.substr(0, dir_.rfind('/'))));
-  if (!tmpl.hostReadOnlyDirs.empty()) {
-    return Error::make(Code::kUnsupported,
-                       "isolation microvm needs a root file system: an imported template or a directory (the host's "
-                       "own tree is not made into an image; docs/MICROVM.md)");
-  }
-  // mkfs.erofs reads the tree as root by its paths: one that someone other
-  // than root may write could be rewritten under it.
   struct stat top;
-  if (::fstat(tmpl.lower.get(), &top) != 0) return Error::fromErrno("stat " + tmpl.lowerDir);
-  if (top.st_uid != 0 || (top.st_mode & 022) != 0) {
-    return Error::make(Code::kInvalidArgument, "template " + tmpl.lowerDir +
-                                                   ": a microVM's template directory must be root's and writable "
-                                                   "by root alone (its image is made as root from its paths)");
-  }
+  MOAT_ASSIGN(auto tmpl, imageableTemplate(templateName, dir_.substr(0, dir_.rfind('/')), top));
   const std::string images = dir_ + "/images";
   const std::string name = imageName(templateName, top);
   // One build per image at a time; other templates' creates go on.
@@ -174,9 +153,9 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     return Error::make(Code::kUnsupported, "isolation microvm is not available on this host: " + host_.missing);
   }
   if (!spec.fromSnapshot.empty()) return notYet("a create from a snapshot (a fork, a restore, a built template)");
-  if (spec.memoryMb < kMinMemoryMb) {
-    return Error::make(Code::kInvalidArgument, "spec.ram_mb: a microVM needs at least " + std::to_string(kMinMemoryMb) +
-                                                   " MB (its kernel's own)");
+  if (spec.memoryMb < kMicroVmMinMemoryMb) {
+    return Error::make(Code::kInvalidArgument, "spec.ram_mb: a microVM needs at least " +
+                                                   std::to_string(kMicroVmMinMemoryMb) + " MB (its kernel's own)");
   }
   MOAT_ASSIGN(std::string image, imageFor(spec.templateName));
   MOAT_ASSIGN(std::string initrd, initramfs());
@@ -230,10 +209,10 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     }
     guest->vm.emplace(std::move(started.value()));
   }
-  Status up = guest->vm->awaitGuest(kBootWait);
+  Status up = guest->vm->awaitGuest(kGuestBootWait);
   // moat-init in a guest is the guest's to stop: moatd's writes to it wait
-  // at most kSendWait (then the connection ends), never for good.
-  if (up.ok()) up = os::setSendTimeout(guest->vm->control(), kSendWait);
+  // at most kGuestSendWait (then the connection ends), never for good.
+  if (up.ok()) up = os::setSendTimeout(guest->vm->control(), kGuestSendWait);
   if (!up.ok()) {
     (void)destroy(spec.id);
     return up.error();

@@ -33,6 +33,8 @@ namespace {
 
 constexpr rlim_t kConsoleBytes = 1 << 20;
 
+}  // namespace
+
 Result<std::string> findProgram(const char* envName, const char* name, const char* package) {
   if (const char* named = std::getenv(envName); named && *named) return std::string(named);
   for (const char* dir : {"/usr/bin", "/usr/sbin", "/bin", "/sbin"}) {
@@ -43,7 +45,24 @@ Result<std::string> findProgram(const char* envName, const char* name, const cha
                      std::string(name) + " not found: microVMs need it (apt-get install " + package + ")");
 }
 
-}  // namespace
+Result<isolation::fs::Template> imageableTemplate(const std::string& templateName, const std::string& stateDir,
+                                                  struct stat& top) {
+  MOAT_ASSIGN(auto tmpl, isolation::fs::resolveTemplate(templateName, stateDir));
+  if (!tmpl.hostReadOnlyDirs.empty()) {
+    return Error::make(Code::kUnsupported,
+                       "isolation microvm needs a root file system: an imported template or a directory (the host's "
+                       "own tree is not made into an image; docs/MICROVM.md)");
+  }
+  // mkfs.erofs reads the tree as root by its paths: one that someone other
+  // than root may write could be rewritten under it.
+  if (::fstat(tmpl.lower.get(), &top) != 0) return Error::fromErrno("stat " + tmpl.lowerDir);
+  if (top.st_uid != 0 || (top.st_mode & 022) != 0) {
+    return Error::make(Code::kInvalidArgument, "template " + tmpl.lowerDir +
+                                                   ": a microVM's template directory must be root's and writable "
+                                                   "by root alone (its image is made as root from its paths)");
+  }
+  return tmpl;
+}
 
 Status buildRootImage(int treeFd, const std::string& image) {
   MOAT_ASSIGN(std::string mkfs, findProgram("MOAT_MKFS_EROFS", "mkfs.erofs", "erofs-utils"));

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -12,6 +13,7 @@
 #include "common/result.h"
 #include "common/unique_fd.h"
 #include "isolation/cgroup/cgroup.h"
+#include "isolation/fs/template.h"
 
 // One microVM: QEMU's `microvm` machine booting the guest kernel with an
 // initramfs whose /init is moat-init (`--guest`), the template's root file
@@ -54,6 +56,23 @@ inline constexpr unsigned kTcgCacheMb = 128;
 inline constexpr int kQemuControlFd = 3;
 inline constexpr int kQemuRootFd = 4;
 inline constexpr int kQemuInitramfsFd = 5;
+
+// A boot takes seconds on TCG; a guest that has not said Hello by then
+// will not. And how long a write to a guest may wait (its moat-init is the
+// guest's to stop reading).
+inline constexpr std::chrono::seconds kGuestBootWait{120};
+inline constexpr std::chrono::seconds kGuestSendWait{30};
+
+// `name` (moat's env override `envName`, else the first of /usr/bin,
+// /usr/sbin, /bin, /sbin that has it), or an error naming the Debian
+// package to install.
+Result<std::string> findProgram(const char* envName, const char* name, const char* package);
+
+// The template `templateName` as a microVM's root can be made of: a tree of
+// its own (not the host's), root's and writable by root alone (its image is
+// made as root from its paths). `top`: its top directory's stat.
+Result<isolation::fs::Template> imageableTemplate(const std::string& templateName, const std::string& stateDir,
+                                                  struct stat& top);
 
 // The root file system of the template directory `treeFd` (O_PATH will
 // do: reached through it, not by a path that could be swapped for a link)
