@@ -32,11 +32,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import moatd_harness as h  # noqa: E402
 
 
-def pct(values, p):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
-
-
 def guest_kernel():
     named = os.environ.get("MOAT_GUEST_KERNEL")
     if named:
@@ -45,6 +40,9 @@ def guest_kernel():
     if not found:
         raise SystemExit("no guest kernel: apt-get install linux-image-cloud-amd64 (make deps)")
     return found[-1]
+
+
+UNAME = ["/bin/tool", "uname"]  # the command both kinds run
 
 
 def host_tsc_khz():
@@ -96,16 +94,11 @@ def main():
     execs = {"namespaces": [], "microvm": []}
     idle = {}
     try:
-        def ok(status, body, want):
-            if status != want:
-                raise SystemExit(f"unexpected answer {status}: {body}")
-            return body
-
         def create_and_run(isolation):
             spec = {"isolation": isolation, "ram_mb": 256}
             t = time.perf_counter()
-            env = ok(*m.call("POST", "/v1/environments", {"template": tree, "spec": spec}), 201)
-            r = ok(*m.call("POST", f"/v1/environments/{env['id']}/exec", {"cmd": ["/bin/tool", "uname"]}), 200)
+            env = h.expect_status(m.call("POST", "/v1/environments", {"template": tree, "spec": spec}), 201)
+            r = h.expect_status(m.call("POST", f"/v1/environments/{env['id']}/exec", {"cmd": UNAME}), 200)
             took = (time.perf_counter() - t) * 1000
             if r["exit_code"] != 0:
                 raise SystemExit(f"{isolation}: {r}")
@@ -114,22 +107,22 @@ def main():
         # One of each first (the image is made on the first microVM create).
         warm = [create_and_run(i)[0] for i in ("namespaces", "microvm")]
         for env in warm:
-            ok(*m.call("DELETE", f"/v1/environments/{env}"), 204)
+            h.expect_status(m.call("DELETE", f"/v1/environments/{env}"), 204)
         for _ in range(args.runs):
             for isolation in ("namespaces", "microvm"):
                 env, took = create_and_run(isolation)
                 times[isolation].append(took)
-                ok(*m.call("DELETE", f"/v1/environments/{env}"), 204)
+                h.expect_status(m.call("DELETE", f"/v1/environments/{env}"), 204)
             times["qemu floor"].append(qemu_floor_ms(kernel, args.accel))
         kept = {i: create_and_run(i)[0] for i in ("namespaces", "microvm")}
         for _ in range(args.execs):
             for isolation, env in kept.items():
                 t = time.perf_counter()
-                ok(*m.call("POST", f"/v1/environments/{env}/exec", {"cmd": ["/bin/tool", "uname"]}), 200)
+                h.expect_status(m.call("POST", f"/v1/environments/{env}/exec", {"cmd": UNAME}), 200)
                 execs[isolation].append((time.perf_counter() - t) * 1000)
         time.sleep(2)  # idle: what each holds once nothing runs
         for isolation, env in kept.items():
-            idle[isolation] = ok(*m.call("GET", f"/v1/environments/{env}/stats"), 200)["memory_bytes"]
+            idle[isolation] = h.expect_status(m.call("GET", f"/v1/environments/{env}/stats"), 200)["memory_bytes"]
     finally:
         m.stop()
         m.remove()
@@ -140,13 +133,14 @@ def main():
     print("| create -> first exec | p50 ms | p90 ms | vs QEMU's boot floor |")
     print("|---|---|---|---|")
     for name, values in times.items():
-        print(f"| {name} | {statistics.median(values):.0f} | {pct(values, 90):.0f} | "
+        print(f"| {name} | {statistics.median(values):.0f} | {h.nearest_rank(values, 90):.0f} | "
               f"{statistics.median(values) / floor:.2f}x |")
     print()
     print("| exec on a running environment | p50 ms | p90 ms | idle memory MiB |")
     print("|---|---|---|---|")
     for name, values in execs.items():
-        print(f"| {name} | {statistics.median(values):.1f} | {pct(values, 90):.1f} | {idle[name] / 2**20:.1f} |")
+        print(f"| {name} | {statistics.median(values):.1f} | {h.nearest_rank(values, 90):.1f} | "
+              f"{idle[name] / 2**20:.1f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"create_ms": times, "exec_ms": execs, "idle_bytes": idle}, f)

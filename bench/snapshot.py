@@ -30,11 +30,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import moatd_harness as h  # noqa: E402
 
 
-def pct(values, p):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
-
-
 def timed(fn):
     t = time.perf_counter()
     fn()
@@ -55,19 +50,14 @@ def main():
     m = h.Moatd(args.bin_dir, prefix="moatd-bench-snap-")
     results = {}
     try:
-        def ok(status, body, want):
-            if status != want:
-                raise SystemExit(f"unexpected answer {status}: {body}")
-            return body
-
-        env = ok(*m.call("POST", "/v1/environments", {"spec": {"storage_gb": 2, "ram_mb": 512}}), 201)["id"]
+        env = h.expect_status(m.call("POST", "/v1/environments", {"spec": {"storage_gb": 2, "ram_mb": 512}}), 201)["id"]
         script = (f"mkdir -p /workspace/src && cd /workspace/src && "
                   f"python3 -c \"import os\nfor i in range({args.files}):\n"
                   f"  d='d%03d' % (i % 100); os.makedirs(d, exist_ok=True)\n"
                   f"  open(f'{{d}}/f{{i}}.txt', 'w').write('x' * (i % 4096))\" && "
                   f"for i in 1 2 3 4; do head -c {args.mib // 4}M /dev/urandom > big$i.bin; done && sync")
-        r = ok(*m.call("POST", f"/v1/environments/{env}/exec", {"cmd": ["sh", "-c", script], "timeout_ms": 600000}),
-               200)
+        fill = {"cmd": ["sh", "-c", script], "timeout_ms": 600000}
+        r = h.expect_status(m.call("POST", f"/v1/environments/{env}/exec", fill), 200)
         if r["exit_code"] != 0:
             raise SystemExit(f"filling the workspace failed: {r}")
         layer = os.path.join(m.state, "storage", "envs", env, "upper")
@@ -78,14 +68,14 @@ def main():
         for i in range(args.runs):
             snap = {}
             samples["snapshot"].append(timed(lambda: snap.update(
-                ok(*m.call("POST", f"/v1/environments/{env}/snapshots", {}), 201))))
-            samples["restore"].append(timed(lambda: ok(*m.call(
+                h.expect_status(m.call("POST", f"/v1/environments/{env}/snapshots", {}), 201))))
+            samples["restore"].append(timed(lambda: h.expect_status(m.call(
                 "POST", f"/v1/environments/{env}/restore", {"snapshot": snap["id"]}), 200)))
             fork = {}
             samples["fork"].append(timed(lambda: fork.update(
-                ok(*m.call("POST", f"/v1/environments/{env}/fork", {}), 201))))
+                h.expect_status(m.call("POST", f"/v1/environments/{env}/fork", {}), 201))))
             forks.append(fork["id"])
-            ok(*m.call("DELETE", f"/v1/snapshots/{snap['id']}"), 204)
+            h.expect_status(m.call("DELETE", f"/v1/snapshots/{snap['id']}"), 204)
             for name, extra in (("cp -a", []), ("cp --reflink", ["--reflink=always"])):
                 target = os.path.join(copies, f"c{i}")
                 samples[name].append(timed(lambda: subprocess.run(["cp", "-a", *extra, layer, target], check=True)))
@@ -97,8 +87,8 @@ def main():
         print(f"{'operation':<14} {'p50 ms':>9} {'p99 ms':>9} {'vs cp -a':>9}")
         for name, values in samples.items():
             p50 = statistics.median(values)
-            results[name] = {"p50_ms": round(p50, 2), "p99_ms": round(pct(values, 99), 2)}
-            print(f"{name:<14} {p50:>9.2f} {pct(values, 99):>9.2f} {p50 / base:>8.2f}x")
+            results[name] = {"p50_ms": round(p50, 2), "p99_ms": round(h.nearest_rank(values, 99), 2)}
+            print(f"{name:<14} {p50:>9.2f} {h.nearest_rank(values, 99):>9.2f} {p50 / base:>8.2f}x")
         results["files"] = args.files
         results["mib"] = args.mib
         results["runs"] = args.runs

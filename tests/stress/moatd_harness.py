@@ -390,6 +390,22 @@ def percentile(values, p):
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
+def nearest_rank(values, p):
+    """The p-th percentile as one of the values (no interpolation): what
+    the benchmarks print."""
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def expect_status(answer, want):
+    """The body of `answer` (a Moatd.call's (status, body)) when its status
+    is `want`; otherwise the run stops, saying what came instead."""
+    status, body = answer
+    if status != want:
+        raise SystemExit(f"unexpected answer {status}: {body}")
+    return body
+
+
 def wait_until(predicate, timeout, step=0.05):
     deadline = time.monotonic() + timeout
     while True:
