@@ -696,7 +696,13 @@ class ExhaustionTest(unittest.TestCase):
             # The classic: each b starts two more in the background, so it
             # outlives the exec that started it; only the destroy ends it.
             bomb = e.sh("b() { b | b & }; b", timeout_ms=5000)
-            time.sleep(ATTACK_S)
+            # Its population comes and goes as dash fails to fork: sampled
+            # here every few milliseconds too (the watcher's 50 ms missed
+            # the peak under a loaded ctest -j2), into the watcher's peak.
+            until = time.monotonic() + ATTACK_S
+            while time.monotonic() < until:
+                w.pids = max(w.pids, e.pids_current() or 0)
+                time.sleep(0.005)
             # moat-init still answers: a command runs or fails to fork, but returns.
             t = time.monotonic()
             probe = e.exec(["true"], timeout_ms=10000)
