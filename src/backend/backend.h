@@ -101,6 +101,14 @@ class Backend {
   // What differs in a running environment's files (read only, for a
   // person's review): never following what the environment planted.
   virtual Result<Changes> changes(const ChangesRequest& request) = 0;
+  // Why an environment whose guest protocol connection closed by itself
+  // ended, when the backend can tell more than "pid 1 exited" (a microVM's
+  // kernel panic, its QEMU's crash); "" when it cannot. Called before its
+  // destroy; may wait a moment for the end to be certain.
+  virtual std::string whyEnded(const std::string& id) {
+    (void)id;
+    return "";
+  }
 };
 
 }  // namespace moat::backend

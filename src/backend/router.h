@@ -28,6 +28,7 @@ class Router final : public Backend {
   Status deleteSnapshot(const std::string& name) override { return namespaces_.deleteSnapshot(name); }
   Result<std::vector<std::string>> snapshots() override { return namespaces_.snapshots(); }
   Result<Changes> changes(const ChangesRequest& request) override { return of(request.id).changes(request); }
+  std::string whyEnded(const std::string& id) override { return of(id).whyEnded(id); }
 
  private:
   Backend& of(const std::string& id);

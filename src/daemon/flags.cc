@@ -87,6 +87,8 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
                           namespaces (the default) or microvm (docs/MICROVM.md)
   --microvm-accel A       what microVMs run on: tcg (the default, emulated) or
                           kvm (a /dev/kvm that boots guests)
+  --microvm-boot-wait S   a microVM whose guest has not answered S seconds
+                          after QEMU started fails (1 to 3600, default 120)
   --port-timeout S        the port proxy waits at most S seconds for a server
                           inside to answer, and ends a request silent that
                           long (1 to 3600, default 60; docs/PORTS.md)
@@ -230,6 +232,8 @@ const std::vector<Flag>& flags() {
          f.manager.microvmAccel = v;
          return {};
        }},
+      numberFlag("--microvm-boot-wait", 1, 3600, "a number of seconds from 1 to 3600",
+                 [](DaemonFlags& f, uint64_t n) { f.microvmBootWaitS = static_cast<int64_t>(n); }),
       {"--agent-local-providers", false,
        [](const std::string&, DaemonFlags& f, double) -> Status { return f.agentLocalProviders = true, Status{}; }},
   };

@@ -36,6 +36,7 @@ struct DaemonFlags {
   templates::ImportLimits templateLimits;           // --template-max-bytes, --template-max-files, --template-timeout
   std::string previewDomain = "preview.localhost";  // api::ApiOptions::previewDomain
   int64_t portTimeoutS = 60;                        // api::PortProxyLimits::idle
+  int64_t microvmBootWaitS = 120;                   // backend::microvm::kGuestBootWait
   bool help = false;                                // -h, --help: print daemonUsage() and stop
 };
 

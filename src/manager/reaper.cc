@@ -43,7 +43,8 @@ void EnvironmentManager::reaperLoop() {
       if (live_.connected(id)) continue;
       auto record = store_.getEnvironment(id);
       if (record.ok() && record.value() && record.value()->state == EnvironmentState::kRunning) {
-        (void)destroy(id, "failed: pid 1 of the environment exited");
+        const std::string why = backend_.whyEnded(id);
+        (void)destroy(id, "failed: " + (why.empty() ? std::string("pid 1 of the environment exited") : why));
       }
     }
     for (const auto& id : expired) (void)destroy(id, "expired");

@@ -167,6 +167,20 @@ bool pidfdExited(int pidfd) {
   return ::poll(&p, 1, 0) != 0;  // readable once it exited; an error counts as gone
 }
 
+std::optional<int> exitStatusOf(int pidfd, int waitMs) {
+  pollfd p{pidfd, POLLIN, 0};
+  while (::poll(&p, 1, waitMs) < 0 && errno == EINTR) {
+  }
+  siginfo_t info;
+  std::memset(&info, 0, sizeof info);
+  while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+    if (errno != EINTR) return std::nullopt;
+  }
+  if (info.si_pid == 0) return std::nullopt;  // still running
+  if (info.si_code == CLD_EXITED) return (info.si_status & 0xff) << 8;
+  return info.si_status & 0x7f;
+}
+
 Result<std::vector<int>> cpuAffinity() {
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -4,6 +4,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,10 @@ Status pidfdSendSignal(int pidfd, int signo);
 Result<UniqueFd> pidfdOpen(pid_t pid);
 // True once the process behind pidfd has exited (a poll that does not wait).
 bool pidfdExited(int pidfd);
+// The wait status (as waitpid's) of the child behind pidfd once it has
+// exited, waiting up to `waitMs` for that; nullopt while it runs. It is
+// left unreaped (WNOWAIT): its owner still waits for it.
+std::optional<int> exitStatusOf(int pidfd, int waitMs);
 // The CPUs the calling thread may run on (sched_getaffinity).
 Result<std::vector<int>> cpuAffinity();
 // Restricts the calling thread (and what it forks from then on) to `cpus`

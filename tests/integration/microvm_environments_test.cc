@@ -3,7 +3,9 @@
 // moat-init as the guest's pid 1; what they cannot do yet is refused by
 // name. TCG here: a create boots a guest (seconds).
 #include <dirent.h>
+#include <ftw.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -58,6 +60,39 @@ std::vector<std::string> holdersOf(const std::string& dir) {
   return found;
 }
 
+// The cgroup directories (any hierarchy) whose name ends in "-" + `id`:
+// what moatd made for the environment's QEMU.
+std::vector<std::string> cgroupsNamed(const std::string& id) {
+  static std::vector<std::string>* found;
+  static std::string suffix;
+  std::vector<std::string> result;
+  found = &result;
+  suffix = "-" + id;
+  ::nftw(
+      "/sys/fs/cgroup",
+      [](const char* path, const struct stat*, int type, struct FTW*) {
+        const std::string p = path;
+        if (type == FTW_D && p.size() > suffix.size() &&
+            p.compare(p.size() - suffix.size(), suffix.size(), suffix) == 0) {
+          found->push_back(p);
+        }
+        return 0;
+      },
+      32, FTW_PHYS);
+  return result;
+}
+
+// A stand-in for QEMU (MOAT_QEMU) that runs the real one with `change`
+// made to its arguments first: a sh fragment run for each argument `a`
+// after `prev` (the one before it), which may rewrite `a`.
+std::string qemuWrapper(const std::string& dir, const std::string& change) {
+  const std::string path = dir + "/qemu-system-x86_64";
+  const std::string script = "#!/bin/sh\nprev=\nfor a do\n  shift\n  " + change +
+                             "\n  set -- \"$@\" \"$a\"\n  prev=$a\ndone\nexec /usr/bin/qemu-system-x86_64 \"$@\"\n";
+  EXPECT_TRUE(os::writeFile(path, script, 0755).ok());
+  return path;
+}
+
 class MicroVmEnvironments : public MoatdFixture {
  protected:
   void SetUp() override {
@@ -79,6 +114,32 @@ class MicroVmEnvironments : public MoatdFixture {
   void TearDown() override {
     daemon_.reset();
     if (!tree_.empty()) (void)os::removeTree(tree_);
+  }
+  // QEMU's pid for environment `id` (0: none runs).
+  pid_t qemuOf(const std::string& id) {
+    for (const auto& pid : holdersOf(daemon_->stateDir() + "/microvm/vms/" + id)) {
+      auto comm = os::readFile("/proc/" + pid + "/comm");
+      if (comm.ok() && comm->rfind("qemu-system", 0) == 0) return std::stoi(pid);
+    }
+    return 0;
+  }
+  // The record once its state is `state` (bounded: 60 s).
+  json awaitState(const std::string& id, const std::string& state) {
+    json env;
+    for (int i = 0; i < 600; ++i) {
+      env = call("GET", "/v1/environments/" + id, nullptr, 200);
+      if (env["state"] == state) break;
+      ::usleep(100000);
+    }
+    return env;
+  }
+  // Nothing of environment `id` is left: no QEMU, no directory, no cgroup.
+  void expectNothingLeftOf(const std::string& id) {
+    const std::string vmDir = daemon_->stateDir() + "/microvm/vms/" + id;
+    EXPECT_TRUE(holdersOf(vmDir).empty()) << "no QEMU of it is left";
+    struct stat st;
+    EXPECT_NE(::stat(vmDir.c_str(), &st), 0) << vmDir;
+    EXPECT_TRUE(cgroupsNamed(id).empty()) << cgroupsNamed(id)[0];
   }
   json vmBody(json extra = json::object()) {
     json body = {{"template", tree_}, {"spec", {{"isolation", "microvm"}, {"ram_mb", 256}}}};
@@ -332,6 +393,73 @@ TEST_F(MicroVmEnvironments, EveryProgramInsideAnswersToTheGateAndCommandsCannotU
   }
   EXPECT_NE(bounding & 1u, 0u) << "CHOWN stays: ordinary work on its own files";
   EXPECT_NE(text.find("NoNewPrivs:\t1"), std::string::npos) << text;
+}
+
+// A QEMU that crashes ends its environment as failed, saying how QEMU
+// ended; nothing of it is left, and other environments go on.
+TEST_F(MicroVmEnvironments, AQemuThatCrashesEndsItsEnvironmentAsFailedAndLeavesNothing) {
+  const std::string other = createEnv();  // a namespace environment beside it
+  json env = call("POST", "/v1/environments", vmBody(), 201);
+  const std::string id = env["id"];
+  const pid_t qemu = qemuOf(id);
+  ASSERT_GT(qemu, 0);
+  ASSERT_FALSE(cgroupsNamed(id).empty()) << "QEMU's cgroup is found while it runs";
+  ASSERT_EQ(::kill(qemu, SIGSEGV), 0);
+  json after = awaitState(id, "failed");
+  ASSERT_EQ(after["state"], "failed") << after.dump();
+  EXPECT_NE(after.value("reason", "").find("QEMU ended: killed by signal Segmentation fault"), std::string::npos)
+      << after.dump();
+  expectNothingLeftOf(id);
+  EXPECT_EQ(exec(other, {{"cmd", {"true"}}})["exit_code"], 0);
+}
+
+// A guest whose kernel panics (here: out of memory with panic_on_oom set,
+// by a QEMU stand-in that adds it to the kernel's command line) ends as a
+// failed environment whose reason is the panic's line.
+TEST_F(MicroVmEnvironments, AGuestKernelPanicEndsItsEnvironmentAsFailedWithThePanic) {
+  char dir[] = "/tmp/moat-qemu-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  ASSERT_EQ(::chmod(dir, 0755), 0);
+  const std::string wrapper =
+      qemuWrapper(dir, R"([ "$prev" = -append ] && a="${a% -- --guest} sysctl.vm.panic_on_oom=1 -- --guest")");
+  daemon_.reset();
+  daemon_ = std::make_unique<Moatd>(std::vector<std::string>{}, std::vector<std::string>{"MOAT_QEMU=" + wrapper});
+  json body = vmBody();
+  body["spec"]["storage_gb"] = 1;  // more than its 256 MB of RAM: a tmpfs filled past it runs the guest out
+  json env = call("POST", "/v1/environments", body, 201);
+  const std::string id = env["id"];
+  // The exec ends with the guest (its answer is not what is tested).
+  (void)daemon_->request("POST", "/v1/environments/" + id + "/exec",
+                         json{{"cmd", {"/bin/tool", "flood", "/workspace/big", "512"}}}.dump());
+  json after = awaitState(id, "failed");
+  ASSERT_EQ(after["state"], "failed") << after.dump();
+  EXPECT_NE(after.value("reason", "").find("the guest's kernel panicked (Kernel panic - not syncing: Out of memory"),
+            std::string::npos)
+      << after.dump();
+  expectNothingLeftOf(id);
+  (void)os::removeTree(dir);
+}
+
+// A guest that never answers (a QEMU stand-in starts it with its CPUs
+// stopped) fails its create once moatd's boot wait is over; nothing of it
+// is left.
+TEST_F(MicroVmEnvironments, AGuestThatNeverAnswersFailsItsCreateAndLeavesNothing) {
+  char dir[] = "/tmp/moat-qemu-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  ASSERT_EQ(::chmod(dir, 0755), 0);
+  const std::string wrapper = qemuWrapper(dir, R"([ "$a" = -nographic ] && set -- "$@" -S)");
+  daemon_.reset();
+  daemon_ = std::make_unique<Moatd>(std::vector<std::string>{"--microvm-boot-wait", "3"},
+                                    std::vector<std::string>{"MOAT_QEMU=" + wrapper});
+  auto created = daemon_->request("POST", "/v1/environments", vmBody().dump());
+  EXPECT_EQ(created.status, 500) << created.body;
+  EXPECT_NE(created.body.find("the guest did not answer within 3 s"), std::string::npos) << created.body;
+  json failed = call("GET", "/v1/environments?state=failed", nullptr, 200);
+  ASSERT_EQ(failed["environments"].size(), 1u) << failed.dump();
+  const std::string id = failed["environments"][0]["id"];
+  EXPECT_NE(failed["environments"][0].value("reason", "").find("did not answer"), std::string::npos) << failed.dump();
+  expectNothingLeftOf(id);
+  (void)os::removeTree(dir);
 }
 
 }  // namespace

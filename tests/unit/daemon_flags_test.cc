@@ -134,6 +134,8 @@ TEST(DaemonFlags, ValuesOutOfRangeAreRefusedByName) {
             "invalid_argument: --egress-hosts: cannot read /nonexistent/hosts");
   EXPECT_EQ(problem({"--isolation", "vm"}), "invalid_argument: --isolation needs namespaces or microvm, not vm");
   EXPECT_EQ(problem({"--microvm-accel", "hvf"}), "invalid_argument: --microvm-accel needs tcg or kvm, not hvf");
+  EXPECT_EQ(problem({"--microvm-boot-wait", "0"}),
+            "invalid_argument: --microvm-boot-wait needs a number of seconds from 1 to 3600");
   EXPECT_EQ(problem({"--isolation", "microvm", "--warm-pool", "2"}),
             "invalid_argument: --warm-pool keeps namespace environments ready: not with --isolation microvm");
 }
@@ -143,10 +145,14 @@ TEST(DaemonFlags, IsolationAndAccelSetTheManagersDefaults) {
   ASSERT_TRUE(f.ok()) << f.error().message();
   EXPECT_EQ(f->manager.defaultIsolation, backend::Isolation::kMicroVm);
   EXPECT_EQ(f->manager.microvmAccel, "kvm");
+  auto w = parse({"--microvm-boot-wait", "30"});
+  ASSERT_TRUE(w.ok()) << w.error().message();
+  EXPECT_EQ(w->microvmBootWaitS, 30);
   auto d = parse({});
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->manager.defaultIsolation, backend::Isolation::kNamespaces);
   EXPECT_EQ(d->manager.microvmAccel, "tcg");
+  EXPECT_EQ(d->microvmBootWaitS, 120);
 }
 
 TEST(DaemonFlags, UnknownArgumentsAndMissingValuesAreUsageErrors) {

@@ -84,8 +84,11 @@ HostSupport probeHost(const std::string& accel) {
   return host;
 }
 
-MicroVmBackend::MicroVmBackend(std::string stateDir, HostSupport host)
-    : dir_(stateDir + "/microvm"), host_(std::move(host)), cgroupPrefix_(cgroupPrefixOf(stateDir)) {
+MicroVmBackend::MicroVmBackend(std::string stateDir, HostSupport host, std::chrono::seconds bootWait)
+    : dir_(stateDir + "/microvm"),
+      host_(std::move(host)),
+      bootWait_(bootWait),
+      cgroupPrefix_(cgroupPrefixOf(stateDir)) {
   // Whatever a previous moatd of this state directory left: its VMs died
   // with it (their cgroups are empty), and its images may be of templates
   // gone since (they are made again on first use).
@@ -209,7 +212,7 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     }
     guest->vm.emplace(std::move(started.value()));
   }
-  Status up = guest->vm->awaitGuest(kGuestBootWait);
+  Status up = guest->vm->awaitGuest(bootWait_);
   // moat-init in a guest is the guest's to stop: moatd's writes to it wait
   // at most kGuestSendWait (then the connection ends), never for good.
   if (up.ok()) up = os::setSendTimeout(guest->vm->control(), kGuestSendWait);
@@ -243,6 +246,14 @@ Status MicroVmBackend::destroy(const std::string& id) {
   const std::string dir = guest->dir;
   guest.reset();  // reaped here unless a create still holds it (it then does)
   return os::removeTree(dir);
+}
+
+std::string MicroVmBackend::whyEnded(const std::string& id) {
+  auto guest = find(id);
+  if (!guest || !guest->vm) return "";
+  // The connection closes as QEMU ends (or as the guest's kernel stops):
+  // its exit, and the console's last words, follow in moments.
+  return guest->vm->whyEnded(std::chrono::seconds(2));
 }
 
 Result<UniqueFd> MicroVmBackend::attach(const std::string& id) { return notYet("re-attaching to environment " + id); }

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,7 +35,8 @@ HostSupport probeHost(const std::string& accel);
 
 class MicroVmBackend final : public Backend {
  public:
-  MicroVmBackend(std::string stateDir, HostSupport host);
+  // `bootWait`: how long a guest may take to answer (kGuestBootWait).
+  MicroVmBackend(std::string stateDir, HostSupport host, std::chrono::seconds bootWait = kGuestBootWait);
   ~MicroVmBackend() override;  // ends every VM
 
   const HostSupport& host() const { return host_; }
@@ -49,6 +51,7 @@ class MicroVmBackend final : public Backend {
   Status deleteSnapshot(const std::string& name) override;
   Result<std::vector<std::string>> snapshots() override;
   Result<Changes> changes(const ChangesRequest& request) override;
+  std::string whyEnded(const std::string& id) override;
 
  private:
   struct Guest {
@@ -65,6 +68,7 @@ class MicroVmBackend final : public Backend {
 
   const std::string dir_;  // <state>/microvm: root's alone
   const HostSupport host_;
+  const std::chrono::seconds bootWait_;
   const std::string cgroupPrefix_;  // of this state directory's QEMU cgroups
   std::mutex filesMutex_;           // the initramfs, and the map below
   std::string initramfs_;

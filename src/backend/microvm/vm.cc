@@ -365,6 +365,29 @@ Status Vm::awaitGuest(std::chrono::milliseconds wait) const {
   }
 }
 
+std::string Vm::whyEnded(std::chrono::milliseconds wait) const {
+  auto status = os::exitStatusOf(pidfd_.get(), static_cast<int>(wait.count()));
+  // The kernel's last words: "Kernel panic - not syncing: ..." (printed
+  // whatever the console's log level).
+  const std::string console = consoleTail();
+  std::string panic;
+  for (size_t at = console.find("Kernel panic - "); at != std::string::npos;
+       at = console.find("Kernel panic - ", at + 1)) {
+    panic = console.substr(at, console.find('\n', at) - at);
+  }
+  if (!panic.empty()) {
+    while (!panic.empty() && (panic.back() == '\r' || panic.back() == ' ')) panic.pop_back();
+    return "the guest's kernel panicked (" + os::tailOf(panic, 300) + ")";
+  }
+  if (!status) return "the guest closed its connection (QEMU still ran; it was stopped)";
+  if (WIFEXITED(*status) && WEXITSTATUS(*status) == 0) {
+    return "the guest powered off" +
+           std::string(console.empty() ? "" : "; its console ended with:\n" + os::tailOf(console, 300));
+  }
+  return "QEMU ended: " + os::describeWaitStatus(*status) +
+         (console.empty() ? "" : "; the guest's console ended with:\n" + os::tailOf(console, 300));
+}
+
 void Vm::kill() const {
   if (pid_ <= 0) return;
   if (pidfd_) {

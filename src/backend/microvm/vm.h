@@ -135,6 +135,10 @@ class Vm {
   // end of the console: QEMU ended, the connection closed, or `wait` went
   // by (a guest whose kernel hangs says nothing: the bound is the host's).
   Status awaitGuest(std::chrono::milliseconds wait) const;
+  // Why a guest whose connection closed ended, once QEMU has (waited for
+  // up to `wait`): the kernel's panic when its console printed one, else
+  // how QEMU ended (a signal, an exit status), or that QEMU runs on.
+  std::string whyEnded(std::chrono::milliseconds wait) const;
 
  private:
   Vm() = default;
