@@ -3,13 +3,16 @@
 boot, interleaved in one run, through moatd's API.
 
 Per round: a namespace environment created and its first command run; a
-microVM environment (spec.isolation "microvm") the same; and, as the peer,
-the floor of any QEMU boot here: the same QEMU, machine and guest kernel
-booting with nothing to run (rdinit names no file: the kernel panics and
-QEMU ends), timed from exec to exit. Then exec latency on one of each, and
-the memory each holds idle (its cgroup's: for a microVM, QEMU's, the
-guest's touched RAM and TCG's cache included). Both run the same template:
-a directory of one static program (moat-guest-tool as /bin/tool).
+microVM environment (spec.isolation "microvm") the same, restored from
+the saved guest (moatd's default); one booted cold (a second moatd with
+--microvm-saved-guests 0); and, as the peer, the floor of any QEMU boot here:
+the same QEMU, machine and guest kernel booting with nothing to run
+(rdinit names no file: the kernel panics and QEMU ends), timed from exec
+to exit. The first microVM create, which boots and saves the guest, is
+timed once. Then exec latency on one of each, and the memory each holds
+idle (its cgroup's: for a microVM, QEMU's, the guest's touched RAM and
+TCG's cache included). All run the same template: a directory of one
+static program (moat-guest-tool as /bin/tool).
 
   bench/microvm.py --bin-dir build/bin [--accel tcg|kvm] [--runs 10] [--execs 20] [--json FILE]
 
@@ -90,42 +93,58 @@ def main():
     shutil.copy(os.path.join(args.bin_dir, "moat-guest-tool"), tree + "/bin/tool")
     os.chmod(tree + "/bin/tool", 0o755)
     m = h.Moatd(args.bin_dir, args=["--microvm-accel", args.accel], prefix="moatd-bench-vm-")
-    times = {"namespaces": [], "microvm": [], "qemu floor": []}
-    execs = {"namespaces": [], "microvm": []}
+    cold = h.Moatd(args.bin_dir, args=["--microvm-accel", args.accel, "--microvm-saved-guests", "0"],
+                   prefix="moatd-bench-vm-cold-")
+    # name -> (moatd, spec.isolation)
+    kinds = {"namespaces": (m, "namespaces"), "microvm (restored)": (m, "microvm"),
+             "microvm (cold boot)": (cold, "microvm")}
+    times = {name: [] for name in kinds}
+    times["qemu floor"] = []
+    execs = {name: [] for name in kinds}
     idle = {}
     try:
-        def create_and_run(isolation):
+        def create_and_run(name):
+            daemon, isolation = kinds[name]
             spec = {"isolation": isolation, "ram_mb": 256}
             t = time.perf_counter()
-            env = h.expect_status(m.call("POST", "/v1/environments", {"template": tree, "spec": spec}), 201)
-            r = h.expect_status(m.call("POST", f"/v1/environments/{env['id']}/exec", {"cmd": UNAME}), 200)
+            env = h.expect_status(daemon.call("POST", "/v1/environments", {"template": tree, "spec": spec}), 201)
+            r = h.expect_status(daemon.call("POST", f"/v1/environments/{env['id']}/exec", {"cmd": UNAME}), 200)
             took = (time.perf_counter() - t) * 1000
             if r["exit_code"] != 0:
-                raise SystemExit(f"{isolation}: {r}")
+                raise SystemExit(f"{name}: {r}")
             return env["id"], took
 
-        # One of each first (the image is made on the first microVM create).
-        warm = [create_and_run(i)[0] for i in ("namespaces", "microvm")]
-        for env in warm:
-            h.expect_status(m.call("DELETE", f"/v1/environments/{env}"), 204)
+        def destroy(name, env):
+            h.expect_status(kinds[name][0].call("DELETE", f"/v1/environments/{env}"), 204)
+
+        # One of each first: the image is made on each moatd's first microVM
+        # create, and the restoring one's first create boots and saves.
+        first_saved_ms = None
+        for name in kinds:
+            env, took = create_and_run(name)
+            if name == "microvm (restored)":
+                first_saved_ms = took
+            destroy(name, env)
         for _ in range(args.runs):
-            for isolation in ("namespaces", "microvm"):
-                env, took = create_and_run(isolation)
-                times[isolation].append(took)
-                h.expect_status(m.call("DELETE", f"/v1/environments/{env}"), 204)
+            for name in kinds:
+                env, took = create_and_run(name)
+                times[name].append(took)
+                destroy(name, env)
             times["qemu floor"].append(qemu_floor_ms(kernel, args.accel))
-        kept = {i: create_and_run(i)[0] for i in ("namespaces", "microvm")}
+        kept = {name: create_and_run(name)[0] for name in kinds}
         for _ in range(args.execs):
-            for isolation, env in kept.items():
+            for name, env in kept.items():
                 t = time.perf_counter()
-                h.expect_status(m.call("POST", f"/v1/environments/{env}/exec", {"cmd": UNAME}), 200)
-                execs[isolation].append((time.perf_counter() - t) * 1000)
+                h.expect_status(kinds[name][0].call("POST", f"/v1/environments/{env}/exec", {"cmd": UNAME}), 200)
+                execs[name].append((time.perf_counter() - t) * 1000)
         time.sleep(2)  # idle: what each holds once nothing runs
-        for isolation, env in kept.items():
-            idle[isolation] = h.expect_status(m.call("GET", f"/v1/environments/{env}/stats"), 200)["memory_bytes"]
+        for name, env in kept.items():
+            stats = h.expect_status(kinds[name][0].call("GET", f"/v1/environments/{env}/stats"), 200)
+            idle[name] = stats["memory_bytes"]
     finally:
-        m.stop()
-        m.remove()
+        for daemon in (m, cold):
+            daemon.stop()
+            daemon.remove()
         shutil.rmtree(tree, ignore_errors=True)
     floor = statistics.median(times["qemu floor"])
     print(f"# {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())} {os.uname().release} {os.cpu_count()} cpus, "
@@ -135,6 +154,8 @@ def main():
     for name, values in times.items():
         print(f"| {name} | {statistics.median(values):.0f} | {h.nearest_rank(values, 90):.0f} | "
               f"{statistics.median(values) / floor:.2f}x |")
+    print(f"| first microVM create of a template and machine (boots, saves, restores; once) | "
+          f"{first_saved_ms:.0f} | | {first_saved_ms / floor:.2f}x |")
     print()
     print("| exec on a running environment | p50 ms | p90 ms | idle memory MiB |")
     print("|---|---|---|---|")
@@ -143,7 +164,7 @@ def main():
               f"{idle[name] / 2**20:.1f} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"create_ms": times, "exec_ms": execs, "idle_bytes": idle}, f)
+            json.dump({"create_ms": times, "first_saved_ms": first_saved_ms, "exec_ms": execs, "idle_bytes": idle}, f)
     return 0
 
 

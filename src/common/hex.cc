@@ -24,8 +24,8 @@ std::string toHex(const unsigned char* data, size_t size) {
   return out;
 }
 
-Result<std::string> randomHex(size_t bytes) {
-  std::vector<unsigned char> raw(bytes);
+Result<std::string> randomBytes(size_t bytes) {
+  std::string raw(bytes, '\0');
   size_t got = 0;
   while (got < bytes) {
     ssize_t n = ::getrandom(raw.data() + got, bytes - got, 0);
@@ -35,7 +35,12 @@ Result<std::string> randomHex(size_t bytes) {
     }
     got += static_cast<size_t>(n);
   }
-  return toHex(raw.data(), raw.size());
+  return raw;
+}
+
+Result<std::string> randomHex(size_t bytes) {
+  MOAT_ASSIGN(std::string raw, randomBytes(bytes));
+  return toHex(reinterpret_cast<const unsigned char*>(raw.data()), raw.size());
 }
 
 }  // namespace moat

@@ -89,6 +89,10 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
                           kvm (a /dev/kvm that boots guests)
   --microvm-boot-wait S   a microVM whose guest has not answered S seconds
                           after QEMU started fails (1 to 3600, default 120)
+  --microvm-saved-guests N
+                          microVM creates restore a guest saved once per
+                          template and machine, N of them kept at most (0 to
+                          64, default 8; 0: every create boots; docs/MICROVM.md)
   --port-timeout S        the port proxy waits at most S seconds for a server
                           inside to answer, and ends a request silent that
                           long (1 to 3600, default 60; docs/PORTS.md)
@@ -234,6 +238,8 @@ const std::vector<Flag>& flags() {
        }},
       numberFlag("--microvm-boot-wait", 1, 3600, "a number of seconds from 1 to 3600",
                  [](DaemonFlags& f, uint64_t n) { f.microvmBootWaitS = static_cast<int64_t>(n); }),
+      numberFlag("--microvm-saved-guests", 0, 64, "a number from 0 to 64",
+                 [](DaemonFlags& f, uint64_t n) { f.microvmSavedGuests = n; }),
       {"--agent-local-providers", false,
        [](const std::string&, DaemonFlags& f, double) -> Status { return f.agentLocalProviders = true, Status{}; }},
   };

@@ -37,6 +37,7 @@ struct DaemonFlags {
   std::string previewDomain = "preview.localhost";  // api::ApiOptions::previewDomain
   int64_t portTimeoutS = 60;                        // api::PortProxyLimits::idle
   int64_t microvmBootWaitS = 120;                   // backend::microvm::kGuestBootWait
+  uint64_t microvmSavedGuests = 8;                  // backend::microvm::kMaxSavedGuests; 0: creates boot
   bool help = false;                                // -h, --help: print daemonUsage() and stop
 };
 

@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
     // MicroVMs (docs/MICROVM.md): what this host lacks for them is said
     // when one is asked for, and by /healthz.
     backend::microvm::MicroVmBackend microvm(stateDir, backend::microvm::probeHost(config.microvmAccel),
-                                             std::chrono::seconds(flags->microvmBootWaitS));
+                                             std::chrono::seconds(flags->microvmBootWaitS), flags->microvmSavedGuests);
     backend::Router backend(namespaces, &microvm, microvm.host().missing);
     config.microvmMissing = microvm.host().available ? "" : microvm.host().missing;
     if (config.defaultIsolation == backend::Isolation::kMicroVm && !microvm.host().available) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "init/protocol.h"
 #include "os/file.h"
 #include "os/machine.h"
 #include "os/mount.h"
@@ -144,6 +145,32 @@ Status keepCapabilities() {
   return os::setNoNewPrivs();
 }
 
+std::string fromCommandLine(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+
+// A parked guest (MOAT_GUEST_PARK) says so and waits, as booted as it gets
+// before anything of an environment's is made: the host saves it there,
+// and each copy restored from it is told who it is and its limits.
+Result<GuestResume> awaitResume(int control) {
+  MOAT_TRY(writeFrame(control, MsgType::kParked, ""));
+  FrameReader reader;
+  MOAT_ASSIGN(Frame frame, readFrame(control, reader));
+  if (frame.type != MsgType::kResume) {
+    return Error::make(Code::kProtocol,
+                       "a parked guest got message " + std::to_string(static_cast<int>(frame.type)) + ", not Resume");
+  }
+  if (reader.partial()) return Error::make(Code::kProtocol, "the host sent more than Resume before the Hello");
+  MOAT_ASSIGN(GuestResume resume, GuestResume::decode(frame.payload));
+  // A fresh identity: the saved image's randomness, clock and name are
+  // every copy's until here.
+  MOAT_TRY(os::addEntropy(resume.seed));
+  MOAT_TRY(os::setRealtime(resume.realtimeNs));
+  if (!resume.hostname.empty()) MOAT_TRY(os::setHostname(resume.hostname));
+  return resume;
+}
+
 }  // namespace
 
 Result<UniqueFd> prepareGuest() {
@@ -152,19 +179,26 @@ Result<UniqueFd> prepareGuest() {
   MOAT_TRY(os::mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, ""));
   MOAT_TRY(os::mount("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755"));
   MOAT_TRY(loadModules());
-  const char* storage = std::getenv("MOAT_GUEST_STORAGE");
-  MOAT_TRY(makeRoot(storage && *storage ? storage : "1g"));
+  MOAT_ASSIGN(std::string port, findPort());
+  MOAT_ASSIGN(UniqueFd fd, os::open(port, O_RDWR | O_CLOEXEC));
+  MOAT_TRY(awaitHost(fd.get()));
+  std::string storage = fromCommandLine("MOAT_GUEST_STORAGE"), pids = fromCommandLine("MOAT_GUEST_PIDS");
+  if (fromCommandLine("MOAT_GUEST_PARK") == "1") {
+    MOAT_ASSIGN(GuestResume resume, awaitResume(fd.get()));
+    storage = resume.storageBytes > 0 ? std::to_string(resume.storageBytes) : "";
+    pids = resume.pids > 0 ? std::to_string(resume.pids) : "";
+  } else if (auto name = fromCommandLine("MOAT_GUEST_HOSTNAME"); !name.empty()) {
+    MOAT_TRY(os::setHostname(name));
+  }
+  MOAT_TRY(makeRoot(storage.empty() ? "1g" : storage));
   // Terminals (a pty process, a shell) and POSIX shared memory, as in a
   // namespace environment.
   MOAT_TRY(os::makeDir("/dev/pts", 0755));
   MOAT_TRY(os::mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"));
   MOAT_TRY(os::makeDir("/dev/shm", 01777));
   MOAT_TRY(os::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777"));
-  if (const char* pids = std::getenv("MOAT_GUEST_PIDS"); pids && *pids) MOAT_TRY(boundTasks(pids));
+  if (!pids.empty()) MOAT_TRY(boundTasks(pids));
   MOAT_TRY(protectKernelKnobs());
-  MOAT_ASSIGN(std::string port, findPort());
-  MOAT_ASSIGN(UniqueFd fd, os::open(port, O_RDWR | O_CLOEXEC));
-  MOAT_TRY(awaitHost(fd.get()));
   MOAT_TRY(keepCapabilities());
   return fd;
 }

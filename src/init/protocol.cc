@@ -99,6 +99,21 @@ Result<Hello> Hello::decode(const std::string& payload) {
   return m;
 }
 
+std::string GuestResume::encode() const {
+  return Encoder().bytes(hostname).u64(storageBytes).u64(pids).bytes(seed).u64(realtimeNs).take();
+}
+Result<GuestResume> GuestResume::decode(const std::string& payload) {
+  Decoder d(payload);
+  GuestResume m;
+  MOAT_ASSIGN(m.hostname, d.bytes());
+  MOAT_ASSIGN(m.storageBytes, d.u64());
+  MOAT_ASSIGN(m.pids, d.u64());
+  MOAT_ASSIGN(m.seed, d.bytes());
+  MOAT_ASSIGN(m.realtimeNs, d.u64());
+  FINISH(d);
+  return m;
+}
+
 std::string SpawnRequest::encode() const {
   uint8_t flags = (stdinPipe ? 1 : 0) | (pty ? 2 : 0);
   return Encoder()

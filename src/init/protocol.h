@@ -39,6 +39,7 @@ enum class MsgType : uint8_t {
   kOutputCredit = 7,
   kExecVerdict = 8,
   kExecPolicy = 9,
+  kResume = 10,  // a parked guest's identity and limits (GuestResume), once
   kFile = 16,
   // init -> client
   kHello = 64,
@@ -49,6 +50,7 @@ enum class MsgType : uint8_t {
   kStdinTaken = 69,
   kExecCheck = 70,
   kExecReport = 71,
+  kParked = 72,  // a guest booted with MOAT_GUEST_PARK waits for kResume (no payload)
   kFileResult = 80,
   kProtocolError = 81,
 };
@@ -89,6 +91,20 @@ struct Hello {
   uint32_t initPid = 0;
   std::string encode() const;
   static Result<Hello> decode(const std::string& payload);
+};
+
+// What a microVM guest parked before its root was made (saved, and
+// restored once per environment) is told once it runs for an environment:
+// who it is now and its limits. Each restored copy gets its own hostname,
+// entropy and wall clock.
+struct GuestResume {
+  std::string hostname;
+  uint64_t storageBytes = 0;  // the writable layer's size
+  uint64_t pids = 0;          // 0: unbounded
+  std::string seed;           // random bytes mixed into the guest's entropy pool
+  uint64_t realtimeNs = 0;    // the host's CLOCK_REALTIME when sent
+  std::string encode() const;
+  static Result<GuestResume> decode(const std::string& payload);
 };
 
 struct SpawnRequest {

@@ -17,4 +17,12 @@ Status loadKernelModule(const std::string& path);
 // fails).
 void powerOff();
 
+// Mixes `seed` into the kernel's entropy pool, credited (RNDADDENTROPY),
+// and reseeds its generator from it at once (RNDRESEEDCRNG): a machine
+// restored from a saved image must not go on with the image's randomness.
+Status addEntropy(const std::string& seed);
+
+// Sets the wall clock (CLOCK_REALTIME) to `ns` since the epoch.
+Status setRealtime(uint64_t ns);
+
 }  // namespace moat::os

@@ -4,7 +4,9 @@
 // `echo` copies stdin to stdout line by line, `flood FILE MIB` writes MIB
 // MiB to FILE, `fork N` starts N children that wait and prints how many
 // it could start, `exec PROGRAM ARGS...` becomes PROGRAM (errno's text on
-// stderr when it cannot).
+// stderr when it cannot), `time` prints the wall clock's seconds since the
+// epoch, `random` 16 random bytes (getrandom) in hex.
+#include <sys/random.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "uname") == 0) {
@@ -85,8 +88,19 @@ int main(int argc, char** argv) {
     std::printf("%ld\n", started);
     return 0;
   }
+  if (argc == 2 && std::strcmp(argv[1], "time") == 0) {
+    std::printf("%lld\n", static_cast<long long>(time(nullptr)));
+    return 0;
+  }
+  if (argc == 2 && std::strcmp(argv[1], "random") == 0) {
+    unsigned char bytes[16];
+    if (getrandom(bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes)) return 1;
+    for (unsigned char b : bytes) std::printf("%02x", b);
+    std::printf("\n");
+    return 0;
+  }
   std::fprintf(stderr,
                "usage: moat-guest-tool uname | cat FILE | write FILE TEXT | echo | flood FILE MIB | fork N | exec "
-               "PROGRAM ARGS...\n");
+               "PROGRAM ARGS... | time | random\n");
   return 2;
 }

@@ -148,6 +148,12 @@ TEST(DaemonFlags, IsolationAndAccelSetTheManagersDefaults) {
   auto w = parse({"--microvm-boot-wait", "30"});
   ASSERT_TRUE(w.ok()) << w.error().message();
   EXPECT_EQ(w->microvmBootWaitS, 30);
+  EXPECT_EQ(w->microvmSavedGuests, 8u);
+  auto cold = parse({"--microvm-saved-guests", "0"});
+  ASSERT_TRUE(cold.ok()) << cold.error().message();
+  EXPECT_EQ(cold->microvmSavedGuests, 0u);
+  EXPECT_EQ(problem({"--microvm-saved-guests", "65"}),
+            "invalid_argument: --microvm-saved-guests needs a number from 0 to 64");
   auto d = parse({});
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->manager.defaultIsolation, backend::Isolation::kNamespaces);

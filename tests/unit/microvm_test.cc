@@ -147,6 +147,43 @@ TEST(QemuArgv, TcgIsToldTheTscAndKvmIsNotAndTheRootIsReadOnlyAndThePidsBoundGoes
   cmdline = std::find(kvm.begin(), kvm.end(), "-append");
   EXPECT_EQ(cmdline[1].find("tsc_early_khz"), std::string::npos) << cmdline[1];
   EXPECT_NE(cmdline[1].find("MOAT_GUEST_PIDS=64"), std::string::npos) << cmdline[1];
+  EXPECT_FALSE(has(kvm, "-incoming"));
+  EXPECT_FALSE(has(kvm, "-mon"));
+}
+
+// A guest to be saved parks (its environment's limits come with Resume,
+// not on the command line) and has a monitor on descriptor 6; a restore
+// reads the saved state from descriptor 7.
+TEST(QemuArgv, AParkedGuestHasAMonitorAndARestoreReadsItsStateFromADescriptor) {
+  VmSpec spec;
+  spec.kernel.image = "/boot/vmlinuz-x";
+  spec.storageBytes = 1 << 20;
+  spec.pids = 64;
+  spec.hostname = "env1";
+  auto cold = qemuArgv("/usr/bin/qemu", spec);
+  auto cmdline = std::find(cold.begin(), cold.end(), "-append");
+  ASSERT_NE(cmdline, cold.end());
+  EXPECT_NE(cmdline[1].find("MOAT_GUEST_HOSTNAME=env1"), std::string::npos) << cmdline[1];
+  EXPECT_EQ(cmdline[1].find("MOAT_GUEST_PARK"), std::string::npos) << cmdline[1];
+  spec.park = true;
+  spec.monitor = true;
+  auto parked = qemuArgv("/usr/bin/qemu", spec);
+  cmdline = std::find(parked.begin(), parked.end(), "-append");
+  ASSERT_NE(cmdline, parked.end());
+  EXPECT_NE(cmdline[1].find("MOAT_GUEST_PARK=1"), std::string::npos) << cmdline[1];
+  for (const char* own : {"MOAT_GUEST_STORAGE", "MOAT_GUEST_PIDS", "MOAT_GUEST_HOSTNAME"}) {
+    EXPECT_EQ(cmdline[1].find(own), std::string::npos) << own << " comes with Resume: " << cmdline[1];
+  }
+  EXPECT_TRUE(has(parked, "socket,id=monitor,fd=6"));
+  EXPECT_TRUE(has(parked, "chardev=monitor,mode=control"));
+  EXPECT_FALSE(has(parked, "-incoming"));
+  spec.monitor = false;
+  spec.incomingState = 9;
+  auto restored = qemuArgv("/usr/bin/qemu", spec);
+  auto incoming = std::find(restored.begin(), restored.end(), "-incoming");
+  ASSERT_NE(incoming, restored.end());
+  EXPECT_EQ(incoming[1], "fd:7") << "always descriptor 7, whatever moat's was";
+  EXPECT_FALSE(has(restored, "-mon"));
 }
 
 }  // namespace

@@ -40,6 +40,7 @@ std::vector<NamedDecoder> allDecoders() {
       decoderFor<FileResult>("FileResult"),
       decoderFor<Resize>("Resize"),
       decoderFor<OutputCredit>("OutputCredit"),
+      decoderFor<GuestResume>("GuestResume"),
   };
 }
 
@@ -120,6 +121,8 @@ std::vector<Sample> allSamples() {
       {"FileResult", sampleFileResult().encode(), decoderFor<FileResult>("").decodes},
       {"Resize", Resize{10, 40, 120}.encode(), decoderFor<Resize>("").decodes},
       {"OutputCredit", OutputCredit{11, 524288}.encode(), decoderFor<OutputCredit>("").decodes},
+      {"GuestResume", GuestResume{"env1", 1 << 30, 64, std::string(32, '\xa5'), 1796532310000000000ull}.encode(),
+       decoderFor<GuestResume>("").decodes},
   };
 }
 
@@ -236,6 +239,17 @@ TEST(Protocol, HelloRoundTrip) {
   EXPECT_EQ(back->initPid, 4242u);
   // Fixed layout: two little-endian u32.
   EXPECT_EQ((Hello{1, 2}.encode()), (std::string("\1\0\0\0\2\0\0\0", 8)));
+}
+
+TEST(Protocol, GuestResumeRoundTrip) {
+  GuestResume resume{"a1b2c3", 4ull << 30, 1024, std::string("\0seed\xff", 6), 1796532310123456789ull};
+  auto back = GuestResume::decode(resume.encode());
+  ASSERT_TRUE(back.ok()) << back.error().message();
+  EXPECT_EQ(back->hostname, "a1b2c3");
+  EXPECT_EQ(back->storageBytes, 4ull << 30);
+  EXPECT_EQ(back->pids, 1024u);
+  EXPECT_EQ(back->seed, std::string("\0seed\xff", 6));
+  EXPECT_EQ(back->realtimeNs, 1796532310123456789ull);
 }
 
 TEST(Protocol, SpawnedRoundTrip) {

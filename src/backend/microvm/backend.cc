@@ -13,6 +13,8 @@
 #include <tuple>
 
 #include "backend/namespaces/environment.h"
+#include "common/hex.h"
+#include "init/protocol.h"
 #include "isolation/fs/template.h"
 #include "os/file.h"
 #include "os/security.h"
@@ -84,10 +86,12 @@ HostSupport probeHost(const std::string& accel) {
   return host;
 }
 
-MicroVmBackend::MicroVmBackend(std::string stateDir, HostSupport host, std::chrono::seconds bootWait)
+MicroVmBackend::MicroVmBackend(std::string stateDir, HostSupport host, std::chrono::seconds bootWait,
+                               size_t savedGuests)
     : dir_(stateDir + "/microvm"),
       host_(std::move(host)),
       bootWait_(bootWait),
+      savedGuests_(savedGuests),
       cgroupPrefix_(cgroupPrefixOf(stateDir)) {
   // Whatever a previous moatd of this state directory left: its VMs died
   // with it (their cgroups are empty), and its images may be of templates
@@ -127,15 +131,9 @@ Result<std::string> MicroVmBackend::imageFor(const std::string& templateName) {
   MOAT_ASSIGN(auto tmpl, imageableTemplate(templateName, dir_.substr(0, dir_.rfind('/')), top));
   const std::string images = dir_ + "/images";
   const std::string name = imageName(templateName, top);
+  MOAT_TRY(os::makeDirs(images, 0700, 0700));
   // One build per image at a time; other templates' creates go on.
-  std::shared_ptr<std::mutex> building;
-  {
-    std::lock_guard lock(filesMutex_);
-    MOAT_TRY(os::makeDirs(images, 0700, 0700));
-    auto& slot = imageLocks_[name];
-    if (!slot) slot = std::make_shared<std::mutex>();
-    building = slot;
-  }
+  auto building = makingLock(name);
   std::lock_guard lock(*building);
   const std::string image = images + "/" + name;
   if (::access(image.c_str(), F_OK) == 0) return image;
@@ -149,6 +147,95 @@ Result<std::string> MicroVmBackend::imageFor(const std::string& templateName) {
   (void)os::removeTree(scratch);
   if (!built.ok()) return built.error();
   return image;
+}
+
+std::shared_ptr<std::mutex> MicroVmBackend::makingLock(const std::string& name) {
+  std::lock_guard lock(filesMutex_);
+  auto& slot = makingLocks_[name];
+  if (!slot) slot = std::make_shared<std::mutex>();
+  return slot;
+}
+
+Result<UniqueFd> MicroVmBackend::savedGuest(const VmSpec& vm, const std::string& id) {
+  if (savedGuests_ == 0) return Error::make(Code::kUnsupported, "moatd --microvm-saved-guests 0");
+  const std::string saved = dir_ + "/saved";
+  const std::string name = vm.rootImage.substr(vm.rootImage.rfind('/') + 1) + "-" + std::to_string(vm.memoryMb) + "m-" +
+                           std::to_string(vm.cpus) + "c.state";
+  const std::string path = saved + "/" + name;
+  MOAT_TRY(os::makeDirs(saved, 0700, 0700));
+  auto making = makingLock(name);
+  std::lock_guard lock(*making);
+  // Opened while its lock is held: an eviction after this does not take it
+  // from this create.
+  auto open = [&]() -> Result<UniqueFd> {
+    MOAT_ASSIGN(UniqueFd state, os::open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    std::lock_guard files(filesMutex_);
+    savedOrder_.remove(name);
+    savedOrder_.push_back(name);
+    return state;
+  };
+  if (::access(path.c_str(), F_OK) == 0) return open();
+  {
+    std::lock_guard files(filesMutex_);
+    if (auto known = unsaveable_.find(name); known != unsaveable_.end()) {
+      return Error::make(Code::kUnsupported, known->second);
+    }
+  }
+  // Its own directory: the parked guest's console, and the state while it
+  // is written (renamed into place once whole).
+  std::string scratch = saved + "/.save-XXXXXX";
+  if (!::mkdtemp(scratch.data())) return Error::fromErrno("mkdtemp " + scratch);
+  auto made = [&]() -> Status {
+    VmSpec parked = vm;
+    parked.workDir = scratch;
+    parked.park = true;
+    parked.monitor = true;
+    parked.incomingState = -1;
+    if ((vm.uid != 0 || vm.gid != 0) && ::chown(scratch.c_str(), vm.uid, vm.gid) != 0) {
+      return Error::fromErrno("chown " + scratch);
+    }
+    MOAT_ASSIGN(Vm booted, launcher_.run([&parked] { return Vm::start(parked); }));
+    MOAT_TRY(booted.awaitGuest(bootWait_));
+    init::FrameReader reader;
+    MOAT_ASSIGN(init::Frame first, init::readFrame(booted.control(), reader));
+    if (first.type != init::MsgType::kParked) {
+      return Error::make(Code::kProtocol, "a parked guest's first message was not Parked");
+    }
+    MOAT_ASSIGN(UniqueFd state,
+                os::open(scratch + "/state", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    MOAT_TRY(booted.save(state.get(), kGuestSaveWait));
+    if (::rename((scratch + "/state").c_str(), path.c_str()) != 0) return Error::fromErrno("rename " + path);
+    return {};
+  }();
+  (void)os::removeTree(scratch);
+  if (!made.ok()) {
+    if (find(id)) {
+      std::lock_guard files(filesMutex_);
+      unsaveable_[name] = "no saved guest: " + made.error().message();
+    }
+    return made.error();
+  }
+  // At most savedGuests_ kept (each about as large as the RAM a boot
+  // touches): the least recently used go, but none being made or opened.
+  {
+    std::lock_guard files(filesMutex_);
+    for (auto it = savedOrder_.begin(); savedOrder_.size() >= savedGuests_ && it != savedOrder_.end();) {
+      if (*it == name) {  // its file went by other hands: made again here
+        it = savedOrder_.erase(it);
+        continue;
+      }
+      auto other = makingLocks_.find(*it);
+      std::unique_lock<std::mutex> held;
+      if (other != makingLocks_.end()) held = std::unique_lock(*other->second, std::try_to_lock);
+      if (other != makingLocks_.end() && !held.owns_lock()) {
+        ++it;
+        continue;
+      }
+      (void)::unlink((saved + "/" + *it).c_str());
+      it = savedOrder_.erase(it);
+    }
+  }
+  return open();
 }
 
 Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
@@ -198,6 +285,21 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
   vm.kvm = host_.kvm;
   vm.uid = guest->ids->map.hostBase;
   vm.gid = guest->ids->map.hostBase;
+  vm.hostname = spec.id;
+  // Restored from the saved guest of this template and machine (made by
+  // the first create that needs it), else booted.
+  UniqueFd state;
+  if (auto saved = savedGuest(vm, spec.id); saved.ok()) {
+    state = std::move(saved.value());
+    vm.park = true;
+    vm.incomingState = state.get();
+  } else if (!find(spec.id)) {
+    return Error::make(Code::kConflict, "microVM environment " + spec.id + " was destroyed while being created");
+  } else if (saved.error().code != Code::kUnsupported) {
+    // Said once per template and machine: its creates boot from here on.
+    std::fprintf(stderr, "moatd: microVM guests of template %s boot each time: %s\n", spec.templateName.c_str(),
+                 saved.error().message().c_str());
+  }
   auto started = launcher_.run([&vm] { return Vm::start(vm); });
   if (!started.ok()) {
     (void)destroy(spec.id);
@@ -212,7 +314,26 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     }
     guest->vm.emplace(std::move(started.value()));
   }
-  Status up = guest->vm->awaitGuest(bootWait_);
+  Status up;
+  if (vm.park) {
+    // Who it is and its limits; the guest answers Hello once it has made
+    // its root with them. A fresh identity: its own name, entropy, clock.
+    init::GuestResume resume;
+    resume.hostname = spec.id;
+    resume.storageBytes = vm.storageBytes;
+    resume.pids = vm.pids;
+    auto seed = randomBytes(32);
+    if (!seed.ok()) {
+      (void)destroy(spec.id);
+      return seed.error();
+    }
+    resume.seed = seed.value();
+    resume.realtimeNs = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count());
+    up = init::writeFrame(guest->vm->control(), init::MsgType::kResume, resume.encode());
+  }
+  if (up.ok()) up = guest->vm->awaitGuest(bootWait_);
   // moat-init in a guest is the guest's to stop: moatd's writes to it wait
   // at most kGuestSendWait (then the connection ends), never for good.
   if (up.ok()) up = os::setSendTimeout(guest->vm->control(), kGuestSendWait);

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <chrono>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,6 +21,11 @@
 // moatd: its QEMUs die with it, and its next start finds them gone.
 namespace moat::backend::microvm {
 
+// How many saved guests (docs/MICROVM.md) a moatd keeps by default: one
+// per template image and machine (RAM, vCPUs) in use, each about as large
+// as the RAM its boot touched.
+inline constexpr size_t kMaxSavedGuests = 8;
+
 // What this host offers microVMs, looked at once (moatd's start, doctor).
 struct HostSupport {
   bool available = false;
@@ -36,7 +42,11 @@ HostSupport probeHost(const std::string& accel);
 class MicroVmBackend final : public Backend {
  public:
   // `bootWait`: how long a guest may take to answer (kGuestBootWait).
-  MicroVmBackend(std::string stateDir, HostSupport host, std::chrono::seconds bootWait = kGuestBootWait);
+  // `savedGuests`: creates restore a guest saved once per template and
+  // machine, at most that many kept (the least recently used go); 0: each
+  // create boots.
+  MicroVmBackend(std::string stateDir, HostSupport host, std::chrono::seconds bootWait = kGuestBootWait,
+                 size_t savedGuests = kMaxSavedGuests);
   ~MicroVmBackend() override;  // ends every VM
 
   const HostSupport& host() const { return host_; }
@@ -62,6 +72,14 @@ class MicroVmBackend final : public Backend {
   };
   // The root image of the template `name` (built on first use).
   Result<std::string> imageFor(const std::string& templateName);
+  // The saved guest of `vm`'s image and machine (RAM, vCPUs): a guest
+  // booted parked (VmSpec::park) and saved there, once; its state, opened
+  // to be read. Made under `vm`'s ids and cgroup, for environment `id`:
+  // one that could not be made (and not because `id` was destroyed
+  // meanwhile) is not tried again (kUnsupported, saying why).
+  Result<UniqueFd> savedGuest(const VmSpec& vm, const std::string& id);
+  // One lock per file made once (an image, a saved guest): held while it is made.
+  std::shared_ptr<std::mutex> makingLock(const std::string& name);
   Result<std::string> initramfs();
   std::shared_ptr<Guest> take(const std::string& id);
   std::shared_ptr<Guest> find(const std::string& id);
@@ -69,10 +87,13 @@ class MicroVmBackend final : public Backend {
   const std::string dir_;  // <state>/microvm: root's alone
   const HostSupport host_;
   const std::chrono::seconds bootWait_;
+  const size_t savedGuests_;
   const std::string cgroupPrefix_;  // of this state directory's QEMU cgroups
   std::mutex filesMutex_;           // the initramfs, and the map below
   std::string initramfs_;
-  std::map<std::string, std::shared_ptr<std::mutex>> imageLocks_;  // image name -> held while it is made
+  std::map<std::string, std::shared_ptr<std::mutex>> makingLocks_;  // file name -> held while it is made
+  std::map<std::string, std::string> unsaveable_;                   // saved guest name -> why it could not be made
+  std::list<std::string> savedOrder_;                               // saved guests, least recently used first
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Guest>> guests_;
   DedicatedThread launcher_;  // QEMUs are forked here: they die with moatd

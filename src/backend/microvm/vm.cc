@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "backend/microvm/initramfs.h"
+#include "backend/microvm/qmp.h"
 #include "init/guest.h"
 #include "isolation/caps/capabilities.h"
 #include "os/file.h"
@@ -165,9 +166,15 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
   // moat-init powers the guest off when it ends; should it crash, the
   // kernel's panic resets at once by a triple fault (reboot=t), which ends
   // QEMU (-no-reboot) whatever the machine offers to reset with.
-  std::string cmdline =
-      "console=ttyS0 quiet panic=-1 reboot=t rdinit=/init MOAT_GUEST_STORAGE=" + std::to_string(spec.storageBytes);
-  if (spec.pids > 0) cmdline += " MOAT_GUEST_PIDS=" + std::to_string(spec.pids);
+  std::string cmdline = "console=ttyS0 quiet panic=-1 reboot=t rdinit=/init";
+  if (spec.park) {
+    // What makes one environment's guest differ comes with Resume.
+    cmdline += " MOAT_GUEST_PARK=1";
+  } else {
+    cmdline += " MOAT_GUEST_STORAGE=" + std::to_string(spec.storageBytes);
+    if (spec.pids > 0) cmdline += " MOAT_GUEST_PIDS=" + std::to_string(spec.pids);
+    if (!spec.hostname.empty()) cmdline += " MOAT_GUEST_HOSTNAME=" + spec.hostname;
+  }
   // What moat-init keeps once its root is made: a namespace environment's
   // init's, and SYS_BOOT to power the guest off; its commands drop
   // SYS_PTRACE and SYS_BOOT (init/launch.cc).
@@ -177,43 +184,55 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
   if (!spec.kvm) cmdline += " tsc_early_khz=" + std::to_string(hostTscKhz());
   cmdline += " -- --guest";
   auto fd = [](int n) { return "/proc/self/fd/" + std::to_string(n); };
-  return {qemu,
-          "-M",
-          spec.kvm ? "microvm" : "microvm,pit=on",
-          "-accel",
-          spec.kvm ? "kvm" : "tcg,tb-size=" + std::to_string(kTcgCacheMb),
-          "-cpu",
-          spec.kvm ? "host" : "qemu64",
-          "-smp",
-          std::to_string(spec.cpus),
-          "-m",
-          std::to_string(spec.memoryMb),
-          "-sandbox",
-          "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-          "-nodefaults",
-          "-no-user-config",
-          "-nographic",
-          "-no-reboot",
-          "-chardev",
-          "file,id=console,path=" + fd(2) + ",append=on",
-          "-serial",
-          "chardev:console",
-          "-kernel",
-          spec.kernel.image,
-          "-initrd",
-          fd(kQemuInitramfsFd),
-          "-append",
-          cmdline,
-          "-drive",
-          "id=root,file=" + fd(kQemuRootFd) + ",format=raw,if=none,readonly=on,file.locking=off",
-          "-device",
-          "virtio-blk-device,drive=root",
-          "-device",
-          "virtio-serial-device",
-          "-chardev",
-          "socket,id=control,fd=" + std::to_string(kQemuControlFd),
-          "-device",
-          std::string("virtserialport,chardev=control,name=") + init::kGuestPortName};
+  std::vector<std::string> argv = {
+      qemu,
+      "-M",
+      spec.kvm ? "microvm" : "microvm,pit=on",
+      "-accel",
+      spec.kvm ? "kvm" : "tcg,tb-size=" + std::to_string(kTcgCacheMb),
+      "-cpu",
+      spec.kvm ? "host" : "qemu64",
+      "-smp",
+      std::to_string(spec.cpus),
+      "-m",
+      std::to_string(spec.memoryMb),
+      "-sandbox",
+      "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+      "-nodefaults",
+      "-no-user-config",
+      "-nographic",
+      "-no-reboot",
+      "-chardev",
+      "file,id=console,path=" + fd(2) + ",append=on",
+      "-serial",
+      "chardev:console",
+      "-kernel",
+      spec.kernel.image,
+      "-initrd",
+      fd(kQemuInitramfsFd),
+      "-append",
+      cmdline,
+      "-drive",
+      "id=root,file=" + fd(kQemuRootFd) + ",format=raw,if=none,readonly=on,file.locking=off",
+      "-device",
+      "virtio-blk-device,drive=root",
+      "-device",
+      "virtio-serial-device",
+      "-chardev",
+      "socket,id=control,fd=" + std::to_string(kQemuControlFd),
+      "-device",
+      std::string("virtserialport,chardev=control,name=") + init::kGuestPortName};
+  if (spec.monitor) {
+    for (std::string a : {std::string("-chardev"), "socket,id=monitor,fd=" + std::to_string(kQemuMonitorFd),
+                          std::string("-mon"), std::string("chardev=monitor,mode=control")}) {
+      argv.push_back(a);
+    }
+  }
+  if (spec.incomingState >= 0) {
+    argv.push_back("-incoming");
+    argv.push_back("fd:" + std::to_string(kQemuIncomingFd));
+  }
+  return argv;
 }
 
 // What QEMU may reach of the host's files once it runs (Landlock; docs/
@@ -282,6 +301,12 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   MOAT_ASSIGN(auto pair, os::streamSocketPair());
   vm.control_ = std::move(pair.first);
   UniqueFd qemuEnd = std::move(pair.second);
+  UniqueFd qemuMonitor;
+  if (spec.monitor) {
+    MOAT_ASSIGN(auto monitorPair, os::streamSocketPair());
+    vm.monitor_ = std::move(monitorPair.first);
+    qemuMonitor = std::move(monitorPair.second);
+  }
   auto argv = qemuArgv(qemu, spec);
   const int console = vm.console_.get();
   std::vector<char*> args;
@@ -289,10 +314,22 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   args.push_back(nullptr);
   MOAT_ASSIGN(UniqueFd devNull, os::open("/dev/null", O_RDWR | O_CLOEXEC));
   const pid_t parent = ::getpid();
-  const struct rlimit consoleLimit = {kConsoleBytes, kConsoleBytes};
+  // A guest being saved writes its state too (through a descriptor given
+  // to its monitor): as much as its RAM, and its console is moat-init's
+  // alone until then.
+  const rlim_t fileLimit = spec.monitor ? static_cast<rlim_t>((spec.memoryMb + 64) << 20) : kConsoleBytes;
+  const struct rlimit consoleLimit = {fileLimit, fileLimit};
   // Each source is first moved above the targets, so that no dup2 to a
   // target overwrites a source still to be placed.
-  const int sources[6] = {devNull.get(), devNull.get(), console, qemuEnd.get(), root.get(), initrd.get()};
+  constexpr int kGiven = 8;
+  const int sources[kGiven] = {devNull.get(),
+                               devNull.get(),
+                               console,
+                               qemuEnd.get(),
+                               root.get(),
+                               initrd.get(),
+                               qemuMonitor ? qemuMonitor.get() : devNull.get(),
+                               spec.incomingState >= 0 ? spec.incomingState : devNull.get()};
   pid_t pid = ::fork();
   if (pid < 0) return Error::fromErrno("fork for " + qemu);
   if (pid == 0) {
@@ -303,15 +340,15 @@ Result<Vm> Vm::start(const VmSpec& spec) {
     // (writes past it fail with EFBIG, SIGXFSZ ignored: QEMU goes on).
     ::signal(SIGXFSZ, SIG_IGN);
     if (::setrlimit(RLIMIT_FSIZE, &consoleLimit) != 0) ::_exit(125);
-    int moved[6];
-    for (int i = 0; i < 6; ++i) {
+    int moved[kGiven];
+    for (int i = 0; i < kGiven; ++i) {
       moved[i] = ::fcntl(sources[i], F_DUPFD, 16);
       if (moved[i] < 0) ::_exit(126);
     }
-    for (int target = 0; target < 6; ++target) {
+    for (int target = 0; target < kGiven; ++target) {
       if (::dup2(moved[target], target) < 0) ::_exit(126);
     }
-    if (os::markCloseOnExecFrom(6) != 0) ::_exit(125);
+    if (os::markCloseOnExecFrom(kGiven) != 0) ::_exit(125);
     // Its own session (a terminal's Ctrl-C is moat run's to forward to the
     // command, not QEMU's), and, while still root, network and IPC
     // namespaces of its own: a QEMU taken over reaches no host network
@@ -386,6 +423,30 @@ std::string Vm::whyEnded(std::chrono::milliseconds wait) const {
   }
   return "QEMU ended: " + os::describeWaitStatus(*status) +
          (console.empty() ? "" : "; the guest's console ended with:\n" + os::tailOf(console, 300));
+}
+
+Status Vm::save(int stateFd, std::chrono::milliseconds wait) {
+  if (!monitor_) return Error::make(Code::kInvalidArgument, "a guest started without a monitor cannot be saved");
+  Qmp qmp(monitor_.get(), std::chrono::steady_clock::now() + wait);
+  MOAT_TRY(qmp.open());
+  // As fast as the disk takes it (QEMU's default rate is a network's).
+  MOAT_TRY(qmp.call("migrate-set-parameters", {{"max-bandwidth", int64_t{1} << 40}}));
+  MOAT_TRY(qmp.call("migrate-set-capabilities",
+                    {{"capabilities", nlohmann::json::array({{{"capability", "events"}, {"state", true}}})}}));
+  MOAT_TRY(qmp.call("getfd", {{"fdname", "state"}}, stateFd));
+  MOAT_TRY(qmp.call("migrate", {{"uri", "fd:state"}}));
+  for (;;) {
+    MOAT_ASSIGN(auto progress, qmp.awaitEvent("MIGRATION"));
+    const std::string status = progress.value("status", "");
+    if (status == "completed") break;
+    if (status == "failed" || status == "cancelled") {
+      MOAT_ASSIGN(auto why, qmp.call("query-migrate"));
+      return Error::make(Code::kToolFailed, "QEMU could not save the guest: " + why.value("error-desc", status));
+    }
+  }
+  kill();
+  monitor_.reset();
+  return {};
 }
 
 void Vm::kill() const {

@@ -43,6 +43,15 @@ struct VmSpec {
   // The cgroup QEMU runs in: the files it writes "0" to (its procs files)
   // before it drops root. Empty: the caller's.
   std::vector<std::string> cgroupJoin;
+  // The guest's host name (a cold boot's; a parked guest is told hers).
+  std::string hostname;
+  // A guest to be saved: moat-init parks before it makes its root
+  // (MOAT_GUEST_PARK; storageBytes and pids then come with init::kResume),
+  // and QEMU has a QMP monitor (Vm::save). The same spec with
+  // `incomingState` restores it.
+  bool park = false;
+  bool monitor = false;
+  int incomingState = -1;  // a saved guest's state (read), restored instead of a boot
 };
 
 // What TCG may keep of translated code (QEMU's default is 1 GiB): part of
@@ -56,12 +65,16 @@ inline constexpr unsigned kTcgCacheMb = 128;
 inline constexpr int kQemuControlFd = 3;
 inline constexpr int kQemuRootFd = 4;
 inline constexpr int kQemuInitramfsFd = 5;
+inline constexpr int kQemuMonitorFd = 6;   // VmSpec::monitor: QMP
+inline constexpr int kQemuIncomingFd = 7;  // VmSpec::incomingState
 
 // A boot takes seconds on TCG; a guest that has not said Hello by then
 // will not. And how long a write to a guest may wait (its moat-init is the
 // guest's to stop reading).
 inline constexpr std::chrono::seconds kGuestBootWait{120};
 inline constexpr std::chrono::seconds kGuestSendWait{30};
+// How long saving a parked guest may take (its RAM written to a file).
+inline constexpr std::chrono::seconds kGuestSaveWait{60};
 
 // `name` (moat's env override `envName`, else the first of /usr/bin,
 // /usr/sbin, /bin, /sbin that has it), or an error naming the Debian
@@ -116,7 +129,8 @@ class Vm {
       : pid_(std::exchange(other.pid_, -1)),
         pidfd_(std::move(other.pidfd_)),
         control_(std::move(other.control_)),
-        console_(std::move(other.console_)) {}
+        console_(std::move(other.console_)),
+        monitor_(std::move(other.monitor_)) {}
   Vm& operator=(Vm&&) = delete;
   ~Vm();  // kills QEMU and waits for it
 
@@ -135,6 +149,11 @@ class Vm {
   // end of the console: QEMU ended, the connection closed, or `wait` went
   // by (a guest whose kernel hangs says nothing: the bound is the host's).
   Status awaitGuest(std::chrono::milliseconds wait) const;
+  // A guest started with VmSpec::monitor, saved into `stateFd` (QEMU's
+  // migration stream, the guest running on while it is written): what
+  // VmSpec::incomingState restores. QEMU is stopped after; waits at most
+  // `wait`.
+  Status save(int stateFd, std::chrono::milliseconds wait);
   // Why a guest whose connection closed ended, once QEMU has (waited for
   // up to `wait`): the kernel's panic when its console printed one, else
   // how QEMU ended (a signal, an exit status), or that QEMU runs on.
@@ -146,6 +165,7 @@ class Vm {
   UniqueFd pidfd_;
   UniqueFd control_;
   UniqueFd console_;  // the console log, as moat made it
+  UniqueFd monitor_;  // QMP (VmSpec::monitor)
 };
 
 }  // namespace moat::backend::microvm
