@@ -21,6 +21,7 @@ packages=(
   python3-pytest                                 # sdk/python's tests
   qemu-system-x86 erofs-utils                    # microVMs: the VMM, root file system images
   linux-image-cloud-amd64                        # microVMs: the guest kernel (virtio drivers as modules)
+  busybox-static                                 # tests/api: a microVM template with a shell and tools
 )
 
 missing=()

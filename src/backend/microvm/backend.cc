@@ -91,8 +91,8 @@ MicroVmBackend::MicroVmBackend(std::string stateDir, HostSupport host, std::chro
     : dir_(stateDir + "/microvm"),
       host_(std::move(host)),
       bootWait_(bootWait),
-      savedGuests_(savedGuests),
-      cgroupPrefix_(cgroupPrefixOf(stateDir)) {
+      cgroupPrefix_(cgroupPrefixOf(stateDir)),
+      saved_(dir_ + "/saved", savedGuests, bootWait, cgroupPrefix_, launcher_) {
   // Whatever a previous moatd of this state directory left: its VMs died
   // with it (their cgroups are empty), and its images may be of templates
   // gone since (they are made again on first use).
@@ -133,7 +133,7 @@ Result<std::string> MicroVmBackend::imageFor(const std::string& templateName) {
   const std::string name = imageName(templateName, top);
   MOAT_TRY(os::makeDirs(images, 0700, 0700));
   // One build per image at a time; other templates' creates go on.
-  auto building = makingLock(name);
+  auto building = imageLock(name);
   std::lock_guard lock(*building);
   const std::string image = images + "/" + name;
   if (::access(image.c_str(), F_OK) == 0) return image;
@@ -149,93 +149,11 @@ Result<std::string> MicroVmBackend::imageFor(const std::string& templateName) {
   return image;
 }
 
-std::shared_ptr<std::mutex> MicroVmBackend::makingLock(const std::string& name) {
+std::shared_ptr<std::mutex> MicroVmBackend::imageLock(const std::string& name) {
   std::lock_guard lock(filesMutex_);
-  auto& slot = makingLocks_[name];
+  auto& slot = imageLocks_[name];
   if (!slot) slot = std::make_shared<std::mutex>();
   return slot;
-}
-
-Result<UniqueFd> MicroVmBackend::savedGuest(const VmSpec& vm, const std::string& id) {
-  if (savedGuests_ == 0) return Error::make(Code::kUnsupported, "moatd --microvm-saved-guests 0");
-  const std::string saved = dir_ + "/saved";
-  const std::string name = vm.rootImage.substr(vm.rootImage.rfind('/') + 1) + "-" + std::to_string(vm.memoryMb) + "m-" +
-                           std::to_string(vm.cpus) + "c.state";
-  const std::string path = saved + "/" + name;
-  MOAT_TRY(os::makeDirs(saved, 0700, 0700));
-  auto making = makingLock(name);
-  std::lock_guard lock(*making);
-  // Opened while its lock is held: an eviction after this does not take it
-  // from this create.
-  auto open = [&]() -> Result<UniqueFd> {
-    MOAT_ASSIGN(UniqueFd state, os::open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-    std::lock_guard files(filesMutex_);
-    savedOrder_.remove(name);
-    savedOrder_.push_back(name);
-    return state;
-  };
-  if (::access(path.c_str(), F_OK) == 0) return open();
-  {
-    std::lock_guard files(filesMutex_);
-    if (auto known = unsaveable_.find(name); known != unsaveable_.end()) {
-      return Error::make(Code::kUnsupported, known->second);
-    }
-  }
-  // Its own directory: the parked guest's console, and the state while it
-  // is written (renamed into place once whole).
-  std::string scratch = saved + "/.save-XXXXXX";
-  if (!::mkdtemp(scratch.data())) return Error::fromErrno("mkdtemp " + scratch);
-  auto made = [&]() -> Status {
-    VmSpec parked = vm;
-    parked.workDir = scratch;
-    parked.park = true;
-    parked.monitor = true;
-    parked.incomingState = -1;
-    if ((vm.uid != 0 || vm.gid != 0) && ::chown(scratch.c_str(), vm.uid, vm.gid) != 0) {
-      return Error::fromErrno("chown " + scratch);
-    }
-    MOAT_ASSIGN(Vm booted, launcher_.run([&parked] { return Vm::start(parked); }));
-    MOAT_TRY(booted.awaitGuest(bootWait_));
-    init::FrameReader reader;
-    MOAT_ASSIGN(init::Frame first, init::readFrame(booted.control(), reader));
-    if (first.type != init::MsgType::kParked) {
-      return Error::make(Code::kProtocol, "a parked guest's first message was not Parked");
-    }
-    MOAT_ASSIGN(UniqueFd state,
-                os::open(scratch + "/state", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-    MOAT_TRY(booted.save(state.get(), kGuestSaveWait));
-    if (::rename((scratch + "/state").c_str(), path.c_str()) != 0) return Error::fromErrno("rename " + path);
-    return {};
-  }();
-  (void)os::removeTree(scratch);
-  if (!made.ok()) {
-    if (find(id)) {
-      std::lock_guard files(filesMutex_);
-      unsaveable_[name] = "no saved guest: " + made.error().message();
-    }
-    return made.error();
-  }
-  // At most savedGuests_ kept (each about as large as the RAM a boot
-  // touches): the least recently used go, but none being made or opened.
-  {
-    std::lock_guard files(filesMutex_);
-    for (auto it = savedOrder_.begin(); savedOrder_.size() >= savedGuests_ && it != savedOrder_.end();) {
-      if (*it == name) {  // its file went by other hands: made again here
-        it = savedOrder_.erase(it);
-        continue;
-      }
-      auto other = makingLocks_.find(*it);
-      std::unique_lock<std::mutex> held;
-      if (other != makingLocks_.end()) held = std::unique_lock(*other->second, std::try_to_lock);
-      if (other != makingLocks_.end() && !held.owns_lock()) {
-        ++it;
-        continue;
-      }
-      (void)::unlink((saved + "/" + *it).c_str());
-      it = savedOrder_.erase(it);
-    }
-  }
-  return open();
 }
 
 Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
@@ -286,62 +204,73 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
   vm.uid = guest->ids->map.hostBase;
   vm.gid = guest->ids->map.hostBase;
   vm.hostname = spec.id;
-  // Restored from the saved guest of this template and machine (made by
-  // the first create that needs it), else booted.
-  UniqueFd state;
-  if (auto saved = savedGuest(vm, spec.id); saved.ok()) {
-    state = std::move(saved.value());
+  // Restored from the saved guest of this template and machine, else
+  // booted (docs/MICROVM.md, "Saved guests").
+  auto saved = saved_.take(vm, spec.id);
+  if (saved.ok()) {
     vm.park = true;
-    vm.incomingState = state.get();
-  } else if (!find(spec.id)) {
-    return Error::make(Code::kConflict, "microVM environment " + spec.id + " was destroyed while being created");
-  } else if (saved.error().code != Code::kUnsupported) {
-    // Said once per template and machine: its creates boot from here on.
-    std::fprintf(stderr, "moatd: microVM guests of template %s boot each time: %s\n", spec.templateName.c_str(),
+    vm.incomingState = saved->state.get();
+  } else if (saved.error().code != Code::kUnavailable && saved.error().code != Code::kUnsupported) {
+    std::fprintf(stderr, "moatd: no saved guest for template %s (its creates boot): %s\n", spec.templateName.c_str(),
                  saved.error().message().c_str());
   }
-  auto started = launcher_.run([&vm] { return Vm::start(vm); });
-  if (!started.ok()) {
-    (void)destroy(spec.id);
-    return started.error();
+  Status up = run(*guest, vm, spec);
+  if (!up.ok() && vm.park && find(spec.id) && up.error().code != Code::kConflict) {
+    // A saved guest that does not restore (a damaged file, say) is removed,
+    // and this create boots.
+    std::fprintf(stderr, "moatd: saved guest %s did not restore (removed; booting): %s\n", saved->name.c_str(),
+                 up.error().message().c_str());
+    saved_.forget(saved->name);
+    std::optional<Vm> failed;  // reaped outside the lock (a destroy may want it)
+    {
+      std::lock_guard lock(mutex_);
+      if (guest->vm) {
+        guest->vm->kill();
+        failed.emplace(std::move(*guest->vm));
+        guest->vm.reset();
+      }
+    }
+    failed.reset();
+    (void)::unlink((guest->dir + "/console.log").c_str());
+    vm.park = false;
+    vm.incomingState = -1;
+    up = run(*guest, vm, spec);
   }
+  if (!up.ok()) {
+    (void)destroy(spec.id);
+    return up.error();
+  }
+  return Created{spec.id, guest->vm->takeControl()};
+}
+
+Status MicroVmBackend::run(Guest& guest, const VmSpec& vm, const Spec& spec) {
+  MOAT_ASSIGN(Vm started, launcher_.run([&vm] { return Vm::start(vm); }));
   {
     std::lock_guard lock(mutex_);
     if (guests_.count(spec.id) == 0) {
       // Destroyed while QEMU started.
-      started->kill();
+      started.kill();
       return Error::make(Code::kConflict, "microVM environment " + spec.id + " was destroyed while being created");
     }
-    guest->vm.emplace(std::move(started.value()));
+    guest.vm.emplace(std::move(started));
   }
-  Status up;
-  if (vm.park) {
+  if (vm.incomingState >= 0) {
     // Who it is and its limits; the guest answers Hello once it has made
     // its root with them. A fresh identity: its own name, entropy, clock.
     init::GuestResume resume;
     resume.hostname = spec.id;
     resume.storageBytes = vm.storageBytes;
     resume.pids = vm.pids;
-    auto seed = randomBytes(32);
-    if (!seed.ok()) {
-      (void)destroy(spec.id);
-      return seed.error();
-    }
-    resume.seed = seed.value();
+    MOAT_ASSIGN(resume.seed, randomBytes(32));
     resume.realtimeNs = static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
             .count());
-    up = init::writeFrame(guest->vm->control(), init::MsgType::kResume, resume.encode());
+    MOAT_TRY(init::writeFrame(guest.vm->control(), init::MsgType::kResume, resume.encode()));
   }
-  if (up.ok()) up = guest->vm->awaitGuest(bootWait_);
+  MOAT_TRY(guest.vm->awaitGuest(bootWait_));
   // moat-init in a guest is the guest's to stop: moatd's writes to it wait
   // at most kGuestSendWait (then the connection ends), never for good.
-  if (up.ok()) up = os::setSendTimeout(guest->vm->control(), kGuestSendWait);
-  if (!up.ok()) {
-    (void)destroy(spec.id);
-    return up.error();
-  }
-  return Created{spec.id, guest->vm->takeControl()};
+  return os::setSendTimeout(guest.vm->control(), kGuestSendWait);
 }
 
 std::shared_ptr<MicroVmBackend::Guest> MicroVmBackend::take(const std::string& id) {
@@ -374,7 +303,7 @@ std::string MicroVmBackend::whyEnded(const std::string& id) {
   if (!guest || !guest->vm) return "";
   // The connection closes as QEMU ends (or as the guest's kernel stops):
   // its exit, and the console's last words, follow in moments.
-  return guest->vm->whyEnded(std::chrono::seconds(2));
+  return guest->vm->whyEnded(std::chrono::milliseconds(500));
 }
 
 Result<UniqueFd> MicroVmBackend::attach(const std::string& id) { return notYet("re-attaching to environment " + id); }

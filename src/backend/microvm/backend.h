@@ -1,7 +1,6 @@
 #pragma once
 
 #include <chrono>
-#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -9,6 +8,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/microvm/saved_guests.h"
 #include "backend/microvm/vm.h"
 #include "common/dedicated_thread.h"
 #include "isolation/cgroup/cgroup.h"
@@ -72,14 +72,11 @@ class MicroVmBackend final : public Backend {
   };
   // The root image of the template `name` (built on first use).
   Result<std::string> imageFor(const std::string& templateName);
-  // The saved guest of `vm`'s image and machine (RAM, vCPUs): a guest
-  // booted parked (VmSpec::park) and saved there, once; its state, opened
-  // to be read. Made under `vm`'s ids and cgroup, for environment `id`:
-  // one that could not be made (and not because `id` was destroyed
-  // meanwhile) is not tried again (kUnsupported, saying why).
-  Result<UniqueFd> savedGuest(const VmSpec& vm, const std::string& id);
-  // One lock per file made once (an image, a saved guest): held while it is made.
-  std::shared_ptr<std::mutex> makingLock(const std::string& name);
+  // One lock per image: held while it is made.
+  std::shared_ptr<std::mutex> imageLock(const std::string& name);
+  // Starts QEMU for `vm` (a restore when vm.incomingState is set: then
+  // sends Resume) and waits for the guest's Hello.
+  Status run(Guest& guest, const VmSpec& vm, const Spec& spec);
   Result<std::string> initramfs();
   std::shared_ptr<Guest> take(const std::string& id);
   std::shared_ptr<Guest> find(const std::string& id);
@@ -87,16 +84,14 @@ class MicroVmBackend final : public Backend {
   const std::string dir_;  // <state>/microvm: root's alone
   const HostSupport host_;
   const std::chrono::seconds bootWait_;
-  const size_t savedGuests_;
   const std::string cgroupPrefix_;  // of this state directory's QEMU cgroups
   std::mutex filesMutex_;           // the initramfs, and the map below
   std::string initramfs_;
-  std::map<std::string, std::shared_ptr<std::mutex>> makingLocks_;  // file name -> held while it is made
-  std::map<std::string, std::string> unsaveable_;                   // saved guest name -> why it could not be made
-  std::list<std::string> savedOrder_;                               // saved guests, least recently used first
+  std::map<std::string, std::shared_ptr<std::mutex>> imageLocks_;  // image name -> held while it is made
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Guest>> guests_;
   DedicatedThread launcher_;  // QEMUs are forked here: they die with moatd
+  SavedGuests saved_;
 };
 
 }  // namespace moat::backend::microvm

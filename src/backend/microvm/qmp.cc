@@ -44,8 +44,10 @@ Result<nlohmann::json> Qmp::call(const std::string& command, const nlohmann::jso
     MOAT_ASSIGN(auto message, nextMessage());
     if (message.contains("return")) return message["return"];
     if (message.contains("error")) {
-      return Error::make(Code::kToolFailed,
-                         "QEMU refused " + command + ": " + message["error"].value("desc", message["error"].dump()));
+      const auto& error = message["error"];
+      const bool described = error.is_object() && error.contains("desc") && error["desc"].is_string();
+      return Error::make(Code::kToolFailed, "QEMU refused " + command + ": " +
+                                                (described ? error["desc"].get<std::string>() : error.dump()));
     }
     if (message.contains("event") && events_.size() < 64) events_.push_back(std::move(message));
   }
@@ -60,8 +62,9 @@ Result<nlohmann::json> Qmp::awaitEvent(const std::string& name) {
     } else {
       MOAT_ASSIGN(message, nextMessage());
     }
-    if (message.value("event", "") == name)
-      return message.contains("data") ? message["data"] : nlohmann::json::object();
+    if (message.contains("event") && message["event"] == name) {
+      return message.contains("data") && message["data"].is_object() ? message["data"] : nlohmann::json::object();
+    }
   }
 }
 

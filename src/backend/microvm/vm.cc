@@ -414,7 +414,7 @@ std::string Vm::whyEnded(std::chrono::milliseconds wait) const {
   }
   if (!panic.empty()) {
     while (!panic.empty() && (panic.back() == '\r' || panic.back() == ' ')) panic.pop_back();
-    return "the guest's kernel panicked (" + os::tailOf(panic, 300) + ")";
+    return "the guest's console reports a kernel panic (" + os::tailOf(panic, 300) + ")";
   }
   if (!status) return "the guest closed its connection (QEMU still ran; it was stopped)";
   if (WIFEXITED(*status) && WEXITSTATUS(*status) == 0) {
@@ -437,11 +437,14 @@ Status Vm::save(int stateFd, std::chrono::milliseconds wait) {
   MOAT_TRY(qmp.call("migrate", {{"uri", "fd:state"}}));
   for (;;) {
     MOAT_ASSIGN(auto progress, qmp.awaitEvent("MIGRATION"));
-    const std::string status = progress.value("status", "");
+    const std::string status =
+        progress.contains("status") && progress["status"].is_string() ? progress["status"].get<std::string>() : "";
     if (status == "completed") break;
     if (status == "failed" || status == "cancelled") {
       MOAT_ASSIGN(auto why, qmp.call("query-migrate"));
-      return Error::make(Code::kToolFailed, "QEMU could not save the guest: " + why.value("error-desc", status));
+      const bool described = why.is_object() && why.contains("error-desc") && why["error-desc"].is_string();
+      return Error::make(Code::kToolFailed, "QEMU could not save the guest: " +
+                                                (described ? why["error-desc"].get<std::string>() : status));
     }
   }
   kill();
