@@ -416,7 +416,7 @@ std::string Vm::whyEnded(std::chrono::milliseconds wait) const {
     while (!panic.empty() && (panic.back() == '\r' || panic.back() == ' ')) panic.pop_back();
     return "the guest's console reports a kernel panic (" + os::tailOf(panic, 300) + ")";
   }
-  if (!status) return "the guest closed its connection (QEMU still ran; it was stopped)";
+  if (!status) return "the guest's connection ended while QEMU ran on (it was stopped)";
   if (WIFEXITED(*status) && WEXITSTATUS(*status) == 0) {
     return "the guest powered off" +
            std::string(console.empty() ? "" : "; its console ended with:\n" + os::tailOf(console, 300));
