@@ -155,10 +155,18 @@ int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
 
   // A failure before serving must not leave a spawner behind that runs no
-  // environment (one that runs some is a previous moatd's: it stays).
+  // environment, nor the egress namespace (a spawner that runs some is a
+  // previous moatd's: it and the namespace its environments use stay).
+  std::unique_ptr<egress::Controller> egress;
+  // (Declared before the audit log it records to: stopped here, before
+  // that goes.)
   auto failEarly = [&](const std::string& message) {
+    if (egress) egress->stop();
     auto owned = spawner.value()->list();
-    if (owned.ok() && owned->empty()) (void)spawner.value()->shutdown();
+    if (owned.ok() && owned->empty()) {
+      (void)spawner.value()->shutdown();
+      if (egress) (void)egress->removeNamespace();
+    }
     return fail(message);
   };
   // moatd's own seccomp profile, on every thread (TSYNC; the spawner,
@@ -181,7 +189,6 @@ int main(int argc, char** argv) {
   // The egress proxy asks the gate (in the API) about hosts off an
   // allowlist; it serves before the API exists, so through a pointer.
   std::atomic<api::Api*> apiForEgress{nullptr};
-  std::unique_ptr<egress::Controller> egress;
   if (egressOn) {
     egressConfig.stateDir = stateDir;
     auto started = egress::Controller::start(
@@ -226,7 +233,7 @@ int main(int argc, char** argv) {
     backend::Router backend(namespaces, &microvm, microvm.host().missing);
     config.microvmMissing = microvm.host().available ? "" : microvm.host().missing;
     if (config.defaultIsolation == backend::Isolation::kMicroVm && !microvm.host().available) {
-      return fail("--isolation microvm: this host runs no microVMs: " + microvm.host().missing);
+      return failEarly("--isolation microvm: this host runs no microVMs: " + microvm.host().missing);
     }
     manager::EnvironmentManager manager(config, *store.value(), backend, auditLog->get());
     manager.setEgress(egress.get());
@@ -243,13 +250,13 @@ int main(int argc, char** argv) {
     // Until serving, a failure must leave the environments as they are.
     if (auto s = manager.recoverAfterRestart(); !s.ok()) {
       manager.detach();
-      return fail("re-attaching to the spawner's environments: " + s.error().message());
+      return failEarly("re-attaching to the spawner's environments: " + s.error().message());
     }
     api::Keys keys(*store.value());
     gate::ApprovalCenter approvals(*store.value());
     if (auto s = approvals.recover(); !s.ok()) {
       manager.detach();
-      return fail("expiring the approvals a previous moatd left pending: " + s.error().message());
+      return failEarly("expiring the approvals a previous moatd left pending: " + s.error().message());
     }
     manager.onEnded([&approvals, log = auditLog->get()](const std::string& id, const std::string& reason) {
       approvals.closeEnvironment(id, reason);
@@ -301,7 +308,8 @@ int main(int argc, char** argv) {
     for (auto s : {server.listenUnix(stateDir + "/moatd.sock"), server.listenTcp(listen)}) {
       if (!s.ok()) {
         manager.detach();
-        return fail(s.error().message());
+        apiForEgress = nullptr;
+        return failEarly(s.error().message());
       }
     }
     api.setPreviewPort(server.tcpPort());

@@ -1,6 +1,8 @@
 // moatd end to end: a real daemon on a fresh state directory, spoken to over
 // HTTP on its unix socket.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -20,6 +22,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/unique_fd.h"
 #include "isolation/cgroup/layout.h"
 #include "moat_process.h"
 #include "moatd_fixture.h"
@@ -876,6 +879,73 @@ TEST(MoatdCapacity, AKeyBeyondItsRateWaitsItsTurnOrIsToldWhenToComeBackAndKeepsI
 
 // Every numeric flag refuses what is not a number in its range, by name,
 // before moatd touches anything.
+// What moatd left of itself on `stateDir`: processes whose command line
+// names it (a spawner is a fork of moatd's), mounts under it (the egress
+// namespace).
+std::vector<std::string> leftOf(const std::string& stateDir) {
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = entry.path().filename();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    auto cmdline = os::readFile("/proc/" + pid + "/cmdline");
+    if (!cmdline.ok()) continue;
+    std::string text = cmdline.value();
+    for (char& c : text) c = c == '\0' ? ' ' : c;
+    if (text.find(stateDir) != std::string::npos) left.push_back("process " + pid + ": " + text);
+  }
+  auto mounts = os::readFile("/proc/self/mountinfo", 16 << 20);
+  std::istringstream lines(mounts.ok() ? mounts.value() : "");
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(stateDir) != std::string::npos) left.push_back("mount: " + line);
+  }
+  return left;
+}
+
+// A moatd whose start fails after its spawner and egress namespace exist
+// (its address in use; microVMs asked for on a host without them) says why
+// and leaves neither behind.
+TEST(MoatdStart, AStartThatFailsLeavesNoSpawnerAndNoEgressNamespace) {
+  if (!isRoot()) GTEST_SKIP() << "needs root: moatd creates namespaces, cgroups and mounts (CI runs as root)";
+  UniqueFd held(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof at;
+  ASSERT_EQ(::bind(held.get(), reinterpret_cast<sockaddr*>(&at), sizeof at), 0);
+  ASSERT_EQ(::listen(held.get(), 1), 0);
+  ASSERT_EQ(::getsockname(held.get(), reinterpret_cast<sockaddr*>(&at), &length), 0);
+  const std::string inUse = "127.0.0.1:" + std::to_string(ntohs(at.sin_port));
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"MOAT_STORAGE_GB=8", "--listen", inUse}, "Address already in use"},
+      {{"MOAT_STORAGE_GB=8", "MOAT_GUEST_KERNEL=/nonexistent/vmlinuz", "--listen", "127.0.0.1:0", "--isolation",
+        "microvm"},
+       "this host runs no microVMs"},
+  };
+  for (const auto& c : cases) {
+    char dir[] = "/tmp/moatd-start-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    const std::string state = std::string(dir) + "/state";
+    // env(1) sets moatd's variables and a PATH with the sbin directories.
+    std::vector<std::string> argv = {"/usr/bin/env",
+                                     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"};
+    std::vector<std::string> flags;
+    for (const auto& a : c.args) (a.find('=') != std::string::npos && a[0] != '-' ? argv : flags).push_back(a);
+    argv.push_back(binDir() + "/moatd");
+    argv.push_back("--state");
+    argv.push_back(state);
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    auto r = runProcess(argv);
+    EXPECT_EQ(r.exitCode, 1) << c.says << ": " << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
+    EXPECT_EQ(leftOf(state), std::vector<std::string>{}) << c.says;
+    (void)os::removeTree(dir);
+  }
+}
+
 TEST(MoatdFlags, ANumberOutOfRangeOrNotANumberIsRefusedByName) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
       {"--warm-pool",

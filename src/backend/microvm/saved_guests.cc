@@ -97,8 +97,8 @@ Status SavedGuests::save(const VmSpec& vm, const std::string& id, const std::str
     // A cgroup of moatd's, not the create's: its limits are the machine's,
     // whatever CPU time the environment that asked has.
     MOAT_ASSIGN(auto layout, isolation::cgroup::preparedHostLayout(false));
-    MOAT_ASSIGN(auto cgroup, isolation::cgroup::createUnderPreparedParents(
-                                 layout, cgroupPrefix_ + "save-" + id, qemuLimits(vm.cpus, vm.memoryMb, vm.kvm)));
+    MOAT_ASSIGN(auto cgroup, isolation::cgroup::createUnderPreparedParents(layout, cgroupPrefix_ + "save-" + id,
+                                                                           qemuLimits(vm.cpus, vm.memoryMb, vm.kvm)));
     VmSpec parked = vm;
     parked.workDir = scratch;
     parked.cgroupJoin = cgroup->procsFiles();

@@ -61,7 +61,7 @@ class SavedGuests {
   const std::chrono::seconds bootWait_;
   const std::string cgroupPrefix_;
   DedicatedThread& launcher_;
-  std::mutex mutex_;  // what follows
+  std::mutex mutex_;                                          // what follows
   std::map<std::string, std::shared_ptr<std::mutex>> locks_;  // name -> held while made, opened or removed
   std::map<std::string, Record> records_;
   std::list<std::string> order_;  // those on disk, least recently used first
