@@ -58,6 +58,10 @@ if [ -n "${moatd_pid:-}" ]; then
   printf '\nmoatd is serving http://127.0.0.1:7070 and unix:%s/moatd.sock (token: %s/master-token).\n' "$state" "$state"
   printf 'The board: open http://127.0.0.1:7070/ and sign in with that token (docs/BOARD.md).\n'
   printf 'API: docs/API.md. Ctrl-C stops it and destroys its environments.\n'
-  trap 'kill -TERM $moatd_pid 2>/dev/null' INT TERM
-  wait "$moatd_pid" || true
+  # Ctrl-C reaches moatd itself (it is in this terminal's process group):
+  # the script only waits for it to finish stopping (a second signal would
+  # hurry it). A TERM sent to the script alone is passed on.
+  trap ':' INT
+  trap 'kill -TERM $moatd_pid 2>/dev/null' TERM
+  while kill -0 "$moatd_pid" 2>/dev/null; do wait "$moatd_pid" || true; done
 fi

@@ -321,11 +321,20 @@ int main(int argc, char** argv) {
     bool keep = sig == SIGUSR1;
     std::fprintf(stderr, "moatd: %s, stopping%s\n", ::strsignal(sig),
                  keep ? " (environments keep running for the next moatd)" : "");
-    // A second signal means now.
-    std::thread([signals] {
+    // A second signal means now: what the stop started still ends (the
+    // spawner destroys every environment it runs, the egress namespace
+    // goes), without waiting for answers and streams. After SIGUSR1 the
+    // environments stay, as asked.
+    std::thread([signals, keep, &spawner, &egress] {
       int again = 0;
       ::sigwait(&signals, &again);
-      std::fprintf(stderr, "moatd: %s again, exiting at once\n", ::strsignal(again));
+      std::fprintf(stderr, "moatd: %s again, ending now%s\n", ::strsignal(again),
+                   keep ? "" : " (the spawner destroys the environments)");
+      std::fflush(stderr);
+      if (!keep) {
+        (void)spawner.value()->shutdown();  // after a spawner call in flight
+        if (egress) (void)egress->removeNamespace();
+      }
       ::_exit(1);
     }).detach();
     server.beginStop();      // no request starts; those in progress still answer

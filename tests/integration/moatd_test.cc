@@ -946,6 +946,36 @@ TEST(MoatdStart, AStartThatFailsLeavesNoSpawnerAndNoEgressNamespace) {
   }
 }
 
+// A second signal while moatd stops (make run's Ctrl-C, then its script's
+// TERM) hurries the stop but does not abandon it: the spawner destroys the
+// environments and exits, the egress namespace goes.
+TEST(MoatdStop, ASecondSignalHurriesTheStopAndLeavesNothingBehind) {
+  if (!isRoot()) GTEST_SKIP() << "needs root: moatd creates namespaces, cgroups and mounts (CI runs as root)";
+  Moatd daemon;
+  auto created = daemon.request("POST", "/v1/environments", R"({"network": "open"})");
+  ASSERT_EQ(created.status, 201) << created.body;
+  const std::string id = nlohmann::json::parse(created.body)["id"];
+  auto started = daemon.request("POST", "/v1/environments/" + id + "/processes", R"({"cmd": ["sleep", "600"]})");
+  ASSERT_EQ(started.status, 201) << started.body;
+  const std::string state = daemon.stateDir();
+  // Two different signals: both are pending at once, one for each sigwait.
+  ASSERT_EQ(::kill(daemon.pid(), SIGINT), 0);
+  ASSERT_EQ(::kill(daemon.pid(), SIGTERM), 0);
+  const int status = daemon.waitExit();
+  EXPECT_TRUE(WIFEXITED(status)) << status;
+  // The storage pool stays mounted, as after any stop (templates and
+  // snapshots live in it); nothing else may.
+  auto left = [&] {
+    auto all = leftOf(state);
+    std::erase_if(all, [&](const std::string& l) { return l.find(" " + state + "/storage") != std::string::npos; });
+    return all;
+  };
+  for (int i = 0; i < 200 && !left().empty(); ++i) ::usleep(25000);  // bounded: the spawner exits right after its reply
+  EXPECT_EQ(left(), std::vector<std::string>{});
+  EXPECT_NE(daemon.log().find("again, ending now (the spawner destroys the environments)"), std::string::npos)
+      << daemon.log();
+}
+
 TEST(MoatdFlags, ANumberOutOfRangeOrNotANumberIsRefusedByName) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
       {"--warm-pool",
