@@ -7,6 +7,7 @@
 #include "cli/exit_codes.h"
 #include "common/process_args.h"
 #include "common/sanitizer.h"
+#include "moat_version.h"
 
 MOAT_PID1_SANITIZER_OPTIONS()
 

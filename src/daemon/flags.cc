@@ -23,6 +23,8 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
              [--board-dir DIR | --no-board] [--preview-domain NAME] [--port-timeout S]
              [--template-max-bytes N] [--template-max-files N] [--template-timeout S]
              [--isolation namespaces|microvm] [--microvm-accel tcg|kvm]
+             [--microvm-boot-wait S] [--microvm-saved-guests N]
+       moatd --version | --help
 
   --state DIR             state directory (default $MOAT_STATE or /var/lib/moat)
   --listen HOST:PORT      TCP address (default 127.0.0.1:7070; port 0 picks one)
@@ -258,6 +260,10 @@ Result<DaemonFlags> parseDaemonFlags(const std::vector<std::string>& args, const
     const std::string& a = args[i];
     if (a == "-h" || a == "--help") {
       f.help = true;
+      return f;
+    }
+    if (a == "--version") {
+      f.version = true;
       return f;
     }
     const auto& all = flags();

@@ -39,6 +39,7 @@ struct DaemonFlags {
   int64_t microvmBootWaitS = 120;                   // backend::microvm::kGuestBootWait
   uint64_t microvmSavedGuests = 8;                  // backend::microvm::kMaxSavedGuests; 0: creates boot
   bool help = false;                                // -h, --help: print daemonUsage() and stop
+  bool version = false;                             // --version: print moatd's version and stop
 };
 
 // Parses moatd's arguments (without argv[0]). `hostMemoryMb` bounds a warm

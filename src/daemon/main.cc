@@ -32,6 +32,7 @@
 #include "gate/permissions.h"
 #include "isolation/seccomp/policy.h"
 #include "manager/environment_manager.h"
+#include "moat_version.h"
 #include "os/file.h"
 #include "os/process.h"
 #include "os/security.h"
@@ -95,6 +96,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!flags.ok()) return fail(flags.error().context);
+  if (flags->version) {
+    std::puts("moatd " MOAT_VERSION);
+    return 0;
+  }
   if (flags->help) {
     std::fputs(daemon::daemonUsage(), stdout);
     return 0;
@@ -313,8 +318,11 @@ int main(int argc, char** argv) {
       }
     }
     api.setPreviewPort(server.tcpPort());
-    std::fprintf(stderr, "moatd: serving http://127.0.0.1:%d and unix:%s/moatd.sock (state %s)\n", server.tcpPort(),
-                 stateDir.c_str(), stateDir.c_str());
+    // The address it listens on, as given (0.0.0.0 is every address).
+    const std::string host = listen.substr(0, listen.rfind(':'));
+    std::fprintf(stderr, "moatd: serving http://%s:%d and unix:%s/moatd.sock (state %s)%s\n", host.c_str(),
+                 server.tcpPort(), stateDir.c_str(), stateDir.c_str(),
+                 host == "0.0.0.0" || host == "[::]" ? "; every address of this host" : "");
     std::fflush(stderr);
     int sig = 0;
     ::sigwait(&signals, &sig);

@@ -11,6 +11,7 @@
 #include "common/sanitizer.h"
 #include "init/guest.h"
 #include "init/supervisor.h"
+#include "moat_version.h"
 #include "os/machine.h"
 
 MOAT_PID1_SANITIZER_OPTIONS()
@@ -23,6 +24,10 @@ static bool hasFlag(int argc, char** argv, const char* flag) {
 }
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "--version") == 0) {
+    std::puts("moat-init " MOAT_VERSION);
+    return 0;
+  }
   int controlFd = 3;
   int rendezvousFd = -1;
   int diskFd = -1;  // the volume's qgroup counters: this one and the next

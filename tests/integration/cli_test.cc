@@ -13,6 +13,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "common/encoding.h"
@@ -693,6 +694,64 @@ TEST(MoatCliWithoutDaemon, BadUsageExits2AndNamesTheProblem) {
   auto r = moat({"env", "ls"}, "", {{"MOAT_URL", "http://nohost"}});
   EXPECT_EQ(r.exitCode, 2) << describe(r);
   EXPECT_NE(r.err.find("MOAT_URL: needs a port"), std::string::npos) << r.err;
+}
+
+// Every binary says its version (the project's and git's description of
+// the build, cmake/version.cmake), with no root, state or daemon needed;
+// moatd's --help names the flag.
+TEST(MoatCliWithoutDaemon, EveryBinarySaysItsVersion) {
+  std::string first;
+  for (const std::string name : {"moatd", "moat", "moat-init"}) {
+    auto r = runProcess({binDir() + "/" + name, "--version"});
+    EXPECT_EQ(r.exitCode, 0) << name << ": " << r.err;
+    EXPECT_EQ(r.out.rfind(name + " 0.", 0), 0u) << name << ": " << r.out;
+    ASSERT_FALSE(r.out.empty());
+    EXPECT_EQ(r.out.back(), '\n');
+    const std::string version = r.out.substr(name.size() + 1);
+    if (first.empty()) first = version;
+    EXPECT_EQ(version, first) << name << " was built from the same tree as moatd";
+  }
+  if (::access(MOAT_SOURCE_DIR "/.git", F_OK) == 0) {
+    EXPECT_NE(first.find('+'), std::string::npos) << "a git checkout's build names its commit: " << first;
+  }
+  auto help = runProcess({binDir() + "/moatd", "--help"});
+  EXPECT_NE(help.out.find("moatd --version"), std::string::npos) << help.out;
+}
+
+// docs/CLI.md is the CLI's reference: every command `moat --help` lists has
+// a heading there, and every flag a command's --help names is in it.
+TEST(MoatCliWithoutDaemon, TheCliReferenceKeepsUpWithEveryHelp) {
+  auto reference = os::readFile(MOAT_SOURCE_DIR "/docs/CLI.md", 1 << 20);
+  ASSERT_TRUE(reference.ok()) << reference.error().message();
+  std::string headings;
+  std::istringstream lines(reference.value());
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind('#', 0) == 0) headings += line + "\n";
+  }
+  auto top = runProcess({binDir() + "/moat", "--help"});
+  const std::string listed = top.out + top.err;
+  std::vector<std::string> commands;
+  std::istringstream help(listed.substr(listed.find("commands:")));
+  const std::regex command("^  ([a-z]+) +\\S");
+  for (std::string line; std::getline(help, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, command)) commands.push_back(m[1]);
+  }
+  ASSERT_GE(commands.size(), 10u) << listed;
+  const std::regex flag("--[a-z][a-z0-9-]+");
+  for (const auto& name : commands) {
+    const std::string heading = name == "version" ? "moat --version" : "moat " + name;
+    EXPECT_NE(headings.find(heading), std::string::npos) << "no heading names '" << heading << "' in docs/CLI.md";
+    if (name == "version") continue;
+    auto r = runProcess({binDir() + "/moat", name, "--help"});
+    const std::string text = r.out + r.err;
+    for (std::sregex_iterator it(text.begin(), text.end(), flag), end; it != end; ++it) {
+      const std::string named = it->str();
+      if (named == "--help") continue;
+      EXPECT_NE(reference->find(named), std::string::npos)
+          << "moat " << name << " --help names " << named << ", docs/CLI.md does not";
+    }
+  }
 }
 
 TEST(MoatCliWithoutDaemon, HelpListsTheClientCommands) {
