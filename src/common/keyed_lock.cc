@@ -23,6 +23,15 @@ KeyedLock::Held KeyedLock::exclusive(const std::string& key) {
   return Held([this, key] { release(key); });
 }
 
+std::optional<KeyedLock::Held> KeyedLock::tryExclusive(const std::string& key) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (holders_.count(key) > 0) return std::nullopt;
+    holders_[key] = -1;
+  }
+  return std::optional<Held>(std::in_place, [this, key] { release(key); });
+}
+
 bool KeyedLock::held(const std::string& key) {
   std::lock_guard<std::mutex> lock(mutex_);
   return holders_.count(key) > 0;

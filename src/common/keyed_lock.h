@@ -4,6 +4,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "common/scope_exit.h"
@@ -21,6 +22,8 @@ class KeyedLock {
   Held shared(const std::string& key);
   // Waits while `key` is held at all.
   Held exclusive(const std::string& key);
+  // `key` held exclusively now, or nothing (no wait) while anyone holds it.
+  std::optional<Held> tryExclusive(const std::string& key);
   // Whether anyone holds `key` now (it may change at once).
   bool held(const std::string& key);
 

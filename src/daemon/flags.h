@@ -6,6 +6,7 @@
 
 #include "api/http.h"
 #include "audit/log.h"
+#include "backend/microvm/saved_guests.h"
 #include "common/result.h"
 #include "egress/controller.h"
 #include "manager/environment_manager.h"
@@ -36,10 +37,10 @@ struct DaemonFlags {
   templates::ImportLimits templateLimits;           // --template-max-bytes, --template-max-files, --template-timeout
   std::string previewDomain = "preview.localhost";  // api::ApiOptions::previewDomain
   int64_t portTimeoutS = 60;                        // api::PortProxyLimits::idle
-  int64_t microvmBootWaitS = 120;                   // backend::microvm::kGuestBootWait
-  uint64_t microvmSavedGuests = 8;                  // backend::microvm::kMaxSavedGuests; 0: creates boot
-  bool help = false;                                // -h, --help: print daemonUsage() and stop
-  bool version = false;                             // --version: print moatd's version and stop
+  int64_t microvmBootWaitS = backend::microvm::kGuestBootWait.count();
+  uint64_t microvmSavedGuests = backend::microvm::kMaxSavedGuests;  // 0: creates boot
+  bool help = false;                                                // -h, --help: print daemonUsage() and stop
+  bool version = false;                                             // --version: print moatd's version and stop
 };
 
 // Parses moatd's arguments (without argv[0]). `hostMemoryMb` bounds a warm

@@ -85,17 +85,6 @@ std::vector<std::string> cgroupsNamed(const std::string& id) {
   return result;
 }
 
-// A stand-in for QEMU (MOAT_QEMU) that runs the real one with `change`
-// made to its arguments first: a sh fragment run for each argument `a`
-// after `prev` (the one before it), which may rewrite `a`.
-std::string qemuWrapper(const std::string& dir, const std::string& change) {
-  const std::string path = dir + "/qemu-system-x86_64";
-  const std::string script = "#!/bin/sh\nprev=\nfor a do\n  shift\n  " + change +
-                             "\n  set -- \"$@\" \"$a\"\n  prev=$a\ndone\nexec /usr/bin/qemu-system-x86_64 \"$@\"\n";
-  EXPECT_TRUE(os::writeFile(path, script, 0755).ok());
-  return path;
-}
-
 class MicroVmEnvironments : public MoatdFixture {
  protected:
   void SetUp() override {
@@ -117,6 +106,23 @@ class MicroVmEnvironments : public MoatdFixture {
   void TearDown() override {
     daemon_.reset();
     if (!tree_.empty()) (void)os::removeTree(tree_);
+    if (!qemuDir_.empty()) (void)os::removeTree(qemuDir_);
+  }
+  // moatd again, with `args` and a stand-in for QEMU (MOAT_QEMU) that runs
+  // the real one with `change` made to its arguments first: a sh fragment
+  // run for each argument `a` after `prev` (the one before it), which may
+  // rewrite `a`.
+  void restartWithQemuStandIn(const std::string& change, std::vector<std::string> args = {}) {
+    char dir[] = "/tmp/moat-qemu-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    qemuDir_ = dir;
+    ASSERT_EQ(::chmod(dir, 0755), 0);
+    const std::string path = qemuDir_ + "/qemu-system-x86_64";
+    const std::string script = "#!/bin/sh\nprev=\nfor a do\n  shift\n  " + change +
+                               "\n  set -- \"$@\" \"$a\"\n  prev=$a\ndone\nexec /usr/bin/qemu-system-x86_64 \"$@\"\n";
+    ASSERT_TRUE(os::writeFile(path, script, 0755).ok());
+    daemon_.reset();
+    daemon_ = std::make_unique<Moatd>(std::move(args), std::vector<std::string>{"MOAT_QEMU=" + path});
   }
   // QEMU's pid for environment `id` (0: none runs).
   pid_t qemuOf(const std::string& id) {
@@ -155,7 +161,7 @@ class MicroVmEnvironments : public MoatdFixture {
     for (auto& [k, v] : extra.items()) body[k] = v;
     return body;
   }
-  std::string tree_, kernelVersion_;
+  std::string tree_, kernelVersion_, qemuDir_;
 };
 
 TEST_F(MicroVmEnvironments, RunCommandsAndHoldFilesOnTheirOwnKernelAndLeaveNothingBehind) {
@@ -432,13 +438,8 @@ TEST_F(MicroVmEnvironments, AQemuThatCrashesEndsItsEnvironmentAsFailedAndLeavesN
 // by a QEMU stand-in that adds it to the kernel's command line) ends as a
 // failed environment whose reason is the panic's line.
 TEST_F(MicroVmEnvironments, AGuestKernelPanicEndsItsEnvironmentAsFailedWithThePanic) {
-  char dir[] = "/tmp/moat-qemu-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  ASSERT_EQ(::chmod(dir, 0755), 0);
-  const std::string wrapper =
-      qemuWrapper(dir, R"([ "$prev" = -append ] && a="${a% -- --guest} sysctl.vm.panic_on_oom=1 -- --guest")");
-  daemon_.reset();
-  daemon_ = std::make_unique<Moatd>(std::vector<std::string>{}, std::vector<std::string>{"MOAT_QEMU=" + wrapper});
+  ASSERT_NO_FATAL_FAILURE(
+      restartWithQemuStandIn(R"([ "$prev" = -append ] && a="${a% -- --guest} sysctl.vm.panic_on_oom=1 -- --guest")"));
   json body = vmBody();
   body["spec"]["storage_gb"] = 1;  // more than its 256 MB of RAM: a tmpfs filled past it runs the guest out
   json env = call("POST", "/v1/environments", body, 201);
@@ -453,20 +454,14 @@ TEST_F(MicroVmEnvironments, AGuestKernelPanicEndsItsEnvironmentAsFailedWithThePa
             std::string::npos)
       << after.dump();
   expectNothingLeftOf(id);
-  (void)os::removeTree(dir);
 }
 
 // A guest that never answers (a QEMU stand-in starts it with its CPUs
 // stopped) fails its create once moatd's boot wait is over; nothing of it
 // is left.
 TEST_F(MicroVmEnvironments, AGuestThatNeverAnswersFailsItsCreateAndLeavesNothing) {
-  char dir[] = "/tmp/moat-qemu-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
-  ASSERT_EQ(::chmod(dir, 0755), 0);
-  const std::string wrapper = qemuWrapper(dir, R"([ "$a" = -nographic ] && set -- "$@" -S)");
-  daemon_.reset();
-  daemon_ = std::make_unique<Moatd>(std::vector<std::string>{"--microvm-boot-wait", "3"},
-                                    std::vector<std::string>{"MOAT_QEMU=" + wrapper});
+  ASSERT_NO_FATAL_FAILURE(
+      restartWithQemuStandIn(R"([ "$a" = -nographic ] && set -- "$@" -S)", {"--microvm-boot-wait", "3"}));
   auto created = daemon_->request("POST", "/v1/environments", vmBody().dump());
   EXPECT_EQ(created.status, 500) << created.body;
   EXPECT_NE(created.body.find("the guest did not answer within 3 s"), std::string::npos) << created.body;
@@ -475,7 +470,6 @@ TEST_F(MicroVmEnvironments, AGuestThatNeverAnswersFailsItsCreateAndLeavesNothing
   const std::string id = failed["environments"][0]["id"];
   EXPECT_NE(failed["environments"][0].value("reason", "").find("did not answer"), std::string::npos) << failed.dump();
   expectNothingLeftOf(id);
-  (void)os::removeTree(dir);
 }
 
 // The saved guests in <state>/microvm/saved (names only).

@@ -59,5 +59,23 @@ TEST(KeyedLock, AnExclusiveHolderKeepsEveryoneElseOutOfItsKeyOnly) {
   EXPECT_FALSE(locks.held("env-a"));
 }
 
+// tryExclusive never waits: it takes a key no one holds, and gives nothing
+// for one held shared or exclusively.
+TEST(KeyedLock, TryExclusiveTakesAFreeKeyAndNeverWaitsForAHeldOne) {
+  KeyedLock locks;
+  {
+    auto reading = locks.shared("image");
+    EXPECT_FALSE(locks.tryExclusive("image").has_value());
+  }
+  auto taken = locks.tryExclusive("image");
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_TRUE(locks.held("image"));
+  EXPECT_FALSE(locks.tryExclusive("image").has_value());
+  EXPECT_TRUE(locks.tryExclusive("other").has_value()) << "another key is free";
+  taken->run();
+  EXPECT_FALSE(locks.held("image"));
+  EXPECT_TRUE(locks.tryExclusive("image").has_value());
+}
+
 }  // namespace
 }  // namespace moat

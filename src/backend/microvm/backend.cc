@@ -133,8 +133,7 @@ Result<std::string> MicroVmBackend::imageFor(const std::string& templateName) {
   const std::string name = imageName(templateName, top);
   MOAT_TRY(os::makeDirs(images, 0700, 0700));
   // One build per image at a time; other templates' creates go on.
-  auto building = imageLock(name);
-  std::lock_guard lock(*building);
+  auto building = imageLocks_.exclusive(name);
   const std::string image = images + "/" + name;
   if (::access(image.c_str(), F_OK) == 0) return image;
   // mkfs.erofs may write only a directory of its own (Landlock): never
@@ -147,13 +146,6 @@ Result<std::string> MicroVmBackend::imageFor(const std::string& templateName) {
   (void)os::removeTree(scratch);
   if (!built.ok()) return built.error();
   return image;
-}
-
-std::shared_ptr<std::mutex> MicroVmBackend::imageLock(const std::string& name) {
-  std::lock_guard lock(filesMutex_);
-  auto& slot = imageLocks_[name];
-  if (!slot) slot = std::make_shared<std::mutex>();
-  return slot;
 }
 
 Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {

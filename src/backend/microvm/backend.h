@@ -11,6 +11,7 @@
 #include "backend/microvm/saved_guests.h"
 #include "backend/microvm/vm.h"
 #include "common/dedicated_thread.h"
+#include "common/keyed_lock.h"
 #include "isolation/cgroup/cgroup.h"
 #include "isolation/namespaces/user_namespace.h"
 
@@ -20,11 +21,6 @@
 // guest protocol. Unlike the namespace backend's, these do not outlive
 // moatd: its QEMUs die with it, and its next start finds them gone.
 namespace moat::backend::microvm {
-
-// How many saved guests (docs/MICROVM.md) a moatd keeps by default: one
-// per template image and machine (RAM, vCPUs) in use, each about as large
-// as the RAM its boot touched.
-inline constexpr size_t kMaxSavedGuests = 8;
 
 // What this host offers microVMs, looked at once (moatd's start, doctor).
 struct HostSupport {
@@ -72,8 +68,6 @@ class MicroVmBackend final : public Backend {
   };
   // The root image of the template `name` (built on first use).
   Result<std::string> imageFor(const std::string& templateName);
-  // One lock per image: held while it is made.
-  std::shared_ptr<std::mutex> imageLock(const std::string& name);
   // Starts QEMU for `vm` (a restore when vm.incomingState is set: then
   // sends Resume) and waits for the guest's Hello.
   Status run(Guest& guest, const VmSpec& vm, const Spec& spec);
@@ -85,9 +79,9 @@ class MicroVmBackend final : public Backend {
   const HostSupport host_;
   const std::chrono::seconds bootWait_;
   const std::string cgroupPrefix_;  // of this state directory's QEMU cgroups
-  std::mutex filesMutex_;           // the initramfs, and the map below
+  std::mutex filesMutex_;           // the initramfs
   std::string initramfs_;
-  std::map<std::string, std::shared_ptr<std::mutex>> imageLocks_;  // image name -> held while it is made
+  KeyedLock imageLocks_;  // an image name: held while it is made
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Guest>> guests_;
   DedicatedThread launcher_;  // QEMUs are forked here: they die with moatd

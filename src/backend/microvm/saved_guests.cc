@@ -38,21 +38,13 @@ Result<std::string> SavedGuests::nameOf(const VmSpec& vm) const {
          std::to_string(vm.cpus) + "c-" + hash + ".state";
 }
 
-std::shared_ptr<std::mutex> SavedGuests::lockOf(const std::string& name) {
-  std::lock_guard lock(mutex_);
-  auto& slot = locks_[name];
-  if (!slot) slot = std::make_shared<std::mutex>();
-  return slot;
-}
-
 Result<SavedGuests::Saved> SavedGuests::take(const VmSpec& vm, const std::string& id) {
   if (keep_ == 0) return Error::make(Code::kUnsupported, "moatd --microvm-saved-guests 0");
   MOAT_ASSIGN(std::string name, nameOf(vm));
   const std::string path = dir_ + "/" + name;
   MOAT_TRY(os::makeDirs(dir_, 0700, 0700));
-  auto lock = lockOf(name);
-  std::unique_lock held(*lock, std::try_to_lock);
-  if (!held.owns_lock()) return Error::make(Code::kUnavailable, "a save of this guest is under way");
+  auto held = names_.tryExclusive(name);
+  if (!held) return Error::make(Code::kUnavailable, "a save of this guest is under way");
   // Opened while its lock is held: an eviction after this does not take it
   // from this create.
   auto open = [&]() -> Result<Saved> {
@@ -135,10 +127,8 @@ void SavedGuests::evictFor(const std::string& name) {
       it = order_.erase(it);
       continue;
     }
-    auto other = locks_.find(*it);
-    std::unique_lock<std::mutex> held;
-    if (other != locks_.end()) held = std::unique_lock(*other->second, std::try_to_lock);
-    if (other != locks_.end() && !held.owns_lock()) {
+    auto held = names_.tryExclusive(*it);
+    if (!held) {
       ++it;
       continue;
     }
@@ -148,8 +138,7 @@ void SavedGuests::evictFor(const std::string& name) {
 }
 
 void SavedGuests::forget(const std::string& name) {
-  auto lock = lockOf(name);
-  std::lock_guard held(*lock);
+  auto held = names_.exclusive(name);
   (void)::unlink((dir_ + "/" + name).c_str());
   std::lock_guard files(mutex_);
   order_.remove(name);

@@ -4,12 +4,12 @@
 #include <cstddef>
 #include <list>
 #include <map>
-#include <memory>
 #include <mutex>
 #include <string>
 
 #include "backend/microvm/vm.h"
 #include "common/dedicated_thread.h"
+#include "common/keyed_lock.h"
 #include "common/result.h"
 #include "common/unique_fd.h"
 
@@ -20,6 +20,11 @@
 // a caller can make moatd save is bounded, and a create never waits for
 // another's save: it boots instead.
 namespace moat::backend::microvm {
+
+// How many saved guests a moatd keeps by default: one per template image
+// and machine (RAM, vCPUs) in use, each about as large as the RAM its boot
+// touched.
+inline constexpr size_t kMaxSavedGuests = 8;
 
 class SavedGuests {
  public:
@@ -53,7 +58,6 @@ class SavedGuests {
   };
   Result<std::string> nameOf(const VmSpec& vm) const;
   Status save(const VmSpec& vm, const std::string& id, const std::string& path);
-  std::shared_ptr<std::mutex> lockOf(const std::string& name);
   void evictFor(const std::string& name);
 
   const std::string dir_;
@@ -61,8 +65,8 @@ class SavedGuests {
   const std::chrono::seconds bootWait_;
   const std::string cgroupPrefix_;
   DedicatedThread& launcher_;
-  std::mutex mutex_;                                          // what follows
-  std::map<std::string, std::shared_ptr<std::mutex>> locks_;  // name -> held while made, opened or removed
+  KeyedLock names_;   // a saved guest's name: held while it is made, opened or removed
+  std::mutex mutex_;  // what follows; a name is taken while it is held only without waiting (tryExclusive)
   std::map<std::string, Record> records_;
   std::list<std::string> order_;  // those on disk, least recently used first
   size_t saving_ = 0;             // saves under way
