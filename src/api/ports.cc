@@ -11,7 +11,6 @@
 #include "api/validation.h"
 #include "common/encoding.h"
 #include "common/text.h"
-#include "os/netlink.h"
 
 namespace moat::api {
 namespace {
@@ -128,13 +127,15 @@ HttpResponse Api::proxyToPort(const HttpRequest& req, const std::string& id, con
   auto admitted = admitPortConnection(id, owner, !previewId.empty());
   if (admitted.refusal) return errorResponse(*admitted.refusal);
   auto hold = std::move(admitted.hold);
-  auto netns = networks_.networkNamespaceOf(id);
-  if (!netns.ok()) {
+  auto upstream = networks_.connectToPort(id, forward.port, options_.portLimits.connect);
+  const bool unreachable =
+      !upstream.ok() && (upstream.error().code == Code::kRefused || upstream.error().code == Code::kTimeout ||
+                         upstream.error().code == Code::kSyscall);
+  if (!upstream.ok() && !unreachable) {
     // A preview's environment that ended is no preview (its end revokes it).
     if (!previewId.empty()) return errorResponse({404, "not_found", kNoPreview, ""});
-    return errorResponse(fromError(netns.error()));
+    return errorResponse(fromError(upstream.error()));
   }
-  auto upstream = os::connectLoopbackIn(netns->get(), forward.port, options_.portLimits.connect);
   if (!upstream.ok()) {
     data["status"] = 502;
     data["error"] = upstream.error().message();

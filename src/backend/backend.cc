@@ -1,6 +1,7 @@
 #include "backend/backend.h"
 
 #include "common/hex.h"
+#include "os/netlink.h"
 
 namespace moat::backend {
 
@@ -10,6 +11,11 @@ std::optional<Isolation> isolationNamed(std::string_view name) {
   if (name == "namespaces") return Isolation::kNamespaces;
   if (name == "microvm") return Isolation::kMicroVm;
   return std::nullopt;
+}
+
+Result<UniqueFd> Backend::connectPort(const std::string& id, uint16_t port, std::chrono::milliseconds timeout) {
+  MOAT_ASSIGN(UniqueFd netns, networkNamespace(id));
+  return os::connectLoopbackIn(netns.get(), port, timeout);
 }
 
 std::string newEnvironmentId() {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -90,6 +91,11 @@ class Backend {
   virtual Result<Usage> usage(const std::string& id) = 0;
   // Where the environment's network attaches: its network namespace.
   virtual Result<UniqueFd> networkNamespace(const std::string& id) = 0;
+  // A TCP connection (non-blocking) to a server inside the environment on
+  // `port` (docs/PORTS.md): by default to 127.0.0.1:port in its network
+  // namespace. Error code "refused" when nothing listens, "timeout" when
+  // no answer came within `timeout`.
+  virtual Result<UniqueFd> connectPort(const std::string& id, uint16_t port, std::chrono::milliseconds timeout);
   // A read-only copy of the environment's writable layer at this moment,
   // kept as `name` (like a power cut: written data is in it, processes are
   // not); returns what a create from it needs (Spec::snapshotHostBase).

@@ -22,6 +22,9 @@ class Router final : public Backend {
   Result<std::vector<std::string>> list() override;
   Result<Usage> usage(const std::string& id) override { return of(id).usage(id); }
   Result<UniqueFd> networkNamespace(const std::string& id) override { return of(id).networkNamespace(id); }
+  Result<UniqueFd> connectPort(const std::string& id, uint16_t port, std::chrono::milliseconds timeout) override {
+    return of(id).connectPort(id, port, timeout);
+  }
   Result<uint32_t> snapshot(const std::string& id, const std::string& name) override {
     return of(id).snapshot(id, name);
   }

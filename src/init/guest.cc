@@ -1,5 +1,6 @@
 #include "init/guest.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -16,6 +17,7 @@
 #include "os/file.h"
 #include "os/machine.h"
 #include "os/mount.h"
+#include "os/netlink.h"
 #include "os/process.h"
 #include "os/security.h"
 
@@ -61,6 +63,19 @@ Status makeRoot(const std::string& storageBytes) {
     MOAT_TRY(os::mount(dir, std::string("/moat/root") + dir, "", MS_MOVE, ""));
   }
   return os::switchRootFromInitramfs("/moat/root");
+}
+
+// Loopback, and the guest's NIC on QEMU's user-mode network with its
+// address and default route (before the capabilities go: the guest's
+// commands have no NET_ADMIN to change them). Set once at boot, so a saved
+// guest carries it.
+Status bringUpNetwork() {
+  MOAT_ASSIGN(auto netlink, os::Netlink::open());
+  MOAT_TRY(netlink.setLinkUp("lo"));
+  MOAT_TRY(awaitPath(std::string("/sys/class/net/") + kGuestNic));
+  MOAT_TRY(netlink.addAddress(kGuestNic, htonl(kGuestAddress), kGuestPrefixLen));
+  MOAT_TRY(netlink.setLinkUp(kGuestNic));
+  return netlink.addDefaultRoute(htonl(kGuestGateway), kGuestNic);
 }
 
 // The virtio-serial port named kGuestPortName: /dev/vportNpM.
@@ -179,6 +194,7 @@ Result<UniqueFd> prepareGuest() {
   MOAT_TRY(os::mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, ""));
   MOAT_TRY(os::mount("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755"));
   MOAT_TRY(loadModules());
+  MOAT_TRY(bringUpNetwork());
   MOAT_ASSIGN(std::string port, findPort());
   MOAT_ASSIGN(UniqueFd fd, os::open(port, O_RDWR | O_CLOEXEC));
   MOAT_TRY(awaitHost(fd.get()));

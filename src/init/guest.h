@@ -1,5 +1,7 @@
 #pragma once
 
+#include <cstdint>
+
 #include "common/result.h"
 #include "common/unique_fd.h"
 
@@ -13,13 +15,22 @@ namespace moat::init {
 inline constexpr const char* kGuestModuleList = "/moat/modules";  // module files, one per line, in load order
 inline constexpr const char* kGuestPortName = "moat";             // the virtio-serial port of the control connection
 
+// The guest's one network device, on QEMU's user-mode network (the host
+// side names the same addresses on QEMU's command line): every connection
+// the guest makes, QEMU makes from its own network namespace, where
+// moatd's egress link is when the environment has a network policy, and
+// nothing when it has none (docs/MICROVM.md, "Network"). Host byte order.
+inline constexpr const char* kGuestNic = "eth0";
+inline constexpr uint32_t kGuestNetwork = 0x0a000200;  // 10.0.2.0/24
+inline constexpr uint8_t kGuestPrefixLen = 24;
+inline constexpr uint32_t kGuestGateway = 0x0a000202;  // 10.0.2.2: QEMU
+inline constexpr uint32_t kGuestAddress = 0x0a00020f;  // 10.0.2.15
+
 // In the initramfs, as pid 1: mounts /proc, /sys and /dev; loads the
-// modules; finds the control connection once the host has it open; with
-// MOAT_GUEST_PARK=1 on the kernel's command line, says kParked there and
-// waits for kResume (its identity and limits: a saved guest is parked
-// here); makes the root (the template's image on the first disk,
-// read-only, under an overlay whose writable layer is a tmpfs of
-// MOAT_GUEST_STORAGE bytes, or Resume's) and switches to it; bounds the
+// modules; brings up loopback and kGuestNic with kGuestAddress; finds the control connection once the host has it open;
+// with MOAT_GUEST_PARK=1 on the kernel's command line, says kParked there and waits for kResume (its identity and
+// limits: a saved guest is parked here); makes the root (the template's image on the first disk, read-only, under an
+// overlay whose writable layer is a tmpfs of MOAT_GUEST_STORAGE bytes, or Resume's) and switches to it; bounds the
 // commands' tasks (MOAT_GUEST_PIDS, or Resume's); keeps MOAT_GUEST_CAPS.
 // Returns the control connection.
 Result<UniqueFd> prepareGuest();

@@ -227,8 +227,7 @@ Status EnvironmentManager::onNamespaces(const store::EnvironmentRecord& record, 
                                              " environments yet (environment " + record.id + "; docs/MICROVM.md)");
 }
 
-Status EnvironmentManager::microVmCreatable(const store::EnvironmentRecord& record, bool fromSnapshot,
-                                            bool withNetwork) const {
+Status EnvironmentManager::microVmCreatable(const store::EnvironmentRecord& record, bool fromSnapshot) const {
   if (!config_.microvmMissing.empty()) {
     return Error::make(Code::kUnsupported,
                        "spec.isolation: microvm is not available on this host: " + config_.microvmMissing);
@@ -247,10 +246,6 @@ Status EnvironmentManager::microVmCreatable(const store::EnvironmentRecord& reco
     return Error::make(Code::kInvalidArgument, "spec.ram_mb: a microVM needs at least " +
                                                    std::to_string(backend::kMicroVmMinMemoryMb) +
                                                    " MB (its kernel's own)");
-  }
-  if (withNetwork) {
-    return Error::make(Code::kUnsupported,
-                       "network: a microvm environment has no network yet (only mode none; docs/MICROVM.md)");
   }
   return {};
 }
@@ -319,7 +314,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
       request.isolation.value_or(from ? backend::Isolation::kNamespaces : config_.defaultIsolation);
   record.isolation = backend::isolationName(isolation);
   if (isolation == backend::Isolation::kMicroVm) {
-    MOAT_TRY(microVmCreatable(record, from.has_value(), request.network.mode != egress::Mode::kNone));
+    MOAT_TRY(microVmCreatable(record, from.has_value()));
     record.accel = config_.microvmAccel;
   }
   MOAT_TRY(useTemplate());

@@ -95,7 +95,7 @@ class EnvironmentManager final : public EnvironmentService,
   Status rememberRule(const std::string& id, gate::Scope scope, const gate::Rule& rule, bool everyLayer) override;
   Result<egress::Policy> network(const std::string& id) override;
   Status setNetwork(const std::string& id, const egress::Policy& policy) override;
-  Result<UniqueFd> networkNamespaceOf(const std::string& id) override;
+  Result<UniqueFd> connectToPort(const std::string& id, uint16_t port, std::chrono::milliseconds timeout) override;
   Result<store::SnapshotRecord> snapshot(const std::string& id, const std::string& name,
                                          const std::string& actor) override;
   Result<store::SnapshotRecord> snapshotOwnedBy(const std::string& id, const std::string& owner,
@@ -197,7 +197,7 @@ class EnvironmentManager final : public EnvironmentService,
   // backend's.
   static Status onNamespaces(const store::EnvironmentRecord& record, const std::string& what);
   // What a microVM create is refused for, before anything is stored or booted.
-  Status microVmCreatable(const store::EnvironmentRecord& record, bool fromSnapshot, bool withNetwork) const;
+  Status microVmCreatable(const store::EnvironmentRecord& record, bool fromSnapshot) const;
   backend::Spec specFor(const std::string& templateName, double cpus, uint64_t ramMb, double storageGb, uint64_t pids,
                         backend::Isolation isolation = backend::Isolation::kNamespaces) const;
   backend::Spec poolSpec(size_t pool) const;

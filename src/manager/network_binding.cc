@@ -90,9 +90,10 @@ Status EnvironmentManager::connectNetworkUnlessSet(const std::string& id, const 
   return connectNetwork(id, policy, secrets);
 }
 
-Result<UniqueFd> EnvironmentManager::networkNamespaceOf(const std::string& id) {
+Result<UniqueFd> EnvironmentManager::connectToPort(const std::string& id, uint16_t port,
+                                                   std::chrono::milliseconds timeout) {
   MOAT_TRY(liveOf(id));
-  return backend_.networkNamespace(id);
+  return backend_.connectPort(id, port, timeout);
 }
 
 Result<egress::Policy> EnvironmentManager::network(const std::string& id) {
@@ -103,10 +104,6 @@ Result<egress::Policy> EnvironmentManager::network(const std::string& id) {
 Status EnvironmentManager::setNetwork(const std::string& id, const egress::Policy& policy) {
   std::lock_guard<std::mutex> serial(networkMutex_);
   MOAT_TRY(liveOf(id));
-  if (policy.mode != egress::Mode::kNone) {
-    MOAT_ASSIGN(auto current, get(id));
-    MOAT_TRY(onNamespaces(current, "network access (a mode other than none)"));
-  }
   if (!egress_) {
     if (policy.mode == egress::Mode::kNone) return {};
     return Error::make(Code::kUnavailable,

@@ -239,10 +239,10 @@ class NetworkService {
   // Changes the policy of a running environment: plugs its link in or out
   // as the mode requires; open connections finish as they were.
   virtual Status setNetwork(const std::string& id, const egress::Policy& policy) = 0;
-  // A running environment's own network namespace (docs/PORTS.md: what
-  // moatd connects to a port inside from); "conflict" when it is not
-  // running.
-  virtual Result<UniqueFd> networkNamespaceOf(const std::string& id) = 0;
+  // A connection (non-blocking) to a server on `port` inside a running
+  // environment (docs/PORTS.md); "conflict" when it is not running,
+  // "refused" when nothing listens, "timeout" when nothing answers in time.
+  virtual Result<UniqueFd> connectToPort(const std::string& id, uint16_t port, std::chrono::milliseconds timeout) = 0;
 };
 
 // Snapshots, forks and restores (docs/API.md, "Snapshots").

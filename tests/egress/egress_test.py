@@ -299,12 +299,17 @@ def allow(*hosts, **extra):
     return dict({"mode": "allowlist", "allow": list(hosts)}, **extra)
 
 
-class EgressTest(unittest.TestCase):
+class MoatdCase(unittest.TestCase):
+    """One moatd for the class (started with `moatd_args`), the
+    environments a test makes destroyed after it, and the audit events
+    of one. No tests of its own: egress_microvm_test.py's cases are
+    made of it too."""
     moatd = None
+    moatd_args = ()
 
     @classmethod
     def setUpClass(cls):
-        cls.moatd = Moatd(BIN_DIR, WORLD)
+        cls.moatd = Moatd(BIN_DIR, WORLD, cls.moatd_args)
 
     @classmethod
     def tearDownClass(cls):
@@ -339,6 +344,8 @@ class EgressTest(unittest.TestCase):
                 return found
             time.sleep(0.05)
 
+
+class EgressTest(MoatdCase):
     def curl(self, env, *args):
         return env.exec(["curl", "-sS", "-m", "10", *args])
 

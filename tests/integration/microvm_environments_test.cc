@@ -255,11 +255,6 @@ TEST_F(MicroVmEnvironments, WhatTheyCannotDoYetIsRefusedByName) {
   auto host = daemon_->request("POST", "/v1/environments", json{{"spec", {{"isolation", "microvm"}}}}.dump());
   EXPECT_EQ(host.status, 400);
   EXPECT_NE(host.body.find("needs a root file system"), std::string::npos) << host.body;
-  // No network device yet: refused before a guest boots.
-  auto net = daemon_->request("POST", "/v1/environments",
-                              vmBody({{"network", {{"mode", "allowlist"}, {"allow", {"example.com"}}}}}).dump());
-  EXPECT_EQ(net.status, 400);
-  EXPECT_NE(net.body.find("no network yet"), std::string::npos) << net.body;
   auto small = daemon_->request("POST", "/v1/environments",
                                 json{{"template", tree_}, {"spec", {{"isolation", "microvm"}, {"ram_mb", 64}}}}.dump());
   EXPECT_EQ(small.status, 400);
@@ -275,11 +270,6 @@ TEST_F(MicroVmEnvironments, WhatTheyCannotDoYetIsRefusedByName) {
     EXPECT_NE(r.body.find(word + " is not available for microvm environments yet"), std::string::npos)
         << path << ": " << r.body;
   }
-  auto opened = daemon_->request("PUT", "/v1/environments/" + id + "/network", json{{"network", "open"}}.dump());
-  EXPECT_EQ(opened.status, 400) << opened.body;
-  EXPECT_NE(opened.body.find("network access (a mode other than none) is not available"), std::string::npos)
-      << opened.body;
-  EXPECT_EQ(call("GET", "/v1/environments/" + id + "/network", nullptr, 200)["network"]["mode"], "none");
   // It still serves.
   EXPECT_EQ(exec(id, {{"cmd", {"/bin/tool", "uname"}}})["stdout"], kernelVersion_ + "\n");
 }

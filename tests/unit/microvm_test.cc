@@ -151,6 +151,22 @@ TEST(QemuArgv, TcgIsToldTheTscAndKvmIsNotAndTheRootIsReadOnlyAndThePidsBoundGoes
   EXPECT_FALSE(has(kvm, "-mon"));
 }
 
+// Every guest has one NIC, on QEMU's user-mode network with the addresses
+// moat-init gives it, IPv4 only, no host port forwarded (docs/MICROVM.md,
+// "Network").
+TEST(QemuArgv, EveryGuestHasOneNicOnQemusUserModeNetworkWithoutIpv6OrForwards) {
+  VmSpec spec;
+  spec.kernel.image = "/boot/vmlinuz-x";
+  for (bool park : {false, true}) {
+    spec.park = park;
+    auto argv = qemuArgv("/usr/bin/qemu", spec);
+    EXPECT_EQ(std::count(argv.begin(), argv.end(), "-netdev"), 1);
+    EXPECT_TRUE(has(argv, "user,id=net,ipv6=off,net=10.0.2.0/24,host=10.0.2.2,dhcpstart=10.0.2.15"));
+    EXPECT_TRUE(has(argv, "virtio-net-device,netdev=net"));
+    for (const auto& a : argv) EXPECT_EQ(a.find("hostfwd"), std::string::npos) << a;
+  }
+}
+
 // A guest to be saved parks (its environment's limits come with Resume,
 // not on the command line) and has a monitor on descriptor 6; a restore
 // reads the saved state from descriptor 7.

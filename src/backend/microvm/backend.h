@@ -53,6 +53,7 @@ class MicroVmBackend final : public Backend {
   Result<std::vector<std::string>> list() override;
   Result<Usage> usage(const std::string& id) override;
   Result<UniqueFd> networkNamespace(const std::string& id) override;
+  Result<UniqueFd> connectPort(const std::string& id, uint16_t port, std::chrono::milliseconds timeout) override;
   Result<uint32_t> snapshot(const std::string& id, const std::string& name) override;
   Status deleteSnapshot(const std::string& name) override;
   Result<std::vector<std::string>> snapshots() override;

@@ -64,8 +64,9 @@ Result<GuestKernel> findGuestKernel() {
 
 const std::vector<std::string>& guestModules() {
   // virtio on the microvm machine's MMIO transport, the control port, the
-  // root disk and the file systems of the root.
-  static const std::vector<std::string> modules = {"virtio_mmio", "virtio_console", "virtio_blk", "erofs", "overlay"};
+  // root disk, the NIC and the file systems of the root.
+  static const std::vector<std::string> modules = {"virtio_mmio", "virtio_console", "virtio_blk",
+                                                   "virtio_net",  "erofs",          "overlay"};
   return modules;
 }
 

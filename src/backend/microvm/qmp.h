@@ -16,6 +16,8 @@ namespace moat::backend::microvm {
 class Qmp {
  public:
   Qmp(int socket, std::chrono::steady_clock::time_point deadline) : socket_(socket), deadline_(deadline) {}
+  // A session kept open: each use sets how long it may wait.
+  void setDeadline(std::chrono::steady_clock::time_point deadline) { deadline_ = deadline; }
 
   // Reads the greeting and enters command mode (qmp_capabilities).
   Status open();

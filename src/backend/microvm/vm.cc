@@ -1,5 +1,6 @@
 #include "backend/microvm/vm.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <linux/landlock.h>
@@ -24,6 +25,7 @@
 #include "init/guest.h"
 #include "isolation/caps/capabilities.h"
 #include "os/file.h"
+#include "os/netlink.h"
 #include "os/process.h"
 #include "os/security.h"
 #include "os/socket.h"
@@ -185,43 +187,25 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
   cmdline += " -- --guest";
   auto fd = [](int n) { return "/proc/self/fd/" + std::to_string(n); };
   std::vector<std::string> argv = {
-      qemu,
-      "-M",
-      spec.kvm ? "microvm" : "microvm,pit=on",
-      "-accel",
-      spec.kvm ? "kvm" : "tcg,tb-size=" + std::to_string(kTcgCacheMb),
-      "-cpu",
-      spec.kvm ? "host" : "qemu64",
-      "-smp",
-      std::to_string(spec.cpus),
-      "-m",
-      std::to_string(spec.memoryMb),
-      "-sandbox",
-      "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-      "-nodefaults",
-      "-no-user-config",
-      "-nographic",
-      "-no-reboot",
-      "-chardev",
-      "file,id=console,path=" + fd(2) + ",append=on",
-      "-serial",
-      "chardev:console",
-      "-kernel",
-      spec.kernel.image,
-      "-initrd",
-      fd(kQemuInitramfsFd),
-      "-append",
-      cmdline,
-      "-drive",
-      "id=root,file=" + fd(kQemuRootFd) + ",format=raw,if=none,readonly=on,file.locking=off",
-      "-device",
-      "virtio-blk-device,drive=root",
-      "-device",
-      "virtio-serial-device",
-      "-chardev",
-      "socket,id=control,fd=" + std::to_string(kQemuControlFd),
-      "-device",
-      std::string("virtserialport,chardev=control,name=") + init::kGuestPortName};
+      qemu, "-M", spec.kvm ? "microvm" : "microvm,pit=on", "-accel",
+      spec.kvm ? "kvm" : "tcg,tb-size=" + std::to_string(kTcgCacheMb), "-cpu", spec.kvm ? "host" : "qemu64", "-smp",
+      std::to_string(spec.cpus), "-m", std::to_string(spec.memoryMb), "-sandbox",
+      "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny", "-nodefaults", "-no-user-config",
+      "-nographic", "-no-reboot", "-chardev", "file,id=console,path=" + fd(2) + ",append=on", "-serial",
+      "chardev:console", "-kernel", spec.kernel.image, "-initrd", fd(kQemuInitramfsFd), "-append", cmdline, "-drive",
+      "id=root,file=" + fd(kQemuRootFd) + ",format=raw,if=none,readonly=on,file.locking=off", "-device",
+      "virtio-blk-device,drive=root", "-device", "virtio-serial-device", "-chardev",
+      "socket,id=control,fd=" + std::to_string(kQemuControlFd), "-device",
+      std::string("virtserialport,chardev=control,name=") + init::kGuestPortName,
+      // The guest's NIC, on QEMU's user-mode network: what the guest sends
+      // out, QEMU sends from its own network namespace, which has moatd's
+      // egress link when the environment has a network policy (the
+      // backend's networkNamespace) and nothing otherwise. No IPv6.
+      "-netdev",
+      "user,id=net,ipv6=off,net=" + os::ipv4ToString(htonl(init::kGuestNetwork)) + "/" +
+          std::to_string(init::kGuestPrefixLen) + ",host=" + os::ipv4ToString(htonl(init::kGuestGateway)) +
+          ",dhcpstart=" + os::ipv4ToString(htonl(init::kGuestAddress)),
+      "-device", "virtio-net-device,netdev=net"};
   if (spec.monitor) {
     for (std::string a : {std::string("-chardev"), "socket,id=monitor,fd=" + std::to_string(kQemuMonitorFd),
                           std::string("-mon"), std::string("chardev=monitor,mode=control")}) {
@@ -304,7 +288,8 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   UniqueFd qemuMonitor;
   if (spec.monitor) {
     MOAT_ASSIGN(auto monitorPair, os::streamSocketPair());
-    vm.monitor_ = std::move(monitorPair.first);
+    vm.monitor_ = std::make_unique<Monitor>();
+    vm.monitor_->fd = std::move(monitorPair.first);
     qemuMonitor = std::move(monitorPair.second);
   }
   auto argv = qemuArgv(qemu, spec);
@@ -351,8 +336,10 @@ Result<Vm> Vm::start(const VmSpec& spec) {
     if (os::markCloseOnExecFrom(kGiven) != 0) ::_exit(125);
     // Its own session (a terminal's Ctrl-C is moat run's to forward to the
     // command, not QEMU's), and, while still root, network and IPC
-    // namespaces of its own: a QEMU taken over reaches no host network
-    // (it needs none: the guest has no network device).
+    // namespaces of its own: a QEMU taken over reaches no host network,
+    // only what moatd links into its namespace (the egress link of an
+    // environment with a network policy; the guest's traffic leaves QEMU
+    // from there).
     // Into its cgroup while still root (the limits bound QEMU, the guest's
     // RAM and TCG's cache included).
     for (const auto& join : spec.cgroupJoin) {
@@ -425,10 +412,45 @@ std::string Vm::whyEnded(std::chrono::milliseconds wait) const {
          (console.empty() ? "" : "; the guest's console ended with:\n" + os::tailOf(console, 300));
 }
 
+Result<Qmp*> Vm::session(Monitor& monitor, std::chrono::steady_clock::time_point deadline) {
+  if (monitor.qmp) {
+    monitor.qmp->setDeadline(deadline);
+    return &*monitor.qmp;
+  }
+  Qmp qmp(monitor.fd.get(), deadline);
+  MOAT_TRY(qmp.open());
+  monitor.qmp.emplace(std::move(qmp));
+  return &*monitor.qmp;
+}
+
+Status Vm::forwardPort(uint16_t port, std::chrono::milliseconds wait) {
+  if (!monitor_) return Error::make(Code::kUnsupported, "a guest started without a monitor forwards no port");
+  std::lock_guard lock(monitor_->mutex);
+  if (monitor_->forwarded.count(port)) return {};
+  // Each forward is a listening socket of QEMU's: a bound few.
+  if (monitor_->forwarded.size() >= kMaxForwardedPorts) {
+    return Error::make(Code::kCapacity, "at most " + std::to_string(kMaxForwardedPorts) +
+                                            " ports of a microVM environment can be reached");
+  }
+  MOAT_ASSIGN(Qmp * qmp, session(*monitor_, std::chrono::steady_clock::now() + wait));
+  const std::string rule = "tcp:127.0.0.1:" + std::to_string(port) + "-" +
+                           os::ipv4ToString(htonl(init::kGuestAddress)) + ":" + std::to_string(port);
+  // An HMP command: QEMU says what went wrong in its answer's text.
+  MOAT_ASSIGN(auto said, qmp->call("human-monitor-command", {{"command-line", "hostfwd_add net " + rule}}));
+  if (said.is_string() && !said.get<std::string>().empty()) {
+    std::string why = said.get<std::string>();
+    while (!why.empty() && (why.back() == '\n' || why.back() == '\r')) why.pop_back();
+    return Error::make(Code::kToolFailed, "QEMU did not forward port " + std::to_string(port) + ": " + why);
+  }
+  monitor_->forwarded.insert(port);
+  return {};
+}
+
 Status Vm::save(int stateFd, std::chrono::milliseconds wait) {
   if (!monitor_) return Error::make(Code::kInvalidArgument, "a guest started without a monitor cannot be saved");
-  Qmp qmp(monitor_.get(), std::chrono::steady_clock::now() + wait);
-  MOAT_TRY(qmp.open());
+  std::unique_lock lock(monitor_->mutex);
+  MOAT_ASSIGN(Qmp * session, Vm::session(*monitor_, std::chrono::steady_clock::now() + wait));
+  Qmp& qmp = *session;
   // As fast as the disk takes it (QEMU's default rate is a network's).
   MOAT_TRY(qmp.call("migrate-set-parameters", {{"max-bandwidth", int64_t{1} << 40}}));
   MOAT_TRY(qmp.call("migrate-set-capabilities",
@@ -448,6 +470,7 @@ Status Vm::save(int stateFd, std::chrono::milliseconds wait) {
     }
   }
   kill();
+  lock.unlock();
   monitor_.reset();
   return {};
 }

@@ -5,11 +5,16 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "backend/microvm/guest_kernel.h"
+#include "backend/microvm/qmp.h"
 #include "common/result.h"
 #include "common/unique_fd.h"
 #include "isolation/cgroup/cgroup.h"
@@ -47,8 +52,8 @@ struct VmSpec {
   std::string hostname;
   // A guest to be saved: moat-init parks before it makes its root
   // (MOAT_GUEST_PARK; storageBytes and pids then come with init::kResume),
-  // and QEMU has a QMP monitor (Vm::save). The same spec with
-  // `incomingState` restores it.
+  // and QEMU has a QMP monitor (Vm::save; Vm::forwardPort needs it too).
+  // The same spec with `incomingState` restores it.
   bool park = false;
   bool monitor = false;
   int incomingState = -1;  // a saved guest's state (read), restored instead of a boot
@@ -67,6 +72,9 @@ inline constexpr int kQemuRootFd = 4;
 inline constexpr int kQemuInitramfsFd = 5;
 inline constexpr int kQemuMonitorFd = 6;   // VmSpec::monitor: QMP
 inline constexpr int kQemuIncomingFd = 7;  // VmSpec::incomingState
+
+// How many of a guest's ports QEMU forwards at most (Vm::forwardPort).
+inline constexpr size_t kMaxForwardedPorts = 64;
 
 // A boot takes seconds on TCG; a guest that has not said Hello by then
 // will not. And how long a write to a guest may wait (its moat-init is the
@@ -158,6 +166,10 @@ class Vm {
   // up to `wait`): the kernel's panic when its console printed one, else
   // how QEMU ended (a signal, an exit status), or that QEMU runs on.
   std::string whyEnded(std::chrono::milliseconds wait) const;
+  // Makes 127.0.0.1:port in QEMU's network namespace lead to the guest's
+  // `port` (a forward of QEMU's user-mode network, made once per port;
+  // that namespace's loopback must be up). Needs VmSpec::monitor.
+  Status forwardPort(uint16_t port, std::chrono::milliseconds wait);
 
  private:
   Vm() = default;
@@ -165,7 +177,16 @@ class Vm {
   UniqueFd pidfd_;
   UniqueFd control_;
   UniqueFd console_;  // the console log, as moat made it
-  UniqueFd monitor_;  // QMP (VmSpec::monitor)
+  // QMP (VmSpec::monitor): one session, opened at its first use.
+  struct Monitor {
+    std::mutex mutex;
+    UniqueFd fd;
+    std::optional<Qmp> qmp;
+    std::set<uint16_t> forwarded;
+  };
+  // The monitor's session, opened if need be; its mutex held.
+  static Result<Qmp*> session(Monitor& monitor, std::chrono::steady_clock::time_point deadline);
+  std::unique_ptr<Monitor> monitor_;
 };
 
 }  // namespace moat::backend::microvm
