@@ -16,9 +16,10 @@ std::string labelValue(const std::string& s) {
 
 std::string poolLabels(const manager::WarmPool& p) {
   char numbers[160];
-  std::snprintf(numbers, sizeof numbers, "\",cpus=\"%g\",ram_mb=\"%llu\",storage_gb=\"%g\",pids=\"%llu\"}", p.cpus,
+  std::snprintf(numbers, sizeof numbers, "\",cpus=\"%g\",ram_mb=\"%llu\",storage_gb=\"%g\",pids=\"%llu\"", p.cpus,
                 static_cast<unsigned long long>(p.ramMb), p.storageGb, static_cast<unsigned long long>(p.pids));
-  return "{template=\"" + labelValue(p.templateName) + numbers;
+  return "{template=\"" + labelValue(p.templateName) + numbers + ",isolation=\"" +
+         backend::isolationName(p.isolation.value_or(backend::Isolation::kNamespaces)) + "\"}";
 }
 
 }  // namespace

@@ -128,14 +128,12 @@ HttpResponse Api::proxyToPort(const HttpRequest& req, const std::string& id, con
   if (admitted.refusal) return errorResponse(*admitted.refusal);
   auto hold = std::move(admitted.hold);
   auto upstream = networks_.connectToPort(id, forward.port, options_.portLimits.connect);
-  const bool unreachable =
-      !upstream.ok() && (upstream.error().code == Code::kRefused || upstream.error().code == Code::kTimeout ||
-                         upstream.error().code == Code::kSyscall);
-  if (!upstream.ok() && !unreachable) {
-    // A preview's environment that ended is no preview (its end revokes it).
-    if (!previewId.empty()) return errorResponse({404, "not_found", kNoPreview, ""});
-    return errorResponse(fromError(upstream.error()));
-  }
+  const Code failed = upstream.ok() ? Code::kInternal : upstream.error().code;
+  const bool unreachable = failed == Code::kRefused || failed == Code::kTimeout || failed == Code::kSyscall;
+  const bool ended = failed == Code::kConflict || failed == Code::kNotFound || failed == Code::kGone;
+  // A preview's environment that ended is no preview (its end revokes it).
+  if (!upstream.ok() && ended && !previewId.empty()) return errorResponse({404, "not_found", kNoPreview, ""});
+  if (!upstream.ok() && !unreachable) return errorResponse(fromError(upstream.error()));
   if (!upstream.ok()) {
     data["status"] = 502;
     data["error"] = upstream.error().message();

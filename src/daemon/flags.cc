@@ -30,8 +30,8 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
   --listen HOST:PORT      TCP address (default 127.0.0.1:7070; port 0 picks one)
   --warm-pool N[:SPEC]    keep N environments ready (default 0): of the default
                           spec, or of SPEC, key=value pairs (template, cpus,
-                          ram_mb, storage_gb, pids) joined by commas; repeatable,
-                          one pool per (template, spec)
+                          ram_mb, storage_gb, pids, isolation) joined by
+                          commas; repeatable, one pool per (template, spec)
   --max-environments N    at most N environments at once, warm ones included
                           (1 to 100000, default 256); more is 429 capacity
   --max-connections N     at most N client connections at once (1 to 100000,
@@ -276,10 +276,20 @@ Result<DaemonFlags> parseDaemonFlags(const std::vector<std::string>& args, const
     }
     MOAT_TRY(flag->apply(value, f, hostMemoryMb));
   }
-  // A pool's environments are the namespace backend's, and a create that
-  // names no isolation would never claim one.
-  if (f.manager.defaultIsolation == backend::Isolation::kMicroVm && !f.manager.warmPools.empty()) {
-    return invalid("--warm-pool keeps namespace environments ready: not with --isolation microvm");
+  // A pool of microVMs (named, or moatd's default) must be one a create
+  // could make: refills would fail for good otherwise.
+  for (const auto& pool : f.manager.warmPools) {
+    if (pool.isolation.value_or(f.manager.defaultIsolation) != backend::Isolation::kMicroVm) continue;
+    if (pool.templateName == "host") {
+      return invalid(
+          "--warm-pool of microVMs needs template=DIR or a template's name (the host's own tree is not "
+          "made into an image)");
+    }
+    const uint64_t ram = pool.ramMb ? pool.ramMb : f.manager.defaultRamMb;
+    if (ram < backend::kMicroVmMinMemoryMb) {
+      return invalid("--warm-pool of microVMs needs ram_mb of at least " +
+                     std::to_string(backend::kMicroVmMinMemoryMb));
+    }
   }
   return f;
 }

@@ -240,6 +240,11 @@ int main(int argc, char** argv) {
     if (config.defaultIsolation == backend::Isolation::kMicroVm && !microvm.host().available) {
       return failEarly("--isolation microvm: this host runs no microVMs: " + microvm.host().missing);
     }
+    for (const auto& pool : config.warmPools) {
+      if (pool.isolation == backend::Isolation::kMicroVm && !microvm.host().available) {
+        return failEarly("--warm-pool ...,isolation=microvm: this host runs no microVMs: " + microvm.host().missing);
+      }
+    }
     manager::EnvironmentManager manager(config, *store.value(), backend, auditLog->get());
     manager.setEgress(egress.get());
     manager.setTemplates({[&catalog](const std::string& name) -> Result<manager::TemplateDefaults> {

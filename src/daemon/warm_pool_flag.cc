@@ -12,7 +12,7 @@ using api::SpecFields;
 using nlohmann::json;
 
 Result<manager::WarmPool> parseWarmPoolFlag(const std::string& value, double maxRamMb) {
-  const std::string form = "N or N:key=value,... (keys template, cpus, ram_mb, storage_gb, pids)";
+  const std::string form = "N or N:key=value,... (keys template, cpus, ram_mb, storage_gb, pids, isolation)";
   manager::WarmPool pool;
   const size_t colon = value.find(':');
   const std::string count = value.substr(0, colon);
@@ -55,7 +55,10 @@ Result<manager::WarmPool> parseWarmPoolFlag(const std::string& value, double max
     spec[key] = parsed.is_discarded() ? json(text) : parsed;
   }
   SpecFields fields;
-  if (auto e = api::specFields(spec, "", maxRamMb, fields)) return Error::make(Code::kInvalidArgument, e->message);
+  if (auto e = api::specFields(spec, "", maxRamMb, fields, true)) {
+    return Error::make(Code::kInvalidArgument, e->message);
+  }
+  pool.isolation = fields.isolation;
   pool.cpus = fields.cpus;
   pool.ramMb = fields.ramMb;
   pool.storageGb = fields.storageGb;

@@ -51,6 +51,9 @@ int main(int argc, char** argv) {
     // Every program the guest starts answers to the gate, as in a
     // namespace environment.
     moat::init::Supervisor supervisor(controlFd, true, -1, true);
+    // moatd may restart while QEMU and the guest live on: the next one
+    // connects again (docs/MICROVM.md, "Lifetime").
+    supervisor.keepPortAcrossHosts();
     int code = supervisor.run();
     moat::os::powerOff();
     return code;

@@ -40,6 +40,10 @@ enum class MsgType : uint8_t {
   kExecVerdict = 8,
   kExecPolicy = 9,
   kResume = 10,  // a parked guest's identity and limits (GuestResume), once
+  // A microVM host that connected again (a moatd restart): a nonce, which
+  // the guest sends back as kReattached, then its Hello. What the last host
+  // left unread may come before it; the host skips to the nonce.
+  kReattach = 11,
   kFile = 16,
   // init -> client
   kHello = 64,
@@ -50,7 +54,8 @@ enum class MsgType : uint8_t {
   kStdinTaken = 69,
   kExecCheck = 70,
   kExecReport = 71,
-  kParked = 72,  // a guest booted with MOAT_GUEST_PARK waits for kResume (no payload)
+  kParked = 72,      // a guest booted with MOAT_GUEST_PARK waits for kResume (no payload)
+  kReattached = 73,  // kReattach's nonce, back; Hello follows
   kFileResult = 80,
   kProtocolError = 81,
 };

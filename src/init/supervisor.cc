@@ -48,6 +48,7 @@ constexpr size_t kReportsWhileAlone = 4096;  // kept while no client is connecte
 constexpr size_t kImageBytes = 9u << 20;     // of a new program's argv: more than any exec takes
 constexpr size_t kShownBytes = 16u << 10;    // of an argv in a report
 constexpr size_t kAskBytes = 64u << 10;      // of an argv a person is asked about
+constexpr uint64_t kPortPollMs = 100;        // a guest's port without a host: looked at this often
 
 }  // namespace
 
@@ -282,7 +283,7 @@ void Supervisor::flush() {
 }
 
 void Supervisor::disconnect() {
-  if (rendezvous_ < 0) {
+  if (rendezvous_ < 0 && !portMode_) {
     running_ = false;  // the client is gone: nothing may outlive it
     return;
   }
@@ -293,12 +294,27 @@ void Supervisor::disconnect() {
     p.limit = OutputCredit::kUnlimited;
     p.limited = true;
   }
-  if (control_ >= 0) ::close(control_);
+  if (portMode_ && control_ >= 0) {
+    port_ = control_;  // kept open: a port opens once
+  } else if (control_ >= 0) {
+    ::close(control_);
+  }
   control_ = -1;
   reader_ = FrameReader();
   outbox_.clear();
   // Questions the client will never answer: refused, as anything not judged is.
   refusePendingExecs();
+}
+
+void Supervisor::awaitHostAgain() {
+  // A port without a host polls as hung up (no wake-up on its return):
+  // looked at on each turn of the loop, at least every kPortPollMs.
+  pollfd p{port_, POLLIN, 0};
+  if (::poll(&p, 1, 0) < 0 || (p.revents & (POLLHUP | POLLERR | POLLNVAL))) return;
+  control_ = port_;
+  port_ = -1;
+  // The host speaks first (kReattach); what it wrote to the last one's
+  // connection is gone with it.
 }
 
 void Supervisor::adoptConnection() {
@@ -389,6 +405,7 @@ int Supervisor::run() {
   send(MsgType::kHello, Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode());
 
   while (running_) {
+    if (port_ >= 0) awaitHostAgain();
     if (!reports_.empty() && nowUs() - reportsSinceUs_ >= kReportDelayUs) releaseReports();
     flush();
     if (!running_) break;
@@ -524,6 +541,15 @@ void Supervisor::handleFrame(const Frame& frame) {
     case MsgType::kShutdown:
       running_ = false;
       return;
+    case MsgType::kReattach: {
+      // Before anything else this connection gets: frames made for the
+      // host that went are dropped; reports of programs that ran meanwhile
+      // follow the Hello.
+      outbox_.clear();
+      outbox_ += encodeFrame(MsgType::kReattached, frame.payload.substr(0, 64));
+      outbox_ += encodeFrame(MsgType::kHello, Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode());
+      return;
+    }
     case MsgType::kExecPolicy: {
       auto req = ExecPolicy::decode(frame.payload);
       if (!req.ok()) {
@@ -785,6 +811,10 @@ int Supervisor::pollTimeoutMs() const {
   uint64_t next = reports_.empty() || control_ < 0 ? 0 : reportsSinceUs_ + kReportDelayUs;
   for (const auto& [id, p] : processes_) {
     if (p.deadlineUs && !p.timedOut && p.exitStatus < 0 && (next == 0 || p.deadlineUs < next)) next = p.deadlineUs;
+  }
+  if (port_ >= 0) {
+    const uint64_t watch = nowUs() + kPortPollMs * 1000;
+    if (next == 0 || watch < next) next = watch;
   }
   if (next == 0) return -1;
   uint64_t now = nowUs();

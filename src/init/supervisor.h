@@ -34,6 +34,11 @@ class Supervisor {
   // gateExec: every exec in the environment is handed to this loop first
   // (os::installExecListener) and goes on as the client's ExecPolicy says.
   Supervisor(int controlFd, bool isPidOne, int rendezvousFd = -1, bool gateExec = false);
+  // A microVM guest's control port (virtio-serial, which opens once): when
+  // its host goes (moatd stops or restarts; QEMU lives on), every process
+  // keeps running and the port is watched until a host is connected again,
+  // who sends kReattach. Before run().
+  void keepPortAcrossHosts() { portMode_ = true; }
   // statfs of the environment's root answers with the volume's qgroup limit
   // and usage (init/disk_view.h). Before run().
   void showDiskLimit(os::QgroupCounters counters) { diskCounters_ = std::move(counters); }
@@ -113,6 +118,9 @@ class Supervisor {
 
   void disconnect();
   void adoptConnection();
+  // portMode_: takes the port back as the control connection once a host
+  // is connected to it again.
+  void awaitHostAgain();
   // Reads what the client wrote (one read, or with `drain` until nothing
   // more waits, 4 MiB at most) and handles each whole frame.
   void readClient(bool drain);
@@ -158,6 +166,8 @@ class Supervisor {
   int control_;
   bool pidOne_;
   int rendezvous_;
+  bool portMode_ = false;
+  int port_ = -1;  // portMode_: the control port while no host is connected (control_ is then -1)
   bool running_ = true;
   UniqueFd signalFd_;
   FrameReader reader_;

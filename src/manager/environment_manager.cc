@@ -53,8 +53,9 @@ ManagerConfig resolved(ManagerConfig config) {
     if (p.ramMb == 0) p.ramMb = config.defaultRamMb;
     if (p.storageGb <= 0) p.storageGb = config.defaultStorageGb;
     if (p.pids == 0) p.pids = config.defaultPids;
+    if (!p.isolation) p.isolation = config.defaultIsolation;
     auto same = std::find_if(pools.begin(), pools.end(), [&](const WarmPool& q) {
-      return q.keeps(p.templateName, p.cpus, p.ramMb, p.storageGb, p.pids);
+      return q.keeps(p.templateName, p.cpus, p.ramMb, p.storageGb, p.pids, *p.isolation);
     });
     if (same == pools.end()) {
       pools.push_back(p);
@@ -143,10 +144,8 @@ Status EnvironmentManager::recoverAfterRestart() {
       if (running.count(r.id)) (void)backend_.destroy(r.id);
       const EnvironmentState state =
           r.state == EnvironmentState::kDestroying ? EnvironmentState::kGone : EnvironmentState::kFailed;
-      const std::string reason = r.state == EnvironmentState::kDestroying ? r.reason
-                                 : r.isolation == backend::isolationName(backend::Isolation::kMicroVm)
-                                     ? "moatd restarted: a microVM environment ends with the moatd that ran it"
-                                     : "moatd restarted and the environment was gone";
+      const std::string reason =
+          r.state == EnvironmentState::kDestroying ? r.reason : "moatd restarted and the environment was gone";
       (void)store_.setState(r.id, state, reason);
       audit_.record("environment.destroyed", r.id, "moatd", {{"reason", reason}, {"state", stateName(state)}});
       continue;
@@ -322,9 +321,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   record.createdAtMs = nowMs();
   int64_t ttl = request.ttlS > 0 ? request.ttlS : config_.defaultTtlS;
   record.expiresAtMs = record.createdAtMs + ttl * 1000;
-  // A warm environment of exactly this template and spec: a claim.
-  // Warm pools hold namespace environments only.
-  if (auto warm = from || isolation != backend::Isolation::kNamespaces ? std::nullopt : poolFor(record)) {
+  // A warm environment of exactly this template, spec and isolation: a claim.
+  if (auto warm = from ? std::nullopt : poolFor(record)) {
     if (auto taken = pools_.take(*warm, nowMs())) {
       ReadyEnvironment ready = std::move(*taken);
       record.id = ready.id;

@@ -29,11 +29,13 @@ void EnvironmentManager::poolLoop() {
 
 backend::Spec EnvironmentManager::poolSpec(size_t pool) const {
   const WarmPool& p = pools_.pools()[pool];
-  return specFor(p.templateName, p.cpus, p.ramMb, p.storageGb, p.pids);
+  return specFor(p.templateName, p.cpus, p.ramMb, p.storageGb, p.pids,
+                 p.isolation.value_or(backend::Isolation::kNamespaces));
 }
 
 std::optional<size_t> EnvironmentManager::poolFor(const store::EnvironmentRecord& record) const {
-  return pools_.poolFor(record.templateName, record.cpus, record.ramMb, record.storageGb, record.pids);
+  return pools_.poolFor(record.templateName, record.cpus, record.ramMb, record.storageGb, record.pids,
+                        backend::isolationNamed(record.isolation).value_or(backend::Isolation::kNamespaces));
 }
 
 void EnvironmentManager::refillPool() {

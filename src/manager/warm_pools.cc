@@ -9,9 +9,9 @@ constexpr int64_t kBackOffMs = 5000;  // after a failed refill, that pool's next
 }
 
 std::optional<size_t> WarmPools::poolFor(const std::string& templ, double cpus, uint64_t ramMb, double storageGb,
-                                         uint64_t pids) const {
+                                         uint64_t pids, backend::Isolation isolation) const {
   for (size_t i = 0; i < pools_.size(); ++i) {
-    if (pools_[i].keeps(templ, cpus, ramMb, storageGb, pids)) return i;
+    if (pools_[i].keeps(templ, cpus, ramMb, storageGb, pids, isolation)) return i;
   }
   return std::nullopt;
 }

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/backend.h"
 #include "manager/init_connection.h"
 
 namespace moat::manager {
@@ -21,10 +22,13 @@ struct WarmPool {
   uint64_t ramMb = 0;
   double storageGb = 0;
   uint64_t pids = 0;
+  // Unset: moatd's default isolation (resolved with the resources).
+  std::optional<backend::Isolation> isolation;
   size_t size = 0;
   // Whether an environment of this template and spec is one this pool keeps.
-  bool keeps(const std::string& templ, double c, uint64_t ram, double storage, uint64_t p) const {
-    return templ == templateName && c == cpus && ram == ramMb && storage == storageGb && p == pids;
+  bool keeps(const std::string& templ, double c, uint64_t ram, double storage, uint64_t p, backend::Isolation i) const {
+    return templ == templateName && c == cpus && ram == ramMb && storage == storageGb && p == pids &&
+           i == isolation.value_or(backend::Isolation::kNamespaces);
   }
 };
 
@@ -55,8 +59,8 @@ class WarmPools {
   }
   const std::vector<WarmPool>& pools() const { return pools_; }  // never changes
   // The pool that keeps environments of exactly this template and spec.
-  std::optional<size_t> poolFor(const std::string& templ, double cpus, uint64_t ramMb, double storageGb,
-                                uint64_t pids) const;
+  std::optional<size_t> poolFor(const std::string& templ, double cpus, uint64_t ramMb, double storageGb, uint64_t pids,
+                                backend::Isolation isolation) const;
 
   // The first pool short of its size (ready and being made) and not backing
   // off at `nowMs`.

@@ -25,6 +25,15 @@ class FileLock {
   static Result<FileLock> tryAcquire(const std::string& path);
   bool held() const { return fd_.valid(); }
   const std::string& path() const { return path_; }
+  // The locked file's descriptor: a process that inherits a copy holds the
+  // lock as long as it keeps it (flock belongs to the open file).
+  int fd() const { return fd_.get(); }
+  // Lets go of this copy only, keeping the file: the lock stays held by
+  // whoever holds another copy of fd() (a process that outlives this one).
+  void leaveToOtherHolders() {
+    fd_.reset();
+    path_.clear();
+  }
 
  private:
   void release();

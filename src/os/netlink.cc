@@ -434,8 +434,8 @@ Result<UniqueFd> openUdpSocket(int netnsFd, uint32_t addr, uint16_t port) {
   return openInetSocketIn(netnsFd, SOCK_DGRAM, addr, port);
 }
 
-Result<UniqueFd> connectLoopbackIn(int netnsFd, uint16_t port, std::chrono::milliseconds timeout) {
-  const std::string what = "127.0.0.1:" + std::to_string(port) + " in the environment's network";
+Result<UniqueFd> connectLoopbackIn(int netnsFd, uint16_t port, std::chrono::milliseconds timeout, uint32_t address) {
+  const std::string what = ipv4ToString(htonl(address)) + ":" + std::to_string(port) + " in the environment's network";
   UniqueFd fd;
   MOAT_TRY(inNetworkNamespace(netnsFd, [&]() -> Status {
     fd = UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
@@ -444,7 +444,7 @@ Result<UniqueFd> connectLoopbackIn(int netnsFd, uint16_t port, std::chrono::mill
   }));
   sockaddr_in sin{};
   sin.sin_family = AF_INET;
-  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sin.sin_addr.s_addr = htonl(address);
   sin.sin_port = htons(port);
   if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&sin), sizeof sin) == 0) return fd;
   if (errno == ECONNREFUSED) return Error::make(Code::kRefused, "nothing listens on " + what);

@@ -97,6 +97,9 @@ Result<UniqueFd> openUdpSocket(int netnsFd, uint32_t addr, uint16_t port);
 // the namespace it was made in), and connects from its own, within
 // `timeout`. Non-blocking, close-on-exec. Error code "refused" when nothing
 // listens there, "timeout" when no answer came in time.
-Result<UniqueFd> connectLoopbackIn(int netnsFd, uint16_t port, std::chrono::milliseconds timeout);
+// `address` (host byte order) is another of the namespace's loopback
+// addresses (127.0.0.2, say).
+Result<UniqueFd> connectLoopbackIn(int netnsFd, uint16_t port, std::chrono::milliseconds timeout,
+                                   uint32_t address = 0x7f000001);
 
 }  // namespace moat::os

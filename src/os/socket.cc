@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -100,17 +101,37 @@ void drainBeforeClose(int socket, std::chrono::milliseconds idle, std::chrono::s
   }
 }
 
-Result<UniqueFd> connectUnixStream(const std::string& path) {
+namespace {
+
+// A unix stream socket (close-on-exec) and the address of `path`.
+Result<std::pair<UniqueFd, sockaddr_un>> unixStreamFor(const std::string& path) {
   struct sockaddr_un addr {};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof addr.sun_path) return Error::fromErrno("socket path " + path, ENAMETOOLONG);
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) return Error::fromErrno("socket");
+  return std::make_pair(std::move(fd), addr);
+}
+
+}  // namespace
+
+Result<UniqueFd> listenUnixStream(const std::string& path, int backlog) {
+  MOAT_ASSIGN(auto made, unixStreamFor(path));
+  auto& [fd, addr] = made;
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return Error::fromErrno("bind " + path);
+  if (::chmod(path.c_str(), 0600) != 0) return Error::fromErrno("chmod " + path);
+  if (::listen(fd.get(), backlog) != 0) return Error::fromErrno("listen " + path);
+  return std::move(fd);
+}
+
+Result<UniqueFd> connectUnixStream(const std::string& path) {
+  MOAT_ASSIGN(auto made, unixStreamFor(path));
+  auto& [fd, addr] = made;
   while (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     if (errno != EINTR) return Error::fromErrno("connect " + path);
   }
-  return fd;
+  return std::move(fd);
 }
 
 }  // namespace moat::os

@@ -32,6 +32,10 @@ Status setSendTimeout(int socket, std::chrono::milliseconds timeout);
 // A stream connection to the unix socket at `path` (close-on-exec).
 Result<UniqueFd> connectUnixStream(const std::string& path);
 
+// A unix stream socket listening at `path` (made here, mode 0600 as the
+// umask allows; close-on-exec), with room for `backlog` connections.
+Result<UniqueFd> listenUnixStream(const std::string& path, int backlog);
+
 // For a connection about to be closed after its final answer while the peer
 // may still be sending its request (a body never read): ends the sending
 // side, then reads and drops what arrives until the peer closes, `idle`

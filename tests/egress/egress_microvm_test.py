@@ -20,6 +20,7 @@ kernel and busybox-static (make deps installs them: their absence fails).
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -181,8 +182,9 @@ class MicroVmEgressTest(base.MoatdCase):
         # Nothing listens on another port: an error, never another server.
         status, body = self.moatd.call("GET", f"/v1/environments/{e.id}/ports/8081/")
         self.assertEqual(status, 502, body)
-        # QEMU's loopback now holds the forward; from the guest it leads to
-        # the guest's own server, and to nothing of the host's.
+        # QEMU's loopback now holds the forward (on 127.0.0.2): the guest's
+        # 10.0.2.2 (QEMU's 127.0.0.1) leads neither to it nor to the host's.
+        self.assert_reaches_nothing(e, f"http://{QEMU_HOST_ALIAS}:8080/hello.txt")
         self.assert_reaches_nothing(e, f"http://{QEMU_HOST_ALIAS}:{HOST_SERVICE_PORT}/")
         # The forward listens on QEMU's loopback alone: from the egress
         # side, the environment's address has no such port.
@@ -194,6 +196,70 @@ class MicroVmEgressTest(base.MoatdCase):
                                 "import socket,sys\ns=socket.socket(); s.settimeout(3)\n"
                                 f"sys.exit(7 if s.connect_ex(('{address}', 8080)) else 0)"], capture_output=True)
         self.assertEqual(probe.returncode, 7, f"the egress namespace reached {address}:8080: {probe.stderr}")
+
+    def qemu_of(self, env):
+        """The pid of the QEMU that holds the environment's files open."""
+        mark = f"/microvm/vms/{env.id}/"
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+                if any(mark in os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds):
+                    with open(f"/proc/{pid}/comm") as f:
+                        if f.read().startswith("qemu-system"):
+                            return int(pid)
+            except OSError:
+                continue
+        self.fail(f"no QEMU for {env.id}")
+
+    def get_port(self, env, port, path="/hello.txt", until=None, timeout=20):
+        """GET through the port; with `until`, again (bounded) until that status."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status, body = self.moatd.call("GET", f"/v1/environments/{env.id}/ports/{port}{path}")
+            if until is None or status == until or time.monotonic() > deadline:
+                return status, body
+            time.sleep(0.1)
+
+    def test_a_monitor_that_stalls_does_not_break_later_ports(self):
+        e = self.env()
+        code, _, err = e.sh("mkdir -p /srv && echo hello-from-the-guest > /srv/hello.txt")
+        self.assertEqual(code, 0, err)
+        for port in (8082, 8083, 8084):
+            status, body = self.moatd.call("POST", f"/v1/environments/{e.id}/processes",
+                                           {"cmd": ["httpd", "-f", "-p", str(port), "-h", "/srv"]})
+            self.assertEqual(status, 201, body)
+        self.assertEqual(self.get_port(e, 8084, until=200)[0], 200)  # the monitor's session is open
+        deadline = time.monotonic() + 20  # bounded: until the other two listen too
+        while time.monotonic() < deadline:
+            listening = e.sh("netstat -ltn")[1]
+            if ":8082 " in listening and ":8083 " in listening:
+                break
+            time.sleep(0.1)
+        qemu = self.qemu_of(e)
+        os.kill(qemu, signal.SIGSTOP)  # QEMU answers nothing while stopped
+        try:
+            started = time.monotonic()
+            status, body = self.get_port(e, 8082)
+            self.assertGreaterEqual(status, 500, body)
+            self.assertLess(time.monotonic() - started, 30, "a stalled QEMU held the request")
+        finally:
+            os.kill(qemu, signal.SIGCONT)
+        # The late answer to that forward must not be taken for a later
+        # one's (the port asked for again, then one never asked for): each
+        # serves at its first request.
+        for port in (8082, 8083):
+            status, body = self.get_port(e, port)
+            self.assertEqual((status, body), (200, b"hello-from-the-guest\n"), f"port {port}")
+
+    def test_at_most_64_ports_of_a_guest_are_forwarded(self):
+        e = self.env()
+        for port in range(9000, 9064):  # nothing listens: each forwarded, then 502
+            status, body = self.get_port(e, port, path="/")
+            self.assertEqual(status, 502, f"port {port}: {body}")
+        status, body = self.get_port(e, 9064, path="/")
+        self.assertEqual(status, 429, body)
+        self.assertIn("at most 64 ports", body["error"]["message"])
+        self.assertEqual(self.get_port(e, 9000, path="/")[0], 502, "a forwarded port still answers")
 
     def test_links_go_with_their_environments(self):
         e = self.env(network=allow(API))

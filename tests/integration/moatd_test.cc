@@ -617,8 +617,10 @@ TEST(MoatdWarmPool, EachSpecHasItsOwnPoolAndACreateClaimsOnlyItsOwn) {
   EXPECT_EQ(waitReady(4), 4) << "each pool refills";
   // Per pool (the two small ones are one pool of 3), as resolved.
   auto body = daemon.request("GET", "/metrics").body;
-  const std::string small_ = R"({template="host",cpus="1",ram_mb="256",storage_gb="4",pids="128"})";
-  const std::string default_ = R"({template="host",cpus="1",ram_mb="1024",storage_gb="4",pids="1024"})";
+  const std::string small_ =
+      R"({template="host",cpus="1",ram_mb="256",storage_gb="4",pids="128",isolation="namespaces"})";
+  const std::string default_ =
+      R"({template="host",cpus="1",ram_mb="1024",storage_gb="4",pids="1024",isolation="namespaces"})";
   EXPECT_NE(body.find("\nmoat_warm_pool_ready_by_spec" + small_ + " 3\n"), std::string::npos) << body;
   EXPECT_NE(body.find("\nmoat_warm_pool_ready_by_spec" + default_ + " 1\n"), std::string::npos) << body;
   EXPECT_NE(body.find("\nmoat_warm_pool_claims_by_spec_total" + small_ + " 1\n"), std::string::npos) << body;

@@ -59,7 +59,7 @@ TEST(ApiMetrics, EnvironmentStatesAndPoolsComeFromTheManagersCountersWithLabelsE
   EXPECT_TRUE(has(text, "moat_warm_pool_claims_total 7")) << text;
   EXPECT_TRUE(has(text,
                   "moat_warm_pool_ready_by_spec{template=\"/srv/a \\\"b\\\"\\\\c\\nd\",cpus=\"0.5\",ram_mb=\"256\","
-                  "storage_gb=\"2\",pids=\"64\"} 1"))
+                  "storage_gb=\"2\",pids=\"64\",isolation=\"namespaces\"} 1"))
       << text;
 }
 

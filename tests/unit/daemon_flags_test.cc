@@ -136,8 +136,18 @@ TEST(DaemonFlags, ValuesOutOfRangeAreRefusedByName) {
   EXPECT_EQ(problem({"--microvm-accel", "hvf"}), "invalid_argument: --microvm-accel needs tcg or kvm, not hvf");
   EXPECT_EQ(problem({"--microvm-boot-wait", "0"}),
             "invalid_argument: --microvm-boot-wait needs a number of seconds from 1 to 3600");
+  // A pool of microVMs (its own isolation, or the default) must be one a
+  // create could make.
   EXPECT_EQ(problem({"--isolation", "microvm", "--warm-pool", "2"}),
-            "invalid_argument: --warm-pool keeps namespace environments ready: not with --isolation microvm");
+            "invalid_argument: --warm-pool of microVMs needs template=DIR or a template's name (the host's own tree "
+            "is not made into an image)");
+  EXPECT_EQ(problem({"--warm-pool", "2:isolation=microvm"}),
+            "invalid_argument: --warm-pool of microVMs needs template=DIR or a template's name (the host's own tree "
+            "is not made into an image)");
+  EXPECT_EQ(problem({"--warm-pool", "2:template=/tmp,isolation=microvm,ram_mb=64"}),
+            "invalid_argument: --warm-pool of microVMs needs ram_mb of at least 128");
+  EXPECT_EQ(problem({"--warm-pool", "2:template=/tmp,isolation=vm"}),
+            "invalid_argument: --warm-pool needs isolation: must be \"namespaces\" or \"microvm\"");
 }
 
 TEST(DaemonFlags, IsolationAndAccelSetTheManagersDefaults) {
@@ -154,6 +164,12 @@ TEST(DaemonFlags, IsolationAndAccelSetTheManagersDefaults) {
   EXPECT_EQ(cold->microvmSavedGuests, 0u);
   EXPECT_EQ(problem({"--microvm-saved-guests", "65"}),
             "invalid_argument: --microvm-saved-guests needs a number from 0 to 64");
+  auto pooled = parse(
+      {"--isolation", "microvm", "--warm-pool", "2:template=/tmp,ram_mb=256", "--warm-pool", "1:isolation=namespaces"});
+  ASSERT_TRUE(pooled.ok()) << pooled.error().message();
+  ASSERT_EQ(pooled->manager.warmPools.size(), 2u);
+  EXPECT_FALSE(pooled->manager.warmPools[0].isolation.has_value()) << "moatd's default, resolved by the manager";
+  EXPECT_EQ(pooled->manager.warmPools[1].isolation, backend::Isolation::kNamespaces);
   auto d = parse({});
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->manager.defaultIsolation, backend::Isolation::kNamespaces);

@@ -167,6 +167,23 @@ TEST(QemuArgv, EveryGuestHasOneNicOnQemusUserModeNetworkWithoutIpv6OrForwards) {
   }
 }
 
+// A lasting QEMU (moatd's) accepts its guest protocol and monitor
+// connections on listening descriptors, so that a later moatd connects
+// again; one that is not (moat run's, a guest being saved) gets connected
+// sockets.
+TEST(QemuArgv, ALastingGuestAcceptsItsConnectionsAndAPassingOneIsConnected) {
+  VmSpec spec;
+  spec.kernel.image = "/boot/vmlinuz-x";
+  spec.monitor = true;
+  auto passing = qemuArgv("/usr/bin/qemu", spec);
+  EXPECT_TRUE(has(passing, "socket,id=control,fd=3"));
+  EXPECT_TRUE(has(passing, "socket,id=monitor,fd=6"));
+  spec.lasting = true;
+  auto lasting = qemuArgv("/usr/bin/qemu", spec);
+  EXPECT_TRUE(has(lasting, "socket,id=control,fd=3,server=on,wait=off"));
+  EXPECT_TRUE(has(lasting, "socket,id=monitor,fd=6,server=on,wait=off"));
+}
+
 // A guest to be saved parks (its environment's limits come with Resume,
 // not on the command line) and has a monitor on descriptor 6; a restore
 // reads the saved state from descriptor 7.

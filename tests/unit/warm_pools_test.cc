@@ -51,8 +51,10 @@ TEST(WarmPools, AClaimTakesTheNewestOfItsPoolAndIsCountedOnlyOnceItIsOne) {
     pools.refilling(p);
     pools.refilled(ready(id, p));
   }
-  EXPECT_EQ(pools.poolFor("host", 1, 1024, 4, 1024), 1u);
-  EXPECT_EQ(pools.poolFor("host", 2, 1024, 4, 1024), std::nullopt);
+  EXPECT_EQ(pools.poolFor("host", 1, 1024, 4, 1024, backend::Isolation::kNamespaces), 1u);
+  EXPECT_EQ(pools.poolFor("host", 2, 1024, 4, 1024, backend::Isolation::kNamespaces), std::nullopt);
+  EXPECT_EQ(pools.poolFor("host", 1, 1024, 4, 1024, backend::Isolation::kMicroVm), std::nullopt)
+      << "the same spec in a microVM is another pool's";
   auto taken = pools.take(0, 42);
   ASSERT_TRUE(taken);
   EXPECT_EQ(taken->id, "new");

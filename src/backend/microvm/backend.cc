@@ -95,26 +95,72 @@ MicroVmBackend::MicroVmBackend(std::string stateDir, HostSupport host, std::chro
       bootWait_(bootWait),
       cgroupPrefix_(cgroupPrefixOf(stateDir)),
       saved_(dir_ + "/saved", savedGuests, bootWait, cgroupPrefix_, launcher_) {
-  // Whatever a previous moatd of this state directory left: its VMs died
-  // with it (their cgroups are empty), and its images may be of templates
-  // gone since (they are made again on first use).
-  (void)os::removeTree(dir_);
-  if (auto layout = isolation::cgroup::preparedHostLayout(false); layout.ok()) {
-    isolation::cgroup::removeEmptyNamed(layout.value(), cgroupPrefix_);
+  // What a previous moatd of this state directory left: its images may be
+  // of templates gone since and its saved guests of another moat-init (both
+  // are made again on first use); its guests that QEMU still runs are
+  // adopted (the manager re-attaches them), the rest removed.
+  removeMadeFiles();
+  auto layout = isolation::cgroup::preparedHostLayout(false);
+  adoptGuests(layout);
+  if (layout.ok()) isolation::cgroup::removeEmptyNamed(layout.value(), cgroupPrefix_);
+}
+
+void MicroVmBackend::removeMadeFiles() {
+  (void)os::removeTree(dir_ + "/images");
+  (void)os::removeTree(dir_ + "/saved");
+  (void)::unlink((dir_ + "/initramfs").c_str());
+}
+
+void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout) {
+  const std::string vms = dir_ + "/vms";
+  auto names = os::listDir(vms);
+  if (!names.ok()) return;  // none yet
+  for (const auto& id : names.value()) {
+    const std::string dir = vms + "/" + id;
+    auto adopted = [&]() -> Result<std::shared_ptr<Guest>> {
+      if (!layout.ok()) return layout.error();
+      auto guest = std::make_shared<Guest>();
+      guest->dir = dir;
+      MOAT_ASSIGN(auto cgroup, isolation::cgroup::Cgroup::open(layout.value(), cgroupPrefix_ + id));
+      guest->cgroup = std::make_unique<isolation::cgroup::Cgroup>(std::move(cgroup));
+      // Its QEMU joined it alone (a moatd-made cgroup): the one process
+      // there, or it is gone.
+      auto pids = guest->cgroup->processes();
+      if (pids.size() != 1) {
+        guest->cgroup->killAll();
+        return Error::make(Code::kNotFound, "its QEMU is gone");
+      }
+      MOAT_ASSIGN(Vm vm, Vm::adopt(dir, pids[0]));
+      guest->vm.emplace(std::move(vm));
+      return guest;
+    }();
+    if (adopted.ok()) {
+      std::lock_guard lock(mutex_);
+      guests_[id] = std::move(adopted.value());
+      continue;
+    }
+    std::fprintf(stderr, "moatd: microVM %s of the last moatd is not adopted (removed): %s\n", id.c_str(),
+                 adopted.error().message().c_str());
+    (void)os::removeTree(dir);
   }
 }
 
 MicroVmBackend::~MicroVmBackend() {
+  // Its guests run on for the next moatd, as the spawner's environments
+  // do: a stop that ends them destroys each (the manager does, unless it
+  // was detached), and the next moatd destroys those nobody recorded.
   std::map<std::string, std::shared_ptr<Guest>> guests;
   {
     std::lock_guard lock(mutex_);
     guests.swap(guests_);
   }
   for (auto& [id, guest] : guests) {
-    if (guest->vm) guest->vm->kill();
+    if (guest->vm) guest->vm->leaveRunning();
+    if (guest->cgroup) guest->cgroup->leaveInPlace();
+    if (guest->ids) guest->ids->lock.leaveToOtherHolders();  // QEMU holds the range
   }
-  guests.clear();  // each reaped
-  (void)os::removeTree(dir_);
+  guests.clear();
+  removeMadeFiles();
 }
 
 Result<std::string> MicroVmBackend::initramfs() {
@@ -199,6 +245,9 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
   vm.gid = guest->ids->map.hostBase;
   vm.hostname = spec.id;
   vm.monitor = true;  // ports are forwarded through it
+  // It outlives this moatd (a restart re-attaches) and holds its id range.
+  vm.lasting = true;
+  vm.holdFd = guest->ids->lock.fd();
   // Restored from the saved guest of this template and machine, else
   // booted (docs/MICROVM.md, "Saved guests").
   auto saved = saved_.take(vm, spec.id);
@@ -301,7 +350,13 @@ std::string MicroVmBackend::whyEnded(const std::string& id) {
   return guest->vm->whyEnded(std::chrono::milliseconds(500));
 }
 
-Result<UniqueFd> MicroVmBackend::attach(const std::string& id) { return notYet("re-attaching to environment " + id); }
+Result<UniqueFd> MicroVmBackend::attach(const std::string& id) {
+  auto guest = find(id);  // held: its Vm is not reaped while this runs
+  if (!guest || !guest->vm) return Error::make(Code::kNotFound, "no microVM environment " + id);
+  MOAT_ASSIGN(UniqueFd control, guest->vm->reattach(kGuestReattachWait));
+  MOAT_TRY(os::setSendTimeout(control.get(), kGuestSendWait));
+  return control;
+}
 
 Result<std::vector<std::string>> MicroVmBackend::list() {
   std::lock_guard lock(mutex_);
@@ -353,13 +408,18 @@ Result<UniqueFd> MicroVmBackend::connectPort(const std::string& id, uint16_t por
   // (docs/MICROVM.md, "Ports").
   MOAT_ASSIGN(UniqueFd netns, networkNamespace(id));
   auto guest = find(id);  // held: its Vm is not reaped while this runs
-  if (!guest || !guest->vm) return Error::make(Code::kConflict, "microVM environment " + id + " is not running");
+  Vm* vm = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    if (guest && guest->vm) vm = &*guest->vm;
+  }
+  if (!vm) return Error::make(Code::kConflict, "microVM environment " + id + " is not running");
   {
     MOAT_ASSIGN(auto netlink, os::Netlink::open(netns.get()));
     MOAT_TRY(netlink.setLinkUp("lo"));
   }
-  MOAT_TRY(guest->vm->forwardPort(port, std::max(timeout, std::chrono::milliseconds(5000))));
-  return os::connectLoopbackIn(netns.get(), port, timeout);
+  MOAT_TRY(vm->forwardPort(port, std::max(timeout, std::chrono::milliseconds(5000))));
+  return os::connectLoopbackIn(netns.get(), port, timeout, kForwardAddress);
 }
 
 Result<uint32_t> MicroVmBackend::snapshot(const std::string&, const std::string&) { return notYet("a snapshot"); }

@@ -43,7 +43,7 @@ class MicroVmBackend final : public Backend {
   // create boots.
   MicroVmBackend(std::string stateDir, HostSupport host, std::chrono::seconds bootWait = kGuestBootWait,
                  size_t savedGuests = kMaxSavedGuests);
-  ~MicroVmBackend() override;  // ends every VM
+  ~MicroVmBackend() override;  // leaves every VM running (for the next moatd)
 
   const HostSupport& host() const { return host_; }
 
@@ -73,6 +73,11 @@ class MicroVmBackend final : public Backend {
   // sends Resume) and waits for the guest's Hello.
   Status run(Guest& guest, const VmSpec& vm, const Spec& spec);
   Result<std::string> initramfs();
+  // The images, saved guests and initramfs this process made (or the last).
+  void removeMadeFiles();
+  // The guests of the last moatd of this state directory that QEMU still
+  // runs (their directories in vms/, their cgroups with QEMU in them).
+  void adoptGuests(const Result<isolation::cgroup::Layout>& layout);
   std::shared_ptr<Guest> take(const std::string& id);
   std::shared_ptr<Guest> find(const std::string& id);
 

@@ -37,11 +37,14 @@ Status Qmp::open() {
 }
 
 Result<nlohmann::json> Qmp::call(const std::string& command, const nlohmann::json& arguments, int fd) {
-  nlohmann::json request = {{"execute", command}};
+  const int64_t id = ++nextId_;
+  nlohmann::json request = {{"execute", command}, {"id", id}};
   if (!arguments.is_null()) request["arguments"] = arguments;
   MOAT_TRY(os::sendWithFd(socket_, request.dump() + "\n", fd));
   for (;;) {
     MOAT_ASSIGN(auto message, nextMessage());
+    const bool answer = message.contains("return") || message.contains("error");
+    if (answer && (!message.contains("id") || message["id"] != id)) continue;  // a late one
     if (message.contains("return")) return message["return"];
     if (message.contains("error")) {
       const auto& error = message["error"];

@@ -22,7 +22,8 @@ class Qmp {
   // Reads the greeting and enters command mode (qmp_capabilities).
   Status open();
   // Runs `command` with `arguments` (and `fd` attached, for getfd): its
-  // "return", or an error naming QEMU's. Events before it are kept.
+  // "return", or an error naming QEMU's. Events before it are kept; the
+  // answer to an earlier command that timed out is skipped (by its id).
   Result<nlohmann::json> call(const std::string& command, const nlohmann::json& arguments = nullptr, int fd = -1);
   // The "data" of the next event named `name` (those before it dropped).
   Result<nlohmann::json> awaitEvent(const std::string& name);
@@ -34,6 +35,7 @@ class Qmp {
   std::chrono::steady_clock::time_point deadline_;
   std::string buffer_;
   std::deque<nlohmann::json> events_;  // came before an answer
+  int64_t nextId_ = 0;                 // each command's "id": a late answer to an earlier one is told apart
 };
 
 }  // namespace moat::backend::microvm

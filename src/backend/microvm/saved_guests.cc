@@ -97,6 +97,9 @@ Status SavedGuests::save(const VmSpec& vm, const std::string& id, const std::str
     parked.park = true;
     parked.monitor = true;
     parked.incomingState = -1;
+    // It dies with this moatd (a save is not worth adopting).
+    parked.lasting = false;
+    parked.holdFd = -1;
     if ((vm.uid != 0 || vm.gid != 0) && ::chown(scratch.c_str(), vm.uid, vm.gid) != 0) {
       return Error::fromErrno("chown " + scratch);
     }

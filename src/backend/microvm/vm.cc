@@ -22,7 +22,9 @@
 
 #include "backend/microvm/initramfs.h"
 #include "backend/microvm/qmp.h"
+#include "common/hex.h"
 #include "init/guest.h"
+#include "init/protocol.h"
 #include "isolation/caps/capabilities.h"
 #include "os/file.h"
 #include "os/netlink.h"
@@ -195,7 +197,7 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
       "chardev:console", "-kernel", spec.kernel.image, "-initrd", fd(kQemuInitramfsFd), "-append", cmdline, "-drive",
       "id=root,file=" + fd(kQemuRootFd) + ",format=raw,if=none,readonly=on,file.locking=off", "-device",
       "virtio-blk-device,drive=root", "-device", "virtio-serial-device", "-chardev",
-      "socket,id=control,fd=" + std::to_string(kQemuControlFd), "-device",
+      "socket,id=control,fd=" + std::to_string(kQemuControlFd) + (spec.lasting ? ",server=on,wait=off" : ""), "-device",
       std::string("virtserialport,chardev=control,name=") + init::kGuestPortName,
       // The guest's NIC, on QEMU's user-mode network: what the guest sends
       // out, QEMU sends from its own network namespace, which has moatd's
@@ -207,8 +209,10 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
           ",dhcpstart=" + os::ipv4ToString(htonl(init::kGuestAddress)),
       "-device", "virtio-net-device,netdev=net"};
   if (spec.monitor) {
-    for (std::string a : {std::string("-chardev"), "socket,id=monitor,fd=" + std::to_string(kQemuMonitorFd),
-                          std::string("-mon"), std::string("chardev=monitor,mode=control")}) {
+    for (std::string a :
+         {std::string("-chardev"),
+          "socket,id=monitor,fd=" + std::to_string(kQemuMonitorFd) + (spec.lasting ? ",server=on,wait=off" : ""),
+          std::string("-mon"), std::string("chardev=monitor,mode=control")}) {
       argv.push_back(a);
     }
   }
@@ -282,15 +286,27 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   MOAT_ASSIGN(UniqueFd root, os::open(spec.rootImage, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   MOAT_ASSIGN(UniqueFd initrd, os::open(initramfs, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   MOAT_ASSIGN(UniqueFd ruleset, qemuRuleset(spec, qemu, {root.get(), initrd.get()}, vm.console_.get()));
-  MOAT_ASSIGN(auto pair, os::streamSocketPair());
-  vm.control_ = std::move(pair.first);
-  UniqueFd qemuEnd = std::move(pair.second);
+  // QEMU's end of a connection: a connected socket, or for a lasting QEMU
+  // a listening one it accepts on (this moatd's connection waits in its
+  // backlog until QEMU runs).
+  auto connection = [&spec](const char* name, UniqueFd& ours) -> Result<UniqueFd> {
+    if (!spec.lasting) {
+      MOAT_ASSIGN(auto pair, os::streamSocketPair());
+      ours = std::move(pair.first);
+      return std::move(pair.second);
+    }
+    const std::string path = spec.workDir + "/" + name;
+    (void)::unlink(path.c_str());  // a start before in the same private directory (a restore that failed)
+    MOAT_ASSIGN(UniqueFd listening, os::listenUnixStream(path, 1));
+    MOAT_ASSIGN(ours, os::connectUnixStream(path));
+    return listening;
+  };
+  vm.workDir_ = spec.workDir;
+  MOAT_ASSIGN(UniqueFd qemuEnd, connection(kControlSocket, vm.control_));
   UniqueFd qemuMonitor;
   if (spec.monitor) {
-    MOAT_ASSIGN(auto monitorPair, os::streamSocketPair());
     vm.monitor_ = std::make_unique<Monitor>();
-    vm.monitor_->fd = std::move(monitorPair.first);
-    qemuMonitor = std::move(monitorPair.second);
+    MOAT_ASSIGN(qemuMonitor, connection(kMonitorSocket, vm.monitor_->fd));
   }
   auto argv = qemuArgv(qemu, spec);
   const int console = vm.console_.get();
@@ -299,14 +315,15 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   args.push_back(nullptr);
   MOAT_ASSIGN(UniqueFd devNull, os::open("/dev/null", O_RDWR | O_CLOEXEC));
   const pid_t parent = ::getpid();
-  // A guest being saved writes its state too (through a descriptor given
-  // to its monitor): as much as its RAM, and its console is moat-init's
-  // alone until then.
-  const rlim_t fileLimit = spec.monitor ? static_cast<rlim_t>((spec.memoryMb + 64) << 20) : kConsoleBytes;
+  // A guest being saved (parked, not restored) writes its state too
+  // (through a descriptor given to its monitor): as much as its RAM, and
+  // its console is moat-init's alone until then.
+  const bool saving = spec.park && spec.monitor && spec.incomingState < 0;
+  const rlim_t fileLimit = saving ? static_cast<rlim_t>((spec.memoryMb + 64) << 20) : kConsoleBytes;
   const struct rlimit consoleLimit = {fileLimit, fileLimit};
   // Each source is first moved above the targets, so that no dup2 to a
   // target overwrites a source still to be placed.
-  constexpr int kGiven = 8;
+  constexpr int kGiven = 9;
   const int sources[kGiven] = {devNull.get(),
                                devNull.get(),
                                console,
@@ -314,7 +331,9 @@ Result<Vm> Vm::start(const VmSpec& spec) {
                                root.get(),
                                initrd.get(),
                                qemuMonitor ? qemuMonitor.get() : devNull.get(),
-                               spec.incomingState >= 0 ? spec.incomingState : devNull.get()};
+                               spec.incomingState >= 0 ? spec.incomingState : devNull.get(),
+                               spec.holdFd >= 0 ? spec.holdFd : devNull.get()};
+  const bool lasting = spec.lasting;
   pid_t pid = ::fork();
   if (pid < 0) return Error::fromErrno("fork for " + qemu);
   if (pid == 0) {
@@ -353,9 +372,12 @@ Result<Vm> Vm::start(const VmSpec& spec) {
     if (::chdir("/") != 0) ::_exit(125);
     if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(125);
     if (os::landlockRestrictInChild(ruleset.get()) != 0) ::_exit(125);
-    // After the ids: a change of them clears it.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);
+    // After the ids: a change of them clears it. A lasting QEMU lives on
+    // for the next moatd.
+    if (!lasting) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
+    }
     char* noEnvironment[] = {nullptr};
     ::execve(args[0], args.data(), noEnvironment);
     ::_exit(127);
@@ -365,6 +387,54 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   if (!pidfd.ok()) return pidfd.error();  // ~Vm kills it by pid: not reaped yet
   vm.pidfd_ = std::move(pidfd.value());
   return vm;
+}
+
+Result<Vm> Vm::adopt(const std::string& workDir, pid_t pid) {
+  Vm vm;
+  MOAT_ASSIGN(vm.pidfd_, os::pidfdOpen(pid));
+  vm.pid_ = pid;
+  vm.adopted_ = true;
+  vm.workDir_ = workDir;
+  MOAT_ASSIGN(vm.console_, os::open(workDir + "/console.log", O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  const std::string monitor = workDir + "/" + kMonitorSocket;
+  if (::access(monitor.c_str(), F_OK) == 0) {
+    vm.monitor_ = std::make_unique<Monitor>();
+    MOAT_ASSIGN(vm.monitor_->fd, os::connectUnixStream(monitor));
+  }
+  return vm;
+}
+
+Result<UniqueFd> Vm::reattach(std::chrono::milliseconds wait) const {
+  if (workDir_.empty()) return Error::make(Code::kUnsupported, "a QEMU that is not lasting cannot be re-attached");
+  MOAT_ASSIGN(UniqueFd fd, os::connectUnixStream(workDir_ + "/" + kControlSocket));
+  MOAT_ASSIGN(std::string nonce, randomBytes(16));
+  MOAT_TRY(init::writeFrame(fd.get(), init::MsgType::kReattach, nonce));
+  const std::string mark = init::encodeFrame(init::MsgType::kReattached, nonce);
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  // Read a byte at a time up to the mark: what follows it (the Hello) is
+  // the caller's. What the last host left unread is bounded by the
+  // guest's queues; 16 MiB is far beyond them.
+  std::string seen;
+  size_t skipped = 0;
+  while (seen.size() < mark.size() || seen.compare(seen.size() - mark.size(), mark.size(), mark) != 0) {
+    if (skipped > (16u << 20)) return Error::make(Code::kProtocol, "the guest never answered its re-attach");
+    pollfd p{fd.get(), POLLIN, 0};
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    int n = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) {
+      return Error::make(Code::kTimeout,
+                         "the guest did not answer its re-attach within " + std::to_string(wait.count()) + " ms");
+    }
+    char byte;
+    ssize_t got = ::read(fd.get(), &byte, 1);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return Error::make(Code::kEof, "the guest's connection closed during its re-attach");
+    seen += byte;
+    if (seen.size() > 2 * mark.size()) seen.erase(0, seen.size() - mark.size());
+    ++skipped;
+  }
+  return fd;
 }
 
 Status Vm::awaitGuest(std::chrono::milliseconds wait) const {
@@ -391,6 +461,17 @@ Status Vm::awaitGuest(std::chrono::milliseconds wait) const {
 
 std::string Vm::whyEnded(std::chrono::milliseconds wait) const {
   auto status = os::exitStatusOf(pidfd_.get(), static_cast<int>(wait.count()));
+  if (!status && adopted_) {
+    // Not this process's child: whether it ended is all it can tell.
+    pollfd p{pidfd_.get(), POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(wait.count())) == 1) {
+      const std::string console = consoleTail();
+      if (console.find("Kernel panic - ") == std::string::npos) {
+        return "QEMU ended (started by an earlier moatd: how, this one cannot tell)" +
+               (console.empty() ? std::string() : "; the guest's console ended with:\n" + os::tailOf(console, 300));
+      }
+    }
+  }
   // The kernel's last words: "Kernel panic - not syncing: ..." (printed
   // whatever the console's log level).
   const std::string console = consoleTail();
@@ -412,36 +493,75 @@ std::string Vm::whyEnded(std::chrono::milliseconds wait) const {
          (console.empty() ? "" : "; the guest's console ended with:\n" + os::tailOf(console, 300));
 }
 
-Result<Qmp*> Vm::session(Monitor& monitor, std::chrono::steady_clock::time_point deadline) {
+Result<Qmp*> Vm::session(Monitor& monitor, std::chrono::steady_clock::time_point deadline) const {
   if (monitor.qmp) {
     monitor.qmp->setDeadline(deadline);
     return &*monitor.qmp;
   }
+  if (!monitor.fd) {
+    // A session that failed was dropped with its connection: a lasting
+    // QEMU's monitor takes a new one (and greets it afresh).
+    if (workDir_.empty()) return Error::make(Code::kUnavailable, "QEMU's monitor connection is gone");
+    MOAT_ASSIGN(monitor.fd, os::connectUnixStream(workDir_ + "/" + kMonitorSocket));
+  }
+  // A QEMU that stops reading cannot hold a sender for good.
+  MOAT_TRY(os::setSendTimeout(monitor.fd.get(), std::chrono::seconds(5)));
   Qmp qmp(monitor.fd.get(), deadline);
-  MOAT_TRY(qmp.open());
+  Status opened = qmp.open();
+  if (!opened.ok()) {
+    monitor.fd.reset();
+    return opened.error();
+  }
   monitor.qmp.emplace(std::move(qmp));
   return &*monitor.qmp;
 }
 
 Status Vm::forwardPort(uint16_t port, std::chrono::milliseconds wait) {
   if (!monitor_) return Error::make(Code::kUnsupported, "a guest started without a monitor forwards no port");
-  std::lock_guard lock(monitor_->mutex);
-  if (monitor_->forwarded.count(port)) return {};
-  // Each forward is a listening socket of QEMU's: a bound few.
-  if (monitor_->forwarded.size() >= kMaxForwardedPorts) {
-    return Error::make(Code::kCapacity, "at most " + std::to_string(kMaxForwardedPorts) +
-                                            " ports of a microVM environment can be reached");
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  auto known = [&]() -> std::optional<Status> {
+    std::lock_guard lock(monitor_->forwardedMutex);
+    if (monitor_->forwarded.count(port)) return Status{};
+    // Each forward is a listening socket of QEMU's: a bound few.
+    if (monitor_->forwarded.size() >= kMaxForwardedPorts) {
+      return Error::make(Code::kCapacity, "at most " + std::to_string(kMaxForwardedPorts) +
+                                              " ports of a microVM environment can be reached");
+    }
+    return std::nullopt;
+  };
+  // A port forwarded already never waits for the monitor.
+  if (auto k = known()) return *k;
+  std::unique_lock lock(monitor_->mutex, std::defer_lock);
+  if (!lock.try_lock_until(deadline)) {
+    return Error::make(Code::kUnavailable, "QEMU's monitor is busy (another port is being forwarded)");
   }
-  MOAT_ASSIGN(Qmp * qmp, session(*monitor_, std::chrono::steady_clock::now() + wait));
-  const std::string rule = "tcp:127.0.0.1:" + std::to_string(port) + "-" +
+  if (auto k = known()) return *k;
+  // On QEMU's 127.0.0.2, not 127.0.0.1: the guest's 10.0.2.2 is QEMU's
+  // 127.0.0.1, and must not lead back to the guest's own servers.
+  const std::string rule = "tcp:" + os::ipv4ToString(htonl(kForwardAddress)) + ":" + std::to_string(port) + "-" +
                            os::ipv4ToString(htonl(init::kGuestAddress)) + ":" + std::to_string(port);
-  // An HMP command: QEMU says what went wrong in its answer's text.
-  MOAT_ASSIGN(auto said, qmp->call("human-monitor-command", {{"command-line", "hostfwd_add net " + rule}}));
-  if (said.is_string() && !said.get<std::string>().empty()) {
-    std::string why = said.get<std::string>();
-    while (!why.empty() && (why.back() == '\n' || why.back() == '\r')) why.pop_back();
-    return Error::make(Code::kToolFailed, "QEMU did not forward port " + std::to_string(port) + ": " + why);
+  auto forward = [&]() -> Result<nlohmann::json> {
+    MOAT_ASSIGN(Qmp * qmp, session(*monitor_, deadline));
+    return qmp->call("human-monitor-command", {{"command-line", "hostfwd_add net " + rule}});
+  };
+  auto said = forward();
+  if (!said.ok()) {
+    // Out of step with QEMU (an answer that came late, a broken
+    // connection): the next forward starts a new session.
+    monitor_->qmp.reset();
+    monitor_->fd.reset();
+    return Error::make(Code::kUnavailable,
+                       "QEMU's monitor did not forward port " + std::to_string(port) + ": " + said.error().message());
   }
+  // An HMP command: QEMU says what went wrong in its answer's text (QEMU's
+  // words: printable, and short).
+  if (said->is_string() && !said->get<std::string>().empty()) {
+    std::string why;
+    for (char c : said->get<std::string>().substr(0, 200)) why += (c >= 0x20 && c < 0x7f) ? c : ' ';
+    while (!why.empty() && why.back() == ' ') why.pop_back();
+    return Error::make(Code::kUnavailable, "QEMU did not forward port " + std::to_string(port) + ": " + why);
+  }
+  std::lock_guard forwarded(monitor_->forwardedMutex);
   monitor_->forwarded.insert(port);
   return {};
 }
@@ -470,8 +590,6 @@ Status Vm::save(int stateFd, std::chrono::milliseconds wait) {
     }
   }
   kill();
-  lock.unlock();
-  monitor_.reset();
   return {};
 }
 
@@ -488,7 +606,14 @@ Vm::~Vm() {
   if (pid_ <= 0) return;
   kill();
   int status = 0;
-  while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  pid_t reaped;
+  while ((reaped = ::waitpid(pid_, &status, 0)) < 0 && errno == EINTR) {
+  }
+  if (reaped < 0 && errno == ECHILD && pidfd_) {
+    // An earlier moatd's (its parent reaps it): gone once its pidfd reads.
+    pollfd p{pidfd_.get(), POLLIN, 0};
+    while (::poll(&p, 1, 10000) < 0 && errno == EINTR) {
+    }
   }
 }
 

@@ -57,6 +57,14 @@ struct VmSpec {
   bool park = false;
   bool monitor = false;
   int incomingState = -1;  // a saved guest's state (read), restored instead of a boot
+  // QEMU outlives its starter (moatd's guests: a restart re-attaches,
+  // Vm::adopt): no parent-death signal, and the guest protocol and the
+  // monitor are unix sockets listening in workDir (control.sock,
+  // monitor.sock; QEMU accepts on descriptors, one client at a time) rather
+  // than socketpairs. `holdFd` (the id range's lease) is kept open by QEMU
+  // as its descriptor 8, so the range stays leased while it runs.
+  bool lasting = false;
+  int holdFd = -1;
 };
 
 // What TCG may keep of translated code (QEMU's default is 1 GiB): part of
@@ -72,15 +80,23 @@ inline constexpr int kQemuRootFd = 4;
 inline constexpr int kQemuInitramfsFd = 5;
 inline constexpr int kQemuMonitorFd = 6;   // VmSpec::monitor: QMP
 inline constexpr int kQemuIncomingFd = 7;  // VmSpec::incomingState
+inline constexpr int kQemuHeldFd = 8;      // VmSpec::holdFd
+// A lasting QEMU's listening sockets, in its workDir.
+inline constexpr const char* kControlSocket = "control.sock";
+inline constexpr const char* kMonitorSocket = "monitor.sock";
 
-// How many of a guest's ports QEMU forwards at most (Vm::forwardPort).
+// How many of a guest's ports QEMU forwards at most (Vm::forwardPort), and
+// where in QEMU's network namespace (127.0.0.2; host byte order).
 inline constexpr size_t kMaxForwardedPorts = 64;
+inline constexpr uint32_t kForwardAddress = 0x7f000002;
 
 // A boot takes seconds on TCG; a guest that has not said Hello by then
 // will not. And how long a write to a guest may wait (its moat-init is the
 // guest's to stop reading).
 inline constexpr std::chrono::seconds kGuestBootWait{120};
 inline constexpr std::chrono::seconds kGuestSendWait{30};
+// How long a running guest may take to answer a re-attach.
+inline constexpr std::chrono::seconds kGuestReattachWait{10};
 // How long saving a parked guest may take (its RAM written to a file).
 inline constexpr std::chrono::seconds kGuestSaveWait{60};
 
@@ -133,8 +149,14 @@ class Vm {
   // end of the guest protocol connection; the guest's Hello comes once it
   // has booted (awaitGuest).
   static Result<Vm> start(const VmSpec& spec);
+  // A lasting QEMU (VmSpec::lasting) that an earlier moatd started, running
+  // as `pid`, with its files in `workDir`: its console and monitor opened
+  // again. Its guest protocol connection comes from reattach().
+  static Result<Vm> adopt(const std::string& workDir, pid_t pid);
   Vm(Vm&& other) noexcept
       : pid_(std::exchange(other.pid_, -1)),
+        adopted_(other.adopted_),
+        workDir_(std::move(other.workDir_)),
         pidfd_(std::move(other.pidfd_)),
         control_(std::move(other.control_)),
         console_(std::move(other.console_)),
@@ -148,6 +170,15 @@ class Vm {
   pid_t pid() const { return pid_; }
   // Ends QEMU now (the destructor reaps it).
   void kill() const;
+  // Leaves a lasting QEMU running for the next moatd: this object lets go
+  // of it without ending it.
+  void leaveRunning() { pid_ = -1; }
+  // A lasting guest's guest protocol connection, made again (the last
+  // host's is gone): connects to control.sock, sends kReattach with a
+  // fresh nonce and skips what comes before its kReattached (what the guest
+  // wrote for the last host), so that the guest's Hello is what is read
+  // next. Waits at most `wait`.
+  Result<UniqueFd> reattach(std::chrono::milliseconds wait) const;
   // The end of what the guest's console printed (the kernel's and
   // moat-init's own messages; printable characters only): why a guest that
   // ended did.
@@ -174,18 +205,22 @@ class Vm {
  private:
   Vm() = default;
   pid_t pid_ = -1;
+  bool adopted_ = false;  // not this process's child (an earlier moatd's)
+  std::string workDir_;   // a lasting one's: its sockets
   UniqueFd pidfd_;
   UniqueFd control_;
   UniqueFd console_;  // the console log, as moat made it
   // QMP (VmSpec::monitor): one session, opened at its first use.
   struct Monitor {
-    std::mutex mutex;
+    std::timed_mutex mutex;  // the session's: one command at a time
     UniqueFd fd;
     std::optional<Qmp> qmp;
-    std::set<uint16_t> forwarded;
+    std::mutex forwardedMutex;
+    std::set<uint16_t> forwarded;  // ports QEMU forwards
   };
-  // The monitor's session, opened if need be; its mutex held.
-  static Result<Qmp*> session(Monitor& monitor, std::chrono::steady_clock::time_point deadline);
+  // The monitor's session, opened if need be (a lasting QEMU's monitor
+  // connected again after a failed one); its mutex held.
+  Result<Qmp*> session(Monitor& monitor, std::chrono::steady_clock::time_point deadline) const;
   std::unique_ptr<Monitor> monitor_;
 };
 

@@ -100,6 +100,49 @@ Result<Cgroup> Cgroup::create(const Layout& layout, const std::string& name, con
   return cg;
 }
 
+Result<Cgroup> Cgroup::open(const Layout& layout, const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') {
+    return Error::make(Code::kInvalidArgument, "bad cgroup name: " + name);
+  }
+  Cgroup cg(layout, {});
+  auto add = [&](const std::string& dir, bool needed) -> Status {
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      if (needed) return Error::make(Code::kNotFound, "no cgroup " + dir);
+      return {};
+    }
+    cg.dirs_.push_back(dir);
+    cg.addFiles(dir);
+    return {};
+  };
+  if (layout.version == Version::kV2) {
+    MOAT_TRY(add(layout.v2Parent + "/" + name, true));
+    return cg;
+  }
+  for (const std::string c : {"cpu", "memory", "pids"}) MOAT_TRY(add(layout.v1Parents.at(c) + "/" + name, true));
+  if (auto acct = layout.v1Parents.find("cpuacct"); acct != layout.v1Parents.end()) {
+    const size_t before = cg.dirs_.size();
+    MOAT_TRY(add(acct->second + "/" + name, false));
+    cg.cpuacct_ = cg.dirs_.size() > before;
+  }
+  if (auto set = layout.v1Parents.find("cpuset"); set != layout.v1Parents.end()) {
+    MOAT_TRY(add(set->second + "/" + name, false));
+  }
+  return cg;
+}
+
+std::vector<pid_t> Cgroup::processes() const {
+  std::vector<pid_t> pids;
+  if (procsFiles_.empty()) return pids;
+  auto text = os::readFile(procsFiles_[0], 1 << 20);
+  if (!text.ok()) return pids;
+  std::istringstream lines(text.value());
+  for (long pid; lines >> pid;) {
+    if (pid > 0) pids.push_back(static_cast<pid_t>(pid));
+  }
+  return pids;
+}
+
 std::vector<KnobWrite> limitWrites(Version version, const Limits& limits) {
   const bool v2 = version == Version::kV2;
   std::vector<KnobWrite> writes;

@@ -59,6 +59,9 @@ Usage usageFrom(Version version, const UsageFiles& files);
 class Cgroup {
  public:
   static Result<Cgroup> create(const Layout& layout, const std::string& name, const Limits& limits);
+  // The cgroup `name` that a process before this one made (its limits as
+  // they are): "not_found" when it is not there.
+  static Result<Cgroup> open(const Layout& layout, const std::string& name);
   Cgroup(Cgroup&& other) noexcept;
   Cgroup& operator=(Cgroup&&) = delete;
   ~Cgroup();
@@ -75,10 +78,14 @@ class Cgroup {
   uint64_t oomKills() const { return usage().oomKills; }
   // Zero for what cannot be read (a cgroup being removed).
   Usage usage() const;
+  // The processes in it now (the first directory's cgroup.procs).
+  std::vector<pid_t> processes() const;
   // Kills every process in the cgroup (v2 cgroup.kill; v1 by pid list).
   void killAll() const;
   // Removes the directories; retries briefly while the kernel finishes exits.
   Status remove();
+  // Lets go of it without removing it (its processes outlive this object).
+  void leaveInPlace() { dirs_.clear(); }
 
  private:
   Cgroup(Layout layout, std::vector<std::string> dirs);
