@@ -338,13 +338,14 @@ int main(int argc, char** argv) {
     // spawner destroys every environment it runs, the egress namespace
     // goes), without waiting for answers and streams. After SIGUSR1 the
     // environments stay, as asked.
-    std::thread([signals, keep, &spawner, &egress] {
+    std::thread([signals, keep, &spawner, &egress, &microvm] {
       int again = 0;
       ::sigwait(&signals, &again);
       std::fprintf(stderr, "moatd: %s again, ending now%s\n", ::strsignal(again),
                    keep ? "" : " (the spawner destroys the environments)");
       std::fflush(stderr);
       if (!keep) {
+        microvm.endAll();                   // QEMUs outlive moatd otherwise
         (void)spawner.value()->shutdown();  // after a spawner call in flight
         if (egress) (void)egress->removeNamespace();
       }

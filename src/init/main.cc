@@ -48,6 +48,9 @@ int main(int argc, char** argv) {
       return 1;  // the kernel then panics, and reboots: QEMU (-no-reboot) ends
     }
     controlFd = control->release();
+    // A host that goes must never block a write (virtio-console waits for
+    // its return otherwise): the loop sees the port hang up instead.
+    ::fcntl(controlFd, F_SETFL, ::fcntl(controlFd, F_GETFL) | O_NONBLOCK);
     // Every program the guest starts answers to the gate, as in a
     // namespace environment.
     moat::init::Supervisor supervisor(controlFd, true, -1, true);

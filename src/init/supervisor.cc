@@ -123,7 +123,7 @@ void Supervisor::handleExecNotification() {
   report.decision = decision;
   report.filename = attempt->filename;
   report.argv = shown(attempt->argv.empty() ? std::vector<std::string>{attempt->filename} : attempt->argv);
-  if (decision == 1 && control_ < 0) return answerExec(n->id, false);  // nobody to ask: refused
+  if (decision == 1 && !hasClient()) return answerExec(n->id, false);  // nobody to ask: refused
   if (decision == 1) {
     ExecCheck check;
     check.id = n->id;
@@ -164,7 +164,7 @@ bool Supervisor::allowJudged(uint64_t id, pid_t pid, JudgedExec judged, const Ex
     return false;
   }
   // Nothing runs unrecorded: with no client and its reports' room full, refused.
-  if (report && control_ < 0 && reportCount_ >= kReportsWhileAlone) {
+  if (report && !hasClient() && reportCount_ >= kReportsWhileAlone) {
     answerExec(id, false);
     return false;
   }
@@ -245,7 +245,7 @@ void Supervisor::onTraceStop(pid_t pid, int status) {
 }
 
 void Supervisor::send(MsgType type, const std::string& payload) {
-  if (!running_ || control_ < 0) return;   // no client: output is dropped
+  if (!running_ || !hasClient()) return;   // no client: output is dropped
   if (payload.size() > kMaxFrame) return;  // never built: frames stay far below
   releaseReports();
   outbox_ += encodeFrame(type, payload);
@@ -254,15 +254,15 @@ void Supervisor::send(MsgType type, const std::string& payload) {
 
 bool Supervisor::queueReport(const ExecReport& report) {
   if (!running_) return false;
-  if (control_ < 0 && reportCount_ >= kReportsWhileAlone) return false;
+  if (!hasClient() && reportCount_ >= kReportsWhileAlone) return false;
   if (reports_.empty()) reportsSinceUs_ = nowUs();
   reports_ += encodeFrame(MsgType::kExecReport, report.encode());
-  if (++reportCount_ >= kReportBatch && control_ >= 0) releaseReports();
+  if (++reportCount_ >= kReportBatch && hasClient()) releaseReports();
   return true;
 }
 
 void Supervisor::releaseReports() {
-  if (control_ < 0) return;  // kept for the next client
+  if (!hasClient()) return;  // kept for the next client
   outbox_ += reports_;
   reports_.clear();
   reportCount_ = 0;
@@ -270,20 +270,28 @@ void Supervisor::releaseReports() {
 
 void Supervisor::flush() {
   size_t off = 0;
-  while (off < outbox_.size() && control_ >= 0) {
+  while (off < outbox_.size() && hasClient()) {
     ssize_t n = ::write(control_, outbox_.data() + off, outbox_.size() - off);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {
+      // A guest's port (non-blocking): full while the host reads slowly,
+      // hung up when the host is gone, which must not freeze this loop.
+      pollfd p{control_, POLLOUT, 0};
+      if (::poll(&p, 1, 1000) >= 0 && !(p.revents & (POLLHUP | POLLERR | POLLNVAL))) continue;
+    }
     if (n <= 0) {
       outbox_.clear();
-      return disconnect();
+      return disconnect(true);
     }
     off += static_cast<size_t>(n);
   }
   outbox_.clear();
 }
 
-void Supervisor::disconnect() {
-  if (rendezvous_ < 0 && !portMode_) {
+void Supervisor::disconnect(bool hostWent) {
+  // A guest's port outlives a host that went (moatd restarts), not a
+  // protocol error: that ends the guest, as it ends any environment.
+  if ((rendezvous_ < 0 && !portMode_) || (portMode_ && !hostWent)) {
     running_ = false;  // the client is gone: nothing may outlive it
     return;
   }
@@ -300,6 +308,7 @@ void Supervisor::disconnect() {
     ::close(control_);
   }
   control_ = -1;
+  reattaching_ = false;
   reader_ = FrameReader();
   outbox_.clear();
   // Questions the client will never answer: refused, as anything not judged is.
@@ -313,8 +322,10 @@ void Supervisor::awaitHostAgain() {
   if (::poll(&p, 1, 0) < 0 || (p.revents & (POLLHUP | POLLERR | POLLNVAL))) return;
   control_ = port_;
   port_ = -1;
-  // The host speaks first (kReattach); what it wrote to the last one's
-  // connection is gone with it.
+  // The host speaks first (kReattach): nothing is sent until then, so that
+  // what the guest says after the nonce (Hello, then the reports of
+  // programs that ran meanwhile) is all the host reads.
+  reattaching_ = true;
 }
 
 void Supervisor::adoptConnection() {
@@ -346,14 +357,14 @@ void Supervisor::readClient(bool drain) {
     ssize_t n = drain ? ::recv(control_, buf, sizeof buf, MSG_DONTWAIT) : ::read(control_, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (drain && n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOTSOCK)) return;
-    if (n <= 0) return disconnect();
+    if (n <= 0) return disconnect(true);
     reader_.feed(buf, static_cast<size_t>(n));
     Frame frame;
     for (;;) {
       auto next = reader_.next(frame);
       if (!next.ok()) {
         protocolError(next.error().message());
-        return disconnect();
+        return disconnect(false);
       }
       if (!next.value()) break;
       handleFrame(frame);
@@ -482,6 +493,8 @@ int Supervisor::run() {
 }
 
 void Supervisor::handleFrame(const Frame& frame) {
+  // A host that came back says who it is first; nothing else counts before.
+  if (reattaching_ && frame.type != MsgType::kReattach) return;
   switch (frame.type) {
     case MsgType::kSpawn: {
       auto req = SpawnRequest::decode(frame.payload);
@@ -545,9 +558,11 @@ void Supervisor::handleFrame(const Frame& frame) {
       // Before anything else this connection gets: frames made for the
       // host that went are dropped; reports of programs that ran meanwhile
       // follow the Hello.
+      reattaching_ = false;
       outbox_.clear();
       outbox_ += encodeFrame(MsgType::kReattached, frame.payload.substr(0, 64));
       outbox_ += encodeFrame(MsgType::kHello, Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode());
+      releaseReports();
       return;
     }
     case MsgType::kExecPolicy: {
@@ -808,7 +823,7 @@ void Supervisor::enforceDeadlines() {
 }
 
 int Supervisor::pollTimeoutMs() const {
-  uint64_t next = reports_.empty() || control_ < 0 ? 0 : reportsSinceUs_ + kReportDelayUs;
+  uint64_t next = reports_.empty() || !hasClient() ? 0 : reportsSinceUs_ + kReportDelayUs;
   for (const auto& [id, p] : processes_) {
     if (p.deadlineUs && !p.timedOut && p.exitStatus < 0 && (next == 0 || p.deadlineUs < next)) next = p.deadlineUs;
   }

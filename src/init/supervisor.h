@@ -116,8 +116,14 @@ class Supervisor {
   void protocolError(const std::string& message);
   void killEverything();
 
-  void disconnect();
+  // The connection ended: `hostWent` when the host closed it (EOF, a
+  // write that failed), not when this side gave up on it (a protocol
+  // error), which ends a guest as it ends any environment.
+  void disconnect(bool hostWent);
   void adoptConnection();
+  // A client is connected and may be sent to (a guest's host that came
+  // back is not, until its kReattach).
+  bool hasClient() const { return control_ >= 0 && !reattaching_; }
   // portMode_: takes the port back as the control connection once a host
   // is connected to it again.
   void awaitHostAgain();
@@ -167,7 +173,8 @@ class Supervisor {
   bool pidOne_;
   int rendezvous_;
   bool portMode_ = false;
-  int port_ = -1;  // portMode_: the control port while no host is connected (control_ is then -1)
+  int port_ = -1;             // portMode_: the control port while no host is connected (control_ is then -1)
+  bool reattaching_ = false;  // portMode_: a host is connected again and has not sent kReattach yet
   bool running_ = true;
   UniqueFd signalFd_;
   FrameReader reader_;

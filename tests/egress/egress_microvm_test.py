@@ -251,6 +251,23 @@ class MicroVmEgressTest(base.MoatdCase):
             status, body = self.get_port(e, port)
             self.assertEqual((status, body), (200, b"hello-from-the-guest\n"), f"port {port}")
 
+    def test_a_port_and_the_network_still_serve_after_a_moatd_restart(self):
+        e = self.env(network=allow(API))
+        code, _, err = e.sh("mkdir -p /srv && echo hello-from-the-guest > /srv/hello.txt")
+        self.assertEqual(code, 0, err)
+        status, body = self.moatd.call("POST", f"/v1/environments/{e.id}/processes",
+                                       {"cmd": ["httpd", "-f", "-p", "8085", "-h", "/srv"]})
+        self.assertEqual(status, 201, body)
+        self.assertEqual(self.get_port(e, 8085, until=200)[0], 200)
+        qemu = self.qemu_of(e)
+        self.moatd.kill9()
+        self.moatd.start()  # the same state: the guest is adopted and re-attached
+        self.assertEqual(self.qemu_of(e), qemu, "the same QEMU")
+        # QEMU still forwards the port an earlier moatd asked for; this one
+        # asks again and gets it.
+        self.assertEqual(self.get_port(e, 8085), (200, b"hello-from-the-guest\n"))
+        self.assert_reaches(e, API, "/after-restart")
+
     def test_at_most_64_ports_of_a_guest_are_forwarded(self):
         e = self.env()
         for port in range(9000, 9064):  # nothing listens: each forwarded, then 502

@@ -5,7 +5,8 @@
 // MiB to FILE, `fork N` starts N children that wait and prints how many
 // it could start, `exec PROGRAM ARGS...` becomes PROGRAM (errno's text on
 // stderr when it cannot), `time` prints the wall clock's seconds since the
-// epoch, `random` 16 random bytes (getrandom) in hex.
+// epoch, `random` 16 random bytes (getrandom) in hex, `later SECONDS
+// PROGRAM ARGS...` becomes PROGRAM after that many seconds.
 #include <sys/random.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -61,6 +62,12 @@ int main(int argc, char** argv) {
     std::memset(block, 'x', sizeof block);
     for (long i = 0; i < std::atol(argv[3]) * 16; ++i) std::fwrite(block, 1, sizeof block, f);
     return std::fclose(f) == 0 ? 0 : 1;
+  }
+  if (argc >= 4 && std::strcmp(argv[1], "later") == 0) {
+    sleep(static_cast<unsigned>(std::atoi(argv[2])));
+    execv(argv[3], argv + 3);
+    std::perror(argv[3]);
+    return 126;
   }
   if (argc >= 3 && std::strcmp(argv[1], "exec") == 0) {
     execv(argv[2], argv + 2);

@@ -361,10 +361,18 @@ TEST_F(MicroVmEnvironments, ADeleteDuringTheBootEndsIt) {
 // same guest: its files in its RAM); one whose QEMU died meanwhile is
 // failed with the reason; a destroy of an adopted one leaves nothing.
 TEST_F(MicroVmEnvironments, OutliveTheirMoatdAndTheNextOneReattachesThem) {
-  const std::string id = call("POST", "/v1/environments", vmBody(), 201)["id"];
+  // Rules of its own: programs are judged in the guest and reported.
+  json judged =
+      vmBody({{"permissions",
+               {{"run_command", {{{"match", {"/bin/none", "*"}}, {"action", "deny"}}, {{"action", "allow"}}}}}}});
+  const std::string id = call("POST", "/v1/environments", judged, 201)["id"];
   const std::string lost = call("POST", "/v1/environments", vmBody(), 201)["id"];
   const std::string files = "/v1/environments/" + id + "/files";
   ASSERT_EQ(daemon_->request("PUT", files + "?path=/workspace/kept", "across moatds").status, 200);
+  // A program the guest starts while no moatd runs: reported (audited)
+  // once the next one is attached, not lost with what came before.
+  call("POST", "/v1/environments/" + id + "/processes", {{"cmd", {"/bin/tool", "later", "2", "/bin/other", "uname"}}},
+       201);
   const pid_t qemu = qemuOf(id), lostQemu = qemuOf(lost);
   ASSERT_GT(qemu, 0);
   ASSERT_GT(lostQemu, 0);
@@ -380,6 +388,7 @@ TEST_F(MicroVmEnvironments, OutliveTheirMoatdAndTheNextOneReattachesThem) {
   const std::string lockFile = std::string(isolation::namespaces::kIdMapLockDir) + "/" + std::to_string(*slot);
 
   daemon_->kill9();
+  ::sleep(3);  // the program above runs meanwhile
   EXPECT_EQ(qemuOf(id), qemu) << "QEMU outlives moatd";
   EXPECT_FALSE(os::FileLock::tryAcquire(lockFile).ok()) << "its id range stays leased while QEMU runs";
   ASSERT_EQ(::kill(lostQemu, SIGKILL), 0);
@@ -391,6 +400,12 @@ TEST_F(MicroVmEnvironments, OutliveTheirMoatdAndTheNextOneReattachesThem) {
   EXPECT_EQ(qemuOf(id), qemu) << "the same QEMU, re-attached";
   EXPECT_EQ(daemon_->request("GET", files + "?path=/workspace/kept").body, "across moatds");
   EXPECT_EQ(exec(id, {{"cmd", {"/bin/tool", "uname"}}})["stdout"], kernelVersion_ + "\n");
+  std::string reported;
+  for (int i = 0; i < 100 && reported.find("/bin/other") == std::string::npos; ++i) {
+    if (i > 0) ::usleep(50000);  // the audit log writes in batches: bounded polling
+    reported = daemon_->request("GET", "/v1/events?environment=" + id + "&type=program.started").body;
+  }
+  EXPECT_NE(reported.find("/bin/other"), std::string::npos) << "what ran while moatd was away: " << reported;
   json failed = call("GET", "/v1/environments/" + lost, nullptr, 200);
   EXPECT_EQ(failed["state"], "failed") << failed.dump();
   EXPECT_NE(failed.value("reason", "").find("moatd restarted and the environment was gone"), std::string::npos)

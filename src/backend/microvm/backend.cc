@@ -17,6 +17,7 @@
 #include "init/protocol.h"
 #include "isolation/fs/template.h"
 #include "os/file.h"
+#include "os/file_lock.h"
 #include "os/netlink.h"
 #include "os/process.h"
 #include "os/security.h"
@@ -115,33 +116,83 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
   const std::string vms = dir_ + "/vms";
   auto names = os::listDir(vms);
   if (!names.ok()) return;  // none yet
+  if (!layout.ok()) {
+    // Which QEMU is whose cannot be told: nothing is adopted, and nothing
+    // removed (a later moatd may tell).
+    std::fprintf(stderr, "moatd: the microVMs of the last moatd are not adopted: %s\n",
+                 layout.error().message().c_str());
+    return;
+  }
+  std::vector<std::shared_ptr<Guest>> adopted;
   for (const auto& id : names.value()) {
     const std::string dir = vms + "/" + id;
-    auto adopted = [&]() -> Result<std::shared_ptr<Guest>> {
-      if (!layout.ok()) return layout.error();
-      auto guest = std::make_shared<Guest>();
-      guest->dir = dir;
-      MOAT_ASSIGN(auto cgroup, isolation::cgroup::Cgroup::open(layout.value(), cgroupPrefix_ + id));
-      guest->cgroup = std::make_unique<isolation::cgroup::Cgroup>(std::move(cgroup));
-      // Its QEMU joined it alone (a moatd-made cgroup): the one process
+    std::unique_ptr<isolation::cgroup::Cgroup> cgroup;
+    auto guest = [&]() -> Result<std::shared_ptr<Guest>> {
+      MOAT_ASSIGN(auto opened, isolation::cgroup::Cgroup::open(layout.value(), cgroupPrefix_ + id));
+      cgroup = std::make_unique<isolation::cgroup::Cgroup>(std::move(opened));
+      // Its QEMU joined it alone (a cgroup moatd made): the one process
       // there, or it is gone.
-      auto pids = guest->cgroup->processes();
-      if (pids.size() != 1) {
-        guest->cgroup->killAll();
+      auto pids = cgroup->processes();
+      if (pids.size() != 1) return Error::make(Code::kNotFound, "its QEMU is gone");
+      MOAT_ASSIGN(Vm vm, Vm::adopt(dir, pids[0]));
+      // Still there once its pidfd is open: the pidfd is that QEMU's, not
+      // a process that took its pid since.
+      auto now = cgroup->processes();
+      if (now.size() != 1 || now[0] != pids[0]) {
+        vm.leaveRunning();
         return Error::make(Code::kNotFound, "its QEMU is gone");
       }
-      MOAT_ASSIGN(Vm vm, Vm::adopt(dir, pids[0]));
-      guest->vm.emplace(std::move(vm));
-      return guest;
+      auto made = std::make_shared<Guest>();
+      made->dir = dir;
+      made->ids = leaseHeldBy(pids[0]);
+      made->cgroup = std::move(cgroup);
+      made->vm.emplace(std::move(vm));
+      return made;
     }();
-    if (adopted.ok()) {
+    if (guest.ok()) {
+      adopted.push_back(guest.value());
       std::lock_guard lock(mutex_);
-      guests_[id] = std::move(adopted.value());
+      guests_[id] = std::move(guest.value());
       continue;
     }
-    std::fprintf(stderr, "moatd: microVM %s of the last moatd is not adopted (removed): %s\n", id.c_str(),
-                 adopted.error().message().c_str());
+    std::fprintf(stderr, "moatd: microVM %s of the last moatd is not adopted (ended, removed): %s\n", id.c_str(),
+                 guest.error().message().c_str());
+    if (cgroup) cgroup->killAll();  // a QEMU nobody can reach any more ends
+    cgroup.reset();
     (void)os::removeTree(dir);
+  }
+  // Their connections, made again side by side (each may take a while on
+  // a busy host), ready for the manager's attach().
+  std::vector<std::thread> attaching;
+  for (auto& guest : adopted) {
+    attaching.emplace_back([guest] {
+      auto control = guest->vm->reattach(kGuestReattachWait);
+      if (control.ok()) guest->reattached = std::move(control.value());
+    });
+  }
+  for (auto& t : attaching) t.join();
+}
+
+std::optional<isolation::namespaces::IdMapLease> MicroVmBackend::leaseHeldBy(pid_t qemu) {
+  // QEMU holds its range's lease (its fd 8). Should it have let go (code
+  // that took QEMU over can), this moatd takes the lease again, so that no
+  // other environment gets the uid QEMU runs as.
+  auto status = os::readFile("/proc/" + std::to_string(qemu) + "/status", 1 << 16);
+  if (!status.ok()) return std::nullopt;
+  const auto at = status->find("\nUid:\t");
+  if (at == std::string::npos) return std::nullopt;
+  const auto uid = static_cast<uint32_t>(std::strtoul(status->c_str() + at + 6, nullptr, 10));
+  const auto slot = isolation::namespaces::idMapSlotOf(uid);
+  if (!slot) return std::nullopt;
+  auto lock = os::FileLock::tryAcquire(std::string(isolation::namespaces::kIdMapLockDir) + "/" + std::to_string(*slot));
+  if (!lock.ok()) return std::nullopt;  // held: by QEMU
+  return isolation::namespaces::IdMapLease{{uid, 65536}, std::move(lock.value())};
+}
+
+void MicroVmBackend::endAll() {
+  std::lock_guard lock(mutex_);
+  for (auto& [id, guest] : guests_) {
+    if (guest->vm) guest->vm->kill();
   }
 }
 
@@ -353,7 +404,14 @@ std::string MicroVmBackend::whyEnded(const std::string& id) {
 Result<UniqueFd> MicroVmBackend::attach(const std::string& id) {
   auto guest = find(id);  // held: its Vm is not reaped while this runs
   if (!guest || !guest->vm) return Error::make(Code::kNotFound, "no microVM environment " + id);
-  MOAT_ASSIGN(UniqueFd control, guest->vm->reattach(kGuestReattachWait));
+  UniqueFd control;
+  {
+    std::lock_guard lock(mutex_);
+    control = std::move(guest->reattached);  // made at adoption
+  }
+  if (!control) {
+    MOAT_ASSIGN(control, guest->vm->reattach(kGuestReattachWait));
+  }
   MOAT_TRY(os::setSendTimeout(control.get(), kGuestSendWait));
   return control;
 }

@@ -46,6 +46,9 @@ class MicroVmBackend final : public Backend {
   ~MicroVmBackend() override;  // leaves every VM running (for the next moatd)
 
   const HostSupport& host() const { return host_; }
+  // Ends every guest's QEMU now, waiting for nothing (a stop hurried by a
+  // second signal: their records go with the next moatd's start).
+  void endAll();
 
   Result<Created> create(const Spec& spec) override;
   Status destroy(const std::string& id) override;
@@ -66,7 +69,11 @@ class MicroVmBackend final : public Backend {
     std::optional<isolation::namespaces::IdMapLease> ids;  // QEMU's own
     std::unique_ptr<isolation::cgroup::Cgroup> cgroup;     // QEMU's (removed after it is reaped)
     std::optional<Vm> vm;
+    UniqueFd reattached;  // an adopted guest's connection, made again for attach()
   };
+  // The lease of the id range an adopted QEMU runs as, taken again when
+  // QEMU no longer holds it.
+  static std::optional<isolation::namespaces::IdMapLease> leaseHeldBy(pid_t qemu);
   // The root image of the template `name` (built on first use).
   Result<std::string> imageFor(const std::string& templateName);
   // Starts QEMU for `vm` (a restore when vm.incomingState is set: then

@@ -166,6 +166,20 @@ uint64_t hostTscKhz() {
   return 2000000;
 }
 
+namespace {
+
+// A lasting VM's socket `name` in its directory, listening (made) or
+// connected to, reached through the directory's descriptor: the state
+// directory's path may be longer than a unix socket's 108 bytes.
+Result<UniqueFd> socketIn(const std::string& dir, const char* name, bool listen) {
+  MOAT_ASSIGN(UniqueFd at, os::open(dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  const std::string path = "/proc/self/fd/" + std::to_string(at.get()) + "/" + name;
+  if (listen) return os::listenUnixStream(path, 1);
+  return os::connectUnixStream(path);
+}
+
+}  // namespace
+
 std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
   // moat-init powers the guest off when it ends; should it crash, the
   // kernel's panic resets at once by a triple fault (reboot=t), which ends
@@ -295,13 +309,13 @@ Result<Vm> Vm::start(const VmSpec& spec) {
       ours = std::move(pair.first);
       return std::move(pair.second);
     }
-    const std::string path = spec.workDir + "/" + name;
-    (void)::unlink(path.c_str());  // a start before in the same private directory (a restore that failed)
-    MOAT_ASSIGN(UniqueFd listening, os::listenUnixStream(path, 1));
-    MOAT_ASSIGN(ours, os::connectUnixStream(path));
+    (void)::unlink(
+        (spec.workDir + "/" + name).c_str());  // a start before in the same directory (a restore that failed)
+    MOAT_ASSIGN(UniqueFd listening, socketIn(spec.workDir, name, true));
+    MOAT_ASSIGN(ours, socketIn(spec.workDir, name, false));
     return listening;
   };
-  vm.workDir_ = spec.workDir;
+  if (spec.lasting) vm.workDir_ = spec.workDir;
   MOAT_ASSIGN(UniqueFd qemuEnd, connection(kControlSocket, vm.control_));
   UniqueFd qemuMonitor;
   if (spec.monitor) {
@@ -396,45 +410,57 @@ Result<Vm> Vm::adopt(const std::string& workDir, pid_t pid) {
   vm.adopted_ = true;
   vm.workDir_ = workDir;
   MOAT_ASSIGN(vm.console_, os::open(workDir + "/console.log", O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  const std::string monitor = workDir + "/" + kMonitorSocket;
-  if (::access(monitor.c_str(), F_OK) == 0) {
+  if (::access((workDir + "/" + kMonitorSocket).c_str(), F_OK) == 0) {
     vm.monitor_ = std::make_unique<Monitor>();
-    MOAT_ASSIGN(vm.monitor_->fd, os::connectUnixStream(monitor));
+    MOAT_ASSIGN(vm.monitor_->fd, socketIn(workDir, kMonitorSocket, false));
   }
   return vm;
 }
 
 Result<UniqueFd> Vm::reattach(std::chrono::milliseconds wait) const {
   if (workDir_.empty()) return Error::make(Code::kUnsupported, "a QEMU that is not lasting cannot be re-attached");
-  MOAT_ASSIGN(UniqueFd fd, os::connectUnixStream(workDir_ + "/" + kControlSocket));
+  MOAT_ASSIGN(UniqueFd fd, socketIn(workDir_, kControlSocket, false));
   MOAT_ASSIGN(std::string nonce, randomBytes(16));
   MOAT_TRY(init::writeFrame(fd.get(), init::MsgType::kReattach, nonce));
   const std::string mark = init::encodeFrame(init::MsgType::kReattached, nonce);
   const auto deadline = std::chrono::steady_clock::now() + wait;
-  // Read a byte at a time up to the mark: what follows it (the Hello) is
-  // the caller's. What the last host left unread is bounded by the
-  // guest's queues; 16 MiB is far beyond them.
-  std::string seen;
+  // Up to the mark, and not a byte past it: what follows (the Hello) is the
+  // caller's. Before it comes only what the guest wrote for the host that
+  // went and had not been read (the guest sends nothing new until it has
+  // read kReattach): far below kReattachSkipBytes.
+  std::string tail;  // the last mark.size() - 1 bytes consumed
   size_t skipped = 0;
-  while (seen.size() < mark.size() || seen.compare(seen.size() - mark.size(), mark.size(), mark) != 0) {
-    if (skipped > (16u << 20)) return Error::make(Code::kProtocol, "the guest never answered its re-attach");
-    pollfd p{fd.get(), POLLIN, 0};
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    int n = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
-    if (n < 0 && errno == EINTR) continue;
-    if (n == 0) {
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
       return Error::make(Code::kTimeout,
                          "the guest did not answer its re-attach within " + std::to_string(wait.count()) + " ms");
     }
-    char byte;
-    ssize_t got = ::read(fd.get(), &byte, 1);
-    if (got < 0 && errno == EINTR) continue;
+    pollfd p{fd.get(), POLLIN, 0};
+    int n = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) continue;  // the deadline decides
+    char buf[64 << 10];
+    ssize_t got = ::recv(fd.get(), buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (got <= 0) return Error::make(Code::kEof, "the guest's connection closed during its re-attach");
-    seen += byte;
-    if (seen.size() > 2 * mark.size()) seen.erase(0, seen.size() - mark.size());
-    ++skipped;
+    const std::string seen = tail + std::string(buf, static_cast<size_t>(got));
+    const size_t at = seen.find(mark);
+    // Consumed: through the mark when it is there, else all but what may
+    // begin it.
+    const size_t upTo =
+        at != std::string::npos ? at + mark.size() : (seen.size() >= mark.size() ? seen.size() - (mark.size() - 1) : 0);
+    const size_t take = upTo > tail.size() ? upTo - tail.size() : 0;
+    if (take > 0 && ::recv(fd.get(), buf, take, MSG_DONTWAIT) != static_cast<ssize_t>(take)) {
+      return Error::fromErrno("read the guest's re-attach");
+    }
+    if (at != std::string::npos) return fd;
+    tail = seen.substr(upTo);
+    skipped += take;
+    if (take == 0) ::usleep(1000);  // fewer bytes than the mark: more are on their way
+    if (skipped > kReattachSkipBytes) return Error::make(Code::kProtocol, "the guest never answered its re-attach");
   }
-  return fd;
 }
 
 Status Vm::awaitGuest(std::chrono::milliseconds wait) const {
@@ -502,7 +528,7 @@ Result<Qmp*> Vm::session(Monitor& monitor, std::chrono::steady_clock::time_point
     // A session that failed was dropped with its connection: a lasting
     // QEMU's monitor takes a new one (and greets it afresh).
     if (workDir_.empty()) return Error::make(Code::kUnavailable, "QEMU's monitor connection is gone");
-    MOAT_ASSIGN(monitor.fd, os::connectUnixStream(workDir_ + "/" + kMonitorSocket));
+    MOAT_ASSIGN(monitor.fd, socketIn(workDir_, kMonitorSocket, false));
   }
   // A QEMU that stops reading cannot hold a sender for good.
   MOAT_TRY(os::setSendTimeout(monitor.fd.get(), std::chrono::seconds(5)));
@@ -538,10 +564,13 @@ Status Vm::forwardPort(uint16_t port, std::chrono::milliseconds wait) {
   if (auto k = known()) return *k;
   // On QEMU's 127.0.0.2, not 127.0.0.1: the guest's 10.0.2.2 is QEMU's
   // 127.0.0.1, and must not lead back to the guest's own servers.
-  const std::string rule = "tcp:" + os::ipv4ToString(htonl(kForwardAddress)) + ":" + std::to_string(port) + "-" +
-                           os::ipv4ToString(htonl(init::kGuestAddress)) + ":" + std::to_string(port);
+  const std::string host = "tcp:" + os::ipv4ToString(htonl(kForwardAddress)) + ":" + std::to_string(port);
+  const std::string rule = host + "-" + os::ipv4ToString(htonl(init::kGuestAddress)) + ":" + std::to_string(port);
   auto forward = [&]() -> Result<nlohmann::json> {
     MOAT_ASSIGN(Qmp * qmp, session(*monitor_, deadline));
+    // An earlier moatd (or a forward whose answer came late) may have made
+    // it already: made afresh.
+    MOAT_TRY(qmp->call("human-monitor-command", {{"command-line", "hostfwd_remove net " + host}}));
     return qmp->call("human-monitor-command", {{"command-line", "hostfwd_add net " + rule}});
   };
   auto said = forward();
@@ -605,15 +634,16 @@ void Vm::kill() const {
 Vm::~Vm() {
   if (pid_ <= 0) return;
   kill();
-  int status = 0;
-  pid_t reaped;
-  while ((reaped = ::waitpid(pid_, &status, 0)) < 0 && errno == EINTR) {
-  }
-  if (reaped < 0 && errno == ECHILD && pidfd_) {
-    // An earlier moatd's (its parent reaps it): gone once its pidfd reads.
+  if (adopted_) {
+    // An earlier moatd's (whoever its parent is reaps it; its pid may be
+    // another's by then): gone once its pidfd reads.
     pollfd p{pidfd_.get(), POLLIN, 0};
-    while (::poll(&p, 1, 10000) < 0 && errno == EINTR) {
+    while (pidfd_ && ::poll(&p, 1, 10000) < 0 && errno == EINTR) {
     }
+    return;
+  }
+  int status = 0;
+  while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }
 }
 

@@ -95,8 +95,10 @@ inline constexpr uint32_t kForwardAddress = 0x7f000002;
 // guest's to stop reading).
 inline constexpr std::chrono::seconds kGuestBootWait{120};
 inline constexpr std::chrono::seconds kGuestSendWait{30};
-// How long a running guest may take to answer a re-attach.
-inline constexpr std::chrono::seconds kGuestReattachWait{10};
+// How long a running guest may take to answer a re-attach, and how much
+// of what it wrote for the host before may come first.
+inline constexpr std::chrono::seconds kGuestReattachWait{30};
+inline constexpr size_t kReattachSkipBytes = 4u << 20;
 // How long saving a parked guest may take (its RAM written to a file).
 inline constexpr std::chrono::seconds kGuestSaveWait{60};
 
