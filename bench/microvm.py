@@ -5,7 +5,9 @@ boot, interleaved in one run, through moatd's API.
 Per round: a namespace environment created and its first command run; a
 microVM environment (spec.isolation "microvm") the same, restored from
 the saved guest (moatd's default); one booted cold (a second moatd with
---microvm-saved-guests 0); and, as the peer, the floor of any QEMU boot here:
+--microvm-saved-guests 0); one claimed from a warm pool of one guest (a
+third moatd with --warm-pool 1:...,isolation=microvm; the refill between
+rounds is not timed); and, as the peer, the floor of any QEMU boot here:
 the same QEMU, machine and guest kernel booting with nothing to run
 (rdinit names no file: the kernel panics and QEMU ends), timed from exec
 to exit. The create that saves the guest (the second of its machine) is
@@ -95,9 +97,22 @@ def main():
     m = h.Moatd(args.bin_dir, args=["--microvm-accel", args.accel], prefix="moatd-bench-vm-")
     cold = h.Moatd(args.bin_dir, args=["--microvm-accel", args.accel, "--microvm-saved-guests", "0"],
                    prefix="moatd-bench-vm-cold-")
+    warm = h.Moatd(args.bin_dir, args=["--microvm-accel", args.accel, "--warm-pool",
+                                       f"1:template={tree},ram_mb=256,isolation=microvm"],
+                   prefix="moatd-bench-vm-warm-")
     # name -> (moatd, spec.isolation)
     kinds = {"namespaces": (m, "namespaces"), "microvm (restored)": (m, "microvm"),
-             "microvm (cold boot)": (cold, "microvm")}
+             "microvm (cold boot)": (cold, "microvm"), "microvm (warm pool)": (warm, "microvm")}
+
+    def pool_ready():
+        """Until the warm pool holds its guest again (bounded: 120 s)."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            text = warm.call("GET", "/metrics", raw=True)[1].decode()
+            if "\nmoat_warm_pool_ready 1\n" in text:
+                return
+            time.sleep(0.05)
+        raise SystemExit("the warm pool did not refill within 120 s")
     times = {name: [] for name in kinds}
     times["qemu floor"] = []
     execs = {name: [] for name in kinds}
@@ -106,6 +121,8 @@ def main():
         def create_and_run(name):
             daemon, isolation = kinds[name]
             spec = {"isolation": isolation, "ram_mb": 256}
+            if daemon is warm:
+                pool_ready()
             t = time.perf_counter()
             env = h.expect_status(daemon.call("POST", "/v1/environments", {"template": tree, "spec": spec}), 201)
             r = h.expect_status(daemon.call("POST", f"/v1/environments/{env['id']}/exec", {"cmd": UNAME}), 200)
@@ -143,7 +160,7 @@ def main():
             stats = h.expect_status(kinds[name][0].call("GET", f"/v1/environments/{env}/stats"), 200)
             idle[name] = stats["memory_bytes"]
     finally:
-        for daemon in (m, cold):
+        for daemon in (m, cold, warm):
             daemon.stop()
             daemon.remove()
         shutil.rmtree(tree, ignore_errors=True)

@@ -8,7 +8,9 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
+#include "backend/microvm/vm.h"
 #include "os/socket.h"
 
 namespace moat::backend::microvm {
@@ -57,6 +59,41 @@ TEST(Qmp, AnAnswerToAnEarlierCommandIsNeverTakenForTheNextOnes) {
   auto event = qmp.awaitEvent("RTC_CHANGE");
   ASSERT_TRUE(event.ok());
   EXPECT_EQ(event.value()["offset"], 1);
+}
+
+// A re-attach reads up to its nonce's frame and not a byte past it, even
+// when the mark comes a byte at a time or straddles what was read before;
+// it gives up past its bound or its deadline.
+TEST(ReadThrough, StopsRightAfterTheMarkWhereverItFalls) {
+  const std::string mark = "\x01MARK-nonce-0123456789";
+  for (size_t chunk : {size_t{1}, size_t{3}, size_t{7}, size_t{64 << 10}}) {
+    auto pair = os::streamSocketPair();
+    ASSERT_TRUE(pair.ok());
+    const std::string stale = std::string(100000, 'x') + "\x01MARK-nonce-01234" + "MARK";  // near misses
+    const std::string sent = stale + mark + "HELLO";
+    std::thread writer([&] {
+      for (size_t at = 0; at < sent.size(); at += chunk) {
+        const std::string piece = sent.substr(at, chunk);
+        ASSERT_EQ(::write(pair->second.get(), piece.data(), piece.size()), ssize_t(piece.size()));
+      }
+    });
+    Status read = readThrough(pair->first.get(), mark, std::chrono::seconds(20), 1 << 20);
+    writer.join();
+    ASSERT_TRUE(read.ok()) << "chunk " << chunk << ": " << read.error().message();
+    char next[5];
+    ASSERT_EQ(::read(pair->first.get(), next, sizeof next), 5) << "chunk " << chunk;
+    EXPECT_EQ(std::string(next, 5), "HELLO") << "chunk " << chunk;
+  }
+  auto pair = os::streamSocketPair();
+  ASSERT_TRUE(pair.ok());
+  const std::string flood(70000, 'y');
+  ASSERT_EQ(::write(pair->second.get(), flood.data(), flood.size()), ssize_t(flood.size()));
+  auto over = readThrough(pair->first.get(), mark, std::chrono::seconds(5), 60000);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.error().code, Code::kProtocol);
+  auto late = readThrough(pair->first.get(), mark, std::chrono::milliseconds(200), 1 << 20);
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.error().code, Code::kTimeout);
 }
 
 }  // namespace

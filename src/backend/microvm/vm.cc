@@ -422,44 +422,48 @@ Result<UniqueFd> Vm::reattach(std::chrono::milliseconds wait) const {
   MOAT_ASSIGN(UniqueFd fd, socketIn(workDir_, kControlSocket, false));
   MOAT_ASSIGN(std::string nonce, randomBytes(16));
   MOAT_TRY(init::writeFrame(fd.get(), init::MsgType::kReattach, nonce));
-  const std::string mark = init::encodeFrame(init::MsgType::kReattached, nonce);
+  // What the guest had written for the host that went comes first (it
+  // sends nothing new until it has read kReattach): far below the bound.
+  MOAT_TRY(readThrough(fd.get(), init::encodeFrame(init::MsgType::kReattached, nonce), wait, kReattachSkipBytes));
+  return fd;
+}
+
+Status readThrough(int fd, const std::string& mark, std::chrono::milliseconds wait, size_t maxSkip) {
   const auto deadline = std::chrono::steady_clock::now() + wait;
-  // Up to the mark, and not a byte past it: what follows (the Hello) is the
-  // caller's. Before it comes only what the guest wrote for the host that
-  // went and had not been read (the guest sends nothing new until it has
-  // read kReattach): far below kReattachSkipBytes.
-  std::string tail;  // the last mark.size() - 1 bytes consumed
+  std::string tail;  // the end of what was consumed, where the mark may begin
   size_t skipped = 0;
   for (;;) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
-      return Error::make(Code::kTimeout,
-                         "the guest did not answer its re-attach within " + std::to_string(wait.count()) + " ms");
+      return Error::make(Code::kTimeout, "no answer within " + std::to_string(wait.count()) + " ms");
     }
-    pollfd p{fd.get(), POLLIN, 0};
+    pollfd p{fd, POLLIN, 0};
     int n = ::poll(&p, 1, static_cast<int>(left.count()));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) continue;  // the deadline decides
     char buf[64 << 10];
-    ssize_t got = ::recv(fd.get(), buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    ssize_t got = ::recv(fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
     if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (got <= 0) return Error::make(Code::kEof, "the guest's connection closed during its re-attach");
-    const std::string seen = tail + std::string(buf, static_cast<size_t>(got));
+    if (got <= 0) return Error::make(Code::kEof, "the connection closed before the answer");
+    // What is peeked is consumed through the mark, or all but its last
+    // mark.size() - 1 bytes (where the mark may begin).
+    const std::string peeked(buf, static_cast<size_t>(got));
+    const std::string seen = tail + peeked;
     const size_t at = seen.find(mark);
-    // Consumed: through the mark when it is there, else all but what may
-    // begin it.
-    const size_t upTo =
-        at != std::string::npos ? at + mark.size() : (seen.size() >= mark.size() ? seen.size() - (mark.size() - 1) : 0);
-    const size_t take = upTo > tail.size() ? upTo - tail.size() : 0;
-    if (take > 0 && ::recv(fd.get(), buf, take, MSG_DONTWAIT) != static_cast<ssize_t>(take)) {
-      return Error::fromErrno("read the guest's re-attach");
+    const size_t keep = mark.size() - 1;
+    const size_t take =
+        at != std::string::npos ? at + mark.size() - tail.size() : (peeked.size() > keep ? peeked.size() - keep : 0);
+    if (take > 0 && ::recv(fd, buf, take, MSG_DONTWAIT) != static_cast<ssize_t>(take)) {
+      return Error::fromErrno("read up to the answer");
     }
-    if (at != std::string::npos) return fd;
-    tail = seen.substr(upTo);
+    if (at != std::string::npos) return {};
+    const std::string consumed = tail + peeked.substr(0, take);
+    tail = consumed.size() > keep ? consumed.substr(consumed.size() - keep) : consumed;
     skipped += take;
     if (take == 0) ::usleep(1000);  // fewer bytes than the mark: more are on their way
-    if (skipped > kReattachSkipBytes) return Error::make(Code::kProtocol, "the guest never answered its re-attach");
+    if (skipped > maxSkip)
+      return Error::make(Code::kProtocol, "more than " + std::to_string(maxSkip) + " bytes before the answer");
   }
 }
 

@@ -136,6 +136,12 @@ isolation::cgroup::Limits qemuLimits(double cpus, uint64_t memoryMb, bool kvm);
 // guestInitramfs's archive written to `path`, readable by every QEMU.
 Status writeGuestInitramfs(const GuestKernel& kernel, const std::string& initBinary, const std::string& path);
 
+// Reads the stream socket `fd` up to and including the first `mark`, never
+// a byte past it (what follows is the caller's), within `wait`; at most
+// `maxSkip` bytes before it ("protocol" beyond). How a re-attach skips what
+// a guest wrote for the host before.
+Status readThrough(int fd, const std::string& mark, std::chrono::milliseconds wait, size_t maxSkip);
+
 // QEMU's command line for `spec`, its files the descriptors above.
 std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec);
 
