@@ -1,5 +1,7 @@
 #include "backend/backend.h"
 
+#include <algorithm>
+
 #include "common/hex.h"
 #include "os/netlink.h"
 
@@ -16,6 +18,11 @@ std::optional<Isolation> isolationNamed(std::string_view name) {
 Result<UniqueFd> Backend::connectPort(const std::string& id, uint16_t port, std::chrono::milliseconds timeout) {
   MOAT_ASSIGN(UniqueFd netns, networkNamespace(id));
   return os::connectLoopbackIn(netns.get(), port, timeout);
+}
+
+bool Backend::runs(const std::string& id) {
+  auto ids = list();
+  return ids.ok() && std::find(ids->begin(), ids->end(), id) != ids->end();
 }
 
 std::string newEnvironmentId() {

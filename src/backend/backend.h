@@ -88,6 +88,8 @@ class Backend {
   virtual Result<UniqueFd> attach(const std::string& id) = 0;
   // The ids of the environments it runs.
   virtual Result<std::vector<std::string>> list() = 0;
+  // Whether it runs environment `id` (by default: list() names it).
+  virtual bool runs(const std::string& id);
   virtual Result<Usage> usage(const std::string& id) = 0;
   // Where the environment's network attaches: its network namespace.
   virtual Result<UniqueFd> networkNamespace(const std::string& id) = 0;

@@ -1,7 +1,5 @@
 #include "backend/router.h"
 
-#include <algorithm>
-
 namespace moat::backend {
 
 Result<Backend::Created> Router::create(const Spec& spec) {
@@ -22,10 +20,7 @@ Result<std::vector<std::string>> Router::list() {
 }
 
 Backend& Router::of(const std::string& id) {
-  if (microvm_) {
-    auto vms = microvm_->list();
-    if (vms.ok() && std::find(vms->begin(), vms->end(), id) != vms->end()) return *microvm_;
-  }
+  if (microvm_ && microvm_->runs(id)) return *microvm_;
   return namespaces_;
 }
 

@@ -423,6 +423,11 @@ Result<std::vector<std::string>> MicroVmBackend::list() {
   return ids;
 }
 
+bool MicroVmBackend::runs(const std::string& id) {
+  std::lock_guard lock(mutex_);
+  return guests_.count(id) > 0;
+}
+
 Result<Usage> MicroVmBackend::usage(const std::string& id) {
   auto guest = find(id);
   if (!guest || !guest->cgroup) return Error::make(Code::kNotFound, "no microVM environment " + id);

@@ -54,6 +54,7 @@ class MicroVmBackend final : public Backend {
   Status destroy(const std::string& id) override;
   Result<UniqueFd> attach(const std::string& id) override;
   Result<std::vector<std::string>> list() override;
+  bool runs(const std::string& id) override;
   Result<Usage> usage(const std::string& id) override;
   Result<UniqueFd> networkNamespace(const std::string& id) override;
   Result<UniqueFd> connectPort(const std::string& id, uint16_t port, std::chrono::milliseconds timeout) override;
