@@ -45,7 +45,7 @@ class FakeBackend final : public backend::Backend {
   std::vector<Call> calls();
   // Calls of one kind, in order.
   std::vector<Call> calls(const std::string& op);
-  bool runs(const std::string& id);
+  bool runs(const std::string& id) override;
   bool keepsSnapshot(const std::string& name);
   // The next create fails with this error (and makes nothing).
   void failNextCreate(Code code, const std::string& message);
