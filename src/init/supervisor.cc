@@ -328,6 +328,10 @@ void Supervisor::awaitHostAgain() {
   reattaching_ = true;
 }
 
+std::string Supervisor::helloPayload() { return Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode(); }
+
+std::string Supervisor::helloFrame() { return encodeFrame(MsgType::kHello, helloPayload()); }
+
 void Supervisor::adoptConnection() {
   UniqueFd fd;
   auto message = os::receiveWithFd(rendezvous_, &fd);
@@ -347,7 +351,7 @@ void Supervisor::adoptConnection() {
   outbox_.clear();  // frames for the connection that went away
   // Hello first on every connection (send would put the reports of programs
   // that ran while nobody was connected before it); they follow.
-  outbox_ += encodeFrame(MsgType::kHello, Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode());
+  outbox_ += helloFrame();
 }
 
 void Supervisor::readClient(bool drain) {
@@ -413,7 +417,7 @@ int Supervisor::run() {
     }
   }
 
-  send(MsgType::kHello, Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode());
+  send(MsgType::kHello, helloPayload());
 
   while (running_) {
     if (port_ >= 0) awaitHostAgain();
@@ -561,7 +565,7 @@ void Supervisor::handleFrame(const Frame& frame) {
       reattaching_ = false;
       outbox_.clear();
       outbox_ += encodeFrame(MsgType::kReattached, frame.payload.substr(0, 64));
-      outbox_ += encodeFrame(MsgType::kHello, Hello{kProtocolVersion, static_cast<uint32_t>(::getpid())}.encode());
+      outbox_ += helloFrame();
       releaseReports();
       return;
     }

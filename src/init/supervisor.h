@@ -121,6 +121,10 @@ class Supervisor {
   // error), which ends a guest as it ends any environment.
   void disconnect(bool hostWent);
   void adoptConnection();
+  // What every connection hears first: this moat-init's Hello (its
+  // payload, and as a frame for the outbox of a new or re-attached host).
+  static std::string helloPayload();
+  static std::string helloFrame();
   // A client is connected and may be sent to (a guest's host that came
   // back is not, until its kReattach).
   bool hasClient() const { return control_ >= 0 && !reattaching_; }
