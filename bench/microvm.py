@@ -11,7 +11,11 @@ rounds is not timed); and, as the peer, the floor of any QEMU boot here:
 the same QEMU, machine and guest kernel booting with nothing to run
 (rdinit names no file: the kernel panics and QEMU ends), timed from exec
 to exit. The create that saves the guest (the second of its machine) is
-timed once. Then exec latency on one of each, and the memory each holds
+timed once. Then exec latency on one of each, a snapshot and a fork
+(to the fork's first command) of the namespace environment and of the
+restored microVM, interleaved (the microVM's: its guest synced and
+stopped while its disk's volume is snapshotted; its fork restored from
+the saved guest onto a copy of that disk), and the memory each holds
 idle (its cgroup's: for a microVM, QEMU's, the guest's touched RAM and
 TCG's cache included). All run the same template: a directory of one
 static program (moat-guest-tool as /bin/tool).
@@ -116,6 +120,8 @@ def main():
     times = {name: [] for name in kinds}
     times["qemu floor"] = []
     execs = {name: [] for name in kinds}
+    snaps = {"namespaces": [], "microvm (restored)": []}
+    forks = {"namespaces": [], "microvm (restored)": []}
     idle = {}
     try:
         def create_and_run(name):
@@ -155,6 +161,18 @@ def main():
                 t = time.perf_counter()
                 h.expect_status(kinds[name][0].call("POST", f"/v1/environments/{env}/exec", {"cmd": UNAME}), 200)
                 execs[name].append((time.perf_counter() - t) * 1000)
+        for _ in range(args.runs):
+            for name in ("namespaces", "microvm (restored)"):
+                daemon, env = kinds[name][0], kept[name]
+                t = time.perf_counter()
+                snap = h.expect_status(daemon.call("POST", f"/v1/environments/{env}/snapshots", {}), 201)
+                snaps[name].append((time.perf_counter() - t) * 1000)
+                t = time.perf_counter()
+                fork = h.expect_status(daemon.call("POST", f"/v1/environments/{env}/fork", {}), 201)
+                h.expect_status(daemon.call("POST", f"/v1/environments/{fork['id']}/exec", {"cmd": UNAME}), 200)
+                forks[name].append((time.perf_counter() - t) * 1000)
+                destroy(name, fork["id"])
+                h.expect_status(daemon.call("DELETE", f"/v1/snapshots/{snap['id']}"), 204)
         time.sleep(2)  # idle: what each holds once nothing runs
         for name, env in kept.items():
             stats = h.expect_status(kinds[name][0].call("GET", f"/v1/environments/{env}/stats"), 200)
@@ -180,9 +198,18 @@ def main():
     for name, values in execs.items():
         print(f"| {name} | {statistics.median(values):.1f} | {h.nearest_rank(values, 90):.1f} | "
               f"{idle[name] / 2**20:.1f} |")
+    print()
+    print("| of a running environment | p50 ms | p90 ms | vs namespaces |")
+    print("|---|---|---|---|")
+    for what, values in (("snapshot", snaps), ("fork -> its first exec", forks)):
+        base = statistics.median(values["namespaces"])
+        for name, v in values.items():
+            print(f"| {what}, {name} | {statistics.median(v):.1f} | {h.nearest_rank(v, 90):.1f} | "
+                  f"{statistics.median(v) / base:.2f}x |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"create_ms": times, "first_saved_ms": first_saved_ms, "exec_ms": execs, "idle_bytes": idle}, f)
+            json.dump({"create_ms": times, "first_saved_ms": first_saved_ms, "exec_ms": execs, "idle_bytes": idle,
+                       "snapshot_ms": snaps, "fork_ms": forks}, f)
     return 0
 
 

@@ -45,6 +45,9 @@ std::pair<const char*, json> fileEvent(const init::FileRequest& f, const init::F
       type = "file.moved";
       data = {{"from", f.path}, {"to", f.target}};
       break;
+    case init::FileOp::kSync:  // moatd's own (a snapshot's): no route asks for it
+      data["op"] = "sync";
+      break;
   }
   if (r.err != 0) {
     data.erase("size");

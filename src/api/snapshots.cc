@@ -25,6 +25,7 @@ json snapshotJson(const store::SnapshotRecord& s) {
           {"name", s.name},
           {"template", s.templateName},
           {"storage_gb", s.storageGb},
+          {"isolation", s.isolation},
           {"created_at", timestamp(s.createdAtMs)}};
 }
 

@@ -28,6 +28,8 @@ std::optional<Isolation> isolationNamed(std::string_view name);
 
 // The least memory a microVM guest gets (its kernel's own).
 inline constexpr uint64_t kMicroVmMinMemoryMb = 128;
+// The largest disk (storage limit) a microVM's writable layer may have.
+inline constexpr uint64_t kMicroVmMaxStorageGb = 1024;
 
 // One environment, whatever runs it.
 struct Spec {

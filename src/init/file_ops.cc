@@ -239,6 +239,14 @@ FileResult doRemove(const FileRequest& req) {
   return r;
 }
 
+FileResult doSync(const FileRequest& req) {
+  Status s = os::syncFileSystemOf(req.path);
+  if (!s.ok()) return failure(req, s.error().sysErrno ? s.error().sysErrno : EIO, "sync");
+  FileResult r;
+  r.tag = req.tag;
+  return r;
+}
+
 FileResult doRename(const FileRequest& req) {
   if (::rename(req.path.c_str(), req.target.c_str()) != 0) return failure(req, errno, "rename");
   FileResult r;
@@ -268,6 +276,8 @@ FileResult runFileRequest(const FileRequest& request) {
       return doRemove(request);
     case FileOp::kRename:
       return doRename(request);
+    case FileOp::kSync:
+      return doSync(request);
   }
   return failure(request, EINVAL, "operation");
 }

@@ -46,14 +46,48 @@ Status awaitPath(const std::string& path) {
   return {};
 }
 
-// The template's image on /dev/vda (erofs, read-only) under an overlay
-// whose writable layer is a tmpfs holding at most `storageBytes`.
-Status makeRoot(const std::string& storageBytes) {
-  MOAT_TRY(awaitPath("/dev/vda"));
+// The disk whose serial number is `serial` (/dev/vdX), once its driver has
+// probed it.
+Result<std::string> findDisk(const std::string& serial) {
+  const auto deadline = std::chrono::steady_clock::now() + kDeviceWait;
+  for (;;) {
+    if (DIR* d = ::opendir("/sys/block")) {
+      std::string found;
+      while (dirent* e = ::readdir(d)) {
+        std::string name = e->d_name;
+        if (name.rfind("vd", 0) != 0) continue;
+        auto said = os::readFile("/sys/block/" + name + "/serial", 256);
+        if (said.ok() && (said.value() == serial || said.value() == serial + "\n")) found = "/dev/" + name;
+      }
+      ::closedir(d);
+      if (!found.empty() && ::access(found.c_str(), F_OK) == 0) return found;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Error::fromErrno("no disk with serial number " + serial, ENODEV);
+    }
+    ::usleep(1000);
+  }
+}
+
+// The template's image (erofs, read-only) under an overlay whose writable
+// layer is the host's disk (an ext4 file system the host made, or a copy
+// of a snapshot's: its upper and work directories may be there already)
+// or, without one, a tmpfs holding at most `storageBytes`.
+Status makeRoot(bool disk, const std::string& storageBytes) {
+  MOAT_ASSIGN(std::string root, findDisk(kGuestRootSerial));
   for (const char* dir : {"/moat/lower", "/moat/rw", "/moat/root"}) MOAT_TRY(os::makeDir(dir, 0755));
-  MOAT_TRY(os::mount("/dev/vda", "/moat/lower", "erofs", MS_RDONLY | MS_NODEV, ""));
-  MOAT_TRY(os::mount("tmpfs", "/moat/rw", "tmpfs", MS_NODEV, "mode=0755,size=" + storageBytes));
-  for (const char* dir : {"/moat/rw/upper", "/moat/rw/work"}) MOAT_TRY(os::makeDir(dir, 0755));
+  MOAT_TRY(os::mount(root, "/moat/lower", "erofs", MS_RDONLY | MS_NODEV, ""));
+  if (disk) {
+    MOAT_ASSIGN(std::string layer, findDisk(kGuestDiskSerial));
+    // A restored guest probed another disk before it was saved.
+    MOAT_TRY(os::dropBlockDeviceCache(layer));
+    MOAT_TRY(os::mount(layer, "/moat/rw", "ext4", MS_NODEV, ""));
+  } else {
+    MOAT_TRY(os::mount("tmpfs", "/moat/rw", "tmpfs", MS_NODEV, "mode=0755,size=" + storageBytes));
+  }
+  for (const char* dir : {"/moat/rw/upper", "/moat/rw/work"}) {
+    if (::access(dir, F_OK) != 0) MOAT_TRY(os::makeDir(dir, 0755));
+  }
   MOAT_TRY(os::mount("overlay", "/moat/root", "overlay", 0,
                      "lowerdir=/moat/lower,upperdir=/moat/rw/upper,workdir=/moat/rw/work"));
   for (const char* dir : {"proc", "sys", "dev", "tmp", "workspace"}) {
@@ -206,7 +240,7 @@ Result<UniqueFd> prepareGuest() {
   } else if (auto name = fromCommandLine("MOAT_GUEST_HOSTNAME"); !name.empty()) {
     MOAT_TRY(os::setHostname(name));
   }
-  MOAT_TRY(makeRoot(storage.empty() ? "1g" : storage));
+  MOAT_TRY(makeRoot(fromCommandLine("MOAT_GUEST_DISK") == "1", storage.empty() ? "1g" : storage));
   // Terminals (a pty process, a shell) and POSIX shared memory, as in a
   // namespace environment.
   MOAT_TRY(os::makeDir("/dev/pts", 0755));

@@ -14,6 +14,12 @@ namespace moat::init {
 // What the initramfs holds, where moat-init reads it.
 inline constexpr const char* kGuestModuleList = "/moat/modules";  // module files, one per line, in load order
 inline constexpr const char* kGuestPortName = "moat";             // the virtio-serial port of the control connection
+// The serial numbers of the guest's disks (virtio-blk), found by them
+// rather than by the order the kernel probed them in: the template's image,
+// and the writable layer's disk when the host gives one
+// (MOAT_GUEST_DISK=1 on the kernel's command line; else a tmpfs).
+inline constexpr const char* kGuestRootSerial = "moat-root";
+inline constexpr const char* kGuestDiskSerial = "moat-disk";
 
 // The guest's one network device, on QEMU's user-mode network (the host
 // side names the same addresses on QEMU's command line): every connection
@@ -29,8 +35,9 @@ inline constexpr uint32_t kGuestAddress = 0x0a00020f;  // 10.0.2.15
 // In the initramfs, as pid 1: mounts /proc, /sys and /dev; loads the
 // modules; brings up loopback and kGuestNic with kGuestAddress; finds the control connection once the host has it open;
 // with MOAT_GUEST_PARK=1 on the kernel's command line, says kParked there and waits for kResume (its identity and
-// limits: a saved guest is parked here); makes the root (the template's image on the first disk, read-only, under an
-// overlay whose writable layer is a tmpfs of MOAT_GUEST_STORAGE bytes, or Resume's) and switches to it; bounds the
+// limits: a saved guest is parked here); makes the root (the template's image, read-only, under an overlay whose
+// writable layer is the ext4 file system on the host's disk with MOAT_GUEST_DISK=1, else a tmpfs of MOAT_GUEST_STORAGE
+// bytes, or Resume's) and switches to it; bounds the
 // commands' tasks (MOAT_GUEST_PIDS, or Resume's); keeps MOAT_GUEST_CAPS.
 // Returns the control connection.
 Result<UniqueFd> prepareGuest();

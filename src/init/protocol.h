@@ -291,6 +291,7 @@ enum class FileOp : uint8_t {
   kMkdir = 5,   // path, mode, flags(kCreateParents)
   kRemove = 6,  // path, flags(kRecursive)
   kRename = 7,  // path -> target
+  kSync = 8,    // path -> ok: its file system written to its disk (a microVM's snapshot)
 };
 
 constexpr uint8_t kFileCreateParents = 1;

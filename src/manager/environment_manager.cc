@@ -226,20 +226,19 @@ Status EnvironmentManager::onNamespaces(const store::EnvironmentRecord& record, 
                                              " environments yet (environment " + record.id + "; docs/MICROVM.md)");
 }
 
-Status EnvironmentManager::microVmCreatable(const store::EnvironmentRecord& record, bool fromSnapshot) const {
+Status EnvironmentManager::microVmCreatable(const store::EnvironmentRecord& record) const {
   if (!config_.microvmMissing.empty()) {
     return Error::make(Code::kUnsupported,
                        "spec.isolation: microvm is not available on this host: " + config_.microvmMissing);
-  }
-  if (fromSnapshot) {
-    return Error::make(Code::kUnsupported,
-                       "a create from a snapshot (a fork, a built template) is not available for microvm environments "
-                       "yet (docs/MICROVM.md)");
   }
   if (record.templateName == "host") {
     return Error::make(Code::kUnsupported,
                        "template: isolation microvm needs a root file system, an imported template or a directory "
                        "(the host's own tree is not made into an image; docs/MICROVM.md)");
+  }
+  if (record.storageGb > static_cast<double>(backend::kMicroVmMaxStorageGb)) {
+    return Error::make(Code::kInvalidArgument, "spec.storage_gb: a microVM's disk holds at most " +
+                                                   std::to_string(backend::kMicroVmMaxStorageGb) + " GB");
   }
   if (record.ramMb < backend::kMicroVmMinMemoryMb) {
     return Error::make(Code::kInvalidArgument, "spec.ram_mb: a microVM needs at least " +
@@ -307,13 +306,27 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     if (request.storageGb <= 0) record.storageGb = snap.storageGb;
     from = std::move(snap);
   }
-  // One from a snapshot (a fork, a built template) is the namespace
-  // backend's unless the request says otherwise: microVMs make none yet.
-  const backend::Isolation isolation =
-      request.isolation.value_or(from ? backend::Isolation::kNamespaces : config_.defaultIsolation);
+  // One from a snapshot (a fork, a restore, a built template) is what the
+  // snapshot holds: a namespace environment's files or a microVM's disk.
+  backend::Isolation isolation = request.isolation.value_or(config_.defaultIsolation);
+  if (from) {
+    const auto held = backend::isolationNamed(from->isolation).value_or(backend::Isolation::kNamespaces);
+    if (request.isolation && *request.isolation != held) {
+      return Error::make(Code::kInvalidArgument,
+                         "spec.isolation: snapshot " + from->id + " is of a " + from->isolation +
+                             " environment, so is an environment made from it (docs/MICROVM.md, \"Snapshots\")");
+    }
+    if (held == backend::Isolation::kMicroVm && request.storageGb > 0 && request.storageGb != from->storageGb) {
+      return Error::make(Code::kInvalidArgument,
+                         "spec.storage_gb: an environment made from a microVM's snapshot "
+                         "has the snapshot's disk (" +
+                             nlohmann::json(from->storageGb).dump() + " GB)");
+    }
+    isolation = held;
+  }
   record.isolation = backend::isolationName(isolation);
   if (isolation == backend::Isolation::kMicroVm) {
-    MOAT_TRY(microVmCreatable(record, from.has_value()));
+    MOAT_TRY(microVmCreatable(record));
     record.accel = config_.microvmAccel;
   }
   MOAT_TRY(useTemplate());

@@ -197,7 +197,7 @@ class EnvironmentManager final : public EnvironmentService,
   // backend's.
   static Status onNamespaces(const store::EnvironmentRecord& record, const std::string& what);
   // What a microVM create is refused for, before anything is stored or booted.
-  Status microVmCreatable(const store::EnvironmentRecord& record, bool fromSnapshot) const;
+  Status microVmCreatable(const store::EnvironmentRecord& record) const;
   backend::Spec specFor(const std::string& templateName, double cpus, uint64_t ramMb, double storageGb, uint64_t pids,
                         backend::Isolation isolation = backend::Isolation::kNamespaces) const;
   backend::Spec poolSpec(size_t pool) const;

@@ -38,9 +38,20 @@ Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string
                                                                const std::string& owner) {
   auto held = exclusive(id);
   MOAT_ASSIGN(auto record, get(id));
-  MOAT_TRY(onNamespaces(record, "a snapshot"));
   MOAT_ASSIGN(LiveEnvironment live, liveOf(id));  // running: its volume is there
-  (void)live;
+  if (record.isolation != backend::isolationName(backend::Isolation::kNamespaces)) {
+    // What a microVM's programs wrote and its kernel holds in memory goes
+    // to its disk first: the snapshot has every write that returned, as a
+    // namespace environment's does.
+    init::FileRequest sync;
+    sync.op = init::FileOp::kSync;
+    sync.path = "/";
+    MOAT_ASSIGN(init::FileResult synced, live.connection->file(sync));
+    if (synced.err != 0) {
+      return Error::make(Code::kUnavailable,
+                         "environment " + id + " could not write its files to its disk: " + synced.message);
+    }
+  }
   if (!owner.empty()) record.owner = owner;
   MOAT_ASSIGN(auto mine, store_.listSnapshots(record.owner, ""));
   if (!transient && mine.size() >= config_.maxSnapshotsPerOwner) {
@@ -54,6 +65,7 @@ Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string
   snap.owner = record.owner;
   snap.templateName = record.templateName;
   snap.storageGb = record.storageGb;
+  snap.isolation = record.isolation;
   snap.name = name;
   snap.state = SnapshotState::kCreating;
   snap.createdAtMs = nowMs();
@@ -93,6 +105,10 @@ Result<backend::Changes> EnvironmentManager::changes(const std::string& id, cons
   request.limits = limits;
   if (!snapshotId.empty()) {
     MOAT_ASSIGN(auto snap, usableSnapshot(snapshotId, ""));
+    if (snap.isolation != record.isolation) {
+      return Error::make(Code::kInvalidArgument, "snapshot " + snapshotId + " is of a " + snap.isolation +
+                                                     " environment, this one is " + record.isolation);
+    }
     if (snap.templateName != record.templateName) {
       return Error::make(Code::kInvalidArgument, "snapshot " + snapshotId + " is of template '" + snap.templateName +
                                                      "', the environment's is '" + record.templateName + "'");
@@ -104,7 +120,6 @@ Result<backend::Changes> EnvironmentManager::changes(const std::string& id, cons
 
 Result<store::EnvironmentRecord> EnvironmentManager::fork(const std::string& id, const ForkRequest& request) {
   MOAT_ASSIGN(auto source, get(id));
-  MOAT_TRY(onNamespaces(source, "a fork"));
   MOAT_ASSIGN(auto layers, permissions(id));
   CreateRequest copy;
   copy.taskId = request.taskId ? *request.taskId : source.taskId;
@@ -196,9 +211,12 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
                                                                   const std::string& actor) {
   auto held = exclusive(id);
   MOAT_ASSIGN(auto record, get(id));
-  MOAT_TRY(onNamespaces(record, "a restore"));
   auto snapshotHeld = holdSnapshot(snapshotId);
   MOAT_ASSIGN(auto snap, getSnapshot(snapshotId));
+  if (snap.isolation != record.isolation) {
+    return Error::make(Code::kInvalidArgument, "snapshot " + snap.id + " is of a " + snap.isolation +
+                                                   " environment; environment " + id + " is " + record.isolation);
+  }
   if (snap.templateName != record.templateName) {
     return Error::make(Code::kInvalidArgument, "snapshot " + snap.id + " is of template " + snap.templateName +
                                                    "; environment " + id + " has " + record.templateName);

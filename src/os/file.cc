@@ -335,4 +335,11 @@ Status shiftOwnership(const std::string& root, uint32_t fromBase, uint32_t toBas
   return shiftEntry(fd.get(), "", root, fromBase, toBase, count, 0);
 }
 
+Status syncFileSystemOf(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return Error::fromErrno("open " + path);
+  if (::syncfs(fd.get()) != 0) return Error::fromErrno("sync the file system of " + path);
+  return {};
+}
+
 }  // namespace moat::os

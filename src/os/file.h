@@ -22,6 +22,9 @@ Status writeExisting(const std::string& path, const std::string& data);
 Status makeDirs(const std::string& path, mode_t mode = 0755, mode_t parentMode = 0);
 Status makeDir(const std::string& path, mode_t mode = 0755);  // EEXIST is fine
 // Removes a tree without following symlinks and without crossing mounts.
+// Writes to its disk what the file system holding `path` has of written
+// data and metadata (syncfs).
+Status syncFileSystemOf(const std::string& path);
 Status removeTree(const std::string& path);
 bool exists(const std::string& path);
 bool isDirectory(const std::string& path);

@@ -1,7 +1,9 @@
 #include "os/mount.h"
 
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <linux/mount.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -124,6 +126,13 @@ Status switchRootFromInitramfs(const std::string& newRoot) {
   if (::mount(".", "/", nullptr, MS_MOVE, nullptr) != 0) return Error::fromErrno("move " + newRoot + " onto /");
   if (::chroot(".") != 0) return Error::fromErrno("chroot " + newRoot);
   if (::chdir("/") != 0) return Error::fromErrno("chdir /");
+  return {};
+}
+
+Status dropBlockDeviceCache(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return Error::fromErrno("open " + path);
+  if (::ioctl(fd.get(), BLKFLSBUF, 0) != 0) return Error::fromErrno("drop the cache of " + path);
   return {};
 }
 

@@ -45,5 +45,10 @@ Status pivotInto(const std::string& newRoot);
 // From an initramfs (which pivot_root cannot leave): `newRoot` is moved
 // onto / and becomes this process's root and working directory.
 Status switchRootFromInitramfs(const std::string& newRoot);
+// Drops what the kernel caches of the block device at `path` (BLKFLSBUF)
+// before it is mounted: a restored microVM guest's disk is not the one it
+// probed before it was saved, so nothing read then may be taken for its
+// contents.
+Status dropBlockDeviceCache(const std::string& path);
 
 }  // namespace moat::os

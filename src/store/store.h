@@ -161,13 +161,14 @@ struct EventQuery {
 
 // A snapshot of an environment's writable layer (files, not processes).
 struct SnapshotRecord {
-  std::string id;            // "s" + 12 hex digits
-  std::string environment;   // what it was taken of
-  std::string owner;         // the environment's owner: "master" or an API key id
-  std::string templateName;  // the lower layer it sits on
-  double storageGb = 0;      // the environment's storage limit
-  uint32_t hostBase = 0;     // host uid of root inside when it was taken
-  std::string name;          // the caller's label; may be empty
+  std::string id;                        // "s" + 12 hex digits
+  std::string environment;               // what it was taken of
+  std::string owner;                     // the environment's owner: "master" or an API key id
+  std::string templateName;              // the lower layer it sits on
+  double storageGb = 0;                  // the environment's storage limit
+  uint32_t hostBase = 0;                 // host uid of root inside when it was taken
+  std::string isolation = "namespaces";  // of the environment it was taken of: what a create from it is
+  std::string name;                      // the caller's label; may be empty
   SnapshotState state = SnapshotState::kCreating;
   int64_t createdAtMs = 0;
 };

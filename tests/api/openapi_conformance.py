@@ -2132,7 +2132,9 @@ def run_microvm_exchanges(c, tree):
     """A representative subset on a microVM environment (spec.isolation
     "microvm", docs/MICROVM.md; TCG here): its record, exec and files (the
     namespace environment's exchanges, unchanged), processes, a shell,
-    stats, the TTL, what it refuses by name (400 unsupported), and its end.
+    stats, the TTL, snapshots (taken, forked, created from, restored, and
+    what they refuse across isolations), what it refuses by name (400
+    unsupported), and its end.
     `tree`: a template directory with a static busybox as its shell and
     tools."""
     envs = "/v1/environments"
@@ -2202,11 +2204,45 @@ def run_microvm_exchanges(c, tree):
            check=lambda r: expect(r.json["memory_bytes"] > 0, f"QEMU's memory: {r.json}"))
     c.call("POST", vm + "/timeout", {"ttl_s": 1200}, status=200)
 
+    # Snapshots: its disk, copied; environments made from it are microVMs.
+    snaps = {}
+
+    def snapped(r):
+        snaps["s"] = r.json["id"]
+        expect(r.json["isolation"] == "microvm" and r.json["storage_gb"] == 1, r.json)
+    c.call("POST", vm + "/exec", {"cmd": ["sh", "-c", "echo kept > /workspace/kept"]}, status=200)
+    c.call("POST", vm + "/snapshots", {"name": "one"}, status=201, check=snapped)
+    snap = snaps.get("s", "snap-000000000000")
+    c.call("GET", f"/v1/snapshots/{snap}", status=200, check=lambda r: expect(r.json["isolation"] == "microvm", r.json))
+    c.call("POST", vm + "/exec", {"cmd": ["sh", "-c", "echo changed > /workspace/kept"]}, status=200)
+
+    def microvm_as(name):
+        def check(r):
+            expect(r.json["spec"]["isolation"] == "microvm", r.json)
+            snaps[name] = r.json["id"]
+        return check
+    c.call("POST", vm + "/fork", {"ttl_s": 600}, status=201, check=microvm_as("fork"))
+    c.call("POST", envs, {"snapshot": snap, "ttl_s": 600}, status=201, check=microvm_as("from"))
+    for name, text in (("fork", "changed\n"), ("from", "kept\n")):
+        c.call("POST", f"{envs}/{snaps.get(name, '000000000000')}/exec", {"cmd": ["cat", "/workspace/kept"]},
+               status=200, note=f"the {name}'s files",
+               check=lambda r, text=text: expect(r.json["stdout"] == text, f"{text!r} expected: {r.json}"))
+    c.call("POST", envs, {"snapshot": snap, "spec": {"isolation": "namespaces"}}, status=400, code="invalid_argument",
+           note="a microVM's snapshot makes microVMs",
+           check=lambda r: expect("is of a microvm environment" in r.json["error"]["message"], r.json))
+    c.call("POST", envs, {"snapshot": snap, "spec": {"storage_gb": 2}}, status=400, code="invalid_argument",
+           note="its disk is the snapshot's",
+           check=lambda r: expect(r.json["error"]["message"].startswith("spec.storage_gb"), r.json))
+    c.call("POST", vm + "/restore", {"snapshot": snap}, status=200)
+    c.call("POST", vm + "/exec", {"cmd": ["cat", "/workspace/kept"]}, status=200,
+           check=lambda r: expect(r.json["stdout"] == "kept\n", r.json))
+    for name in ("fork", "from"):
+        c.call("DELETE", f"{envs}/{snaps.get(name, '000000000000')}", status=204)
+    c.call("DELETE", f"/v1/snapshots/{snap}", status=204)
+
     # Not yet for a microVM: refused by name, the environment unharmed.
     def not_yet(r):
         expect("not available for microvm environments yet" in r.json["error"]["message"], r.json)
-    c.call("POST", vm + "/snapshots", {"name": "one"}, status=400, code="unsupported", check=not_yet)
-    c.call("POST", vm + "/fork", {}, status=400, code="unsupported", check=not_yet)
     c.call("GET", vm + "/changes", status=400, code="unsupported", check=not_yet)
     # Its network (QEMU's user-mode network through the egress link; what
     # it reaches: tests/egress/egress_microvm_test.py) changes as a

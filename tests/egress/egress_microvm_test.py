@@ -198,8 +198,9 @@ class MicroVmEgressTest(base.MoatdCase):
         self.assertEqual(probe.returncode, 7, f"the egress namespace reached {address}:8080: {probe.stderr}")
 
     def qemu_of(self, env):
-        """The pid of the QEMU that holds the environment's files open."""
-        mark = f"/microvm/vms/{env.id}/"
+        """The pid of the QEMU that holds the environment's files (its disk
+        and console, in its volume) open."""
+        mark = f"/storage/envs/{env.id}/"
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 fds = os.listdir(f"/proc/{pid}/fd")

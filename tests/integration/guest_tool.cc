@@ -6,7 +6,10 @@
 // it could start, `exec PROGRAM ARGS...` becomes PROGRAM (errno's text on
 // stderr when it cannot), `time` prints the wall clock's seconds since the
 // epoch, `random` 16 random bytes (getrandom) in hex, `later SECONDS
-// PROGRAM ARGS...` becomes PROGRAM after that many seconds.
+// PROGRAM ARGS...` becomes PROGRAM after that many seconds, `hog MIB`
+// takes and touches MIB MiB of memory, `sync` writes every file system to
+// its disk.
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -60,8 +63,18 @@ int main(int argc, char** argv) {
     }
     static char block[1 << 16];
     std::memset(block, 'x', sizeof block);
-    for (long i = 0; i < std::atol(argv[3]) * 16; ++i) std::fwrite(block, 1, sizeof block, f);
-    return std::fclose(f) == 0 ? 0 : 1;
+    for (long i = 0; i < std::atol(argv[3]) * 16; ++i) {
+      if (std::fwrite(block, 1, sizeof block, f) != sizeof block) {
+        std::perror(argv[2]);
+        std::fclose(f);
+        return 1;
+      }
+    }
+    if (std::fclose(f) != 0) {
+      std::perror(argv[2]);
+      return 1;
+    }
+    return 0;
   }
   if (argc >= 4 && std::strcmp(argv[1], "later") == 0) {
     sleep(static_cast<unsigned>(std::atoi(argv[2])));
@@ -95,6 +108,18 @@ int main(int argc, char** argv) {
     std::printf("%ld\n", started);
     return 0;
   }
+  if (argc == 3 && std::strcmp(argv[1], "hog") == 0) {
+    for (long i = 0; i < std::atol(argv[2]); ++i) {
+      void* p = mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) return 1;
+      std::memset(p, 'x', 1 << 20);
+    }
+    return 0;
+  }
+  if (argc == 2 && std::strcmp(argv[1], "sync") == 0) {
+    sync();
+    return 0;
+  }
   if (argc == 2 && std::strcmp(argv[1], "time") == 0) {
     std::printf("%lld\n", static_cast<long long>(time(nullptr)));
     return 0;
@@ -108,6 +133,6 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: moat-guest-tool uname | cat FILE | write FILE TEXT | echo | flood FILE MIB | fork N | exec "
-               "PROGRAM ARGS... | time | random\n");
+               "PROGRAM ARGS... | time | random | later SECONDS PROGRAM ARGS... | hog MIB | sync\n");
   return 2;
 }

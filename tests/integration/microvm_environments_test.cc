@@ -129,7 +129,7 @@ class MicroVmEnvironments : public MoatdFixture {
   }
   // QEMU's pid for environment `id` (0: none runs).
   pid_t qemuOf(const std::string& id) {
-    for (const auto& pid : holdersOf(daemon_->stateDir() + "/microvm/vms/" + id)) {
+    for (const auto& pid : holdersOf(volumeOf(id))) {
       auto comm = os::readFile("/proc/" + pid + "/comm");
       if (comm.ok() && comm->rfind("qemu-system", 0) == 0) return std::stoi(pid);
     }
@@ -151,12 +151,16 @@ class MicroVmEnvironments : public MoatdFixture {
     }
     return env;
   }
-  // Nothing of environment `id` is left: no QEMU, no directory, no cgroup.
+  // Environment `id`'s volume in the storage pool: its disk and console.
+  std::string volumeOf(const std::string& id) { return daemon_->stateDir() + "/storage/envs/" + id; }
+  // Nothing of environment `id` is left: no QEMU, no directory, volume or
+  // cgroup.
   void expectNothingLeftOf(const std::string& id) {
     const std::string vmDir = daemon_->stateDir() + "/microvm/vms/" + id;
-    EXPECT_TRUE(holdersOf(vmDir).empty()) << "no QEMU of it is left";
+    EXPECT_TRUE(holdersOf(volumeOf(id)).empty()) << "no QEMU of it is left";
     struct stat st;
     EXPECT_NE(::stat(vmDir.c_str(), &st), 0) << vmDir;
+    EXPECT_NE(::stat(volumeOf(id).c_str(), &st), 0) << volumeOf(id);
     EXPECT_TRUE(cgroupsNamed(id).empty()) << cgroupsNamed(id)[0];
   }
   json vmBody(json extra = json::object()) {
@@ -223,7 +227,7 @@ TEST_F(MicroVmEnvironments, RunCommandsAndHoldFilesOnTheirOwnKernelAndLeaveNothi
   // QEMU runs in a cgroup of its own (its limits: the spec's CPU time, the
   // guest's RAM and QEMU's own memory).
   std::vector<std::string> qemus;
-  for (const auto& pid : holdersOf(daemon_->stateDir() + "/microvm/vms/" + id)) {
+  for (const auto& pid : holdersOf(volumeOf(id))) {
     auto comm = os::readFile("/proc/" + pid + "/comm");
     if (comm.ok() && comm->rfind("qemu-system", 0) == 0) qemus.push_back(pid);
   }
@@ -232,13 +236,20 @@ TEST_F(MicroVmEnvironments, RunCommandsAndHoldFilesOnTheirOwnKernelAndLeaveNothi
   ASSERT_TRUE(cgroups.ok());
   EXPECT_NE(cgroups->find("/moat-vm-"), std::string::npos) << cgroups.value();
   EXPECT_NE(cgroups->find("-" + id + "\n"), std::string::npos) << cgroups.value();
-  // Its console log (the one file it writes) stops at 1 MiB: a guest with
-  // a monitor that is not being saved gets no more room.
+  // The files it writes (its disk and its console) grow no larger than
+  // its disk, which is its storage limit; both are in its volume.
+  struct stat disk;
+  ASSERT_EQ(::stat((volumeOf(id) + "/disk.img").c_str(), &disk), 0) << volumeOf(id);
+  EXPECT_EQ(static_cast<uint64_t>(disk.st_size), 4ull << 30) << "moatd's default storage_gb";
+  EXPECT_EQ(disk.st_uid, disk.st_gid);
+  EXPECT_NE(disk.st_uid, 0u) << "QEMU's own, not root's";
+  EXPECT_EQ(disk.st_mode & 0777, 0600u);
   auto limits = os::readFile("/proc/" + qemus[0] + "/limits");
   ASSERT_TRUE(limits.ok());
   const auto fileSize = limits->find("Max file size");
   ASSERT_NE(fileSize, std::string::npos) << limits.value();
-  EXPECT_NE(limits->substr(fileSize, 80).find(" 1048576 "), std::string::npos) << limits->substr(fileSize, 80);
+  EXPECT_NE(limits->substr(fileSize, 80).find(" " + std::to_string(disk.st_size) + " "), std::string::npos)
+      << limits->substr(fileSize, 80);
   // Its usage is QEMU's, as the host counts it.
   json stats = call("GET", "/v1/environments/" + id + "/stats", nullptr, 200);
   EXPECT_GT(stats["memory_bytes"].get<uint64_t>(), 16u << 20) << stats.dump();
@@ -246,14 +257,15 @@ TEST_F(MicroVmEnvironments, RunCommandsAndHoldFilesOnTheirOwnKernelAndLeaveNothi
   const std::string vmDir = daemon_->stateDir() + "/microvm/vms/" + id;
   struct stat st;
   ASSERT_EQ(::stat(vmDir.c_str(), &st), 0) << "its directory, while it runs";
-  EXPECT_FALSE(holdersOf(vmDir).empty()) << "QEMU holds its console log";
+  EXPECT_FALSE(holdersOf(volumeOf(id)).empty()) << "QEMU holds its disk and console log";
   call("DELETE", "/v1/environments/" + id, nullptr, 204);
   for (int i = 0; i < 200 && call("GET", "/v1/environments/" + id, nullptr, 200)["state"] != "gone"; ++i) {
     ::usleep(50000);  // destroy is asynchronous: bounded polling of its state
   }
   EXPECT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "gone");
   EXPECT_NE(::stat(vmDir.c_str(), &st), 0) << "its directory went with it";
-  EXPECT_TRUE(holdersOf(vmDir).empty()) << "no process of it is left";
+  EXPECT_NE(::stat(volumeOf(id).c_str(), &st), 0) << "its volume went with it";
+  EXPECT_TRUE(holdersOf(volumeOf(id)).empty()) << "no process of it is left";
 }
 
 TEST_F(MicroVmEnvironments, WhatTheyCannotDoYetIsRefusedByName) {
@@ -271,17 +283,126 @@ TEST_F(MicroVmEnvironments, WhatTheyCannotDoYetIsRefusedByName) {
   EXPECT_NE(small.body.find("at least 128 MB"), std::string::npos) << small.body;
   json env = call("POST", "/v1/environments", vmBody(), 201);
   const std::string id = env["id"];
-  for (auto [method, path, body, word] : std::vector<std::tuple<std::string, std::string, json, std::string>>{
-           {"POST", "/snapshots", json{{"name", "s"}}, "a snapshot"},
-           {"POST", "/fork", json::object(), "a fork"},
-           {"GET", "/changes", nullptr, "a review of changed files"}}) {
-    auto r = daemon_->request(method, "/v1/environments/" + id + path, body.is_null() ? "" : body.dump());
-    EXPECT_EQ(r.status, 400) << path << ": " << r.body;
-    EXPECT_NE(r.body.find(word + " is not available for microvm environments yet"), std::string::npos)
-        << path << ": " << r.body;
-  }
+  auto changes = daemon_->request("GET", "/v1/environments/" + id + "/changes");
+  EXPECT_EQ(changes.status, 400) << changes.body;
+  EXPECT_NE(changes.body.find("a review of changed files is not available for microvm environments yet"),
+            std::string::npos)
+      << changes.body;
+  // A disk larger than a saved guest's kernel can take.
+  json huge = vmBody();
+  huge["spec"]["storage_gb"] = 2048;
+  auto big = daemon_->request("POST", "/v1/environments", huge.dump());
+  EXPECT_EQ(big.status / 100, 4) << big.body;
+  EXPECT_NE(big.body.find("storage_gb"), std::string::npos) << big.body;
   // It still serves.
   EXPECT_EQ(exec(id, {{"cmd", {"/bin/tool", "uname"}}})["stdout"], kernelVersion_ + "\n");
+}
+
+// A microVM's writable layer is a disk in a volume of the storage pool: a
+// snapshot is a copy of it (what programs wrote, synced first, processes
+// not), a fork and a create from a snapshot are guests on copies of it, a
+// restore starts the guest again on one; each is a microVM, and nothing
+// made from a microVM's snapshot may be anything else.
+TEST_F(MicroVmEnvironments, SnapshotsForksAndRestoresCarryTheirDisks) {
+  json body = vmBody();
+  body["spec"]["storage_gb"] = 0.25;
+  const std::string a = call("POST", "/v1/environments", body, 201)["id"];
+  auto cat = [&](const std::string& id, const std::string& path) -> std::string {
+    json r = exec(id, {{"cmd", {"/bin/tool", "cat", path}}});
+    return r["exit_code"] == 0 ? r["stdout"].get<std::string>() : "(none)";
+  };
+  auto write = [&](const std::string& id, const std::string& path, const std::string& text) {
+    EXPECT_EQ(exec(id, {{"cmd", {"/bin/tool", "write", path, text}}})["exit_code"], 0) << path;
+  };
+  // Written by a program and not synced by it: the snapshot holds it (the
+  // guest's kernel has it in memory until moatd has it synced).
+  write(a, "/workspace/one", "first");
+  write(a, "/bin/made", "beside the template's");
+  json snap = call("POST", "/v1/environments/" + a + "/snapshots", {{"name", "one"}}, 201);
+  EXPECT_EQ(snap["isolation"], "microvm") << snap.dump();
+  const std::string s = snap["id"];
+  struct stat st;
+  EXPECT_EQ(::stat((daemon_->stateDir() + "/storage/snapshots/" + s + "/disk.img").c_str(), &st), 0);
+  // After it: a file changed, one added, a process left running.
+  write(a, "/workspace/one", "second");
+  write(a, "/workspace/two", "later");
+  json proc =
+      call("POST", "/v1/environments/" + a + "/processes", {{"cmd", {"/bin/tool", "later", "600", "/bin/tool"}}}, 201);
+  // A fork has the files as they are now, in a guest of its own.
+  json fork = call("POST", "/v1/environments/" + a + "/fork", json::object(), 201);
+  const std::string f = fork["id"];
+  EXPECT_EQ(fork["spec"]["isolation"], "microvm") << fork.dump();
+  EXPECT_EQ(fork["spec"]["storage_gb"], 0.25) << fork.dump();
+  EXPECT_EQ(cat(f, "/workspace/one"), "second");
+  EXPECT_EQ(cat(f, "/workspace/two"), "later");
+  EXPECT_EQ(cat(f, "/bin/made"), "beside the template's");
+  EXPECT_EQ(cat(f, "/proc/sys/kernel/hostname"), f + "\n") << "its own name";
+  EXPECT_NE(qemuOf(f), qemuOf(a));
+  EXPECT_TRUE(restored(f)) << "the second create of a machine restores its saved guest, onto its own disk";
+  write(f, "/workspace/one", "the fork's own");
+  EXPECT_EQ(cat(a, "/workspace/one"), "second") << "a fork's writes are its own";
+  // A restore: the snapshot's files, no process of before.
+  json restored = call("POST", "/v1/environments/" + a + "/restore", {{"snapshot", s}}, 200);
+  EXPECT_EQ(restored["spec"]["isolation"], "microvm");
+  EXPECT_EQ(cat(a, "/workspace/one"), "first");
+  EXPECT_EQ(cat(a, "/workspace/two"), "(none)");
+  EXPECT_EQ(cat(a, "/bin/made"), "beside the template's");
+  json processes = call("GET", "/v1/environments/" + a + "/processes", nullptr, 200);
+  for (const auto& p : processes["processes"]) EXPECT_NE(p["state"], "running") << processes.dump();
+  EXPECT_EQ(cat(f, "/workspace/one"), "the fork's own") << "the fork is untouched by the restore";
+  // A create from the snapshot: a microVM with the snapshot's files.
+  json made = call("POST", "/v1/environments", {{"snapshot", s}}, 201);
+  const std::string m = made["id"];
+  EXPECT_EQ(made["spec"]["isolation"], "microvm") << made.dump();
+  EXPECT_EQ(cat(m, "/workspace/one"), "first");
+  // Refused by name: anything but a microVM of the snapshot's disk from it,
+  // and a namespace environment's restore to it.
+  auto ns = daemon_->request("POST", "/v1/environments",
+                             json{{"snapshot", s}, {"spec", {{"isolation", "namespaces"}}}}.dump());
+  EXPECT_EQ(ns.status, 400) << ns.body;
+  EXPECT_NE(ns.body.find("is of a microvm environment"), std::string::npos) << ns.body;
+  auto larger =
+      daemon_->request("POST", "/v1/environments", json{{"snapshot", s}, {"spec", {{"storage_gb", 1}}}}.dump());
+  EXPECT_EQ(larger.status, 400) << larger.body;
+  EXPECT_NE(larger.body.find("the snapshot's disk"), std::string::npos) << larger.body;
+  const std::string n = call("POST", "/v1/environments", {{"template", tree_}}, 201)["id"];
+  auto crossed = daemon_->request("POST", "/v1/environments/" + n + "/restore", json{{"snapshot", s}}.dump());
+  EXPECT_EQ(crossed.status, 400) << crossed.body;
+  EXPECT_NE(crossed.body.find("is of a microvm environment"), std::string::npos) << crossed.body;
+  const std::string ns_snap = call("POST", "/v1/environments/" + n + "/snapshots", json::object(), 201)["id"];
+  auto intoVm = daemon_->request("POST", "/v1/environments/" + a + "/restore", json{{"snapshot", ns_snap}}.dump());
+  EXPECT_EQ(intoVm.status, 400) << intoVm.body;
+  EXPECT_EQ(cat(a, "/workspace/one"), "first") << "a refused restore changes nothing";
+  // Deleted, nothing of them is left.
+  call("DELETE", "/v1/snapshots/" + s, nullptr, 204);
+  EXPECT_NE(::stat((daemon_->stateDir() + "/storage/snapshots/" + s).c_str(), &st), 0);
+  EXPECT_EQ(cat(m, "/workspace/one"), "first") << "a snapshot's deletion leaves what was made from it";
+  for (const std::string& id : {a, f, m}) {
+    call("DELETE", "/v1/environments/" + id, nullptr, 204);
+    EXPECT_EQ(awaitState(id, "gone")["state"], "gone");
+    expectNothingLeftOf(id);
+  }
+}
+
+// Its disk is its storage limit: a guest that writes more gets ENOSPC, and
+// what it takes of the host is bounded by it.
+TEST_F(MicroVmEnvironments, TheDiskIsTheStorageLimit) {
+  json body = vmBody();
+  body["spec"]["storage_gb"] = 0.125;
+  const std::string id = call("POST", "/v1/environments", body, 201)["id"];
+  json full = exec(id, {{"cmd", {"/bin/tool", "flood", "/workspace/big", "256"}}});
+  EXPECT_NE(full["exit_code"], 0) << "128 MiB do not hold 256: " << full.dump();
+  EXPECT_NE(full["stderr"].get<std::string>().find("No space left"), std::string::npos) << full.dump();
+  json synced = exec(id, {{"cmd", {"/bin/tool", "sync"}}});
+  EXPECT_EQ(synced["exit_code"], 0);
+  struct stat disk;
+  ASSERT_EQ(::stat((volumeOf(id) + "/disk.img").c_str(), &disk), 0);
+  EXPECT_EQ(disk.st_size, 128 << 20);
+  EXPECT_LE(disk.st_blocks * 512, 128 << 20) << "the host holds no more than the disk";
+  EXPECT_GT(disk.st_blocks * 512, 100 << 20) << "what the guest wrote is on it";
+  // Room again once it is deleted.
+  EXPECT_EQ(exec(id, {{"cmd", {"/bin/tool", "write", "/workspace/big", "x"}}})["exit_code"], 0);
+  EXPECT_EQ(exec(id, {{"cmd", {"/bin/tool", "write", "/workspace/small", "fits"}}})["exit_code"], 0);
 }
 
 // The escape battery's attempts on what protects moat-init and the gate
@@ -352,7 +473,7 @@ TEST_F(MicroVmEnvironments, ADeleteDuringTheBootEndsIt) {
   EXPECT_EQ(created.status, 409) << created.body;
   EXPECT_NE(created.body.find("destroyed while being created"), std::string::npos) << created.body;
   EXPECT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "gone");
-  EXPECT_TRUE(holdersOf(daemon_->stateDir() + "/microvm/vms/" + id).empty()) << "no QEMU of it is left";
+  EXPECT_TRUE(holdersOf(volumeOf(id)).empty()) << "no QEMU of it is left";
 }
 
 // Its QEMUs die with moatd (however it ends), and the next moatd says so.
@@ -535,12 +656,11 @@ TEST_F(MicroVmEnvironments, AGuestKernelPanicEndsItsEnvironmentAsFailedWithThePa
   ASSERT_NO_FATAL_FAILURE(
       restartWithQemuStandIn(R"([ "$prev" = -append ] && a="${a% -- --guest} sysctl.vm.panic_on_oom=1 -- --guest")"));
   json body = vmBody();
-  body["spec"]["storage_gb"] = 1;  // more than its 256 MB of RAM: a tmpfs filled past it runs the guest out
   json env = call("POST", "/v1/environments", body, 201);
   const std::string id = env["id"];
-  // The exec ends with the guest (its answer is not what is tested).
-  (void)daemon_->request("POST", "/v1/environments/" + id + "/exec",
-                         json{{"cmd", {"/bin/tool", "flood", "/workspace/big", "512"}}}.dump());
+  // The exec ends with the guest (its answer is not what is tested): more
+  // than its 256 MB of RAM runs it out.
+  (void)daemon_->request("POST", "/v1/environments/" + id + "/exec", json{{"cmd", {"/bin/tool", "hog", "512"}}}.dump());
   json after = awaitState(id, "failed");
   ASSERT_EQ(after["state"], "failed") << after.dump();
   EXPECT_NE(after.value("reason", "")

@@ -815,7 +815,7 @@ TEST(Sanity, EveryAttemptReportsItsEscapeWhereNothingStopsIt) {
       {"nosuid", {{}, "mount --bind /usr /usr && "}},
       {"tty", {{}, "", true, true}},
   };
-  const std::map<std::string, std::string> cannot = {
+  std::map<std::string, std::string> cannot = {
       {"kill-init",
        "the kernel ignores SIGKILL and SIGSTOP sent to a pid namespace's init from inside it; "
        "outside any pid namespace the attempt would kill the host (kill(-1, SIGKILL))"},
@@ -823,6 +823,10 @@ TEST(Sanity, EveryAttemptReportsItsEscapeWhereNothingStopsIt) {
       {"write-file", "a sanity attempt: it writes a file it was told to"},
       {"plant-symlinks", "not an attempt on its own: plants links for DestroyDoesNotFollowGuestSymlinks"},
   };
+  // A kernel booted without IA32 emulation answers int $0x80 with SIGSEGV
+  // on the host too: nothing to escape from (Escape.Int80SyscallKilled
+  // says the same and skips).
+  if (!kernelServesI386()) cannot["int80"] = "this kernel has no IA32 emulation: int $0x80 fails everywhere";
   for (const auto& name : attempts) {
     SCOPED_TRACE(name);
     if (cannot.count(name)) {

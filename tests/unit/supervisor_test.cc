@@ -1217,6 +1217,15 @@ TEST_F(InitSupervisorFiles, WriteReadStatListRenameRemove) {
   ASSERT_TRUE(rmEmpty.ok());
   EXPECT_EQ(rmEmpty->err, 0) << rmEmpty->message;
   EXPECT_FALSE(os::exists(dir + "/m"));
+
+  // A sync (before a microVM's snapshot) of the file system a path is on;
+  // a path that is not there says so.
+  auto synced = file(req(FileOp::kSync, dir));
+  ASSERT_TRUE(synced.ok());
+  EXPECT_EQ(synced->err, 0) << synced->message;
+  auto nowhere = file(req(FileOp::kSync, dir + "/gone"));
+  ASSERT_TRUE(nowhere.ok());
+  EXPECT_EQ(nowhere->err, ENOENT) << nowhere->message;
 }
 
 // A listing is one frame: a directory whose listing would not fit is

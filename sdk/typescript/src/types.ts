@@ -81,6 +81,8 @@ export interface Snapshot {
   name: string;
   template: string;
   storage_gb: number;
+  /** What it was taken of ran in; environments made from it are the same. */
+  isolation: "namespaces" | "microvm";
   created_at: string;
 }
 

@@ -15,6 +15,7 @@
 #include "backend/namespaces/environment.h"
 #include "common/hex.h"
 #include "init/protocol.h"
+#include "isolation/fs/storage_pool.h"
 #include "isolation/fs/template.h"
 #include "os/file.h"
 #include "os/file_lock.h"
@@ -52,6 +53,17 @@ std::string cgroupPrefixOf(const std::string& stateDir) {
   return std::string("moat-vm-") + hash + "-";
 }
 
+// In each guest's volume (docs/MICROVM.md, "Storage").
+constexpr const char* kLayerDisk = "/disk.img";
+constexpr const char* kConsoleLog = "/console.log";
+// A volume holds the disk (at most its size) and the console (which may
+// grow as far, RLIMIT_FSIZE being the disk's size): its qgroup bounds both
+// together at the disk's size and this much.
+constexpr uint64_t kVolumeSlackBytes = 16ull << 20;
+// How long a snapshot may wait for QEMU's monitor (a port being
+// forwarded holds it).
+constexpr auto kSnapshotWait = std::chrono::seconds(30);
+
 }  // namespace
 
 HostSupport probeHost(const std::string& accel) {
@@ -69,9 +81,10 @@ HostSupport probeHost(const std::string& accel) {
     return host;
   }
   host.initBinary = init.value();
-  // Found as Vm::start and buildRootImage find them.
+  // Found as Vm::start, buildRootImage and writeLayerDisk find them.
   for (auto [envName, name, package] : {std::tuple{"MOAT_QEMU", "qemu-system-x86_64", "qemu-system-x86"},
-                                        std::tuple{"MOAT_MKFS_EROFS", "mkfs.erofs", "erofs-utils"}}) {
+                                        std::tuple{"MOAT_MKFS_EROFS", "mkfs.erofs", "erofs-utils"},
+                                        std::tuple{"MOAT_MKFS_EXT4", "mkfs.ext4", "e2fsprogs"}}) {
     if (auto found = findProgram(envName, name, package); !found.ok()) {
       host.missing = found.error().message();
       return host;
@@ -91,7 +104,8 @@ HostSupport probeHost(const std::string& accel) {
 
 MicroVmBackend::MicroVmBackend(std::string stateDir, HostSupport host, std::chrono::seconds bootWait,
                                size_t savedGuests)
-    : dir_(stateDir + "/microvm"),
+    : stateDir_(stateDir),
+      dir_(stateDir + "/microvm"),
       host_(std::move(host)),
       bootWait_(bootWait),
       cgroupPrefix_(cgroupPrefixOf(stateDir)),
@@ -134,7 +148,12 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
       // there, or it is gone.
       auto pids = cgroup->processes();
       if (pids.size() != 1) return Error::make(Code::kNotFound, "its QEMU is gone");
-      MOAT_ASSIGN(Vm vm, Vm::adopt(dir, pids[0]));
+      // Its console is in its volume (one made before volumes were: in dir).
+      std::string console;
+      if (auto volume = volumeOf(id); volume.ok() && os::exists(volume.value() + kConsoleLog)) {
+        console = volume.value() + kConsoleLog;
+      }
+      MOAT_ASSIGN(Vm vm, Vm::adopt(dir, console, pids[0]));
       // Still there once its pidfd is open: the pidfd is that QEMU's, not
       // a process that took its pid since.
       auto now = cgroup->processes();
@@ -144,6 +163,7 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
       }
       auto made = std::make_shared<Guest>();
       made->dir = dir;
+      made->volume = !console.empty();
       made->ids = leaseHeldBy(pids[0]);
       made->cgroup = std::move(cgroup);
       made->vm.emplace(std::move(vm));
@@ -159,6 +179,7 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
                  guest.error().message().c_str());
     if (cgroup) cgroup->killAll();  // a QEMU nobody can reach any more ends
     cgroup.reset();
+    removeVolume(id);
     (void)os::removeTree(dir);
   }
   // Their connections, made again side by side (each may take a while on
@@ -251,10 +272,13 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
   if (!host_.available) {
     return Error::make(Code::kUnsupported, "isolation microvm is not available on this host: " + host_.missing);
   }
-  if (!spec.fromSnapshot.empty()) return notYet("a create from a snapshot (a fork, a restore, a built template)");
   if (spec.memoryMb < kMicroVmMinMemoryMb) {
     return Error::make(Code::kInvalidArgument, "spec.ram_mb: a microVM needs at least " +
                                                    std::to_string(kMicroVmMinMemoryMb) + " MB (its kernel's own)");
+  }
+  if (spec.storageGb * (1ull << 30) > static_cast<double>(kScratchDiskBytes)) {
+    return Error::make(Code::kInvalidArgument, "spec.storage_gb: a microVM's disk holds at most " +
+                                                   std::to_string(kScratchDiskBytes >> 30) + " GB");
   }
   MOAT_ASSIGN(std::string image, imageFor(spec.templateName));
   MOAT_ASSIGN(std::string initrd, initramfs());
@@ -277,6 +301,10 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     }
     guests_[spec.id] = guest;  // a destroy from here on finds it
   }
+  // Its writable layer: a disk in a volume of the storage pool, new or a
+  // copy of a snapshot's (a fork, a restore), which QEMU's ids own.
+  const uint64_t storageBytes = static_cast<uint64_t>(spec.storageGb * (1ull << 30));
+  MOAT_ASSIGN(std::string volume, makeVolume(spec, storageBytes, *guest));
   VmSpec vm;
   vm.cgroupJoin = guest->cgroup->procsFiles();
   vm.kernel = host_.kernel;
@@ -289,7 +317,9 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
   const unsigned hostCpus = std::max(1u, std::thread::hardware_concurrency());
   vm.cpus = std::min(hostCpus, static_cast<unsigned>(std::max(1.0, std::ceil(spec.cpus))));
   vm.memoryMb = spec.memoryMb;
-  vm.storageBytes = static_cast<uint64_t>(spec.storageGb * (1ull << 30));
+  vm.storageBytes = storageBytes;
+  vm.disk = volume + kLayerDisk;
+  vm.consoleLog = volume + kConsoleLog;
   vm.pids = spec.pids;
   vm.kvm = host_.kvm;
   vm.uid = guest->ids->map.hostBase;
@@ -326,7 +356,7 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
       }
     }
     failed.reset();
-    (void)::unlink((guest->dir + "/console.log").c_str());
+    (void)::unlink(vm.consoleLog.c_str());
     vm.park = false;
     vm.incomingState = -1;
     up = run(*guest, vm, spec);
@@ -336,6 +366,49 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     return up.error();
   }
   return Created{spec.id, guest->vm->takeControl()};
+}
+
+Result<std::string> MicroVmBackend::makeVolume(const Spec& spec, uint64_t storageBytes, Guest& guest) {
+  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
+  const uint64_t limit = storageBytes + kVolumeSlackBytes;
+  const uid_t uid = guest.ids->map.hostBase;
+  std::string volume;
+  if (spec.fromSnapshot.empty()) {
+    MOAT_ASSIGN(volume, pool.createVolume(spec.id, limit));
+    guest.volume = true;
+    MOAT_TRY(writeLayerDisk(volume + kLayerDisk, storageBytes, uid, uid));
+    return volume;
+  }
+  MOAT_ASSIGN(volume, pool.createVolumeFromSnapshot(spec.fromSnapshot, spec.id, limit));
+  guest.volume = true;
+  // The snapshot's console is the guest's it was taken of.
+  (void)::unlink((volume + kConsoleLog).c_str());
+  // Its disk, now this guest's QEMU's (a volume of moatd's: no guest ever
+  // reaches a path of it).
+  auto disk = os::open(volume + kLayerDisk, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  if (!disk.ok()) {
+    return Error::make(Code::kInvalidArgument,
+                       "snapshot " + spec.fromSnapshot + " holds no microVM's disk (it is of a namespace environment)");
+  }
+  if (::fchown(disk->get(), uid, uid) != 0) return Error::fromErrno("chown " + volume + kLayerDisk);
+  return volume;
+}
+
+Result<std::string> MicroVmBackend::volumeOf(const std::string& id) const {
+  // No storage pool: no volume (and none is made to look).
+  if (!os::exists(stateDir_ + "/storage.img")) return Error::make(Code::kNotFound, "no storage pool");
+  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
+  std::string volume = pool.volumePath(id);
+  if (!os::exists(volume)) return Error::make(Code::kNotFound, "no volume " + id);
+  return volume;
+}
+
+void MicroVmBackend::removeVolume(const std::string& id) {
+  if (!volumeOf(id).ok()) return;
+  auto pool = isolation::fs::StoragePool::open(stateDir_);
+  if (Status s = pool.ok() ? pool->destroyVolume(id) : Status(pool.error()); !s.ok()) {
+    std::fprintf(stderr, "moatd: microVM %s's volume stays: %s\n", id.c_str(), s.error().message().c_str());
+  }
 }
 
 Status MicroVmBackend::run(Guest& guest, const VmSpec& vm, const Spec& spec) {
@@ -389,7 +462,9 @@ Status MicroVmBackend::destroy(const std::string& id) {
   auto guest = take(id);
   if (!guest) return {};
   const std::string dir = guest->dir;
+  const bool volume = guest->volume;
   guest.reset();  // reaped here unless a create still holds it (it then does)
+  if (volume) removeVolume(id);
   return os::removeTree(dir);
 }
 
@@ -485,11 +560,41 @@ Result<UniqueFd> MicroVmBackend::connectPort(const std::string& id, uint16_t por
   return os::connectLoopbackIn(netns.get(), port, timeout, kForwardAddress);
 }
 
-Result<uint32_t> MicroVmBackend::snapshot(const std::string&, const std::string&) { return notYet("a snapshot"); }
+Result<uint32_t> MicroVmBackend::snapshot(const std::string& id, const std::string& name) {
+  auto guest = find(id);  // held: its Vm is not reaped while this runs
+  Vm* vm = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    if (guest && guest->vm) vm = &*guest->vm;
+  }
+  if (!vm) return Error::make(Code::kConflict, "microVM environment " + id + " is not running");
+  if (!guest->volume) {
+    return Error::make(Code::kUnsupported, "microVM environment " + id +
+                                               " keeps its files in its memory (made by an earlier moatd): it "
+                                               "cannot be snapshotted");
+  }
+  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
+  // Its volume copied while the guest is stopped: the disk then holds all
+  // the guest wrote to it (what it wrote to files and has not written to
+  // its disk, the manager has it sync first). A copy on btrfs shares every
+  // extent: the pause is short whatever the disk holds.
+  MOAT_TRY(vm->whilePaused([&] { return pool.snapshotVolume(id, name); }, kSnapshotWait));
+  return 0u;  // its files' owners are the guest's own ids, inside its disk
+}
 
-Status MicroVmBackend::deleteSnapshot(const std::string&) { return {}; }
+// Snapshots live in the storage pool the namespace backend's do (the
+// router asks that one for them).
+Status MicroVmBackend::deleteSnapshot(const std::string& name) {
+  if (!os::exists(stateDir_ + "/storage.img")) return {};
+  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
+  return pool.destroySnapshot(name);
+}
 
-Result<std::vector<std::string>> MicroVmBackend::snapshots() { return std::vector<std::string>{}; }
+Result<std::vector<std::string>> MicroVmBackend::snapshots() {
+  if (!os::exists(stateDir_ + "/storage.img")) return std::vector<std::string>{};
+  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
+  return pool.snapshots();
+}
 
 Result<Changes> MicroVmBackend::changes(const ChangesRequest&) { return notYet("a review of changed files"); }
 

@@ -17,9 +17,11 @@
 
 // Environments in microVMs behind moatd's seam (docs/MICROVM.md): each a
 // QEMU of its own, booted from the template's root image (made once per
-// template and moatd), with moat-init as the guest's pid 1 on the same
-// guest protocol. Unlike the namespace backend's, these do not outlive
-// moatd: its QEMUs die with it, and its next start finds them gone.
+// template and moatd) or restored from a saved guest, with moat-init as
+// the guest's pid 1 on the same guest protocol, and its writable layer on
+// a disk in a volume of the storage pool (snapshots are copies of that
+// volume). They outlive moatd, as the namespace backend's do: the next
+// moatd of the state directory adopts them.
 namespace moat::backend::microvm {
 
 // What this host offers microVMs, looked at once (moatd's start, doctor).
@@ -67,6 +69,7 @@ class MicroVmBackend final : public Backend {
  private:
   struct Guest {
     std::string dir;
+    bool volume = false;  // its volume in the storage pool (its disk, its console) was made
     std::optional<isolation::namespaces::IdMapLease> ids;  // QEMU's own
     std::unique_ptr<isolation::cgroup::Cgroup> cgroup;     // QEMU's (removed after it is reaped)
     std::optional<Vm> vm;
@@ -81,6 +84,12 @@ class MicroVmBackend final : public Backend {
   // sends Resume) and waits for the guest's Hello.
   Status run(Guest& guest, const VmSpec& vm, const Spec& spec);
   Result<std::string> initramfs();
+  // The volume of the guest being created (storage pool volume `spec.id`:
+  // a new disk of `storageBytes`, or a copy of snapshot spec.fromSnapshot's).
+  Result<std::string> makeVolume(const Spec& spec, uint64_t storageBytes, Guest& guest);
+  // Guest `id`'s volume, when there is one; removes it.
+  Result<std::string> volumeOf(const std::string& id) const;
+  void removeVolume(const std::string& id);
   // The images, saved guests and initramfs this process made (or the last).
   void removeMadeFiles();
   // The guests of the last moatd of this state directory that QEMU still
@@ -89,6 +98,7 @@ class MicroVmBackend final : public Backend {
   std::shared_ptr<Guest> take(const std::string& id);
   std::shared_ptr<Guest> find(const std::string& id);
 
+  const std::string stateDir_;
   const std::string dir_;  // <state>/microvm: root's alone
   const HostSupport host_;
   const std::chrono::seconds bootWait_;

@@ -26,6 +26,7 @@ Result<std::string> SavedGuests::nameOf(const VmSpec& vm) const {
   // same QEMU and guest kernel (another version of either cannot take it).
   MOAT_ASSIGN(std::string qemu, findProgram("MOAT_QEMU", "qemu-system-x86_64", "qemu-system-x86"));
   std::string identity = vm.kvm ? "kvm" : "tcg";
+  if (!vm.disk.empty() || vm.scratchDisk) identity += "|disk";
   for (const std::string& file : {qemu, vm.kernel.image}) {
     struct stat st;
     if (::stat(file.c_str(), &st) != 0) return Error::fromErrno("stat " + file);
@@ -97,6 +98,11 @@ Status SavedGuests::save(const VmSpec& vm, const std::string& id, const std::str
     parked.park = true;
     parked.monitor = true;
     parked.incomingState = -1;
+    // Each copy restored from it gets its own disk: this one parks before
+    // it reads any.
+    parked.scratchDisk = !vm.disk.empty() || vm.scratchDisk;
+    parked.disk.clear();
+    parked.consoleLog.clear();
     // It dies with this moatd (a save is not worth adopting).
     parked.lasting = false;
     parked.holdFd = -1;

@@ -109,6 +109,28 @@ Status buildRootImage(int treeFd, const std::string& image) {
   return {};
 }
 
+Status writeLayerDisk(const std::string& path, uint64_t bytes, uid_t uid, gid_t gid) {
+  MOAT_ASSIGN(std::string mkfs, findProgram("MOAT_MKFS_EXT4", "mkfs.ext4", "e2fsprogs"));
+  MOAT_ASSIGN(UniqueFd disk, os::open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (::ftruncate(disk.get(), static_cast<off_t>(bytes)) != 0) return Error::fromErrno("size " + path);
+  // A file of moatd's own, new: handed over as mkfs.ext4's fd 3. Its
+  // tables are written lazily (by the guest's kernel, as it needs them).
+  os::ToolRun run;
+  run.passFd = disk.get();
+  run.argv = {mkfs,
+              "-q",
+              "-F",
+              "-m",
+              "0",
+              "-E",
+              "lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=0:0",
+              "/proc/self/fd/3"};
+  run.deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  MOAT_TRY(os::runTool(run));
+  if ((uid != 0 || gid != 0) && ::fchown(disk.get(), uid, gid) != 0) return Error::fromErrno("chown " + path);
+  return {};
+}
+
 isolation::cgroup::Limits qemuLimits(double cpus, uint64_t memoryMb, bool kvm) {
   constexpr uint64_t kQemuOverheadMb = 128;  // measured: docs/MICROVM.md
   constexpr uint64_t kQemuTasks = 256;
@@ -185,6 +207,8 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
   // kernel's panic resets at once by a triple fault (reboot=t), which ends
   // QEMU (-no-reboot) whatever the machine offers to reset with.
   std::string cmdline = "console=ttyS0 quiet panic=-1 reboot=t rdinit=/init";
+  const bool disk = !spec.disk.empty() || spec.scratchDisk;
+  if (disk) cmdline += " MOAT_GUEST_DISK=1";
   if (spec.park) {
     // What makes one environment's guest differ comes with Resume.
     cmdline += " MOAT_GUEST_PARK=1";
@@ -210,7 +234,8 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
       "-nographic", "-no-reboot", "-chardev", "file,id=console,path=" + fd(2) + ",append=on", "-serial",
       "chardev:console", "-kernel", spec.kernel.image, "-initrd", fd(kQemuInitramfsFd), "-append", cmdline, "-drive",
       "id=root,file=" + fd(kQemuRootFd) + ",format=raw,if=none,readonly=on,file.locking=off", "-device",
-      "virtio-blk-device,drive=root", "-device", "virtio-serial-device", "-chardev",
+      std::string("virtio-blk-device,drive=root,serial=") + init::kGuestRootSerial, "-device", "virtio-serial-device",
+      "-chardev",
       "socket,id=control,fd=" + std::to_string(kQemuControlFd) + (spec.lasting ? ",server=on,wait=off" : ""), "-device",
       std::string("virtserialport,chardev=control,name=") + init::kGuestPortName,
       // The guest's NIC, on QEMU's user-mode network: what the guest sends
@@ -230,6 +255,17 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
       argv.push_back(a);
     }
   }
+  if (disk) {
+    // The writable layer: the guest's own file (written through QEMU's
+    // host page cache; a snapshot stops the guest, which drains it first),
+    // or a scratch disk that reads zeros and keeps nothing.
+    argv.push_back("-drive");
+    argv.push_back("id=disk,if=none," + (spec.scratchDisk
+                                             ? "driver=null-co,read-zeroes=on,size=" + std::to_string(kScratchDiskBytes)
+                                             : "file=" + fd(kQemuDiskFd) + ",format=raw,file.locking=off"));
+    argv.push_back("-device");
+    argv.push_back(std::string("virtio-blk-device,drive=disk,serial=") + init::kGuestDiskSerial);
+  }
   if (spec.incomingState >= 0) {
     argv.push_back("-incoming");
     argv.push_back("fd:" + std::to_string(kQemuIncomingFd));
@@ -244,7 +280,8 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
 // it reads to learn the host (read only). Nothing else: an escaped QEMU
 // reads no /tmp, /home, /run or other environments' files and writes
 // nothing but its console log.
-Result<UniqueFd> qemuRuleset(const VmSpec& spec, const std::string& qemu, const std::vector<int>& given, int console) {
+Result<UniqueFd> qemuRuleset(const VmSpec& spec, const std::string& qemu, const std::vector<int>& given, int console,
+                             int disk) {
   constexpr uint64_t kRead = LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR;
   constexpr uint64_t kRun = kRead | LANDLOCK_ACCESS_FS_EXECUTE;
   std::vector<os::LandlockRule> rules;
@@ -277,6 +314,7 @@ Result<UniqueFd> qemuRuleset(const VmSpec& spec, const std::string& qemu, const 
   }
   for (int fd : given) rules.push_back({fd, LANDLOCK_ACCESS_FS_READ_FILE});
   rules.push_back({console, LANDLOCK_ACCESS_FS_WRITE_FILE});
+  if (disk >= 0) rules.push_back({disk, LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_WRITE_FILE});
   return os::landlockFileRuleset(rules);
 }
 
@@ -288,7 +326,7 @@ Result<Vm> Vm::start(const VmSpec& spec) {
     MOAT_TRY(writeGuestInitramfs(spec.kernel, spec.initBinary, initramfs));
   }
   Vm vm;
-  const std::string consoleLog = spec.workDir + "/console.log";
+  const std::string consoleLog = spec.consoleLog.empty() ? spec.workDir + "/console.log" : spec.consoleLog;
   // Made here and read through this descriptor; QEMU gets it as its stderr.
   MOAT_ASSIGN(vm.console_, os::open(consoleLog, O_RDWR | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   // QEMU reopens its descriptors by /proc/self/fd/N, which checks the
@@ -299,7 +337,20 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   }
   MOAT_ASSIGN(UniqueFd root, os::open(spec.rootImage, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   MOAT_ASSIGN(UniqueFd initrd, os::open(initramfs, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  MOAT_ASSIGN(UniqueFd ruleset, qemuRuleset(spec, qemu, {root.get(), initrd.get()}, vm.console_.get()));
+  // The writable layer's disk is QEMU's to write (its own, made for it).
+  UniqueFd disk;
+  off_t diskBytes = 0;
+  if (!spec.disk.empty()) {
+    MOAT_ASSIGN(disk, os::open(spec.disk, O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+    struct stat st;
+    if (::fstat(disk.get(), &st) != 0) return Error::fromErrno("stat " + spec.disk);
+    if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > kScratchDiskBytes) {
+      return Error::make(Code::kInvalidArgument, spec.disk + ": not a disk a guest can take");
+    }
+    diskBytes = st.st_size;
+  }
+  MOAT_ASSIGN(UniqueFd ruleset,
+              qemuRuleset(spec, qemu, {root.get(), initrd.get()}, vm.console_.get(), disk ? disk.get() : -1));
   // QEMU's end of a connection: a connected socket, or for a lasting QEMU
   // a listening one it accepts on (this moatd's connection waits in its
   // backlog until QEMU runs).
@@ -333,11 +384,15 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   // (through a descriptor given to its monitor): as much as its RAM, and
   // its console is moat-init's alone until then.
   const bool saving = spec.park && spec.monitor && spec.incomingState < 0;
-  const rlim_t fileLimit = saving ? static_cast<rlim_t>((spec.memoryMb + 64) << 20) : kConsoleBytes;
+  // A guest's disk is as large as it is made (QEMU never writes past its
+  // end): then the console may grow as far, and the qgroup of the volume
+  // holding both bounds them together (docs/MICROVM.md, "Storage").
+  rlim_t fileLimit = saving ? static_cast<rlim_t>((spec.memoryMb + 64) << 20) : kConsoleBytes;
+  fileLimit = std::max(fileLimit, static_cast<rlim_t>(diskBytes));
   const struct rlimit consoleLimit = {fileLimit, fileLimit};
   // Each source is first moved above the targets, so that no dup2 to a
   // target overwrites a source still to be placed.
-  constexpr int kGiven = 9;
+  constexpr int kGiven = 10;
   const int sources[kGiven] = {devNull.get(),
                                devNull.get(),
                                console,
@@ -346,7 +401,8 @@ Result<Vm> Vm::start(const VmSpec& spec) {
                                initrd.get(),
                                qemuMonitor ? qemuMonitor.get() : devNull.get(),
                                spec.incomingState >= 0 ? spec.incomingState : devNull.get(),
-                               spec.holdFd >= 0 ? spec.holdFd : devNull.get()};
+                               spec.holdFd >= 0 ? spec.holdFd : devNull.get(),
+                               disk ? disk.get() : devNull.get()};
   const bool lasting = spec.lasting;
   pid_t pid = ::fork();
   if (pid < 0) return Error::fromErrno("fork for " + qemu);
@@ -403,13 +459,14 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   return vm;
 }
 
-Result<Vm> Vm::adopt(const std::string& workDir, pid_t pid) {
+Result<Vm> Vm::adopt(const std::string& workDir, const std::string& consoleLog, pid_t pid) {
   Vm vm;
   MOAT_ASSIGN(vm.pidfd_, os::pidfdOpen(pid));
   vm.pid_ = pid;
   vm.adopted_ = true;
   vm.workDir_ = workDir;
-  MOAT_ASSIGN(vm.console_, os::open(workDir + "/console.log", O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  MOAT_ASSIGN(vm.console_,
+              os::open(consoleLog.empty() ? workDir + "/console.log" : consoleLog, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (::access((workDir + "/" + kMonitorSocket).c_str(), F_OK) == 0) {
     vm.monitor_ = std::make_unique<Monitor>();
     MOAT_ASSIGN(vm.monitor_->fd, socketIn(workDir, kMonitorSocket, false));
@@ -597,6 +654,46 @@ Status Vm::forwardPort(uint16_t port, std::chrono::milliseconds wait) {
   std::lock_guard forwarded(monitor_->forwardedMutex);
   monitor_->forwarded.insert(port);
   return {};
+}
+
+Status Vm::whilePaused(const std::function<Status()>& work, std::chrono::milliseconds wait) {
+  if (!monitor_) return Error::make(Code::kUnsupported, "a guest started without a monitor cannot be paused");
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  std::unique_lock lock(monitor_->mutex, std::defer_lock);
+  if (!lock.try_lock_until(deadline)) return Error::make(Code::kUnavailable, "QEMU's monitor is busy");
+  auto dropSession = [&] {
+    monitor_->qmp.reset();
+    monitor_->fd.reset();
+  };
+  auto stopped = [&]() -> Status {
+    MOAT_ASSIGN(Qmp * qmp, session(*monitor_, deadline));
+    MOAT_TRY(qmp->call("stop"));
+    return {};
+  }();
+  if (!stopped.ok()) {
+    dropSession();
+    // A stop whose answer was lost may still have stopped it.
+    if (auto again = session(*monitor_, deadline); again.ok()) (void)again.value()->call("cont");
+    return Error::make(Code::kUnavailable, "QEMU's monitor did not stop the guest: " + stopped.error().message());
+  }
+  Status done = work();
+  // Going on matters more than the deadline: a guest left stopped is lost
+  // to its owner.
+  auto resumed = [&]() -> Status {
+    MOAT_ASSIGN(Qmp * qmp, session(*monitor_, std::chrono::steady_clock::now() + kGuestSendWait));
+    MOAT_TRY(qmp->call("cont"));
+    return {};
+  }();
+  if (!resumed.ok()) {
+    dropSession();
+    if (auto again = session(*monitor_, std::chrono::steady_clock::now() + kGuestSendWait); again.ok()) {
+      resumed = again.value()->call("cont").ok() ? Status{} : resumed;
+    }
+  }
+  if (!resumed.ok()) {
+    return Error::make(Code::kUnavailable, "QEMU's monitor did not let the guest go on: " + resumed.error().message());
+  }
+  return done;
 }
 
 Status Vm::save(int stateFd, std::chrono::milliseconds wait) {

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -13,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/microvm/guest_kernel.h"
 #include "backend/microvm/qmp.h"
 #include "common/result.h"
@@ -36,9 +38,18 @@ struct VmSpec {
   std::string workDir;    // private, the VM's own: its console log (and initramfs)
   unsigned cpus = 1;
   uint64_t memoryMb = 256;
-  uint64_t storageBytes = 1ull << 30;  // the writable layer (a tmpfs in the guest's memory)
-  uint64_t pids = 0;                   // the guest's commands' tasks (a cgroup in the guest); 0: unbounded
-  bool kvm = false;                    // false: TCG (emulated)
+  uint64_t storageBytes = 1ull << 30;  // the writable layer without a `disk` (a tmpfs in the guest's memory)
+  // The writable layer's disk: a raw file holding an ext4 file system
+  // (writeLayerDisk's, or a copy of one), the guest's to write; empty: a
+  // tmpfs. `scratchDisk`: a disk of kScratchDiskBytes that reads zeros and
+  // keeps nothing, in its place (a guest being saved: it parks before its
+  // root is made, so the copies restored from it get their own disks).
+  std::string disk;
+  bool scratchDisk = false;
+  // Where QEMU's console log is made (O_EXCL); empty: workDir/console.log.
+  std::string consoleLog;
+  uint64_t pids = 0;  // the guest's commands' tasks (a cgroup in the guest); 0: unbounded
+  bool kvm = false;   // false: TCG (emulated)
   // QEMU's own ids (a host range's root, never 0 in use): it runs as them,
   // with no_new_privs and its own seccomp sandbox. It opens no path of
   // moat's: its files are descriptors moat opened (kQemuControlFd...).
@@ -81,6 +92,11 @@ inline constexpr int kQemuInitramfsFd = 5;
 inline constexpr int kQemuMonitorFd = 6;   // VmSpec::monitor: QMP
 inline constexpr int kQemuIncomingFd = 7;  // VmSpec::incomingState
 inline constexpr int kQemuHeldFd = 8;      // VmSpec::holdFd
+inline constexpr int kQemuDiskFd = 9;      // VmSpec::disk (read and write)
+// What a saved guest's kernel takes its writable disk's size to be (it
+// probed the scratch disk): no copy's disk may be larger. Reads past a
+// copy's own disk fail; its file system is its disk's size.
+inline constexpr uint64_t kScratchDiskBytes = kMicroVmMaxStorageGb << 30;
 // A lasting QEMU's listening sockets, in its workDir.
 inline constexpr const char* kControlSocket = "control.sock";
 inline constexpr const char* kMonitorSocket = "monitor.sock";
@@ -118,6 +134,11 @@ Result<isolation::fs::Template> imageableTemplate(const std::string& templateNam
 // as an erofs image at `image` (mkfs.erofs, erofs-utils).
 Status buildRootImage(int treeFd, const std::string& image);
 
+// A new writable layer's disk at `path` (made O_EXCL, mode 0600, owned by
+// uid:gid, QEMU's): a sparse raw file of `bytes` holding an empty ext4 file
+// system (mkfs.ext4, e2fsprogs), which the guest mounts under its overlay.
+Status writeLayerDisk(const std::string& path, uint64_t bytes, uid_t uid, gid_t gid);
+
 // The guest's initramfs: moat-init as /init, /dev/console, the modules
 // guestModules() takes from the kernel's modules directory and their list.
 Result<std::string> guestInitramfs(const GuestKernel& kernel, const std::string& initBinary);
@@ -125,8 +146,10 @@ Result<std::string> guestInitramfs(const GuestKernel& kernel, const std::string&
 // The Landlock ruleset QEMU runs under: /usr and `qemu`'s own tree (read
 // and run), the guest
 // kernel, a few files describing the host (read), /dev/kvm with `spec.kvm`,
-// the files of `given` (read) and `console` (write). Nothing else.
-Result<UniqueFd> qemuRuleset(const VmSpec& spec, const std::string& qemu, const std::vector<int>& given, int console);
+// the files of `given` (read), `console` (write) and `disk` (read and
+// write; -1: none). Nothing else.
+Result<UniqueFd> qemuRuleset(const VmSpec& spec, const std::string& qemu, const std::vector<int>& given, int console,
+                             int disk = -1);
 
 // The cgroup limits of a QEMU running a guest of `cpus` CPU time and
 // `memoryMb` of RAM: that CPU time, the RAM plus QEMU's own memory (and
@@ -158,9 +181,10 @@ class Vm {
   // has booted (awaitGuest).
   static Result<Vm> start(const VmSpec& spec);
   // A lasting QEMU (VmSpec::lasting) that an earlier moatd started, running
+  // (its console log at `consoleLog`, empty: workDir/console.log),
   // as `pid`, with its files in `workDir`: its console and monitor opened
   // again. Its guest protocol connection comes from reattach().
-  static Result<Vm> adopt(const std::string& workDir, pid_t pid);
+  static Result<Vm> adopt(const std::string& workDir, const std::string& consoleLog, pid_t pid);
   Vm(Vm&& other) noexcept
       : pid_(std::exchange(other.pid_, -1)),
         adopted_(other.adopted_),
@@ -209,6 +233,10 @@ class Vm {
   // `port` (a forward of QEMU's user-mode network, made once per port;
   // that namespace's loopback must be up). Needs VmSpec::monitor.
   Status forwardPort(uint16_t port, std::chrono::milliseconds wait);
+  // Runs `work` while the guest is stopped (QMP stop: its vCPUs halted and
+  // its disk's writes drained, so the disk's file holds all the guest has
+  // written to it), then lets it go on (cont), whatever `work` returned.
+  Status whilePaused(const std::function<Status()>& work, std::chrono::milliseconds wait);
 
  private:
   Vm() = default;

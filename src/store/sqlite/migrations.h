@@ -138,6 +138,11 @@ CREATE TABLE templates (
 ALTER TABLE environments ADD COLUMN isolation TEXT NOT NULL DEFAULT 'namespaces';
 ALTER TABLE environments ADD COLUMN accel TEXT NOT NULL DEFAULT '';
 )sql"},
+    // A snapshot holds a namespace environment's files (a writable layer)
+    // or a microVM's disk: what an environment made from it is.
+    Migration{9, R"sql(
+ALTER TABLE snapshots ADD COLUMN isolation TEXT NOT NULL DEFAULT 'namespaces';
+)sql"},
 };
 
 inline constexpr int kSchemaVersion = kMigrations.back().version;

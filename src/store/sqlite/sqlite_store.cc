@@ -578,7 +578,8 @@ Result<ApprovalRecord> readApproval(const Statement& stmt) {
 namespace {
 
 constexpr std::string_view kSelectSnapshots =
-    "SELECT id, environment, owner, template, storage_gb, host_base, name, state, created_at_ms FROM snapshots";
+    "SELECT id, environment, owner, template, storage_gb, host_base, name, state, created_at_ms, isolation FROM "
+    "snapshots";
 
 Result<SnapshotRecord> readSnapshot(const Statement& stmt) {
   SnapshotRecord r;
@@ -593,6 +594,7 @@ Result<SnapshotRecord> readSnapshot(const Statement& stmt) {
   if (!state) return Error::make(Code::kCorrupt, "snapshot " + r.id + " has no known state ('" + stmt.text(7) + "')");
   r.state = *state;
   r.createdAtMs = stmt.integer(8);
+  r.isolation = stmt.text(9);
   return r;
 }
 
@@ -604,10 +606,10 @@ Status SqliteStore::insertSnapshot(const SnapshotRecord& r) {
   MOAT_ASSIGN(Statement stmt,
               Statement::cached(statements_, db_.get(),
                                 "INSERT INTO snapshots (id, environment, owner, template, storage_gb, host_base,"
-                                " name, state, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                " name, state, created_at_ms, isolation) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                 what));
   MOAT_TRY(stmt.bindAll(r.id, r.environment, r.owner, r.templateName, r.storageGb, static_cast<int64_t>(r.hostBase),
-                        r.name, std::string(stateName(r.state)), r.createdAtMs));
+                        r.name, std::string(stateName(r.state)), r.createdAtMs, r.isolation));
   return stmt.run();
 }
 
