@@ -312,9 +312,15 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   if (from) {
     const auto held = backend::isolationNamed(from->isolation).value_or(backend::Isolation::kNamespaces);
     if (request.isolation && *request.isolation != held) {
+      if (request.fromSnapshot.empty()) {  // a built template's
+        return Error::make(Code::kInvalidArgument, "spec.isolation: template " + request.templateName +
+                                                       " was built on " + from->isolation +
+                                                       " environments, and its environments are too");
+      }
       return Error::make(Code::kInvalidArgument,
                          "spec.isolation: snapshot " + from->id + " is of a " + from->isolation +
-                             " environment, so is an environment made from it (docs/MICROVM.md, \"Snapshots\")");
+                             " environment, so is an environment made from it (docs/MICROVM.md, \"Storage and "
+                             "snapshots\")");
     }
     if (held == backend::Isolation::kMicroVm && request.storageGb > 0 && request.storageGb != from->storageGb) {
       return Error::make(Code::kInvalidArgument,

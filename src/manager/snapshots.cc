@@ -74,6 +74,9 @@ Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string
   MOAT_TRY(store_.insertSnapshot(snap));
   auto base = backend_.snapshot(id, snap.id);
   if (!base.ok()) {
+    // Whatever of it was made (a microVM's volume copied, its guest then
+    // not let go on) goes too.
+    (void)backend_.deleteSnapshot(snap.id);
     (void)store_.deleteSnapshot(snap.id);
     return base.error();
   }
@@ -216,6 +219,11 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
   if (snap.isolation != record.isolation) {
     return Error::make(Code::kInvalidArgument, "snapshot " + snap.id + " is of a " + snap.isolation +
                                                    " environment; environment " + id + " is " + record.isolation);
+  }
+  if (snap.isolation == backend::isolationName(backend::Isolation::kMicroVm) && snap.storageGb != record.storageGb) {
+    return Error::make(Code::kInvalidArgument, "snapshot " + snap.id + " holds a disk of " +
+                                                   nlohmann::json(snap.storageGb).dump() + " GB; environment " + id +
+                                                   "'s is " + nlohmann::json(record.storageGb).dump() + " GB");
   }
   if (snap.templateName != record.templateName) {
     return Error::make(Code::kInvalidArgument, "snapshot " + snap.id + " is of template " + snap.templateName +

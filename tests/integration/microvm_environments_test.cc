@@ -294,6 +294,12 @@ TEST_F(MicroVmEnvironments, WhatTheyCannotDoYetIsRefusedByName) {
   auto big = daemon_->request("POST", "/v1/environments", huge.dump());
   EXPECT_EQ(big.status / 100, 4) << big.body;
   EXPECT_NE(big.body.find("storage_gb"), std::string::npos) << big.body;
+  // One larger than the storage pool it would be in (this moatd's: 8 GB).
+  json larger = vmBody();
+  larger["spec"]["storage_gb"] = 64;
+  auto pool = daemon_->request("POST", "/v1/environments", larger.dump());
+  EXPECT_EQ(pool.status, 400) << pool.body;
+  EXPECT_NE(pool.body.find("more than this host's storage pool holds"), std::string::npos) << pool.body;
   // It still serves.
   EXPECT_EQ(exec(id, {{"cmd", {"/bin/tool", "uname"}}})["stdout"], kernelVersion_ + "\n");
 }
@@ -372,12 +378,19 @@ TEST_F(MicroVmEnvironments, SnapshotsForksAndRestoresCarryTheirDisks) {
   const std::string ns_snap = call("POST", "/v1/environments/" + n + "/snapshots", json::object(), 201)["id"];
   auto intoVm = daemon_->request("POST", "/v1/environments/" + a + "/restore", json{{"snapshot", ns_snap}}.dump());
   EXPECT_EQ(intoVm.status, 400) << intoVm.body;
+  json smallBody = vmBody();
+  smallBody["spec"]["storage_gb"] = 0.125;
+  const std::string small = call("POST", "/v1/environments", smallBody, 201)["id"];
+  auto otherDisk = daemon_->request("POST", "/v1/environments/" + small + "/restore", json{{"snapshot", s}}.dump());
+  EXPECT_EQ(otherDisk.status, 400) << otherDisk.body;
+  EXPECT_NE(otherDisk.body.find("holds a disk of 0.25 GB"), std::string::npos) << otherDisk.body;
+  EXPECT_EQ(call("GET", "/v1/environments/" + small, nullptr, 200)["state"], "running");
   EXPECT_EQ(cat(a, "/workspace/one"), "first") << "a refused restore changes nothing";
   // Deleted, nothing of them is left.
   call("DELETE", "/v1/snapshots/" + s, nullptr, 204);
   EXPECT_NE(::stat((daemon_->stateDir() + "/storage/snapshots/" + s).c_str(), &st), 0);
   EXPECT_EQ(cat(m, "/workspace/one"), "first") << "a snapshot's deletion leaves what was made from it";
-  for (const std::string& id : {a, f, m}) {
+  for (const std::string& id : {a, f, m, small}) {
     call("DELETE", "/v1/environments/" + id, nullptr, 204);
     EXPECT_EQ(awaitState(id, "gone")["state"], "gone");
     expectNothingLeftOf(id);

@@ -137,6 +137,15 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
                  layout.error().message().c_str());
     return;
   }
+  if (os::exists(stateDir_ + "/storage.img")) {
+    // Their disks are in the storage pool: one that cannot be opened now
+    // would have every guest taken for one without a disk (and ended).
+    if (auto pool = isolation::fs::StoragePool::open(stateDir_); !pool.ok()) {
+      std::fprintf(stderr, "moatd: the microVMs of the last moatd are not adopted: %s\n",
+                   pool.error().message().c_str());
+      return;
+    }
+  }
   std::vector<std::shared_ptr<Guest>> adopted;
   for (const auto& id : names.value()) {
     const std::string dir = vms + "/" + id;
@@ -179,14 +188,19 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
                  guest.error().message().c_str());
     if (cgroup) cgroup->killAll();  // a QEMU nobody can reach any more ends
     cgroup.reset();
-    removeVolume(id);
-    (void)os::removeTree(dir);
+    if (removeVolume(id)) (void)os::removeTree(dir);  // else tried again at the next start
   }
   // Their connections, made again side by side (each may take a while on
   // a busy host), ready for the manager's attach().
   std::vector<std::thread> attaching;
   for (auto& guest : adopted) {
     attaching.emplace_back([guest] {
+      // A moatd that ended while it had the guest stopped (a snapshot's
+      // moment) left it so: it goes on.
+      if (Status resumed = guest->vm->resume(kGuestReattachWait); !resumed.ok()) {
+        std::fprintf(stderr, "moatd: an adopted microVM's QEMU did not answer `cont`: %s\n",
+                     resumed.error().message().c_str());
+      }
       auto control = guest->vm->reattach(kGuestReattachWait);
       if (control.ok()) guest->reattached = std::move(control.value());
     });
@@ -302,9 +316,24 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     guests_[spec.id] = guest;  // a destroy from here on finds it
   }
   // Its writable layer: a disk in a volume of the storage pool, new or a
-  // copy of a snapshot's (a fork, a restore), which QEMU's ids own.
+  // copy of a snapshot's (a fork, a restore), which QEMU's ids own. Marked
+  // first: a destroy from here on removes it, and one that came while it
+  // was made leaves it to this create to remove.
   const uint64_t storageBytes = static_cast<uint64_t>(spec.storageGb * (1ull << 30));
-  MOAT_ASSIGN(std::string volume, makeVolume(spec, storageBytes, *guest));
+  {
+    std::lock_guard lock(mutex_);
+    guest->volume = true;
+  }
+  auto volume = makeVolume(spec, storageBytes, *guest);
+  if (find(spec.id) != guest) {
+    (void)removeVolume(spec.id);
+    return Error::make(Code::kConflict, "microVM environment " + spec.id + " was destroyed while being created");
+  }
+  if (!volume.ok()) {
+    guest.reset();  // destroy waits for every other holder
+    (void)destroy(spec.id);
+    return volume.error();
+  }
   VmSpec vm;
   vm.cgroupJoin = guest->cgroup->procsFiles();
   vm.kernel = host_.kernel;
@@ -318,8 +347,8 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
   vm.cpus = std::min(hostCpus, static_cast<unsigned>(std::max(1.0, std::ceil(spec.cpus))));
   vm.memoryMb = spec.memoryMb;
   vm.storageBytes = storageBytes;
-  vm.disk = volume + kLayerDisk;
-  vm.consoleLog = volume + kConsoleLog;
+  vm.disk = volume.value() + kLayerDisk;
+  vm.consoleLog = volume.value() + kConsoleLog;
   vm.pids = spec.pids;
   vm.kvm = host_.kvm;
   vm.uid = guest->ids->map.hostBase;
@@ -362,6 +391,7 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     up = run(*guest, vm, spec);
   }
   if (!up.ok()) {
+    guest.reset();  // destroy waits for every other holder
     (void)destroy(spec.id);
     return up.error();
   }
@@ -370,26 +400,32 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
 
 Result<std::string> MicroVmBackend::makeVolume(const Spec& spec, uint64_t storageBytes, Guest& guest) {
   MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
-  const uint64_t limit = storageBytes + kVolumeSlackBytes;
+  // As a namespace environment's: no disk larger than the pool it is in
+  // (a guest filling it would fill every environment's).
+  if (storageBytes > pool.capacityBytes()) {
+    return Error::make(Code::kInvalidArgument, "spec.storage_gb: " + nlohmann::json(spec.storageGb).dump() +
+                                                   " GB is more than this host's storage pool holds (" +
+                                                   std::to_string(pool.capacityBytes() >> 20) + " MiB)");
+  }
+  const uint64_t limit = storageBytes + storageBytes / 4 + kVolumeSlackBytes;
   const uid_t uid = guest.ids->map.hostBase;
   std::string volume;
   if (spec.fromSnapshot.empty()) {
     MOAT_ASSIGN(volume, pool.createVolume(spec.id, limit));
-    guest.volume = true;
     MOAT_TRY(writeLayerDisk(volume + kLayerDisk, storageBytes, uid, uid));
     return volume;
   }
   MOAT_ASSIGN(volume, pool.createVolumeFromSnapshot(spec.fromSnapshot, spec.id, limit));
-  guest.volume = true;
   // The snapshot's console is the guest's it was taken of.
   (void)::unlink((volume + kConsoleLog).c_str());
   // Its disk, now this guest's QEMU's (a volume of moatd's: no guest ever
   // reaches a path of it).
   auto disk = os::open(volume + kLayerDisk, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-  if (!disk.ok()) {
+  if (!disk.ok() && disk.error().sysErrno == ENOENT) {
     return Error::make(Code::kInvalidArgument,
                        "snapshot " + spec.fromSnapshot + " holds no microVM's disk (it is of a namespace environment)");
   }
+  if (!disk.ok()) return disk.error();
   if (::fchown(disk->get(), uid, uid) != 0) return Error::fromErrno("chown " + volume + kLayerDisk);
   return volume;
 }
@@ -403,12 +439,16 @@ Result<std::string> MicroVmBackend::volumeOf(const std::string& id) const {
   return volume;
 }
 
-void MicroVmBackend::removeVolume(const std::string& id) {
-  if (!volumeOf(id).ok()) return;
+bool MicroVmBackend::removeVolume(const std::string& id) {
+  auto volume = volumeOf(id);
+  if (!volume.ok()) return volume.error().code == Code::kNotFound;
   auto pool = isolation::fs::StoragePool::open(stateDir_);
   if (Status s = pool.ok() ? pool->destroyVolume(id) : Status(pool.error()); !s.ok()) {
-    std::fprintf(stderr, "moatd: microVM %s's volume stays: %s\n", id.c_str(), s.error().message().c_str());
+    std::fprintf(stderr, "moatd: microVM %s's volume stays (removed at the next start): %s\n", id.c_str(),
+                 s.error().message().c_str());
+    return false;
   }
+  return true;
 }
 
 Status MicroVmBackend::run(Guest& guest, const VmSpec& vm, const Spec& spec) {
@@ -462,9 +502,20 @@ Status MicroVmBackend::destroy(const std::string& id) {
   auto guest = take(id);
   if (!guest) return {};
   const std::string dir = guest->dir;
-  const bool volume = guest->volume;
+  bool volume = false;
+  {
+    std::lock_guard lock(mutex_);
+    volume = guest->volume;
+  }
+  // Those who hold it for a moment (a port's connection, a usage reading)
+  // let go once its QEMU is gone: its cgroup and lease go with the last
+  // holder, and a restore's create of the same id must not find them.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (guest.use_count() > 1 && std::chrono::steady_clock::now() < deadline) ::usleep(2000);
   guest.reset();  // reaped here unless a create still holds it (it then does)
-  if (volume) removeVolume(id);
+  // Its directory is what the next moatd's start finds it by: kept while
+  // its volume could not be removed.
+  if (volume && !removeVolume(id)) return Error::make(Code::kUnavailable, "microVM " + id + "'s volume stays");
   return os::removeTree(dir);
 }
 

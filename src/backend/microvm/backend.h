@@ -69,7 +69,7 @@ class MicroVmBackend final : public Backend {
  private:
   struct Guest {
     std::string dir;
-    bool volume = false;  // its volume in the storage pool (its disk, its console) was made
+    bool volume = false;  // it has a volume in the storage pool (its disk, its console): mutex_
     std::optional<isolation::namespaces::IdMapLease> ids;  // QEMU's own
     std::unique_ptr<isolation::cgroup::Cgroup> cgroup;     // QEMU's (removed after it is reaped)
     std::optional<Vm> vm;
@@ -89,7 +89,7 @@ class MicroVmBackend final : public Backend {
   Result<std::string> makeVolume(const Spec& spec, uint64_t storageBytes, Guest& guest);
   // Guest `id`'s volume, when there is one; removes it.
   Result<std::string> volumeOf(const std::string& id) const;
-  void removeVolume(const std::string& id);
+  bool removeVolume(const std::string& id);  // false: it stays (said on moatd's log)
   // The images, saved guests and initramfs this process made (or the last).
   void removeMadeFiles();
   // The guests of the last moatd of this state directory that QEMU still

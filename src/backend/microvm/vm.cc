@@ -117,14 +117,8 @@ Status writeLayerDisk(const std::string& path, uint64_t bytes, uid_t uid, gid_t 
   // tables are written lazily (by the guest's kernel, as it needs them).
   os::ToolRun run;
   run.passFd = disk.get();
-  run.argv = {mkfs,
-              "-q",
-              "-F",
-              "-m",
-              "0",
-              "-E",
-              "lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=0:0",
-              "/proc/self/fd/3"};
+  run.argv = {
+      mkfs, "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0", "/proc/self/fd/3"};
   run.deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
   MOAT_TRY(os::runTool(run));
   if ((uid != 0 || gid != 0) && ::fchown(disk.get(), uid, gid) != 0) return Error::fromErrno("chown " + path);
@@ -260,9 +254,12 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
     // host page cache; a snapshot stops the guest, which drains it first),
     // or a scratch disk that reads zeros and keeps nothing.
     argv.push_back("-drive");
-    argv.push_back("id=disk,if=none," + (spec.scratchDisk
-                                             ? "driver=null-co,read-zeroes=on,size=" + std::to_string(kScratchDiskBytes)
-                                             : "file=" + fd(kQemuDiskFd) + ",format=raw,file.locking=off"));
+    argv.push_back("id=disk,if=none," +
+                   (spec.scratchDisk ? "driver=null-co,read-zeroes=on,size=" + std::to_string(kScratchDiskBytes)
+                                     : "file=" + fd(kQemuDiskFd) + ",format=raw,file.locking=off") +
+                   // An error writing it (its volume's bound reached) is
+                   // the guest's to see, not a reason to stop the guest.
+                   ",werror=report,rerror=report");
     argv.push_back("-device");
     argv.push_back(std::string("virtio-blk-device,drive=disk,serial=") + init::kGuestDiskSerial);
   }
@@ -661,39 +658,55 @@ Status Vm::whilePaused(const std::function<Status()>& work, std::chrono::millise
   const auto deadline = std::chrono::steady_clock::now() + wait;
   std::unique_lock lock(monitor_->mutex, std::defer_lock);
   if (!lock.try_lock_until(deadline)) return Error::make(Code::kUnavailable, "QEMU's monitor is busy");
-  auto dropSession = [&] {
-    monitor_->qmp.reset();
-    monitor_->fd.reset();
-  };
   auto stopped = [&]() -> Status {
     MOAT_ASSIGN(Qmp * qmp, session(*monitor_, deadline));
     MOAT_TRY(qmp->call("stop"));
     return {};
   }();
+  // Going on matters more than any deadline: a guest left stopped is lost
+  // to its owner. A stop whose answer was lost may still have stopped it.
   if (!stopped.ok()) {
-    dropSession();
-    // A stop whose answer was lost may still have stopped it.
-    if (auto again = session(*monitor_, deadline); again.ok()) (void)again.value()->call("cont");
+    monitor_->qmp.reset();
+    monitor_->fd.reset();
+    if (Status resumed = resumeLocked(); !resumed.ok()) {
+      kill();
+      return Error::make(Code::kUnavailable, "QEMU's monitor did not stop the guest (" + stopped.error().message() +
+                                                 ") nor let it go on (" + resumed.error().message() +
+                                                 "): the guest was ended");
+    }
     return Error::make(Code::kUnavailable, "QEMU's monitor did not stop the guest: " + stopped.error().message());
   }
   Status done = work();
-  // Going on matters more than the deadline: a guest left stopped is lost
-  // to its owner.
-  auto resumed = [&]() -> Status {
-    MOAT_ASSIGN(Qmp * qmp, session(*monitor_, std::chrono::steady_clock::now() + kGuestSendWait));
-    MOAT_TRY(qmp->call("cont"));
-    return {};
-  }();
-  if (!resumed.ok()) {
-    dropSession();
-    if (auto again = session(*monitor_, std::chrono::steady_clock::now() + kGuestSendWait); again.ok()) {
-      resumed = again.value()->call("cont").ok() ? Status{} : resumed;
-    }
-  }
-  if (!resumed.ok()) {
-    return Error::make(Code::kUnavailable, "QEMU's monitor did not let the guest go on: " + resumed.error().message());
+  if (Status resumed = resumeLocked(); !resumed.ok()) {
+    kill();
+    return Error::make(Code::kUnavailable,
+                       "QEMU's monitor did not let the guest go on (" + resumed.error().message() + "): it was ended");
   }
   return done;
+}
+
+Status Vm::resumeLocked() {
+  // Twice, each on a session of its own and with a deadline of its own.
+  Status last;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto resumed = [&]() -> Status {
+      MOAT_ASSIGN(Qmp * qmp, session(*monitor_, std::chrono::steady_clock::now() + kGuestSendWait));
+      MOAT_TRY(qmp->call("cont"));
+      return {};
+    }();
+    if (resumed.ok()) return {};
+    monitor_->qmp.reset();
+    monitor_->fd.reset();
+    last = resumed;
+  }
+  return last;
+}
+
+Status Vm::resume(std::chrono::milliseconds wait) {
+  if (!monitor_) return {};
+  std::unique_lock lock(monitor_->mutex, std::defer_lock);
+  if (!lock.try_lock_for(wait)) return Error::make(Code::kUnavailable, "QEMU's monitor is busy");
+  return resumeLocked();
 }
 
 Status Vm::save(int stateFd, std::chrono::milliseconds wait) {

@@ -236,7 +236,11 @@ class Vm {
   // Runs `work` while the guest is stopped (QMP stop: its vCPUs halted and
   // its disk's writes drained, so the disk's file holds all the guest has
   // written to it), then lets it go on (cont), whatever `work` returned.
+  // A guest that cannot be let go on is ended (QEMU killed): it is not
+  // left stopped.
   Status whilePaused(const std::function<Status()>& work, std::chrono::milliseconds wait);
+  // Lets a stopped guest go on (QMP cont; a running one is unchanged).
+  Status resume(std::chrono::milliseconds wait);
 
  private:
   Vm() = default;
@@ -257,6 +261,8 @@ class Vm {
   // The monitor's session, opened if need be (a lasting QEMU's monitor
   // connected again after a failed one); its mutex held.
   Result<Qmp*> session(Monitor& monitor, std::chrono::steady_clock::time_point deadline) const;
+  // `cont`, with monitor_->mutex held.
+  Status resumeLocked();
   std::unique_ptr<Monitor> monitor_;
 };
 
