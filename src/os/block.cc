@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/btrfs.h>
 #include <linux/btrfs_tree.h>
+#include <linux/fs.h>
 #include <linux/loop.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
@@ -135,6 +136,18 @@ Result<QgroupCounters> openQgroupCounters(const std::string& subvolumePath) {
   MOAT_ASSIGN(counters.referenced, open(qgroup + "/referenced", O_RDONLY));
   MOAT_ASSIGN(counters.maxReferenced, open(qgroup + "/max_referenced", O_RDONLY));
   return counters;
+}
+
+Status setNoCopyOnWrite(int fd) {
+  int flags = 0;
+  if (::ioctl(fd, FS_IOC_GETFLAGS, &flags) != 0) {
+    return errno == ENOTTY || errno == EOPNOTSUPP ? Status{} : Error::fromErrno("read file flags");
+  }
+  flags |= FS_NOCOW_FL;
+  if (::ioctl(fd, FS_IOC_SETFLAGS, &flags) != 0) {
+    return errno == ENOTTY || errno == EOPNOTSUPP ? Status{} : Error::fromErrno("set no copy on write");
+  }
+  return {};
 }
 
 }  // namespace moat::os

@@ -39,6 +39,11 @@ struct QgroupCounters {
 };
 Result<QgroupCounters> openQgroupCounters(const std::string& subvolumePath);
 
+// Marks the empty regular file `fd` to be written in place (btrfs
+// FS_NOCOW_FL: no copy on write, as for VM disk images); a no-op error
+// (EOPNOTSUPP, ENOTTY) on file systems without it is not one.
+Status setNoCopyOnWrite(int fd);
+
 constexpr long kBtrfsMagic = 0x9123683E;
 
 }  // namespace moat::os

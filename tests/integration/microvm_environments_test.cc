@@ -3,9 +3,12 @@
 // moat-init as the guest's pid 1; what they cannot do yet is refused by
 // name. TCG here: a create boots a guest (seconds).
 #include <dirent.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <gtest/gtest.h>
+#include <linux/fs.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -244,6 +247,13 @@ TEST_F(MicroVmEnvironments, RunCommandsAndHoldFilesOnTheirOwnKernelAndLeaveNothi
   EXPECT_EQ(disk.st_uid, disk.st_gid);
   EXPECT_NE(disk.st_uid, 0u) << "QEMU's own, not root's";
   EXPECT_EQ(disk.st_mode & 0777, 0600u);
+  {
+    // Written in place: rewrites pile up no copies against its volume's bound.
+    UniqueFd fd(::open((volumeOf(id) + "/disk.img").c_str(), O_RDONLY | O_CLOEXEC));
+    int flags = 0;
+    ASSERT_EQ(::ioctl(fd.get(), FS_IOC_GETFLAGS, &flags), 0);
+    EXPECT_NE(flags & FS_NOCOW_FL, 0) << "no copy on write";
+  }
   auto limits = os::readFile("/proc/" + qemus[0] + "/limits");
   ASSERT_TRUE(limits.ok());
   const auto fileSize = limits->find("Max file size");

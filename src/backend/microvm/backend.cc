@@ -130,19 +130,17 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
   const std::string vms = dir_ + "/vms";
   auto names = os::listDir(vms);
   if (!names.ok()) return;  // none yet
+  // Which QEMU is whose cannot be told, or their disks (in the storage
+  // pool) cannot be reached: nothing is adopted and nothing removed, and
+  // list() says so, so that the manager stops rather than fail environments
+  // that may run fine (a later moatd may tell).
   if (!layout.ok()) {
-    // Which QEMU is whose cannot be told: nothing is adopted, and nothing
-    // removed (a later moatd may tell).
-    std::fprintf(stderr, "moatd: the microVMs of the last moatd are not adopted: %s\n",
-                 layout.error().message().c_str());
+    notAdopted_ = "the microVMs of the last moatd cannot be adopted: " + layout.error().message();
     return;
   }
   if (os::exists(stateDir_ + "/storage.img")) {
-    // Their disks are in the storage pool: one that cannot be opened now
-    // would have every guest taken for one without a disk (and ended).
     if (auto pool = isolation::fs::StoragePool::open(stateDir_); !pool.ok()) {
-      std::fprintf(stderr, "moatd: the microVMs of the last moatd are not adopted: %s\n",
-                   pool.error().message().c_str());
+      notAdopted_ = "the microVMs of the last moatd cannot be adopted: " + pool.error().message();
       return;
     }
   }
@@ -294,6 +292,17 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     return Error::make(Code::kInvalidArgument, "spec.storage_gb: a microVM's disk holds at most " +
                                                    std::to_string(kScratchDiskBytes >> 30) + " GB");
   }
+  {
+    // As a namespace environment's: no disk larger than the pool it is in
+    // (a guest filling it would fill every environment's). Before anything
+    // is made for it.
+    MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
+    if (spec.storageGb * (1ull << 30) > static_cast<double>(pool.capacityBytes())) {
+      return Error::make(Code::kInvalidArgument, "spec.storage_gb: " + nlohmann::json(spec.storageGb).dump() +
+                                                     " GB is more than this host's storage pool holds (" +
+                                                     std::to_string(pool.capacityBytes() >> 20) + " MiB)");
+    }
+  }
   MOAT_ASSIGN(std::string image, imageFor(spec.templateName));
   MOAT_ASSIGN(std::string initrd, initramfs());
   auto guest = std::make_shared<Guest>();
@@ -400,14 +409,11 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
 
 Result<std::string> MicroVmBackend::makeVolume(const Spec& spec, uint64_t storageBytes, Guest& guest) {
   MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
-  // As a namespace environment's: no disk larger than the pool it is in
-  // (a guest filling it would fill every environment's).
-  if (storageBytes > pool.capacityBytes()) {
-    return Error::make(Code::kInvalidArgument, "spec.storage_gb: " + nlohmann::json(spec.storageGb).dump() +
-                                                   " GB is more than this host's storage pool holds (" +
-                                                   std::to_string(pool.capacityBytes() >> 20) + " MiB)");
-  }
-  const uint64_t limit = storageBytes + storageBytes / 4 + kVolumeSlackBytes;
+  // The disk is written in place (no copy on write, writeLayerDisk), but
+  // the first write to each block it shares with a snapshot copies it, and
+  // btrfs counts an extent whole while any of it is used: at most twice
+  // the disk, its console's 16 MiB beside.
+  const uint64_t limit = 2 * storageBytes + kVolumeSlackBytes;
   const uid_t uid = guest.ids->map.hostBase;
   std::string volume;
   if (spec.fromSnapshot.empty()) {
@@ -515,7 +521,7 @@ Status MicroVmBackend::destroy(const std::string& id) {
   guest.reset();  // reaped here unless a create still holds it (it then does)
   // Its directory is what the next moatd's start finds it by: kept while
   // its volume could not be removed.
-  if (volume && !removeVolume(id)) return Error::make(Code::kUnavailable, "microVM " + id + "'s volume stays");
+  if (volume && !removeVolume(id)) return {};  // the next start removes it (said on moatd's log)
   return os::removeTree(dir);
 }
 
@@ -543,6 +549,7 @@ Result<UniqueFd> MicroVmBackend::attach(const std::string& id) {
 }
 
 Result<std::vector<std::string>> MicroVmBackend::list() {
+  if (!notAdopted_.empty()) return Error::make(Code::kUnavailable, notAdopted_);
   std::lock_guard lock(mutex_);
   std::vector<std::string> ids;
   for (const auto& [id, guest] : guests_) ids.push_back(id);
@@ -614,12 +621,14 @@ Result<UniqueFd> MicroVmBackend::connectPort(const std::string& id, uint16_t por
 Result<uint32_t> MicroVmBackend::snapshot(const std::string& id, const std::string& name) {
   auto guest = find(id);  // held: its Vm is not reaped while this runs
   Vm* vm = nullptr;
+  bool volume = false;
   {
     std::lock_guard lock(mutex_);
     if (guest && guest->vm) vm = &*guest->vm;
+    volume = guest && guest->volume;
   }
   if (!vm) return Error::make(Code::kConflict, "microVM environment " + id + " is not running");
-  if (!guest->volume) {
+  if (!volume) {
     return Error::make(Code::kUnsupported, "microVM environment " + id +
                                                " keeps its files in its memory (made by an earlier moatd): it "
                                                "cannot be snapshotted");

@@ -99,7 +99,8 @@ class MicroVmBackend final : public Backend {
   std::shared_ptr<Guest> find(const std::string& id);
 
   const std::string stateDir_;
-  const std::string dir_;  // <state>/microvm: root's alone
+  std::string notAdopted_;  // set once, at construction: why the last moatd's guests could not be adopted
+  const std::string dir_;   // <state>/microvm: root's alone
   const HostSupport host_;
   const std::chrono::seconds bootWait_;
   const std::string cgroupPrefix_;  // of this state directory's QEMU cgroups

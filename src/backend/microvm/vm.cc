@@ -26,6 +26,7 @@
 #include "init/guest.h"
 #include "init/protocol.h"
 #include "isolation/caps/capabilities.h"
+#include "os/block.h"
 #include "os/file.h"
 #include "os/netlink.h"
 #include "os/process.h"
@@ -112,6 +113,9 @@ Status buildRootImage(int treeFd, const std::string& image) {
 Status writeLayerDisk(const std::string& path, uint64_t bytes, uid_t uid, gid_t gid) {
   MOAT_ASSIGN(std::string mkfs, findProgram("MOAT_MKFS_EXT4", "mkfs.ext4", "e2fsprogs"));
   MOAT_ASSIGN(UniqueFd disk, os::open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  // Written in place: a guest rewriting its blocks does not pile up
+  // copies its volume's bound would count (set while it is empty).
+  MOAT_TRY(os::setNoCopyOnWrite(disk.get()));
   if (::ftruncate(disk.get(), static_cast<off_t>(bytes)) != 0) return Error::fromErrno("size " + path);
   // A file of moatd's own, new: handed over as mkfs.ext4's fd 3. Its
   // tables are written lazily (by the guest's kernel, as it needs them).
@@ -658,16 +662,24 @@ Status Vm::whilePaused(const std::function<Status()>& work, std::chrono::millise
   const auto deadline = std::chrono::steady_clock::now() + wait;
   std::unique_lock lock(monitor_->mutex, std::defer_lock);
   if (!lock.try_lock_until(deadline)) return Error::make(Code::kUnavailable, "QEMU's monitor is busy");
+  // The stop has a deadline of its own (the wait for the lock may have
+  // used the caller's).
+  bool asked = false;
   auto stopped = [&]() -> Status {
-    MOAT_ASSIGN(Qmp * qmp, session(*monitor_, deadline));
+    MOAT_ASSIGN(Qmp * qmp, session(*monitor_, std::chrono::steady_clock::now() + kGuestSendWait));
+    asked = true;
     MOAT_TRY(qmp->call("stop"));
     return {};
   }();
   // Going on matters more than any deadline: a guest left stopped is lost
-  // to its owner. A stop whose answer was lost may still have stopped it.
+  // to its owner. A stop whose answer was lost may still have stopped it;
+  // one never asked for left the guest as it was.
   if (!stopped.ok()) {
     monitor_->qmp.reset();
     monitor_->fd.reset();
+    if (!asked) {
+      return Error::make(Code::kUnavailable, "QEMU's monitor did not answer: " + stopped.error().message());
+    }
     if (Status resumed = resumeLocked(); !resumed.ok()) {
       kill();
       return Error::make(Code::kUnavailable, "QEMU's monitor did not stop the guest (" + stopped.error().message() +
