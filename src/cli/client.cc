@@ -507,9 +507,19 @@ Status parseArgs(const std::vector<std::string>& args, Parsed& out,
     bool matched = false;
     if (handle) MOAT_TRY(handle(flags, matched));
     if (!matched) MOAT_TRY(readConnectionFlag(flags, out.connection, matched));
-    if (!matched) return usageError("unknown option " + name);
+    if (!matched) return unknownOption(name);
   }
   return {};
+}
+
+Error unknownOption(const std::string& name) {
+  static const std::map<std::string, std::string> kMeant = {
+      {"--cpu", "--cpus"},     {"--mem", "--memory"},         {"--ram", "--memory"},     {"--ram-mb", "--memory"},
+      {"--disk", "--storage"}, {"--storage-gb", "--storage"}, {"--image", "--template"}, {"--ttl-s", "--ttl"},
+      {"--pid", "--pids"},     {"--labels", "--label"},       {"--envs", "--env"},
+  };
+  auto meant = kMeant.find(name);
+  return usageError("unknown option " + name + (meant == kMeant.end() ? "" : " (did you mean " + meant->second + "?)"));
 }
 
 std::optional<nlohmann::json> callOne(const std::vector<std::string>& args, const OneResource& what, Parsed& parsed,

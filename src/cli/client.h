@@ -130,6 +130,9 @@ class FlagReader {
 };
 
 Error usageError(const std::string& message);
+// "unknown option NAME", with the option meant where NAME is a usual slip
+// (--cpu for --cpus, --mem for --memory...).
+Error unknownOption(const std::string& name);
 
 // The flag loop of the moatd client subcommands: connection flags, --json
 // and -h are common; `handle` takes the subcommand's own flags (setting

@@ -52,6 +52,8 @@ commands:
   stats ID           what it uses now: CPU time, memory, processes, beside its limits
   network ID [options]
                      show the network policy, or change it with --network, --allow, --deny
+  ttl ID S           the environment now expires S seconds from now (longer or
+                     shorter than before; prints its new expiry)
   rm ID...           destroy environments (done when the command returns)
 
   --json             print moatd's JSON instead (create, ls, get, stats)
@@ -137,6 +139,21 @@ Status noPositional(const Parsed& parsed) {
   return {};
 }
 
+// moatd names a spec's fields; the caller typed this command's flags.
+Error inFlagTerms(Error e) {
+  static const std::pair<const char*, const char*> kFields[] = {
+      {"spec.ram_mb", "--memory (MB)"}, {"spec.cpus", "--cpus"},           {"spec.storage_gb", "--storage (GB)"},
+      {"spec.pids", "--pids"},          {"spec.isolation", "--isolation"}, {"ttl_s", "--ttl"}};
+  for (const auto& [field, flag] : kFields) {
+    const std::string prefix = std::string(field) + ":";
+    if (e.context.rfind(prefix, 0) == 0) {
+      e.context = std::string(flag) + e.context.substr(prefix.size() - 1);
+      break;
+    }
+  }
+  return e;
+}
+
 int create(const std::vector<std::string>& args) {
   json body = json::object();
   json spec = json::object();
@@ -220,7 +237,7 @@ int create(const std::vector<std::string>& args) {
     return reportFailure("env create", usageError("values must be valid UTF-8 (moatd's API is JSON)"));
   }
   auto created = call(client.value(), "POST", "/v1/environments", request, 201);
-  if (!created.ok()) return reportFailure("env create", created.error());
+  if (!created.ok()) return reportFailure("env create", inFlagTerms(created.error()));
   if (parsed.json) {
     std::puts(created->dump(2).c_str());
   } else {
@@ -422,6 +439,38 @@ int networkOf(const std::vector<std::string>& args) {
   return 0;
 }
 
+int ttl(const std::vector<std::string>& args) {
+  Parsed parsed;
+  Status s = parseArgs(args, parsed, nullptr);
+  if (s.ok() && !parsed.help && parsed.positional.size() != 2) s = usageError("usage: moat env ttl ID SECONDS");
+  std::string path;
+  uint64_t seconds = 0;
+  if (s.ok() && !parsed.help) {
+    auto p = environmentPath(parsed.positional[0]);
+    auto n = parseWhole("SECONDS", parsed.positional[1]);
+    if (!p.ok()) {
+      s = p.error();
+    } else if (!n.ok()) {
+      s = n.error();
+    } else {
+      path = p.value() + "/timeout";
+      seconds = n.value();
+    }
+  }
+  if (!s.ok()) return reportFailure("env ttl", s.error());
+  if (parsed.help) return help();
+  auto client = Client::fromOptions(parsed.connection);
+  if (!client.ok()) return reportFailure("env ttl", client.error());
+  auto answer = call(client.value(), "POST", path, json{{"ttl_s", seconds}}.dump(), 200);
+  if (!answer.ok()) return reportFailure("env ttl", inFlagTerms(answer.error()));
+  if (parsed.json) {
+    std::puts(answer->dump(2).c_str());
+  } else {
+    std::puts(text(answer.value(), "expires_at").c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int envCommand(const std::vector<std::string>& args) {
@@ -437,8 +486,10 @@ int envCommand(const std::vector<std::string>& args) {
   if (sub == "stats") return stats(rest);
   if (sub == "rm" || sub == "remove") return remove(rest);
   if (sub == "network") return networkOf(rest);
+  if (sub == "ttl" || sub == "timeout") return ttl(rest);
   if (sub == "-h" || sub == "--help" || sub == "help") return help();
-  std::fprintf(stderr, "moat env: unknown command '%s' (create, ls, get, stats, rm or network; see moat env --help)\n",
+  std::fprintf(stderr,
+               "moat env: unknown command '%s' (create, ls, get, stats, network, ttl or rm; see moat env --help)\n",
                sub.c_str());
   return kExitUsage;
 }

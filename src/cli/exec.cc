@@ -101,7 +101,7 @@ Result<ExecOptions> parseExecOptions(const std::vector<std::string>& args) {
     } else {
       MOAT_TRY(readConnectionFlag(flags, o.connection, matched));
     }
-    if (!matched) return usageError("unknown option " + name);
+    if (!matched) return unknownOption(name);
   }
   if (o.environment.empty()) return usageError("missing environment id (usage: moat exec ENV [options] -- COMMAND...)");
   if (o.command.empty()) return usageError("missing command (usage: moat exec ENV [options] -- COMMAND...)");

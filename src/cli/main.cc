@@ -1,8 +1,10 @@
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "cli/client.h"
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
 #include "common/process_args.h"
@@ -42,14 +44,64 @@ commands:
 Environment: MOAT_STATE (state directory, default /var/lib/moat); for the
 moatd clients (env, exec, cp, shell, keys, events, audit) also MOAT_URL
 (moatd's address, default unix:<state>/moatd.sock) and MOAT_TOKEN (default:
-the file <state>/master-token).
+the file <state>/master-token). `--url`, `--token` and `--state` may come
+before the command too (moat --url tcp://host:7070 env ls), for every
+command after it; the same flag after the command wins.
 )";
+
+// The connection flags given before the command (`moat --url X env ls`):
+// they stand for the variables, which every command reads, so they apply
+// wherever the command's own flags may be. Returns false (said on stderr)
+// for one without its value or with a bad one.
+bool takeLeadingConnectionFlags(std::vector<std::string>& args) {
+  static const struct {
+    const char* flag;
+    const char* variable;
+  } kFlags[] = {{"--url", "MOAT_URL"}, {"--token", "MOAT_TOKEN"}, {"--state", "MOAT_STATE"}};
+  while (!args.empty()) {
+    const std::string& first = args[0];
+    const char* variable = nullptr;
+    std::string value;
+    size_t used = 0;
+    for (const auto& f : kFlags) {
+      const std::string flag = f.flag;
+      if (first == flag) {
+        if (args.size() < 2) {
+          std::fprintf(stderr, "moat: %s needs a value (see moat --help)\n", f.flag);
+          return false;
+        }
+        variable = f.variable;
+        value = args[1];
+        used = 2;
+      } else if (first.rfind(flag + "=", 0) == 0) {
+        variable = f.variable;
+        value = first.substr(flag.size() + 1);
+        used = 1;
+      }
+    }
+    if (!variable) return true;
+    if (std::strcmp(variable, "MOAT_URL") == 0) {
+      if (auto parsed = moat::cli::parseEndpoint(value); !parsed.ok()) {
+        std::fprintf(stderr, "moat: %s\n", parsed.error().message().c_str());
+        return false;
+      }
+    }
+    if (std::strcmp(variable, "MOAT_STATE") == 0 && (value.empty() || value[0] != '/')) {
+      std::fprintf(stderr, "moat: --state: must be an absolute path: %s\n", value.c_str());
+      return false;
+    }
+    ::setenv(variable, value.c_str(), 1);
+    args.erase(args.begin(), args.begin() + static_cast<long>(used));
+  }
+  return true;
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   moat::rememberProcessArgs(argc, argv);
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (!takeLeadingConnectionFlags(args)) return moat::cli::kExitUsage;
   if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
     std::fputs(kUsage, args.empty() ? stderr : stdout);
     return args.empty() ? moat::cli::kExitUsage : 0;

@@ -669,7 +669,7 @@ TEST(MoatCliWithoutDaemon, BadUsageExits2AndNamesTheProblem) {
       {{"env", "get"}, "moat env get: missing environment id (usage: moat env get ID)\n"},
       {{"env", "rm"}, "moat env rm: missing environment id (usage: moat env rm ID...)\n"},
       {{"env", "frob"},
-       "moat env: unknown command 'frob' (create, ls, get, stats, rm or network; see moat env --help)\n"},
+       "moat env: unknown command 'frob' (create, ls, get, stats, network, ttl or rm; see moat env --help)\n"},
       {{"exec"}, "moat exec: missing environment id (usage: moat exec ENV [options] -- COMMAND...)\n"},
       {{"exec", "abc"}, "moat exec: missing command (usage: moat exec ENV [options] -- COMMAND...)\n"},
       {{"exec", "abc", "--frob", "--", "true"}, "moat exec: unknown option --frob\n"},
@@ -768,6 +768,45 @@ TEST(MoatCliWithoutDaemon, HelpListsTheClientCommands) {
   EXPECT_EQ(r.exitCode, 0);
   EXPECT_NE(r.out.find("usage: moat exec ENV"), std::string::npos) << r.out;
   EXPECT_EQ(moat({"env", "create", "--help"}, "", {{"MOAT_URL", kNoDaemon}}).exitCode, 0);
+}
+
+// --url, --token and --state before the command stand for the variables;
+// `moat env ttl` sets an environment's time left; moatd's refusals are put
+// in the flags' words; a usual slip of a flag names the one meant.
+TEST_F(MoatCli, FlagsBeforeTheCommandTheTtlAndErrorsInTheFlagsWords) {
+  MOAT_REQUIRE_ROOT();
+  const std::string id = createEnv();
+  // Only the flags lead to the daemon: the variables point nowhere.
+  const std::map<std::string, std::string> nowhere = {{"MOAT_URL", kNoDaemon}, {"MOAT_STATE", "/nonexistent"}};
+  auto listed = moat({"--url", "unix:" + daemon().socketPath(), "--token=" + daemon().token(), "env", "ls", "--json"},
+                     "", nowhere);
+  ASSERT_EQ(listed.exitCode, 0) << describe(listed);
+  EXPECT_NE(listed.out.find(id), std::string::npos) << describe(listed);
+  auto state = moat({"--state", daemon().stateDir(), "env", "get", id}, "", {{"MOAT_STATE", "/nonexistent"}});
+  EXPECT_EQ(state.exitCode, 0) << describe(state);
+  // The same flag after the command wins.
+  auto after = moat({"--url", "unix:" + daemon().socketPath(), "env", "ls", "--url", kNoDaemon}, "", nowhere);
+  EXPECT_EQ(after.exitCode, 125) << describe(after);
+  auto bad = moat({"--url", "ftp://x", "env", "ls"});
+  EXPECT_EQ(bad.exitCode, 2) << describe(bad);
+  EXPECT_EQ(moat({"--token"}).exitCode, 2);
+  // The time left, longer or shorter.
+  auto ttl = client({"env", "ttl", id, "60"});
+  ASSERT_EQ(ttl.exitCode, 0) << describe(ttl);
+  json env = json::parse(daemon().request("GET", "/v1/environments/" + id).body);
+  EXPECT_EQ(ttl.out, env["expires_at"].get<std::string>() + "\n");
+  EXPECT_EQ(client({"env", "ttl", id}).exitCode, 2);
+  EXPECT_EQ(client({"env", "ttl", id, "soon"}).exitCode, 2);
+  auto zero = client({"env", "ttl", id, "0"});
+  EXPECT_EQ(zero.exitCode, 125) << describe(zero);
+  EXPECT_NE(zero.err.find("--ttl"), std::string::npos) << describe(zero);
+  // moatd names spec.ram_mb; the caller typed --memory.
+  auto small = client({"env", "create", "--memory", "8"});
+  EXPECT_EQ(small.exitCode, 125) << describe(small);
+  EXPECT_NE(small.err.find("--memory (MB): "), std::string::npos) << describe(small);
+  auto slip = client({"env", "create", "--cpu", "2"});
+  EXPECT_EQ(slip.exitCode, 2) << describe(slip);
+  EXPECT_NE(slip.err.find("unknown option --cpu (did you mean --cpus?)"), std::string::npos) << describe(slip);
 }
 
 TEST_F(MoatCli, ShellRunsWhatItIsFedAndExitsWithTheShellsStatus) {
