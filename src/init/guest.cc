@@ -46,27 +46,33 @@ Status awaitPath(const std::string& path) {
   return {};
 }
 
-// The disk whose serial number is `serial` (/dev/vdX), once its driver has
-// probed it.
-Result<std::string> findDisk(const std::string& serial) {
+// The device of class directory `classDir` (/sys/class/..., /sys/block)
+// whose attribute file `attribute` says `value` (a driver's label or serial
+// number), as /dev/<name>, once its driver has probed it; `what` names it
+// in the error.
+Result<std::string> findDevice(const char* classDir, const char* attribute, const std::string& value,
+                               const std::string& what) {
   const auto deadline = std::chrono::steady_clock::now() + kDeviceWait;
   for (;;) {
-    if (DIR* d = ::opendir("/sys/block")) {
+    if (DIR* d = ::opendir(classDir)) {
       std::string found;
       while (dirent* e = ::readdir(d)) {
         std::string name = e->d_name;
-        if (name.rfind("vd", 0) != 0) continue;
-        auto said = os::readFile("/sys/block/" + name + "/serial", 256);
-        if (said.ok() && (said.value() == serial || said.value() == serial + "\n")) found = "/dev/" + name;
+        if (name[0] == '.') continue;
+        auto said = os::readFile(std::string(classDir) + "/" + name + "/" + attribute, 256);
+        if (said.ok() && (said.value() == value || said.value() == value + "\n")) found = "/dev/" + name;
       }
       ::closedir(d);
       if (!found.empty() && ::access(found.c_str(), F_OK) == 0) return found;
     }
-    if (std::chrono::steady_clock::now() > deadline) {
-      return Error::fromErrno("no disk with serial number " + serial, ENODEV);
-    }
+    if (std::chrono::steady_clock::now() > deadline) return Error::fromErrno("no " + what, ENODEV);
     ::usleep(1000);
   }
+}
+
+// The disk whose serial number is `serial` (/dev/vdX).
+Result<std::string> findDisk(const std::string& serial) {
+  return findDevice("/sys/block", "serial", serial, "disk with serial number " + serial);
 }
 
 // The template's image (erofs, read-only) under an overlay whose writable
@@ -117,27 +123,8 @@ Status bringUpNetwork() {
 
 // The virtio-serial port named kGuestPortName: /dev/vportNpM.
 Result<std::string> findPort() {
-  MOAT_TRY(awaitPath("/sys/class/virtio-ports"));
-  const auto deadline = std::chrono::steady_clock::now() + kDeviceWait;
-  for (;;) {
-    if (DIR* d = ::opendir("/sys/class/virtio-ports")) {
-      std::string found;
-      while (dirent* e = ::readdir(d)) {
-        std::string name = e->d_name;
-        if (name[0] == '.') continue;
-        auto label = os::readFile("/sys/class/virtio-ports/" + name + "/name", 256);
-        if (label.ok() && (label.value() == kGuestPortName || label.value() == std::string(kGuestPortName) + "\n")) {
-          found = "/dev/" + name;
-        }
-      }
-      ::closedir(d);
-      if (!found.empty() && ::access(found.c_str(), F_OK) == 0) return found;
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      return Error::fromErrno(std::string("no virtio-serial port named ") + kGuestPortName, ENODEV);
-    }
-    ::usleep(1000);
-  }
+  return findDevice("/sys/class/virtio-ports", "name", kGuestPortName,
+                    std::string("virtio-serial port named ") + kGuestPortName);
 }
 
 // A port reads EOF until the host side is connected (virtio_console): the

@@ -39,6 +39,13 @@ Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string
   auto held = exclusive(id);
   MOAT_ASSIGN(auto record, get(id));
   MOAT_ASSIGN(LiveEnvironment live, liveOf(id));  // running: its volume is there
+  if (!owner.empty()) record.owner = owner;
+  MOAT_ASSIGN(auto mine, store_.listSnapshots(record.owner, ""));
+  if (!transient && mine.size() >= config_.maxSnapshotsPerOwner) {
+    return Error::make(Code::kCapacity, "at capacity: " + std::to_string(mine.size()) +
+                                            " snapshots are kept (at most " +
+                                            std::to_string(config_.maxSnapshotsPerOwner) + "); delete some first");
+  }
   if (record.isolation != backend::isolationName(backend::Isolation::kNamespaces)) {
     // What a microVM's programs wrote and its kernel holds in memory goes
     // to its disk first: the snapshot has every write that returned, as a
@@ -51,13 +58,6 @@ Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string
       return Error::make(Code::kUnavailable,
                          "environment " + id + " could not write its files to its disk: " + synced.message);
     }
-  }
-  if (!owner.empty()) record.owner = owner;
-  MOAT_ASSIGN(auto mine, store_.listSnapshots(record.owner, ""));
-  if (!transient && mine.size() >= config_.maxSnapshotsPerOwner) {
-    return Error::make(Code::kCapacity, "at capacity: " + std::to_string(mine.size()) +
-                                            " snapshots are kept (at most " +
-                                            std::to_string(config_.maxSnapshotsPerOwner) + "); delete some first");
   }
   store::SnapshotRecord snap;
   snap.id = newSnapshotId();

@@ -138,7 +138,7 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
     notAdopted_ = "the microVMs of the last moatd cannot be adopted: " + layout.error().message();
     return;
   }
-  if (os::exists(stateDir_ + "/storage.img")) {
+  if (isolation::fs::StoragePool::made(stateDir_)) {
     if (auto pool = isolation::fs::StoragePool::open(stateDir_); !pool.ok()) {
       notAdopted_ = "the microVMs of the last moatd cannot be adopted: " + pool.error().message();
       return;
@@ -292,16 +292,14 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     return Error::make(Code::kInvalidArgument, "spec.storage_gb: a microVM's disk holds at most " +
                                                    std::to_string(kScratchDiskBytes >> 30) + " GB");
   }
-  {
-    // As a namespace environment's: no disk larger than the pool it is in
-    // (a guest filling it would fill every environment's). Before anything
-    // is made for it.
-    MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
-    if (spec.storageGb * (1ull << 30) > static_cast<double>(pool.capacityBytes())) {
-      return Error::make(Code::kInvalidArgument, "spec.storage_gb: " + nlohmann::json(spec.storageGb).dump() +
-                                                     " GB is more than this host's storage pool holds (" +
-                                                     std::to_string(pool.capacityBytes() >> 20) + " MiB)");
-    }
+  // As a namespace environment's: no disk larger than the pool it is in
+  // (a guest filling it would fill every environment's). Before anything
+  // is made for it.
+  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
+  if (spec.storageGb * (1ull << 30) > static_cast<double>(pool.capacityBytes())) {
+    return Error::make(Code::kInvalidArgument, "spec.storage_gb: " + nlohmann::json(spec.storageGb).dump() +
+                                                   " GB is more than this host's storage pool holds (" +
+                                                   std::to_string(pool.capacityBytes() >> 20) + " MiB)");
   }
   MOAT_ASSIGN(std::string image, imageFor(spec.templateName));
   MOAT_ASSIGN(std::string initrd, initramfs());
@@ -333,7 +331,7 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     std::lock_guard lock(mutex_);
     guest->volume = true;
   }
-  auto volume = makeVolume(spec, storageBytes, *guest);
+  auto volume = makeVolume(pool, spec, storageBytes, *guest);
   if (find(spec.id) != guest) {
     (void)removeVolume(spec.id);
     return Error::make(Code::kConflict, "microVM environment " + spec.id + " was destroyed while being created");
@@ -407,8 +405,8 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
   return Created{spec.id, guest->vm->takeControl()};
 }
 
-Result<std::string> MicroVmBackend::makeVolume(const Spec& spec, uint64_t storageBytes, Guest& guest) {
-  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
+Result<std::string> MicroVmBackend::makeVolume(isolation::fs::StoragePool& pool, const Spec& spec,
+                                               uint64_t storageBytes, Guest& guest) {
   // The disk is written in place (no copy on write, writeLayerDisk), but
   // the first write to each block it shares with a snapshot copies it, and
   // btrfs counts an extent whole while any of it is used: at most twice
@@ -438,7 +436,7 @@ Result<std::string> MicroVmBackend::makeVolume(const Spec& spec, uint64_t storag
 
 Result<std::string> MicroVmBackend::volumeOf(const std::string& id) const {
   // No storage pool: no volume (and none is made to look).
-  if (!os::exists(stateDir_ + "/storage.img")) return Error::make(Code::kNotFound, "no storage pool");
+  if (!isolation::fs::StoragePool::made(stateDir_)) return Error::make(Code::kNotFound, "no storage pool");
   MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
   std::string volume = pool.volumePath(id);
   if (!os::exists(volume)) return Error::make(Code::kNotFound, "no volume " + id);
@@ -446,10 +444,12 @@ Result<std::string> MicroVmBackend::volumeOf(const std::string& id) const {
 }
 
 bool MicroVmBackend::removeVolume(const std::string& id) {
-  auto volume = volumeOf(id);
-  if (!volume.ok()) return volume.error().code == Code::kNotFound;
-  auto pool = isolation::fs::StoragePool::open(stateDir_);
-  if (Status s = pool.ok() ? pool->destroyVolume(id) : Status(pool.error()); !s.ok()) {
+  Status s = [&]() -> Status {
+    if (!isolation::fs::StoragePool::made(stateDir_)) return {};
+    MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
+    return pool.destroyVolume(id);  // a volume not there is fine
+  }();
+  if (!s.ok()) {
     std::fprintf(stderr, "moatd: microVM %s's volume stays (removed at the next start): %s\n", id.c_str(),
                  s.error().message().c_str());
     return false;
@@ -645,15 +645,11 @@ Result<uint32_t> MicroVmBackend::snapshot(const std::string& id, const std::stri
 // Snapshots live in the storage pool the namespace backend's do (the
 // router asks that one for them).
 Status MicroVmBackend::deleteSnapshot(const std::string& name) {
-  if (!os::exists(stateDir_ + "/storage.img")) return {};
-  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
-  return pool.destroySnapshot(name);
+  return isolation::fs::StoragePool::destroySnapshotIn(stateDir_, name);
 }
 
 Result<std::vector<std::string>> MicroVmBackend::snapshots() {
-  if (!os::exists(stateDir_ + "/storage.img")) return std::vector<std::string>{};
-  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
-  return pool.snapshots();
+  return isolation::fs::StoragePool::snapshotsIn(stateDir_);
 }
 
 Result<Changes> MicroVmBackend::changes(const ChangesRequest&) { return notYet("a review of changed files"); }

@@ -13,6 +13,7 @@
 #include "common/dedicated_thread.h"
 #include "common/keyed_lock.h"
 #include "isolation/cgroup/cgroup.h"
+#include "isolation/fs/storage_pool.h"
 #include "isolation/namespaces/user_namespace.h"
 
 // Environments in microVMs behind moatd's seam (docs/MICROVM.md): each a
@@ -86,7 +87,8 @@ class MicroVmBackend final : public Backend {
   Result<std::string> initramfs();
   // The volume of the guest being created (storage pool volume `spec.id`:
   // a new disk of `storageBytes`, or a copy of snapshot spec.fromSnapshot's).
-  Result<std::string> makeVolume(const Spec& spec, uint64_t storageBytes, Guest& guest);
+  Result<std::string> makeVolume(isolation::fs::StoragePool& pool, const Spec& spec, uint64_t storageBytes,
+                                 Guest& guest);
   // Guest `id`'s volume, when there is one; removes it.
   Result<std::string> volumeOf(const std::string& id) const;
   bool removeVolume(const std::string& id);  // false: it stays (said on moatd's log)

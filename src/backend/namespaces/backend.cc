@@ -47,8 +47,7 @@ Result<Usage> NamespacesBackend::usage(const std::string& id) {
 }
 
 Status NamespacesBackend::deleteSnapshot(const std::string& name) {
-  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
-  return pool.destroySnapshot(name);
+  return isolation::fs::StoragePool::destroySnapshotIn(stateDir_, name);
 }
 
 Result<Changes> NamespacesBackend::changes(const ChangesRequest& request) {
@@ -77,12 +76,7 @@ Result<Changes> NamespacesBackend::changes(const ChangesRequest& request) {
 }
 
 Result<std::vector<std::string>> NamespacesBackend::snapshots() {
-  // No storage pool yet: nothing can be kept, and no reason to make one
-  // before the first environment needs it. One that exists is opened
-  // (mounted again after a reboot) to be listed.
-  if (!os::exists(stateDir_ + "/storage.img")) return std::vector<std::string>{};
-  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
-  return pool.snapshots();
+  return isolation::fs::StoragePool::snapshotsIn(stateDir_);
 }
 
 }  // namespace moat::backend::namespaces

@@ -112,6 +112,23 @@ Status mountPool(const std::string& image, const std::string& root, uint64_t ima
 
 }  // namespace
 
+bool StoragePool::made(const std::string& stateDir) { return os::exists(stateDir + "/storage.img"); }
+
+Result<std::vector<std::string>> StoragePool::snapshotsIn(const std::string& stateDir) {
+  // No pool yet: nothing is kept, and no reason to make one before the
+  // first environment needs it. One that exists is opened (mounted again
+  // after a reboot) to be listed.
+  if (!made(stateDir)) return std::vector<std::string>{};
+  MOAT_ASSIGN(StoragePool pool, open(stateDir));
+  return pool.snapshots();
+}
+
+Status StoragePool::destroySnapshotIn(const std::string& stateDir, const std::string& snapshot) {
+  if (!made(stateDir)) return {};
+  MOAT_ASSIGN(StoragePool pool, open(stateDir));
+  return pool.destroySnapshot(snapshot);
+}
+
 Result<StoragePool> StoragePool::open(const std::string& stateDir, uint64_t imageBytes) {
   StoragePool pool;
   pool.root_ = stateDir + "/storage";

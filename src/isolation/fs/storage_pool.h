@@ -21,6 +21,14 @@ class StoragePool {
   // Opens the pool, creating and mounting it when needed. imageBytes sizes a
   // new image (0: min(64 GiB, half the free space), or MOAT_STORAGE_GB).
   static Result<StoragePool> open(const std::string& stateDir, uint64_t imageBytes = 0);
+  // Whether the pool of `stateDir` was ever made (its image is there): one
+  // that was not holds no volume or snapshot, and need not be made to say so.
+  static bool made(const std::string& stateDir);
+  // The snapshots kept in `stateDir`'s pool, and one removed (idempotent),
+  // without making a pool that is not there (every backend keeps its
+  // snapshots in the one pool).
+  static Result<std::vector<std::string>> snapshotsIn(const std::string& stateDir);
+  static Status destroySnapshotIn(const std::string& stateDir, const std::string& snapshot);
 
   const std::string& root() const { return root_; }
   std::string volumePath(const std::string& name) const { return root_ + "/envs/" + name; }
