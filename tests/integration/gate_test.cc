@@ -203,10 +203,7 @@ TEST_F(Gate, AnAskWaitsForAPersonWhoApprovesOrDenies) {
   EXPECT_EQ(err["approval"], b["id"]);
   EXPECT_NE(err["message"].get<std::string>().find("not now"), std::string::npos);
   // Both questions and both answers are in the audit log, with who decided.
-  std::string events;
-  for (int i = 0; i < 200 && events.find("approval.decided") == std::string::npos; ++i) {
-    events = daemon_->request("GET", "/v1/events?type=approval.&environment=" + id).body;
-  }
+  std::string events = eventsUntil("?type=approval.&environment=" + id, "approval.decided");
   EXPECT_NE(events.find("approval.requested"), std::string::npos) << events;
   EXPECT_NE(events.find("approval.decided"), std::string::npos) << events;
   EXPECT_NE(events.find("not now"), std::string::npos) << events;
@@ -284,10 +281,7 @@ TEST_F(Gate, CodeLoadingVariablesNeedARuleThatNamesThem) {
   auto named = daemon_->request("POST", "/v1/environments/" + id + "/exec",
                                 json{{"cmd", {"env"}}, {"env", {{"LD_LIBRARY_PATH", "/workspace/lib"}}}}.dump());
   EXPECT_EQ(named.status, 200) << named.body;
-  std::string events;
-  for (int i = 0; i < 200 && events.find("LD_LIBRARY_PATH") == std::string::npos; ++i) {
-    events = daemon_->request("GET", "/v1/events?type=exec.started&environment=" + id).body;
-  }
+  std::string events = eventsUntil("?type=exec.started&environment=" + id, "LD_LIBRARY_PATH");
   EXPECT_NE(events.find("\"LD_LIBRARY_PATH\":\"/workspace/lib\""), std::string::npos) << events;
   // The defaults allow every command, but not one that loads code this way.
   std::string open = createEnv();
@@ -342,18 +336,12 @@ TEST_F(Gate, EveryProgramAnswersToRunCommandHoweverItStarts) {
   EXPECT_EQ(ok["exit_code"], 0) << ok.dump();
   EXPECT_EQ(ok["stdout"], "env-ok\nd\n") << ok.dump();
   // The refusals are in the log with what was run and by whom.
-  std::string events;
-  for (int i = 0; i < 200 && events.find("\"program\"") == std::string::npos; ++i) {
-    events = daemon_->request("GET", "/v1/events?type=gate.denied&environment=" + id).body;
-  }
+  std::string events = eventsUntil("?type=gate.denied&environment=" + id, "\"program\"");
   EXPECT_NE(events.find("\"argv\":[\"rm\",\"-rf\",\"/workspace/d\"]"), std::string::npos) << events;
   EXPECT_NE(events.find("\"parents\""), std::string::npos) << events;
   // The programs it allowed too, each before the end of the command that ran
   // them (moat-init holds their reports a moment, never past its next message).
-  std::string log;
-  for (int i = 0; i < 200 && log.find("\"ls\",\"/workspace\"") == std::string::npos; ++i) {
-    log = daemon_->request("GET", "/v1/events?environment=" + id).body;
-  }
+  std::string log = eventsUntil("?environment=" + id, "\"ls\",\"/workspace\"");
   int64_t ls = -1, lastEnded = -1;
   std::istringstream lines(log);
   for (std::string line; std::getline(lines, line);) {
@@ -453,10 +441,7 @@ os.waitpid(pid, 0)
 )";
   json r = exec(id, {{"cmd", {"python3", "-c", script}}});
   EXPECT_EQ(r["stdout"], "refused 1\n") << r.dump();
-  std::string log;
-  for (int i = 0; i < 200 && log.find("\"gate.denied\"") == std::string::npos; ++i) {
-    log = daemon_->request("GET", "/v1/events?environment=" + id).body;
-  }
+  std::string log = eventsUntil("?environment=" + id, "\"gate.denied\"");
   EXPECT_NE(log.find("\"gate.denied\""), std::string::npos) << log;
   std::istringstream lines(log);
   for (std::string line; std::getline(lines, line);) {
@@ -789,10 +774,7 @@ TEST_F(Gate, ProgramsRunWhileMoatdRestartsAreRecordedByTheNext) {
   while (::kill(pids[0], 0) == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
   ASSERT_NE(::kill(pids[0], 0), 0) << "the process did not end";
   daemon_->restart();
-  std::string log;
-  for (int i = 0; i < 200 && log.find("\"gate.denied\"") == std::string::npos; ++i) {
-    log = daemon_->request("GET", "/v1/events?environment=" + id).body;
-  }
+  std::string log = eventsUntil("?environment=" + id, "\"gate.denied\"");
   EXPECT_NE(log.find("\"argv\":[\"touch\",\"/workspace/while-away\"]"), std::string::npos) << log;
   EXPECT_NE(log.find("\"argv\":[\"rm\",\"/workspace/x\"]"), std::string::npos) << log;
   // And what the rules said held: the file it was denied to remove is there.

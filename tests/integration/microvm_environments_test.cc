@@ -544,11 +544,7 @@ TEST_F(MicroVmEnvironments, OutliveTheirMoatdAndTheNextOneReattachesThem) {
   EXPECT_EQ(qemuOf(id), qemu) << "the same QEMU, re-attached";
   EXPECT_EQ(daemon_->request("GET", files + "?path=/workspace/kept").body, "across moatds");
   EXPECT_EQ(exec(id, {{"cmd", {"/bin/tool", "uname"}}})["stdout"], kernelVersion_ + "\n");
-  std::string reported;
-  for (int i = 0; i < 100 && reported.find("/bin/other") == std::string::npos; ++i) {
-    if (i > 0) ::usleep(50000);  // the audit log writes in batches: bounded polling
-    reported = daemon_->request("GET", "/v1/events?environment=" + id + "&type=program.started").body;
-  }
+  std::string reported = eventsUntil("?environment=" + id + "&type=program.started", "/bin/other");
   EXPECT_NE(reported.find("/bin/other"), std::string::npos) << "what ran while moatd was away: " << reported;
   json failed = call("GET", "/v1/environments/" + lost, nullptr, 200);
   EXPECT_EQ(failed["state"], "failed") << failed.dump();
@@ -634,12 +630,8 @@ TEST_F(MicroVmEnvironments, EveryProgramInsideAnswersToTheGateAndCommandsCannotU
   json denied = exec(id, {{"cmd", {"/bin/tool", "exec", "/bin/other", "uname"}}});
   EXPECT_EQ(denied["exit_code"], 126) << denied.dump();
   EXPECT_NE(denied["stderr"].get<std::string>().find("Operation not permitted"), std::string::npos) << denied.dump();
-  // The gate's record of it (the audit log writes in batches: bounded polling).
-  std::string recorded;
-  for (int i = 0; i < 100 && recorded.find("/bin/other") == std::string::npos; ++i) {
-    if (i > 0) ::usleep(50000);
-    recorded = daemon_->request("GET", "/v1/events?environment=" + id + "&type=gate.denied").body;
-  }
+  // The gate's record of it.
+  std::string recorded = eventsUntil("?environment=" + id + "&type=gate.denied", "/bin/other");
   EXPECT_NE(recorded.find("/bin/other"), std::string::npos) << recorded;
   // What a command may do: the bounding set has none of these.
   json status = exec(id, {{"cmd", {"/bin/tool", "cat", "/proc/self/status"}}});

@@ -253,12 +253,12 @@ class Ports : public MoatdFixture {
   // Polls (at most 10 s) until the audit events of `query` hold `needle`:
   // events are written by moatd's writer thread, and a connection's event
   // once moatd has let go of it.
-  bool eventSeen(const std::string& query, const std::string& needle) {
-    const auto deadline = Clock::now() + std::chrono::seconds(10);
-    while (Clock::now() < deadline) {
-      if (daemon_->request("GET", "/v1/events" + query).body.find(needle) != std::string::npos) return true;
-    }
-    return false;
+  // Whether the log came to hold `needle`; when not, what it held of the
+  // environment is in the failure.
+  ::testing::AssertionResult eventSeen(const std::string& query, const std::string& needle) {
+    if (eventsUntil(query, needle).find(needle) != std::string::npos) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "no " << needle << " in " << query
+                                         << "; the log held: " << daemon_->request("GET", "/v1/events").body;
   }
 
   // {"id", "port", "url", "expires_at"} of a new preview.

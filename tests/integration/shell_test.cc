@@ -141,12 +141,7 @@ TEST_F(Shell, TheLastViewerLeavingHangsTheShellUp) {
 // to a process's stdin, its signals, or an exec's input.
 TEST_F(Shell, EveryInputIsAnEvent) {
   auto eventsOf = [&](const std::string& type, const std::string& needle) {
-    std::string body;
-    for (int i = 0; i < 200 && body.find(needle) == std::string::npos; ++i) {
-      body = daemon_->request("GET", "/v1/events?type=" + type + "&environment=" + env_).body;
-      if (body.find(needle) == std::string::npos) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return body;
+    return eventsUntil("?type=" + type + "&environment=" + env_, needle);
   };
   {
     Viewer v(daemon_->websocket(shellPath()));

@@ -7,6 +7,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "moat_process.h"
 #include "moatd_process.h"
@@ -47,6 +48,20 @@ class MoatdFixture : public ::testing::Test {
       if (json::parse(ps.body)["exit_code"] == 0) return true;
     }
     return false;
+  }
+
+  // The audit log's answer to GET /v1/events`query` ("?type=...&environment=...")
+  // once it holds `needle`, or its last answer after 30 s. The log writes in
+  // batches and a program's events come after its answer: bounded polling,
+  // with a pause between reads (each read flushes the log).
+  std::string eventsUntil(const std::string& query, const std::string& needle) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    std::string body;
+    for (;;) {
+      body = daemon_->request("GET", "/v1/events" + query).body;
+      if (body.find(needle) != std::string::npos || std::chrono::steady_clock::now() > deadline) return body;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
 
   std::unique_ptr<Moatd> daemon_;
