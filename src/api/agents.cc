@@ -435,7 +435,7 @@ void Api::endOrphanedAgentEnvironments() {
   auto orphans = environments_.list(filter);
   if (!orphans.ok()) return;
   for (const auto& e : orphans.value()) {
-    if (e.state != store::EnvironmentState::kRunning) continue;
+    if (e.state != store::EnvironmentState::kRunning && e.state != store::EnvironmentState::kPaused) continue;
     (void)environments_.destroy(e.id, "its agent run ended with the moatd that ran it", "moatd");
   }
 }

@@ -28,7 +28,9 @@ json environmentJson(const store::EnvironmentRecord& r) {
               {"isolation", r.isolation}}},
             {"created_at", timestamp(r.createdAtMs)},
             {"expires_at", timestamp(r.expiresAtMs)},
+            {"ttl_while_paused", r.ttlRunsWhilePaused ? "runs" : "stops"},
             {"labels", r.labels}};
+  if (r.pausedAtMs > 0) j["paused_at"] = timestamp(r.pausedAtMs);
   if (!r.reason.empty()) j["reason"] = r.reason;
   if (!r.accel.empty()) j["accel"] = r.accel;
   // Shown as stored (a record that has none yet shows none).
@@ -373,6 +375,14 @@ const std::vector<Route>& Api::routes() {
       {"POST", "/v1/environments/{id}/timeout", "timeout", true, false,
        [](Api& a, const HttpRequest& r, const Principal& p, const P& m) {
          return a.setEnvironmentTimeout(r, p, m.at("id"));
+       }},
+      {"POST", "/v1/environments/{id}/pause", "pause", true, false,
+       [](Api& a, const HttpRequest& r, const Principal& p, const P& m) {
+         return a.pauseEnvironment(r, p, m.at("id"), true);
+       }},
+      {"POST", "/v1/environments/{id}/resume", "pause", true, false,
+       [](Api& a, const HttpRequest& r, const Principal& p, const P& m) {
+         return a.pauseEnvironment(r, p, m.at("id"), false);
        }},
       {"POST", "/v1/environments/{id}/exec", "exec", true, false,
        [](Api& a, const HttpRequest& r, const Principal& p, const P& m) { return a.execRoute(r, p, m.at("id")); }},

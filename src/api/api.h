@@ -176,6 +176,9 @@ class Api {
   HttpResponse destroyEnvironment(const Principal& principal, const std::string& id);
   HttpResponse environmentStats(const std::string& id);
   HttpResponse setEnvironmentTimeout(const HttpRequest& request, const Principal& principal, const std::string& id);
+  // POST .../pause (pause true) and .../resume.
+  HttpResponse pauseEnvironment(const HttpRequest& request, const Principal& principal, const std::string& id,
+                                bool pause);
   HttpResponse keysRoute(const HttpRequest& request, const Principal& principal);
   // One file per resource: exec.cc, files.cc, processes.cc, shell.cc, events.cc.
   // The command of a request that sends no `cmd`: the environment's image's

@@ -40,9 +40,10 @@ HttpResponse Api::createEnvironment(const HttpRequest& req, const Principal& pri
   auto body = parseObject(req.body, perr);
   if (!body.ok()) return errorResponse(perr);
   const json& j = body.value();
-  if (auto e = onlyFields(
-          j, {"task_id", "template", "spec", "ttl_s", "labels", "env", "permissions", "network", "secrets", "snapshot"},
-          "")) {
+  if (auto e = onlyFields(j,
+                          {"task_id", "template", "spec", "ttl_s", "ttl_while_paused", "labels", "env", "permissions",
+                           "network", "secrets", "snapshot"},
+                          "")) {
     return errorResponse(*e);
   }
   manager::CreateRequest create;
@@ -87,6 +88,15 @@ HttpResponse Api::createEnvironment(const HttpRequest& req, const Principal& pri
             number(j["ttl_s"], "ttl_s", 1, static_cast<double>(environments_.config().maxTtlS), true, create.ttlS)) {
       return errorResponse(*e);
     }
+  }
+  if (j.contains("ttl_while_paused")) {
+    const json& t = j["ttl_while_paused"];
+    if (!t.is_string() || (t != "stops" && t != "runs")) {
+      return errorResponse(invalid("ttl_while_paused",
+                                   "must be \"stops\" (the default: a pause stops the time to "
+                                   "live) or \"runs\""));
+    }
+    create.ttlRunsWhilePaused = t == "runs";
   }
   if (j.contains("labels")) {
     if (auto e = stringMap(j["labels"], "labels", false, create.labels)) return errorResponse(*e);
@@ -203,6 +213,20 @@ HttpResponse Api::setEnvironmentTimeout(const HttpRequest& req, const Principal&
   auto r = environments_.setTtl(id, ttl);
   if (!r.ok()) return errorResponse(fromError(r.error()));
   audit_.record("environment.ttl_set", id, principal.owner(), {{"ttl_s", ttl}, {"expires_at_ms", r->expiresAtMs}});
+  return respond(200, environmentJson(r.value()));
+}
+
+HttpResponse Api::pauseEnvironment(const HttpRequest& req, const Principal& principal, const std::string& id,
+                                   bool pause) {
+  // No fields yet (a pause keeps memory in RAM); an empty body is {}.
+  if (!req.body.empty()) {
+    ApiError perr{};
+    auto body = parseObject(req.body, perr);
+    if (!body.ok()) return errorResponse(perr);
+    if (auto e = onlyFields(body.value(), {}, "")) return errorResponse(*e);
+  }
+  auto r = pause ? environments_.pause(id, principal.owner()) : environments_.resume(id, principal.owner());
+  if (!r.ok()) return errorResponse(fromError(r.error()));
   return respond(200, environmentJson(r.value()));
 }
 

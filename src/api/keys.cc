@@ -25,9 +25,9 @@ std::shared_ptr<const gate::Permissions> ceilingFrom(const std::string& stored) 
 }  // namespace
 
 const std::vector<std::string>& knownScopes() {
-  static const std::vector<std::string> scopes = {"create",  "read",      "exec",      "files",
-                                                  "destroy", "timeout",   "approve",   "permissions",
-                                                  "audit",   "snapshots", "templates", "ports"};
+  static const std::vector<std::string> scopes = {"create",    "read",    "exec",        "files", "destroy",
+                                                  "timeout",   "approve", "permissions", "audit", "snapshots",
+                                                  "templates", "ports",   "pause"};
   return scopes;
 }
 

@@ -64,7 +64,7 @@ void Api::endOrphanedMcpEnvironments() {
   auto orphans = environments_.list(filter);
   if (!orphans.ok()) return;
   for (const auto& e : orphans.value()) {
-    if (e.state != store::EnvironmentState::kRunning) continue;
+    if (e.state != store::EnvironmentState::kRunning && e.state != store::EnvironmentState::kPaused) continue;
     (void)environments_.destroy(e.id, "its MCP session ended with the moatd that held it", "moatd");
   }
 }

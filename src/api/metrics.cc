@@ -40,7 +40,7 @@ void ApiMetrics::observeExec(double seconds) {
 std::string ApiMetrics::render(const manager::Counters& counters) {
   std::ostringstream out;
   out << "# HELP moat_environments Environments by state.\n# TYPE moat_environments gauge\n";
-  for (const char* state : {"creating", "running", "destroying", "failed"}) {
+  for (const char* state : {"creating", "running", "paused", "destroying", "failed"}) {
     auto it = counters.byState.find(state);
     out << "moat_environments{state=\"" << state << "\"} " << (it == counters.byState.end() ? 0 : it->second) << "\n";
   }

@@ -25,6 +25,14 @@ bool Backend::runs(const std::string& id) {
   return ids.ok() && std::find(ids->begin(), ids->end(), id) != ids->end();
 }
 
+Status Backend::pause(const std::string& id) {
+  return Error::make(Code::kUnsupported, "this backend cannot pause environment " + id);
+}
+
+Status Backend::resume(const std::string& id) {
+  return Error::make(Code::kUnsupported, "this backend cannot resume environment " + id);
+}
+
 std::string newEnvironmentId() {
   auto id = randomHex(6);
   // getrandom does not fail for 6 bytes once the kernel's pool is ready.

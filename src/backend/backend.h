@@ -111,6 +111,11 @@ class Backend {
   // What differs in a running environment's files (read only, for a
   // person's review): never following what the environment planted.
   virtual Result<Changes> changes(const ChangesRequest& request) = 0;
+  // A pause (docs/PAUSE.md): every process of the environment stops where it
+  // is (moat-init goes on answering where the backend can keep it), until
+  // resume(). Both idempotent; by default "unsupported".
+  virtual Status pause(const std::string& id);
+  virtual Status resume(const std::string& id);
   // Why an environment whose guest protocol connection closed by itself
   // ended, when the backend can tell more than "pid 1 exited" (a microVM's
   // kernel panic, its QEMU's crash); "" when it cannot. Called before its

@@ -32,6 +32,8 @@ class Router final : public Backend {
   Result<std::vector<std::string>> snapshots() override { return namespaces_.snapshots(); }
   Result<Changes> changes(const ChangesRequest& request) override { return of(request.id).changes(request); }
   std::string whyEnded(const std::string& id) override { return of(id).whyEnded(id); }
+  Status pause(const std::string& id) override { return of(id).pause(id); }
+  Status resume(const std::string& id) override { return of(id).resume(id); }
 
  private:
   Backend& of(const std::string& id);

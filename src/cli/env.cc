@@ -32,6 +32,8 @@ commands:
       --isolation I     namespaces or microvm (a kernel of its own; docs/MICROVM.md),
                         default moatd's (--isolation)
       --ttl S           destroyed after S seconds, default 3600
+      --ttl-while-paused stops|runs
+                        whether a pause stops that time (default) or not
       --label K=V       a label; repeatable
       -e NAME=VALUE     a variable for every command (-e NAME copies the host's); repeatable
       --permissions J   the gate's permissions, JSON or @FILE (docs/GATE.md), e.g.
@@ -47,13 +49,16 @@ commands:
   ls [options]       list the environments that are not gone
       --label K=V       only those with this label; repeatable
       --task-id ID      only those of this task
-      --state S         only those in state S (creating, running, destroying, failed, gone)
+      --state S         only those in state S (creating, running, paused, destroying, failed, gone)
   get ID             one environment, as key: value lines
   stats ID           what it uses now: CPU time, memory, processes, beside its limits
   network ID [options]
                      show the network policy, or change it with --network, --allow, --deny
   ttl ID S           the environment now expires S seconds from now (longer or
                      shorter than before; prints its new expiry)
+  pause ID...        stop every process of each where it is (docs/PAUSE.md): commands and
+                     file changes wait for the resume; file reads still answer
+  resume ID...       let them go on
   rm ID...           destroy environments (done when the command returns)
 
   --json             print moatd's JSON instead (create, ls, get, stats)
@@ -116,7 +121,7 @@ std::string relative(const std::string& timestamp) {
   return t <= now ? span(now - t) + " ago" : "in " + span(t - now);
 }
 
-bool live(const std::string& state) { return state == "creating" || state == "running"; }
+bool live(const std::string& state) { return state == "creating" || state == "running" || state == "paused"; }
 
 void printTable(const std::vector<std::vector<std::string>>& rows) {
   std::vector<size_t> widths;
@@ -142,8 +147,10 @@ Status noPositional(const Parsed& parsed) {
 // moatd names a spec's fields; the caller typed this command's flags.
 Error inFlagTerms(Error e) {
   static const std::pair<const char*, const char*> kFields[] = {
-      {"spec.ram_mb", "--memory (MB)"}, {"spec.cpus", "--cpus"},           {"spec.storage_gb", "--storage (GB)"},
-      {"spec.pids", "--pids"},          {"spec.isolation", "--isolation"}, {"ttl_s", "--ttl"}};
+      {"spec.ram_mb", "--memory (MB)"},          {"spec.cpus", "--cpus"},
+      {"spec.storage_gb", "--storage (GB)"},     {"spec.pids", "--pids"},
+      {"spec.isolation", "--isolation"},         {"ttl_s", "--ttl"},
+      {"ttl_while_paused", "--ttl-while-paused"}};
   for (const auto& [field, flag] : kFields) {
     const std::string prefix = std::string(field) + ":";
     if (e.context.rfind(prefix, 0) == 0) {
@@ -196,6 +203,8 @@ int create(const std::vector<std::string>& args) {
     } else if (name == "--ttl") {
       MOAT_ASSIGN(std::string v, flags.value());
       MOAT_ASSIGN(body["ttl_s"], parseWhole(name, v));
+    } else if (name == "--ttl-while-paused") {
+      MOAT_ASSIGN(body["ttl_while_paused"], flags.value());  // moatd says which it knows
     } else if (name == "--label") {
       MOAT_ASSIGN(std::string v, flags.value());
       MOAT_TRY(parseLabel(name, v, labels));
@@ -370,29 +379,33 @@ int stats(const std::vector<std::string>& args) {
   return 0;
 }
 
-int remove(const std::vector<std::string>& args) {
+// rm, pause, resume: `method` on each environment's path + `suffix`;
+// prints each id done.
+int eachEnvironment(const std::vector<std::string>& args, const std::string& command, const char* method,
+                    const std::string& suffix, int expected) {
+  const std::string what = "env " + command;
   Parsed parsed;
   Status s = parseArgs(args, parsed, nullptr);
   if (s.ok() && !parsed.help && parsed.positional.empty()) {
-    s = usageError("missing environment id (usage: moat env rm ID...)");
+    s = usageError("missing environment id (usage: moat env " + command + " ID...)");
   }
-  if (s.ok() && parsed.json) s = usageError("--json: not for rm");
+  if (s.ok() && parsed.json) s = usageError("--json: not for " + command);
   std::vector<std::string> paths;
   for (size_t i = 0; s.ok() && i < parsed.positional.size(); ++i) {
     auto path = environmentPath(parsed.positional[i]);
     if (!path.ok()) s = path.error();
-    if (path.ok()) paths.push_back(path.value());
+    if (path.ok()) paths.push_back(path.value() + suffix);
   }
-  if (!s.ok()) return reportFailure("env rm", s.error());
+  if (!s.ok()) return reportFailure(what.c_str(), s.error());
   if (parsed.help) return help();
   auto client = Client::fromOptions(parsed.connection);
-  if (!client.ok()) return reportFailure("env rm", client.error());
+  if (!client.ok()) return reportFailure(what.c_str(), client.error());
   int code = 0;
   for (size_t i = 0; i < paths.size(); ++i) {
-    auto done = call(client.value(), "DELETE", paths[i], "", 204);
+    auto done = call(client.value(), method, paths[i], "", expected);
     if (!done.ok()) {
       // moatd's messages name the environment.
-      code = reportFailure("env rm", done.error());
+      code = reportFailure(what.c_str(), done.error());
       // moatd itself is unreachable: the other ids would say the same.
       if (done.error().code != Code::kApi) return code;
       continue;
@@ -484,12 +497,15 @@ int envCommand(const std::vector<std::string>& args) {
   if (sub == "ls" || sub == "list") return list(rest);
   if (sub == "get" || sub == "inspect") return get(rest);
   if (sub == "stats") return stats(rest);
-  if (sub == "rm" || sub == "remove") return remove(rest);
+  if (sub == "rm" || sub == "remove") return eachEnvironment(rest, "rm", "DELETE", "", 204);
+  if (sub == "pause") return eachEnvironment(rest, "pause", "POST", "/pause", 200);
+  if (sub == "resume") return eachEnvironment(rest, "resume", "POST", "/resume", 200);
   if (sub == "network") return networkOf(rest);
   if (sub == "ttl" || sub == "timeout") return ttl(rest);
   if (sub == "-h" || sub == "--help" || sub == "help") return help();
   std::fprintf(stderr,
-               "moat env: unknown command '%s' (create, ls, get, stats, network, ttl or rm; see moat env --help)\n",
+               "moat env: unknown command '%s' (create, ls, get, stats, network, ttl, pause, resume or rm; see moat "
+               "env --help)\n",
                sub.c_str());
   return kExitUsage;
 }

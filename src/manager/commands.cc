@@ -73,7 +73,7 @@ void EnvironmentManager::warmUp(const std::shared_ptr<InitConnection>& connectio
 
 Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::string& id,
                                                                   const ProcessRequest& request) {
-  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
+  MOAT_ASSIGN(LiveEnvironment live, unpausedLiveOf(id, "start processes"));
   MOAT_ASSIGN(auto process,
               live.processes->add(request.argv, request.kind, request.pty, request.stdinOpen || request.pty,
                                   live.processes->limits().outputCapPerStream));
@@ -139,7 +139,7 @@ Result<std::shared_ptr<void>> EnvironmentManager::reserveExecOutput(const std::s
 
 Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecRequest& request,
                                             const std::map<std::string, std::string>& env) {
-  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
+  MOAT_ASSIGN(LiveEnvironment live, unpausedLiveOf(id, "run commands"));
   uint64_t limit = request.outputLimit ? std::min(request.outputLimit, kExecOutputMax) : kExecOutputMax;
   MOAT_ASSIGN(auto process, live.processes->add(request.argv, "exec", false, false, limit));
   ScopeExit forget([&] { live.processes->remove(process->id()); });
@@ -201,7 +201,11 @@ Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecReq
 }
 
 Result<init::FileResult> EnvironmentManager::file(const std::string& id, const init::FileRequest& request) {
-  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
+  // Reads, listings and stats answer while paused (moat-init is not); what
+  // changes files waits for the resume.
+  const bool reads =
+      request.op == init::FileOp::kRead || request.op == init::FileOp::kStat || request.op == init::FileOp::kList;
+  MOAT_ASSIGN(LiveEnvironment live, reads ? liveOf(id) : unpausedLiveOf(id, "change files"));
   return live.connection->file(request);
 }
 

@@ -163,8 +163,16 @@ Status EnvironmentManager::recoverAfterRestart() {
     // Counted before it is live: the reaper (running already) may destroy
     // it at once, and its release must find it counted.
     capacity_.count(r.ramMb);
+    // What the store says of a pause holds (a moatd that died between the
+    // backend's pause and its record left it paused unasked).
+    const bool paused = r.state == EnvironmentState::kPaused;
+    if (Status held = paused ? backend_.pause(id) : backend_.resume(id);
+        !held.ok() && held.error().code != Code::kUnsupported) {
+      std::fprintf(stderr, "moatd: %s environment %s again: %s\n", paused ? "pausing" : "resuming", id.c_str(),
+                   held.error().message().c_str());
+    }
     live_.put(id, makeLive(connection, r));
-    if (r.state != EnvironmentState::kRunning) (void)store_.setState(id, EnvironmentState::kRunning, "");
+    if (r.state != EnvironmentState::kRunning && !paused) (void)store_.setState(id, EnvironmentState::kRunning, "");
     auto stored = storedNetwork(r);
     const bool wantsLink = stored.ok() && stored->mode != egress::Mode::kNone;
     if (egress_ && r.netSlot >= 0 && (!linked || linked->count(static_cast<uint32_t>(r.netSlot))) &&
@@ -340,6 +348,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   record.createdAtMs = nowMs();
   int64_t ttl = request.ttlS > 0 ? request.ttlS : config_.defaultTtlS;
   record.expiresAtMs = record.createdAtMs + ttl * 1000;
+  record.ttlRunsWhilePaused = request.ttlRunsWhilePaused;
   // A warm environment of exactly this template, spec and isolation: a claim.
   if (auto warm = from ? std::nullopt : poolFor(record)) {
     if (auto taken = pools_.take(*warm, nowMs())) {
@@ -494,6 +503,8 @@ LiveEnvironment EnvironmentManager::makeLive(std::shared_ptr<InitConnection> con
                        record.expiresAtMs,
                        std::make_shared<const std::vector<gate::Permissions>>(layers.ok() ? layers.value() : closed),
                        record.owner};
+  live.paused = record.state == EnvironmentState::kPaused;
+  if (live.paused && !record.ttlRunsWhilePaused) live.expiresAtMs = kNoExpiry;
   if (templates_.defaults) {
     // A template in use cannot be deleted, so its defaults stay what they were.
     auto defaults = templates_.defaults(record.templateName);
@@ -577,10 +588,15 @@ Result<LiveEnvironment> EnvironmentManager::liveOf(const std::string& id) {
 }
 
 Result<store::EnvironmentRecord> EnvironmentManager::setTtl(const std::string& id, int64_t ttlS) {
+  auto held = exclusive(id);  // not across a pause or a resume
   MOAT_TRY(liveOf(id));
-  int64_t expiresAtMs = nowMs() + ttlS * 1000;
+  MOAT_ASSIGN(auto record, get(id));
+  // Paused with its time stopped: the new time counts from the resume
+  // (which adds the pause's length to what is stored).
+  const bool stopped = record.state == EnvironmentState::kPaused && !record.ttlRunsWhilePaused;
+  int64_t expiresAtMs = (stopped ? record.pausedAtMs : nowMs()) + ttlS * 1000;
   MOAT_TRY(store_.setExpiry(id, expiresAtMs));
-  live_.setExpiry(id, expiresAtMs);
+  if (!stopped) live_.setExpiry(id, expiresAtMs);
   reaperCv_.notify_all();
   return get(id);
 }

@@ -77,6 +77,8 @@ class EnvironmentManager final : public EnvironmentService,
   std::map<std::string, std::string> envOf(const std::string& id) override;
   Result<std::vector<store::EnvironmentRecord>> list(const store::EnvironmentFilter& filter) override;
   Result<store::EnvironmentRecord> setTtl(const std::string& id, int64_t ttlS) override;
+  Result<store::EnvironmentRecord> pause(const std::string& id, const std::string& actor) override;
+  Result<store::EnvironmentRecord> resume(const std::string& id, const std::string& actor) override;
   Result<backend::Usage> usage(const std::string& id) override;
   Status destroy(const std::string& id, const std::string& reason, const std::string& actor = "moatd") override;
   Counters counters() override;
@@ -183,6 +185,9 @@ class EnvironmentManager final : public EnvironmentService,
   Status storeLayers(const std::string& id, std::vector<gate::Permissions> layers);
   // A copy of the environment's live handles, or why there are none.
   Result<LiveEnvironment> liveOf(const std::string& id);
+  // liveOf, for what a pause stops (commands, file writes): "conflict",
+  // naming the pause, while it is paused. `what`: "run commands", ...
+  Result<LiveEnvironment> unpausedLiveOf(const std::string& id, const char* what);
   // Its network is gone: its commands no longer get the proxy variables.
   void dropNetworkVariables(const std::string& id);
   void reaperLoop();

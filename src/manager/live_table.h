@@ -17,6 +17,9 @@
 
 namespace moat::manager {
 
+// An expiry that never comes (a pause that stops the time to live).
+inline constexpr int64_t kNoExpiry = INT64_MAX;
+
 // What moatd holds of an environment that runs here.
 struct LiveEnvironment {
   std::shared_ptr<InitConnection> connection;
@@ -30,6 +33,7 @@ struct LiveEnvironment {
   std::string cwd = "/workspace";
   uint32_t uid = 0;
   uint32_t gid = 0;
+  bool paused = false;  // its processes are stopped (pause.cc)
 };
 
 // The environments that run here and those whose create is with the

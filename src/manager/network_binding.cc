@@ -92,7 +92,11 @@ Status EnvironmentManager::connectNetworkUnlessSet(const std::string& id, const 
 
 Result<UniqueFd> EnvironmentManager::connectToPort(const std::string& id, uint16_t port,
                                                    std::chrono::milliseconds timeout) {
-  MOAT_TRY(liveOf(id));
+  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
+  // Its servers are stopped: a connection would wait for nothing. (Said
+  // without the id: a preview's visitor may be anyone.)
+  if (live.paused)
+    return Error::make(Code::kUnavailable, "the environment is paused: its servers answer after a resume");
   return backend_.connectPort(id, port, timeout);
 }
 

@@ -88,6 +88,7 @@ struct CreateRequest {
   uint64_t pids = 0;
   std::optional<backend::Isolation> isolation;  // none: the default
   int64_t ttlS = 0;                             // 0: the default
+  bool ttlRunsWhilePaused = false;              // its time to live goes on while paused (default: it stops)
   std::map<std::string, std::string> labels;
   std::map<std::string, std::string> env;  // added to every command's environment
   std::string owner = "master";
@@ -180,6 +181,11 @@ class EnvironmentService {
   virtual std::string ownerOf(const std::string& id) = 0;
   virtual Result<std::vector<store::EnvironmentRecord>> list(const store::EnvironmentFilter& filter) = 0;
   virtual Result<store::EnvironmentRecord> setTtl(const std::string& id, int64_t ttlS) = 0;
+  // Stops every process of a running environment where it is (its pid 1
+  // goes on answering file reads) / lets them go on (docs/PAUSE.md). Both
+  // idempotent: a paused one's pause (a running one's resume) is its record.
+  virtual Result<store::EnvironmentRecord> pause(const std::string& id, const std::string& actor) = 0;
+  virtual Result<store::EnvironmentRecord> resume(const std::string& id, const std::string& actor) = 0;
   // What a running environment uses now (conflict when it does not run).
   virtual Result<backend::Usage> usage(const std::string& id) = 0;
   // Idempotent: destroying a gone environment is fine. `actor`: who asked

@@ -263,8 +263,20 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
   }
   auto connection = connect(id, std::move(created->control));
   record.netSlot = -1;
+  int64_t expiresAtMs = old.expiresAtMs;
+  if (record.state == EnvironmentState::kPaused) {
+    // The restored environment's processes are new and run: its pause ends
+    // (its time to live as a resume gives it back).
+    expiresAtMs = record.ttlRunsWhilePaused ? record.expiresAtMs
+                                            : record.expiresAtMs + std::max<int64_t>(0, nowMs() - record.pausedAtMs);
+    (void)store_.setPause(id, EnvironmentState::kRunning, 0, expiresAtMs);
+    record.state = EnvironmentState::kRunning;
+    record.pausedAtMs = 0;
+    record.expiresAtMs = expiresAtMs;
+    audit_.record("environment.resumed", id, actor, {{"reason", why}});
+  }
   LiveEnvironment fresh = makeLive(connection, record);
-  fresh.expiresAtMs = old.expiresAtMs;
+  fresh.expiresAtMs = expiresAtMs;
   live_.put(id, std::move(fresh));
   old.connection.reset();  // joins its reader (outside the table's lock: it reports the old pid 1 gone)
   old.processes.reset();

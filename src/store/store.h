@@ -18,14 +18,14 @@
 // PostgreSQL in cluster mode later, behind this one interface.
 namespace moat::store {
 
-// An environment's life: creating -> running -> destroying -> gone, or
-// failed from any of them. Stored, listed and shown by name.
-enum class EnvironmentState : uint8_t { kCreating, kRunning, kDestroying, kGone, kFailed };
+// An environment's life: creating -> running (<-> paused) -> destroying ->
+// gone, or failed from any of them. Stored, listed and shown by name.
+enum class EnvironmentState : uint8_t { kCreating, kRunning, kPaused, kDestroying, kGone, kFailed };
 
 inline constexpr EnumName<EnvironmentState> kEnvironmentStates[] = {
-    {EnvironmentState::kCreating, "creating"},     {EnvironmentState::kRunning, "running"},
-    {EnvironmentState::kDestroying, "destroying"}, {EnvironmentState::kGone, "gone"},
-    {EnvironmentState::kFailed, "failed"},
+    {EnvironmentState::kCreating, "creating"}, {EnvironmentState::kRunning, "running"},
+    {EnvironmentState::kPaused, "paused"},     {EnvironmentState::kDestroying, "destroying"},
+    {EnvironmentState::kGone, "gone"},         {EnvironmentState::kFailed, "failed"},
 };
 static_assert(std::size(kEnvironmentStates) == static_cast<size_t>(EnvironmentState::kFailed) + 1);
 constexpr const char* stateName(EnvironmentState state) { return nameIn(kEnvironmentStates, state, "failed"); }
@@ -103,6 +103,8 @@ struct EnvironmentRecord {
   int64_t netSlot = -1;                    // the egress link's slot; -1: no link
   std::string isolation = "namespaces";    // "namespaces" or "microvm" (backend::Isolation)
   std::string accel;                       // a microVM's accelerator: "kvm" or "tcg" (moatd's); "" otherwise
+  int64_t pausedAtMs = 0;                  // unix time of the pause that holds it; 0: none
+  bool ttlRunsWhilePaused = false;         // its time to live goes on while paused (default: it stops)
 };
 
 // A scoped API key. The token itself is never stored: only its SHA-256.
@@ -205,6 +207,9 @@ class Store {
   // Error code "not_found" for an unknown id.
   virtual Status setState(const std::string& id, EnvironmentState state, const std::string& reason) = 0;
   virtual Status setExpiry(const std::string& id, int64_t expiresAtMs) = 0;
+  // A pause (state paused, pausedAtMs its time) or its end (state running,
+  // pausedAtMs 0), with the expiry that follows, in one step.
+  virtual Status setPause(const std::string& id, EnvironmentState state, int64_t pausedAtMs, int64_t expiresAtMs) = 0;
   // Records in a state other than gone and failed (what a restart must look at).
   virtual Result<std::vector<EnvironmentRecord>> liveEnvironments() = 0;
 

@@ -1785,6 +1785,18 @@ def run_exchanges(c):
            field="extra")
     c.call("GET", env(a) + "/timeout", status=405, code="method_not_allowed")
 
+    # Pause and resume (docs/PAUSE.md): refusals while paused, reads still answer.
+    c.call("POST", env(a) + "/pause", status=200, check=has(state="paused"))
+    c.call("POST", env(a) + "/pause", {}, status=200, check=has(state="paused"), note="idempotent")
+    c.call("POST", env(a) + "/exec", {"cmd": ["true"]}, status=409, code="conflict", note="paused")
+    c.call("PUT", env(a) + "/files?path=/workspace/paused.txt", "x", status=409, code="conflict", note="paused")
+    c.call("GET", env(a) + "/files/stat?path=/workspace", status=200, note="reads answer while paused")
+    c.call("POST", env(a) + "/pause", {"memory": "disk"}, status=400, code="unknown_field", field="memory")
+    c.call("GET", env(a) + "/pause", status=405, code="method_not_allowed")
+    c.call("POST", env(a) + "/resume", status=200, check=has(state="running"))
+    c.call("POST", env(a) + "/resume", status=200, check=has(state="running"), note="idempotent")
+    c.call("POST", env("000000000000") + "/pause", status=404, code="not_found")
+
     # Stats: a's use, read from its cgroup, beside its limits.
     def uses(r):
         j = r.json

@@ -669,7 +669,8 @@ TEST(MoatCliWithoutDaemon, BadUsageExits2AndNamesTheProblem) {
       {{"env", "get"}, "moat env get: missing environment id (usage: moat env get ID)\n"},
       {{"env", "rm"}, "moat env rm: missing environment id (usage: moat env rm ID...)\n"},
       {{"env", "frob"},
-       "moat env: unknown command 'frob' (create, ls, get, stats, network, ttl or rm; see moat env --help)\n"},
+       "moat env: unknown command 'frob' (create, ls, get, stats, network, ttl, pause, resume or rm; see moat env "
+       "--help)\n"},
       {{"exec"}, "moat exec: missing environment id (usage: moat exec ENV [options] -- COMMAND...)\n"},
       {{"exec", "abc"}, "moat exec: missing command (usage: moat exec ENV [options] -- COMMAND...)\n"},
       {{"exec", "abc", "--frob", "--", "true"}, "moat exec: unknown option --frob\n"},

@@ -298,6 +298,10 @@ TEST_F(MicroVmEnvironments, WhatTheyCannotDoYetIsRefusedByName) {
   EXPECT_NE(changes.body.find("a review of changed files is not available for microvm environments yet"),
             std::string::npos)
       << changes.body;
+  auto paused = daemon_->request("POST", "/v1/environments/" + id + "/pause");
+  EXPECT_EQ(paused.status, 400) << paused.body;
+  EXPECT_NE(paused.body.find("pausing microVMs is not supported yet"), std::string::npos) << paused.body;
+  EXPECT_EQ(exec(id, {{"cmd", {"/bin/tool", "uname"}}})["exit_code"], 0) << "a refused pause left it running";
   // A disk larger than a saved guest's kernel can take.
   json huge = vmBody();
   huge["spec"]["storage_gb"] = 2048;

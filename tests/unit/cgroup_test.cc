@@ -48,10 +48,11 @@ TEST(CgroupLayout, HybridHostUsesV1) {
   auto layout = detectLayout(kHybridMountinfo, kHybridProcCgroup);
   ASSERT_TRUE(layout.ok()) << layout.error().message();
   EXPECT_EQ(layout->version, Version::kV1);
-  ASSERT_EQ(layout->v1Parents.size(), 5u);
+  ASSERT_EQ(layout->v1Parents.size(), 6u);
   EXPECT_EQ(layout->v1Parents.at("cpu"), "/sys/fs/cgroup/cpu/moat");
   EXPECT_EQ(layout->v1Parents.at("cpuacct"), "/sys/fs/cgroup/cpuacct/moat");  // mounted apart: CPU usage
   EXPECT_EQ(layout->v1Parents.at("cpuset"), "/sys/fs/cgroup/cpuset/moat");    // its own: CPUs per environment
+  EXPECT_EQ(layout->v1Parents.at("freezer"), "/sys/fs/cgroup/freezer/moat");  // its own: pauses
   EXPECT_EQ(layout->v1Parents.at("memory"), "/sys/fs/cgroup/memory/process_api/abc/moat");
   EXPECT_EQ(layout->v1Parents.at("pids"), "/sys/fs/cgroup/pids/moat");
 }
@@ -99,6 +100,18 @@ TEST(CgroupLayout, CpuacctSharingAHierarchyWithMemoryOrCpusetIsLeftOut) {
     ASSERT_TRUE(layout.ok()) << layout.error().message();
     EXPECT_EQ(layout->v1Parents.count("cpuacct"), 0u) << shared;
   }
+}
+
+// A freezer sharing a hierarchy with a limit is not used for pauses: moving
+// the paused processes there would take them out of their limit's cgroup.
+TEST(CgroupLayout, AFreezerSharingAHierarchyWithALimitIsLeftOut) {
+  std::string mountinfo =
+      "32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu,freezer\n"
+      "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+      "39 31 0:36 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n";
+  auto layout = detectLayout(mountinfo, "0::/\n");
+  ASSERT_TRUE(layout.ok()) << layout.error().message();
+  EXPECT_EQ(layout->v1Parents.count("freezer"), 0u);
 }
 
 const char kPureV2Mountinfo[] =

@@ -19,6 +19,8 @@ class NamespacesBackend final : public Backend {
   Result<UniqueFd> attach(const std::string& id) override { return spawner_.attach(id); }
   Result<std::vector<std::string>> list() override { return spawner_.list(); }
   Result<Usage> usage(const std::string& id) override;
+  Status pause(const std::string& id) override { return spawner_.pause(id); }
+  Status resume(const std::string& id) override { return spawner_.resume(id); }
   Result<UniqueFd> networkNamespace(const std::string& id) override { return spawner_.networkNamespace(id); }
   Result<uint32_t> snapshot(const std::string& id, const std::string& name) override {
     return spawner_.snapshot(id, name);

@@ -434,6 +434,7 @@ Result<std::unique_ptr<Environment>> Environment::create(
     if (child.pid == 0) runChild(args);
   }
   env->initPidfd_ = std::move(child.pidfd);
+  env->initPid_ = child.pid;
 
   traceStage("cloned");
   childEnd.reset();
@@ -475,6 +476,9 @@ Status Environment::destroy() {
   destroyed_ = true;
   traceStage("destroy: start");
   Status result;
+  // Paused: killed where they stand (pid 1's end could not take frozen
+  // processes with it on cgroup v1).
+  if (cgroup_ && cgroup_->frozen()) cgroup_->killAll();
   control_.reset();  // moat-init kills everything when its client goes
   rendezvous_.reset();
   if (initPidfd_) {
@@ -507,6 +511,16 @@ Status Environment::destroy() {
     lock_.reset();
   }
   return result;
+}
+
+Status Environment::pause() {
+  if (!cgroup_ || destroyed_) return Error::make(Code::kNotFound, "environment " + id_ + " has no cgroup");
+  return cgroup_->freeze(initPid_);
+}
+
+Status Environment::resume() {
+  if (!cgroup_ || destroyed_) return Error::make(Code::kNotFound, "environment " + id_ + " has no cgroup");
+  return cgroup_->thaw();
 }
 
 Result<uint32_t> Environment::snapshot(const std::string& name) const {
@@ -553,6 +567,7 @@ void collectLeftovers(const std::string& stateDir) {
     if (layout.ok()) {
       std::vector<std::string> dirs;
       if (layout->version == cg::Version::kV2) {
+        dirs.push_back(layout->v2Parent + "/" + cgroupName(id) + "/paused");  // a pause's child (freeze.cc)
         dirs.push_back(layout->v2Parent + "/" + cgroupName(id));
       } else {
         for (const auto& [c, parent] : layout->v1Parents) dirs.push_back(parent + "/" + cgroupName(id));

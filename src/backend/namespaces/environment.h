@@ -93,6 +93,10 @@ class Environment {
   // pool (point in time, like a power cut: what was written is in it,
   // processes are not); returns the host uid its files' root maps to.
   Result<uint32_t> snapshot(const std::string& name) const;
+  // Stops every process but pid 1 (which goes on answering file reads)
+  // where it is; resume() lets them go on (docs/PAUSE.md). Idempotent.
+  Status pause();
+  Status resume();
   uint64_t oomKills() const { return cgroup_ ? cgroup_->oomKills() : 0; }
   isolation::cgroup::Usage usage() const { return cgroup_ ? cgroup_->usage() : isolation::cgroup::Usage{}; }
   // Kills everything inside and removes every trace outside the volume
@@ -106,6 +110,7 @@ class Environment {
   std::string stateDir_;
   UniqueFd control_;
   UniqueFd initPidfd_;
+  pid_t initPid_ = -1;   // as the host sees it (a pause keeps it running)
   UniqueFd lock_;        // held for the environment's life; a free lock marks a leftover
   UniqueFd rendezvous_;  // reattachable: where new control connections are sent
   std::unique_ptr<isolation::cgroup::Cgroup> cgroup_;

@@ -37,7 +37,9 @@ enum Op : uint8_t {
   kShutdown = 5,
   kNetns = 6,
   kSnapshot = 7,
-  kUsage = 8
+  kUsage = 8,
+  kPause = 9,
+  kResume = 10
 };
 
 uint64_t bitsOf(double v) {
@@ -214,6 +216,14 @@ bool readable(int fd) {
       }
       auto base = it->second->snapshot(name.value());
       (void)sendMessage(client, base.ok() ? reply(Status{}, std::to_string(base.value())) : reply(base.error()));
+    } else if (op.value() == kPause || op.value() == kResume) {
+      auto id = d.bytes();
+      auto it = id.ok() ? environments.find(id.value()) : environments.end();
+      if (it == environments.end()) {
+        (void)sendMessage(client, reply(Error::make(Code::kNotFound, "spawner has no such environment")));
+        continue;
+      }
+      (void)sendMessage(client, reply(op.value() == kPause ? it->second->pause() : it->second->resume()));
     } else if (op.value() == kUsage) {
       auto id = d.bytes();
       auto it = id.ok() ? environments.find(id.value()) : environments.end();
@@ -389,6 +399,18 @@ Result<Spawner::Created> Spawner::create(const EnvironmentSpec& spec) {
 Result<uint32_t> Spawner::snapshot(const std::string& id, const std::string& name) {
   MOAT_ASSIGN(std::string base, call(init::Encoder().u8(kSnapshot).bytes(id).bytes(name).take(), nullptr));
   return static_cast<uint32_t>(std::strtoul(base.c_str(), nullptr, 10));
+}
+
+Status Spawner::pause(const std::string& id) {
+  auto answer = call(init::Encoder().u8(kPause).bytes(id).take(), nullptr);
+  if (!answer.ok()) return answer.error();
+  return {};
+}
+
+Status Spawner::resume(const std::string& id) {
+  auto answer = call(init::Encoder().u8(kResume).bytes(id).take(), nullptr);
+  if (!answer.ok()) return answer.error();
+  return {};
 }
 
 Status Spawner::destroy(const std::string& id) {

@@ -46,6 +46,9 @@ class Spawner {
   // A read-only snapshot of the environment's writable layer, `name` in the
   // storage pool; the host uid its files' root maps to.
   Result<uint32_t> snapshot(const std::string& id, const std::string& name);
+  // Stops (resumes) every process of the environment but its pid 1.
+  Status pause(const std::string& id);
+  Status resume(const std::string& id);
   // What the environment's cgroup counts now.
   Result<isolation::cgroup::Usage> usage(const std::string& id);
   // Ids of the environments the spawner owns.

@@ -43,6 +43,7 @@ void Cgroup::addFiles(const std::string& dir) {
 
 Cgroup::Cgroup(Cgroup&& other) noexcept
     : layout_(std::move(other.layout_)),
+      name_(std::move(other.name_)),
       dirs_(std::move(other.dirs_)),
       procsFiles_(std::move(other.procsFiles_)),
       joinFiles_(std::move(other.joinFiles_)),
@@ -65,6 +66,7 @@ Result<Cgroup> Cgroup::create(const Layout& layout, const std::string& name, con
     }
   }
   Cgroup cg(layout, {});
+  cg.name_ = name;
   for (const auto& d : dirs) {
     if (::mkdir(d.c_str(), 0755) != 0) return Error::fromErrno("create cgroup " + d);
     cg.dirs_.push_back(d);  // from here on, the destructor removes it
@@ -105,6 +107,7 @@ Result<Cgroup> Cgroup::open(const Layout& layout, const std::string& name) {
     return Error::make(Code::kInvalidArgument, "bad cgroup name: " + name);
   }
   Cgroup cg(layout, {});
+  cg.name_ = name;
   auto add = [&](const std::string& dir, bool needed) -> Status {
     struct stat st;
     if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -242,22 +245,38 @@ Usage Cgroup::usage() const {
 
 void Cgroup::killAll() const {
   if (dirs_.empty()) return;
+  // v2's kill takes the paused child with it (frozen processes die of it).
   if (layout_.version == Version::kV2 && os::exists(dirs_[0] + "/cgroup.kill")) {
     (void)os::writeExisting(dirs_[0] + "/cgroup.kill", "1");
     return;
   }
-  for (const auto& file : procsFiles_) {
+  std::vector<std::string> files = procsFiles_;
+  const std::string paused = pauseDir();
+  if (!paused.empty()) files.push_back(paused + "/cgroup.procs");
+  for (const auto& file : files) {
     auto text = os::readFile(file);
     if (!text.ok()) continue;
     std::istringstream in(text.value());
     pid_t pid;
     while (in >> pid) ::kill(pid, SIGKILL);
   }
+  // A v1 frozen process dies of its SIGKILL only once thawed: it runs no
+  // more of its own code (the kill is handled first).
+  if (layout_.version == Version::kV1 && !paused.empty()) (void)os::writeExisting(paused + "/freezer.state", "THAWED");
 }
 
 Status Cgroup::remove() {
   Status result;
-  for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) {
+  // A pause's cgroup goes too: first on v2 (a child of dirs_[0]), last on v1.
+  std::vector<std::string> dirs(dirs_.rbegin(), dirs_.rend());
+  if (const std::string paused = dirs.empty() ? "" : pauseDir(); !paused.empty()) {
+    if (layout_.version == Version::kV2) {
+      dirs.insert(dirs.begin(), paused);
+    } else {
+      dirs.push_back(paused);
+    }
+  }
+  for (auto it = dirs.begin(); it != dirs.end(); ++it) {
     // Tasks that were just killed can keep a cgroup busy for a moment.
     int attempts = 0;
     while (::rmdir(it->c_str()) != 0) {

@@ -80,8 +80,22 @@ class Cgroup {
   Usage usage() const;
   // The processes in it now (the first directory's cgroup.procs).
   std::vector<pid_t> processes() const;
-  // Kills every process in the cgroup (v2 cgroup.kill; v1 by pid list).
+  // Kills every process in the cgroup (v2 cgroup.kill; v1 by pid list),
+  // paused ones too (v1: thawed after the kill, so they die without running).
   void killAll() const;
+
+  // A pause (freeze.cc): every process but `keep` (pid 1, which goes on
+  // answering) stops where it is until thaw(). v2: they move into a child
+  // cgroup that is frozen (cgroup.freeze), under the same limits; v1: into
+  // a cgroup of the freezer hierarchy, which needs one of its own (the
+  // layout's "freezer" parent; kUnsupported without). A process forked
+  // meanwhile is found and moved too. Idempotent; kTimeout when they did
+  // not all stop within 5 s (then nothing stays frozen).
+  Status freeze(pid_t keep);
+  // Lets them go on (v2: back into this cgroup). Idempotent.
+  Status thaw();
+  // Whether a pause holds it now.
+  bool frozen() const;
   // Removes the directories; retries briefly while the kernel finishes exits.
   Status remove();
   // Lets go of it without removing it (its processes outlive this object).
@@ -92,7 +106,12 @@ class Cgroup {
   Status applyLimits(const Limits& limits);
   void addFiles(const std::string& dir);
 
+  // Where a pause puts the processes; "" where it cannot be (v1 without a
+  // freezer hierarchy of its own).
+  std::string pauseDir() const;
+
   Layout layout_;
+  std::string name_;
   std::vector<std::string> dirs_;  // v2: one; v1: cpu, memory, pids, then cpuacct and cpuset if made
   std::vector<std::string> procsFiles_;
   std::vector<std::string> joinFiles_;

@@ -144,6 +144,21 @@ Result<Layout> detectLayout(const std::string& mountinfo, const std::string& pro
       layout.v1Parents["cpuset"] = os::joinPath(dirUnder(m, it == paths.end() ? "/" : it->second), "moat");
       break;
     }
+    // freezer, optional, where it has a hierarchy of its own: a pause
+    // (Cgroup::freeze) moves the environment's processes there. Sharing
+    // one with a limit would take them out from under it.
+    for (const auto& m : mounts) {
+      if (m.fsType != "cgroup") continue;
+      bool freezer = false, other = false;
+      for (const auto& o : m.options) {
+        freezer |= (o == "freezer");
+        other |= (o == "cpu" || o == "cpuacct" || o == "memory" || o == "pids" || o == "cpuset");
+      }
+      if (!freezer || other) continue;
+      auto it = paths.find("freezer");
+      layout.v1Parents["freezer"] = os::joinPath(dirUnder(m, it == paths.end() ? "/" : it->second), "moat");
+      break;
+    }
     return layout;
   }
 
@@ -168,8 +183,9 @@ Status prepareParents(const Layout& layout) {
   if (layout.version == Version::kV1) {
     for (const auto& [controller, dir] : layout.v1Parents) {
       Status made = os::makeDirs(dir);
-      // Accounting only: without it, usage has no CPU time.
-      if (!made.ok() && controller != "cpuacct" && controller != "cpuset") return made;
+      // Accounting, CPU sets and pauses only: without them, usage has no
+      // CPU time, limits no CPU set, and a pause says why it cannot be.
+      if (!made.ok() && controller != "cpuacct" && controller != "cpuset" && controller != "freezer") return made;
       // A new v1 cpuset has no CPUs and no memory nodes: moat's parent takes
       // its own parent's, and each environment's is given its CPUs at create.
       if (made.ok() && controller == "cpuset") {

@@ -143,6 +143,46 @@ ALTER TABLE environments ADD COLUMN accel TEXT NOT NULL DEFAULT '';
     Migration{9, R"sql(
 ALTER TABLE snapshots ADD COLUMN isolation TEXT NOT NULL DEFAULT 'namespaces';
 )sql"},
+    // Pauses (docs/PAUSE.md): the state `paused`, when the pause that holds
+    // an environment began, and whether its time to live goes on meanwhile.
+    // SQLite cannot change a CHECK in place: the table is made again.
+    Migration{10, R"sql(
+CREATE TABLE environments_new (
+  id               TEXT PRIMARY KEY NOT NULL,
+  task_id          TEXT NOT NULL DEFAULT '',
+  template         TEXT NOT NULL DEFAULT '',
+  cpus             REAL NOT NULL DEFAULT 0,
+  ram_mb           INTEGER NOT NULL DEFAULT 0,
+  storage_gb       REAL NOT NULL DEFAULT 0,
+  pids             INTEGER NOT NULL DEFAULT 0,
+  labels           TEXT NOT NULL DEFAULT '{}',
+  state            TEXT NOT NULL
+                   CHECK (state IN ('creating', 'running', 'paused', 'destroying', 'gone', 'failed')),
+  reason           TEXT NOT NULL DEFAULT '',
+  created_at_ms    INTEGER NOT NULL DEFAULT 0,
+  expires_at_ms    INTEGER NOT NULL DEFAULT 0,
+  owner            TEXT NOT NULL DEFAULT '',
+  env              TEXT NOT NULL DEFAULT '{}',
+  permissions      TEXT NOT NULL DEFAULT '',
+  network          TEXT NOT NULL DEFAULT '',
+  secrets          TEXT NOT NULL DEFAULT '',
+  net_slot         INTEGER NOT NULL DEFAULT -1,
+  isolation        TEXT NOT NULL DEFAULT 'namespaces',
+  accel            TEXT NOT NULL DEFAULT '',
+  paused_at_ms     INTEGER NOT NULL DEFAULT 0,
+  ttl_while_paused TEXT NOT NULL DEFAULT 'stops' CHECK (ttl_while_paused IN ('stops', 'runs'))
+);
+INSERT INTO environments_new (id, task_id, template, cpus, ram_mb, storage_gb, pids, labels, state, reason,
+  created_at_ms, expires_at_ms, owner, env, permissions, network, secrets, net_slot, isolation, accel)
+SELECT id, task_id, template, cpus, ram_mb, storage_gb, pids, labels, state, reason,
+  created_at_ms, expires_at_ms, owner, env, permissions, network, secrets, net_slot, isolation, accel
+FROM environments;
+DROP TABLE environments;
+ALTER TABLE environments_new RENAME TO environments;
+CREATE INDEX environments_state ON environments (state);
+CREATE INDEX environments_task_id ON environments (task_id);
+CREATE INDEX environments_owner ON environments (owner);
+)sql"},
 };
 
 inline constexpr int kSchemaVersion = kMigrations.back().version;

@@ -243,7 +243,8 @@ Result<std::map<std::string, std::string>> decodeLabels(const std::string& text,
 
 constexpr std::string_view kSelectEnvironments =
     "SELECT id, task_id, template, cpus, ram_mb, storage_gb, pids, labels, state, reason,"
-    " created_at_ms, expires_at_ms, owner, env, permissions, network, secrets, net_slot, isolation, accel"
+    " created_at_ms, expires_at_ms, owner, env, permissions, network, secrets, net_slot, isolation, accel,"
+    " paused_at_ms, ttl_while_paused"
     " FROM environments";
 constexpr std::string_view kNewestFirst = " ORDER BY created_at_ms DESC, id";
 
@@ -273,6 +274,8 @@ Result<EnvironmentRecord> readEnvironment(const Statement& stmt) {
   record.netSlot = stmt.integer(17);
   record.isolation = stmt.text(18);
   record.accel = stmt.text(19);
+  record.pausedAtMs = stmt.integer(20);
+  record.ttlRunsWhilePaused = stmt.text(21) == "runs";
   return record;
 }
 
@@ -346,8 +349,9 @@ Status SqliteStore::insertEnvironment(const EnvironmentRecord& record) {
                                                 "INSERT INTO environments (id, task_id, template, cpus, ram_mb,"
                                                 " storage_gb, pids, labels, state, reason, created_at_ms,"
                                                 " expires_at_ms, owner, env, permissions, network, secrets, net_slot,"
-                                                " isolation, accel)"
-                                                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                                " isolation, accel, paused_at_ms, ttl_while_paused)"
+                                                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                                                " ?, ?)",
                                                 what));
   // The unsigned counts are stored as their 64-bit pattern and read back the
   // same way, so every value round-trips.
@@ -355,7 +359,8 @@ Status SqliteStore::insertEnvironment(const EnvironmentRecord& record) {
                         record.storageGb, static_cast<int64_t>(record.pids), labels,
                         std::string(stateName(record.state)), record.reason, record.createdAtMs, record.expiresAtMs,
                         record.owner, env, record.permissions, record.network, record.secrets, record.netSlot,
-                        record.isolation, record.accel));
+                        record.isolation, record.accel, record.pausedAtMs,
+                        std::string(record.ttlRunsWhilePaused ? "runs" : "stops")));
   return stmt.run();
 }
 
@@ -457,6 +462,19 @@ Status SqliteStore::setNetwork(const std::string& id, const std::string& network
               Statement::cached(statements_, db_.get(),
                                 "UPDATE environments SET network = ?, net_slot = ? WHERE id = ?", what));
   MOAT_TRY(stmt.bindAll(network, netSlot, id));
+  MOAT_TRY(stmt.run());
+  if (sqlite3_changes(db_.get()) == 0) return Error::make(Code::kNotFound, what + ": no such environment");
+  return {};
+}
+
+Status SqliteStore::setPause(const std::string& id, EnvironmentState state, int64_t pausedAtMs, int64_t expiresAtMs) {
+  const std::string what = "set the pause of environment " + id;
+  std::lock_guard lock(mutex_);
+  MOAT_ASSIGN(
+      Statement stmt,
+      Statement::cached(statements_, db_.get(),
+                        "UPDATE environments SET state = ?, paused_at_ms = ?, expires_at_ms = ? WHERE id = ?", what));
+  MOAT_TRY(stmt.bindAll(std::string(stateName(state)), pausedAtMs, expiresAtMs, id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) return Error::make(Code::kNotFound, what + ": no such environment");
   return {};

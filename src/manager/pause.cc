@@ -1,0 +1,67 @@
+// Pauses and resumes (docs/PAUSE.md): the backend stops every process of
+// an environment but its pid 1; the store says so (state paused, when,
+// and what became of its time to live), and so does the live table (what
+// a pause refuses: commands, processes, file changes).
+#include "manager/environment_manager.h"
+
+namespace moat::manager {
+
+using store::EnvironmentState;
+
+Result<LiveEnvironment> EnvironmentManager::unpausedLiveOf(const std::string& id, const char* what) {
+  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
+  if (live.paused) {
+    return Error::make(Code::kConflict, "environment " + id + " is paused: resume it (POST /v1/environments/" + id +
+                                            "/resume) to " + what);
+  }
+  return live;
+}
+
+Result<store::EnvironmentRecord> EnvironmentManager::pause(const std::string& id, const std::string& actor) {
+  auto held = exclusive(id);  // one pause, resume, restore or destroy of it at a time
+  MOAT_TRY(liveOf(id));
+  MOAT_ASSIGN(auto record, get(id));
+  if (record.state == EnvironmentState::kPaused) return record;
+  if (record.state != EnvironmentState::kRunning) {
+    return Error::make(Code::kConflict, "environment " + id + " is " + stateName(record.state));
+  }
+  // QEMU's stop would stop the guest's moat-init too: nothing could read
+  // its files while paused.
+  if (record.isolation == backend::isolationName(backend::Isolation::kMicroVm)) {
+    return Error::make(Code::kUnsupported,
+                       "environment " + id + " is a microVM: pausing microVMs is not supported yet (docs/PAUSE.md)");
+  }
+  MOAT_TRY(backend_.pause(id));
+  const int64_t now = nowMs();
+  if (Status stored = store_.setPause(id, EnvironmentState::kPaused, now, record.expiresAtMs); !stored.ok()) {
+    (void)backend_.resume(id);  // not paused where nothing says so
+    return stored.error();
+  }
+  live_.update(id, [&](LiveEnvironment& live) { live.paused = true; });
+  if (!record.ttlRunsWhilePaused) live_.setExpiry(id, kNoExpiry);
+  audit_.record("environment.paused", id, actor, {{"ttl_while_paused", record.ttlRunsWhilePaused ? "runs" : "stops"}});
+  return get(id);
+}
+
+Result<store::EnvironmentRecord> EnvironmentManager::resume(const std::string& id, const std::string& actor) {
+  auto held = exclusive(id);
+  MOAT_TRY(liveOf(id));
+  MOAT_ASSIGN(auto record, get(id));
+  if (record.state != EnvironmentState::kPaused) return record;
+  MOAT_TRY(backend_.resume(id));
+  const int64_t now = nowMs();
+  const int64_t pausedMs = std::max<int64_t>(0, now - record.pausedAtMs);
+  // Stopped with the pause: what was left of its time is left again.
+  const int64_t expiresAtMs = record.ttlRunsWhilePaused ? record.expiresAtMs : record.expiresAtMs + pausedMs;
+  if (Status stored = store_.setPause(id, EnvironmentState::kRunning, 0, expiresAtMs); !stored.ok()) {
+    (void)backend_.pause(id);  // still paused, as the store says
+    return stored.error();
+  }
+  live_.update(id, [&](LiveEnvironment& live) { live.paused = false; });
+  live_.setExpiry(id, expiresAtMs);
+  reaperCv_.notify_all();
+  audit_.record("environment.resumed", id, actor, {{"paused_ms", pausedMs}});
+  return get(id);
+}
+
+}  // namespace moat::manager

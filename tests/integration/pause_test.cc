@@ -1,0 +1,213 @@
+// Pauses through moatd (docs/PAUSE.md): a paused environment's processes
+// stop where they are and go on after the resume, file reads still answer
+// while commands and file changes are refused by name, the pause holds
+// across a moatd restart, its time to live stops (or runs, when asked),
+// and a paused environment's destroy leaves nothing behind.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "isolation/cgroup/cgroup.h"
+#include "moatd_fixture.h"
+#include "os/file.h"
+
+namespace moat::test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Counts in /workspace/n; each step forks (/bin/echo), so a pause must
+// also catch processes that are being born.
+const char kCounter[] =
+    "i=0; while :; do i=$((i+1)); /bin/echo $i > /workspace/n.tmp; mv /workspace/n.tmp "
+    "/workspace/n; done";
+
+class Pause : public MoatdFixture {
+ protected:
+  HttpResult as(const std::string& token, const std::string& method, const std::string& target,
+                const std::string& body = "") {
+    return daemon_->request(method, target, body, false, {{"Authorization", "Bearer " + token}});
+  }
+
+  // The counter's value, read through the files API (-1: not there yet).
+  long counter(const std::string& id) {
+    auto r = daemon_->request("GET", "/v1/environments/" + id + "/files?path=/workspace/n");
+    if (r.status != 200 || r.body.empty()) return -1;
+    return std::strtol(r.body.c_str(), nullptr, 10);
+  }
+
+  // Waits (bounded: 10 s) until the counter passes `from`.
+  bool counts(const std::string& id, long from) {
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < deadline) {
+      if (counter(id) > from) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  std::string counting(const json& body = json::object()) {
+    std::string id = createEnv(body);
+    call("POST", "/v1/environments/" + id + "/processes", {{"cmd", {"sh", "-c", kCounter}}}, 201);
+    EXPECT_TRUE(counts(id, 0)) << "the counter never counted";
+    return id;
+  }
+
+  // Stopped: the counter stays where it is over a span of time (what
+  // "stopped" means can only be seen over one).
+  void staysStill(const std::string& id) {
+    const long at = counter(id);
+    EXPECT_GT(at, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(counter(id), at) << "a paused process ran";
+  }
+
+  static int64_t ms(const json& timestampField) {
+    // "2026-12-06T15:04:05.123Z" -> milliseconds of the day (enough to compare within a test)
+    const std::string t = timestampField.get<std::string>();
+    int h = 0, m = 0, s = 0, milli = 0;
+    std::sscanf(t.c_str() + 11, "%d:%d:%d.%d", &h, &m, &s, &milli);
+    return ((h * 60 + m) * 60 + s) * 1000LL + milli;
+  }
+};
+
+TEST_F(Pause, ProcessesStopWhereTheyAreAndGoOnAfterTheResume) {
+  const std::string id = counting();
+  const std::string base = "/v1/environments/" + id;
+  json paused = call("POST", base + "/pause", nullptr, 200);
+  EXPECT_EQ(paused["state"], "paused") << paused.dump();
+  EXPECT_TRUE(paused.contains("paused_at")) << paused.dump();
+  EXPECT_EQ(paused["ttl_while_paused"], "stops");
+  EXPECT_EQ(call("GET", base, nullptr, 200)["state"], "paused");
+  staysStill(id);
+
+  // Reads answer (moat-init is not paused); what runs or changes waits.
+  EXPECT_EQ(daemon_->request("GET", base + "/files/list?path=/workspace").status, 200);
+  EXPECT_EQ(daemon_->request("GET", base + "/files/stat?path=/workspace/n").status, 200);
+  for (const auto& [method, target, body] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"POST", base + "/exec", R"({"cmd":["true"]})"},
+           {"POST", base + "/processes", R"({"cmd":["true"]})"},
+           {"PUT", base + "/files?path=/workspace/x", "x"},
+           {"POST", base + "/files/mkdir", R"({"path":"/workspace/d"})"},
+           {"DELETE", base + "/files?path=/workspace/n", ""},
+       }) {
+    auto refused = daemon_->request(method, target, body);
+    EXPECT_EQ(refused.status, 409) << method << " " << target << ": " << refused.body;
+    EXPECT_NE(refused.body.find("is paused: resume it"), std::string::npos) << refused.body;
+  }
+  auto shell = daemon_->websocket(base + "/shell");
+  EXPECT_EQ(shell.status, 409) << shell.rest;
+  auto port = daemon_->request("GET", base + "/ports/8000/");
+  EXPECT_EQ(port.status, 503) << port.body;
+  EXPECT_NE(port.body.find("paused"), std::string::npos) << port.body;
+  EXPECT_GT(counter(id), 0) << "the refused DELETE removed the file";
+  // A second pause is no error; the body takes no fields.
+  EXPECT_EQ(call("POST", base + "/pause", json::object(), 200)["state"], "paused");
+  auto unknown = daemon_->request("POST", base + "/pause", R"({"memory":"disk"})");
+  EXPECT_EQ(unknown.status, 400) << unknown.body;
+  EXPECT_NE(unknown.body.find("memory"), std::string::npos) << unknown.body;
+
+  const long stopped = counter(id);
+  json resumed = call("POST", base + "/resume", nullptr, 200);
+  EXPECT_EQ(resumed["state"], "running") << resumed.dump();
+  EXPECT_FALSE(resumed.contains("paused_at")) << resumed.dump();
+  EXPECT_TRUE(counts(id, stopped)) << "the counter did not go on";
+  EXPECT_EQ(call("POST", base + "/resume", nullptr, 200)["state"], "running") << "a second resume is no error";
+  EXPECT_EQ(exec(id, {{"cmd", {"echo", "again"}}})["stdout"], "again\n");
+
+  const std::string log = eventsUntil("?type=environment.&environment=" + id, "environment.resumed");
+  EXPECT_NE(log.find("environment.paused"), std::string::npos) << log;
+  EXPECT_NE(log.find("\"paused_ms\""), std::string::npos) << log;
+}
+
+TEST_F(Pause, APausedEnvironmentStaysPausedAcrossAMoatdRestart) {
+  const std::string id = counting();
+  call("POST", "/v1/environments/" + id + "/pause", nullptr, 200);
+  daemon_->kill9();  // a crash (an upgrade's SIGUSR1 keeps them the same way)
+  daemon_->restart();
+  EXPECT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "paused");
+  staysStill(id);
+  EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + id + "/exec", R"({"cmd":["true"]})").status, 409);
+  const long stopped = counter(id);
+  call("POST", "/v1/environments/" + id + "/resume", nullptr, 200);
+  EXPECT_TRUE(counts(id, stopped));
+}
+
+TEST_F(Pause, ThePauseStopsTheTimeToLiveUnlessItWasAskedToRun) {
+  // Stopped: a 2 s environment paused for longer is still there, and its
+  // expiry moves on by the pause's length.
+  std::string id = createEnv({{"ttl_s", 2}});
+  json paused = call("POST", "/v1/environments/" + id + "/pause", nullptr, 200);
+  const auto pausedAt = Clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  json still = call("GET", "/v1/environments/" + id, nullptr, 200);
+  EXPECT_EQ(still["state"], "paused") << "expired while its time was stopped: " << still.dump();
+  json resumed = call("POST", "/v1/environments/" + id + "/resume", nullptr, 200);
+  const int64_t pausedFor = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - pausedAt).count();
+  EXPECT_GE(ms(resumed["expires_at"]) - ms(paused["expires_at"]), pausedFor - 100) << resumed.dump();
+  // A new time to live given while paused counts from the resume.
+  std::string other = createEnv();
+  call("POST", "/v1/environments/" + other + "/pause", nullptr, 200);
+  call("POST", "/v1/environments/" + other + "/timeout", {{"ttl_s", 1}}, 200);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_EQ(call("GET", "/v1/environments/" + other, nullptr, 200)["state"], "paused");
+
+  // Running: a paused environment expires like any other.
+  std::string runs = createEnv({{"ttl_s", 1}, {"ttl_while_paused", "runs"}});
+  EXPECT_EQ(call("POST", "/v1/environments/" + runs + "/pause", nullptr, 200)["ttl_while_paused"], "runs");
+  std::string state;
+  const auto deadline = Clock::now() + std::chrono::seconds(15);
+  while (state != "gone" && Clock::now() < deadline) {
+    state = call("GET", "/v1/environments/" + runs, nullptr, 200).value("state", "");
+    if (state != "gone") std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(state, "gone");
+  auto bad = daemon_->request("POST", "/v1/environments", R"({"ttl_while_paused":"sometimes"})");
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_NE(bad.body.find("ttl_while_paused"), std::string::npos) << bad.body;
+}
+
+TEST_F(Pause, APausedEnvironmentIsDestroyedWholeAndLeavesNothing) {
+  const std::string id = counting();
+  call("POST", "/v1/environments/" + id + "/pause", nullptr, 200);
+  EXPECT_EQ(daemon_->request("DELETE", "/v1/environments/" + id).status, 204);
+  EXPECT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "gone");
+  auto layout = isolation::cgroup::preparedHostLayout(false);
+  ASSERT_TRUE(layout.ok()) << layout.error().message();
+  std::vector<std::string> parents;
+  if (layout->version == isolation::cgroup::Version::kV2) parents.push_back(layout->v2Parent);
+  for (const auto& [controller, parent] : layout->v1Parents) parents.push_back(parent);
+  for (const auto& parent : parents) {
+    EXPECT_FALSE(os::exists(parent + "/moat-" + id)) << parent << ": its cgroup stayed";
+  }
+  // And one paused then restored runs anew.
+  const std::string again = counting();
+  json snap = call("POST", "/v1/environments/" + again + "/snapshots", json::object(), 201);
+  call("POST", "/v1/environments/" + again + "/pause", nullptr, 200);
+  json restored = call("POST", "/v1/environments/" + again + "/restore", {{"snapshot", snap["id"]}}, 200);
+  EXPECT_EQ(restored["state"], "running") << restored.dump();
+  EXPECT_EQ(exec(again, {{"cmd", {"echo", "fresh"}}})["stdout"], "fresh\n");
+}
+
+// Who may pause: a key with the scope, its own environments only.
+TEST_F(Pause, OnlyAKeyWithThePauseScopePausesAndOnlyItsOwn) {
+  const std::string mine = createEnv();
+  json without = call("POST", "/v1/keys", {{"scopes", {"create", "read", "exec"}}}, 201);
+  json with = call("POST", "/v1/keys", {{"scopes", {"create", "read", "pause"}}}, 201);
+  EXPECT_EQ(as(without["token"], "POST", "/v1/environments/" + mine + "/pause").status, 403);
+  EXPECT_EQ(as(with["token"], "POST", "/v1/environments/" + mine + "/pause").status, 404)
+      << "another's environment looks absent";
+  EXPECT_EQ(call("GET", "/v1/environments/" + mine, nullptr, 200)["state"], "running");
+  auto own = as(with["token"], "POST", "/v1/environments", "{}");
+  ASSERT_EQ(own.status, 201) << own.body;
+  const std::string ownId = json::parse(own.body)["id"];
+  auto paused = as(with["token"], "POST", "/v1/environments/" + ownId + "/pause");
+  EXPECT_EQ(paused.status, 200) << paused.body;
+  EXPECT_EQ(as(with["token"], "POST", "/v1/environments/" + ownId + "/resume").status, 200);
+  EXPECT_EQ(daemon_->request("POST", "/v1/environments/000000000000/pause").status, 404);
+  EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + mine + "/pause", "{not json").status, 400);
+}
+
+}  // namespace
+}  // namespace moat::test
