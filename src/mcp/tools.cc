@@ -123,6 +123,14 @@ const char* kToolDefinitions = R"json([
    "task_id": {"type": "string", "description": "your name for the fork's task"},
    "labels": {"type": "object", "additionalProperties": {"type": "string"}, "description": "key=value tags for the fork"},
    "ttl_s": {"type": "integer", "minimum": 1, "maximum": 604800, "description": "destroyed after this many seconds, default 3600"}}}},
+{"name": "pause_environment",
+ "description": "Stop every process in the environment where it is (its memory and files are kept), e.g. to hold a long job while a person looks. While paused, commands and file changes are refused; reading files still works. resume_environment lets them go on.",
+ "inputSchema": {"type": "object", "additionalProperties": false, "properties": {
+   "environment_id": {"type": "string", "description": "default: this session's environment"}}}},
+{"name": "resume_environment",
+ "description": "Let a paused environment's processes go on from where they stopped.",
+ "inputSchema": {"type": "object", "additionalProperties": false, "properties": {
+   "environment_id": {"type": "string", "description": "default: this session's environment"}}}},
 {"name": "set_network_policy",
  "description": "Change what the environment may reach on the network: 'none' (nothing), 'open' (any public host, recorded), or an allowlist {\"mode\": \"allowlist\", \"allow\": [\"pypi.org\", \"*.pythonhosted.org\"], \"deny\": [...]}. Takes effect for new connections.",
  "inputSchema": {"type": "object", "additionalProperties": false, "required": ["network"], "properties": {
@@ -291,6 +299,9 @@ json Tools::call(const std::string& name, const json& args) {
   if (name == "snapshot_environment") return snapshotEnvironment(*env, args);
   if (name == "restore_environment") return restoreEnvironment(*env, args);
   if (name == "fork_environment") return forkEnvironment(*env, args);
+  if (name == "pause_environment" || name == "resume_environment") {
+    return pauseEnvironment(*env, name == "pause_environment");
+  }
   return setNetworkPolicy(*env, args);
 }
 
@@ -587,6 +598,14 @@ json Tools::searchFiles(const std::string& env, const json& args) {
   }
   if (cut) text += "[... more than " + std::to_string(kMaxSearchLines) + " matches: narrow the pattern or path ...]\n";
   return toolResult(text, {{"matches", matches}, {"truncated", cut}});
+}
+
+json Tools::pauseEnvironment(const std::string& env, bool pause) {
+  Rest r = rest("POST", envPath(env) + (pause ? "/pause" : "/resume"));
+  if (r.status != 200) return toolError(r.error);
+  return toolResult(pause ? "environment " + env + " is paused: its processes are stopped until resume_environment"
+                          : "environment " + env + " runs again",
+                    {{"environment_id", env}, {"state", r.body.value("state", "")}});
 }
 
 json Tools::setNetworkPolicy(const std::string& env, const json& args) {

@@ -34,6 +34,8 @@ export const DOCUMENTED_TOOLS = {
   snapshot_environment: ["name"],
   restore_environment: ["snapshot_id"],
   fork_environment: ["task_id", "labels", "ttl_s"],
+  pause_environment: [],
+  resume_environment: [],
 };
 // Arguments that are optional by the docs (so must not be "required").
 const OPTIONAL = {
@@ -52,6 +54,8 @@ const OPTIONAL = {
   snapshot_environment: ["environment_id", "name"],
   restore_environment: ["environment_id"],
   fork_environment: ["environment_id", "task_id", "labels", "ttl_s"],
+  pause_environment: ["environment_id"],
+  resume_environment: ["environment_id"],
 };
 // Tools about one environment take environment_id (create/list are not).
 const NO_ENVIRONMENT_ID = new Set(["create_environment", "list_environments"]);
@@ -536,6 +540,26 @@ export function toolBehaviours(ctx) {
     const none = await ok("set_network_policy", { environment_id: id, network: "none" });
     assert.match(JSON.stringify(none), /"none"/, JSON.stringify(none));
     await toolError("set_network_policy", { environment_id: id, network: { mode: "no-such-mode" } });
+  });
+
+  it("pause_environment stops its processes and refuses commands; resume_environment lets them go on", { timeout: 30_000 }, async () => {
+    const id = await env();
+    await ok("start_process", { environment_id: id, command: "i=0; while :; do i=$((i+1)); echo $i > /workspace/n.tmp; mv /workspace/n.tmp /workspace/n; done" });
+    const count = async () => {
+      const r = await call("read_file", { environment_id: id, path: "/workspace/n" }, { raw: true });
+      return r.isError ? 0 : Number(text(r)) || 0;
+    };
+    assert.ok(await waitFor(async () => (await count()) > 0, 10_000), "the counter counts");
+    const paused = await ok("pause_environment", { environment_id: id });
+    assert.equal(paused.state, "paused", JSON.stringify(paused));
+    const at = await count();
+    await new Promise((r) => setTimeout(r, 300)); // stillness can only be seen over a span of time
+    assert.equal(await count(), at, "a paused process ran");
+    const refused = await toolError("run_command", { environment_id: id, command: "true" });
+    assert.match(JSON.stringify(refused), /is paused: resume it/);
+    const resumed = await ok("resume_environment", { environment_id: id });
+    assert.equal(resumed.state, "running", JSON.stringify(resumed));
+    assert.ok(await waitFor(async () => (await count()) > at, 10_000), "the counter goes on after the resume");
   });
 
   it("snapshot_environment saves the files, restore_environment puts them back, fork_environment copies them", { timeout: 60_000 }, async () => {

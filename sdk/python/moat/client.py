@@ -69,6 +69,7 @@ class Moat:
         pids: Optional[int] = None,
         isolation: Optional[str] = None,
         ttl_s: Optional[int] = None,
+        ttl_while_paused: Optional[str] = None,
         task_id: Optional[str] = None,
         labels: Optional[Mapping[str, str]] = None,
         env: Optional[Mapping[str, str]] = None,
@@ -82,7 +83,9 @@ class Moat:
 
         ``template``: ``host``, a template's name (``python:3.12``) or a root
         directory; ``snapshot``: start from one of your snapshots instead;
-        ``isolation``: ``namespaces`` or ``microvm`` (docs/MICROVM.md).
+        ``isolation``: ``namespaces`` or ``microvm`` (docs/MICROVM.md);
+        ``ttl_while_paused``: ``stops`` (the default: a pause stops the time
+        to live) or ``runs`` (docs/PAUSE.md).
         Anything else the API takes goes in ``fields``.
         """
         body: dict[str, Any] = {}
@@ -92,8 +95,9 @@ class Moat:
         if spec:
             body["spec"] = spec
         for key, value in {
-            "template": template, "ttl_s": ttl_s, "task_id": task_id, "labels": labels, "env": env,
-            "permissions": permissions, "network": network, "secrets": secrets, "snapshot": snapshot,
+            "template": template, "ttl_s": ttl_s, "ttl_while_paused": ttl_while_paused, "task_id": task_id,
+            "labels": labels, "env": env, "permissions": permissions, "network": network, "secrets": secrets,
+            "snapshot": snapshot,
         }.items():
             if value is not None:
                 body[key] = value

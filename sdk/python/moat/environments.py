@@ -45,7 +45,7 @@ class Environment:
 
     @property
     def state(self) -> str:
-        """``creating``, ``running``, ``destroying``, ``gone`` or ``failed`` (as last fetched)."""
+        """``creating``, ``running``, ``paused``, ``destroying``, ``gone`` or ``failed`` (as last fetched)."""
         return str(self.info.get("state", ""))
 
     def __repr__(self) -> str:
@@ -74,6 +74,26 @@ class Environment:
     def set_timeout(self, ttl_s: int) -> dict[str, Any]:
         """Makes it expire ``ttl_s`` seconds from now (longer or shorter)."""
         self.info = self._transport.json("POST", self._path("/timeout"), json={"ttl_s": ttl_s})
+        return self.info
+
+    def pause(self) -> dict[str, Any]:
+        """Stops every process where it is (docs/PAUSE.md): ``state`` ``paused``, with ``paused_at``.
+
+        Until ``resume()``, commands, processes, shells and file changes raise
+        ConflictError (409); file reads, snapshots and forks still work. Its
+        time to live stops unless it was created with
+        ``ttl_while_paused="runs"``. Pausing a paused one is no error.
+        """
+        self.info = self._transport.json("POST", self._path("/pause"), json={})
+        return self.info
+
+    def resume(self) -> dict[str, Any]:
+        """Lets its processes go on after ``pause()``: ``state`` ``running``.
+
+        ``expires_at`` moves on by the pause's length unless its time to live
+        ran while paused. Resuming a running one is no error.
+        """
+        self.info = self._transport.json("POST", self._path("/resume"), json={})
         return self.info
 
     def stats(self) -> dict[str, Any]:

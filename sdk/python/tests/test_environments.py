@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from moat import CommandError, Environment, Moat, NotFoundError, RunResult
+from moat import CommandError, ConflictError, Environment, Moat, NotFoundError, RunResult
 
 from conftest import wait_until
 
@@ -38,6 +38,42 @@ def test_an_environment_is_a_context_manager(moat: Moat) -> None:
     with moat.create(ram_mb=128) as env:
         assert env.run(["true"]).exit_code == 0
     assert moat.get(env.id).state == "gone"
+
+
+def test_pause_stops_the_processes_and_resume_lets_them_go_on(moat: Moat) -> None:
+    with moat.create(ram_mb=256, ttl_s=600) as env:
+        assert env.info["ttl_while_paused"] == "stops" and "paused_at" not in env.info
+        env.start(["sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /workspace/n.tmp; mv /workspace/n.tmp /workspace/n; done"])
+
+        def counter() -> int:
+            """The counter's value now (0 while the file is being rewritten)."""
+            try:
+                text = env.files.read_text("/workspace/n").strip()
+            except NotFoundError:
+                return 0
+            return int(text) if text.isdigit() else 0
+
+        wait_until(lambda: counter() > 0, what="the counter to start")
+        info = env.pause()
+        assert info is env.info and env.state == "paused" and info["paused_at"]
+        assert env.refresh()["state"] == "paused"
+        with pytest.raises(ConflictError) as caught:
+            env.run(["true"])
+        assert (caught.value.status, caught.value.code) == (409, "conflict")
+        assert "paused" in str(caught.value)
+        first = env.files.read_text("/workspace/n")  # file reads still answer
+        time.sleep(0.3)
+        assert env.files.read_text("/workspace/n") == first  # and the counter stands still
+        assert env.pause()["paused_at"] == info["paused_at"]  # pausing a paused one: no error, as it is
+        stopped = counter()
+        assert env.resume()["state"] == "running" and "paused_at" not in env.info
+        wait_until(lambda: counter() > stopped, what="the counter to move again")
+        assert env.run("echo running").stdout == "running\n"
+        assert env.resume()["state"] == "running"  # resuming a running one: no error
+    with moat.create(ttl_s=600, ttl_while_paused="runs") as runs:
+        assert runs.info["ttl_while_paused"] == "runs"
+        assert runs.pause()["ttl_while_paused"] == "runs" and runs.state == "paused"
+    assert moat.get(runs.id).state == "gone"  # a paused one is destroyed at once
 
 
 def test_a_string_is_a_shell_line_and_a_list_is_argv(env: Environment) -> None:

@@ -37,6 +37,7 @@ import type {
   ShellOptions,
   Snapshot,
   Spec,
+  TtlWhilePaused,
   WriteFileOptions,
 } from "./types.js";
 
@@ -143,8 +144,8 @@ export class EnvironmentPreviews {
 /**
  * One environment. Made by `moat.create()`, `moat.get(id)`, `moat.list()`
  * and `env.fork()`. Its record fields are what moatd last said; `refresh()`
- * asks again (calls that answer with the environment, like `restore` and
- * `setTimeout`, update it too).
+ * asks again (calls that answer with the environment, like `restore`,
+ * `setTimeout`, `pause` and `resume`, update it too).
  */
 export class Environment implements EnvironmentInfo {
   /** Its files: `env.files.write("/workspace/a.py", code)`. */
@@ -193,6 +194,12 @@ export class Environment implements EnvironmentInfo {
   }
   get expires_at(): string {
     return this.record.expires_at;
+  }
+  get ttl_while_paused(): TtlWhilePaused | undefined {
+    return this.record.ttl_while_paused;
+  }
+  get paused_at(): string | undefined {
+    return this.record.paused_at;
   }
   get labels(): Record<string, string> {
     return this.record.labels;
@@ -258,6 +265,22 @@ export class Environment implements EnvironmentInfo {
   /** Makes it expire `ttlS` seconds from now; updates `info`. */
   async setTimeout(ttlS: number, options: RequestOptions = {}): Promise<EnvironmentInfo> {
     this.record = await this.apis.environments.setTimeout(this.id, ttlS, options);
+    return this.record;
+  }
+
+  /**
+   * Stops every process where it is (docs/PAUSE.md); updates `info` (`state`
+   * `"paused"`, `paused_at`). Until `resume()`, commands, processes, shells
+   * and file changes throw ConflictError; file reads still work.
+   */
+  async pause(options: RequestOptions = {}): Promise<EnvironmentInfo> {
+    this.record = await this.apis.environments.pause(this.id, options);
+    return this.record;
+  }
+
+  /** Lets its processes go on after a `pause()`; updates `info` (`state` `"running"`, `expires_at`). */
+  async resume(options: RequestOptions = {}): Promise<EnvironmentInfo> {
+    this.record = await this.apis.environments.resume(this.id, options);
     return this.record;
   }
 

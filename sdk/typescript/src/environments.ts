@@ -1,4 +1,4 @@
-// /v1/environments: create, list, get, destroy, TTL, exec; files, processes,
+// /v1/environments: create, list, get, destroy, TTL, pause/resume, exec; files, processes,
 // the shell, permissions and the network policy hang off it.
 
 import { type Transport, gatedCall, seg } from "./client.js";
@@ -85,6 +85,37 @@ export class Environments {
       method: "POST",
       path: `/v1/environments/${seg(id)}/timeout`,
       json: { ttl_s: ttlS },
+      ...options,
+    });
+  }
+
+  /**
+   * Stops every process of the environment where it is (docs/PAUSE.md):
+   * `state` becomes `"paused"`, with `paused_at`. While paused, exec,
+   * new processes, shells and file changes throw ConflictError (409);
+   * file reads, snapshots and forks still work. Its time to live stops
+   * unless it was created with `ttl_while_paused: "runs"`. Pausing a paused
+   * one is no error. Never retried: a POST.
+   */
+  pause(id: string, options: RequestOptions = {}): Promise<EnvironmentInfo> {
+    return this.transport.json<EnvironmentInfo>({
+      method: "POST",
+      path: `/v1/environments/${seg(id)}/pause`,
+      json: {},
+      ...options,
+    });
+  }
+
+  /**
+   * Lets a paused environment's processes go on (`state` `"running"`); its
+   * `expires_at` moves on by the pause's length unless its time to live ran
+   * while paused. Resuming a running one is no error. Never retried: a POST.
+   */
+  resume(id: string, options: RequestOptions = {}): Promise<EnvironmentInfo> {
+    return this.transport.json<EnvironmentInfo>({
+      method: "POST",
+      path: `/v1/environments/${seg(id)}/resume`,
+      json: {},
       ...options,
     });
   }

@@ -19,7 +19,14 @@ export interface Health {
 
 // ---- environments -----------------------------------------------------------
 
-export type EnvironmentState = "creating" | "running" | "destroying" | "gone" | "failed";
+export type EnvironmentState = "creating" | "running" | "paused" | "destroying" | "gone" | "failed";
+
+/**
+ * Whether an environment's time to live goes on while it is paused (`runs`:
+ * it may expire paused) or stops (`stops`, the default: a resume moves
+ * `expires_at` on by the pause's length). docs/PAUSE.md.
+ */
+export type TtlWhilePaused = "stops" | "runs";
 
 /** What bounds an environment (docs/MICROVM.md). */
 export type Isolation = "namespaces" | "microvm";
@@ -44,6 +51,8 @@ export interface CreateEnvironmentRequest {
   spec?: Partial<Spec>;
   /** Seconds until the environment expires (1 to 604800, default 3600). */
   ttl_s?: number;
+  /** Whether the time to live goes on while it is paused (`"runs"`) or stops (`"stops"`, the default). */
+  ttl_while_paused?: TtlWhilePaused;
   labels?: Record<string, string>;
   /** Variables every command in the environment gets. */
   env?: Record<string, string>;
@@ -109,7 +118,12 @@ export interface EnvironmentInfo {
   /** A microVM environment's accelerator. */
   accel?: "kvm" | "tcg";
   created_at: string;
+  /** When it expires; while paused with `ttl_while_paused: "stops"`, the resume moves it on by the pause's length. */
   expires_at: string;
+  /** Whether its time to live goes on while paused. */
+  ttl_while_paused?: TtlWhilePaused;
+  /** When the pause that holds it began; present only while paused. */
+  paused_at?: string;
   labels: Record<string, string>;
   /** The environment's first permission layer (every scope spelled out). */
   permissions?: Permissions;
