@@ -500,6 +500,30 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
     await assertClean(page);
   });
 
+  it("Pause on a card stops its processes until Resume, and says so", async () => {
+    const page = await signedIn();
+    const env = await createEnv({ task_id: "pausing" });
+    const count = "i=0; while :; do i=$((i+1)); echo $i > /workspace/n.tmp; mv /workspace/n.tmp /workspace/n; done";
+    assert.equal((await api("POST", `/v1/environments/${env.id}/processes`, { cmd: ["sh", "-c", count] })).status, 201);
+    const read = async () => Number((await api("GET", `/v1/environments/${env.id}/files?path=/workspace/n`)).body) || 0;
+    await until("the counter", async () => (await read()) > 0);
+    const c = card(page, env.id);
+    await c.waitFor();
+    await c.getByTestId("pause").click();
+    await until("paused", async () => (await c.getByTestId("card-state").textContent()) === "paused");
+    assert.equal((await api("GET", `/v1/environments/${env.id}`)).body.state, "paused");
+    assert.equal(await c.getByTestId("pause").textContent(), "Resume");
+    await until("the pause's clock", async () => /paused \d/.test(await c.getByTestId("card-time").textContent()));
+    const at = await read();
+    await new Promise((r) => setTimeout(r, 300)); // stillness can only be seen over a span of time
+    assert.equal(await read(), at, "a paused process ran");
+    await c.getByTestId("pause").click();
+    await until("running again", async () => (await c.getByTestId("card-state").textContent()) === "running");
+    await until("the counter goes on", async () => (await read()) > at);
+    assert.equal(await c.getByTestId("pause").textContent(), "Pause");
+    await assertClean(page);
+  });
+
   it("creates an environment from the Spawn form, and shows moatd's error for a bad one", async () => {
     const page = await signedIn();
     await page.locator("[data-testid=spawn] summary").click();

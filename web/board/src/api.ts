@@ -123,7 +123,7 @@ export interface SessionInfo {
   principal: Principal;
 }
 
-export type EnvState = "creating" | "running" | "destroying" | "gone" | "failed";
+export type EnvState = "creating" | "running" | "paused" | "destroying" | "gone" | "failed";
 
 export interface Environment {
   id: string;
@@ -134,6 +134,10 @@ export interface Environment {
   spec: { cpus: number; ram_mb: number; storage_gb: number; pids: number };
   created_at: string;
   expires_at: string;
+  /** Present while paused: when the pause began (docs/PAUSE.md). */
+  paused_at?: string;
+  /** Whether its time to live goes on while paused. */
+  ttl_while_paused?: "stops" | "runs";
   labels: Record<string, string>;
   network: string;
   permissions?: unknown;

@@ -40,7 +40,7 @@ export function parseFilter(labels: string, state: string, text: string): Filter
   return { labels: pairs, state, text: text.trim().toLowerCase() };
 }
 
-const LIVE_STATES = new Set(["creating", "running", "destroying", "failed"]);
+const LIVE_STATES = new Set(["creating", "running", "paused", "destroying", "failed"]);
 
 class Metric {
   readonly value = document.createTextNode("–");
@@ -81,6 +81,8 @@ export class EnvCard {
   private memMax = 1 << 20;
   private lastCpu: { usec: number; atMs: number } | null = null;
   private readonly actionButtons: HTMLButtonElement[] = [];
+  /** Pause or Resume, by state (docs/PAUSE.md). */
+  private readonly pauseButton: HTMLButtonElement;
   /** In the viewport (IntersectionObserver): only then are sparklines and clocks redrawn. */
   inView = false;
   /** When this page first saw the environment (a list older than that may not have it yet). */
@@ -122,6 +124,7 @@ export class EnvCard {
       button("Inspect", { "data-testid": "inspect", class: "primary" }, () => this.hooks.inspect(this.env.id)),
       act("Snapshot", "snapshot", "snapshots", () => this.snapshot()),
       act("Fork", "fork", "create", () => this.fork()),
+      (this.pauseButton = act("Pause", "pause", "pause", () => this.togglePause())),
       act("+10 min", "extend", "timeout", () => this.extend()),
       act("Terminate", "terminate", "destroy", () => this.confirmTerminate()),
     );
@@ -169,6 +172,8 @@ export class EnvCard {
     setText(this.reasonText, env.reason ?? "");
     const ended = env.state === "gone" || env.state === "failed";
     for (const b of this.actionButtons) b.disabled = ended || env.state === "destroying";
+    setText(this.pauseButton, env.state === "paused" ? "Resume" : "Pause");
+    this.node.classList.toggle("paused", env.state === "paused");
     if (env.state === "gone" && !this.goneAtMs) this.goneAtMs = Date.now();
     this.search = [env.id, env.task_id, env.state, env.template, env.network, env.reason ?? "", ...labelPairs(env.labels)].join(" ").toLowerCase();
     this.tick(Date.now());
@@ -180,7 +185,12 @@ export class EnvCard {
     const created = Date.parse(this.env.created_at);
     const expires = Date.parse(this.env.expires_at);
     let text = `age ${duration(nowMs - created)}`;
-    if (this.env.state === "running" || this.env.state === "creating") {
+    if (this.env.state === "paused" && this.env.paused_at) {
+      text += ` · paused ${duration(nowMs - Date.parse(this.env.paused_at))}`;
+      // Stopped with the pause: what is left is what was left.
+      const left = expires - (this.env.ttl_while_paused === "runs" ? nowMs : Date.parse(this.env.paused_at));
+      text += left > 0 ? ` · ${duration(left)} left` : " · expiring";
+    } else if (this.env.state === "running" || this.env.state === "creating") {
       const left = expires - nowMs;
       text += left > 0 ? ` · ${duration(left)} left` : " · expiring";
       this.node.classList.toggle("expiring", left < 60_000);
@@ -278,6 +288,14 @@ export class EnvCard {
       delete labels["moat-agent"];
       const forked = await send<Environment>("POST", `/v1/environments/${enc(this.id)}/fork`, { labels });
       return `forked into ${forked.id}`;
+    });
+  }
+
+  private togglePause(): Promise<void> {
+    const resume = this.env.state === "paused";
+    return this.run(resume ? "resume" : "pause", async () => {
+      this.update(await send<Environment>("POST", `/v1/environments/${enc(this.id)}/${resume ? "resume" : "pause"}`, {}));
+      return resume ? "resumed" : "paused: its processes are stopped";
     });
   }
 

@@ -11,7 +11,7 @@ export const PAGE = 1000;
 // of that name, so the board listens for every type moatd records.
 export const EVENT_TYPES = [
   "environment.created", "environment.failed", "environment.destroyed", "environment.ttl_set",
-  "environment.reattached", "environment.restored",
+  "environment.reattached", "environment.restored", "environment.paused", "environment.resumed",
   "exec.started", "exec.ended", "process.started", "process.ended", "program.started",
   "process.input", "process.signal", "terminal.attached", "terminal.detached", "terminal.input",
   "file.written", "file.read", "file.removed", "file.moved", "dir.created",
@@ -264,6 +264,10 @@ export function describeEvent(e: AuditEvent): Said {
       return { text: `ttl set to ${num(d["ttl_s"]) ?? "?"} s`, tone: "info" };
     case "environment.restored":
       return { text: `restored from ${str(d["snapshot"])}`, tone: "info" };
+    case "environment.paused":
+      return { text: "paused", tone: "info" };
+    case "environment.resumed":
+      return { text: `resumed${num(d["paused_ms"]) !== undefined ? ` after ${Math.round((num(d["paused_ms"]) ?? 0) / 1000)} s` : ""}`, tone: "info" };
     case "snapshot.created":
       return { text: `snapshot ${str(d["snapshot"]) || str(d["id"])}${d["name"] ? ` "${str(d["name"])}"` : ""}`, tone: "ok" };
     case "terminal.input":

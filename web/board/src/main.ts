@@ -80,6 +80,7 @@ function startBoard(info: SessionInfo): void {
     ...[
       ["live", "live (not gone)"],
       ["running", "running"],
+      ["paused", "paused"],
       ["creating", "creating"],
       ["destroying", "destroying"],
       ["failed", "failed"],
@@ -194,6 +195,8 @@ function startBoard(info: SessionInfo): void {
       case "environment.created":
       case "environment.failed":
       case "environment.restored":
+      case "environment.paused":
+      case "environment.resumed":
       case "network.changed":
       case "policy.changed":
         if (e.environment) refetch(e.environment);

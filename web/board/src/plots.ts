@@ -38,7 +38,7 @@ export class Sparkline {
   }
 }
 
-export const PLOT_STATES = ["running", "creating", "destroying", "failed", "gone"] as const;
+export const PLOT_STATES = ["running", "paused", "creating", "destroying", "failed", "gone"] as const;
 export type PlotState = (typeof PLOT_STATES)[number];
 
 interface Sample {
