@@ -73,6 +73,7 @@ void EnvironmentManager::warmUp(const std::shared_ptr<InitConnection>& connectio
 
 Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::string& id,
                                                                   const ProcessRequest& request) {
+  auto starting = starts_.shared(id);  // until moat-init has started it (pause.cc)
   MOAT_ASSIGN(LiveEnvironment live, unpausedLiveOf(id, "start processes"));
   MOAT_ASSIGN(auto process,
               live.processes->add(request.argv, request.kind, request.pty, request.stdinOpen || request.pty,
@@ -109,6 +110,7 @@ Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::str
     lossless_.push_back(process);  // the reaper lets it go once nobody follows it
   }
   Status started = process->start(live.connection, spawn, "", false);
+  starting.run();
   if (started.ok() && request.pty) (void)process->resize(request.rows, request.cols);
   ++execs_;
   if (!started.ok()) {
@@ -139,6 +141,7 @@ Result<std::shared_ptr<void>> EnvironmentManager::reserveExecOutput(const std::s
 
 Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecRequest& request,
                                             const std::map<std::string, std::string>& env) {
+  auto starting = starts_.shared(id);  // until moat-init has started it (pause.cc)
   MOAT_ASSIGN(LiveEnvironment live, unpausedLiveOf(id, "run commands"));
   uint64_t limit = request.outputLimit ? std::min(request.outputLimit, kExecOutputMax) : kExecOutputMax;
   MOAT_ASSIGN(auto process, live.processes->add(request.argv, "exec", false, false, limit));
@@ -165,6 +168,7 @@ Result<ExecResult> EnvironmentManager::exec(const std::string& id, const ExecReq
   });
   traceStage("moatd: exec");
   Status started = process->start(live.connection, spawn, request.stdinData, request.withStdin);
+  starting.run();
   if (!started.ok()) {
     process->abandon(started.error().message());
     return started.error();
@@ -205,7 +209,12 @@ Result<init::FileResult> EnvironmentManager::file(const std::string& id, const i
   // changes files waits for the resume.
   const bool reads =
       request.op == init::FileOp::kRead || request.op == init::FileOp::kStat || request.op == init::FileOp::kList;
-  MOAT_ASSIGN(LiveEnvironment live, reads ? liveOf(id) : unpausedLiveOf(id, "change files"));
+  if (reads) {
+    MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
+    return live.connection->file(request);
+  }
+  auto changing = starts_.shared(id);  // a pause waits for it (pause.cc)
+  MOAT_ASSIGN(LiveEnvironment live, unpausedLiveOf(id, "change files"));
   return live.connection->file(request);
 }
 

@@ -164,15 +164,29 @@ Status EnvironmentManager::recoverAfterRestart() {
     // it at once, and its release must find it counted.
     capacity_.count(r.ramMb);
     // What the store says of a pause holds (a moatd that died between the
-    // backend's pause and its record left it paused unasked).
-    const bool paused = r.state == EnvironmentState::kPaused;
-    if (Status held = paused ? backend_.pause(id) : backend_.resume(id);
-        !held.ok() && held.error().code != Code::kUnsupported) {
-      std::fprintf(stderr, "moatd: %s environment %s again: %s\n", paused ? "pausing" : "resuming", id.c_str(),
-                   held.error().message().c_str());
+    // backend's pause and its record left it paused unasked). One that
+    // cannot be paused again runs, and its record says so: never "paused"
+    // over processes that run.
+    store::EnvironmentRecord adopted = r;
+    if (r.state == EnvironmentState::kPaused) {
+      if (Status held = backend_.pause(id); !held.ok()) {
+        const int64_t left =
+            r.ttlRunsWhilePaused ? r.expiresAtMs : r.expiresAtMs + std::max<int64_t>(0, nowMs() - r.pausedAtMs);
+        adopted.state = EnvironmentState::kRunning;
+        adopted.pausedAtMs = 0;
+        adopted.expiresAtMs = left;
+        (void)store_.setPause(id, EnvironmentState::kRunning, 0, left);
+        audit_.record(
+            "environment.resumed", id, "moatd",
+            {{"reason", "its pause could not be put in force again after a moatd restart: " + held.error().message()}});
+      }
+    } else if (Status held = backend_.resume(id); !held.ok() && held.error().code != Code::kUnsupported) {
+      std::fprintf(stderr, "moatd: resuming environment %s again: %s\n", id.c_str(), held.error().message().c_str());
     }
-    live_.put(id, makeLive(connection, r));
-    if (r.state != EnvironmentState::kRunning && !paused) (void)store_.setState(id, EnvironmentState::kRunning, "");
+    live_.put(id, makeLive(connection, adopted));
+    if (adopted.state != EnvironmentState::kRunning && adopted.state != EnvironmentState::kPaused) {
+      (void)store_.setState(id, EnvironmentState::kRunning, "");
+    }
     auto stored = storedNetwork(r);
     const bool wantsLink = stored.ok() && stored->mode != egress::Mode::kNone;
     if (egress_ && r.netSlot >= 0 && (!linked || linked->count(static_cast<uint32_t>(r.netSlot))) &&

@@ -228,6 +228,11 @@ class EnvironmentManager final : public EnvironmentService,
   // exclusively: a second such operation on the same one waits; operations
   // on different environments overlap (in the backend).
   KeyedLock operations_;
+  // What a pause must not miss: commands and file changes on their way to
+  // moat-init hold it shared from the pause check until moat-init has them
+  // (a process it starts after the freezer's last look would run on); a
+  // pause holds it exclusively once new ones are refused (pause.cc).
+  KeyedLock starts_;
   // Snapshots being copied from (shared, by a create or restore) or deleted
   // (exclusive).
   KeyedLock snapshotUse_;

@@ -107,7 +107,9 @@ Result<egress::Policy> EnvironmentManager::network(const std::string& id) {
 
 Status EnvironmentManager::setNetwork(const std::string& id, const egress::Policy& policy) {
   std::lock_guard<std::mutex> serial(networkMutex_);
-  MOAT_TRY(liveOf(id));
+  // A first link writes /etc/resolv.conf and the proxy's CA inside: a
+  // paused environment's files do not change.
+  MOAT_TRY(unpausedLiveOf(id, "change its network"));
   if (!egress_) {
     if (policy.mode == egress::Mode::kNone) return {};
     return Error::make(Code::kUnavailable,

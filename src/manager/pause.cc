@@ -31,13 +31,22 @@ Result<store::EnvironmentRecord> EnvironmentManager::pause(const std::string& id
     return Error::make(Code::kUnsupported,
                        "environment " + id + " is a microVM: pausing microVMs is not supported yet (docs/PAUSE.md)");
   }
-  MOAT_TRY(backend_.pause(id));
+  // New commands and file changes are refused from here on; those already
+  // on their way to moat-init are waited for (they hold starts_), so the
+  // freezer finds every process they start.
+  live_.update(id, [&](LiveEnvironment& live) { live.paused = true; });
+  auto quiet = starts_.exclusive(id);
+  auto undo = [&] { live_.update(id, [&](LiveEnvironment& live) { live.paused = false; }); };
+  if (Status frozen = backend_.pause(id); !frozen.ok()) {
+    undo();
+    return frozen.error();
+  }
   const int64_t now = nowMs();
   if (Status stored = store_.setPause(id, EnvironmentState::kPaused, now, record.expiresAtMs); !stored.ok()) {
     (void)backend_.resume(id);  // not paused where nothing says so
+    undo();
     return stored.error();
   }
-  live_.update(id, [&](LiveEnvironment& live) { live.paused = true; });
   if (!record.ttlRunsWhilePaused) live_.setExpiry(id, kNoExpiry);
   audit_.record("environment.paused", id, actor, {{"ttl_while_paused", record.ttlRunsWhilePaused ? "runs" : "stops"}});
   return get(id);

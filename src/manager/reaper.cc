@@ -42,7 +42,8 @@ void EnvironmentManager::reaperLoop() {
       // A restore replaced the connection that went: this one is alive.
       if (live_.connected(id)) continue;
       auto record = store_.getEnvironment(id);
-      if (record.ok() && record.value() && record.value()->state == EnvironmentState::kRunning) {
+      if (record.ok() && record.value() &&
+          (record.value()->state == EnvironmentState::kRunning || record.value()->state == EnvironmentState::kPaused)) {
         const std::string why = backend_.whyEnded(id);
         (void)destroy(id, "failed: " + (why.empty() ? std::string("pid 1 of the environment exited") : why));
       }

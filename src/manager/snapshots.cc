@@ -128,6 +128,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::fork(const std::string& id,
   copy.taskId = request.taskId ? *request.taskId : source.taskId;
   copy.labels = request.labels ? *request.labels : source.labels;
   copy.ttlS = request.ttlS;
+  copy.ttlRunsWhilePaused = source.ttlRunsWhilePaused;
   copy.owner = request.owner;
   copy.cpus = source.cpus;
   copy.ramMb = source.ramMb;
@@ -269,7 +270,11 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
     // (its time to live as a resume gives it back).
     expiresAtMs = record.ttlRunsWhilePaused ? record.expiresAtMs
                                             : record.expiresAtMs + std::max<int64_t>(0, nowMs() - record.pausedAtMs);
-    (void)store_.setPause(id, EnvironmentState::kRunning, 0, expiresAtMs);
+    if (Status s = store_.setPause(id, EnvironmentState::kRunning, 0, expiresAtMs); !s.ok()) {
+      // The next start would pause a restored environment the store still
+      // calls paused: said, and left to the next resume to set right.
+      std::fprintf(stderr, "moatd: recording the end of %s's pause: %s\n", id.c_str(), s.error().message().c_str());
+    }
     record.state = EnvironmentState::kRunning;
     record.pausedAtMs = 0;
     record.expiresAtMs = expiresAtMs;

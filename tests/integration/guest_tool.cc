@@ -8,7 +8,9 @@
 // epoch, `random` 16 random bytes (getrandom) in hex, `later SECONDS
 // PROGRAM ARGS...` becomes PROGRAM after that many seconds, `hog MIB`
 // takes and touches MIB MiB of memory, `sync` writes every file system to
-// its disk.
+// its disk, `leaderless` spins on a second thread after its first one ended
+// (pthread_exit: the process stays listed by the leader's id).
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/utsname.h>
@@ -19,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <thread>
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "uname") == 0) {
@@ -116,6 +119,12 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (argc == 2 && std::strcmp(argv[1], "leaderless") == 0) {
+    std::thread([] {
+      for (unsigned long n = 0;; ++n) asm volatile("" : "+r"(n));  // spins; never optimized away
+    }).detach();
+    pthread_exit(nullptr);
+  }
   if (argc == 2 && std::strcmp(argv[1], "sync") == 0) {
     sync();
     return 0;
@@ -133,6 +142,6 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: moat-guest-tool uname | cat FILE | write FILE TEXT | echo | flood FILE MIB | fork N | exec "
-               "PROGRAM ARGS... | time | random | later SECONDS PROGRAM ARGS... | hog MIB | sync\n");
+               "PROGRAM ARGS... | time | random | later SECONDS PROGRAM ARGS... | hog MIB | sync | leaderless\n");
   return 2;
 }

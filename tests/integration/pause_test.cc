@@ -4,8 +4,11 @@
 // across a moatd restart, its time to live stops (or runs, when asked),
 // and a paused environment's destroy leaves nothing behind.
 #include <gtest/gtest.h>
+#include <signal.h>
 
+#include <atomic>
 #include <chrono>
+#include <sstream>
 #include <thread>
 
 #include "isolation/cgroup/cgroup.h"
@@ -188,6 +191,81 @@ TEST_F(Pause, APausedEnvironmentIsDestroyedWholeAndLeavesNothing) {
   json restored = call("POST", "/v1/environments/" + again + "/restore", {{"snapshot", snap["id"]}}, 200);
   EXPECT_EQ(restored["state"], "running") << restored.dump();
   EXPECT_EQ(exec(again, {{"cmd", {"echo", "fresh"}}})["stdout"], "fresh\n");
+}
+
+// A command on its way to moat-init while the pause begins is waited for
+// and frozen with the rest, never left running outside the freezer; a
+// program that detaches (setsid, its own session) is caught too.
+TEST_F(Pause, ACommandStartedDuringThePauseIsPausedToo) {
+  const std::string id = createEnv();
+  const std::string base = "/v1/environments/" + id;
+  std::atomic<bool> stop{false};
+  std::atomic<int> started{0};
+  std::thread starter([&] {
+    const std::string writer =
+        R"({"cmd":["sh","-c","setsid sh -c 'while :; do date +%s%N >> /workspace/t; done' >/dev/null 2>&1 &"]})";
+    while (!stop) {
+      if (daemon_->request("POST", base + "/exec", writer).status == 200) ++started;
+    }
+  });
+  auto size = [&] {
+    auto r = daemon_->request("GET", base + "/files/stat?path=/workspace/t");
+    auto j = json::parse(r.body, nullptr, false);
+    return r.status == 200 && j.is_object() ? j.value("size", int64_t{-1}) : int64_t{-1};
+  };
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (started < 2 && Clock::now() < deadline) std::this_thread::yield();
+  for (int round = 0; round < 10; ++round) {
+    call("POST", base + "/pause", nullptr, 200);
+    const int64_t at = size();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(size(), at) << "round " << round << ": a process ran on while paused";
+    call("POST", base + "/resume", nullptr, 200);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // new commands start between the pauses
+  }
+  stop = true;
+  starter.join();
+  EXPECT_GT(started.load(), 2);
+  // A network change is refused too: its first link writes files inside.
+  call("POST", base + "/pause", nullptr, 200);
+  auto network = daemon_->request("PUT", base + "/network", R"({"network":"open"})");
+  EXPECT_EQ(network.status, 409) << network.body;
+  EXPECT_NE(network.body.find("is paused"), std::string::npos) << network.body;
+}
+
+// A paused environment whose pid 1 dies is ended like a running one (and
+// its frozen processes with it), never left paused forever.
+TEST_F(Pause, APausedEnvironmentWhosePid1DiesIsEndedWhole) {
+  const std::string id = counting();
+  call("POST", "/v1/environments/" + id + "/pause", nullptr, 200);
+  auto layout = isolation::cgroup::preparedHostLayout(false);
+  ASSERT_TRUE(layout.ok()) << layout.error().message();
+  const std::string procs =
+      (layout->version == isolation::cgroup::Version::kV2 ? layout->v2Parent : layout->v1Parents.at("cpu")) + "/moat-" +
+      id + "/cgroup.procs";
+  pid_t init = 0;
+  auto listed = os::readFile(procs);
+  ASSERT_TRUE(listed.ok()) << listed.error().message();
+  std::istringstream in(listed.value());
+  for (pid_t pid; in >> pid;) {
+    auto comm = os::readFile("/proc/" + std::to_string(pid) + "/comm");
+    if (comm.ok() && comm->rfind("moat-init", 0) == 0) init = pid;
+  }
+  ASSERT_GT(init, 0) << "no moat-init in " << procs;
+  ASSERT_EQ(::kill(init, SIGKILL), 0);
+  std::string state;
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (state != "failed" && Clock::now() < deadline) {
+    state = call("GET", "/v1/environments/" + id, nullptr, 200).value("state", "");
+    if (state != "failed") std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(state, "failed");
+  std::vector<std::string> parents;
+  if (layout->version == isolation::cgroup::Version::kV2) parents.push_back(layout->v2Parent);
+  for (const auto& [controller, parent] : layout->v1Parents) parents.push_back(parent);
+  for (const auto& parent : parents) {
+    EXPECT_FALSE(os::exists(parent + "/moat-" + id)) << parent << ": its cgroup stayed";
+  }
 }
 
 // Who may pause: a key with the scope, its own environments only.

@@ -565,6 +565,9 @@ void collectLeftovers(const std::string& stateDir) {
     auto layout = cg::detectHostLayout();
     if (!layout.ok()) gone = false;
     if (layout.ok()) {
+      // Processes still there (frozen by a pause: pid 1's end could not
+      // take them with it on cgroup v1) are killed, thawed and waited for.
+      if (auto left = cg::Cgroup::open(layout.value(), cgroupName(id)); left.ok()) (void)left->remove();
       std::vector<std::string> dirs;
       if (layout->version == cg::Version::kV2) {
         dirs.push_back(layout->v2Parent + "/" + cgroupName(id) + "/paused");  // a pause's child (freeze.cc)

@@ -245,14 +245,16 @@ Usage Cgroup::usage() const {
 
 void Cgroup::killAll() const {
   if (dirs_.empty()) return;
-  // v2's kill takes the paused child with it (frozen processes die of it).
-  if (layout_.version == Version::kV2 && os::exists(dirs_[0] + "/cgroup.kill")) {
-    (void)os::writeExisting(dirs_[0] + "/cgroup.kill", "1");
-    return;
-  }
-  std::vector<std::string> files = procsFiles_;
+  const bool v2 = layout_.version == Version::kV2;
   const std::string paused = pauseDir();
-  if (!paused.empty()) files.push_back(paused + "/cgroup.procs");
+  // v2's kill takes the paused child with it (frozen processes die of it),
+  // but passes over a process whose first thread has ended while others
+  // run on (it goes by processes' leaders): every thread listed is sent the
+  // kill too, which ends its whole process.
+  if (v2 && os::exists(dirs_[0] + "/cgroup.kill")) (void)os::writeExisting(dirs_[0] + "/cgroup.kill", "1");
+  // Threads, not processes (v1: each hierarchy's `tasks`).
+  std::vector<std::string> files = v2 ? std::vector<std::string>{dirs_[0] + "/cgroup.threads"} : joinFiles_;
+  if (!paused.empty()) files.push_back(paused + (v2 ? "/cgroup.threads" : "/tasks"));
   for (const auto& file : files) {
     auto text = os::readFile(file);
     if (!text.ok()) continue;

@@ -22,36 +22,67 @@ constexpr const char* kPausedChild = "paused";
 // program that forks faster than it is moved is stopped by this bound.
 constexpr int kMoveRounds = 100;
 constexpr auto kStopDeadline = std::chrono::seconds(5);
+// How long the v1 freezer may say FREEZING before it is asked again (then
+// twice as long each time: a large environment may take that long).
+constexpr auto kRefreezeAfter = std::chrono::milliseconds(20);
 
-std::set<pid_t> pidsIn(const std::string& procsFile) {
-  std::set<pid_t> pids;
-  auto text = os::readFile(procsFile, 1 << 20);
-  if (!text.ok()) return pids;
+std::set<pid_t> idsIn(const std::string& file) {
+  std::set<pid_t> ids;
+  auto text = os::readFile(file, 1 << 20);
+  if (!text.ok()) return ids;
   std::istringstream in(text.value());
-  for (long pid; in >> pid;) pids.insert(static_cast<pid_t>(pid));
-  return pids;
+  for (long id; in >> id;) ids.insert(static_cast<pid_t>(id));
+  return ids;
 }
 
-// Moves every process listed in `from` (but `keep`, and those already in
-// `to`) into `to`, round after round until none is left to move.
-Status moveAll(const std::string& from, const std::string& to, pid_t keep) {
+// A thread's process (its status's Tgid), or 0 when it is gone.
+pid_t processOf(pid_t tid) {
+  auto status = os::readFile("/proc/" + std::to_string(tid) + "/status");
+  if (!status.ok()) return 0;
+  auto at = status->find("\nTgid:");
+  return at == std::string::npos ? 0 : static_cast<pid_t>(std::strtol(status->c_str() + at + 6, nullptr, 10));
+}
+
+// Whether a thread has exited (a zombie leader waits for its other threads:
+// it cannot be moved, and need not be).
+bool exited(pid_t tid) {
+  auto stat = os::readFile("/proc/" + std::to_string(tid) + "/stat");
+  if (!stat.ok()) return true;
+  auto close = stat->rfind(')');
+  return close == std::string::npos || close + 2 >= stat->size() || (*stat)[close + 2] == 'Z' ||
+         (*stat)[close + 2] == 'X';
+}
+
+// Moves every thread of `fromDir` (but `keep`'s) into `toDir`, round after
+// round until none is left: decided by threads, not processes, so that a
+// process whose leader exited (listed, but with nothing left to move) does
+// not count. v1: thread by thread (`tasks`: every hierarchy's cgroup keeps
+// listing its threads, so the check is against `toDir`'s); v2: each
+// thread's whole process (`cgroup.procs`; threads of one process share a
+// domain cgroup).
+Status moveAll(Version version, const std::string& fromDir, const std::string& toDir, pid_t keep) {
+  const bool v2 = version == Version::kV2;
+  const std::string listing = v2 ? "/cgroup.threads" : "/tasks";
   for (int round = 0; round < kMoveRounds; ++round) {
-    const std::set<pid_t> there = pidsIn(to);
+    const std::set<pid_t> there = idsIn(toDir + listing);
     bool moved = false;
-    for (pid_t pid : pidsIn(from)) {
-      if (pid == keep || there.count(pid)) continue;
-      Status s = os::writeExisting(to, std::to_string(pid));
+    for (pid_t tid : idsIn(fromDir + listing)) {
+      if (there.count(tid) || exited(tid)) continue;
+      const pid_t process = processOf(tid);
+      if (process == 0 || process == keep) continue;
+      Status s = v2 ? os::writeExisting(toDir + "/cgroup.procs", std::to_string(process))
+                    : os::writeExisting(toDir + "/tasks", std::to_string(tid));
       // One that exited meanwhile is nothing to move.
       if (!s.ok() && s.error().sysErrno != ESRCH) return s;
       moved = true;
     }
     if (!moved) return {};
   }
-  return Error::make(Code::kBusy, "processes kept appearing in " + from + " while they were moved");
+  return Error::make(Code::kBusy, "threads kept appearing in " + fromDir + " while they were moved");
 }
 
 void pauseBriefly() {
-  struct timespec ts = {0, 1000 * 1000};
+  struct timespec ts = {0, 200 * 1000};  // 0.2 ms: a freeze takes ~0.5 ms here
   ::nanosleep(&ts, nullptr);
 }
 
@@ -84,11 +115,21 @@ Status Cgroup::freeze(pid_t keep) {
                        "controller, or not at all): moat cannot pause environments here");
   }
   const bool v2 = layout_.version == Version::kV2;
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return Error::fromErrno("create cgroup " + dir);
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    if (errno == ENOENT && !v2) {
+      return Error::make(Code::kUnsupported, "this host's cgroup v1 freezer hierarchy has no moat cgroup (" +
+                                                 dir.substr(0, dir.rfind('/')) + " could not be made)");
+    }
+    return Error::fromErrno("create cgroup " + dir);
+  }
+  const std::string stateFile = dir + (v2 ? "/cgroup.freeze" : "/freezer.state");
+  const char* frozenValue = v2 ? "1" : "FROZEN";
   // Frozen before anything arrives: each process stops as it is moved in.
-  MOAT_TRY(os::writeExisting(dir + (v2 ? "/cgroup.freeze" : "/freezer.state"), v2 ? "1" : "FROZEN"));
-  Status moved = moveAll(procsFiles_[0], dir + "/cgroup.procs", keep);
+  MOAT_TRY(os::writeExisting(stateFile, frozenValue));
+  Status moved = moveAll(layout_.version, dirs_[0], dir, keep);
   const auto deadline = std::chrono::steady_clock::now() + kStopDeadline;
+  auto kickAfter = std::chrono::duration_cast<std::chrono::steady_clock::duration>(kRefreezeAfter);
+  auto kick = std::chrono::steady_clock::now() + kickAfter;
   while (moved.ok()) {
     // v2: "frozen 1" once every process below has stopped; v1: FREEZING
     // until then.
@@ -96,9 +137,21 @@ Status Cgroup::freeze(pid_t keep) {
     if (state.ok() && (v2 ? state->find("frozen 1") != std::string::npos : state->rfind("FROZEN", 0) == 0)) {
       return {};
     }
-    if (std::chrono::steady_clock::now() > deadline) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now > deadline) {
       moved = Error::make(Code::kTimeout, "the environment's processes did not all stop within 5 s");
       break;
+    }
+    if (!v2 && now > kick) {
+      // The v1 freezer can miss a process that went to sleep waiting for a
+      // vfork child it had just frozen (the child never execs, the parent
+      // never reaches the freezer: FREEZING for good). Thawed and frozen
+      // again, every process is asked anew, the sleeping parent included.
+      (void)os::writeExisting(stateFile, "THAWED");
+      moved = os::writeExisting(stateFile, frozenValue);
+      if (moved.ok()) moved = moveAll(layout_.version, dirs_[0], dir, keep);
+      kickAfter *= 2;
+      kick = now + kickAfter;
     }
     pauseBriefly();
   }
@@ -118,7 +171,7 @@ Status Cgroup::thaw() {
   // Back into the environment's cgroup, and the child removed: a forked
   // process may land in it between the last move and the removal.
   for (int round = 0; round < kMoveRounds; ++round) {
-    MOAT_TRY(moveAll(dir + "/cgroup.procs", procsFiles_[0], 0));
+    MOAT_TRY(moveAll(layout_.version, dir, dirs_[0], 0));
     if (::rmdir(dir.c_str()) == 0 || errno == ENOENT) return {};
     if (errno != EBUSY) return Error::fromErrno("remove cgroup " + dir);
     pauseBriefly();

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Pause and resume latency through moatd's API (docs/PAUSE.md), against
+the kernel's own freezer on a bare cgroup, interleaved in one run.
+
+For each memory size (--mib, default 64, 256 and 1024): an environment
+runs a counter (a shell loop that forks) and a python process holding that
+many MiB, touched; the peer is a bare cgroup of the freezer (this host's:
+the v1 freezer hierarchy, or cgroup.freeze on cgroup v2) holding the same
+two processes, frozen the way moat freezes (on v1, asked again while a
+vfork parent keeps it FREEZING). Per round: moat's pause (POST .../pause, until the answer),
+the peer's freeze (write, then poll until the kernel says frozen), moat's
+resume, the peer's thaw. Prints p50/p99 per operation and moat's ratio to
+the peer.
+
+  bench/pause.py --bin-dir build/bin [--mib 64,256,1024] [--runs 20] [--json FILE]
+
+Needs root; exits 0 with SKIP otherwise.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "stress"))
+import moatd_harness as h  # noqa: E402
+
+COUNTER = "i=0; while :; do i=$((i+1)); /bin/echo $i > /tmp/n; done"
+
+
+def holder(mib):
+    # Touches every page, then waits.
+    return f"import time; b = bytearray({mib} << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(86400)"
+
+
+class BareCgroup:
+    """A cgroup with the same processes, frozen and thawed by hand."""
+
+    def __init__(self, name):
+        if os.path.isdir("/sys/fs/cgroup/freezer"):
+            self.v2 = False
+            self.dir = f"/sys/fs/cgroup/freezer/{name}"
+        else:
+            mount = next(line.split()[1] for line in open("/proc/mounts") if line.split()[2] == "cgroup2")
+            self.v2 = True
+            self.dir = f"{mount}/{name}"
+        os.makedirs(self.dir, exist_ok=True)
+        self.procs = []
+
+    def start(self, argv):
+        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(f"{self.dir}/cgroup.procs", "w") as f:
+            f.write(str(p.pid))
+        self.procs.append(p)
+
+    def _write(self, name, value):
+        with open(f"{self.dir}/{name}", "w") as f:
+            f.write(value)
+
+    def _read(self, name):
+        with open(f"{self.dir}/{name}") as f:
+            return f.read()
+
+    def freeze(self):
+        if self.v2:
+            self._write("cgroup.freeze", "1")
+            while "frozen 1" not in self._read("cgroup.events"):
+                pass
+            return
+        # The v1 freezer can miss a parent asleep in vfork whose child it
+        # froze first (FREEZING for good): asked again after 20, 40, 80 ms...
+        # as moat does (src/isolation/cgroup/freeze.cc).
+        self._write("freezer.state", "FROZEN")
+        wait = 0.02
+        kick = time.perf_counter() + wait
+        while not self._read("freezer.state").startswith("FROZEN"):
+            if time.perf_counter() > kick:
+                self._write("freezer.state", "THAWED")
+                self._write("freezer.state", "FROZEN")
+                wait *= 2
+                kick = time.perf_counter() + wait
+
+    def thaw(self):
+        if self.v2:
+            self._write("cgroup.freeze", "0")
+        else:
+            self._write("freezer.state", "THAWED")
+
+    def remove(self):
+        self.thaw()
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        for _ in range(200):
+            try:
+                os.rmdir(self.dir)
+                return
+            except OSError:
+                time.sleep(0.01)
+
+
+def timed(fn):
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1000
+
+
+def summary(values):
+    s = sorted(values)
+    return {"p50": round(statistics.median(s), 2), "p99": round(s[min(len(s) - 1, int(len(s) * 0.99))], 2)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin-dir", required=True)
+    ap.add_argument("--mib", default="64,256,1024")
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("SKIP: needs root (moatd creates namespaces, cgroups and mounts)")
+        return 0
+    sizes = [int(x) for x in args.mib.split(",")]
+    m = h.Moatd(args.bin_dir, prefix="moatd-bench-pause-")
+    results = {}
+    try:
+        for mib in sizes:
+            env = h.expect_status(m.call("POST", "/v1/environments", {"spec": {"ram_mb": mib + 512}}), 201)["id"]
+            base = f"/v1/environments/{env}"
+            for cmd in (["sh", "-c", COUNTER], ["python3", "-c", holder(mib)]):
+                h.expect_status(m.call("POST", f"{base}/processes", {"cmd": cmd}), 201)
+            peer = BareCgroup(f"moat-bench-pause-{os.getpid()}-{mib}")
+            peer.start(["sh", "-c", COUNTER.replace("/tmp/n", f"/tmp/moat-bench-pause-{os.getpid()}")])
+            peer.start(["python3", "-c", holder(mib)])
+            # Until both hold their memory.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                used = h.expect_status(m.call("GET", f"{base}/stats"), 200).get("memory_bytes", 0)
+                if used >= mib << 20:
+                    break
+                time.sleep(0.1)
+            time.sleep(1)
+            samples = {k: [] for k in ("moat pause", "freezer freeze", "moat resume", "freezer thaw")}
+            try:
+                for _ in range(args.runs):
+                    samples["moat pause"].append(timed(lambda: h.expect_status(m.call("POST", f"{base}/pause"), 200)))
+                    samples["freezer freeze"].append(timed(peer.freeze))
+                    samples["moat resume"].append(timed(lambda: h.expect_status(m.call("POST", f"{base}/resume"), 200)))
+                    samples["freezer thaw"].append(timed(peer.thaw))
+                    time.sleep(0.05)  # both run a moment between rounds
+            finally:
+                peer.remove()
+                h.expect_status(m.call("DELETE", base), 204)
+            row = {k: summary(v) for k, v in samples.items()}
+            row["pause / freeze (p50)"] = round(row["moat pause"]["p50"] / max(row["freezer freeze"]["p50"], 1e-3), 1)
+            row["resume / thaw (p50)"] = round(row["moat resume"]["p50"] / max(row["freezer thaw"]["p50"], 1e-3), 1)
+            results[f"{mib} MiB"] = row
+            print(f"{mib} MiB: " + json.dumps(row))
+    finally:
+        m.stop()
+        m.remove()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
