@@ -163,15 +163,15 @@ Status EnvironmentManager::recoverAfterRestart() {
     // Counted before it is live: the reaper (running already) may destroy
     // it at once, and its release must find it counted.
     capacity_.count(r.ramMb);
-    // What the store says of a pause holds (a moatd that died between the
-    // backend's pause and its record left it paused unasked). One that
+    // What the store says of a pause holds: it is paused again (a moatd
+    // that died between the record and the freezer left it running; the
+    // store never says running over frozen processes: pause.cc). One that
     // cannot be paused again runs, and its record says so: never "paused"
     // over processes that run.
     store::EnvironmentRecord adopted = r;
     if (r.state == EnvironmentState::kPaused) {
       if (Status held = backend_.pause(id); !held.ok()) {
-        const int64_t left =
-            r.ttlRunsWhilePaused ? r.expiresAtMs : r.expiresAtMs + std::max<int64_t>(0, nowMs() - r.pausedAtMs);
+        const int64_t left = expiryAfterPause(r, nowMs());
         adopted.state = EnvironmentState::kRunning;
         adopted.pausedAtMs = 0;
         adopted.expiresAtMs = left;
@@ -180,8 +180,6 @@ Status EnvironmentManager::recoverAfterRestart() {
             "environment.resumed", id, "moatd",
             {{"reason", "its pause could not be put in force again after a moatd restart: " + held.error().message()}});
       }
-    } else if (Status held = backend_.resume(id); !held.ok() && held.error().code != Code::kUnsupported) {
-      std::fprintf(stderr, "moatd: resuming environment %s again: %s\n", id.c_str(), held.error().message().c_str());
     }
     live_.put(id, makeLive(connection, adopted));
     if (adopted.state != EnvironmentState::kRunning && adopted.state != EnvironmentState::kPaused) {

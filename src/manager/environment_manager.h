@@ -37,6 +37,11 @@ using store::EnvironmentState;
 using store::SnapshotState;
 using store::stateName;
 
+// A paused environment's expiry once its pause ends (pause.cc): as stored
+// when its time ran on, else moved on by the pause's length (what was left
+// is left again).
+int64_t expiryAfterPause(const store::EnvironmentRecord& record, int64_t nowMs);
+
 // The lifecycle of moatd's environments: creating -> running -> destroying
 // -> gone, or failed. Every transition is written to the store first. Expired
 // environments are destroyed by a reaper thread, with the reason recorded.

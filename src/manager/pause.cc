@@ -2,11 +2,21 @@
 // an environment but its pid 1; the store says so (state paused, when,
 // and what became of its time to live), and so does the live table (what
 // a pause refuses: commands, processes, file changes).
+//
+// The store says "paused" before the backend freezes and until after it
+// thaws, so a moatd that dies between the two leaves a record that says
+// paused over processes that may run, never the other way round: a start
+// pauses again only what its store calls paused (recoverAfterRestart).
 #include "manager/environment_manager.h"
 
 namespace moat::manager {
 
 using store::EnvironmentState;
+
+int64_t expiryAfterPause(const store::EnvironmentRecord& record, int64_t nowMs) {
+  if (record.ttlRunsWhilePaused) return record.expiresAtMs;
+  return record.expiresAtMs + std::max<int64_t>(0, nowMs - record.pausedAtMs);
+}
 
 Result<LiveEnvironment> EnvironmentManager::unpausedLiveOf(const std::string& id, const char* what) {
   MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
@@ -37,15 +47,14 @@ Result<store::EnvironmentRecord> EnvironmentManager::pause(const std::string& id
   live_.update(id, [&](LiveEnvironment& live) { live.paused = true; });
   auto quiet = starts_.exclusive(id);
   auto undo = [&] { live_.update(id, [&](LiveEnvironment& live) { live.paused = false; }); };
-  if (Status frozen = backend_.pause(id); !frozen.ok()) {
-    undo();
-    return frozen.error();
-  }
-  const int64_t now = nowMs();
-  if (Status stored = store_.setPause(id, EnvironmentState::kPaused, now, record.expiresAtMs); !stored.ok()) {
-    (void)backend_.resume(id);  // not paused where nothing says so
+  if (Status stored = store_.setPause(id, EnvironmentState::kPaused, nowMs(), record.expiresAtMs); !stored.ok()) {
     undo();
     return stored.error();
+  }
+  if (Status frozen = backend_.pause(id); !frozen.ok()) {
+    (void)store_.setPause(id, EnvironmentState::kRunning, 0, record.expiresAtMs);  // it runs, as before
+    undo();
+    return frozen.error();
   }
   if (!record.ttlRunsWhilePaused) live_.setExpiry(id, kNoExpiry);
   audit_.record("environment.paused", id, actor, {{"ttl_while_paused", record.ttlRunsWhilePaused ? "runs" : "stops"}});
@@ -60,8 +69,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::resume(const std::string& i
   MOAT_TRY(backend_.resume(id));
   const int64_t now = nowMs();
   const int64_t pausedMs = std::max<int64_t>(0, now - record.pausedAtMs);
-  // Stopped with the pause: what was left of its time is left again.
-  const int64_t expiresAtMs = record.ttlRunsWhilePaused ? record.expiresAtMs : record.expiresAtMs + pausedMs;
+  const int64_t expiresAtMs = expiryAfterPause(record, now);
   if (Status stored = store_.setPause(id, EnvironmentState::kRunning, 0, expiresAtMs); !stored.ok()) {
     (void)backend_.pause(id);  // still paused, as the store says
     return stored.error();

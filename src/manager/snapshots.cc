@@ -268,8 +268,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
   if (record.state == EnvironmentState::kPaused) {
     // The restored environment's processes are new and run: its pause ends
     // (its time to live as a resume gives it back).
-    expiresAtMs = record.ttlRunsWhilePaused ? record.expiresAtMs
-                                            : record.expiresAtMs + std::max<int64_t>(0, nowMs() - record.pausedAtMs);
+    expiresAtMs = expiryAfterPause(record, nowMs());
     if (Status s = store_.setPause(id, EnvironmentState::kRunning, 0, expiresAtMs); !s.ok()) {
       // The next start would pause a restored environment the store still
       // calls paused: said, and left to the next resume to set right.

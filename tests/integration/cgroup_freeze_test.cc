@@ -28,20 +28,6 @@ using isolation::cgroup::Layout;
 using isolation::cgroup::Version;
 using Clock = std::chrono::steady_clock;
 
-std::string cgroup2Mount() {
-  auto mountinfo = os::readFile("/proc/self/mountinfo", 1 << 22);
-  if (!mountinfo.ok()) return "";
-  std::istringstream in(mountinfo.value());
-  for (std::string line; std::getline(in, line);) {
-    if (line.find(" - cgroup2 ") == std::string::npos) continue;
-    std::istringstream fields(line);
-    std::string f[5];
-    for (auto& x : f) fields >> x;
-    return f[4];
-  }
-  return "";
-}
-
 // Two counters in shared memory, each advanced by a process of its own in
 // the cgroup; the first also forks a grandchild that counts in slot 2.
 struct Counters {
@@ -159,7 +145,8 @@ void pauseKeepsOneAndResumes(const Layout& layout, const std::string& name) {
     // reported it stopped; a spinning thread that runs on counts ms.
     EXPECT_LT(runtimeNs(leaderless.pid) - spun, 2'000'000u)
         << "round " << round << ": the leaderless process ran while paused";
-    ASSERT_TRUE(cg->thaw().ok());
+    Status thawed = cg->thaw();
+    ASSERT_TRUE(thawed.ok()) << "round " << round << ": " << thawed.error().message();
     if (!counters.advances(3, spawned)) {
       std::string ps;
       for (pid_t pid : cg->processes()) {

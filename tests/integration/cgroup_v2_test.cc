@@ -22,20 +22,6 @@ using isolation::cgroup::Cgroup;
 using isolation::cgroup::Layout;
 using isolation::cgroup::Version;
 
-std::string cgroup2Mount() {
-  auto mountinfo = os::readFile("/proc/self/mountinfo", 1 << 22);
-  if (!mountinfo.ok()) return "";
-  std::istringstream in(mountinfo.value());
-  for (std::string line; std::getline(in, line);) {
-    if (line.find(" - cgroup2 ") == std::string::npos) continue;
-    std::istringstream fields(line);
-    std::string f[5];
-    for (auto& x : f) fields >> x;
-    return f[4];
-  }
-  return "";
-}
-
 TEST(CgroupV2, CloneIntoCgroupKillAndRemove) {
   MOAT_REQUIRE_ROOT();
   std::string mount = cgroup2Mount();

@@ -66,6 +66,17 @@ class Pause : public MoatdFixture {
     EXPECT_EQ(counter(id), at) << "a paused process ran";
   }
 
+  // No cgroup of environment `id` under any of the layout's parents (the
+  // freezer's included).
+  static void noCgroupLeft(const isolation::cgroup::Layout& layout, const std::string& id) {
+    std::vector<std::string> parents;
+    if (layout.version == isolation::cgroup::Version::kV2) parents.push_back(layout.v2Parent);
+    for (const auto& [controller, parent] : layout.v1Parents) parents.push_back(parent);
+    for (const auto& parent : parents) {
+      EXPECT_FALSE(os::exists(parent + "/moat-" + id)) << parent << ": its cgroup stayed";
+    }
+  }
+
   static int64_t ms(const json& timestampField) {
     // "2026-12-06T15:04:05.123Z" -> milliseconds of the day (enough to compare within a test)
     const std::string t = timestampField.get<std::string>();
@@ -178,12 +189,7 @@ TEST_F(Pause, APausedEnvironmentIsDestroyedWholeAndLeavesNothing) {
   EXPECT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "gone");
   auto layout = isolation::cgroup::preparedHostLayout(false);
   ASSERT_TRUE(layout.ok()) << layout.error().message();
-  std::vector<std::string> parents;
-  if (layout->version == isolation::cgroup::Version::kV2) parents.push_back(layout->v2Parent);
-  for (const auto& [controller, parent] : layout->v1Parents) parents.push_back(parent);
-  for (const auto& parent : parents) {
-    EXPECT_FALSE(os::exists(parent + "/moat-" + id)) << parent << ": its cgroup stayed";
-  }
+  noCgroupLeft(layout.value(), id);
   // And one paused then restored runs anew.
   const std::string again = counting();
   json snap = call("POST", "/v1/environments/" + again + "/snapshots", json::object(), 201);
@@ -260,12 +266,7 @@ TEST_F(Pause, APausedEnvironmentWhosePid1DiesIsEndedWhole) {
     if (state != "failed") std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_EQ(state, "failed");
-  std::vector<std::string> parents;
-  if (layout->version == isolation::cgroup::Version::kV2) parents.push_back(layout->v2Parent);
-  for (const auto& [controller, parent] : layout->v1Parents) parents.push_back(parent);
-  for (const auto& parent : parents) {
-    EXPECT_FALSE(os::exists(parent + "/moat-" + id)) << parent << ": its cgroup stayed";
-  }
+  noCgroupLeft(layout.value(), id);
 }
 
 // Who may pause: a key with the scope, its own environments only.

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <utility>
 
 #include "os/file.h"
@@ -20,6 +21,20 @@ namespace moat::test {
 std::string binDir() { return MOAT_BIN_DIR; }
 
 bool isRoot() { return ::geteuid() == 0; }
+
+std::string cgroup2Mount() {
+  auto mountinfo = os::readFile("/proc/self/mountinfo", 1 << 22);
+  if (!mountinfo.ok()) return "";
+  std::istringstream in(mountinfo.value());
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(" - cgroup2 ") == std::string::npos) continue;
+    std::istringstream fields(line);
+    std::string f[5];
+    for (auto& x : f) fields >> x;
+    return f[4];
+  }
+  return "";
+}
 
 const std::string& testStateDir() {
   static const std::string dir = [] {

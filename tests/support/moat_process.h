@@ -68,6 +68,9 @@ const std::string& testStateDir();
 // True when running as root; tests that need root call GTEST_SKIP with the reason.
 bool isRoot();
 
+// Where this host mounts cgroup2 ("" when nowhere).
+std::string cgroup2Mount();
+
 }  // namespace moat::test
 
 #define MOAT_REQUIRE_ROOT()                                      \

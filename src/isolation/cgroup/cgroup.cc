@@ -134,16 +134,19 @@ Result<Cgroup> Cgroup::open(const Layout& layout, const std::string& name) {
   return cg;
 }
 
-std::vector<pid_t> Cgroup::processes() const {
-  std::vector<pid_t> pids;
-  if (procsFiles_.empty()) return pids;
-  auto text = os::readFile(procsFiles_[0], 1 << 20);
-  if (!text.ok()) return pids;
+std::vector<pid_t> idsIn(const std::string& file) {
+  std::vector<pid_t> ids;
+  auto text = os::readFile(file, 1 << 20);
+  if (!text.ok()) return ids;
   std::istringstream lines(text.value());
-  for (long pid; lines >> pid;) {
-    if (pid > 0) pids.push_back(static_cast<pid_t>(pid));
+  for (long id; lines >> id;) {
+    if (id > 0) ids.push_back(static_cast<pid_t>(id));
   }
-  return pids;
+  return ids;
+}
+
+std::vector<pid_t> Cgroup::processes() const {
+  return procsFiles_.empty() ? std::vector<pid_t>{} : idsIn(procsFiles_[0]);
 }
 
 std::vector<KnobWrite> limitWrites(Version version, const Limits& limits) {
@@ -256,11 +259,7 @@ void Cgroup::killAll() const {
   std::vector<std::string> files = v2 ? std::vector<std::string>{dirs_[0] + "/cgroup.threads"} : joinFiles_;
   if (!paused.empty()) files.push_back(paused + (v2 ? "/cgroup.threads" : "/tasks"));
   for (const auto& file : files) {
-    auto text = os::readFile(file);
-    if (!text.ok()) continue;
-    std::istringstream in(text.value());
-    pid_t pid;
-    while (in >> pid) ::kill(pid, SIGKILL);
+    for (pid_t id : idsIn(file)) ::kill(id, SIGKILL);
   }
   // A v1 frozen process dies of its SIGKILL only once thawed: it runs no
   // more of its own code (the kill is handled first).

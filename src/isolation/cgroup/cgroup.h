@@ -118,6 +118,10 @@ class Cgroup {
   bool cpuacct_ = false;  // v1: dirs_[3] is cpuacct's
 };
 
+// The ids a cgroup file lists, one per line (cgroup.procs, tasks,
+// cgroup.threads); none when it cannot be read (a cgroup being removed).
+std::vector<pid_t> idsIn(const std::string& file);
+
 // The host's cgroup layout with moat's parent cgroups made, once per
 // process (reading mountinfo and walking the parents took ~0.5 ms of each
 // create). `again` re-reads both (the parents were removed under us).

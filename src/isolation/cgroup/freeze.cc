@@ -1,14 +1,12 @@
 // A pause of every process in an environment's cgroup but its pid 1
 // (docs/PAUSE.md): the cgroup v2 freezer on a child cgroup, or the v1
 // freezer hierarchy.
-#include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
 
-#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <set>
-#include <sstream>
 
 #include "isolation/cgroup/cgroup.h"
 #include "os/file.h"
@@ -25,15 +23,6 @@ constexpr auto kStopDeadline = std::chrono::seconds(5);
 // How long the v1 freezer may say FREEZING before it is asked again (then
 // twice as long each time: a large environment may take that long).
 constexpr auto kRefreezeAfter = std::chrono::milliseconds(20);
-
-std::set<pid_t> idsIn(const std::string& file) {
-  std::set<pid_t> ids;
-  auto text = os::readFile(file, 1 << 20);
-  if (!text.ok()) return ids;
-  std::istringstream in(text.value());
-  for (long id; in >> id;) ids.insert(static_cast<pid_t>(id));
-  return ids;
-}
 
 // A thread's process (its status's Tgid), or 0 when it is gone.
 pid_t processOf(pid_t tid) {
@@ -64,7 +53,8 @@ Status moveAll(Version version, const std::string& fromDir, const std::string& t
   const bool v2 = version == Version::kV2;
   const std::string listing = v2 ? "/cgroup.threads" : "/tasks";
   for (int round = 0; round < kMoveRounds; ++round) {
-    const std::set<pid_t> there = idsIn(toDir + listing);
+    const std::vector<pid_t> listed = idsIn(toDir + listing);
+    const std::set<pid_t> there(listed.begin(), listed.end());
     bool moved = false;
     for (pid_t tid : idsIn(fromDir + listing)) {
       if (there.count(tid) || exited(tid)) continue;
