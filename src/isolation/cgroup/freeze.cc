@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <set>
 
 #include "isolation/cgroup/cgroup.h"
@@ -32,14 +33,28 @@ pid_t processOf(pid_t tid) {
   return at == std::string::npos ? 0 : static_cast<pid_t>(std::strtol(status->c_str() + at + 6, nullptr, 10));
 }
 
-// Whether a thread has exited (a zombie leader waits for its other threads:
-// it cannot be moved, and need not be).
+// The kernel's flag of a thread on its way out (PF_EXITING, stat's 9th
+// field): a write of its id succeeds and moves nothing.
+constexpr unsigned long kExitingFlag = 0x4;
+
+// Whether a thread has exited or is exiting (a zombie leader waits for its
+// other threads; an exiting thread may wait a whole time slice on a busy
+// host before it is a zombie): it cannot be moved, and need not be, since
+// it runs no more of its program.
 bool exited(pid_t tid) {
   auto stat = os::readFile("/proc/" + std::to_string(tid) + "/stat");
   if (!stat.ok()) return true;
   auto close = stat->rfind(')');
-  return close == std::string::npos || close + 2 >= stat->size() || (*stat)[close + 2] == 'Z' ||
-         (*stat)[close + 2] == 'X';
+  if (close == std::string::npos || close + 2 >= stat->size()) return true;
+  const char state = (*stat)[close + 2];
+  if (state == 'Z' || state == 'X') return true;
+  // After the state: ppid, pgrp, session, tty_nr, tpgid, then the flags.
+  const char* at = stat->c_str() + close + 3;
+  for (int field = 0; field < 5 && at != nullptr; ++field) {
+    at = std::strchr(at + 1, ' ');
+  }
+  if (at == nullptr) return true;
+  return (std::strtoul(at + 1, nullptr, 10) & kExitingFlag) != 0;
 }
 
 // Moves every thread of `fromDir` (but `keep`'s) into `toDir`, round after
@@ -52,10 +67,11 @@ bool exited(pid_t tid) {
 Status moveAll(Version version, const std::string& fromDir, const std::string& toDir, pid_t keep) {
   const bool v2 = version == Version::kV2;
   const std::string listing = v2 ? "/cgroup.threads" : "/tasks";
+  std::string lastMoved;
   for (int round = 0; round < kMoveRounds; ++round) {
     const std::vector<pid_t> listed = idsIn(toDir + listing);
     const std::set<pid_t> there(listed.begin(), listed.end());
-    bool moved = false;
+    lastMoved.clear();
     for (pid_t tid : idsIn(fromDir + listing)) {
       if (there.count(tid) || exited(tid)) continue;
       const pid_t process = processOf(tid);
@@ -64,11 +80,12 @@ Status moveAll(Version version, const std::string& fromDir, const std::string& t
                     : os::writeExisting(toDir + "/tasks", std::to_string(tid));
       // One that exited meanwhile is nothing to move.
       if (!s.ok() && s.error().sysErrno != ESRCH) return s;
-      moved = true;
+      lastMoved += " " + std::to_string(tid);
     }
-    if (!moved) return {};
+    if (lastMoved.empty()) return {};
   }
-  return Error::make(Code::kBusy, "threads kept appearing in " + fromDir + " while they were moved");
+  return Error::make(Code::kBusy, "threads kept appearing in " + fromDir +
+                                      " while they were moved (the last round's:" + lastMoved + ")");
 }
 
 void pauseBriefly() {
