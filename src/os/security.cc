@@ -59,6 +59,10 @@ Status installSeccomp(const std::vector<sock_filter>& program, bool allThreads) 
   return {};
 }
 
+int installSeccompInChild(const sock_fprog& program) {
+  return ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &program) == 0 ? 0 : errno;
+}
+
 int landlockAbi() {
   long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
   return abi < 0 ? 0 : static_cast<int>(abi);

@@ -16,6 +16,9 @@ int lastCapability();
 Status restrictCapabilities(const std::vector<int>& keep);
 // Installs a classic-BPF seccomp filter (needs no_new_privs first).
 Status installSeccomp(const std::vector<sock_filter>& program, bool allThreads = false);
+// The same for a forked child before its exec (async-signal-safe: nothing
+// allocated): 0 or the errno.
+int installSeccompInChild(const sock_fprog& program);
 // Landlock ABI version, or 0 when the kernel has none.
 int landlockAbi();
 // Confines signals and abstract unix sockets to the caller's Landlock domain

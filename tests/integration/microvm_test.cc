@@ -254,6 +254,31 @@ TEST_F(MicroVm, QemuReachesOnlyItsOwnFilesOfTheHosts) {
   EXPECT_NE(report.find(rootLink + denied), std::string::npos) << report;
 }
 
+// moat's seccomp profile for QEMU (policy/seccomp/qemu.policy) is in force
+// from QEMU's first instruction: a stand-in started in QEMU's place, as a
+// QEMU taken over by its guest, cannot make a user namespace, an io_uring,
+// a key or a userfaultfd (each works without the profile, even under
+// Landlock and no_new_privs).
+TEST_F(MicroVm, QemuRunsUnderMoatsSeccompProfile) {
+  ASSERT_TRUE(os::writeFile(spec_.rootImage, "", 0644).ok());
+  ASSERT_TRUE(os::makeDirs(dir_ + "/bin", 0755).ok());
+  const std::string standIn = dir_ + "/bin/qemu-system-x86_64";
+  auto tool = os::readFile(binDir() + "/moat-guest-tool", 64 << 20);
+  ASSERT_TRUE(tool.ok()) << tool.error().message();
+  ASSERT_TRUE(os::writeFile(standIn, tool.value(), 0755).ok());
+  ::setenv("MOAT_QEMU", standIn.c_str(), 1);
+  auto vm = Vm::start(spec_);
+  ::unsetenv("MOAT_QEMU");
+  ASSERT_TRUE(vm.ok()) << vm.error().message();
+  pollfd p{vm->pidfd(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 30000), 1) << "the stand-in did not end";
+  const std::string eperm = std::to_string(EPERM);
+  EXPECT_NE(vm->consoleTail().find("jail: unshare-user=" + eperm + " io_uring=" + eperm + " keyctl=" + eperm +
+                                   " userfaultfd=" + eperm),
+            std::string::npos)
+      << vm->consoleTail();
+}
+
 // `moat run --isolation microvm`: the same command line, the command in a
 // guest of its own.
 class MicroVmRun : public MicroVm {

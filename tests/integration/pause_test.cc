@@ -182,6 +182,21 @@ TEST_F(Pause, ThePauseStopsTheTimeToLiveUnlessItWasAskedToRun) {
   EXPECT_NE(bad.body.find("ttl_while_paused"), std::string::npos) << bad.body;
 }
 
+// A fork of a paused environment runs (its files as they were; nothing of
+// its processes) and keeps its choice of what a pause does to the TTL; the
+// paused one stays paused.
+TEST_F(Pause, AForkOfAPausedEnvironmentRunsAndKeepsItsTtlChoice) {
+  const std::string id = counting({{"ttl_while_paused", "runs"}});
+  call("POST", "/v1/environments/" + id + "/pause", nullptr, 200);
+  json fork = call("POST", "/v1/environments/" + id + "/fork", json::object(), 201);
+  const std::string copy = fork["id"];
+  EXPECT_EQ(fork["state"], "running") << fork.dump();
+  EXPECT_EQ(fork["ttl_while_paused"], "runs") << fork.dump();
+  EXPECT_EQ(exec(copy, {{"cmd", {"test", "-s", "/workspace/n"}}})["exit_code"], 0) << "the fork has the files";
+  EXPECT_EQ(call("GET", "/v1/environments/" + id, nullptr, 200)["state"], "paused");
+  staysStill(id);
+}
+
 TEST_F(Pause, APausedEnvironmentIsDestroyedWholeAndLeavesNothing) {
   const std::string id = counting();
   call("POST", "/v1/environments/" + id + "/pause", nullptr, 200);

@@ -26,6 +26,7 @@
 #include "init/guest.h"
 #include "init/protocol.h"
 #include "isolation/caps/capabilities.h"
+#include "isolation/seccomp/policy.h"
 #include "os/block.h"
 #include "os/file.h"
 #include "os/netlink.h"
@@ -405,6 +406,10 @@ Result<Vm> Vm::start(const VmSpec& spec) {
                                spec.holdFd >= 0 ? spec.holdFd : devNull.get(),
                                disk ? disk.get() : devNull.get()};
   const bool lasting = spec.lasting;
+  // moat's profile for QEMU (policy/seccomp/qemu.policy), before QEMU's
+  // own sandbox: in force from its first instruction.
+  MOAT_ASSIGN(auto seccomp, isolation::seccomp::qemuProgram());
+  const sock_fprog seccompProgram = {static_cast<unsigned short>(seccomp.filter.size()), seccomp.filter.data()};
   pid_t pid = ::fork();
   if (pid < 0) return Error::fromErrno("fork for " + qemu);
   if (pid == 0) {
@@ -443,6 +448,7 @@ Result<Vm> Vm::start(const VmSpec& spec) {
     if (::chdir("/") != 0) ::_exit(125);
     if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ::_exit(125);
     if (os::landlockRestrictInChild(ruleset.get()) != 0) ::_exit(125);
+    if (os::installSeccompInChild(seccompProgram) != 0) ::_exit(125);
     // After the ids: a change of them clears it. A lasting QEMU lives on
     // for the next moatd.
     if (!lasting) {

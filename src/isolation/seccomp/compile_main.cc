@@ -1,5 +1,6 @@
-// moat-seccomp-compile POLICY OUT.cc: compiles a seccomp policy file to BPF
-// and writes it as C++ source (run by the build for the default policy).
+// moat-seccomp-compile POLICY OUT.cc NAME: compiles a seccomp policy file
+// to BPF and writes it as C++ source defining kMoat<NAME>SeccompFilter (run
+// by the build for the default and QEMU profiles).
 #include <cstdio>
 
 #include "isolation/seccomp/policy.h"
@@ -7,8 +8,8 @@
 
 int main(int argc, char** argv) {
   using namespace moat;
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: %s POLICY OUT.cc\n", argv[0]);
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: %s POLICY OUT.cc NAME\n", argv[0]);
     return 2;
   }
   auto text = os::readFile(argv[1]);
@@ -26,7 +27,7 @@ int main(int argc, char** argv) {
   for (const auto& name : program->skipped) {
     std::fprintf(stderr, "note: %s does not exist on this architecture; skipped\n", name.c_str());
   }
-  auto written = os::writeFile(argv[2], isolation::seccomp::filterSource(program.value()));
+  auto written = os::writeFile(argv[2], isolation::seccomp::filterSource(program.value(), argv[3]));
   if (!written.ok()) {
     std::fprintf(stderr, "%s\n", written.error().message().c_str());
     return 1;

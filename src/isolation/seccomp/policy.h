@@ -52,7 +52,13 @@ Result<Program> compile(const Policy& policy);
 // compilation and moat carries no libseccomp at run time.
 Result<Program> defaultProgram();
 
-// Writes C++ source defining the embedded filter (used by the build).
-std::string filterSource(const Program& program);
+// QEMU's profile (policy/seccomp/qemu.policy) as BPF, compiled at build
+// time like the default one: what moat installs on the microVM backend's
+// VMM before it runs.
+Result<Program> qemuProgram();
+
+// Writes C++ source defining an embedded filter (used by the build):
+// kMoat<name>SeccompFilter and its length.
+std::string filterSource(const Program& program, const std::string& name);
 
 }  // namespace moat::isolation::seccomp
