@@ -12,7 +12,7 @@
 // (pthread_exit: the process stays listed by the leader's id). Started as
 // `qemu-system-x86_64` (a stand-in for QEMU, in QEMU's jail), it tries what
 // a QEMU taken over by its guest would reach for and prints, on stderr (the
-// console log), each call's errno (0: it worked).
+// console log), its pid and each call's errno (0: it worked).
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -43,7 +43,8 @@ int probeJail() {
   const long uffd = syscall(SYS_userfaultfd, 1 /* UFFD_USER_MODE_ONLY */);
   const int faults = result(uffd);
   if (uffd >= 0) close(static_cast<int>(uffd));
-  std::fprintf(stderr, "jail: unshare-user=%d io_uring=%d keyctl=%d userfaultfd=%d\n", userns, uring, keys, faults);
+  std::fprintf(stderr, "jail: pid=%d unshare-user=%d io_uring=%d keyctl=%d userfaultfd=%d\n", getpid(), userns, uring,
+               keys, faults);
   return 0;
 }
 

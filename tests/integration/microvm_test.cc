@@ -258,7 +258,8 @@ TEST_F(MicroVm, QemuReachesOnlyItsOwnFilesOfTheHosts) {
 // from QEMU's first instruction: a stand-in started in QEMU's place, as a
 // QEMU taken over by its guest, cannot make a user namespace, an io_uring,
 // a key or a userfaultfd (each works without the profile, even under
-// Landlock and no_new_privs).
+// Landlock and no_new_privs); and it is pid 1 of a pid namespace of its
+// own (no host process is visible to it).
 TEST_F(MicroVm, QemuRunsUnderMoatsSeccompProfile) {
   ASSERT_TRUE(os::writeFile(spec_.rootImage, "", 0644).ok());
   ASSERT_TRUE(os::makeDirs(dir_ + "/bin", 0755).ok());
@@ -273,7 +274,8 @@ TEST_F(MicroVm, QemuRunsUnderMoatsSeccompProfile) {
   pollfd p{vm->pidfd(), POLLIN, 0};
   ASSERT_EQ(::poll(&p, 1, 30000), 1) << "the stand-in did not end";
   const std::string eperm = std::to_string(EPERM);
-  EXPECT_NE(vm->consoleTail().find("jail: unshare-user=" + eperm + " io_uring=" + eperm + " keyctl=" + eperm +
+  // The first process of a pid namespace of its own.
+  EXPECT_NE(vm->consoleTail().find("jail: pid=1 unshare-user=" + eperm + " io_uring=" + eperm + " keyctl=" + eperm +
                                    " userfaultfd=" + eperm),
             std::string::npos)
       << vm->consoleTail();
@@ -381,9 +383,10 @@ TEST_F(MicroVmRun, QemuRunsAsAnUnprivilegedIdWithNoNewPrivsAndASandbox) {
   EXPECT_EQ(statusOf(qemu, "Seccomp"), "2") << "QEMU's -sandbox filter";
   EXPECT_EQ(statusOf(qemu, "CapEff"), "0000000000000000");
   // A session of its own (a terminal's Ctrl-C is for the command), and
-  // network and IPC namespaces of its own.
+  // network, IPC and pid namespaces of its own (pid 1 in its own).
   EXPECT_EQ(::getsid(qemu), qemu);
-  for (const char* ns : {"net", "ipc"}) {
+  EXPECT_EQ(statusOf(qemu, "NSpid"), std::to_string(qemu) + "\t1");
+  for (const char* ns : {"net", "ipc", "pid"}) {
     char mine[128] = {}, its[128] = {};
     ASSERT_GT(::readlink((std::string("/proc/self/ns/") + ns).c_str(), mine, sizeof mine - 1), 0);
     ASSERT_GT(::readlink(("/proc/" + std::to_string(qemu) + "/ns/" + ns).c_str(), its, sizeof its - 1), 0);

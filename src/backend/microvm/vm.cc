@@ -381,7 +381,6 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
   MOAT_ASSIGN(UniqueFd devNull, os::open("/dev/null", O_RDWR | O_CLOEXEC));
-  const pid_t parent = ::getpid();
   // A guest being saved (parked, not restored) writes its state too
   // (through a descriptor given to its monitor): as much as its RAM, and
   // its console is moat-init's alone until then.
@@ -410,9 +409,19 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   // own sandbox: in force from its first instruction.
   MOAT_ASSIGN(auto seccomp, isolation::seccomp::qemuProgram());
   const sock_fprog seccompProgram = {static_cast<unsigned short>(seccomp.filter.size()), seccomp.filter.data()};
-  pid_t pid = ::fork();
-  if (pid < 0) return Error::fromErrno("fork for " + qemu);
-  if (pid == 0) {
+  // This process, watched by the child until its parent-death signal is
+  // set (a parent gone before then sends none; in its pid namespace the
+  // child cannot ask for its parent's pid).
+  UniqueFd parentWatch;
+  if (!lasting) {
+    MOAT_ASSIGN(parentWatch, os::pidfdOpen(::getpid()));
+  }
+  const int parentFd = parentWatch.get();
+  // QEMU is the first process of a pid namespace of its own (root makes
+  // one; an unprivileged moat run for a test cannot): it sees no host
+  // process, not even which pids exist.
+  MOAT_ASSIGN(os::Child child, os::clone3({::geteuid() == 0 ? static_cast<uint64_t>(CLONE_NEWPID) : 0, -1}));
+  if (child.pid == 0) {
     // Only async-signal-safe calls from here to the exec.
     os::resetSignals();
     // The console log is the one file QEMU writes, and what the guest
@@ -420,6 +429,8 @@ Result<Vm> Vm::start(const VmSpec& spec) {
     // (writes past it fail with EFBIG, SIGXFSZ ignored: QEMU goes on).
     ::signal(SIGXFSZ, SIG_IGN);
     if (::setrlimit(RLIMIT_FSIZE, &consoleLimit) != 0) ::_exit(125);
+    const int parentMoved = parentFd >= 0 ? ::fcntl(parentFd, F_DUPFD_CLOEXEC, 16) : -1;
+    if (parentFd >= 0 && parentMoved < 0) ::_exit(126);
     int moved[kGiven];
     for (int i = 0; i < kGiven; ++i) {
       moved[i] = ::fcntl(sources[i], F_DUPFD, 16);
@@ -453,16 +464,15 @@ Result<Vm> Vm::start(const VmSpec& spec) {
     // for the next moatd.
     if (!lasting) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(127);
+      pollfd gone{parentMoved, POLLIN, 0};
+      if (::poll(&gone, 1, 0) != 0) ::_exit(127);
     }
     char* noEnvironment[] = {nullptr};
     ::execve(args[0], args.data(), noEnvironment);
     ::_exit(127);
   }
-  vm.pid_ = pid;
-  auto pidfd = os::pidfdOpen(pid);
-  if (!pidfd.ok()) return pidfd.error();  // ~Vm kills it by pid: not reaped yet
-  vm.pidfd_ = std::move(pidfd.value());
+  vm.pid_ = child.pid;
+  vm.pidfd_ = std::move(child.pidfd);
   return vm;
 }
 
