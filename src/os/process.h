@@ -24,8 +24,10 @@ struct Child {
   UniqueFd pidfd;  // parent only
 };
 
-// fork-like clone3: returns pid 0 in the child. The caller must be
-// single-threaded (the child continues with a copy of the address space).
+// fork-like clone3: returns pid 0 in the child, which continues with a copy
+// of the address space but none of glibc's fork handling: in a process
+// with threads, the child may make only async-signal-safe calls (no
+// allocation, no locks, no stdio) until it execs or exits.
 Result<Child> clone3(const CloneOptions& options);
 
 // clone3 with CLONE_VM | CLONE_VFORK: the child runs `fn(arg)` on a stack

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -768,6 +769,18 @@ TEST_F(Gate, ProgramsRunWhileMoatdRestartsAreRecordedByTheNext) {
     return std::find(all.begin(), all.end(), parent) != all.end();
   });
   ASSERT_EQ(pids.size(), 1u);
+  // Its trap set (SIGUSR1 caught): a signal sent before that would end the
+  // shell before it ran anything (its command line is there from its exec).
+  const std::string status = "/proc/" + std::to_string(pids[0]) + "/status";
+  auto catchesUsr1 = [&] {
+    auto text = os::readFile(status);
+    const size_t at = text.ok() ? text->find("SigCgt:") : std::string::npos;
+    return at != std::string::npos &&
+           (std::strtoull(text->c_str() + at + 7, nullptr, 16) & (1ull << (SIGUSR1 - 1))) != 0;
+  };
+  const auto trapped = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!catchesUsr1() && std::chrono::steady_clock::now() < trapped) std::this_thread::yield();
+  ASSERT_TRUE(catchesUsr1()) << "the shell never set its trap";
   daemon_->kill9();
   ASSERT_EQ(::kill(pids[0], SIGUSR1), 0);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);

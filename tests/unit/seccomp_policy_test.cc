@@ -413,6 +413,24 @@ TEST(SeccompPolicy, QemuProfileDeniesPrimitivesAndKeepsWhatQemuNeeds) {
     errno = 0;
     long rc = ::syscall(SYS_io_uring_setup, 8, nullptr);
     expectErrno(report, "io_uring_setup", rc, EPERM);
+    // The rules with conditions: a clone with a namespace flag and the
+    // uevent socket are refused, clone3 says ENOSYS (glibc falls back),
+    // the sockets QEMU's user-mode network uses are made.
+    errno = 0;
+    rc = ::syscall(SYS_clone, CLONE_NEWUSER | SIGCHLD, nullptr, nullptr, nullptr, 0);
+    if (rc == 0) ::_exit(0);
+    expectErrno(report, "clone(CLONE_NEWUSER)", rc, EPERM);
+    errno = 0;
+    rc = ::syscall(SYS_clone3, nullptr, 0);
+    expectErrno(report, "clone3", rc, ENOSYS);
+    errno = 0;
+    rc = ::socket(AF_NETLINK, SOCK_RAW, 15 /* NETLINK_KOBJECT_UEVENT */);
+    expectErrno(report, "uevent socket", rc, EPERM);
+    for (int family : {AF_INET, AF_UNIX}) {
+      int fd = ::socket(family, SOCK_DGRAM, 0);
+      if (fd < 0) report += "socket(" + std::to_string(family) + "): errno " + std::to_string(errno) + "; ";
+      if (fd >= 0) ::close(fd);
+    }
     errno = 0;
     rc = ::syscall(SYS_unshare, CLONE_NEWUSER);
     expectErrno(report, "unshare", rc, EPERM);

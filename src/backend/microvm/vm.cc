@@ -411,15 +411,20 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   const sock_fprog seccompProgram = {static_cast<unsigned short>(seccomp.filter.size()), seccomp.filter.data()};
   // This process, watched by the child until its parent-death signal is
   // set (a parent gone before then sends none; in its pid namespace the
-  // child cannot ask for its parent's pid).
+  // child cannot ask for its parent's pid). A moat that dies in the
+  // microseconds between the child's reparenting and its pidfd's report
+  // still escapes both; the signal follows the launching thread, the
+  // pidfd the process, as getppid() did before.
   UniqueFd parentWatch;
   if (!lasting) {
     MOAT_ASSIGN(parentWatch, os::pidfdOpen(::getpid()));
   }
   const int parentFd = parentWatch.get();
   // QEMU is the first process of a pid namespace of its own (root makes
-  // one; an unprivileged moat run for a test cannot): it sees no host
-  // process, not even which pids exist.
+  // one; an unprivileged moat run for a test cannot): no host process can
+  // be signalled, traced or opened by its pid from it. (The host's /proc
+  // is still mounted where it looks: Landlock keeps it from reading or
+  // listing it, not from learning by a lookup which pids exist.)
   MOAT_ASSIGN(os::Child child, os::clone3({::geteuid() == 0 ? static_cast<uint64_t>(CLONE_NEWPID) : 0, -1}));
   if (child.pid == 0) {
     // Only async-signal-safe calls from here to the exec.
