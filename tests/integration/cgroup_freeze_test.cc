@@ -246,78 +246,73 @@ void passesOverAnEndingProcess(const Layout& layout, const std::string& name) {
   EXPECT_TRUE(removed.ok()) << removed.error().message();
 }
 
-// A layout of this host's cgroup2 mount for a test (empty when it has none;
-// the caller removes its parent).
-Layout v2TestLayout() {
-  Layout layout;
-  std::string mount = cgroup2Mount();
-  if (mount.empty()) return layout;
-  layout.version = Version::kV2;
-  layout.v2Parent = mount + "/moat-freeze-test-" + std::to_string(::getpid());
-  EXPECT_TRUE(os::makeDirs(layout.v2Parent).ok());
-  return layout;
-}
-
-TEST(CgroupFreeze, V2PausesAllButOneAndResumes) {
-  MOAT_REQUIRE_ROOT();
-  Layout layout = v2TestLayout();
-  if (layout.v2Parent.empty()) GTEST_SKIP() << "this host has no cgroup2 mount";
-  pauseKeepsOneAndResumes(layout, "moat-v2freeze");
-  EXPECT_FALSE(os::exists(layout.v2Parent + "/moat-v2freeze"));
-  EXPECT_EQ(::rmdir(layout.v2Parent.c_str()), 0);
-}
-
-TEST(CgroupFreeze, V2PassesOverAnEndingProcess) {
-  MOAT_REQUIRE_ROOT();
-  Layout layout = v2TestLayout();
-  if (layout.v2Parent.empty()) GTEST_SKIP() << "this host has no cgroup2 mount";
-  passesOverAnEndingProcess(layout, "moat-v2ending");
-  EXPECT_EQ(::rmdir(layout.v2Parent.c_str()), 0);
-}
-
-// This host's prepared v1 layout (kUnsupported, saying so, when its limits
-// are on cgroup v2).
-Result<Layout> v1TestLayout() {
-  auto layout = isolation::cgroup::preparedHostLayout(false);
-  if (!layout.ok()) return layout;
-  if (layout->version != Version::kV1) {
-    return Error::make(Code::kUnsupported, "this host's limits are on cgroup v2 (the v2 tests cover it)");
-  }
-  return layout;
-}
-
-TEST(CgroupFreeze, V1PausesAllButOneAndResumes) {
-  MOAT_REQUIRE_ROOT();
-  auto layout = v1TestLayout();
-  if (!layout.ok() && layout.error().code == Code::kUnsupported) GTEST_SKIP() << layout.error().message();
-  ASSERT_TRUE(layout.ok()) << layout.error().message();
-  ASSERT_TRUE(layout->v1Parents.count("freezer")) << "this host has a v1 freezer hierarchy of its own";
-  pauseKeepsOneAndResumes(layout.value(), "moat-v1freeze-" + std::to_string(::getpid()));
-}
-
-TEST(CgroupFreeze, V1PassesOverAnEndingProcess) {
-  MOAT_REQUIRE_ROOT();
-  auto layout = v1TestLayout();
-  if (!layout.ok() && layout.error().code == Code::kUnsupported) GTEST_SKIP() << layout.error().message();
-  ASSERT_TRUE(layout.ok()) << layout.error().message();
-  ASSERT_TRUE(layout->v1Parents.count("freezer")) << "this host has a v1 freezer hierarchy of its own";
-  passesOverAnEndingProcess(layout.value(), "moat-v1ending-" + std::to_string(::getpid()));
-}
-
-// Without a freezer hierarchy of its own, a pause says why it cannot be.
-TEST(CgroupFreeze, V1WithoutAFreezerSaysSo) {
-  MOAT_REQUIRE_ROOT();
-  auto layout = v1TestLayout();
-  if (!layout.ok() && layout.error().code == Code::kUnsupported) GTEST_SKIP() << layout.error().message();
-  ASSERT_TRUE(layout.ok()) << layout.error().message();
-  Layout without = layout.value();
+// A v1 layout without a freezer hierarchy of its own: a pause says why it
+// cannot be.
+void withoutAFreezer(const Layout& layout, const std::string& name) {
+  Layout without = layout;
   without.v1Parents.erase("freezer");
-  auto cg = Cgroup::create(without, "moat-nofreezer-" + std::to_string(::getpid()), {});
+  auto cg = Cgroup::create(without, name, {});
   ASSERT_TRUE(cg.ok()) << cg.error().message();
   Status s = cg->freeze(0);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.error().code, Code::kUnsupported);
   EXPECT_NE(s.error().message().find("freezer"), std::string::npos) << s.error().message();
+}
+
+// Runs `test(layout, name)` on this host's cgroup2 mount, under a parent
+// made for it and removed after (skipped where there is no cgroup2 mount):
+// nothing of `name` is left.
+template <class Test>
+void onV2(const std::string& name, Test test) {
+  const std::string mount = cgroup2Mount();
+  if (mount.empty()) GTEST_SKIP() << "this host has no cgroup2 mount";
+  Layout layout;
+  layout.version = Version::kV2;
+  layout.v2Parent = mount + "/moat-freeze-test-" + std::to_string(::getpid());
+  ASSERT_TRUE(os::makeDirs(layout.v2Parent).ok());
+  test(layout, name);
+  EXPECT_FALSE(os::exists(layout.v2Parent + "/" + name));
+  EXPECT_EQ(::rmdir(layout.v2Parent.c_str()), 0);
+}
+
+// Runs `test(layout, name)` on this host's prepared v1 layout (skipped where
+// its limits are on cgroup v2: the v2 tests cover it), `name` made the
+// process's own; with `freezer`, the layout must have a v1 freezer
+// hierarchy of its own.
+template <class Test>
+void onV1(const std::string& name, bool freezer, Test test) {
+  auto layout = isolation::cgroup::preparedHostLayout(false);
+  ASSERT_TRUE(layout.ok()) << layout.error().message();
+  if (layout->version != Version::kV1) GTEST_SKIP() << "this host's limits are on cgroup v2 (the v2 tests cover it)";
+  if (freezer) {
+    ASSERT_TRUE(layout->v1Parents.count("freezer")) << "this host has a v1 freezer hierarchy of its own";
+  }
+  test(layout.value(), name + "-" + std::to_string(::getpid()));
+}
+
+TEST(CgroupFreeze, V2PausesAllButOneAndResumes) {
+  MOAT_REQUIRE_ROOT();
+  onV2("moat-v2freeze", pauseKeepsOneAndResumes);
+}
+
+TEST(CgroupFreeze, V2PassesOverAnEndingProcess) {
+  MOAT_REQUIRE_ROOT();
+  onV2("moat-v2ending", passesOverAnEndingProcess);
+}
+
+TEST(CgroupFreeze, V1PausesAllButOneAndResumes) {
+  MOAT_REQUIRE_ROOT();
+  onV1("moat-v1freeze", true, pauseKeepsOneAndResumes);
+}
+
+TEST(CgroupFreeze, V1PassesOverAnEndingProcess) {
+  MOAT_REQUIRE_ROOT();
+  onV1("moat-v1ending", true, passesOverAnEndingProcess);
+}
+
+TEST(CgroupFreeze, V1WithoutAFreezerSaysSo) {
+  MOAT_REQUIRE_ROOT();
+  onV1("moat-nofreezer", false, withoutAFreezer);
 }
 
 }  // namespace

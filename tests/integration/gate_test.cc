@@ -771,12 +771,8 @@ TEST_F(Gate, ProgramsRunWhileMoatdRestartsAreRecordedByTheNext) {
   ASSERT_EQ(pids.size(), 1u);
   // Its trap set (SIGUSR1 caught): a signal sent before that would end the
   // shell before it ran anything (its command line is there from its exec).
-  const std::string status = "/proc/" + std::to_string(pids[0]) + "/status";
   auto catchesUsr1 = [&] {
-    auto text = os::readFile(status);
-    const size_t at = text.ok() ? text->find("SigCgt:") : std::string::npos;
-    return at != std::string::npos &&
-           (std::strtoull(text->c_str() + at + 7, nullptr, 16) & (1ull << (SIGUSR1 - 1))) != 0;
+    return (std::strtoull(statusOf(pids[0], "SigCgt").c_str(), nullptr, 16) & (1ull << (SIGUSR1 - 1))) != 0;
   };
   const auto trapped = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (!catchesUsr1() && std::chrono::steady_clock::now() < trapped) std::this_thread::yield();

@@ -528,12 +528,9 @@ TEST_F(MicroVmEnvironments, OutliveTheirMoatdAndTheNextOneReattachesThem) {
   ASSERT_GT(qemu, 0);
   ASSERT_GT(lostQemu, 0);
   // Its id range's lock: held by QEMU itself, not only by moatd.
-  auto procStatus = os::readFile("/proc/" + std::to_string(qemu) + "/status");
-  ASSERT_TRUE(procStatus.ok());
-  const std::string& status = procStatus.value();
-  const auto uidAt = status.find("\nUid:\t");
-  ASSERT_NE(uidAt, std::string::npos);
-  const uint32_t uid = static_cast<uint32_t>(std::stoul(status.substr(uidAt + 6)));
+  const std::string uids = statusOf(qemu, "Uid");
+  ASSERT_FALSE(uids.empty());
+  const uint32_t uid = static_cast<uint32_t>(std::stoul(uids));
   const auto slot = isolation::namespaces::idMapSlotOf(uid);
   ASSERT_TRUE(slot.has_value()) << uid;
   const std::string lockFile = std::string(isolation::namespaces::kIdMapLockDir) + "/" + std::to_string(*slot);

@@ -12,7 +12,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <sstream>
 #include <string>
 
@@ -259,7 +258,7 @@ TEST_F(MicroVm, QemuReachesOnlyItsOwnFilesOfTheHosts) {
 // QEMU taken over by its guest, cannot make a user namespace, an io_uring,
 // a key or a userfaultfd (each works without the profile, even under
 // Landlock and no_new_privs); and it is pid 1 of a pid namespace of its
-// own (no host process is visible to it).
+// own (no host process can be signalled or traced by its pid from it).
 TEST_F(MicroVm, QemuRunsUnderMoatsSeccompProfile) {
   ASSERT_TRUE(os::writeFile(spec_.rootImage, "", 0644).ok());
   ASSERT_TRUE(os::makeDirs(dir_ + "/bin", 0755).ok());
@@ -305,18 +304,6 @@ class MicroVmRun : public MicroVm {
   }
   std::string tree_;
 };
-
-// What /proc/PID/status says for `key`.
-std::string statusOf(pid_t pid, const std::string& key) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(f, line);) {
-    if (line.rfind(key + ":", 0) == 0) {
-      std::string v = line.substr(key.size() + 1);
-      return v.substr(v.find_first_not_of(" \t"));
-    }
-  }
-  return "";
-}
 
 // The children of `parent` named `comm`.
 std::vector<pid_t> childrenNamed(pid_t parent, const std::string& comm) {

@@ -36,6 +36,19 @@ std::string cgroup2Mount() {
   return "";
 }
 
+std::string statusOf(pid_t pid, const std::string& key) {
+  auto text = os::readFile("/proc/" + std::to_string(pid) + "/status");
+  if (!text.ok()) return "";
+  std::istringstream lines(text.value());
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(key + ":", 0) == 0) {
+      const size_t value = line.find_first_not_of(" \t", key.size() + 1);
+      return value == std::string::npos ? "" : line.substr(value);
+    }
+  }
+  return "";
+}
+
 const std::string& testStateDir() {
   static const std::string dir = [] {
     std::string d = "/tmp/moat-test-state-" + std::to_string(::getpid());

@@ -71,6 +71,10 @@ bool isRoot();
 // Where this host mounts cgroup2 ("" when nowhere).
 std::string cgroup2Mount();
 
+// What /proc/PID/status says for `key` ("" when the process or the key is
+// not there).
+std::string statusOf(pid_t pid, const std::string& key);
+
 }  // namespace moat::test
 
 #define MOAT_REQUIRE_ROOT()                                      \
