@@ -278,6 +278,9 @@ FileResult runFileRequest(const FileRequest& request) {
       return doRename(request);
     case FileOp::kSync:
       return doSync(request);
+    case FileOp::kPause:  // a guest's moat-init's (Supervisor), not a file's
+    case FileOp::kResume:
+      return failure(request, EOPNOTSUPP, "pause or resume outside a microVM guest:");
   }
   return failure(request, EINVAL, "operation");
 }

@@ -139,18 +139,23 @@ Status awaitHost(int fd) {
   }
 }
 
-// The guest's commands under a pids bound (`pids`, the spec's): moat-init
-// joins a cgroup of its own with pids.max, and what it starts inherits it.
-// The cgroup file system is unmounted again (the membership and the bound
-// stay): a command, root in the guest but without SYS_ADMIN, cannot mount
-// it to lift the bound.
-Status boundTasks(const std::string& pids) {
+// The guest's commands in a cgroup of their own (kGuestCommandsCgroup),
+// under a pids bound (`pids`, the spec's; empty: none): moat-init joins it,
+// and what it starts inherits it. The cgroup file system is detached again
+// (the membership and the bound stay): a command, root in the guest but
+// without SYS_ADMIN, cannot mount it to lift the bound or end a pause, nor
+// reach moat-init's descriptor of it, which a pause uses (moat-init is not
+// dumpable). Returns that descriptor (of the cgroup file system's root).
+Result<UniqueFd> commandsCgroup(const std::string& pids) {
   MOAT_TRY(os::mount("cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, ""));
-  MOAT_TRY(os::writeExisting("/sys/fs/cgroup/cgroup.subtree_control", "+pids"));
-  MOAT_TRY(os::makeDir("/sys/fs/cgroup/moat", 0755));
-  MOAT_TRY(os::writeExisting("/sys/fs/cgroup/moat/pids.max", pids));
-  MOAT_TRY(os::writeExisting("/sys/fs/cgroup/moat/cgroup.procs", "0"));
-  return os::unmount("/sys/fs/cgroup");
+  const std::string commands = std::string("/sys/fs/cgroup/") + kGuestCommandsCgroup;
+  if (!pids.empty()) MOAT_TRY(os::writeExisting("/sys/fs/cgroup/cgroup.subtree_control", "+pids"));
+  MOAT_TRY(os::makeDir(commands, 0755));
+  if (!pids.empty()) MOAT_TRY(os::writeExisting(commands + "/pids.max", pids));
+  MOAT_TRY(os::writeExisting(commands + "/cgroup.procs", "0"));
+  MOAT_ASSIGN(UniqueFd root, os::open("/sys/fs/cgroup", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  MOAT_TRY(os::unmount("/sys/fs/cgroup", MNT_DETACH));
+  return root;
 }
 
 // The guest kernel's knobs are read-only to commands, which keep no
@@ -212,7 +217,7 @@ Result<GuestResume> awaitResume(int control) {
 
 }  // namespace
 
-Result<UniqueFd> prepareGuest() {
+Result<Guest> prepareGuest() {
   for (const char* dir : {"/proc", "/sys", "/dev"}) MOAT_TRY(os::makeDir(dir, 0755));
   MOAT_TRY(os::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, ""));
   MOAT_TRY(os::mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, ""));
@@ -237,10 +242,12 @@ Result<UniqueFd> prepareGuest() {
   MOAT_TRY(os::mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"));
   MOAT_TRY(os::makeDir("/dev/shm", 01777));
   MOAT_TRY(os::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777"));
-  if (!pids.empty()) MOAT_TRY(boundTasks(pids));
+  Guest guest;
+  MOAT_ASSIGN(guest.cgroups, commandsCgroup(pids));
   MOAT_TRY(protectKernelKnobs());
   MOAT_TRY(keepCapabilities());
-  return fd;
+  guest.control = std::move(fd);
+  return guest;
 }
 
 }  // namespace moat::init

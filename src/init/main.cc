@@ -41,13 +41,13 @@ int main(int argc, char** argv) {
   ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   if (hasFlag(argc, argv, "--guest")) {
     // A microVM's pid 1: its root and its control connection are its own to make.
-    auto control = moat::init::prepareGuest();
-    if (!control.ok()) {
-      std::fprintf(stderr, "moat-init: %s\n", control.error().message().c_str());
+    auto guest = moat::init::prepareGuest();
+    if (!guest.ok()) {
+      std::fprintf(stderr, "moat-init: %s\n", guest.error().message().c_str());
       moat::os::powerOff();
       return 1;  // the kernel then panics, and reboots: QEMU (-no-reboot) ends
     }
-    controlFd = control->release();
+    controlFd = guest->control.release();
     // A host that goes must never block a write (virtio-console waits for
     // its return otherwise): the loop sees the port hang up instead.
     ::fcntl(controlFd, F_SETFL, ::fcntl(controlFd, F_GETFL) | O_NONBLOCK);
@@ -57,6 +57,17 @@ int main(int argc, char** argv) {
     // moatd may restart while QEMU and the guest live on: the next one
     // connects again (docs/MICROVM.md, "Lifetime").
     supervisor.keepPortAcrossHosts();
+    // A pause freezes the commands' cgroup, reached through the
+    // descriptor of its file system (a path no command has).
+    moat::isolation::cgroup::Layout cgroups;
+    cgroups.v2Parent = "/proc/self/fd/" + std::to_string(guest->cgroups.get());
+    auto commands = moat::isolation::cgroup::Cgroup::open(cgroups, moat::init::kGuestCommandsCgroup);
+    if (!commands.ok()) {
+      std::fprintf(stderr, "moat-init: %s\n", commands.error().message().c_str());
+      moat::os::powerOff();
+      return 1;
+    }
+    supervisor.pauseCommandsIn(std::move(commands.value()));
     int code = supervisor.run();
     moat::os::powerOff();
     return code;

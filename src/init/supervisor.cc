@@ -595,11 +595,28 @@ void Supervisor::handleFrame(const Frame& frame) {
     case MsgType::kFile: {
       auto req = FileRequest::decode(frame.payload);
       if (!req.ok()) return protocolError(req.error().message());
+      if (commands_ && (req->op == FileOp::kPause || req->op == FileOp::kResume)) {
+        return send(MsgType::kFileResult, pauseCommands(req.value()).encode());
+      }
       return send(MsgType::kFileResult, runFileRequest(req.value()).encode());
     }
     default:
       return protocolError("unknown message type " + std::to_string(static_cast<int>(frame.type)));
   }
+}
+
+FileResult Supervisor::pauseCommands(const FileRequest& request) {
+  // Every process of the guest but this one (what it starts is there too):
+  // they stop where they are; this loop goes on answering.
+  Status done = request.op == FileOp::kPause ? commands_->freeze(::getpid()) : commands_->thaw();
+  FileResult result;
+  result.tag = request.tag;
+  if (!done.ok()) {
+    result.err =
+        done.error().code == Code::kTimeout ? ETIMEDOUT : (done.error().sysErrno ? done.error().sysErrno : EIO);
+    result.message = done.error().message();
+  }
+  return result;
 }
 
 void Supervisor::spawn(const SpawnRequest& req) {

@@ -170,7 +170,7 @@ Status EnvironmentManager::recoverAfterRestart() {
     // over processes that run.
     store::EnvironmentRecord adopted = r;
     if (r.state == EnvironmentState::kPaused) {
-      if (Status held = backend_.pause(id); !held.ok()) {
+      if (Status held = holdProcesses(r, connection, true); !held.ok()) {
         const int64_t left = expiryAfterPause(r, nowMs());
         adopted.state = EnvironmentState::kRunning;
         adopted.pausedAtMs = 0;

@@ -152,6 +152,12 @@ class EnvironmentManager final : public EnvironmentService,
 
  private:
   LiveEnvironment makeLive(std::shared_ptr<InitConnection> connection, const store::EnvironmentRecord& record) const;
+  // Puts a pause in force (`hold`) or lifts it: the backend freezes a
+  // namespace environment's processes from the host; a microVM's moat-init
+  // freezes its guest's (QEMU's stop would stop moat-init too, and nothing
+  // could read the guest's files while paused).
+  Status holdProcesses(const store::EnvironmentRecord& record, const std::shared_ptr<InitConnection>& connection,
+                       bool hold);
   // Gives a running environment its egress link and the files and variables
   // that go with it (resolver, CA bundle, proxy variables).
   Status connectNetwork(const std::string& id, const egress::Policy& policy,

@@ -18,6 +18,21 @@ int64_t expiryAfterPause(const store::EnvironmentRecord& record, int64_t nowMs) 
   return record.expiresAtMs + std::max<int64_t>(0, nowMs - record.pausedAtMs);
 }
 
+Status EnvironmentManager::holdProcesses(const store::EnvironmentRecord& record,
+                                         const std::shared_ptr<InitConnection>& connection, bool hold) {
+  if (record.isolation != backend::isolationName(backend::Isolation::kMicroVm)) {
+    return hold ? backend_.pause(record.id) : backend_.resume(record.id);
+  }
+  init::FileRequest request;
+  request.op = hold ? init::FileOp::kPause : init::FileOp::kResume;
+  request.path = "/";
+  MOAT_ASSIGN(init::FileResult answer, connection->file(request));
+  if (answer.err == 0) return {};
+  return Error::make(answer.err == ETIMEDOUT ? Code::kTimeout : Code::kUnavailable,
+                     "environment " + record.id + "'s guest could not " + (hold ? "pause" : "resume") +
+                         " its processes: " + answer.message);
+}
+
 Result<LiveEnvironment> EnvironmentManager::unpausedLiveOf(const std::string& id, const char* what) {
   MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   if (live.paused) {
@@ -29,17 +44,11 @@ Result<LiveEnvironment> EnvironmentManager::unpausedLiveOf(const std::string& id
 
 Result<store::EnvironmentRecord> EnvironmentManager::pause(const std::string& id, const std::string& actor) {
   auto held = exclusive(id);  // one pause, resume, restore or destroy of it at a time
-  MOAT_TRY(liveOf(id));
+  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   MOAT_ASSIGN(auto record, get(id));
   if (record.state == EnvironmentState::kPaused) return record;
   if (record.state != EnvironmentState::kRunning) {
     return Error::make(Code::kConflict, "environment " + id + " is " + stateName(record.state));
-  }
-  // QEMU's stop would stop the guest's moat-init too: nothing could read
-  // its files while paused.
-  if (record.isolation == backend::isolationName(backend::Isolation::kMicroVm)) {
-    return Error::make(Code::kUnsupported,
-                       "environment " + id + " is a microVM: pausing microVMs is not supported yet (docs/PAUSE.md)");
   }
   // New commands and file changes are refused from here on; those already
   // on their way to moat-init are waited for (they hold starts_), so the
@@ -51,7 +60,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::pause(const std::string& id
     undo();
     return stored.error();
   }
-  if (Status frozen = backend_.pause(id); !frozen.ok()) {
+  if (Status frozen = holdProcesses(record, live.connection, true); !frozen.ok()) {
     (void)store_.setPause(id, EnvironmentState::kRunning, 0, record.expiresAtMs);  // it runs, as before
     undo();
     return frozen.error();
@@ -63,15 +72,15 @@ Result<store::EnvironmentRecord> EnvironmentManager::pause(const std::string& id
 
 Result<store::EnvironmentRecord> EnvironmentManager::resume(const std::string& id, const std::string& actor) {
   auto held = exclusive(id);
-  MOAT_TRY(liveOf(id));
+  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   MOAT_ASSIGN(auto record, get(id));
   if (record.state != EnvironmentState::kPaused) return record;
-  MOAT_TRY(backend_.resume(id));
+  MOAT_TRY(holdProcesses(record, live.connection, false));
   const int64_t now = nowMs();
   const int64_t pausedMs = std::max<int64_t>(0, now - record.pausedAtMs);
   const int64_t expiresAtMs = expiryAfterPause(record, now);
   if (Status stored = store_.setPause(id, EnvironmentState::kRunning, 0, expiresAtMs); !stored.ok()) {
-    (void)backend_.pause(id);  // still paused, as the store says
+    (void)holdProcesses(record, live.connection, true);  // still paused, as the store says
     return stored.error();
   }
   live_.update(id, [&](LiveEnvironment& live) { live.paused = false; });

@@ -121,6 +121,46 @@ Status pivotInto(const std::string& newRoot) {
   return {};
 }
 
+int enterRootInChild(const RootPlan& plan, const char** step) {
+  constexpr unsigned kFdToFd = MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH;
+  auto failed = [step](const char* what) {
+    *step = what;
+    return errno;
+  };
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return failed("make / private");
+  if (::syscall(SYS_move_mount, plan.root, "", AT_FDCWD, plan.attachAt, MOVE_MOUNT_F_EMPTY_PATH) != 0) {
+    return failed("attach the root");
+  }
+  for (size_t i = 0; i < plan.attachCount; ++i) {
+    if (::syscall(SYS_move_mount, plan.attach[i].tree, "", plan.attach[i].target, "", kFdToFd) != 0) {
+      return failed("attach a host path");
+    }
+  }
+  // A copy of a shared mount joined its source's peer group: private too.
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return failed("make the copies private");
+  if (plan.procAt >= 0) {
+    // Made here, by the first process of the child's pid namespace: that
+    // namespace's proc.
+    UniqueFd context(static_cast<int>(::syscall(SYS_fsopen, "proc", FSOPEN_CLOEXEC)));
+    if (!context) return failed("fsopen proc");
+    if (::syscall(SYS_fsconfig, context.get(), FSCONFIG_SET_STRING, "subset", "pid", 0) != 0 ||
+        ::syscall(SYS_fsconfig, context.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) != 0) {
+      return failed("configure proc (subset=pid)");
+    }
+    UniqueFd proc(
+        static_cast<int>(::syscall(SYS_fsmount, context.get(), FSMOUNT_CLOEXEC,
+                                   MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)));
+    if (!proc) return failed("fsmount proc");
+    if (::syscall(SYS_move_mount, proc.get(), "", plan.procAt, "", kFdToFd) != 0) return failed("attach proc");
+  }
+  // pivot_root(".", ".") as pivotInto does, from the root's descriptor.
+  if (::fchdir(plan.root) != 0) return failed("enter the root");
+  if (::syscall(SYS_pivot_root, ".", ".") != 0) return failed("pivot_root");
+  if (::umount2(".", MNT_DETACH) != 0) return failed("detach the old root");
+  if (::chdir("/") != 0) return failed("chdir /");
+  return 0;
+}
+
 Status switchRootFromInitramfs(const std::string& newRoot) {
   if (::chdir(newRoot.c_str()) != 0) return Error::fromErrno("chdir " + newRoot);
   if (::mount(".", "/", nullptr, MS_MOVE, nullptr) != 0) return Error::fromErrno("move " + newRoot + " onto /");

@@ -45,6 +45,31 @@ Status pivotInto(const std::string& newRoot);
 // From an initramfs (which pivot_root cannot leave): `newRoot` is moved
 // onto / and becomes this process's root and working directory.
 Status switchRootFromInitramfs(const std::string& newRoot);
+// A root of its own for a child about to exec (a program moat runs on the
+// host side, such as QEMU), made by the parent as detached mounts
+// (isolation::fs::HelperRoot) and entered by the child, in a mount
+// namespace of its own (clone3 with CLONE_NEWNS), by enterRootInChild.
+struct RootAttach {
+  int tree;    // a detached mount (cloneTree)
+  int target;  // where in the root it goes (O_PATH)
+};
+struct RootPlan {
+  int root = -1;  // a detached mount: the new root
+  // A directory to attach it on first, as pivot_root needs (any): a path,
+  // since a descriptor opened before the child's namespace was made names
+  // a mount of its parent's namespace.
+  const char* attachAt = nullptr;
+  const RootAttach* attach = nullptr;
+  size_t attachCount = 0;
+  // A directory (O_PATH) in the root for a proc of the child's own pid
+  // namespace, read only, of its processes alone (subset=pid); -1: none.
+  int procAt = -1;
+};
+// Makes every mount of the child's namespace private (nothing it does
+// reaches the host's mounts, nor theirs it), attaches the plan's mounts,
+// mounts its proc and pivots into its root, the old one detached.
+// Async-signal-safe: 0, or the errno with *step naming what failed.
+int enterRootInChild(const RootPlan& plan, const char** step);
 // Drops what the kernel caches of the block device at `path` (BLKFLSBUF)
 // before it is mounted: a restored microVM guest's disk is not the one it
 // probed before it was saved, so nothing read then may be taken for its

@@ -287,6 +287,13 @@ Error execFd(int fd, char* const argv[], char* const env[]) {
   return Error::fromErrno("execveat moat-init");
 }
 
+void reportInChild(int fd, const char* prefix, const char* step, int err) {
+  const char* name = ::strerrorname_np(err);  // a table's entry: nothing allocated
+  for (const char* part : {prefix, step, ": ", name != nullptr ? name : "an unknown error", "\n"}) {
+    (void)!::write(fd, part, std::strlen(part));
+  }
+}
+
 void resetSignals() {
   struct KernelSigaction {
     void* handler;

@@ -103,6 +103,11 @@ Error execFd(int fd, char* const argv[], char* const env[]);
 
 std::string describeWaitStatus(int status);
 
+// Writes "<prefix><step>: <errno's name>\n" to fd, for a child that failed
+// before its exec to say why where its parent will look (a console log).
+// Async-signal-safe.
+void reportInChild(int fd, const char* prefix, const char* step, int err);
+
 // Every signal back to its default action and unblocked, including the
 // real-time ones glibc reserves (32, 33), which sigaction(3) refuses to
 // touch: ignored signals survive exec, so a command would inherit them.

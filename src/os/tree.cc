@@ -128,6 +128,11 @@ Status createFileAt(int dirFd, const std::string& name, mode_t mode, const std::
   return writeAllTo(fd, data, name);
 }
 
+Status makeSymlinkAt(int dirFd, const std::string& name, const std::string& target) {
+  if (::symlinkat(target.c_str(), dirFd, name.c_str()) != 0) return Error::fromErrno("symlink " + name);
+  return {};
+}
+
 Status chownFd(int fd, uid_t uid, gid_t gid) {
   if (::fchownat(fd, "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return Error::fromErrno("chown");
   return {};

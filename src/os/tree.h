@@ -54,6 +54,8 @@ Status makeDirectoryAt(int dirFd, const std::string& name, mode_t mode);
 // A new regular file holding data (O_EXCL: never an existing one, nor a
 // link), its mode despite the umask.
 Status createFileAt(int dirFd, const std::string& name, mode_t mode, const std::string& data = "");
+// A new symlink `name` in dirFd pointing at `target` (never replacing).
+Status makeSymlinkAt(int dirFd, const std::string& name, const std::string& target);
 // Changes the owner of what fd refers to (an O_PATH descriptor will do).
 Status chownFd(int fd, uid_t uid, gid_t gid);
 // Sets the mode of the directory fd refers to (despite the umask).

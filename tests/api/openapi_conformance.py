@@ -2252,6 +2252,12 @@ def run_microvm_exchanges(c, tree):
         c.call("DELETE", f"{envs}/{snaps.get(name, '000000000000')}", status=204)
     c.call("DELETE", f"/v1/snapshots/{snap}", status=204)
 
+    # A pause is its guest's moat-init's (docs/PAUSE.md): the same answers.
+    c.call("POST", vm + "/pause", status=200, check=has(state="paused"))
+    c.call("POST", vm + "/exec", {"cmd": ["true"]}, status=409, code="conflict", note="paused microVM")
+    c.call("GET", vm + "/files/stat?path=/", status=200, note="a paused microVM's files answer")
+    c.call("POST", vm + "/resume", status=200, check=has(state="running"))
+
     # Not yet for a microVM: refused by name, the environment unharmed.
     def not_yet(r):
         expect("not available for microvm environments yet" in r.json["error"]["message"], r.json)

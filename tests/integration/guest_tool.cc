@@ -1,11 +1,12 @@
 // moat-guest-tool: the one program in the microVM tests' root file system
 // (static: the image holds nothing else). `uname` prints the running
 // kernel's release, `cat FILE` a file, `write FILE TEXT` writes one,
-// `echo` copies stdin to stdout line by line, `flood FILE MIB` writes MIB
-// MiB to FILE, `fork N` starts N children that wait and prints how many
+// `echo` copies stdin to stdout line by line, `flood FILE SIZE` writes SIZE
+// MiB to FILE (SIZE KiB with a K after it: 256K), `fork N` starts N children that wait and prints how many
 // it could start, `exec PROGRAM ARGS...` becomes PROGRAM (errno's text on
 // stderr when it cannot), `time` prints the wall clock's seconds since the
-// epoch, `random` 16 random bytes (getrandom) in hex, `later SECONDS
+// epoch, `random` 16 random bytes (getrandom) in hex, `count FILE` writes
+// 1, 2, 3... to FILE for ever (each from a child of its own), `later SECONDS
 // PROGRAM ARGS...` becomes PROGRAM after that many seconds, `hog MIB`
 // takes and touches MIB MiB of memory, `sync` writes every file system to
 // its disk, `leaderless` spins on a second thread after its first one ended
@@ -17,6 +18,7 @@
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -27,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <string>
 #include <thread>
 
 // What a QEMU taken over would try first: each call's errno, 0 when it
@@ -43,8 +46,13 @@ int probeJail() {
   const long uffd = syscall(SYS_userfaultfd, 1 /* UFFD_USER_MODE_ONLY */);
   const int faults = result(uffd);
   if (uffd >= 0) close(static_cast<int>(uffd));
-  std::fprintf(stderr, "jail: pid=%d unshare-user=%d io_uring=%d keyctl=%d userfaultfd=%d\n", getpid(), userns, uring,
-               keys, faults);
+  // What it can learn of the host's files without reading any (Landlock
+  // allows a stat): the host's /etc/passwd, and its pid 2 (kthreadd).
+  struct stat st;
+  const int passwd = result(stat("/etc/passwd", &st));
+  const int hostPid = result(stat("/proc/2", &st));
+  std::fprintf(stderr, "jail: pid=%d unshare-user=%d io_uring=%d keyctl=%d userfaultfd=%d passwd=%d proc-2=%d\n",
+               getpid(), userns, uring, keys, faults, passwd, hostPid);
   return 0;
 }
 
@@ -91,9 +99,14 @@ int main(int argc, char** argv) {
       std::perror(argv[2]);
       return 1;
     }
-    static char block[1 << 16];
+    static char buffer[1 << 16];
+    std::setvbuf(f, buffer, _IOFBF, sizeof buffer);
+    // SIZE: KiB with a K after it, else MiB.
+    static char block[1 << 10];
     std::memset(block, 'x', sizeof block);
-    for (long i = 0; i < std::atol(argv[3]) * 16; ++i) {
+    char* unit = nullptr;
+    const long size = std::strtol(argv[3], &unit, 10);
+    for (long i = 0; i < (*unit == 'K' ? size : size << 10); ++i) {
       if (std::fwrite(block, 1, sizeof block, f) != sizeof block) {
         std::perror(argv[2]);
         std::fclose(f);
@@ -105,6 +118,23 @@ int main(int argc, char** argv) {
       return 1;
     }
     return 0;
+  }
+  if (argc == 3 && std::strcmp(argv[1], "count") == 0) {
+    // Each step a child of its own writes the next number (a pause must
+    // catch processes being born too).
+    const std::string tmp = std::string(argv[2]) + ".tmp";
+    for (long i = 1;; ++i) {
+      const pid_t child = fork();
+      if (child < 0) return 1;
+      if (child == 0) {
+        FILE* f = std::fopen(tmp.c_str(), "w");
+        if (!f) _exit(1);
+        std::fprintf(f, "%ld\n", i);
+        _exit(std::fclose(f) == 0 && std::rename(tmp.c_str(), argv[2]) == 0 ? 0 : 1);
+      }
+      int status = 0;
+      waitpid(child, &status, 0);
+    }
   }
   if (argc >= 4 && std::strcmp(argv[1], "later") == 0) {
     sleep(static_cast<unsigned>(std::atoi(argv[2])));
@@ -167,8 +197,9 @@ int main(int argc, char** argv) {
     std::printf("\n");
     return 0;
   }
-  std::fprintf(stderr,
-               "usage: moat-guest-tool uname | cat FILE | write FILE TEXT | echo | flood FILE MIB | fork N | exec "
-               "PROGRAM ARGS... | time | random | later SECONDS PROGRAM ARGS... | hog MIB | sync | leaderless\n");
+  std::fprintf(
+      stderr,
+      "usage: moat-guest-tool uname | cat FILE | write FILE TEXT | echo | flood FILE SIZE | fork N | exec "
+      "PROGRAM ARGS... | time | random | count FILE | later SECONDS PROGRAM ARGS... | hog MIB | sync | leaderless\n");
   return 2;
 }

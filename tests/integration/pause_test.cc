@@ -33,37 +33,11 @@ class Pause : public MoatdFixture {
     return daemon_->request(method, target, body, false, {{"Authorization", "Bearer " + token}});
   }
 
-  // The counter's value, read through the files API (-1: not there yet).
-  long counter(const std::string& id) {
-    auto r = daemon_->request("GET", "/v1/environments/" + id + "/files?path=/workspace/n");
-    if (r.status != 200 || r.body.empty()) return -1;
-    return std::strtol(r.body.c_str(), nullptr, 10);
-  }
-
-  // Waits (bounded: 10 s) until the counter passes `from`.
-  bool counts(const std::string& id, long from) {
-    const auto deadline = Clock::now() + std::chrono::seconds(10);
-    while (Clock::now() < deadline) {
-      if (counter(id) > from) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return false;
-  }
-
   std::string counting(const json& body = json::object()) {
     std::string id = createEnv(body);
     call("POST", "/v1/environments/" + id + "/processes", {{"cmd", {"sh", "-c", kCounter}}}, 201);
     EXPECT_TRUE(counts(id, 0)) << "the counter never counted";
     return id;
-  }
-
-  // Stopped: the counter stays where it is over a span of time (what
-  // "stopped" means can only be seen over one).
-  void staysStill(const std::string& id) {
-    const long at = counter(id);
-    EXPECT_GT(at, 0);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    EXPECT_EQ(counter(id), at) << "a paused process ran";
   }
 
   // No cgroup of environment `id` under any of the layout's parents (the

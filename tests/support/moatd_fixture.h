@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -48,6 +49,35 @@ class MoatdFixture : public ::testing::Test {
       if (json::parse(ps.body)["exit_code"] == 0) return true;
     }
     return false;
+  }
+
+  // A counter a program in environment `id` keeps in a file (the pause
+  // tests'), read through the files API: -1 when it is not there yet.
+  long counter(const std::string& id, const std::string& path = "/workspace/n") {
+    auto r = daemon_->request("GET", "/v1/environments/" + id + "/files?path=" + path);
+    if (r.status != 200 || r.body.empty()) return -1;
+    return std::strtol(r.body.c_str(), nullptr, 10);
+  }
+
+  // Waits (bounded: 10 s, or 60 s in a microVM on TCG) until the counter
+  // passes `from`.
+  bool counts(const std::string& id, long from, const std::string& path = "/workspace/n",
+              std::chrono::seconds wait = std::chrono::seconds(10)) {
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (counter(id, path) > from) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  // Stopped: the counter stays where it is over a span of time (what
+  // "stopped" means can only be seen over one).
+  void staysStill(const std::string& id, const std::string& path = "/workspace/n") {
+    const long at = counter(id, path);
+    EXPECT_GT(at, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(counter(id, path), at) << "a paused process ran";
   }
 
   // The audit log's answer to GET /v1/events`query` ("?type=...&environment=...")

@@ -124,7 +124,8 @@ TEST(QemuArgv, TcgIsToldTheTscAndKvmIsNotAndTheRootIsReadOnlyAndThePidsBoundGoes
   EXPECT_TRUE(has(tcg, "id=root,file=/proc/self/fd/4,format=raw,if=none,readonly=on,file.locking=off"));
   EXPECT_TRUE(has(tcg, "/proc/self/fd/5")) << "the initramfs";
   EXPECT_TRUE(has(tcg, "socket,id=control,fd=3")) << "a connected socket, no listening one";
-  EXPECT_TRUE(has(tcg, "file,id=console,path=/proc/self/fd/2,append=on")) << "moat made it; QEMU appends";
+  EXPECT_TRUE(has(tcg, "null,id=console,logfile=/proc/self/fd/2,logappend=on"))
+      << "moat made it; QEMU appends, and drops what no longer fits";
   EXPECT_FALSE(has(tcg, "/v/root.img"));
   auto cmdline = std::find(tcg.begin(), tcg.end(), "-append");
   ASSERT_NE(cmdline, tcg.end());

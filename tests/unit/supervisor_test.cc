@@ -1226,6 +1226,13 @@ TEST_F(InitSupervisorFiles, WriteReadStatListRenameRemove) {
   auto nowhere = file(req(FileOp::kSync, dir + "/gone"));
   ASSERT_TRUE(nowhere.ok());
   EXPECT_EQ(nowhere->err, ENOENT) << nowhere->message;
+  // A pause is a microVM guest's moat-init's: outside a guest, refused.
+  for (FileOp op : {FileOp::kPause, FileOp::kResume}) {
+    auto refused = file(req(op, "/"));
+    ASSERT_TRUE(refused.ok());
+    EXPECT_EQ(refused->err, EOPNOTSUPP) << refused->message;
+    EXPECT_NE(refused->message.find("outside a microVM guest"), std::string::npos) << refused->message;
+  }
 }
 
 // A listing is one frame: a directory whose listing would not fit is

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 #include <utility>
 
@@ -26,6 +27,7 @@
 #include "init/guest.h"
 #include "init/protocol.h"
 #include "isolation/caps/capabilities.h"
+#include "isolation/fs/helper_root.h"
 #include "isolation/seccomp/policy.h"
 #include "os/block.h"
 #include "os/file.h"
@@ -36,11 +38,6 @@
 #include "os/tool.h"
 
 namespace moat::backend::microvm {
-namespace {
-
-constexpr rlim_t kConsoleBytes = 1 << 20;
-
-}  // namespace
 
 Result<std::string> findProgram(const char* envName, const char* name, const char* package) {
   if (const char* named = std::getenv(envName); named && *named) return std::string(named);
@@ -189,6 +186,10 @@ uint64_t hostTscKhz() {
 
 namespace {
 
+// Landlock's rights on /dev/kvm: read, write and ioctl
+// (LANDLOCK_ACCESS_FS_IOCTL_DEV, bit 15: ABI 5).
+constexpr uint64_t kQemuKvmAccess = LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_WRITE_FILE | (1ULL << 15);
+
 // A lasting VM's socket `name` in its directory, listening (made) or
 // connected to, reached through the directory's descriptor: the state
 // directory's path may be longer than a unix socket's 108 bytes.
@@ -230,7 +231,7 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
       spec.kvm ? "kvm" : "tcg,tb-size=" + std::to_string(kTcgCacheMb), "-cpu", spec.kvm ? "host" : "qemu64", "-smp",
       std::to_string(spec.cpus), "-m", std::to_string(spec.memoryMb), "-sandbox",
       "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny", "-nodefaults", "-no-user-config",
-      "-nographic", "-no-reboot", "-chardev", "file,id=console,path=" + fd(2) + ",append=on", "-serial",
+      "-nographic", "-no-reboot", "-chardev", "null,id=console,logfile=" + fd(2) + ",logappend=on", "-serial",
       "chardev:console", "-kernel", spec.kernel.image, "-initrd", fd(kQemuInitramfsFd), "-append", cmdline, "-drive",
       "id=root,file=" + fd(kQemuRootFd) + ",format=raw,if=none,readonly=on,file.locking=off", "-device",
       std::string("virtio-blk-device,drive=root,serial=") + init::kGuestRootSerial, "-device", "virtio-serial-device",
@@ -282,20 +283,17 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
 // it reads to learn the host (read only). Nothing else: an escaped QEMU
 // reads no /tmp, /home, /run or other environments' files and writes
 // nothing but its console log.
-Result<UniqueFd> qemuRuleset(const VmSpec& spec, const std::string& qemu, const std::vector<int>& given, int console,
-                             int disk) {
+Result<std::vector<QemuPath>> qemuPaths(const VmSpec& spec, const std::string& qemu, bool ownRoot) {
   constexpr uint64_t kRead = LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR;
   constexpr uint64_t kRun = kRead | LANDLOCK_ACCESS_FS_EXECUTE;
-  std::vector<os::LandlockRule> rules;
-  std::vector<UniqueFd> held;
+  std::vector<QemuPath> paths;
   auto allow = [&](const std::string& path, uint64_t access, bool needed) -> Status {
     auto fd = os::open(path, O_PATH | O_CLOEXEC);
     if (!fd.ok()) {
       if (needed) return fd.error();
       return {};
     }
-    rules.push_back({fd->get(), access});
-    held.push_back(std::move(fd.value()));
+    paths.push_back({path, std::move(fd.value()), access});
     return {};
   };
   MOAT_TRY(allow("/usr", kRun, true));
@@ -305,23 +303,43 @@ Result<UniqueFd> qemuRuleset(const VmSpec& spec, const std::string& qemu, const 
   const std::string bin = qemu.substr(0, qemu.rfind('/'));
   if (const auto up = bin.rfind('/'); up != std::string::npos && up > 0)
     MOAT_TRY(allow(bin.substr(0, up), kRun, false));
-  for (const char* path : {"/lib", "/lib64"}) MOAT_TRY(allow(path, kRun, false));
-  for (const char* path : {"/etc/ld.so.cache", "/etc/localtime", "/dev/urandom", "/proc/filesystems",
-                           "/sys/devices/system", "/sys/bus/nd"}) {
+  // Links into /usr on a merged-/usr host (a MOAT_QEMU that is a script
+  // finds its /bin/sh).
+  for (const char* path : {"/bin", "/lib", "/lib64"}) MOAT_TRY(allow(path, kRun, false));
+  for (const char* path :
+       {"/etc/ld.so.cache", "/etc/localtime", "/dev/urandom", "/sys/devices/system", "/sys/bus/nd"}) {
     MOAT_TRY(allow(path, kRead, false));
   }
+  // libselinux, linked into QEMU, reads it (a root of QEMU's own has a
+  // proc without it: libselinux then takes the host for one without).
+  if (!ownRoot) MOAT_TRY(allow("/proc/filesystems", kRead, false));
   MOAT_TRY(allow(spec.kernel.image, kRead, true));
   if (spec.kvm) {
-    MOAT_TRY(allow("/dev/kvm", LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_WRITE_FILE | (1ULL << 15), true));
+    MOAT_TRY(allow("/dev/kvm", kQemuKvmAccess, true));
   }
+  return paths;
+}
+
+Result<UniqueFd> qemuRuleset(const std::vector<QemuPath>& paths, const std::vector<int>& given, int console, int disk) {
+  std::vector<os::LandlockRule> rules;
+  for (const auto& path : paths) rules.push_back({path.fd.get(), path.access});
   for (int fd : given) rules.push_back({fd, LANDLOCK_ACCESS_FS_READ_FILE});
   rules.push_back({console, LANDLOCK_ACCESS_FS_WRITE_FILE});
   if (disk >= 0) rules.push_back({disk, LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_WRITE_FILE});
   return os::landlockFileRuleset(rules);
 }
 
-Result<Vm> Vm::start(const VmSpec& spec) {
+Result<Vm> Vm::start(const VmSpec& given) {
+  // QEMU runs in a root of its own where moat can make one (as root: mount
+  // and pid namespaces), which holds the host's paths it needs where they
+  // really are: its program and kernel are named so.
+  const bool ownRoot = ::geteuid() == 0;
+  VmSpec spec = given;
   MOAT_ASSIGN(std::string qemu, findProgram("MOAT_QEMU", "qemu-system-x86_64", "qemu-system-x86"));
+  if (ownRoot) {
+    MOAT_ASSIGN(qemu, os::realPath(qemu));
+    MOAT_ASSIGN(spec.kernel.image, os::realPath(spec.kernel.image));
+  }
   std::string initramfs = spec.initramfs;
   if (initramfs.empty()) {
     initramfs = spec.workDir + "/initramfs";
@@ -351,8 +369,20 @@ Result<Vm> Vm::start(const VmSpec& spec) {
     }
     diskBytes = st.st_size;
   }
+  MOAT_ASSIGN(auto paths, qemuPaths(spec, qemu, ownRoot));
   MOAT_ASSIGN(UniqueFd ruleset,
-              qemuRuleset(spec, qemu, {root.get(), initrd.get()}, vm.console_.get(), disk ? disk.get() : -1));
+              qemuRuleset(paths, {root.get(), initrd.get()}, vm.console_.get(), disk ? disk.get() : -1));
+  // The same paths (and nothing else of the host's) in its root; its
+  // directory is where the child attaches that root before it pivots.
+  std::optional<isolation::fs::HelperRoot> helperRoot;
+  if (ownRoot) {
+    std::vector<isolation::fs::HelperRoot::Entry> entries;
+    for (const auto& path : paths) {
+      entries.push_back({path.path, path.fd.get(), (path.access & LANDLOCK_ACCESS_FS_WRITE_FILE) != 0});
+    }
+    MOAT_ASSIGN(helperRoot, isolation::fs::HelperRoot::make(entries, spec.workDir));
+  }
+  const os::RootPlan rootPlan = helperRoot ? helperRoot->plan() : os::RootPlan{};
   // QEMU's end of a connection: a connected socket, or for a lasting QEMU
   // a listening one it accepts on (this moatd's connection waits in its
   // backlog until QEMU runs).
@@ -388,7 +418,7 @@ Result<Vm> Vm::start(const VmSpec& spec) {
   // A guest's disk is as large as it is made (QEMU never writes past its
   // end): then the console may grow as far, and the qgroup of the volume
   // holding both bounds them together (docs/MICROVM.md, "Storage").
-  rlim_t fileLimit = saving ? static_cast<rlim_t>((spec.memoryMb + 64) << 20) : kConsoleBytes;
+  rlim_t fileLimit = saving ? static_cast<rlim_t>((spec.memoryMb + 64) << 20) : spec.consoleBytes;
   fileLimit = std::max(fileLimit, static_cast<rlim_t>(diskBytes));
   const struct rlimit consoleLimit = {fileLimit, fileLimit};
   // Each source is first moved above the targets, so that no dup2 to a
@@ -420,20 +450,35 @@ Result<Vm> Vm::start(const VmSpec& spec) {
     MOAT_ASSIGN(parentWatch, os::pidfdOpen(::getpid()));
   }
   const int parentFd = parentWatch.get();
-  // QEMU is the first process of a pid namespace of its own (root makes
-  // one; an unprivileged moat run for a test cannot): no host process can
-  // be signalled, traced or opened by its pid from it. (The host's /proc
-  // is still mounted where it looks: Landlock keeps it from reading or
-  // listing it, not from learning by a lookup which pids exist.)
-  MOAT_ASSIGN(os::Child child, os::clone3({::geteuid() == 0 ? static_cast<uint64_t>(CLONE_NEWPID) : 0, -1}));
+  // QEMU is the first process of pid and mount namespaces of its own
+  // (root makes them; an unprivileged moat run for a test cannot): no host
+  // process can be signalled, traced or opened by its pid from it, and its
+  // root holds only the paths it may reach, with a proc of its own pids.
+  MOAT_ASSIGN(os::Child child, os::clone3({ownRoot ? static_cast<uint64_t>(CLONE_NEWPID | CLONE_NEWNS) : 0, -1}));
   if (child.pid == 0) {
     // Only async-signal-safe calls from here to the exec.
     os::resetSignals();
     // The console log is the one file QEMU writes, and what the guest
-    // prints is the guest's to choose: it stops growing at kConsoleBytes
-    // (writes past it fail with EFBIG, SIGXFSZ ignored: QEMU goes on).
+    // prints is the guest's to choose: it stops growing at spec.consoleBytes
+    // (writes past it fail with EFBIG, SIGXFSZ ignored: QEMU goes on; its
+    // serial port is a null device that logs to it, so what cannot be
+    // logged is dropped at once, not retried byte by byte).
     ::signal(SIGXFSZ, SIG_IGN);
     if (::setrlimit(RLIMIT_FSIZE, &consoleLimit) != 0) ::_exit(125);
+    // Into its cgroup while still root (the limits bound QEMU, the guest's
+    // RAM and TCG's cache included), by the host's paths: before its root.
+    for (const auto& join : spec.cgroupJoin) {
+      int fd = ::open(join.c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd < 0 || ::write(fd, "0", 1) != 1) ::_exit(124);
+      ::close(fd);
+    }
+    if (ownRoot) {
+      const char* step = "";
+      if (int err = os::enterRootInChild(rootPlan, &step); err != 0) {
+        os::reportInChild(console, "moat: QEMU's own root: ", step, err);
+        ::_exit(123);
+      }
+    }
     const int parentMoved = parentFd >= 0 ? ::fcntl(parentFd, F_DUPFD_CLOEXEC, 16) : -1;
     if (parentFd >= 0 && parentMoved < 0) ::_exit(126);
     int moved[kGiven];
@@ -451,13 +496,6 @@ Result<Vm> Vm::start(const VmSpec& spec) {
     // only what moatd links into its namespace (the egress link of an
     // environment with a network policy; the guest's traffic leaves QEMU
     // from there).
-    // Into its cgroup while still root (the limits bound QEMU, the guest's
-    // RAM and TCG's cache included).
-    for (const auto& join : spec.cgroupJoin) {
-      int fd = ::open(join.c_str(), O_WRONLY | O_CLOEXEC);
-      if (fd < 0 || ::write(fd, "0", 1) != 1) ::_exit(124);
-      ::close(fd);
-    }
     if (::setsid() < 0) ::_exit(125);
     if (::unshare(CLONE_NEWNET | CLONE_NEWIPC) != 0) ::_exit(125);
     if ((spec.uid != 0 || spec.gid != 0) && os::switchIdsInChild(spec.uid, spec.gid) != 0) ::_exit(125);

@@ -48,6 +48,9 @@ struct VmSpec {
   bool scratchDisk = false;
   // Where QEMU's console log is made (O_EXCL); empty: workDir/console.log.
   std::string consoleLog;
+  // What the console log may grow to (the guest's writes past it are
+  // dropped): 1 MiB, or `disk`'s size where that is larger (vm.cc).
+  uint64_t consoleBytes = 1 << 20;
   uint64_t pids = 0;  // the guest's commands' tasks (a cgroup in the guest); 0: unbounded
   bool kvm = false;   // false: TCG (emulated)
   // QEMU's own ids (a host range's root, never 0 in use): it runs as them,
@@ -143,12 +146,22 @@ Status writeLayerDisk(const std::string& path, uint64_t bytes, uid_t uid, gid_t 
 // guestModules() takes from the kernel's modules directory and their list.
 Result<std::string> guestInitramfs(const GuestKernel& kernel, const std::string& initBinary);
 
-// The Landlock ruleset QEMU runs under: /usr and `qemu`'s own tree (read
-// and run), the guest
-// kernel, a few files describing the host (read), /dev/kvm with `spec.kvm`,
-// the files of `given` (read), `console` (write) and `disk` (read and
-// write; -1: none). Nothing else.
-Result<UniqueFd> qemuRuleset(const VmSpec& spec, const std::string& qemu, const std::vector<int>& given, int console,
+// The host's files QEMU may reach by their paths: /usr and `qemu`'s own
+// tree (read and run), the guest kernel, a few files describing the host
+// (read), /dev/kvm with `spec.kvm`; each opened (O_PATH). With `ownRoot`
+// (QEMU in a root of its own, which has its own proc) no file of the
+// host's proc.
+struct QemuPath {
+  std::string path;
+  UniqueFd fd;
+  uint64_t access;  // LANDLOCK_ACCESS_FS_*
+};
+Result<std::vector<QemuPath>> qemuPaths(const VmSpec& spec, const std::string& qemu, bool ownRoot);
+
+// The Landlock ruleset QEMU runs under: `paths`, the files of `given`
+// (read), `console` (write) and `disk` (read and write; -1: none).
+// Nothing else.
+Result<UniqueFd> qemuRuleset(const std::vector<QemuPath>& paths, const std::vector<int>& given, int console,
                              int disk = -1);
 
 // The cgroup limits of a QEMU running a guest of `cpus` CPU time and
