@@ -48,9 +48,10 @@ std::pair<const char*, json> fileEvent(const init::FileRequest& f, const init::F
     case init::FileOp::kSync:  // moatd's own (a snapshot's): no route asks for it
       data["op"] = "sync";
       break;
-    case init::FileOp::kPause:  // moatd's own (a pause's), and no file's
+    case init::FileOp::kPause:  // moatd's own (a pause's, the stats'), and no file's
     case init::FileOp::kResume:
-      data["op"] = f.op == init::FileOp::kPause ? "pause" : "resume";
+    case init::FileOp::kTasks:
+      data["op"] = f.op == init::FileOp::kPause ? "pause" : f.op == init::FileOp::kResume ? "resume" : "tasks";
       break;
   }
   if (r.err != 0) {

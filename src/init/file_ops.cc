@@ -280,7 +280,8 @@ FileResult runFileRequest(const FileRequest& request) {
       return doSync(request);
     case FileOp::kPause:  // a guest's moat-init's (Supervisor), not a file's
     case FileOp::kResume:
-      return failure(request, EOPNOTSUPP, "pause or resume outside a microVM guest:");
+    case FileOp::kTasks:
+      return failure(request, EOPNOTSUPP, "a guest's own request outside a microVM guest:");
   }
   return failure(request, EINVAL, "operation");
 }

@@ -139,25 +139,6 @@ Status awaitHost(int fd) {
   }
 }
 
-// The guest's commands in a cgroup of their own (kGuestCommandsCgroup),
-// under a pids bound (`pids`, the spec's; empty: none): moat-init joins it,
-// and what it starts inherits it. The cgroup file system is detached again
-// (the membership and the bound stay): a command, root in the guest but
-// without SYS_ADMIN, cannot mount it to lift the bound or end a pause, nor
-// reach moat-init's descriptor of it, which a pause uses (moat-init is not
-// dumpable). Returns that descriptor (of the cgroup file system's root).
-Result<UniqueFd> commandsCgroup(const std::string& pids) {
-  MOAT_TRY(os::mount("cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, ""));
-  const std::string commands = std::string("/sys/fs/cgroup/") + kGuestCommandsCgroup;
-  if (!pids.empty()) MOAT_TRY(os::writeExisting("/sys/fs/cgroup/cgroup.subtree_control", "+pids"));
-  MOAT_TRY(os::makeDir(commands, 0755));
-  if (!pids.empty()) MOAT_TRY(os::writeExisting(commands + "/pids.max", pids));
-  MOAT_TRY(os::writeExisting(commands + "/cgroup.procs", "0"));
-  MOAT_ASSIGN(UniqueFd root, os::open("/sys/fs/cgroup", O_PATH | O_DIRECTORY | O_CLOEXEC));
-  MOAT_TRY(os::unmount("/sys/fs/cgroup", MNT_DETACH));
-  return root;
-}
-
 // The guest kernel's knobs are read-only to commands, which keep no
 // SYS_ADMIN to remount them: a root command that could set
 // /proc/sys/kernel/modprobe or core_pattern would have the kernel run its
@@ -243,7 +224,7 @@ Result<Guest> prepareGuest() {
   MOAT_TRY(os::makeDir("/dev/shm", 01777));
   MOAT_TRY(os::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777"));
   Guest guest;
-  MOAT_ASSIGN(guest.cgroups, commandsCgroup(pids));
+  MOAT_ASSIGN(guest.commands, GuestCommands::make(pids));
   MOAT_TRY(protectKernelKnobs());
   MOAT_TRY(keepCapabilities());
   guest.control = std::move(fd);

@@ -1,9 +1,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "common/result.h"
 #include "common/unique_fd.h"
+#include "init/guest_commands.h"
 
 // moat-init as the pid 1 of a microVM guest (`moat-init --guest`, started by
 // the kernel from the initramfs moat writes, backend/microvm/): it makes
@@ -14,7 +16,6 @@ namespace moat::init {
 // What the initramfs holds, where moat-init reads it.
 inline constexpr const char* kGuestModuleList = "/moat/modules";  // module files, one per line, in load order
 inline constexpr const char* kGuestPortName = "moat";             // the virtio-serial port of the control connection
-inline constexpr const char* kGuestCommandsCgroup = "moat";       // moat-init's cgroup, and its commands'
 // The serial numbers of the guest's disks (virtio-blk), found by them
 // rather than by the order the kernel probed them in: the template's image,
 // and the writable layer's disk when the host gives one
@@ -38,12 +39,11 @@ inline constexpr uint32_t kGuestAddress = 0x0a00020f;  // 10.0.2.15
 // with MOAT_GUEST_PARK=1 on the kernel's command line, says kParked there and waits for kResume (its identity and
 // limits: a saved guest is parked here); makes the root (the template's image, read-only, under an overlay whose
 // writable layer is the ext4 file system on the host's disk with MOAT_GUEST_DISK=1, else a tmpfs of MOAT_GUEST_STORAGE
-// bytes, or Resume's) and switches to it; puts itself, and so its
-// commands, in kGuestCommandsCgroup, their tasks bounded (MOAT_GUEST_PIDS,
-// or Resume's); keeps MOAT_GUEST_CAPS.
+// bytes, or Resume's) and switches to it; makes the commands' cgroup, their
+// tasks bounded (MOAT_GUEST_PIDS, or Resume's); keeps MOAT_GUEST_CAPS.
 struct Guest {
   UniqueFd control;  // the control connection
-  UniqueFd cgroups;  // the cgroup file system's root (O_PATH), detached from every path
+  std::optional<GuestCommands> commands;
 };
 Result<Guest> prepareGuest();
 

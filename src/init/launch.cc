@@ -149,16 +149,34 @@ Result<std::unique_ptr<Launch>> prepareLaunch(SpawnRequest request, int devNull,
   return l;
 }
 
+namespace {
+
+int execChildOf(void* launch) { execChild(*static_cast<Launch*>(launch)); }
+
+}  // namespace
+
 void runLaunch(Launch& l) {
   // vfork: no copy of the page tables, and this thread resumes once the
   // child has exec'd or exited; a child that failed has set l.err by then.
-  pid_t pid = ::vfork();
-  if (pid < 0) {
-    l.err = errno;
-    l.stage = "fork";
-    return;
+  // Into a cgroup of its own: the same by clone3, which starts it there.
+  pid_t pid = -1;
+  if (l.cgroupFd >= 0) {
+    auto child = os::cloneVfork({0, l.cgroupFd}, execChildOf, &l);
+    if (!child.ok()) {
+      l.err = child.error().sysErrno;
+      l.stage = "fork";
+      return;
+    }
+    pid = child->pid;
+  } else {
+    pid = ::vfork();
+    if (pid < 0) {
+      l.err = errno;
+      l.stage = "fork";
+      return;
+    }
+    if (pid == 0) execChild(l);
   }
-  if (pid == 0) execChild(l);
   l.childIn.reset();
   l.childOut.reset();
   l.childErr.reset();

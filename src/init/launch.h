@@ -31,6 +31,9 @@ struct Launch {
   // Without a stdin pipe, the child reads moat-init's shared /dev/null.
   UniqueFd childIn, childOut, childErr;
   int nullIn = -1;
+  // A cgroup directory the child starts in (clone3 CLONE_INTO_CGROUP: a
+  // microVM guest's commands'); -1: moat-init's own (a plain vfork).
+  int cgroupFd = -1;
 
   // The outcome, filled by runLaunch: the child's pid, or the errno and
   // stage of what failed (pid -1). The vforked child shares this memory and

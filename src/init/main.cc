@@ -57,17 +57,8 @@ int main(int argc, char** argv) {
     // moatd may restart while QEMU and the guest live on: the next one
     // connects again (docs/MICROVM.md, "Lifetime").
     supervisor.keepPortAcrossHosts();
-    // A pause freezes the commands' cgroup, reached through the
-    // descriptor of its file system (a path no command has).
-    moat::isolation::cgroup::Layout cgroups;
-    cgroups.v2Parent = "/proc/self/fd/" + std::to_string(guest->cgroups.get());
-    auto commands = moat::isolation::cgroup::Cgroup::open(cgroups, moat::init::kGuestCommandsCgroup);
-    if (!commands.ok()) {
-      std::fprintf(stderr, "moat-init: %s\n", commands.error().message().c_str());
-      moat::os::powerOff();
-      return 1;
-    }
-    supervisor.pauseCommandsIn(std::move(commands.value()));
+    // Its commands start in their cgroup, which a pause freezes.
+    supervisor.runCommandsIn(std::move(*guest->commands));
     int code = supervisor.run();
     moat::os::powerOff();
     return code;

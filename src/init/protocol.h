@@ -21,10 +21,11 @@ namespace moat::init {
 // and ExecCheck (70); 4: ExecPolicy's mode 2 with its rules, and ExecReport
 // (71). A moatd re-attaching after an upgrade may meet a moat-init of an
 // older version: it sends each only what that version knows.
-constexpr uint32_t kProtocolVersion = 4;
+constexpr uint32_t kProtocolVersion = 5;
 constexpr uint32_t kFlowControlSince = 2;  // OutputCredit and StdinTaken
 constexpr uint32_t kExecGateSince = 3;     // ExecPolicy, ExecCheck, ExecVerdict
 constexpr uint32_t kExecRulesSince = 4;    // ExecPolicy 2 (rules), ExecReport
+constexpr uint32_t kGuestCgroupSince = 5;  // FileOp kPause, kResume, kTasks (a microVM guest's)
 constexpr uint32_t kMaxFrame = 16u << 20;
 constexpr size_t kOutputChunk = 64u << 10;
 
@@ -297,6 +298,7 @@ enum class FileOp : uint8_t {
   // freezer), answered as a file request is; refused elsewhere.
   kPause = 9,
   kResume = 10,
+  kTasks = 11,  // -> data: how many tasks the guest's cgroup holds (its pids.current, moat-init's included)
 };
 
 constexpr uint8_t kFileCreateParents = 1;

@@ -595,8 +595,8 @@ void Supervisor::handleFrame(const Frame& frame) {
     case MsgType::kFile: {
       auto req = FileRequest::decode(frame.payload);
       if (!req.ok()) return protocolError(req.error().message());
-      if (commands_ && (req->op == FileOp::kPause || req->op == FileOp::kResume)) {
-        return send(MsgType::kFileResult, pauseCommands(req.value()).encode());
+      if (commands_ && (req->op == FileOp::kPause || req->op == FileOp::kResume || req->op == FileOp::kTasks)) {
+        return send(MsgType::kFileResult, guestCgroupRequest(req.value()).encode());
       }
       return send(MsgType::kFileResult, runFileRequest(req.value()).encode());
     }
@@ -605,12 +605,19 @@ void Supervisor::handleFrame(const Frame& frame) {
   }
 }
 
-FileResult Supervisor::pauseCommands(const FileRequest& request) {
-  // Every process of the guest but this one (what it starts is there too):
-  // they stop where they are; this loop goes on answering.
-  Status done = request.op == FileOp::kPause ? commands_->freeze(::getpid()) : commands_->thaw();
+FileResult Supervisor::guestCgroupRequest(const FileRequest& request) {
   FileResult result;
   result.tag = request.tag;
+  Status done;
+  if (request.op == FileOp::kTasks) {
+    auto tasks = commands_->tasks();
+    if (tasks.ok()) result.data = std::to_string(tasks.value());
+    if (!tasks.ok()) done = tasks.error();
+  } else {
+    // Every command (what runs in the guest but this loop): they stop
+    // where they are; this loop goes on answering.
+    done = request.op == FileOp::kPause ? commands_->freeze() : commands_->thaw();
+  }
   if (!done.ok()) {
     result.err =
         done.error().code == Code::kTimeout ? ETIMEDOUT : (done.error().sysErrno ? done.error().sysErrno : EIO);
@@ -627,6 +634,7 @@ void Supervisor::spawn(const SpawnRequest& req) {
   if (!launch.ok()) {
     return send(MsgType::kSpawnFailed, SpawnFailed{req.id, launch.error().sysErrno, launch.error().context}.encode());
   }
+  if (commands_) launch.value()->cgroupFd = commands_->directory();
   // The process exists from now on: stdin, signals and its deadline apply
   // while it launches.
   Process& p = processes_[req.id];

@@ -13,9 +13,9 @@
 
 #include "common/unique_fd.h"
 #include "init/disk_view.h"
+#include "init/guest_commands.h"
 #include "init/launcher.h"
 #include "init/protocol.h"
-#include "isolation/cgroup/cgroup.h"
 #include "os/block.h"
 #include "os/exec_trace.h"
 
@@ -43,10 +43,10 @@ class Supervisor {
   // statfs of the environment's root answers with the volume's qgroup limit
   // and usage (init/disk_view.h). Before run().
   void showDiskLimit(os::QgroupCounters counters) { diskCounters_ = std::move(counters); }
-  // A microVM guest's: the cgroup moat-init and its commands run in, whose
-  // freezer FileOp::kPause and kResume use (every process but moat-init
-  // stops; Cgroup::freeze). Before run().
-  void pauseCommandsIn(isolation::cgroup::Cgroup commands) { commands_.emplace(std::move(commands)); }
+  // A microVM guest's: the cgroup its commands start in (moat-init stays
+  // out of it), which FileOp::kPause and kResume freeze and thaw and whose
+  // tasks kTasks counts. Before run().
+  void runCommandsIn(GuestCommands commands) { commands_.emplace(std::move(commands)); }
   // Runs until the control connection closes or Shutdown arrives; returns
   // moat-init's exit code.
   int run();
@@ -94,8 +94,8 @@ class Supervisor {
   };
 
   void handleFrame(const Frame& frame);
-  // FileOp::kPause and kResume: commands_'s freezer.
-  FileResult pauseCommands(const FileRequest& request);
+  // FileOp::kPause and kResume (commands_'s freezer), kTasks (its count).
+  FileResult guestCgroupRequest(const FileRequest& request);
   void spawn(const SpawnRequest& request);
   // A launch finished: the process runs (Spawned) or failed (SpawnFailed).
   void launched(std::unique_ptr<Launch> launch);
@@ -199,8 +199,8 @@ class Supervisor {
   std::map<pid_t, int> unclaimed_;
   bool gateExec_ = false;
   std::optional<os::QgroupCounters> diskCounters_;
-  std::optional<isolation::cgroup::Cgroup> commands_;  // pauseCommandsIn
-  std::unique_ptr<DiskView> diskView_;                 // answers statfs of the root (df)
+  std::optional<GuestCommands> commands_;  // runCommandsIn
+  std::unique_ptr<DiskView> diskView_;     // answers statfs of the root (df)
   UniqueFd execListener_;
   ExecPolicy execPolicy_;
   std::map<uint64_t, PendingExec> pendingExecs_;  // sent as ExecCheck, waiting for the verdict

@@ -517,6 +517,7 @@ LiveEnvironment EnvironmentManager::makeLive(std::shared_ptr<InitConnection> con
                        record.owner};
   live.paused = record.state == EnvironmentState::kPaused;
   if (live.paused && !record.ttlRunsWhilePaused) live.expiresAtMs = kNoExpiry;
+  live.microVm = record.isolation == backend::isolationName(backend::Isolation::kMicroVm);
   if (templates_.defaults) {
     // A template in use cannot be deleted, so its defaults stay what they were.
     auto defaults = templates_.defaults(record.templateName);
@@ -614,8 +615,16 @@ Result<store::EnvironmentRecord> EnvironmentManager::setTtl(const std::string& i
 }
 
 Result<backend::Usage> EnvironmentManager::usage(const std::string& id) {
-  MOAT_TRY(liveOf(id));
+  MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   auto usage = backend_.usage(id);
+  if (usage.ok() && live.microVm && live.connection->peerVersion() >= init::kGuestCgroupSince) {
+    // QEMU's cgroup holds QEMU's threads; the guest's own count its tasks.
+    init::FileRequest tasks;
+    tasks.op = init::FileOp::kTasks;
+    tasks.path = "/";
+    auto counted = live.connection->file(tasks);
+    if (counted.ok() && counted->err == 0) usage->pids = std::strtoull(counted->data.c_str(), nullptr, 10);
+  }
   if (usage.ok() || usage.error().code != Code::kNotFound) return usage;
   // Gone between the two looks: say what it is now; still here, it is
   // between a restore's destroy and create.

@@ -33,7 +33,8 @@ struct LiveEnvironment {
   std::string cwd = "/workspace";
   uint32_t uid = 0;
   uint32_t gid = 0;
-  bool paused = false;  // its processes are stopped (pause.cc)
+  bool paused = false;   // its processes are stopped (pause.cc)
+  bool microVm = false;  // its moat-init is a guest's: it pauses them, and counts its tasks
 };
 
 // The environments that run here and those whose create is with the

@@ -23,14 +23,27 @@ Status EnvironmentManager::holdProcesses(const store::EnvironmentRecord& record,
   if (record.isolation != backend::isolationName(backend::Isolation::kMicroVm)) {
     return hold ? backend_.pause(record.id) : backend_.resume(record.id);
   }
+  if (connection->peerVersion() < init::kGuestCgroupSince) {
+    return Error::make(Code::kUnsupported, "environment " + record.id +
+                                               "'s guest runs a moat-init older than pauses of microVMs (it was "
+                                               "started by an earlier moatd): it cannot be paused");
+  }
   init::FileRequest request;
   request.op = hold ? init::FileOp::kPause : init::FileOp::kResume;
   request.path = "/";
-  MOAT_ASSIGN(init::FileResult answer, connection->file(request));
-  if (answer.err == 0) return {};
-  return Error::make(answer.err == ETIMEDOUT ? Code::kTimeout : Code::kUnavailable,
+  auto answer = connection->file(request);
+  if (!answer.ok() && hold) {
+    // No answer: the guest may freeze yet; it is let go on (idempotent),
+    // so that nothing stays frozen under a record that says running.
+    init::FileRequest resume = request;
+    resume.op = init::FileOp::kResume;
+    (void)connection->file(resume);
+  }
+  MOAT_TRY(answer);
+  if (answer->err == 0) return {};
+  return Error::make(answer->err == ETIMEDOUT ? Code::kTimeout : Code::kUnavailable,
                      "environment " + record.id + "'s guest could not " + (hold ? "pause" : "resume") +
-                         " its processes: " + answer.message);
+                         " its processes: " + answer->message);
 }
 
 Result<LiveEnvironment> EnvironmentManager::unpausedLiveOf(const std::string& id, const char* what) {

@@ -68,6 +68,7 @@ Status setMountAttrs(int treeFd, const MountAttrs& attrs, bool recursive) {
   std::memset(&attr, 0, sizeof attr);
   attr.attr_set = attrBits(attrs);
   if (!attrs.noDev) attr.attr_clr |= MOUNT_ATTR_NODEV;
+  if (attrs.makePrivate) attr.propagation = MS_PRIVATE;
   if (attrs.idmapUsernsFd >= 0) {
     attr.attr_set |= MOUNT_ATTR_IDMAP;
     attr.userns_fd = static_cast<uint64_t>(attrs.idmapUsernsFd);

@@ -26,6 +26,9 @@ struct MountAttrs {
   bool noDev = true;  // false clears it (a tree of device nodes cloned from a nodev mount)
   bool noExec = false;
   int idmapUsernsFd = -1;  // map ids through this user namespace
+  // Leaves its peer group (a copy of a shared mount joins its source's):
+  // nothing mounted at the source later appears in it.
+  bool makePrivate = false;
 };
 
 // A detached copy of the tree at `path` (open_tree OPEN_TREE_CLONE).

@@ -6,7 +6,9 @@
 // it could start, `exec PROGRAM ARGS...` becomes PROGRAM (errno's text on
 // stderr when it cannot), `time` prints the wall clock's seconds since the
 // epoch, `random` 16 random bytes (getrandom) in hex, `count FILE` writes
-// 1, 2, 3... to FILE for ever (each from a child of its own), `later SECONDS
+// 1, 2, 3... to FILE for ever (each from a child of its own),
+// `cgroup-escape REPORT FILE` tries to leave its cgroup's bound and pauses
+// (errnos in REPORT) and then counts into FILE, `later SECONDS
 // PROGRAM ARGS...` becomes PROGRAM after that many seconds, `hog MIB`
 // takes and touches MIB MiB of memory, `sync` writes every file system to
 // its disk, `leaderless` spins on a second thread after its first one ended
@@ -17,6 +19,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -119,6 +122,37 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (argc == 4 && std::strcmp(argv[1], "cgroup-escape") == 0) {
+    // What a command tries against its cgroup's bound and a pause: user,
+    // mount and cgroup namespaces of its own, the cgroup file system
+    // mounted there (its root the command's cgroup), a cgroup below to move
+    // into, the bound raised, the freeze lifted. Each errno (0: it worked)
+    // goes to REPORT; then it counts into FILE, as `count` does.
+    auto result = [](long rc) { return rc < 0 ? errno : 0; };
+    auto put = [](const char* path, const char* text) {
+      FILE* f = std::fopen(path, "w");
+      if (!f) return errno;
+      const bool written = std::fputs(text, f) >= 0;
+      return std::fclose(f) == 0 && written ? 0 : errno;
+    };
+    const int userns = result(unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWCGROUP));
+    put("/proc/self/setgroups", "deny");
+    const int mapped = put("/proc/self/uid_map", "0 0 1") | put("/proc/self/gid_map", "0 0 1");
+    mkdir("/workspace/cg", 0755);
+    const int mounted = result(mount("cgroup2", "/workspace/cg", "cgroup2", 0, nullptr));
+    mkdir("/workspace/cg/escape", 0755);
+    const int moved = put("/workspace/cg/escape/cgroup.procs", std::to_string(getpid()).c_str());
+    const int bound = put("/workspace/cg/pids.max", "max");
+    const int freeze = put("/workspace/cg/cgroup.freeze", "0");
+    FILE* report = std::fopen(argv[2], "w");
+    if (!report) return 1;
+    std::fprintf(report, "userns=%d mapped=%d mounted=%d moved=%d pids.max=%d cgroup.freeze=%d\n", userns, mapped,
+                 mounted, moved, bound, freeze);
+    std::fclose(report);
+    argv[2] = argv[3];  // and counts, below
+    argc = 3;
+    argv[1] = const_cast<char*>("count");
+  }
   if (argc == 3 && std::strcmp(argv[1], "count") == 0) {
     // Each step a child of its own writes the next number (a pause must
     // catch processes being born too).
@@ -197,9 +231,9 @@ int main(int argc, char** argv) {
     std::printf("\n");
     return 0;
   }
-  std::fprintf(
-      stderr,
-      "usage: moat-guest-tool uname | cat FILE | write FILE TEXT | echo | flood FILE SIZE | fork N | exec "
-      "PROGRAM ARGS... | time | random | count FILE | later SECONDS PROGRAM ARGS... | hog MIB | sync | leaderless\n");
+  std::fprintf(stderr,
+               "usage: moat-guest-tool uname | cat FILE | write FILE TEXT | echo | flood FILE SIZE | fork N | exec "
+               "PROGRAM ARGS... | time | random | count FILE | cgroup-escape REPORT FILE | later SECONDS PROGRAM "
+               "ARGS... | hog MIB | sync | leaderless\n");
   return 2;
 }

@@ -263,9 +263,18 @@ TEST_F(MicroVmEnvironments, RunCommandsAndHoldFilesOnTheirOwnKernelAndLeaveNothi
   ASSERT_NE(fileSize, std::string::npos) << limits.value();
   EXPECT_NE(limits->substr(fileSize, 80).find(" " + std::to_string(disk.st_size) + " "), std::string::npos)
       << limits->substr(fileSize, 80);
-  // Its usage is QEMU's, as the host counts it.
+  // Its usage is QEMU's, as the host counts it; its tasks the guest's, as
+  // its moat-init counts them (its commands': one more for a command).
   json stats = call("GET", "/v1/environments/" + id + "/stats", nullptr, 200);
+  const uint64_t before = stats["pids"].get<uint64_t>();
+  call("POST", "/v1/environments/" + id + "/processes", {{"cmd", {"/bin/tool", "later", "600", "/bin/tool", "uname"}}},
+       201);
+  for (int i = 0; i < 600 && stats["pids"].get<uint64_t>() <= before; ++i) {  // it starts: bounded, 60 s
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    stats = call("GET", "/v1/environments/" + id + "/stats", nullptr, 200);
+  }
   EXPECT_GT(stats["memory_bytes"].get<uint64_t>(), 16u << 20) << stats.dump();
+  EXPECT_EQ(stats["pids"].get<uint64_t>(), before + 1) << "the guest's tasks, not QEMU's threads: " << stats.dump();
   // Destroyed: QEMU is gone and nothing holds or keeps its files.
   const std::string vmDir = daemon_->stateDir() + "/microvm/vms/" + id;
   struct stat st;
@@ -502,19 +511,30 @@ TEST_F(MicroVmEnvironments, ADeleteDuringTheBootEndsIt) {
   EXPECT_TRUE(holdersOf(volumeOf(id)).empty()) << "no QEMU of it is left";
 }
 
-// A pause stops every process of the guest but its moat-init, which the
-// guest's own cgroup freezer leaves answering: the counter stands still
-// while the guest's files are read, commands wait (409), the pause holds
-// across a moatd killed and the next one, and after the resume the counter
-// goes on.
+// A pause stops every command of the guest, its moat-init's cgroup freezer
+// leaving moat-init answering: the counters stand still while the guest's
+// files are read, commands wait (409), the pause holds across a moatd
+// killed and the next one, and after the resume the counters go on. One
+// counter first made a cgroup namespace of its own, mounted the cgroup
+// file system there and moved into a cgroup below its own: it is frozen
+// all the same, and could neither raise its bound nor lift the freeze.
 TEST_F(MicroVmEnvironments, APauseStopsTheGuestsProcessesWhileItsFilesAnswer) {
-  const std::string id = createEnv(vmBody());
+  json body = vmBody();
+  body["spec"]["pids"] = 64;
+  const std::string id = createEnv(body);
   const std::string base = "/v1/environments/" + id;
   constexpr auto kWait = std::chrono::seconds(60);  // TCG under a loaded ctest -j2
   call("POST", base + "/processes", {{"cmd", {"/bin/tool", "count", "/workspace/n"}}}, 201);
+  call("POST", base + "/processes", {{"cmd", {"/bin/tool", "cgroup-escape", "/workspace/escape", "/workspace/e"}}},
+       201);
   ASSERT_TRUE(counts(id, 0, "/workspace/n", kWait)) << "the counter never counted";
+  ASSERT_TRUE(counts(id, 0, "/workspace/e", kWait)) << "the escaping counter never counted";
+  const std::string eperm = std::to_string(EPERM);
+  EXPECT_EQ(daemon_->request("GET", base + "/files?path=/workspace/escape").body,
+            "userns=0 mapped=0 mounted=0 moved=0 pids.max=" + eperm + " cgroup.freeze=" + eperm + "\n");
   EXPECT_EQ(call("POST", base + "/pause", nullptr, 200)["state"], "paused");
   staysStill(id);
+  staysStill(id, "/workspace/e");
   EXPECT_EQ(daemon_->request("GET", base + "/files/list?path=/workspace").status, 200);
   auto refused = daemon_->request("POST", base + "/exec", R"({"cmd":["/bin/tool","uname"]})");
   EXPECT_EQ(refused.status, 409) << refused.body;
@@ -528,6 +548,7 @@ TEST_F(MicroVmEnvironments, APauseStopsTheGuestsProcessesWhileItsFilesAnswer) {
   const long stopped = counter(id);
   EXPECT_EQ(call("POST", base + "/resume", nullptr, 200)["state"], "running");
   EXPECT_TRUE(counts(id, stopped, "/workspace/n", kWait)) << "the counter did not go on";
+  EXPECT_TRUE(counts(id, counter(id, "/workspace/e"), "/workspace/e", kWait)) << "the escaping one did not";
   EXPECT_EQ(exec(id, {{"cmd", {"/bin/tool", "uname"}}})["stdout"], kernelVersion_ + "\n");
   const std::string log = eventsUntil("?type=environment.&environment=" + id, "environment.resumed");
   EXPECT_NE(log.find("environment.paused"), std::string::npos) << log;

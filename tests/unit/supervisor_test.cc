@@ -324,7 +324,7 @@ TEST_F(InitSupervisor, HelloComesFirst) {
   ASSERT_EQ(helloFrame_.type, MsgType::kHello);
   auto hello = Hello::decode(helloFrame_.payload);
   ASSERT_TRUE(hello.ok()) << hello.error().message();
-  EXPECT_EQ(hello->version, 4u);
+  EXPECT_EQ(hello->version, 5u);
   EXPECT_EQ(hello->version, kProtocolVersion);
   EXPECT_EQ(hello->initPid, static_cast<uint32_t>(initPid_));
 }
@@ -1226,8 +1226,9 @@ TEST_F(InitSupervisorFiles, WriteReadStatListRenameRemove) {
   auto nowhere = file(req(FileOp::kSync, dir + "/gone"));
   ASSERT_TRUE(nowhere.ok());
   EXPECT_EQ(nowhere->err, ENOENT) << nowhere->message;
-  // A pause is a microVM guest's moat-init's: outside a guest, refused.
-  for (FileOp op : {FileOp::kPause, FileOp::kResume}) {
+  // A pause, and a count of tasks, are a microVM guest's moat-init's: outside a
+  // guest, refused.
+  for (FileOp op : {FileOp::kPause, FileOp::kResume, FileOp::kTasks}) {
     auto refused = file(req(op, "/"));
     ASSERT_TRUE(refused.ok());
     EXPECT_EQ(refused->err, EOPNOTSUPP) << refused->message;

@@ -566,7 +566,7 @@ Result<Usage> MicroVmBackend::usage(const std::string& id) {
   if (!guest || !guest->cgroup) return Error::make(Code::kNotFound, "no microVM environment " + id);
   // QEMU's cgroup's: the guest's memory as QEMU touched it, TCG's cache,
   // QEMU's own. Its tasks are QEMU's threads, not the guest's processes:
-  // pids stays 0.
+  // pids stays 0 here (the manager asks the guest's moat-init).
   auto counted = guest->cgroup->usage();
   Usage usage;
   usage.cpuKnown = counted.cpuUsec.has_value();

@@ -78,8 +78,9 @@ Result<HelperRoot> HelperRoot::make(const std::vector<Entry>& entries, const std
     MOAT_ASSIGN(UniqueFd target, os::openAt(top, name, O_PATH, os::kResolveStrict));
     MOAT_ASSIGN(UniqueFd tree, os::cloneTree(bind.fd, false));
     const bool device = S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode);
-    MOAT_TRY(os::setMountAttrs(tree.get(),
-                               {.readOnly = !bind.writable, .noSuid = true, .noDev = !device, .noExec = false}, false));
+    MOAT_TRY(os::setMountAttrs(
+        tree.get(),
+        {.readOnly = !bind.writable, .noSuid = true, .noDev = !device, .noExec = false, .makePrivate = true}, false));
     root.attach_.push_back({tree.get(), target.get()});
     root.held_.push_back(std::move(tree));
     root.held_.push_back(std::move(target));
