@@ -294,11 +294,11 @@ enum class FileOp : uint8_t {
   kRename = 7,  // path -> target
   kSync = 8,    // path -> ok: its file system written to its disk (a microVM's snapshot)
   // Not of a file: a microVM guest's moat-init stops (kPause) or lets go on
-  // (kResume) every other process of the guest (its commands' cgroup's
-  // freezer), answered as a file request is; refused elsewhere.
+  // (kResume) every command of the guest (its commands' cgroup's freezer),
+  // answered as a file request is; refused elsewhere.
   kPause = 9,
   kResume = 10,
-  kTasks = 11,  // -> data: how many tasks the guest's cgroup holds (its pids.current, moat-init's included)
+  kTasks = 11,  // -> data: how many tasks the guest's commands' cgroup holds (its pids.current)
 };
 
 constexpr uint8_t kFileCreateParents = 1;

@@ -611,8 +611,11 @@ FileResult Supervisor::guestCgroupRequest(const FileRequest& request) {
   Status done;
   if (request.op == FileOp::kTasks) {
     auto tasks = commands_->tasks();
-    if (tasks.ok()) result.data = std::to_string(tasks.value());
-    if (!tasks.ok()) done = tasks.error();
+    if (tasks.ok()) {
+      result.data = std::to_string(tasks.value());
+    } else {
+      done = tasks.error();
+    }
   } else {
     // Every command (what runs in the guest but this loop): they stop
     // where they are; this loop goes on answering.

@@ -137,8 +137,6 @@ int enterRootInChild(const RootPlan& plan, const char** step) {
       return failed("attach a host path");
     }
   }
-  // A copy of a shared mount joined its source's peer group: private too.
-  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return failed("make the copies private");
   if (plan.procAt >= 0) {
     // Made here, by the first process of the child's pid namespace: that
     // namespace's proc.

@@ -69,7 +69,8 @@ struct RootPlan {
   int procAt = -1;
 };
 // Makes every mount of the child's namespace private (nothing it does
-// reaches the host's mounts, nor theirs it), attaches the plan's mounts,
+// reaches the host's mounts, nor theirs it), attaches the plan's mounts
+// (private already: MountAttrs::makePrivate),
 // mounts its proc and pivots into its root, the old one detached.
 // Async-signal-safe: 0, or the errno with *step naming what failed.
 int enterRootInChild(const RootPlan& plan, const char** step);

@@ -37,6 +37,9 @@ Status makeParents(int root, const std::string& path) {
 }  // namespace
 
 Result<HelperRoot> HelperRoot::make(const std::vector<Entry>& entries, const std::string& attachAt) {
+  if (!os::isDirectory(attachAt) || os::isSymlink(attachAt)) {
+    return Error::make(Code::kInvalidArgument, attachAt + ": not a directory to attach a root on");
+  }
   std::vector<Bind> binds;
   std::vector<Link> links;
   for (const auto& entry : entries) {
@@ -93,9 +96,6 @@ Result<HelperRoot> HelperRoot::make(const std::vector<Entry>& entries, const std
   MOAT_TRY(os::makeDirectoryAt(top, "proc", 0555));
   MOAT_ASSIGN(root.procAt_, os::openAt(top, "proc", O_PATH | O_DIRECTORY, os::kResolveStrict));
   MOAT_TRY(os::setMountAttrs(top, {.readOnly = true, .noSuid = true, .noDev = true, .noExec = true}, false));
-  if (!os::isDirectory(attachAt) || os::isSymlink(attachAt)) {
-    return Error::make(Code::kInvalidArgument, attachAt + ": not a directory to attach a root on");
-  }
   root.attachAt_ = attachAt;
   return root;
 }
