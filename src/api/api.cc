@@ -29,6 +29,7 @@ json environmentJson(const store::EnvironmentRecord& r) {
             {"created_at", timestamp(r.createdAtMs)},
             {"expires_at", timestamp(r.expiresAtMs)},
             {"ttl_while_paused", r.ttlRunsWhilePaused ? "runs" : "stops"},
+            {"on_expiry", store::actionName(r.onExpiry)},
             {"labels", r.labels}};
   if (r.pausedAtMs > 0) j["paused_at"] = timestamp(r.pausedAtMs);
   if (!r.reason.empty()) j["reason"] = r.reason;
@@ -180,7 +181,10 @@ HttpResponse Api::handle(const HttpRequest& request) {
   }
   if (request.path == "/healthz" && request.method == "GET") {
     json microvm = {{"available", options_.microvmAvailable}};
-    if (options_.microvmAvailable) microvm["accel"] = options_.microvmAccel;
+    if (options_.microvmAvailable) {
+      microvm["accel"] = options_.microvmAccel;
+      if (!options_.microvmAccelWhy.empty()) microvm["accel_reason"] = options_.microvmAccelWhy;
+    }
     response = respond(200, {{"status", "ok"}, {"microvm", microvm}});
   } else if (isBoardPath(request.path)) {
     response = boardRoute(request);

@@ -41,6 +41,7 @@ struct ApiOptions {
   // "tcg"): shown by /healthz.
   bool microvmAvailable = false;
   std::string microvmAccel;
+  std::string microvmAccelWhy;  // what chose it (/healthz)
   // How long a request whose action needs a person's approval waits.
   int64_t approvalTimeoutMs = 120000;
   // Requests one API key may have in progress at once (from its headers

@@ -41,8 +41,8 @@ HttpResponse Api::createEnvironment(const HttpRequest& req, const Principal& pri
   if (!body.ok()) return errorResponse(perr);
   const json& j = body.value();
   if (auto e = onlyFields(j,
-                          {"task_id", "template", "spec", "ttl_s", "ttl_while_paused", "labels", "env", "permissions",
-                           "network", "secrets", "snapshot"},
+                          {"task_id", "template", "spec", "ttl_s", "ttl_while_paused", "on_expiry", "labels", "env",
+                           "permissions", "network", "secrets", "snapshot"},
                           "")) {
     return errorResponse(*e);
   }
@@ -97,6 +97,23 @@ HttpResponse Api::createEnvironment(const HttpRequest& req, const Principal& pri
                                    "live) or \"runs\""));
     }
     create.ttlRunsWhilePaused = t == "runs";
+  }
+  if (j.contains("on_expiry")) {
+    const json& a = j["on_expiry"];
+    auto action = a.is_string() ? store::expiryActionNamed(a.get<std::string>()) : std::nullopt;
+    if (!action) {
+      return errorResponse(invalid("on_expiry",
+                                   "must be \"destroy\" (the default) or \"pause\" (the environment is "
+                                   "paused when its time to live runs out: docs/PAUSE.md)"));
+    }
+    create.onExpiry = *action;
+  }
+  // Paused at expiry with its time running on, it would be due again at
+  // once: a pause at expiry stops the time to live.
+  if (create.onExpiry == store::ExpiryAction::kPause && create.ttlRunsWhilePaused) {
+    return errorResponse(invalid("on_expiry",
+                                 "\"pause\" needs ttl_while_paused \"stops\" (the time to live stops while "
+                                 "the environment is paused at its expiry; a resume gives it ttl_s again)"));
   }
   if (j.contains("labels")) {
     if (auto e = stringMap(j["labels"], "labels", false, create.labels)) return errorResponse(*e);

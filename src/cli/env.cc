@@ -34,6 +34,9 @@ commands:
       --ttl S           destroyed after S seconds, default 3600
       --ttl-while-paused stops|runs
                         whether a pause stops that time (default) or not
+      --on-expiry destroy|pause
+                        what the end of that time does (default destroy); pause keeps
+                        it paused until a resume gives it S seconds again (docs/PAUSE.md)
       --label K=V       a label; repeatable
       -e NAME=VALUE     a variable for every command (-e NAME copies the host's); repeatable
       --permissions J   the gate's permissions, JSON or @FILE (docs/GATE.md), e.g.
@@ -147,10 +150,10 @@ Status noPositional(const Parsed& parsed) {
 // moatd names a spec's fields; the caller typed this command's flags.
 Error inFlagTerms(Error e) {
   static const std::pair<const char*, const char*> kFields[] = {
-      {"spec.ram_mb", "--memory (MB)"},          {"spec.cpus", "--cpus"},
-      {"spec.storage_gb", "--storage (GB)"},     {"spec.pids", "--pids"},
-      {"spec.isolation", "--isolation"},         {"ttl_s", "--ttl"},
-      {"ttl_while_paused", "--ttl-while-paused"}};
+      {"spec.ram_mb", "--memory (MB)"},           {"spec.cpus", "--cpus"},
+      {"spec.storage_gb", "--storage (GB)"},      {"spec.pids", "--pids"},
+      {"spec.isolation", "--isolation"},          {"ttl_s", "--ttl"},
+      {"ttl_while_paused", "--ttl-while-paused"}, {"on_expiry", "--on-expiry"}};
   for (const auto& [field, flag] : kFields) {
     const std::string prefix = std::string(field) + ":";
     if (e.context.rfind(prefix, 0) == 0) {
@@ -205,6 +208,8 @@ int create(const std::vector<std::string>& args) {
       MOAT_ASSIGN(body["ttl_s"], parseWhole(name, v));
     } else if (name == "--ttl-while-paused") {
       MOAT_ASSIGN(body["ttl_while_paused"], flags.value());  // moatd says which it knows
+    } else if (name == "--on-expiry") {
+      MOAT_ASSIGN(body["on_expiry"], flags.value());  // moatd says which it knows
     } else if (name == "--label") {
       MOAT_ASSIGN(std::string v, flags.value());
       MOAT_TRY(parseLabel(name, v, labels));

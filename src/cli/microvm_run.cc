@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "backend/microvm/accel.h"
 #include "backend/namespaces/environment.h"
 #include "init/protocol.h"
 #include "isolation/fs/template.h"
@@ -71,8 +72,9 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
   MOAT_ASSIGN(run->held_, os::FileLock::tryAcquire(dir + ".lock"));
   if (::mkdir(dir.c_str(), 0700) != 0) return Error::fromErrno("mkdir " + dir);
   run->dir_ = dir;
+  // KVM where a probe boot under it works (accel.h), unless the caller says.
   const char* accel = std::getenv("MOAT_MICROVM_ACCEL");
-  const bool kvm = accel && std::string(accel) == "kvm";
+  const bool kvm = backend::microvm::chooseAccel(accel && *accel ? accel : "auto", kernel).kvm;
   // QEMU's cgroup: the spec's CPU time, the guest's RAM and QEMU's own.
   MOAT_ASSIGN(auto layout, isolation::cgroup::preparedHostLayout(false));
   MOAT_ASSIGN(run->cgroup_,

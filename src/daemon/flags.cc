@@ -22,7 +22,7 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
              [--key-rate N] [--agent-local-providers] [--agent-key-tokens N]
              [--board-dir DIR | --no-board] [--preview-domain NAME] [--port-timeout S]
              [--template-max-bytes N] [--template-max-files N] [--template-timeout S]
-             [--isolation namespaces|microvm] [--microvm-accel tcg|kvm]
+             [--isolation namespaces|microvm] [--microvm-accel auto|kvm|tcg]
              [--microvm-boot-wait S] [--microvm-saved-guests N]
        moatd --version | --help
 
@@ -87,8 +87,9 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
                           the API
   --isolation MODE        what a create that names no spec.isolation gets:
                           namespaces (the default) or microvm (docs/MICROVM.md)
-  --microvm-accel A       what microVMs run on: tcg (the default, emulated) or
-                          kvm (a /dev/kvm that boots guests)
+  --microvm-accel A       what microVMs run on: auto (the default: KVM where a
+                          probe boot under it works at the start, else TCG),
+                          kvm, or tcg (emulated)
   --microvm-boot-wait S   a microVM whose guest has not answered S seconds
                           after QEMU started fails (1 to 3600, default 120)
   --microvm-saved-guests N
@@ -234,7 +235,9 @@ const std::vector<Flag>& flags() {
        }},
       {"--microvm-accel", true,
        [](const std::string& v, DaemonFlags& f, double) -> Status {
-         if (v != "tcg" && v != "kvm") return invalid("--microvm-accel needs tcg or kvm, not " + v);
+         if (v != "tcg" && v != "kvm" && v != "auto") {
+           return invalid("--microvm-accel needs auto, kvm or tcg, not " + v);
+         }
          f.manager.microvmAccel = v;
          return {};
        }},

@@ -237,6 +237,12 @@ int main(int argc, char** argv) {
                                              std::chrono::seconds(flags->microvmBootWaitS), flags->microvmSavedGuests);
     backend::Router backend(namespaces, &microvm, microvm.host().missing);
     config.microvmMissing = microvm.host().available ? "" : microvm.host().missing;
+    if (microvm.host().available) {
+      // "auto" chosen: what each microVM's record names.
+      config.microvmAccel = microvm.host().kvm ? "kvm" : "tcg";
+      std::fprintf(stderr, "moatd: microVMs run on %s: %s\n", config.microvmAccel.c_str(),
+                   microvm.host().accelWhy.c_str());
+    }
     if (config.defaultIsolation == backend::Isolation::kMicroVm && !microvm.host().available) {
       return failEarly("--isolation microvm: this host runs no microVMs: " + microvm.host().missing);
     }
@@ -276,6 +282,7 @@ int main(int argc, char** argv) {
     apiOptions.stateDir = stateDir;
     apiOptions.microvmAvailable = microvm.host().available;
     apiOptions.microvmAccel = config.microvmAccel;
+    apiOptions.microvmAccelWhy = microvm.host().accelWhy;
     apiOptions.approvalTimeoutMs = approvalTimeoutS * 1000;
     apiOptions.keyRequestsPerSecond = static_cast<double>(keyRate);
     apiOptions.agentLocalProviders = flags->agentLocalProviders;

@@ -361,6 +361,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   int64_t ttl = request.ttlS > 0 ? request.ttlS : config_.defaultTtlS;
   record.expiresAtMs = record.createdAtMs + ttl * 1000;
   record.ttlRunsWhilePaused = request.ttlRunsWhilePaused;
+  record.onExpiry = request.onExpiry;
+  record.ttlS = ttl;
   // A warm environment of exactly this template, spec and isolation: a claim.
   if (auto warm = from ? std::nullopt : poolFor(record)) {
     if (auto taken = pools_.take(*warm, nowMs())) {
@@ -608,7 +610,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::setTtl(const std::string& i
   // (which adds the pause's length to what is stored).
   const bool stopped = record.state == EnvironmentState::kPaused && !record.ttlRunsWhilePaused;
   int64_t expiresAtMs = (stopped ? record.pausedAtMs : nowMs()) + ttlS * 1000;
-  MOAT_TRY(store_.setExpiry(id, expiresAtMs));
+  MOAT_TRY(store_.setExpiry(id, expiresAtMs, ttlS));
   if (!stopped) live_.setExpiry(id, expiresAtMs);
   reaperCv_.notify_all();
   return get(id);

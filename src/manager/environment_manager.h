@@ -158,6 +158,15 @@ class EnvironmentManager final : public EnvironmentService,
   // could read the guest's files while paused).
   Status holdProcesses(const store::EnvironmentRecord& record, const std::shared_ptr<InitConnection>& connection,
                        bool hold);
+  // pause(), by a person or program (`atExpiry` false), or by the reaper
+  // when its time to live ran out and its create asked for a pause: then
+  // its stored expiry becomes the pause's moment plus its time to live, so
+  // that a resume gives it that time again.
+  Result<store::EnvironmentRecord> pauseHeld(const std::string& id, const std::string& actor, bool atExpiry);
+  // The reaper's end of a time to live: a destroy (reason "expired"), or a
+  // pause where the create asked for one (docs/PAUSE.md, "At expiry"); a
+  // pause that fails destroys it, saying why.
+  void expire(const std::string& id);
   // Gives a running environment its egress link and the files and variables
   // that go with it (resolver, CA bundle, proxy variables).
   Status connectNetwork(const std::string& id, const egress::Policy& policy,

@@ -56,6 +56,26 @@ Result<LiveEnvironment> EnvironmentManager::unpausedLiveOf(const std::string& id
 }
 
 Result<store::EnvironmentRecord> EnvironmentManager::pause(const std::string& id, const std::string& actor) {
+  return pauseHeld(id, actor, false);
+}
+
+void EnvironmentManager::expire(const std::string& id) {
+  auto record = get(id);
+  if (!record.ok() || record->onExpiry != store::ExpiryAction::kPause) {
+    (void)destroy(id, "expired");
+    return;
+  }
+  auto paused = pauseHeld(id, "moatd", true);
+  if (paused.ok()) return;
+  // Gone or going meanwhile: nothing to do. Otherwise its time is up all
+  // the same: a limit holds even when the pause asked for cannot be made.
+  auto now = get(id);
+  if (now.ok() && now->state != EnvironmentState::kRunning && now->state != EnvironmentState::kPaused) return;
+  (void)destroy(id, "expired (the pause its create asked for failed: " + paused.error().message() + ")");
+}
+
+Result<store::EnvironmentRecord> EnvironmentManager::pauseHeld(const std::string& id, const std::string& actor,
+                                                               bool atExpiry) {
   auto held = exclusive(id);  // one pause, resume, restore or destroy of it at a time
   MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   MOAT_ASSIGN(auto record, get(id));
@@ -63,13 +83,20 @@ Result<store::EnvironmentRecord> EnvironmentManager::pause(const std::string& id
   if (record.state != EnvironmentState::kRunning) {
     return Error::make(Code::kConflict, "environment " + id + " is " + stateName(record.state));
   }
+  const int64_t now = nowMs();
+  // A timeout set since the reaper looked moved the expiry on: not due.
+  if (atExpiry && record.expiresAtMs > now) return record;
+  // What a resume after it moves on by the pause's length: the time to
+  // live again (as given last; an older record's, as created).
+  const int64_t ttlS = record.ttlS > 0 ? record.ttlS : (record.expiresAtMs - record.createdAtMs) / 1000;
+  const int64_t expiresAtMs = atExpiry ? now + ttlS * 1000 : record.expiresAtMs;
   // New commands and file changes are refused from here on; those already
   // on their way to moat-init are waited for (they hold starts_), so the
   // freezer finds every process they start.
   live_.update(id, [&](LiveEnvironment& live) { live.paused = true; });
   auto quiet = starts_.exclusive(id);
   auto undo = [&] { live_.update(id, [&](LiveEnvironment& live) { live.paused = false; }); };
-  if (Status stored = store_.setPause(id, EnvironmentState::kPaused, nowMs(), record.expiresAtMs); !stored.ok()) {
+  if (Status stored = store_.setPause(id, EnvironmentState::kPaused, now, expiresAtMs); !stored.ok()) {
     undo();
     return stored.error();
   }
@@ -79,7 +106,9 @@ Result<store::EnvironmentRecord> EnvironmentManager::pause(const std::string& id
     return frozen.error();
   }
   if (!record.ttlRunsWhilePaused) live_.setExpiry(id, kNoExpiry);
-  audit_.record("environment.paused", id, actor, {{"ttl_while_paused", record.ttlRunsWhilePaused ? "runs" : "stops"}});
+  nlohmann::json data = {{"ttl_while_paused", record.ttlRunsWhilePaused ? "runs" : "stops"}};
+  if (atExpiry) data["reason"] = "expired";
+  audit_.record("environment.paused", id, actor, data);
   return get(id);
 }
 

@@ -48,7 +48,7 @@ void EnvironmentManager::reaperLoop() {
         (void)destroy(id, "failed: " + (why.empty() ? std::string("pid 1 of the environment exited") : why));
       }
     }
-    for (const auto& id : expired) (void)destroy(id, "expired");
+    for (const auto& id : expired) expire(id);
     // Lossless processes nobody follows any more go back to dropping.
     const auto wait = std::chrono::milliseconds(config_.processLimits.losslessWaitMs);
     const auto checked = std::chrono::steady_clock::now();  // after the destroys above

@@ -38,8 +38,8 @@ struct ManagerConfig {
   // What a create that names none gets (moatd --isolation), and the
   // accelerator microVMs run on ("kvm" or "tcg"; recorded with each).
   backend::Isolation defaultIsolation = backend::Isolation::kNamespaces;
-  std::string microvmAccel = "tcg";
-  std::string microvmMissing;  // not empty: why this host runs no microVMs
+  std::string microvmAccel = "auto";  // moatd's start puts "kvm" or "tcg" here (accel.h)
+  std::string microvmMissing;         // not empty: why this host runs no microVMs
   // Environments kept ready per (template, spec), so that a create asking
   // for exactly that becomes a claim (moatd --warm-pool).
   std::vector<WarmPool> warmPools;
@@ -89,6 +89,7 @@ struct CreateRequest {
   std::optional<backend::Isolation> isolation;  // none: the default
   int64_t ttlS = 0;                             // 0: the default
   bool ttlRunsWhilePaused = false;              // its time to live goes on while paused (default: it stops)
+  store::ExpiryAction onExpiry = store::ExpiryAction::kDestroy;  // what its time to live does when it runs out
   std::map<std::string, std::string> labels;
   std::map<std::string, std::string> env;  // added to every command's environment
   std::string owner = "master";

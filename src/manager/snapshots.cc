@@ -129,6 +129,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::fork(const std::string& id,
   copy.labels = request.labels ? *request.labels : source.labels;
   copy.ttlS = request.ttlS;
   copy.ttlRunsWhilePaused = source.ttlRunsWhilePaused;
+  copy.onExpiry = source.onExpiry;
   copy.owner = request.owner;
   copy.cpus = source.cpus;
   copy.ramMb = source.ramMb;

@@ -27,6 +27,7 @@ const char* kToolDefinitions = R"json([
    "storage_gb": {"type": "number", "minimum": 0.01, "description": "writable storage in GB, default 4"},
    "pids": {"type": "integer", "minimum": 4, "description": "process limit, default 1024"},
    "ttl_s": {"type": "integer", "minimum": 1, "maximum": 604800, "description": "destroyed after this many seconds, default 3600"},
+   "on_expiry": {"type": "string", "enum": ["destroy", "pause"], "description": "what the end of ttl_s does: 'destroy' (default) or 'pause' (kept, paused, until resume_environment gives it ttl_s again)"},
    "labels": {"type": "object", "additionalProperties": {"type": "string"}, "description": "your own key=value tags, to find it by later"},
    "network": {"description": "'none' (default: no network), 'open', or {\"mode\": \"allowlist\", \"allow\": [\"pypi.org\", \"*.github.com\"]}", "anyOf": [{"type": "string", "enum": ["none", "open"]}, {"type": "object"}]},
    "permissions": {"type": "object", "description": "what the environment may do without asking a person: {\"run_command\": \"allow\"|\"ask\"|\"deny\"|[rules], \"read_file\": ..., \"write_file\": ..., \"network\": ...}"}}}},
@@ -310,7 +311,7 @@ json Tools::createEnvironment(const json& args) {
   for (const char* k : {"cpus", "ram_mb", "storage_gb", "pids"}) {
     if (args.contains(k)) spec[k] = args[k];
   }
-  for (const char* k : {"template", "ttl_s", "labels", "network", "permissions"}) {
+  for (const char* k : {"template", "ttl_s", "on_expiry", "labels", "network", "permissions"}) {
     if (args.contains(k)) body[k] = args[k];
   }
   if (!spec.empty()) body["spec"] = spec;

@@ -50,6 +50,19 @@ constexpr std::optional<SnapshotState> snapshotStateNamed(std::string_view name)
   return valueNamed(kSnapshotStates, name);
 }
 
+// What an environment's time to live does when it runs out (docs/PAUSE.md,
+// "At expiry"): destroy it (the default) or pause it.
+enum class ExpiryAction : uint8_t { kDestroy, kPause };
+inline constexpr EnumName<ExpiryAction> kExpiryActions[] = {
+    {ExpiryAction::kDestroy, "destroy"},
+    {ExpiryAction::kPause, "pause"},
+};
+static_assert(std::size(kExpiryActions) == static_cast<size_t>(ExpiryAction::kPause) + 1);
+constexpr const char* actionName(ExpiryAction action) { return nameIn(kExpiryActions, action, "destroy"); }
+constexpr std::optional<ExpiryAction> expiryActionNamed(std::string_view name) {
+  return valueNamed(kExpiryActions, name);
+}
+
 // An approval's: pending (a person has yet to decide), approved, denied,
 // or expired (nobody decided in time, or moatd stopped meanwhile).
 enum class ApprovalState : uint8_t { kPending, kApproved, kDenied, kExpired };
@@ -105,6 +118,8 @@ struct EnvironmentRecord {
   std::string accel;                       // a microVM's accelerator: "kvm" or "tcg" (moatd's); "" otherwise
   int64_t pausedAtMs = 0;                  // unix time of the pause that holds it; 0: none
   bool ttlRunsWhilePaused = false;         // its time to live goes on while paused (default: it stops)
+  ExpiryAction onExpiry = ExpiryAction::kDestroy;
+  int64_t ttlS = 0;  // the time to live given last (by the create or a timeout); 0: not recorded (older records)
 };
 
 // A scoped API key. The token itself is never stored: only its SHA-256.
@@ -206,7 +221,8 @@ class Store {
   virtual Result<std::vector<EnvironmentRecord>> listEnvironments(const EnvironmentFilter& filter) = 0;
   // Error code "not_found" for an unknown id.
   virtual Status setState(const std::string& id, EnvironmentState state, const std::string& reason) = 0;
-  virtual Status setExpiry(const std::string& id, int64_t expiresAtMs) = 0;
+  // The expiry, and the time to live it came from (ttlS).
+  virtual Status setExpiry(const std::string& id, int64_t expiresAtMs, int64_t ttlS) = 0;
   // A pause (state paused, pausedAtMs its time) or its end (state running,
   // pausedAtMs 0), with the expiry that follows, in one step.
   virtual Status setPause(const std::string& id, EnvironmentState state, int64_t pausedAtMs, int64_t expiresAtMs) = 0;

@@ -156,6 +156,51 @@ TEST_F(Pause, ThePauseStopsTheTimeToLiveUnlessItWasAskedToRun) {
   EXPECT_NE(bad.body.find("ttl_while_paused"), std::string::npos) << bad.body;
 }
 
+// on_expiry "pause" (docs/PAUSE.md, "At expiry"): the end of the time to
+// live pauses the environment instead of destroying it (its files answer,
+// its processes stay where they are), a resume gives it its time to live
+// again, and the next end pauses it again.
+TEST_F(Pause, AnEnvironmentAskedToPauseAtItsExpiryIsPausedAndAResumeGivesItsTimeAgain) {
+  const std::string id = counting({{"ttl_s", 2}, {"on_expiry", "pause"}});
+  const std::string base = "/v1/environments/" + id;
+  EXPECT_EQ(call("GET", base, nullptr, 200)["on_expiry"], "pause");
+  auto pausedNow = [&] {
+    const auto deadline = Clock::now() + std::chrono::seconds(15);
+    json record;
+    do {
+      record = call("GET", base, nullptr, 200);
+      if (record.value("state", "") == "paused") break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    } while (Clock::now() < deadline);
+    return record;
+  };
+  json paused = pausedNow();
+  const auto seenPaused = Clock::now();
+  ASSERT_EQ(paused["state"], "paused") << "its expiry did not pause it: " << paused.dump();
+  staysStill(id);
+  EXPECT_EQ(daemon_->request("GET", base + "/files/stat?path=/workspace/n").status, 200);
+  const std::string log = eventsUntil("?type=environment.paused&environment=" + id, "environment.paused");
+  EXPECT_NE(log.find("\"reason\":\"expired\""), std::string::npos) << log;
+  EXPECT_NE(log.find("\"actor\":\"moatd\""), std::string::npos) << log;
+  // Its time to live again, counted from the resume.
+  EXPECT_GE(ms(paused["expires_at"]) - ms(paused["paused_at"]), 2000 - 1) << paused.dump();
+  const long stopped = counter(id);
+  json resumed = call("POST", base + "/resume", nullptr, 200);
+  const int64_t seenFor = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - seenPaused).count();
+  EXPECT_EQ(resumed["state"], "running") << resumed.dump();
+  EXPECT_GE(ms(resumed["expires_at"]) - ms(paused["expires_at"]), seenFor - 250) << resumed.dump();
+  EXPECT_TRUE(counts(id, stopped)) << "the counter did not go on";
+  json again = pausedNow();
+  EXPECT_EQ(again["state"], "paused") << "the second end of its time did not pause it: " << again.dump();
+  // A fork keeps the choice; the refusals name the field.
+  EXPECT_EQ(call("POST", base + "/fork", json::object(), 201)["on_expiry"], "pause");
+  for (const char* body : {R"({"on_expiry":"sometimes"})", R"({"on_expiry":"pause","ttl_while_paused":"runs"})"}) {
+    auto bad = daemon_->request("POST", "/v1/environments", body);
+    EXPECT_EQ(bad.status, 400) << bad.body;
+    EXPECT_NE(bad.body.find("on_expiry"), std::string::npos) << bad.body;
+  }
+}
+
 // A fork of a paused environment runs (its files as they were; nothing of
 // its processes) and keeps its choice of what a pause does to the TTL; the
 // paused one stays paused.

@@ -133,7 +133,7 @@ TEST(DaemonFlags, ValuesOutOfRangeAreRefusedByName) {
   EXPECT_EQ(problem({"--egress-hosts", "/nonexistent/hosts"}),
             "invalid_argument: --egress-hosts: cannot read /nonexistent/hosts");
   EXPECT_EQ(problem({"--isolation", "vm"}), "invalid_argument: --isolation needs namespaces or microvm, not vm");
-  EXPECT_EQ(problem({"--microvm-accel", "hvf"}), "invalid_argument: --microvm-accel needs tcg or kvm, not hvf");
+  EXPECT_EQ(problem({"--microvm-accel", "hvf"}), "invalid_argument: --microvm-accel needs auto, kvm or tcg, not hvf");
   EXPECT_EQ(problem({"--microvm-boot-wait", "0"}),
             "invalid_argument: --microvm-boot-wait needs a number of seconds from 1 to 3600");
   // A pool of microVMs (its own isolation, or the default) must be one a
@@ -173,7 +173,7 @@ TEST(DaemonFlags, IsolationAndAccelSetTheManagersDefaults) {
   auto d = parse({});
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->manager.defaultIsolation, backend::Isolation::kNamespaces);
-  EXPECT_EQ(d->manager.microvmAccel, "tcg");
+  EXPECT_EQ(d->manager.microvmAccel, "auto");
   EXPECT_EQ(d->microvmBootWaitS, 120);
 }
 

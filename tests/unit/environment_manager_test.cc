@@ -166,6 +166,28 @@ TEST_F(ManagerTest, TheReaperDestroysAnEnvironmentWhoseTtlPassed) {
   EXPECT_TRUE(backend_.runs(kept->id));
 }
 
+// A create that asked to be paused at its expiry, on a backend that cannot
+// pause (this one): its time is up all the same, so it is destroyed, and the
+// reason says the pause failed and why.
+TEST_F(ManagerTest, AnEnvironmentWhosePauseAtExpiryFailsIsDestroyedSayingWhy) {
+  auto m = start();
+  CreateRequest request;
+  request.ttlS = 1;
+  request.onExpiry = store::ExpiryAction::kPause;
+  auto created = m->create(request);
+  ASSERT_TRUE(created.ok()) << created.error().message();
+  EXPECT_EQ(created->onExpiry, store::ExpiryAction::kPause);
+  EXPECT_EQ(created->ttlS, 1);
+  const std::string id = created->id;
+  ASSERT_TRUE(waitFor([&] { return state(*m, id) == "gone"; })) << state(*m, id);
+  auto gone = m->get(id);
+  ASSERT_TRUE(gone.ok());
+  EXPECT_EQ(gone->reason.rfind("expired (the pause its create asked for failed: ", 0), 0) << gone->reason;
+  EXPECT_NE(gone->reason.find("cannot pause"), std::string::npos) << gone->reason;
+  EXPECT_FALSE(backend_.runs(id));
+  EXPECT_FALSE(events_.find("environment.paused", id));
+}
+
 TEST_F(ManagerTest, AnEnvironmentWhosePid1DiesIsFailedByTheReaperAndFreesItsPlace) {
   ManagerConfig config;
   config.maxEnvironments = 1;

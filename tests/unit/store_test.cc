@@ -318,13 +318,14 @@ TEST_F(StoreTest, SetStateAndExpiryUpdateTheRecord) {
   insert(makeRecord("abc", 1, EnvironmentState::kCreating));
   Status status = store.setState("abc", EnvironmentState::kFailed, "template missing");
   ASSERT_TRUE(status.ok()) << status.error().message();
-  status = store.setExpiry("abc", 987654321);
+  status = store.setExpiry("abc", 987654321, 77);
   ASSERT_TRUE(status.ok()) << status.error().message();
   auto got = store.getEnvironment("abc");
   ASSERT_TRUE(got.ok() && got.value().has_value());
   EXPECT_EQ(got.value()->state, EnvironmentState::kFailed);
   EXPECT_EQ(got.value()->reason, "template missing");
   EXPECT_EQ(got.value()->expiresAtMs, 987654321);
+  EXPECT_EQ(got.value()->ttlS, 77);
   EXPECT_EQ(got.value()->taskId, "task-1");  // the rest is untouched
 }
 
@@ -335,7 +336,7 @@ TEST_F(StoreTest, SetStateAndExpiryOfUnknownIdAreNotFound) {
   ASSERT_FALSE(state.ok());
   EXPECT_EQ(state.error().code, Code::kNotFound);
   EXPECT_NE(state.error().context.find("nope"), std::string::npos) << state.error().context;
-  Status expiry = store.setExpiry("nope", 5);
+  Status expiry = store.setExpiry("nope", 5, 1);
   ASSERT_FALSE(expiry.ok());
   EXPECT_EQ(expiry.error().code, Code::kNotFound);
   // The existing record was not touched by either.
@@ -397,6 +398,8 @@ TEST_F(StoreTest, DataSurvivesReopening) {
   open();
   auto record = makeRecord("abc", 42);
   record.labels = {{"k", "v"}};
+  record.onExpiry = store::ExpiryAction::kPause;
+  record.ttlS = 90;
   insert(record);
   ASSERT_TRUE(store_->setState("abc", EnvironmentState::kDestroying, "shutting down").ok());
   store_.reset();
@@ -408,6 +411,8 @@ TEST_F(StoreTest, DataSurvivesReopening) {
   EXPECT_EQ(got.value()->state, EnvironmentState::kDestroying);
   EXPECT_EQ(got.value()->reason, "shutting down");
   EXPECT_EQ(got.value()->labels, record.labels);
+  EXPECT_EQ(got.value()->onExpiry, store::ExpiryAction::kPause);
+  EXPECT_EQ(got.value()->ttlS, 90);
   // Reopening did not run the migrations again (they would fail on the
   // existing table) and left the version at the newest.
   RawDb raw(path_);
@@ -500,7 +505,7 @@ TEST_F(StoreTest, InjectionLookingValuesAreStoredVerbatim) {
   EXPECT_EQ(list({.taskId = kInjection, .labels = {{kInjection, kInjection}}, .owner = kInjection}),
             (std::vector<std::string>{kInjection}));
   ASSERT_TRUE(store.setState(kInjection, EnvironmentState::kGone, kInjection).ok());
-  ASSERT_TRUE(store.setExpiry(kInjection, 7).ok());
+  ASSERT_TRUE(store.setExpiry(kInjection, 7, 1).ok());
 
   // The table is still there, with the row, and takes more.
   insert(makeRecord("after", 2));
@@ -531,7 +536,7 @@ TEST_F(StoreTest, ConcurrentInsertsAndListsFromEightThreads) {
         // is read from the connection after the failing call.
         Status duplicate = store.insertEnvironment(record);
         if (duplicate.ok() || duplicate.error().code != Code::kConflict) ++failures;
-        Status unknown = store.setExpiry("missing-" + record.id, 1);
+        Status unknown = store.setExpiry("missing-" + record.id, 1, 1);
         if (unknown.ok() || unknown.error().code != Code::kNotFound) ++failures;
       }
     });

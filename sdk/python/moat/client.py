@@ -70,6 +70,7 @@ class Moat:
         isolation: Optional[str] = None,
         ttl_s: Optional[int] = None,
         ttl_while_paused: Optional[str] = None,
+        on_expiry: Optional[str] = None,
         task_id: Optional[str] = None,
         labels: Optional[Mapping[str, str]] = None,
         env: Optional[Mapping[str, str]] = None,
@@ -85,7 +86,9 @@ class Moat:
         directory; ``snapshot``: start from one of your snapshots instead;
         ``isolation``: ``namespaces`` or ``microvm`` (docs/MICROVM.md);
         ``ttl_while_paused``: ``stops`` (the default: a pause stops the time
-        to live) or ``runs`` (docs/PAUSE.md).
+        to live) or ``runs`` (docs/PAUSE.md); ``on_expiry``: ``destroy`` (the
+        default) or ``pause`` (paused when its time runs out; a resume gives
+        it ``ttl_s`` again).
         Anything else the API takes goes in ``fields``.
         """
         body: dict[str, Any] = {}
@@ -95,7 +98,8 @@ class Moat:
         if spec:
             body["spec"] = spec
         for key, value in {
-            "template": template, "ttl_s": ttl_s, "ttl_while_paused": ttl_while_paused, "task_id": task_id,
+            "template": template, "ttl_s": ttl_s, "ttl_while_paused": ttl_while_paused, "on_expiry": on_expiry,
+            "task_id": task_id,
             "labels": labels, "env": env, "permissions": permissions, "network": network, "secrets": secrets,
             "snapshot": snapshot,
         }.items():

@@ -43,6 +43,7 @@ def test_an_environment_is_a_context_manager(moat: Moat) -> None:
 def test_pause_stops_the_processes_and_resume_lets_them_go_on(moat: Moat) -> None:
     with moat.create(ram_mb=256, ttl_s=600) as env:
         assert env.info["ttl_while_paused"] == "stops" and "paused_at" not in env.info
+        assert env.info["on_expiry"] == "destroy"
         env.start(["sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /workspace/n.tmp; mv /workspace/n.tmp /workspace/n; done"])
 
         def counter() -> int:
@@ -70,6 +71,8 @@ def test_pause_stops_the_processes_and_resume_lets_them_go_on(moat: Moat) -> Non
         wait_until(lambda: counter() > stopped, what="the counter to move again")
         assert env.run("echo running").stdout == "running\n"
         assert env.resume()["state"] == "running"  # resuming a running one: no error
+    with moat.create(ttl_s=600, on_expiry="pause") as kept:
+        assert kept.info["on_expiry"] == "pause"
     with moat.create(ttl_s=600, ttl_while_paused="runs") as runs:
         assert runs.info["ttl_while_paused"] == "runs"
         assert runs.pause()["ttl_while_paused"] == "runs" and runs.state == "paused"

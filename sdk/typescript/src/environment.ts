@@ -28,6 +28,7 @@ import type {
   ForkRequest,
   GatedOptions,
   NetworkMode,
+  OnExpiry,
   Permissions,
   Preview,
   PreviewCreated,
@@ -197,6 +198,9 @@ export class Environment implements EnvironmentInfo {
   }
   get ttl_while_paused(): TtlWhilePaused | undefined {
     return this.record.ttl_while_paused;
+  }
+  get on_expiry(): OnExpiry | undefined {
+    return this.record.on_expiry;
   }
   get paused_at(): string | undefined {
     return this.record.paused_at;

@@ -27,6 +27,8 @@ export type EnvironmentState = "creating" | "running" | "paused" | "destroying" 
  * `expires_at` on by the pause's length). docs/PAUSE.md.
  */
 export type TtlWhilePaused = "stops" | "runs";
+/** What the end of the time to live does (docs/PAUSE.md, "At expiry"). */
+export type OnExpiry = "destroy" | "pause";
 
 /** What bounds an environment (docs/MICROVM.md). */
 export type Isolation = "namespaces" | "microvm";
@@ -53,6 +55,11 @@ export interface CreateEnvironmentRequest {
   ttl_s?: number;
   /** Whether the time to live goes on while it is paused (`"runs"`) or stops (`"stops"`, the default). */
   ttl_while_paused?: TtlWhilePaused;
+  /**
+   * `"destroy"` (the default) or `"pause"`: the environment is paused when its time runs out, and a
+   * resume gives it `ttl_s` again. `"pause"` needs `ttl_while_paused: "stops"`.
+   */
+  on_expiry?: OnExpiry;
   labels?: Record<string, string>;
   /** Variables every command in the environment gets. */
   env?: Record<string, string>;
@@ -122,6 +129,8 @@ export interface EnvironmentInfo {
   expires_at: string;
   /** Whether its time to live goes on while paused. */
   ttl_while_paused?: TtlWhilePaused;
+  /** What the end of its time to live does. */
+  on_expiry?: OnExpiry;
   /** When the pause that holds it began; present only while paused. */
   paused_at?: string;
   labels: Record<string, string>;

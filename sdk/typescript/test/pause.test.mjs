@@ -41,6 +41,7 @@ describe("pause and resume, against a real moatd", { skip }, () => {
     const env = await moat.create({ task_id: "pause", spec: { ram_mb: 256 }, ttl_s: 600 });
     try {
       assert.equal(env.ttl_while_paused, "stops");  // the default
+      assert.equal(env.on_expiry, "destroy");  // the default
       assert.equal(env.paused_at, undefined);
       await env.start(["sh", "-c", "i=0; while :; do i=$((i+1)); echo $i > /workspace/n.tmp; mv /workspace/n.tmp /workspace/n; done"]);
       // The counter's value now (NaN while the file is being rewritten).
@@ -94,6 +95,11 @@ describe("pause and resume, against a real moatd", { skip }, () => {
   it("ttl_while_paused: runs is kept, and a paused environment can be destroyed", async () => {
     const env = await moat.create({ ttl_s: 600, ttl_while_paused: "runs" });
     assert.equal(env.ttl_while_paused, "runs");
+    // A pause at expiry needs the time stopped while paused: refused by name.
+    await assert.rejects(moat.create({ ttl_while_paused: "runs", on_expiry: "pause" }), /on_expiry/);
+    const kept = await moat.create({ ttl_s: 600, on_expiry: "pause" });
+    assert.equal(kept.on_expiry, "pause");
+    await kept.destroy();
     const paused = await moat.environments.pause(env.id);
     assert.equal(paused.state, "paused");
     assert.equal(paused.ttl_while_paused, "runs");

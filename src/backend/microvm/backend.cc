@@ -68,7 +68,6 @@ constexpr auto kSnapshotWait = std::chrono::seconds(30);
 
 HostSupport probeHost(const std::string& accel) {
   HostSupport host;
-  host.kvm = accel == "kvm";
   auto kernel = findGuestKernel();
   if (!kernel.ok()) {
     host.missing = kernel.error().message();
@@ -94,10 +93,13 @@ HostSupport probeHost(const std::string& accel) {
     host.missing = "the kernel has no Landlock, which each template's image is made under";
     return host;
   }
-  if (host.kvm && ::access("/dev/kvm", R_OK | W_OK) != 0) {
+  if (accel == "kvm" && ::access("/dev/kvm", R_OK | W_OK) != 0) {
     host.missing = "KVM was asked for and /dev/kvm cannot be opened";
     return host;
   }
+  const AccelChoice choice = chooseAccel(accel, host.kernel);
+  host.kvm = choice.kvm;
+  host.accelWhy = choice.why;
   host.available = true;
   return host;
 }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/microvm/accel.h"
 #include "backend/microvm/saved_guests.h"
 #include "backend/microvm/vm.h"
 #include "common/dedicated_thread.h"
@@ -28,14 +29,14 @@ namespace moat::backend::microvm {
 // What this host offers microVMs, looked at once (moatd's start, doctor).
 struct HostSupport {
   bool available = false;
-  std::string missing;  // why not: what to install or name
-  bool kvm = false;     // QEMU's accelerator: KVM, or TCG (emulated)
+  std::string missing;   // why not: what to install or name
+  bool kvm = false;      // QEMU's accelerator: KVM, or TCG (emulated)
+  std::string accelWhy;  // what chose it (accel.h chooseAccel)
   GuestKernel kernel;
   std::string initBinary;
 };
-// `accel`: "kvm", "tcg" or "" (the default: TCG, since a /dev/kvm that
-// answers every ioctl may still fail to boot a guest, as a nested PVM one
-// does; docs/MICROVM.md).
+// `accel`: "kvm", "tcg" or "auto" (KVM where a probe boot under it works:
+// accel.h chooseAccel; docs/MICROVM.md).
 HostSupport probeHost(const std::string& accel);
 
 class MicroVmBackend final : public Backend {

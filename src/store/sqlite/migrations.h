@@ -183,6 +183,14 @@ CREATE INDEX environments_state ON environments (state);
 CREATE INDEX environments_task_id ON environments (task_id);
 CREATE INDEX environments_owner ON environments (owner);
 )sql"},
+    // What the time to live does when it runs out (docs/PAUSE.md, "At
+    // expiry"), and the time to live given last, which a resume after a
+    // pause at expiry gives again.
+    Migration{11, R"sql(
+ALTER TABLE environments ADD COLUMN on_expiry TEXT NOT NULL DEFAULT 'destroy'
+  CHECK (on_expiry IN ('destroy', 'pause'));
+ALTER TABLE environments ADD COLUMN ttl_s INTEGER NOT NULL DEFAULT 0;
+)sql"},
 };
 
 inline constexpr int kSchemaVersion = kMigrations.back().version;

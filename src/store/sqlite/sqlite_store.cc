@@ -244,7 +244,7 @@ Result<std::map<std::string, std::string>> decodeLabels(const std::string& text,
 constexpr std::string_view kSelectEnvironments =
     "SELECT id, task_id, template, cpus, ram_mb, storage_gb, pids, labels, state, reason,"
     " created_at_ms, expires_at_ms, owner, env, permissions, network, secrets, net_slot, isolation, accel,"
-    " paused_at_ms, ttl_while_paused"
+    " paused_at_ms, ttl_while_paused, on_expiry, ttl_s"
     " FROM environments";
 constexpr std::string_view kNewestFirst = " ORDER BY created_at_ms DESC, id";
 
@@ -276,6 +276,13 @@ Result<EnvironmentRecord> readEnvironment(const Statement& stmt) {
   record.accel = stmt.text(19);
   record.pausedAtMs = stmt.integer(20);
   record.ttlRunsWhilePaused = stmt.text(21) == "runs";
+  auto action = expiryActionNamed(stmt.text(22));
+  if (!action) {
+    return Error::make(Code::kCorrupt,
+                       "environment " + record.id + " has no known action at expiry ('" + stmt.text(22) + "')");
+  }
+  record.onExpiry = *action;
+  record.ttlS = stmt.integer(23);
   return record;
 }
 
@@ -349,9 +356,10 @@ Status SqliteStore::insertEnvironment(const EnvironmentRecord& record) {
                                                 "INSERT INTO environments (id, task_id, template, cpus, ram_mb,"
                                                 " storage_gb, pids, labels, state, reason, created_at_ms,"
                                                 " expires_at_ms, owner, env, permissions, network, secrets, net_slot,"
-                                                " isolation, accel, paused_at_ms, ttl_while_paused)"
+                                                " isolation, accel, paused_at_ms, ttl_while_paused, on_expiry,"
+                                                " ttl_s)"
                                                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-                                                " ?, ?)",
+                                                " ?, ?, ?, ?)",
                                                 what));
   // The unsigned counts are stored as their 64-bit pattern and read back the
   // same way, so every value round-trips.
@@ -360,7 +368,8 @@ Status SqliteStore::insertEnvironment(const EnvironmentRecord& record) {
                         std::string(stateName(record.state)), record.reason, record.createdAtMs, record.expiresAtMs,
                         record.owner, env, record.permissions, record.network, record.secrets, record.netSlot,
                         record.isolation, record.accel, record.pausedAtMs,
-                        std::string(record.ttlRunsWhilePaused ? "runs" : "stops")));
+                        std::string(record.ttlRunsWhilePaused ? "runs" : "stops"),
+                        std::string(actionName(record.onExpiry)), record.ttlS));
   return stmt.run();
 }
 
@@ -431,12 +440,13 @@ Status SqliteStore::setState(const std::string& id, EnvironmentState state, cons
   return {};
 }
 
-Status SqliteStore::setExpiry(const std::string& id, int64_t expiresAtMs) {
+Status SqliteStore::setExpiry(const std::string& id, int64_t expiresAtMs, int64_t ttlS) {
   const std::string what = "set expiry of environment " + id;
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
-                                                "UPDATE environments SET expires_at_ms = ? WHERE id = ?", what));
-  MOAT_TRY(stmt.bindAll(expiresAtMs, id));
+  MOAT_ASSIGN(Statement stmt,
+              Statement::cached(statements_, db_.get(),
+                                "UPDATE environments SET expires_at_ms = ?, ttl_s = ? WHERE id = ?", what));
+  MOAT_TRY(stmt.bindAll(expiresAtMs, ttlS, id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) {
     return Error::make(Code::kNotFound, what + ": no such environment");

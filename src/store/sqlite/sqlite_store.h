@@ -37,7 +37,7 @@ class SqliteStore final : public Store {
   Result<std::optional<EnvironmentRecord>> getEnvironment(const std::string& id) override;
   Result<std::vector<EnvironmentRecord>> listEnvironments(const EnvironmentFilter& filter) override;
   Status setState(const std::string& id, EnvironmentState state, const std::string& reason) override;
-  Status setExpiry(const std::string& id, int64_t expiresAtMs) override;
+  Status setExpiry(const std::string& id, int64_t expiresAtMs, int64_t ttlS) override;
   Status setPause(const std::string& id, EnvironmentState state, int64_t pausedAtMs, int64_t expiresAtMs) override;
   Result<std::vector<EnvironmentRecord>> liveEnvironments() override;
   Status insertKey(const ApiKeyRecord& key) override;
