@@ -10,7 +10,7 @@ FUZZ_SECONDS ?= 10
 ASAN_BUILD ?= build-asan
 SANITIZE ?= 1
 
-.PHONY: all deps build run test bench sanitize fuzz asan-configure format clean
+.PHONY: all deps build run test test-microvm bench sanitize fuzz asan-configure format clean
 
 all: build
 
@@ -28,9 +28,14 @@ run: build
 # The tests, a short fuzz pass (FUZZ_SECONDS per target; 0 replays the fuzz
 # corpora only), then the tests again under ASan + UBSan (SANITIZE=0 skips it).
 test: build
-	@cd $(BUILD) && ctest --output-on-failure --timeout 300 -j 2
+	@cd $(BUILD) && ctest --output-on-failure --timeout 300 -j 2 -LE microvm_slow
 	@$(MAKE) --no-print-directory fuzz
 	@if [ "$(SANITIZE)" != 0 ]; then $(MAKE) --no-print-directory sanitize; fi
+
+# Every microVM test (TCG here: slow), the slow tier that `make test`
+# leaves out included: docs/MICROVM.md, "Tests".
+test-microvm: build
+	@cd $(BUILD) && ctest --output-on-failure --timeout 600 -j 2 -R '[Mm]icro[Vv]m|KvmProbe|HelperRoot'
 
 bench: build
 	@bench/run.sh $(BUILD)/bin
@@ -56,7 +61,7 @@ asan-configure: deps
 sanitize: asan-configure
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
-	  MOAT_BOARD_CARDS=50 ctest --output-on-failure --timeout 600 -j 2 -LE 'stress|structure' -E '^security\.exhaustion$$|^integration\.MicroVm|^api\.openapi_conformance_microvm$$|^egress\.microvm$$'
+	  MOAT_BOARD_CARDS=50 ctest --output-on-failure --timeout 600 -j 2 -LE 'stress|structure|microvm_slow' -E '^security\.exhaustion$$|^integration\.MicroVm|^api\.openapi_conformance_microvm$$|^egress\.microvm$$'
 
 # libFuzzer targets for the parsers of untrusted input, built in ASAN_BUILD:
 # each runs FUZZ_SECONDS from fuzz/corpus/<name>/; docs/SECURITY.md, "Fuzzing".
