@@ -12,7 +12,13 @@ the peer's freeze (write, then poll until the kernel says frozen), moat's
 resume, the peer's thaw. Prints p50/p99 per operation and moat's ratio to
 the peer.
 
-  bench/pause.py --bin-dir build/bin [--mib 64,256,1024] [--runs 20] [--json FILE]
+With --microvm: a microVM environment (a static busybox template, 256 MB)
+running the same counter, paused and resumed by its guest's moat-init
+(docs/PAUSE.md, "microVM environments"), against a namespace environment
+running it on the same moatd, interleaved per round (instead of the
+memory sizes' rows).
+
+  bench/pause.py --bin-dir build/bin [--mib 64,256,1024] [--runs 20] [--microvm] [--json FILE]
 
 Needs root; exits 0 with SKIP otherwise.
 """
@@ -114,17 +120,54 @@ def summary(values):
     return {"p50": round(statistics.median(s), 2), "p99": round(s[min(len(s) - 1, int(len(s) * 0.99))], 2)}
 
 
+def microvm_row(m, runs):
+    """A microVM's pause and resume against a namespace environment's, per
+    round: vm pause, namespace pause, vm resume, namespace resume."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
+    import busybox_tree  # noqa: E402
+    why = busybox_tree.missing()
+    if why:
+        raise SystemExit(f"--microvm: {why}")
+    tree = busybox_tree.busybox_tree(prefix="moat-bench-pause-vm-")
+    envs = {}
+    try:
+        envs["microvm"] = h.expect_status(m.call("POST", "/v1/environments", {
+            "template": tree, "spec": {"isolation": "microvm", "ram_mb": 256}}), 201)["id"]
+        envs["namespaces"] = h.expect_status(m.call("POST", "/v1/environments", {"spec": {"ram_mb": 256}}), 201)["id"]
+        for env in envs.values():
+            h.expect_status(m.call("POST", f"/v1/environments/{env}/processes", {"cmd": ["sh", "-c", COUNTER]}), 201)
+        time.sleep(1)
+        samples = {f"{kind} {op}": [] for op in ("pause", "resume") for kind in envs}
+        for _ in range(runs):
+            for op in ("pause", "resume"):
+                for kind, env in envs.items():
+                    samples[f"{kind} {op}"].append(
+                        timed(lambda: h.expect_status(m.call("POST", f"/v1/environments/{env}/{op}"), 200)))
+            time.sleep(0.05)
+        row = {k: summary(v) for k, v in samples.items()}
+        for op in ("pause", "resume"):
+            row[f"microvm / namespaces {op} (p50)"] = round(
+                row[f"microvm {op}"]["p50"] / max(row[f"namespaces {op}"]["p50"], 1e-3), 1)
+        return row
+    finally:
+        for env in envs.values():
+            m.call("DELETE", f"/v1/environments/{env}")
+        import shutil
+        shutil.rmtree(tree, ignore_errors=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin-dir", required=True)
     ap.add_argument("--mib", default="64,256,1024")
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--microvm", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("SKIP: needs root (moatd creates namespaces, cgroups and mounts)")
         return 0
-    sizes = [int(x) for x in args.mib.split(",")]
+    sizes = [int(x) for x in args.mib.split(",")] if not args.microvm else []
     m = h.Moatd(args.bin_dir, prefix="moatd-bench-pause-")
     results = {}
     try:
@@ -160,6 +203,9 @@ def main():
             row["resume / thaw (p50)"] = round(row["moat resume"]["p50"] / max(row["freezer thaw"]["p50"], 1e-3), 1)
             results[f"{mib} MiB"] = row
             print(f"{mib} MiB: " + json.dumps(row))
+        if args.microvm:
+            results["microvm"] = microvm_row(m, args.runs)
+            print("microvm: " + json.dumps(results["microvm"]))
     finally:
         m.stop()
         m.remove()

@@ -107,6 +107,15 @@ HttpResponse Api::createEnvironment(const HttpRequest& req, const Principal& pri
                                    "paused when its time to live runs out: docs/PAUSE.md)"));
     }
     create.onExpiry = *action;
+    // Kept paused past its time, it holds its memory and its place until
+    // someone resumes or destroys it: what a pause may do, so the key
+    // must be one that may pause.
+    if (create.onExpiry == store::ExpiryAction::kPause && !principal.may("pause")) {
+      return errorResponse({403, "forbidden",
+                            "on_expiry: \"pause\" keeps the environment past its time to live: it needs the "
+                            "key's pause scope",
+                            "on_expiry"});
+    }
   }
   // Paused at expiry with its time running on, it would be due again at
   // once: a pause at expiry stops the time to live.

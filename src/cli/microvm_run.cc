@@ -73,8 +73,12 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
   if (::mkdir(dir.c_str(), 0700) != 0) return Error::fromErrno("mkdir " + dir);
   run->dir_ = dir;
   // KVM where a probe boot under it works (accel.h), unless the caller says.
-  const char* accel = std::getenv("MOAT_MICROVM_ACCEL");
-  const bool kvm = backend::microvm::chooseAccel(accel && *accel ? accel : "auto", kernel).kvm;
+  const char* accelEnv = std::getenv("MOAT_MICROVM_ACCEL");
+  const std::string accel = accelEnv && *accelEnv ? accelEnv : "auto";
+  if (accel != "auto" && accel != "kvm" && accel != "tcg") {
+    return Error::make(Code::kInvalidArgument, "MOAT_MICROVM_ACCEL: auto, kvm or tcg, not '" + accel + "'");
+  }
+  const bool kvm = backend::microvm::chooseAccel(accel, kernel).kvm;
   // QEMU's cgroup: the spec's CPU time, the guest's RAM and QEMU's own.
   MOAT_ASSIGN(auto layout, isolation::cgroup::preparedHostLayout(false));
   MOAT_ASSIGN(run->cgroup_,

@@ -81,14 +81,24 @@ EnvironmentManager::EnvironmentManager(ManagerConfig config, store::Store& store
 }
 
 void EnvironmentManager::stopThreads() {
+  markStopping();
+  joinThreads();
+}
+
+void EnvironmentManager::markStopping() {
   {
     std::lock_guard<std::mutex> lock(threadsMutex_);
     stopping_ = true;
   }
   reaperCv_.notify_all();
   poolCv_.notify_all();
+}
+
+void EnvironmentManager::joinThreads() {
   if (reaper_.joinable()) reaper_.join();
   if (pooler_.joinable()) pooler_.join();
+  std::unique_lock<std::mutex> lock(threadsMutex_);
+  expiryCv_.wait(lock, [&] { return expiryWorkers_ == 0; });
 }
 
 EnvironmentManager::~EnvironmentManager() {
@@ -103,10 +113,12 @@ EnvironmentManager::~EnvironmentManager() {
 }
 
 void EnvironmentManager::interrupt() {
-  stopThreads();
+  markStopping();
+  // Closed first: a pause at expiry waiting on a guest's answer ends now.
   auto connections = live_.connections();
   for (auto& warm : pools_.connections()) connections.push_back(std::move(warm));
   for (auto& [id, c] : connections) c->close("moatd is shutting down");
+  joinThreads();
 }
 
 Status EnvironmentManager::recoverAfterRestart() {

@@ -164,9 +164,13 @@ class EnvironmentManager final : public EnvironmentService,
   // that a resume gives it that time again.
   Result<store::EnvironmentRecord> pauseHeld(const std::string& id, const std::string& actor, bool atExpiry);
   // The reaper's end of a time to live: a destroy (reason "expired"), or a
-  // pause where the create asked for one (docs/PAUSE.md, "At expiry"); a
-  // pause that fails destroys it, saying why.
+  // pause where the create asked for one (docs/PAUSE.md, "At expiry"), on
+  // a thread of its own (a pause may wait on the environment: a microVM's
+  // moat-init answers it), one per environment at a time.
   void expire(const std::string& id);
+  // That pause; one that fails destroys the environment, saying why,
+  // unless it is no longer due or running by then.
+  void pauseAtExpiry(const std::string& id);
   // Gives a running environment its egress link and the files and variables
   // that go with it (resolver, CA bundle, proxy variables).
   Status connectNetwork(const std::string& id, const egress::Policy& policy,
@@ -212,6 +216,10 @@ class EnvironmentManager final : public EnvironmentService,
   void dropNetworkVariables(const std::string& id);
   void reaperLoop();
   void stopThreads();  // idempotent
+  // stopThreads in two: no new work from here on (stopping_), then the
+  // threads joined and the pauses at expiry waited for.
+  void markStopping();
+  void joinThreads();
   void onInitGone(const std::string& id);
   // Fills every warm pool up to its size; returns when all are full, at
   // capacity, or backing off.
@@ -273,6 +281,11 @@ class EnvironmentManager final : public EnvironmentService,
   void sendExecPolicy(const std::string& id, const std::shared_ptr<InitConnection>& connection);
   bool stopping_ = false;
   bool detached_ = false;
+  // Pauses at expiry under way (expire()), by environment, and how many
+  // threads run them; expiryCv_ says when one ends.
+  std::set<std::string> expiring_;
+  int expiryWorkers_ = 0;
+  std::condition_variable expiryCv_;
   std::vector<std::weak_ptr<Process>> lossless_;  // watched by the reaper (releaseIfUnfollowed)
   std::condition_variable reaperCv_;
   std::thread reaper_;

@@ -65,12 +65,31 @@ void EnvironmentManager::expire(const std::string& id) {
     (void)destroy(id, "expired");
     return;
   }
+  {
+    std::lock_guard<std::mutex> lock(threadsMutex_);
+    // Under way already (the reaper lists it until its pause is in force).
+    if (stopping_ || !expiring_.insert(id).second) return;
+    ++expiryWorkers_;
+  }
+  std::thread([this, id] {
+    pauseAtExpiry(id);
+    {
+      std::lock_guard<std::mutex> lock(threadsMutex_);
+      expiring_.erase(id);
+      --expiryWorkers_;
+    }
+    expiryCv_.notify_all();
+  }).detach();
+}
+
+void EnvironmentManager::pauseAtExpiry(const std::string& id) {
   auto paused = pauseHeld(id, "moatd", true);
   if (paused.ok()) return;
-  // Gone or going meanwhile: nothing to do. Otherwise its time is up all
-  // the same: a limit holds even when the pause asked for cannot be made.
+  // Gone, paused or given more time meanwhile: nothing to do. Otherwise its
+  // time is up all the same: a limit holds when the pause asked for cannot
+  // be made.
   auto now = get(id);
-  if (now.ok() && now->state != EnvironmentState::kRunning && now->state != EnvironmentState::kPaused) return;
+  if (!now.ok() || now->state != EnvironmentState::kRunning || now->expiresAtMs > nowMs()) return;
   (void)destroy(id, "expired (the pause its create asked for failed: " + paused.error().message() + ")");
 }
 

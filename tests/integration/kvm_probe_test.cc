@@ -2,7 +2,8 @@
 // where a probe boot under it ends as it should, TCG with the reason
 // otherwise, the answer kept for the host's boot. QEMU is a stand-in here
 // (this host's /dev/kvm, where it has one, boots nothing): a script that
-// ends at once, fails, or never ends.
+// prints the kernel's panic and ends, ends without it (a reset), fails, or
+// never ends.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -49,21 +50,31 @@ class KvmProbe : public ::testing::Test {
   AccelProbe probe_;
 };
 
+// What a kernel that found no root prints on the console QEMU gives it.
+const char kBooted[] = "echo 'Kernel panic - not syncing: VFS: Unable to mount root fs on unknown-block(0,0)'; exit 0";
+
 TEST_F(KvmProbe, TheOperatorsWordIsTakenAndNoDeviceMeansTcg) {
-  qemuIs("exit 0");
+  qemuIs(kBooted);
   EXPECT_TRUE(chooseAccel("kvm", kernel_, probe_).kvm);
   EXPECT_FALSE(chooseAccel("tcg", kernel_, probe_).kvm);
   probe_.device = dir_ + "/none";
   auto none = chooseAccel("auto", kernel_, probe_);
   EXPECT_FALSE(none.kvm);
-  EXPECT_NE(none.why.find(dir_ + "/none cannot be opened"), std::string::npos) << none.why;
+  EXPECT_NE(none.why.find(dir_ + "/none cannot be opened (No such file or directory)"), std::string::npos) << none.why;
 }
 
 TEST_F(KvmProbe, KvmOnlyWhereTheProbeBootEndsAsItShould) {
-  qemuIs("exit 0");
+  qemuIs(kBooted);
   auto booted = chooseAccel("auto", kernel_, probe_);
   EXPECT_TRUE(booted.kvm) << booted.why;
   EXPECT_NE(booted.why.find("ended as it should"), std::string::npos) << booted.why;
+
+  // Ended, but no kernel said anything: a reset (a triple fault ends QEMU
+  // the same way under -no-reboot) is no boot.
+  qemuIs("exit 0");
+  auto reset = chooseAccel("auto", kernel_, probe_);
+  EXPECT_FALSE(reset.kvm);
+  EXPECT_NE(reset.why.find("without the guest kernel's panic"), std::string::npos) << reset.why;
 
   // What it is asked to boot (said on stderr: it may write no file): the
   // kernel under KVM, with nothing to run. QEMU's words are the reason.
@@ -85,29 +96,36 @@ TEST_F(KvmProbe, KvmOnlyWhereTheProbeBootEndsAsItShould) {
 
 TEST_F(KvmProbe, TheAnswerIsKeptForTheSameDeviceQemuAndKernel) {
   probe_.keptIn = dir_ + "/kept";
-  qemuIs("exit 0");
-  EXPECT_TRUE(chooseAccel("auto", kernel_, probe_).kvm);
-  auto kept = os::readFile(probe_.keptIn);
-  ASSERT_TRUE(kept.ok());
-  EXPECT_NE(kept->find("\nkvm\n"), std::string::npos) << *kept;
-  // QEMU would now fail: the kept answer holds, and says it is an earlier one.
-  qemuIs("exit 1");
-  auto again = chooseAccel("auto", kernel_, probe_);
-  EXPECT_TRUE(again.kvm);
-  EXPECT_NE(again.why.find("at an earlier start"), std::string::npos) << again.why;
-  // Another kernel: booted again.
+  qemuIs(kBooted);
+  // A kept answer says it is one; a probe does not.
+  auto kept = [&](const GuestKernel& kernel) {
+    auto choice = chooseAccel("auto", kernel, probe_);
+    EXPECT_TRUE(choice.kvm) << choice.why;
+    return choice.why.find("at an earlier start") != std::string::npos;
+  };
+  EXPECT_FALSE(kept(kernel_));
+  auto file = os::readFile(probe_.keptIn);
+  ASSERT_TRUE(file.ok());
+  EXPECT_NE(file->find("\nkvm\n"), std::string::npos) << *file;
+  EXPECT_TRUE(kept(kernel_)) << "the same device, QEMU and kernel";
+  // Half of it (a writer that stopped): no answer.
+  const std::string whole = file.value();
+  ASSERT_TRUE(os::writeFile(probe_.keptIn, whole.substr(0, whole.find("\nkvm\n") + 5), 0644).ok());
+  EXPECT_FALSE(kept(kernel_)) << "half a file was taken for an answer";
+  // Another kernel.
   ASSERT_TRUE(os::writeFile(dir_ + "/vmlinuz-2", "not a kernel either", 0644).ok());
   GuestKernel other = kernel_;
   other.image = dir_ + "/vmlinuz-2";
-  EXPECT_FALSE(chooseAccel("auto", other, probe_).kvm);
-  // A device made again (its module loaded again): booted again.
+  EXPECT_FALSE(kept(other)) << "another kernel";
+  EXPECT_TRUE(kept(other));
+  // QEMU replaced (an upgrade: a new file at the same path).
+  qemuIs(kBooted);
+  EXPECT_FALSE(kept(other)) << "another QEMU";
+  // The device made again (its module loaded again).
   ASSERT_EQ(::unlink(probe_.device.c_str()), 0);
   ASSERT_TRUE(os::writeFile(dir_ + "/spare", "", 0644).ok());  // keeps the old inode number from coming back
   ASSERT_TRUE(os::writeFile(probe_.device, "", 0644).ok());
-  EXPECT_FALSE(chooseAccel("auto", kernel_, probe_).kvm);
-  // Whatever is kept, nothing but its own lines: a half-written file is no answer.
-  ASSERT_TRUE(os::writeFile(probe_.keptIn, "garbage", 0644).ok());
-  EXPECT_FALSE(chooseAccel("auto", kernel_, probe_).kvm);
+  EXPECT_FALSE(kept(other)) << "another device";
 }
 
 }  // namespace

@@ -320,6 +320,15 @@ TEST_F(Pause, OnlyAKeyWithThePauseScopePausesAndOnlyItsOwn) {
   EXPECT_EQ(as(with["token"], "POST", "/v1/environments/" + ownId + "/resume").status, 200);
   EXPECT_EQ(daemon_->request("POST", "/v1/environments/000000000000/pause").status, 404);
   EXPECT_EQ(daemon_->request("POST", "/v1/environments/" + mine + "/pause", "{not json").status, 400);
+  // A pause at expiry keeps the environment past its time, as a pause
+  // does: a key that may not pause may not ask for it either.
+  const std::string atExpiry = R"({"ttl_s":1,"on_expiry":"pause"})";
+  auto refused = as(without["token"], "POST", "/v1/environments", atExpiry);
+  EXPECT_EQ(refused.status, 403) << refused.body;
+  EXPECT_NE(refused.body.find("on_expiry"), std::string::npos) << refused.body;
+  EXPECT_EQ(as(without["token"], "GET", "/v1/environments").body.find("\"on_expiry\":\"pause\""), std::string::npos)
+      << "the refused create made an environment";
+  EXPECT_EQ(as(with["token"], "POST", "/v1/environments", atExpiry).status, 201);
 }
 
 }  // namespace

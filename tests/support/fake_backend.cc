@@ -229,6 +229,22 @@ void FakeBackend::failNextCreate(Code code, const std::string& message) {
   failCreate_ = Error::make(code, message);
 }
 
+Status FakeBackend::pause(const std::string& id) {
+  record("pause", id);
+  std::unique_lock<std::mutex> lock(mutex_);
+  pauseCv_.wait(lock, [&] { return !holdPauses_; });
+  lock.unlock();
+  return Backend::pause(id);
+}
+
+void FakeBackend::holdPauses(bool hold) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    holdPauses_ = hold;
+  }
+  pauseCv_.notify_all();
+}
+
 void FakeBackend::failSnapshotDeletes(bool fail) {
   std::lock_guard<std::mutex> lock(mutex_);
   failSnapshotDeletes_ = fail;

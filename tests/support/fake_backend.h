@@ -2,6 +2,7 @@
 
 #include <sys/types.h>
 
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -41,6 +42,10 @@ class FakeBackend final : public backend::Backend {
   Result<std::vector<std::string>> snapshots() override;
   // Records the call; no files: nothing changed.
   Result<backend::Changes> changes(const backend::ChangesRequest& request) override;
+  // Records the call and cannot pause (as the base backend), after waiting
+  // while pauses are held (holdPauses): a pause that takes long.
+  Status pause(const std::string& id) override;
+  void holdPauses(bool hold);
 
   std::vector<Call> calls();
   // Calls of one kind, in order.
@@ -75,6 +80,8 @@ class FakeBackend final : public backend::Backend {
   std::set<std::string> snapshots_;
   std::optional<Error> failCreate_;
   bool failSnapshotDeletes_ = false;
+  bool holdPauses_ = false;
+  std::condition_variable pauseCv_;
   backend::Usage usage_;
 };
 

@@ -188,6 +188,29 @@ TEST_F(ManagerTest, AnEnvironmentWhosePauseAtExpiryFailsIsDestroyedSayingWhy) {
   EXPECT_FALSE(events_.find("environment.paused", id));
 }
 
+// A pause at expiry that takes long (a guest slow to answer) holds up no
+// other environment's expiry: it runs off the reaper's thread.
+TEST_F(ManagerTest, APauseAtExpiryThatTakesLongHoldsUpNoOtherExpiry) {
+  auto m = start();
+  backend_.holdPauses(true);
+  CreateRequest pausing;
+  pausing.ttlS = 1;
+  pausing.onExpiry = store::ExpiryAction::kPause;
+  auto slow = m->create(pausing);
+  ASSERT_TRUE(slow.ok()) << slow.error().message();
+  ASSERT_TRUE(waitFor([&] { return !backend_.calls("pause").empty(); })) << "its pause never began";
+  CreateRequest plain;
+  plain.ttlS = 1;
+  auto other = m->create(plain);
+  ASSERT_TRUE(other.ok()) << other.error().message();
+  const bool otherExpired = waitFor([&] { return state(*m, other->id) == "gone"; });
+  EXPECT_NE(state(*m, slow->id), "gone") << "its pause is still under way";
+  backend_.holdPauses(false);
+  EXPECT_TRUE(otherExpired) << "the other environment's expiry waited on the pause";
+  ASSERT_TRUE(waitFor([&] { return state(*m, slow->id) == "gone"; })) << state(*m, slow->id);
+  EXPECT_EQ(backend_.calls("pause").size(), 1u) << "one pause at a time per environment";
+}
+
 TEST_F(ManagerTest, AnEnvironmentWhosePid1DiesIsFailedByTheReaperAndFreesItsPlace) {
   ManagerConfig config;
   config.maxEnvironments = 1;
