@@ -54,6 +54,17 @@ def guest_kernel():
 UNAME = ["/bin/tool", "uname"]  # the command both kinds run
 
 
+def tool_tree(bin_dir, prefix):
+    """A microVM template (root's, 0755): moat-guest-tool as /bin/tool and
+    nothing else; the caller removes it."""
+    tree = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(tree, 0o755)
+    os.makedirs(tree + "/bin", 0o755)
+    shutil.copy(os.path.join(bin_dir, "moat-guest-tool"), tree + "/bin/tool")
+    os.chmod(tree + "/bin/tool", 0o755)
+    return tree
+
+
 def host_tsc_khz():
     # What moat tells a TCG guest (backend/microvm/vm.cc hostTscKhz): without
     # it the microvm machine's kernel cannot calibrate its clock and hangs.
@@ -93,11 +104,7 @@ def main():
         print("SKIP: needs root (moatd creates namespaces, cgroups and QEMUs)")
         return 0
     kernel = guest_kernel()
-    tree = tempfile.mkdtemp(prefix="moat-bench-vm-tree-")
-    os.chmod(tree, 0o755)
-    os.makedirs(tree + "/bin", 0o755)
-    shutil.copy(os.path.join(args.bin_dir, "moat-guest-tool"), tree + "/bin/tool")
-    os.chmod(tree + "/bin/tool", 0o755)
+    tree = tool_tree(args.bin_dir, "moat-bench-vm-tree-")
     m = h.Moatd(args.bin_dir, args=["--microvm-accel", args.accel], prefix="moatd-bench-vm-")
     cold = h.Moatd(args.bin_dir, args=["--microvm-accel", args.accel, "--microvm-saved-guests", "0"],
                    prefix="moatd-bench-vm-cold-")

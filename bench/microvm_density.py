@@ -26,14 +26,14 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "stress"))
+import microvm  # noqa: E402  (this directory: its template maker)
 import moatd_harness as h  # noqa: E402
 
-UNAME = ["/bin/tool", "uname"]
+UNAME = microvm.UNAME
 
 
 def mem_available_mb():
@@ -90,11 +90,7 @@ def main():
     if os.geteuid() != 0:
         print("SKIP: needs root (moatd creates namespaces, cgroups and QEMUs)")
         return 0
-    tree = tempfile.mkdtemp(prefix="moat-bench-density-tree-")
-    os.chmod(tree, 0o755)
-    os.makedirs(tree + "/bin", 0o755)
-    shutil.copy(os.path.join(args.bin_dir, "moat-guest-tool"), tree + "/bin/tool")
-    os.chmod(tree + "/bin/tool", 0o755)
+    tree = microvm.tool_tree(args.bin_dir, "moat-bench-density-tree-")
     m = h.Moatd(args.bin_dir, args=["--microvm-accel", args.accel, "--max-environments", str(args.max + 10)],
                 storage_gb=64, prefix="moatd-bench-density-")
     rows = []

@@ -26,6 +26,7 @@ Needs root; exits 0 with SKIP otherwise.
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -152,7 +153,6 @@ def microvm_row(m, runs):
     finally:
         for env in envs.values():
             m.call("DELETE", f"/v1/environments/{env}")
-        import shutil
         shutil.rmtree(tree, ignore_errors=True)
 
 

@@ -75,7 +75,7 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
   // KVM where a probe boot under it works (accel.h), unless the caller says.
   const char* accelEnv = std::getenv("MOAT_MICROVM_ACCEL");
   const std::string accel = accelEnv && *accelEnv ? accelEnv : "auto";
-  if (accel != "auto" && accel != "kvm" && accel != "tcg") {
+  if (!backend::microvm::accelNamed(accel)) {
     return Error::make(Code::kInvalidArgument, "MOAT_MICROVM_ACCEL: auto, kvm or tcg, not '" + accel + "'");
   }
   const bool kvm = backend::microvm::chooseAccel(accel, kernel).kvm;

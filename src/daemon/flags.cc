@@ -6,6 +6,7 @@
 #include <functional>
 #include <optional>
 
+#include "backend/microvm/accel.h"
 #include "daemon/warm_pool_flag.h"
 #include "gate/permissions.h"
 #include "os/file.h"
@@ -235,9 +236,7 @@ const std::vector<Flag>& flags() {
        }},
       {"--microvm-accel", true,
        [](const std::string& v, DaemonFlags& f, double) -> Status {
-         if (v != "tcg" && v != "kvm" && v != "auto") {
-           return invalid("--microvm-accel needs auto, kvm or tcg, not " + v);
-         }
+         if (!backend::microvm::accelNamed(v)) return invalid("--microvm-accel needs auto, kvm or tcg, not " + v);
          f.manager.microvmAccel = v;
          return {};
        }},

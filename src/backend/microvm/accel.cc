@@ -9,7 +9,6 @@
 #include "backend/microvm/accel.h"
 
 #include <fcntl.h>
-#include <linux/landlock.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,7 +34,7 @@ Status probeBoot(const GuestKernel& kernel, const std::string& qemu, const Accel
   std::vector<os::LandlockRule> rules;
   for (const auto& path : paths) rules.push_back({path.fd.get(), path.access});
   MOAT_ASSIGN(UniqueFd kvm, os::open(probe.device, O_PATH | O_CLOEXEC));
-  rules.push_back({kvm.get(), LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_WRITE_FILE | (1ULL << 15)});
+  rules.push_back({kvm.get(), kQemuKvmAccess});
   MOAT_ASSIGN(UniqueFd ruleset, os::landlockFileRuleset(rules));
   // The console, to a file of moatd's own (QEMU writes its descriptor 1).
   MOAT_ASSIGN(UniqueFd console, os::open("/tmp", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));

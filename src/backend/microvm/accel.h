@@ -30,6 +30,9 @@ struct AccelProbe {
   std::string keptIn = "/run/moat/kvm-probe";
 };
 
+// The names an operator may give (moatd --microvm-accel, MOAT_MICROVM_ACCEL).
+inline bool accelNamed(const std::string& name) { return name == "auto" || name == "kvm" || name == "tcg"; }
+
 // `asked`: "kvm" or "tcg" (the operator's word, taken as it is), or "auto"
 // (the default): TCG when the device cannot be opened to read and write,
 // else a probe boot of `kernel` by QEMU (MOAT_QEMU or qemu-system-x86_64)

@@ -186,10 +186,6 @@ uint64_t hostTscKhz() {
 
 namespace {
 
-// Landlock's rights on /dev/kvm: read, write and ioctl
-// (LANDLOCK_ACCESS_FS_IOCTL_DEV, bit 15: ABI 5).
-constexpr uint64_t kQemuKvmAccess = LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_WRITE_FILE | (1ULL << 15);
-
 // A lasting VM's socket `name` in its directory, listening (made) or
 // connected to, reached through the directory's descriptor: the state
 // directory's path may be longer than a unix socket's 108 bytes.

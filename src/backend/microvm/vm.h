@@ -1,5 +1,6 @@
 #pragma once
 
+#include <linux/landlock.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 
@@ -151,6 +152,9 @@ Result<std::string> guestInitramfs(const GuestKernel& kernel, const std::string&
 // (read), /dev/kvm with `spec.kvm`; each opened (O_PATH). With `ownRoot`
 // (QEMU in a root of its own, which has its own proc) no file of the
 // host's proc.
+// Landlock's rights on /dev/kvm: read, write and ioctl
+// (LANDLOCK_ACCESS_FS_IOCTL_DEV, bit 15: ABI 5).
+inline constexpr uint64_t kQemuKvmAccess = LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_WRITE_FILE | (1ULL << 15);
 struct QemuPath {
   std::string path;
   UniqueFd fd;
