@@ -16,7 +16,7 @@ std::pair<const char*, json> fileEvent(const init::FileRequest& f, const init::F
   json data = {{"path", f.path}};
   switch (f.op) {
     case init::FileOp::kRead:
-      data["offset"] = f.offset;
+      data["offset"] = r.offset;  // where the bytes read begin (after a skipped hole too)
       data["size"] = r.data.size();
       break;
     case init::FileOp::kWrite:
@@ -110,6 +110,10 @@ HttpResponse Api::filesRoute(const HttpRequest& req, const Principal& principal,
     if (f.op == init::FileOp::kRead) {
       ok.contentType = "application/octet-stream";
       ok.body = r->data;
+      // Where these bytes begin (past the holes skip_holes=1 skipped) and
+      // how large the file was when read: a copy that skips holes ends there.
+      ok.headers.emplace_back("X-Moat-Offset", std::to_string(r->offset));
+      ok.headers.emplace_back("X-Moat-File-Size", std::to_string(r->info.size));
       return ok;
     }
     auto info = [](const init::FileInfo& i) {
@@ -144,10 +148,13 @@ HttpResponse Api::filesRoute(const HttpRequest& req, const Principal& principal,
   if (subsub.empty()) {
     if (auto e = pathParam()) return errorResponse(*e);
     if (req.method == "GET") {
-      if (auto e = onlyQuery(req, {"path", "offset", "length"})) return errorResponse(*e);
+      if (auto e = onlyQuery(req, {"path", "offset", "length", "skip_holes"})) return errorResponse(*e);
       f.op = init::FileOp::kRead;
       if (auto e = queryNumber(req, "offset", 1ULL << 53, 10, f.offset)) return errorResponse(*e);
       if (auto e = queryNumber(req, "length", 1ULL << 53, 10, f.length)) return errorResponse(*e);
+      bool skipHoles = false;
+      if (auto e = queryFlag(req, "skip_holes", skipHoles)) return errorResponse(*e);
+      if (skipHoles) f.flags = init::kFileSkipHoles;
       return fileCall(f);
     }
     if (req.method == "PUT") {

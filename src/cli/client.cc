@@ -70,6 +70,11 @@ Result<HttpReply> exchange(Stream& stream, const Endpoint& endpoint, const std::
   HttpReply reply;
   reply.status = parser.get().result_int();
   reply.body = std::move(parser.get().body());
+  for (const auto& field : parser.get()) {
+    std::string name(field.name_string());
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (name.rfind("x-moat-", 0) == 0) reply.headers[name] = std::string(field.value());
+  }
   return reply;
 }
 

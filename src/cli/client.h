@@ -33,6 +33,7 @@ Result<Endpoint> parseEndpoint(const std::string& url);
 struct HttpReply {
   int status = 0;
   std::string body;
+  std::map<std::string, std::string> headers;  // moatd's own (X-Moat-...), names in lower case
 };
 
 // Flags every client command takes (--url, --state, --token); empty means

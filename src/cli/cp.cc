@@ -3,8 +3,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <charconv>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "cli/client.h"
 #include "cli/commands.h"
@@ -22,7 +27,8 @@ constexpr const char* kCpUsage = R"(usage: moat cp HOST_PATH ENV:PATH
 
 Copies one regular file between the host and an environment of moatd, in
 8 MiB pieces (any size). Parent directories inside are created. `-` as
-HOST_PATH is stdin or stdout.
+HOST_PATH is stdin or stdout. A sparse file copied out of an environment
+keeps its holes, and they are not sent.
 
 options:
   --progress     show progress on stderr, one line per piece (the default
@@ -126,6 +132,31 @@ int upload(Client& client, const std::string& host, const Remote& remote, bool s
   return 0;
 }
 
+std::optional<uint64_t> headerNumber(const HttpReply& reply, const std::string& name) {
+  auto it = reply.headers.find(name);
+  if (it == reply.headers.end()) return std::nullopt;
+  uint64_t value = 0;
+  auto [end, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), value);
+  if (ec != std::errc() || end != it->second.data() + it->second.size()) return std::nullopt;
+  return value;
+}
+
+Status seekTo(int fd, uint64_t offset) {
+  if (offset > static_cast<uint64_t>(INT64_MAX)) return Error::make(Code::kInvalidArgument, "offset too large");
+  if (::lseek(fd, static_cast<off_t>(offset), SEEK_SET) < 0) return Error::fromErrno("seek");
+  return {};
+}
+
+Status writeZeros(int fd, uint64_t count) {
+  const std::string zeros(std::min<uint64_t>(count, kChunk), '\0');
+  for (uint64_t left = count; left > 0;) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(left, zeros.size()));
+    if (!writeAll(fd, zeros.substr(0, n))) return Error::fromErrno("write");
+    left -= n;
+  }
+  return {};
+}
+
 int download(Client& client, const Remote& remote, const std::string& host, bool showProgress) {
   auto envPath = environmentPath(remote.env);
   if (!envPath.ok()) return reportFailure("moat cp", envPath.error());
@@ -150,20 +181,29 @@ int download(Client& client, const Remote& remote, const std::string& host, bool
     }
   }
   Progress progress(showProgress, total);
+  // moatd skips the file's holes (skip_holes=1): each answer says where its
+  // bytes begin; an empty one, that no data follows (its offset: the end).
   uint64_t offset = 0;
   for (;;) {
-    auto reply =
-        client.request("GET", base + "&offset=" + std::to_string(offset) + "&length=" + std::to_string(kChunk));
+    auto reply = client.request(
+        "GET", base + "&skip_holes=1&offset=" + std::to_string(offset) + "&length=" + std::to_string(kChunk));
     if (!reply.ok()) return reportFailure("moat cp", reply.error());
     if (reply->status != 200) return complain(kExitEnvironment, describeError(reply.value()));
+    auto at = headerNumber(reply.value(), "x-moat-offset");
+    if (!at || *at < offset)
+      return complain(kExitEnvironment,
+                      "moatd's answer has no offset at or after " + std::to_string(offset) + " (an older moatd?)");
     const std::string& body = reply->body;
-    bool hole = regular && !body.empty() && body.find_first_not_of('\0') == std::string::npos;
-    if (hole ? ::lseek(fd.get(), static_cast<off_t>(body.size()), SEEK_CUR) < 0 : !writeAll(fd.get(), body)) {
-      return complain(kExitEnvironment, "write " + host + ": " + std::strerror(errno));
-    }
-    offset += body.size();
-    progress.update(offset);
-    if (body.size() < kChunk) break;
+    // A hole (skipped, or zeros read) stays a hole in a regular file; a
+    // pipe or a device gets its zeros.
+    bool zeros = body.find_first_not_of('\0') == std::string::npos;
+    Status wrote = regular ? seekTo(fd.get(), *at + (zeros ? body.size() : 0)) : writeZeros(fd.get(), *at - offset);
+    if (wrote.ok() && !(regular && zeros) && !writeAll(fd.get(), body)) wrote = Error::fromErrno("write");
+    if (!wrote.ok()) return complain(kExitEnvironment, "write " + host + ": " + wrote.error().message());
+    const uint64_t reached = *at + body.size();
+    if (reached > offset) progress.update(reached);  // an answer that moved nothing (the end) shows nothing
+    offset = reached;
+    if (body.empty()) break;
   }
   // A hole at the end has no bytes written after it: the size says so.
   if (regular && ::ftruncate(fd.get(), static_cast<off_t>(offset)) != 0) {

@@ -7,6 +7,8 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 
@@ -133,10 +135,26 @@ FileResult doRead(const FileRequest& req) {
   FileResult r;
   r.tag = req.tag;
   r.info = infoFrom(req.path, st);
+  r.offset = req.offset;
+  if (req.flags & kFileSkipHoles) {
+    // From the next data to the hole after it: a sparse file's holes are
+    // not sent as zeros. No data at or after the offset: nothing, at its end.
+    if (req.offset > static_cast<uint64_t>(INT64_MAX)) return failure(req, EINVAL, "read");
+    off_t data = ::lseek(fd.get(), static_cast<off_t>(req.offset), SEEK_DATA);
+    if (data < 0 && errno == ENXIO) {
+      r.offset = std::max<uint64_t>(req.offset, static_cast<uint64_t>(st.st_size));
+      return r;
+    }
+    if (data < 0) return failure(req, errno, "seek (data) in");
+    off_t hole = ::lseek(fd.get(), data, SEEK_HOLE);
+    if (hole < 0) return failure(req, errno, "seek (hole) in");
+    r.offset = static_cast<uint64_t>(data);
+    want = std::min<uint64_t>(want, static_cast<uint64_t>(hole - data));
+  }
   r.data.resize(want);
   size_t got = 0;
   while (got < want) {
-    ssize_t n = ::pread(fd.get(), r.data.data() + got, want - got, static_cast<off_t>(req.offset + got));
+    ssize_t n = ::pread(fd.get(), r.data.data() + got, want - got, static_cast<off_t>(r.offset + got));
     if (n < 0) {
       if (errno == EINTR) continue;
       return failure(req, errno, "read");

@@ -398,7 +398,7 @@ Result<FileRequest> FileRequest::decode(const std::string& payload) {
   MOAT_ASSIGN(m.mode, d.u32());
   MOAT_ASSIGN(m.flags, d.u8());
   FINISH(d);
-  if (m.flags & ~(kFileCreateParents | kFileAppend | kFileRecursive)) {
+  if (m.flags & ~(kFileCreateParents | kFileAppend | kFileRecursive | kFileSkipHoles)) {
     return Error::make(Code::kProtocol, "unknown file flags");
   }
   return m;
@@ -424,9 +424,10 @@ std::string FileResult::encode() const {
   encodeInfo(e, info);
   e.u32(static_cast<uint32_t>(entries.size()));
   for (const auto& entry : entries) encodeInfo(e, entry);
+  e.u64(offset);
   return e.take();
 }
-Result<FileResult> FileResult::decode(const std::string& payload) {
+Result<FileResult> FileResult::decode(const std::string& payload, uint32_t version) {
   Decoder d(payload);
   FileResult m;
   MOAT_ASSIGN(m.tag, d.u32());
@@ -438,6 +439,9 @@ Result<FileResult> FileResult::decode(const std::string& payload) {
   for (uint32_t i = 0; i < count; ++i) {
     MOAT_ASSIGN(FileInfo entry, decodeInfo(d));
     m.entries.push_back(std::move(entry));
+  }
+  if (version >= kSparseReadSince) {
+    MOAT_ASSIGN(m.offset, d.u64());
   }
   FINISH(d);
   return m;

@@ -19,13 +19,15 @@ namespace moat::init {
 // What Hello announces. 1: the first; 2: OutputCredit (message 7) and
 // StdinTaken (message 69); 3: the exec gate, ExecPolicy (9), ExecVerdict (8)
 // and ExecCheck (70); 4: ExecPolicy's mode 2 with its rules, and ExecReport
-// (71). A moatd re-attaching after an upgrade may meet a moat-init of an
+// (71); 5: FileOp kPause, kResume, kTasks; 6: a read that skips holes
+// (kFileSkipHoles, FileResult's offset). A moatd re-attaching after an upgrade may meet a moat-init of an
 // older version: it sends each only what that version knows.
-constexpr uint32_t kProtocolVersion = 5;
+constexpr uint32_t kProtocolVersion = 6;
 constexpr uint32_t kFlowControlSince = 2;  // OutputCredit and StdinTaken
 constexpr uint32_t kExecGateSince = 3;     // ExecPolicy, ExecCheck, ExecVerdict
 constexpr uint32_t kExecRulesSince = 4;    // ExecPolicy 2 (rules), ExecReport
 constexpr uint32_t kGuestCgroupSince = 5;  // FileOp kPause, kResume, kTasks (a microVM guest's)
+constexpr uint32_t kSparseReadSince = 6;   // kFileSkipHoles, FileResult::offset
 constexpr uint32_t kMaxFrame = 16u << 20;
 constexpr size_t kOutputChunk = 64u << 10;
 
@@ -304,6 +306,10 @@ enum class FileOp : uint8_t {
 constexpr uint8_t kFileCreateParents = 1;
 constexpr uint8_t kFileAppend = 2;
 constexpr uint8_t kFileRecursive = 4;
+// A read of a regular file that starts at the first byte of data at or
+// after its offset (SEEK_DATA) and ends at the hole after it: the answer's
+// offset says where its bytes begin.
+constexpr uint8_t kFileSkipHoles = 8;
 
 struct FileRequest {
   uint32_t tag = 0;
@@ -334,8 +340,10 @@ struct FileResult {
   std::string data;
   FileInfo info;
   std::vector<FileInfo> entries;
+  uint64_t offset = 0;  // a read's: where `data` begins in the file (version 6 on)
   std::string encode() const;
-  static Result<FileResult> decode(const std::string& payload);
+  // As a moat-init of `version` encodes it (before 6: without the offset).
+  static Result<FileResult> decode(const std::string& payload, uint32_t version = kProtocolVersion);
 };
 
 struct Frame {

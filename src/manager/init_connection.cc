@@ -147,7 +147,12 @@ void InitConnection::dispatch(const init::Frame& frame) {
       return;
     }
     case init::MsgType::kFileResult: {
-      auto m = init::FileResult::decode(frame.payload);
+      uint32_t version;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        version = peerVersion_ == 0 ? init::kProtocolVersion : peerVersion_;  // Hello comes first
+      }
+      auto m = init::FileResult::decode(frame.payload, version);
       if (!m.ok()) return;
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -255,6 +260,10 @@ Status InitConnection::resize(uint32_t id, uint16_t rows, uint16_t cols) {
 }
 
 Result<init::FileResult> InitConnection::file(init::FileRequest request) {
+  // A moat-init before version 6 reads holes as zeros (and would refuse the
+  // flag): the same bytes, from where they were asked for.
+  const bool olderRead = request.op == init::FileOp::kRead && peerVersion() < init::kSparseReadSince;
+  if (olderRead) request.flags &= static_cast<uint8_t>(~init::kFileSkipHoles);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return gone("the environment ended");
@@ -267,6 +276,7 @@ Result<init::FileResult> InitConnection::file(init::FileRequest request) {
   bool finished = sent && cv_.wait_for(lock, kFileTimeout, [&] { return files_[tag].done || closed_; });
   PendingFile p = std::move(files_[tag]);
   files_.erase(tag);
+  if (p.done && olderRead) p.result.offset = request.offset;
   if (p.done) return std::move(p.result);
   if (sent && !finished) return Error::make(Code::kTimeout, "moat-init did not answer in time");
   return gone("the environment ended");

@@ -1152,6 +1152,19 @@ def exec_and_file_exchanges(c, base):
     c.call("GET", files + "?path=/workspace/dir/a.txt&offset=6&length=4", status=200, check=body_is(b"file"),
            note="range")
 
+    def skipped_to(offset, data):
+        def check(r):
+            expect(r.headers.get("X-Moat-Offset") == str(offset), f"X-Moat-Offset {r.headers.get('X-Moat-Offset')}")
+            expect(r.body[:len(data)] == data, f"body {r.body[:20]!r}")
+        return check
+    c.call("POST", ex, {"cmd": ["sh", "-c", "truncate -s 64M /workspace/holes && printf x | "
+                                            "dd of=/workspace/holes bs=1M seek=32 conv=notrunc 2>/dev/null"]},
+           status=200, note="a sparse file")
+    c.call("GET", files + "?path=/workspace/holes&skip_holes=1", status=200, check=skipped_to(32 << 20, b"x"),
+           note="skip_holes: from the first data")
+    c.call("GET", files + "?path=/workspace/holes&skip_holes=1&offset=" + str(33 << 20), status=200,
+           check=skipped_to(64 << 20, b""), note="skip_holes: no data after, the end")
+
     def listing(r):
         j = r.json
         expect(j["path"] == "/workspace/dir", f"path {j['path']}")

@@ -328,6 +328,48 @@ TEST_F(MoatdApi, FilesRoundTripAndStayInsideTheEnvironment) {
   EXPECT_NE(ro.status, 200);
 }
 
+// skip_holes=1: a sparse file's holes are not sent; X-Moat-Offset says
+// where the bytes begin, X-Moat-File-Size how large the file is. A hostile
+// file (a FIFO, a kernel file, a link out) is refused as for any read.
+TEST_F(MoatdApi, AReadThatSkipsHolesSendsOnlyTheData) {
+  std::string id = createEnv();
+  std::string base = "/v1/environments/" + id + "/files?path=";
+  exec(id, {{"cmd",
+             {"sh", "-c",
+              "truncate -s 1G /workspace/sparse && printf data | dd of=/workspace/sparse bs=1M seek=512 "
+              "conv=notrunc 2>/dev/null && mkfifo /workspace/fifo && ln -s /proc/self/pagemap /workspace/pm"}}});
+  auto first = daemon_->request("GET", base + "/workspace/sparse&skip_holes=1&length=8388608");
+  ASSERT_EQ(first.status, 200) << first.body;
+  EXPECT_EQ(first.headers["x-moat-offset"], std::to_string(512u << 20));
+  EXPECT_EQ(first.headers["x-moat-file-size"], std::to_string(1u << 30));
+  EXPECT_EQ(first.body.substr(0, 4), "data");
+  EXPECT_LT(first.body.size(), 1u << 20) << "the hole after the data was sent";
+  auto end = daemon_->request(
+      "GET", base + "/workspace/sparse&skip_holes=1&offset=" + std::to_string((512u << 20) + first.body.size()));
+  ASSERT_EQ(end.status, 200) << end.body;
+  EXPECT_EQ(end.body, "");
+  EXPECT_EQ(end.headers["x-moat-offset"], std::to_string(1u << 30));
+  // Without it, zeros as before, from the offset asked for.
+  auto plain = daemon_->request("GET", base + "/workspace/sparse&offset=7&length=3");
+  EXPECT_EQ(plain.body, std::string(3, '\0'));
+  EXPECT_EQ(plain.headers["x-moat-offset"], "7");
+  // The audit says where the bytes read began.
+  std::string events = eventsUntil("?type=file.read&environment=" + id, std::to_string(512u << 20));
+  EXPECT_NE(events.find("\"offset\":" + std::to_string(512u << 20)), std::string::npos) << events;
+  for (const std::string path : {"/workspace/fifo", "/workspace/pm", "/proc/self/pagemap"}) {
+    auto refused = daemon_->request("GET", base + path + "&skip_holes=1");
+    EXPECT_EQ(refused.status, 400) << path << ": " << refused.body.substr(0, 200);
+    EXPECT_EQ(json::parse(refused.body)["error"]["code"], "file_error") << path;
+  }
+  auto bad = daemon_->request("GET", base + "/workspace/sparse&skip_holes=yes");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(json::parse(bad.body)["error"]["field"], "skip_holes");
+  auto huge = daemon_->request("GET", base + "/workspace/sparse&skip_holes=1&offset=9007199254740993");
+  EXPECT_EQ(huge.status, 400) << huge.body.substr(0, 200);
+  // The environment and moatd keep serving.
+  EXPECT_EQ(exec(id, {{"cmd", {"true"}}})["exit_code"], 0);
+}
+
 TEST_F(MoatdApi, BadInputGetsClearErrorsAndTheDaemonKeepsServing) {
   auto r = daemon_->request("POST", "/v1/environments", "{not json");
   EXPECT_EQ(r.status, 400);

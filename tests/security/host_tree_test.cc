@@ -529,6 +529,11 @@ TEST_F(HostTree, MoatCpFollowsNoHostLinkAndKeepsHoles) {
   EXPECT_EQ(st.st_size, (2LL << 30) + 4);
   EXPECT_LT(st.st_blocks * 512, 1 << 20) << "the copy filled the host's disk with zeros";
   EXPECT_EQ(os::readFile(sparse, 1 << 20).ok(), true);
+  // To a pipe (stdout), the holes are zeros: the same bytes as a cat.
+  run(id, "truncate -s 3M /workspace/small && echo mid | dd of=/workspace/small bs=1M seek=1 conv=notrunc 2>/dev/null");
+  auto piped = runMoat({"cp", "--no-progress", id + ":/workspace/small", "-"}, "", env);
+  ASSERT_EQ(piped.exitCode, 0) << describe(piped);
+  EXPECT_EQ(piped.out, std::string(1 << 20, '\0') + "mid\n" + std::string((2 << 20) - 4, '\0'));
 }
 
 // A volume nested in another whose host directory lacks the mount point:

@@ -95,6 +95,7 @@ FileResult sampleFileResult() {
   r.data = std::string("\0\1\2", 3);
   r.info = {"/x", 'f', 10, 0644, 1700000000};
   r.entries = {{"a", 'f', 1, 0600, 1}, {"b", 'd', 4096, 0755, 2}, {"c", 'l', 3, 0777, 3}};
+  r.offset = 1ull << 40;
   return r;
 }
 
@@ -439,10 +440,35 @@ TEST(Protocol, FileResultRoundTripWithEntries) {
     EXPECT_EQ(back->entries[i].mode, r.entries[i].mode);
     EXPECT_EQ(back->entries[i].mtimeSec, r.entries[i].mtimeSec);
   }
+  EXPECT_EQ(back->offset, 1ull << 40);
   // And without entries.
   auto none = FileResult::decode(FileResult{}.encode());
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->entries.empty());
+}
+
+// A moat-init before version 6 sends no offset: its answers still decode
+// (a moatd re-attached after an upgrade reads through it), and a version 6
+// answer without one is truncated.
+TEST(Protocol, AFileResultOfAnOlderMoatInitHasNoOffset) {
+  std::string v6 = sampleFileResult().encode();
+  std::string v5 = v6.substr(0, v6.size() - 8);
+  auto older = FileResult::decode(v5, kSparseReadSince - 1);
+  ASSERT_TRUE(older.ok()) << older.error().message();
+  EXPECT_EQ(older->offset, 0u);
+  EXPECT_EQ(older->entries.size(), 3u);
+  EXPECT_FALSE(FileResult::decode(v5).ok());
+  EXPECT_FALSE(FileResult::decode(v6, kSparseReadSince - 1).ok()) << "trailing bytes for a version 5 answer";
+}
+
+TEST(Protocol, UnknownFileFlagsAreRefused) {
+  FileRequest r = sampleFileRequest();
+  r.flags = kFileSkipHoles;
+  EXPECT_TRUE(FileRequest::decode(r.encode()).ok());
+  r.flags = 16;
+  auto bad = FileRequest::decode(r.encode());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().context.find("flags"), std::string::npos) << bad.error().context;
 }
 
 // --- malformed input ----------------------------------------------------------

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/unique_fd.h"
 #include "init/protocol.h"
 #include "moat_process.h"
 #include "os/file.h"
@@ -324,7 +325,7 @@ TEST_F(InitSupervisor, HelloComesFirst) {
   ASSERT_EQ(helloFrame_.type, MsgType::kHello);
   auto hello = Hello::decode(helloFrame_.payload);
   ASSERT_TRUE(hello.ok()) << hello.error().message();
-  EXPECT_EQ(hello->version, 5u);
+  EXPECT_EQ(hello->version, 6u);
   EXPECT_EQ(hello->version, kProtocolVersion);
   EXPECT_EQ(hello->initPid, static_cast<uint32_t>(initPid_));
 }
@@ -1088,6 +1089,71 @@ class InitSupervisorFiles : public InitSupervisor {
   }
   uint32_t tag_ = 100;
 };
+
+// kFileSkipHoles: a read starts at the next data and stops at the hole after
+// it; past the last data it is empty, at the file's end. Without the flag
+// the holes are read as zeros, as before.
+TEST_F(InitSupervisorFiles, AReadThatSkipsHolesSaysWhereItsBytesBegin) {
+  std::string dir = tmpDir();
+  ASSERT_FALSE(dir.empty());
+  std::string path = dir + "/sparse";
+  {
+    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
+    ASSERT_TRUE(fd.valid());
+    ASSERT_EQ(::pwrite(fd.get(), "abc", 3, 1 << 20), 3);
+    ASSERT_EQ(::pwrite(fd.get(), "xyz", 3, 8 << 20), 3);
+    ASSERT_EQ(::ftruncate(fd.get(), 16 << 20), 0);
+  }
+  auto skipping = [&](uint64_t offset) {
+    FileRequest r = req(FileOp::kRead, path);
+    r.flags = kFileSkipHoles;
+    r.offset = offset;
+    r.length = 8 << 20;
+    return file(r);
+  };
+  auto first = skipping(0);
+  ASSERT_TRUE(first.ok()) << first.error().message();
+  ASSERT_EQ(first->err, 0) << first->message;
+  EXPECT_EQ(first->offset, 1u << 20);
+  ASSERT_GE(first->data.size(), 3u);
+  EXPECT_LT(first->data.size(), 1u << 20) << "read on into the hole after the data";
+  EXPECT_EQ(first->data.substr(0, 3), "abc");
+  EXPECT_EQ(first->info.size, 16u << 20);
+  auto second = skipping(first->offset + first->data.size());
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->offset, 8u << 20);
+  EXPECT_EQ(second->data.substr(0, 3), "xyz");
+  auto end = skipping(second->offset + second->data.size());
+  ASSERT_TRUE(end.ok());
+  EXPECT_EQ(end->err, 0) << end->message;
+  EXPECT_EQ(end->data, "");
+  EXPECT_EQ(end->offset, 16u << 20) << "no data after: the answer is at the file's end";
+  auto beyond = skipping(1ull << 40);
+  ASSERT_TRUE(beyond.ok());
+  EXPECT_EQ(beyond->data, "");
+  EXPECT_EQ(beyond->offset, 1ull << 40);
+  // Within data, a skipping read starts where it was asked to.
+  auto inside = skipping((1 << 20) + 1);
+  ASSERT_TRUE(inside.ok());
+  EXPECT_EQ(inside->offset, (1u << 20) + 1);
+  EXPECT_EQ(inside->data.substr(0, 2), "bc");
+  // Without the flag: zeros from the offset asked for.
+  FileRequest plain = req(FileOp::kRead, path);
+  plain.length = 4;
+  auto zeros = file(plain);
+  ASSERT_TRUE(zeros.ok());
+  EXPECT_EQ(zeros->offset, 0u);
+  EXPECT_EQ(zeros->data, std::string(4, '\0'));
+  // What is not a regular file is refused as before (a FIFO would block).
+  std::string fifo = dir + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  FileRequest pipe = req(FileOp::kRead, fifo);
+  pipe.flags = kFileSkipHoles;
+  auto refused = file(pipe);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->err, EINVAL);
+  EXPECT_NE(refused->message.find("not a regular file"), std::string::npos) << refused->message;
+}
 
 TEST_F(InitSupervisorFiles, WriteReadStatListRenameRemove) {
   std::string dir = tmpDir();
