@@ -10,7 +10,7 @@ FUZZ_SECONDS ?= 10
 ASAN_BUILD ?= build-asan
 SANITIZE ?= 1
 
-.PHONY: all deps build run test test-microvm bench sanitize fuzz asan-configure format clean
+.PHONY: all deps build run test test-microvm bench sanitize fuzz asan-configure format clean install deb
 
 all: build
 
@@ -39,6 +39,16 @@ test-microvm: build
 
 bench: build
 	@bench/run.sh $(BUILD)/bin
+
+# The binaries, the board, man pages, completions, docs, the systemd unit
+# and /etc/default/moatd under DESTDIR/PREFIX (docs/INSTALL.md).
+PREFIX ?= /usr/local
+install: build
+	@BUILD=$(BUILD) PREFIX=$(PREFIX) DESTDIR=$(DESTDIR) scripts/install.sh
+
+# A Debian package (moat_VERSION_ARCH.deb, here): apt install ./moat_*.deb.
+deb: build
+	@BUILD=$(BUILD) scripts/make-deb.sh
 
 # One clang build in ASAN_BUILD serves the sanitized suite and the fuzz
 # targets: AddressSanitizer + UBSan (any finding ends the process that made

@@ -22,6 +22,7 @@ packages=(
   qemu-system-x86 erofs-utils                    # microVMs: the VMM, root file system images
   linux-image-cloud-amd64                        # microVMs: the guest kernel (virtio drivers as modules)
   busybox-static                                 # tests/api: a microVM template with a shell and tools
+  systemd groff-base                             # tests/packaging: systemd-analyze verify, man pages checked
 )
 
 missing=()

@@ -333,7 +333,7 @@ Status HttpServer::listenTcp(const std::string& hostPort) {
   return {};
 }
 
-Status HttpServer::listenUnix(const std::string& path) {
+Status HttpServer::listenUnix(const std::string& path, std::optional<gid_t> group) {
   struct sockaddr_un addr;
   std::memset(&addr, 0, sizeof addr);
   addr.sun_family = AF_UNIX;
@@ -347,7 +347,14 @@ Status HttpServer::listenUnix(const std::string& path) {
     ::close(fd);
     return Error::fromErrno("listen on " + path, err);
   }
-  ::chmod(path.c_str(), 0600);
+  // Connecting takes write permission: bound with the umask's mode (no
+  // write for others), then given to the group, or to root alone.
+  if (group && (::chown(path.c_str(), static_cast<uid_t>(-1), *group) != 0 || ::chmod(path.c_str(), 0660) != 0)) {
+    int err = errno;
+    ::close(fd);
+    return Error::fromErrno("open " + path + " to its group", err);
+  }
+  if (!group) ::chmod(path.c_str(), 0600);
   listenFds_.push_back(fd);
   acceptors_.emplace_back([this, fd] { acceptLoop(fd, true); });
   return {};

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -112,7 +113,8 @@ class HttpServer {
   // host:port (port 0 picks one; see tcpPort()) and a unix socket path
   // (created 0600 by the caller's umask rules; an old socket is replaced).
   Status listenTcp(const std::string& hostPort);
-  Status listenUnix(const std::string& path);
+  // `group`: its members may connect too (mode 0660); else root alone (0600).
+  Status listenUnix(const std::string& path, std::optional<gid_t> group = std::nullopt);
   int tcpPort() const { return tcpPort_; }
   // From now on no request starts and newcomers get 503; requests in
   // progress go on and write their answers. For the caller to call before

@@ -2,6 +2,7 @@
 
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -237,8 +238,15 @@ Result<Client::Upgraded> upgrade(Stream& stream, const Endpoint& endpoint, const
 }
 
 Error unreachable(const Endpoint& endpoint, const beast::error_code& ec) {
-  return Error::make(Code::kUnreachable,
-                     "cannot reach moatd at " + endpoint.display() + ": " + ec.message() + " (is moatd running?)");
+  std::string why = " (is moatd running?)";
+  if (endpoint.transport == Endpoint::Transport::kUnix && ec == boost::system::errc::permission_denied) {
+    // Not "is it running": it is, and this user may not connect.
+    why =
+        ": only root and the members of the group moatd's --socket-group names may connect (the package's: "
+        "moat). Ask an administrator for both: adduser $USER moat, and a key: moat keys create --for-user "
+        "$USER --scope ... (docs/INSTALL.md); or reach moatd over TCP with MOAT_URL and MOAT_TOKEN";
+  }
+  return Error::make(Code::kUnreachable, "cannot reach moatd at " + endpoint.display() + ": " + ec.message() + why);
 }
 
 }  // namespace
@@ -297,6 +305,16 @@ Result<Endpoint> parseEndpoint(const std::string& url) {
   return e;
 }
 
+std::string userTokenPath() {
+  std::string config = fromEnvironment("XDG_CONFIG_HOME");
+  if (config.empty() || config[0] != '/') {
+    std::string home = fromEnvironment("HOME");
+    if (home.empty() || home[0] != '/') return "";
+    config = home + "/.config";
+  }
+  return config + "/moat/token";
+}
+
 Result<Client> Client::fromOptions(const ConnectionOptions& options) {
   std::string state = !options.stateDir.empty() ? options.stateDir : fromEnvironment("MOAT_STATE");
   if (state.empty()) state = kDefaultState;
@@ -315,13 +333,27 @@ Result<Client> Client::fromOptions(const ConnectionOptions& options) {
   }
   std::string token = !options.token.empty() ? options.token : fromEnvironment("MOAT_TOKEN");
   if (!token.empty()) return Client(endpoint, token);
+  // The user's own key (moat keys create --for-user puts it there), else
+  // the master token (root's).
+  std::string userFile = userTokenPath();
   std::string tokenFile = state + "/master-token";
+  bool own = !userFile.empty() && os::exists(userFile);
+  if (own) {
+    struct stat st;
+    if (::stat(userFile.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+      return Client(endpoint, Error::make(Code::kInsecure, userFile + " may be read by others: chmod 600 it"));
+    }
+    tokenFile = userFile;
+  }
   auto text = os::readFile(tokenFile, 4096);
   if (!text.ok()) {
     const Error& e = text.error();
     std::string why = e.sysErrno != 0 ? std::strerror(e.sysErrno) : e.message();
-    return Client(endpoint, Error::make(Code::kNoToken, "no token for moatd: pass --token, set MOAT_TOKEN, or make " +
-                                                            tokenFile + " readable (" + why + ")"));
+    return Client(endpoint,
+                  Error::make(Code::kNoToken, "no token for moatd: pass --token, set MOAT_TOKEN, put a key in " +
+                                                  (userFile.empty() ? "~/.config/moat/token" : userFile) +
+                                                  " (moat keys create --for-user), or make " + tokenFile +
+                                                  " readable (" + why + ")"));
   }
   token = text.value();
   while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) {

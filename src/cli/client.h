@@ -36,6 +36,10 @@ struct HttpReply {
   std::map<std::string, std::string> headers;  // moatd's own (X-Moat-...), names in lower case
 };
 
+// Where the user's own API key is kept: $XDG_CONFIG_HOME/moat/token, else
+// $HOME/.config/moat/token ("" with neither).
+std::string userTokenPath();
+
 // Flags every client command takes (--url, --state, --token); empty means
 // "not given", and the environment variables and defaults apply.
 struct ConnectionOptions {

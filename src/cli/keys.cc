@@ -1,17 +1,28 @@
 // moat keys: scoped API keys (master token only).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/client.h"
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
+#include "common/unique_fd.h"
+#include "os/file.h"
+#include "os/tree.h"
+#include "os/users.h"
 
 namespace moat::cli {
 namespace {
 
 using json = nlohmann::json;
 
-constexpr const char* kKeysUsage = R"(usage: moat keys create --scope S [--scope S]... [--name NAME] [--json]
+constexpr const char* kKeysUsage =
+    R"(usage: moat keys create --scope S [--scope S]... [--name NAME] [--for-user USER] [--json]
        moat keys ls [--json]
        moat keys rm ID...
 
@@ -20,12 +31,46 @@ create, read, exec, files, destroy, timeout, approve, permissions, audit,
 snapshots. A key sees and touches only the
 environments it created. `create` prints the token once (keep it: only its
 hash is stored). Needs the master token.
+
+--for-user USER (root): the token is not printed but written to USER's
+~/.config/moat/token (mode 0600, as USER), where USER's moat and moat mcp
+find it; the key is named USER unless --name says otherwise. USER also
+needs to be in the group moatd's --socket-group names (the package's: moat)
+to reach moatd's socket (docs/INSTALL.md).
 )";
+
+// Writes `token` where userTokenPath() finds it for `user` (without
+// XDG_CONFIG_HOME), as that user.
+Status saveForUser(const os::UserEntry& user, const std::string& token, std::string& where) {
+  const std::string dir = user.home + "/.config/moat";
+  where = dir + "/token";
+  return os::runAsUser(user, [&]() -> Status {
+    MOAT_TRY(os::makeDirs(dir, 0700, 0700));
+    MOAT_ASSIGN(UniqueFd fd, os::open(dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    return os::replaceFileAt(fd.get(), "token", token + "\n", 0600);
+  });
+}
+
+// Whether `user` may connect to the unix socket at `path` (a note when not).
+void noteSocketAccess(const os::UserEntry& user, const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || user.uid == 0 || (st.st_mode & 0002) != 0) return;
+  auto groups = os::supplementaryGroups(user.name);
+  bool member = user.gid == st.st_gid || std::find(groups.begin(), groups.end(), st.st_gid) != groups.end();
+  if (member && (st.st_mode & 0020) != 0) return;
+  std::fprintf(stderr,
+               "moat keys create: note: %s cannot connect to %s yet: %s (adduser %s GROUP, where moatd runs with "
+               "--socket-group GROUP)\n",
+               user.name.c_str(), path.c_str(),
+               (st.st_mode & 0020) == 0 ? "moatd serves it to root alone" : "not a member of its group",
+               user.name.c_str());
+}
 
 int keysCreate(const std::vector<std::string>& args) {
   ConnectionOptions connection;
   json body = {{"scopes", json::array()}};
   bool asJson = false;
+  std::string forUser;
   FlagReader flags(args);
   while (!flags.done()) {
     Status s = flags.next();
@@ -50,6 +95,10 @@ int keysCreate(const std::vector<std::string>& args) {
       body["permissions"] = ceiling.value();
     } else if (flags.name() == "--json") {
       asJson = true;
+    } else if (flags.name() == "--for-user") {
+      auto v = flags.value();
+      if (!v.ok()) return reportFailure("moat keys create", v.error());
+      forUser = v.value();
     } else {
       return reportFailure("moat keys create", usageError("unknown option " + flags.name()));
     }
@@ -57,12 +106,39 @@ int keysCreate(const std::vector<std::string>& args) {
   if (body["scopes"].empty()) {
     return reportFailure("moat keys create", usageError("at least one --scope is needed"));
   }
+  std::optional<os::UserEntry> user;
+  if (!forUser.empty()) {
+    if (::geteuid() != 0)
+      return complain(kExitUsage, "moat keys create: --for-user needs root (it writes into " + forUser + "'s home as " +
+                                      forUser + ")");
+    auto found = os::userNamed(forUser);
+    if (!found.ok()) return reportFailure("moat keys create", found.error());
+    user = found.value();
+    if (!body.contains("name")) body["name"] = user->name;
+  }
   auto client = Client::fromOptions(connection);
   if (!client.ok()) return reportFailure("moat keys create", client.error());
   auto reply = client->request("POST", "/v1/keys", body.dump());
   if (!reply.ok()) return reportFailure("moat keys create", reply.error());
   if (reply->status != 201) return complain(kExitEnvironment, describeError(reply.value()));
   json key = json::parse(reply->body, nullptr, false);
+  if (user) {
+    std::string where;
+    Status saved = saveForUser(*user, key.value("token", ""), where);
+    if (!saved.ok()) {
+      // A key nobody holds: removed again, so no secret is left unaccounted for.
+      (void)client->request("DELETE", "/v1/keys/" + key.value("id", ""));
+      return complain(kExitEnvironment, "moat keys create: cannot save the key for " + user->name + " in " + where +
+                                            ": " + saved.error().message() + " (the key was removed)");
+    }
+    key.erase("token");
+    key["saved_to"] = where;
+    if (client->endpoint().transport == Endpoint::Transport::kUnix) noteSocketAccess(*user, client->endpoint().path);
+    if (!asJson) {
+      std::printf("key %s for %s saved to %s\n", key.value("id", "").c_str(), user->name.c_str(), where.c_str());
+      return 0;
+    }
+  }
   if (asJson) {
     std::printf("%s\n", key.dump(2).c_str());
   } else {

@@ -62,9 +62,11 @@ class PrivateMoatd {
   Result<ConnectionOptions> start() {
     if (::geteuid() != 0) return usageError("--standalone starts a moatd, which needs root");
     MOAT_ASSIGN(std::string dir, os::selfDirectory());
+    // Beside moat (the build tree), or in PREFIX/sbin (an installation).
     std::string moatd = dir + "/moatd";
+    if (::access(moatd.c_str(), X_OK) != 0) moatd = dir + "/../sbin/moatd";
     if (::access(moatd.c_str(), X_OK) != 0)
-      return Error::make(Code::kNotFound, "--standalone: no moatd next to moat (" + moatd + ")");
+      return Error::make(Code::kNotFound, "--standalone: no moatd next to moat nor in " + dir + "/../sbin");
     char pattern[] = "/tmp/moat-mcp-XXXXXX";
     if (!::mkdtemp(pattern)) return Error::fromErrno("mkdtemp");
     state_ = pattern;

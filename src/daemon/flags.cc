@@ -10,6 +10,7 @@
 #include "daemon/warm_pool_flag.h"
 #include "gate/permissions.h"
 #include "os/file.h"
+#include "os/users.h"
 
 namespace moat::daemon {
 
@@ -23,6 +24,7 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
              [--key-rate N] [--agent-local-providers] [--agent-key-tokens N]
              [--board-dir DIR | --no-board] [--preview-domain NAME] [--port-timeout S]
              [--template-max-bytes N] [--template-max-files N] [--template-timeout S]
+             [--socket-group GROUP]
              [--isolation namespaces|microvm] [--microvm-accel auto|kvm|tcg]
              [--microvm-boot-wait S] [--microvm-saved-guests N]
        moatd --version | --help
@@ -33,6 +35,10 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
                           spec, or of SPEC, key=value pairs (template, cpus,
                           ram_mb, storage_gb, pids, isolation) joined by
                           commas; repeatable, one pool per (template, spec)
+  --socket-group GROUP    members of GROUP may connect to <state>/moatd.sock
+                          (mode 0660; the state directory 0710, its other
+                          files root's alone); each still needs an API key
+                          of their own (docs/INSTALL.md)
   --max-environments N    at most N environments at once, warm ones included
                           (1 to 100000, default 256); more is 429 capacity
   --max-connections N     at most N client connections at once (1 to 100000,
@@ -209,6 +215,13 @@ const std::vector<Flag>& flags() {
        [](const std::string& dir, DaemonFlags& f, double) -> Status {
          if (!os::isDirectory(dir)) return invalid("--board-dir: " + dir + " is not a directory");
          f.boardDir = dir;
+         return {};
+       }},
+      {"--socket-group", true,
+       [](const std::string& name, DaemonFlags& f, double) -> Status {
+         auto gid = os::groupNamed(name);
+         if (!gid.ok()) return Error::make(Code::kInvalidArgument, "--socket-group: " + gid.error().message());
+         f.socketGroup = gid.value();
          return {};
        }},
       {"--no-board", false,

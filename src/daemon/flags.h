@@ -1,6 +1,9 @@
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +37,7 @@ struct DaemonFlags {
   uint64_t agentKeyTokens = 0;                      // api::ApiOptions::agentKeyTokensPerDay
   std::string boardDir;                             // empty: share/moat/board beside moatd's bin/
   bool board = true;                                // --no-board: none
+  std::optional<gid_t> socketGroup;                 // --socket-group: may connect to <state>/moatd.sock
   templates::ImportLimits templateLimits;           // --template-max-bytes, --template-max-files, --template-timeout
   std::string previewDomain = "preview.localhost";  // api::ApiOptions::previewDomain
   int64_t portTimeoutS = 60;                        // api::PortProxyLimits::idle

@@ -116,6 +116,13 @@ int main(int argc, char** argv) {
   if (::geteuid() != 0) return fail("needs root (it creates namespaces, cgroups and mounts)");
   if (stateDir.empty() || stateDir[0] != '/') return fail("--state must be an absolute path");
   if (auto s = os::makeDirs(stateDir, 0700); !s.ok()) return fail(s.error().message());
+  if (flags->socketGroup) {
+    // The group passes through to moatd.sock and opens nothing else here:
+    // every other file of the state directory is root's alone (0600/0700).
+    Status s = os::chown(stateDir, 0, *flags->socketGroup);
+    if (s.ok()) s = os::chmod(stateDir, 0710);
+    if (!s.ok()) return fail("--socket-group: " + s.error().message());
+  }
   // One moatd per state directory; a second one would fight over the spawner.
   auto lock = os::open(stateDir + "/moatd.lock", O_RDWR | O_CREAT, 0600);
   if (!lock.ok()) return fail(lock.error().message());
@@ -322,7 +329,7 @@ int main(int argc, char** argv) {
     api::HttpServer server([&api](const api::HttpRequest& r) { return api.handle(r); },
                            [&api](const api::HttpRequest& head) { return api.preflight(head); }, serverLimits,
                            [&api] { api.countRefusedConnection(); });
-    for (auto s : {server.listenUnix(stateDir + "/moatd.sock"), server.listenTcp(listen)}) {
+    for (auto s : {server.listenUnix(stateDir + "/moatd.sock", flags->socketGroup), server.listenTcp(listen)}) {
       if (!s.ok()) {
         manager.detach();
         apiForEgress = nullptr;

@@ -416,10 +416,13 @@ TEST_F(MoatCli, AWrongOrMissingTokenIsExplained) {
   // A state directory without a token file, and moatd found by --url.
   char tmpl[] = "/tmp/moat-cli-notoken-XXXXXX";
   std::string empty = ::mkdtemp(tmpl);
-  r = moat({"env", "ls", "--url", "unix:" + daemon().socketPath()}, "", {{"MOAT_STATE", empty}});
+  r = moat({"env", "ls", "--url", "unix:" + daemon().socketPath()}, "",
+           {{"MOAT_STATE", empty}, {"HOME", empty}, {"XDG_CONFIG_HOME", ""}});
   EXPECT_EQ(r.exitCode, 125) << describe(r);
-  EXPECT_NE(r.err.find("no token for moatd: pass --token, set MOAT_TOKEN, or make " + empty + "/master-token readable"),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find("no token for moatd: pass --token, set MOAT_TOKEN, put a key in " + empty +
+                 "/.config/moat/token (moat keys create --for-user), or make " + empty + "/master-token readable"),
+      std::string::npos)
       << r.err;
   (void)os::removeTree(empty);
 }

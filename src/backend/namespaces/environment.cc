@@ -279,11 +279,13 @@ void prepareLimitsView() {
 Result<std::string> findInitBinary() {
   if (const char* env = std::getenv("MOAT_INIT")) return std::string(env);
   MOAT_ASSIGN(std::string dir, os::selfDirectory());
-  std::string path = dir + "/moat-init";
-  if (::access(path.c_str(), X_OK) != 0) {
-    return Error::fromErrno("moat-init not found next to " + dir + " (set MOAT_INIT)");
+  // Beside moatd (the build tree), or where an installation keeps what
+  // is no command of a user's: PREFIX/lib/moat (make install, the package).
+  for (const std::string& path : {dir + "/moat-init", dir + "/../lib/moat/moat-init"}) {
+    if (::access(path.c_str(), X_OK) == 0) return path;
   }
-  return path;
+  return Error::fromErrno("moat-init not found next to " + dir + " nor in " + dir + "/../lib/moat (set MOAT_INIT)",
+                          ENOENT);
 }
 
 Result<std::unique_ptr<Environment>> Environment::create(

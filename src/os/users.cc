@@ -1,0 +1,153 @@
+#include "os/users.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <optional>
+
+#include "common/unique_fd.h"
+#include "os/file.h"
+
+namespace moat::os {
+namespace {
+
+constexpr size_t kMaxDatabase = 16u << 20;
+
+std::vector<std::string> fieldsOf(const std::string& line, char separator = ':') {
+  std::vector<std::string> fields;
+  size_t start = 0;
+  for (;;) {
+    size_t colon = line.find(separator, start);
+    fields.push_back(line.substr(start, colon == std::string::npos ? std::string::npos : colon - start));
+    if (colon == std::string::npos) return fields;
+    start = colon + 1;
+  }
+}
+
+bool number(const std::string& text, unsigned long& out) {
+  if (text.empty()) return false;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  return ec == std::errc() && end == text.data() + text.size();
+}
+
+// Each line's fields, `count` or more of them; comments and blanks skipped.
+template <class Visit>
+void eachEntry(const std::string& text, size_t count, Visit&& visit) {
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(start, end - start);
+    start = end + 1;
+    if (line.empty() || line[0] == '#') continue;
+    auto fields = fieldsOf(line);
+    if (fields.size() >= count && visit(fields)) return;
+  }
+}
+
+bool matches(const std::vector<std::string>& fields, size_t idField, const std::string& name) {
+  unsigned long id = 0;
+  return fields[0] == name || (number(name, id) && number(fields[idField], id) && fields[idField] == name);
+}
+
+}  // namespace
+
+Result<UserEntry> userIn(const std::string& passwd, const std::string& name) {
+  std::optional<UserEntry> found;
+  eachEntry(passwd, 7, [&](const std::vector<std::string>& f) {
+    unsigned long uid = 0, gid = 0;
+    if (!matches(f, 2, name) || !number(f[2], uid) || !number(f[3], gid)) return false;
+    found = UserEntry{f[0], static_cast<uid_t>(uid), static_cast<gid_t>(gid), f[5]};
+    return true;
+  });
+  if (!found) return Error::make(Code::kNotFound, "no user " + name + " in /etc/passwd");
+  return *found;
+}
+
+Result<gid_t> groupIn(const std::string& group, const std::string& name) {
+  std::optional<gid_t> found;
+  eachEntry(group, 3, [&](const std::vector<std::string>& f) {
+    unsigned long gid = 0;
+    if (!matches(f, 2, name) || !number(f[2], gid)) return false;
+    found = static_cast<gid_t>(gid);
+    return true;
+  });
+  if (!found) return Error::make(Code::kNotFound, "no group " + name + " in /etc/group");
+  return *found;
+}
+
+std::vector<gid_t> groupsOfIn(const std::string& group, const std::string& user) {
+  std::vector<gid_t> gids;
+  eachEntry(group, 4, [&](const std::vector<std::string>& f) {
+    unsigned long gid = 0;
+    if (!number(f[2], gid)) return false;
+    for (const std::string& member : fieldsOf(f[3], ',')) {
+      if (member == user) gids.push_back(static_cast<gid_t>(gid));
+    }
+    return false;
+  });
+  return gids;
+}
+
+Status runAsUser(const UserEntry& user, const std::function<Status()>& work) {
+  std::vector<gid_t> groups = supplementaryGroups(user.name);
+  groups.push_back(user.gid);
+  int pipeFds[2];
+  if (::pipe2(pipeFds, O_CLOEXEC) != 0) return Error::fromErrno("pipe");
+  UniqueFd readEnd(pipeFds[0]), writeEnd(pipeFds[1]);
+  pid_t pid = ::fork();
+  if (pid < 0) return Error::fromErrno("fork");
+  if (pid == 0) {
+    readEnd.reset();
+    std::string message;
+    if (::setgroups(groups.size(), groups.data()) != 0 || ::setresgid(user.gid, user.gid, user.gid) != 0 ||
+        ::setresuid(user.uid, user.uid, user.uid) != 0) {
+      message = std::string("become user ") + user.name + ": " + std::strerror(errno);
+    } else if (user.uid != 0 && ::setuid(0) == 0) {
+      message = "become user " + user.name + ": root could be regained";
+    } else {
+      Status s = work();
+      if (!s.ok()) message = s.error().message();
+    }
+    if (!message.empty()) (void)!::write(writeEnd.get(), message.data(), message.size());
+    ::_exit(message.empty() ? 0 : 1);
+  }
+  writeEnd.reset();
+  std::string message;
+  char buffer[512];
+  for (ssize_t n; (n = ::read(readEnd.get(), buffer, sizeof buffer)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    message.append(buffer, static_cast<size_t>(n));
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!message.empty()) return Error::make(Code::kSyscall, message);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return Error::make(Code::kSyscall, "the process acting as " + user.name + " ended without saying why");
+  }
+  return {};
+}
+
+Result<UserEntry> userNamed(const std::string& name) {
+  MOAT_ASSIGN(std::string passwd, readFile("/etc/passwd", kMaxDatabase));
+  return userIn(passwd, name);
+}
+
+Result<gid_t> groupNamed(const std::string& name) {
+  MOAT_ASSIGN(std::string group, readFile("/etc/group", kMaxDatabase));
+  return groupIn(group, name);
+}
+
+std::vector<gid_t> supplementaryGroups(const std::string& user) {
+  auto group = readFile("/etc/group", kMaxDatabase);
+  return group.ok() ? groupsOfIn(group.value(), user) : std::vector<gid_t>{};
+}
+
+}  // namespace moat::os

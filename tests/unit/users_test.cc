@@ -1,0 +1,57 @@
+// os/users: /etc/passwd and /etc/group read as moat reads them (no NSS).
+#include "os/users.h"
+
+#include <gtest/gtest.h>
+
+namespace moat::os {
+namespace {
+
+const char* kPasswd =
+    "root:x:0:0:root:/root:/bin/bash\n"
+    "# a comment\n"
+    "\n"
+    "alice:x:1000:1000:Alice,,,:/home/alice:/bin/bash\n"
+    "short:x:7\n"
+    "bad:x:notanumber:1:b:/home/bad:/bin/sh\n"
+    "bob:x:1001:100::/srv/bob:/bin/sh";  // no newline at the end
+
+const char* kGroup =
+    "root:x:0:\n"
+    "users:x:100:alice\n"
+    "moat:x:998:alice,bob\n"
+    "docker:x:999:bobby,xalice\n";
+
+TEST(Users, UsersAreFoundByNameOrNumber) {
+  auto alice = userIn(kPasswd, "alice");
+  ASSERT_TRUE(alice.ok()) << alice.error().message();
+  EXPECT_EQ(alice->uid, 1000u);
+  EXPECT_EQ(alice->gid, 1000u);
+  EXPECT_EQ(alice->home, "/home/alice");
+  auto bob = userIn(kPasswd, "1001");
+  ASSERT_TRUE(bob.ok());
+  EXPECT_EQ(bob->name, "bob");
+  EXPECT_EQ(bob->home, "/srv/bob");
+  EXPECT_EQ(bob->gid, 100u);
+}
+
+TEST(Users, MalformedLinesAndUnknownNamesAreNotFound) {
+  for (const char* name : {"short", "bad", "carol", "", "x", "# a comment"}) {
+    auto r = userIn(kPasswd, name);
+    ASSERT_FALSE(r.ok()) << name;
+    EXPECT_EQ(r.error().code, Code::kNotFound);
+  }
+  EXPECT_NE(userIn(kPasswd, "carol").error().message().find("no user carol in /etc/passwd"), std::string::npos);
+  EXPECT_FALSE(userIn(kPasswd, "0x3e8").ok()) << "a number is decimal digits only";
+}
+
+TEST(Users, GroupsAndTheirMembers) {
+  EXPECT_EQ(groupIn(kGroup, "moat").value(), 998u);
+  EXPECT_EQ(groupIn(kGroup, "999").value(), 999u);
+  EXPECT_FALSE(groupIn(kGroup, "nogroup").ok());
+  EXPECT_EQ(groupsOfIn(kGroup, "alice"), (std::vector<gid_t>{100, 998}));
+  EXPECT_EQ(groupsOfIn(kGroup, "bob"), (std::vector<gid_t>{998})) << "bobby is another user";
+  EXPECT_TRUE(groupsOfIn(kGroup, "carol").empty());
+}
+
+}  // namespace
+}  // namespace moat::os
