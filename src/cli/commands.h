@@ -22,6 +22,8 @@ int auditCommand(const std::vector<std::string>& args);
 int snapshotCommand(const std::vector<std::string>& args);
 int templateCommand(const std::vector<std::string>& args);
 int portCommand(const std::vector<std::string>& args);
+// moat doctor: what this host gives moat (docs/INSTALL.md).
+int doctorCommand(const std::vector<std::string>& args);
 // moat mcp: the MCP server over stdio (docs/MCP.md).
 int mcpCommand(const std::vector<std::string>& args);
 

@@ -39,6 +39,8 @@ commands:
             (moat agent run|ls|get|stop|transcript, see docs/AGENTS.md)
   mcp       serve the Model Context Protocol on stdio, for agents
             (moat mcp [--standalone], see docs/MCP.md)
+  doctor    check what this host gives moat, and what to do about the rest
+            (moat doctor --help)
   version   print the version
 
 Environment: MOAT_STATE (state directory, default /var/lib/moat); for the
@@ -122,6 +124,7 @@ int main(int argc, char** argv) {
   if (command == "template") return moat::cli::templateCommand(args);
   if (command == "port") return moat::cli::portCommand(args);
   if (command == "agent") return moat::cli::agentCommand(args);
+  if (command == "doctor") return moat::cli::doctorCommand(args);
   if (command == "version" || command == "--version") {
     std::puts("moat " MOAT_VERSION);
     return 0;

@@ -25,6 +25,7 @@
 
 #include "common/scope_exit.h"
 #include "os/file.h"
+#include "os/process.h"
 
 namespace moat::os {
 namespace {
@@ -219,6 +220,16 @@ Status Netlink::transact(void* request, const std::string& what,
       if (reply->nlmsg_type != NLMSG_DONE && onReply) onReply(reply);
     }
   }
+}
+
+Status vethPairsWork() {
+  return runInChild([]() -> Status {
+    if (::unshare(CLONE_NEWNET) != 0) return Error::fromErrno("a network namespace");
+    MOAT_ASSIGN(Netlink self, Netlink::open(-1));
+    UniqueFd ns(::open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC));
+    if (!ns.valid()) return Error::fromErrno("open /proc/self/ns/net");
+    return self.createVethPair("moatprobe0", "moatprobe1", ns.get());
+  });
 }
 
 Status Netlink::createVethPair(const std::string& name, const std::string& peerName, int peerNetnsFd) {

@@ -15,6 +15,11 @@
 // addresses are uint32_t in network byte order throughout.
 namespace moat::os {
 
+// Whether this kernel makes veth pairs: one made and dropped in a network
+// namespace of a child's own (root; the namespace goes with the child).
+// The error says why not (the kernel's errno for the creation).
+Status vethPairsWork();
+
 // An rtnetlink (NETLINK_ROUTE) socket. It acts on the network namespace it
 // was opened in for its whole life, whichever namespace the calling thread
 // is in later. Every request asks for an ACK; a kernel error becomes

@@ -347,4 +347,36 @@ uint64_t totalMemoryMb() {
   return static_cast<uint64_t>(info.totalram) * info.mem_unit / (1024 * 1024);
 }
 
+Status runInChild(const std::function<Status()>& work) {
+  int pipeFds[2];
+  if (::pipe2(pipeFds, O_CLOEXEC) != 0) return Error::fromErrno("pipe");
+  UniqueFd readEnd(pipeFds[0]), writeEnd(pipeFds[1]);
+  pid_t pid = ::fork();
+  if (pid < 0) return Error::fromErrno("fork");
+  if (pid == 0) {
+    readEnd.reset();
+    Status s = work();
+    std::string message = s.ok() ? "" : s.error().message();
+    if (!s.ok() && message.empty()) message = "failed";
+    (void)!::write(writeEnd.get(), message.data(), message.size());
+    ::_exit(s.ok() ? 0 : 1);
+  }
+  writeEnd.reset();
+  std::string message;
+  char buffer[512];
+  for (ssize_t n; (n = ::read(readEnd.get(), buffer, sizeof buffer)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    message.append(buffer, static_cast<size_t>(n));
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!message.empty()) return Error::make(Code::kSyscall, message);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return Error::make(Code::kSyscall, "the child " + describeWaitStatus(status) + " without saying why");
+  }
+  return {};
+}
+
 }  // namespace moat::os

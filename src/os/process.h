@@ -4,6 +4,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -102,6 +103,13 @@ uint64_t totalMemoryMb();
 Error execFd(int fd, char* const argv[], char* const env[]);
 
 std::string describeWaitStatus(int status);
+
+// Runs `work` in a forked child (of a process whose other threads it need
+// not meet: a CLI's, or one that only reads after) and returns what it
+// returned, its error's message carried back through a pipe. For what must
+// not happen in this process: dropping to another user, entering a
+// namespace that should end with the child.
+Status runInChild(const std::function<Status()>& work);
 
 // Writes "<prefix><step>: <errno's name>\n" to fd, for a child that failed
 // before its exec to say why where its parent will look (a console log).

@@ -63,6 +63,11 @@ int installSeccompInChild(const sock_fprog& program) {
   return ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &program) == 0 ? 0 : errno;
 }
 
+bool seccompUserNotifAvailable() {
+  uint32_t action = SECCOMP_RET_USER_NOTIF;
+  return ::syscall(SYS_seccomp, SECCOMP_GET_ACTION_AVAIL, 0, &action) == 0;
+}
+
 int landlockAbi() {
   long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
   return abi < 0 ? 0 : static_cast<int>(abi);

@@ -21,6 +21,9 @@ Status installSeccomp(const std::vector<sock_filter>& program, bool allThreads =
 int installSeccompInChild(const sock_fprog& program);
 // Landlock ABI version, or 0 when the kernel has none.
 int landlockAbi();
+// Whether seccomp filters may hand system calls to a supervisor
+// (SECCOMP_RET_USER_NOTIF; the exec gate and the disk view need it).
+bool seccompUserNotifAvailable();
 // Confines signals and abstract unix sockets to the caller's Landlock domain
 // (ABI >= 6). Returns false when the kernel cannot do it.
 Result<bool> landlockScopeSelf();

@@ -10,8 +10,8 @@
 #include <cstring>
 #include <optional>
 
-#include "common/unique_fd.h"
 #include "os/file.h"
+#include "os/process.h"
 
 namespace moat::os {
 namespace {
@@ -97,42 +97,15 @@ std::vector<gid_t> groupsOfIn(const std::string& group, const std::string& user)
 Status runAsUser(const UserEntry& user, const std::function<Status()>& work) {
   std::vector<gid_t> groups = supplementaryGroups(user.name);
   groups.push_back(user.gid);
-  int pipeFds[2];
-  if (::pipe2(pipeFds, O_CLOEXEC) != 0) return Error::fromErrno("pipe");
-  UniqueFd readEnd(pipeFds[0]), writeEnd(pipeFds[1]);
-  pid_t pid = ::fork();
-  if (pid < 0) return Error::fromErrno("fork");
-  if (pid == 0) {
-    readEnd.reset();
-    std::string message;
+  return runInChild([&]() -> Status {
     if (::setgroups(groups.size(), groups.data()) != 0 || ::setresgid(user.gid, user.gid, user.gid) != 0 ||
         ::setresuid(user.uid, user.uid, user.uid) != 0) {
-      message = std::string("become user ") + user.name + ": " + std::strerror(errno);
-    } else if (user.uid != 0 && ::setuid(0) == 0) {
-      message = "become user " + user.name + ": root could be regained";
-    } else {
-      Status s = work();
-      if (!s.ok()) message = s.error().message();
+      return Error::fromErrno("become user " + user.name);
     }
-    if (!message.empty()) (void)!::write(writeEnd.get(), message.data(), message.size());
-    ::_exit(message.empty() ? 0 : 1);
-  }
-  writeEnd.reset();
-  std::string message;
-  char buffer[512];
-  for (ssize_t n; (n = ::read(readEnd.get(), buffer, sizeof buffer)) != 0;) {
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    message.append(buffer, static_cast<size_t>(n));
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (!message.empty()) return Error::make(Code::kSyscall, message);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return Error::make(Code::kSyscall, "the process acting as " + user.name + " ended without saying why");
-  }
-  return {};
+    if (user.uid != 0 && ::setuid(0) == 0)
+      return Error::make(Code::kSyscall, "become user " + user.name + ": root could be regained");
+    return work();
+  });
 }
 
 Result<UserEntry> userNamed(const std::string& name) {

@@ -636,6 +636,48 @@ TEST(MoatCliWithoutDaemon, ASlowReaderOfMoatIsNotASilentStream) {
   EXPECT_EQ(r.err, "");
 }
 
+// moat doctor on this host (CI's: everything moatd needs is there, KVM may
+// not be): every check answers, none fails, and the moatd line says what
+// it found: nothing at a socket, a refused token, a daemon serving.
+TEST_F(MoatCli, DoctorChecksTheHostAndSaysWhatToDo) {
+  MOAT_REQUIRE_ROOT();
+  auto statusOf = [](const json& report, const std::string& name) -> json {
+    for (const auto& c : report["checks"]) {
+      if (c["name"] == name) return c;
+    }
+    return json();
+  };
+  auto alone = moat({"doctor", "--json", "--url", kNoDaemon});
+  json report = json::parse(alone.out, nullptr, false);
+  ASSERT_TRUE(report.is_object()) << describe(alone);
+  EXPECT_EQ(alone.exitCode, 0) << "a check failed on the host the suite runs on: " << alone.out;
+  for (const char* name : {"kernel", "root", "user namespaces", "cgroups", "overlayfs", "btrfs", "seccomp", "landlock",
+                           "egress", "lxcfs", "templates", "microvm", "criu", "moatd"}) {
+    json c = statusOf(report, name);
+    ASSERT_TRUE(c.is_object()) << "no check " << name << ": " << alone.out;
+    EXPECT_TRUE(c["status"] == "ok" || c["status"] == "warn") << c;
+    EXPECT_FALSE(c["detail"].get<std::string>().empty()) << c;
+    if (c["status"] == "warn" && name != std::string("microvm")) {
+      EXPECT_FALSE(c["fix"].get<std::string>().empty()) << "a warning without what to do: " << c;
+    }
+  }
+  EXPECT_EQ(statusOf(report, "moatd")["status"], "warn");
+  EXPECT_NE(statusOf(report, "moatd")["detail"].get<std::string>().find("/nonexistent.sock"), std::string::npos);
+  EXPECT_EQ(statusOf(report, "root")["status"], "ok");
+  EXPECT_EQ(statusOf(report, "egress")["status"], "ok") << "the egress tests of this suite make veth pairs";
+
+  auto refused = client({"doctor", "--json"}, "", {{"MOAT_TOKEN", "moat_000000000000_bogus"}});
+  json c = statusOf(json::parse(refused.out, nullptr, false), "moatd");
+  EXPECT_EQ(c["status"], "warn") << refused.out;
+  EXPECT_NE(c["detail"].get<std::string>().find("this token is refused"), std::string::npos) << c;
+  EXPECT_NE(c["fix"].get<std::string>().find("--for-user"), std::string::npos) << c;
+
+  auto serving = client({"doctor"});
+  EXPECT_EQ(serving.exitCode, 0) << describe(serving);
+  EXPECT_NE(serving.out.find("ok    moatd            serving at unix:"), std::string::npos) << serving.out;
+  EXPECT_EQ(moat({"doctor", "--bogus"}).exitCode, 2);
+}
+
 TEST(MoatCliWithoutDaemon, AMissingDaemonIsNamed) {
   char tmpl[] = "/tmp/moat-cli-state-XXXXXX";
   std::string state = ::mkdtemp(tmpl);
