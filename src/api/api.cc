@@ -10,6 +10,7 @@
 #include "api/auth.h"
 #include "api/validation.h"
 #include "common/encoding.h"
+#include "common/log.h"
 #include "manager/stored_settings.h"
 #include "os/file.h"
 
@@ -75,7 +76,40 @@ void Api::recordAuthFailure(const HttpRequest& request, const std::string& token
 
 void Api::countError(const std::string& code) { metrics_.countError(code); }
 
+namespace {
+
+// moatd --access-log: one line per request (docs/INSTALL.md, "Logs").
+void logAccess(const HttpRequest& request, int status, const std::string& actor,
+               std::chrono::steady_clock::time_point started) {
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  char duration[32];
+  std::snprintf(duration, sizeof duration, "%.1f", ms);
+  const std::string caller = actor.empty() ? "-" : actor;
+  const std::string peer = request.remote.empty() ? "in-process" : request.remote;
+  log::write(log::Level::kInfo,
+             "access " + request.method + " " + request.path + " " + std::to_string(status) + " " + duration + " ms " +
+                 caller + " " + peer,
+             {{"kind", "access"},
+              {"method", request.method},
+              {"path", request.path},
+              {"status", std::to_string(status), true},
+              {"duration_ms", duration, true},
+              {"caller", caller},
+              {"peer", peer}});
+}
+
+}  // namespace
+
 Preflight Api::preflight(const HttpRequest& head) {
+  const auto started = std::chrono::steady_clock::now();
+  Preflight p = admit(head);
+  // A request refused before its body is read has its access line too (the
+  // caller "-": not admitted).
+  if (p.reject && options_.accessLog) logAccess(head, p.response.status, "", started);
+  return p;
+}
+
+Preflight Api::admit(const HttpRequest& head) {
   Preflight p;
   bool fileWrite =
       head.method == "PUT" && head.path.size() > 6 && head.path.compare(head.path.size() - 6, 6, "/files") == 0;
@@ -161,6 +195,7 @@ void Api::stopWaiting() {
 }
 
 HttpResponse Api::handle(const HttpRequest& request) {
+  const auto started = std::chrono::steady_clock::now();
   if (auto secret = previewSecretOf(request.host, options_.previewDomain)) return previewRequest(request, *secret);
   HttpResponse response;
   std::string token = bearerToken(request.authorization);
@@ -226,6 +261,7 @@ HttpResponse Api::handle(const HttpRequest& request) {
                     {{"method", request.method}, {"path", request.path}, {"reason", j["error"].value("message", "")}});
     }
   }
+  if (options_.accessLog) logAccess(request, response.status, actor, started);
   return response;
 }
 
@@ -348,7 +384,7 @@ const std::vector<Route>& Api::routes() {
          return respond(200, {{"status", "ok"}});
        }},
       {"GET", "/metrics", "read", false, true,
-       [](Api& a, const HttpRequest&, const Principal&, const P&) { return a.metrics(); }},
+       [](Api& a, const HttpRequest&, const Principal& p, const P&) { return a.metrics(p); }},
       // The MCP tools call this API with the caller's own token (docs/MCP.md).
       {"*", "/mcp", "", false, true,
        [](Api& a, const HttpRequest& r, const Principal& p, const P&) { return a.mcpRoute(r, p); }},
@@ -467,10 +503,28 @@ HttpResponse Api::route(const HttpRequest& req, const Principal& principal) {
   return route.handler(*this, req, principal, match.params);
 }
 
-HttpResponse Api::metrics() {
+HttpResponse Api::metrics(const Principal& principal) {
   HttpResponse r;
   r.contentType = "text/plain; version=0.0.4";
   r.body = metrics_.render(environments_.counters());
+  // Each running environment the caller sees (a key: its own), by id, for
+  // at most kMetricsEnvironments of them: a scrape's size stays bounded.
+  store::EnvironmentFilter filter;
+  if (!principal.master) filter.owner = principal.keyId;
+  filter.state = store::EnvironmentState::kRunning;
+  std::vector<EnvironmentUsage> usages;
+  size_t omitted = 0;
+  if (auto list = environments_.list(filter); list.ok()) {
+    for (const auto& record : list.value()) {
+      if (usages.size() >= ApiMetrics::kMaxEnvironmentSeries) {
+        ++omitted;
+        continue;
+      }
+      auto usage = environments_.usage(record.id);
+      if (usage.ok()) usages.push_back({record.id, record.ramMb << 20, usage.value()});
+    }
+  }
+  r.body += ApiMetrics::renderEnvironments(usages, omitted);
   return r;
 }
 

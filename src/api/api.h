@@ -37,6 +37,7 @@ namespace moat::api {
 // name the field), and a typed call into the environment manager.
 struct ApiOptions {
   std::string stateDir;
+  bool accessLog = false;  // a log line per request (moatd --access-log)
   // Whether this host runs microVM environments, and on what ("kvm" or
   // "tcg"): shown by /healthz.
   bool microvmAvailable = false;
@@ -118,6 +119,8 @@ class Api {
   // Before the body: unauthenticated requests are refused unread, and the
   // body limit is 16 MiB for file writes, 1 MiB for everything else.
   Preflight preflight(const HttpRequest& head);
+  // What preflight() decides (it logs a refusal when asked to).
+  Preflight admit(const HttpRequest& head);
   // network.cc: the gate's say on a destination off an environment's
   // allowlist (asks a person and waits when the permission is "ask"), and
   // whether it would ask, for the egress controller.
@@ -268,7 +271,7 @@ class Api {
   std::shared_ptr<AgentRunEntry> visibleRun(const Principal& principal, const std::string& id);
   // Host and Origin must be local (DNS rebinding); before authentication.
   std::optional<HttpResponse> mcpGuard(const HttpRequest& head);
-  HttpResponse metrics();
+  HttpResponse metrics(const Principal& principal);
   void countError(const std::string& code);
   // board.cc: the board's page, assets and sign-in (/, /board/*, /ui/session),
   // answered without a token; and what a request with its cookie acts as.

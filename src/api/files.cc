@@ -16,7 +16,7 @@ std::pair<const char*, json> fileEvent(const init::FileRequest& f, const init::F
   json data = {{"path", f.path}};
   switch (f.op) {
     case init::FileOp::kRead:
-      data["offset"] = r.offset;  // where the bytes read begin (after a skipped hole too)
+      data["offset"] = r.err != 0 ? f.offset : r.offset;  // where the bytes read begin (after a skipped hole too)
       data["size"] = r.data.size();
       break;
     case init::FileOp::kWrite:

@@ -369,7 +369,7 @@ bool HttpServer::fullFor(bool local) const {
   return !local && activeTcp_ >= tcpPlaces();
 }
 
-void HttpServer::acceptLoop(int listenFd, bool local) {
+void HttpServer::acceptLoop(int listenFd, bool unixSocket) {
   // Until stop() shuts the listener down; while stopping, newcomers get 503.
   for (;;) {
     int fd = ::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC);
@@ -381,6 +381,15 @@ void HttpServer::acceptLoop(int listenFd, bool local) {
         continue;
       }
       return;
+    }
+    // The places kept back are for moatd's own user (root) on the unix
+    // socket: the members of --socket-group's group connect there too, and
+    // count as TCP clients do.
+    bool local = false;
+    if (unixSocket) {
+      struct ucred cred = {};
+      socklen_t len = sizeof cred;
+      local = ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == ::geteuid();
     }
     std::unique_lock<std::mutex> lock(mutex_);
     bool full = fullFor(local);

@@ -126,9 +126,9 @@ class HttpServer {
   void stop();
 
  private:
-  // `local`: the unix socket's listener (its connections may take the
-  // places kept from TCP clients).
-  void acceptLoop(int listenFd, bool local);
+  // `unixSocket`: the unix socket's listener (its root peers may take the
+  // places kept from everyone else).
+  void acceptLoop(int listenFd, bool unixSocket);
   // Whether a newcomer (local or TCP) finds no place free. Under mutex_.
   bool fullFor(bool local) const;
   // The places TCP clients may hold: all but a sixteenth (from 16 on).
@@ -146,7 +146,7 @@ class HttpServer {
   struct Connection {
     bool busy = false;
     bool evicted = false;
-    bool local = false;  // from the unix socket
+    bool local = false;  // root on the unix socket: may take the places kept back
     std::chrono::steady_clock::time_point since;
   };
   // Called by the connection's thread around each request: false when the

@@ -82,4 +82,31 @@ std::string ApiMetrics::render(const manager::Counters& counters) {
   return out.str();
 }
 
+std::string ApiMetrics::renderEnvironments(const std::vector<EnvironmentUsage>& usages, size_t omitted) {
+  std::ostringstream out;
+  out.precision(15);  // bytes as whole numbers, not 5.25886e+07
+  auto family = [&](const char* name, const char* type, const char* help, auto value) {
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+    for (const auto& e : usages) {
+      auto v = value(e);
+      if (v < 0) continue;  // not known on this host
+      out << name << "{id=\"" << labelValue(e.id) << "\"} " << v << "\n";
+    }
+  };
+  family("moat_environment_cpu_seconds_total", "counter", "CPU time a running environment has used.",
+         [](const EnvironmentUsage& e) { return e.usage.cpuKnown ? e.usage.cpuUsec / 1e6 : -1.0; });
+  family("moat_environment_memory_bytes", "gauge", "Memory a running environment's cgroup holds.",
+         [](const EnvironmentUsage& e) { return static_cast<double>(e.usage.memoryBytes); });
+  family("moat_environment_memory_limit_bytes", "gauge", "A running environment's memory limit.",
+         [](const EnvironmentUsage& e) { return static_cast<double>(e.memoryLimitBytes); });
+  family("moat_environment_pids", "gauge", "Processes and threads in a running environment.",
+         [](const EnvironmentUsage& e) { return static_cast<double>(e.usage.pids); });
+  family("moat_environment_oom_kills_total", "counter", "Processes the kernel killed in an environment out of memory.",
+         [](const EnvironmentUsage& e) { return static_cast<double>(e.usage.oomKills); });
+  out << "# HELP moat_environment_series_omitted Running environments without series here (beyond "
+      << kMaxEnvironmentSeries << ").\n# TYPE moat_environment_series_omitted gauge\nmoat_environment_series_omitted "
+      << omitted << "\n";
+  return out.str();
+}
+
 }  // namespace moat::api

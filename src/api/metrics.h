@@ -6,10 +6,18 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "manager/environment_manager.h"
 
 namespace moat::api {
+
+// One running environment's reading, for its series in /metrics.
+struct EnvironmentUsage {
+  std::string id;
+  uint64_t memoryLimitBytes = 0;
+  backend::Usage usage;
+};
 
 // What GET /metrics shows (Prometheus text, docs/API.md "Metrics"): the
 // manager's counters as they are now, and what the API counted itself:
@@ -32,6 +40,10 @@ class ApiMetrics {
   };
   Waiting waiting() { return Waiting(waiting_); }
   std::string render(const manager::Counters& counters);
+  // The per-environment series (labelled by id) of `usages`, and how many
+  // running environments were left out beyond kMaxEnvironmentSeries.
+  static std::string renderEnvironments(const std::vector<EnvironmentUsage>& usages, size_t omitted);
+  static constexpr size_t kMaxEnvironmentSeries = 1000;
 
  private:
   static constexpr std::array<double, 10> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 10};

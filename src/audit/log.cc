@@ -4,6 +4,8 @@
 
 #include <cstdio>
 
+#include "common/log.h"
+
 namespace moat::audit {
 namespace {
 
@@ -176,7 +178,7 @@ void Log::writeBatch(std::unique_lock<std::mutex>& lock) {
   Status s = append(batch, 0);
   lock.lock();
   if (!s.ok()) {
-    std::fprintf(stderr, "moatd: audit log: %s (retrying)\n", s.error().message().c_str());
+    moat::log::warnf("audit log: %s (retrying)\n", s.error().message().c_str());
     for (auto it = batch.rbegin(); it != batch.rend(); ++it) queue_.push_front(std::move(*it));
     failing_ = true;
     return;
@@ -243,11 +245,11 @@ void Log::capSize(std::unique_lock<std::mutex>& lock) {
   const uint64_t keep = cap - cap / 10;
   auto pruned = pruneThrough(lock, committedId_ - keep + 1, {{"max_events", cap}});
   if (pruned.ok()) {
-    std::fprintf(stderr, "moatd: audit log: more than %llu events: pruned the oldest %llu (--audit-max-events)\n",
-                 static_cast<unsigned long long>(cap), static_cast<unsigned long long>(pruned.value()));
+    moat::log::infof("audit log: more than %llu events: pruned the oldest %llu (--audit-max-events)\n",
+                     static_cast<unsigned long long>(cap), static_cast<unsigned long long>(pruned.value()));
   } else {
-    std::fprintf(stderr, "moatd: audit log: pruning beyond %llu events: %s\n", static_cast<unsigned long long>(cap),
-                 pruned.error().message().c_str());
+    moat::log::warnf("audit log: pruning beyond %llu events: %s\n", static_cast<unsigned long long>(cap),
+                     pruned.error().message().c_str());
   }
 }
 
@@ -273,7 +275,7 @@ void Log::writerLoop() {
       failing_ = false;
       ++failures;
       if (stopping_ && failures > kRetriesAtShutdown) {
-        std::fprintf(stderr, "moatd: audit log: %zu events could not be written\n", queue_.size());
+        moat::log::errorf("audit log: %zu events could not be written\n", queue_.size());
         queue_.clear();
         break;
       }
@@ -293,7 +295,7 @@ void Log::writerLoop() {
       nextPrune = clock::now() + options_.pruneEvery;
       auto pruned = prune(lock, now() - options_.retentionDays * kDayMs);
       if (!pruned.ok()) {
-        std::fprintf(stderr, "moatd: audit log: pruning: %s\n", pruned.error().message().c_str());
+        moat::log::warnf("audit log: pruning: %s\n", pruned.error().message().c_str());
       }
       continue;
     }

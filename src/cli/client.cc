@@ -26,6 +26,7 @@
 #include "common/encoding.h"
 #include "common/path.h"
 #include "os/file.h"
+#include "os/tree.h"
 
 namespace moat::cli {
 namespace {
@@ -305,6 +306,23 @@ Result<Endpoint> parseEndpoint(const std::string& url) {
   return e;
 }
 
+namespace {
+
+// The user's token file, read only if it is what it should be: a regular
+// file (no link, no FIFO to hang on), the caller's, and no one else's to read.
+Result<std::string> ownToken(const std::string& path) {
+  MOAT_ASSIGN(UniqueFd fd, os::open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  MOAT_ASSIGN(struct stat st, os::statFd(fd.get()));
+  if (!S_ISREG(st.st_mode)) return Error::make(Code::kInsecure, path + " is not a regular file");
+  if (st.st_uid != ::geteuid())
+    return Error::make(Code::kInsecure, path + " is not yours (uid " + std::to_string(st.st_uid) + ")");
+  if ((st.st_mode & 077) != 0) return Error::make(Code::kInsecure, path + " may be read by others: chmod 600 it");
+  MOAT_ASSIGN(auto bytes, os::readUpTo(fd.get(), 4096));
+  return bytes.data;
+}
+
+}  // namespace
+
 std::string userTokenPath() {
   std::string config = fromEnvironment("XDG_CONFIG_HOME");
   if (config.empty() || config[0] != '/') {
@@ -334,18 +352,18 @@ Result<Client> Client::fromOptions(const ConnectionOptions& options) {
   std::string token = !options.token.empty() ? options.token : fromEnvironment("MOAT_TOKEN");
   if (!token.empty()) return Client(endpoint, token);
   // The user's own key (moat keys create --for-user puts it there), else
-  // the master token (root's).
+  // the master token (root's). Root takes the master token when it can: a
+  // HOME or XDG_CONFIG_HOME of another user's (kept by sudo -E, su without
+  // -) must not make root act with that user's key.
   std::string userFile = userTokenPath();
   std::string tokenFile = state + "/master-token";
-  bool own = !userFile.empty() && os::exists(userFile);
+  bool own = !userFile.empty() && (os::exists(userFile) || os::isSymlink(userFile));
+  if (own && ::geteuid() == 0 && os::exists(tokenFile)) own = false;
+  Result<std::string> text = own ? ownToken(userFile) : os::readFile(tokenFile, 4096);
   if (own) {
-    struct stat st;
-    if (::stat(userFile.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
-      return Client(endpoint, Error::make(Code::kInsecure, userFile + " may be read by others: chmod 600 it"));
-    }
+    if (!text.ok() && text.error().code == Code::kInsecure) return Client(endpoint, text.error());
     tokenFile = userFile;
   }
-  auto text = os::readFile(tokenFile, 4096);
   if (!text.ok()) {
     const Error& e = text.error();
     std::string why = e.sysErrno != 0 ? std::strerror(e.sysErrno) : e.message();

@@ -190,10 +190,14 @@ int download(Client& client, const Remote& remote, const std::string& host, bool
     if (!reply.ok()) return reportFailure("moat cp", reply.error());
     if (reply->status != 200) return complain(kExitEnvironment, describeError(reply.value()));
     auto at = headerNumber(reply.value(), "x-moat-offset");
-    if (!at || *at < offset)
+    if (!at || *at < offset) {
       return complain(kExitEnvironment,
                       "moatd's answer has no offset at or after " + std::to_string(offset) + " (an older moatd?)");
+    }
     const std::string& body = reply->body;
+    if (*at > static_cast<uint64_t>(INT64_MAX) - body.size()) {
+      return complain(kExitEnvironment, "moatd's answer is beyond any file's end (offset " + std::to_string(*at) + ")");
+    }
     // A hole (skipped, or zeros read) stays a hole in a regular file; a
     // pipe or a device gets its zeros.
     bool zeros = body.find_first_not_of('\0') == std::string::npos;

@@ -47,7 +47,11 @@ Status saveForUser(const os::UserEntry& user, const std::string& token, std::str
   return os::runAsUser(user, [&]() -> Status {
     MOAT_TRY(os::makeDirs(dir, 0700, 0700));
     MOAT_ASSIGN(UniqueFd fd, os::open(dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    return os::replaceFileAt(fd.get(), "token", token + "\n", 0600);
+    // A new file of mode 0600 in a directory of mode 0700, whatever was
+    // there: one that others could read must not get the new token.
+    MOAT_TRY(os::chmodDirectory(fd.get(), ".", 0700));
+    MOAT_TRY(os::removeAt(fd.get(), "token"));
+    return os::createFileAt(fd.get(), "token", 0600, token + "\n");
   });
 }
 
@@ -98,6 +102,7 @@ int keysCreate(const std::vector<std::string>& args) {
     } else if (flags.name() == "--for-user") {
       auto v = flags.value();
       if (!v.ok()) return reportFailure("moat keys create", v.error());
+      if (v->empty()) return reportFailure("moat keys create", usageError("--for-user needs a user name"));
       forUser = v.value();
     } else {
       return reportFailure("moat keys create", usageError("unknown option " + flags.name()));
@@ -126,16 +131,38 @@ int keysCreate(const std::vector<std::string>& args) {
     std::string where;
     Status saved = saveForUser(*user, key.value("token", ""), where);
     if (!saved.ok()) {
-      // A key nobody holds: removed again, so no secret is left unaccounted for.
-      (void)client->request("DELETE", "/v1/keys/" + key.value("id", ""));
-      return complain(kExitEnvironment, "moat keys create: cannot save the key for " + user->name + " in " + where +
-                                            ": " + saved.error().message() + " (the key was removed)");
+      // A key nobody holds: revoked again, so no secret is left unaccounted for.
+      auto removed = client->request("DELETE", "/v1/keys/" + key.value("id", ""));
+      bool gone = removed.ok() && removed->status == 204;
+      return complain(kExitEnvironment,
+                      "moat keys create: cannot save the key for " + user->name + " in " + where + ": " +
+                          saved.error().message() +
+                          (gone ? " (the key was revoked)"
+                                : " (and revoking the key failed: moat keys rm " + key.value("id", "") + ")"));
     }
     key.erase("token");
     key["saved_to"] = where;
+    // The token it replaced in that file is nobody's any more: the earlier
+    // keys of that name are revoked (a re-issue after a leak must end it).
+    json revoked = json::array();
+    auto listed = call(client.value(), "GET", "/v1/keys", "", 200);
+    if (listed.ok() && listed->is_object() && (*listed)["keys"].is_array()) {
+      for (const auto& old : (*listed)["keys"]) {
+        if (!old.is_object() || old.value("name", "") != body["name"] || old.value("revoked", true) ||
+            old.value("id", "") == key.value("id", "")) {
+          continue;
+        }
+        auto removed = client->request("DELETE", "/v1/keys/" + old.value("id", ""));
+        if (removed.ok() && removed->status == 204) revoked.push_back(old.value("id", ""));
+      }
+    }
+    key["revoked_earlier"] = revoked;
     if (client->endpoint().transport == Endpoint::Transport::kUnix) noteSocketAccess(*user, client->endpoint().path);
     if (!asJson) {
       std::printf("key %s for %s saved to %s\n", key.value("id", "").c_str(), user->name.c_str(), where.c_str());
+      for (const auto& id : revoked) {
+        std::printf("revoked %s's earlier key %s\n", user->name.c_str(), id.get<std::string>().c_str());
+      }
       return 0;
     }
   }

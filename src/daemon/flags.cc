@@ -24,7 +24,7 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
              [--key-rate N] [--agent-local-providers] [--agent-key-tokens N]
              [--board-dir DIR | --no-board] [--preview-domain NAME] [--port-timeout S]
              [--template-max-bytes N] [--template-max-files N] [--template-timeout S]
-             [--socket-group GROUP]
+             [--socket-group GROUP] [--log-level L] [--log-format text|json] [--access-log]
              [--isolation namespaces|microvm] [--microvm-accel auto|kvm|tcg]
              [--microvm-boot-wait S] [--microvm-saved-guests N]
        moatd --version | --help
@@ -39,12 +39,19 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
                           (mode 0660; the state directory 0710, its other
                           files root's alone); each still needs an API key
                           of their own (docs/INSTALL.md)
+  --log-level L           what moatd writes to stderr: debug, info (the
+                          default), warn or error and above
+  --log-format F          text (the default: "moatd: ..." lines) or json (one
+                          object per line: time, level, msg, and fields)
+  --access-log            a line per API request at level info: method, path
+                          (no query), status, duration, caller, peer
   --max-environments N    at most N environments at once, warm ones included
                           (1 to 100000, default 256); more is 429 capacity
   --max-connections N     at most N client connections at once (1 to 100000,
                           default 512): a newcomer takes the place of the one
-                          idle longest; with all N busy it gets 503. TCP
-                          clients get all but N/16, kept for the unix socket;
+                          idle longest; with all N busy it gets 503. Clients
+                          other than root on the unix socket get all but
+                          N/16, kept for root;
                           port and preview connections N/2, N/4 per owner
   --permissions FILE      default permissions of new environments, as JSON
                           (docs/GATE.md; default: read_file, write_file and
@@ -224,6 +231,22 @@ const std::vector<Flag>& flags() {
          f.socketGroup = gid.value();
          return {};
        }},
+      {"--log-level", true,
+       [](const std::string& v, DaemonFlags& f, double) -> Status {
+         if (!log::levelNamed(v, f.logLevel)) {
+           return Error::make(Code::kInvalidArgument, "--log-level: debug, info, warn or error, not " + v);
+         }
+         return {};
+       }},
+      {"--log-format", true,
+       [](const std::string& v, DaemonFlags& f, double) -> Status {
+         if (v != "text" && v != "json")
+           return Error::make(Code::kInvalidArgument, "--log-format: text or json, not " + v);
+         f.logFormat = v == "json" ? log::Format::kJson : log::Format::kText;
+         return {};
+       }},
+      {"--access-log", false,
+       [](const std::string&, DaemonFlags& f, double) -> Status { return f.accessLog = true, Status{}; }},
       {"--no-board", false,
        [](const std::string&, DaemonFlags& f, double) -> Status { return f.board = false, Status{}; }},
       {"--preview-domain", true,

@@ -10,6 +10,7 @@
 #include "api/http.h"
 #include "audit/log.h"
 #include "backend/microvm/saved_guests.h"
+#include "common/log.h"
 #include "common/result.h"
 #include "egress/controller.h"
 #include "manager/environment_manager.h"
@@ -38,6 +39,9 @@ struct DaemonFlags {
   std::string boardDir;                             // empty: share/moat/board beside moatd's bin/
   bool board = true;                                // --no-board: none
   std::optional<gid_t> socketGroup;                 // --socket-group: may connect to <state>/moatd.sock
+  log::Level logLevel = log::Level::kInfo;          // --log-level
+  log::Format logFormat = log::Format::kText;       // --log-format
+  bool accessLog = false;                           // --access-log: a line per request
   templates::ImportLimits templateLimits;           // --template-max-bytes, --template-max-files, --template-timeout
   std::string previewDomain = "preview.localhost";  // api::ApiOptions::previewDomain
   int64_t portTimeoutS = 60;                        // api::PortProxyLimits::idle

@@ -24,6 +24,7 @@
 #include "backend/namespaces/backend.h"
 #include "backend/namespaces/spawner.h"
 #include "backend/router.h"
+#include "common/log.h"
 #include "common/process_args.h"
 #include "common/sanitizer.h"
 #include "daemon/flags.h"
@@ -36,13 +37,14 @@
 #include "os/file.h"
 #include "os/process.h"
 #include "os/security.h"
+#include "os/tree.h"
 #include "store/sqlite/sqlite_store.h"
 #include "templates/catalog.h"
 
 namespace {
 
 int fail(const std::string& message) {
-  std::fprintf(stderr, "moatd: %s\n", message.c_str());
+  moat::log::errorf("%s\n", message.c_str());
   return 1;
 }
 
@@ -96,6 +98,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!flags.ok()) return fail(flags.error().context);
+  log::configure("moatd", flags->logLevel, flags->logFormat);
   if (flags->version) {
     std::puts("moatd " MOAT_VERSION);
     return 0;
@@ -119,8 +122,10 @@ int main(int argc, char** argv) {
   if (flags->socketGroup) {
     // The group passes through to moatd.sock and opens nothing else here:
     // every other file of the state directory is root's alone (0600/0700).
-    Status s = os::chown(stateDir, 0, *flags->socketGroup);
-    if (s.ok()) s = os::chmod(stateDir, 0710);
+    // Both on the directory itself (a state path that is a link: its target).
+    auto dir = os::open(stateDir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    Status s = dir.ok() ? os::chownFd(dir->get(), 0, *flags->socketGroup) : Status(dir.error());
+    if (s.ok()) s = os::chmodDirectory(dir->get(), ".", 0710);
     if (!s.ok()) return fail("--socket-group: " + s.error().message());
   }
   // One moatd per state directory; a second one would fight over the spawner.
@@ -138,9 +143,9 @@ int main(int argc, char** argv) {
   if (!files.ok()) return fail(files.error().message());
   backend::namespaces::setEnvironmentOpenFilesLimit(files.value());
   if (rlim_t hard = files->rlim_max; hard != RLIM_INFINITY && hard < 32 + 3 * config.maxEnvironments) {
-    std::fprintf(stderr, "moatd: the open files limit (%llu) leaves room for about %llu environments\n",
-                 static_cast<unsigned long long>(hard),
-                 static_cast<unsigned long long>(hard > 32 ? (hard - 32) / 3 : 0));
+    moat::log::warnf("the open files limit (%llu) leaves room for about %llu environments\n",
+                     static_cast<unsigned long long>(hard),
+                     static_cast<unsigned long long>(hard > 32 ? (hard - 32) / 3 : 0));
   }
 
   // Large buffers (an exec's output, its JSON answer: up to tens of MiB)
@@ -247,8 +252,7 @@ int main(int argc, char** argv) {
     if (microvm.host().available) {
       // "auto" chosen: what each microVM's record names.
       config.microvmAccel = microvm.host().kvm ? "kvm" : "tcg";
-      std::fprintf(stderr, "moatd: microVMs run on %s: %s\n", config.microvmAccel.c_str(),
-                   microvm.host().accelWhy.c_str());
+      moat::log::infof("microVMs run on %s: %s\n", config.microvmAccel.c_str(), microvm.host().accelWhy.c_str());
     }
     if (config.defaultIsolation == backend::Isolation::kMicroVm && !microvm.host().available) {
       return failEarly("--isolation microvm: this host runs no microVMs: " + microvm.host().missing);
@@ -295,6 +299,7 @@ int main(int argc, char** argv) {
     apiOptions.agentLocalProviders = flags->agentLocalProviders;
     apiOptions.agentKeyTokensPerDay = flags->agentKeyTokens;
     if (flags->board) {
+      apiOptions.accessLog = flags->accessLog;
       apiOptions.boardDir = flags->boardDir;
       if (apiOptions.boardDir.empty()) {
         auto bin = os::selfDirectory();
@@ -339,15 +344,15 @@ int main(int argc, char** argv) {
     api.setPreviewPort(server.tcpPort());
     // The address it listens on, as given (0.0.0.0 is every address).
     const std::string host = listen.substr(0, listen.rfind(':'));
-    std::fprintf(stderr, "moatd: serving http://%s:%d and unix:%s/moatd.sock (state %s)%s\n", host.c_str(),
-                 server.tcpPort(), stateDir.c_str(), stateDir.c_str(),
-                 host == "0.0.0.0" || host == "[::]" ? "; every address of this host" : "");
+    moat::log::infof("serving http://%s:%d and unix:%s/moatd.sock (state %s)%s\n", host.c_str(), server.tcpPort(),
+                     stateDir.c_str(), stateDir.c_str(),
+                     host == "0.0.0.0" || host == "[::]" ? "; every address of this host" : "");
     std::fflush(stderr);
     int sig = 0;
     ::sigwait(&signals, &sig);
     bool keep = sig == SIGUSR1;
-    std::fprintf(stderr, "moatd: %s, stopping%s\n", ::strsignal(sig),
-                 keep ? " (environments keep running for the next moatd)" : "");
+    moat::log::infof("%s, stopping%s\n", ::strsignal(sig),
+                     keep ? " (environments keep running for the next moatd)" : "");
     // A second signal means now: what the stop started still ends (the
     // spawner destroys every environment it runs, the egress namespace
     // goes), without waiting for answers and streams. After SIGUSR1 the
@@ -355,8 +360,8 @@ int main(int argc, char** argv) {
     std::thread([signals, keep, &spawner, &egress, &microvm] {
       int again = 0;
       ::sigwait(&signals, &again);
-      std::fprintf(stderr, "moatd: %s again, ending now%s\n", ::strsignal(again),
-                   keep ? "" : " (the spawner destroys the environments)");
+      moat::log::warnf("%s again, ending now%s\n", ::strsignal(again),
+                       keep ? "" : " (the spawner destroys the environments)");
       std::fflush(stderr);
       if (!keep) {
         microvm.endAll();                   // QEMUs outlive moatd otherwise

@@ -149,7 +149,9 @@ FileResult doRead(const FileRequest& req) {
     off_t hole = ::lseek(fd.get(), data, SEEK_HOLE);
     if (hole < 0) return failure(req, errno, "seek (hole) in");
     r.offset = static_cast<uint64_t>(data);
-    want = std::min<uint64_t>(want, static_cast<uint64_t>(hole - data));
+    // A hole punched between the two seeks: read on from the data as it
+    // was (zeros now), never an empty answer that would look like the end.
+    if (hole > data) want = std::min<uint64_t>(want, static_cast<uint64_t>(hole - data));
   }
   r.data.resize(want);
   size_t got = 0;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <set>
 
+#include "common/log.h"
 #include "common/scope_exit.h"
 #include "common/trace.h"
 #include "manager/stored_settings.h"
@@ -138,8 +139,8 @@ Status EnvironmentManager::recoverAfterRestart() {
     if (present.ok()) {
       linked = std::move(present.value());
     } else {
-      std::fprintf(stderr, "moatd: listing the egress links: %s (adopting them as the store says)\n",
-                   present.error().message().c_str());
+      moat::log::warnf("listing the egress links: %s (adopting them as the store says)\n",
+                       present.error().message().c_str());
     }
   }
   std::vector<std::string> relink;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 
 namespace moat::manager {
 namespace {
@@ -277,6 +278,18 @@ Result<init::FileResult> InitConnection::file(init::FileRequest request) {
   PendingFile p = std::move(files_[tag]);
   files_.erase(tag);
   if (p.done && olderRead) p.result.offset = request.offset;
+  if (p.done && request.op == init::FileOp::kRead && p.result.err == 0) {
+    // A guest's moat-init is not trusted: its answer starts at or after the
+    // offset asked for (at it, unless holes were skipped) and is no longer
+    // than asked.
+    const init::FileResult& r = p.result;
+    bool skipping = (request.flags & init::kFileSkipHoles) != 0;
+    uint64_t asked = request.length == 0 ? init::kMaxFrame : request.length;
+    if (r.offset < request.offset || (!skipping && r.offset != request.offset) ||
+        r.offset > static_cast<uint64_t>(INT64_MAX) - r.data.size() || r.data.size() > asked) {
+      return Error::make(Code::kProtocol, "moat-init answered a read with bytes from elsewhere");
+    }
+  }
   if (p.done) return std::move(p.result);
   if (sent && !finished) return Error::make(Code::kTimeout, "moat-init did not answer in time");
   return gone("the environment ended");

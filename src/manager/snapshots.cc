@@ -6,6 +6,7 @@
 
 #include "common/clock.h"
 #include "common/hex.h"
+#include "common/log.h"
 #include "manager/environment_manager.h"
 #include "manager/stored_settings.h"
 
@@ -273,7 +274,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
     if (Status s = store_.setPause(id, EnvironmentState::kRunning, 0, expiresAtMs); !s.ok()) {
       // The next start would pause a restored environment the store still
       // calls paused: said, and left to the next resume to set right.
-      std::fprintf(stderr, "moatd: recording the end of %s's pause: %s\n", id.c_str(), s.error().message().c_str());
+      moat::log::warnf("recording the end of %s's pause: %s\n", id.c_str(), s.error().message().c_str());
     }
     record.state = EnvironmentState::kRunning;
     record.pausedAtMs = 0;
@@ -296,7 +297,7 @@ void EnvironmentManager::recoverSnapshots() {
   // reached now), every record stays as it is for the next start.
   auto present = backend_.snapshots();
   if (!present.ok()) {
-    std::fprintf(stderr, "moatd: snapshots are not recovered this time: %s\n", present.error().message().c_str());
+    moat::log::warnf("snapshots are not recovered this time: %s\n", present.error().message().c_str());
     return;
   }
   std::set<std::string> kept;
@@ -310,7 +311,7 @@ void EnvironmentManager::recoverSnapshots() {
     // A volume that cannot be removed keeps its record (and is not
     // swept below): the next start tries again.
     if (Status s = backend_.deleteSnapshot(snap.id); !s.ok()) {
-      std::fprintf(stderr, "moatd: rolling back snapshot %s: %s\n", snap.id.c_str(), s.error().message().c_str());
+      moat::log::warnf("rolling back snapshot %s: %s\n", snap.id.c_str(), s.error().message().c_str());
       kept.insert(snap.id);
       continue;
     }
@@ -326,8 +327,7 @@ void EnvironmentManager::recoverSnapshots() {
   for (const auto& name : present.value()) {
     if (kept.count(name)) continue;
     Status s = backend_.deleteSnapshot(name);
-    if (!s.ok())
-      std::fprintf(stderr, "moatd: removing stray snapshot %s: %s\n", name.c_str(), s.error().message().c_str());
+    if (!s.ok()) moat::log::warnf("removing stray snapshot %s: %s\n", name.c_str(), s.error().message().c_str());
   }
 }
 

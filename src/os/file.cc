@@ -180,11 +180,6 @@ Status chown(const std::string& path, uid_t uid, gid_t gid) {
   return {};
 }
 
-Status chmod(const std::string& path, mode_t mode) {
-  if (::chmod(path.c_str(), mode) != 0) return Error::fromErrno("chmod " + path);
-  return {};
-}
-
 Result<std::vector<std::string>> listDir(const std::string& path) {
   DIR* dir = ::opendir(path.c_str());
   if (dir == nullptr) return Error::fromErrno("opendir " + path);

@@ -32,7 +32,6 @@ bool isSymlink(const std::string& path);
 Result<std::string> readLink(const std::string& path);
 Status symlink(const std::string& target, const std::string& linkPath);
 Status chown(const std::string& path, uid_t uid, gid_t gid);  // no symlink follow
-Status chmod(const std::string& path, mode_t mode);
 // How copyTree makes each regular file and symlink.
 enum class CopyMode {
   kCopy,  // new files with the same bytes and permission bits (less the umask), owned by the caller

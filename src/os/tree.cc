@@ -144,6 +144,11 @@ Status chmodDirectory(int dirFd, const std::string& name, mode_t mode) {
   return {};
 }
 
+Status removeAt(int dirFd, const std::string& name) {
+  if (::unlinkat(dirFd, name.c_str(), 0) != 0 && errno != ENOENT) return Error::fromErrno("remove " + name);
+  return {};
+}
+
 static Status writeAllTo(int fd, const std::string& data, const std::string& name) {
   for (size_t off = 0; off < data.size();) {
     ssize_t n = ::write(fd, data.data() + off, data.size() - off);

@@ -60,6 +60,8 @@ Status makeSymlinkAt(int dirFd, const std::string& name, const std::string& targ
 Status chownFd(int fd, uid_t uid, gid_t gid);
 // Sets the mode of the directory fd refers to (despite the umask).
 Status chmodDirectory(int dirFd, const std::string& name, mode_t mode);
+// Removes `name` (not a directory) from dirFd; one that is not there is fine.
+Status removeAt(int dirFd, const std::string& name);
 // Makes `name` in dirFd a regular file holding data: written in place when
 // it is new or a regular file of one link, else replaced by a temporary
 // file renamed over it. Whatever else `name` was (a symlink, a hard link to

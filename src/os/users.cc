@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,10 +30,12 @@ std::vector<std::string> fieldsOf(const std::string& line, char separator = ':')
   }
 }
 
+// A decimal id of 32 bits (not -1, which means "unchanged" to chown and
+// setresuid): 4294967296 is not a way to say 0.
 bool number(const std::string& text, unsigned long& out) {
   if (text.empty()) return false;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
-  return ec == std::errc() && end == text.data() + text.size();
+  return ec == std::errc() && end == text.data() + text.size() && out < 0xffffffffUL;
 }
 
 // Each line's fields, `count` or more of them; comments and blanks skipped.
@@ -102,8 +105,12 @@ Status runAsUser(const UserEntry& user, const std::function<Status()>& work) {
         ::setresuid(user.uid, user.uid, user.uid) != 0) {
       return Error::fromErrno("become user " + user.name);
     }
-    if (user.uid != 0 && ::setuid(0) == 0)
+    if (user.uid != 0 && ::setuid(0) == 0) {
       return Error::make(Code::kSyscall, "become user " + user.name + ": root could be regained");
+    }
+    // Its memory holds root's secrets (the master token): the user it now
+    // is may not ptrace it or read its /proc files.
+    if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return Error::fromErrno("prctl PR_SET_DUMPABLE");
     return work();
   });
 }

@@ -6,6 +6,7 @@
 
 #include "common/clock.h"
 #include "common/hex.h"
+#include "common/log.h"
 #include "isolation/fs/template.h"
 #include "os/file.h"
 
@@ -70,8 +71,7 @@ Status Catalog::recover() {
     if (it == byName.end() || it->second.state != store::TemplateState::kReady) {
       // A partial import, a deletion cut short, or files nobody records.
       Status s = os::removeTree(dir + "/" + name);
-      if (!s.ok())
-        std::fprintf(stderr, "moatd: removing %s/%s: %s\n", dir.c_str(), name.c_str(), s.error().message().c_str());
+      if (!s.ok()) moat::log::warnf("removing %s/%s: %s\n", dir.c_str(), name.c_str(), s.error().message().c_str());
     }
   }
   for (auto& [name, r] : byName) {
@@ -181,8 +181,7 @@ void Catalog::run(store::TemplateRecord record, Source source, std::string workD
     }
   }
   Status removed = os::removeTree(workDir);
-  if (!removed.ok())
-    std::fprintf(stderr, "moatd: removing %s: %s\n", workDir.c_str(), removed.error().message().c_str());
+  if (!removed.ok()) moat::log::warnf("removing %s: %s\n", workDir.c_str(), removed.error().message().c_str());
   if (imported.ok() && placed.ok()) {
     record.state = store::TemplateState::kReady;
     record.config = configJson(imported->config).dump();
@@ -215,7 +214,7 @@ void Catalog::runBuild(store::TemplateRecord record, BuildWork work) {
 
 void Catalog::finish(store::TemplateRecord& record) {
   Status s = store_.updateTemplate(record);
-  if (!s.ok()) std::fprintf(stderr, "moatd: template %s: %s\n", record.name.c_str(), s.error().message().c_str());
+  if (!s.ok()) moat::log::warnf("template %s: %s\n", record.name.c_str(), s.error().message().c_str());
   if (finished_) finished_(record);
   std::lock_guard lock(mutex_);
   progress_.erase(record.name);

@@ -993,6 +993,92 @@ TEST(MoatdStart, AStartThatFailsLeavesNoSpawnerAndNoEgressNamespace) {
 // A second signal while moatd stops (make run's Ctrl-C, then its script's
 // TERM) hurries the stop but does not abandon it: the spawner destroys the
 // environments and exits, the egress namespace goes.
+// /metrics: a series per running environment, labelled by id, of those the
+// caller sees: a key's scrape names its own environments and no other's.
+TEST_F(MoatdApi, MetricsHaveEachRunningEnvironmentTheCallerSees) {
+  std::string mine = createEnv();
+  auto key = daemon_->request("POST", "/v1/keys", R"({"scopes": ["create", "read"]})");
+  ASSERT_EQ(key.status, 201) << key.body;
+  std::string token = nlohmann::json::parse(key.body)["token"];
+  auto theirs = daemon_->request("POST", "/v1/environments", "{}", false, {{"Authorization", "Bearer " + token}});
+  ASSERT_EQ(theirs.status, 201) << theirs.body;
+  std::string keys = nlohmann::json::parse(theirs.body)["id"];
+  auto all = daemon_->request("GET", "/metrics");
+  ASSERT_EQ(all.status, 200);
+  for (const std::string& id : {mine, keys}) {
+    EXPECT_NE(all.body.find("moat_environment_memory_bytes{id=\"" + id + "\"} "), std::string::npos) << all.body;
+    EXPECT_NE(all.body.find("moat_environment_memory_limit_bytes{id=\"" + id + "\"} "), std::string::npos);
+    EXPECT_NE(all.body.find("moat_environment_pids{id=\"" + id + "\"} "), std::string::npos);
+  }
+  EXPECT_NE(all.body.find("moat_environment_series_omitted 0\n"), std::string::npos);
+  EXPECT_EQ(all.body.find("e+"), std::string::npos) << "a number in scientific notation: " << all.body;
+  auto own = daemon_->request("GET", "/metrics", "", false, {{"Authorization", "Bearer " + token}});
+  ASSERT_EQ(own.status, 200) << own.body;
+  EXPECT_NE(own.body.find("{id=\"" + keys + "\"}"), std::string::npos) << own.body;
+  EXPECT_EQ(own.body.find("{id=\"" + mine + "\"}"), std::string::npos) << "a key saw another's environment";
+}
+
+// --log-format json: every line moatd writes is one JSON object; with
+// --access-log one of them per request, with its status, duration and
+// caller, never the query or the token. --log-level warn leaves out info.
+TEST(MoatdLog, JsonLinesAndAnAccessLineForEveryRequest) {
+  if (!isRoot()) GTEST_SKIP() << "needs root: moatd creates namespaces, cgroups and mounts (CI runs as root)";
+  std::vector<nlohmann::json> lines;
+  {
+    Moatd daemon({"--log-format", "json", "--access-log"});
+    EXPECT_EQ(daemon.request("GET", "/healthz", "", false).status, 200);
+    auto created = daemon.request("POST", "/v1/environments", "{}");
+    ASSERT_EQ(created.status, 201) << created.body;
+    std::string id = nlohmann::json::parse(created.body)["id"];
+    EXPECT_EQ(daemon.request("GET", "/v1/environments/" + id + "/files?path=/secret-name-in-query").status, 404);
+    EXPECT_EQ(daemon.request("GET", "/v1/environments", "", false, {{"Authorization", "Bearer wrong"}}).status, 401);
+    daemon.stop();
+    std::string log = daemon.log();
+    EXPECT_EQ(log.find(daemon.token()), std::string::npos) << "the master token in the log";
+    EXPECT_EQ(log.find("secret-name-in-query"), std::string::npos) << "a query in the log: " << log;
+    std::istringstream in(log);
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty()) continue;
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      ASSERT_TRUE(j.is_object()) << "not a JSON line: " << line;
+      EXPECT_TRUE(j["time"].is_string() && j["level"].is_string() && j["msg"].is_string()) << line;
+      lines.push_back(j);
+    }
+  }
+  auto access = [&](const std::string& method, const std::string& prefix, int status) -> nlohmann::json {
+    for (const auto& j : lines) {
+      if (j.value("kind", "") == "access" && j["method"] == method && j["status"] == status &&
+          j["path"].get<std::string>().rfind(prefix, 0) == 0) {
+        return j;
+      }
+    }
+    return nullptr;
+  };
+  auto health = access("GET", "/healthz", 200);
+  ASSERT_TRUE(health.is_object()) << "no access line for /healthz";
+  EXPECT_EQ(health["caller"], "-");
+  EXPECT_NE(health["peer"].get<std::string>().find("unix"), std::string::npos) << health;
+  auto create = access("POST", "/v1/environments", 201);
+  ASSERT_TRUE(create.is_object()) << "no access line for the create";
+  EXPECT_EQ(create["caller"], "master");
+  EXPECT_TRUE(create["duration_ms"].is_number()) << create;
+  auto missing = access("GET", "/v1/environments/", 404);
+  ASSERT_TRUE(missing.is_object());
+  EXPECT_EQ(missing["path"].get<std::string>().find('?'), std::string::npos) << missing;
+  EXPECT_TRUE(access("GET", "/v1/environments", 401).is_object()) << "a refused request has its line too";
+  bool serving = false;
+  for (const auto& j : lines)
+    serving = serving || (j["level"] == "info" && j["msg"].get<std::string>().rfind("serving", 0) == 0);
+  EXPECT_TRUE(serving) << "the start's info line";
+
+  // warn and above only; no access lines without --access-log.
+  Moatd quiet({"--log-level", "warn"});
+  EXPECT_EQ(quiet.request("GET", "/healthz", "", false).status, 200);
+  quiet.stop();
+  EXPECT_EQ(quiet.log().find("serving"), std::string::npos) << quiet.log();
+  EXPECT_EQ(quiet.log().find("access"), std::string::npos) << quiet.log();
+}
+
 TEST(MoatdStop, ASecondSignalHurriesTheStopAndLeavesNothingBehind) {
   if (!isRoot()) GTEST_SKIP() << "needs root: moatd creates namespaces, cgroups and mounts (CI runs as root)";
   Moatd daemon;

@@ -143,11 +143,44 @@ TEST_F(SocketGroup, AMemberWithAKeyOfTheirOwnUsesMoatAndNothingElseOfTheStateOpe
   auto list = as(users_->member, {"/bin/ls", state});
   EXPECT_NE(list.exitCode, 0) << "the state directory listed: " << list.out;
 
-  // A token file others may read is refused, not used.
+  // Root with the member's HOME (sudo -E) still acts as root: the master
+  // token, not the member's key (keys ls needs the master token).
+  auto rootWithTheirHome = runProcess({bin_ + "/moat", "keys", "ls"}, "",
+                                      {{"MOAT_STATE", state}, {"HOME", TestUsers::home(users_->member)}});
+  EXPECT_EQ(rootWithTheirHome.exitCode, 0) << describe(rootWithTheirHome);
+
+  // A token file others may read is refused, not used; a re-issue makes a
+  // new file of mode 0600 and revokes the key it replaces.
   ASSERT_EQ(::chmod(tokenFile.c_str(), 0644), 0);
   auto loose = moatAs(users_->member, {"env", "ls"});
   EXPECT_NE(loose.exitCode, 0);
   EXPECT_NE(loose.err.find("may be read by others"), std::string::npos) << describe(loose);
+  auto oldRead = os::readFile(tokenFile);
+  ASSERT_TRUE(oldRead.ok());
+  std::string oldToken = oldRead.value();
+  auto again = asRoot({"keys", "create", "--for-user", users_->member, "--scope", "read"});
+  ASSERT_EQ(again.exitCode, 0) << describe(again);
+  EXPECT_NE(again.out.find("revoked " + users_->member + "'s earlier key"), std::string::npos) << describe(again);
+  ASSERT_EQ(::stat(tokenFile.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u) << "the new token went into a file others may read";
+  oldToken.erase(oldToken.find_last_not_of('\n') + 1);
+  auto withOld = runProcess({bin_ + "/moat", "env", "ls"}, "", {{"MOAT_STATE", state}, {"MOAT_TOKEN", oldToken}});
+  EXPECT_NE(withOld.exitCode, 0) << "the replaced key still works: " << describe(withOld);
+  EXPECT_EQ(moatAs(users_->member, {"env", "ls"}).exitCode, 0);
+
+  // Not a regular file of the user's: a link, a FIFO (which would hang a
+  // reader) are refused at once.
+  ASSERT_EQ(::unlink(tokenFile.c_str()), 0);
+  ASSERT_EQ(::mkfifo(tokenFile.c_str(), 0600), 0);
+  ASSERT_EQ(::chown(tokenFile.c_str(), st.st_uid, st.st_gid), 0);
+  auto fifo = moatAs(users_->member, {"env", "ls"});
+  EXPECT_NE(fifo.exitCode, 0);
+  EXPECT_NE(fifo.err.find("is not a regular file"), std::string::npos) << describe(fifo);
+  ASSERT_EQ(::unlink(tokenFile.c_str()), 0);
+  ASSERT_EQ(::symlink("/etc/hostname", tokenFile.c_str()), 0);
+  auto link = moatAs(users_->member, {"env", "ls"});
+  EXPECT_NE(link.exitCode, 0);
+  EXPECT_EQ(link.err.find("moat_"), std::string::npos) << describe(link);
 }
 
 TEST_F(SocketGroup, AUserOutsideTheGroupIsToldWhatToDoAndALinkInTheirHomeLeadsNowhere) {
@@ -164,7 +197,7 @@ TEST_F(SocketGroup, AUserOutsideTheGroupIsToldWhatToDoAndALinkInTheirHomeLeadsNo
   ASSERT_EQ(::lchown((home + "/.config").c_str(), 0, 0), 0);
   auto planted = asRoot({"keys", "create", "--for-user", users_->stranger, "--scope", "read"});
   EXPECT_NE(planted.exitCode, 0) << describe(planted);
-  EXPECT_NE(planted.err.find("the key was removed"), std::string::npos) << describe(planted);
+  EXPECT_NE(planted.err.find("the key was revoked"), std::string::npos) << describe(planted);
   EXPECT_FALSE(os::exists("/etc/moat/token")) << "written through the user's link as root";
   auto keys = asRoot({"keys", "ls", "--json"});
   json listed = json::parse(keys.out, nullptr, false);
@@ -185,6 +218,9 @@ TEST_F(SocketGroup, AUserOutsideTheGroupIsToldWhatToDoAndALinkInTheirHomeLeadsNo
   auto notRoot = moatAs(users_->stranger, {"keys", "create", "--for-user", users_->member, "--scope", "read"});
   EXPECT_EQ(notRoot.exitCode, 2) << describe(notRoot);
   EXPECT_NE(notRoot.err.find("needs root"), std::string::npos) << describe(notRoot);
+  auto empty = asRoot({"keys", "create", "--for-user", "", "--scope", "read"});
+  EXPECT_EQ(empty.exitCode, 2) << describe(empty);
+  EXPECT_EQ(empty.out.find("moat_"), std::string::npos) << "a token printed: " << empty.out;
   auto unknown = asRoot({"keys", "create", "--for-user", "nobody-such-user-x", "--scope", "read"});
   EXPECT_NE(unknown.exitCode, 0);
   EXPECT_NE(unknown.err.find("no user nobody-such-user-x"), std::string::npos) << describe(unknown);

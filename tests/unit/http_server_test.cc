@@ -3,6 +3,8 @@
 // is served while TCP clients hold every other place busy.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -72,6 +74,36 @@ TEST(HttpServerPlaces, TcpClientsLeaveTheLastSixteenthToTheUnixSocket) {
   ASSERT_GE(local, 0);
   EXPECT_EQ(statusOf(local, "/ok"), 200);
   ::close(local);
+  // Another user on the unix socket (a member of --socket-group's group)
+  // counts as a TCP client: the kept places are not theirs.
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chmod(dir, 0711), 0);
+    ASSERT_EQ(::chmod(socket.c_str(), 0666), 0);
+    int answer[2];
+    ASSERT_EQ(::pipe(answer), 0);
+    pid_t child = ::fork();
+    if (child == 0) {
+      int status = 0;
+      if (::setgid(65534) == 0 && ::setuid(65534) == 0) {
+        // The 503 comes at once, before any request (one sent after it
+        // would meet a closed socket); a place given would answer nothing.
+        int fd = test::connectUnix(socket);
+        struct timeval wait = {5, 0};
+        ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+        char buf[512];
+        ssize_t n = fd >= 0 ? ::recv(fd, buf, sizeof buf, 0) : -1;
+        status = n >= 12 ? std::atoi(std::string(buf + 9, 3).c_str()) : -1;
+      }
+      (void)!::write(answer[1], &status, sizeof status);
+      ::_exit(0);
+    }
+    ::close(answer[1]);
+    int status = 0;
+    ASSERT_EQ(::read(answer[0], &status, sizeof status), static_cast<ssize_t>(sizeof status));
+    ::close(answer[0]);
+    ::waitpid(child, nullptr, 0);
+    EXPECT_EQ(status, 503) << "another user on the unix socket took a place kept for root";
+  }
   {
     std::lock_guard<std::mutex> lock(mutex);
     release = true;

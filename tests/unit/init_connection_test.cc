@@ -5,6 +5,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <functional>
+#include <thread>
+
 #include "init/protocol.h"
 #include "os/socket.h"
 
@@ -68,6 +71,84 @@ TEST(InitConnection, AMoatInitThatStopsReadingEndsItsConnectionAtTheSendTimeout)
   for (int i = 0; i < 200 && !connection.closed(); ++i) ::usleep(10000);  // bounded wait for the reader thread
   EXPECT_TRUE(connection.closed());
   EXPECT_FALSE(connection.writeStdin(7, "y").ok());
+}
+
+// A read through a moat-init stand-in of `version` that answers with
+// `answer` (its tag set here), after `check` saw the request it got.
+Result<init::FileResult> readThrough(uint32_t version, const init::FileRequest& request, init::FileResult answer,
+                                     const std::function<void(const init::FileRequest&)>& check = {}) {
+  Peer peer;
+  peer.hello(version);
+  int theirs = peer.theirs.get();
+  std::thread moatInit([&, theirs] {
+    init::FrameReader reader;
+    auto frame = init::readFrame(theirs, reader);
+    if (!frame.ok()) return;
+    auto got = init::FileRequest::decode(frame->payload);
+    if (!got.ok()) return;
+    if (check) check(got.value());
+    answer.tag = got->tag;
+    std::string payload = answer.encode();
+    if (version < init::kSparseReadSince) payload.resize(payload.size() - 8);  // no offset before 6
+    (void)init::writeFrame(theirs, init::MsgType::kFileResult, payload);
+  });
+  InitConnection connection(std::move(peer.ours), nullptr);
+  auto result = connection.file(request);
+  moatInit.join();
+  return result;
+}
+
+init::FileRequest readAt(uint64_t offset, uint64_t length, bool skipHoles) {
+  init::FileRequest r;
+  r.op = init::FileOp::kRead;
+  r.path = "/workspace/f";
+  r.offset = offset;
+  r.length = length;
+  if (skipHoles) r.flags = init::kFileSkipHoles;
+  return r;
+}
+
+init::FileResult bytesAt(uint64_t offset, std::string data) {
+  init::FileResult r;
+  r.offset = offset;
+  r.data = std::move(data);
+  return r;
+}
+
+// A moat-init before version 6 is not sent the flag (it would refuse it):
+// it reads as before, and the answer's offset is the one asked for.
+TEST(InitConnection, AnOlderMoatInitReadsHolesAsZerosFromTheOffsetAskedFor) {
+  uint8_t flagsSeen = 0xff;
+  auto r = readThrough(init::kSparseReadSince - 1, readAt(4096, 10, true), bytesAt(0, std::string(10, '\0')),
+                       [&](const init::FileRequest& got) { flagsSeen = got.flags; });
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_EQ(flagsSeen, 0) << "kFileSkipHoles sent to a moat-init that does not know it";
+  EXPECT_EQ(r->offset, 4096u);
+  EXPECT_EQ(r->data, std::string(10, '\0'));
+}
+
+// A guest's moat-init is not trusted with where its bytes come from.
+TEST(InitConnection, AReadAnsweredWithBytesFromElsewhereIsAProtocolError) {
+  struct Case {
+    const char* what;
+    init::FileRequest request;
+    init::FileResult answer;
+    bool ok;
+  };
+  const Case cases[] = {
+      {"skipped to later data", readAt(100, 10, true), bytesAt(5000, "abc"), true},
+      {"from before the offset", readAt(100, 10, true), bytesAt(99, "abc"), false},
+      {"a plain read moved", readAt(100, 10, false), bytesAt(200, "abc"), false},
+      {"more than asked", readAt(0, 2, false), bytesAt(0, "abc"), false},
+      {"past any file's end", readAt(0, 10, true), bytesAt(static_cast<uint64_t>(INT64_MAX), "abc"), false},
+  };
+  for (const Case& c : cases) {
+    auto r = readThrough(init::kProtocolVersion, c.request, c.answer);
+    EXPECT_EQ(r.ok(), c.ok) << c.what;
+    if (!r.ok()) {
+      EXPECT_EQ(r.error().code, Code::kProtocol) << c.what;
+    }
+  }
 }
 
 }  // namespace

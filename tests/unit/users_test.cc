@@ -42,6 +42,10 @@ TEST(Users, MalformedLinesAndUnknownNamesAreNotFound) {
   }
   EXPECT_NE(userIn(kPasswd, "carol").error().message().find("no user carol in /etc/passwd"), std::string::npos);
   EXPECT_FALSE(userIn(kPasswd, "0x3e8").ok()) << "a number is decimal digits only";
+  // 2^32 wraps to root in a uid_t: not an id at all.
+  auto wrapped = userIn("evil:x:4294967296:0::/home/evil:/bin/sh\n", "evil");
+  EXPECT_FALSE(wrapped.ok()) << "uid " << (wrapped.ok() ? wrapped->uid : 0);
+  EXPECT_FALSE(userIn("minus:x:4294967295:0::/h:/bin/sh\n", "minus").ok()) << "-1 means unchanged";
 }
 
 TEST(Users, GroupsAndTheirMembers) {

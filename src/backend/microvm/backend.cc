@@ -14,6 +14,7 @@
 
 #include "backend/namespaces/environment.h"
 #include "common/hex.h"
+#include "common/log.h"
 #include "init/protocol.h"
 #include "isolation/fs/storage_pool.h"
 #include "isolation/fs/template.h"
@@ -184,8 +185,8 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
       guests_[id] = std::move(guest.value());
       continue;
     }
-    std::fprintf(stderr, "moatd: microVM %s of the last moatd is not adopted (ended, removed): %s\n", id.c_str(),
-                 guest.error().message().c_str());
+    moat::log::warnf("microVM %s of the last moatd is not adopted (ended, removed): %s\n", id.c_str(),
+                     guest.error().message().c_str());
     if (cgroup) cgroup->killAll();  // a QEMU nobody can reach any more ends
     cgroup.reset();
     if (removeVolume(id)) (void)os::removeTree(dir);  // else tried again at the next start
@@ -198,8 +199,7 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
       // A moatd that ended while it had the guest stopped (a snapshot's
       // moment) left it so: it goes on.
       if (Status resumed = guest->vm->resume(kGuestReattachWait); !resumed.ok()) {
-        std::fprintf(stderr, "moatd: an adopted microVM's QEMU did not answer `cont`: %s\n",
-                     resumed.error().message().c_str());
+        moat::log::warnf("an adopted microVM's QEMU did not answer `cont`: %s\n", resumed.error().message().c_str());
       }
       auto control = guest->vm->reattach(kGuestReattachWait);
       if (control.ok()) guest->reattached = std::move(control.value());
@@ -374,15 +374,15 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     vm.park = true;
     vm.incomingState = saved->state.get();
   } else if (saved.error().code != Code::kUnavailable && saved.error().code != Code::kUnsupported) {
-    std::fprintf(stderr, "moatd: no saved guest for template %s (its creates boot): %s\n", spec.templateName.c_str(),
-                 saved.error().message().c_str());
+    moat::log::infof("no saved guest for template %s (its creates boot): %s\n", spec.templateName.c_str(),
+                     saved.error().message().c_str());
   }
   Status up = run(*guest, vm, spec);
   if (!up.ok() && vm.park && find(spec.id) && up.error().code != Code::kConflict) {
     // A saved guest that does not restore (a damaged file, say) is removed,
     // and this create boots.
-    std::fprintf(stderr, "moatd: saved guest %s did not restore (removed; booting): %s\n", saved->name.c_str(),
-                 up.error().message().c_str());
+    moat::log::warnf("saved guest %s did not restore (removed; booting): %s\n", saved->name.c_str(),
+                     up.error().message().c_str());
     saved_.forget(saved->name);
     std::optional<Vm> failed;  // reaped outside the lock (a destroy may want it)
     {
@@ -452,8 +452,8 @@ bool MicroVmBackend::removeVolume(const std::string& id) {
     return pool.destroyVolume(id);  // a volume not there is fine
   }();
   if (!s.ok()) {
-    std::fprintf(stderr, "moatd: microVM %s's volume stays (removed at the next start): %s\n", id.c_str(),
-                 s.error().message().c_str());
+    moat::log::warnf("microVM %s's volume stays (removed at the next start): %s\n", id.c_str(),
+                     s.error().message().c_str());
     return false;
   }
   return true;

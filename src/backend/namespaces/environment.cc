@@ -20,6 +20,7 @@
 #include <optional>
 
 #include "common/hex.h"
+#include "common/log.h"
 #include "common/process_args.h"
 #include "common/trace.h"
 #include "init/protocol.h"
@@ -91,10 +92,10 @@ std::atomic<bool> limitsViewWarned{false};
 
 void warnWithoutLimitsView(const Error& why) {
   if (limitsViewWarned.exchange(true)) return;
-  std::fprintf(stderr,
-               "moatd: warning: environments will show the host's memory and CPUs in /proc, not their limits: %s "
-               "(docs/SECURITY.md, \"Limits inside\")\n",
-               why.message().c_str());
+  moat::log::warnf(
+      "warning: environments will show the host's memory and CPUs in /proc, not their limits: %s "
+      "(docs/SECURITY.md, \"Limits inside\")\n",
+      why.message().c_str());
 }
 
 // LXCFS's /proc files for one environment. Without them it still starts,
