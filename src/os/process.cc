@@ -347,7 +347,7 @@ uint64_t totalMemoryMb() {
   return static_cast<uint64_t>(info.totalram) * info.mem_unit / (1024 * 1024);
 }
 
-Status runInChild(const std::function<Status()>& work) {
+Status runInChild(const std::function<Status()>& work, std::chrono::milliseconds limit) {
   int pipeFds[2];
   if (::pipe2(pipeFds, O_CLOEXEC) != 0) return Error::fromErrno("pipe");
   UniqueFd readEnd(pipeFds[0]), writeEnd(pipeFds[1]);
@@ -364,7 +364,23 @@ Status runInChild(const std::function<Status()>& work) {
   writeEnd.reset();
   std::string message;
   char buffer[512];
-  for (ssize_t n; (n = ::read(readEnd.get(), buffer, sizeof buffer)) != 0;) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    if (limit.count() > 0) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      struct pollfd p = {readEnd.get(), POLLIN, 0};
+      int ready = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready == 0) {
+        // Stopped or stuck (the user it acts as may SIGSTOP it): ended.
+        ::kill(pid, SIGKILL);
+        while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+        }
+        return Error::make(Code::kTimeout, "the child did not finish within " + std::to_string(limit.count()) + " ms");
+      }
+    }
+    ssize_t n = ::read(readEnd.get(), buffer, sizeof buffer);
+    if (n == 0) break;
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) break;
     message.append(buffer, static_cast<size_t>(n));

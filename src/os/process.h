@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -109,7 +110,9 @@ std::string describeWaitStatus(int status);
 // returned, its error's message carried back through a pipe. For what must
 // not happen in this process: dropping to another user, entering a
 // namespace that should end with the child.
-Status runInChild(const std::function<Status()>& work);
+// `limit` (0: none): a child not done by then is killed, and the answer is
+// kTimeout.
+Status runInChild(const std::function<Status()>& work, std::chrono::milliseconds limit = std::chrono::milliseconds(0));
 
 // Writes "<prefix><step>: <errno's name>\n" to fd, for a child that failed
 // before its exec to say why where its parent will look (a console log).

@@ -100,19 +100,24 @@ std::vector<gid_t> groupsOfIn(const std::string& group, const std::string& user)
 Status runAsUser(const UserEntry& user, const std::function<Status()>& work) {
   std::vector<gid_t> groups = supplementaryGroups(user.name);
   groups.push_back(user.gid);
-  return runInChild([&]() -> Status {
-    if (::setgroups(groups.size(), groups.data()) != 0 || ::setresgid(user.gid, user.gid, user.gid) != 0 ||
-        ::setresuid(user.uid, user.uid, user.uid) != 0) {
-      return Error::fromErrno("become user " + user.name);
-    }
-    if (user.uid != 0 && ::setuid(0) == 0) {
-      return Error::make(Code::kSyscall, "become user " + user.name + ": root could be regained");
-    }
-    // Its memory holds root's secrets (the master token): the user it now
-    // is may not ptrace it or read its /proc files.
-    if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return Error::fromErrno("prctl PR_SET_DUMPABLE");
-    return work();
-  });
+  // What it does takes milliseconds; a user who stops the process (it is
+  // theirs to signal) must not hold root's command up for good.
+  constexpr std::chrono::seconds kLimit{30};
+  return runInChild(
+      [&]() -> Status {
+        if (::setgroups(groups.size(), groups.data()) != 0 || ::setresgid(user.gid, user.gid, user.gid) != 0 ||
+            ::setresuid(user.uid, user.uid, user.uid) != 0) {
+          return Error::fromErrno("become user " + user.name);
+        }
+        if (user.uid != 0 && ::setuid(0) == 0) {
+          return Error::make(Code::kSyscall, "become user " + user.name + ": root could be regained");
+        }
+        // Its memory holds root's secrets (the master token): the user it now
+        // is may not ptrace it or read its /proc files.
+        if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return Error::fromErrno("prctl PR_SET_DUMPABLE");
+        return work();
+      },
+      kLimit);
 }
 
 Result<UserEntry> userNamed(const std::string& name) {

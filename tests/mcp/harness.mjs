@@ -196,16 +196,22 @@ function newClient() {
 }
 
 // `moat mcp` (MOAT_STATE=state: talks to that moatd) or `moat mcp
-// --standalone` (state undefined: it starts its own moatd).
-export async function connectStdio({ state, standalone = false } = {}) {
+// --standalone` (state undefined: it starts its own moatd). `asUser`: run
+// as that user (setpriv: its uid and groups, its HOME, nothing else of this
+// environment), `bin` the moat it may run.
+export async function connectStdio({ state, standalone = false, asUser, bin = moatBin } = {}) {
   const env = { PATH, MOAT_STORAGE_GB: "16" };
   if (state) env.MOAT_STATE = state;
-  const transport = new StdioClientTransport({
-    command: moatBin,
-    args: standalone ? ["mcp", "--standalone"] : ["mcp"],
-    env,
-    stderr: "pipe",
-  });
+  const args = standalone ? ["mcp", "--standalone"] : ["mcp"];
+  const transport = asUser
+    ? new StdioClientTransport({
+        command: "/usr/bin/setpriv",
+        args: [`--reuid=${asUser}`, `--regid=${asUser}`, "--init-groups", "--reset-env", "--", "/usr/bin/env",
+               `MOAT_STATE=${state}`, bin, ...args],
+        env: { PATH },
+        stderr: "pipe",
+      })
+    : new StdioClientTransport({ command: moatBin, args, env, stderr: "pipe" });
   let stderr = "";
   transport.stderr.on("data", (c) => {
     stderr += c.toString();

@@ -2,10 +2,65 @@
 // StdioClientTransport spawns it) driving a moatd started here.
 
 import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { chmodSync, copyFileSync, mkdirSync, readFileSync, rmSync } from "node:fs";
 import { after, before, describe, it } from "node:test";
 
 import { toolBehaviours } from "./behaviours.mjs";
-import { LATEST, connectStdio, skipReason, spawnRawStdio, startMoatd } from "./harness.mjs";
+import { LATEST, PATH, connectStdio, moatBin, restClient, skipReason, spawnRawStdio, startMoatd } from "./harness.mjs";
+
+// The way desktop clients run MCP servers: as a normal user, here a member
+// of the group moatd's --socket-group names, with a key of their own that
+// root wrote with `moat keys create --for-user` (docs/INSTALL.md).
+describe("moat mcp as a normal user with a key of their own", { skip: skipReason, timeout: 120_000 }, () => {
+  const tag = process.pid;
+  const group = `moatmg${tag}`;
+  const user = `moatmu${tag}`;
+  const home = `/tmp/${user}-home`;
+  const binDir = `/tmp/moat-mcp-bin-${tag}`;
+  let moatd;
+  const run = (argv, opts = {}) => spawnSync(argv[0], argv.slice(1), { encoding: "utf8", ...opts });
+
+  before(async () => {
+    assert.equal(run(["/usr/sbin/groupadd", group]).status, 0);
+    assert.equal(run(["/usr/sbin/useradd", "-M", "-d", home, "-s", "/bin/sh", "-G", group, user]).status, 0);
+    mkdirSync(home, { mode: 0o700 });
+    assert.equal(run(["/bin/chown", `${user}:`, home]).status, 0);
+    // The moat binary where any user may run it (the build tree may not be).
+    mkdirSync(binDir, { mode: 0o755 });
+    copyFileSync(moatBin, `${binDir}/moat`);
+    chmodSync(`${binDir}/moat`, 0o755);
+    moatd = await startMoatd(["--socket-group", group]);
+    const made = run([moatBin, "keys", "create", "--for-user", user, "--scope", "create", "--scope", "exec",
+                      "--scope", "read", "--scope", "files", "--scope", "destroy"],
+                     { env: { PATH, MOAT_STATE: moatd.state } });
+    assert.equal(made.status, 0, made.stderr);
+  });
+
+  after(async () => {
+    await moatd?.stop();
+    run(["/usr/sbin/userdel", user]);
+    run(["/usr/sbin/groupdel", group]);
+    rmSync(home, { recursive: true, force: true });
+    rmSync(binDir, { recursive: true, force: true });
+  });
+
+  it("finds moatd's socket and the key by itself, and its tools act as that key", { timeout: 60_000 }, async () => {
+    const conn = await connectStdio({ state: moatd.state, asUser: user, bin: `${binDir}/moat` });
+    try {
+      const ran = await conn.client.callTool({ name: "run_command", arguments: { command: "echo from a member" } });
+      assert.ok(!ran.isError, JSON.stringify(ran));
+      assert.equal(ran.structuredContent?.stdout, "from a member\n", JSON.stringify(ran));
+      // The environment is the key's: the key (from the user's file) sees
+      // it among its own.
+      const token = readFileSync(`${home}/.config/moat/token`, "utf8").trim();
+      const asKey = restClient({ socketPath: moatd.socketPath, token });
+      assert.equal((await asKey.runningIds()).size, 1);
+    } finally {
+      await conn.close();
+    }
+  });
+});
 
 describe("MCP over stdio (moat mcp)", { skip: skipReason, timeout: 240_000 }, () => {
   let moatd;

@@ -2,6 +2,12 @@
 #include "os/users.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "os/process.h"
 
 namespace moat::os {
 namespace {
@@ -55,6 +61,29 @@ TEST(Users, GroupsAndTheirMembers) {
   EXPECT_EQ(groupsOfIn(kGroup, "alice"), (std::vector<gid_t>{100, 998}));
   EXPECT_EQ(groupsOfIn(kGroup, "bob"), (std::vector<gid_t>{998})) << "bobby is another user";
   EXPECT_TRUE(groupsOfIn(kGroup, "carol").empty());
+}
+
+// os::runInChild (what runAsUser runs in): the child's answer comes back,
+// and a child that does not finish (stuck, or stopped by the user it acts
+// as) is killed at the limit.
+TEST(RunInChild, AnswersWithWhatTheChildReturnedAndEndsOneThatDoesNotFinish) {
+  EXPECT_TRUE(runInChild([] { return Status{}; }).ok());
+  auto failed = runInChild([] { return Status(Error::make(Code::kNotFound, "the child's own words")); });
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.error().message().find("the child's own words"), std::string::npos) << failed.error().message();
+  for (int stop : {0, SIGSTOP}) {
+    auto started = std::chrono::steady_clock::now();
+    auto stuck = runInChild(
+        [stop] {
+          if (stop != 0) ::raise(stop);
+          ::pause();
+          return Status{};
+        },
+        std::chrono::milliseconds(300));
+    ASSERT_FALSE(stuck.ok()) << "signal " << stop;
+    EXPECT_EQ(stuck.error().code, Code::kTimeout);
+    EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5));
+  }
 }
 
 }  // namespace
