@@ -508,7 +508,7 @@ HttpResponse Api::metrics(const Principal& principal) {
   r.contentType = "text/plain; version=0.0.4";
   r.body = metrics_.render(environments_.counters());
   // Each running environment the caller sees (a key: its own), by id, for
-  // at most kMetricsEnvironments of them: a scrape's size stays bounded.
+  // at most kMaxEnvironmentSeries of them: a scrape's size stays bounded.
   store::EnvironmentFilter filter;
   if (!principal.master) filter.owner = principal.keyId;
   filter.state = store::EnvironmentState::kRunning;

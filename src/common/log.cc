@@ -113,10 +113,26 @@ std::string jsonLine(const std::string& time, Level level, const std::string& me
   return line + "}\n";
 }
 
+std::string textLine(const std::string& program, const std::string& message) {
+  // One line whatever the message holds: a request's path (decoded, the
+  // client's to choose) must not start a line of its own that reads as
+  // moatd's.
+  std::string line = program + ": ";
+  for (unsigned char c : message) {
+    if (c < 0x20 || c == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      line += hex;
+    } else {
+      line += static_cast<char>(c);
+    }
+  }
+  return line + "\n";
+}
+
 void write(Level level, const std::string& message, const std::vector<Field>& fields) {
   if (!enabled(level)) return;
-  std::string line =
-      asJson ? jsonLine(now(), level, message, fields) : std::string(programName) + ": " + message + "\n";
+  std::string line = asJson ? jsonLine(now(), level, message, fields) : textLine(programName, message);
   // One call per whole line on unbuffered stderr (glibc locks the stream
   // for it): lines of two threads never interleave.
   std::fwrite(line.data(), 1, line.size(), stderr);

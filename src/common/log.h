@@ -7,8 +7,8 @@
 // moatd's log on stderr (docs/INSTALL.md, "Logs"): a line per message, as
 // text ("moatd: ...", as always) or as JSON ({"time", "level", "msg", ...}:
 // --log-format json), those below the level left out (--log-level).
-// Configured once at the start, before any thread; every write is one
-// write(2) of a whole line.
+// Configured once at the start, before any thread; every line is written
+// whole in one call (lines of two threads never interleave).
 namespace moat::log {
 
 enum class Level { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
@@ -40,6 +40,9 @@ void errorf(const char* format, ...) __attribute__((format(printf, 1, 2)));
 const char* levelName(Level level);
 bool levelNamed(const std::string& name, Level& out);
 
+// A text line: "program: message", control characters as \xNN (tests;
+// write() uses it).
+std::string textLine(const std::string& program, const std::string& message);
 // One JSON line for the arguments (tests; write() uses it).
 std::string jsonLine(const std::string& time, Level level, const std::string& message,
                      const std::vector<Field>& fields);

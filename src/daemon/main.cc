@@ -298,8 +298,8 @@ int main(int argc, char** argv) {
     apiOptions.keyRequestsPerSecond = static_cast<double>(keyRate);
     apiOptions.agentLocalProviders = flags->agentLocalProviders;
     apiOptions.agentKeyTokensPerDay = flags->agentKeyTokens;
+    apiOptions.accessLog = flags->accessLog;
     if (flags->board) {
-      apiOptions.accessLog = flags->accessLog;
       apiOptions.boardDir = flags->boardDir;
       if (apiOptions.boardDir.empty()) {
         auto bin = os::selfDirectory();

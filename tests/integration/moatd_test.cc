@@ -1071,6 +1071,14 @@ TEST(MoatdLog, JsonLinesAndAnAccessLineForEveryRequest) {
     serving = serving || (j["level"] == "info" && j["msg"].get<std::string>().rfind("serving", 0) == 0);
   EXPECT_TRUE(serving) << "the start's info line";
 
+  // Without the board too; and in text, a path with a newline (decoded from
+  // %0A, the client's to choose) forges no line of moatd's.
+  Moatd plain({"--no-board", "--access-log"});
+  EXPECT_EQ(plain.request("GET", "/v1/x%0Amoatd:%20forged", "", false).status, 401);
+  plain.stop();
+  EXPECT_NE(plain.log().find("moatd: access GET /v1/x\\x0amoatd: forged 401"), std::string::npos) << plain.log();
+  EXPECT_EQ(plain.log().find("\nmoatd: forged"), std::string::npos) << plain.log();
+
   // warn and above only; no access lines without --access-log.
   Moatd quiet({"--log-level", "warn"});
   EXPECT_EQ(quiet.request("GET", "/healthz", "", false).status, 200);

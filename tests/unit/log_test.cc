@@ -24,6 +24,14 @@ TEST(Log, AJsonLineIsOneObjectWhateverTheMessageHolds) {
   EXPECT_DOUBLE_EQ(j["duration_ms"].get<double>(), 1.5);
 }
 
+// A text line is one line whatever the message holds: a client's path with
+// a newline in it must not forge a line of moatd's.
+TEST(Log, ATextLineIsOneLineWhateverTheMessageHolds) {
+  std::string line = textLine("moatd", "access GET /a\nmoatd: forged\r\x1b[2J 401");
+  EXPECT_EQ(line, "moatd: access GET /a\\x0amoatd: forged\\x0d\\x1b[2J 401\n");
+  EXPECT_EQ(textLine("moatd", "serving é"), "moatd: serving é\n") << "UTF-8 passes as it is";
+}
+
 TEST(Log, LevelsByName) {
   Level l = Level::kInfo;
   for (const char* name : {"debug", "info", "warn", "error"}) {
