@@ -509,20 +509,10 @@ HttpResponse Api::metrics(const Principal& principal) {
   r.body = metrics_.render(environments_.counters());
   // Each running environment the caller sees (a key: its own), by id, for
   // at most kMaxEnvironmentSeries of them: a scrape's size stays bounded.
-  store::EnvironmentFilter filter;
-  if (!principal.master) filter.owner = principal.keyId;
-  filter.state = store::EnvironmentState::kRunning;
   std::vector<EnvironmentUsage> usages;
   size_t omitted = 0;
-  if (auto list = environments_.list(filter); list.ok()) {
-    for (const auto& record : list.value()) {
-      if (usages.size() >= ApiMetrics::kMaxEnvironmentSeries) {
-        ++omitted;
-        continue;
-      }
-      auto usage = environments_.usage(record.id);
-      if (usage.ok()) usages.push_back({record.id, record.ramMb << 20, usage.value()});
-    }
+  if (auto running = runningUsages(principal, ApiMetrics::kMaxEnvironmentSeries, omitted); running.ok()) {
+    for (const auto& r : running.value()) usages.push_back({r.record.id, r.record.ramMb << 20, r.usage});
   }
   r.body += ApiMetrics::renderEnvironments(usages, omitted);
   return r;

@@ -287,6 +287,14 @@ class Api {
   // or (follow=1) as a stream of readings.
   HttpResponse fleetStatsRoute(const HttpRequest& request, const Principal& principal);
   HttpResponse fleetStats(const Principal& principal);
+  // The running environments `principal` sees (a key: its own) with what
+  // each uses now, the first `max` of them; one that ended while it was read
+  // is left out. `beyond`: how many more ran.
+  struct RunningUsage {
+    store::EnvironmentRecord record;
+    backend::Usage usage;
+  };
+  Result<std::vector<RunningUsage>> runningUsages(const Principal& principal, size_t max, size_t& beyond);
 
   // The manager, as the narrow services the handlers use (manager/services.h).
   manager::EnvironmentService& environments_;

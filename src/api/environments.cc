@@ -1,3 +1,4 @@
+#include <cstdint>
 #include <nlohmann/json.hpp>
 
 #include "api/api.h"
@@ -205,18 +206,31 @@ HttpResponse Api::fleetStatsRoute(const HttpRequest& req, const Principal& princ
   return response;
 }
 
-HttpResponse Api::fleetStats(const Principal& principal) {
+Result<std::vector<Api::RunningUsage>> Api::runningUsages(const Principal& principal, size_t max, size_t& beyond) {
   store::EnvironmentFilter filter;
   if (!principal.master) filter.owner = principal.keyId;
   filter.state = store::EnvironmentState::kRunning;
-  auto list = environments_.list(filter);
-  if (!list.ok()) return errorResponse(fromError(list.error()));
-  json all = json::array();
-  for (const auto& r : list.value()) {
-    auto usage = environments_.usage(r.id);
+  MOAT_ASSIGN(auto list, environments_.list(filter));
+  std::vector<RunningUsage> out;
+  beyond = 0;
+  for (auto& record : list) {
+    if (out.size() >= max) {
+      ++beyond;
+      continue;
+    }
+    auto usage = environments_.usage(record.id);
     if (!usage.ok()) continue;  // it ended meanwhile
-    all.push_back(statsJson(r, usage.value()));
+    out.push_back({std::move(record), usage.value()});
   }
+  return out;
+}
+
+HttpResponse Api::fleetStats(const Principal& principal) {
+  size_t beyond = 0;
+  auto running = runningUsages(principal, SIZE_MAX, beyond);
+  if (!running.ok()) return errorResponse(fromError(running.error()));
+  json all = json::array();
+  for (const auto& r : running.value()) all.push_back(statsJson(r.record, r.usage));
   return respond(200, {{"at", timestamp(nowMs())}, {"environments", all}});
 }
 
