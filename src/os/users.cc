@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <optional>
 
 #include "os/file.h"
 #include "os/process.h"
@@ -19,7 +18,7 @@ namespace {
 
 constexpr size_t kMaxDatabase = 16u << 20;
 
-std::vector<std::string> fieldsOf(const std::string& line, char separator = ':') {
+std::vector<std::string> fieldsOf(const std::string& line, char separator) {
   std::vector<std::string> fields;
   size_t start = 0;
   for (;;) {
@@ -38,21 +37,6 @@ bool number(const std::string& text, unsigned long& out) {
   return ec == std::errc() && end == text.data() + text.size() && out < 0xffffffffUL;
 }
 
-// Each line's fields, `count` or more of them; comments and blanks skipped.
-template <class Visit>
-void eachEntry(const std::string& text, size_t count, Visit&& visit) {
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    std::string line = text.substr(start, end - start);
-    start = end + 1;
-    if (line.empty() || line[0] == '#') continue;
-    auto fields = fieldsOf(line);
-    if (fields.size() >= count && visit(fields)) return;
-  }
-}
-
 bool matches(const std::vector<std::string>& fields, size_t idField, const std::string& name) {
   unsigned long id = 0;
   return fields[0] == name || (number(name, id) && number(fields[idField], id) && fields[idField] == name);
@@ -60,40 +44,47 @@ bool matches(const std::vector<std::string>& fields, size_t idField, const std::
 
 }  // namespace
 
+std::vector<std::vector<std::string>> colonLines(const std::string& text) {
+  std::vector<std::vector<std::string>> out;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(start, end - start);
+    start = end + 1;
+    if (line.empty() || line[0] == '#') continue;
+    out.push_back(fieldsOf(line, ':'));
+  }
+  return out;
+}
+
 Result<UserEntry> userIn(const std::string& passwd, const std::string& name) {
-  std::optional<UserEntry> found;
-  eachEntry(passwd, 7, [&](const std::vector<std::string>& f) {
+  for (const auto& f : colonLines(passwd)) {
     unsigned long uid = 0, gid = 0;
-    if (!matches(f, 2, name) || !number(f[2], uid) || !number(f[3], gid)) return false;
-    found = UserEntry{f[0], static_cast<uid_t>(uid), static_cast<gid_t>(gid), f[5]};
-    return true;
-  });
-  if (!found) return Error::make(Code::kNotFound, "no user " + name + " in /etc/passwd");
-  return *found;
+    if (f.size() < 7 || !matches(f, 2, name) || !number(f[2], uid) || !number(f[3], gid)) continue;
+    return UserEntry{f[0], static_cast<uid_t>(uid), static_cast<gid_t>(gid), f[5]};
+  }
+  return Error::make(Code::kNotFound, "no user " + name + " in /etc/passwd");
 }
 
 Result<gid_t> groupIn(const std::string& group, const std::string& name) {
-  std::optional<gid_t> found;
-  eachEntry(group, 3, [&](const std::vector<std::string>& f) {
+  for (const auto& f : colonLines(group)) {
     unsigned long gid = 0;
-    if (!matches(f, 2, name) || !number(f[2], gid)) return false;
-    found = static_cast<gid_t>(gid);
-    return true;
-  });
-  if (!found) return Error::make(Code::kNotFound, "no group " + name + " in /etc/group");
-  return *found;
+    if (f.size() < 3 || !matches(f, 2, name) || !number(f[2], gid)) continue;
+    return static_cast<gid_t>(gid);
+  }
+  return Error::make(Code::kNotFound, "no group " + name + " in /etc/group");
 }
 
 std::vector<gid_t> groupsOfIn(const std::string& group, const std::string& user) {
   std::vector<gid_t> gids;
-  eachEntry(group, 4, [&](const std::vector<std::string>& f) {
+  for (const auto& f : colonLines(group)) {
     unsigned long gid = 0;
-    if (!number(f[2], gid)) return false;
+    if (f.size() < 4 || !number(f[2], gid)) continue;
     for (const std::string& member : fieldsOf(f[3], ',')) {
       if (member == user) gids.push_back(static_cast<gid_t>(gid));
     }
-    return false;
-  });
+  }
   return gids;
 }
 

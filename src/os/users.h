@@ -38,6 +38,11 @@ std::vector<gid_t> supplementaryGroups(const std::string& user);
 // that user could not write anyway.
 Status runAsUser(const UserEntry& user, const std::function<Status()>& work);
 
+// The entries of a passwd- or group-like text: each line's fields split at
+// ':'; blank lines and comments left out (an image's files are read with it
+// too: templates/image.cc).
+std::vector<std::vector<std::string>> colonLines(const std::string& text);
+
 // The same, from the files' text (what the functions above read; tests).
 Result<UserEntry> userIn(const std::string& passwd, const std::string& name);
 Result<gid_t> groupIn(const std::string& group, const std::string& name);

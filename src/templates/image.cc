@@ -7,6 +7,7 @@
 
 #include "os/file.h"
 #include "os/tree.h"
+#include "os/users.h"
 
 namespace moat::templates {
 
@@ -60,26 +61,6 @@ Status stringList(const json& j, const char* key, std::vector<std::string>& out)
     out.push_back(v.get<std::string>());
   }
   return {};
-}
-
-// The entries of a passwd- or group-like file: field lists.
-std::vector<std::vector<std::string>> colonLines(const std::string& text) {
-  std::vector<std::vector<std::string>> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    std::vector<std::string> fields;
-    size_t start = 0;
-    for (;;) {
-      size_t colon = line.find(':', start);
-      fields.push_back(line.substr(start, colon == std::string::npos ? std::string::npos : colon - start));
-      if (colon == std::string::npos) break;
-      start = colon + 1;
-    }
-    out.push_back(std::move(fields));
-  }
-  return out;
 }
 
 std::optional<uint32_t> numeric(const std::string& s) {
@@ -198,7 +179,7 @@ Status resolveUser(int rootFd, ImageConfig& c) {
     userPart = c.user.substr(0, colon);
     groupPart = c.user.substr(colon + 1);
   }
-  const auto passwd = colonLines(imageFile(rootFd, "etc/passwd"));
+  const auto passwd = os::colonLines(imageFile(rootFd, "etc/passwd"));
   bool found = false;
   for (const auto& f : passwd) {
     if (f.size() < 7) continue;
@@ -226,7 +207,7 @@ Status resolveUser(int rootFd, ImageConfig& c) {
       c.gid = *gid;
     } else {
       bool group = false;
-      for (const auto& f : colonLines(imageFile(rootFd, "etc/group"))) {
+      for (const auto& f : os::colonLines(imageFile(rootFd, "etc/group"))) {
         if (f.size() >= 3 && f[0] == groupPart && numeric(f[2])) {
           c.gid = *numeric(f[2]);
           group = true;
