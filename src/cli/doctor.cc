@@ -13,6 +13,8 @@
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
 #include "isolation/cgroup/layout.h"
+#include "isolation/fs/storage_pool.h"
+#include "isolation/proc/lxcfs.h"
 #include "os/file.h"
 #include "os/netlink.h"
 #include "os/security.h"
@@ -41,13 +43,10 @@ struct Check {
   std::string fix;  // what to do ("" when ok)
 };
 
-std::string program(const std::string& name) {
-  for (const char* dir : {"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}) {
-    std::string path = std::string(dir) + "/" + name;
-    if (::access(path.c_str(), X_OK) == 0) return path;
-  }
-  return "";
-}
+// The paths moatd's template import runs (templates/importer.cc: fixed,
+// not searched).
+constexpr const char* kSkopeo = "/usr/bin/skopeo";
+constexpr const char* kUmoci = "/usr/bin/umoci";
 
 std::string kernelRelease() {
   struct utsname u;
@@ -126,9 +125,9 @@ Check overlay() {
 }
 
 Check btrfs() {
-  std::string mkfs = program("mkfs.btrfs");
+  auto mkfs = isolation::fs::findMkfsBtrfs();  // as the storage pool finds it
   bool kernel = fileSystemAvailable("btrfs");
-  if (kernel && !mkfs.empty()) return {"btrfs", "ok", "the storage pool (quotas, snapshots): " + mkfs, ""};
+  if (kernel && mkfs.ok()) return {"btrfs", "ok", "the storage pool (quotas, snapshots): " + mkfs.value(), ""};
   if (!kernel) return {"btrfs", "fail", "the kernel has no btrfs: no storage pool", "modprobe btrfs"};
   return {"btrfs", "fail", "mkfs.btrfs not found: no storage pool", "apt-get install btrfs-progs"};
 }
@@ -165,18 +164,19 @@ Check veth() {
 }
 
 Check lxcfs() {
-  std::string path = program("lxcfs");
-  if (!path.empty()) return {"lxcfs", "ok", "/proc inside shows the environment's limits: " + path, ""};
+  auto config = isolation::proc::lxcfsConfigFromEnvironment();  // as moatd reads it (MOAT_LXCFS)
+  auto path = isolation::proc::lxcfsBinary(config);
+  if (path.ok()) return {"lxcfs", "ok", "/proc inside shows the environment's limits: " + path.value(), ""};
   return {"lxcfs", "warn", "not found: /proc/cpuinfo and /proc/meminfo inside show the host's",
           "apt-get install lxcfs"};
 }
 
 Check templates() {
-  std::string skopeo = program("skopeo"), umoci = program("umoci");
-  if (!skopeo.empty() && !umoci.empty()) return {"templates", "ok", "OCI images import (skopeo, umoci)", ""};
+  bool skopeo = ::access(kSkopeo, X_OK) == 0, umoci = ::access(kUmoci, X_OK) == 0;
+  if (skopeo && umoci) return {"templates", "ok", "OCI images import (skopeo, umoci)", ""};
   return {"templates", "warn",
-          std::string("moat template import needs ") + (skopeo.empty() ? "skopeo" : "") +
-              (skopeo.empty() && umoci.empty() ? " and " : "") + (umoci.empty() ? "umoci" : ""),
+          std::string("moat template import needs ") + (!skopeo ? kSkopeo : "") + (!skopeo && !umoci ? " and " : "") +
+              (!umoci ? kUmoci : ""),
           "apt-get install skopeo umoci"};
 }
 
@@ -189,7 +189,8 @@ Check microvm() {
 }
 
 Check criu() {
-  std::string path = program("criu");
+  std::string path =
+      os::executableIn("criu", {"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"});
   if (path.empty()) {
     return {"criu", "ok", "not installed; not needed yet (checkpoints to disk are not built: docs/PAUSE.md)", ""};
   }

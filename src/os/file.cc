@@ -175,6 +175,14 @@ Status symlink(const std::string& target, const std::string& linkPath) {
   return {};
 }
 
+std::string executableIn(const std::string& name, std::initializer_list<const char*> dirs) {
+  for (const char* dir : dirs) {
+    std::string path = std::string(dir) + "/" + name;
+    if (::access(path.c_str(), X_OK) == 0) return path;
+  }
+  return "";
+}
+
 Status chown(const std::string& path, uid_t uid, gid_t gid) {
   if (::lchown(path.c_str(), uid, gid) != 0) return Error::fromErrno("chown " + path);
   return {};

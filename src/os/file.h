@@ -28,6 +28,9 @@ Status syncFileSystemOf(const std::string& path);
 Status removeTree(const std::string& path);
 bool exists(const std::string& path);
 bool isDirectory(const std::string& path);
+// `name` in the first of `dirs` where it is executable (access X_OK); "" when
+// in none. One lookup for every program moat runs by a fixed list of places.
+std::string executableIn(const std::string& name, std::initializer_list<const char*> dirs);
 bool isSymlink(const std::string& path);
 Result<std::string> readLink(const std::string& path);
 Status symlink(const std::string& target, const std::string& linkPath);

@@ -3,8 +3,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
-#include <sstream>
-
 #include "os/file.h"
 #include "os/tree.h"
 #include "os/users.h"

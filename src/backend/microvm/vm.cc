@@ -41,10 +41,8 @@ namespace moat::backend::microvm {
 
 Result<std::string> findProgram(const char* envName, const char* name, const char* package) {
   if (const char* named = std::getenv(envName); named && *named) return std::string(named);
-  for (const char* dir : {"/usr/bin", "/usr/sbin", "/bin", "/sbin"}) {
-    std::string path = std::string(dir) + "/" + name;
-    if (::access(path.c_str(), X_OK) == 0) return path;
-  }
+  std::string path = os::executableIn(name, {"/usr/bin", "/usr/sbin", "/bin", "/sbin"});
+  if (!path.empty()) return path;
   return Error::make(Code::kMissingDependency,
                      std::string(name) + " not found: microVMs need it (apt-get install " + package + ")");
 }

@@ -23,14 +23,6 @@ namespace {
 
 constexpr uint64_t kGiB = 1ULL << 30;
 
-Result<std::string> findTool(const std::string& name) {
-  for (const char* dir : {"/usr/sbin", "/sbin", "/usr/bin", "/bin"}) {
-    std::string path = std::string(dir) + "/" + name;
-    if (::access(path.c_str(), X_OK) == 0) return path;
-  }
-  return Error::make(Code::kMissingDependency, name + " not found: install btrfs-progs (make build does it for you)");
-}
-
 Status runTool(const std::vector<std::string>& argv) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -89,7 +81,7 @@ Status mountSkeletons(const std::string& root) {
 
 Status mountPool(const std::string& image, const std::string& root, uint64_t imageBytes) {
   if (!os::exists(image)) {
-    MOAT_ASSIGN(std::string mkfs, findTool("mkfs.btrfs"));
+    MOAT_ASSIGN(std::string mkfs, findMkfsBtrfs());
     std::string tmp = image + ".new";
     {
       MOAT_ASSIGN(UniqueFd fd, os::open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600));
@@ -191,6 +183,15 @@ Status StoragePool::destroySnapshot(const std::string& snapshot) {
 Result<std::vector<std::string>> StoragePool::snapshots() const {
   if (!os::exists(root_ + "/snapshots")) return std::vector<std::string>{};
   return os::listDir(root_ + "/snapshots");
+}
+
+Result<std::string> findMkfsBtrfs() {
+  std::string path = os::executableIn("mkfs.btrfs", {"/usr/sbin", "/sbin", "/usr/bin", "/bin"});
+  if (path.empty()) {
+    return Error::make(Code::kMissingDependency,
+                       "mkfs.btrfs not found: install btrfs-progs (make build does it for you)");
+  }
+  return path;
 }
 
 }  // namespace moat::isolation::fs

@@ -16,6 +16,10 @@ namespace moat::isolation::fs {
 // holds exactly (writes beyond it fail with EDQUOT) and no environment can
 // fill the host disk beyond the image's size. Creating and destroying a
 // subvolume costs microseconds; snapshots (fork) come for free later.
+// mkfs.btrfs, which makes the pool (the first of /usr/sbin, /sbin, /usr/bin,
+// /bin with one), or an error saying what to install.
+Result<std::string> findMkfsBtrfs();
+
 class StoragePool {
  public:
   // Opens the pool, creating and mounting it when needed. imageBytes sizes a

@@ -38,18 +38,6 @@ MountState mountState(const std::string& dir) {
   return errno == ENOTCONN ? MountState::kDead : MountState::kAbsent;
 }
 
-Result<std::string> findBinary(const LxcfsConfig& config) {
-  if (!config.binary.empty()) {
-    if (::access(config.binary.c_str(), X_OK) != 0) return Error::fromErrno("lxcfs binary " + config.binary);
-    return config.binary;
-  }
-  for (const char* dir : {"/usr/bin", "/bin", "/usr/sbin", "/sbin"}) {
-    std::string path = std::string(dir) + "/lxcfs";
-    if (::access(path.c_str(), X_OK) == 0) return path;
-  }
-  return Error::make(Code::kMissingDependency, "lxcfs not found (install the lxcfs package, or set MOAT_LXCFS=off)");
-}
-
 std::string lastLine(const std::string& path) {
   auto text = os::readFile(path, 64 << 10);
   if (!text.ok()) return "";
@@ -196,7 +184,7 @@ Result<Served> ensureServed(const LxcfsConfig& config) {
   // Made only now: a dead mount point fails even stat (ENOTCONN) until it
   // is detached above.
   MOAT_TRY(os::makeDir(config.dir, 0755));
-  MOAT_ASSIGN(std::string binary, findBinary(config));
+  MOAT_ASSIGN(std::string binary, lxcfsBinary(config));
   MOAT_TRY(startLxcfs(binary, config.dir));
   return lxcfsProcess(config.dir);
 }
@@ -277,6 +265,18 @@ Result<std::vector<ProcFileTree>> lxcfsProcTrees(const LxcfsConfig& config) {
     trees.push_back({std::move(tree), target});
   }
   return trees;
+}
+
+Result<std::string> lxcfsBinary(const LxcfsConfig& config) {
+  if (!config.binary.empty()) {
+    if (::access(config.binary.c_str(), X_OK) != 0) return Error::fromErrno("lxcfs binary " + config.binary);
+    return config.binary;
+  }
+  std::string path = os::executableIn("lxcfs", {"/usr/bin", "/bin", "/usr/sbin", "/sbin"});
+  if (path.empty()) {
+    return Error::make(Code::kMissingDependency, "lxcfs not found (install the lxcfs package, or set MOAT_LXCFS=off)");
+  }
+  return path;
 }
 
 }  // namespace moat::isolation::proc

@@ -26,6 +26,9 @@ struct LxcfsConfig {
 // MOAT_LXCFS (off: no LXCFS; else the lxcfs binary to run) and
 // MOAT_LXCFS_DIR (the mount point; default /run/moat/lxcfs).
 LxcfsConfig lxcfsConfigFromEnvironment();
+// The lxcfs program `config` runs (its binary, else the first of /usr/bin,
+// /bin, /usr/sbin, /sbin with one), or an error saying what to install.
+Result<std::string> lxcfsBinary(const LxcfsConfig& config);
 
 // The files of LXCFS's proc/ that moat binds over /proc/<name>.
 const std::vector<std::string>& lxcfsProcFiles();
