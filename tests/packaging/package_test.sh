@@ -127,7 +127,14 @@ else
   state="$work/state"
   "$pkg/usr/sbin/moatd" --state "$state" --listen 127.0.0.1:0 >"$work/moatd.log" 2>&1 &
   moatd_pid=$!
-  for _ in $(seq 1 200); do [ -S "$state/moatd.sock" ] && break; sleep 0.05; done
+  # Until it says it serves (its first start makes the storage pool: seconds
+  # on a busy machine), or it has ended.
+  for _ in $(seq 1 1200); do
+    grep -q "moatd: serving" "$work/moatd.log" 2>/dev/null && break
+    kill -0 "$moatd_pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  grep -q "moatd: serving" "$work/moatd.log" || fail "the packaged moatd did not start: $(tail -3 "$work/moatd.log")"
   id=$(MOAT_STATE="$state" "$pkg/usr/bin/moat" env create | cut -c1-12)
   out=$(MOAT_STATE="$state" "$pkg/usr/bin/moat" exec "$id" -- cat /proc/1/comm 2>&1 || true)
   check "[ \"\$out\" = moat-init ]" "the packaged moatd's environment: pid 1 is '$out' ($(tail -3 "$work/moatd.log"))"
