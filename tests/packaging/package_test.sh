@@ -16,6 +16,8 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+# A command that ends the script under set -e says which it was.
+trap 'echo "FAIL: line $LINENO: \"$BASH_COMMAND\" exited $?"' ERR
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 check() { if ! eval "$1"; then fail "$2"; fi; }
@@ -55,7 +57,9 @@ for page in man1/moat.1.gz man8/moatd.8.gz; do
   warnings=$(zcat "$root/share/man/$page" | LC_ALL=C.UTF-8 groff -man -Tutf8 -ww -z 2>&1 || echo "groff failed")
   check "[ -z \"\$warnings\" ]" "$page: $warnings"
 done
-commands=$("$build/bin/moat" --help | awk '/^commands:/ { i = 1; next } i && /^$/ { exit } i && /^  [a-z]/ { print $1 }')
+# (awk reads to the end: a reader that leaves early kills the writer with
+# SIGPIPE when it is slower, and pipefail ends the script.)
+commands=$("$build/bin/moat" --help | awk '/^commands:/ { i = 1; next } i && /^$/ { i = 0 } i && /^  [a-z]/ { print $1 }')
 for c in $commands; do
   [ "$c" = version ] && continue
   check "zcat '$root/share/man/man1/moat.1.gz' | grep -q '^.SH COMMAND: ${c^^}\$'" "moat(1) lacks the command $c"
@@ -102,8 +106,9 @@ done
 check "! readelf -S '$pkg/usr/sbin/moatd' | grep -q debug_info" "moatd is packaged with its debug sections"
 # Every shared library moatd needs comes from a package the control file depends on.
 depends=$(dpkg-deb -f "$deb" Depends | tr ',' '\n' | sed -E 's/^ *([^ ]+).*/\1/')
+libraries=$(ldconfig -p)
 for lib in $(readelf -d "$pkg/usr/sbin/moatd" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
-  path=$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ { print $NF; exit }')
+  path=$(awk -v l="$lib" '$1 == l && /x86-64/ { print $NF; exit }' <<<"$libraries")
   owner=$(dpkg -S "$(readlink -f "$path")" 2>/dev/null | head -1 | cut -d: -f1 || true)
   [ -z "$owner" ] && owner=$(dpkg -S "$path" 2>/dev/null | head -1 | cut -d: -f1 || true)
   check "echo \"\$depends\" | grep -qx '$owner'" "moatd needs $lib ($owner), which Depends does not name"
