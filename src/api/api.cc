@@ -512,7 +512,9 @@ HttpResponse Api::metrics(const Principal& principal) {
   std::vector<EnvironmentUsage> usages;
   size_t omitted = 0;
   if (auto running = runningUsages(principal, ApiMetrics::kMaxEnvironmentSeries, omitted); running.ok()) {
-    for (const auto& r : running.value()) usages.push_back({r.record.id, r.record.ramMb << 20, r.usage});
+    for (const auto& r : running.value()) {
+      usages.push_back({r.record.id, r.record.ramMb << 20, backend::storageLimitBytes(r.record.storageGb), r.usage});
+    }
   }
   r.body += ApiMetrics::renderEnvironments(usages, omitted);
   return r;

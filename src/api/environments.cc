@@ -159,9 +159,20 @@ HttpResponse Api::getEnvironment(const std::string& id) {
 namespace {
 
 json statsJson(const store::EnvironmentRecord& r, const backend::Usage& u) {
-  return {{"id", r.id},     {"at", timestamp(nowMs())},      {"cpu_usec", u.cpuKnown ? json(u.cpuUsec) : json(nullptr)},
-          {"cpus", r.cpus}, {"memory_bytes", u.memoryBytes}, {"memory_limit_bytes", r.ramMb << 20},
-          {"pids", u.pids}, {"pids_limit", r.pids},          {"oom_kills", u.oomKills}};
+  auto known = [](bool isKnown, uint64_t value) { return isKnown ? json(value) : json(nullptr); };
+  return {{"id", r.id},
+          {"at", timestamp(nowMs())},
+          {"cpu_usec", known(u.cpuKnown, u.cpuUsec)},
+          {"cpus", r.cpus},
+          {"memory_bytes", u.memoryBytes},
+          {"memory_limit_bytes", r.ramMb << 20},
+          {"pids", u.pids},
+          {"pids_limit", r.pids},
+          {"oom_kills", u.oomKills},
+          {"storage_bytes", known(u.storageKnown, u.storageBytes)},
+          {"storage_limit_bytes", backend::storageLimitBytes(r.storageGb)},
+          {"network_sent_bytes", known(u.networkKnown, u.networkSentBytes)},
+          {"network_received_bytes", known(u.networkKnown, u.networkReceivedBytes)}};
 }
 
 }  // namespace

@@ -103,6 +103,20 @@ std::string ApiMetrics::renderEnvironments(const std::vector<EnvironmentUsage>& 
          [](const EnvironmentUsage& e) { return static_cast<double>(e.usage.pids); });
   family("moat_environment_oom_kills_total", "counter", "Processes the kernel killed in an environment out of memory.",
          [](const EnvironmentUsage& e) { return static_cast<double>(e.usage.oomKills); });
+  family("moat_environment_storage_bytes", "gauge", "Bytes a running environment's writable layer holds on the host.",
+         [](const EnvironmentUsage& e) {
+           return e.usage.storageKnown ? static_cast<double>(e.usage.storageBytes) : -1.0;
+         });
+  family("moat_environment_storage_limit_bytes", "gauge", "A running environment's storage limit.",
+         [](const EnvironmentUsage& e) { return static_cast<double>(e.storageLimitBytes); });
+  family("moat_environment_network_sent_bytes_total", "counter",
+         "Bytes a running environment has sent over its network link.", [](const EnvironmentUsage& e) {
+           return e.usage.networkKnown ? static_cast<double>(e.usage.networkSentBytes) : -1.0;
+         });
+  family("moat_environment_network_received_bytes_total", "counter",
+         "Bytes a running environment has received over its network link.", [](const EnvironmentUsage& e) {
+           return e.usage.networkKnown ? static_cast<double>(e.usage.networkReceivedBytes) : -1.0;
+         });
   out << "# HELP moat_environment_series_omitted Running environments without series here (beyond "
       << kMaxEnvironmentSeries << ").\n# TYPE moat_environment_series_omitted gauge\nmoat_environment_series_omitted "
       << omitted << "\n";

@@ -16,6 +16,7 @@ namespace moat::api {
 struct EnvironmentUsage {
   std::string id;
   uint64_t memoryLimitBytes = 0;
+  uint64_t storageLimitBytes = 0;
   backend::Usage usage;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/hex.h"
+#include "isolation/fs/storage_pool.h"
 #include "os/netlink.h"
 
 namespace moat::backend {
@@ -18,6 +19,12 @@ std::optional<Isolation> isolationNamed(std::string_view name) {
 Result<UniqueFd> Backend::connectPort(const std::string& id, uint16_t port, std::chrono::milliseconds timeout) {
   MOAT_ASSIGN(UniqueFd netns, networkNamespace(id));
   return os::connectLoopbackIn(netns.get(), port, timeout);
+}
+
+void countStorage(const std::string& stateDir, const std::string& id, Usage& usage) {
+  auto bytes = isolation::fs::StoragePool::volumeBytesIn(stateDir, id);
+  usage.storageKnown = bytes.ok();
+  usage.storageBytes = bytes.ok() ? bytes.value() : 0;
 }
 
 bool Backend::runs(const std::string& id) {

@@ -49,6 +49,9 @@ struct Spec {
 
 std::string newEnvironmentId();
 
+// A storage limit given in GiB (storageGb, fractional) in bytes.
+inline uint64_t storageLimitBytes(double storageGb) { return static_cast<uint64_t>(storageGb * (1ull << 30)); }
+
 // What an environment uses now, against its Spec's limits.
 struct Usage {
   bool cpuKnown = false;  // false: this host cannot account CPU time per environment
@@ -56,7 +59,21 @@ struct Usage {
   uint64_t memoryBytes = 0;
   uint64_t pids = 0;  // tasks: processes and threads
   uint64_t oomKills = 0;
+  // The bytes its writable layer holds in the storage pool, as the host
+  // counts them (its volume's qgroup; a microVM's: its disk's blocks).
+  bool storageKnown = false;
+  uint64_t storageBytes = 0;
+  // Set by the manager (the egress link is moatd's): what it sent and
+  // received over its network link.
+  bool networkKnown = false;
+  uint64_t networkSentBytes = 0;
+  uint64_t networkReceivedBytes = 0;
 };
+
+// Fills usage's storage from the volume `id` in stateDir's storage pool,
+// where each backend keeps an environment's writable layer; leaves it
+// unknown when that cannot be read (no pool, no qgroup).
+void countStorage(const std::string& stateDir, const std::string& id, Usage& usage);
 
 // What changes() compares: the environment `id`'s files against its
 // template's (`snapshot` empty) or against snapshot `snapshot` (one of the

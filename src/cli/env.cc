@@ -374,13 +374,27 @@ int stats(const std::vector<std::string>& args) {
   if (u.contains("cpu_usec") && u["cpu_usec"].is_number()) {
     std::snprintf(cpu, sizeof cpu, "%.3f s", static_cast<double>(whole("cpu_usec")) / 1e6);
   }
-  const uint64_t memory = whole("memory_bytes"), limit = whole("memory_limit_bytes");
+  auto share = [&](const char* used, const char* limitKey) {
+    const uint64_t n = whole(used), limit = whole(limitKey);
+    return mebibytes(n) + " of " + mebibytes(limit) + " (" +
+           std::to_string(limit ? static_cast<int>(100.0 * static_cast<double>(n) / static_cast<double>(limit) + 0.5)
+                                : 0) +
+           "%)";
+  };
+  auto counted = [&](const char* key) { return u.contains(key) && u[key].is_number(); };
   std::printf("cpu time: %s (limit %s CPU)\n", cpu, text(u, "cpus").c_str());
-  std::printf("memory: %s of %s (%.0f%%)\n", mebibytes(memory).c_str(), mebibytes(limit).c_str(),
-              limit ? 100.0 * static_cast<double>(memory) / static_cast<double>(limit) : 0.0);
+  std::printf("memory: %s\n", share("memory_bytes", "memory_limit_bytes").c_str());
   std::printf("pids: %llu of %llu\n", static_cast<unsigned long long>(whole("pids")),
               static_cast<unsigned long long>(whole("pids_limit")));
   std::printf("oom kills: %llu\n", static_cast<unsigned long long>(whole("oom_kills")));
+  std::printf("storage: %s\n", counted("storage_bytes") ? share("storage_bytes", "storage_limit_bytes").c_str()
+                                                        : "not counted on this host");
+  if (counted("network_sent_bytes")) {
+    std::printf("network: %s sent, %s received\n", mebibytes(whole("network_sent_bytes")).c_str(),
+                mebibytes(whole("network_received_bytes")).c_str());
+  } else {
+    std::printf("network: not counted (moatd --no-egress)\n");
+  }
   return 0;
 }
 

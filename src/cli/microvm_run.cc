@@ -92,7 +92,7 @@ Result<std::unique_ptr<MicroVmRun>> MicroVmRun::start(const RunOptions& options,
   vm.cpus = std::min(std::max(1u, std::thread::hardware_concurrency()),
                      static_cast<unsigned>(std::max(1.0, std::ceil(spec.cpus))));
   vm.memoryMb = spec.memoryMb;
-  vm.storageBytes = static_cast<uint64_t>(spec.storageGb * (1ull << 30));
+  vm.storageBytes = backend::storageLimitBytes(spec.storageGb);
   vm.pids = spec.pids;
   vm.kvm = kvm;
   vm.cgroupJoin = run->cgroup_->procsFiles();

@@ -124,11 +124,23 @@ Status Controller::detach(const std::string& environment) {
     byId_.erase(it);
     bySlot_.erase(env->link.slot);
   }
-  return network_->detach(env->link.slot);
+  // A reading of the counters sees the link or its total, never neither
+  // nor both.
+  std::lock_guard<std::mutex> counting(countersMutex_);
+  auto carried = network_->counters(env->link.slot);
+  Status detached = network_->detach(env->link.slot);
+  if (carried.ok() && detached.ok()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& total = detachedCounters_[environment];
+    total.sentBytes += carried->sentBytes;
+    total.receivedBytes += carried->receivedBytes;
+  }
+  return detached;
 }
 
 void Controller::forget(const std::string& environment) {
   std::lock_guard<std::mutex> lock(mutex_);
+  detachedCounters_.erase(environment);
   auto it = byId_.find(environment);
   if (it == byId_.end()) return;
   bySlot_.erase(it->second->link.slot);
@@ -140,6 +152,22 @@ std::optional<uint32_t> Controller::slotOf(const std::string& environment) {
   auto it = byId_.find(environment);
   if (it == byId_.end()) return std::nullopt;
   return it->second->link.slot;
+}
+
+Result<os::LinkCounters> Controller::networkCounters(const std::string& environment) {
+  std::lock_guard<std::mutex> counting(countersMutex_);
+  os::LinkCounters total;
+  std::optional<uint32_t> slot;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = detachedCounters_.find(environment); it != detachedCounters_.end()) total = it->second;
+    if (auto it = byId_.find(environment); it != byId_.end() && !it->second->attaching) slot = it->second->link.slot;
+  }
+  if (!slot) return total;
+  MOAT_ASSIGN(os::LinkCounters now, network_->counters(*slot));
+  total.sentBytes += now.sentBytes;
+  total.receivedBytes += now.receivedBytes;
+  return total;
 }
 
 Status Controller::removeNamespace() { return network_->remove(); }

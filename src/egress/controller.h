@@ -80,6 +80,11 @@ class Controller {
   // The environment is gone (its namespace took the link with it).
   void forget(const std::string& environment);
   std::optional<uint32_t> slotOf(const std::string& environment);
+  // The bytes the environment has sent and received over its links, as
+  // their veths count them (every packet: proxied, resolved, refused): its
+  // link now and those it had before a detach, since this moatd started or
+  // the link was made, whichever is later. Zero for one never linked.
+  Result<os::LinkCounters> networkCounters(const std::string& environment);
   // After a moatd restart: the slots whose link is in the egress namespace
   // now, and the removal of every link no adopted environment holds (an
   // attach that a killed moatd did not live to record); best effort, it
@@ -152,6 +157,10 @@ class Controller {
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Env>> byId_;
   std::map<uint32_t, std::shared_ptr<Env>> bySlot_;
+  // What the links of environments that went to mode "none" carried before
+  // they went (a later link's counters start at 0): until forget().
+  std::map<std::string, os::LinkCounters> detachedCounters_;
+  std::mutex countersMutex_;  // held by detach() and networkCounters(), outside mutex_
 
   std::vector<UniqueFd> listeners_;
   UniqueFd dns_;

@@ -137,6 +137,15 @@ Status EgressNetwork::detach(uint32_t slot) const {
   return egress.deleteLink(linkFor(slot).hostIfName);
 }
 
+Result<os::LinkCounters> EgressNetwork::counters(uint32_t slot) const {
+  if (slot >= kSlotCount) {
+    return Error::make(Code::kInvalidArgument, "egress slot " + std::to_string(slot) + " out of range");
+  }
+  MOAT_ASSIGN(os::Netlink egress, os::Netlink::open(fd_.get()));
+  MOAT_ASSIGN(os::LinkCounters host, egress.linkCounters(linkFor(slot).hostIfName));
+  return os::LinkCounters{host.sentBytes, host.receivedBytes};
+}
+
 Result<std::vector<uint32_t>> EgressNetwork::linkedSlots() const {
   MOAT_ASSIGN(os::Netlink egress, os::Netlink::open(fd_.get()));
   MOAT_ASSIGN(auto names, egress.linkNames());

@@ -8,6 +8,7 @@
 
 #include "common/result.h"
 #include "common/unique_fd.h"
+#include "os/netlink.h"
 
 // Egress: the one network namespace through which environments reach the
 // outside, and only through moatd's listeners.
@@ -64,6 +65,9 @@ class EgressNetwork {
   // Deletes the pair (synchronous, ~30 ms). An environment whose namespace
   // is about to go away needs no detach: its veth goes with it.
   Status detach(uint32_t slot) const;
+  // What the link of `slot` has carried, from the environment's side (what
+  // mx<slot> received, the environment sent). ENODEV when it has no link.
+  Result<os::LinkCounters> counters(uint32_t slot) const;
   // The slots of the links in the egress namespace now (mx<slot>).
   Result<std::vector<uint32_t>> linkedSlots() const;
 

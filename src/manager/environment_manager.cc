@@ -640,6 +640,14 @@ Result<backend::Usage> EnvironmentManager::usage(const std::string& id) {
     auto counted = live.connection->file(tasks);
     if (counted.ok() && counted->err == 0) usage->pids = std::strtoull(counted->data.c_str(), nullptr, 10);
   }
+  if (usage.ok() && egress_) {
+    auto carried = egress_->networkCounters(id);
+    usage->networkKnown = carried.ok();
+    if (carried.ok()) {
+      usage->networkSentBytes = carried->sentBytes;
+      usage->networkReceivedBytes = carried->receivedBytes;
+    }
+  }
   if (usage.ok() || usage.error().code != Code::kNotFound) return usage;
   // Gone between the two looks: say what it is now; still here, it is
   // between a restore's destroy and create.

@@ -114,7 +114,7 @@ Status limitSubvolume(const std::string& subvolumePath, uint64_t bytes) {
 }
 
 Result<QgroupCounters> openQgroupCounters(const std::string& subvolumePath) {
-  MOAT_ASSIGN(UniqueFd dir, open(subvolumePath, O_RDONLY | O_DIRECTORY));
+  MOAT_ASSIGN(UniqueFd dir, open(subvolumePath, O_RDONLY | O_DIRECTORY | O_NOFOLLOW));
   struct btrfs_ioctl_fs_info_args info;
   std::memset(&info, 0, sizeof info);
   if (::ioctl(dir.get(), BTRFS_IOC_FS_INFO, &info) != 0) return Error::fromErrno("btrfs fs info " + subvolumePath);

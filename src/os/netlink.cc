@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "common/scope_exit.h"
 #include "os/file.h"
@@ -92,6 +93,20 @@ Status checkIfName(const std::string& name) {
     return Error::make(Code::kInvalidArgument, "interface name '" + name + "'");
   }
   return {};
+}
+
+// Calls fn(type, data, length) for each attribute of a link message
+// (RTM_NEWLINK), after its ifinfomsg; stops at the first malformed one.
+template <class Fn>
+void forEachLinkAttribute(const nlmsghdr* reply, Fn fn) {
+  const char* base = reinterpret_cast<const char*>(reply);
+  size_t offset = NLMSG_LENGTH(NLMSG_ALIGN(sizeof(ifinfomsg)));
+  while (offset + RTA_LENGTH(0) <= reply->nlmsg_len) {
+    const auto* attr = reinterpret_cast<const rtattr*>(base + offset);
+    if (attr->rta_len < RTA_LENGTH(0) || offset + attr->rta_len > reply->nlmsg_len) break;
+    fn(attr->rta_type, base + offset + RTA_LENGTH(0), static_cast<size_t>(attr->rta_len - RTA_LENGTH(0)));
+    offset += RTA_ALIGN(attr->rta_len);
+  }
 }
 
 // The kernel's extended-ACK text ("Invalid prefix for given prefix
@@ -275,20 +290,31 @@ Result<std::vector<std::string>> Netlink::linkNames() {
   MOAT_TRY(transact(request.header(), "list links", [&](const void* message) {
     const auto* reply = static_cast<const nlmsghdr*>(message);
     if (reply->nlmsg_type != RTM_NEWLINK) return;
-    const auto* info = static_cast<const ifinfomsg*>(NLMSG_DATA(reply));
-    const char* base = static_cast<const char*>(message);
-    size_t offset = NLMSG_LENGTH(NLMSG_ALIGN(sizeof *info));
-    while (offset + RTA_LENGTH(0) <= reply->nlmsg_len) {
-      const auto* attr = reinterpret_cast<const rtattr*>(base + offset);
-      if (attr->rta_len < RTA_LENGTH(0) || offset + attr->rta_len > reply->nlmsg_len) break;
-      if (attr->rta_type == IFLA_IFNAME) {
-        const char* name = base + offset + RTA_LENGTH(0);
-        names.emplace_back(name, strnlen(name, attr->rta_len - RTA_LENGTH(0)));
-      }
-      offset += RTA_ALIGN(attr->rta_len);
-    }
+    forEachLinkAttribute(reply, [&](uint16_t type, const char* data, size_t length) {
+      if (type == IFLA_IFNAME) names.emplace_back(data, strnlen(data, length));
+    });
   }));
   return names;
+}
+
+Result<LinkCounters> Netlink::linkCounters(const std::string& name) {
+  MOAT_TRY(checkIfName(name));
+  Request request(RTM_GETLINK, 0);
+  request.body<ifinfomsg>()->ifi_family = AF_UNSPEC;
+  request.addString(IFLA_IFNAME, name);
+  std::optional<LinkCounters> counters;
+  MOAT_TRY(transact(request.header(), "read the counters of link " + name, [&](const void* message) {
+    const auto* reply = static_cast<const nlmsghdr*>(message);
+    if (reply->nlmsg_type != RTM_NEWLINK) return;
+    forEachLinkAttribute(reply, [&](uint16_t type, const char* data, size_t length) {
+      if (type != IFLA_STATS64 || length < sizeof(rtnl_link_stats64)) return;
+      rtnl_link_stats64 stats;
+      std::memcpy(&stats, data, sizeof stats);
+      counters = LinkCounters{stats.rx_bytes, stats.tx_bytes};
+    });
+  }));
+  if (!counters) return Error::make(Code::kUnsupported, "the kernel gave no counters for link " + name);
+  return *counters;
 }
 
 Result<uint8_t> Netlink::routeType(uint32_t destination) {

@@ -20,6 +20,12 @@ namespace moat::os {
 // The error says why not (the kernel's errno for the creation).
 Status vethPairsWork();
 
+// What a link has carried since it was made, as the kernel counts it.
+struct LinkCounters {
+  uint64_t receivedBytes = 0;
+  uint64_t sentBytes = 0;
+};
+
 // An rtnetlink (NETLINK_ROUTE) socket. It acts on the network namespace it
 // was opened in for its whole life, whichever namespace the calling thread
 // is in later. Every request asks for an ACK; a kernel error becomes
@@ -48,6 +54,9 @@ class Netlink {
   Result<int> linkIndex(const std::string& name);
   // The names of every link in this socket's namespace (a dump).
   Result<std::vector<std::string>> linkNames();
+  // The bytes the link `name` has received and sent (its IFLA_STATS64).
+  // ENODEV when there is none.
+  Result<LinkCounters> linkCounters(const std::string& name);
   // The type of the route this namespace takes to `destination` (RTM_GETROUTE):
   // RTN_LOCAL when the address is one of its own, RTN_UNICAST, ...
   Result<uint8_t> routeType(uint32_t destination);

@@ -169,6 +169,8 @@ TEST_F(MoatCli, CreateExecListGetRemove) {
   EXPECT_NE(r.out.find(" of 256.0 MiB ("), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\npids: "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("cpu time: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\nstorage: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\nnetwork: "), std::string::npos) << r.out;
   r = client({"env", "stats", id, "--json"});
   EXPECT_GT(json::parse(r.out, nullptr, false).value("memory_bytes", 0), 0) << r.out;
 

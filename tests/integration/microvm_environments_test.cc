@@ -276,6 +276,9 @@ TEST_F(MicroVmEnvironments, RunCommandsAndHoldFilesOnTheirOwnKernelAndLeaveNothi
   }
   EXPECT_GT(stats["memory_bytes"].get<uint64_t>(), 16u << 20) << stats.dump();
   EXPECT_EQ(stats["pids"].get<uint64_t>(), before + 1) << "the guest's tasks, not QEMU's threads: " << stats.dump();
+  // Its storage: the blocks its disk holds on the host (written: some).
+  EXPECT_TRUE(stats["storage_bytes"].is_number()) << stats.dump();
+  EXPECT_GT(stats.value("storage_bytes", 0ull), 0u) << stats.dump();
   // Destroyed: QEMU is gone and nothing holds or keeps its files.
   const std::string vmDir = daemon_->stateDir() + "/microvm/vms/" + id;
   struct stat st;

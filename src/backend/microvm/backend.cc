@@ -290,7 +290,7 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     return Error::make(Code::kInvalidArgument, "spec.ram_mb: a microVM needs at least " +
                                                    std::to_string(kMicroVmMinMemoryMb) + " MB (its kernel's own)");
   }
-  if (spec.storageGb * (1ull << 30) > static_cast<double>(kScratchDiskBytes)) {
+  if (storageLimitBytes(spec.storageGb) > kScratchDiskBytes) {
     return Error::make(Code::kInvalidArgument, "spec.storage_gb: a microVM's disk holds at most " +
                                                    std::to_string(kScratchDiskBytes >> 30) + " GB");
   }
@@ -298,7 +298,7 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
   // (a guest filling it would fill every environment's). Before anything
   // is made for it.
   MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
-  if (spec.storageGb * (1ull << 30) > static_cast<double>(pool.capacityBytes())) {
+  if (storageLimitBytes(spec.storageGb) > pool.capacityBytes()) {
     return Error::make(Code::kInvalidArgument, "spec.storage_gb: " + nlohmann::json(spec.storageGb).dump() +
                                                    " GB is more than this host's storage pool holds (" +
                                                    std::to_string(pool.capacityBytes() >> 20) + " MiB)");
@@ -328,7 +328,7 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
   // copy of a snapshot's (a fork, a restore), which QEMU's ids own. Marked
   // first: a destroy from here on removes it, and one that came while it
   // was made leaves it to this create to remove.
-  const uint64_t storageBytes = static_cast<uint64_t>(spec.storageGb * (1ull << 30));
+  const uint64_t storageBytes = storageLimitBytes(spec.storageGb);
   {
     std::lock_guard lock(mutex_);
     guest->volume = true;
@@ -575,6 +575,7 @@ Result<Usage> MicroVmBackend::usage(const std::string& id) {
   usage.cpuUsec = counted.cpuUsec.value_or(0);
   usage.memoryBytes = counted.memoryBytes;
   usage.oomKills = counted.oomKills;
+  countStorage(stateDir_, id, usage);
   return usage;
 }
 

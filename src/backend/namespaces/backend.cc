@@ -43,6 +43,7 @@ Result<Usage> NamespacesBackend::usage(const std::string& id) {
   usage.memoryBytes = counted.memoryBytes;
   usage.pids = counted.pids;
   usage.oomKills = counted.oomKills;
+  countStorage(stateDir_, id, usage);
   return usage;
 }
 

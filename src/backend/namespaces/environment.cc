@@ -48,7 +48,6 @@ namespace {
 namespace cg = isolation::cgroup;
 namespace fs = isolation::fs;
 
-constexpr uint64_t kGiB = 1ULL << 30;
 constexpr uint64_t kMiB = 1ULL << 20;
 // fds the child sets up right before exec.
 constexpr int kControlFd = 3;     // inherited by moat-init
@@ -313,7 +312,7 @@ Result<std::unique_ptr<Environment>> Environment::create(
   MOAT_ASSIGN(cg::Layout layout, cg::preparedHostLayout(false));
   traceStage("cgroup parents");
   MOAT_ASSIGN(fs::StoragePool pool, fs::StoragePool::open(spec.stateDir));
-  auto storageBytes = static_cast<uint64_t>(spec.storageGb * static_cast<double>(kGiB));
+  const uint64_t storageBytes = storageLimitBytes(spec.storageGb);
   if (storageBytes > pool.capacityBytes()) {
     return Error::make(Code::kInvalidArgument,
                        "storage of " + std::to_string(storageBytes / kMiB) + " MiB exceeds the pool (" +

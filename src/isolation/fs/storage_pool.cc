@@ -15,6 +15,7 @@
 #include "os/block.h"
 #include "os/file.h"
 #include "os/mount.h"
+#include "os/statfs_notify.h"
 
 extern char** environ;
 
@@ -119,6 +120,13 @@ Status StoragePool::destroySnapshotIn(const std::string& stateDir, const std::st
   if (!made(stateDir)) return {};
   MOAT_ASSIGN(StoragePool pool, open(stateDir));
   return pool.destroySnapshot(snapshot);
+}
+
+Result<uint64_t> StoragePool::volumeBytesIn(const std::string& stateDir, const std::string& name) {
+  const std::string root = stateDir + "/storage";
+  if (!isBtrfs(root)) return Error::make(Code::kNotFound, "no storage pool is mounted in " + stateDir);
+  MOAT_ASSIGN(os::QgroupCounters counters, os::openQgroupCounters(root + "/envs/" + name));
+  return os::readSysfsNumber(counters.referenced.get());
 }
 
 Result<StoragePool> StoragePool::open(const std::string& stateDir, uint64_t imageBytes) {

@@ -33,6 +33,9 @@ class StoragePool {
   // snapshots in the one pool).
   static Result<std::vector<std::string>> snapshotsIn(const std::string& stateDir);
   static Status destroySnapshotIn(const std::string& stateDir, const std::string& snapshot);
+  // The bytes volume `name` of `stateDir`'s pool holds now (its qgroup's
+  // referenced count), without mounting a pool that is not.
+  static Result<uint64_t> volumeBytesIn(const std::string& stateDir, const std::string& name);
 
   const std::string& root() const { return root_; }
   std::string volumePath(const std::string& name) const { return root_ + "/envs/" + name; }

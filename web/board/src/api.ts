@@ -152,6 +152,12 @@ export interface EnvStats {
   pids: number;
   pids_limit: number;
   oom_kills: number;
+  /** Bytes its writable layer holds on the host; null where not counted. */
+  storage_bytes: number | null;
+  storage_limit_bytes: number;
+  /** Bytes sent and received over its egress link; null under moatd --no-egress. */
+  network_sent_bytes: number | null;
+  network_received_bytes: number | null;
 }
 
 export interface FleetStats {
