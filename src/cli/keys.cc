@@ -13,6 +13,7 @@
 #include "cli/exit_codes.h"
 #include "common/unique_fd.h"
 #include "os/file.h"
+#include "os/process.h"
 #include "os/tree.h"
 #include "os/users.h"
 
@@ -124,6 +125,13 @@ int keysCreate(const std::vector<std::string>& args) {
   auto client = Client::fromOptions(connection);
   if (!client.ok()) return reportFailure("moat keys create", client.error());
   auto reply = client->request("POST", "/v1/keys", body.dump());
+  // For a user: from the key's arrival to its saving (or its revocation
+  // when that fails) and the end of the keys it replaces, an interrupt
+  // waits (runAsUser bounds the save), so none is left active that nobody
+  // holds. (One interrupted before its answer came, never seen by anyone,
+  // goes with the next --for-user of that name.)
+  std::optional<os::TerminationSignalsHeld> held;
+  if (user) held.emplace();
   if (!reply.ok()) return reportFailure("moat keys create", reply.error());
   if (reply->status != 201) return complain(kExitEnvironment, describeError(reply.value()));
   json key = json::parse(reply->body, nullptr, false);

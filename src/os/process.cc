@@ -294,6 +294,15 @@ void reportInChild(int fd, const char* prefix, const char* step, int err) {
   }
 }
 
+TerminationSignalsHeld::TerminationSignalsHeld() {
+  sigset_t held;
+  sigemptyset(&held);
+  for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&held, signo);
+  ::pthread_sigmask(SIG_BLOCK, &held, &previous_);
+}
+
+TerminationSignalsHeld::~TerminationSignalsHeld() { ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+
 void resetSignals() {
   struct KernelSigaction {
     void* handler;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/types.h>
 
@@ -124,5 +125,20 @@ void reportInChild(int fd, const char* prefix, const char* step, int err);
 // touch: ignored signals survive exec, so a command would inherit them.
 // Async-signal-safe (vfork children call it).
 void resetSignals();
+
+// While it lives, the calling thread holds off the signals that end a
+// command from its terminal or its supervisor (SIGINT, SIGTERM, SIGHUP,
+// SIGQUIT): work that must not stop half done (a key made and not yet
+// saved) finishes, and one that came meanwhile acts when it goes.
+class TerminationSignalsHeld {
+ public:
+  TerminationSignalsHeld();
+  ~TerminationSignalsHeld();
+  TerminationSignalsHeld(const TerminationSignalsHeld&) = delete;
+  TerminationSignalsHeld& operator=(const TerminationSignalsHeld&) = delete;
+
+ private:
+  sigset_t previous_;
+};
 
 }  // namespace moat::os

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -83,6 +85,35 @@ TEST(RunInChild, AnswersWithWhatTheChildReturnedAndEndsOneThatDoesNotFinish) {
     ASSERT_FALSE(stuck.ok()) << "signal " << stop;
     EXPECT_EQ(stuck.error().code, Code::kTimeout);
     EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5));
+  }
+}
+
+// What `moat keys create --for-user` holds its interrupts with: one that
+// comes while the work runs acts once it is done, not halfway.
+TEST(TerminationSignalsHeld, AnInterruptWaitsForTheEndOfTheWork) {
+  for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+    int out[2];
+    ASSERT_EQ(::pipe(out), 0);
+    pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ::signal(signo, SIG_DFL);
+      struct rlimit noCore = {0, 0};  // SIGQUIT's default would dump one
+      ::setrlimit(RLIMIT_CORE, &noCore);
+      {
+        TerminationSignalsHeld held;
+        ::raise(signo);
+        (void)!::write(out[1], "done", 4);  // the work, finished
+      }
+      ::_exit(0);  // not reached: the held signal ends it here
+    }
+    ::close(out[1]);
+    char done[4] = {};
+    EXPECT_EQ(::read(out[0], done, sizeof done), 4) << "signal " << signo << " ended the work halfway";
+    ::close(out[0]);
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == signo) << "signal " << signo << " was lost: " << status;
   }
 }
 
