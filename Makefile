@@ -10,7 +10,8 @@ FUZZ_SECONDS ?= 10
 ASAN_BUILD ?= build-asan
 SANITIZE ?= 1
 
-.PHONY: all deps build run test test-microvm bench sanitize fuzz asan-configure format clean install deb
+.PHONY: all deps build run test test-microvm test-container bench sanitize fuzz asan-configure format clean install \
+  deb image
 
 all: build
 
@@ -49,6 +50,20 @@ install: build
 # A Debian package (moat_VERSION_ARCH.deb, here): apt install ./moat_*.deb.
 deb: build
 	@BUILD=$(BUILD) scripts/make-deb.sh
+
+# moatd's container image from that package (packaging/Dockerfile), with
+# docker or podman: moat:VERSION and moat:latest. BASE=IMAGE for another
+# Debian 12 base than debian:bookworm-slim.
+image: build
+	@BUILD=$(BUILD) scripts/make-image.sh
+
+# The image built with podman on a base debootstrap makes (no registry
+# needed) and moatd from it serving an environment: root, not in `make test`
+# (the package mirror: a minute or two). docs/INSTALL.md, "In a container".
+test-container: build
+	@command -v podman >/dev/null && command -v debootstrap >/dev/null || \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman debootstrap >/dev/null
+	@tests/packaging/container_test.sh $(BUILD)
 
 # One clang build in ASAN_BUILD serves the sanitized suite and the fuzz
 # targets: AddressSanitizer + UBSan (any finding ends the process that made
