@@ -393,7 +393,7 @@ int stats(const std::vector<std::string>& args) {
     std::printf("network: %s sent, %s received\n", mebibytes(whole("network_sent_bytes")).c_str(),
                 mebibytes(whole("network_received_bytes")).c_str());
   } else {
-    std::printf("network: not counted (moatd --no-egress)\n");
+    std::printf("network: not counted (moatd --no-egress, or its counters could not be read)\n");
   }
   return 0;
 }

@@ -115,6 +115,9 @@ Status Controller::setPolicy(const std::string& environment, Policy policy) {
 }
 
 Status Controller::detach(const std::string& environment) {
+  // A reading of the counters (networkCounters) sees the link or what it
+  // carried, never neither nor both: it waits for the whole detach.
+  std::lock_guard<std::mutex> counting(countersMutex_);
   std::shared_ptr<Env> env;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -124,11 +127,9 @@ Status Controller::detach(const std::string& environment) {
     byId_.erase(it);
     bySlot_.erase(env->link.slot);
   }
-  // A reading of the counters sees the link or its total, never neither
-  // nor both.
-  std::lock_guard<std::mutex> counting(countersMutex_);
   auto carried = network_->counters(env->link.slot);
   Status detached = network_->detach(env->link.slot);
+  // (Counters that could not be read before the link went are lost with it.)
   if (carried.ok() && detached.ok()) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto& total = detachedCounters_[environment];

@@ -143,7 +143,8 @@ Result<os::LinkCounters> EgressNetwork::counters(uint32_t slot) const {
   }
   MOAT_ASSIGN(os::Netlink egress, os::Netlink::open(fd_.get()));
   MOAT_ASSIGN(os::LinkCounters host, egress.linkCounters(linkFor(slot).hostIfName));
-  return os::LinkCounters{host.sentBytes, host.receivedBytes};
+  // The egress end receives what the environment sends.
+  return os::LinkCounters{.receivedBytes = host.sentBytes, .sentBytes = host.receivedBytes};
 }
 
 Result<std::vector<uint32_t>> EgressNetwork::linkedSlots() const {

@@ -115,6 +115,13 @@ Status limitSubvolume(const std::string& subvolumePath, uint64_t bytes) {
 
 Result<QgroupCounters> openQgroupCounters(const std::string& subvolumePath) {
   MOAT_ASSIGN(UniqueFd dir, open(subvolumePath, O_RDONLY | O_DIRECTORY | O_NOFOLLOW));
+  // A subvolume's root is inode 256 (BTRFS_FIRST_FREE_OBJECTID); any other
+  // directory would name the qgroup of the subvolume it is in.
+  struct stat st;
+  if (::fstat(dir.get(), &st) != 0) return Error::fromErrno("stat " + subvolumePath);
+  if (st.st_ino != BTRFS_FIRST_FREE_OBJECTID) {
+    return Error::make(Code::kInvalidArgument, subvolumePath + " is no btrfs subvolume");
+  }
   struct btrfs_ioctl_fs_info_args info;
   std::memset(&info, 0, sizeof info);
   if (::ioctl(dir.get(), BTRFS_IOC_FS_INFO, &info) != 0) return Error::fromErrno("btrfs fs info " + subvolumePath);

@@ -18,7 +18,9 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -297,6 +299,15 @@ Result<std::vector<std::string>> Netlink::linkNames() {
   return names;
 }
 
+std::optional<LinkCounters> linkCountersIn(const void* stats64, size_t length) {
+  // The struct grew over time (rx_otherhost_dropped in 5.19): the kernel
+  // sends its own size, older ones less than these headers' struct.
+  if (length < offsetof(rtnl_link_stats64, tx_bytes) + sizeof(uint64_t)) return std::nullopt;
+  rtnl_link_stats64 stats{};
+  std::memcpy(&stats, stats64, std::min(length, sizeof stats));
+  return LinkCounters{.receivedBytes = stats.rx_bytes, .sentBytes = stats.tx_bytes};
+}
+
 Result<LinkCounters> Netlink::linkCounters(const std::string& name) {
   MOAT_TRY(checkIfName(name));
   Request request(RTM_GETLINK, 0);
@@ -307,10 +318,7 @@ Result<LinkCounters> Netlink::linkCounters(const std::string& name) {
     const auto* reply = static_cast<const nlmsghdr*>(message);
     if (reply->nlmsg_type != RTM_NEWLINK) return;
     forEachLinkAttribute(reply, [&](uint16_t type, const char* data, size_t length) {
-      if (type != IFLA_STATS64 || length < sizeof(rtnl_link_stats64)) return;
-      rtnl_link_stats64 stats;
-      std::memcpy(&stats, data, sizeof stats);
-      counters = LinkCounters{stats.rx_bytes, stats.tx_bytes};
+      if (type == IFLA_STATS64) counters = linkCountersIn(data, length);
     });
   }));
   if (!counters) return Error::make(Code::kUnsupported, "the kernel gave no counters for link " + name);

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +26,11 @@ struct LinkCounters {
   uint64_t receivedBytes = 0;
   uint64_t sentBytes = 0;
 };
+
+// The counters in an IFLA_STATS64 attribute of `length` bytes (a struct
+// rtnl_link_stats64 of the sending kernel's size); none when it is too
+// short to hold the byte counts.
+std::optional<LinkCounters> linkCountersIn(const void* stats64, size_t length);
 
 // An rtnetlink (NETLINK_ROUTE) socket. It acts on the network namespace it
 // was opened in for its whole life, whichever namespace the calling thread

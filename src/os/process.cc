@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -301,7 +302,13 @@ TerminationSignalsHeld::TerminationSignalsHeld() {
   ::pthread_sigmask(SIG_BLOCK, &held, &previous_);
 }
 
-TerminationSignalsHeld::~TerminationSignalsHeld() { ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+TerminationSignalsHeld::~TerminationSignalsHeld() {
+  // A held signal may end the process the moment it is let through: what
+  // it printed meanwhile goes out first.
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+}
 
 void resetSignals() {
   struct KernelSigaction {

@@ -129,7 +129,8 @@ void resetSignals();
 // While it lives, the calling thread holds off the signals that end a
 // command from its terminal or its supervisor (SIGINT, SIGTERM, SIGHUP,
 // SIGQUIT): work that must not stop half done (a key made and not yet
-// saved) finishes, and one that came meanwhile acts when it goes.
+// saved) finishes, and one that came meanwhile acts when it goes (after
+// stdout and stderr are flushed).
 class TerminationSignalsHeld {
  public:
   TerminationSignalsHeld();

@@ -700,9 +700,10 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
   it("starts a fleet of agent runs from the Spawn form, at most N at once", async () => {
     // A provider double for runs in parallel: a conversation without a tool
     // result yet gets a tool call, one with it the final text; each answer
-    // takes a while, so runs overlap: the first of a run 2 s, longer than
+    // takes a while, so runs overlap: the first of a run 4 s, longer than
     // the board takes to start the next run even in the sanitized build
-    // (~1.2 s there; with 300 ms, runs there ended before the next began).
+    // beside other suites (~1.2 s there alone; with 300 ms, runs there
+    // ended before the next began).
     let inFlight = 0;
     let maxInFlight = 0;
     const server = createServer((req, res) => {
@@ -724,7 +725,7 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
             choices: [{ index: 0, message, finish_reason: first ? "tool_calls" : "stop" }],
             usage: { prompt_tokens: 10, completion_tokens: 5, total_tokens: 15 },
           }));
-        }, first ? 2000 : 300);
+        }, first ? 4000 : 300);
       });
     });
     await new Promise((r) => server.listen(0, "127.0.0.1", r));

@@ -750,9 +750,9 @@ TEST(MoatdStats, StorageAndNetworkBytesAreTheHostsCountsAndOutliveALinkTakenAway
   auto readUntil = [&](const std::function<bool(const json&)>& done) {
     json now;
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    do {
-      now = read();
-    } while (!done(now) && std::chrono::steady_clock::now() < deadline);
+    for (now = read(); !done(now) && std::chrono::steady_clock::now() < deadline; now = read()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
     return now;
   };
   json before = read();

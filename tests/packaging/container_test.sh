@@ -12,7 +12,7 @@
 # itself, in a mount namespace of its own under pivot_root, as a runtime
 # would. Root; not in `make test` (debootstrap and the package mirror: a
 # minute or two).
-set -euo pipefail
+set -Eeuo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(cd "$1" && pwd)
 base=localhost/moat-test-base:bookworm
@@ -41,7 +41,8 @@ done
 if ! podman image exists "$base"; then
   debootstrap --variant=minbase bookworm "$work/base" http://deb.debian.org/debian >"$work/debootstrap.log" 2>&1 ||
     { tail -5 "$work/debootstrap.log"; fail "debootstrap"; exit 1; }
-  tar -C "$work/base" -c . | podman import - "$base" >/dev/null 2>&1
+  tar -C "$work/base" -c . | podman import - "$base" >"$work/import.log" 2>&1 ||
+    { tail -5 "$work/import.log"; fail "podman import"; exit 1; }
   rm -rf "$work/base"
 fi
 
@@ -62,6 +63,13 @@ check_config 'c.get("StopSignal") == "SIGTERM"' "the stop signal"
 
 root=$(podman image mount "$image")
 imaged=$(cat "$root/etc/debian_version")
+# apt installed the package on a fresh Debian 12: its postinst made the
+# group, dpkg knows every file.
+grep -q '^moat:x:[0-9]*:' "$root/etc/group" || fail "the package's postinst made no group moat in the image"
+for f in /usr/bin/moat /usr/sbin/moatd /usr/lib/moat/moat-init /usr/share/moat/board/index.html; do
+  grep -qx "$f" "$root/var/lib/dpkg/info/moat.list" || fail "dpkg does not list $f as the package's"
+  [ -e "$root$f" ] || fail "$f is not in the image"
+done
 served() {
   local log=$1
   grep -q "moatd: serving" "$log" 2>/dev/null
@@ -83,7 +91,9 @@ if podman run -d --name "$container" --privileged --cgroupns=host -v "$work/stat
 else
   echo "NOTE: podman run cannot start a container here ($(tail -1 "$work/run.log")):" \
     "the image's root runs in a mount namespace of its own under pivot_root instead"
-  unshare -m bash -s "$root" "$work/state" >"$work/moatd.log" 2>&1 <<'RUN' || true
+  # Its own pid namespace too: what moatd leaves running (lxcfs) ends with
+  # it, and with the last of them the mounts (the storage pool's loop device).
+  unshare --mount --pid --fork bash -s "$root" "$work/state" >"$work/moatd.log" 2>&1 <<'RUN' || true
 set -e
 root=$1 state=$2
 mount --make-rprivate /

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # packaging.install_and_deb: scripts/install.sh and scripts/make-deb.sh on the
 # built tree BUILD (the first argument), checked from the outside.
-set -euo pipefail
+set -Eeuo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(cd "$1" && pwd)
 work=$(mktemp -d /tmp/moat-package-test-XXXXXX)
@@ -20,7 +20,10 @@ trap cleanup EXIT
 trap 'echo "FAIL: line $LINENO: \"$BASH_COMMAND\" exited $?"' ERR
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-check() { if ! eval "$1"; then fail "$2"; fi; }
+# A check's pipeline is judged by its last command (no pipefail there): a
+# `grep -q` that matches and leaves early must not turn its writer's
+# SIGPIPE into the check's answer.
+check() { if ! (set +o pipefail; eval "$1"); then fail "$2"; fi; }
 
 for tool in dpkg-deb systemd-analyze groff python3 strip; do
   if ! command -v "$tool" >/dev/null; then

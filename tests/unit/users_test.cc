@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 
 #include "os/process.h"
 
@@ -89,7 +90,8 @@ TEST(RunInChild, AnswersWithWhatTheChildReturnedAndEndsOneThatDoesNotFinish) {
 }
 
 // What `moat keys create --for-user` holds its interrupts with: one that
-// comes while the work runs acts once it is done, not halfway.
+// comes while the work runs acts once it is done, not halfway, and what the
+// work printed (buffered: stdout is a pipe) is out before it does.
 TEST(TerminationSignalsHeld, AnInterruptWaitsForTheEndOfTheWork) {
   for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
     int out[2];
@@ -100,10 +102,11 @@ TEST(TerminationSignalsHeld, AnInterruptWaitsForTheEndOfTheWork) {
       ::signal(signo, SIG_DFL);
       struct rlimit noCore = {0, 0};  // SIGQUIT's default would dump one
       ::setrlimit(RLIMIT_CORE, &noCore);
+      ::dup2(out[1], STDOUT_FILENO);
       {
         TerminationSignalsHeld held;
         ::raise(signo);
-        (void)!::write(out[1], "done", 4);  // the work, finished
+        std::printf("done");  // the work, finished
       }
       ::_exit(0);  // not reached: the held signal ends it here
     }
