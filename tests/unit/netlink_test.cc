@@ -18,7 +18,7 @@ std::vector<char> stats64(size_t length, uint64_t rxBytes, uint64_t txBytes) {
   rtnl_link_stats64 stats{};
   stats.rx_bytes = rxBytes;
   stats.tx_bytes = txBytes;
-  std::memcpy(data.data(), &stats, std::min(length, sizeof stats));
+  if (length > 0) std::memcpy(data.data(), &stats, std::min(length, sizeof stats));
   return data;
 }
 
