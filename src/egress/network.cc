@@ -141,8 +141,14 @@ Result<os::LinkCounters> EgressNetwork::counters(uint32_t slot) const {
   if (slot >= kSlotCount) {
     return Error::make(Code::kInvalidArgument, "egress slot " + std::to_string(slot) + " out of range");
   }
-  MOAT_ASSIGN(os::Netlink egress, os::Netlink::open(fd_.get()));
-  MOAT_ASSIGN(os::LinkCounters host, egress.linkCounters(linkFor(slot).hostIfName));
+  std::lock_guard<std::mutex> lock(countersMutex_);
+  if (!countersSocket_) {
+    MOAT_ASSIGN(os::Netlink opened, os::Netlink::open(fd_.get()));
+    countersSocket_.emplace(std::move(opened));
+  }
+  auto read = countersSocket_->linkCounters(linkFor(slot).hostIfName);
+  if (!read.ok() && read.error().sysErrno != ENODEV) countersSocket_.reset();
+  MOAT_ASSIGN(os::LinkCounters host, std::move(read));
   // The egress end receives what the environment sends.
   return os::LinkCounters{.receivedBytes = host.sentBytes, .sentBytes = host.receivedBytes};
 }

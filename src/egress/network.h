@@ -2,6 +2,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -80,6 +82,11 @@ class EgressNetwork {
 
   std::string path_;
   UniqueFd fd_;
+  // counters()' socket in the namespace, opened at its first reading and
+  // kept (a reading is one request then, not a setns and a socket), made
+  // anew after an error.
+  mutable std::mutex countersMutex_;
+  mutable std::optional<os::Netlink> countersSocket_;
 };
 
 // "100.64.0.22" for an address in network byte order.
