@@ -180,6 +180,9 @@ describe("the board, in chromium against a real moatd", { skip }, () => {
     await until("the exec on the card", async () => /exit 3/.test(await c.getByTestId("card-events").textContent()));
     // Stats arrive with the poll (every 2 s).
     await until("stats on the card", async () => /\/ 64 MiB/.test(await c.getByTestId("metric-mem").textContent()), 8000);
+    // Its storage against its limit, its network bytes both ways.
+    assert.match(await c.getByTestId("metric-disk").textContent(), /disk.* \/ \d+(\.\d)? GiB/);
+    assert.match(await c.getByTestId("metric-net").textContent(), /net↑\d+(\.\d)? [KMG]?i?B ↓\d+(\.\d)? [KMG]?i?B/);
     await assertClean(page);
   });
 

@@ -77,9 +77,14 @@ export class EnvCard {
   private readonly cpu = new Metric("cpu");
   private readonly mem = new Metric("mem");
   private readonly pids = new Metric("pids");
+  private readonly disk = new Metric("disk");
+  private readonly net = new Metric("net");
   private pidsMax = 8;
   private memMax = 1 << 20;
+  private diskMax = 1 << 20;
+  private netMax = 1024;
   private lastCpu: { usec: number; atMs: number } | null = null;
+  private lastNet: { bytes: number; atMs: number } | null = null;
   private readonly actionButtons: HTMLButtonElement[] = [];
   /** Pause or Resume, by state (docs/PAUSE.md). */
   private readonly pauseButton: HTMLButtonElement;
@@ -137,7 +142,7 @@ export class EnvCard {
       this.labels,
       el("div", { class: "card-time", "data-testid": "card-time" }, this.timeText),
       this.reasonText,
-      el("div", { class: "card-metrics" }, this.cpu.node, this.mem.node, this.pids.node),
+      el("div", { class: "card-metrics" }, this.cpu.node, this.mem.node, this.pids.node, this.disk.node, this.net.node),
       this.approvalsBox,
       this.events,
       actions,
@@ -225,6 +230,24 @@ export class EnvCard {
     this.cpu.value.data = s.cpu_usec === null ? `n/a (${cpuLabel})` : `${cpuNow === undefined ? "…" : percent(cpuNow)} of ${cpuLabel}`;
     this.mem.value.data = `${bytes(s.memory_bytes)} / ${bytes(s.memory_limit_bytes)}`;
     this.pids.value.data = `${s.pids} / ${s.pids_limit}`;
+    // Storage against its recent peak; the network as bytes a second both
+    // ways (its line: the totals sent and received).
+    if (s.storage_bytes !== null) {
+      this.disk.push(s.storage_bytes);
+      this.diskMax = Math.max(1 << 20, ...this.disk.history.map((v) => v * 1.25));
+    }
+    this.disk.value.data = s.storage_bytes === null ? "n/a" : `${bytes(s.storage_bytes)} / ${bytes(s.storage_limit_bytes)}`;
+    if (s.network_sent_bytes !== null && s.network_received_bytes !== null) {
+      const total = s.network_sent_bytes + s.network_received_bytes;
+      if (this.lastNet && atMs > this.lastNet.atMs) {
+        this.net.push((Math.max(0, total - this.lastNet.bytes) * 1000) / (atMs - this.lastNet.atMs));
+        this.netMax = Math.max(1024, ...this.net.history.map((v) => v * 1.25));
+      }
+      this.lastNet = { bytes: total, atMs };
+      this.net.value.data = `↑${bytes(s.network_sent_bytes)} ↓${bytes(s.network_received_bytes)}`;
+    } else {
+      this.net.value.data = "n/a";
+    }
     this.oom.hidden = s.oom_kills === 0;
     if (s.oom_kills) setText(this.oom, `OOM ×${s.oom_kills}`);
     this.dirty = true;
@@ -236,6 +259,8 @@ export class EnvCard {
     this.cpu.spark.draw(this.cpu.history, 100, HISTORY);
     this.mem.spark.draw(this.mem.history, this.memMax, HISTORY);
     this.pids.spark.draw(this.pids.history, this.pidsMax, HISTORY);
+    this.disk.spark.draw(this.disk.history, this.diskMax, HISTORY);
+    this.net.spark.draw(this.net.history, this.netMax, HISTORY);
   }
 
   /** The newest events first; at most CARD_EVENTS. */
