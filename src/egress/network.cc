@@ -169,6 +169,10 @@ Result<std::vector<uint32_t>> EgressNetwork::linkedSlots() const {
 }
 
 Status EgressNetwork::remove() {
+  {
+    std::lock_guard<std::mutex> lock(countersMutex_);
+    countersSocket_.reset();  // it would hold the namespace
+  }
   Status unmounted = os::unmount(path_, MNT_DETACH);
   if (!unmounted.ok() && unmounted.error().sysErrno != EINVAL) return unmounted;  // EINVAL: not mounted
   return os::removeTree(path_);
