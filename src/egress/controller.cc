@@ -132,9 +132,7 @@ Status Controller::detach(const std::string& environment) {
   // (Counters that could not be read before the link went are lost with it.)
   if (carried.ok() && detached.ok()) {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto& total = detachedCounters_[environment];
-    total.sentBytes += carried->sentBytes;
-    total.receivedBytes += carried->receivedBytes;
+    detachedCounters_[environment] += carried.value();
   }
   return detached;
 }
@@ -166,9 +164,7 @@ Result<os::LinkCounters> Controller::networkCounters(const std::string& environm
   }
   if (!slot) return total;
   MOAT_ASSIGN(os::LinkCounters now, network_->counters(*slot));
-  total.sentBytes += now.sentBytes;
-  total.receivedBytes += now.receivedBytes;
-  return total;
+  return total += now;
 }
 
 Status Controller::removeNamespace() { return network_->remove(); }

@@ -82,8 +82,8 @@ class Controller {
   std::optional<uint32_t> slotOf(const std::string& environment);
   // The bytes the environment has sent and received over its links, as
   // their veths count them (every packet: proxied, resolved, refused): its
-  // link now and those it had before a detach, since this moatd started or
-  // the link was made, whichever is later. Zero for one never linked.
+  // link now since it was made (one adopted after a restart included), plus
+  // what links detached by this moatd carried. Zero for one never linked.
   Result<os::LinkCounters> networkCounters(const std::string& environment);
   // After a moatd restart: the slots whose link is in the egress namespace
   // now, and the removal of every link no adopted environment holds (an

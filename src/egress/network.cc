@@ -29,6 +29,13 @@ Status disableIpv6(int netnsFd) {
   return status;
 }
 
+Status checkSlot(uint32_t slot) {
+  if (slot >= EgressNetwork::kSlotCount) {
+    return Error::make(Code::kInvalidArgument, "egress slot " + std::to_string(slot) + " out of range");
+  }
+  return {};
+}
+
 Status setUpEgressNamespace(int netnsFd) {
   MOAT_TRY(disableIpv6(netnsFd));
   MOAT_TRY(os::writeNetSysctls(netnsFd, Sysctls{
@@ -104,9 +111,7 @@ Result<uint32_t> EgressNetwork::slotOf(uint32_t sourceAddress) {
 }
 
 Result<EgressNetwork::Link> EgressNetwork::attach(int envNetnsFd, uint32_t slot) const {
-  if (slot >= kSlotCount) {
-    return Error::make(Code::kInvalidArgument, "egress slot " + std::to_string(slot) + " out of range");
-  }
+  MOAT_TRY(checkSlot(slot));
   Link link = linkFor(slot);
   MOAT_ASSIGN(os::Netlink egress, os::Netlink::open(fd_.get()));
   // Left by an environment of an earlier moatd run.
@@ -130,17 +135,13 @@ Result<EgressNetwork::Link> EgressNetwork::attach(int envNetnsFd, uint32_t slot)
 }
 
 Status EgressNetwork::detach(uint32_t slot) const {
-  if (slot >= kSlotCount) {
-    return Error::make(Code::kInvalidArgument, "egress slot " + std::to_string(slot) + " out of range");
-  }
+  MOAT_TRY(checkSlot(slot));
   MOAT_ASSIGN(os::Netlink egress, os::Netlink::open(fd_.get()));
   return egress.deleteLink(linkFor(slot).hostIfName);
 }
 
 Result<os::LinkCounters> EgressNetwork::counters(uint32_t slot) const {
-  if (slot >= kSlotCount) {
-    return Error::make(Code::kInvalidArgument, "egress slot " + std::to_string(slot) + " out of range");
-  }
+  MOAT_TRY(checkSlot(slot));
   std::lock_guard<std::mutex> lock(countersMutex_);
   if (!countersSocket_) {
     MOAT_ASSIGN(os::Netlink opened, os::Netlink::open(fd_.get()));

@@ -25,6 +25,11 @@ Status vethPairsWork();
 struct LinkCounters {
   uint64_t receivedBytes = 0;
   uint64_t sentBytes = 0;
+  LinkCounters& operator+=(const LinkCounters& more) {
+    receivedBytes += more.receivedBytes;
+    sentBytes += more.sentBytes;
+    return *this;
+  }
 };
 
 // The counters in an IFLA_STATS64 attribute of `length` bytes (a struct

@@ -670,29 +670,43 @@ TEST(MoatdWarmPool, EachSpecHasItsOwnPoolAndACreateClaimsOnlyItsOwn) {
   EXPECT_NE(body.find("\nmoat_warm_pool_claims_by_spec_total" + default_ + " 1\n"), std::string::npos) << body;
 }
 
-// A new environment of `body` and a reader of its GET .../stats.
-std::pair<std::string, std::function<json()>> environmentWithStats(Moatd& daemon, const std::string& body) {
-  auto created = daemon.request("POST", "/v1/environments", body);
-  EXPECT_EQ(created.status, 201) << created.body;
-  std::string id = json::parse(created.body).value("id", "");
-  return {id, [&daemon, id] {
-            auto r = daemon.request("GET", "/v1/environments/" + id + "/stats");
-            EXPECT_EQ(r.status, 200) << r.body;
-            return json::parse(r.body);
-          }};
-}
+// A new environment of `body` and its GET .../stats: read now, or read
+// until `done` says the reading is the one awaited (at most 20 s).
+class EnvironmentStats {
+ public:
+  EnvironmentStats(Moatd& daemon, const std::string& body) : daemon_(daemon) {
+    auto created = daemon.request("POST", "/v1/environments", body);
+    EXPECT_EQ(created.status, 201) << created.body;
+    id = json::parse(created.body).value("id", "");
+  }
+  json read() {
+    auto r = daemon_.request("GET", "/v1/environments/" + id + "/stats");
+    EXPECT_EQ(r.status, 200) << r.body;
+    return json::parse(r.body);
+  }
+  json until(const std::function<bool(const json&)>& done) {
+    json now;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (now = read(); !done(now) && std::chrono::steady_clock::now() < deadline; now = read()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return now;
+  }
+  std::string id;
+
+ private:
+  Moatd& daemon_;
+};
 
 // GET .../stats reads the environment's own cgroup: what runs inside moves
 // it, and its limits are the environment's spec.
 TEST(MoatdStats, WhatRunsInsideMovesItsUseAndTheLimitsAreItsSpec) {
   MOAT_REQUIRE_ROOT();
   Moatd daemon;
-  // (Not a structured binding: clang 14 cannot capture one in a lambda.)
-  auto made = environmentWithStats(daemon, R"({"spec":{"ram_mb":512,"pids":64,"cpus":0.5}})");
-  const std::string id = made.first;
-  auto read = made.second;
+  EnvironmentStats stats(daemon, R"({"spec":{"ram_mb":512,"pids":64,"cpus":0.5}})");
+  const std::string id = stats.id;
   ASSERT_FALSE(id.empty());
-  json before = read();
+  json before = stats.read();
   EXPECT_EQ(before["memory_limit_bytes"], 512ull << 20);
   EXPECT_EQ(before["pids_limit"], 64);
   EXPECT_EQ(before["cpus"], 0.5);
@@ -710,12 +724,9 @@ TEST(MoatdStats, WhatRunsInsideMovesItsUseAndTheLimitsAreItsSpec) {
       "POST", "/v1/environments/" + id + "/processes",
       R"J({"cmd":["python3","-c","import time; b = bytearray(96 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(120)"]})J");
   ASSERT_EQ(started.status, 201) << started.body;
-  json held;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  do {
-    held = read();
-  } while (held["memory_bytes"].get<uint64_t>() < before["memory_bytes"].get<uint64_t>() + (90ull << 20) &&
-           std::chrono::steady_clock::now() < deadline);
+  json held = stats.until([&](const json& s) {
+    return s["memory_bytes"].get<uint64_t>() >= before["memory_bytes"].get<uint64_t>() + (90ull << 20);
+  });
   EXPECT_GE(held["memory_bytes"].get<uint64_t>(), before["memory_bytes"].get<uint64_t>() + (90ull << 20))
       << before.dump() << " -> " << held.dump();
   EXPECT_GT(held["pids"].get<uint64_t>(), before["pids"].get<uint64_t>());
@@ -723,7 +734,7 @@ TEST(MoatdStats, WhatRunsInsideMovesItsUseAndTheLimitsAreItsSpec) {
     auto busy = daemon.request("POST", "/v1/environments/" + id + "/exec",
                                R"({"cmd":["sh","-c","i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"]})");
     ASSERT_EQ(busy.status, 200) << busy.body;
-    json after = read();
+    json after = stats.read();
     EXPECT_GT(after["cpu_usec"].get<uint64_t>(), held["cpu_usec"].get<uint64_t>() + 50000)
         << "a busy loop of ~0.1 s or more: " << held.dump() << " -> " << after.dump();
   }
@@ -736,53 +747,42 @@ TEST(MoatdStats, WhatRunsInsideMovesItsUseAndTheLimitsAreItsSpec) {
 TEST(MoatdStats, StorageAndNetworkBytesAreTheHostsCountsAndOutliveALinkTakenAway) {
   MOAT_REQUIRE_ROOT();
   Moatd daemon;
-  auto made = environmentWithStats(daemon, R"({"spec":{"storage_gb":1},"network":"open"})");
-  const std::string id = made.first;
-  auto read = made.second;
+  EnvironmentStats stats(daemon, R"({"spec":{"storage_gb":1},"network":"open"})");
+  const std::string id = stats.id;
   ASSERT_FALSE(id.empty());
   const std::string base = "/v1/environments/" + id;
   auto run = [&](const std::string& script) {
     auto r = daemon.request("POST", base + "/exec", json{{"cmd", {"sh", "-c", script}}}.dump());
     EXPECT_EQ(r.status, 200) << r.body;
   };
-  // Until `done` says the reading is what the test waits for (btrfs counts
-  // at its next commit), for at most 20 s.
-  auto readUntil = [&](const std::function<bool(const json&)>& done) {
-    json now;
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    for (now = read(); !done(now) && std::chrono::steady_clock::now() < deadline; now = read()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return now;
-  };
-  json before = read();
+  json before = stats.read();
   EXPECT_EQ(before["storage_limit_bytes"], 1ull << 30);
   ASSERT_TRUE(before["storage_bytes"].is_number()) << before.dump();
   ASSERT_TRUE(before["network_sent_bytes"].is_number()) << before.dump();
   const uint64_t storedBefore = before["storage_bytes"];
 
-  run("head -c 8388608 /dev/urandom > /workspace/blob && sync");
-  json written = readUntil([&](const json& s) { return s["storage_bytes"] >= storedBefore + (8ull << 20); });
+  run("head -c 8388608 /dev/urandom > /workspace/blob && sync");  // btrfs counts it at its next commit
+  json written = stats.until([&](const json& s) { return s["storage_bytes"] >= storedBefore + (8ull << 20); });
   EXPECT_GE(written["storage_bytes"].get<uint64_t>(), storedBefore + (8ull << 20)) << written.dump();
   run("rm /workspace/blob && sync");
-  json removed = readUntil([&](const json& s) { return s["storage_bytes"] < storedBefore + (1ull << 20); });
+  json removed = stats.until([&](const json& s) { return s["storage_bytes"] < storedBefore + (1ull << 20); });
   EXPECT_LT(removed["storage_bytes"].get<uint64_t>(), storedBefore + (1ull << 20)) << removed.dump();
 
   // A request to moatd's proxy (refused or failed upstream: bytes either way).
   const std::string talk = "curl -s -m 5 -o /dev/null http://stats.invalid/ || true";
   run(talk);
-  json talked = read();
+  json talked = stats.read();
   EXPECT_GT(talked["network_sent_bytes"].get<uint64_t>(), before["network_sent_bytes"].get<uint64_t>());
   EXPECT_GT(talked["network_received_bytes"].get<uint64_t>(), before["network_received_bytes"].get<uint64_t>());
   ASSERT_EQ(daemon.request("PUT", base + "/network", R"({"network":"none"})").status, 200);
   // (At least: the proxy's side of the connection may close a moment later.)
-  json cut = read();
+  json cut = stats.read();
   EXPECT_GE(cut["network_sent_bytes"].get<uint64_t>(), talked["network_sent_bytes"].get<uint64_t>())
       << "a detach lost bytes";
   EXPECT_GE(cut["network_received_bytes"].get<uint64_t>(), talked["network_received_bytes"].get<uint64_t>());
   ASSERT_EQ(daemon.request("PUT", base + "/network", R"({"network":"open"})").status, 200);
   run(talk);
-  json again = read();
+  json again = stats.read();
   EXPECT_GT(again["network_sent_bytes"].get<uint64_t>(), cut["network_sent_bytes"].get<uint64_t>());
   EXPECT_GT(again["network_received_bytes"].get<uint64_t>(), cut["network_received_bytes"].get<uint64_t>());
   auto metrics = daemon.request("GET", "/metrics");
