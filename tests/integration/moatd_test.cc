@@ -750,6 +750,11 @@ TEST(MoatdStats, StorageAndNetworkBytesAreTheHostsCountsAndOutliveALinkTakenAway
   EnvironmentStats stats(daemon, R"({"spec":{"storage_gb":1},"network":"open"})");
   const std::string id = stats.id;
   ASSERT_FALSE(id.empty());
+  // A quiet neighbour, linked too: none of this one's writes or traffic is
+  // counted as its own.
+  EnvironmentStats neighbour(daemon, R"({"spec":{"storage_gb":1},"network":"open"})");
+  ASSERT_FALSE(neighbour.id.empty());
+  const json neighbourBefore = neighbour.read();
   const std::string base = "/v1/environments/" + id;
   auto run = [&](const std::string& script) {
     auto r = daemon.request("POST", base + "/exec", json{{"cmd", {"sh", "-c", script}}}.dump());
@@ -785,6 +790,13 @@ TEST(MoatdStats, StorageAndNetworkBytesAreTheHostsCountsAndOutliveALinkTakenAway
   json again = stats.read();
   EXPECT_GT(again["network_sent_bytes"].get<uint64_t>(), cut["network_sent_bytes"].get<uint64_t>());
   EXPECT_GT(again["network_received_bytes"].get<uint64_t>(), cut["network_received_bytes"].get<uint64_t>());
+  const json neighbourAfter = neighbour.read();
+  for (const char* key : {"network_sent_bytes", "network_received_bytes"}) {
+    EXPECT_EQ(neighbourAfter[key], neighbourBefore[key]) << key << ": another's traffic counted as the neighbour's";
+  }
+  EXPECT_LT(neighbourAfter["storage_bytes"].get<uint64_t>(),
+            neighbourBefore["storage_bytes"].get<uint64_t>() + (1ull << 20))
+      << "another's writes counted as the neighbour's";
   auto metrics = daemon.request("GET", "/metrics");
   EXPECT_NE(metrics.body.find("moat_environment_network_sent_bytes_total{id=\"" + id + "\"} "), std::string::npos)
       << metrics.body;
