@@ -6,7 +6,11 @@
 // CREATE_BODY "{}" asks for the default spec, which a warm pool serves.
 // Every table has a peer row measured in the same run: the machine's floor,
 // posix_spawn + waitpid of /bin/true on the host with no moat at all (what
-// any exec of `true` costs here, whatever runs it).
+// any exec of `true` costs here, whatever runs it). The first table is the
+// ratios of docs/BENCHMARKS.md ("Speed against the machine's floor"), each
+// measured interleaved with its peer, round by round: on a day when the
+// machine is 3x slower both sides are.
+#include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -118,6 +122,46 @@ double pct(std::vector<double> v, double q) {
   return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
 }
 
+// One program started and reaped on the host (its output to /dev/null);
+// milliseconds, or -1 when it could not start or did not exit 0.
+double spawnOnce(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  char* envp[] = {nullptr};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  double s = nowMs();
+  pid_t pid = -1;
+  int started = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp);
+  posix_spawn_file_actions_destroy(&actions);
+  if (started != 0) return -1;
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  double ms = nowMs() - s;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? ms : -1;
+}
+
+// The peer of a create -> exec -> destroy: unshare(1) making the same kinds
+// of namespaces an environment has and running /bin/true in them.
+const std::vector<std::string> kUnshareTrue = {"/usr/bin/unshare", "--user", "--map-root-user", "--pid", "--fork",
+                                               "--mount",          "--net",  "--uts",           "--ipc", "--cgroup",
+                                               "/bin/true"};
+
+// A line of the ratio table: moat's figure against its peer's, and the
+// target (`atMost`: the ratio may be at most `target`; else at least).
+std::string ratioRow(const char* measure, const char* peer, double moat, double floor, const char* unit, double target,
+                     bool atMost) {
+  const double ratio = floor > 0 ? moat / floor : 0;
+  const bool met = atMost ? ratio <= target : ratio >= target;
+  char line[512];
+  std::snprintf(line, sizeof line, "| %s | %s | %.2f %s | %.2f %s | %.2fx | %s %.2fx: %s |\n", measure, peer, moat,
+                unit, floor, unit, ratio, atMost ? "≤" : "≥", target, met ? "met" : "not met");
+  return line;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -131,7 +175,24 @@ int main(int argc, char** argv) {
   Client c(socket, token);
   const std::string execTrue = R"({"cmd":["true"]})";
 
-  std::vector<double> cycle, createOnly, firstExec, tenCommands;
+  if (const char* seconds = std::getenv("BENCH_EXEC_ONLY")) {
+    // Execs of `true` from one client for that many seconds, nothing else:
+    // what bench/profile.sh EXEC=1 samples.
+    std::string id = idOf(c.call(http::verb::post, "/v1/environments", createBody).second);
+    std::vector<double> lat;
+    const double end = nowMs() + 1000 * std::atof(seconds);
+    while (nowMs() < end) {
+      double s = nowMs();
+      c.call(http::verb::post, "/v1/environments/" + id + "/exec", execTrue);
+      lat.push_back(nowMs() - s);
+    }
+    c.call(http::verb::delete_, "/v1/environments/" + id);
+    std::printf("%zu execs of true, p50 %.2f ms, p99 %.2f ms\n", lat.size(), pct(lat, 0.5), pct(lat, 0.99));
+    return 0;
+  }
+  const bool warm = argc > 4;  // creates are claims of a warm pool
+  std::vector<double> cycle, createOnly, firstExec, tenCommands, peerOfCycle;
+  std::vector<std::string> ratios;  // the first table's rows, printed last
   for (int i = 0; i < rounds + 3; ++i) {
     double t0 = nowMs();
     auto created = c.call(http::verb::post, "/v1/environments", createBody);
@@ -149,8 +210,19 @@ int main(int argc, char** argv) {
       createOnly.push_back(t1 - t0);
       firstExec.push_back(tExec - t0);
       cycle.push_back(t2 - t0);
+      // Its peer in the same round: for a claim, one spawn of true on the
+      // host; for a cold cycle, unshare making the same namespaces.
+      const double peer = spawnOnce(warm ? std::vector<std::string>{"/bin/true"} : kUnshareTrue);
+      if (peer < 0) {
+        std::fprintf(stderr, "the peer (%s) failed\n", warm ? "/bin/true" : "unshare");
+        return 1;
+      }
+      peerOfCycle.push_back(peer);
     }
-    if (argc > 4) std::this_thread::sleep_for(std::chrono::milliseconds(15));  // let a pool refill
+    // Let the pool refill (it waits 10 ms after a claim, then creates: a
+    // few milliseconds of CPU), so that each round's create is a claim and
+    // nothing of the refill runs beside the next round.
+    if (warm) std::this_thread::sleep_for(std::chrono::milliseconds(60));
   }
   for (int i = 0; i < std::max(10, rounds / 5); ++i) {
     double t0 = nowMs();
@@ -167,16 +239,35 @@ int main(int argc, char** argv) {
   std::vector<double> floor = spawnTrue(1, 2000);
   std::printf("| peer: posix_spawn /bin/true on the host (the machine's floor for one exec) | %.2f | %.2f |\n",
               pct(floor, 0.5), pct(floor, 0.99));
-
-  if (std::getenv("BENCH_CYCLE_ONLY")) return 0;  // A/B runs of the create path
+  std::printf("| peer: %s, in the same rounds as the above | %.2f | %.2f |\n",
+              warm ? "posix_spawn /bin/true on the host" : "unshare of the same namespaces running /bin/true",
+              pct(peerOfCycle, 0.5), pct(peerOfCycle, 0.99));
+  if (warm) {
+    ratios.push_back(ratioRow("warm claim -> first exec done", "one posix_spawn of /bin/true", pct(firstExec, 0.5),
+                              pct(peerOfCycle, 0.5), "ms", 1.3, true));
+  } else {
+    ratios.push_back(ratioRow("create -> exec `true` -> destroy", "`unshare` of the same namespaces running /bin/true",
+                              pct(cycle, 0.5), pct(peerOfCycle, 0.5), "ms", 1.0, true));
+  }
+  auto printRatios = [&ratios] {
+    std::printf(
+        "\n| measure (p50, interleaved with its peer) | peer | moat | peer | ratio | target |\n"
+        "|---|---|---:|---:|---:|---|\n");
+    for (const auto& row : ratios) std::fputs(row.c_str(), stdout);
+  };
+  if (std::getenv("BENCH_CYCLE_ONLY")) {  // A/B runs of the create path
+    printRatios();
+    return 0;
+  }
   std::string id =
       idOf(c.call(http::verb::post, "/v1/environments", R"({"spec":{"cpus":2,"ram_mb":512,"pids":4096}})").second);
   std::vector<std::string> ids{id};
   for (int e = 1; e < (getenv("BENCH_ENVS") ? atoi(getenv("BENCH_ENVS")) : 1); ++e)
     ids.push_back(
         idOf(c.call(http::verb::post, "/v1/environments", R"({"spec":{"cpus":2,"ram_mb":512,"pids":4096}})").second));
-  std::printf("\n| concurrent clients | exec/s (true) | p50 ms | p99 ms |\n|---:|---:|---:|---:|\n");
-  for (int clients : {1, 8, 64}) {
+  // `clients` keep-alive clients running `true` for `ms`: their latencies,
+  // and the execs a second.
+  auto execsFrom = [&](int clients, double ms, double& perSecond) {
     std::atomic<bool> stop{false};
     std::vector<std::vector<double>> lat(static_cast<size_t>(clients));
     std::vector<std::thread> threads;
@@ -191,14 +282,46 @@ int main(int argc, char** argv) {
         }
       });
     }
-    std::this_thread::sleep_for(std::chrono::seconds(3));
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
     stop = true;
     for (auto& t : threads) t.join();
-    double seconds = (nowMs() - t0) / 1000;
     std::vector<double> all;
     for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
-    std::printf("| %d | %.0f | %.2f | %.2f |\n", clients, static_cast<double>(all.size()) / seconds, pct(all, 0.5),
-                pct(all, 0.99));
+    perSecond = static_cast<double>(all.size()) * 1000 / (nowMs() - t0);
+    return all;
+  };
+  {
+    // One exec at a time against one host spawn, alternately; then 8
+    // clients against 2 host threads, in alternate windows of a second.
+    std::vector<double> api, host;
+    for (int i = 0; i < 2 * rounds + 3; ++i) {
+      double s = nowMs();
+      c.call(http::verb::post, "/v1/environments/" + id + "/exec", execTrue);
+      double e = nowMs() - s;
+      double h = spawnOnce({"/bin/true"});
+      if (i >= 3 && h >= 0) {
+        api.push_back(e);
+        host.push_back(h);
+      }
+    }
+    ratios.insert(ratios.begin(),
+                  ratioRow("one API exec of `true` (keep-alive HTTP, one client)", "posix_spawn + wait of /bin/true",
+                           pct(api, 0.5), pct(host, 0.5), "ms", 1.15, true));
+    double moatRate = 0, hostRate = 0;
+    for (int window = 0; window < 3; ++window) {
+      double rate = 0;
+      (void)execsFrom(8, 1000, rate);
+      moatRate += rate / 3;
+      hostRate += static_cast<double>(spawnTrue(2, 1000).size()) / 3;
+    }
+    ratios.push_back(
+        ratioRow("exec/s, 8 clients", "the host's spawn rate from 2 threads", moatRate, hostRate, "/s", 1.0, false));
+  }
+  std::printf("\n| concurrent clients | exec/s (true) | p50 ms | p99 ms |\n|---:|---:|---:|---:|\n");
+  for (int clients : {1, 8, 64}) {
+    double rate = 0;
+    std::vector<double> all = execsFrom(clients, 3000, rate);
+    std::printf("| %d | %.0f | %.2f | %.2f |\n", clients, rate, pct(all, 0.5), pct(all, 0.99));
   }
   for (int threads : {1, 2}) {
     std::vector<double> spawned = spawnTrue(threads, 3000);
@@ -270,5 +393,6 @@ int main(int argc, char** argv) {
               pct(crowded, 0.5) / pct(chattyAlone, 0.5), pct(crowded, 0.99) / pct(chattyAlone, 0.99));
   c.call(http::verb::delete_, "/v1/environments/" + chatty);
   c.call(http::verb::delete_, "/v1/environments/" + id);
+  printRatios();
   return 0;
 }

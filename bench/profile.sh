@@ -10,6 +10,8 @@
 # Usage: bench/profile.sh [BIN_DIR] [ROUNDS]   (needs root and perf)
 # BENCH_TMP=DIR: where the scratch state directory goes (as bench/trace.sh);
 # KEEP_PERF_DATA=1 keeps perf's data file for `perf report -i`.
+# EXEC=SECONDS samples execs of `true` in one environment from one client
+# for that long instead of cycles (BENCH_EXEC_ONLY): where an exec goes.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 bin=${1:-build/bin}
@@ -26,9 +28,15 @@ trap cleanup EXIT
 MOAT_STORAGE_GB=8 "$bin/moatd" --state "$state" --listen 127.0.0.1:0 2>"$state.log" &
 pid=$!
 wait_for_moatd "$state" "$state.log" "$pid"
-echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -r) $(nproc) cpus, $rounds cycles"
-BENCH_CYCLE_ONLY=1 perf record -q -a -g -F 4000 -o "$data" -- \
-  "$bin/moat-api-bench" "$state/moatd.sock" "$(cat "$state/master-token")" "$rounds" | tail -3
+if [ -n "${EXEC:-}" ]; then
+  echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -r) $(nproc) cpus, execs for $EXEC s"
+  mode=(env BENCH_EXEC_ONLY="$EXEC")
+else
+  echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -r) $(nproc) cpus, $rounds cycles"
+  mode=(env BENCH_CYCLE_ONLY=1)
+fi
+perf record -q -a -g -F 4000 -o "$data" -- \
+  "${mode[@]}" "$bin/moat-api-bench" "$state/moatd.sock" "$(cat "$state/master-token")" "$rounds" | tail -3
 perf script -i "$data" -F comm,ip,sym,dso 2>/dev/null | python3 -c '
 import collections, sys
 # (area, functions whose presence in a call chain puts a sample there), first match wins.

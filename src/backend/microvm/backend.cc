@@ -171,7 +171,7 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
         vm.leaveRunning();
         return Error::make(Code::kNotFound, "its QEMU is gone");
       }
-      auto made = std::make_shared<Guest>();
+      auto made = newGuest();
       made->dir = dir;
       made->volume = !console.empty();
       made->ids = leaseHeldBy(pids[0]);
@@ -206,6 +206,20 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
     });
   }
   for (auto& t : attaching) t.join();
+}
+
+std::shared_ptr<MicroVmBackend::Guest> MicroVmBackend::newGuest() {
+  auto released = std::make_shared<Released>();
+  std::shared_ptr<Guest> guest(new Guest, [released](Guest* gone) {
+    delete gone;
+    {
+      std::lock_guard lock(released->mutex);
+      released->done = true;
+    }
+    released->cv.notify_all();
+  });
+  guest->released = released;
+  return guest;
 }
 
 std::optional<isolation::namespaces::IdMapLease> MicroVmBackend::leaseHeldBy(pid_t qemu) {
@@ -305,7 +319,7 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
   }
   MOAT_ASSIGN(std::string image, imageFor(spec.templateName));
   MOAT_ASSIGN(std::string initrd, initramfs());
-  auto guest = std::make_shared<Guest>();
+  auto guest = newGuest();
   MOAT_ASSIGN(auto ids, isolation::namespaces::leaseIdMap());
   guest->ids.emplace(std::move(ids));
   // QEMU's cgroup: its CPU time is the spec's, its memory the guest's RAM
@@ -515,12 +529,18 @@ Status MicroVmBackend::destroy(const std::string& id) {
     std::lock_guard lock(mutex_);
     volume = guest->volume;
   }
-  // Those who hold it for a moment (a port's connection, a usage reading)
-  // let go once its QEMU is gone: its cgroup and lease go with the last
-  // holder, and a restore's create of the same id must not find them.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (guest.use_count() > 1 && std::chrono::steady_clock::now() < deadline) ::usleep(2000);
-  guest.reset();  // reaped here unless a create still holds it (it then does)
+  // Those who hold it for a moment (a port's connection, a usage reading,
+  // a create whose boot take() ended) let go once its QEMU is gone: its
+  // cgroup and lease go with the last holder, and a restore's create of
+  // the same id must not find them. Reaped here when this is the last.
+  const auto released = guest->released;
+  guest.reset();
+  {
+    std::unique_lock lock(released->mutex);
+    if (!released->cv.wait_for(lock, std::chrono::seconds(10), [&] { return released->done; })) {
+      moat::log::warnf("microVM %s is still held 10 s after its QEMU was ended (its files are removed)\n", id.c_str());
+    }
+  }
   // Its directory is what the next moatd's start finds it by: kept while
   // its volume could not be removed.
   if (volume && !removeVolume(id)) return {};  // the next start removes it (said on moatd's log)

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -69,7 +70,15 @@ class MicroVmBackend final : public Backend {
   std::string whyEnded(const std::string& id) override;
 
  private:
+  // Set once the last holder of a guest let go of it (its QEMU reaped, its
+  // cgroup removed and its lease returned by Guest's members' destructors).
+  struct Released {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool done = false;
+  };
   struct Guest {
+    std::shared_ptr<Released> released;  // newGuest's
     std::string dir;
     bool volume = false;  // it has a volume in the storage pool (its disk, its console): mutex_
     std::optional<isolation::namespaces::IdMapLease> ids;  // QEMU's own
@@ -77,6 +86,8 @@ class MicroVmBackend final : public Backend {
     std::optional<Vm> vm;
     UniqueFd reattached;  // an adopted guest's connection, made again for attach()
   };
+  // A guest whose release destroy() can wait for.
+  static std::shared_ptr<Guest> newGuest();
   // The lease of the id range an adopted QEMU runs as, taken again when
   // QEMU no longer holds it.
   static std::optional<isolation::namespaces::IdMapLease> leaseHeldBy(pid_t qemu);
