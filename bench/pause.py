@@ -12,13 +12,20 @@ the peer's freeze (write, then poll until the kernel says frozen), moat's
 resume, the peer's thaw. Prints p50/p99 per operation and moat's ratio to
 the peer.
 
+With --to-disk: a microVM environment (a static busybox template, RAM
+twice the size plus 256 MB: its /dev/shm holds half) holding each size in
+its /dev/shm (random bytes, written by a command), checkpointed to disk (POST .../pause {"memory": "disk"}) and
+resumed from it, per round; the peer, interleaved, is writing a file of
+the checkpoint's size on the same file system and syncing it, then reading
+it back cold (what saving and loading that many bytes costs here at least).
+
 With --microvm: a microVM environment (a static busybox template, 256 MB)
 running the same counter, paused and resumed by its guest's moat-init
 (docs/PAUSE.md, "microVM environments"), against a namespace environment
 running it on the same moatd, interleaved per round (instead of the
 memory sizes' rows).
 
-  bench/pause.py --bin-dir build/bin [--mib 64,256,1024] [--runs 20] [--microvm] [--json FILE]
+  bench/pause.py --bin-dir build/bin [--mib 64,256,1024] [--runs 20] [--microvm | --to-disk] [--json FILE]
 
 Needs root; exits 0 with SKIP otherwise.
 """
@@ -156,18 +163,86 @@ def microvm_row(m, runs):
         shutil.rmtree(tree, ignore_errors=True)
 
 
+def to_disk_rows(m, sizes, runs):
+    """A microVM's checkpoint to disk and restore, per memory size, against
+    writing and reading back a file of the checkpoint's size."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
+    import busybox_tree  # noqa: E402
+    why = busybox_tree.missing()
+    if why:
+        raise SystemExit(f"--to-disk: {why}")
+    tree = busybox_tree.busybox_tree(prefix="moat-bench-checkpoint-")
+    rows = {}
+    try:
+        for mib in sizes:
+            env = h.expect_status(m.call("POST", "/v1/environments", {
+                "template": tree, "spec": {"isolation": "microvm", "ram_mb": 2 * mib + 256}}), 201)["id"]
+            base = f"/v1/environments/{env}"
+            vm_dir = os.path.join(m.state, "microvm", "vms", env)
+            peer = os.path.join(m.state, f"bench-peer-{mib}")
+            try:
+                held = h.expect_status(m.call("POST", f"{base}/exec", {"cmd": [
+                    "sh", "-c", f"dd if=/dev/urandom of=/dev/shm/held bs=1M count={mib} 2>/dev/null; "
+                    "du -m /dev/shm/held"]}), 200)
+                if not held.get("stdout", "").startswith(f"{mib}\t"):
+                    raise SystemExit(f"the guest did not hold {mib} MiB in /dev/shm: {held}")
+                h.expect_status(m.call("POST", f"{base}/processes", {"cmd": ["sh", "-c", COUNTER]}), 201)
+                samples = {k: [] for k in ("checkpoint", "restore", "peer write+sync", "peer cold read")}
+                sizes_mib = []
+                for _ in range(runs):
+                    samples["checkpoint"].append(timed(lambda: h.expect_status(
+                        m.call("POST", f"{base}/pause", {"memory": "disk"}), 200)))
+                    state = [f for f in os.listdir(vm_dir) if f.startswith("memory.") and f.endswith(".state")]
+                    size = os.path.getsize(os.path.join(vm_dir, state[0])) if state else 0
+                    sizes_mib.append(size / (1 << 20))
+                    samples["restore"].append(timed(lambda: h.expect_status(m.call("POST", f"{base}/resume"), 200)))
+                    chunk = os.urandom(1 << 20)
+
+                    def write():
+                        with open(peer, "wb") as f:
+                            for _ in range(max(1, size >> 20)):
+                                f.write(chunk)
+                            f.flush()
+                            os.fsync(f.fileno())
+
+                    def read():
+                        with open(peer, "rb") as f:
+                            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+                            while f.read(1 << 20):
+                                pass
+
+                    samples["peer write+sync"].append(timed(write))
+                    samples["peer cold read"].append(timed(read))
+                    os.unlink(peer)
+                row = {k: summary(v) for k, v in samples.items()}
+                row["checkpoint MiB (p50)"] = round(statistics.median(sizes_mib), 1)
+                row["checkpoint / write (p50)"] = round(
+                    row["checkpoint"]["p50"] / max(row["peer write+sync"]["p50"], 1e-3), 1)
+                row["restore / read (p50)"] = round(row["restore"]["p50"] / max(row["peer cold read"]["p50"], 1e-3), 1)
+                rows[f"{mib} MiB held"] = row
+                print(f"to disk, {mib} MiB held: " + json.dumps(row), flush=True)
+            finally:
+                m.call("DELETE", base)
+                if os.path.exists(peer):
+                    os.unlink(peer)
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin-dir", required=True)
     ap.add_argument("--mib", default="64,256,1024")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--microvm", action="store_true")
+    ap.add_argument("--to-disk", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("SKIP: needs root (moatd creates namespaces, cgroups and mounts)")
         return 0
-    sizes = [int(x) for x in args.mib.split(",")] if not args.microvm else []
+    sizes = [int(x) for x in args.mib.split(",")] if not (args.microvm or args.to_disk) else []
     m = h.Moatd(args.bin_dir, prefix="moatd-bench-pause-")
     results = {}
     try:
@@ -203,6 +278,8 @@ def main():
             row["resume / thaw (p50)"] = round(row["moat resume"]["p50"] / max(row["freezer thaw"]["p50"], 1e-3), 1)
             results[f"{mib} MiB"] = row
             print(f"{mib} MiB: " + json.dumps(row))
+        if args.to_disk:
+            results["to disk"] = to_disk_rows(m, [int(x) for x in args.mib.split(",")], args.runs)
         if args.microvm:
             results["microvm"] = microvm_row(m, args.runs)
             print("microvm: " + json.dumps(results["microvm"]))

@@ -269,14 +269,24 @@ HttpResponse Api::setEnvironmentTimeout(const HttpRequest& req, const Principal&
 
 HttpResponse Api::pauseEnvironment(const HttpRequest& req, const Principal& principal, const std::string& id,
                                    bool pause) {
-  // No fields yet (a pause keeps memory in RAM); an empty body is {}.
+  // A pause's `memory`: "ram" (the default) or "disk" (a checkpoint,
+  // docs/PAUSE.md); a resume has no fields. An empty body is {}.
+  bool toDisk = false;
   if (!req.body.empty()) {
     ApiError perr{};
     auto body = parseObject(req.body, perr);
     if (!body.ok()) return errorResponse(perr);
-    if (auto e = onlyFields(body.value(), {}, "")) return errorResponse(*e);
+    auto unknown = pause ? onlyFields(body.value(), {"memory"}, "") : onlyFields(body.value(), {}, "");
+    if (unknown) return errorResponse(*unknown);
+    if (pause && body->contains("memory")) {
+      const auto& memory = (*body)["memory"];
+      if (!memory.is_string() || (memory != "ram" && memory != "disk")) {
+        return errorResponse(invalid("memory", "must be \"ram\" or \"disk\""));
+      }
+      toDisk = memory == "disk";
+    }
   }
-  auto r = pause ? environments_.pause(id, principal.owner()) : environments_.resume(id, principal.owner());
+  auto r = pause ? environments_.pause(id, principal.owner(), toDisk) : environments_.resume(id, principal.owner());
   if (!r.ok()) return errorResponse(fromError(r.error()));
   return respond(200, environmentJson(r.value()));
 }

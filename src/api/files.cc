@@ -51,7 +51,11 @@ std::pair<const char*, json> fileEvent(const init::FileRequest& f, const init::F
     case init::FileOp::kPause:  // moatd's own (a pause's, the stats'), and no file's
     case init::FileOp::kResume:
     case init::FileOp::kTasks:
-      data["op"] = f.op == init::FileOp::kPause ? "pause" : f.op == init::FileOp::kResume ? "resume" : "tasks";
+    case init::FileOp::kClock:
+      data["op"] = f.op == init::FileOp::kPause    ? "pause"
+                   : f.op == init::FileOp::kResume ? "resume"
+                   : f.op == init::FileOp::kTasks  ? "tasks"
+                                                   : "clock";
       break;
   }
   if (r.err != 0) {

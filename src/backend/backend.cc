@@ -36,6 +36,17 @@ Status Backend::pause(const std::string& id) {
   return Error::make(Code::kUnsupported, "this backend cannot pause environment " + id);
 }
 
+Result<uint64_t> Backend::checkpoint(const std::string& id) {
+  return Error::make(Code::kUnsupported,
+                     "environment " + id +
+                         " cannot be checkpointed to disk: checkpoints of namespace environments need CRIU, which moat "
+                         "does not use yet (microvm environments can be; docs/PAUSE.md)");
+}
+
+Result<UniqueFd> Backend::restoreCheckpoint(const Spec& spec) {
+  return Error::make(Code::kUnsupported, "environment " + spec.id + " has no checkpoint this backend can restore");
+}
+
 Status Backend::resume(const std::string& id) {
   return Error::make(Code::kUnsupported, "this backend cannot resume environment " + id);
 }

@@ -133,6 +133,21 @@ class Backend {
   // resume(). Both idempotent; by default "unsupported".
   virtual Status pause(const std::string& id);
   virtual Status resume(const std::string& id);
+  // A checkpoint to disk (docs/PAUSE.md, "To disk") of a paused environment
+  // (its commands stopped): its memory and state saved beside its files,
+  // then its memory released; its guest protocol connection closes. It
+  // stays in list() (a restart finds it there, checkpointed()), and
+  // attach() fails. Returns the bytes the checkpoint holds. By default
+  // "unsupported", naming why.
+  virtual Result<uint64_t> checkpoint(const std::string& id);
+  // Brings a checkpointed environment back where it was (`spec`: its
+  // create's) and hands back a new guest protocol connection, on which
+  // moat-init's Hello comes next; its network namespace is a new one.
+  virtual Result<UniqueFd> restoreCheckpoint(const Spec& spec);
+  virtual bool checkpointed(const std::string& id) {
+    (void)id;
+    return false;
+  }
   // Why an environment whose guest protocol connection closed by itself
   // ended, when the backend can tell more than "pid 1 exited" (a microVM's
   // kernel panic, its QEMU's crash); "" when it cannot. Called before its

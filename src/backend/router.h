@@ -34,6 +34,9 @@ class Router final : public Backend {
   std::string whyEnded(const std::string& id) override { return of(id).whyEnded(id); }
   Status pause(const std::string& id) override { return of(id).pause(id); }
   Status resume(const std::string& id) override { return of(id).resume(id); }
+  Result<uint64_t> checkpoint(const std::string& id) override { return of(id).checkpoint(id); }
+  Result<UniqueFd> restoreCheckpoint(const Spec& spec) override { return of(spec.id).restoreCheckpoint(spec); }
+  bool checkpointed(const std::string& id) override { return of(id).checkpointed(id); }
 
  private:
   Backend& of(const std::string& id);

@@ -61,6 +61,8 @@ commands:
                      shorter than before; prints its new expiry)
   pause ID...        stop every process of each where it is (docs/PAUSE.md): commands and
                      file changes wait for the resume; file reads still answer
+      --to-disk         and save its memory to disk, releasing it (a checkpoint: microVMs;
+                        the resume brings it back where it was)
   resume ID...       let them go on
   rm ID...           destroy environments (done when the command returns)
 
@@ -399,12 +401,19 @@ int stats(const std::vector<std::string>& args) {
 }
 
 // rm, pause, resume: `method` on each environment's path + `suffix`;
-// prints each id done.
+// prints each id done. `toDisk`: pause's --to-disk is taken.
 int eachEnvironment(const std::vector<std::string>& args, const std::string& command, const char* method,
-                    const std::string& suffix, int expected) {
+                    const std::string& suffix, int expected, bool toDisk = false) {
   const std::string what = "env " + command;
   Parsed parsed;
-  Status s = parseArgs(args, parsed, nullptr);
+  std::string body;
+  Status s = parseArgs(args, parsed, [&](FlagReader& flags, bool& matched) -> Status {
+    matched = toDisk && flags.name() == "--to-disk";
+    if (!matched) return {};
+    MOAT_TRY(flags.noValue());
+    body = json{{"memory", "disk"}}.dump();
+    return {};
+  });
   if (s.ok() && !parsed.help && parsed.positional.empty()) {
     s = usageError("missing environment id (usage: moat env " + command + " ID...)");
   }
@@ -421,7 +430,7 @@ int eachEnvironment(const std::vector<std::string>& args, const std::string& com
   if (!client.ok()) return reportFailure(what.c_str(), client.error());
   int code = 0;
   for (size_t i = 0; i < paths.size(); ++i) {
-    auto done = call(client.value(), method, paths[i], "", expected);
+    auto done = call(client.value(), method, paths[i], body, expected);
     if (!done.ok()) {
       // moatd's messages name the environment.
       code = reportFailure(what.c_str(), done.error());
@@ -517,7 +526,7 @@ int envCommand(const std::vector<std::string>& args) {
   if (sub == "get" || sub == "inspect") return get(rest);
   if (sub == "stats") return stats(rest);
   if (sub == "rm" || sub == "remove") return eachEnvironment(rest, "rm", "DELETE", "", 204);
-  if (sub == "pause") return eachEnvironment(rest, "pause", "POST", "/pause", 200);
+  if (sub == "pause") return eachEnvironment(rest, "pause", "POST", "/pause", 200, true);
   if (sub == "resume") return eachEnvironment(rest, "resume", "POST", "/resume", 200);
   if (sub == "network") return networkOf(rest);
   if (sub == "ttl" || sub == "timeout") return ttl(rest);

@@ -301,6 +301,7 @@ FileResult runFileRequest(const FileRequest& request) {
     case FileOp::kPause:  // a guest's moat-init's (Supervisor), not a file's
     case FileOp::kResume:
     case FileOp::kTasks:
+    case FileOp::kClock:
       return failure(request, EOPNOTSUPP, "a guest's own request outside a microVM guest:");
   }
   return failure(request, EINVAL, "operation");

@@ -88,9 +88,11 @@ void planExec(Launch& l) {
   (void)os::markCloseOnExecFrom(3);
   // moat-init's alone (isolation/caps initCapabilities): no command may
   // read or follow another process, nor (in a microVM, where moat-init
-  // keeps it to power off) end the guest.
+  // keeps them to power off and to set the clock after a restore) end the
+  // guest or set its clock.
   if (int err = os::dropCapabilityInChild(CAP_SYS_PTRACE)) childFail(l, "capabilities", err);
   if (int err = os::dropCapabilityInChild(CAP_SYS_BOOT)) childFail(l, "capabilities", err);
+  if (int err = os::dropCapabilityInChild(CAP_SYS_TIME)) childFail(l, "capabilities", err);
   if (l.switchIds) {
     if (int err = os::switchIdsInChild(l.request.uid, l.request.gid)) childFail(l, "setuid", err);
   }

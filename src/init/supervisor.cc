@@ -19,6 +19,7 @@
 #include "init/pty.h"
 #include "os/exec_notify.h"
 #include "os/exec_trace.h"
+#include "os/machine.h"
 #include "os/process.h"
 #include "os/socket.h"
 #include "os/statfs_notify.h"
@@ -595,7 +596,8 @@ void Supervisor::handleFrame(const Frame& frame) {
     case MsgType::kFile: {
       auto req = FileRequest::decode(frame.payload);
       if (!req.ok()) return protocolError(req.error().message());
-      if (commands_ && (req->op == FileOp::kPause || req->op == FileOp::kResume || req->op == FileOp::kTasks)) {
+      if (commands_ && (req->op == FileOp::kPause || req->op == FileOp::kResume || req->op == FileOp::kTasks ||
+                        req->op == FileOp::kClock)) {
         return send(MsgType::kFileResult, guestCgroupRequest(req.value()).encode());
       }
       return send(MsgType::kFileResult, runFileRequest(req.value()).encode());
@@ -609,7 +611,11 @@ FileResult Supervisor::guestCgroupRequest(const FileRequest& request) {
   FileResult result;
   result.tag = request.tag;
   Status done;
-  if (request.op == FileOp::kTasks) {
+  if (request.op == FileOp::kClock) {
+    // Restored from a checkpoint: its clock says when it was saved.
+    done = os::setRealtime(request.offset);
+    if (done.ok() && !request.data.empty()) done = os::addEntropy(request.data);
+  } else if (request.op == FileOp::kTasks) {
     auto tasks = commands_->tasks();
     if (tasks.ok()) {
       result.data = std::to_string(tasks.value());

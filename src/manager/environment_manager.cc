@@ -163,7 +163,10 @@ Status EnvironmentManager::recoverAfterRestart() {
       audit_.record("environment.destroyed", r.id, "moatd", {{"reason", reason}, {"state", stateName(state)}});
       continue;
     }
-    auto control = backend_.attach(r.id);
+    // Checkpointed to disk (docs/PAUSE.md, "To disk"): nothing runs to
+    // attach to; its connection waits for the resume.
+    const bool onDisk = r.state == EnvironmentState::kPaused && r.pausedToDisk && backend_.checkpointed(r.id);
+    auto control = onDisk ? Result<UniqueFd>(UniqueFd()) : backend_.attach(r.id);
     if (!control.ok()) {
       (void)backend_.destroy(r.id);
       const std::string reason = "re-attach after a moatd restart failed: " + control.error().message();
@@ -172,7 +175,7 @@ Status EnvironmentManager::recoverAfterRestart() {
       continue;
     }
     std::string id = r.id;
-    auto connection = connect(id, std::move(control.value()));
+    auto connection = connect(id, std::move(control.value()), onDisk ? checkpointedWhy(id) : "");
     // Counted before it is live: the reaper (running already) may destroy
     // it at once, and its release must find it counted.
     capacity_.count(r.ramMb);
@@ -182,7 +185,7 @@ Status EnvironmentManager::recoverAfterRestart() {
     // cannot be paused again runs, and its record says so: never "paused"
     // over processes that run.
     store::EnvironmentRecord adopted = r;
-    if (r.state == EnvironmentState::kPaused) {
+    if (r.state == EnvironmentState::kPaused && !onDisk) {
       if (Status held = holdProcesses(r, connection, true); !held.ok()) {
         const int64_t left = expiryAfterPause(r, nowMs());
         adopted.state = EnvironmentState::kRunning;
@@ -206,8 +209,8 @@ Status EnvironmentManager::recoverAfterRestart() {
       // A policy that cannot be read any more adopts the link shut.
       egress_->adopt(id, static_cast<uint32_t>(r.netSlot), stored.ok() ? stored.value() : egress::Policy{},
                      secrets.ok() ? secrets.value() : std::vector<egress::Secret>{});
-    } else if (egress_ && (r.netSlot >= 0 || wantsLink)) {
-      relink.push_back(id);  // once the links nobody holds are gone, below
+    } else if (egress_ && (r.netSlot >= 0 || wantsLink) && !onDisk) {  // on disk: linked by its resume
+      relink.push_back(id);                                            // once the links nobody holds are gone, below
     }
     audit_.record("environment.reattached", id, "moatd", nlohmann::json::object());
   }
@@ -545,7 +548,8 @@ LiveEnvironment EnvironmentManager::makeLive(std::shared_ptr<InitConnection> con
   return live;
 }
 
-std::shared_ptr<InitConnection> EnvironmentManager::connect(const std::string& id, UniqueFd control) {
+std::shared_ptr<InitConnection> EnvironmentManager::connect(const std::string& id, UniqueFd control,
+                                                            const std::string& suspendedWhy) {
   InitConnection::ExecHooks hooks;
   hooks.check = [this, id](const init::ExecCheck& check, InitConnection::ExecAnswer answer) {
     ExecCheckHook gate;
@@ -570,8 +574,8 @@ std::shared_ptr<InitConnection> EnvironmentManager::connect(const std::string& i
     hook(id, report);
   };
   auto connection = std::make_shared<InitConnection>(
-      std::move(control), [this, id] { onInitGone(id); }, std::move(hooks));
-  sendExecPolicy(id, connection);
+      std::move(control), [this, id] { onInitGone(id); }, std::move(hooks), suspendedWhy);
+  if (suspendedWhy.empty()) sendExecPolicy(id, connection);  // else once it is back
   return connection;
 }
 
@@ -632,7 +636,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::setTtl(const std::string& i
 Result<backend::Usage> EnvironmentManager::usage(const std::string& id) {
   MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   auto usage = backend_.usage(id);
-  if (usage.ok() && live.microVm && live.connection->peerVersion() >= init::kGuestCgroupSince) {
+  if (usage.ok() && live.microVm && !live.connection->suspended() &&
+      live.connection->peerVersion() >= init::kGuestCgroupSince) {
     // QEMU's cgroup holds QEMU's threads; the guest's own count its tasks.
     init::FileRequest tasks;
     tasks.op = init::FileOp::kTasks;

@@ -41,6 +41,8 @@ using store::stateName;
 // when its time ran on, else moved on by the pause's length (what was left
 // is left again).
 int64_t expiryAfterPause(const store::EnvironmentRecord& record, int64_t nowMs);
+// What is refused (409) while an environment is checkpointed to disk.
+std::string checkpointedWhy(const std::string& id);
 
 // The lifecycle of moatd's environments: creating -> running -> destroying
 // -> gone, or failed. Every transition is written to the store first. Expired
@@ -82,7 +84,7 @@ class EnvironmentManager final : public EnvironmentService,
   std::map<std::string, std::string> envOf(const std::string& id) override;
   Result<std::vector<store::EnvironmentRecord>> list(const store::EnvironmentFilter& filter) override;
   Result<store::EnvironmentRecord> setTtl(const std::string& id, int64_t ttlS) override;
-  Result<store::EnvironmentRecord> pause(const std::string& id, const std::string& actor) override;
+  Result<store::EnvironmentRecord> pause(const std::string& id, const std::string& actor, bool toDisk = false) override;
   Result<store::EnvironmentRecord> resume(const std::string& id, const std::string& actor) override;
   Result<backend::Usage> usage(const std::string& id) override;
   Status destroy(const std::string& id, const std::string& reason, const std::string& actor = "moatd") override;
@@ -162,7 +164,13 @@ class EnvironmentManager final : public EnvironmentService,
   // when its time to live ran out and its create asked for a pause: then
   // its stored expiry becomes the pause's moment plus its time to live, so
   // that a resume gives it that time again.
-  Result<store::EnvironmentRecord> pauseHeld(const std::string& id, const std::string& actor, bool atExpiry);
+  Result<store::EnvironmentRecord> pauseHeld(const std::string& id, const std::string& actor, bool atExpiry,
+                                             bool toDisk = false);
+  // A paused environment's memory saved to disk and released (the backend's
+  // checkpoint; its connection suspended meanwhile), and brought back
+  // (docs/PAUSE.md, "To disk"). Under exclusive(id).
+  Status checkpointHeld(const store::EnvironmentRecord& record, const LiveEnvironment& live, const std::string& actor);
+  Status restoreCheckpointHeld(const store::EnvironmentRecord& record, const LiveEnvironment& live);
   // The reaper's end of a time to live: a destroy (reason "expired"), or a
   // pause where the create asked for one (docs/PAUSE.md, "At expiry"), on
   // a thread of its own (a pause may wait on the environment: a microVM's
@@ -277,7 +285,9 @@ class EnvironmentManager final : public EnvironmentService,
   std::vector<std::pair<std::string, init::ExecReport>> earlyReports_;
   // A new connection to `id`'s moat-init: its exec checks go to the gate,
   // and it is told whether to ask.
-  std::shared_ptr<InitConnection> connect(const std::string& id, UniqueFd control);
+  // `suspendedWhy`: see InitConnection's constructor.
+  std::shared_ptr<InitConnection> connect(const std::string& id, UniqueFd control,
+                                          const std::string& suspendedWhy = "");
   void sendExecPolicy(const std::string& id, const std::shared_ptr<InitConnection>& connection);
   bool stopping_ = false;
   bool detached_ = false;

@@ -20,26 +20,113 @@ uint32_t randomStart() {
 
 Error gone(const std::string& reason) { return Error::make(Code::kGone, reason); }
 
+// A send's failure as its caller says it: refused while the connection is
+// suspended (kConflict, saying why), else the environment's end.
+Status lostUnlessSuspended(const Status& sent) {
+  if (sent.ok() || sent.error().code == Code::kConflict) return sent;
+  return gone("the environment ended");
+}
+
 }  // namespace
 
-InitConnection::InitConnection(UniqueFd control, std::function<void()> onClosed, ExecHooks hooks)
+InitConnection::InitConnection(UniqueFd control, std::function<void()> onClosed, ExecHooks hooks,
+                               const std::string& suspendedWhy)
     : control_(std::move(control)), onClosed_(std::move(onClosed)), nextKey_(randomStart()) {
   execCheck_ = std::move(hooks.check);
   execReport_ = std::move(hooks.report);
+  suspended_ = !suspendedWhy.empty();
+  suspendReason_ = suspendedWhy;
   reader_ = std::thread([this] { readLoop(); });
 }
 
 InitConnection::~InitConnection() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closeAsked_ = true;
+  }
+  cv_.notify_all();
   ::shutdown(control_.get(), SHUT_RDWR);  // wakes the reader
   if (reader_.joinable()) reader_.join();
 }
 
 void InitConnection::close(const std::string& reason) {
+  std::lock_guard<std::mutex> write(writeMutex_);  // control_ is not swapped meanwhile
+  closeWriting(reason);
+}
+
+void InitConnection::closeWriting(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closeReason_.empty()) closeReason_ = reason;
+    closeAsked_ = true;
   }
+  cv_.notify_all();
   ::shutdown(control_.get(), SHUT_RDWR);
+}
+
+void InitConnection::suspend(const std::string& why) {
+  std::lock_guard<std::mutex> write(writeMutex_);  // after any send under way
+  std::lock_guard<std::mutex> lock(mutex_);
+  suspended_ = true;
+  swapped_ = false;
+  suspendReason_ = why;
+}
+
+Status InitConnection::usable() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (suspended_) return Error::make(Code::kConflict, suspendReason_);
+  return {};
+}
+
+bool InitConnection::suspended() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return suspended_;
+}
+
+Status InitConnection::resumeOn(UniqueFd control) {
+  std::lock_guard<std::mutex> write(writeMutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!suspended_) return Error::make(Code::kInvalidArgument, "the connection is not suspended");
+  // The reader lets go of the old transport (ended, or ended here) first.
+  ::shutdown(control_.get(), SHUT_RDWR);
+  if (!cv_.wait_for(lock, std::chrono::seconds(10), [&] { return readerParked_ || closed_ || closeAsked_; })) {
+    return Error::make(Code::kTimeout, "the connection's reader did not let go of its old transport");
+  }
+  if (closed_ || closeAsked_) return gone(closeReason_.empty() ? "the environment ended" : closeReason_);
+  control_ = std::move(control);
+  peerVersion_ = 0;  // its Hello comes again
+  suspended_ = false;
+  swapped_ = true;
+  std::string credits;
+  for (const auto& [id, upTo] : heldCredits_) {
+    credits += init::encodeFrame(init::MsgType::kOutputCredit, init::OutputCredit{id, upTo}.encode());
+  }
+  heldCredits_.clear();
+  cv_.notify_all();
+  lock.unlock();
+  // Still under writeMutex_: before anything else is sent on it.
+  if (!credits.empty()) (void)init::writeFrames(control_.get(), credits);
+  return {};
+}
+
+void InitConnection::endSuspension() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    suspended_ = false;
+  }
+  cv_.notify_all();
+}
+
+bool InitConnection::awaitTransport() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!suspended_ || closeAsked_) return false;
+  readerParked_ = true;
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return !suspended_ || closeAsked_; });
+  readerParked_ = false;
+  const bool swapped = swapped_ && !closeAsked_;
+  swapped_ = false;
+  return swapped;
 }
 
 uint32_t InitConnection::peerVersion() {
@@ -57,8 +144,12 @@ void InitConnection::readLoop() {
   init::FrameReader reader;
   for (;;) {
     auto frame = init::readFrame(control_.get(), reader);
-    if (!frame.ok()) break;
-    dispatch(frame.value());
+    if (frame.ok()) {
+      dispatch(frame.value());
+      continue;
+    }
+    if (!awaitTransport()) break;
+    reader = init::FrameReader();  // a new transport: its first frame is whole
   }
   std::map<uint32_t, std::shared_ptr<ProcessSink>> sinks;
   std::string reason;
@@ -187,12 +278,16 @@ Status InitConnection::send(init::MsgType type, const std::string& payload) {
 
 Status InitConnection::sendFrames(const std::string& frames) {
   std::lock_guard<std::mutex> lock(writeMutex_);
+  {
+    std::lock_guard<std::mutex> state(mutex_);
+    if (suspended_) return Error::make(Code::kConflict, suspendReason_);
+  }
   Status s = init::writeFrames(control_.get(), frames);
   // A connection with a send timeout (a microVM's: its moat-init is the
   // guest's to stop) that ran out may hold part of a frame: nothing after
   // it could be read right, so it ends here.
   if (!s.ok() && (s.error().sysErrno == EAGAIN || s.error().sysErrno == EWOULDBLOCK)) {
-    close("moat-init stopped taking what moatd sends (a write waited out its timeout)");
+    closeWriting("moat-init stopped taking what moatd sends (a write waited out its timeout)");
   }
   return s;
 }
@@ -227,40 +322,42 @@ Status InitConnection::writeStdin(uint32_t id, const std::string& data) {
   // Frames stay well below kMaxFrame.
   constexpr size_t kPiece = 1u << 20;
   for (size_t at = 0; at < data.size(); at += kPiece) {
-    if (!send(init::MsgType::kStdin, init::StdinData{id, data.substr(at, kPiece)}.encode()).ok()) {
-      return gone("the environment ended");
-    }
+    MOAT_TRY(lostUnlessSuspended(send(init::MsgType::kStdin, init::StdinData{id, data.substr(at, kPiece)}.encode())));
   }
   return {};
 }
 
 Status InitConnection::closeStdin(uint32_t id) {
-  if (!send(init::MsgType::kCloseStdin, init::ProcessRef{id}.encode()).ok()) return gone("the environment ended");
-  return {};
+  return lostUnlessSuspended(send(init::MsgType::kCloseStdin, init::ProcessRef{id}.encode()));
 }
 
 Status InitConnection::signal(uint32_t id, int signo, bool wholeGroup) {
-  if (!send(init::MsgType::kSignal, init::SignalRequest{id, signo, wholeGroup}.encode()).ok()) {
-    return gone("the environment ended");
-  }
-  return {};
+  return lostUnlessSuspended(send(init::MsgType::kSignal, init::SignalRequest{id, signo, wholeGroup}.encode()));
 }
 
 Status InitConnection::grantOutput(uint32_t id, uint64_t upTo) {
-  if (!send(init::MsgType::kOutputCredit, init::OutputCredit{id, upTo}.encode()).ok()) {
-    return gone("the environment ended");
+  {
+    // Kept while suspended and sent first on the new transport: a credit
+    // lost would leave the process's output waiting for good.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (suspended_) {
+      auto& held = heldCredits_[id];
+      held = std::max(held, upTo);
+      return {};
+    }
   }
-  return {};
+  return lostUnlessSuspended(send(init::MsgType::kOutputCredit, init::OutputCredit{id, upTo}.encode()));
 }
 
 Status InitConnection::resize(uint32_t id, uint16_t rows, uint16_t cols) {
-  if (!send(init::MsgType::kResize, init::Resize{id, rows, cols}.encode()).ok()) {
-    return gone("the environment ended");
-  }
-  return {};
+  return lostUnlessSuspended(send(init::MsgType::kResize, init::Resize{id, rows, cols}.encode()));
 }
 
 Result<init::FileResult> InitConnection::file(init::FileRequest request) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (suspended_) return Error::make(Code::kConflict, suspendReason_);
+  }
   // A moat-init before version 6 reads holes as zeros (and would refuse the
   // flag): the same bytes, from where they were asked for.
   const bool olderRead = request.op == init::FileOp::kRead && peerVersion() < init::kSparseReadSince;
@@ -272,8 +369,13 @@ Result<init::FileResult> InitConnection::file(init::FileRequest request) {
     files_[request.tag];
   }
   uint32_t tag = request.tag;
-  bool sent = send(init::MsgType::kFile, request.encode()).ok();
+  Status sending = send(init::MsgType::kFile, request.encode());
+  const bool sent = sending.ok();
   std::unique_lock<std::mutex> lock(mutex_);
+  if (!sent && sending.error().code == Code::kConflict) {  // suspended meanwhile
+    files_.erase(tag);
+    return sending.error();
+  }
   bool finished = sent && cv_.wait_for(lock, kFileTimeout, [&] { return files_[tag].done || closed_; });
   PendingFile p = std::move(files_[tag]);
   files_.erase(tag);

@@ -44,7 +44,10 @@ class InitConnection : public std::enable_shared_from_this<InitConnection> {
     std::function<void(const init::ExecCheck&, std::function<void(bool allow)>)> check;
     std::function<void(const init::ExecReport&)> report;
   };
-  InitConnection(UniqueFd control, std::function<void()> onClosed, ExecHooks hooks = {});
+  // `suspendedWhy` not empty: made suspended (suspend()), its transport to
+  // come from resumeOn() (an environment a restart found on disk).
+  InitConnection(UniqueFd control, std::function<void()> onClosed, ExecHooks hooks = {},
+                 const std::string& suspendedWhy = "");
   ~InitConnection();
   InitConnection(const InitConnection&) = delete;
   InitConnection& operator=(const InitConnection&) = delete;
@@ -82,6 +85,19 @@ class InitConnection : public std::enable_shared_from_this<InitConnection> {
   bool closed();
   // Drops the connection: processes and requests waiting on it end with `reason`.
   void close(const std::string& reason);
+  // Its transport goes and comes back (a microVM checkpointed to disk,
+  // docs/PAUSE.md): from suspend() on, sends fail with `why` (kConflict),
+  // and the transport's end ends nothing: processes and their sinks wait
+  // for the guest's return. resumeOn() hands over the new transport, on
+  // which moat-init's Hello comes first (peerVersion() waits for it);
+  // endSuspension() gives up waiting (the old transport, if it still
+  // works, goes on; if it ended, so does the connection).
+  void suspend(const std::string& why);
+  Status resumeOn(UniqueFd control);
+  void endSuspension();
+  bool suspended();
+  // kConflict saying why while suspended; else fine.
+  Status usable();
 
  private:
   struct PendingFile {
@@ -89,6 +105,11 @@ class InitConnection : public std::enable_shared_from_this<InitConnection> {
     bool done = false;
   };
   void readLoop();
+  // After the transport ended: true once resumeOn() gave a new one, false
+  // when the connection ends (not suspended, or closed meanwhile).
+  bool awaitTransport();
+  // close() with writeMutex_ held.
+  void closeWriting(const std::string& reason);
   void dispatch(const init::Frame& frame);
   std::shared_ptr<ProcessSink> sinkOf(uint32_t id, bool last);
   Status send(init::MsgType type, const std::string& payload);
@@ -108,6 +129,12 @@ class InitConnection : public std::enable_shared_from_this<InitConnection> {
   // under their ids.
   uint32_t nextKey_;
   bool closed_ = false;
+  bool closeAsked_ = false;                   // close() or the destructor: a waiting reader gives up
+  bool suspended_ = false;                    // suspend() .. resumeOn() or endSuspension()
+  std::string suspendReason_;                 // what sends answer meanwhile
+  bool readerParked_ = false;                 // its reader saw the transport end and waits
+  bool swapped_ = false;                      // resumeOn() gave it a new transport
+  std::map<uint32_t, uint64_t> heldCredits_;  // output credits granted while suspended
   uint32_t peerVersion_ = 0;
   std::string closeReason_;
   std::thread reader_;

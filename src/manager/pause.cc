@@ -7,11 +7,20 @@
 // thaws, so a moatd that dies between the two leaves a record that says
 // paused over processes that may run, never the other way round: a start
 // pauses again only what its store calls paused (recoverAfterRestart).
+#include <chrono>
+
+#include "common/hex.h"
+#include "common/log.h"
 #include "manager/environment_manager.h"
+#include "manager/stored_settings.h"
 
 namespace moat::manager {
 
 using store::EnvironmentState;
+
+std::string checkpointedWhy(const std::string& id) {
+  return "environment " + id + " is checkpointed to disk: resume it (POST /v1/environments/" + id + "/resume) first";
+}
 
 int64_t expiryAfterPause(const store::EnvironmentRecord& record, int64_t nowMs) {
   if (record.ttlRunsWhilePaused) return record.expiresAtMs;
@@ -55,8 +64,74 @@ Result<LiveEnvironment> EnvironmentManager::unpausedLiveOf(const std::string& id
   return live;
 }
 
-Result<store::EnvironmentRecord> EnvironmentManager::pause(const std::string& id, const std::string& actor) {
-  return pauseHeld(id, actor, false);
+Result<store::EnvironmentRecord> EnvironmentManager::pause(const std::string& id, const std::string& actor,
+                                                           bool toDisk) {
+  return pauseHeld(id, actor, false, toDisk);
+}
+
+Status EnvironmentManager::checkpointHeld(const store::EnvironmentRecord& record, const LiveEnvironment& live,
+                                          const std::string& actor) {
+  const std::string& id = record.id;
+  // Everything moatd sent has reached moat-init (its answer to this says
+  // so) and nothing more is sent until it is back: a guest saved with half
+  // a request read would misread the next.
+  init::FileRequest tasks;
+  tasks.op = init::FileOp::kTasks;
+  tasks.path = "/";
+  MOAT_TRY(live.connection->file(tasks));
+  live.connection->suspend(checkpointedWhy(id));
+  // Its egress link lives in its QEMU's network namespace, which goes with
+  // QEMU: taken away first, made again by the resume.
+  const bool linked = egress_ && egress_->slotOf(id).has_value();
+  if (linked) {
+    (void)egress_->detach(id);
+    (void)store_.setNetwork(id, record.network, -1);
+  }
+  auto bytes = backend_.checkpoint(id);
+  if (!bytes.ok()) {
+    live.connection->endSuspension();
+    if (linked) (void)restoreNetwork(id, "its checkpoint failed: " + bytes.error().message());
+    return bytes.error();
+  }
+  MOAT_TRY(store_.setPausedMemory(id, true));
+  audit_.record("environment.checkpointed", id, actor, {{"bytes", bytes.value()}});
+  return {};
+}
+
+Status EnvironmentManager::restoreCheckpointHeld(const store::EnvironmentRecord& record, const LiveEnvironment& live) {
+  const std::string& id = record.id;
+  auto spec = specFor(record.templateName, record.cpus, record.ramMb, record.storageGb, record.pids,
+                      backend::isolationNamed(record.isolation).value_or(backend::Isolation::kNamespaces));
+  spec.id = id;
+  MOAT_ASSIGN(UniqueFd control, backend_.restoreCheckpoint(spec));
+  MOAT_TRY(live.connection->resumeOn(std::move(control)));
+  if (live.connection->peerVersion() == 0) {
+    return Error::make(Code::kUnavailable, "environment " + id + "'s guest did not answer after its restore");
+  }
+  sendExecPolicy(id, live.connection);  // this moatd's gate (a restart may have come between)
+  // Its clock stood still while it was on disk.
+  if (live.connection->peerVersion() >= init::kClockSince) {
+    init::FileRequest clock;
+    clock.op = init::FileOp::kClock;
+    clock.path = "/";
+    clock.offset = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count());
+    MOAT_ASSIGN(clock.data, randomBytes(32));
+    MOAT_ASSIGN(auto set, live.connection->file(clock));
+    if (set.err != 0) {
+      moat::log::warnf("environment %s's clock was not set after its restore: %s\n", id.c_str(), set.message.c_str());
+    }
+  }
+  MOAT_TRY(store_.setPausedMemory(id, false));
+  auto stored = storedNetwork(record);
+  if (stored.ok() && stored->mode != egress::Mode::kNone) {
+    if (Status linked = restoreNetwork(id, "restored from its checkpoint"); !linked.ok()) {
+      moat::log::warnf("environment %s's network after its restore: %s\n", id.c_str(),
+                       linked.error().message().c_str());
+    }
+  }
+  return {};
 }
 
 void EnvironmentManager::expire(const std::string& id) {
@@ -94,11 +169,20 @@ void EnvironmentManager::pauseAtExpiry(const std::string& id) {
 }
 
 Result<store::EnvironmentRecord> EnvironmentManager::pauseHeld(const std::string& id, const std::string& actor,
-                                                               bool atExpiry) {
+                                                               bool atExpiry, bool toDisk) {
   auto held = exclusive(id);  // one pause, resume, restore or destroy of it at a time
   MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   MOAT_ASSIGN(auto record, get(id));
-  if (record.state == EnvironmentState::kPaused) return record;
+  if (toDisk && record.isolation != backend::isolationName(backend::Isolation::kMicroVm)) {
+    return backend_.checkpoint(id).error();  // the backend says why it cannot
+  }
+  if (record.state == EnvironmentState::kPaused) {
+    if (toDisk && !record.pausedToDisk) {
+      MOAT_TRY(checkpointHeld(record, live, actor));  // it stays paused in RAM if this fails
+      return get(id);
+    }
+    return record;
+  }
   if (record.state != EnvironmentState::kRunning) {
     return Error::make(Code::kConflict, "environment " + id + " is " + stateName(record.state));
   }
@@ -127,7 +211,21 @@ Result<store::EnvironmentRecord> EnvironmentManager::pauseHeld(const std::string
   if (!record.ttlRunsWhilePaused) live_.setExpiry(id, kNoExpiry);
   nlohmann::json data = {{"ttl_while_paused", record.ttlRunsWhilePaused ? "runs" : "stops"}};
   if (atExpiry) data["reason"] = "expired";
+  data["memory"] = toDisk ? "disk" : "ram";
   audit_.record("environment.paused", id, actor, data);
+  if (toDisk) {
+    if (Status saved = checkpointHeld(record, live, actor); !saved.ok()) {
+      // Left as it was before the pause: running, its memory in RAM.
+      if (holdProcesses(record, live.connection, false).ok()) {
+        (void)store_.setPause(id, EnvironmentState::kRunning, 0, record.expiresAtMs);
+        undo();
+        live_.setExpiry(id, record.expiresAtMs);
+        audit_.record("environment.resumed", id, "moatd",
+                      {{"reason", "its checkpoint to disk failed: " + saved.error().message()}});
+      }
+      return saved.error();
+    }
+  }
   return get(id);
 }
 
@@ -136,6 +234,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::resume(const std::string& i
   MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   MOAT_ASSIGN(auto record, get(id));
   if (record.state != EnvironmentState::kPaused) return record;
+  const bool fromDisk = record.pausedToDisk;
+  if (fromDisk) MOAT_TRY(restoreCheckpointHeld(record, live));
   MOAT_TRY(holdProcesses(record, live.connection, false));
   const int64_t now = nowMs();
   const int64_t pausedMs = std::max<int64_t>(0, now - record.pausedAtMs);
@@ -147,7 +247,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::resume(const std::string& i
   live_.update(id, [&](LiveEnvironment& live) { live.paused = false; });
   live_.setExpiry(id, expiresAtMs);
   reaperCv_.notify_all();
-  audit_.record("environment.resumed", id, actor, {{"paused_ms", pausedMs}});
+  audit_.record("environment.resumed", id, actor, {{"paused_ms", pausedMs}, {"memory", fromDisk ? "disk" : "ram"}});
   return get(id);
 }
 

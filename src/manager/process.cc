@@ -235,6 +235,8 @@ Status Process::writeStdin(const std::string& data, bool close, std::chrono::mil
     return {};
   };
   MOAT_ASSIGN(Channel c, channel(check));
+  // Refused before it is counted as sent (its window would never get it back).
+  MOAT_TRY(c.connection->usable());
   // A moat-init from before flow control (an environment older than an
   // upgrade) does not say what it took: it is sent as before.
   bool bounded = !data.empty() && c.connection->peerVersion() >= init::kFlowControlSince;

@@ -185,7 +185,10 @@ class EnvironmentService {
   // Stops every process of a running environment where it is (its pid 1
   // goes on answering file reads) / lets them go on (docs/PAUSE.md). Both
   // idempotent: a paused one's pause (a running one's resume) is its record.
-  virtual Result<store::EnvironmentRecord> pause(const std::string& id, const std::string& actor) = 0;
+  // `toDisk`: its memory is then saved to disk and released (a checkpoint;
+  // a paused one's pause with it goes on to that; docs/PAUSE.md, "To disk").
+  virtual Result<store::EnvironmentRecord> pause(const std::string& id, const std::string& actor,
+                                                 bool toDisk = false) = 0;
   virtual Result<store::EnvironmentRecord> resume(const std::string& id, const std::string& actor) = 0;
   // What a running environment uses now (conflict when it does not run).
   virtual Result<backend::Usage> usage(const std::string& id) = 0;

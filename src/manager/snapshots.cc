@@ -276,8 +276,10 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
       // calls paused: said, and left to the next resume to set right.
       moat::log::warnf("recording the end of %s's pause: %s\n", id.c_str(), s.error().message().c_str());
     }
+    if (record.pausedToDisk) (void)store_.setPausedMemory(id, false);  // its checkpoint went with it
     record.state = EnvironmentState::kRunning;
     record.pausedAtMs = 0;
+    record.pausedToDisk = false;
     record.expiresAtMs = expiresAtMs;
     audit_.record("environment.resumed", id, actor, {{"reason", why}});
   }

@@ -127,7 +127,8 @@ const char* kToolDefinitions = R"json([
 {"name": "pause_environment",
  "description": "Stop every process in the environment where it is (its memory and files are kept), e.g. to hold a long job while a person looks. While paused, commands and file changes are refused; reading files still works. resume_environment lets them go on.",
  "inputSchema": {"type": "object", "additionalProperties": false, "properties": {
-   "environment_id": {"type": "string", "description": "default: this session's environment"}}}},
+   "environment_id": {"type": "string", "description": "default: this session's environment"},
+   "memory": {"type": "string", "enum": ["ram", "disk"], "description": "'ram' (default) keeps its memory; 'disk' saves it to disk and releases it (a checkpoint, microvm environments only; files cannot be read until the resume)"}}}},
 {"name": "resume_environment",
  "description": "Let a paused environment's processes go on from where they stopped.",
  "inputSchema": {"type": "object", "additionalProperties": false, "properties": {
@@ -301,7 +302,7 @@ json Tools::call(const std::string& name, const json& args) {
   if (name == "restore_environment") return restoreEnvironment(*env, args);
   if (name == "fork_environment") return forkEnvironment(*env, args);
   if (name == "pause_environment" || name == "resume_environment") {
-    return pauseEnvironment(*env, name == "pause_environment");
+    return pauseEnvironment(*env, name == "pause_environment", args.contains("memory") && args["memory"] == "disk");
   }
   return setNetworkPolicy(*env, args);
 }
@@ -601,10 +602,11 @@ json Tools::searchFiles(const std::string& env, const json& args) {
   return toolResult(text, {{"matches", matches}, {"truncated", cut}});
 }
 
-json Tools::pauseEnvironment(const std::string& env, bool pause) {
-  Rest r = rest("POST", envPath(env) + (pause ? "/pause" : "/resume"));
+json Tools::pauseEnvironment(const std::string& env, bool pause, bool toDisk) {
+  Rest r = rest("POST", envPath(env) + (pause ? "/pause" : "/resume"), toDisk ? R"({"memory":"disk"})" : "");
   if (r.status != 200) return toolError(r.error);
-  return toolResult(pause ? "environment " + env + " is paused: its processes are stopped until resume_environment"
+  return toolResult(pause ? "environment " + env + " is paused: its processes are stopped until resume_environment" +
+                                (toDisk ? " (its memory is on disk)" : "")
                           : "environment " + env + " runs again",
                     {{"environment_id", env}, {"state", r.body.value("state", "")}});
 }

@@ -29,7 +29,7 @@ class Tools {
   json createEnvironment(const json& args);
   json listEnvironments();
   json destroyEnvironment(const json& args);
-  json pauseEnvironment(const std::string& env, bool pause);
+  json pauseEnvironment(const std::string& env, bool pause, bool toDisk = false);
   json runCommand(const std::string& env, const json& args);
   json startProcess(const std::string& env, const json& args);
   json readProcessOutput(const std::string& env, const json& args);

@@ -119,6 +119,7 @@ struct EnvironmentRecord {
   int64_t pausedAtMs = 0;                  // unix time of the pause that holds it; 0: none
   bool ttlRunsWhilePaused = false;         // its time to live goes on while paused (default: it stops)
   ExpiryAction onExpiry = ExpiryAction::kDestroy;
+  bool pausedToDisk = false;  // paused, its memory on disk (a checkpoint); else in RAM
   int64_t ttlS = 0;  // the time to live given last (by the create or a timeout); 0: not recorded (older records)
 };
 
@@ -226,6 +227,8 @@ class Store {
   // A pause (state paused, pausedAtMs its time) or its end (state running,
   // pausedAtMs 0), with the expiry that follows, in one step.
   virtual Status setPause(const std::string& id, EnvironmentState state, int64_t pausedAtMs, int64_t expiresAtMs) = 0;
+  // Where a paused environment's memory is (docs/PAUSE.md, "To disk").
+  virtual Status setPausedMemory(const std::string& id, bool onDisk) = 0;
   // Records in a state other than gone and failed (what a restart must look at).
   virtual Result<std::vector<EnvironmentRecord>> liveEnvironments() = 0;
 

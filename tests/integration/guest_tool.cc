@@ -88,6 +88,25 @@ int main(int argc, char** argv) {
     std::fputs(argv[3], f);
     return std::fclose(f) == 0 ? 0 : 1;
   }
+  if (argc == 3 && std::strcmp(argv[1], "remember") == 0) {
+    // What it was told, kept in its memory alone: all of it, again, after
+    // each line, on its output and in FILE (a REPL's state, for the
+    // checkpoint tests).
+    std::string kept;
+    char line[4096];
+    while (std::fgets(line, sizeof line, stdin)) {
+      std::string word(line);
+      while (!word.empty() && word.back() == '\n') word.pop_back();
+      kept += (kept.empty() ? "" : " ") + word;
+      std::printf("[%s]\n", kept.c_str());
+      std::fflush(stdout);
+      FILE* f = std::fopen(argv[2], "w");
+      if (!f) return 1;
+      std::fprintf(f, "[%s]", kept.c_str());
+      if (std::fclose(f) != 0) return 1;
+    }
+    return 0;
+  }
   if (argc == 2 && std::strcmp(argv[1], "echo") == 0) {
     char line[4096];
     while (std::fgets(line, sizeof line, stdin)) {

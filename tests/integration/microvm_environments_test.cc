@@ -558,6 +558,89 @@ TEST_F(MicroVmEnvironments, APauseStopsTheGuestsProcessesWhileItsFilesAnswer) {
   EXPECT_NE(log.find("environment.paused"), std::string::npos) << log;
 }
 
+// A pause to disk (docs/PAUSE.md, "To disk"): QEMU saves the guest and
+// ends, its memory given back; the files, commands and input wait (409,
+// saying why); the resume restores the guest where it stood: the counter
+// goes on from its number, a program's memory holds what it was told
+// before, its output and input go on through the same process, and its
+// clock is the host's again. Across a moatd restart too.
+TEST_F(MicroVmEnvironments, ACheckpointToDiskReleasesTheMemoryAndTheResumeGoesOnWhereItWas) {
+  json body = vmBody();
+  body["spec"]["pids"] = 64;
+  const std::string id = createEnv(body);
+  const std::string base = "/v1/environments/" + id;
+  constexpr auto kWait = std::chrono::seconds(60);  // TCG under a loaded ctest -j2
+  call("POST", base + "/processes", {{"cmd", {"/bin/tool", "count", "/workspace/n"}}}, 201);
+  json remember = call("POST", base + "/processes", {{"cmd", {"/bin/tool", "remember", "/workspace/kept"}}}, 201);
+  const std::string repl = base + "/processes/" + std::to_string(remember["id"].get<int>());
+  call("POST", repl + "/stdin", {{"data", "first\n"}}, 204);
+  ASSERT_TRUE(counts(id, 0, "/workspace/n", kWait)) << "the counter never counted";
+  auto kept = [&] { return daemon_->request("GET", base + "/files?path=/workspace/kept").body; };
+  for (int i = 0; i < 600 && kept() != "[first]"; ++i) ::usleep(100000);  // bounded: 60 s
+  ASSERT_EQ(kept(), "[first]");
+  const pid_t qemu = qemuOf(id);
+  ASSERT_GT(qemu, 0);
+
+  json paused = call("POST", base + "/pause", {{"memory", "disk"}}, 200);
+  EXPECT_EQ(paused["state"], "paused") << paused.dump();
+  EXPECT_EQ(paused["paused_memory"], "disk") << paused.dump();
+  EXPECT_EQ(qemuOf(id), 0) << "its QEMU ended: the guest's memory is on disk";
+  struct stat st;
+  const std::string saved = daemon_->stateDir() + "/microvm/vms/" + id + "/memory.tcg.state";
+  ASSERT_EQ(::stat(saved.c_str(), &st), 0) << saved;
+  EXPECT_GT(st.st_size, 1 << 20) << "the guest's RAM is in it";
+  json stats = call("GET", base + "/stats", nullptr, 200);
+  EXPECT_EQ(stats["memory_bytes"], 0) << stats.dump();
+  for (const auto& [method, path, sent] :
+       {std::tuple{"GET", base + "/files?path=/workspace/kept", std::string()},
+        std::tuple{"POST", base + "/exec", std::string(R"({"cmd":["/bin/tool","uname"]})")},
+        std::tuple{"POST", repl + "/stdin", std::string(R"({"data":"lost?\n"})")}}) {
+    auto refused = daemon_->request(method, path, sent);
+    EXPECT_EQ(refused.status, 409) << path << ": " << refused.body;
+    EXPECT_TRUE(refused.body.find("checkpointed to disk") != std::string::npos ||
+                refused.body.find("is paused: resume it") != std::string::npos)
+        << path << ": " << refused.body;
+  }
+  EXPECT_EQ(call("POST", base + "/pause", {{"memory", "disk"}}, 200)["paused_memory"], "disk") << "idempotent";
+
+  json resumed = call("POST", base + "/resume", nullptr, 200);
+  EXPECT_EQ(resumed["state"], "running") << resumed.dump();
+  EXPECT_FALSE(resumed.contains("paused_memory")) << resumed.dump();
+  EXPECT_NE(::stat(saved.c_str(), &st), 0) << "the checkpoint is gone once the guest is back";
+  EXPECT_GT(qemuOf(id), 0);
+  const long at = counter(id);
+  EXPECT_GT(at, 0) << "the counter's file came back";
+  EXPECT_TRUE(counts(id, at, "/workspace/n", kWait)) << "the counter goes on from where it stood";
+  call("POST", repl + "/stdin", {{"data", "second\n"}}, 204);
+  for (int i = 0; i < 600 && kept() != "[first second]"; ++i) ::usleep(100000);  // bounded: 60 s
+  EXPECT_EQ(kept(), "[first second]") << "the program's memory held what it was told before";
+  auto output = daemon_->request("GET", repl + "/output");
+  EXPECT_NE(output.body.find("[first second]"), std::string::npos) << "its output goes on: " << output.body;
+
+  // Across a moatd restart: the next moatd finds it on disk, and resumes it.
+  call("POST", base + "/pause", {{"memory", "disk"}}, 200);
+  const long stopped = counter(id);
+  daemon_->kill9();
+  daemon_->restart();
+  json found = call("GET", base, nullptr, 200);
+  EXPECT_EQ(found["state"], "paused") << found.dump();
+  EXPECT_EQ(found["paused_memory"], "disk") << found.dump();
+  EXPECT_EQ(qemuOf(id), 0);
+  ::sleep(3);  // the guest's clock stands still meanwhile
+  EXPECT_EQ(call("POST", base + "/resume", nullptr, 200)["state"], "running");
+  EXPECT_TRUE(counts(id, stopped, "/workspace/n", kWait)) << "the counter goes on after the restart";
+  const long guestTime = std::stol(exec(id, {{"cmd", {"/bin/tool", "time"}}})["stdout"].get<std::string>());
+  EXPECT_LE(std::labs(guestTime - static_cast<long>(::time(nullptr))), 2) << "the guest's clock was set again";
+  const std::string log = eventsUntil("?type=environment.&environment=" + id, "environment.checkpointed");
+  EXPECT_NE(log.find("environment.checkpointed"), std::string::npos) << log;
+
+  // On disk, a destroy leaves nothing.
+  call("POST", base + "/pause", {{"memory", "disk"}}, 200);
+  call("DELETE", base, nullptr, 204);
+  EXPECT_EQ(awaitState(id, "gone")["state"], "gone");
+  expectNothingLeftOf(id);
+}
+
 // Its QEMUs die with moatd (however it ends), and the next moatd says so.
 // A moatd killed leaves its guests running, as the spawner's environments
 // do: QEMU holds its id range, and the next moatd re-attaches each (the

@@ -90,11 +90,11 @@ TEST_F(Pause, ProcessesStopWhereTheyAreAndGoOnAfterTheResume) {
   EXPECT_EQ(port.status, 503) << port.body;
   EXPECT_NE(port.body.find("paused"), std::string::npos) << port.body;
   EXPECT_GT(counter(id), 0) << "the refused DELETE removed the file";
-  // A second pause is no error; the body takes no fields.
+  // A second pause is no error; the body takes no field but `memory`.
   EXPECT_EQ(call("POST", base + "/pause", json::object(), 200)["state"], "paused");
-  auto unknown = daemon_->request("POST", base + "/pause", R"({"memory":"disk"})");
+  auto unknown = daemon_->request("POST", base + "/pause", R"({"memroy":"disk"})");
   EXPECT_EQ(unknown.status, 400) << unknown.body;
-  EXPECT_NE(unknown.body.find("memory"), std::string::npos) << unknown.body;
+  EXPECT_NE(unknown.body.find("memroy"), std::string::npos) << unknown.body;
 
   const long stopped = counter(id);
   json resumed = call("POST", base + "/resume", nullptr, 200);
@@ -120,6 +120,29 @@ TEST_F(Pause, APausedEnvironmentStaysPausedAcrossAMoatdRestart) {
   const long stopped = counter(id);
   call("POST", "/v1/environments/" + id + "/resume", nullptr, 200);
   EXPECT_TRUE(counts(id, stopped));
+}
+
+// A checkpoint to disk is a microVM's (docs/PAUSE.md, "To disk"): a
+// namespace environment's is refused by name before anything stops, and
+// the pause's body is checked field by field.
+TEST_F(Pause, ACheckpointToDiskOfANamespaceEnvironmentIsRefusedByName) {
+  const std::string id = counting();
+  const std::string base = "/v1/environments/" + id;
+  auto refused = daemon_->request("POST", base + "/pause", R"({"memory":"disk"})");
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_NE(refused.body.find("need CRIU"), std::string::npos) << refused.body;
+  EXPECT_EQ(call("GET", base, nullptr, 200)["state"], "running") << "nothing was paused";
+  EXPECT_TRUE(counts(id, counter(id)));
+  for (const char* bad : {R"({"memory":"swap"})", R"({"memory":1})", R"({"memory":"ram","later":true})"}) {
+    auto r = daemon_->request("POST", base + "/pause", bad);
+    EXPECT_EQ(r.status, 400) << bad << ": " << r.body;
+  }
+  EXPECT_EQ(daemon_->request("POST", base + "/resume", R"({"memory":"disk"})").status, 400) << "a resume has no fields";
+  json paused = call("POST", base + "/pause", {{"memory", "ram"}}, 200);
+  EXPECT_EQ(paused["paused_memory"], "ram") << paused.dump();
+  EXPECT_EQ(daemon_->request("POST", base + "/pause", R"({"memory":"disk"})").status, 400)
+      << "nor once it is paused in RAM";
+  EXPECT_EQ(call("GET", base, nullptr, 200)["paused_memory"], "ram");
 }
 
 TEST_F(Pause, ThePauseStopsTheTimeToLiveUnlessItWasAskedToRun) {

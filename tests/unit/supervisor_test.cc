@@ -325,7 +325,7 @@ TEST_F(InitSupervisor, HelloComesFirst) {
   ASSERT_EQ(helloFrame_.type, MsgType::kHello);
   auto hello = Hello::decode(helloFrame_.payload);
   ASSERT_TRUE(hello.ok()) << hello.error().message();
-  EXPECT_EQ(hello->version, 6u);
+  EXPECT_EQ(hello->version, 7u);
   EXPECT_EQ(hello->version, kProtocolVersion);
   EXPECT_EQ(hello->initPid, static_cast<uint32_t>(initPid_));
 }
@@ -1292,9 +1292,9 @@ TEST_F(InitSupervisorFiles, WriteReadStatListRenameRemove) {
   auto nowhere = file(req(FileOp::kSync, dir + "/gone"));
   ASSERT_TRUE(nowhere.ok());
   EXPECT_EQ(nowhere->err, ENOENT) << nowhere->message;
-  // A pause, and a count of tasks, are a microVM guest's moat-init's: outside a
-  // guest, refused.
-  for (FileOp op : {FileOp::kPause, FileOp::kResume, FileOp::kTasks}) {
+  // A pause, a count of tasks and a clock are a microVM guest's moat-init's:
+  // outside a guest, refused (a command's host clock is never set).
+  for (FileOp op : {FileOp::kPause, FileOp::kResume, FileOp::kTasks, FileOp::kClock}) {
     auto refused = file(req(op, "/"));
     ASSERT_TRUE(refused.ok());
     EXPECT_EQ(refused->err, EOPNOTSUPP) << refused->message;

@@ -76,15 +76,18 @@ class Environment:
         self.info = self._transport.json("POST", self._path("/timeout"), json={"ttl_s": ttl_s})
         return self.info
 
-    def pause(self) -> dict[str, Any]:
+    def pause(self, memory: str = "ram") -> dict[str, Any]:
         """Stops every process where it is (docs/PAUSE.md): ``state`` ``paused``, with ``paused_at``.
 
         Until ``resume()``, commands, processes, shells and file changes raise
         ConflictError (409); file reads, snapshots and forks still work. Its
         time to live stops unless it was created with
         ``ttl_while_paused="runs"``. Pausing a paused one is no error.
+        ``memory="disk"`` (microVMs) then saves its memory to disk and
+        releases it: file reads too wait for the resume ("To disk").
         """
-        self.info = self._transport.json("POST", self._path("/pause"), json={})
+        body = {} if memory == "ram" else {"memory": memory}
+        self.info = self._transport.json("POST", self._path("/pause"), json=body)
         return self.info
 
     def resume(self) -> dict[str, Any]:

@@ -29,6 +29,7 @@ import type {
   GatedOptions,
   NetworkMode,
   OnExpiry,
+  PauseOptions,
   Permissions,
   Preview,
   PreviewCreated,
@@ -275,9 +276,10 @@ export class Environment implements EnvironmentInfo {
   /**
    * Stops every process where it is (docs/PAUSE.md); updates `info` (`state`
    * `"paused"`, `paused_at`). Until `resume()`, commands, processes, shells
-   * and file changes throw ConflictError; file reads still work.
+   * and file changes throw ConflictError; file reads still work (with
+   * `memory: "disk"`, a microVM's checkpoint, they too wait).
    */
-  async pause(options: RequestOptions = {}): Promise<EnvironmentInfo> {
+  async pause(options: PauseOptions = {}): Promise<EnvironmentInfo> {
     this.record = await this.apis.environments.pause(this.id, options);
     return this.record;
   }

@@ -16,6 +16,7 @@ import type {
   ExecResult,
   GatedOptions,
   ListEnvironmentsFilter,
+  PauseOptions,
   RequestOptions,
   ShellOptions,
 } from "./types.js";
@@ -95,14 +96,17 @@ export class Environments {
    * new processes, shells and file changes throw ConflictError (409);
    * file reads, snapshots and forks still work. Its time to live stops
    * unless it was created with `ttl_while_paused: "runs"`. Pausing a paused
-   * one is no error. Never retried: a POST.
+   * one is no error. With `memory: "disk"` (microVMs) its memory is then
+   * saved to disk and released; file reads too wait for the resume
+   * (docs/PAUSE.md, "To disk"). Never retried: a POST.
    */
-  pause(id: string, options: RequestOptions = {}): Promise<EnvironmentInfo> {
+  pause(id: string, options: PauseOptions = {}): Promise<EnvironmentInfo> {
+    const { memory, ...rest } = options;
     return this.transport.json<EnvironmentInfo>({
       method: "POST",
       path: `/v1/environments/${seg(id)}/pause`,
-      json: {},
-      ...options,
+      json: memory ? { memory } : {},
+      ...rest,
     });
   }
 

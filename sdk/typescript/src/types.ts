@@ -133,6 +133,8 @@ export interface EnvironmentInfo {
   on_expiry?: OnExpiry;
   /** When the pause that holds it began; present only while paused. */
   paused_at?: string;
+  /** Where its memory is while paused (present only while paused). */
+  paused_memory?: PausedMemory;
   labels: Record<string, string>;
   /** The environment's first permission layer (every scope spelled out). */
   permissions?: Permissions;
@@ -254,6 +256,15 @@ export type Encoding = "utf8" | "base64";
  *   the same call: the approval is a one-time grant for exactly that action.
  */
 export type ApprovalMode = "wait" | "async";
+
+/** Where a paused environment's memory is: in RAM, or saved to disk (a checkpoint, microVMs). */
+export type PausedMemory = "ram" | "disk";
+
+/** RequestOptions of a pause. */
+export interface PauseOptions extends RequestOptions {
+  /** `"disk"`: its memory is saved to disk and released (docs/PAUSE.md, "To disk"). */
+  memory?: PausedMemory;
+}
 
 /** RequestOptions of a call the gate checks. */
 export interface GatedOptions extends RequestOptions {

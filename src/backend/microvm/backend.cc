@@ -57,6 +57,12 @@ std::string cgroupPrefixOf(const std::string& stateDir) {
 // In each guest's volume (docs/MICROVM.md, "Storage").
 constexpr const char* kLayerDisk = "/disk.img";
 constexpr const char* kConsoleLog = "/console.log";
+// In each guest's directory: the root image it booted (a link), and its
+// checkpoint (docs/PAUSE.md, "To disk"): QEMU's migration stream, named
+// for the accelerator it was saved under, complete once it has that name.
+constexpr const char* kOwnRootImage = "/root.erofs";
+constexpr const char* kCheckpointPartial = "/memory.state.partial";
+std::string checkpointName(bool kvm) { return kvm ? "/memory.kvm.state" : "/memory.tcg.state"; }
 // A volume holds the disk (at most its size) and the console (which may
 // grow as far, RLIMIT_FSIZE being the disk's size): its qgroup bounds both
 // together at the disk's size and this much.
@@ -152,6 +158,16 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
     const std::string dir = vms + "/" + id;
     std::unique_ptr<isolation::cgroup::Cgroup> cgroup;
     auto guest = [&]() -> Result<std::shared_ptr<Guest>> {
+      if (os::exists(dir + checkpointName(false)) || os::exists(dir + checkpointName(true))) {
+        // On disk (a checkpoint): no QEMU runs it; its cgroup (gone after
+        // a host reboot) and id range are taken again by its restore.
+        if (!volumeOf(id).ok()) return Error::make(Code::kNotFound, "its volume is gone");
+        auto made = newGuest();
+        made->dir = dir;
+        made->volume = true;
+        made->checkpointed = true;
+        return made;
+      }
       MOAT_ASSIGN(auto opened, isolation::cgroup::Cgroup::open(layout.value(), cgroupPrefix_ + id));
       cgroup = std::make_unique<isolation::cgroup::Cgroup>(std::move(opened));
       // Its QEMU joined it alone (a cgroup moatd made): the one process
@@ -195,6 +211,7 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
   // a busy host), ready for the manager's attach().
   std::vector<std::thread> attaching;
   for (auto& guest : adopted) {
+    if (!guest->vm) continue;  // on disk (a checkpoint)
     attaching.emplace_back([guest] {
       // A moatd that ended while it had the guest stopped (a snapshot's
       // moment) left it so: it goes on.
@@ -357,30 +374,16 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     (void)destroy(spec.id);
     return volume.error();
   }
-  VmSpec vm;
-  vm.cgroupJoin = guest->cgroup->procsFiles();
-  vm.kernel = host_.kernel;
-  vm.initBinary = host_.initBinary;
-  vm.initramfs = initrd;
-  vm.rootImage = image;
-  vm.workDir = guest->dir;
-  // As many vCPUs as the spec's CPU time rounded up, at most the host's
-  // (each is a thread; the cgroup bounds their time).
-  const unsigned hostCpus = std::max(1u, std::thread::hardware_concurrency());
-  vm.cpus = std::min(hostCpus, static_cast<unsigned>(std::max(1.0, std::ceil(spec.cpus))));
-  vm.memoryMb = spec.memoryMb;
-  vm.storageBytes = storageBytes;
-  vm.disk = volume.value() + kLayerDisk;
-  vm.consoleLog = volume.value() + kConsoleLog;
-  vm.pids = spec.pids;
-  vm.kvm = host_.kvm;
-  vm.uid = guest->ids->map.hostBase;
-  vm.gid = guest->ids->map.hostBase;
-  vm.hostname = spec.id;
-  vm.monitor = true;  // ports are forwarded through it
-  // It outlives this moatd (a restart re-attaches) and holds its id range.
-  vm.lasting = true;
-  vm.holdFd = guest->ids->lock.fd();
+  // The image it boots, kept beside it for as long as it lives: a restore
+  // of its checkpoint needs the very file its kernel read (images are made
+  // again, not kept, across moatd restarts).
+  if (::link(image.c_str(), (guest->dir + kOwnRootImage).c_str()) != 0) {
+    const Error linked = Error::fromErrno("link " + image + " into " + guest->dir);
+    guest.reset();
+    (void)destroy(spec.id);
+    return linked;
+  }
+  VmSpec vm = vmSpecFor(spec, *guest, volume.value(), image, initrd);
   // Restored from the saved guest of this template and machine, else
   // booted (docs/MICROVM.md, "Saved guests").
   auto saved = saved_.take(vm, spec.id);
@@ -419,6 +422,35 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     return up.error();
   }
   return Created{spec.id, guest->vm->takeControl()};
+}
+
+VmSpec MicroVmBackend::vmSpecFor(const Spec& spec, const Guest& guest, const std::string& volume,
+                                 const std::string& image, const std::string& initramfs) const {
+  VmSpec vm;
+  vm.cgroupJoin = guest.cgroup->procsFiles();
+  vm.kernel = host_.kernel;
+  vm.initBinary = host_.initBinary;
+  vm.initramfs = initramfs;
+  vm.rootImage = image;
+  vm.workDir = guest.dir;
+  // As many vCPUs as the spec's CPU time rounded up, at most the host's
+  // (each is a thread; the cgroup bounds their time).
+  const unsigned hostCpus = std::max(1u, std::thread::hardware_concurrency());
+  vm.cpus = std::min(hostCpus, static_cast<unsigned>(std::max(1.0, std::ceil(spec.cpus))));
+  vm.memoryMb = spec.memoryMb;
+  vm.storageBytes = storageLimitBytes(spec.storageGb);
+  vm.disk = volume + kLayerDisk;
+  vm.consoleLog = volume + kConsoleLog;
+  vm.pids = spec.pids;
+  vm.kvm = host_.kvm;
+  vm.uid = guest.ids->map.hostBase;
+  vm.gid = guest.ids->map.hostBase;
+  vm.hostname = spec.id;
+  vm.monitor = true;  // ports are forwarded through it
+  // It outlives this moatd (a restart re-attaches) and holds its id range.
+  vm.lasting = true;
+  vm.holdFd = guest.ids->lock.fd();
+  return vm;
 }
 
 Result<std::string> MicroVmBackend::makeVolume(isolation::fs::StoragePool& pool, const Spec& spec,
@@ -557,6 +589,9 @@ std::string MicroVmBackend::whyEnded(const std::string& id) {
 
 Result<UniqueFd> MicroVmBackend::attach(const std::string& id) {
   auto guest = find(id);  // held: its Vm is not reaped while this runs
+  if (guest && checkpointed(id)) {
+    return Error::make(Code::kConflict, "microVM environment " + id + " is checkpointed to disk: resume it first");
+  }
   if (!guest || !guest->vm) return Error::make(Code::kNotFound, "no microVM environment " + id);
   UniqueFd control;
   {
@@ -585,6 +620,11 @@ bool MicroVmBackend::runs(const std::string& id) {
 
 Result<Usage> MicroVmBackend::usage(const std::string& id) {
   auto guest = find(id);
+  if (guest && checkpointed(id) && !guest->cgroup) {
+    Usage usage;  // nothing runs: its disk alone
+    countStorage(stateDir_, id, usage);
+    return usage;
+  }
   if (!guest || !guest->cgroup) return Error::make(Code::kNotFound, "no microVM environment " + id);
   // QEMU's cgroup's: the guest's memory as QEMU touched it, TCG's cache,
   // QEMU's own. Its tasks are QEMU's threads, not the guest's processes:
@@ -676,5 +716,151 @@ Result<std::vector<std::string>> MicroVmBackend::snapshots() {
 }
 
 Result<Changes> MicroVmBackend::changes(const ChangesRequest&) { return notYet("a review of changed files"); }
+
+}  // namespace moat::backend::microvm
+
+namespace moat::backend::microvm {
+
+bool MicroVmBackend::checkpointed(const std::string& id) {
+  std::lock_guard lock(mutex_);
+  auto it = guests_.find(id);
+  return it != guests_.end() && it->second->checkpointed;
+}
+
+Result<uint64_t> MicroVmBackend::checkpoint(const std::string& id) {
+  auto guest = find(id);  // held: its Vm is not reaped while this runs
+  Vm* vm = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    if (guest && guest->checkpointed) {
+      struct stat st;
+      return ::stat((guest->dir + checkpointName(host_.kvm)).c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+    }
+    if (guest && guest->vm) vm = &*guest->vm;
+    if (guest && !guest->volume) {
+      return Error::make(Code::kUnsupported, "microVM environment " + id +
+                                                 " keeps its files in its memory (made by an earlier moatd): it "
+                                                 "cannot be checkpointed");
+    }
+  }
+  if (!vm) return Error::make(Code::kConflict, "microVM environment " + id + " is not running");
+  if (!os::exists(guest->dir + kOwnRootImage)) {
+    return Error::make(Code::kUnsupported, "microVM environment " + id +
+                                               " was made by an earlier moatd, which kept no copy of its root "
+                                               "image: it cannot be checkpointed");
+  }
+  const std::string partial = guest->dir + kCheckpointPartial;
+  (void)::unlink(partial.c_str());  // a checkpoint that failed before
+  MOAT_ASSIGN(UniqueFd state, os::open(partial, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  // QEMU writes its migration stream there (its disk's writes drained at
+  // the end) and is ended once it is complete; a save that fails leaves
+  // the guest running as it was.
+  if (Status saved = vm->save(state.get(), kGuestSaveWait, true); !saved.ok()) {
+    (void)::unlink(partial.c_str());
+    return saved.error();
+  }
+  struct stat st;
+  if (::fsync(state.get()) != 0 || ::fstat(state.get(), &st) != 0) {
+    const Error failed = Error::fromErrno("write " + partial);
+    (void)::unlink(partial.c_str());
+    return failed;
+  }
+  // Written and synced: its pages need not stay in memory (the point).
+  (void)::posix_fadvise(state.get(), 0, 0, POSIX_FADV_DONTNEED);
+  state.reset();
+  const std::string complete = guest->dir + checkpointName(host_.kvm);
+  if (::rename(partial.c_str(), complete.c_str()) != 0) return Error::fromErrno("rename " + partial);
+  (void)os::syncFileSystemOf(guest->dir);
+  std::optional<Vm> ended;  // reaped outside the lock
+  std::unique_ptr<isolation::cgroup::Cgroup> cgroup;
+  {
+    std::lock_guard lock(mutex_);
+    if (guest->vm) {
+      ended.emplace(std::move(*guest->vm));
+      guest->vm.reset();
+    }
+    cgroup = std::move(guest->cgroup);
+    guest->checkpointed = true;
+  }
+  ended.reset();
+  // QEMU's cgroup goes too (what it charged, the page cache of what QEMU
+  // wrote, with it): the restore makes it again, as after a host reboot.
+  if (cgroup) (void)cgroup->remove();
+  return static_cast<uint64_t>(st.st_size);
+}
+
+Result<UniqueFd> MicroVmBackend::restoreCheckpoint(const Spec& spec) {
+  auto guest = find(spec.id);
+  {
+    std::lock_guard lock(mutex_);
+    if (!guest || !guest->checkpointed) {
+      return Error::make(Code::kConflict, "microVM environment " + spec.id + " has no checkpoint");
+    }
+  }
+  const std::string state = guest->dir + checkpointName(host_.kvm);
+  if (!os::exists(state)) {
+    return Error::make(Code::kUnsupported, "microVM environment " + spec.id + " was checkpointed under " +
+                                               (host_.kvm ? "tcg" : "kvm") + ", and this moatd's microVMs run on " +
+                                               (host_.kvm ? "kvm" : "tcg") + ": a guest restores only as it was saved");
+  }
+  MOAT_ASSIGN(std::string initrd, initramfs());
+  MOAT_ASSIGN(std::string volume, volumeOf(spec.id));
+  // Its cgroup (gone after a host reboot) and its id range (QEMU's, taken
+  // again after a moatd restart, and its disk made that range's).
+  if (!guest->cgroup) {
+    MOAT_ASSIGN(auto layout, isolation::cgroup::preparedHostLayout(false));
+    std::unique_ptr<isolation::cgroup::Cgroup> made;
+    if (auto left = isolation::cgroup::Cgroup::open(layout, cgroupPrefix_ + spec.id); left.ok()) {
+      if (!left->processes().empty()) {
+        return Error::make(Code::kConflict,
+                           "a process runs in the cgroup of microVM environment " + spec.id + " while it is on disk");
+      }
+      made = std::make_unique<isolation::cgroup::Cgroup>(std::move(left.value()));
+    } else {
+      MOAT_ASSIGN(made, isolation::cgroup::createUnderPreparedParents(layout, cgroupPrefix_ + spec.id,
+                                                                      qemuLimits(spec.cpus, spec.memoryMb, host_.kvm)));
+    }
+    std::lock_guard lock(mutex_);
+    guest->cgroup = std::move(made);
+  }
+  if (!guest->ids) {
+    MOAT_ASSIGN(auto ids, isolation::namespaces::leaseIdMap());
+    const uid_t uid = ids.map.hostBase;
+    MOAT_ASSIGN(UniqueFd disk, os::open(volume + kLayerDisk, O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+    if (::fchown(disk.get(), uid, uid) != 0) return Error::fromErrno("chown " + volume + kLayerDisk);
+    std::lock_guard lock(mutex_);
+    guest->ids.emplace(std::move(ids));
+  }
+  // A console of its own again (the last is the QEMU's that saved it).
+  (void)::unlink((volume + kConsoleLog).c_str());
+  VmSpec vm = vmSpecFor(spec, *guest, volume, guest->dir + kOwnRootImage, initrd);
+  MOAT_ASSIGN(UniqueFd stateFd, os::open(state, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  vm.incomingState = stateFd.get();
+  MOAT_ASSIGN(Vm started, launcher_.run([&vm] { return Vm::start(vm); }));
+  // The guest goes on where it was saved, in the middle of its conversation
+  // with the host that saved it: a nonce tells where the new one begins.
+  Status resynced = started.runWhenLoaded(bootWait_);
+  if (resynced.ok()) resynced = started.resync(bootWait_);
+  if (!resynced.ok()) {
+    const std::string why = started.whyEnded(std::chrono::milliseconds(500));
+    started.kill();
+    return Error::make(resynced.error().code == Code::kTimeout ? Code::kTimeout : Code::kUnavailable,
+                       "microVM environment " + spec.id + " did not come back from its checkpoint: " +
+                           resynced.error().message() + (why.empty() ? "" : " (" + why + ")"));
+  }
+  MOAT_TRY(os::setSendTimeout(started.control(), kGuestSendWait));
+  UniqueFd control = started.takeControl();
+  {
+    std::lock_guard lock(mutex_);
+    if (guests_.count(spec.id) == 0) {
+      started.kill();
+      return Error::make(Code::kConflict, "microVM environment " + spec.id + " was destroyed while being restored");
+    }
+    guest->vm.emplace(std::move(started));
+    guest->checkpointed = false;
+  }
+  (void)::unlink(state.c_str());
+  return control;
+}
 
 }  // namespace moat::backend::microvm

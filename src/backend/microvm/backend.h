@@ -68,6 +68,9 @@ class MicroVmBackend final : public Backend {
   Result<std::vector<std::string>> snapshots() override;
   Result<Changes> changes(const ChangesRequest& request) override;
   std::string whyEnded(const std::string& id) override;
+  Result<uint64_t> checkpoint(const std::string& id) override;
+  Result<UniqueFd> restoreCheckpoint(const Spec& spec) override;
+  bool checkpointed(const std::string& id) override;
 
  private:
   // Set once the last holder of a guest let go of it (its QEMU reaped, its
@@ -85,6 +88,8 @@ class MicroVmBackend final : public Backend {
     std::unique_ptr<isolation::cgroup::Cgroup> cgroup;     // QEMU's (removed after it is reaped)
     std::optional<Vm> vm;
     UniqueFd reattached;  // an adopted guest's connection, made again for attach()
+    // On disk, its QEMU gone (checkpoint()): mutex_.
+    bool checkpointed = false;
   };
   // A guest whose release destroy() can wait for.
   static std::shared_ptr<Guest> newGuest();
@@ -97,6 +102,10 @@ class MicroVmBackend final : public Backend {
   // sends Resume) and waits for the guest's Hello.
   Status run(Guest& guest, const VmSpec& vm, const Spec& spec);
   Result<std::string> initramfs();
+  // What QEMU runs for `spec` in `guest` (its cgroup and ids made): its
+  // writable layer in `volume`, booting `image`.
+  VmSpec vmSpecFor(const Spec& spec, const Guest& guest, const std::string& volume, const std::string& image,
+                   const std::string& initramfs) const;
   // The volume of the guest being created (storage pool volume `spec.id`:
   // a new disk of `storageBytes`, or a copy of snapshot spec.fromSnapshot's).
   Result<std::string> makeVolume(isolation::fs::StoragePool& pool, const Spec& spec, uint64_t storageBytes,

@@ -212,9 +212,10 @@ std::vector<std::string> qemuArgv(const std::string& qemu, const VmSpec& spec) {
     if (!spec.hostname.empty()) cmdline += " MOAT_GUEST_HOSTNAME=" + spec.hostname;
   }
   // What moat-init keeps once its root is made: a namespace environment's
-  // init's, and SYS_BOOT to power the guest off; its commands drop
-  // SYS_PTRACE and SYS_BOOT (init/launch.cc).
-  uint64_t caps = 1ull << CAP_SYS_BOOT;
+  // init's, SYS_BOOT to power the guest off and SYS_TIME to set the guest's
+  // clock after a restore (FileOp kClock); its commands drop SYS_PTRACE,
+  // SYS_BOOT and SYS_TIME (init/launch.cc).
+  uint64_t caps = (1ull << CAP_SYS_BOOT) | (1ull << CAP_SYS_TIME);
   for (int cap : isolation::caps::initCapabilities()) caps |= 1ull << cap;
   cmdline += " MOAT_GUEST_CAPS=" + std::to_string(caps);
   if (!spec.kvm) cmdline += " tsc_early_khz=" + std::to_string(hostTscKhz());
@@ -528,15 +529,30 @@ Result<Vm> Vm::adopt(const std::string& workDir, const std::string& consoleLog, 
   return vm;
 }
 
+namespace {
+
+// kReattach with a fresh nonce, then what comes before its kReattached
+// skipped: the guest's Hello is what `fd` reads next.
+Status sayWhoCame(int fd, std::chrono::milliseconds wait) {
+  MOAT_ASSIGN(std::string nonce, randomBytes(16));
+  MOAT_TRY(init::writeFrame(fd, init::MsgType::kReattach, nonce));
+  // What the guest had written for the host that went comes first (it
+  // sends nothing new until it has read kReattach): far below the bound.
+  return readThrough(fd, init::encodeFrame(init::MsgType::kReattached, nonce), wait, kReattachSkipBytes);
+}
+
+}  // namespace
+
 Result<UniqueFd> Vm::reattach(std::chrono::milliseconds wait) const {
   if (workDir_.empty()) return Error::make(Code::kUnsupported, "a QEMU that is not lasting cannot be re-attached");
   MOAT_ASSIGN(UniqueFd fd, socketIn(workDir_, kControlSocket, false));
-  MOAT_ASSIGN(std::string nonce, randomBytes(16));
-  MOAT_TRY(init::writeFrame(fd.get(), init::MsgType::kReattach, nonce));
-  // What the guest had written for the host that went comes first (it
-  // sends nothing new until it has read kReattach): far below the bound.
-  MOAT_TRY(readThrough(fd.get(), init::encodeFrame(init::MsgType::kReattached, nonce), wait, kReattachSkipBytes));
+  MOAT_TRY(sayWhoCame(fd.get(), wait));
   return fd;
+}
+
+Status Vm::resync(std::chrono::milliseconds wait) const {
+  if (!control_) return Error::make(Code::kInvalidArgument, "the guest's connection was handed over");
+  return sayWhoCame(control_.get(), wait);
 }
 
 Status readThrough(int fd, const std::string& mark, std::chrono::milliseconds wait, size_t maxSkip) {
@@ -767,6 +783,29 @@ Status Vm::resumeLocked() {
   return last;
 }
 
+Status Vm::runWhenLoaded(std::chrono::milliseconds wait) {
+  if (!monitor_) return Error::make(Code::kInvalidArgument, "a guest started without a monitor cannot be started");
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  std::unique_lock lock(monitor_->mutex);
+  MOAT_ASSIGN(Qmp * qmp, session(*monitor_, deadline));
+  // QEMU keeps a guest saved stopped stopped once it is loaded: `cont`
+  // then, not before (during the load it would change nothing).
+  for (;;) {
+    MOAT_ASSIGN(auto status, qmp->call("query-status"));
+    const std::string state = status.is_object() && status.contains("status") && status["status"].is_string()
+                                  ? status["status"].get<std::string>()
+                                  : "";
+    if (state == "running") return {};
+    if (state != "inmigrate") break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Error::make(Code::kTimeout, "QEMU did not load the saved guest in time");
+    }
+    ::usleep(10000);
+  }
+  MOAT_TRY(qmp->call("cont"));
+  return {};
+}
+
 Status Vm::resume(std::chrono::milliseconds wait) {
   if (!monitor_) return {};
   std::unique_lock lock(monitor_->mutex, std::defer_lock);
@@ -774,11 +813,14 @@ Status Vm::resume(std::chrono::milliseconds wait) {
   return resumeLocked();
 }
 
-Status Vm::save(int stateFd, std::chrono::milliseconds wait) {
+Status Vm::save(int stateFd, std::chrono::milliseconds wait, bool stopFirst) {
   if (!monitor_) return Error::make(Code::kInvalidArgument, "a guest started without a monitor cannot be saved");
   std::unique_lock lock(monitor_->mutex);
   MOAT_ASSIGN(Qmp * session, Vm::session(*monitor_, std::chrono::steady_clock::now() + wait));
   Qmp& qmp = *session;
+  // Stopped, its state is written once as it stands (no pages written
+  // again as the guest dirties them meanwhile).
+  if (stopFirst) MOAT_TRY(qmp.call("stop"));
   // As fast as the disk takes it (QEMU's default rate is a network's).
   MOAT_TRY(qmp.call("migrate-set-parameters", {{"max-bandwidth", int64_t{1} << 40}}));
   MOAT_TRY(qmp.call("migrate-set-capabilities",
@@ -793,6 +835,7 @@ Status Vm::save(int stateFd, std::chrono::milliseconds wait) {
     if (status == "failed" || status == "cancelled") {
       MOAT_ASSIGN(auto why, qmp.call("query-migrate"));
       const bool described = why.is_object() && why.contains("error-desc") && why["error-desc"].is_string();
+      if (stopFirst) (void)qmp.call("cont");  // it goes on as it was
       return Error::make(Code::kToolFailed, "QEMU could not save the guest: " +
                                                 (described ? why["error-desc"].get<std::string>() : status));
     }

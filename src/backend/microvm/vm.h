@@ -228,6 +228,10 @@ class Vm {
   // wrote for the last host), so that the guest's Hello is what is read
   // next. Waits at most `wait`.
   Result<UniqueFd> reattach(std::chrono::milliseconds wait) const;
+  // The same on this Vm's own connection (control()): a guest restored from
+  // its checkpoint goes on from where it was saved, mid-conversation with
+  // the host that saved it.
+  Status resync(std::chrono::milliseconds wait) const;
   // The end of what the guest's console printed (the kernel's and
   // moat-init's own messages; printable characters only): why a guest that
   // ended did.
@@ -238,10 +242,10 @@ class Vm {
   // by (a guest whose kernel hangs says nothing: the bound is the host's).
   Status awaitGuest(std::chrono::milliseconds wait) const;
   // A guest started with VmSpec::monitor, saved into `stateFd` (QEMU's
-  // migration stream, the guest running on while it is written): what
-  // VmSpec::incomingState restores. QEMU is stopped after; waits at most
-  // `wait`.
-  Status save(int stateFd, std::chrono::milliseconds wait);
+  // migration stream, the guest running on while it is written unless
+  // `stopFirst`): what VmSpec::incomingState restores. QEMU is ended after;
+  // waits at most `wait`. A save that fails leaves the guest running.
+  Status save(int stateFd, std::chrono::milliseconds wait, bool stopFirst = false);
   // Why a guest whose connection closed ended, once QEMU has (waited for
   // up to `wait`): the kernel's panic when its console printed one, else
   // how QEMU ended (a signal, an exit status), or that QEMU runs on.
@@ -258,6 +262,9 @@ class Vm {
   Status whilePaused(const std::function<Status()>& work, std::chrono::milliseconds wait);
   // Lets a stopped guest go on (QMP cont; a running one is unchanged).
   Status resume(std::chrono::milliseconds wait);
+  // A guest restored from a state saved while it was stopped (save's
+  // stopFirst): once QEMU has loaded it, lets it run (QMP cont).
+  Status runWhenLoaded(std::chrono::milliseconds wait);
 
  private:
   Vm() = default;

@@ -191,6 +191,12 @@ ALTER TABLE environments ADD COLUMN on_expiry TEXT NOT NULL DEFAULT 'destroy'
   CHECK (on_expiry IN ('destroy', 'pause'));
 ALTER TABLE environments ADD COLUMN ttl_s INTEGER NOT NULL DEFAULT 0;
 )sql"},
+    // Where a paused environment's memory is: in RAM, or on disk (a
+    // checkpoint: docs/PAUSE.md, "To disk").
+    Migration{12, R"sql(
+ALTER TABLE environments ADD COLUMN paused_memory TEXT NOT NULL DEFAULT 'ram'
+  CHECK (paused_memory IN ('ram', 'disk'));
+)sql"},
 };
 
 inline constexpr int kSchemaVersion = kMigrations.back().version;
