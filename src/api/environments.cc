@@ -104,26 +104,28 @@ HttpResponse Api::createEnvironment(const HttpRequest& req, const Principal& pri
     auto action = a.is_string() ? store::expiryActionNamed(a.get<std::string>()) : std::nullopt;
     if (!action) {
       return errorResponse(invalid("on_expiry",
-                                   "must be \"destroy\" (the default) or \"pause\" (the environment is "
-                                   "paused when its time to live runs out: docs/PAUSE.md)"));
+                                   "must be \"destroy\" (the default), \"pause\" (the environment is "
+                                   "paused when its time to live runs out: docs/PAUSE.md) or \"checkpoint\" "
+                                   "(paused with its memory on disk: microvm environments)"));
     }
     create.onExpiry = *action;
     // Kept paused past its time, it holds its memory and its place until
     // someone resumes or destroys it: what a pause may do, so the key
     // must be one that may pause.
-    if (create.onExpiry == store::ExpiryAction::kPause && !principal.may("pause")) {
+    if (store::pausesAtExpiry(create.onExpiry) && !principal.may("pause")) {
       return errorResponse({403, "forbidden",
-                            "on_expiry: \"pause\" keeps the environment past its time to live: it needs the "
-                            "key's pause scope",
+                            "on_expiry: \"" + std::string(store::actionName(create.onExpiry)) +
+                                "\" keeps the environment past its time to live: it needs the key's pause scope",
                             "on_expiry"});
     }
   }
   // Paused at expiry with its time running on, it would be due again at
   // once: a pause at expiry stops the time to live.
-  if (create.onExpiry == store::ExpiryAction::kPause && create.ttlRunsWhilePaused) {
-    return errorResponse(invalid("on_expiry",
-                                 "\"pause\" needs ttl_while_paused \"stops\" (the time to live stops while "
-                                 "the environment is paused at its expiry; a resume gives it ttl_s again)"));
+  if (store::pausesAtExpiry(create.onExpiry) && create.ttlRunsWhilePaused) {
+    return errorResponse(invalid("on_expiry", "\"" + std::string(store::actionName(create.onExpiry)) +
+                                                  "\" needs ttl_while_paused \"stops\" (the time to live stops "
+                                                  "while the environment is paused at its expiry; a resume gives it "
+                                                  "ttl_s again)"));
   }
   if (j.contains("labels")) {
     if (auto e = stringMap(j["labels"], "labels", false, create.labels)) return errorResponse(*e);

@@ -52,10 +52,12 @@ std::pair<const char*, json> fileEvent(const init::FileRequest& f, const init::F
     case init::FileOp::kResume:
     case init::FileOp::kTasks:
     case init::FileOp::kClock:
+    case init::FileOp::kQuiesce:
       data["op"] = f.op == init::FileOp::kPause    ? "pause"
                    : f.op == init::FileOp::kResume ? "resume"
                    : f.op == init::FileOp::kTasks  ? "tasks"
-                                                   : "clock";
+                   : f.op == init::FileOp::kClock  ? "clock"
+                                                   : "quiesce";
       break;
   }
   if (r.err != 0) {

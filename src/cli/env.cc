@@ -34,9 +34,10 @@ commands:
       --ttl S           destroyed after S seconds, default 3600
       --ttl-while-paused stops|runs
                         whether a pause stops that time (default) or not
-      --on-expiry destroy|pause
+      --on-expiry destroy|pause|checkpoint
                         what the end of that time does (default destroy); pause keeps
-                        it paused until a resume gives it S seconds again (docs/PAUSE.md)
+                        it paused until a resume gives it S seconds again (docs/PAUSE.md);
+                        checkpoint does so with its memory on disk (microVMs)
       --label K=V       a label; repeatable
       -e NAME=VALUE     a variable for every command (-e NAME copies the host's); repeatable
       --permissions J   the gate's permissions, JSON or @FILE (docs/GATE.md), e.g.

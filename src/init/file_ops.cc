@@ -302,6 +302,7 @@ FileResult runFileRequest(const FileRequest& request) {
     case FileOp::kResume:
     case FileOp::kTasks:
     case FileOp::kClock:
+    case FileOp::kQuiesce:
       return failure(request, EOPNOTSUPP, "a guest's own request outside a microVM guest:");
   }
   return failure(request, EINVAL, "operation");

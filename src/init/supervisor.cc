@@ -439,7 +439,7 @@ int Supervisor::run() {
     for (auto& [id, p] : processes_) {
       // Output waits in the pipe until the launch is reported (Spawned
       // first), and while the client gives no credit for more.
-      bool forward = p.pid >= 0 && p.available() > 0;
+      bool forward = !quiet_ && p.pid >= 0 && p.available() > 0;
       if (p.stdoutFd && forward) {
         fds.push_back({p.stdoutFd.get(), POLLIN, 0});
         owners.emplace_back(id, 0);
@@ -564,6 +564,7 @@ void Supervisor::handleFrame(const Frame& frame) {
       // host that went are dropped; reports of programs that ran meanwhile
       // follow the Hello.
       reattaching_ = false;
+      quiet_ = false;
       outbox_.clear();
       outbox_ += encodeFrame(MsgType::kReattached, frame.payload.substr(0, 64));
       outbox_ += helloFrame();
@@ -597,7 +598,7 @@ void Supervisor::handleFrame(const Frame& frame) {
       auto req = FileRequest::decode(frame.payload);
       if (!req.ok()) return protocolError(req.error().message());
       if (commands_ && (req->op == FileOp::kPause || req->op == FileOp::kResume || req->op == FileOp::kTasks ||
-                        req->op == FileOp::kClock)) {
+                        req->op == FileOp::kClock || req->op == FileOp::kQuiesce)) {
         return send(MsgType::kFileResult, guestCgroupRequest(req.value()).encode());
       }
       return send(MsgType::kFileResult, runFileRequest(req.value()).encode());
@@ -611,7 +612,10 @@ FileResult Supervisor::guestCgroupRequest(const FileRequest& request) {
   FileResult result;
   result.tag = request.tag;
   Status done;
-  if (request.op == FileOp::kClock) {
+  if (request.op == FileOp::kQuiesce) {
+    releaseReports();  // before the answer: nothing of it is left to send
+    quiet_ = true;
+  } else if (request.op == FileOp::kClock) {
     // Restored from a checkpoint: its clock says when it was saved.
     done = os::setRealtime(request.offset);
     if (done.ok() && !request.data.empty()) done = os::addEntropy(request.data);
@@ -626,6 +630,7 @@ FileResult Supervisor::guestCgroupRequest(const FileRequest& request) {
     // Every command (what runs in the guest but this loop): they stop
     // where they are; this loop goes on answering.
     done = request.op == FileOp::kPause ? commands_->freeze() : commands_->thaw();
+    if (request.op == FileOp::kResume) quiet_ = false;
   }
   if (!done.ok()) {
     result.err =

@@ -187,6 +187,7 @@ class Supervisor {
   int port_ = -1;             // portMode_: the control port while no host is connected (control_ is then -1)
   bool reattaching_ = false;  // portMode_: a host is connected again and has not sent kReattach yet
   bool running_ = true;
+  bool quiet_ = false;  // FileOp kQuiesce: no output forwarded until kReattach or kResume
   UniqueFd signalFd_;
   FrameReader reader_;
   std::string outbox_;

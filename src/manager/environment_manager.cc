@@ -164,8 +164,13 @@ Status EnvironmentManager::recoverAfterRestart() {
       continue;
     }
     // Checkpointed to disk (docs/PAUSE.md, "To disk"): nothing runs to
-    // attach to; its connection waits for the resume.
-    const bool onDisk = r.state == EnvironmentState::kPaused && r.pausedToDisk && backend_.checkpointed(r.id);
+    // attach to; its connection waits for the resume. The backend's word
+    // is the truth (a moatd that died between its checkpoint or restore
+    // and the store's record left the record behind): the record follows.
+    const bool onDisk = r.state == EnvironmentState::kPaused && backend_.checkpointed(r.id);
+    if (r.state == EnvironmentState::kPaused && onDisk != r.pausedToDisk) {
+      (void)store_.setPausedMemory(r.id, onDisk);
+    }
     auto control = onDisk ? Result<UniqueFd>(UniqueFd()) : backend_.attach(r.id);
     if (!control.ok()) {
       (void)backend_.destroy(r.id);
@@ -367,6 +372,11 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     isolation = held;
   }
   record.isolation = backend::isolationName(isolation);
+  if (request.onExpiry == store::ExpiryAction::kCheckpoint && isolation != backend::Isolation::kMicroVm) {
+    return Error::make(Code::kUnsupported,
+                       "on_expiry: \"checkpoint\" needs a microvm environment (a namespace environment cannot be "
+                       "checkpointed to disk yet: docs/PAUSE.md, \"To disk\")");
+  }
   if (isolation == backend::Isolation::kMicroVm) {
     MOAT_TRY(microVmCreatable(record));
     record.accel = config_.microvmAccel;

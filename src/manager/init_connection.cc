@@ -64,12 +64,50 @@ void InitConnection::closeWriting(const std::string& reason) {
   ::shutdown(control_.get(), SHUT_RDWR);
 }
 
-void InitConnection::suspend(const std::string& why) {
-  std::lock_guard<std::mutex> write(writeMutex_);  // after any send under way
-  std::lock_guard<std::mutex> lock(mutex_);
-  suspended_ = true;
-  swapped_ = false;
-  suspendReason_ = why;
+Status InitConnection::suspend(const std::string& why, init::FileRequest barrier) {
+  uint32_t tag = 0;
+  {
+    std::lock_guard<std::mutex> write(writeMutex_);  // after any send under way
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (closed_) return gone(closeReason_.empty() ? "the environment ended" : closeReason_);
+      suspended_ = true;
+      swapped_ = false;
+      suspendReason_ = why;
+      tag = barrier.tag = nextKey_++;
+      files_[tag];
+    }
+    // The last frame sent before the suspension: its answer says moat-init
+    // has read everything before it (and, for kQuiesce, that nothing of
+    // its own follows).
+    Status sent = init::writeFrames(control_.get(), init::encodeFrame(init::MsgType::kFile, barrier.encode()));
+    if (!sent.ok()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      files_.erase(tag);
+      return sent;
+    }
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  const bool answered = cv_.wait_for(lock, kFileTimeout, [&] { return files_[tag].done || closed_; });
+  PendingFile p = std::move(files_[tag]);
+  files_.erase(tag);
+  if (!answered || !p.done) return Error::make(Code::kTimeout, "moat-init did not answer before the suspension");
+  if (p.result.err != 0) return Error::fromErrno("moat-init before the suspension: " + p.result.message, p.result.err);
+  return {};
+}
+
+void InitConnection::sendVerdict(uint64_t id, bool allow) {
+  const std::string frame = init::encodeFrame(init::MsgType::kExecVerdict, init::ExecVerdict{id, allow}.encode());
+  {
+    // A person's answer that comes while suspended is kept for the guest's
+    // return: moat-init waits for it.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (suspended_) {
+      heldFrames_ += frame;
+      return;
+    }
+  }
+  (void)sendFrames(frame);
 }
 
 Status InitConnection::usable() {
@@ -97,24 +135,35 @@ Status InitConnection::resumeOn(UniqueFd control) {
   peerVersion_ = 0;  // its Hello comes again
   suspended_ = false;
   swapped_ = true;
-  std::string credits;
-  for (const auto& [id, upTo] : heldCredits_) {
-    credits += init::encodeFrame(init::MsgType::kOutputCredit, init::OutputCredit{id, upTo}.encode());
-  }
-  heldCredits_.clear();
+  std::string held = heldFramesLocked();
   cv_.notify_all();
   lock.unlock();
   // Still under writeMutex_: before anything else is sent on it.
-  if (!credits.empty()) (void)init::writeFrames(control_.get(), credits);
+  if (!held.empty()) (void)init::writeFrames(control_.get(), held);
   return {};
 }
 
 void InitConnection::endSuspension() {
+  std::lock_guard<std::mutex> write(writeMutex_);
+  std::string held;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     suspended_ = false;
+    held = heldFramesLocked();
   }
   cv_.notify_all();
+  // The old transport, if it still works, gets what was held for it.
+  if (!held.empty()) (void)init::writeFrames(control_.get(), held);
+}
+
+std::string InitConnection::heldFramesLocked() {
+  std::string frames = std::move(heldFrames_);
+  heldFrames_.clear();
+  for (const auto& [id, upTo] : heldCredits_) {
+    frames += init::encodeFrame(init::MsgType::kOutputCredit, init::OutputCredit{id, upTo}.encode());
+  }
+  heldCredits_.clear();
+  return frames;
 }
 
 bool InitConnection::awaitTransport() {
@@ -131,7 +180,9 @@ bool InitConnection::awaitTransport() {
 
 uint32_t InitConnection::peerVersion() {
   std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait_for(lock, std::chrono::seconds(5), [&] { return peerVersion_ != 0 || closed_; });
+  // Suspended, no Hello can come: what is known now (0 for one a restart
+  // made suspended).
+  cv_.wait_for(lock, std::chrono::seconds(5), [&] { return peerVersion_ != 0 || closed_ || suspended_; });
   return peerVersion_;
 }
 
@@ -211,9 +262,7 @@ void InitConnection::dispatch(const init::Frame& frame) {
       uint64_t id = m->id;
       // The answer keeps the connection alive only as long as it needs it.
       ExecAnswer answer = [self = weak_from_this(), id](bool allow) {
-        if (auto connection = self.lock()) {
-          (void)connection->send(init::MsgType::kExecVerdict, init::ExecVerdict{id, allow}.encode());
-        }
+        if (auto connection = self.lock()) connection->sendVerdict(id, allow);
       };
       std::function<void(const init::ExecCheck&, ExecAnswer)> check;
       {

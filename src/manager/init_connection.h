@@ -92,7 +92,9 @@ class InitConnection : public std::enable_shared_from_this<InitConnection> {
   // which moat-init's Hello comes first (peerVersion() waits for it);
   // endSuspension() gives up waiting (the old transport, if it still
   // works, goes on; if it ended, so does the connection).
-  void suspend(const std::string& why);
+  // `barrier` (a file request) is the last frame sent before; its answer is
+  // waited for (an error: the suspension holds all the same, to be ended).
+  Status suspend(const std::string& why, init::FileRequest barrier);
   Status resumeOn(UniqueFd control);
   void endSuspension();
   bool suspended();
@@ -110,6 +112,10 @@ class InitConnection : public std::enable_shared_from_this<InitConnection> {
   bool awaitTransport();
   // close() with writeMutex_ held.
   void closeWriting(const std::string& reason);
+  // An exec verdict (held while suspended).
+  void sendVerdict(uint64_t id, bool allow);
+  // What was held while suspended, as frames (mutex_ held); emptied.
+  std::string heldFramesLocked();
   void dispatch(const init::Frame& frame);
   std::shared_ptr<ProcessSink> sinkOf(uint32_t id, bool last);
   Status send(init::MsgType type, const std::string& payload);
@@ -135,6 +141,7 @@ class InitConnection : public std::enable_shared_from_this<InitConnection> {
   bool readerParked_ = false;                 // its reader saw the transport end and waits
   bool swapped_ = false;                      // resumeOn() gave it a new transport
   std::map<uint32_t, uint64_t> heldCredits_;  // output credits granted while suspended
+  std::string heldFrames_;                    // exec verdicts given while suspended
   uint32_t peerVersion_ = 0;
   std::string closeReason_;
   std::thread reader_;

@@ -72,20 +72,28 @@ Result<store::EnvironmentRecord> EnvironmentManager::pause(const std::string& id
 Status EnvironmentManager::checkpointHeld(const store::EnvironmentRecord& record, const LiveEnvironment& live,
                                           const std::string& actor) {
   const std::string& id = record.id;
-  // Everything moatd sent has reached moat-init (its answer to this says
-  // so) and nothing more is sent until it is back: a guest saved with half
-  // a request read would misread the next.
-  init::FileRequest tasks;
-  tasks.op = init::FileOp::kTasks;
-  tasks.path = "/";
-  MOAT_TRY(live.connection->file(tasks));
-  live.connection->suspend(checkpointedWhy(id));
+  // Nothing more is sent until it is back, and the last frame sent (the
+  // barrier) is answered: moat-init has read everything before it (a guest
+  // saved with half a request read would misread the next), and, told to
+  // quiesce, sends nothing of its own after its answer (its commands'
+  // output waits in their pipes, inside the checkpoint).
+  init::FileRequest barrier;
+  barrier.op = live.connection->peerVersion() >= init::kClockSince ? init::FileOp::kQuiesce : init::FileOp::kTasks;
+  barrier.path = "/";
+  if (Status quiet = live.connection->suspend(checkpointedWhy(id), barrier); !quiet.ok()) {
+    live.connection->endSuspension();
+    return quiet;
+  }
   // Its egress link lives in its QEMU's network namespace, which goes with
   // QEMU: taken away first, made again by the resume.
-  const bool linked = egress_ && egress_->slotOf(id).has_value();
-  if (linked) {
-    (void)egress_->detach(id);
-    (void)store_.setNetwork(id, record.network, -1);
+  bool linked = false;
+  {
+    std::lock_guard<std::mutex> serial(networkMutex_);
+    linked = egress_ && egress_->slotOf(id).has_value();
+    if (linked) {
+      (void)egress_->detach(id);
+      (void)store_.setNetwork(id, record.network, -1);
+    }
   }
   auto bytes = backend_.checkpoint(id);
   if (!bytes.ok()) {
@@ -104,10 +112,20 @@ Status EnvironmentManager::restoreCheckpointHeld(const store::EnvironmentRecord&
                       backend::isolationNamed(record.isolation).value_or(backend::Isolation::kNamespaces));
   spec.id = id;
   MOAT_ASSIGN(UniqueFd control, backend_.restoreCheckpoint(spec));
-  MOAT_TRY(live.connection->resumeOn(std::move(control)));
-  if (live.connection->peerVersion() == 0) {
-    return Error::make(Code::kUnavailable, "environment " + id + "'s guest did not answer after its restore");
+  // Its memory is in RAM again (a QEMU runs it): said at once, so that a
+  // moatd that dies from here on finds it as it is.
+  if (Status stored = store_.setPausedMemory(id, false); !stored.ok()) {
+    moat::log::warnf("recording %s's restore: %s\n", id.c_str(), stored.error().message().c_str());
   }
+  // A guest that does not take its connection back is ended, saying why.
+  auto lost = [&](const std::string& why) {
+    live.connection->close("environment " + id + " did not come back from its checkpoint: " + why);
+    return Error::make(Code::kUnavailable, "environment " + id + " did not come back from its checkpoint: " + why);
+  };
+  if (Status resumed = live.connection->resumeOn(std::move(control)); !resumed.ok()) {
+    return lost(resumed.error().message());
+  }
+  if (live.connection->peerVersion() == 0) return lost("its moat-init did not say Hello");
   sendExecPolicy(id, live.connection);  // this moatd's gate (a restart may have come between)
   // Its clock stood still while it was on disk.
   if (live.connection->peerVersion() >= init::kClockSince) {
@@ -123,7 +141,6 @@ Status EnvironmentManager::restoreCheckpointHeld(const store::EnvironmentRecord&
       moat::log::warnf("environment %s's clock was not set after its restore: %s\n", id.c_str(), set.message.c_str());
     }
   }
-  MOAT_TRY(store_.setPausedMemory(id, false));
   auto stored = storedNetwork(record);
   if (stored.ok() && stored->mode != egress::Mode::kNone) {
     if (Status linked = restoreNetwork(id, "restored from its checkpoint"); !linked.ok()) {
@@ -136,7 +153,7 @@ Status EnvironmentManager::restoreCheckpointHeld(const store::EnvironmentRecord&
 
 void EnvironmentManager::expire(const std::string& id) {
   auto record = get(id);
-  if (!record.ok() || record->onExpiry != store::ExpiryAction::kPause) {
+  if (!record.ok() || !store::pausesAtExpiry(record->onExpiry)) {
     (void)destroy(id, "expired");
     return;
   }
@@ -158,7 +175,9 @@ void EnvironmentManager::expire(const std::string& id) {
 }
 
 void EnvironmentManager::pauseAtExpiry(const std::string& id) {
-  auto paused = pauseHeld(id, "moatd", true);
+  auto record = get(id);
+  const bool toDisk = record.ok() && record->onExpiry == store::ExpiryAction::kCheckpoint;
+  auto paused = pauseHeld(id, "moatd", true, toDisk);
   if (paused.ok()) return;
   // Gone, paused or given more time meanwhile: nothing to do. Otherwise its
   // time is up all the same: a limit holds when the pause asked for cannot

@@ -255,7 +255,17 @@ Status Process::writeStdin(const std::string& data, bool close, std::chrono::mil
                   return {};
                 }));
   }
-  if (!data.empty()) MOAT_TRY(c.connection->writeStdin(c.initId, data));
+  if (!data.empty()) {
+    if (Status sent = c.connection->writeStdin(c.initId, data); !sent.ok()) {
+      // Refused (suspended meanwhile): not sent, so not counted as sent.
+      if (sent.error().code == Code::kConflict) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stdinSent_ -= std::min<uint64_t>(stdinSent_, data.size());
+        cv_.notify_all();
+      }
+      return sent;
+    }
+  }
   if (close) MOAT_TRY(c.connection->closeStdin(c.initId));
   return {};
 }

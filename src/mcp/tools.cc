@@ -27,7 +27,7 @@ const char* kToolDefinitions = R"json([
    "storage_gb": {"type": "number", "minimum": 0.01, "description": "writable storage in GB, default 4"},
    "pids": {"type": "integer", "minimum": 4, "description": "process limit, default 1024"},
    "ttl_s": {"type": "integer", "minimum": 1, "maximum": 604800, "description": "destroyed after this many seconds, default 3600"},
-   "on_expiry": {"type": "string", "enum": ["destroy", "pause"], "description": "what the end of ttl_s does: 'destroy' (default) or 'pause' (kept, paused, until resume_environment gives it ttl_s again)"},
+   "on_expiry": {"type": "string", "enum": ["destroy", "pause", "checkpoint"], "description": "what the end of ttl_s does: 'destroy' (default), 'pause' (kept, paused, until resume_environment gives it ttl_s again) or 'checkpoint' (the same with its memory saved to disk: microvm only)"},
    "labels": {"type": "object", "additionalProperties": {"type": "string"}, "description": "your own key=value tags, to find it by later"},
    "network": {"description": "'none' (default: no network), 'open', or {\"mode\": \"allowlist\", \"allow\": [\"pypi.org\", \"*.github.com\"]}", "anyOf": [{"type": "string", "enum": ["none", "open"]}, {"type": "object"}]},
    "permissions": {"type": "object", "description": "what the environment may do without asking a person: {\"run_command\": \"allow\"|\"ask\"|\"deny\"|[rules], \"read_file\": ..., \"write_file\": ..., \"network\": ...}"}}}},
@@ -302,6 +302,9 @@ json Tools::call(const std::string& name, const json& args) {
   if (name == "restore_environment") return restoreEnvironment(*env, args);
   if (name == "fork_environment") return forkEnvironment(*env, args);
   if (name == "pause_environment" || name == "resume_environment") {
+    if (args.contains("memory") && args["memory"] != "ram" && args["memory"] != "disk") {
+      return toolError("memory must be \"ram\" or \"disk\"");
+    }
     return pauseEnvironment(*env, name == "pause_environment", args.contains("memory") && args["memory"] == "disk");
   }
   return setNetworkPolicy(*env, args);

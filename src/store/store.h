@@ -51,13 +51,19 @@ constexpr std::optional<SnapshotState> snapshotStateNamed(std::string_view name)
 }
 
 // What an environment's time to live does when it runs out (docs/PAUSE.md,
-// "At expiry"): destroy it (the default) or pause it.
-enum class ExpiryAction : uint8_t { kDestroy, kPause };
+// "At expiry"): destroy it (the default), pause it, or pause it with its
+// memory on disk (a checkpoint: microVMs).
+enum class ExpiryAction : uint8_t { kDestroy, kPause, kCheckpoint };
 inline constexpr EnumName<ExpiryAction> kExpiryActions[] = {
     {ExpiryAction::kDestroy, "destroy"},
     {ExpiryAction::kPause, "pause"},
+    {ExpiryAction::kCheckpoint, "checkpoint"},
 };
-static_assert(std::size(kExpiryActions) == static_cast<size_t>(ExpiryAction::kPause) + 1);
+static_assert(std::size(kExpiryActions) == static_cast<size_t>(ExpiryAction::kCheckpoint) + 1);
+// Whether it is a pause of either kind.
+constexpr bool pausesAtExpiry(ExpiryAction action) {
+  return action == ExpiryAction::kPause || action == ExpiryAction::kCheckpoint;
+}
 constexpr const char* actionName(ExpiryAction action) { return nameIn(kExpiryActions, action, "destroy"); }
 constexpr std::optional<ExpiryAction> expiryActionNamed(std::string_view name) {
   return valueNamed(kExpiryActions, name);

@@ -1804,7 +1804,11 @@ def run_exchanges(c):
     c.call("POST", env(a) + "/exec", {"cmd": ["true"]}, status=409, code="conflict", note="paused")
     c.call("PUT", env(a) + "/files?path=/workspace/paused.txt", "x", status=409, code="conflict", note="paused")
     c.call("GET", env(a) + "/files/stat?path=/workspace", status=200, note="reads answer while paused")
-    c.call("POST", env(a) + "/pause", {"memory": "disk"}, status=400, code="unknown_field", field="memory")
+    c.call("POST", env(a) + "/pause", {"memory": "disk"}, status=400, code="unsupported",
+           check=lambda r: expect("need CRIU" in r.json["error"]["message"], r.json), note="not a namespace env's")
+    c.call("POST", env(a) + "/pause", {"memory": "swap"}, status=400, code="invalid_request", field="memory")
+    c.call("POST", env(a) + "/pause", {"mode": "disk"}, status=400, code="unknown_field", field="mode")
+    c.call("POST", env(a) + "/resume", {"memory": "disk"}, status=400, code="unknown_field", field="memory")
     c.call("GET", env(a) + "/pause", status=405, code="method_not_allowed")
     c.call("POST", env(a) + "/resume", status=200, check=has(state="running"))
     c.call("POST", env(a) + "/resume", status=200, check=has(state="running"), note="idempotent")
@@ -2272,6 +2276,13 @@ def run_microvm_exchanges(c, tree):
     c.call("POST", vm + "/exec", {"cmd": ["true"]}, status=409, code="conflict", note="paused microVM")
     c.call("GET", vm + "/files/stat?path=/", status=200, note="a paused microVM's files answer")
     c.call("POST", vm + "/resume", status=200, check=has(state="running"))
+    # To disk (docs/PAUSE.md, "To disk"): its memory saved and released; its
+    # files wait for the resume, which brings it back where it was.
+    c.call("POST", vm + "/pause", {"memory": "disk"}, status=200,
+           check=lambda r: expect(r.json["state"] == "paused" and r.json["paused_memory"] == "disk", r.json))
+    c.call("GET", vm + "/files/stat?path=/", status=409, code="conflict", note="a microVM on disk")
+    c.call("POST", vm + "/resume", status=200, check=has(state="running"))
+    c.call("POST", vm + "/exec", {"cmd": ["true"]}, status=200, note="back from disk")
 
     # Not yet for a microVM: refused by name, the environment unharmed.
     def not_yet(r):

@@ -404,6 +404,18 @@ TEST_F(MoatCli, MoatdErrorsAreOneLineAndExit125) {
   EXPECT_EQ(r.exitCode, 125) << describe(r);
   EXPECT_NE(r.err.find("(invalid_request, field spec.pids)\n"), std::string::npos) << r.err;
   EXPECT_EQ(r.out, "") << "nothing a script would take for an id";
+
+  // --to-disk asks moatd for a checkpoint, which a namespace environment
+  // cannot have: moatd's refusal, and the environment runs on.
+  std::string id = createEnv({});
+  ASSERT_FALSE(id.empty());
+  r = client({"env", "pause", "--to-disk", id});
+  EXPECT_EQ(r.exitCode, 125) << describe(r);
+  EXPECT_NE(r.err.find("need CRIU"), std::string::npos) << r.err;
+  EXPECT_EQ(client({"env", "get", id, "--json"}).out.find("\"paused\""), std::string::npos);
+  EXPECT_EQ(client({"env", "pause", "--to-disk=yes", id}).exitCode, 2) << "the flag takes no value";
+  EXPECT_EQ(client({"env", "resume", "--to-disk", id}).exitCode, 2) << "a resume has no such flag";
+  client({"env", "rm", id});
 }
 
 TEST_F(MoatCli, AWrongOrMissingTokenIsExplained) {

@@ -639,6 +639,25 @@ TEST_F(MicroVmEnvironments, ACheckpointToDiskReleasesTheMemoryAndTheResumeGoesOn
   call("DELETE", base, nullptr, 204);
   EXPECT_EQ(awaitState(id, "gone")["state"], "gone");
   expectNothingLeftOf(id);
+
+  // A create may ask for it at its expiry: checkpointed, not destroyed.
+  json expiring = vmBody();
+  expiring["ttl_s"] = 2;
+  expiring["on_expiry"] = "checkpoint";
+  const std::string later = createEnv(expiring);
+  EXPECT_EQ(call("GET", "/v1/environments/" + later, nullptr, 200)["on_expiry"], "checkpoint");
+  json atExpiry;
+  for (int i = 0; i < 600; ++i) {  // bounded: 60 s
+    atExpiry = call("GET", "/v1/environments/" + later, nullptr, 200);
+    if (atExpiry.value("paused_memory", "") == "disk") break;
+    ::usleep(100000);
+  }
+  EXPECT_EQ(atExpiry["state"], "paused") << atExpiry.dump();
+  EXPECT_EQ(atExpiry["paused_memory"], "disk") << atExpiry.dump();
+  EXPECT_EQ(qemuOf(later), 0);
+  EXPECT_EQ(call("POST", "/v1/environments/" + later + "/resume", nullptr, 200)["state"], "running");
+  EXPECT_EQ(exec(later, {{"cmd", {"/bin/tool", "uname"}}})["stdout"], kernelVersion_ + "\n");
+  call("DELETE", "/v1/environments/" + later, nullptr, 204);
 }
 
 // Its QEMUs die with moatd (however it ends), and the next moatd says so.
@@ -903,12 +922,18 @@ TEST_F(MicroVmEnvironments, RestoredGuestsEachHaveTheirOwnNameClockAndRandomness
     EXPECT_TRUE(restored(ids.back())) << ids.back();
   }
   std::set<std::string> randoms;
-  for (const auto& id : ids) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::string& id = ids[i];
     json name = exec(id, {{"cmd", {"/bin/tool", "cat", "/proc/sys/kernel/hostname"}}});
     EXPECT_EQ(name["stdout"], id + "\n") << name.dump();
+    // The copies restored after the wait (the first two booted: their
+    // clock is their kernel's since boot, which a TCG guest on a loaded
+    // host lets lag; 8 s seen beside the whole suite).
     json clock = exec(id, {{"cmd", {"/bin/tool", "time"}}});
     const long long guest = std::atoll(clock["stdout"].get<std::string>().c_str());
-    EXPECT_LE(std::llabs(guest - static_cast<long long>(::time(nullptr))), 4) << clock.dump();
+    if (i >= 2) {
+      EXPECT_LE(std::llabs(guest - static_cast<long long>(::time(nullptr))), 4) << id << clock.dump();
+    }
     json random = exec(id, {{"cmd", {"/bin/tool", "random"}}});
     EXPECT_EQ(random["stdout"].get<std::string>().size(), 33u) << random.dump();
     randoms.insert(random["stdout"].get<std::string>());

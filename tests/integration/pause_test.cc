@@ -143,6 +143,10 @@ TEST_F(Pause, ACheckpointToDiskOfANamespaceEnvironmentIsRefusedByName) {
   EXPECT_EQ(daemon_->request("POST", base + "/pause", R"({"memory":"disk"})").status, 400)
       << "nor once it is paused in RAM";
   EXPECT_EQ(call("GET", base, nullptr, 200)["paused_memory"], "ram");
+  // Nor at its expiry: refused at create.
+  auto atExpiry = daemon_->request("POST", "/v1/environments", R"({"ttl_s":60,"on_expiry":"checkpoint"})");
+  EXPECT_EQ(atExpiry.status, 400) << atExpiry.body;
+  EXPECT_NE(atExpiry.body.find("needs a microvm environment"), std::string::npos) << atExpiry.body;
 }
 
 TEST_F(Pause, ThePauseStopsTheTimeToLiveUnlessItWasAskedToRun) {

@@ -1294,7 +1294,7 @@ TEST_F(InitSupervisorFiles, WriteReadStatListRenameRemove) {
   EXPECT_EQ(nowhere->err, ENOENT) << nowhere->message;
   // A pause, a count of tasks and a clock are a microVM guest's moat-init's:
   // outside a guest, refused (a command's host clock is never set).
-  for (FileOp op : {FileOp::kPause, FileOp::kResume, FileOp::kTasks, FileOp::kClock}) {
+  for (FileOp op : {FileOp::kPause, FileOp::kResume, FileOp::kTasks, FileOp::kClock, FileOp::kQuiesce}) {
     auto refused = file(req(op, "/"));
     ASSERT_TRUE(refused.ok());
     EXPECT_EQ(refused->err, EOPNOTSUPP) << refused->message;

@@ -28,7 +28,7 @@ export type EnvironmentState = "creating" | "running" | "paused" | "destroying" 
  */
 export type TtlWhilePaused = "stops" | "runs";
 /** What the end of the time to live does (docs/PAUSE.md, "At expiry"). */
-export type OnExpiry = "destroy" | "pause";
+export type OnExpiry = "destroy" | "pause" | "checkpoint";
 
 /** What bounds an environment (docs/MICROVM.md). */
 export type Isolation = "namespaces" | "microvm";

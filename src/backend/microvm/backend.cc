@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <thread>
 #include <tuple>
@@ -158,7 +159,19 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
     const std::string dir = vms + "/" + id;
     std::unique_ptr<isolation::cgroup::Cgroup> cgroup;
     auto guest = [&]() -> Result<std::shared_ptr<Guest>> {
-      if (os::exists(dir + checkpointName(false)) || os::exists(dir + checkpointName(true))) {
+      const bool saved = os::exists(dir + checkpointName(false)) || os::exists(dir + checkpointName(true));
+      bool qemuRuns = false;
+      if (auto opened = isolation::cgroup::Cgroup::open(layout.value(), cgroupPrefix_ + id); opened.ok()) {
+        qemuRuns = !opened->processes().empty();
+        opened->leaveInPlace();  // only looked at (its end would end its QEMU)
+      }
+      if (saved && qemuRuns) {
+        // A QEMU runs it (a moatd died between a checkpoint's save and its
+        // end of QEMU, or during a restore): it is adopted as it runs, and
+        // the checkpoint is not its state any more.
+        (void)::unlink((dir + checkpointName(false)).c_str());
+        (void)::unlink((dir + checkpointName(true)).c_str());
+      } else if (saved) {
         // On disk (a checkpoint): no QEMU runs it; its cgroup (gone after
         // a host reboot) and id range are taken again by its restore.
         if (!volumeOf(id).ok()) return Error::make(Code::kNotFound, "its volume is gone");
@@ -192,7 +205,7 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
       made->volume = !console.empty();
       made->ids = leaseHeldBy(pids[0]);
       made->cgroup = std::move(cgroup);
-      made->vm.emplace(std::move(vm));
+      made->vm = std::make_shared<Vm>(std::move(vm));
       return made;
     }();
     if (guest.ok()) {
@@ -378,10 +391,9 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
   // of its checkpoint needs the very file its kernel read (images are made
   // again, not kept, across moatd restarts).
   if (::link(image.c_str(), (guest->dir + kOwnRootImage).c_str()) != 0) {
-    const Error linked = Error::fromErrno("link " + image + " into " + guest->dir);
-    guest.reset();
-    (void)destroy(spec.id);
-    return linked;
+    // (Without it, this guest cannot be checkpointed, and says so.)
+    moat::log::warnf("microVM %s keeps no link of its root image (%s): it cannot be checkpointed\n", spec.id.c_str(),
+                     std::strerror(errno));
   }
   VmSpec vm = vmSpecFor(spec, *guest, volume.value(), image, initrd);
   // Restored from the saved guest of this template and machine, else
@@ -401,13 +413,12 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     moat::log::warnf("saved guest %s did not restore (removed; booting): %s\n", saved->name.c_str(),
                      up.error().message().c_str());
     saved_.forget(saved->name);
-    std::optional<Vm> failed;  // reaped outside the lock (a destroy may want it)
+    std::shared_ptr<Vm> failed;  // reaped outside the lock (a destroy may want it)
     {
       std::lock_guard lock(mutex_);
       if (guest->vm) {
         guest->vm->kill();
-        failed.emplace(std::move(*guest->vm));
-        guest->vm.reset();
+        failed = std::move(guest->vm);
       }
     }
     failed.reset();
@@ -514,7 +525,7 @@ Status MicroVmBackend::run(Guest& guest, const VmSpec& vm, const Spec& spec) {
       started.kill();
       return Error::make(Code::kConflict, "microVM environment " + spec.id + " was destroyed while being created");
     }
-    guest.vm.emplace(std::move(started));
+    guest.vm = std::make_shared<Vm>(std::move(started));
   }
   if (vm.incomingState >= 0) {
     // Who it is and its limits; the guest answers Hello once it has made
@@ -579,12 +590,17 @@ Status MicroVmBackend::destroy(const std::string& id) {
   return os::removeTree(dir);
 }
 
+std::shared_ptr<Vm> MicroVmBackend::vmOf(const std::shared_ptr<Guest>& guest) {
+  std::lock_guard lock(mutex_);
+  return guest ? guest->vm : nullptr;
+}
+
 std::string MicroVmBackend::whyEnded(const std::string& id) {
-  auto guest = find(id);
-  if (!guest || !guest->vm) return "";
+  auto vm = vmOf(find(id));
+  if (!vm) return "";
   // The connection closes as QEMU ends (or as the guest's kernel stops):
   // its exit, and the console's last words, follow in moments.
-  return guest->vm->whyEnded(std::chrono::milliseconds(500));
+  return vm->whyEnded(std::chrono::milliseconds(500));
 }
 
 Result<UniqueFd> MicroVmBackend::attach(const std::string& id) {
@@ -592,14 +608,15 @@ Result<UniqueFd> MicroVmBackend::attach(const std::string& id) {
   if (guest && checkpointed(id)) {
     return Error::make(Code::kConflict, "microVM environment " + id + " is checkpointed to disk: resume it first");
   }
-  if (!guest || !guest->vm) return Error::make(Code::kNotFound, "no microVM environment " + id);
+  auto vm = vmOf(guest);
+  if (!vm) return Error::make(Code::kNotFound, "no microVM environment " + id);
   UniqueFd control;
   {
     std::lock_guard lock(mutex_);
     control = std::move(guest->reattached);  // made at adoption
   }
   if (!control) {
-    MOAT_ASSIGN(control, guest->vm->reattach(kGuestReattachWait));
+    MOAT_ASSIGN(control, vm->reattach(kGuestReattachWait));
   }
   MOAT_TRY(os::setSendTimeout(control.get(), kGuestSendWait));
   return control;
@@ -620,16 +637,23 @@ bool MicroVmBackend::runs(const std::string& id) {
 
 Result<Usage> MicroVmBackend::usage(const std::string& id) {
   auto guest = find(id);
-  if (guest && checkpointed(id) && !guest->cgroup) {
+  std::shared_ptr<isolation::cgroup::Cgroup> cgroup;
+  bool onDisk = false;
+  {
+    std::lock_guard lock(mutex_);
+    if (guest) cgroup = guest->cgroup;
+    onDisk = guest && guest->checkpointed;
+  }
+  if (onDisk) {
     Usage usage;  // nothing runs: its disk alone
     countStorage(stateDir_, id, usage);
     return usage;
   }
-  if (!guest || !guest->cgroup) return Error::make(Code::kNotFound, "no microVM environment " + id);
+  if (!cgroup) return Error::make(Code::kNotFound, "no microVM environment " + id);
   // QEMU's cgroup's: the guest's memory as QEMU touched it, TCG's cache,
   // QEMU's own. Its tasks are QEMU's threads, not the guest's processes:
   // pids stays 0 here (the manager asks the guest's moat-init).
-  auto counted = guest->cgroup->usage();
+  auto counted = cgroup->usage();
   Usage usage;
   usage.cpuKnown = counted.cpuUsec.has_value();
   usage.cpuUsec = counted.cpuUsec.value_or(0);
@@ -666,11 +690,11 @@ Result<UniqueFd> MicroVmBackend::connectPort(const std::string& id, uint16_t por
   // its namespace, reached by moatd alone) to the guest's port
   // (docs/MICROVM.md, "Ports").
   MOAT_ASSIGN(UniqueFd netns, networkNamespace(id));
-  auto guest = find(id);  // held: its Vm is not reaped while this runs
-  Vm* vm = nullptr;
+  auto guest = find(id);   // held: its Vm is not reaped while this runs
+  std::shared_ptr<Vm> vm;  // reaped by its last holder
   {
     std::lock_guard lock(mutex_);
-    if (guest && guest->vm) vm = &*guest->vm;
+    if (guest) vm = guest->vm;
   }
   if (!vm) return Error::make(Code::kConflict, "microVM environment " + id + " is not running");
   {
@@ -682,12 +706,12 @@ Result<UniqueFd> MicroVmBackend::connectPort(const std::string& id, uint16_t por
 }
 
 Result<uint32_t> MicroVmBackend::snapshot(const std::string& id, const std::string& name) {
-  auto guest = find(id);  // held: its Vm is not reaped while this runs
-  Vm* vm = nullptr;
+  auto guest = find(id);   // held: its Vm is not reaped while this runs
+  std::shared_ptr<Vm> vm;  // reaped by its last holder
   bool volume = false;
   {
     std::lock_guard lock(mutex_);
-    if (guest && guest->vm) vm = &*guest->vm;
+    if (guest) vm = guest->vm;
     volume = guest && guest->volume;
   }
   if (!vm) return Error::make(Code::kConflict, "microVM environment " + id + " is not running");
@@ -728,15 +752,15 @@ bool MicroVmBackend::checkpointed(const std::string& id) {
 }
 
 Result<uint64_t> MicroVmBackend::checkpoint(const std::string& id) {
-  auto guest = find(id);  // held: its Vm is not reaped while this runs
-  Vm* vm = nullptr;
+  auto guest = find(id);   // held: its Vm is not reaped while this runs
+  std::shared_ptr<Vm> vm;  // reaped by its last holder
   {
     std::lock_guard lock(mutex_);
     if (guest && guest->checkpointed) {
       struct stat st;
       return ::stat((guest->dir + checkpointName(host_.kvm)).c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
     }
-    if (guest && guest->vm) vm = &*guest->vm;
+    if (guest) vm = guest->vm;
     if (guest && !guest->volume) {
       return Error::make(Code::kUnsupported, "microVM environment " + id +
                                                  " keeps its files in its memory (made by an earlier moatd): it "
@@ -752,32 +776,46 @@ Result<uint64_t> MicroVmBackend::checkpoint(const std::string& id) {
   const std::string partial = guest->dir + kCheckpointPartial;
   (void)::unlink(partial.c_str());  // a checkpoint that failed before
   MOAT_ASSIGN(UniqueFd state, os::open(partial, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  // QEMU writes its migration stream there (its disk's writes drained at
-  // the end) and is ended once it is complete; a save that fails leaves
-  // the guest running as it was.
-  if (Status saved = vm->save(state.get(), kGuestSaveWait, true); !saved.ok()) {
+  // QEMU stops the guest and writes its migration stream there (its disk's
+  // writes drained at the end); a save that fails lets the guest go on as
+  // it was. QEMU is ended only once the file is complete and kept: until
+  // then a moatd that dies leaves a stopped guest, which the next adopts
+  // and lets go on. A large guest's save is given time by its size (20 ms
+  // a MiB of what QEMU holds, at least kGuestSaveWait).
+  std::shared_ptr<isolation::cgroup::Cgroup> qemuCgroup;
+  {
+    std::lock_guard lock(mutex_);
+    qemuCgroup = guest->cgroup;
+  }
+  const uint64_t heldMib = qemuCgroup ? qemuCgroup->usage().memoryBytes >> 20 : 0;
+  const auto wait = std::max<std::chrono::milliseconds>(kGuestSaveWait, std::chrono::milliseconds(20 * heldMib));
+  if (Status saved = vm->saveStopped(state.get(), wait); !saved.ok()) {
     (void)::unlink(partial.c_str());
     return saved.error();
   }
-  struct stat st;
-  if (::fsync(state.get()) != 0 || ::fstat(state.get(), &st) != 0) {
-    const Error failed = Error::fromErrno("write " + partial);
-    (void)::unlink(partial.c_str());
-    return failed;
-  }
-  // Written and synced: its pages need not stay in memory (the point).
-  (void)::posix_fadvise(state.get(), 0, 0, POSIX_FADV_DONTNEED);
-  state.reset();
   const std::string complete = guest->dir + checkpointName(host_.kvm);
-  if (::rename(partial.c_str(), complete.c_str()) != 0) return Error::fromErrno("rename " + partial);
-  (void)os::syncFileSystemOf(guest->dir);
-  std::optional<Vm> ended;  // reaped outside the lock
-  std::unique_ptr<isolation::cgroup::Cgroup> cgroup;
+  struct stat st;
+  Status kept = [&]() -> Status {
+    if (::fsync(state.get()) != 0 || ::fstat(state.get(), &st) != 0) return Error::fromErrno("write " + partial);
+    // Written and synced: its pages need not stay in memory (the point).
+    (void)::posix_fadvise(state.get(), 0, 0, POSIX_FADV_DONTNEED);
+    if (::rename(partial.c_str(), complete.c_str()) != 0) return Error::fromErrno("rename " + partial);
+    return os::syncFileSystemOf(guest->dir);
+  }();
+  state.reset();
+  if (!kept.ok()) {
+    (void)::unlink(partial.c_str());
+    (void)::unlink(complete.c_str());
+    if (Status resumed = vm->resume(kGuestSendWait); !resumed.ok()) vm->kill();  // not left stopped
+    return kept.error();
+  }
+  vm->kill();
+  std::shared_ptr<Vm> ended;  // reaped outside the lock (by its last holder)
+  std::shared_ptr<isolation::cgroup::Cgroup> cgroup;
   {
     std::lock_guard lock(mutex_);
     if (guest->vm) {
-      ended.emplace(std::move(*guest->vm));
-      guest->vm.reset();
+      ended = std::move(guest->vm);
     }
     cgroup = std::move(guest->cgroup);
     guest->checkpointed = true;
@@ -786,6 +824,13 @@ Result<uint64_t> MicroVmBackend::checkpoint(const std::string& id) {
   // QEMU's cgroup goes too (what it charged, the page cache of what QEMU
   // wrote, with it): the restore makes it again, as after a host reboot.
   if (cgroup) (void)cgroup->remove();
+  // Its disk is root's while no QEMU of it runs: its id range, free once a
+  // restart lets go of it, may serve another environment meanwhile.
+  if (auto volume = volumeOf(id); volume.ok()) {
+    if (auto disk = os::open(volume.value() + kLayerDisk, O_RDWR | O_NOFOLLOW | O_CLOEXEC); disk.ok()) {
+      (void)::fchown(disk->get(), 0, 0);
+    }
+  }
   return static_cast<uint64_t>(st.st_size);
 }
 
@@ -812,6 +857,7 @@ Result<UniqueFd> MicroVmBackend::restoreCheckpoint(const Spec& spec) {
     std::unique_ptr<isolation::cgroup::Cgroup> made;
     if (auto left = isolation::cgroup::Cgroup::open(layout, cgroupPrefix_ + spec.id); left.ok()) {
       if (!left->processes().empty()) {
+        left->leaveInPlace();  // not this restore's to end
         return Error::make(Code::kConflict,
                            "a process runs in the cgroup of microVM environment " + spec.id + " while it is on disk");
       }
@@ -825,11 +871,15 @@ Result<UniqueFd> MicroVmBackend::restoreCheckpoint(const Spec& spec) {
   }
   if (!guest->ids) {
     MOAT_ASSIGN(auto ids, isolation::namespaces::leaseIdMap());
-    const uid_t uid = ids.map.hostBase;
-    MOAT_ASSIGN(UniqueFd disk, os::open(volume + kLayerDisk, O_RDWR | O_NOFOLLOW | O_CLOEXEC));
-    if (::fchown(disk.get(), uid, uid) != 0) return Error::fromErrno("chown " + volume + kLayerDisk);
     std::lock_guard lock(mutex_);
     guest->ids.emplace(std::move(ids));
+  }
+  {
+    // Root's while it was on disk (its id range may have served another
+    // meanwhile): its QEMU's again.
+    const uid_t uid = guest->ids->map.hostBase;
+    MOAT_ASSIGN(UniqueFd disk, os::open(volume + kLayerDisk, O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+    if (::fchown(disk.get(), uid, uid) != 0) return Error::fromErrno("chown " + volume + kLayerDisk);
   }
   // A console of its own again (the last is the QEMU's that saved it).
   (void)::unlink((volume + kConsoleLog).c_str());
@@ -856,7 +906,7 @@ Result<UniqueFd> MicroVmBackend::restoreCheckpoint(const Spec& spec) {
       started.kill();
       return Error::make(Code::kConflict, "microVM environment " + spec.id + " was destroyed while being restored");
     }
-    guest->vm.emplace(std::move(started));
+    guest->vm = std::make_shared<Vm>(std::move(started));
     guest->checkpointed = false;
   }
   (void)::unlink(state.c_str());

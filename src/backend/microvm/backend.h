@@ -85,8 +85,10 @@ class MicroVmBackend final : public Backend {
     std::string dir;
     bool volume = false;  // it has a volume in the storage pool (its disk, its console): mutex_
     std::optional<isolation::namespaces::IdMapLease> ids;  // QEMU's own
-    std::unique_ptr<isolation::cgroup::Cgroup> cgroup;     // QEMU's (removed after it is reaped)
-    std::optional<Vm> vm;
+    // QEMU's (removed after it is reaped) and QEMU: replaced by a checkpoint
+    // and its restore, so copied under mutex_ by whoever uses them.
+    std::shared_ptr<isolation::cgroup::Cgroup> cgroup;
+    std::shared_ptr<Vm> vm;
     UniqueFd reattached;  // an adopted guest's connection, made again for attach()
     // On disk, its QEMU gone (checkpoint()): mutex_.
     bool checkpointed = false;
@@ -119,6 +121,8 @@ class MicroVmBackend final : public Backend {
   // runs (their directories in vms/, their cgroups with QEMU in them).
   void adoptGuests(const Result<isolation::cgroup::Layout>& layout);
   std::shared_ptr<Guest> take(const std::string& id);
+  // Its QEMU, held: a checkpoint may take it out of the guest meanwhile.
+  std::shared_ptr<Vm> vmOf(const std::shared_ptr<Guest>& guest);
   std::shared_ptr<Guest> find(const std::string& id);
 
   const std::string stateDir_;

@@ -413,7 +413,10 @@ Result<Vm> Vm::start(const VmSpec& given) {
   // A guest's disk is as large as it is made (QEMU never writes past its
   // end): then the console may grow as far, and the qgroup of the volume
   // holding both bounds them together (docs/MICROVM.md, "Storage").
-  rlim_t fileLimit = saving ? static_cast<rlim_t>((spec.memoryMb + 64) << 20) : spec.consoleBytes;
+  // A lasting guest may be checkpointed (its state, as large as its RAM,
+  // written through a descriptor its monitor is given): as much again.
+  rlim_t fileLimit =
+      saving || (spec.lasting && spec.monitor) ? static_cast<rlim_t>((spec.memoryMb + 64) << 20) : spec.consoleBytes;
   fileLimit = std::max(fileLimit, static_cast<rlim_t>(diskBytes));
   const struct rlimit consoleLimit = {fileLimit, fileLimit};
   // Each source is first moved above the targets, so that no dup2 to a
@@ -813,35 +816,60 @@ Status Vm::resume(std::chrono::milliseconds wait) {
   return resumeLocked();
 }
 
-Status Vm::save(int stateFd, std::chrono::milliseconds wait, bool stopFirst) {
+Status Vm::save(int stateFd, std::chrono::milliseconds wait) {
+  MOAT_TRY(migrateTo(stateFd, wait, false));
+  kill();
+  return {};
+}
+
+Status Vm::saveStopped(int stateFd, std::chrono::milliseconds wait) { return migrateTo(stateFd, wait, true); }
+
+Status Vm::migrateTo(int stateFd, std::chrono::milliseconds wait, bool stopFirst) {
   if (!monitor_) return Error::make(Code::kInvalidArgument, "a guest started without a monitor cannot be saved");
   std::unique_lock lock(monitor_->mutex);
-  MOAT_ASSIGN(Qmp * session, Vm::session(*monitor_, std::chrono::steady_clock::now() + wait));
-  Qmp& qmp = *session;
+  MOAT_ASSIGN(Qmp * opened, Vm::session(*monitor_, std::chrono::steady_clock::now() + wait));
+  Qmp& qmp = *opened;
   // Stopped, its state is written once as it stands (no pages written
   // again as the guest dirties them meanwhile).
   if (stopFirst) MOAT_TRY(qmp.call("stop"));
-  // As fast as the disk takes it (QEMU's default rate is a network's).
-  MOAT_TRY(qmp.call("migrate-set-parameters", {{"max-bandwidth", int64_t{1} << 40}}));
-  MOAT_TRY(qmp.call("migrate-set-capabilities",
-                    {{"capabilities", nlohmann::json::array({{{"capability", "events"}, {"state", true}}})}}));
-  MOAT_TRY(qmp.call("getfd", {{"fdname", "state"}}, stateFd));
-  MOAT_TRY(qmp.call("migrate", {{"uri", "fd:state"}}));
-  for (;;) {
-    MOAT_ASSIGN(auto progress, qmp.awaitEvent("MIGRATION"));
-    const std::string status =
-        progress.contains("status") && progress["status"].is_string() ? progress["status"].get<std::string>() : "";
-    if (status == "completed") break;
-    if (status == "failed" || status == "cancelled") {
-      MOAT_ASSIGN(auto why, qmp.call("query-migrate"));
-      const bool described = why.is_object() && why.contains("error-desc") && why["error-desc"].is_string();
-      if (stopFirst) (void)qmp.call("cont");  // it goes on as it was
-      return Error::make(Code::kToolFailed, "QEMU could not save the guest: " +
-                                                (described ? why["error-desc"].get<std::string>() : status));
+  Status saved = [&]() -> Status {
+    // As fast as the disk takes it (QEMU's default rate is a network's).
+    MOAT_TRY(qmp.call("migrate-set-parameters", {{"max-bandwidth", int64_t{1} << 40}}));
+    MOAT_TRY(qmp.call("migrate-set-capabilities",
+                      {{"capabilities", nlohmann::json::array({{{"capability", "events"}, {"state", true}}})}}));
+    MOAT_TRY(qmp.call("getfd", {{"fdname", "state"}}, stateFd));
+    MOAT_TRY(qmp.call("migrate", {{"uri", "fd:state"}}));
+    for (;;) {
+      MOAT_ASSIGN(auto progress, qmp.awaitEvent("MIGRATION"));
+      const std::string status =
+          progress.contains("status") && progress["status"].is_string() ? progress["status"].get<std::string>() : "";
+      if (status == "completed") return {};
+      if (status == "failed" || status == "cancelled") {
+        MOAT_ASSIGN(auto why, qmp.call("query-migrate"));
+        const bool described = why.is_object() && why.contains("error-desc") && why["error-desc"].is_string();
+        return Error::make(Code::kToolFailed, "QEMU could not save the guest: " +
+                                                  (described ? why["error-desc"].get<std::string>() : status));
+      }
+    }
+  }();
+  if (!saved.ok() && stopFirst) {
+    // Whatever went wrong (QEMU's error, the deadline), the guest goes on
+    // as it was: the save is called off and the guest let go on.
+    monitor_->qmp.reset();
+    monitor_->fd.reset();
+    (void)[&]()->Status {
+      MOAT_ASSIGN(Qmp * again, session(*monitor_, std::chrono::steady_clock::now() + kGuestSendWait));
+      (void)again->call("migrate_cancel");
+      return {};
+    }
+    ();
+    if (Status resumed = resumeLocked(); !resumed.ok()) {
+      kill();
+      return Error::make(Code::kUnavailable, saved.error().message() + "; and QEMU did not let the guest go on (" +
+                                                 resumed.error().message() + "): it was ended");
     }
   }
-  kill();
-  return {};
+  return saved;
 }
 
 void Vm::kill() const {

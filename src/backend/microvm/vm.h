@@ -242,10 +242,16 @@ class Vm {
   // by (a guest whose kernel hangs says nothing: the bound is the host's).
   Status awaitGuest(std::chrono::milliseconds wait) const;
   // A guest started with VmSpec::monitor, saved into `stateFd` (QEMU's
-  // migration stream, the guest running on while it is written unless
-  // `stopFirst`): what VmSpec::incomingState restores. QEMU is ended after;
-  // waits at most `wait`. A save that fails leaves the guest running.
-  Status save(int stateFd, std::chrono::milliseconds wait, bool stopFirst = false);
+  // migration stream, the guest running on while it is written): what
+  // VmSpec::incomingState restores. QEMU is ended after; waits at most
+  // `wait`.
+  Status save(int stateFd, std::chrono::milliseconds wait);
+  // The same with the guest stopped first (its state written once, as it
+  // stands), and left stopped once saved: the caller keeps the file, then
+  // ends QEMU (kill), or lets the guest go on (resume) if it cannot. A
+  // save that fails (or runs out of time) is called off and the guest let
+  // go on (QEMU ended if it will not).
+  Status saveStopped(int stateFd, std::chrono::milliseconds wait);
   // Why a guest whose connection closed ended, once QEMU has (waited for
   // up to `wait`): the kernel's panic when its console printed one, else
   // how QEMU ended (a signal, an exit status), or that QEMU runs on.
@@ -262,6 +268,11 @@ class Vm {
   Status whilePaused(const std::function<Status()>& work, std::chrono::milliseconds wait);
   // Lets a stopped guest go on (QMP cont; a running one is unchanged).
   Status resume(std::chrono::milliseconds wait);
+
+ private:
+  Status migrateTo(int stateFd, std::chrono::milliseconds wait, bool stopFirst);
+
+ public:
   // A guest restored from a state saved while it was stopped (save's
   // stopFirst): once QEMU has loaded it, lets it run (QMP cont).
   Status runWhenLoaded(std::chrono::milliseconds wait);

@@ -192,10 +192,13 @@ ALTER TABLE environments ADD COLUMN on_expiry TEXT NOT NULL DEFAULT 'destroy'
 ALTER TABLE environments ADD COLUMN ttl_s INTEGER NOT NULL DEFAULT 0;
 )sql"},
     // Where a paused environment's memory is: in RAM, or on disk (a
-    // checkpoint: docs/PAUSE.md, "To disk").
+    // checkpoint: docs/PAUSE.md, "To disk"); and where a pause at expiry
+    // puts it (on_expiry "checkpoint" is stored as 'pause' with 'disk').
     Migration{12, R"sql(
 ALTER TABLE environments ADD COLUMN paused_memory TEXT NOT NULL DEFAULT 'ram'
   CHECK (paused_memory IN ('ram', 'disk'));
+ALTER TABLE environments ADD COLUMN expiry_memory TEXT NOT NULL DEFAULT 'ram'
+  CHECK (expiry_memory IN ('ram', 'disk'));
 )sql"},
 };
 

@@ -244,7 +244,7 @@ Result<std::map<std::string, std::string>> decodeLabels(const std::string& text,
 constexpr std::string_view kSelectEnvironments =
     "SELECT id, task_id, template, cpus, ram_mb, storage_gb, pids, labels, state, reason,"
     " created_at_ms, expires_at_ms, owner, env, permissions, network, secrets, net_slot, isolation, accel,"
-    " paused_at_ms, ttl_while_paused, on_expiry, ttl_s, paused_memory"
+    " paused_at_ms, ttl_while_paused, on_expiry, ttl_s, paused_memory, expiry_memory"
     " FROM environments";
 constexpr std::string_view kNewestFirst = " ORDER BY created_at_ms DESC, id";
 
@@ -281,7 +281,7 @@ Result<EnvironmentRecord> readEnvironment(const Statement& stmt) {
     return Error::make(Code::kCorrupt,
                        "environment " + record.id + " has no known action at expiry ('" + stmt.text(22) + "')");
   }
-  record.onExpiry = *action;
+  record.onExpiry = *action == ExpiryAction::kPause && stmt.text(25) == "disk" ? ExpiryAction::kCheckpoint : *action;
   record.ttlS = stmt.integer(23);
   record.pausedToDisk = stmt.text(24) == "disk";
   return record;
@@ -358,19 +358,21 @@ Status SqliteStore::insertEnvironment(const EnvironmentRecord& record) {
                                                 " storage_gb, pids, labels, state, reason, created_at_ms,"
                                                 " expires_at_ms, owner, env, permissions, network, secrets, net_slot,"
                                                 " isolation, accel, paused_at_ms, ttl_while_paused, on_expiry,"
-                                                " ttl_s)"
+                                                " ttl_s, expiry_memory)"
                                                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-                                                " ?, ?, ?, ?)",
+                                                " ?, ?, ?, ?, ?)",
                                                 what));
   // The unsigned counts are stored as their 64-bit pattern and read back the
   // same way, so every value round-trips.
-  MOAT_TRY(stmt.bindAll(record.id, record.taskId, record.templateName, record.cpus, static_cast<int64_t>(record.ramMb),
-                        record.storageGb, static_cast<int64_t>(record.pids), labels,
-                        std::string(stateName(record.state)), record.reason, record.createdAtMs, record.expiresAtMs,
-                        record.owner, env, record.permissions, record.network, record.secrets, record.netSlot,
-                        record.isolation, record.accel, record.pausedAtMs,
-                        std::string(record.ttlRunsWhilePaused ? "runs" : "stops"),
-                        std::string(actionName(record.onExpiry)), record.ttlS));
+  MOAT_TRY(stmt.bindAll(
+      record.id, record.taskId, record.templateName, record.cpus, static_cast<int64_t>(record.ramMb), record.storageGb,
+      static_cast<int64_t>(record.pids), labels, std::string(stateName(record.state)), record.reason,
+      record.createdAtMs, record.expiresAtMs, record.owner, env, record.permissions, record.network, record.secrets,
+      record.netSlot, record.isolation, record.accel, record.pausedAtMs,
+      std::string(record.ttlRunsWhilePaused ? "runs" : "stops"),
+      // A checkpoint at expiry is a pause whose memory goes to disk.
+      std::string(actionName(record.onExpiry == ExpiryAction::kCheckpoint ? ExpiryAction::kPause : record.onExpiry)),
+      record.ttlS, std::string(record.onExpiry == ExpiryAction::kCheckpoint ? "disk" : "ram")));
   return stmt.run();
 }
 

@@ -136,6 +136,8 @@ export interface Environment {
   expires_at: string;
   /** Present while paused: when the pause began (docs/PAUSE.md). */
   paused_at?: string;
+  /** Present while paused: where its memory is ("disk": a microVM's checkpoint). */
+  paused_memory?: "ram" | "disk";
   /** Whether its time to live goes on while paused. */
   ttl_while_paused?: "stops" | "runs";
   labels: Record<string, string>;
