@@ -5,7 +5,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "init/protocol.h"
@@ -149,6 +153,160 @@ TEST(InitConnection, AReadAnsweredWithBytesFromElsewhereIsAProtocolError) {
       EXPECT_EQ(r.error().code, Code::kProtocol) << c.what;
     }
   }
+}
+
+}  // namespace
+}  // namespace moat::manager
+
+namespace moat::manager {
+namespace {
+
+// What the connection reports about one process.
+struct RecordingSink : ProcessSink {
+  std::mutex mutex;
+  std::string output;
+  bool exited = false, lost = false;
+  void onSpawned(uint32_t) override {}
+  void onSpawnFailed(int, const std::string&) override {}
+  void onOutput(init::Stream, const std::string& data) override {
+    std::lock_guard lock(mutex);
+    output += data;
+  }
+  void onExited(const init::Exited&) override {
+    std::lock_guard lock(mutex);
+    exited = true;
+  }
+  void onLost(const std::string&) override {
+    std::lock_guard lock(mutex);
+    lost = true;
+  }
+  bool has(const std::function<bool(RecordingSink&)>& what) {
+    for (int i = 0; i < 500; ++i) {  // bounded: 5 s for the reader thread
+      {
+        std::lock_guard lock(mutex);
+        if (what(*this)) return true;
+      }
+      ::usleep(10000);
+    }
+    return false;
+  }
+};
+
+Result<init::Frame> nextFrame(int fd) {
+  init::FrameReader reader;
+  return init::readFrame(fd, reader);
+}
+
+// A microVM checkpointed to disk (docs/PAUSE.md, "To disk"): its connection
+// is suspended after a barrier the guest answers, its transport ends (QEMU
+// is ended) without ending anything, what is refused meanwhile says why,
+// what is granted meanwhile waits, and on a new transport the same process
+// goes on: its output reaches the same sink, its input the guest.
+TEST(InitConnection, ASuspendedConnectionGoesOnOnANewTransportWithItsProcesses) {
+  ::signal(SIGPIPE, SIG_IGN);
+  Peer first;
+  first.hello(init::kProtocolVersion);
+  std::atomic<bool> ended{false};
+  auto connection = std::make_shared<InitConnection>(std::move(first.ours), [&] { ended = true; });
+  ASSERT_EQ(connection->peerVersion(), init::kProtocolVersion);
+  auto sink = std::make_shared<RecordingSink>();
+  init::SpawnRequest spawn;
+  spawn.argv = {"/bin/tool", "remember"};
+  auto id = connection->spawn(spawn, sink, "", false);
+  ASSERT_TRUE(id.ok()) << id.error().message();
+  auto spawned = nextFrame(first.theirs.get());
+  ASSERT_TRUE(spawned.ok());
+  EXPECT_EQ(spawned->type, init::MsgType::kSpawn);
+
+  // The barrier: the last frame before the suspension, answered.
+  std::thread guest([&] {
+    auto barrier = nextFrame(first.theirs.get());
+    ASSERT_TRUE(barrier.ok());
+    ASSERT_EQ(barrier->type, init::MsgType::kFile);
+    auto request = init::FileRequest::decode(barrier->payload);
+    ASSERT_TRUE(request.ok());
+    EXPECT_EQ(request->op, init::FileOp::kQuiesce);
+    init::FileResult answer;
+    answer.tag = request->tag;
+    ASSERT_TRUE(init::writeFrame(first.theirs.get(), init::MsgType::kFileResult, answer.encode()).ok());
+  });
+  init::FileRequest quiesce;
+  quiesce.op = init::FileOp::kQuiesce;
+  quiesce.path = "/";
+  Status suspended = connection->suspend("on disk: resume it first", quiesce);
+  guest.join();
+  ASSERT_TRUE(suspended.ok()) << suspended.error().message();
+  EXPECT_TRUE(connection->suspended());
+
+  // Refused, saying why; a credit is kept for the guest's return.
+  auto refused = connection->writeStdin(id.value(), "lost?\n");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, Code::kConflict);
+  EXPECT_EQ(refused.error().message(), "on disk: resume it first");
+  init::FileRequest read;
+  read.op = init::FileOp::kRead;
+  read.path = "/workspace/f";
+  auto file = connection->file(read);
+  ASSERT_FALSE(file.ok());
+  EXPECT_EQ(file.error().code, Code::kConflict);
+  EXPECT_TRUE(connection->grantOutput(id.value(), 4096).ok());
+
+  // The old transport ends (its QEMU is gone): nothing ends with it.
+  first.theirs.reset();
+  ::usleep(100000);  // the reader sees the end at once; nothing may follow it
+  EXPECT_FALSE(connection->closed());
+  EXPECT_FALSE(ended);
+  EXPECT_FALSE(sink->lost);
+
+  // The guest back on a new transport: what was kept comes first.
+  Peer second;
+  second.hello(init::kProtocolVersion);
+  ASSERT_TRUE(connection->resumeOn(std::move(second.ours)).ok());
+  EXPECT_FALSE(connection->suspended());
+  EXPECT_EQ(connection->peerVersion(), init::kProtocolVersion);
+  auto credit = nextFrame(second.theirs.get());
+  ASSERT_TRUE(credit.ok());
+  ASSERT_EQ(credit->type, init::MsgType::kOutputCredit);
+  auto granted = init::OutputCredit::decode(credit->payload);
+  ASSERT_TRUE(granted.ok());
+  EXPECT_EQ(granted->id, id.value());
+  EXPECT_EQ(granted->upTo, 4096u);
+  ASSERT_TRUE(connection->writeStdin(id.value(), "second\n").ok());
+  auto input = nextFrame(second.theirs.get());
+  ASSERT_TRUE(input.ok());
+  EXPECT_EQ(input->type, init::MsgType::kStdin);
+  ASSERT_TRUE(init::writeFrame(second.theirs.get(), init::MsgType::kOutput,
+                               init::Output{id.value(), init::Stream::kStdout, "[first second]\n"}.encode())
+                  .ok());
+  init::Exited exited;
+  exited.id = id.value();
+  ASSERT_TRUE(init::writeFrame(second.theirs.get(), init::MsgType::kExited, exited.encode()).ok());
+  EXPECT_TRUE(sink->has([](RecordingSink& s) { return s.exited && s.output == "[first second]\n"; }));
+  EXPECT_FALSE(sink->lost);
+  EXPECT_FALSE(ended);
+}
+
+// A suspended connection that is closed (its environment destroyed while
+// on disk) ends: its processes are lost and its owner told, at once.
+TEST(InitConnection, ASuspendedConnectionThatIsClosedEndsItsProcesses) {
+  std::atomic<bool> ended{false};
+  // As a restart makes one: suspended from the start, no transport.
+  auto connection = std::make_shared<InitConnection>(
+      UniqueFd(), [&] { ended = true; }, InitConnection::ExecHooks{}, "on disk");
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(connection->peerVersion(), 0u);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << "no wait for a Hello";
+  init::FileRequest stat;
+  stat.op = init::FileOp::kStat;
+  stat.path = "/";
+  auto refused = connection->file(stat);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, Code::kConflict);
+  EXPECT_FALSE(connection->closed());
+  connection->close("destroyed");
+  for (int i = 0; i < 500 && !ended; ++i) ::usleep(10000);  // bounded: the reader thread's end
+  EXPECT_TRUE(ended);
+  EXPECT_TRUE(connection->closed());
 }
 
 }  // namespace
