@@ -128,15 +128,21 @@ def summary(values):
     return {"p50": round(statistics.median(s), 2), "p99": round(s[min(len(s) - 1, int(len(s) * 0.99))], 2)}
 
 
-def microvm_row(m, runs):
-    """A microVM's pause and resume against a namespace environment's, per
-    round: vm pause, namespace pause, vm resume, namespace resume."""
+def busybox_template(flag, prefix):
+    """A static busybox tree for microVM templates (tests/support), or the
+    run ends saying what `flag` lacks."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
     import busybox_tree  # noqa: E402
     why = busybox_tree.missing()
     if why:
-        raise SystemExit(f"--microvm: {why}")
-    tree = busybox_tree.busybox_tree(prefix="moat-bench-pause-vm-")
+        raise SystemExit(f"{flag}: {why}")
+    return busybox_tree.busybox_tree(prefix=prefix)
+
+
+def microvm_row(m, runs):
+    """A microVM's pause and resume against a namespace environment's, per
+    round: vm pause, namespace pause, vm resume, namespace resume."""
+    tree = busybox_template("--microvm", "moat-bench-pause-vm-")
     envs = {}
     try:
         envs["microvm"] = h.expect_status(m.call("POST", "/v1/environments", {
@@ -166,12 +172,7 @@ def microvm_row(m, runs):
 def to_disk_rows(m, sizes, runs):
     """A microVM's checkpoint to disk and restore, per memory size, against
     writing and reading back a file of the checkpoint's size."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
-    import busybox_tree  # noqa: E402
-    why = busybox_tree.missing()
-    if why:
-        raise SystemExit(f"--to-disk: {why}")
-    tree = busybox_tree.busybox_tree(prefix="moat-bench-checkpoint-")
+    tree = busybox_template("--to-disk", "moat-bench-checkpoint-")
     rows = {}
     try:
         for mib in sizes:

@@ -88,10 +88,8 @@ Status InitConnection::suspend(const std::string& why, init::FileRequest barrier
     }
   }
   std::unique_lock<std::mutex> lock(mutex_);
-  const bool answered = cv_.wait_for(lock, kFileTimeout, [&] { return files_[tag].done || closed_; });
-  PendingFile p = std::move(files_[tag]);
-  files_.erase(tag);
-  if (!answered || !p.done) return Error::make(Code::kTimeout, "moat-init did not answer before the suspension");
+  PendingFile p = takeAnswer(lock, tag, true);
+  if (!p.done) return Error::make(Code::kTimeout, "moat-init did not answer before the suspension");
   if (p.result.err != 0) return Error::fromErrno("moat-init before the suspension: " + p.result.message, p.result.err);
   return {};
 }
@@ -402,6 +400,15 @@ Status InitConnection::resize(uint32_t id, uint16_t rows, uint16_t cols) {
   return lostUnlessSuspended(send(init::MsgType::kResize, init::Resize{id, rows, cols}.encode()));
 }
 
+InitConnection::PendingFile InitConnection::takeAnswer(std::unique_lock<std::mutex>& lock, uint32_t tag, bool wait,
+                                                       bool* timedOut) {
+  const bool came = wait && cv_.wait_for(lock, kFileTimeout, [&] { return files_[tag].done || closed_; });
+  if (timedOut) *timedOut = wait && !came;
+  PendingFile p = std::move(files_[tag]);
+  files_.erase(tag);
+  return p;
+}
+
 Result<init::FileResult> InitConnection::file(init::FileRequest request) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -425,9 +432,8 @@ Result<init::FileResult> InitConnection::file(init::FileRequest request) {
     files_.erase(tag);
     return sending.error();
   }
-  bool finished = sent && cv_.wait_for(lock, kFileTimeout, [&] { return files_[tag].done || closed_; });
-  PendingFile p = std::move(files_[tag]);
-  files_.erase(tag);
+  bool timedOut = false;
+  PendingFile p = takeAnswer(lock, tag, sent, &timedOut);
   if (p.done && olderRead) p.result.offset = request.offset;
   if (p.done && request.op == init::FileOp::kRead && p.result.err == 0) {
     // A guest's moat-init is not trusted: its answer starts at or after the
@@ -442,7 +448,7 @@ Result<init::FileResult> InitConnection::file(init::FileRequest request) {
     }
   }
   if (p.done) return std::move(p.result);
-  if (sent && !finished) return Error::make(Code::kTimeout, "moat-init did not answer in time");
+  if (sent && timedOut) return Error::make(Code::kTimeout, "moat-init did not answer in time");
   return gone("the environment ended");
 }
 

@@ -110,6 +110,10 @@ class InitConnection : public std::enable_shared_from_this<InitConnection> {
   // After the transport ended: true once resumeOn() gave a new one, false
   // when the connection ends (not suspended, or closed meanwhile).
   bool awaitTransport();
+  // The answer to file request `tag` once it came or the connection ended
+  // (waited for up to kFileTimeout when `wait`; `timedOut`: neither came);
+  // its slot in files_ removed. mutex_ held.
+  PendingFile takeAnswer(std::unique_lock<std::mutex>& lock, uint32_t tag, bool wait, bool* timedOut = nullptr);
   // close() with writeMutex_ held.
   void closeWriting(const std::string& reason);
   // An exec verdict (held while suspended).

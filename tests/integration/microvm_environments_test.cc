@@ -174,6 +174,17 @@ class MicroVmEnvironments : public MoatdFixture {
     for (auto& [k, v] : extra.items()) body[k] = v;
     return body;
   }
+  // TCG under a loaded ctest -j2: how long a guest's counter may take.
+  static constexpr auto kCounterWait = std::chrono::seconds(60);
+  // A guest (64 tasks at most) whose counter (the pause tests') writes
+  // /workspace/n, started: its id.
+  std::string countingGuest() {
+    json body = vmBody();
+    body["spec"]["pids"] = 64;
+    const std::string id = createEnv(body);
+    call("POST", "/v1/environments/" + id + "/processes", {{"cmd", {"/bin/tool", "count", "/workspace/n"}}}, 201);
+    return id;
+  }
   std::string tree_, kernelVersion_, qemuDir_;
 };
 
@@ -523,12 +534,9 @@ TEST_F(MicroVmEnvironments, ADeleteDuringTheBootEndsIt) {
 // file system there and moved into a cgroup below its own: it is frozen
 // all the same, and could neither raise its bound nor lift the freeze.
 TEST_F(MicroVmEnvironments, APauseStopsTheGuestsProcessesWhileItsFilesAnswer) {
-  json body = vmBody();
-  body["spec"]["pids"] = 64;
-  const std::string id = createEnv(body);
+  const std::string id = countingGuest();
   const std::string base = "/v1/environments/" + id;
-  constexpr auto kWait = std::chrono::seconds(60);  // TCG under a loaded ctest -j2
-  call("POST", base + "/processes", {{"cmd", {"/bin/tool", "count", "/workspace/n"}}}, 201);
+  constexpr auto kWait = kCounterWait;
   call("POST", base + "/processes", {{"cmd", {"/bin/tool", "cgroup-escape", "/workspace/escape", "/workspace/e"}}},
        201);
   ASSERT_TRUE(counts(id, 0, "/workspace/n", kWait)) << "the counter never counted";
@@ -565,12 +573,9 @@ TEST_F(MicroVmEnvironments, APauseStopsTheGuestsProcessesWhileItsFilesAnswer) {
 // before, its output and input go on through the same process, and its
 // clock is the host's again. Across a moatd restart too.
 TEST_F(MicroVmEnvironments, ACheckpointToDiskReleasesTheMemoryAndTheResumeGoesOnWhereItWas) {
-  json body = vmBody();
-  body["spec"]["pids"] = 64;
-  const std::string id = createEnv(body);
+  const std::string id = countingGuest();
   const std::string base = "/v1/environments/" + id;
-  constexpr auto kWait = std::chrono::seconds(60);  // TCG under a loaded ctest -j2
-  call("POST", base + "/processes", {{"cmd", {"/bin/tool", "count", "/workspace/n"}}}, 201);
+  constexpr auto kWait = kCounterWait;
   json remember = call("POST", base + "/processes", {{"cmd", {"/bin/tool", "remember", "/workspace/kept"}}}, 201);
   const std::string repl = base + "/processes/" + std::to_string(remember["id"].get<int>());
   call("POST", repl + "/stdin", {{"data", "first\n"}}, 204);
@@ -658,6 +663,29 @@ TEST_F(MicroVmEnvironments, ACheckpointToDiskReleasesTheMemoryAndTheResumeGoesOn
   EXPECT_EQ(call("POST", "/v1/environments/" + later + "/resume", nullptr, 200)["state"], "running");
   EXPECT_EQ(exec(later, {{"cmd", {"/bin/tool", "uname"}}})["stdout"], kernelVersion_ + "\n");
   call("DELETE", "/v1/environments/" + later, nullptr, 204);
+}
+
+// A guest whose memory in use is larger than its disk is checkpointed all
+// the same (QEMU's file size limit, which bounds its console by the disk's
+// size, lets it write a state as large as its RAM), and gets it back.
+TEST_F(MicroVmEnvironments, AGuestWithMoreMemoryThanDiskIsCheckpointedWhole) {
+  json body = vmBody();
+  body["spec"]["ram_mb"] = 512;
+  body["spec"]["storage_gb"] = 0.125;  // a 128 MiB disk
+  const std::string id = createEnv(body);
+  const std::string base = "/v1/environments/" + id;
+  json held = exec(id, {{"cmd", {"/bin/tool", "flood", "/dev/shm/held", "200"}}});
+  ASSERT_EQ(held["exit_code"], 0) << held.dump();
+  json paused = call("POST", base + "/pause", {{"memory", "disk"}}, 200);
+  EXPECT_EQ(paused["paused_memory"], "disk") << paused.dump();
+  struct stat st;
+  const std::string saved = daemon_->stateDir() + "/microvm/vms/" + id + "/memory.tcg.state";
+  ASSERT_EQ(::stat(saved.c_str(), &st), 0) << saved;
+  EXPECT_GT(st.st_size, 200 << 20) << "the 200 MiB it held are in it";
+  EXPECT_EQ(call("POST", base + "/resume", nullptr, 200)["state"], "running");
+  json back = call("GET", base + "/files/stat?path=/dev/shm/held", nullptr, 200);
+  EXPECT_EQ(back["size"], 200u << 20) << "what it held came back: " << back.dump();
+  call("DELETE", base, nullptr, 204);
 }
 
 // Its QEMUs die with moatd (however it ends), and the next moatd says so.

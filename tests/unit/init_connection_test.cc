@@ -192,6 +192,14 @@ struct RecordingSink : ProcessSink {
   }
 };
 
+// A file request `op` of `path` through `connection`.
+Result<init::FileResult> fileRequest(InitConnection& connection, init::FileOp op, const std::string& path) {
+  init::FileRequest request;
+  request.op = op;
+  request.path = path;
+  return connection.file(request);
+}
+
 Result<init::Frame> nextFrame(int fd) {
   init::FrameReader reader;
   return init::readFrame(fd, reader);
@@ -243,10 +251,7 @@ TEST(InitConnection, ASuspendedConnectionGoesOnOnANewTransportWithItsProcesses) 
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().code, Code::kConflict);
   EXPECT_EQ(refused.error().message(), "on disk: resume it first");
-  init::FileRequest read;
-  read.op = init::FileOp::kRead;
-  read.path = "/workspace/f";
-  auto file = connection->file(read);
+  auto file = fileRequest(*connection, init::FileOp::kRead, "/workspace/f");
   ASSERT_FALSE(file.ok());
   EXPECT_EQ(file.error().code, Code::kConflict);
   EXPECT_TRUE(connection->grantOutput(id.value(), 4096).ok());
@@ -296,10 +301,7 @@ TEST(InitConnection, ASuspendedConnectionThatIsClosedEndsItsProcesses) {
   const auto start = std::chrono::steady_clock::now();
   EXPECT_EQ(connection->peerVersion(), 0u);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << "no wait for a Hello";
-  init::FileRequest stat;
-  stat.op = init::FileOp::kStat;
-  stat.path = "/";
-  auto refused = connection->file(stat);
+  auto refused = fileRequest(*connection, init::FileOp::kStat, "/");
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().code, Code::kConflict);
   EXPECT_FALSE(connection->closed());

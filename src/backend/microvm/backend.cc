@@ -160,11 +160,8 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
     std::unique_ptr<isolation::cgroup::Cgroup> cgroup;
     auto guest = [&]() -> Result<std::shared_ptr<Guest>> {
       const bool saved = os::exists(dir + checkpointName(false)) || os::exists(dir + checkpointName(true));
-      bool qemuRuns = false;
-      if (auto opened = isolation::cgroup::Cgroup::open(layout.value(), cgroupPrefix_ + id); opened.ok()) {
-        qemuRuns = !opened->processes().empty();
-        opened->leaveInPlace();  // only looked at (its end would end its QEMU)
-      }
+      auto opened = isolation::cgroup::Cgroup::open(layout.value(), cgroupPrefix_ + id);
+      const bool qemuRuns = opened.ok() && !opened->processes().empty();
       if (saved && qemuRuns) {
         // A QEMU runs it (a moatd died between a checkpoint's save and its
         // end of QEMU, or during a restore): it is adopted as it runs, and
@@ -174,6 +171,8 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
       } else if (saved) {
         // On disk (a checkpoint): no QEMU runs it; its cgroup (gone after
         // a host reboot) and id range are taken again by its restore.
+        // Its empty cgroup is left for this moatd's start to remove.
+        if (opened.ok()) opened->leaveInPlace();
         if (!volumeOf(id).ok()) return Error::make(Code::kNotFound, "its volume is gone");
         auto made = newGuest();
         made->dir = dir;
@@ -181,8 +180,8 @@ void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout
         made->checkpointed = true;
         return made;
       }
-      MOAT_ASSIGN(auto opened, isolation::cgroup::Cgroup::open(layout.value(), cgroupPrefix_ + id));
-      cgroup = std::make_unique<isolation::cgroup::Cgroup>(std::move(opened));
+      if (!opened.ok()) return opened.error();
+      cgroup = std::make_unique<isolation::cgroup::Cgroup>(std::move(opened.value()));
       // Its QEMU joined it alone (a cgroup moatd made): the one process
       // there, or it is gone.
       auto pids = cgroup->processes();
@@ -741,10 +740,6 @@ Result<std::vector<std::string>> MicroVmBackend::snapshots() {
 
 Result<Changes> MicroVmBackend::changes(const ChangesRequest&) { return notYet("a review of changed files"); }
 
-}  // namespace moat::backend::microvm
-
-namespace moat::backend::microvm {
-
 bool MicroVmBackend::checkpointed(const std::string& id) {
   std::lock_guard lock(mutex_);
   auto it = guests_.find(id);
@@ -754,13 +749,17 @@ bool MicroVmBackend::checkpointed(const std::string& id) {
 Result<uint64_t> MicroVmBackend::checkpoint(const std::string& id) {
   auto guest = find(id);   // held: its Vm is not reaped while this runs
   std::shared_ptr<Vm> vm;  // reaped by its last holder
+  std::shared_ptr<isolation::cgroup::Cgroup> qemuCgroup;
   {
     std::lock_guard lock(mutex_);
     if (guest && guest->checkpointed) {
       struct stat st;
       return ::stat((guest->dir + checkpointName(host_.kvm)).c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
     }
-    if (guest) vm = guest->vm;
+    if (guest) {
+      vm = guest->vm;
+      qemuCgroup = guest->cgroup;
+    }
     if (guest && !guest->volume) {
       return Error::make(Code::kUnsupported, "microVM environment " + id +
                                                  " keeps its files in its memory (made by an earlier moatd): it "
@@ -782,11 +781,6 @@ Result<uint64_t> MicroVmBackend::checkpoint(const std::string& id) {
   // then a moatd that dies leaves a stopped guest, which the next adopts
   // and lets go on. A large guest's save is given time by its size (20 ms
   // a MiB of what QEMU holds, at least kGuestSaveWait).
-  std::shared_ptr<isolation::cgroup::Cgroup> qemuCgroup;
-  {
-    std::lock_guard lock(mutex_);
-    qemuCgroup = guest->cgroup;
-  }
   const uint64_t heldMib = qemuCgroup ? qemuCgroup->usage().memoryBytes >> 20 : 0;
   const auto wait = std::max<std::chrono::milliseconds>(kGuestSaveWait, std::chrono::milliseconds(20 * heldMib));
   if (Status saved = vm->saveStopped(state.get(), wait); !saved.ok()) {
