@@ -25,7 +25,17 @@ running the same counter, paused and resumed by its guest's moat-init
 running it on the same moatd, interleaved per round (instead of the
 memory sizes' rows).
 
-  bench/pause.py --bin-dir build/bin [--mib 64,256,1024] [--runs 20] [--microvm | --to-disk] [--json FILE]
+With --fork-memory N: a microVM environment (the busybox template) holding
+each size in its /dev/shm and running a shell that was told a variable (a
+REPL holding state) is forked with its memory N times at once (POST
+.../fork {"memory": true, "count": N}); each copy's shell is then asked for
+the variable (written to a file the bench reads back), which it must still
+have. The peer, interleaved per round, is N forks of its files alone
+(POST .../fork {"count": N}: each copy restored from the saved guest,
+nothing of the source's processes). Prints the time to N copies and to
+every copy's answer.
+
+  bench/pause.py --bin-dir build/bin [--mib 64,256,1024] [--runs 20] [--microvm | --to-disk | --fork-memory N] [--json FILE]
 
 Needs root; exits 0 with SKIP otherwise.
 """
@@ -169,6 +179,19 @@ def microvm_row(m, runs):
         shutil.rmtree(tree, ignore_errors=True)
 
 
+def holding_guest(m, tree, mib):
+    """A microVM environment of the busybox template `tree` holding `mib`
+    MiB of random bytes in its /dev/shm (its RAM twice that and 256 MB): its
+    id."""
+    env = h.expect_status(m.call("POST", "/v1/environments", {
+        "template": tree, "spec": {"isolation": "microvm", "ram_mb": 2 * mib + 256}}), 201)["id"]
+    held = h.expect_status(m.call("POST", f"/v1/environments/{env}/exec", {"cmd": [
+        "sh", "-c", f"dd if=/dev/urandom of=/dev/shm/held bs=1M count={mib} 2>/dev/null; du -m /dev/shm/held"]}), 200)
+    if not held.get("stdout", "").startswith(f"{mib}\t"):
+        raise SystemExit(f"the guest did not hold {mib} MiB in /dev/shm: {held}")
+    return env
+
+
 def to_disk_rows(m, sizes, runs):
     """A microVM's checkpoint to disk and restore, per memory size, against
     writing and reading back a file of the checkpoint's size."""
@@ -176,17 +199,11 @@ def to_disk_rows(m, sizes, runs):
     rows = {}
     try:
         for mib in sizes:
-            env = h.expect_status(m.call("POST", "/v1/environments", {
-                "template": tree, "spec": {"isolation": "microvm", "ram_mb": 2 * mib + 256}}), 201)["id"]
+            env = holding_guest(m, tree, mib)
             base = f"/v1/environments/{env}"
             vm_dir = os.path.join(m.state, "microvm", "vms", env)
             peer = os.path.join(m.state, f"bench-peer-{mib}")
             try:
-                held = h.expect_status(m.call("POST", f"{base}/exec", {"cmd": [
-                    "sh", "-c", f"dd if=/dev/urandom of=/dev/shm/held bs=1M count={mib} 2>/dev/null; "
-                    "du -m /dev/shm/held"]}), 200)
-                if not held.get("stdout", "").startswith(f"{mib}\t"):
-                    raise SystemExit(f"the guest did not hold {mib} MiB in /dev/shm: {held}")
                 h.expect_status(m.call("POST", f"{base}/processes", {"cmd": ["sh", "-c", COUNTER]}), 201)
                 samples = {k: [] for k in ("checkpoint", "restore", "peer write+sync", "peer cold read")}
                 sizes_mib = []
@@ -231,6 +248,56 @@ def to_disk_rows(m, sizes, runs):
     return rows
 
 
+def fork_rows(m, sizes, count, runs):
+    """N memory forks of a microVM whose shell holds a variable, against N
+    forks of its files, per memory size."""
+    tree = busybox_template("--fork-memory", "moat-bench-fork-")
+    rows = {}
+    try:
+        for mib in sizes:
+            env = holding_guest(m, tree, mib)
+            base = f"/v1/environments/{env}"
+            try:
+                repl = h.expect_status(m.call("POST", f"{base}/processes", {"cmd": ["sh"], "stdin": True}), 201)["id"]
+                h.expect_status(m.call("POST", f"{base}/processes/{repl}/stdin", {"data": f"x=kept-{mib}\n"}), 204)
+                samples = {k: [] for k in (f"{count} memory forks", "every copy answered", f"{count} file forks")}
+                for _ in range(runs):
+                    t = time.perf_counter()
+                    made = h.expect_status(m.call("POST", f"{base}/fork", {"memory": True, "count": count}), 201)
+                    samples[f"{count} memory forks"].append((time.perf_counter() - t) * 1000)
+                    copies = [e["id"] for e in made["environments"]]
+                    for c in copies:
+                        h.expect_status(m.call("POST", f"/v1/environments/{c}/processes/{repl}/stdin",
+                                               {"data": "echo $x > /workspace/x\n"}), 204)
+                    for c in copies:
+                        deadline = time.monotonic() + 60
+                        while True:
+                            got = m.call("GET", f"/v1/environments/{c}/files?path=/workspace/x", raw=True)
+                            if got[0] == 200 and got[1].strip() == f"kept-{mib}".encode():
+                                break
+                            if time.monotonic() > deadline:
+                                raise SystemExit(f"fork {c} did not answer with the variable: {got}")
+                            time.sleep(0.01)
+                    samples["every copy answered"].append((time.perf_counter() - t) * 1000)
+                    for c in copies:
+                        m.call("DELETE", f"/v1/environments/{c}")
+                    t = time.perf_counter()
+                    made = h.expect_status(m.call("POST", f"{base}/fork", {"count": count}), 201)
+                    samples[f"{count} file forks"].append((time.perf_counter() - t) * 1000)
+                    for e in made["environments"]:
+                        m.call("DELETE", f"/v1/environments/{e['id']}")
+                row = {k: summary(v) for k, v in samples.items()}
+                row["memory / file forks (p50)"] = round(
+                    row[f"{count} memory forks"]["p50"] / max(row[f"{count} file forks"]["p50"], 1e-3), 2)
+                rows[f"{mib} MiB held"] = row
+                print(f"fork with memory x{count}, {mib} MiB held: " + json.dumps(row), flush=True)
+            finally:
+                m.call("DELETE", base)
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin-dir", required=True)
@@ -238,12 +305,13 @@ def main():
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--microvm", action="store_true")
     ap.add_argument("--to-disk", action="store_true")
+    ap.add_argument("--fork-memory", type=int, default=0)
     ap.add_argument("--json")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("SKIP: needs root (moatd creates namespaces, cgroups and mounts)")
         return 0
-    sizes = [int(x) for x in args.mib.split(",")] if not (args.microvm or args.to_disk) else []
+    sizes = [int(x) for x in args.mib.split(",")] if not (args.microvm or args.to_disk or args.fork_memory) else []
     m = h.Moatd(args.bin_dir, prefix="moatd-bench-pause-")
     results = {}
     try:
@@ -281,6 +349,9 @@ def main():
             print(f"{mib} MiB: " + json.dumps(row))
         if args.to_disk:
             results["to disk"] = to_disk_rows(m, [int(x) for x in args.mib.split(",")], args.runs)
+        if args.fork_memory:
+            results["fork with memory"] = fork_rows(m, [int(x) for x in args.mib.split(",")], args.fork_memory,
+                                                    args.runs)
         if args.microvm:
             results["microvm"] = microvm_row(m, args.runs)
             print("microvm: " + json.dumps(results["microvm"]))

@@ -181,7 +181,8 @@ HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Princi
     return respond(200, environmentJson(restored.value()));
   }
   // fork
-  if (auto e = onlyFields(body.value(), {"task_id", "labels", "ttl_s"}, "")) return errorResponse(*e);
+  if (auto e = onlyFields(body.value(), {"task_id", "labels", "ttl_s", "memory", "count"}, ""))
+    return errorResponse(*e);
   manager::ForkRequest fork;
   fork.owner = principal.owner();
   if (body->contains("task_id")) {
@@ -202,6 +203,18 @@ HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Princi
       return errorResponse(*e);
     }
   }
+  if (body->contains("memory")) {
+    if (!(*body)["memory"].is_boolean()) return errorResponse(invalid("memory", "must be true or false"));
+    fork.memory = (*body)["memory"].get<bool>();
+  }
+  const bool many = body->contains("count");
+  if (many) {
+    double count = 0;
+    if (auto e = number((*body)["count"], "count", 1, static_cast<double>(manager::kMaxForkCount), true, count)) {
+      return errorResponse(*e);
+    }
+    fork.count = static_cast<size_t>(count);
+  }
   if (!fork.labels) {
     // The source's labels, but not the mark of a /mcp session's own
     // environment: a fork outlives the session (a restarted moatd destroys
@@ -215,7 +228,10 @@ HttpResponse Api::environmentSnapshotsRoute(const HttpRequest& req, const Princi
   }
   auto created = snapshots_.fork(id, fork);
   if (!created.ok()) return errorResponse(fromError(created.error()));
-  return respond(201, environmentJson(created.value()));
+  if (!many) return respond(201, environmentJson(created->front()));
+  json list = json::array();
+  for (const auto& made : created.value()) list.push_back(environmentJson(made));
+  return respond(201, {{"environments", std::move(list)}});
 }
 
 }  // namespace moat::api

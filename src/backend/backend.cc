@@ -43,6 +43,13 @@ Result<uint64_t> Backend::checkpoint(const std::string& id) {
                          "does not use yet (microvm environments can be; docs/PAUSE.md)");
 }
 
+Result<uint32_t> Backend::snapshotWithMemory(const std::string& id, const std::string&) {
+  return Error::make(Code::kUnsupported,
+                     "environment " + id +
+                         " cannot be forked with its memory: a namespace environment's processes would need CRIU, "
+                         "which moat does not use yet (microvm environments can be; docs/PAUSE.md)");
+}
+
 Result<UniqueFd> Backend::restoreCheckpoint(const Spec& spec) {
   return Error::make(Code::kUnsupported, "environment " + spec.id + " has no checkpoint this backend can restore");
 }

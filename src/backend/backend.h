@@ -45,6 +45,9 @@ struct Spec {
   // for it.
   std::string fromSnapshot;
   uint32_t snapshotHostBase = 0;
+  // With fromSnapshot, one taken with its memory (snapshotWithMemory): the
+  // environment goes on from that moment, its processes running.
+  bool withMemory = false;
 };
 
 std::string newEnvironmentId();
@@ -121,6 +124,12 @@ class Backend {
   // kept as `name` (like a power cut: written data is in it, processes are
   // not); returns what a create from it needs (Spec::snapshotHostBase).
   virtual Result<uint32_t> snapshot(const std::string& id, const std::string& name) = 0;
+  // The same with the environment's memory and state beside its files
+  // (docs/PAUSE.md, "Forks with memory"): a create with Spec::withMemory
+  // goes on from this moment, its processes running. The environment is
+  // held still while it is taken, then goes on as it was. By default
+  // "unsupported", naming why.
+  virtual Result<uint32_t> snapshotWithMemory(const std::string& id, const std::string& name);
   // Idempotent: a gone snapshot is fine.
   virtual Status deleteSnapshot(const std::string& name) = 0;
   // The names of the snapshots it keeps.

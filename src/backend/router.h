@@ -8,8 +8,9 @@ namespace moat::backend {
 
 // The manager's one backend over the two kinds of isolation: a create goes
 // to the one its Spec names; every other call to the one that runs the
-// environment. Snapshots are the namespace backend's (the microVM one makes
-// none yet). Without a microVM backend, a create that asks for one is
+// environment. Snapshots are kept in one storage pool: either backend lists
+// them; the microVM one deletes them where it runs (with the memory of
+// those taken with it). Without a microVM backend, a create that asks for one is
 // refused, saying why (`microvmMissing`).
 class Router final : public Backend {
  public:
@@ -28,7 +29,12 @@ class Router final : public Backend {
   Result<uint32_t> snapshot(const std::string& id, const std::string& name) override {
     return of(id).snapshot(id, name);
   }
-  Status deleteSnapshot(const std::string& name) override { return namespaces_.deleteSnapshot(name); }
+  Result<uint32_t> snapshotWithMemory(const std::string& id, const std::string& name) override {
+    return of(id).snapshotWithMemory(id, name);
+  }
+  Status deleteSnapshot(const std::string& name) override {
+    return microvm_ ? microvm_->deleteSnapshot(name) : namespaces_.deleteSnapshot(name);
+  }
   Result<std::vector<std::string>> snapshots() override { return namespaces_.snapshots(); }
   Result<Changes> changes(const ChangesRequest& request) override { return of(request.id).changes(request); }
   std::string whyEnded(const std::string& id) override { return of(id).whyEnded(id); }

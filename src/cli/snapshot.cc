@@ -18,9 +18,11 @@ constexpr const char* kSnapshotUsage =
        moat snapshot ls [ID]                     the snapshots (of one environment)
        moat snapshot restore ID SNAPSHOT         put the environment's files back as the snapshot has them
                                                  (every process in it ends)
-       moat snapshot fork ID [--task-id T] [--label K=V]... [--ttl S]
+       moat snapshot fork ID [--task-id T] [--label K=V]... [--ttl S] [--memory] [--count N]
                                                  a new environment with a copy of ID's files and
-                                                 settings; prints its id
+                                                 settings; prints its id (--count: N of them from one
+                                                 moment, an id a line; --memory: its processes too,
+                                                 running on where they were: microvm environments)
        moat snapshot rm SNAPSHOT...              delete snapshots
 
   --json   print moatd's JSON instead (create, ls, restore, fork)
@@ -70,6 +72,12 @@ Status parse(const std::vector<std::string>& args, const std::string& sub, Optio
     } else if (name == "--ttl" && sub == "fork") {
       MOAT_ASSIGN(std::string v, flags.value());
       MOAT_ASSIGN(out.fork["ttl_s"], parseWhole(name, v));
+    } else if (name == "--memory" && sub == "fork") {
+      MOAT_TRY(flags.noValue());
+      out.fork["memory"] = true;
+    } else if (name == "--count" && sub == "fork") {
+      MOAT_ASSIGN(std::string v, flags.value());
+      MOAT_ASSIGN(out.fork["count"], parseWhole(name, v));
     } else {
       return usageError("unknown option " + name + " for 'moat snapshot " + sub + "'");
     }
@@ -166,6 +174,8 @@ int snapshotCommand(const std::vector<std::string>& args) {
   if (!answer.ok()) return reportFailure(what, answer.error());
   if (o.asJson) {
     std::puts(answer->dump(2).c_str());
+  } else if (answer->contains("environments")) {
+    for (const auto& made : (*answer)["environments"]) std::puts(made.value("id", "").c_str());
   } else {
     std::puts(answer->value("id", "").c_str());
   }

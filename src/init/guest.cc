@@ -226,6 +226,9 @@ Result<Guest> prepareGuest() {
   Guest guest;
   MOAT_ASSIGN(guest.commands, GuestCommands::make(pids));
   MOAT_TRY(protectKernelKnobs());
+  // What a restored copy needs of SYS_ADMIN (its name, a reseed) stays
+  // with a child of its own.
+  MOAT_ASSIGN(guest.identity, IdentityKeeper::start());
   MOAT_TRY(keepCapabilities());
   guest.control = std::move(fd);
   return guest;

@@ -6,6 +6,7 @@
 #include "common/result.h"
 #include "common/unique_fd.h"
 #include "init/guest_commands.h"
+#include "init/identity_keeper.h"
 
 // moat-init as the pid 1 of a microVM guest (`moat-init --guest`, started by
 // the kernel from the initramfs moat writes, backend/microvm/): it makes
@@ -44,6 +45,7 @@ inline constexpr uint32_t kGuestAddress = 0x0a00020f;  // 10.0.2.15
 struct Guest {
   UniqueFd control;  // the control connection
   std::optional<GuestCommands> commands;
+  IdentityKeeper identity;  // started before the capabilities went
 };
 Result<Guest> prepareGuest();
 

@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
     supervisor.keepPortAcrossHosts();
     // Its commands start in their cgroup, which a pause freezes.
     supervisor.runCommandsIn(std::move(*guest->commands));
+    supervisor.keepIdentity(std::move(guest->identity));
     int code = supervisor.run();
     moat::os::powerOff();
     return code;

@@ -20,15 +20,17 @@ namespace moat::init {
 // StdinTaken (message 69); 3: the exec gate, ExecPolicy (9), ExecVerdict (8)
 // and ExecCheck (70); 4: ExecPolicy's mode 2 with its rules, and ExecReport
 // (71); 5: FileOp kPause, kResume, kTasks; 6: a read that skips holes
-// (kFileSkipHoles, FileResult's offset); 7: FileOp kClock and kQuiesce. A moatd re-attaching after an upgrade may meet
-// a moat-init of an older version: it sends each only what that version knows.
-constexpr uint32_t kProtocolVersion = 7;
+// (kFileSkipHoles, FileResult's offset); 7: FileOp kClock and kQuiesce; 8: kQuiesce's end (offset 1, a memory
+// fork's source). A moatd re-attaching after an upgrade may meet a moat-init of an older version: it sends each only
+// what that version knows.
+constexpr uint32_t kProtocolVersion = 8;
 constexpr uint32_t kFlowControlSince = 2;  // OutputCredit and StdinTaken
 constexpr uint32_t kExecGateSince = 3;     // ExecPolicy, ExecCheck, ExecVerdict
 constexpr uint32_t kExecRulesSince = 4;    // ExecPolicy 2 (rules), ExecReport
 constexpr uint32_t kGuestCgroupSince = 5;  // FileOp kPause, kResume, kTasks (a microVM guest's)
 constexpr uint32_t kSparseReadSince = 6;   // kFileSkipHoles, FileResult::offset
 constexpr uint32_t kClockSince = 7;        // FileOp kClock and kQuiesce (a microVM guest's)
+constexpr uint32_t kQuietEndSince = 8;     // kQuiesce with offset kQuietEnd, kClock's target (a new hostname)
 constexpr uint32_t kMaxFrame = 16u << 20;
 constexpr size_t kOutputChunk = 64u << 10;
 
@@ -304,14 +306,19 @@ enum class FileOp : uint8_t {
   kTasks = 11,  // -> data: how many tasks the guest's commands' cgroup holds (its pids.current)
   // A guest restored from its checkpoint (docs/PAUSE.md, "To disk") is told
   // the time: offset = the host's CLOCK_REALTIME in ns, data = entropy mixed
-  // into the guest's pool (its clock stood still while it was on disk).
+  // into the guest's pool, the generator reseeded (its clock stood still
+  // while it was on disk); target (version 8, a memory fork's copy): its
+  // new hostname.
   kClock = 12,
   // Before a checkpoint: moat-init sends what it holds for the host (its
   // batched reports), then nothing of its own accord (commands' output
   // waits in their pipes) until the next kReattach or kResume; its answer
-  // is the last frame before the quiet.
+  // is the last frame before the quiet. With offset kQuietEnd (version 8):
+  // the quiet ends, nothing else changes (the source of a memory fork goes
+  // on; a paused guest stays paused).
   kQuiesce = 13,
 };
+constexpr uint64_t kQuietEnd = 1;
 
 constexpr uint8_t kFileCreateParents = 1;
 constexpr uint8_t kFileAppend = 2;

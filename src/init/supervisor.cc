@@ -612,13 +612,19 @@ FileResult Supervisor::guestCgroupRequest(const FileRequest& request) {
   FileResult result;
   result.tag = request.tag;
   Status done;
-  if (request.op == FileOp::kQuiesce) {
+  if (request.op == FileOp::kQuiesce && request.offset == kQuietEnd) {
+    quiet_ = false;  // its commands' output is forwarded again
+  } else if (request.op == FileOp::kQuiesce) {
     releaseReports();  // before the answer: nothing of it is left to send
     quiet_ = true;
   } else if (request.op == FileOp::kClock) {
-    // Restored from a checkpoint: its clock says when it was saved.
+    // Restored from a checkpoint: its clock says when it was saved. A
+    // memory fork's copy is renamed too (target, version 8); each is
+    // reseeded.
     done = os::setRealtime(request.offset);
-    if (done.ok() && !request.data.empty()) done = os::addEntropy(request.data);
+    if (done.ok() && (!request.data.empty() || !request.target.empty())) {
+      done = identity_.renew(request.target, request.data);
+    }
   } else if (request.op == FileOp::kTasks) {
     auto tasks = commands_->tasks();
     if (tasks.ok()) {

@@ -14,6 +14,7 @@
 #include "common/unique_fd.h"
 #include "init/disk_view.h"
 #include "init/guest_commands.h"
+#include "init/identity_keeper.h"
 #include "init/launcher.h"
 #include "init/protocol.h"
 #include "os/block.h"
@@ -47,6 +48,9 @@ class Supervisor {
   // out of it), which FileOp::kPause and kResume freeze and thaw and whose
   // tasks kTasks counts. Before run().
   void runCommandsIn(GuestCommands commands) { commands_.emplace(std::move(commands)); }
+  // A microVM guest's: what renames it and reseeds its random generator
+  // after a restore (FileOp kClock). Before run().
+  void keepIdentity(IdentityKeeper identity) { identity_ = std::move(identity); }
   // Runs until the control connection closes or Shutdown arrives; returns
   // moat-init's exit code.
   int run();
@@ -201,6 +205,7 @@ class Supervisor {
   bool gateExec_ = false;
   std::optional<os::QgroupCounters> diskCounters_;
   std::optional<GuestCommands> commands_;  // runCommandsIn
+  IdentityKeeper identity_;                // keepIdentity
   std::unique_ptr<DiskView> diskView_;     // answers statfs of the root (df)
   UniqueFd execListener_;
   ExecPolicy execPolicy_;

@@ -120,6 +120,19 @@ Result<std::shared_ptr<Process>> EnvironmentManager::startProcess(const std::str
   return process;
 }
 
+void EnvironmentManager::adoptProcess(LiveEnvironment& live, const std::string& id, const std::string& actor,
+                                      const std::shared_ptr<Process>& process) {
+  const bool exec = process->info().kind == "exec";
+  process->onEnded([recorder = &audit_, id, actor, exec](const ProcessInfo& info) {
+    recorder->record(exec ? "exec.ended" : "process.ended", id, actor, endedData(info));
+  });
+  if (process->info().lossless) {
+    std::lock_guard<std::mutex> lock(threadsMutex_);
+    lossless_.push_back(process);  // the reaper lets it go once nobody follows it
+  }
+  live.processes->adopt(process);
+}
+
 Result<std::vector<std::shared_ptr<Process>>> EnvironmentManager::processes(const std::string& id) {
   MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   return live.processes->all();

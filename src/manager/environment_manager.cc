@@ -438,6 +438,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   if (from) {
     spec.fromSnapshot = from->id;
     spec.snapshotHostBase = from->hostBase;
+    spec.withMemory = request.withMemory;
   }
   auto created = backend_.create(spec);
   snapshotHeld.run();
@@ -478,8 +479,13 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     audit_.record("environment.destroyed", id, destroyedBy, {{"reason", "destroyed"}, {"state", "gone"}});
     return Error::make(Code::kConflict, "environment " + id + " was destroyed while being created");
   }
-  auto connection = connect(id, std::move(created->control));
-  live_.put(id, makeLive(connection, record));
+  // A memory fork's processes run on in it: its own copies of them.
+  std::vector<std::shared_ptr<Process>> adopted;
+  for (const auto& process : request.processes) adopted.push_back(process->forkedCopy());
+  auto connection = connect(id, std::move(created->control), "", adopted);
+  LiveEnvironment live = makeLive(connection, record);
+  for (const auto& process : adopted) adoptProcess(live, id, record.owner, process);
+  live_.put(id, std::move(live));
   record.state = EnvironmentState::kRunning;
   (void)store_.setState(id, EnvironmentState::kRunning, "");
   held.run();
@@ -559,7 +565,8 @@ LiveEnvironment EnvironmentManager::makeLive(std::shared_ptr<InitConnection> con
 }
 
 std::shared_ptr<InitConnection> EnvironmentManager::connect(const std::string& id, UniqueFd control,
-                                                            const std::string& suspendedWhy) {
+                                                            const std::string& suspendedWhy,
+                                                            const std::vector<std::shared_ptr<Process>>& adopted) {
   InitConnection::ExecHooks hooks;
   hooks.check = [this, id](const init::ExecCheck& check, InitConnection::ExecAnswer answer) {
     ExecCheckHook gate;
@@ -583,8 +590,11 @@ std::shared_ptr<InitConnection> EnvironmentManager::connect(const std::string& i
     }
     hook(id, report);
   };
+  std::map<uint32_t, std::shared_ptr<ProcessSink>> sinks;
+  for (const auto& process : adopted) sinks[process->initId()] = process;
   auto connection = std::make_shared<InitConnection>(
-      std::move(control), [this, id] { onInitGone(id); }, std::move(hooks), suspendedWhy);
+      std::move(control), [this, id] { onInitGone(id); }, std::move(hooks), suspendedWhy, std::move(sinks));
+  for (const auto& process : adopted) process->adopt(connection);
   if (suspendedWhy.empty()) sendExecPolicy(id, connection);  // else once it is back
   return connection;
 }

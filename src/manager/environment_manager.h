@@ -115,7 +115,7 @@ class EnvironmentManager final : public EnvironmentService,
   Result<std::vector<store::SnapshotRecord>> snapshots(const std::string& owner,
                                                        const std::string& environment) override;
   Status deleteSnapshot(const std::string& snapshotId, const std::string& actor) override;
-  Result<store::EnvironmentRecord> fork(const std::string& id, const ForkRequest& request) override;
+  Result<std::vector<store::EnvironmentRecord>> fork(const std::string& id, const ForkRequest& request) override;
   Result<store::EnvironmentRecord> restore(const std::string& id, const std::string& snapshotId,
                                            const std::string& actor) override;
   Result<backend::Changes> changes(const std::string& id, const std::string& snapshotId,
@@ -154,10 +154,19 @@ class EnvironmentManager final : public EnvironmentService,
 
  private:
   LiveEnvironment makeLive(std::shared_ptr<InitConnection> connection, const store::EnvironmentRecord& record) const;
+  // A memory fork's copy of one of its source's processes, in `live` (id's):
+  // its end is recorded (as `actor`'s), as a process started here is.
+  void adoptProcess(LiveEnvironment& live, const std::string& id, const std::string& actor,
+                    const std::shared_ptr<Process>& process);
   // Puts a pause in force (`hold`) or lifts it: the backend freezes a
   // namespace environment's processes from the host; a microVM's moat-init
   // freezes its guest's (QEMU's stop would stop moat-init too, and nothing
   // could read the guest's files while paused).
+  // A guest saved and restored (a checkpoint, a memory fork) is told the
+  // time, given entropy and reseeded, and named `hostname` unless empty
+  // (file op clock).
+  Status setGuestClock(const std::string& id, const std::shared_ptr<InitConnection>& connection,
+                       const std::string& hostname = "");
   Status holdProcesses(const store::EnvironmentRecord& record, const std::shared_ptr<InitConnection>& connection,
                        bool hold);
   // pause(), by a person or program (`atExpiry` false), or by the reaper
@@ -199,9 +208,15 @@ class EnvironmentManager final : public EnvironmentService,
   // "transient", so a moatd killed before the fork removed it rolls it back).
   // A ready snapshot, or the transient one taken for a fork of `forkOf`.
   Result<store::SnapshotRecord> usableSnapshot(const std::string& snapshotId, const std::string& forkOf);
-  // owner "": the environment's.
+  // owner "": the environment's. `memory` (a memory fork's): with its
+  // memory (Backend::snapshotWithMemory), and its running processes' copies
+  // of that moment put there.
   Result<store::SnapshotRecord> takeSnapshot(const std::string& id, const std::string& name, const std::string& actor,
-                                             bool transient, const std::string& owner = "");
+                                             bool transient, const std::string& owner = "",
+                                             std::vector<std::shared_ptr<Process>>* memory = nullptr);
+  // takeSnapshot's backend part with memory (snapshots.cc).
+  Result<uint32_t> snapshotWithMemory(const store::EnvironmentRecord& record, const LiveEnvironment& live,
+                                      const std::string& snapshotId, std::vector<std::shared_ptr<Process>>& processes);
   // Held by a create or restore from the snapshot until its copy is made:
   // a deletion waits for the holds, and a hold for a deletion in progress
   // (which then leaves the snapshot not found). No-op for "".
@@ -286,8 +301,9 @@ class EnvironmentManager final : public EnvironmentService,
   // A new connection to `id`'s moat-init: its exec checks go to the gate,
   // and it is told whether to ask.
   // `suspendedWhy`: see InitConnection's constructor.
-  std::shared_ptr<InitConnection> connect(const std::string& id, UniqueFd control,
-                                          const std::string& suspendedWhy = "");
+  // `adopted`: a memory fork's processes (its LiveEnvironment's too).
+  std::shared_ptr<InitConnection> connect(const std::string& id, UniqueFd control, const std::string& suspendedWhy = "",
+                                          const std::vector<std::shared_ptr<Process>>& adopted = {});
   void sendExecPolicy(const std::string& id, const std::shared_ptr<InitConnection>& connection);
   bool stopping_ = false;
   bool detached_ = false;

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 
@@ -30,8 +31,13 @@ Status lostUnlessSuspended(const Status& sent) {
 }  // namespace
 
 InitConnection::InitConnection(UniqueFd control, std::function<void()> onClosed, ExecHooks hooks,
-                               const std::string& suspendedWhy)
-    : control_(std::move(control)), onClosed_(std::move(onClosed)), nextKey_(randomStart()) {
+                               const std::string& suspendedWhy,
+                               std::map<uint32_t, std::shared_ptr<ProcessSink>> adopted)
+    : control_(std::move(control)),
+      onClosed_(std::move(onClosed)),
+      sinks_(std::move(adopted)),
+      nextKey_(randomStart()) {
+  if (!sinks_.empty()) nextKey_ = std::max(nextKey_, sinks_.rbegin()->first + 1);
   execCheck_ = std::move(hooks.check);
   execReport_ = std::move(hooks.report);
   suspended_ = !suspendedWhy.empty();

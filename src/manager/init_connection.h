@@ -46,8 +46,11 @@ class InitConnection : public std::enable_shared_from_this<InitConnection> {
   };
   // `suspendedWhy` not empty: made suspended (suspend()), its transport to
   // come from resumeOn() (an environment a restart found on disk).
+  // `adopted`: processes moat-init runs already, by its ids (a memory
+  // fork's, whose moat-init is a copy of its source's), heard from the
+  // first frame on; new ids come after theirs.
   InitConnection(UniqueFd control, std::function<void()> onClosed, ExecHooks hooks = {},
-                 const std::string& suspendedWhy = "");
+                 const std::string& suspendedWhy = "", std::map<uint32_t, std::shared_ptr<ProcessSink>> adopted = {});
   ~InitConnection();
   InitConnection(const InitConnection&) = delete;
   InitConnection& operator=(const InitConnection&) = delete;

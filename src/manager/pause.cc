@@ -128,18 +128,8 @@ Status EnvironmentManager::restoreCheckpointHeld(const store::EnvironmentRecord&
   if (live.connection->peerVersion() == 0) return lost("its moat-init did not say Hello");
   sendExecPolicy(id, live.connection);  // this moatd's gate (a restart may have come between)
   // Its clock stood still while it was on disk.
-  if (live.connection->peerVersion() >= init::kClockSince) {
-    init::FileRequest clock;
-    clock.op = init::FileOp::kClock;
-    clock.path = "/";
-    clock.offset = static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-            .count());
-    MOAT_ASSIGN(clock.data, randomBytes(32));
-    MOAT_ASSIGN(auto set, live.connection->file(clock));
-    if (set.err != 0) {
-      moat::log::warnf("environment %s's clock was not set after its restore: %s\n", id.c_str(), set.message.c_str());
-    }
+  if (Status set = setGuestClock(id, live.connection); !set.ok()) {
+    moat::log::warnf("%s\n", set.error().message().c_str());
   }
   auto stored = storedNetwork(record);
   if (stored.ok() && stored->mode != egress::Mode::kNone) {
@@ -147,6 +137,26 @@ Status EnvironmentManager::restoreCheckpointHeld(const store::EnvironmentRecord&
       moat::log::warnf("environment %s's network after its restore: %s\n", id.c_str(),
                        linked.error().message().c_str());
     }
+  }
+  return {};
+}
+
+Status EnvironmentManager::setGuestClock(const std::string& id, const std::shared_ptr<InitConnection>& connection,
+                                         const std::string& hostname) {
+  if (connection->peerVersion() < init::kClockSince) return {};
+  init::FileRequest clock;
+  clock.op = init::FileOp::kClock;
+  clock.path = "/";
+  if (connection->peerVersion() >= init::kQuietEndSince) clock.target = hostname;
+  clock.offset = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  auto seed = randomBytes(32);
+  if (seed.ok()) clock.data = seed.value();
+  MOAT_ASSIGN(auto set, connection->file(clock));
+  if (set.err != 0) {
+    return Error::make(Code::kUnavailable, "environment " + id + "'s guest did not take its clock" +
+                                               (hostname.empty() ? "" : ", name") + " and entropy: " + set.message);
   }
   return {};
 }

@@ -125,6 +125,29 @@ Status Process::start(const std::shared_ptr<InitConnection>& connection, init::S
   return {};
 }
 
+std::shared_ptr<Process> Process::forkedCopy() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto copy = std::make_shared<Process>(id_, info_.argv, info_.kind, info_.pty, info_.stdinOpen, 0);
+  copy->info_ = info_;
+  copy->log_ = log_;
+  copy->initId_ = initId_;
+  copy->granted_ = granted_;
+  copy->stdinSent_ = stdinSent_;
+  copy->stdinTaken_ = stdinTaken_;
+  copy->unfollowedSince_ = std::chrono::steady_clock::now();
+  return copy;
+}
+
+void Process::adopt(const std::shared_ptr<InitConnection>& connection) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  connection_ = connection;
+}
+
+uint32_t Process::initId() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return initId_;
+}
+
 void Process::makeLossless() {
   std::lock_guard<std::mutex> lock(mutex_);
   info_.lossless = true;

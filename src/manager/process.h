@@ -77,6 +77,15 @@ class Process : public ProcessSink, public std::enable_shared_from_this<Process>
   // being destroyed): readers get `reason` at once.
   void abandon(const std::string& reason) { onLost(reason); }
 
+  // A memory fork of the environment (docs/PAUSE.md, "Forks with memory"):
+  // the copy of this process its moat-init's copy runs on, with the same
+  // id, command, state and output so far, and nobody following it. It
+  // reaches the copy's moat-init once adopted (on the copy's connection,
+  // where moat-init knows it as initId()).
+  std::shared_ptr<Process> forkedCopy();
+  void adopt(const std::shared_ptr<InitConnection>& connection);
+  uint32_t initId();
+
   // Before start(): output is never dropped. moat-init forwards at most
   // kLosslessWindow bytes beyond what the slowest follower has read (beyond
   // offset 0 until one comes) and the process waits in its writes meanwhile.

@@ -1,5 +1,7 @@
 #include "manager/process_table.h"
 
+#include <algorithm>
+
 namespace moat::manager {
 
 Result<std::shared_ptr<Process>> ProcessTable::add(std::vector<std::string> argv, const std::string& kind, bool pty,
@@ -36,6 +38,13 @@ void ProcessTable::pruneEnded() {
   for (const auto* ids : {&delivered, &unread}) {
     for (size_t i = 0; i < ids->size() && excess > 0; ++i, --excess) processes_.erase((*ids)[i]);
   }
+}
+
+void ProcessTable::adopt(std::shared_ptr<Process> process) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t id = process->id();
+  nextId_ = std::max(nextId_, id + 1);
+  processes_[id] = std::move(process);
 }
 
 std::shared_ptr<Process> ProcessTable::find(uint64_t id) {

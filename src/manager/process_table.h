@@ -30,6 +30,9 @@ class ProcessTable {
   // "gone" once the table is closed.
   Result<std::shared_ptr<Process>> add(std::vector<std::string> argv, const std::string& kind, bool pty, bool stdinOpen,
                                        size_t outputCapPerStream);
+  // A process made elsewhere with its own id (a memory fork's copy): ids
+  // given later come after it.
+  void adopt(std::shared_ptr<Process> process);
   std::shared_ptr<Process> find(uint64_t id);
   std::vector<std::shared_ptr<Process>> all();
   void remove(uint64_t id);

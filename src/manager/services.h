@@ -103,6 +103,11 @@ struct CreateRequest {
   // template is the environment's; the storage limit defaults to its).
   std::string fromSnapshot;
   std::string forkedFrom;  // a fork of this environment (for the audit log)
+  // A memory fork's (ForkRequest::memory): fromSnapshot holds its source's
+  // memory too, and these are the source's processes at that moment
+  // (copied again for this environment, which runs them on).
+  bool withMemory = false;
+  std::vector<std::shared_ptr<Process>> processes;
   // Not empty: fromSnapshot must belong to this owner (a built template's
   // snapshot, which the caller resolved from the template's name), whoever
   // the environment's owner is.
@@ -117,7 +122,12 @@ struct ForkRequest {
   std::optional<std::map<std::string, std::string>> labels;
   int64_t ttlS = 0;  // 0: the default
   std::string owner = "master";
+  // Its processes too, running on where they were (docs/PAUSE.md, "Forks
+  // with memory"): a microVM's.
+  bool memory = false;
+  size_t count = 1;  // copies from one moment (all made, or none)
 };
+inline constexpr size_t kMaxForkCount = 16;
 
 // A command started in the background (or a shell): it runs on while
 // clients attach, detach and read its output from an offset.
@@ -271,7 +281,7 @@ class SnapshotService {
   virtual Result<std::vector<store::SnapshotRecord>> snapshots(const std::string& owner,
                                                                const std::string& environment) = 0;
   virtual Status deleteSnapshot(const std::string& snapshotId, const std::string& actor) = 0;
-  virtual Result<store::EnvironmentRecord> fork(const std::string& id, const ForkRequest& request) = 0;
+  virtual Result<std::vector<store::EnvironmentRecord>> fork(const std::string& id, const ForkRequest& request) = 0;
   // Puts the environment's files back as the snapshot has them: every
   // process ends (the environment restarts on the snapshot, same id, same
   // settings, network and permissions).

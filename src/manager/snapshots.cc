@@ -36,7 +36,8 @@ Result<store::SnapshotRecord> EnvironmentManager::snapshotOwnedBy(const std::str
 
 Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string& id, const std::string& name,
                                                                const std::string& actor, bool transient,
-                                                               const std::string& owner) {
+                                                               const std::string& owner,
+                                                               std::vector<std::shared_ptr<Process>>* memory) {
   auto held = exclusive(id);
   MOAT_ASSIGN(auto record, get(id));
   MOAT_ASSIGN(LiveEnvironment live, liveOf(id));  // running: its volume is there
@@ -47,7 +48,18 @@ Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string
                                             " snapshots are kept (at most " +
                                             std::to_string(config_.maxSnapshotsPerOwner) + "); delete some first");
   }
-  if (record.isolation != backend::isolationName(backend::Isolation::kNamespaces)) {
+  if (memory) {
+    // Refused before anything is stored, by name.
+    if (record.isolation != backend::isolationName(backend::Isolation::kMicroVm)) {
+      return backend_.snapshotWithMemory(id, "").error();
+    }
+    if (record.pausedToDisk) return Error::make(Code::kConflict, checkpointedWhy(id));
+    if (live.connection->peerVersion() < init::kQuietEndSince) {
+      return Error::make(Code::kUnsupported, "environment " + id +
+                                                 "'s guest runs a moat-init older than forks with memory (it was "
+                                                 "started by an earlier moatd): fork it without memory");
+    }
+  } else if (record.isolation != backend::isolationName(backend::Isolation::kNamespaces)) {
     // What a microVM's programs wrote and its kernel holds in memory goes
     // to its disk first: the snapshot has every write that returned, as a
     // namespace environment's does.
@@ -73,7 +85,7 @@ Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string
   // Recorded first: a moatd killed before the snapshot is finished leaves a
   // record the next one finds and rolls back (recoverSnapshots).
   MOAT_TRY(store_.insertSnapshot(snap));
-  auto base = backend_.snapshot(id, snap.id);
+  auto base = memory ? snapshotWithMemory(record, live, snap.id, *memory) : backend_.snapshot(id, snap.id);
   if (!base.ok()) {
     // Whatever of it was made (a microVM's volume copied, its guest then
     // not let go on) goes too.
@@ -91,6 +103,52 @@ Result<store::SnapshotRecord> EnvironmentManager::takeSnapshot(const std::string
   }
   if (!transient) audit_.record("snapshot.created", id, actor, snapshotData(snap));
   return snap;
+}
+
+Result<uint32_t> EnvironmentManager::snapshotWithMemory(const store::EnvironmentRecord& record,
+                                                        const LiveEnvironment& live, const std::string& snapshotId,
+                                                        std::vector<std::shared_ptr<Process>>& processes) {
+  const std::string& id = record.id;
+  auto quiet = starts_.exclusive(id);  // no command half started
+  // Its commands stop (a paused one's are), then moat-init has said all it
+  // had to say (the barrier's answer, file op quiesce) and says nothing more
+  // until it is told: the processes as moatd knows them are as the saved
+  // moat-init knows them.
+  const bool paused = live.paused;
+  if (!paused) MOAT_TRY(holdProcesses(record, live.connection, true));
+  auto goOn = [&] {
+    if (paused) {
+      init::FileRequest end;
+      end.op = init::FileOp::kQuiesce;
+      end.path = "/";
+      end.offset = init::kQuietEnd;
+      auto ended = live.connection->file(end);
+      if (!ended.ok() || ended->err != 0) {
+        moat::log::warnf("environment %s's guest did not end its quiet after a memory fork: %s\n", id.c_str(),
+                         ended.ok() ? ended->message.c_str() : ended.error().message().c_str());
+      }
+    } else if (Status resumed = holdProcesses(record, live.connection, false); !resumed.ok()) {
+      moat::log::warnf("environment %s's processes did not go on after a memory fork: %s\n", id.c_str(),
+                       resumed.error().message().c_str());
+    }
+  };
+  init::FileRequest barrier;
+  barrier.op = init::FileOp::kQuiesce;
+  barrier.path = "/";
+  const std::string why = "environment " + id + " is being forked with its memory: try again in a moment";
+  if (Status suspended = live.connection->suspend(why, barrier); !suspended.ok()) {
+    live.connection->endSuspension();
+    goOn();
+    return suspended.error();
+  }
+  processes.clear();
+  for (const auto& process : live.processes->all()) {
+    if (process->info().state == ProcessState::kRunning) processes.push_back(process->forkedCopy());
+  }
+  auto base = backend_.snapshotWithMemory(id, snapshotId);
+  live.connection->endSuspension();
+  goOn();
+  return base;
 }
 
 Result<backend::Changes> EnvironmentManager::changes(const std::string& id, const std::string& snapshotId,
@@ -122,7 +180,12 @@ Result<backend::Changes> EnvironmentManager::changes(const std::string& id, cons
   return backend_.changes(request);
 }
 
-Result<store::EnvironmentRecord> EnvironmentManager::fork(const std::string& id, const ForkRequest& request) {
+Result<std::vector<store::EnvironmentRecord>> EnvironmentManager::fork(const std::string& id,
+                                                                       const ForkRequest& request) {
+  if (request.count < 1 || request.count > kMaxForkCount) {
+    return Error::make(Code::kInvalidArgument,
+                       "count: from 1 to " + std::to_string(kMaxForkCount) + " forks at a time");
+  }
   MOAT_ASSIGN(auto source, get(id));
   MOAT_ASSIGN(auto layers, permissions(id));
   CreateRequest copy;
@@ -143,16 +206,43 @@ Result<store::EnvironmentRecord> EnvironmentManager::fork(const std::string& id,
   }
   MOAT_ASSIGN(copy.network, storedNetwork(source));
   MOAT_ASSIGN(copy.secrets, storedSecrets(source));
-  // Through a snapshot nobody keeps: gone once the fork has its own copy
-  // (volume first: a kill in between leaves a transient record, rolled back).
-  MOAT_ASSIGN(auto snap, takeSnapshot(id, "fork", request.owner, true));
+  // Through a snapshot nobody keeps: gone once the forks have their own
+  // copies (volume first: a kill in between leaves a transient record,
+  // rolled back). With memory: its processes' copies of that moment too.
+  MOAT_ASSIGN(auto snap, takeSnapshot(id, "fork", request.owner, true, "", request.memory ? &copy.processes : nullptr));
   ScopeExit dropSnapshot([&] {
     (void)backend_.deleteSnapshot(snap.id);
     (void)store_.deleteSnapshot(snap.id);
   });
   copy.fromSnapshot = snap.id;
   copy.forkedFrom = id;
-  return create(copy);
+  copy.withMemory = request.memory;
+  std::vector<store::EnvironmentRecord> forks;
+  // All of them or none.
+  ScopeExit dropForks([&] {
+    for (const auto& made : forks) (void)destroy(made.id, "failed: a fork beside it failed", request.owner);
+  });
+  while (forks.size() < request.count) {
+    MOAT_ASSIGN(auto made, create(copy));
+    forks.push_back(made);
+    if (!request.memory) continue;
+    // Its commands were held still for the snapshot (docs/PAUSE.md, "Forks
+    // with memory"): they go on here.
+    Status ready = [&]() -> Status {
+      MOAT_ASSIGN(LiveEnvironment live, liveOf(made.id));
+      // A fresh identity (its own name, its random generator reseeded), or
+      // no fork: copies that draw the same numbers would share secrets.
+      MOAT_TRY(setGuestClock(made.id, live.connection, made.id));
+      return holdProcesses(made, live.connection, false);
+    }();
+    if (!ready.ok()) {
+      forks.pop_back();
+      (void)destroy(made.id, "failed: " + ready.error().message(), request.owner);
+      return ready.error();
+    }
+  }
+  dropForks.dismiss();
+  return forks;
 }
 
 Result<store::SnapshotRecord> EnvironmentManager::usableSnapshot(const std::string& snapshotId,

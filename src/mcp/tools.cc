@@ -118,12 +118,13 @@ const char* kToolDefinitions = R"json([
    "environment_id": {"type": "string", "description": "default: this session's environment"},
    "snapshot_id": {"type": "string", "pattern": "^snap-[0-9a-f]{12}$", "description": "from snapshot_environment"}}}},
 {"name": "fork_environment",
- "description": "Create a second environment that starts as a copy of this one's files and settings (not its processes), to try something without touching the original. Returns the new environment's id; pass it as environment_id to other tools.",
+ "description": "Create a second environment that starts as a copy of this one's files and settings (and, with memory, its running processes), to try something without touching the original. Returns the new environment's id; pass it as environment_id to other tools.",
  "inputSchema": {"type": "object", "additionalProperties": false, "properties": {
    "environment_id": {"type": "string", "description": "the one to copy; default: this session's environment"},
    "task_id": {"type": "string", "description": "your name for the fork's task"},
    "labels": {"type": "object", "additionalProperties": {"type": "string"}, "description": "key=value tags for the fork"},
-   "ttl_s": {"type": "integer", "minimum": 1, "maximum": 604800, "description": "destroyed after this many seconds, default 3600"}}}},
+   "ttl_s": {"type": "integer", "minimum": 1, "maximum": 604800, "description": "destroyed after this many seconds, default 3600"},
+   "memory": {"type": "boolean", "description": "copy its running processes too, which go on in the fork where they were (a REPL with its variables, a started server); microvm environments only"}}}},
 {"name": "pause_environment",
  "description": "Stop every process in the environment where it is (its memory and files are kept), e.g. to hold a long job while a person looks. While paused, commands and file changes are refused; reading files still works. resume_environment lets them go on.",
  "inputSchema": {"type": "object", "additionalProperties": false, "properties": {
@@ -640,13 +641,17 @@ json Tools::restoreEnvironment(const std::string& env, const json& args) {
 
 json Tools::forkEnvironment(const std::string& env, const json& args) {
   json body = json::object();
-  for (const char* k : {"task_id", "labels", "ttl_s"}) {
+  for (const char* k : {"task_id", "labels", "ttl_s", "memory"}) {
     if (args.contains(k)) body[k] = args[k];
   }
+  if (body.contains("memory") && !body["memory"].is_boolean()) return toolError("memory: must be true or false");
+  const bool memory = body.value("memory", false);
   Rest r = rest("POST", envPath(env) + "/fork", body.dump());
   if (r.status != 201) return toolError(r.error);
   return toolResult("forked environment " + env + " as " + r.body.value("id", "") +
-                        " (a copy of its files and settings; pass environment_id to use it)",
+                        (memory ? " (a copy of its files, settings and running processes, which go on there; pass "
+                                  "environment_id to use it)"
+                                : " (a copy of its files and settings; pass environment_id to use it)"),
                     r.body);
 }
 

@@ -218,6 +218,12 @@ Status setHostname(const std::string& name) {
   return {};
 }
 
+Result<pid_t> forkProcess() {
+  const pid_t pid = ::fork();
+  if (pid < 0) return Error::fromErrno("fork");
+  return pid;
+}
+
 Status becomeId(uid_t uid, gid_t gid) {
   if (int err = switchIdsInChild(uid, gid)) return Error::fromErrno("set uid and gid", err);
   return {};

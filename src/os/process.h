@@ -72,6 +72,8 @@ Result<UniqueFd> networkNamespaceOf(int pidfd);
 Status setNamespace(int fd, int nstype);
 Status unshareNamespaces(int flags);
 Status setHostname(const std::string& name);
+// fork(2) of a process with one thread: 0 in the child, its pid in the parent.
+Result<pid_t> forkProcess();
 // Become uid/gid `id` in the current user namespace and drop supplementary
 // groups: the calling thread only, by raw system calls (switchIdsInChild),
 // for a child that may share the memory, and so glibc's list of threads,

@@ -16,6 +16,12 @@ Result<SocketPair> streamSocketPair() {
   return SocketPair{UniqueFd(pair[0]), UniqueFd(pair[1])};
 }
 
+Result<SocketPair> seqpacketSocketPair() {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) return Error::fromErrno("socketpair");
+  return SocketPair{UniqueFd(pair[0]), UniqueFd(pair[1])};
+}
+
 Status setSendTimeout(int socket, std::chrono::milliseconds timeout) {
   struct timeval tv = {static_cast<time_t>(timeout.count() / 1000),
                        static_cast<suseconds_t>(timeout.count() % 1000) * 1000};

@@ -24,6 +24,8 @@ struct SocketPair {
   UniqueFd first, second;
 };
 Result<SocketPair> streamSocketPair();
+// The same with message boundaries kept (SOCK_SEQPACKET).
+Result<SocketPair> seqpacketSocketPair();
 
 // Writes to `socket` that cannot go on for `timeout` fail with EAGAIN
 // (SO_SNDTIMEO), possibly after part of what was asked went.

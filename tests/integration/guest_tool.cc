@@ -16,13 +16,18 @@
 // `qemu-system-x86_64` (a stand-in for QEMU, in QEMU's jail), it tries what
 // a QEMU taken over by its guest would reach for and prints, on stderr (the
 // console log), its pid and each call's errno (0: it worked).
+#include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/ptrace.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,6 +39,7 @@
 #include <ctime>
 #include <string>
 #include <thread>
+#include <vector>
 
 // What a QEMU taken over would try first: each call's errno, 0 when it
 // worked (none of them needs a privilege this process lacks).
@@ -66,6 +72,57 @@ int main(int argc, char** argv) {
     struct utsname u;
     if (uname(&u) != 0) return 1;
     std::printf("%s\n", u.release);
+    return 0;
+  }
+  if ((argc == 2 || argc == 3) && std::strcmp(argv[1], "keeper-escape") == 0) {
+    // What a command tries against a process of the guest that holds
+    // SYS_ADMIN (moat-init's identity keeper): trace it, write its memory,
+    // read it, take its descriptors. Prints "found N", then for each such
+    // process its pid and each call's errno (0: it worked); with `kill`,
+    // kills them (which a command may: CAP_KILL) and prints the result.
+    std::vector<int> found;
+    if (DIR* proc = opendir("/proc")) {
+      while (dirent* e = readdir(proc)) {
+        const int pid = std::atoi(e->d_name);
+        if (pid <= 1 || pid == getpid()) continue;
+        // Not the kernel's threads (no command line).
+        FILE* cmdline = std::fopen(("/proc/" + std::to_string(pid) + "/cmdline").c_str(), "r");
+        const bool program = cmdline && std::fgetc(cmdline) != EOF;
+        if (cmdline) std::fclose(cmdline);
+        if (!program) continue;
+        FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/status").c_str(), "r");
+        if (!f) continue;
+        char line[256];
+        while (std::fgets(line, sizeof line, f)) {
+          unsigned long long caps = 0;
+          if (std::sscanf(line, "CapEff: %llx", &caps) == 1 && (caps & (1ull << 21))) found.push_back(pid);
+        }
+        std::fclose(f);
+      }
+      closedir(proc);
+    }
+    std::printf("found %zu\n", found.size());
+    auto result = [](long rc) { return rc < 0 ? errno : 0; };
+    for (int pid : found) {
+      if (argc == 3) {
+        std::printf("%d killed %d\n", pid, result(kill(pid, SIGKILL)));
+        continue;
+      }
+      const int traced = result(ptrace(PTRACE_ATTACH, pid, nullptr, nullptr));
+      const int mem = result(open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDWR));
+      char byte = 0;
+      iovec local = {&byte, 1}, remote = {reinterpret_cast<void*>(0x400000), 1};
+      const int read = result(process_vm_readv(pid, &local, 1, &remote, 1, 0));
+      const long pidfd = syscall(SYS_pidfd_open, pid, 0);
+      const int fd = pidfd < 0 ? errno : result(syscall(SYS_pidfd_getfd, pidfd, 0, 0));
+      std::printf("%d %d %d %d %d\n", pid, traced, mem, read, fd);
+    }
+    return 0;
+  }
+  if (argc == 2 && std::strcmp(argv[1], "hostname") == 0) {
+    struct utsname u;
+    if (uname(&u) != 0) return 1;
+    std::printf("%s\n", u.nodename);
     return 0;
   }
   if (argc == 3 && std::strcmp(argv[1], "cat") == 0) {
@@ -252,7 +309,8 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: moat-guest-tool uname | cat FILE | write FILE TEXT | echo | flood FILE SIZE | fork N | exec "
-               "PROGRAM ARGS... | time | random | count FILE | cgroup-escape REPORT FILE | later SECONDS PROGRAM "
+               "PROGRAM ARGS... | time | random | hostname | keeper-escape [kill] | count FILE | cgroup-escape REPORT "
+               "FILE | later SECONDS PROGRAM "
                "ARGS... | hog MIB | sync | leaderless\n");
   return 2;
 }

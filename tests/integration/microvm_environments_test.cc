@@ -74,6 +74,12 @@ std::vector<std::string> holdersOf(const std::string& dir) {
 
 // The cgroup directories (any hierarchy) whose name ends in "-" + `id`:
 // what moatd made for the environment's QEMU.
+// A directory that is gone or empty.
+bool nothingIn(const std::string& dir) {
+  auto names = os::listDir(dir);
+  return !names.ok() || names->empty();
+}
+
 std::vector<std::string> cgroupsNamed(const std::string& id) {
   static std::vector<std::string>* found;
   static std::string suffix;
@@ -663,6 +669,134 @@ TEST_F(MicroVmEnvironments, ACheckpointToDiskReleasesTheMemoryAndTheResumeGoesOn
   EXPECT_EQ(call("POST", "/v1/environments/" + later + "/resume", nullptr, 200)["state"], "running");
   EXPECT_EQ(exec(later, {{"cmd", {"/bin/tool", "uname"}}})["stdout"], kernelVersion_ + "\n");
   call("DELETE", "/v1/environments/" + later, nullptr, 204);
+}
+
+// A fork with memory: each copy goes on from the moment of the fork with
+// the source's processes (their records, output so far and input), its own
+// disk and its own later life; the source goes on too, untouched.
+TEST_F(MicroVmEnvironments, AForkWithMemoryGoesOnWithItsProcessesInEachCopy) {
+  const std::string id = countingGuest();
+  const std::string base = "/v1/environments/" + id;
+  constexpr auto kWait = kCounterWait;
+  json remember = call("POST", base + "/processes", {{"cmd", {"/bin/tool", "remember", "/workspace/kept"}}}, 201);
+  const int replId = remember["id"].get<int>();
+  const std::string repl = "/processes/" + std::to_string(replId);
+  call("POST", base + repl + "/stdin", {{"data", "first\n"}}, 204);
+  auto kept = [&](const std::string& env) {
+    return daemon_->request("GET", "/v1/environments/" + env + "/files?path=/workspace/kept").body;
+  };
+  auto awaitKept = [&](const std::string& env, const std::string& want) {
+    for (int i = 0; i < 600 && kept(env) != want; ++i) ::usleep(100000);  // bounded: 60 s
+    return kept(env);
+  };
+  ASSERT_EQ(awaitKept(id, "[first]"), "[first]");
+  ASSERT_TRUE(counts(id, 0, "/workspace/n", kWait)) << "the counter never counted";
+
+  json made = call("POST", base + "/fork", {{"memory", true}, {"count", 2}}, 201);
+  ASSERT_TRUE(made.contains("environments")) << made.dump();
+  ASSERT_EQ(made["environments"].size(), 2u) << made.dump();
+  std::vector<std::string> forks;
+  for (const auto& f : made["environments"]) {
+    EXPECT_EQ(f["state"], "running") << f.dump();
+    EXPECT_EQ(f["spec"]["isolation"], "microvm") << f.dump();
+    forks.push_back(f["id"].get<std::string>());
+  }
+  EXPECT_NE(forks[0], forks[1]);
+  // Nothing of the fork's snapshot is kept: neither listed nor its memory.
+  EXPECT_TRUE(call("GET", "/v1/snapshots?environment_id=" + id, nullptr, 200)["snapshots"].empty());
+  const std::string memoryDir = daemon_->stateDir() + "/microvm/memory";
+  EXPECT_TRUE(nothingIn(memoryDir)) << memoryDir;
+
+  // The source goes on, its program's memory its own.
+  EXPECT_TRUE(counts(id, counter(id), "/workspace/n", kWait)) << "the source's counter goes on";
+  call("POST", base + repl + "/stdin", {{"data", "source\n"}}, 204);
+  EXPECT_EQ(awaitKept(id, "[first source]"), "[first source]");
+  for (size_t i = 0; i < forks.size(); ++i) {
+    const std::string fork = "/v1/environments/" + forks[i];
+    SCOPED_TRACE(forks[i]);
+    // The source's process, by the same id, running on: its output so far
+    // is there, and what it is told now is its own.
+    json listed = call("GET", fork + "/processes", nullptr, 200);
+    bool found = false;
+    for (const auto& p : listed["processes"]) {
+      if (p["id"] == replId) {
+        found = true;
+        EXPECT_EQ(p["state"], "running") << p.dump();
+      }
+    }
+    EXPECT_TRUE(found) << listed.dump();
+    const std::string word = "fork" + std::to_string(i);
+    call("POST", fork + repl + "/stdin", {{"data", word + "\n"}}, 204);
+    EXPECT_EQ(awaitKept(forks[i], "[first " + word + "]"), "[first " + word + "]")
+        << "the fork's copy of the program remembered what the source's had been told, and nothing after";
+    auto output = daemon_->request("GET", fork + repl + "/output");
+    EXPECT_NE(output.body.find("[first]"), std::string::npos) << "the output before the fork: " << output.body;
+    EXPECT_NE(output.body.find("[first " + word + "]"), std::string::npos) << output.body;
+    EXPECT_EQ(output.body.find("source"), std::string::npos) << "the source's later life: " << output.body;
+    EXPECT_TRUE(counts(forks[i], counter(forks[i]), "/workspace/n", kWait)) << "the fork's counter goes on";
+    // New commands, its own name, and the time of day.
+    EXPECT_EQ(exec(forks[i], {{"cmd", {"/bin/tool", "hostname"}}})["stdout"], forks[i] + "\n");
+    const long guestTime = std::stol(exec(forks[i], {{"cmd", {"/bin/tool", "time"}}})["stdout"].get<std::string>());
+    EXPECT_LE(std::labs(guestTime - static_cast<long>(::time(nullptr))), 2);
+  }
+  EXPECT_EQ(kept(id), "[first source]") << "the forks' input did not reach the source";
+  EXPECT_NE(exec(forks[0], {{"cmd", {"/bin/tool", "random"}}})["stdout"],
+            exec(forks[1], {{"cmd", {"/bin/tool", "random"}}})["stdout"])
+      << "each fork's randomness is its own";
+
+  // A paused source gives running forks and stays paused.
+  call("POST", base + "/pause", nullptr, 200);
+  json fromPaused = call("POST", base + "/fork", {{"memory", true}}, 201);
+  const std::string third = fromPaused["id"].get<std::string>();
+  EXPECT_EQ(fromPaused["state"], "running") << fromPaused.dump();
+  EXPECT_TRUE(counts(third, counter(third), "/workspace/n", kWait)) << "the fork of a paused source runs";
+  EXPECT_EQ(call("GET", base, nullptr, 200)["state"], "paused");
+  staysStill(id);
+  call("POST", base + "/resume", nullptr, 200);
+  EXPECT_TRUE(counts(id, counter(id), "/workspace/n", kWait)) << "and resumes as before";
+
+  // The keeper of the guest's identity (SYS_ADMIN, moat-init's child)
+  // cannot be traced, read, written or robbed by a command; one killed
+  // fails the next fork by name (no copy without a fresh identity), and the
+  // source goes on.
+  json probed = exec(id, {{"cmd", {"/bin/tool", "keeper-escape"}}});
+  const std::string report = probed["stdout"].get<std::string>();
+  ASSERT_EQ(report.rfind("found 1\n", 0), 0u) << report;
+  int keeper = 0, traced = 0, mem = 0, readIt = 0, fdTaken = 0;
+  ASSERT_EQ(std::sscanf(report.c_str() + 8, "%d %d %d %d %d", &keeper, &traced, &mem, &readIt, &fdTaken), 5) << report;
+  EXPECT_NE(traced, 0) << report;
+  EXPECT_NE(mem, 0) << report;
+  EXPECT_NE(readIt, 0) << report;
+  EXPECT_NE(fdTaken, 0) << report;
+  EXPECT_NE(exec(id, {{"cmd", {"/bin/tool", "keeper-escape", "kill"}}})["stdout"].get<std::string>().find(" killed 0"),
+            std::string::npos);
+  auto running = [&] {
+    size_t n = 0;
+    for (const auto& e : call("GET", "/v1/environments", nullptr, 200)["environments"]) n += e["state"] == "running";
+    return n;
+  };
+  const size_t before = running();
+  auto unnamed = daemon_->request("POST", base + "/fork", R"({"memory":true})");
+  EXPECT_EQ(unnamed.status, 503) << unnamed.body;
+  EXPECT_NE(unnamed.body.find("entropy"), std::string::npos) << unnamed.body;
+  EXPECT_EQ(running(), before) << "no fork runs";
+  EXPECT_TRUE(counts(id, counter(id), "/workspace/n", kWait)) << "the source goes on";
+
+  // Refused by name: what is not a fork's, and a source on disk.
+  EXPECT_EQ(daemon_->request("POST", base + "/fork", R"({"memory":"yes"})").status, 400);
+  EXPECT_EQ(daemon_->request("POST", base + "/fork", R"({"memory":true,"count":0})").status, 400);
+  EXPECT_EQ(daemon_->request("POST", base + "/fork", R"({"memory":true,"count":17})").status, 400);
+  call("POST", base + "/pause", {{"memory", "disk"}}, 200);
+  auto onDisk = daemon_->request("POST", base + "/fork", R"({"memory":true})");
+  EXPECT_EQ(onDisk.status, 409) << onDisk.body;
+  EXPECT_NE(onDisk.body.find("checkpointed to disk"), std::string::npos) << onDisk.body;
+
+  for (const auto& env : {forks[0], forks[1], third, id}) {
+    call("DELETE", "/v1/environments/" + env, nullptr, 204);
+    EXPECT_EQ(awaitState(env, "gone")["state"], "gone");
+    expectNothingLeftOf(env);
+  }
+  EXPECT_TRUE(nothingIn(memoryDir)) << memoryDir;
 }
 
 // A guest whose memory in use is larger than its disk is checkpointed all

@@ -333,15 +333,50 @@ TEST_F(ManagerTest, SnapshotsForksAndRestoresGoThroughTheBackend) {
   EXPECT_TRUE(backend_.keepsSnapshot(snap->id));
   EXPECT_EQ(snap->hostBase, 100000u);  // what the backend gave, kept for creates from it
 
-  auto fork = m->fork(a->id, ForkRequest{});
-  ASSERT_TRUE(fork.ok()) << fork.error().message();
-  EXPECT_NE(fork->id, a->id);
+  auto forks = m->fork(a->id, ForkRequest{});
+  ASSERT_TRUE(forks.ok()) << forks.error().message();
+  ASSERT_EQ(forks->size(), 1u);
+  const auto& fork = forks->front();
+  EXPECT_NE(fork.id, a->id);
   auto forkCreate = backend_.calls("create").back();
-  EXPECT_EQ(forkCreate.spec.id, fork->id);
+  EXPECT_EQ(forkCreate.spec.id, fork.id);
   ASSERT_FALSE(forkCreate.spec.fromSnapshot.empty());
+  EXPECT_FALSE(forkCreate.spec.withMemory);
   EXPECT_NE(forkCreate.spec.fromSnapshot, snap->id);  // a snapshot of its own, nobody keeps
   EXPECT_FALSE(backend_.keepsSnapshot(forkCreate.spec.fromSnapshot));
-  EXPECT_EQ(run(*m, fork->id, {"/bin/sh", "-c", "echo fork"}), "fork\n");
+  EXPECT_EQ(run(*m, fork.id, {"/bin/sh", "-c", "echo fork"}), "fork\n");
+
+  // Several from one moment: one snapshot, as many creates from it.
+  ForkRequest three;
+  three.count = 3;
+  auto many = m->fork(a->id, three);
+  ASSERT_TRUE(many.ok()) << many.error().message();
+  ASSERT_EQ(many->size(), 3u);
+  auto creates = backend_.calls("create");
+  ASSERT_GE(creates.size(), 3u);
+  std::set<std::string> ids, sources;
+  for (size_t i = creates.size() - 3; i < creates.size(); ++i) {
+    ids.insert(creates[i].spec.id);
+    sources.insert(creates[i].spec.fromSnapshot);
+  }
+  EXPECT_EQ(ids.size(), 3u);
+  EXPECT_EQ(sources.size(), 1u);
+  EXPECT_FALSE(backend_.keepsSnapshot(*sources.begin()));
+  ForkRequest tooMany;
+  tooMany.count = kMaxForkCount + 1;
+  auto refused = m->fork(a->id, tooMany);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, Code::kInvalidArgument);
+  // With memory: a namespace environment's would need CRIU, refused by name
+  // before any snapshot is stored.
+  ForkRequest memory;
+  memory.memory = true;
+  const size_t createsBefore = backend_.calls("create").size();
+  auto withMemory = m->fork(a->id, memory);
+  ASSERT_FALSE(withMemory.ok());
+  EXPECT_EQ(withMemory.error().code, Code::kUnsupported);
+  EXPECT_NE(withMemory.error().message().find("CRIU"), std::string::npos) << withMemory.error().message();
+  EXPECT_EQ(backend_.calls("create").size(), createsBefore);
 
   auto restored = m->restore(a->id, snap->id, "master");
   ASSERT_TRUE(restored.ok()) << restored.error().message();

@@ -325,7 +325,7 @@ TEST_F(InitSupervisor, HelloComesFirst) {
   ASSERT_EQ(helloFrame_.type, MsgType::kHello);
   auto hello = Hello::decode(helloFrame_.payload);
   ASSERT_TRUE(hello.ok()) << hello.error().message();
-  EXPECT_EQ(hello->version, 7u);
+  EXPECT_EQ(hello->version, 8u);
   EXPECT_EQ(hello->version, kProtocolVersion);
   EXPECT_EQ(hello->initPid, static_cast<uint32_t>(initPid_));
 }

@@ -238,10 +238,16 @@ class Environment:
 
     def fork(
         self, *, task_id: Optional[str] = None, labels: Optional[Mapping[str, str]] = None,
-        ttl_s: Optional[int] = None,
+        ttl_s: Optional[int] = None, memory: bool = False,
     ) -> "Environment":
-        """A new environment with a copy of its files as they are now and all its settings."""
+        """A new environment with a copy of its files as they are now and all its settings.
+
+        ``memory=True``: its running processes too, going on in the fork where they were
+        (microvm environments; docs/PAUSE.md, "Forks with memory").
+        """
         body: dict[str, Any] = {}
+        if memory:
+            body["memory"] = True
         if task_id is not None:
             body["task_id"] = task_id
         if labels is not None:

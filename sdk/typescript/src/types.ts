@@ -107,6 +107,8 @@ export interface ForkRequest {
   task_id?: string;
   labels?: Record<string, string>;
   ttl_s?: number;
+  /** Its running processes too, going on in the fork where they were (microvm environments; docs/PAUSE.md). */
+  memory?: boolean;
 }
 
 /**

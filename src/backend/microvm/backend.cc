@@ -72,6 +72,19 @@ constexpr uint64_t kVolumeSlackBytes = 16ull << 20;
 // forwarded holds it).
 constexpr auto kSnapshotWait = std::chrono::seconds(30);
 
+// A guest saved running (a checkpoint, a memory snapshot), restored by
+// `vm`: let run once QEMU has loaded it, and its conversation with the host
+// that saved it found again (its Hello is next). Fails as `what` says, with
+// why the guest ended if it did (QEMU is the caller's to end).
+Status loadSaved(Vm& vm, std::chrono::milliseconds wait, const std::string& what) {
+  Status resynced = vm.runWhenLoaded(wait);
+  if (resynced.ok()) resynced = vm.resync(wait);
+  if (resynced.ok()) return {};
+  const std::string why = vm.whyEnded(std::chrono::milliseconds(500));
+  return Error::make(resynced.error().code == Code::kTimeout ? Code::kTimeout : Code::kUnavailable,
+                     what + ": " + resynced.error().message() + (why.empty() ? "" : " (" + why + ")"));
+}
+
 }  // namespace
 
 HostSupport probeHost(const std::string& accel) {
@@ -346,7 +359,19 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
                                                    " GB is more than this host's storage pool holds (" +
                                                    std::to_string(pool.capacityBytes() >> 20) + " MiB)");
   }
-  MOAT_ASSIGN(std::string image, imageFor(spec.templateName));
+  // Going on from a memory snapshot: its guest's own root image and state.
+  std::string image;
+  const std::string memoryState = spec.withMemory ? memoryDir(spec.fromSnapshot) + checkpointName(host_.kvm) : "";
+  if (spec.withMemory) {
+    if (!os::exists(memoryState)) {
+      return Error::make(Code::kUnsupported, "snapshot " + spec.fromSnapshot +
+                                                 " holds no memory of a guest saved under " +
+                                                 (host_.kvm ? "kvm" : "tcg") + " (this moatd's microVMs run on it)");
+    }
+    image = memoryDir(spec.fromSnapshot) + kOwnRootImage;
+  } else {
+    MOAT_ASSIGN(image, imageFor(spec.templateName));
+  }
   MOAT_ASSIGN(std::string initrd, initramfs());
   auto guest = newGuest();
   MOAT_ASSIGN(auto ids, isolation::namespaces::leaseIdMap());
@@ -395,6 +420,21 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
                      std::strerror(errno));
   }
   VmSpec vm = vmSpecFor(spec, *guest, volume.value(), image, initrd);
+  if (spec.withMemory) {
+    // Its source's guest as it was at the snapshot, processes and all.
+    auto state = os::open(memoryState, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    Status up = state.ok() ? Status{} : Status{state.error()};
+    if (up.ok()) {
+      vm.incomingState = state->get();
+      up = runRestored(*guest, vm, spec);
+    }
+    if (!up.ok()) {
+      guest.reset();  // destroy waits for every other holder
+      (void)destroy(spec.id);
+      return up.error();
+    }
+    return Created{spec.id, guest->vm->takeControl()};
+  }
   // Restored from the saved guest of this template and machine, else
   // booted (docs/MICROVM.md, "Saved guests").
   auto saved = saved_.take(vm, spec.id);
@@ -515,17 +555,20 @@ bool MicroVmBackend::removeVolume(const std::string& id) {
   return true;
 }
 
-Status MicroVmBackend::run(Guest& guest, const VmSpec& vm, const Spec& spec) {
+Result<std::shared_ptr<Vm>> MicroVmBackend::startFor(Guest& guest, const VmSpec& vm, const std::string& id) {
   MOAT_ASSIGN(Vm started, launcher_.run([&vm] { return Vm::start(vm); }));
-  {
-    std::lock_guard lock(mutex_);
-    if (guests_.count(spec.id) == 0) {
-      // Destroyed while QEMU started.
-      started.kill();
-      return Error::make(Code::kConflict, "microVM environment " + spec.id + " was destroyed while being created");
-    }
-    guest.vm = std::make_shared<Vm>(std::move(started));
+  std::lock_guard lock(mutex_);
+  if (guests_.count(id) == 0) {
+    // Destroyed while QEMU started.
+    started.kill();
+    return Error::make(Code::kConflict, "microVM environment " + id + " was destroyed while being created");
   }
+  guest.vm = std::make_shared<Vm>(std::move(started));
+  return guest.vm;
+}
+
+Status MicroVmBackend::run(Guest& guest, const VmSpec& vm, const Spec& spec) {
+  MOAT_ASSIGN(std::shared_ptr<Vm> running, startFor(guest, vm, spec.id));
   if (vm.incomingState >= 0) {
     // Who it is and its limits; the guest answers Hello once it has made
     // its root with them. A fresh identity: its own name, entropy, clock.
@@ -537,13 +580,21 @@ Status MicroVmBackend::run(Guest& guest, const VmSpec& vm, const Spec& spec) {
     resume.realtimeNs = static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
             .count());
-    MOAT_TRY(init::writeFrame(guest.vm->control(), init::MsgType::kResume, resume.encode()));
+    MOAT_TRY(init::writeFrame(running->control(), init::MsgType::kResume, resume.encode()));
   }
-  MOAT_TRY(guest.vm->awaitGuest(bootWait_));
+  MOAT_TRY(running->awaitGuest(bootWait_));
   // moat-init in a guest is the guest's to stop: moatd's writes to it wait
   // at most kGuestSendWait (then the connection ends), never for good.
-  return os::setSendTimeout(guest.vm->control(), kGuestSendWait);
+  return os::setSendTimeout(running->control(), kGuestSendWait);
 }
+
+Status MicroVmBackend::runRestored(Guest& guest, const VmSpec& vm, const Spec& spec) {
+  MOAT_ASSIGN(std::shared_ptr<Vm> running, startFor(guest, vm, spec.id));
+  MOAT_TRY(loadSaved(*running, bootWait_, "microVM environment " + spec.id + " did not go on from its snapshot"));
+  return os::setSendTimeout(running->control(), kGuestSendWait);
+}
+
+std::string MicroVmBackend::memoryDir(const std::string& name) const { return dir_ + "/memory/" + name; }
 
 std::shared_ptr<MicroVmBackend::Guest> MicroVmBackend::take(const std::string& id) {
   std::lock_guard lock(mutex_);
@@ -728,9 +779,73 @@ Result<uint32_t> MicroVmBackend::snapshot(const std::string& id, const std::stri
   return 0u;  // its files' owners are the guest's own ids, inside its disk
 }
 
-// Snapshots live in the storage pool the namespace backend's do (the
-// router asks that one for them).
+Result<uint32_t> MicroVmBackend::snapshotWithMemory(const std::string& id, const std::string& name) {
+  auto guest = find(id);   // held: its Vm is not reaped while this runs
+  std::shared_ptr<Vm> vm;  // reaped by its last holder
+  std::shared_ptr<isolation::cgroup::Cgroup> qemuCgroup;
+  {
+    std::lock_guard lock(mutex_);
+    if (guest && guest->checkpointed) {
+      return Error::make(Code::kConflict, "microVM environment " + id + " is checkpointed to disk: resume it first");
+    }
+    if (guest && !guest->volume) {
+      return Error::make(Code::kUnsupported, "microVM environment " + id +
+                                                 " keeps its files in its memory (made by an earlier moatd): it "
+                                                 "cannot be forked with its memory");
+    }
+    if (guest) {
+      vm = guest->vm;
+      qemuCgroup = guest->cgroup;
+    }
+  }
+  if (!vm) return Error::make(Code::kConflict, "microVM environment " + id + " is not running");
+  if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') {
+    return Error::make(Code::kInvalidArgument, "snapshot name '" + name + "'");
+  }
+  MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
+  // Beside the copy of its volume (deleteSnapshot removes both, and
+  // whatever of them a failure here left): the root image its kernel read
+  // and its state, root's alone.
+  const std::string dir = memoryDir(name);
+  MOAT_TRY(os::makeDirs(dir_ + "/memory", 0700, 0700));
+  if (::mkdir(dir.c_str(), 0700) != 0) return Error::fromErrno("mkdir " + dir);
+  if (::link((guest->dir + kOwnRootImage).c_str(), (dir + kOwnRootImage).c_str()) != 0) {
+    if (errno == ENOENT) {
+      return Error::make(Code::kUnsupported, "microVM environment " + id +
+                                                 " was made by an earlier moatd, which kept no copy of its root "
+                                                 "image: it cannot be forked with its memory");
+    }
+    return Error::fromErrno("link " + dir + kOwnRootImage);
+  }
+  const std::string statePath = dir + checkpointName(host_.kvm);
+  MOAT_ASSIGN(UniqueFd state, os::open(statePath, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  // As a checkpoint's save (its deadline too); the guest is then held
+  // stopped while its volume is copied, so that the disk and the memory
+  // are of one moment, and let go on whatever came of it.
+  const uint64_t heldMib = qemuCgroup ? qemuCgroup->usage().memoryBytes >> 20 : 0;
+  const auto wait = std::max<std::chrono::milliseconds>(kGuestSaveWait, std::chrono::milliseconds(20 * heldMib));
+  MOAT_TRY(vm->saveStopped(state.get(), wait));  // a failure let the guest go on
+  Status copied = pool.snapshotVolume(id, name);
+  if (Status resumed = vm->resume(kGuestSendWait); !resumed.ok()) {
+    vm->kill();  // not left stopped: its connection's end ends it
+    return Error::make(Code::kUnavailable,
+                       "microVM environment " + id +
+                           " did not go on after its memory was saved (it was ended): " + resumed.error().message());
+  }
+  MOAT_TRY(copied);
+  return 0u;  // its files' owners are the guest's own ids, inside its disk
+}
+
+// Snapshots live in the storage pool the namespace backend's do; those
+// taken with memory keep it here too.
 Status MicroVmBackend::deleteSnapshot(const std::string& name) {
+  if (!name.empty() && name.find('/') == std::string::npos && name[0] != '.') {
+    const std::string dir = memoryDir(name);
+    for (const std::string& file : {std::string(kOwnRootImage), checkpointName(false), checkpointName(true)}) {
+      if (::unlink((dir + file).c_str()) != 0 && errno != ENOENT) return Error::fromErrno("remove " + dir + file);
+    }
+    if (::rmdir(dir.c_str()) != 0 && errno != ENOENT) return Error::fromErrno("remove " + dir);
+  }
   return isolation::fs::StoragePool::destroySnapshotIn(stateDir_, name);
 }
 
@@ -883,14 +998,11 @@ Result<UniqueFd> MicroVmBackend::restoreCheckpoint(const Spec& spec) {
   MOAT_ASSIGN(Vm started, launcher_.run([&vm] { return Vm::start(vm); }));
   // The guest goes on where it was saved, in the middle of its conversation
   // with the host that saved it: a nonce tells where the new one begins.
-  Status resynced = started.runWhenLoaded(bootWait_);
-  if (resynced.ok()) resynced = started.resync(bootWait_);
-  if (!resynced.ok()) {
-    const std::string why = started.whyEnded(std::chrono::milliseconds(500));
+  if (Status loaded =
+          loadSaved(started, bootWait_, "microVM environment " + spec.id + " did not come back from its checkpoint");
+      !loaded.ok()) {
     started.kill();
-    return Error::make(resynced.error().code == Code::kTimeout ? Code::kTimeout : Code::kUnavailable,
-                       "microVM environment " + spec.id + " did not come back from its checkpoint: " +
-                           resynced.error().message() + (why.empty() ? "" : " (" + why + ")"));
+    return loaded.error();
   }
   MOAT_TRY(os::setSendTimeout(started.control(), kGuestSendWait));
   UniqueFd control = started.takeControl();

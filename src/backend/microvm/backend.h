@@ -64,6 +64,7 @@ class MicroVmBackend final : public Backend {
   Result<UniqueFd> networkNamespace(const std::string& id) override;
   Result<UniqueFd> connectPort(const std::string& id, uint16_t port, std::chrono::milliseconds timeout) override;
   Result<uint32_t> snapshot(const std::string& id, const std::string& name) override;
+  Result<uint32_t> snapshotWithMemory(const std::string& id, const std::string& name) override;
   Status deleteSnapshot(const std::string& name) override;
   Result<std::vector<std::string>> snapshots() override;
   Result<Changes> changes(const ChangesRequest& request) override;
@@ -100,9 +101,18 @@ class MicroVmBackend final : public Backend {
   static std::optional<isolation::namespaces::IdMapLease> leaseHeldBy(pid_t qemu);
   // The root image of the template `name` (built on first use).
   Result<std::string> imageFor(const std::string& templateName);
+  // Starts QEMU for `vm` as `guest`'s (environment `id`'s; a destroy from
+  // then on ends it): refused, and QEMU ended, if it was destroyed meanwhile.
+  Result<std::shared_ptr<Vm>> startFor(Guest& guest, const VmSpec& vm, const std::string& id);
   // Starts QEMU for `vm` (a restore when vm.incomingState is set: then
   // sends Resume) and waits for the guest's Hello.
   Status run(Guest& guest, const VmSpec& vm, const Spec& spec);
+  // Starts QEMU for `vm`, restoring a guest saved running (a memory
+  // snapshot's), lets it run once loaded and finds its conversation again:
+  // the guest's Hello is next.
+  Status runRestored(Guest& guest, const VmSpec& vm, const Spec& spec);
+  // Where snapshot `name` keeps its memory (snapshotWithMemory): root's.
+  std::string memoryDir(const std::string& name) const;
   Result<std::string> initramfs();
   // What QEMU runs for `spec` in `guest` (its cgroup and ids made): its
   // writable layer in `volume`, booting `image`.

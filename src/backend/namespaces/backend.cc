@@ -10,6 +10,11 @@
 namespace moat::backend::namespaces {
 
 Result<Backend::Created> NamespacesBackend::create(const Spec& spec) {
+  if (spec.withMemory) {
+    return Error::make(Code::kUnsupported, "snapshot " + spec.fromSnapshot +
+                                               " holds no memory a namespace "
+                                               "environment can go on from");
+  }
   EnvironmentSpec full;
   full.stateDir = stateDir_;
   full.id = spec.id;

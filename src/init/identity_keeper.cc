@@ -1,0 +1,78 @@
+#include "init/identity_keeper.h"
+
+#include <linux/capability.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+
+#include "os/machine.h"
+#include "os/process.h"
+#include "os/security.h"
+#include "os/socket.h"
+
+namespace moat::init {
+namespace {
+
+// A request: one byte of the name's length, the name, then the seed. An
+// answer: the errno of what failed (0: done).
+constexpr size_t kMaxRequest = 1 + 64 + 512;
+
+[[noreturn]] void serve(int socket) {
+  char request[kMaxRequest];
+  for (;;) {
+    const ssize_t n = ::recv(socket, request, sizeof request, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) ::_exit(0);  // moat-init is gone
+    int32_t err = 0;
+    const size_t nameLength = static_cast<unsigned char>(request[0]);
+    if (static_cast<size_t>(n) < 1 + nameLength || nameLength > 64) {
+      err = EINVAL;
+    } else {
+      const std::string name(request + 1, nameLength);
+      const std::string seed(request + 1 + nameLength, static_cast<size_t>(n) - 1 - nameLength);
+      Status done = name.empty() ? Status{} : os::setHostname(name);
+      if (done.ok() && !seed.empty()) done = os::addEntropy(seed);
+      if (!done.ok()) err = done.error().sysErrno ? done.error().sysErrno : EIO;
+    }
+    (void)::send(socket, &err, sizeof err, MSG_NOSIGNAL);
+  }
+}
+
+}  // namespace
+
+Result<IdentityKeeper> IdentityKeeper::start() {
+  MOAT_ASSIGN(os::SocketPair pair, os::seqpacketSocketPair());
+  MOAT_ASSIGN(pid_t pid, os::forkProcess());
+  if (pid == 0) {
+    pair.first.reset();
+    // SYS_ADMIN alone, no way to more; it ends with moat-init.
+    if (!os::setParentDeathSignal(SIGKILL).ok() || !os::restrictCapabilities({CAP_SYS_ADMIN}).ok() ||
+        !os::setNoNewPrivs().ok()) {
+      ::_exit(1);
+    }
+    serve(pair.second.get());
+  }
+  pair.second.reset();
+  return IdentityKeeper(std::move(pair.first));
+}
+
+Status IdentityKeeper::renew(const std::string& hostname, const std::string& seed) const {
+  if (!socket_) return Error::make(Code::kUnavailable, "this guest keeps no identity keeper");
+  if (hostname.size() > 64 || seed.size() > 512) return Error::make(Code::kInvalidArgument, "identity too large");
+  std::string request(1, static_cast<char>(hostname.size()));
+  request += hostname + seed;
+  if (::send(socket_.get(), request.data(), request.size(), MSG_NOSIGNAL) < 0) {
+    return Error::fromErrno("ask the identity keeper");
+  }
+  int32_t err = 0;
+  const ssize_t n = ::recv(socket_.get(), &err, sizeof err, 0);
+  if (n != static_cast<ssize_t>(sizeof err)) return Error::fromErrno("hear the identity keeper", n < 0 ? errno : EPIPE);
+  if (err != 0) return Error::fromErrno(hostname.empty() ? "reseed the random generator" : "rename and reseed", err);
+  return {};
+}
+
+}  // namespace moat::init
