@@ -53,11 +53,13 @@ std::pair<const char*, json> fileEvent(const init::FileRequest& f, const init::F
     case init::FileOp::kTasks:
     case init::FileOp::kClock:
     case init::FileOp::kQuiesce:
-      data["op"] = f.op == init::FileOp::kPause    ? "pause"
-                   : f.op == init::FileOp::kResume ? "resume"
-                   : f.op == init::FileOp::kTasks  ? "tasks"
-                   : f.op == init::FileOp::kClock  ? "clock"
-                                                   : "quiesce";
+    case init::FileOp::kChanges:  // moatd's own (a review's: the route records it)
+      data["op"] = f.op == init::FileOp::kPause     ? "pause"
+                   : f.op == init::FileOp::kResume  ? "resume"
+                   : f.op == init::FileOp::kTasks   ? "tasks"
+                   : f.op == init::FileOp::kClock   ? "clock"
+                   : f.op == init::FileOp::kChanges ? "changes"
+                                                    : "quiesce";
       break;
   }
   if (r.err != 0) {

@@ -303,6 +303,7 @@ FileResult runFileRequest(const FileRequest& request) {
     case FileOp::kTasks:
     case FileOp::kClock:
     case FileOp::kQuiesce:
+    case FileOp::kChanges:
       return failure(request, EOPNOTSUPP, "a guest's own request outside a microVM guest:");
   }
   return failure(request, EINVAL, "operation");

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "init/protocol.h"
@@ -79,7 +80,10 @@ Result<std::string> findDisk(const std::string& serial) {
 // layer is the host's disk (an ext4 file system the host made, or a copy
 // of a snapshot's: its upper and work directories may be there already)
 // or, without one, a tmpfs holding at most `storageBytes`.
-Status makeRoot(bool disk, const std::string& storageBytes) {
+// Its overlay's writable layer and root image stay open (`layers`): a
+// review of its changes walks them (FileOp kChanges), and once the root is
+// switched no path of this process leads to them.
+Status makeRoot(bool disk, const std::string& storageBytes, std::pair<UniqueFd, UniqueFd>& layers) {
   MOAT_ASSIGN(std::string root, findDisk(kGuestRootSerial));
   for (const char* dir : {"/moat/lower", "/moat/rw", "/moat/root"}) MOAT_TRY(os::makeDir(dir, 0755));
   MOAT_TRY(os::mount(root, "/moat/lower", "erofs", MS_RDONLY | MS_NODEV, ""));
@@ -99,6 +103,8 @@ Status makeRoot(bool disk, const std::string& storageBytes) {
   }
   MOAT_TRY(os::mount("overlay", "/moat/root", "overlay", 0,
                      "lowerdir=/moat/lower,upperdir=/moat/rw/upper,workdir=/moat/rw/work"));
+  MOAT_ASSIGN(layers.first, os::open("/moat/rw/upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  MOAT_ASSIGN(layers.second, os::open("/moat/lower", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   for (const char* dir : {"proc", "sys", "dev", "tmp", "workspace"}) {
     MOAT_TRY(os::makeDir(std::string("/moat/root/") + dir, 0755));
   }
@@ -216,14 +222,17 @@ Result<Guest> prepareGuest() {
   } else if (auto name = fromCommandLine("MOAT_GUEST_HOSTNAME"); !name.empty()) {
     MOAT_TRY(os::setHostname(name));
   }
-  MOAT_TRY(makeRoot(fromCommandLine("MOAT_GUEST_DISK") == "1", storage.empty() ? "1g" : storage));
+  Guest guest;
+  std::pair<UniqueFd, UniqueFd> layers;
+  MOAT_TRY(makeRoot(fromCommandLine("MOAT_GUEST_DISK") == "1", storage.empty() ? "1g" : storage, layers));
+  guest.upperLayer = std::move(layers.first);
+  guest.lowerLayer = std::move(layers.second);
   // Terminals (a pty process, a shell) and POSIX shared memory, as in a
   // namespace environment.
   MOAT_TRY(os::makeDir("/dev/pts", 0755));
   MOAT_TRY(os::mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"));
   MOAT_TRY(os::makeDir("/dev/shm", 01777));
   MOAT_TRY(os::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777"));
-  Guest guest;
   MOAT_ASSIGN(guest.commands, GuestCommands::make(pids));
   MOAT_TRY(protectKernelKnobs());
   // What a restored copy needs of SYS_ADMIN (its name, a reseed) stays

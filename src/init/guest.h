@@ -46,6 +46,8 @@ struct Guest {
   UniqueFd control;  // the control connection
   std::optional<GuestCommands> commands;
   IdentityKeeper identity;  // started before the capabilities went
+  UniqueFd upperLayer;      // its overlay's writable layer (a directory)
+  UniqueFd lowerLayer;      // its root image, mounted
 };
 Result<Guest> prepareGuest();
 

@@ -48,29 +48,44 @@ Result<IdentityKeeper> IdentityKeeper::start() {
   MOAT_ASSIGN(os::SocketPair pair, os::seqpacketSocketPair());
   MOAT_ASSIGN(pid_t pid, os::forkProcess());
   if (pid == 0) {
-    pair.first.reset();
-    // SYS_ADMIN alone, no way to more; it ends with moat-init.
-    if (!os::setParentDeathSignal(SIGKILL).ok() || !os::restrictCapabilities({CAP_SYS_ADMIN}).ok() ||
-        !os::setNoNewPrivs().ok()) {
+    // Nothing of moat-init's but its own socket (as fd 3); SYS_ADMIN
+    // alone, no way to more; it ends with moat-init.
+    if (::dup2(pair.second.get(), 3) != 3 || !os::closeFrom(4).ok() || !os::setParentDeathSignal(SIGKILL).ok() ||
+        !os::restrictCapabilities({CAP_SYS_ADMIN}).ok() || !os::setNoNewPrivs().ok()) {
       ::_exit(1);
     }
-    serve(pair.second.get());
+    serve(3);
   }
   pair.second.reset();
-  return IdentityKeeper(std::move(pair.first));
+  // moat-init's loop waits on it: never for long.
+  const timeval wait = {kWaitMs / 1000, (kWaitMs % 1000) * 1000};
+  if (::setsockopt(pair.first.get(), SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait) != 0 ||
+      ::setsockopt(pair.first.get(), SOL_SOCKET, SO_SNDTIMEO, &wait, sizeof wait) != 0) {
+    return Error::fromErrno("SO_RCVTIMEO");
+  }
+  return IdentityKeeper(std::move(pair.first), pid);
 }
 
-Status IdentityKeeper::renew(const std::string& hostname, const std::string& seed) const {
-  if (!socket_) return Error::make(Code::kUnavailable, "this guest keeps no identity keeper");
+Status IdentityKeeper::renew(const std::string& hostname, const std::string& seed) {
+  if (!socket_) return Error::make(Code::kUnavailable, "this guest's identity keeper is gone");
   if (hostname.size() > 64 || seed.size() > 512) return Error::make(Code::kInvalidArgument, "identity too large");
   std::string request(1, static_cast<char>(hostname.size()));
   request += hostname + seed;
-  if (::send(socket_.get(), request.data(), request.size(), MSG_NOSIGNAL) < 0) {
-    return Error::fromErrno("ask the identity keeper");
-  }
   int32_t err = 0;
-  const ssize_t n = ::recv(socket_.get(), &err, sizeof err, 0);
-  if (n != static_cast<ssize_t>(sizeof err)) return Error::fromErrno("hear the identity keeper", n < 0 ? errno : EPIPE);
+  ssize_t n = ::send(socket_.get(), request.data(), request.size(), MSG_NOSIGNAL);
+  if (n >= 0) {
+    do {
+      n = ::recv(socket_.get(), &err, sizeof err, 0);
+    } while (n < 0 && errno == EINTR);
+  }
+  if (n != static_cast<ssize_t>(sizeof err)) {
+    // Stopped, killed or out of step: no answer of it is trusted again.
+    const int why = n < 0 ? errno : EPIPE;
+    if (pid_ > 0) ::kill(pid_, SIGKILL);
+    socket_.reset();
+    return Error::fromErrno("the identity keeper did not answer (a command may have stopped or killed it)",
+                            why == EAGAIN ? ETIMEDOUT : why);
+  }
   if (err != 0) return Error::fromErrno(hostname.empty() ? "reseed the random generator" : "rename and reseed", err);
   return {};
 }

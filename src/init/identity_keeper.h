@@ -21,13 +21,17 @@ class IdentityKeeper {
   // Forks the keeper (moat-init with one thread, its capabilities whole).
   static Result<IdentityKeeper> start();
   // Names the guest `hostname` (unless empty) and mixes `seed` into its
-  // random pool, reseeding the generator.
-  Status renew(const std::string& hostname, const std::string& seed) const;
+  // random pool, reseeding the generator. Waits at most kWait: a keeper
+  // that does not answer by then (a command stopped it: commands may
+  // signal it) is killed, and every later renewal fails at once.
+  Status renew(const std::string& hostname, const std::string& seed);
   bool started() const { return static_cast<bool>(socket_); }
+  static constexpr int kWaitMs = 2000;
 
  private:
-  explicit IdentityKeeper(UniqueFd socket) : socket_(std::move(socket)) {}
+  IdentityKeeper(UniqueFd socket, pid_t pid) : socket_(std::move(socket)), pid_(pid) {}
   UniqueFd socket_;
+  pid_t pid_ = -1;
 };
 
 }  // namespace moat::init

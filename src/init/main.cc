@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
     // Its commands start in their cgroup, which a pause freezes.
     supervisor.runCommandsIn(std::move(*guest->commands));
     supervisor.keepIdentity(std::move(guest->identity));
+    supervisor.keepLayers(std::move(guest->upperLayer), std::move(guest->lowerLayer));
     int code = supervisor.run();
     moat::os::powerOff();
     return code;

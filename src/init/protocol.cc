@@ -387,7 +387,7 @@ Result<FileRequest> FileRequest::decode(const std::string& payload) {
   FileRequest m;
   MOAT_ASSIGN(m.tag, d.u32());
   MOAT_ASSIGN(uint8_t op, d.u8());
-  if (op < 1 || op > static_cast<uint8_t>(FileOp::kQuiesce))
+  if (op < 1 || op > static_cast<uint8_t>(FileOp::kChanges))
     return Error::make(Code::kProtocol, "unknown file operation");
   m.op = static_cast<FileOp>(op);
   MOAT_ASSIGN(m.path, d.bytes());

@@ -21,16 +21,17 @@ namespace moat::init {
 // and ExecCheck (70); 4: ExecPolicy's mode 2 with its rules, and ExecReport
 // (71); 5: FileOp kPause, kResume, kTasks; 6: a read that skips holes
 // (kFileSkipHoles, FileResult's offset); 7: FileOp kClock and kQuiesce; 8: kQuiesce's end (offset 1, a memory
-// fork's source). A moatd re-attaching after an upgrade may meet a moat-init of an older version: it sends each only
-// what that version knows.
+// fork's source), kClock's target, FileOp kChanges. A moatd re-attaching after an upgrade may meet a moat-init of an
+// older version: it sends each only what that version knows.
 constexpr uint32_t kProtocolVersion = 8;
-constexpr uint32_t kFlowControlSince = 2;  // OutputCredit and StdinTaken
-constexpr uint32_t kExecGateSince = 3;     // ExecPolicy, ExecCheck, ExecVerdict
-constexpr uint32_t kExecRulesSince = 4;    // ExecPolicy 2 (rules), ExecReport
-constexpr uint32_t kGuestCgroupSince = 5;  // FileOp kPause, kResume, kTasks (a microVM guest's)
-constexpr uint32_t kSparseReadSince = 6;   // kFileSkipHoles, FileResult::offset
-constexpr uint32_t kClockSince = 7;        // FileOp kClock and kQuiesce (a microVM guest's)
-constexpr uint32_t kQuietEndSince = 8;     // kQuiesce with offset kQuietEnd, kClock's target (a new hostname)
+constexpr uint32_t kFlowControlSince = 2;   // OutputCredit and StdinTaken
+constexpr uint32_t kExecGateSince = 3;      // ExecPolicy, ExecCheck, ExecVerdict
+constexpr uint32_t kExecRulesSince = 4;     // ExecPolicy 2 (rules), ExecReport
+constexpr uint32_t kGuestCgroupSince = 5;   // FileOp kPause, kResume, kTasks (a microVM guest's)
+constexpr uint32_t kSparseReadSince = 6;    // kFileSkipHoles, FileResult::offset
+constexpr uint32_t kClockSince = 7;         // FileOp kClock and kQuiesce (a microVM guest's)
+constexpr uint32_t kQuietEndSince = 8;      // kQuiesce with offset kQuietEnd, kClock's target (a new hostname)
+constexpr uint32_t kGuestChangesSince = 8;  // FileOp kChanges
 constexpr uint32_t kMaxFrame = 16u << 20;
 constexpr size_t kOutputChunk = 64u << 10;
 
@@ -317,6 +318,11 @@ enum class FileOp : uint8_t {
   // the quiet ends, nothing else changes (the source of a memory fork goes
   // on; a paused guest stays paused).
   kQuiesce = 13,
+  // A microVM guest's changed files (version 8; docs/API.md, "Changes"):
+  // data = the host's limits (init/changes_wire.h), the answer's data = the
+  // list, from the guest's own overlay (its disk's upper layer against its
+  // root image).
+  kChanges = 14,
 };
 constexpr uint64_t kQuietEnd = 1;
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/glob.h"
+#include "init/changes_wire.h"
 #include "init/disk_view.h"
 #include "init/file_ops.h"
 #include "init/pty.h"
@@ -601,11 +602,43 @@ void Supervisor::handleFrame(const Frame& frame) {
                         req->op == FileOp::kClock || req->op == FileOp::kQuiesce)) {
         return send(MsgType::kFileResult, guestCgroupRequest(req.value()).encode());
       }
+      if (req->op == FileOp::kChanges && upperLayer_) {
+        return send(MsgType::kFileResult, changesRequest(req.value()).encode());
+      }
       return send(MsgType::kFileResult, runFileRequest(req.value()).encode());
     }
     default:
       return protocolError("unknown message type " + std::to_string(static_cast<int>(frame.type)));
   }
+}
+
+FileResult Supervisor::changesRequest(const FileRequest& request) {
+  FileResult result;
+  result.tag = request.tag;
+  auto limits = decodeChangeLimits(request.data);
+  if (!limits.ok()) {
+    result.err = EINVAL;
+    result.message = limits.error().message();
+    return result;
+  }
+  // This loop answers nothing else while it walks: the walk is bounded in
+  // time, and what it sends fits a frame.
+  constexpr std::chrono::milliseconds kMostTime{3000};
+  limits->deadline = std::min(limits->deadline, kMostTime);
+  limits->maxChanges = std::min<size_t>(limits->maxChanges, 100000);
+  limits->maxListBytes = std::min<size_t>(limits->maxListBytes, 8u << 20);
+  limits->maxDiffBytes = std::min<size_t>(limits->maxDiffBytes, 4u << 20);
+  // The template's files (its root image) through the disk's layer, against
+  // the image alone.
+  auto changes =
+      isolation::fs::compareLayers({-1, lowerLayer_.get()}, {upperLayer_.get(), lowerLayer_.get()}, limits.value());
+  if (!changes.ok()) {
+    result.err = changes.error().sysErrno ? changes.error().sysErrno : EIO;
+    result.message = changes.error().message();
+    return result;
+  }
+  result.data = encodeChanges(changes.value());
+  return result;
 }
 
 FileResult Supervisor::guestCgroupRequest(const FileRequest& request) {
@@ -625,6 +658,10 @@ FileResult Supervisor::guestCgroupRequest(const FileRequest& request) {
     if (done.ok() && (!request.data.empty() || !request.target.empty())) {
       done = identity_.renew(request.target, request.data);
     }
+    // A memory fork's copy (renamed): the programs it held waiting for the
+    // source's host to judge are not this host's to know; refused, as when
+    // a host goes.
+    if (!request.target.empty()) refusePendingExecs();
   } else if (request.op == FileOp::kTasks) {
     auto tasks = commands_->tasks();
     if (tasks.ok()) {

@@ -51,6 +51,13 @@ class Supervisor {
   // A microVM guest's: what renames it and reseeds its random generator
   // after a restore (FileOp kClock). Before run().
   void keepIdentity(IdentityKeeper identity) { identity_ = std::move(identity); }
+  // A microVM guest's: its overlay's writable layer and its root image, as
+  // directories (opened before its root was switched to), for FileOp
+  // kChanges. Before run().
+  void keepLayers(UniqueFd upper, UniqueFd lower) {
+    upperLayer_ = std::move(upper);
+    lowerLayer_ = std::move(lower);
+  }
   // Runs until the control connection closes or Shutdown arrives; returns
   // moat-init's exit code.
   int run();
@@ -100,6 +107,8 @@ class Supervisor {
   void handleFrame(const Frame& frame);
   // FileOp::kPause and kResume (commands_'s freezer), kTasks (its count).
   FileResult guestCgroupRequest(const FileRequest& request);
+  // FileOp kChanges: the guest's changed files (keepLayers's).
+  FileResult changesRequest(const FileRequest& request);
   void spawn(const SpawnRequest& request);
   // A launch finished: the process runs (Spawned) or failed (SpawnFailed).
   void launched(std::unique_ptr<Launch> launch);
@@ -206,6 +215,7 @@ class Supervisor {
   std::optional<os::QgroupCounters> diskCounters_;
   std::optional<GuestCommands> commands_;  // runCommandsIn
   IdentityKeeper identity_;                // keepIdentity
+  UniqueFd upperLayer_, lowerLayer_;       // keepLayers
   std::unique_ptr<DiskView> diskView_;     // answers statfs of the root (df)
   UniqueFd execListener_;
   ExecPolicy execPolicy_;

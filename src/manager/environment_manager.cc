@@ -201,6 +201,12 @@ Status EnvironmentManager::recoverAfterRestart() {
             "environment.resumed", id, "moatd",
             {{"reason", "its pause could not be put in force again after a moatd restart: " + held.error().message()}});
       }
+    } else if (!onDisk && r.isolation == backend::isolationName(backend::Isolation::kMicroVm)) {
+      // A moatd that died while it held a guest's commands still (a memory
+      // fork's source, or a copy not yet let go) leaves them frozen under a
+      // record that says running: they go on (a thaw of what runs is
+      // nothing).
+      (void)holdProcesses(r, connection, false);
     }
     live_.put(id, makeLive(connection, adopted));
     if (adopted.state != EnvironmentState::kRunning && adopted.state != EnvironmentState::kPaused) {
@@ -483,6 +489,22 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
   std::vector<std::shared_ptr<Process>> adopted;
   for (const auto& process : request.processes) adopted.push_back(process->forkedCopy());
   auto connection = connect(id, std::move(created->control), "", adopted);
+  if (request.withMemory) {
+    // A memory fork's copy takes a fresh identity (its own name, its random
+    // generator reseeded) before anyone can reach it: copies that drew the
+    // same numbers would share secrets. Its commands stay still until the
+    // fork lets every copy go (fork()).
+    if (Status renewed = setGuestClock(id, connection, id); !renewed.ok()) {
+      connection->close("failed: " + renewed.error().message());
+      (void)backend_.destroy(id);
+      release();
+      (void)store_.setState(id, EnvironmentState::kFailed, renewed.error().message());
+      nlohmann::json data = createdData(record, false);
+      data["error"] = renewed.error().message();
+      audit_.record("environment.failed", id, record.owner, std::move(data));
+      return renewed.error();
+    }
+  }
   LiveEnvironment live = makeLive(connection, record);
   for (const auto& process : adopted) adoptProcess(live, id, record.owner, process);
   live_.put(id, std::move(live));

@@ -214,6 +214,9 @@ class EnvironmentManager final : public EnvironmentService,
   Result<store::SnapshotRecord> takeSnapshot(const std::string& id, const std::string& name, const std::string& actor,
                                              bool transient, const std::string& owner = "",
                                              std::vector<std::shared_ptr<Process>>* memory = nullptr);
+  // changes() of a microVM: its guest lists them (FileOp kChanges).
+  Result<backend::Changes> guestChanges(const store::EnvironmentRecord& record, const LiveEnvironment& live,
+                                        const std::string& snapshotId, const isolation::fs::LayerChangeLimits& limits);
   // takeSnapshot's backend part with memory (snapshots.cc).
   Result<uint32_t> snapshotWithMemory(const store::EnvironmentRecord& record, const LiveEnvironment& live,
                                       const std::string& snapshotId, std::vector<std::shared_ptr<Process>>& processes);

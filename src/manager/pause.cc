@@ -143,16 +143,18 @@ Status EnvironmentManager::restoreCheckpointHeld(const store::EnvironmentRecord&
 
 Status EnvironmentManager::setGuestClock(const std::string& id, const std::shared_ptr<InitConnection>& connection,
                                          const std::string& hostname) {
-  if (connection->peerVersion() < init::kClockSince) return {};
+  if (connection->peerVersion() < (hostname.empty() ? init::kClockSince : init::kQuietEndSince)) {
+    if (hostname.empty()) return {};  // an older guest's clock stays where it was saved
+    return Error::make(Code::kUnsupported, "environment " + id + "'s guest cannot take a new name");
+  }
   init::FileRequest clock;
   clock.op = init::FileOp::kClock;
   clock.path = "/";
-  if (connection->peerVersion() >= init::kQuietEndSince) clock.target = hostname;
+  clock.target = hostname;
   clock.offset = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count());
-  auto seed = randomBytes(32);
-  if (seed.ok()) clock.data = seed.value();
+  MOAT_ASSIGN(clock.data, randomBytes(32));
   MOAT_ASSIGN(auto set, connection->file(clock));
   if (set.err != 0) {
     return Error::make(Code::kUnavailable, "environment " + id + "'s guest did not take its clock" +

@@ -139,8 +139,17 @@ std::shared_ptr<Process> Process::forkedCopy() {
 }
 
 void Process::adopt(const std::shared_ptr<InitConnection>& connection) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  connection_ = connection;
+  uint64_t credit = 0;
+  uint32_t initId = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    connection_ = connection;
+    // A credit the source's moatd granted may have been held back while its
+    // connection was suspended: told again (it is a limit, not a sum).
+    if (info_.lossless && !info_.ended()) credit = granted_;
+    initId = initId_;
+  }
+  if (credit) (void)connection->grantOutput(initId, credit);
 }
 
 uint32_t Process::initId() {

@@ -7,6 +7,7 @@
 #include "common/clock.h"
 #include "common/hex.h"
 #include "common/log.h"
+#include "init/changes_wire.h"
 #include "manager/environment_manager.h"
 #include "manager/stored_settings.h"
 
@@ -158,9 +159,10 @@ Result<backend::Changes> EnvironmentManager::changes(const std::string& id, cons
   auto held = exclusive(id);
   auto using_ = holdSnapshot(snapshotId);
   MOAT_ASSIGN(auto record, get(id));
-  MOAT_TRY(onNamespaces(record, "a review of changed files"));
   MOAT_ASSIGN(LiveEnvironment live, liveOf(id));  // running: its volume is there
-  (void)live;
+  if (record.isolation == backend::isolationName(backend::Isolation::kMicroVm)) {
+    return guestChanges(record, live, snapshotId, limits);
+  }
   backend::ChangesRequest request;
   request.id = id;
   request.templateName = record.templateName;
@@ -178,6 +180,42 @@ Result<backend::Changes> EnvironmentManager::changes(const std::string& id, cons
     request.snapshot = snap.id;
   }
   return backend_.changes(request);
+}
+
+Result<backend::Changes> EnvironmentManager::guestChanges(const store::EnvironmentRecord& record,
+                                                          const LiveEnvironment& live, const std::string& snapshotId,
+                                                          const isolation::fs::LayerChangeLimits& limits) {
+  const std::string& id = record.id;
+  if (!snapshotId.empty()) {
+    // Its snapshot's disk is a file no guest has mounted, and moatd mounts
+    // no guest's file system.
+    return Error::make(Code::kUnsupported, "a microvm environment's changes are against its template only (" +
+                                               snapshotId + " is a disk no guest reads)");
+  }
+  if (live.connection->peerVersion() < init::kGuestChangesSince) {
+    return Error::make(Code::kUnsupported, "environment " + id +
+                                               "'s guest runs a moat-init older than reviews of changes (it was "
+                                               "started by an earlier moatd)");
+  }
+  // The guest walks its own overlay; what moat-init made in its root for
+  // every guest is no change of its.
+  isolation::fs::LayerChangeLimits asked = limits;
+  for (const char* dir : {"/proc", "/sys", "/dev", "/tmp", "/workspace"}) asked.baseline[dir] = "/";
+  init::FileRequest request;
+  request.op = init::FileOp::kChanges;
+  request.path = "/";
+  request.data = init::encodeChangeLimits(asked);
+  MOAT_ASSIGN(init::FileResult answer, live.connection->file(request));
+  if (answer.err != 0) {
+    return Error::make(Code::kUnavailable,
+                       "environment " + id + "'s guest could not list its changes: " + answer.message);
+  }
+  auto changes = init::decodeChanges(answer.data, asked.maxChanges);
+  if (!changes.ok()) {
+    return Error::make(Code::kUnavailable, "environment " + id + "'s guest answered with a list moatd cannot read: " +
+                                               changes.error().message());
+  }
+  return changes;
 }
 
 Result<std::vector<store::EnvironmentRecord>> EnvironmentManager::fork(const std::string& id,
@@ -223,23 +261,16 @@ Result<std::vector<store::EnvironmentRecord>> EnvironmentManager::fork(const std
     for (const auto& made : forks) (void)destroy(made.id, "failed: a fork beside it failed", request.owner);
   });
   while (forks.size() < request.count) {
-    MOAT_ASSIGN(auto made, create(copy));
+    MOAT_ASSIGN(auto made, create(copy));  // a memory fork's: renamed and reseeded, its commands still
     forks.push_back(made);
-    if (!request.memory) continue;
-    // Its commands were held still for the snapshot (docs/PAUSE.md, "Forks
-    // with memory"): they go on here.
-    Status ready = [&]() -> Status {
-      MOAT_ASSIGN(LiveEnvironment live, liveOf(made.id));
-      // A fresh identity (its own name, its random generator reseeded), or
-      // no fork: copies that draw the same numbers would share secrets.
-      MOAT_TRY(setGuestClock(made.id, live.connection, made.id));
-      return holdProcesses(made, live.connection, false);
-    }();
-    if (!ready.ok()) {
-      forks.pop_back();
-      (void)destroy(made.id, "failed: " + ready.error().message(), request.owner);
-      return ready.error();
-    }
+  }
+  // Its commands were held still for the snapshot (docs/PAUSE.md, "Forks
+  // with memory"): they go on in every copy once all are made (none of a
+  // fork that failed has run), unless a person paused one meanwhile.
+  for (const auto& made : request.memory ? forks : std::vector<store::EnvironmentRecord>{}) {
+    auto held = exclusive(made.id);
+    MOAT_ASSIGN(LiveEnvironment live, liveOf(made.id));
+    if (!live.paused) MOAT_TRY(holdProcesses(made, live.connection, false));
   }
   dropForks.dismiss();
   return forks;

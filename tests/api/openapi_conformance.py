@@ -2284,10 +2284,18 @@ def run_microvm_exchanges(c, tree):
     c.call("POST", vm + "/resume", status=200, check=has(state="running"))
     c.call("POST", vm + "/exec", {"cmd": ["true"]}, status=200, note="back from disk")
 
-    # Not yet for a microVM: refused by name, the environment unharmed.
-    def not_yet(r):
-        expect("not available for microvm environments yet" in r.json["error"]["message"], r.json)
-    c.call("GET", vm + "/changes", status=400, code="unsupported", check=not_yet)
+    # Its changed files, as its guest lists them (against its template
+    # only: a snapshot's disk is read by no guest).
+    c.call("PUT", vm + "/files?path=/workspace/changed.txt", b"changed\n", content_type="application/octet-stream",
+           status=200)
+    c.call("GET", vm + "/changes", status=200,
+           check=lambda r: expect(any(ch["path"] == "/workspace/changed.txt" and ch["change"] == "added"
+                                      for ch in r.json["changes"]), r.json))
+    snap = c.call("POST", vm + "/snapshots", {}, status=201)
+    if snap is not None:
+        c.call("GET", vm + "/changes?against=" + snap.json["id"], status=400, code="unsupported",
+               note="a microVM's changes are against its template only")
+        c.call("DELETE", "/v1/snapshots/" + snap.json["id"], status=204)
     # Its network (QEMU's user-mode network through the egress link; what
     # it reaches: tests/egress/egress_microvm_test.py) changes as a
     # namespace environment's does.

@@ -78,8 +78,9 @@ int main(int argc, char** argv) {
     // What a command tries against a process of the guest that holds
     // SYS_ADMIN (moat-init's identity keeper): trace it, write its memory,
     // read it, take its descriptors. Prints "found N", then for each such
-    // process its pid and each call's errno (0: it worked); with `kill`,
-    // kills them (which a command may: CAP_KILL) and prints the result.
+    // process its pid and each call's errno (0: it worked); with `kill` or
+    // `stop`, kills or stops them (which a command may: CAP_KILL) and
+    // prints the result.
     std::vector<int> found;
     if (DIR* proc = opendir("/proc")) {
       while (dirent* e = readdir(proc)) {
@@ -105,7 +106,8 @@ int main(int argc, char** argv) {
     auto result = [](long rc) { return rc < 0 ? errno : 0; };
     for (int pid : found) {
       if (argc == 3) {
-        std::printf("%d killed %d\n", pid, result(kill(pid, SIGKILL)));
+        const bool stop = std::strcmp(argv[2], "stop") == 0;
+        std::printf("%d %s %d\n", pid, stop ? "stopped" : "killed", result(kill(pid, stop ? SIGSTOP : SIGKILL)));
         continue;
       }
       const int traced = result(ptrace(PTRACE_ATTACH, pid, nullptr, nullptr));
@@ -307,10 +309,11 @@ int main(int argc, char** argv) {
     std::printf("\n");
     return 0;
   }
-  std::fprintf(stderr,
-               "usage: moat-guest-tool uname | cat FILE | write FILE TEXT | echo | flood FILE SIZE | fork N | exec "
-               "PROGRAM ARGS... | time | random | hostname | keeper-escape [kill] | count FILE | cgroup-escape REPORT "
-               "FILE | later SECONDS PROGRAM "
-               "ARGS... | hog MIB | sync | leaderless\n");
+  std::fprintf(
+      stderr,
+      "usage: moat-guest-tool uname | cat FILE | write FILE TEXT | echo | flood FILE SIZE | fork N | exec "
+      "PROGRAM ARGS... | time | random | hostname | keeper-escape [kill|stop] | count FILE | cgroup-escape REPORT "
+      "FILE | later SECONDS PROGRAM "
+      "ARGS... | hog MIB | sync | leaderless\n");
   return 2;
 }

@@ -391,9 +391,9 @@ TEST(Protocol, ExitedRoundTrip) {
 }
 
 TEST(Protocol, FileRequestRoundTripEveryOp) {
-  for (FileOp op :
-       {FileOp::kRead, FileOp::kWrite, FileOp::kStat, FileOp::kList, FileOp::kMkdir, FileOp::kRemove, FileOp::kRename,
-        FileOp::kSync, FileOp::kPause, FileOp::kResume, FileOp::kTasks, FileOp::kClock, FileOp::kQuiesce}) {
+  for (FileOp op : {FileOp::kRead, FileOp::kWrite, FileOp::kStat, FileOp::kList, FileOp::kMkdir, FileOp::kRemove,
+                    FileOp::kRename, FileOp::kSync, FileOp::kPause, FileOp::kResume, FileOp::kTasks, FileOp::kClock,
+                    FileOp::kQuiesce, FileOp::kChanges}) {
     FileRequest r = sampleFileRequest();
     r.op = op;
     auto back = FileRequest::decode(r.encode());
@@ -411,7 +411,7 @@ TEST(Protocol, FileRequestRoundTripEveryOp) {
 }
 
 TEST(Protocol, FileRequestUnknownOpRejected) {
-  for (uint8_t op : {0, 14, 255}) {
+  for (uint8_t op : {0, 15, 255}) {
     std::string payload = sampleFileRequest().encode();
     payload[4] = static_cast<char>(op);  // after the u32 tag
     auto back = FileRequest::decode(payload);

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -147,6 +148,14 @@ void MicroVmBackend::removeMadeFiles() {
   (void)os::removeTree(dir_ + "/images");
   (void)os::removeTree(dir_ + "/saved");
   (void)::unlink((dir_ + "/initramfs").c_str());
+  // The memory of a snapshot that is gone (deleted by a moatd without
+  // microVMs): the manager rolls back those whose snapshot is there.
+  auto kept = isolation::fs::StoragePool::snapshotsIn(stateDir_);
+  auto memories = os::listDir(dir_ + "/memory");
+  if (!kept.ok() || !memories.ok()) return;
+  for (const auto& name : memories.value()) {
+    if (std::find(kept->begin(), kept->end(), name) == kept->end()) (void)deleteSnapshot(name);
+  }
 }
 
 void MicroVmBackend::adoptGuests(const Result<isolation::cgroup::Layout>& layout) {
