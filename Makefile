@@ -37,6 +37,7 @@ test: build
 # leaves out included: docs/MICROVM.md, "Tests".
 test-microvm: build
 	@cd $(BUILD) && ctest --output-on-failure --timeout 600 -j 2 -R '[Mm]icro[Vv]m|KvmProbe|HelperRoot'
+	@cd $(BUILD) && MOAT_ESCAPE_ISOLATION=microvm ctest --output-on-failure --timeout 600 -j 2 -R '^security\.Escape\.'
 
 bench: build
 	@bench/run.sh $(BUILD)/bin

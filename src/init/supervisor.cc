@@ -249,6 +249,14 @@ void Supervisor::onTraceStop(pid_t pid, int status) {
 void Supervisor::send(MsgType type, const std::string& payload) {
   if (!running_ || !hasClient()) return;   // no client: output is dropped
   if (payload.size() > kMaxFrame) return;  // never built: frames stay far below
+  if (quiet_ && type != MsgType::kFileResult) {
+    // Quiet (a checkpoint's, a memory fork's): what this loop says of its
+    // own accord (a command's end, a launch, input taken) waits for the
+    // quiet's end, so that a guest saved now has said exactly what its host
+    // heard, and a copy says the rest to its own host.
+    held_ += encodeFrame(type, payload);
+    return;
+  }
   releaseReports();
   outbox_ += encodeFrame(type, payload);
   if (outbox_.size() >= kOutboxFlush) flush();
@@ -263,8 +271,15 @@ bool Supervisor::queueReport(const ExecReport& report) {
   return true;
 }
 
+void Supervisor::endQuiet() {
+  quiet_ = false;
+  releaseReports();
+  outbox_ += held_;
+  held_.clear();
+}
+
 void Supervisor::releaseReports() {
-  if (!hasClient()) return;  // kept for the next client
+  if (!hasClient() || quiet_) return;  // kept for the next client, or the quiet's end
   outbox_ += reports_;
   reports_.clear();
   reportCount_ = 0;
@@ -565,11 +580,10 @@ void Supervisor::handleFrame(const Frame& frame) {
       // host that went are dropped; reports of programs that ran meanwhile
       // follow the Hello.
       reattaching_ = false;
-      quiet_ = false;
       outbox_.clear();
       outbox_ += encodeFrame(MsgType::kReattached, frame.payload.substr(0, 64));
       outbox_ += helloFrame();
-      releaseReports();
+      endQuiet();  // what was held while quiet follows the Hello
       return;
     }
     case MsgType::kExecPolicy: {
@@ -646,7 +660,7 @@ FileResult Supervisor::guestCgroupRequest(const FileRequest& request) {
   result.tag = request.tag;
   Status done;
   if (request.op == FileOp::kQuiesce && request.offset == kQuietEnd) {
-    quiet_ = false;  // its commands' output is forwarded again
+    endQuiet();  // its commands' output is forwarded again
   } else if (request.op == FileOp::kQuiesce) {
     releaseReports();  // before the answer: nothing of it is left to send
     quiet_ = true;
@@ -673,7 +687,7 @@ FileResult Supervisor::guestCgroupRequest(const FileRequest& request) {
     // Every command (what runs in the guest but this loop): they stop
     // where they are; this loop goes on answering.
     done = request.op == FileOp::kPause ? commands_->freeze() : commands_->thaw();
-    if (request.op == FileOp::kResume) quiet_ = false;
+    if (request.op == FileOp::kResume) endQuiet();
   }
   if (!done.ok()) {
     result.err =

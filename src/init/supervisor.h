@@ -201,6 +201,9 @@ class Supervisor {
   bool reattaching_ = false;  // portMode_: a host is connected again and has not sent kReattach yet
   bool running_ = true;
   bool quiet_ = false;  // FileOp kQuiesce: no output forwarded until kReattach or kResume
+  std::string held_;    // frames made while quiet (send), sent at its end
+  // The quiet ends: output is forwarded again, and what was held is sent.
+  void endQuiet();
   UniqueFd signalFd_;
   FrameReader reader_;
   std::string outbox_;

@@ -250,6 +250,12 @@ Result<long> fileSystemType(const std::string& path) {
   return static_cast<long>(sfs.f_type);
 }
 
+Result<uint64_t> freeBytesOf(const std::string& path) {
+  struct statfs sfs;
+  if (statfsUnwatched(path.c_str(), &sfs) != 0) return Error::fromErrno("statfs " + path);
+  return static_cast<uint64_t>(sfs.f_bavail) * static_cast<uint64_t>(sfs.f_bsize);
+}
+
 std::string joinPath(const std::string& a, const std::string& b) {
   if (a.empty()) return b;
   if (b.empty()) return a;

@@ -53,6 +53,8 @@ Result<std::vector<std::string>> listDir(const std::string& path);
 Result<UniqueFd> open(const std::string& path, int flags, mode_t mode = 0);
 // Returns statfs f_type of the file system holding path.
 Result<long> fileSystemType(const std::string& path);
+// The bytes an unprivileged writer may still write on path's file system.
+Result<uint64_t> freeBytesOf(const std::string& path);
 std::string joinPath(const std::string& a, const std::string& b);
 Status changeDirectory(const std::string& path);
 Result<std::string> currentDirectory();

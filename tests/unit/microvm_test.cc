@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/microvm/backend.h"
 #include "backend/microvm/guest_kernel.h"
 #include "backend/microvm/initramfs.h"
 #include "backend/microvm/vm.h"
@@ -46,6 +47,20 @@ std::vector<Read> parse(const std::string& a) {
   }
   EXPECT_EQ(at, a.size()) << "nothing after the trailer";
   return out;
+}
+
+// A checkpoint or memory fork that would not fit is refused before the
+// guest is stopped, saying what it needs and what is free.
+TEST(SavedState, ItMustFitWithRoomToSpare) {
+  constexpr uint64_t kMiB = 1ull << 20;
+  EXPECT_TRUE(roomForState("x", 1024 * kMiB, 512 * kMiB).ok());
+  EXPECT_TRUE(roomForState("x", 512 * kMiB + kStateHeadroomBytes, 512 * kMiB).ok());
+  auto refused = roomForState("the checkpoint of microVM environment e1", 600 * kMiB, 512 * kMiB);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, Code::kCapacity);
+  EXPECT_NE(refused.error().message().find("up to 512 MiB"), std::string::npos) << refused.error().message();
+  EXPECT_NE(refused.error().message().find("600 MiB free"), std::string::npos) << refused.error().message();
+  EXPECT_NE(refused.error().message().find("environment e1"), std::string::npos) << refused.error().message();
 }
 
 TEST(Initramfs, EntriesAreNewcRecordsAlignedToFourBytesWithATrailer) {

@@ -88,6 +88,14 @@ Status loadSaved(Vm& vm, std::chrono::milliseconds wait, const std::string& what
 
 }  // namespace
 
+Status roomForState(const std::string& what, uint64_t freeBytes, uint64_t heldBytes) {
+  if (freeBytes >= heldBytes + kStateHeadroomBytes) return {};
+  return Error::make(Code::kCapacity, "not enough free space for " + what + ": its guest may take up to " +
+                                          std::to_string(heldBytes >> 20) + " MiB, and moatd's state directory has " +
+                                          std::to_string(freeBytes >> 20) + " MiB free (" +
+                                          std::to_string(kStateHeadroomBytes >> 20) + " MiB are kept spare)");
+}
+
 HostSupport probeHost(const std::string& accel) {
   HostSupport host;
   auto kernel = findGuestKernel();
@@ -812,11 +820,15 @@ Result<uint32_t> MicroVmBackend::snapshotWithMemory(const std::string& id, const
     return Error::make(Code::kInvalidArgument, "snapshot name '" + name + "'");
   }
   MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
+  const uint64_t heldBytes = qemuCgroup ? qemuCgroup->usage().memoryBytes : 0;
+  MOAT_TRY(os::makeDirs(dir_ + "/memory", 0700, 0700));
+  if (auto free = os::freeBytesOf(dir_ + "/memory"); free.ok()) {
+    MOAT_TRY(roomForState("a fork with the memory of microVM environment " + id, free.value(), heldBytes));
+  }
   // Beside the copy of its volume (deleteSnapshot removes both, and
   // whatever of them a failure here left): the root image its kernel read
   // and its state, root's alone.
   const std::string dir = memoryDir(name);
-  MOAT_TRY(os::makeDirs(dir_ + "/memory", 0700, 0700));
   if (::mkdir(dir.c_str(), 0700) != 0) return Error::fromErrno("mkdir " + dir);
   if (::link((guest->dir + kOwnRootImage).c_str(), (dir + kOwnRootImage).c_str()) != 0) {
     if (errno == ENOENT) {
@@ -831,8 +843,8 @@ Result<uint32_t> MicroVmBackend::snapshotWithMemory(const std::string& id, const
   // As a checkpoint's save (its deadline too); the guest is then held
   // stopped while its volume is copied, so that the disk and the memory
   // are of one moment, and let go on whatever came of it.
-  const uint64_t heldMib = qemuCgroup ? qemuCgroup->usage().memoryBytes >> 20 : 0;
-  const auto wait = std::max<std::chrono::milliseconds>(kGuestSaveWait, std::chrono::milliseconds(20 * heldMib));
+  const auto wait =
+      std::max<std::chrono::milliseconds>(kGuestSaveWait, std::chrono::milliseconds(20 * (heldBytes >> 20)));
   MOAT_TRY(vm->saveStopped(state.get(), wait));  // a failure let the guest go on
   Status copied = pool.snapshotVolume(id, name);
   if (Status resumed = vm->resume(kGuestSendWait); !resumed.ok()) {
@@ -896,6 +908,10 @@ Result<uint64_t> MicroVmBackend::checkpoint(const std::string& id) {
                                                " was made by an earlier moatd, which kept no copy of its root "
                                                "image: it cannot be checkpointed");
   }
+  const uint64_t heldBytes = qemuCgroup ? qemuCgroup->usage().memoryBytes : 0;
+  if (auto free = os::freeBytesOf(guest->dir); free.ok()) {
+    MOAT_TRY(roomForState("the checkpoint of microVM environment " + id, free.value(), heldBytes));
+  }
   const std::string partial = guest->dir + kCheckpointPartial;
   (void)::unlink(partial.c_str());  // a checkpoint that failed before
   MOAT_ASSIGN(UniqueFd state, os::open(partial, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
@@ -905,8 +921,8 @@ Result<uint64_t> MicroVmBackend::checkpoint(const std::string& id) {
   // then a moatd that dies leaves a stopped guest, which the next adopts
   // and lets go on. A large guest's save is given time by its size (20 ms
   // a MiB of what QEMU holds, at least kGuestSaveWait).
-  const uint64_t heldMib = qemuCgroup ? qemuCgroup->usage().memoryBytes >> 20 : 0;
-  const auto wait = std::max<std::chrono::milliseconds>(kGuestSaveWait, std::chrono::milliseconds(20 * heldMib));
+  const auto wait =
+      std::max<std::chrono::milliseconds>(kGuestSaveWait, std::chrono::milliseconds(20 * (heldBytes >> 20)));
   if (Status saved = vm->saveStopped(state.get(), wait); !saved.ok()) {
     (void)::unlink(partial.c_str());
     return saved.error();

@@ -40,6 +40,14 @@ struct HostSupport {
 // accel.h chooseAccel; docs/MICROVM.md).
 HostSupport probeHost(const std::string& accel);
 
+// Whether a guest's saved state (a checkpoint, a memory fork's), at most
+// about `heldBytes` (what its QEMU holds), fits in `freeBytes` with room to
+// spare (kStateHeadroomBytes): refused before the guest is stopped, saying
+// how much is needed and free (code "capacity"), rather than failing half
+// written.
+inline constexpr uint64_t kStateHeadroomBytes = 256ull << 20;
+Status roomForState(const std::string& what, uint64_t freeBytes, uint64_t heldBytes);
+
 class MicroVmBackend final : public Backend {
  public:
   // `bootWait`: how long a guest may take to answer (kGuestBootWait).
