@@ -15,6 +15,7 @@
 #include <regex>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "common/encoding.h"
 #include "common/sanitizer.h"
@@ -964,6 +965,19 @@ TEST_F(MoatCli, SnapshotRestoreAndForkFromTheCommandLine) {
   ASSERT_EQ(r.exitCode, 0) << describe(r);
   std::string fork = r.out.substr(0, r.out.find('\n'));
   EXPECT_EQ(client({"exec", fork, "--", "cat", "/workspace/f"}).out, "one\n");
+  // Several from one moment: an id a line.
+  r = client({"snapshot", "fork", id, "--count", "2"});
+  ASSERT_EQ(r.exitCode, 0) << describe(r);
+  std::istringstream ids(r.out);
+  std::vector<std::string> twins;
+  for (std::string line; std::getline(ids, line);) twins.push_back(line);
+  ASSERT_EQ(twins.size(), 2u) << r.out;
+  for (const auto& twin : twins) EXPECT_EQ(client({"exec", twin, "--", "cat", "/workspace/f"}).out, "one\n");
+  EXPECT_EQ(client({"env", "rm", twins[0], twins[1]}).exitCode, 0);
+  // With memory: a namespace environment's is refused by name.
+  r = client({"snapshot", "fork", id, "--memory"});
+  EXPECT_EQ(r.exitCode, 125) << describe(r);
+  EXPECT_NE(r.err.find("CRIU"), std::string::npos) << r.err;
   r = client({"env", "create", "--snapshot", snap});
   ASSERT_EQ(r.exitCode, 0) << describe(r);
   std::string third = r.out.substr(0, r.out.find('\n'));
