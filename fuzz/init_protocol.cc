@@ -4,13 +4,15 @@
 //
 // Input: a stream of frames. It is fed to a FrameReader in two pieces (split
 // where the first byte says), and each frame's payload goes to the decoder of
-// its type; every payload is also tried with every decoder. A message that
+// its type; every payload is also tried with every decoder (and as a guest's
+// list of changes). A message that
 // decodes must encode to something that decodes to the same encoding again.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
+#include "init/changes_wire.h"
 #include "init/protocol.h"
 
 using namespace moat::init;
@@ -32,7 +34,23 @@ void roundTrip(const std::string& payload) {
   if (second.value().encode() != encoded) fail("encode(decode(encode(m))) differs from encode(m)");
 }
 
+// A microVM guest's list of changed files (FileOp kChanges) and the limits
+// sent with it: decoded as untrusted, and stable across a round trip.
+void changes(const std::string& payload) {
+  if (auto list = decodeChanges(payload, 100000); list.ok()) {
+    std::string encoded = encodeChanges(list.value());
+    auto again = decodeChanges(encoded, 100000);
+    if (!again.ok() || encodeChanges(again.value()) != encoded) fail("a list of changes does not round-trip");
+  }
+  if (auto limits = decodeChangeLimits(payload); limits.ok()) {
+    std::string encoded = encodeChangeLimits(limits.value());
+    auto again = decodeChangeLimits(encoded);
+    if (!again.ok() || encodeChangeLimits(again.value()) != encoded) fail("change limits do not round-trip");
+  }
+}
+
 void everyDecoder(const std::string& payload) {
+  changes(payload);
   roundTrip<Hello>(payload);
   roundTrip<SpawnRequest>(payload);
   roundTrip<Spawned>(payload);

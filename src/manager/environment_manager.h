@@ -162,6 +162,10 @@ class EnvironmentManager final : public EnvironmentService,
   // namespace environment's processes from the host; a microVM's moat-init
   // freezes its guest's (QEMU's stop would stop moat-init too, and nothing
   // could read the guest's files while paused).
+  // A guest's moat-init quiesced for a save that did not happen, or whose
+  // guest goes on paused, speaks again (file op 13's end; an older one's
+  // quiet ends with its resume).
+  void endGuestQuiet(const std::string& id, const std::shared_ptr<InitConnection>& connection);
   // A guest saved and restored (a checkpoint, a memory fork) is told the
   // time, given entropy and reseeded, and named `hostname` unless empty
   // (file op clock).

@@ -98,6 +98,7 @@ Status EnvironmentManager::checkpointHeld(const store::EnvironmentRecord& record
   auto bytes = backend_.checkpoint(id);
   if (!bytes.ok()) {
     live.connection->endSuspension();
+    endGuestQuiet(id, live.connection);  // it stays paused in RAM, or the caller's resume ends it too
     if (linked) (void)restoreNetwork(id, "its checkpoint failed: " + bytes.error().message());
     return bytes.error();
   }
@@ -139,6 +140,19 @@ Status EnvironmentManager::restoreCheckpointHeld(const store::EnvironmentRecord&
     }
   }
   return {};
+}
+
+void EnvironmentManager::endGuestQuiet(const std::string& id, const std::shared_ptr<InitConnection>& connection) {
+  if (connection->peerVersion() < init::kQuietEndSince) return;  // its quiet ends with the resume
+  init::FileRequest end;
+  end.op = init::FileOp::kQuiesce;
+  end.path = "/";
+  end.offset = init::kQuietEnd;
+  auto ended = connection->file(end);
+  if (!ended.ok() || ended->err != 0) {
+    moat::log::warnf("environment %s's guest did not end its quiet: %s\n", id.c_str(),
+                     ended.ok() ? ended->message.c_str() : ended.error().message().c_str());
+  }
 }
 
 Status EnvironmentManager::setGuestClock(const std::string& id, const std::shared_ptr<InitConnection>& connection,

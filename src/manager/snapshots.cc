@@ -119,15 +119,7 @@ Result<uint32_t> EnvironmentManager::snapshotWithMemory(const store::Environment
   if (!paused) MOAT_TRY(holdProcesses(record, live.connection, true));
   auto goOn = [&] {
     if (paused) {
-      init::FileRequest end;
-      end.op = init::FileOp::kQuiesce;
-      end.path = "/";
-      end.offset = init::kQuietEnd;
-      auto ended = live.connection->file(end);
-      if (!ended.ok() || ended->err != 0) {
-        moat::log::warnf("environment %s's guest did not end its quiet after a memory fork: %s\n", id.c_str(),
-                         ended.ok() ? ended->message.c_str() : ended.error().message().c_str());
-      }
+      endGuestQuiet(id, live.connection);
     } else if (Status resumed = holdProcesses(record, live.connection, false); !resumed.ok()) {
       moat::log::warnf("environment %s's processes did not go on after a memory fork: %s\n", id.c_str(),
                        resumed.error().message().c_str());
