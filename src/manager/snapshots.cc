@@ -1,8 +1,11 @@
 // Snapshots, forks and restores of environments' writable layers: the
 // EnvironmentManager's part, their records and holds (the backend keeps
 // the files; docs/API.md, "Snapshots").
+#include <algorithm>
 #include <cstdio>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "common/clock.h"
 #include "common/hex.h"
@@ -252,9 +255,35 @@ Result<std::vector<store::EnvironmentRecord>> EnvironmentManager::fork(const std
   ScopeExit dropForks([&] {
     for (const auto& made : forks) (void)destroy(made.id, "failed: a fork beside it failed", request.owner);
   });
-  while (forks.size() < request.count) {
-    MOAT_ASSIGN(auto made, create(copy));  // a memory fork's: renamed and reseeded, its commands still
-    forks.push_back(made);
+  {
+    // Made side by side, a host CPU each (a microVM's copy is mostly its
+    // QEMU loading the state); a memory fork's each renamed and reseeded,
+    // its commands still. The first failure stops the rest.
+    const size_t lanes = std::min<size_t>(request.count, std::max(1u, std::thread::hardware_concurrency()));
+    std::mutex mutex;
+    size_t started = 0;
+    Status failed;
+    auto lane = [&] {
+      for (;;) {
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          if (started == request.count || !failed.ok()) return;
+          ++started;
+        }
+        auto made = create(copy);
+        std::lock_guard<std::mutex> lock(mutex);
+        if (made.ok()) {
+          forks.push_back(std::move(made.value()));
+        } else if (failed.ok()) {
+          failed = made.error();
+        }
+      }
+    };
+    std::vector<std::thread> others;
+    for (size_t i = 1; i < lanes; ++i) others.emplace_back(lane);
+    lane();
+    for (auto& t : others) t.join();
+    MOAT_TRY(failed);
   }
   // Its commands were held still for the snapshot (docs/PAUSE.md, "Forks
   // with memory"): they go on in every copy once all are made (none of a
