@@ -267,12 +267,6 @@ backend::Spec EnvironmentManager::specFor(const std::string& templateName, doubl
   return spec;
 }
 
-Status EnvironmentManager::onNamespaces(const store::EnvironmentRecord& record, const std::string& what) {
-  if (record.isolation == backend::isolationName(backend::Isolation::kNamespaces)) return {};
-  return Error::make(Code::kUnsupported, what + " is not available for " + record.isolation +
-                                             " environments yet (environment " + record.id + "; docs/MICROVM.md)");
-}
-
 Status EnvironmentManager::microVmCreatable(const store::EnvironmentRecord& record) const {
   if (!config_.microvmMissing.empty()) {
     return Error::make(Code::kUnsupported,

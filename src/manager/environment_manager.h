@@ -256,9 +256,6 @@ class EnvironmentManager final : public EnvironmentService,
   void refillPool();
   void warmUp(const std::shared_ptr<InitConnection>& connection, const std::string& id);
   void poolLoop();
-  // Refuses `what` (by name) for an environment other than the namespace
-  // backend's.
-  static Status onNamespaces(const store::EnvironmentRecord& record, const std::string& what);
   // What a microVM create is refused for, before anything is stored or booted.
   Status microVmCreatable(const store::EnvironmentRecord& record) const;
   backend::Spec specFor(const std::string& templateName, double cpus, uint64_t ramMb, double storageGb, uint64_t pids,
