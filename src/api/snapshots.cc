@@ -80,6 +80,13 @@ HttpResponse Api::changesRoute(const HttpRequest& req, const Principal& principa
   limits.diffs = diffs;
   auto changes = snapshots_.changes(id, against == "template" ? "" : against, limits);
   if (!changes.ok()) return errorResponse(fromError(changes.error()));
+  // It reads what every changed file holds: recorded as any read is.
+  audit_.record("file.read", id, principal.owner(),
+                {{"path", "/"},
+                 {"op", "changes"},
+                 {"against", against},
+                 {"entries", changes->changes.size()},
+                 {"truncated", changes->truncated}});
   json list = json::array();
   for (const auto& c : changes->changes) list.push_back(changeJson(c));
   return respond(

@@ -341,6 +341,9 @@ TEST_F(Snapshots, ChangesShowWhatTheEnvironmentChangedSinceItsTemplateOrASnapsho
      "echo two >> /workspace/notes.txt; ln -s /etc/shadow /workspace/evil; ln /workspace/notes.txt /workspace/hard;"
      "mkdir /workspace/d; head -c 100 /dev/urandom > /workspace/d/blob");
   json all = call("GET", "/v1/environments/" + id + "/changes?against=template", nullptr, 200);
+  // A review reads every changed file: it is recorded as a read.
+  const std::string log = eventsUntil("?type=file.read&environment=" + id, "\"changes\"");
+  EXPECT_NE(log.find("\"op\":\"changes\""), std::string::npos) << log;
   std::map<std::string, json> byPath;
   for (const auto& c : all["changes"]) byPath[c["path"]] = c;
   EXPECT_EQ(byPath["/etc/profile"]["change"], "modified");
