@@ -426,6 +426,16 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     live_.abandonCreate(record.id);
     capacity_.release(record.ramMb);
   };
+  // It failed once stored (its backend's part undone): its place and
+  // memory go back, and its record and the audit say why.
+  auto failed = [&](const Error& error) {
+    release();
+    (void)store_.setState(record.id, EnvironmentState::kFailed, error.message());
+    nlohmann::json data = createdData(record, false);
+    data["error"] = error.message();
+    audit_.record("environment.failed", record.id, record.owner, std::move(data));
+    return error;
+  };
   traceStage("moatd: create");
   Status stored = store_.insertEnvironment(record);
   if (!stored.ok()) {
@@ -458,11 +468,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
       audit_.record("environment.destroyed", record.id, destroyedBy, {{"reason", "destroyed"}, {"state", "gone"}});
       return Error::make(Code::kConflict, "environment " + record.id + " was destroyed while being created");
     }
-    (void)store_.setState(record.id, EnvironmentState::kFailed, created.error().message());
-    nlohmann::json data = createdData(record, false);
-    data["error"] = created.error().message();
-    audit_.record("environment.failed", record.id, record.owner, std::move(data));
-    return created.error();
+    return failed(created.error());
   }
   std::string id = record.id;
   // From here until "running" is stored, a DELETE waits (and then finds the
@@ -491,12 +497,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::create(const CreateRequest&
     if (Status renewed = setGuestClock(id, connection, id); !renewed.ok()) {
       connection->close("failed: " + renewed.error().message());
       (void)backend_.destroy(id);
-      release();
-      (void)store_.setState(id, EnvironmentState::kFailed, renewed.error().message());
-      nlohmann::json data = createdData(record, false);
-      data["error"] = renewed.error().message();
-      audit_.record("environment.failed", id, record.owner, std::move(data));
-      return renewed.error();
+      return failed(renewed.error());
     }
   }
   LiveEnvironment live = makeLive(connection, record);

@@ -162,6 +162,11 @@ class EnvironmentManager final : public EnvironmentService,
   // namespace environment's processes from the host; a microVM's moat-init
   // freezes its guest's (QEMU's stop would stop moat-init too, and nothing
   // could read the guest's files while paused).
+  // Suspends `connection` (sends then fail saying `why`) behind a barrier
+  // its moat-init answers once it has read all before it and, told to
+  // quiesce (protocol 7), says nothing more of its own accord (a
+  // checkpoint's, a memory fork's save). A failure ends the suspension.
+  static Status suspendQuiet(const std::shared_ptr<InitConnection>& connection, const std::string& why);
   // A guest's moat-init quiesced for a save that did not happen, or whose
   // guest goes on paused, speaks again (file op 13's end; an older one's
   // quiet ends with its resume).

@@ -77,13 +77,7 @@ Status EnvironmentManager::checkpointHeld(const store::EnvironmentRecord& record
   // saved with half a request read would misread the next), and, told to
   // quiesce, sends nothing of its own after its answer (its commands'
   // output waits in their pipes, inside the checkpoint).
-  init::FileRequest barrier;
-  barrier.op = live.connection->peerVersion() >= init::kClockSince ? init::FileOp::kQuiesce : init::FileOp::kTasks;
-  barrier.path = "/";
-  if (Status quiet = live.connection->suspend(checkpointedWhy(id), barrier); !quiet.ok()) {
-    live.connection->endSuspension();
-    return quiet;
-  }
+  MOAT_TRY(suspendQuiet(live.connection, checkpointedWhy(id)));
   // Its egress link lives in its QEMU's network namespace, which goes with
   // QEMU: taken away first, made again by the resume.
   bool linked = false;
@@ -140,6 +134,15 @@ Status EnvironmentManager::restoreCheckpointHeld(const store::EnvironmentRecord&
     }
   }
   return {};
+}
+
+Status EnvironmentManager::suspendQuiet(const std::shared_ptr<InitConnection>& connection, const std::string& why) {
+  init::FileRequest barrier;
+  barrier.op = connection->peerVersion() >= init::kClockSince ? init::FileOp::kQuiesce : init::FileOp::kTasks;
+  barrier.path = "/";
+  Status quiet = connection->suspend(why, barrier);
+  if (!quiet.ok()) connection->endSuspension();
+  return quiet;
 }
 
 void EnvironmentManager::endGuestQuiet(const std::string& id, const std::shared_ptr<InitConnection>& connection) {

@@ -128,12 +128,9 @@ Result<uint32_t> EnvironmentManager::snapshotWithMemory(const store::Environment
                        resumed.error().message().c_str());
     }
   };
-  init::FileRequest barrier;
-  barrier.op = init::FileOp::kQuiesce;
-  barrier.path = "/";
-  const std::string why = "environment " + id + " is being forked with its memory: try again in a moment";
-  if (Status suspended = live.connection->suspend(why, barrier); !suspended.ok()) {
-    live.connection->endSuspension();
+  if (Status suspended = suspendQuiet(live.connection,
+                                      "environment " + id + " is being forked with its memory: try again in a moment");
+      !suspended.ok()) {
     goOn();
     return suspended.error();
   }

@@ -92,6 +92,21 @@ Status roomForState(const std::string& what, uint64_t freeBytes, uint64_t heldBy
                                           std::to_string(kStateHeadroomBytes >> 20) + " MiB are kept spare)");
 }
 
+namespace {
+
+// Saving a guest whose QEMU holds `heldBytes` (a checkpoint, a memory
+// snapshot): room for it in `dir`, when its free space can be read, and
+// time (20 ms a MiB, at least kGuestSaveWait).
+Status roomToSave(const std::string& dir, const std::string& what, uint64_t heldBytes) {
+  auto free = os::freeBytesOf(dir);
+  return free.ok() ? roomForState(what, free.value(), heldBytes) : Status{};
+}
+std::chrono::milliseconds saveWait(uint64_t heldBytes) {
+  return std::max<std::chrono::milliseconds>(kGuestSaveWait, std::chrono::milliseconds(20 * (heldBytes >> 20)));
+}
+
+}  // namespace
+
 HostSupport probeHost(const std::string& accel) {
   HostSupport host;
   auto kernel = findGuestKernel();
@@ -433,21 +448,24 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
                      std::strerror(errno));
   }
   VmSpec vm = vmSpecFor(spec, *guest, volume.value(), image, initrd);
+  Status up;
   if (spec.withMemory) {
     // Its source's guest as it was at the snapshot, processes and all.
     auto state = os::open(memoryState, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    Status up = state.ok() ? Status{} : Status{state.error()};
-    if (up.ok()) {
-      vm.incomingState = state->get();
-      up = runRestored(*guest, vm, spec);
-    }
-    if (!up.ok()) {
-      guest.reset();  // destroy waits for every other holder
-      (void)destroy(spec.id);
-      return up.error();
-    }
-    return Created{spec.id, guest->vm->takeControl()};
+    if (state.ok()) vm.incomingState = state->get();
+    up = state.ok() ? runRestored(*guest, vm, spec) : Status{state.error()};
+  } else {
+    up = runSavedOrBooted(*guest, vm, spec);
   }
+  if (!up.ok()) {
+    guest.reset();  // destroy waits for every other holder
+    (void)destroy(spec.id);
+    return up.error();
+  }
+  return Created{spec.id, guest->vm->takeControl()};
+}
+
+Status MicroVmBackend::runSavedOrBooted(Guest& guest, VmSpec& vm, const Spec& spec) {
   // Restored from the saved guest of this template and machine, else
   // booted (docs/MICROVM.md, "Saved guests").
   auto saved = saved_.take(vm, spec.id);
@@ -458,7 +476,7 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     moat::log::infof("no saved guest for template %s (its creates boot): %s\n", spec.templateName.c_str(),
                      saved.error().message().c_str());
   }
-  Status up = run(*guest, vm, spec);
+  Status up = run(guest, vm, spec);
   if (!up.ok() && vm.park && find(spec.id) && up.error().code != Code::kConflict) {
     // A saved guest that does not restore (a damaged file, say) is removed,
     // and this create boots.
@@ -468,23 +486,18 @@ Result<Backend::Created> MicroVmBackend::create(const Spec& spec) {
     std::shared_ptr<Vm> failed;  // reaped outside the lock (a destroy may want it)
     {
       std::lock_guard lock(mutex_);
-      if (guest->vm) {
-        guest->vm->kill();
-        failed = std::move(guest->vm);
+      if (guest.vm) {
+        guest.vm->kill();
+        failed = std::move(guest.vm);
       }
     }
     failed.reset();
     (void)::unlink(vm.consoleLog.c_str());
     vm.park = false;
     vm.incomingState = -1;
-    up = run(*guest, vm, spec);
+    up = run(guest, vm, spec);
   }
-  if (!up.ok()) {
-    guest.reset();  // destroy waits for every other holder
-    (void)destroy(spec.id);
-    return up.error();
-  }
-  return Created{spec.id, guest->vm->takeControl()};
+  return up;
 }
 
 VmSpec MicroVmBackend::vmSpecFor(const Spec& spec, const Guest& guest, const std::string& volume,
@@ -818,9 +831,7 @@ Result<uint32_t> MicroVmBackend::snapshotWithMemory(const std::string& id, const
   MOAT_ASSIGN(isolation::fs::StoragePool pool, isolation::fs::StoragePool::open(stateDir_));
   const uint64_t heldBytes = qemuCgroup ? qemuCgroup->usage().memoryBytes : 0;
   MOAT_TRY(os::makeDirs(dir_ + "/memory", 0700, 0700));
-  if (auto free = os::freeBytesOf(dir_ + "/memory"); free.ok()) {
-    MOAT_TRY(roomForState("a fork with the memory of microVM environment " + id, free.value(), heldBytes));
-  }
+  MOAT_TRY(roomToSave(dir_ + "/memory", "a fork with the memory of microVM environment " + id, heldBytes));
   // Beside the copy of its volume (deleteSnapshot removes both, and
   // whatever of them a failure here left): the root image its kernel read
   // and its state, root's alone.
@@ -839,9 +850,7 @@ Result<uint32_t> MicroVmBackend::snapshotWithMemory(const std::string& id, const
   // As a checkpoint's save (its deadline too); the guest is then held
   // stopped while its volume is copied, so that the disk and the memory
   // are of one moment, and let go on whatever came of it.
-  const auto wait =
-      std::max<std::chrono::milliseconds>(kGuestSaveWait, std::chrono::milliseconds(20 * (heldBytes >> 20)));
-  MOAT_TRY(vm->saveStopped(state.get(), wait));  // a failure let the guest go on
+  MOAT_TRY(vm->saveStopped(state.get(), saveWait(heldBytes)));  // a failure let the guest go on
   Status copied = pool.snapshotVolume(id, name);
   if (Status resumed = vm->resume(kGuestSendWait); !resumed.ok()) {
     vm->kill();  // not left stopped: its connection's end ends it
@@ -910,9 +919,7 @@ Result<uint64_t> MicroVmBackend::checkpoint(const std::string& id) {
                                                "image: it cannot be checkpointed");
   }
   const uint64_t heldBytes = qemuCgroup ? qemuCgroup->usage().memoryBytes : 0;
-  if (auto free = os::freeBytesOf(guest->dir); free.ok()) {
-    MOAT_TRY(roomForState("the checkpoint of microVM environment " + id, free.value(), heldBytes));
-  }
+  MOAT_TRY(roomToSave(guest->dir, "the checkpoint of microVM environment " + id, heldBytes));
   const std::string partial = guest->dir + kCheckpointPartial;
   (void)::unlink(partial.c_str());  // a checkpoint that failed before
   MOAT_ASSIGN(UniqueFd state, os::open(partial, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
@@ -922,9 +929,7 @@ Result<uint64_t> MicroVmBackend::checkpoint(const std::string& id) {
   // then a moatd that dies leaves a stopped guest, which the next adopts
   // and lets go on. A large guest's save is given time by its size (20 ms
   // a MiB of what QEMU holds, at least kGuestSaveWait).
-  const auto wait =
-      std::max<std::chrono::milliseconds>(kGuestSaveWait, std::chrono::milliseconds(20 * (heldBytes >> 20)));
-  if (Status saved = vm->saveStopped(state.get(), wait); !saved.ok()) {
+  if (Status saved = vm->saveStopped(state.get(), saveWait(heldBytes)); !saved.ok()) {
     (void)::unlink(partial.c_str());
     return saved.error();
   }

@@ -115,6 +115,9 @@ class MicroVmBackend final : public Backend {
   // Starts QEMU for `vm` (a restore when vm.incomingState is set: then
   // sends Resume) and waits for the guest's Hello.
   Status run(Guest& guest, const VmSpec& vm, const Spec& spec);
+  // Runs `vm` restored from the saved guest of its template and machine
+  // (one that does not restore is forgotten), else booted.
+  Status runSavedOrBooted(Guest& guest, VmSpec& vm, const Spec& spec);
   // Starts QEMU for `vm`, restoring a guest saved running (a memory
   // snapshot's), lets it run once loaded and finds its conversation again:
   // the guest's Hello is next.
