@@ -33,8 +33,12 @@ json environmentJson(const store::EnvironmentRecord& r) {
             {"on_expiry", store::actionName(r.onExpiry)},
             {"labels", r.labels}};
   if (r.pausedAtMs > 0) j["paused_at"] = timestamp(r.pausedAtMs);
-  // Where a paused environment's memory is: "ram", or "disk" (a checkpoint).
-  if (r.state == store::EnvironmentState::kPaused) j["paused_memory"] = r.pausedToDisk ? "disk" : "ram";
+  // Where a paused environment's memory is: "ram", or "disk" (a checkpoint);
+  // back_to_disk: in RAM for file reads, until none came for a while.
+  if (r.state == store::EnvironmentState::kPaused) {
+    j["paused_memory"] = r.pausedToDisk ? "disk" : "ram";
+    if (!r.pausedToDisk && r.backToDisk) j["back_to_disk"] = true;
+  }
   if (!r.reason.empty()) j["reason"] = r.reason;
   if (!r.accel.empty()) j["accel"] = r.accel;
   // Shown as stored (a record that has none yet shows none).

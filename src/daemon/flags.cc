@@ -62,6 +62,9 @@ constexpr const char* kUsage = R"(usage: moatd [--state DIR] [--listen HOST:PORT
                           follows any more, or yet, waits for a reader before
                           its output is dropped like any other's (1 to 86400,
                           default 30)
+  --back-to-disk-after S  how long a microVM checkpointed to disk that a file
+                          read brought back into RAM stays there, paused,
+                          after the last read (1 to 86400, default 60)
   --audit-retention-days N
                           prune audit events older than N days (default 30;
                           0 keeps them forever); a checkpoint event keeps the
@@ -192,6 +195,8 @@ const std::vector<Flag>& flags() {
       numberFlag(
           "--lossless-wait", 1, 86400, "a number of seconds from 1 to 86400",
           [](DaemonFlags& f, uint64_t n) { f.manager.processLimits.losslessWaitMs = static_cast<int64_t>(n) * 1000; }),
+      numberFlag("--back-to-disk-after", 1, 86400, "a number of seconds from 1 to 86400",
+                 [](DaemonFlags& f, uint64_t n) { f.manager.backToDiskAfterMs = static_cast<int64_t>(n) * 1000; }),
       {"--permissions", true, [](const std::string& v, DaemonFlags& f, double) { return permissionsFile(v, f); }},
       numberFlag("--audit-retention-days", 0, 36500, "a number from 0 to 36500",
                  [](DaemonFlags& f, uint64_t n) { f.audit.retentionDays = static_cast<int64_t>(n); }),

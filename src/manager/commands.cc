@@ -224,6 +224,7 @@ Result<init::FileResult> EnvironmentManager::file(const std::string& id, const i
       request.op == init::FileOp::kRead || request.op == init::FileOp::kStat || request.op == init::FileOp::kList;
   if (reads) {
     MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
+    if (live.paused && live.microVm) return readPausedGuest(id, live, request);  // its memory may be on disk
     return live.connection->file(request);
   }
   auto changing = starts_.shared(id);  // a pause waits for it (pause.cc)

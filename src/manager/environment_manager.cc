@@ -169,7 +169,14 @@ Status EnvironmentManager::recoverAfterRestart() {
     // and the store's record left the record behind): the record follows.
     const bool onDisk = r.state == EnvironmentState::kPaused && backend_.checkpointed(r.id);
     if (r.state == EnvironmentState::kPaused && onDisk != r.pausedToDisk) {
-      (void)store_.setPausedMemory(r.id, onDisk);
+      (void)store_.setPausedMemory(r.id, onDisk         ? store::PausedMemory::kDisk
+                                         : r.backToDisk ? store::PausedMemory::kRamUntilIdle
+                                                        : store::PausedMemory::kRam);
+    }
+    if (r.state == EnvironmentState::kPaused && !onDisk && r.backToDisk) {
+      // Brought back for reads by the moatd before: back to disk in a while.
+      std::lock_guard<std::mutex> lock(threadsMutex_);
+      backToDiskAt_[r.id] = nowMs() + config_.backToDiskAfterMs;
     }
     auto control = onDisk ? Result<UniqueFd>(UniqueFd()) : backend_.attach(r.id);
     if (!control.ok()) {

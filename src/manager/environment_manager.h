@@ -187,8 +187,28 @@ class EnvironmentManager final : public EnvironmentService,
   // A paused environment's memory saved to disk and released (the backend's
   // checkpoint; its connection suspended meanwhile), and brought back
   // (docs/PAUSE.md, "To disk"). Under exclusive(id).
-  Status checkpointHeld(const store::EnvironmentRecord& record, const LiveEnvironment& live, const std::string& actor);
-  Status restoreCheckpointHeld(const store::EnvironmentRecord& record, const LiveEnvironment& live);
+  Status checkpointHeld(const store::EnvironmentRecord& record, const LiveEnvironment& live, const std::string& actor,
+                        const std::string& reason = "");
+  // Its guest back in RAM from its checkpoint, recorded as `after` (in RAM
+  // for good, by a resume; or until no file read came for a while).
+  Status restoreCheckpointHeld(const store::EnvironmentRecord& record, const LiveEnvironment& live,
+                               store::PausedMemory after = store::PausedMemory::kRam);
+  // A file read of a paused microVM (docs/PAUSE.md, "To disk"): one whose
+  // memory is on disk is brought back into RAM, still paused, until no
+  // read came for config_.backToDiskAfterMs; each read puts that off.
+  Result<init::FileResult> readPausedGuest(const std::string& id, const LiveEnvironment& live,
+                                           const init::FileRequest& request);
+  // Under exclusive(id): its checkpoint back in RAM for reads (nothing
+  // where it is in RAM already), and the return to disk put off.
+  Status backForReadsHeld(const store::EnvironmentRecord& record, const LiveEnvironment& live);
+  // A read of one in RAM for reads: its return to disk put off.
+  void putOffBackToDisk(const store::EnvironmentRecord& record);
+  // The reaper's: the return to disk that no read put off.
+  void backToDisk(const std::string& id);
+  // Runs `work` on a thread of its own, one per environment at a time (a
+  // pause at expiry, a return to disk: either may wait on the guest), which
+  // a stop waits for; false: one runs for `id` already, or moatd stops.
+  bool aside(const std::string& id, std::function<void()> work);
   // The reaper's end of a time to live: a destroy (reason "expired"), or a
   // pause where the create asked for one (docs/PAUSE.md, "At expiry"), on
   // a thread of its own (a pause may wait on the environment: a microVM's
@@ -321,6 +341,8 @@ class EnvironmentManager final : public EnvironmentService,
   std::set<std::string> expiring_;
   int expiryWorkers_ = 0;
   std::condition_variable expiryCv_;
+  // Checkpoints back in RAM for reads, and when each goes back to disk.
+  std::map<std::string, int64_t> backToDiskAt_;
   std::vector<std::weak_ptr<Process>> lossless_;  // watched by the reaper (releaseIfUnfollowed)
   std::condition_variable reaperCv_;
   std::thread reaper_;

@@ -70,7 +70,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::pause(const std::string& id
 }
 
 Status EnvironmentManager::checkpointHeld(const store::EnvironmentRecord& record, const LiveEnvironment& live,
-                                          const std::string& actor) {
+                                          const std::string& actor, const std::string& reason) {
   const std::string& id = record.id;
   // Nothing more is sent until it is back, and the last frame sent (the
   // barrier) is answered: moat-init has read everything before it (a guest
@@ -96,12 +96,15 @@ Status EnvironmentManager::checkpointHeld(const store::EnvironmentRecord& record
     if (linked) (void)restoreNetwork(id, "its checkpoint failed: " + bytes.error().message());
     return bytes.error();
   }
-  MOAT_TRY(store_.setPausedMemory(id, true));
-  audit_.record("environment.checkpointed", id, actor, {{"bytes", bytes.value()}});
+  MOAT_TRY(store_.setPausedMemory(id, store::PausedMemory::kDisk));
+  nlohmann::json data = {{"bytes", bytes.value()}};
+  if (!reason.empty()) data["reason"] = reason;
+  audit_.record("environment.checkpointed", id, actor, data);
   return {};
 }
 
-Status EnvironmentManager::restoreCheckpointHeld(const store::EnvironmentRecord& record, const LiveEnvironment& live) {
+Status EnvironmentManager::restoreCheckpointHeld(const store::EnvironmentRecord& record, const LiveEnvironment& live,
+                                                 store::PausedMemory after) {
   const std::string& id = record.id;
   auto spec = specFor(record.templateName, record.cpus, record.ramMb, record.storageGb, record.pids,
                       backend::isolationNamed(record.isolation).value_or(backend::Isolation::kNamespaces));
@@ -109,7 +112,7 @@ Status EnvironmentManager::restoreCheckpointHeld(const store::EnvironmentRecord&
   MOAT_ASSIGN(UniqueFd control, backend_.restoreCheckpoint(spec));
   // Its memory is in RAM again (a QEMU runs it): said at once, so that a
   // moatd that dies from here on finds it as it is.
-  if (Status stored = store_.setPausedMemory(id, false); !stored.ok()) {
+  if (Status stored = store_.setPausedMemory(id, after); !stored.ok()) {
     moat::log::warnf("recording %s's restore: %s\n", id.c_str(), stored.error().message().c_str());
   }
   // A guest that does not take its connection back is ended, saying why.
@@ -186,14 +189,19 @@ void EnvironmentManager::expire(const std::string& id) {
     (void)destroy(id, "expired");
     return;
   }
+  // Under way already if not (the reaper lists it until its pause is in
+  // force).
+  (void)aside(id, [this, id] { pauseAtExpiry(id); });
+}
+
+bool EnvironmentManager::aside(const std::string& id, std::function<void()> work) {
   {
     std::lock_guard<std::mutex> lock(threadsMutex_);
-    // Under way already (the reaper lists it until its pause is in force).
-    if (stopping_ || !expiring_.insert(id).second) return;
+    if (stopping_ || !expiring_.insert(id).second) return false;
     ++expiryWorkers_;
   }
-  std::thread([this, id] {
-    pauseAtExpiry(id);
+  std::thread([this, id, work = std::move(work)] {
+    work();
     {
       std::lock_guard<std::mutex> lock(threadsMutex_);
       expiring_.erase(id);
@@ -201,6 +209,69 @@ void EnvironmentManager::expire(const std::string& id) {
     }
     expiryCv_.notify_all();
   }).detach();
+  return true;
+}
+
+Result<init::FileResult> EnvironmentManager::readPausedGuest(const std::string& id, const LiveEnvironment& live,
+                                                             const init::FileRequest& request) {
+  // A return to disk may come between the restore and the read (it waits
+  // for reads in flight, and new ones wait for it): then again.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    MOAT_ASSIGN(auto record, get(id));
+    if (record.state == EnvironmentState::kPaused && record.pausedToDisk) {
+      auto held = exclusive(id);
+      MOAT_ASSIGN(record, get(id));
+      MOAT_TRY(backForReadsHeld(record, live));
+    }
+    auto reading = starts_.shared(id);
+    MOAT_ASSIGN(record, get(id));
+    if (record.state == EnvironmentState::kPaused && record.pausedToDisk) continue;
+    putOffBackToDisk(record);
+    return live.connection->file(request);
+  }
+  return Error::make(Code::kConflict, checkpointedWhy(id));
+}
+
+Status EnvironmentManager::backForReadsHeld(const store::EnvironmentRecord& record, const LiveEnvironment& live) {
+  if (record.state != EnvironmentState::kPaused || !record.pausedToDisk) return {};
+  const std::string& id = record.id;
+  MOAT_TRY(restoreCheckpointHeld(record, live, store::PausedMemory::kRamUntilIdle));
+  {
+    std::lock_guard<std::mutex> lock(threadsMutex_);
+    backToDiskAt_[id] = nowMs() + config_.backToDiskAfterMs;
+  }
+  audit_.record("environment.loaded", id, "moatd",
+                {{"reason", "a file read"}, {"back_to_disk_after_s", config_.backToDiskAfterMs / 1000}});
+  return {};
+}
+
+void EnvironmentManager::putOffBackToDisk(const store::EnvironmentRecord& record) {
+  if (!record.backToDisk) return;
+  std::lock_guard<std::mutex> lock(threadsMutex_);
+  int64_t& at = backToDiskAt_[record.id];
+  at = std::max(at, nowMs() + config_.backToDiskAfterMs);
+}
+
+void EnvironmentManager::backToDisk(const std::string& id) {
+  auto held = exclusive(id);
+  auto quiet = starts_.exclusive(id);  // reads under way end first; new ones wait for the save
+  {
+    std::lock_guard<std::mutex> lock(threadsMutex_);
+    if (backToDiskAt_.count(id)) return;  // a read put it off meanwhile
+  }
+  auto record = get(id);
+  auto live = liveOf(id);
+  if (!record.ok() || !live.ok() || record->state != EnvironmentState::kPaused || record->pausedToDisk ||
+      !record->backToDisk) {
+    return;  // resumed, destroyed or taken to disk meanwhile
+  }
+  const std::string why = "no file read for " + std::to_string(config_.backToDiskAfterMs / 1000) + " s";
+  if (Status saved = checkpointHeld(record.value(), live.value(), "moatd", why); !saved.ok()) {
+    // It stays paused in RAM; tried again later.
+    moat::log::warnf("environment %s back to disk: %s\n", id.c_str(), saved.error().message().c_str());
+    std::lock_guard<std::mutex> lock(threadsMutex_);
+    backToDiskAt_[id] = nowMs() + config_.backToDiskAfterMs;
+  }
 }
 
 void EnvironmentManager::pauseAtExpiry(const std::string& id) {
@@ -284,6 +355,12 @@ Result<store::EnvironmentRecord> EnvironmentManager::resume(const std::string& i
   if (record.state != EnvironmentState::kPaused) return record;
   const bool fromDisk = record.pausedToDisk;
   if (fromDisk) MOAT_TRY(restoreCheckpointHeld(record, live));
+  if (record.backToDisk) {
+    // In RAM for reads: it stays, running.
+    (void)store_.setPausedMemory(id, store::PausedMemory::kRam);
+    std::lock_guard<std::mutex> lock(threadsMutex_);
+    backToDiskAt_.erase(id);
+  }
   MOAT_TRY(holdProcesses(record, live.connection, false));
   const int64_t now = nowMs();
   const int64_t pausedMs = std::max<int64_t>(0, now - record.pausedAtMs);

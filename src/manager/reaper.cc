@@ -15,7 +15,18 @@ void EnvironmentManager::reaperLoop() {
     if (stopping_) break;
     // Expiry from memory (LiveTable::expired): a store read per environment
     // every 200 ms cost moatd ~10% of a core with 1,000 idle environments.
-    std::vector<std::string> expired = live_.expired(nowMs());
+    const int64_t now = nowMs();
+    std::vector<std::string> expired = live_.expired(now);
+    // Checkpoints brought back for reads that no read came for since.
+    std::vector<std::string> idle;
+    for (auto it = backToDiskAt_.begin(); it != backToDiskAt_.end();) {
+      if (it->second > now) {
+        ++it;
+        continue;
+      }
+      idle.push_back(it->first);
+      it = backToDiskAt_.erase(it);
+    }
     std::vector<std::string> gone = std::move(initGone_);
     initGone_.clear();
     std::vector<std::weak_ptr<Process>> lossless = std::move(lossless_);
@@ -49,6 +60,11 @@ void EnvironmentManager::reaperLoop() {
       }
     }
     for (const auto& id : expired) expire(id);
+    for (const auto& id : idle) {
+      if (aside(id, [this, id] { backToDisk(id); })) continue;
+      std::lock_guard<std::mutex> relock(threadsMutex_);  // its expiry's pause is under way: later
+      if (!stopping_) backToDiskAt_.emplace(id, now + 1000);
+    }
     // Lossless processes nobody follows any more go back to dropping.
     const auto wait = std::chrono::milliseconds(config_.processLimits.losslessWaitMs);
     const auto checked = std::chrono::steady_clock::now();  // after the destroys above

@@ -52,6 +52,10 @@ struct ManagerConfig {
   uint64_t execOutputPerCaller = 256u << 20;
   // Snapshots one owner (a key, or the master token) may keep at once.
   size_t maxSnapshotsPerOwner = 64;
+  // A microVM checkpointed to disk that a file read brought back into RAM
+  // goes back to disk once no read came for this long (moatd
+  // --back-to-disk-after; docs/PAUSE.md, "To disk").
+  int64_t backToDiskAfterMs = 60000;
   // What an environment created without "permissions" gets (docs/GATE.md).
   gate::Permissions defaultPermissions = gate::Permissions::defaults();
 };

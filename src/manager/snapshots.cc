@@ -184,6 +184,11 @@ Result<backend::Changes> EnvironmentManager::guestChanges(const store::Environme
     return Error::make(Code::kUnsupported, "a microvm environment's changes are against its template only (" +
                                                snapshotId + " is a disk no guest reads)");
   }
+  if (record.state == EnvironmentState::kPaused) {
+    // Its memory may be on disk: a review reads its files (pause.cc).
+    MOAT_TRY(backForReadsHeld(record, live));
+    putOffBackToDisk(record);
+  }
   if (live.connection->peerVersion() < init::kGuestChangesSince) {
     return Error::make(Code::kUnsupported, "environment " + id +
                                                "'s guest runs a moat-init older than reviews of changes (it was "
@@ -415,7 +420,8 @@ Result<store::EnvironmentRecord> EnvironmentManager::restoreFiles(const std::str
       // calls paused: said, and left to the next resume to set right.
       moat::log::warnf("recording the end of %s's pause: %s\n", id.c_str(), s.error().message().c_str());
     }
-    if (record.pausedToDisk) (void)store_.setPausedMemory(id, false);  // its checkpoint went with it
+    // Its checkpoint went with it.
+    if (record.pausedToDisk || record.backToDisk) (void)store_.setPausedMemory(id, store::PausedMemory::kRam);
     record.state = EnvironmentState::kRunning;
     record.pausedAtMs = 0;
     record.pausedToDisk = false;

@@ -54,6 +54,11 @@ constexpr std::optional<SnapshotState> snapshotStateNamed(std::string_view name)
 // "At expiry"): destroy it (the default), pause it, or pause it with its
 // memory on disk (a checkpoint: microVMs).
 enum class ExpiryAction : uint8_t { kDestroy, kPause, kCheckpoint };
+
+// Where a paused environment's memory is (docs/PAUSE.md, "To disk"): in
+// RAM, on disk (a checkpoint), or in RAM because a file read brought its
+// checkpoint back, until no read came for a while.
+enum class PausedMemory : uint8_t { kRam, kDisk, kRamUntilIdle };
 inline constexpr EnumName<ExpiryAction> kExpiryActions[] = {
     {ExpiryAction::kDestroy, "destroy"},
     {ExpiryAction::kPause, "pause"},
@@ -126,6 +131,9 @@ struct EnvironmentRecord {
   bool ttlRunsWhilePaused = false;         // its time to live goes on while paused (default: it stops)
   ExpiryAction onExpiry = ExpiryAction::kDestroy;
   bool pausedToDisk = false;  // paused, its memory on disk (a checkpoint); else in RAM
+  // Paused in RAM because a file read brought its checkpoint back: it goes
+  // back to disk when no read came for a while (docs/PAUSE.md, "To disk").
+  bool backToDisk = false;
   int64_t ttlS = 0;  // the time to live given last (by the create or a timeout); 0: not recorded (older records)
 };
 
@@ -234,7 +242,7 @@ class Store {
   // pausedAtMs 0), with the expiry that follows, in one step.
   virtual Status setPause(const std::string& id, EnvironmentState state, int64_t pausedAtMs, int64_t expiresAtMs) = 0;
   // Where a paused environment's memory is (docs/PAUSE.md, "To disk").
-  virtual Status setPausedMemory(const std::string& id, bool onDisk) = 0;
+  virtual Status setPausedMemory(const std::string& id, PausedMemory where) = 0;
   // Records in a state other than gone and failed (what a restart must look at).
   virtual Result<std::vector<EnvironmentRecord>> liveEnvironments() = 0;
 

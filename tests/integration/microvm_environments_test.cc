@@ -603,12 +603,15 @@ TEST_F(MicroVmEnvironments, APauseStopsTheGuestsProcessesWhileItsFilesAnswer) {
 }
 
 // A pause to disk (docs/PAUSE.md, "To disk"): QEMU saves the guest and
-// ends, its memory given back; the files, commands and input wait (409,
-// saying why); the resume restores the guest where it stood: the counter
-// goes on from its number, a program's memory holds what it was told
-// before, its output and input go on through the same process, and its
-// clock is the host's again. Across a moatd restart too.
+// ends, its memory given back; commands and input wait (409, saying why);
+// a file read brings the guest back into RAM, still paused, until no read
+// came for --back-to-disk-after; the resume restores the guest where it
+// stood: the counter goes on from its number, a program's memory holds
+// what it was told before, its output and input go on through the same
+// process, and its clock is the host's again. Across a moatd restart too.
 TEST_F(MicroVmEnvironments, ACheckpointToDiskReleasesTheMemoryAndTheResumeGoesOnWhereItWas) {
+  daemon_.reset();
+  daemon_ = std::make_unique<Moatd>(std::vector<std::string>{"--back-to-disk-after", "2"});
   const std::string id = countingGuest();
   const std::string base = "/v1/environments/" + id;
   constexpr auto kWait = kCounterWait;
@@ -632,9 +635,43 @@ TEST_F(MicroVmEnvironments, ACheckpointToDiskReleasesTheMemoryAndTheResumeGoesOn
   EXPECT_GT(st.st_size, 1 << 20) << "the guest's RAM is in it";
   json stats = call("GET", base + "/stats", nullptr, 200);
   EXPECT_EQ(stats["memory_bytes"], 0) << stats.dump();
+  // A read the gate refuses brings nothing back: the gate judges first.
+  call("PUT", base + "/permissions",
+       {{"permissions", {{"read_file", {{{"path", "/etc/**"}, {"action", "deny"}}, {{"action", "allow"}}}}}}}, 200);
+  EXPECT_EQ(daemon_->request("GET", base + "/files?path=/etc/passwd").status, 403);
+  EXPECT_EQ(call("GET", base, nullptr, 200)["paused_memory"], "disk");
+  EXPECT_EQ(qemuOf(id), 0) << "a refused read started no QEMU";
+  // What is on disk waits for the back-to-disk-after (2 s here) once the
+  // last read answered: back on disk, its memory released again.
+  auto backOnDisk = [&] {
+    json e;
+    for (int i = 0; i < 600; ++i) {  // bounded: 60 s
+      e = call("GET", base, nullptr, 200);
+      if (e.value("paused_memory", "") == "disk") break;
+      ::usleep(100000);
+    }
+    return e;
+  };
+
+  // A file read answers: its guest is back in RAM, its commands still.
+  EXPECT_EQ(kept(), "[first]") << "a file read of a checkpoint answers";
+  json loaded = call("GET", base, nullptr, 200);
+  EXPECT_EQ(loaded["state"], "paused") << loaded.dump();
+  EXPECT_EQ(loaded["paused_memory"], "ram") << loaded.dump();
+  EXPECT_EQ(loaded["back_to_disk"], true) << loaded.dump();
+  EXPECT_GT(qemuOf(id), 0) << "a QEMU runs the guest again";
+  staysStill(id);
+  EXPECT_EQ(daemon_->request("POST", base + "/exec", R"({"cmd":["/bin/tool","uname"]})").status, 409);
+  json again = backOnDisk();
+  EXPECT_EQ(again["paused_memory"], "disk") << again.dump();
+  EXPECT_FALSE(again.contains("back_to_disk")) << again.dump();
+  EXPECT_EQ(qemuOf(id), 0) << "its QEMU ended again";
+  const std::string reads = eventsUntil("?type=environment.&environment=" + id, "no file read for 2 s");
+  EXPECT_NE(reads.find("environment.loaded"), std::string::npos) << reads;
+  EXPECT_NE(reads.find("no file read for 2 s"), std::string::npos) << reads;
+
   for (const auto& [method, path, sent] :
-       {std::tuple{"GET", base + "/files?path=/workspace/kept", std::string()},
-        std::tuple{"POST", base + "/exec", std::string(R"({"cmd":["/bin/tool","uname"]})")},
+       {std::tuple{"POST", base + "/exec", std::string(R"({"cmd":["/bin/tool","uname"]})")},
         std::tuple{"POST", repl + "/stdin", std::string(R"({"data":"lost?\n"})")}}) {
     auto refused = daemon_->request(method, path, sent);
     EXPECT_EQ(refused.status, 409) << path << ": " << refused.body;
@@ -658,13 +695,17 @@ TEST_F(MicroVmEnvironments, ACheckpointToDiskReleasesTheMemoryAndTheResumeGoesOn
   auto output = daemon_->request("GET", repl + "/output");
   EXPECT_NE(output.body.find("[first second]"), std::string::npos) << "its output goes on: " << output.body;
 
-  // Across a moatd restart: the next moatd finds it on disk, and resumes it.
+  // Across a moatd restart: the next moatd finds it on disk, and resumes
+  // it; one that a read had brought back (killed before its return) goes
+  // back to disk under the next moatd.
   call("POST", base + "/pause", {{"memory", "disk"}}, 200);
   const long stopped = counter(id);
+  EXPECT_GT(stopped, 0);
   daemon_->kill9();
   daemon_->restart();
   json found = call("GET", base, nullptr, 200);
   EXPECT_EQ(found["state"], "paused") << found.dump();
+  found = backOnDisk();
   EXPECT_EQ(found["paused_memory"], "disk") << found.dump();
   EXPECT_EQ(qemuOf(id), 0);
   ::sleep(3);  // the guest's clock stands still meanwhile

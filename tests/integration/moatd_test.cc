@@ -1210,6 +1210,7 @@ TEST(MoatdFlags, ANumberOutOfRangeOrNotANumberIsRefusedByName) {
       {"--key-rate", {"100001", "fast"}},
       {"--approval-timeout", {"0", "86401", "2m"}},
       {"--lossless-wait", {"0", "86401", "30s"}},
+      {"--back-to-disk-after", {"0", "86401", "1m"}},
       {"--audit-retention-days", {"36501", "forever"}},
       {"--audit-max-events", {"999", "1000000001", " 1000"}},
       {"--egress-head-timeout", {"0", "3601", "30s"}},

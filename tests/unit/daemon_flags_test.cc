@@ -54,6 +54,8 @@ TEST(DaemonFlags, EachFlagSetsWhatItNames) {
                   "30",
                   "--lossless-wait",
                   "5",
+                  "--back-to-disk-after",
+                  "9",
                   "--audit-retention-days",
                   "0",
                   "--audit-max-events",
@@ -78,6 +80,7 @@ TEST(DaemonFlags, EachFlagSetsWhatItNames) {
   EXPECT_EQ(f->keyRate, 0u);
   EXPECT_EQ(f->approvalTimeoutS, 30);
   EXPECT_EQ(f->manager.processLimits.losslessWaitMs, 5000);
+  EXPECT_EQ(f->manager.backToDiskAfterMs, 9000);
   EXPECT_EQ(f->audit.retentionDays, 0);
   EXPECT_EQ(f->audit.maxEvents, 5000u);
   EXPECT_EQ(f->egress.headTimeout, std::chrono::seconds(7));

@@ -84,7 +84,8 @@ class Environment:
         time to live stops unless it was created with
         ``ttl_while_paused="runs"``. Pausing a paused one is no error.
         ``memory="disk"`` (microVMs) then saves its memory to disk and
-        releases it: file reads too wait for the resume ("To disk").
+        releases it; a file read brings it back into RAM, still paused, until
+        no read came for a while ("To disk").
         """
         body = {} if memory == "ram" else {"memory": memory}
         self.info = self._transport.json("POST", self._path("/pause"), json=body)

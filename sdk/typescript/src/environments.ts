@@ -97,8 +97,9 @@ export class Environments {
    * file reads, snapshots and forks still work. Its time to live stops
    * unless it was created with `ttl_while_paused: "runs"`. Pausing a paused
    * one is no error. With `memory: "disk"` (microVMs) its memory is then
-   * saved to disk and released; file reads too wait for the resume
-   * (docs/PAUSE.md, "To disk"). Never retried: a POST.
+   * saved to disk and released; a file read brings it back into RAM, still
+   * paused, until no read came for a while (docs/PAUSE.md, "To disk").
+   * Never retried: a POST.
    */
   pause(id: string, options: PauseOptions = {}): Promise<EnvironmentInfo> {
     const { memory, ...rest } = options;

@@ -137,6 +137,8 @@ export interface EnvironmentInfo {
   paused_at?: string;
   /** Where its memory is while paused (present only while paused). */
   paused_memory?: PausedMemory;
+  /** True while a checkpoint a file read brought back into RAM waits to go back to disk. */
+  back_to_disk?: boolean;
   labels: Record<string, string>;
   /** The environment's first permission layer (every scope spelled out). */
   permissions?: Permissions;

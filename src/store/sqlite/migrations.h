@@ -200,6 +200,11 @@ ALTER TABLE environments ADD COLUMN paused_memory TEXT NOT NULL DEFAULT 'ram'
 ALTER TABLE environments ADD COLUMN expiry_memory TEXT NOT NULL DEFAULT 'ram'
   CHECK (expiry_memory IN ('ram', 'disk'));
 )sql"},
+    // A checkpoint a file read brought back into RAM, paused, which goes
+    // back to disk once no read came for a while (docs/PAUSE.md, "To disk").
+    Migration{13, R"sql(
+ALTER TABLE environments ADD COLUMN back_to_disk INTEGER NOT NULL DEFAULT 0 CHECK (back_to_disk IN (0, 1));
+)sql"},
 };
 
 inline constexpr int kSchemaVersion = kMigrations.back().version;

@@ -244,7 +244,7 @@ Result<std::map<std::string, std::string>> decodeLabels(const std::string& text,
 constexpr std::string_view kSelectEnvironments =
     "SELECT id, task_id, template, cpus, ram_mb, storage_gb, pids, labels, state, reason,"
     " created_at_ms, expires_at_ms, owner, env, permissions, network, secrets, net_slot, isolation, accel,"
-    " paused_at_ms, ttl_while_paused, on_expiry, ttl_s, paused_memory, expiry_memory"
+    " paused_at_ms, ttl_while_paused, on_expiry, ttl_s, paused_memory, expiry_memory, back_to_disk"
     " FROM environments";
 constexpr std::string_view kNewestFirst = " ORDER BY created_at_ms DESC, id";
 
@@ -284,6 +284,7 @@ Result<EnvironmentRecord> readEnvironment(const Statement& stmt) {
   record.onExpiry = *action == ExpiryAction::kPause && stmt.text(25) == "disk" ? ExpiryAction::kCheckpoint : *action;
   record.ttlS = stmt.integer(23);
   record.pausedToDisk = stmt.text(24) == "disk";
+  record.backToDisk = stmt.integer(26) != 0;
   return record;
 }
 
@@ -493,12 +494,14 @@ Status SqliteStore::setPause(const std::string& id, EnvironmentState state, int6
   return {};
 }
 
-Status SqliteStore::setPausedMemory(const std::string& id, bool onDisk) {
+Status SqliteStore::setPausedMemory(const std::string& id, PausedMemory where) {
   const std::string what = "set where environment " + id + "'s memory is";
   std::lock_guard lock(mutex_);
-  MOAT_ASSIGN(Statement stmt, Statement::cached(statements_, db_.get(),
-                                                "UPDATE environments SET paused_memory = ? WHERE id = ?", what));
-  MOAT_TRY(stmt.bindAll(std::string(onDisk ? "disk" : "ram"), id));
+  MOAT_ASSIGN(Statement stmt,
+              Statement::cached(statements_, db_.get(),
+                                "UPDATE environments SET paused_memory = ?, back_to_disk = ? WHERE id = ?", what));
+  MOAT_TRY(stmt.bindAll(std::string(where == PausedMemory::kDisk ? "disk" : "ram"),
+                        int64_t{where == PausedMemory::kRamUntilIdle}, id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) return Error::make(Code::kNotFound, what + ": no such environment");
   return {};

@@ -39,7 +39,7 @@ class SqliteStore final : public Store {
   Status setState(const std::string& id, EnvironmentState state, const std::string& reason) override;
   Status setExpiry(const std::string& id, int64_t expiresAtMs, int64_t ttlS) override;
   Status setPause(const std::string& id, EnvironmentState state, int64_t pausedAtMs, int64_t expiresAtMs) override;
-  Status setPausedMemory(const std::string& id, bool onDisk) override;
+  Status setPausedMemory(const std::string& id, PausedMemory where) override;
   Result<std::vector<EnvironmentRecord>> liveEnvironments() override;
   Status insertKey(const ApiKeyRecord& key) override;
   Result<std::optional<ApiKeyRecord>> getKey(const std::string& id) override;
