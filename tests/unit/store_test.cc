@@ -329,6 +329,28 @@ TEST_F(StoreTest, SetStateAndExpiryUpdateTheRecord) {
   EXPECT_EQ(got.value()->taskId, "task-1");  // the rest is untouched
 }
 
+// Where a paused environment's memory is: each of the three, read back,
+// the last one set replacing the one before (docs/PAUSE.md, "To disk").
+TEST_F(StoreTest, PausedMemoryIsReadBackAsSet) {
+  Store& store = open();
+  insert(makeRecord("abc", 1));
+  auto where = [&] {
+    auto got = store.getEnvironment("abc");
+    EXPECT_TRUE(got.ok() && got.value().has_value());
+    return std::pair{got.value()->pausedToDisk, got.value()->backToDisk};
+  };
+  EXPECT_EQ(where(), std::pair(false, false));
+  ASSERT_TRUE(store.setPausedMemory("abc", PausedMemory::kDisk).ok());
+  EXPECT_EQ(where(), std::pair(true, false));
+  ASSERT_TRUE(store.setPausedMemory("abc", PausedMemory::kRamUntilIdle).ok());
+  EXPECT_EQ(where(), std::pair(false, true));
+  ASSERT_TRUE(store.setPausedMemory("abc", PausedMemory::kDisk).ok());
+  EXPECT_EQ(where(), std::pair(true, false)) << "on disk again: nothing to send back";
+  ASSERT_TRUE(store.setPausedMemory("abc", PausedMemory::kRam).ok());
+  EXPECT_EQ(where(), std::pair(false, false));
+  EXPECT_EQ(store.setPausedMemory("nope", PausedMemory::kDisk).error().code, Code::kNotFound);
+}
+
 TEST_F(StoreTest, SetStateAndExpiryOfUnknownIdAreNotFound) {
   Store& store = open();
   insert(makeRecord("abc", 1));
