@@ -20,6 +20,7 @@
 #include "init/pty.h"
 #include "os/exec_notify.h"
 #include "os/exec_trace.h"
+#include "os/file.h"
 #include "os/machine.h"
 #include "os/process.h"
 #include "os/socket.h"
@@ -677,9 +678,14 @@ FileResult Supervisor::guestCgroupRequest(const FileRequest& request) {
     // a host goes.
     if (!request.target.empty()) refusePendingExecs();
   } else if (request.op == FileOp::kTasks) {
+    // The commands' cgroup's, and moat-init's own (its threads, and the
+    // keeper of the guest's identity), as a namespace environment's
+    // count has its pid 1.
     auto tasks = commands_->tasks();
+    auto own = os::listDir("/proc/self/task");
     if (tasks.ok()) {
-      result.data = std::to_string(tasks.value());
+      const uint64_t mine = (own.ok() ? own->size() : 1) + (identity_.started() ? 1 : 0);
+      result.data = std::to_string(tasks.value() + mine);
     } else {
       done = tasks.error();
     }

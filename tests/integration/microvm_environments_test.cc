@@ -282,9 +282,11 @@ TEST_F(MicroVmEnvironments, RunCommandsAndHoldFilesOnTheirOwnKernelAndLeaveNothi
   EXPECT_NE(limits->substr(fileSize, 80).find(" " + std::to_string(disk.st_size) + " "), std::string::npos)
       << limits->substr(fileSize, 80);
   // Its usage is QEMU's, as the host counts it; its tasks the guest's, as
-  // its moat-init counts them (its commands': one more for a command).
+  // its moat-init counts them (its own, and its commands': one more for a
+  // command).
   json stats = call("GET", "/v1/environments/" + id + "/stats", nullptr, 200);
   const uint64_t before = stats["pids"].get<uint64_t>();
+  EXPECT_GE(before, 2u) << "moat-init and its identity keeper, at least: " << stats.dump();
   call("POST", "/v1/environments/" + id + "/processes", {{"cmd", {"/bin/tool", "later", "600", "/bin/tool", "uname"}}},
        201);
   for (int i = 0; i < 600 && stats["pids"].get<uint64_t>() <= before; ++i) {  // it starts: bounded, 60 s
