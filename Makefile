@@ -87,7 +87,7 @@ asan-configure: deps
 sanitize: asan-configure
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
-	  MOAT_BOARD_CARDS=50 ctest --output-on-failure --timeout 600 -j 2 -LE 'stress|structure|microvm_slow' -E '^security\.exhaustion$$|^integration\.MicroVm|^api\.openapi_conformance_microvm$$|^egress\.microvm$$'
+	  MOAT_BOARD_CARDS=50 ctest --output-on-failure --timeout 600 -j 2 -LE 'stress|structure|microvm_slow|packaging' -E '^security\.exhaustion$$|^integration\.MicroVm|^api\.openapi_conformance_microvm$$|^egress\.microvm$$'
 
 # libFuzzer targets for the parsers of untrusted input, built in ASAN_BUILD:
 # each runs FUZZ_SECONDS from fuzz/corpus/<name>/; docs/SECURITY.md, "Fuzzing".

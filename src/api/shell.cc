@@ -202,6 +202,13 @@ HttpResponse Api::shellRoute(const HttpRequest& req, const Principal& principal,
     process = found.value();
   } else {
     manager::ProcessRequest request;
+    // Paused, no shell starts: said before the probe below, which would
+    // bring a checkpoint back into RAM for a read the gate did not judge.
+    if (auto record = environments_.get(id); record.ok() && record->state == store::EnvironmentState::kPaused) {
+      return errorResponse(
+          {409, "conflict",
+           "environment " + id + " is paused: resume it (POST /v1/environments/" + id + "/resume) to open a shell"});
+    }
     init::FileRequest probe;
     probe.op = init::FileOp::kStat;
     probe.path = "/bin/bash";

@@ -168,13 +168,14 @@ Status EnvironmentManager::recoverAfterRestart() {
     // is the truth (a moatd that died between its checkpoint or restore
     // and the store's record left the record behind): the record follows.
     const bool onDisk = r.state == EnvironmentState::kPaused && backend_.checkpointed(r.id);
+    // A guest in RAM whose record says disk was being brought back (for
+    // reads, or by a resume the moatd before did not finish): it goes back
+    // to disk in a while, as one brought back for reads does.
+    const bool untilIdle = !onDisk && (r.backToDisk || r.pausedToDisk);
     if (r.state == EnvironmentState::kPaused && onDisk != r.pausedToDisk) {
-      (void)store_.setPausedMemory(r.id, onDisk         ? store::PausedMemory::kDisk
-                                         : r.backToDisk ? store::PausedMemory::kRamUntilIdle
-                                                        : store::PausedMemory::kRam);
+      (void)store_.setPausedMemory(r.id, onDisk ? store::PausedMemory::kDisk : store::PausedMemory::kRamUntilIdle);
     }
-    if (r.state == EnvironmentState::kPaused && !onDisk && r.backToDisk) {
-      // Brought back for reads by the moatd before: back to disk in a while.
+    if (r.state == EnvironmentState::kPaused && untilIdle) {
       std::lock_guard<std::mutex> lock(threadsMutex_);
       backToDiskAt_[r.id] = nowMs() + config_.backToDiskAfterMs;
     }

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <semaphore>
 #include <set>
 #include <string>
 #include <thread>
@@ -341,8 +343,23 @@ class EnvironmentManager final : public EnvironmentService,
   std::set<std::string> expiring_;
   int expiryWorkers_ = 0;
   std::condition_variable expiryCv_;
-  // Checkpoints back in RAM for reads, and when each goes back to disk.
+  // Checkpoints back in RAM for reads, and when each goes back to disk;
+  // loads for reads that failed (when, why), not tried again for a while.
   std::map<std::string, int64_t> backToDiskAt_;
+  std::map<std::string, std::pair<int64_t, std::string>> loadFailed_;
+  static constexpr int64_t kLoadRetryMs = 30000;
+  // Loads for reads and saves back to disk under way at once, host-wide
+  // (each a QEMU reading or writing a guest's whole memory): at most one
+  // per host CPU, so that reads cannot set off more.
+  std::counting_semaphore<256> checkpointMoves_{
+      std::clamp<ptrdiff_t>(static_cast<ptrdiff_t>(std::thread::hardware_concurrency()), 1, 256)};
+  struct MovesHeld {
+    explicit MovesHeld(std::counting_semaphore<256>& s) : s_(s) { s_.acquire(); }
+    ~MovesHeld() { s_.release(); }
+    MovesHeld(const MovesHeld&) = delete;
+    MovesHeld& operator=(const MovesHeld&) = delete;
+    std::counting_semaphore<256>& s_;
+  };
   std::vector<std::weak_ptr<Process>> lossless_;  // watched by the reaper (releaseIfUnfollowed)
   std::condition_variable reaperCv_;
   std::thread reaper_;

@@ -52,11 +52,17 @@ Status EnvironmentManager::writeNetworkFiles(const std::shared_ptr<InitConnectio
   auto existing = connection->file(read);
   bool haveSystemBundle = existing.ok() && existing->err == 0;
   if (haveSystemBundle) bundle = existing->data;
-  if (!bundle.empty() && bundle.back() != '\n') bundle += '\n';
-  bundle += ca;
+  // Written again by every link (a resume from disk, a restore): ours once.
+  // A bundle as long as the read may go on past it: not written back cut.
+  const bool whole = bundle.size() < read.length;
+  const bool ours = bundle.find(ca) != std::string::npos;
+  if (!ours) {
+    if (!bundle.empty() && bundle.back() != '\n') bundle += '\n';
+    bundle += ca;
+  }
   MOAT_TRY(write(egress::Controller::kCaPath, ca));
   MOAT_TRY(write(egress::Controller::kCaBundlePath, bundle));
-  if (haveSystemBundle) MOAT_TRY(write(read.path, bundle));
+  if (haveSystemBundle && whole && !ours) MOAT_TRY(write(read.path, bundle));
   std::string gateway = egress::formatIpv4(ntohl(link.gateway));
   MOAT_TRY(write("/etc/resolv.conf", "# moat: names are answered by moatd's resolver (docs/EGRESS.md)\nnameserver " +
                                          gateway + "\noptions timeout:2 attempts:2\n"));

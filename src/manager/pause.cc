@@ -80,14 +80,14 @@ Status EnvironmentManager::checkpointHeld(const store::EnvironmentRecord& record
   MOAT_TRY(suspendQuiet(live.connection, checkpointedWhy(id)));
   // Its egress link lives in its QEMU's network namespace, which goes with
   // QEMU: taken away first, made again by the resume.
-  bool linked = false;
-  {
-    std::lock_guard<std::mutex> serial(networkMutex_);
-    linked = egress_ && egress_->slotOf(id).has_value();
-    if (linked) {
-      (void)egress_->detach(id);
-      (void)store_.setNetwork(id, record.network, -1);
-    }
+  // Not under networkMutex_ (a restore takes it before exclusive(), which
+  // the caller holds): no other network change can come meanwhile, as a
+  // paused environment's network is not changed (setNetwork) and a restore
+  // waits for exclusive().
+  const bool linked = egress_ && egress_->slotOf(id).has_value();
+  if (linked) {
+    (void)egress_->detach(id);
+    (void)store_.setNetwork(id, record.network, -1);
   }
   auto bytes = backend_.checkpoint(id);
   if (!bytes.ok()) {
@@ -227,7 +227,9 @@ Result<init::FileResult> EnvironmentManager::readPausedGuest(const std::string& 
     MOAT_ASSIGN(record, get(id));
     if (record.state == EnvironmentState::kPaused && record.pausedToDisk) continue;
     putOffBackToDisk(record);
-    return live.connection->file(request);
+    auto answer = live.connection->file(request);
+    putOffBackToDisk(record);  // from the read's end: a long read is not followed by the save at once
+    return answer;
   }
   return Error::make(Code::kConflict, checkpointedWhy(id));
 }
@@ -235,11 +237,31 @@ Result<init::FileResult> EnvironmentManager::readPausedGuest(const std::string& 
 Status EnvironmentManager::backForReadsHeld(const store::EnvironmentRecord& record, const LiveEnvironment& live) {
   if (record.state != EnvironmentState::kPaused || !record.pausedToDisk) return {};
   const std::string& id = record.id;
-  MOAT_TRY(restoreCheckpointHeld(record, live, store::PausedMemory::kRamUntilIdle));
+  // A load that failed is not tried again by every read: a while first.
   {
     std::lock_guard<std::mutex> lock(threadsMutex_);
-    backToDiskAt_[id] = nowMs() + config_.backToDiskAfterMs;
+    auto failed = loadFailed_.find(id);
+    if (failed != loadFailed_.end() && nowMs() - failed->second.first < kLoadRetryMs) {
+      return Error::make(Code::kUnavailable, "environment " + id +
+                                                 "'s checkpoint could not be brought back for reads (" +
+                                                 failed->second.second + "); tried again " +
+                                                 std::to_string(kLoadRetryMs / 1000) + " s after that");
+    }
   }
+  Status loaded = [&] {
+    MovesHeld move(checkpointMoves_);  // bounded host-wide: a read may start one
+    return restoreCheckpointHeld(record, live, store::PausedMemory::kRamUntilIdle);
+  }();
+  {
+    std::lock_guard<std::mutex> lock(threadsMutex_);
+    if (loaded.ok()) {
+      loadFailed_.erase(id);
+      backToDiskAt_[id] = nowMs() + config_.backToDiskAfterMs;
+    } else {
+      loadFailed_[id] = {nowMs(), loaded.error().message()};
+    }
+  }
+  MOAT_TRY(loaded);
   audit_.record("environment.loaded", id, "moatd",
                 {{"reason", "a file read"}, {"back_to_disk_after_s", config_.backToDiskAfterMs / 1000}});
   return {};
@@ -253,12 +275,14 @@ void EnvironmentManager::putOffBackToDisk(const store::EnvironmentRecord& record
 }
 
 void EnvironmentManager::backToDisk(const std::string& id) {
+  auto putOff = [&] {
+    std::lock_guard<std::mutex> lock(threadsMutex_);
+    return backToDiskAt_.count(id) > 0;
+  };
+  if (putOff()) return;  // before waiting on its reads: a stream of them keeps it
   auto held = exclusive(id);
   auto quiet = starts_.exclusive(id);  // reads under way end first; new ones wait for the save
-  {
-    std::lock_guard<std::mutex> lock(threadsMutex_);
-    if (backToDiskAt_.count(id)) return;  // a read put it off meanwhile
-  }
+  if (putOff()) return;                // a read put it off meanwhile
   auto record = get(id);
   auto live = liveOf(id);
   if (!record.ok() || !live.ok() || record->state != EnvironmentState::kPaused || record->pausedToDisk ||
@@ -266,6 +290,7 @@ void EnvironmentManager::backToDisk(const std::string& id) {
     return;  // resumed, destroyed or taken to disk meanwhile
   }
   const std::string why = "no file read for " + std::to_string(config_.backToDiskAfterMs / 1000) + " s";
+  MovesHeld move(checkpointMoves_);
   if (Status saved = checkpointHeld(record.value(), live.value(), "moatd", why); !saved.ok()) {
     // It stays paused in RAM; tried again later.
     moat::log::warnf("environment %s back to disk: %s\n", id.c_str(), saved.error().message().c_str());
@@ -297,6 +322,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::pauseHeld(const std::string
   }
   if (record.state == EnvironmentState::kPaused) {
     if (toDisk && !record.pausedToDisk) {
+      auto quiet = starts_.exclusive(id);  // file reads under way end first; new ones wait, then bring it back
       MOAT_TRY(checkpointHeld(record, live, actor));  // it stays paused in RAM if this fails
       return get(id);
     }
@@ -355,12 +381,6 @@ Result<store::EnvironmentRecord> EnvironmentManager::resume(const std::string& i
   if (record.state != EnvironmentState::kPaused) return record;
   const bool fromDisk = record.pausedToDisk;
   if (fromDisk) MOAT_TRY(restoreCheckpointHeld(record, live));
-  if (record.backToDisk) {
-    // In RAM for reads: it stays, running.
-    (void)store_.setPausedMemory(id, store::PausedMemory::kRam);
-    std::lock_guard<std::mutex> lock(threadsMutex_);
-    backToDiskAt_.erase(id);
-  }
   MOAT_TRY(holdProcesses(record, live.connection, false));
   const int64_t now = nowMs();
   const int64_t pausedMs = std::max<int64_t>(0, now - record.pausedAtMs);
@@ -371,6 +391,11 @@ Result<store::EnvironmentRecord> EnvironmentManager::resume(const std::string& i
   }
   live_.update(id, [&](LiveEnvironment& live) { live.paused = false; });
   live_.setExpiry(id, expiresAtMs);
+  {
+    // In RAM for reads until now: it stays, running (setPause cleared it).
+    std::lock_guard<std::mutex> lock(threadsMutex_);
+    backToDiskAt_.erase(id);
+  }
   reaperCv_.notify_all();
   audit_.record("environment.resumed", id, actor, {{"paused_ms", pausedMs}, {"memory", fromDisk ? "disk" : "ram"}});
   return get(id);

@@ -185,7 +185,8 @@ Result<backend::Changes> EnvironmentManager::guestChanges(const store::Environme
                                                snapshotId + " is a disk no guest reads)");
   }
   if (record.state == EnvironmentState::kPaused) {
-    // Its memory may be on disk: a review reads its files (pause.cc).
+    // Its memory may be on disk: a review reads its files (pause.cc). First:
+    // a connection a restart found on disk knows no version until then.
     MOAT_TRY(backForReadsHeld(record, live));
     putOffBackToDisk(record);
   }

@@ -239,7 +239,8 @@ class Store {
   // The expiry, and the time to live it came from (ttlS).
   virtual Status setExpiry(const std::string& id, int64_t expiresAtMs, int64_t ttlS) = 0;
   // A pause (state paused, pausedAtMs its time) or its end (state running,
-  // pausedAtMs 0), with the expiry that follows, in one step.
+  // pausedAtMs 0), with the expiry that follows, in one step; its memory
+  // in RAM (a checkpoint to disk is set after; a resume brought it back).
   virtual Status setPause(const std::string& id, EnvironmentState state, int64_t pausedAtMs, int64_t expiresAtMs) = 0;
   // Where a paused environment's memory is (docs/PAUSE.md, "To disk").
   virtual Status setPausedMemory(const std::string& id, PausedMemory where) = 0;

@@ -2341,6 +2341,8 @@ def run_microvm_exchanges(c, tree):
     c.call("POST", vm + "/pause", {"memory": "disk"}, status=200,
            check=lambda r: expect(r.json["state"] == "paused" and r.json["paused_memory"] == "disk", r.json))
     c.call("POST", vm + "/exec", {"cmd": ["true"]}, status=409, code="conflict", note="a microVM on disk")
+    c.call("GET", vm + "/shell", websocket=True, status=409, code="conflict", note="a microVM on disk")
+    c.call("GET", vm, status=200, check=has(state="paused", paused_memory="disk"), note="nothing brought it back")
     c.call("GET", vm + "/files/stat?path=/", status=200, note="a microVM on disk: its read brings it back")
     c.call("GET", vm, status=200, check=has(state="paused", paused_memory="ram", back_to_disk=True))
     c.call("POST", vm + "/resume", status=200, check=has(state="running"))

@@ -279,6 +279,26 @@ class MicroVmEgressTest(base.MoatdCase):
         self.assertIn("at most 64 ports", body["error"]["message"])
         self.assertEqual(self.get_port(e, 9000, path="/")[0], 502, "a forwarded port still answers")
 
+    def test_checkpoints_keep_one_copy_of_moatds_ca_in_the_system_bundle(self):
+        """Each resume from disk links the guest again, which writes moatd's CA
+        into the guest's own bundle: once, however many times, and a bundle
+        the read could not hold whole is not written back cut."""
+        e = self.env(network=allow(API))
+        system = "/etc/ssl/certs/ca-certificates.crt"
+        _, ca, _ = e.exec(["cat", "/etc/moat/ca.crt"])
+        first = ca.strip().splitlines()[0]
+        code, _, err = e.sh(f"mkdir -p /etc/ssl/certs && echo SYSTEM > {system}")
+        self.assertEqual(code, 0, err)
+        for _ in range(2):
+            status, body = self.moatd.call("POST", f"/v1/environments/{e.id}/pause", {"memory": "disk"})
+            self.assertEqual((status, body.get("paused_memory")), (200, "disk"), body)
+            status, body = self.moatd.call("POST", f"/v1/environments/{e.id}/resume")
+            self.assertEqual((status, body.get("state")), (200, "running"), body)
+        _, bundle, _ = e.exec(["cat", system])
+        self.assertTrue(bundle.startswith("SYSTEM\n"), bundle[:200])
+        self.assertEqual(bundle.count(first), 1, "moatd's CA once in the system bundle")
+        self.assert_reaches(e, API, "/after-resumes")
+
     def test_links_go_with_their_environments(self):
         e = self.env(network=allow(API))
         self.assertEqual(len(self.links()), 1)

@@ -348,6 +348,13 @@ TEST_F(StoreTest, PausedMemoryIsReadBackAsSet) {
   EXPECT_EQ(where(), std::pair(true, false)) << "on disk again: nothing to send back";
   ASSERT_TRUE(store.setPausedMemory("abc", PausedMemory::kRam).ok());
   EXPECT_EQ(where(), std::pair(false, false));
+  // A pause's start or end is in RAM: nothing left to send back to disk.
+  ASSERT_TRUE(store.setPausedMemory("abc", PausedMemory::kRamUntilIdle).ok());
+  ASSERT_TRUE(store.setPause("abc", EnvironmentState::kRunning, 0, 5).ok());
+  EXPECT_EQ(where(), std::pair(false, false));
+  ASSERT_TRUE(store.setPausedMemory("abc", PausedMemory::kDisk).ok());
+  ASSERT_TRUE(store.setPause("abc", EnvironmentState::kPaused, 7, 5).ok());
+  EXPECT_EQ(where(), std::pair(false, false));
   EXPECT_EQ(store.setPausedMemory("nope", PausedMemory::kDisk).error().code, Code::kNotFound);
 }
 

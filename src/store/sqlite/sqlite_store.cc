@@ -487,7 +487,9 @@ Status SqliteStore::setPause(const std::string& id, EnvironmentState state, int6
   MOAT_ASSIGN(
       Statement stmt,
       Statement::cached(statements_, db_.get(),
-                        "UPDATE environments SET state = ?, paused_at_ms = ?, expires_at_ms = ? WHERE id = ?", what));
+                        "UPDATE environments SET state = ?, paused_at_ms = ?, expires_at_ms = ?, paused_memory = 'ram',"
+                        " back_to_disk = 0 WHERE id = ?",
+                        what));
   MOAT_TRY(stmt.bindAll(std::string(stateName(state)), pausedAtMs, expiresAtMs, id));
   MOAT_TRY(stmt.run());
   if (sqlite3_changes(db_.get()) == 0) return Error::make(Code::kNotFound, what + ": no such environment");
