@@ -129,7 +129,7 @@ const char* kToolDefinitions = R"json([
  "description": "Stop every process in the environment where it is (its memory and files are kept), e.g. to hold a long job while a person looks. While paused, commands and file changes are refused; reading files still works. resume_environment lets them go on.",
  "inputSchema": {"type": "object", "additionalProperties": false, "properties": {
    "environment_id": {"type": "string", "description": "default: this session's environment"},
-   "memory": {"type": "string", "enum": ["ram", "disk"], "description": "'ram' (default) keeps its memory; 'disk' saves it to disk and releases it (a checkpoint, microvm environments only; files cannot be read until the resume)"}}}},
+   "memory": {"type": "string", "enum": ["ram", "disk"], "description": "'ram' (default) keeps its memory; 'disk' saves it to disk and releases it (a checkpoint, microvm environments only; a file read brings it back into RAM, still paused, for a while)"}}}},
 {"name": "resume_environment",
  "description": "Let a paused environment's processes go on from where they stopped.",
  "inputSchema": {"type": "object", "additionalProperties": false, "properties": {
