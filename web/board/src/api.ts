@@ -138,6 +138,8 @@ export interface Environment {
   paused_at?: string;
   /** Present while paused: where its memory is ("disk": a microVM's checkpoint). */
   paused_memory?: "ram" | "disk";
+  /** True while a checkpoint a file read brought back into RAM waits to go back to disk. */
+  back_to_disk?: boolean;
   /** Whether its time to live goes on while paused. */
   ttl_while_paused?: "stops" | "runs";
   labels: Record<string, string>;

@@ -191,7 +191,9 @@ export class EnvCard {
     const expires = Date.parse(this.env.expires_at);
     let text = `age ${duration(nowMs - created)}`;
     if (this.env.state === "paused" && this.env.paused_at) {
-      const where = this.env.paused_memory === "disk" ? " on disk" : "";
+      // On disk, or back in RAM for a file read (Inspect's) until left alone.
+      const where =
+        this.env.paused_memory === "disk" ? " on disk" : this.env.back_to_disk ? " (in RAM for reads)" : "";
       text += ` · paused${where} ${duration(nowMs - Date.parse(this.env.paused_at))}`;
       // Stopped with the pause: what is left is what was left.
       const left = expires - (this.env.ttl_while_paused === "runs" ? nowMs : Date.parse(this.env.paused_at));
