@@ -3,7 +3,9 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -30,7 +32,8 @@ Checks what this host gives moat, one line each: ok, warn (moat works
 without it, with less), or fail (moatd or moat run cannot work), with what
 to do about it. Kernel features (user namespaces, cgroups, overlayfs, btrfs,
 seccomp, Landlock, veth), the programs moat runs (mkfs.btrfs, lxcfs, skopeo
-and umoci, QEMU and a guest kernel, CRIU) and whether moatd answers. Exit 0
+and umoci, QEMU and a guest kernel, CRIU), how many idle environments the
+kernel's task and open-file limits leave room for, and whether moatd answers. Exit 0
 when nothing fails, 1 otherwise.
 
   --json   one JSON object: {"checks": [{"name","status","detail","fix"}]}
@@ -191,10 +194,42 @@ Check microvm() {
 Check criu() {
   std::string path =
       os::executableIn("criu", {"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"});
-  if (path.empty()) {
-    return {"criu", "ok", "not installed; not needed yet (checkpoints to disk are not built: docs/PAUSE.md)", ""};
+  const std::string why =
+      "moat does not use it: a namespace environment's checkpoint is refused, as CRIU cannot carry its exec gate; "
+      "microVMs checkpoint with QEMU (docs/PAUSE.md)";
+  return {"criu", "ok", (path.empty() ? "not installed; " : path + " found; ") + why, ""};
+}
+
+uint64_t kernelNumber(const char* path) {
+  auto text = os::readFile(path, 64);
+  return text.ok() ? std::strtoull(text->c_str(), nullptr, 10) : 0;
+}
+
+// How many idle environments the host's own limits leave room for: each
+// holds two tasks (its moat-init and moatd's reader of it) of kernel.pid_max
+// and kernel.threads-max beside what runs now, and four open files (one in
+// moatd, three in the spawner) of the limit root may raise moatd's to
+// (fs.nr_open). Memory is moatd's own bound (docs/API.md, capacity).
+Check scale() {
+  const uint64_t pidMax = kernelNumber("/proc/sys/kernel/pid_max");
+  const uint64_t threadsMax = kernelNumber("/proc/sys/kernel/threads-max");
+  const uint64_t nrOpen = kernelNumber("/proc/sys/fs/nr_open");
+  uint64_t running = 0;
+  if (auto load = os::readFile("/proc/loadavg", 128); load.ok()) {
+    auto slash = load->find('/');
+    if (slash != std::string::npos) running = std::strtoull(load->c_str() + slash + 1, nullptr, 10);
   }
-  return {"criu", "ok", path + " found; not used yet (checkpoints to disk are not built: docs/PAUSE.md)", ""};
+  const uint64_t tasks = std::min(pidMax, threadsMax);
+  const uint64_t byTasks = tasks > running ? (tasks - running) / 2 : 0;
+  const uint64_t byFiles = nrOpen / 4;
+  const uint64_t room = std::min(byTasks, byFiles);
+  const std::string detail = "room for about " + std::to_string(room) + " idle environments (kernel.pid_max " +
+                             std::to_string(pidMax) + ", kernel.threads-max " + std::to_string(threadsMax) + ", " +
+                             std::to_string(running) + " tasks now, fs.nr_open " + std::to_string(nrOpen) + ")";
+  if (room >= 10000) return {"scale", "ok", detail, ""};
+  return {"scale", "warn", detail,
+          byTasks < byFiles ? "sysctl -w kernel.pid_max=4194304 (each idle environment holds two tasks)"
+                            : "sysctl -w fs.nr_open=1048576 (each environment holds four open files)"};
 }
 
 Check daemon(const ConnectionOptions& connection) {
@@ -241,9 +276,9 @@ int doctorCommand(const std::vector<std::string>& args) {
     if (flags.name() != "--json") return reportFailure("moat doctor", usageError("unknown option " + flags.name()));
     asJson = true;
   }
-  std::vector<Check> checks = {kernel(),  privileges(),      userNamespaces(), cgroups(), overlay(),   btrfs(),
-                               seccomp(), landlock(),        veth(),           lxcfs(),   templates(), microvm(),
-                               criu(),    daemon(connection)};
+  std::vector<Check> checks = {kernel(),    privileges(), userNamespaces(), cgroups(), overlay(),
+                               btrfs(),     seccomp(),    landlock(),       veth(),    lxcfs(),
+                               templates(), microvm(),    criu(),           scale(),   daemon(connection)};
   bool failed = false;
   json list = json::array();
   for (const Check& c : checks) {

@@ -137,12 +137,16 @@ int main(int argc, char** argv) {
 
   // An environment holds one descriptor in moatd and three in the spawner:
   // the usual soft limit of 1024 would end at about 340 environments. Both
-  // run with the hard limit (the spawner inherits it below); environments
-  // start with the limit moatd was given.
-  auto files = os::raiseOpenFilesLimit();
+  // run with the hard limit (the spawner inherits it below), raised to what
+  // --max-environments needs where it is lower (root may, up to the
+  // kernel's nr_open); environments start with the limit moatd was given.
+  const rlim_t needed = 32 + 4 * static_cast<rlim_t>(config.maxEnvironments);
+  auto files = os::raiseOpenFilesLimit(needed);
   if (!files.ok()) return fail(files.error().message());
   backend::namespaces::setEnvironmentOpenFilesLimit(files.value());
-  if (rlim_t hard = files->rlim_max; hard != RLIM_INFINITY && hard < 32 + 3 * config.maxEnvironments) {
+  auto now = os::openFilesLimit();
+  const rlim_t hard = now.ok() ? now->rlim_max : files->rlim_max;
+  if (hard != RLIM_INFINITY && hard < 32 + 3 * config.maxEnvironments) {
     moat::log::warnf("the open files limit (%llu) leaves room for about %llu environments\n",
                      static_cast<unsigned long long>(hard),
                      static_cast<unsigned long long>(hard > 32 ? (hard - 32) / 3 : 0));

@@ -13,11 +13,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "common/sanitizer.h"
+#include "os/file.h"
 
 #ifndef P_PIDFD
 #define P_PIDFD 3
@@ -276,12 +278,27 @@ Status setParentDeathSignal(int signo) {
   return {};
 }
 
-Result<struct rlimit> raiseOpenFilesLimit() {
+Result<struct rlimit> raiseOpenFilesLimit(rlim_t wanted) {
   struct rlimit before;
   if (::getrlimit(RLIMIT_NOFILE, &before) != 0) return Error::fromErrno("getrlimit NOFILE");
+  if (wanted > before.rlim_max && before.rlim_max != RLIM_INFINITY) {
+    rlim_t most = before.rlim_max;
+    if (auto text = readFile("/proc/sys/fs/nr_open", 64); text.ok()) {
+      most = std::max<rlim_t>(most, std::strtoull(text->c_str(), nullptr, 10));
+    }
+    const rlim_t to = std::min(wanted, most);
+    struct rlimit higher = {to, to};
+    if (::setrlimit(RLIMIT_NOFILE, &higher) == 0) return before;  // else (EPERM): the hard limit as it is
+  }
   struct rlimit raised = {before.rlim_max, before.rlim_max};
   if (::setrlimit(RLIMIT_NOFILE, &raised) != 0) return Error::fromErrno("setrlimit NOFILE");
   return before;
+}
+
+Result<struct rlimit> openFilesLimit() {
+  struct rlimit now;
+  if (::getrlimit(RLIMIT_NOFILE, &now) != 0) return Error::fromErrno("getrlimit NOFILE");
+  return now;
 }
 
 Status setOpenFilesLimit(const struct rlimit& limit) {

@@ -95,9 +95,13 @@ int dropCapabilityInChild(int cap);
 Status setNoNewPrivs();
 Status setDumpable(bool dumpable);
 Status setParentDeathSignal(int signo);
-// RLIMIT_NOFILE: raises the soft limit to the hard one and returns the
-// limits as they were; sets them back.
-Result<struct rlimit> raiseOpenFilesLimit();
+// RLIMIT_NOFILE: raises the soft limit to the hard one, and the hard one
+// to `wanted` when it is lower and the caller may (CAP_SYS_RESOURCE; never
+// past /proc/sys/fs/nr_open); returns the limits as they were; sets them
+// back.
+Result<struct rlimit> raiseOpenFilesLimit(rlim_t wanted = 0);
+// RLIMIT_NOFILE as it is now.
+Result<struct rlimit> openFilesLimit();
 Status setOpenFilesLimit(const struct rlimit& limit);
 // The machine's memory in MiB (sysinfo); 1024 when it cannot be read.
 uint64_t totalMemoryMb();

@@ -667,7 +667,7 @@ TEST_F(MoatCli, DoctorChecksTheHostAndSaysWhatToDo) {
   ASSERT_TRUE(report.is_object()) << describe(alone);
   EXPECT_EQ(alone.exitCode, 0) << "a check failed on the host the suite runs on: " << alone.out;
   for (const char* name : {"kernel", "root", "user namespaces", "cgroups", "overlayfs", "btrfs", "seccomp", "landlock",
-                           "egress", "lxcfs", "templates", "microvm", "criu", "moatd"}) {
+                           "egress", "lxcfs", "templates", "microvm", "criu", "scale", "moatd"}) {
     json c = statusOf(report, name);
     ASSERT_TRUE(c.is_object()) << "no check " << name << ": " << alone.out;
     EXPECT_TRUE(c["status"] == "ok" || c["status"] == "warn") << c;
