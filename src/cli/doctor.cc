@@ -228,8 +228,9 @@ Check scale() {
                              std::to_string(running) + " tasks now, fs.nr_open " + std::to_string(nrOpen) + ")";
   if (room >= 10000) return {"scale", "ok", detail, ""};
   return {"scale", "warn", detail,
-          byTasks < byFiles ? "sysctl -w kernel.pid_max=4194304 (each idle environment holds two tasks)"
-                            : "sysctl -w fs.nr_open=1048576 (each environment holds four open files)"};
+          byTasks >= byFiles    ? "sysctl -w fs.nr_open=1048576 (each environment holds four open files)"
+          : threadsMax < pidMax ? "sysctl -w kernel.threads-max=4194304 (each idle environment holds two tasks)"
+                                : "sysctl -w kernel.pid_max=4194304 (each idle environment holds two tasks)"};
 }
 
 Check daemon(const ConnectionOptions& connection) {

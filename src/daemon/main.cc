@@ -146,10 +146,10 @@ int main(int argc, char** argv) {
   backend::namespaces::setEnvironmentOpenFilesLimit(files.value());
   auto now = os::openFilesLimit();
   const rlim_t hard = now.ok() ? now->rlim_max : files->rlim_max;
-  if (hard != RLIM_INFINITY && hard < 32 + 3 * config.maxEnvironments) {
+  if (hard != RLIM_INFINITY && hard < needed) {
     moat::log::warnf("the open files limit (%llu) leaves room for about %llu environments\n",
                      static_cast<unsigned long long>(hard),
-                     static_cast<unsigned long long>(hard > 32 ? (hard - 32) / 3 : 0));
+                     static_cast<unsigned long long>(hard > 32 ? (hard - 32) / 4 : 0));
   }
 
   // Large buffers (an exec's output, its JSON answer: up to tens of MiB)

@@ -61,7 +61,7 @@ Status EnvironmentManager::writeNetworkFiles(const std::shared_ptr<InitConnectio
     bundle += ca;
   }
   MOAT_TRY(write(egress::Controller::kCaPath, ca));
-  MOAT_TRY(write(egress::Controller::kCaBundlePath, bundle));
+  MOAT_TRY(write(egress::Controller::kCaBundlePath, whole ? bundle : ca));  // never a PEM cut in the middle
   if (haveSystemBundle && whole && !ours) MOAT_TRY(write(read.path, bundle));
   std::string gateway = egress::formatIpv4(ntohl(link.gateway));
   MOAT_TRY(write("/etc/resolv.conf", "# moat: names are answered by moatd's resolver (docs/EGRESS.md)\nnameserver " +

@@ -80,10 +80,8 @@ Status EnvironmentManager::checkpointHeld(const store::EnvironmentRecord& record
   MOAT_TRY(suspendQuiet(live.connection, checkpointedWhy(id)));
   // Its egress link lives in its QEMU's network namespace, which goes with
   // QEMU: taken away first, made again by the resume.
-  // Not under networkMutex_ (a restore takes it before exclusive(), which
-  // the caller holds): no other network change can come meanwhile, as a
-  // paused environment's network is not changed (setNetwork) and a restore
-  // waits for exclusive().
+  // The caller holds networkMutex_ (taken before exclusive(), as a
+  // restore takes them): no network change comes meanwhile.
   const bool linked = egress_ && egress_->slotOf(id).has_value();
   if (linked) {
     (void)egress_->detach(id);
@@ -97,6 +95,10 @@ Status EnvironmentManager::checkpointHeld(const store::EnvironmentRecord& record
     return bytes.error();
   }
   MOAT_TRY(store_.setPausedMemory(id, store::PausedMemory::kDisk));
+  {
+    std::lock_guard<std::mutex> lock(threadsMutex_);
+    loadFailed_.erase(id);  // a new checkpoint: a load of it is tried afresh
+  }
   nlohmann::json data = {{"bytes", bytes.value()}};
   if (!reason.empty()) data["reason"] = reason;
   audit_.record("environment.checkpointed", id, actor, data);
@@ -219,6 +221,7 @@ Result<init::FileResult> EnvironmentManager::readPausedGuest(const std::string& 
   for (int attempt = 0; attempt < 3; ++attempt) {
     MOAT_ASSIGN(auto record, get(id));
     if (record.state == EnvironmentState::kPaused && record.pausedToDisk) {
+      std::lock_guard<std::mutex> serial(networkMutex_);  // the load links it again
       auto held = exclusive(id);
       MOAT_ASSIGN(record, get(id));
       MOAT_TRY(backForReadsHeld(record, live));
@@ -279,7 +282,8 @@ void EnvironmentManager::backToDisk(const std::string& id) {
     std::lock_guard<std::mutex> lock(threadsMutex_);
     return backToDiskAt_.count(id) > 0;
   };
-  if (putOff()) return;  // before waiting on its reads: a stream of them keeps it
+  if (putOff()) return;                               // before waiting on its reads: a stream of them keeps it
+  std::lock_guard<std::mutex> serial(networkMutex_);  // the save takes its link away
   auto held = exclusive(id);
   auto quiet = starts_.exclusive(id);  // reads under way end first; new ones wait for the save
   if (putOff()) return;                // a read put it off meanwhile
@@ -314,6 +318,10 @@ void EnvironmentManager::pauseAtExpiry(const std::string& id) {
 
 Result<store::EnvironmentRecord> EnvironmentManager::pauseHeld(const std::string& id, const std::string& actor,
                                                                bool atExpiry, bool toDisk) {
+  // A checkpoint takes its link away: no network change (a PUT, a restore's
+  // relink) meanwhile; before exclusive(), as everywhere.
+  std::unique_lock<std::mutex> serial(networkMutex_, std::defer_lock);
+  if (toDisk) serial.lock();
   auto held = exclusive(id);  // one pause, resume, restore or destroy of it at a time
   MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   MOAT_ASSIGN(auto record, get(id));
@@ -375,6 +383,11 @@ Result<store::EnvironmentRecord> EnvironmentManager::pauseHeld(const std::string
 }
 
 Result<store::EnvironmentRecord> EnvironmentManager::resume(const std::string& id, const std::string& actor) {
+  // A microVM's may restore its checkpoint, which links it again.
+  std::unique_lock<std::mutex> serial(networkMutex_, std::defer_lock);
+  if (auto peek = get(id); peek.ok() && peek->isolation == backend::isolationName(backend::Isolation::kMicroVm)) {
+    serial.lock();
+  }
   auto held = exclusive(id);
   MOAT_ASSIGN(LiveEnvironment live, liveOf(id));
   MOAT_ASSIGN(auto record, get(id));
@@ -395,6 +408,7 @@ Result<store::EnvironmentRecord> EnvironmentManager::resume(const std::string& i
     // In RAM for reads until now: it stays, running (setPause cleared it).
     std::lock_guard<std::mutex> lock(threadsMutex_);
     backToDiskAt_.erase(id);
+    loadFailed_.erase(id);
   }
   reaperCv_.notify_all();
   audit_.record("environment.resumed", id, actor, {{"paused_ms", pausedMs}, {"memory", fromDisk ? "disk" : "ram"}});

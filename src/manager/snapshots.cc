@@ -146,6 +146,10 @@ Result<uint32_t> EnvironmentManager::snapshotWithMemory(const store::Environment
 
 Result<backend::Changes> EnvironmentManager::changes(const std::string& id, const std::string& snapshotId,
                                                      const isolation::fs::LayerChangeLimits& limits) {
+  // A microVM on disk is brought back for the review, which links it again:
+  // networkMutex_ first, as everywhere.
+  std::unique_lock<std::mutex> serial(networkMutex_, std::defer_lock);
+  if (auto peek = get(id); peek.ok() && peek->pausedToDisk) serial.lock();
   // As a snapshot does: no restore swaps the files while they are read, and
   // the snapshot compared with stays.
   auto held = exclusive(id);
