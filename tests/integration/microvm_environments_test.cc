@@ -775,6 +775,12 @@ TEST_F(MicroVmEnvironments, AForkWithMemoryGoesOnWithItsProcessesInEachCopy) {
     forks.push_back(f["id"].get<std::string>());
   }
   EXPECT_NE(forks[0], forks[1]);
+  // Each copy was told the time of day: read at once, as a guest's clock
+  // on TCG falls behind under load (by seconds over a loaded minute).
+  for (const auto& f : forks) {
+    const long guestTime = std::stol(exec(f, {{"cmd", {"/bin/tool", "time"}}})["stdout"].get<std::string>());
+    EXPECT_LE(std::labs(guestTime - static_cast<long>(::time(nullptr))), 2) << f;
+  }
   // Nothing of the fork's snapshot is kept: neither listed nor its memory.
   EXPECT_TRUE(call("GET", "/v1/snapshots?environment_id=" + id, nullptr, 200)["snapshots"].empty());
   const std::string memoryDir = daemon_->stateDir() + "/microvm/memory";
@@ -807,10 +813,8 @@ TEST_F(MicroVmEnvironments, AForkWithMemoryGoesOnWithItsProcessesInEachCopy) {
     EXPECT_NE(output.body.find("[first " + word + "]"), std::string::npos) << output.body;
     EXPECT_EQ(output.body.find("source"), std::string::npos) << "the source's later life: " << output.body;
     EXPECT_TRUE(counts(forks[i], counter(forks[i]), "/workspace/n", kWait)) << "the fork's counter goes on";
-    // New commands, its own name, and the time of day.
+    // New commands, and its own name.
     EXPECT_EQ(exec(forks[i], {{"cmd", {"/bin/tool", "hostname"}}})["stdout"], forks[i] + "\n");
-    const long guestTime = std::stol(exec(forks[i], {{"cmd", {"/bin/tool", "time"}}})["stdout"].get<std::string>());
-    EXPECT_LE(std::labs(guestTime - static_cast<long>(::time(nullptr))), 2);
   }
   EXPECT_EQ(kept(id), "[first source]") << "the forks' input did not reach the source";
   EXPECT_NE(exec(forks[0], {{"cmd", {"/bin/tool", "random"}}})["stdout"],
