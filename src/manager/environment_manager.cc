@@ -99,7 +99,7 @@ void EnvironmentManager::joinThreads() {
   if (reaper_.joinable()) reaper_.join();
   if (pooler_.joinable()) pooler_.join();
   std::unique_lock<std::mutex> lock(threadsMutex_);
-  expiryCv_.wait(lock, [&] { return expiryWorkers_ == 0; });
+  asideCv_.wait(lock, [&] { return asideWorkers_ == 0; });
 }
 
 EnvironmentManager::~EnvironmentManager() {
@@ -175,10 +175,7 @@ Status EnvironmentManager::recoverAfterRestart() {
     if (r.state == EnvironmentState::kPaused && onDisk != r.pausedToDisk) {
       (void)store_.setPausedMemory(r.id, onDisk ? store::PausedMemory::kDisk : store::PausedMemory::kRamUntilIdle);
     }
-    if (r.state == EnvironmentState::kPaused && untilIdle) {
-      std::lock_guard<std::mutex> lock(threadsMutex_);
-      backToDiskAt_[r.id] = nowMs() + config_.backToDiskAfterMs;
-    }
+    if (r.state == EnvironmentState::kPaused && untilIdle) putOffBackToDisk(r.id);
     auto control = onDisk ? Result<UniqueFd>(UniqueFd()) : backend_.attach(r.id);
     if (!control.ok()) {
       (void)backend_.destroy(r.id);

@@ -203,8 +203,9 @@ class EnvironmentManager final : public EnvironmentService,
   // Under exclusive(id): its checkpoint back in RAM for reads (nothing
   // where it is in RAM already), and the return to disk put off.
   Status backForReadsHeld(const store::EnvironmentRecord& record, const LiveEnvironment& live);
-  // A read of one in RAM for reads: its return to disk put off.
-  void putOffBackToDisk(const store::EnvironmentRecord& record);
+  // One in RAM for reads (just loaded, or read again): its return to disk
+  // put off to config_.backToDiskAfterMs from now.
+  void putOffBackToDisk(const std::string& id);
   // The reaper's: the return to disk that no read put off.
   void backToDisk(const std::string& id);
   // Runs `work` on a thread of its own, one per environment at a time (a
@@ -274,7 +275,8 @@ class EnvironmentManager final : public EnvironmentService,
   void reaperLoop();
   void stopThreads();  // idempotent
   // stopThreads in two: no new work from here on (stopping_), then the
-  // threads joined and the pauses at expiry waited for.
+  // threads joined and the work aside() (pauses at expiry, returns to disk)
+  // waited for.
   void markStopping();
   void joinThreads();
   void onInitGone(const std::string& id);
@@ -338,11 +340,11 @@ class EnvironmentManager final : public EnvironmentService,
   void sendExecPolicy(const std::string& id, const std::shared_ptr<InitConnection>& connection);
   bool stopping_ = false;
   bool detached_ = false;
-  // Pauses at expiry under way (expire()), by environment, and how many
-  // threads run them; expiryCv_ says when one ends.
-  std::set<std::string> expiring_;
-  int expiryWorkers_ = 0;
-  std::condition_variable expiryCv_;
+  // Work under way aside() (a pause at expiry, a return to disk), by
+  // environment, and how many threads run it; asideCv_ says when one ends.
+  std::set<std::string> asideIds_;
+  int asideWorkers_ = 0;
+  std::condition_variable asideCv_;
   // Checkpoints back in RAM for reads, and when each goes back to disk;
   // loads for reads that failed (when, why), not tried again for a while.
   std::map<std::string, int64_t> backToDiskAt_;

@@ -199,17 +199,17 @@ void EnvironmentManager::expire(const std::string& id) {
 bool EnvironmentManager::aside(const std::string& id, std::function<void()> work) {
   {
     std::lock_guard<std::mutex> lock(threadsMutex_);
-    if (stopping_ || !expiring_.insert(id).second) return false;
-    ++expiryWorkers_;
+    if (stopping_ || !asideIds_.insert(id).second) return false;
+    ++asideWorkers_;
   }
   std::thread([this, id, work = std::move(work)] {
     work();
     {
       std::lock_guard<std::mutex> lock(threadsMutex_);
-      expiring_.erase(id);
-      --expiryWorkers_;
+      asideIds_.erase(id);
+      --asideWorkers_;
     }
-    expiryCv_.notify_all();
+    asideCv_.notify_all();
   }).detach();
   return true;
 }
@@ -229,9 +229,10 @@ Result<init::FileResult> EnvironmentManager::readPausedGuest(const std::string& 
     auto reading = starts_.shared(id);
     MOAT_ASSIGN(record, get(id));
     if (record.state == EnvironmentState::kPaused && record.pausedToDisk) continue;
-    putOffBackToDisk(record);
+    if (!record.backToDisk) return live.connection->file(request);
+    putOffBackToDisk(id);
     auto answer = live.connection->file(request);
-    putOffBackToDisk(record);  // from the read's end: a long read is not followed by the save at once
+    putOffBackToDisk(id);  // from the read's end: a long read is not followed by the save at once
     return answer;
   }
   return Error::make(Code::kConflict, checkpointedWhy(id));
@@ -259,21 +260,20 @@ Status EnvironmentManager::backForReadsHeld(const store::EnvironmentRecord& reco
     std::lock_guard<std::mutex> lock(threadsMutex_);
     if (loaded.ok()) {
       loadFailed_.erase(id);
-      backToDiskAt_[id] = nowMs() + config_.backToDiskAfterMs;
     } else {
       loadFailed_[id] = {nowMs(), loaded.error().message()};
     }
   }
   MOAT_TRY(loaded);
+  putOffBackToDisk(id);
   audit_.record("environment.loaded", id, "moatd",
                 {{"reason", "a file read"}, {"back_to_disk_after_s", config_.backToDiskAfterMs / 1000}});
   return {};
 }
 
-void EnvironmentManager::putOffBackToDisk(const store::EnvironmentRecord& record) {
-  if (!record.backToDisk) return;
+void EnvironmentManager::putOffBackToDisk(const std::string& id) {
   std::lock_guard<std::mutex> lock(threadsMutex_);
-  int64_t& at = backToDiskAt_[record.id];
+  int64_t& at = backToDiskAt_[id];
   at = std::max(at, nowMs() + config_.backToDiskAfterMs);
 }
 
@@ -298,8 +298,7 @@ void EnvironmentManager::backToDisk(const std::string& id) {
   if (Status saved = checkpointHeld(record.value(), live.value(), "moatd", why); !saved.ok()) {
     // It stays paused in RAM; tried again later.
     moat::log::warnf("environment %s back to disk: %s\n", id.c_str(), saved.error().message().c_str());
-    std::lock_guard<std::mutex> lock(threadsMutex_);
-    backToDiskAt_[id] = nowMs() + config_.backToDiskAfterMs;
+    putOffBackToDisk(id);
   }
 }
 

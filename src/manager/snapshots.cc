@@ -192,7 +192,7 @@ Result<backend::Changes> EnvironmentManager::guestChanges(const store::Environme
     // Its memory may be on disk: a review reads its files (pause.cc). First:
     // a connection a restart found on disk knows no version until then.
     MOAT_TRY(backForReadsHeld(record, live));
-    putOffBackToDisk(record);
+    if (record.backToDisk) putOffBackToDisk(id);
   }
   if (live.connection->peerVersion() < init::kGuestChangesSince) {
     return Error::make(Code::kUnsupported, "environment " + id +
