@@ -11,7 +11,7 @@ namespace {
 
 // A follower with nothing new hears this often that the stream is alive
 // (and moatd learns whether the client still is).
-constexpr auto kHeartbeat = std::chrono::seconds(15);
+constexpr auto kEventsHeartbeat = std::chrono::seconds(15);
 // Events per answer without follow, and per read while following.
 constexpr size_t kPage = 1000;
 
@@ -102,7 +102,7 @@ HttpResponse Api::eventsRoute(const HttpRequest& req, const Principal& principal
       }
       scanned = std::max(scanned, stored);
       if (log->interrupted()) return;  // moatd is stopping
-      uint64_t newest = log->waitForNewer(scanned, std::chrono::steady_clock::now() + kHeartbeat);
+      uint64_t newest = log->waitForNewer(scanned, std::chrono::steady_clock::now() + kEventsHeartbeat);
       if (log->interrupted()) return;
       if (newest <= scanned && !write(": heartbeat\n\n")) return;
     }

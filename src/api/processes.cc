@@ -16,7 +16,7 @@ namespace {
 
 // A follower with nothing new hears this often that the stream is alive
 // (and moatd learns whether the client still is).
-constexpr auto kHeartbeat = std::chrono::seconds(15);
+constexpr auto kOutputHeartbeat = std::chrono::seconds(15);
 constexpr size_t kReadPiece = 256u << 10;
 // After the first new bytes, a follower that was caught up lets more gather
 // this long before it reads and writes: a chatty process then costs each
@@ -120,7 +120,7 @@ HttpResponse readOutput(const std::shared_ptr<manager::Process>& process, const 
     uint64_t follower = process->attachFollower(since);
     ScopeExit detach([&] { process->detachFollower(follower); });
     for (;;) {
-      auto r = process->read(pos, kReadPiece, true, std::chrono::steady_clock::now() + kHeartbeat);
+      auto r = process->read(pos, kReadPiece, true, std::chrono::steady_clock::now() + kOutputHeartbeat);
       if (!r.items.empty() && !r.ended && !r.more) {
         std::this_thread::sleep_for(kCoalesce);  // not a wait on the process: no wake-ups meanwhile
         r = process->read(pos, kReadPiece, false, {});

@@ -66,7 +66,7 @@ exit status of run: 0 completed, 1 failed, 3 max_iterations, 4 stopped;
 of fleet: 0 when every task completed, 4 when stopped, 1 otherwise
 )";
 
-int help() {
+int agentHelp() {
   std::printf(kAgentUsage, kNetworkFlagsUsage);
   std::fputs(connectionUsage(), stdout);
   return 0;
@@ -217,7 +217,7 @@ int run(const std::vector<std::string>& args) {
     if (made.ok()) body = made.value();
   }
   if (!s.ok()) return reportFailure("agent run", s.error());
-  if (parsed.help) return help();
+  if (parsed.help) return agentHelp();
   std::string instruction;
   for (const auto& word : parsed.positional) instruction += (instruction.empty() ? "" : " ") + word;
   body["instruction"] = instruction;
@@ -358,7 +358,7 @@ int fleet(const std::vector<std::string>& args) {
     if (read.ok()) tasks = std::move(read.value());
   }
   if (!s.ok()) return reportFailure("agent fleet", s.error());
-  if (parsed.help) return help();
+  if (parsed.help) return agentHelp();
   auto client = Client::fromOptions(parsed.connection);
   if (!client.ok()) return reportFailure("agent fleet", client.error());
   struct sigaction action = {};
@@ -447,7 +447,7 @@ std::optional<json> one(const std::vector<std::string>& args, const std::string&
     return "/v1/agents/" + id + suffix;
   };
   what.method = method;
-  what.help = help;
+  what.help = agentHelp;
   return callOne(args, what, parsed, code);
 }
 
@@ -466,12 +466,12 @@ void printRun(const json& r) {
   }
 }
 
-int list(const std::vector<std::string>& args) {
+int listAgents(const std::vector<std::string>& args) {
   Parsed parsed;
   Status s = parseArgs(args, parsed, nullptr);
   if (s.ok() && !parsed.positional.empty()) s = usageError("unexpected argument '" + parsed.positional[0] + "'");
   if (!s.ok()) return reportFailure("agent ls", s.error());
-  if (parsed.help) return help();
+  if (parsed.help) return agentHelp();
   auto client = Client::fromOptions(parsed.connection);
   if (!client.ok()) return reportFailure("agent ls", client.error());
   auto runs = call(client.value(), "GET", "/v1/agents", "", 200);
@@ -501,7 +501,7 @@ int agentCommand(const std::vector<std::string>& args) {
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (sub == "run") return run(rest);
   if (sub == "fleet") return fleet(rest);
-  if (sub == "ls" || sub == "list") return list(rest);
+  if (sub == "ls" || sub == "list") return listAgents(rest);
   Parsed parsed;
   int code = 0;
   if (sub == "get" || sub == "stop") {
@@ -516,7 +516,7 @@ int agentCommand(const std::vector<std::string>& args) {
     }
     return code;
   }
-  if (sub == "-h" || sub == "--help" || sub == "help") return help();
+  if (sub == "-h" || sub == "--help" || sub == "help") return agentHelp();
   std::fprintf(stderr,
                "moat agent: unknown command '%s' (run, fleet, ls, get, stop or transcript; see moat agent --help)\n",
                sub.c_str());

@@ -32,7 +32,7 @@ Needs the master token or a key with the 'approve' scope; a key cannot
 decide what it asked for itself.
 )";
 
-std::string summary(const json& a) {
+std::string approvalSummary(const json& a) {
   const json& act = a.contains("action") ? a["action"] : json::object();
   std::string what;
   if (act.contains("argv")) {
@@ -55,15 +55,15 @@ std::string summary(const json& a) {
   return what;
 }
 
-struct Options {
+struct ApprovalsOptions {
   ConnectionOptions connection;
   std::vector<std::string> positional;
   std::string state, env, reason;
   bool remember = false, asJson = false;
 };
 
-Result<Options> parse(const std::vector<std::string>& args) {
-  Options o;
+Result<ApprovalsOptions> parseApprovalsArgs(const std::vector<std::string>& args) {
+  ApprovalsOptions o;
   FlagReader flags(args);
   while (!flags.done()) {
     if (!flags.currentIsFlag()) {
@@ -118,7 +118,7 @@ Result<json> decide(Client& client, const std::string& id, bool approve, const s
   return call(client, "POST", "/v1/approvals/" + urlEncode(id), body.dump(), 200);
 }
 
-int list(Client& client, const Options& o) {
+int listApprovals(Client& client, const ApprovalsOptions& o) {
   auto approvals = listApprovals(client, o.state, o.env);
   if (!approvals.ok()) return reportFailure("approvals", approvals.error());
   if (o.asJson) {
@@ -129,12 +129,12 @@ int list(Client& client, const Options& o) {
   for (const auto& a : approvals.value()) {
     std::printf("%-13s %-13s %-12s %-9s %-13s %s\n", a.value("id", "").c_str(), a.value("environment", "").c_str(),
                 a.value("scope", "").c_str(), a.value("state", "").c_str(), a.value("requester", "").c_str(),
-                summary(a).c_str());
+                approvalSummary(a).c_str());
   }
   return 0;
 }
 
-int watch(Client& client, const Options& o) {
+int watch(Client& client, const ApprovalsOptions& o) {
   // Prompts on the terminal when there is one, so that a pipe can feed answers too.
   FILE* in = stdin;
   std::set<std::string> seen;
@@ -149,7 +149,7 @@ int watch(Client& client, const Options& o) {
       if (!seen.insert(id).second) continue;
       std::printf(
           "\n%s wants %s in %s: %s\n  approve? [y]es [n]o [a]lways [d]never [s]kip: ", a.value("requester", "").c_str(),
-          a.value("scope", "").c_str(), a.value("environment", "").c_str(), summary(a).c_str());
+          a.value("scope", "").c_str(), a.value("environment", "").c_str(), approvalSummary(a).c_str());
       std::fflush(stdout);
       char line[64];
       if (!std::fgets(line, sizeof line, in)) return 0;
@@ -190,13 +190,13 @@ int approvalsCommand(const std::vector<std::string>& args) {
   }
   std::string sub = args.empty() || args[0].rfind("-", 0) == 0 ? "ls" : args[0];
   std::vector<std::string> rest(args.begin() + (args.empty() || args[0].rfind("-", 0) == 0 ? 0 : 1), args.end());
-  auto o = parse(rest);
+  auto o = parseApprovalsArgs(rest);
   if (!o.ok()) return reportFailure("approvals", o.error());
   auto client = Client::fromOptions(o->connection);
   if (!client.ok()) return reportFailure("approvals", client.error());
   if (sub == "ls") {
     if (!o->positional.empty()) return reportFailure("approvals", usageError("unexpected " + o->positional[0]));
-    return list(client.value(), o.value());
+    return listApprovals(client.value(), o.value());
   }
   if (sub == "approve" || sub == "deny") {
     if (o->positional.size() != 1)

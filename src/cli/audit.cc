@@ -30,7 +30,7 @@ export   prints the events after --since (default: all), oldest first, one
 Both need the master token.
 )";
 
-int help() {
+int auditHelp() {
   std::fputs(kAuditUsage, stdout);
   std::fputs(connectionUsage(), stdout);
   return 0;
@@ -125,7 +125,7 @@ int auditCommand(const std::vector<std::string>& args) {
     std::fputs(kAuditUsage, stderr);
     return kExitUsage;
   }
-  if (args[0] == "-h" || args[0] == "--help") return help();
+  if (args[0] == "-h" || args[0] == "--help") return auditHelp();
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (args[0] == "verify") return verify(rest);
   if (args[0] == "export") return exportEvents(rest);

@@ -71,7 +71,7 @@ commands:
 
 )";
 
-int help() {
+int envHelp() {
   std::fputs(kEnvUsage, stdout);
   std::fputs(connectionUsage(), stdout);
   return 0;
@@ -240,7 +240,7 @@ int create(const std::vector<std::string>& args) {
       body["secrets"] = *list.value();
   }
   if (!s.ok()) return reportFailure("env create", s.error());
-  if (parsed.help) return help();
+  if (parsed.help) return envHelp();
   if (!spec.empty()) body["spec"] = spec;
   if (!labels.empty()) body["labels"] = labels;
   if (!env.empty()) body["env"] = env;
@@ -263,7 +263,7 @@ int create(const std::vector<std::string>& args) {
   return 0;
 }
 
-int list(const std::vector<std::string>& args) {
+int listEnvironments(const std::vector<std::string>& args) {
   std::vector<std::string> query;
   Parsed parsed;
   Status s = parseArgs(args, parsed, [&](FlagReader& flags, bool& matched) -> Status {
@@ -293,7 +293,7 @@ int list(const std::vector<std::string>& args) {
   });
   if (s.ok()) s = noPositional(parsed);
   if (!s.ok()) return reportFailure("env ls", s.error());
-  if (parsed.help) return help();
+  if (parsed.help) return envHelp();
 
   std::string target = "/v1/environments";
   for (size_t i = 0; i < query.size(); ++i) target += (i == 0 ? "?" : "&") + query[i];
@@ -332,7 +332,7 @@ std::optional<json> getOne(const std::vector<std::string>& args, const std::stri
     MOAT_ASSIGN(std::string path, environmentPath(id));
     return path + suffix;
   };
-  what.help = help;
+  what.help = envHelp;
   return callOne(args, what, parsed, code);
 }
 
@@ -426,7 +426,7 @@ int eachEnvironment(const std::vector<std::string>& args, const std::string& com
     if (path.ok()) paths.push_back(path.value() + suffix);
   }
   if (!s.ok()) return reportFailure(what.c_str(), s.error());
-  if (parsed.help) return help();
+  if (parsed.help) return envHelp();
   auto client = Client::fromOptions(parsed.connection);
   if (!client.ok()) return reportFailure(what.c_str(), client.error());
   int code = 0;
@@ -471,7 +471,7 @@ int networkOf(const std::vector<std::string>& args) {
       path = p.value() + "/network";
   }
   if (!s.ok()) return reportFailure("env network", s.error());
-  if (parsed.help) return help();
+  if (parsed.help) return envHelp();
   auto client = Client::fromOptions(parsed.connection);
   if (!client.ok()) return reportFailure("env network", client.error());
   auto answer = policy ? call(client.value(), "PUT", path, json{{"network", *policy}}.dump(), 200)
@@ -500,7 +500,7 @@ int ttl(const std::vector<std::string>& args) {
     }
   }
   if (!s.ok()) return reportFailure("env ttl", s.error());
-  if (parsed.help) return help();
+  if (parsed.help) return envHelp();
   auto client = Client::fromOptions(parsed.connection);
   if (!client.ok()) return reportFailure("env ttl", client.error());
   auto answer = call(client.value(), "POST", path, json{{"ttl_s", seconds}}.dump(), 200);
@@ -523,7 +523,7 @@ int envCommand(const std::vector<std::string>& args) {
   const std::string& sub = args[0];
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (sub == "create") return create(rest);
-  if (sub == "ls" || sub == "list") return list(rest);
+  if (sub == "ls" || sub == "list") return listEnvironments(rest);
   if (sub == "get" || sub == "inspect") return get(rest);
   if (sub == "stats") return stats(rest);
   if (sub == "rm" || sub == "remove") return eachEnvironment(rest, "rm", "DELETE", "", 204);
@@ -531,7 +531,7 @@ int envCommand(const std::vector<std::string>& args) {
   if (sub == "resume") return eachEnvironment(rest, "resume", "POST", "/resume", 200);
   if (sub == "network") return networkOf(rest);
   if (sub == "ttl" || sub == "timeout") return ttl(rest);
-  if (sub == "-h" || sub == "--help" || sub == "help") return help();
+  if (sub == "-h" || sub == "--help" || sub == "help") return envHelp();
   std::fprintf(stderr,
                "moat env: unknown command '%s' (create, ls, get, stats, network, ttl, pause, resume or rm; see moat "
                "env --help)\n",

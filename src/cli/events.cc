@@ -52,7 +52,7 @@ std::string argvText(const json& data) {
 }
 
 // What happened, in a few words, by type.
-std::string summary(const json& event) {
+std::string eventSummary(const json& event) {
   const std::string type = str(event, "type");
   const json data = event.contains("data") ? event["data"] : json::object();
   std::string out;
@@ -115,7 +115,7 @@ void print(const json& event, const std::string& line, bool asJson) {
     std::string env = str(event, "environment");
     std::printf("%s %6s %-21s %-12s %-12s %s\n", str(event, "time").c_str(), str(event, "id").c_str(),
                 str(event, "type").c_str(), env.empty() ? "-" : env.c_str(), str(event, "actor").c_str(),
-                summary(event).c_str());
+                eventSummary(event).c_str());
   }
 }
 

@@ -27,11 +27,11 @@ any port without a preview. Keys need the 'ports' scope.
 
 )";
 
-struct Options : Parsed {
+struct PortOptions : Parsed {
   std::optional<uint64_t> ttl;
 };
 
-Status parse(const std::vector<std::string>& args, Options& out) {
+Status parsePortArgs(const std::vector<std::string>& args, PortOptions& out) {
   return parseArgs(args, out, [&](FlagReader& flags, bool& matched) -> Status {
     matched = flags.name() == "--ttl";
     if (matched) {
@@ -45,8 +45,8 @@ Status parse(const std::vector<std::string>& args, Options& out) {
 }  // namespace
 
 int portCommand(const std::vector<std::string>& args) {
-  Options o;
-  Status s = parse(args, o);
+  PortOptions o;
+  Status s = parsePortArgs(args, o);
   if (!s.ok()) return reportFailure("port", s.error());
   if (o.help || (!o.positional.empty() && o.positional[0] == "help")) {
     std::fputs(kPortUsage, stdout);

@@ -11,8 +11,8 @@
 namespace moat::cli {
 namespace {
 
-Result<uint64_t> parseWhole(const std::string& flag, const std::string& value, uint64_t min, uint64_t max,
-                            const std::string& unit) {
+Result<uint64_t> parseBounded(const std::string& flag, const std::string& value, uint64_t min, uint64_t max,
+                              const std::string& unit) {
   if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos) {
     return usageError(flag + ": '" + value + "' is not a whole number");
   }
@@ -129,10 +129,10 @@ Result<RunOptions> parseRunOptions(const std::vector<std::string>& args, uint64_
       }
     } else if (arg == "--memory") {
       MOAT_ASSIGN(std::string v, flags.value());
-      MOAT_ASSIGN(o.spec.memoryMb, parseWhole(arg, v, 16, hostMemoryMb, " MB, the host's memory"));
+      MOAT_ASSIGN(o.spec.memoryMb, parseBounded(arg, v, 16, hostMemoryMb, " MB, the host's memory"));
     } else if (arg == "--pids") {
       MOAT_ASSIGN(std::string v, flags.value());
-      MOAT_ASSIGN(o.spec.pids, parseWhole(arg, v, 4, 4194304, ""));
+      MOAT_ASSIGN(o.spec.pids, parseBounded(arg, v, 4, 4194304, ""));
     } else if (arg == "--storage") {
       MOAT_ASSIGN(std::string v, flags.value());
       MOAT_ASSIGN(o.spec.storageGb, parseNumber(arg, v));

@@ -33,7 +33,7 @@ one. Keys need the 'snapshots' scope (fork: 'create').
 
 )";
 
-struct Options {
+struct SnapshotOptions {
   ConnectionOptions connection;
   std::vector<std::string> positional;
   bool asJson = false;
@@ -42,7 +42,7 @@ struct Options {
   nlohmann::json fork = nlohmann::json::object();
 };
 
-Status parse(const std::vector<std::string>& args, const std::string& sub, Options& out) {
+Status parseSnapshotArgs(const std::vector<std::string>& args, const std::string& sub, SnapshotOptions& out) {
   FlagReader flags(args);
   std::map<std::string, std::string> labels;
   while (!flags.done()) {
@@ -127,8 +127,8 @@ int snapshotCommand(const std::vector<std::string>& args) {
                  sub.c_str());
     return kExitUsage;
   }
-  Options o;
-  Status s = parse(std::vector<std::string>(args.begin() + 1, args.end()), sub, o);
+  SnapshotOptions o;
+  Status s = parseSnapshotArgs(std::vector<std::string>(args.begin() + 1, args.end()), sub, o);
   if (s.ok() && !o.help && (o.positional.size() < known->second.first || o.positional.size() > known->second.second)) {
     s = usageError("wrong number of arguments (see moat snapshot --help)");
   }

@@ -46,7 +46,7 @@ Environments use one with `moat env create --template NAME`. Keys need the
 
 )";
 
-struct Options : Parsed {
+struct TemplateOptions : Parsed {
   bool wait = true;
   std::string name;
   std::string base;
@@ -55,7 +55,7 @@ struct Options : Parsed {
   std::map<std::string, std::string> env;
 };
 
-Status parse(const std::vector<std::string>& args, const std::string& sub, Options& out) {
+Status parseTemplateArgs(const std::vector<std::string>& args, const std::string& sub, TemplateOptions& out) {
   const bool importing = sub == "import", building = sub == "build";
   return parseArgs(args, out, [&](FlagReader& flags, bool& matched) -> Status {
     const std::string& name = flags.name();
@@ -138,8 +138,8 @@ int templateCommand(const std::vector<std::string>& args) {
                  sub.c_str());
     return kExitUsage;
   }
-  Options o;
-  Status s = parse(std::vector<std::string>(args.begin() + 1, args.end()), sub, o);
+  TemplateOptions o;
+  Status s = parseTemplateArgs(std::vector<std::string>(args.begin() + 1, args.end()), sub, o);
   if (s.ok() && !o.help && (o.positional.size() < known->second.first || o.positional.size() > known->second.second)) {
     s = usageError("wrong number of arguments (see moat template --help)");
   }

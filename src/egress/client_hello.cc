@@ -2,6 +2,8 @@
 
 #include <cstdint>
 
+#include "egress/host_name.h"
+
 namespace moat::egress {
 namespace {
 
@@ -11,8 +13,6 @@ constexpr uint16_t kExtensionServerName = 0;
 constexpr uint8_t kNameTypeHostName = 0;
 constexpr size_t kRecordHeader = 5;
 constexpr size_t kHandshakeHeader = 4;
-constexpr size_t kMaxHostName = 253;
-constexpr size_t kMaxLabel = 63;
 
 // Reads big-endian integers and slices off a view; every read checks the
 // bytes left first and fails (false) without moving when they are short.
@@ -58,32 +58,6 @@ class Reader {
   unsigned byte(size_t i) const { return static_cast<uint8_t>(data_[i]); }
   std::string_view data_;
 };
-
-unsigned byteAt(std::string_view data, size_t i) { return static_cast<uint8_t>(data[i]); }
-
-bool isHostChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
-}
-
-// Lower-cases a plausible DNS host name into *out, false if it is not one.
-bool normalizeHostName(std::string_view name, std::string* out) {
-  if (name.empty() || name.size() > kMaxHostName) return false;
-  size_t label = 0;
-  for (char c : name) {
-    if (!isHostChar(c)) return false;
-    if (c == '.') {
-      if (label == 0) return false;  // leading dot or ".."
-      label = 0;
-    } else if (++label > kMaxLabel) {
-      return false;
-    }
-  }
-  if (label == 0) return false;  // trailing dot
-  out->clear();
-  out->reserve(name.size());
-  for (char c : name) out->push_back(c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c);
-  return true;
-}
 
 // server_name extension data (RFC 6066 3): a non-empty list of
 // (name_type, opaque name<1..2^16-1>). Only host_name is defined; other

@@ -2,11 +2,12 @@
 
 #include <algorithm>
 
+#include "egress/host_name.h"
+
 namespace moat::egress {
 namespace {
 
 constexpr size_t kHeaderSize = 12;
-constexpr size_t kMaxLabel = 63;
 constexpr size_t kMaxNameText = 253;
 constexpr size_t kMaxNameWire = 255;
 constexpr size_t kARecordSize = 2 + 2 + 2 + 4 + 2 + 4;  // pointer type class ttl rdlength rdata
@@ -19,7 +20,6 @@ constexpr uint8_t kFlagQr = 0x80;
 constexpr uint8_t kFlagRd = 0x01;
 constexpr uint8_t kFlagRa = 0x80;
 
-unsigned byteAt(std::string_view data, size_t i) { return static_cast<uint8_t>(data[i]); }
 unsigned u16At(std::string_view data, size_t i) { return byteAt(data, i) << 8 | byteAt(data, i + 1); }
 
 void putU16(std::string& out, unsigned v) {

@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "common/hex.h"
+#include "egress/host_name.h"
 #include "os/file.h"
 
 namespace moat::egress {
@@ -34,8 +35,6 @@ using GeneralNamesPtr = std::unique_ptr<GENERAL_NAMES, Deleter<GENERAL_NAMES, GE
 using GeneralNamePtr = std::unique_ptr<GENERAL_NAME, Deleter<GENERAL_NAME, GENERAL_NAME_free>>;
 
 constexpr size_t kMaxPemFile = 1 << 20;
-constexpr size_t kMaxHostName = 253;
-constexpr size_t kMaxLabel = 63;
 constexpr size_t kMaxCommonName = 64;  // ub-common-name, RFC 5280
 constexpr long kBackdateSeconds = 3600;
 
@@ -69,27 +68,6 @@ IpAddress parseIp(const std::string& host) {
     ip.size = 16;
   }
   return ip;
-}
-
-// A DNS name as certificates and SNI carry it: labels of [a-z0-9_-], no
-// trailing dot. Lower-cased into *out.
-bool normalizeDnsName(const std::string& host, std::string* out) {
-  if (host.empty() || host.size() > kMaxHostName) return false;
-  size_t label = 0;
-  out->clear();
-  for (char c : host) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
-    if (!ok) return false;
-    if (c == '.') {
-      if (label == 0) return false;
-      label = 0;
-    } else if (++label > kMaxLabel) {
-      return false;
-    }
-    out->push_back(c);
-  }
-  return label != 0;
 }
 
 Error badHost(const std::string& host) {
@@ -301,7 +279,7 @@ Result<std::shared_ptr<SSL_CTX>> TlsAuthority::serverContext(const std::string& 
   std::string key;
   if (parseIp(host).size != 0) {
     key = host;
-  } else if (!normalizeDnsName(host, &key)) {
+  } else if (!normalizeHostName(host, &key)) {
     return badHost(host);
   }
   {
@@ -396,7 +374,7 @@ Status TlsAuthority::prepareUpstream(SSL* ssl, const std::string& host) {
     return {};
   }
   std::string name;
-  if (!normalizeDnsName(host, &name)) return badHost(host);
+  if (!normalizeHostName(host, &name)) return badHost(host);
   SSL_set_hostflags(ssl, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
   if (SSL_set_tlsext_host_name(ssl, name.c_str()) != 1 || SSL_set1_host(ssl, name.c_str()) != 1) {
     return tlsError("verify host " + host);

@@ -103,7 +103,7 @@ Status makeDirs(const std::string& path, mode_t mode, mode_t parentMode) {
   return makeDir(path, mode);
 }
 
-static Status removeAt(int dirFd, const char* name, dev_t dev) {
+static Status removeTreeAt(int dirFd, const char* name, dev_t dev) {
   struct stat st;
   if (::fstatat(dirFd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
     if (errno == ENOENT) return {};
@@ -121,7 +121,7 @@ static Status removeAt(int dirFd, const char* name, dev_t dev) {
     Status status;
     while (struct dirent* entry = ::readdir(dir)) {
       if (std::strcmp(entry->d_name, ".") == 0 || std::strcmp(entry->d_name, "..") == 0) continue;
-      Status s = removeAt(fd, entry->d_name, dev);
+      Status s = removeTreeAt(fd, entry->d_name, dev);
       if (!s.ok() && status.ok()) status = s;
     }
     ::closedir(dir);
@@ -143,7 +143,7 @@ Status removeTree(const std::string& path) {
     if (errno == ENOENT) return {};
     return Error::fromErrno("stat " + path);
   }
-  return removeAt(AT_FDCWD, path.c_str(), st.st_dev);
+  return removeTreeAt(AT_FDCWD, path.c_str(), st.st_dev);
 }
 
 bool exists(const std::string& path) {

@@ -95,7 +95,7 @@ class SocketGroup : public ::testing::Test {
   std::string bin_;
 };
 
-std::string describe(const ProcessResult& r) {
+std::string describeRun(const ProcessResult& r) {
   return "exit " + std::to_string(r.exitCode) + ", stdout: " + r.out + ", stderr: " + r.err;
 }
 
@@ -112,13 +112,13 @@ TEST_F(SocketGroup, AMemberWithAKeyOfTheirOwnUsesMoatAndNothingElseOfTheStateOpe
   // Before a key: the socket opens, the request is refused for want of one.
   auto keyless = moatAs(users_->member, {"env", "ls"});
   EXPECT_NE(keyless.exitCode, 0);
-  EXPECT_NE(keyless.err.find("moat keys create --for-user"), std::string::npos) << describe(keyless);
+  EXPECT_NE(keyless.err.find("moat keys create --for-user"), std::string::npos) << describeRun(keyless);
 
   auto made = asRoot(
       {"keys", "create", "--for-user", users_->member, "--scope", "create", "--scope", "exec", "--scope", "read"});
-  ASSERT_EQ(made.exitCode, 0) << describe(made);
+  ASSERT_EQ(made.exitCode, 0) << describeRun(made);
   const std::string tokenFile = TestUsers::home(users_->member) + "/.config/moat/token";
-  EXPECT_NE(made.out.find("saved to " + tokenFile), std::string::npos) << describe(made);
+  EXPECT_NE(made.out.find("saved to " + tokenFile), std::string::npos) << describeRun(made);
   EXPECT_EQ(made.out.find("moat_"), std::string::npos) << "the secret is not printed: " << made.out;
   EXPECT_EQ(made.err, "") << "a member needs no note";
   ASSERT_EQ(::stat(tokenFile.c_str(), &st), 0);
@@ -128,17 +128,17 @@ TEST_F(SocketGroup, AMemberWithAKeyOfTheirOwnUsesMoatAndNothingElseOfTheStateOpe
 
   // The member creates and uses an environment with that key alone.
   auto created = moatAs(users_->member, {"env", "create"});
-  ASSERT_EQ(created.exitCode, 0) << describe(created);
+  ASSERT_EQ(created.exitCode, 0) << describeRun(created);
   std::string id = created.out.substr(0, 12);
   auto ran = moatAs(users_->member, {"exec", id, "--", "echo", "from a member"});
-  EXPECT_EQ(ran.out, "from a member\n") << describe(ran);
+  EXPECT_EQ(ran.out, "from a member\n") << describeRun(ran);
   auto keys = asRoot({"keys", "ls"});
   EXPECT_NE(keys.out.find(users_->member), std::string::npos) << "the key is named for the user: " << keys.out;
 
   // Nothing else of the state directory opens or lists for the group.
   for (const std::string name : {"master-token", "moat.db", "moatd.lock", "spawner.sock", "egress/ca.key", "."}) {
     auto read = as(users_->member, {"/bin/cat", state + "/" + name});
-    EXPECT_NE(read.exitCode, 0) << name << " opened for a member: " << describe(read);
+    EXPECT_NE(read.exitCode, 0) << name << " opened for a member: " << describeRun(read);
   }
   auto list = as(users_->member, {"/bin/ls", state});
   EXPECT_NE(list.exitCode, 0) << "the state directory listed: " << list.out;
@@ -147,25 +147,25 @@ TEST_F(SocketGroup, AMemberWithAKeyOfTheirOwnUsesMoatAndNothingElseOfTheStateOpe
   // token, not the member's key (keys ls needs the master token).
   auto rootWithTheirHome = runProcess({bin_ + "/moat", "keys", "ls"}, "",
                                       {{"MOAT_STATE", state}, {"HOME", TestUsers::home(users_->member)}});
-  EXPECT_EQ(rootWithTheirHome.exitCode, 0) << describe(rootWithTheirHome);
+  EXPECT_EQ(rootWithTheirHome.exitCode, 0) << describeRun(rootWithTheirHome);
 
   // A token file others may read is refused, not used; a re-issue makes a
   // new file of mode 0600 and revokes the key it replaces.
   ASSERT_EQ(::chmod(tokenFile.c_str(), 0644), 0);
   auto loose = moatAs(users_->member, {"env", "ls"});
   EXPECT_NE(loose.exitCode, 0);
-  EXPECT_NE(loose.err.find("may be read by others"), std::string::npos) << describe(loose);
+  EXPECT_NE(loose.err.find("may be read by others"), std::string::npos) << describeRun(loose);
   auto oldRead = os::readFile(tokenFile);
   ASSERT_TRUE(oldRead.ok());
   std::string oldToken = oldRead.value();
   auto again = asRoot({"keys", "create", "--for-user", users_->member, "--scope", "read"});
-  ASSERT_EQ(again.exitCode, 0) << describe(again);
-  EXPECT_NE(again.out.find("revoked " + users_->member + "'s earlier key"), std::string::npos) << describe(again);
+  ASSERT_EQ(again.exitCode, 0) << describeRun(again);
+  EXPECT_NE(again.out.find("revoked " + users_->member + "'s earlier key"), std::string::npos) << describeRun(again);
   ASSERT_EQ(::stat(tokenFile.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0600u) << "the new token went into a file others may read";
   oldToken.erase(oldToken.find_last_not_of('\n') + 1);
   auto withOld = runProcess({bin_ + "/moat", "env", "ls"}, "", {{"MOAT_STATE", state}, {"MOAT_TOKEN", oldToken}});
-  EXPECT_NE(withOld.exitCode, 0) << "the replaced key still works: " << describe(withOld);
+  EXPECT_NE(withOld.exitCode, 0) << "the replaced key still works: " << describeRun(withOld);
   EXPECT_EQ(moatAs(users_->member, {"env", "ls"}).exitCode, 0);
 
   // Not a regular file of the user's: a link, a FIFO (which would hang a
@@ -175,20 +175,20 @@ TEST_F(SocketGroup, AMemberWithAKeyOfTheirOwnUsesMoatAndNothingElseOfTheStateOpe
   ASSERT_EQ(::chown(tokenFile.c_str(), st.st_uid, st.st_gid), 0);
   auto fifo = moatAs(users_->member, {"env", "ls"});
   EXPECT_NE(fifo.exitCode, 0);
-  EXPECT_NE(fifo.err.find("is not a regular file"), std::string::npos) << describe(fifo);
+  EXPECT_NE(fifo.err.find("is not a regular file"), std::string::npos) << describeRun(fifo);
   ASSERT_EQ(::unlink(tokenFile.c_str()), 0);
   ASSERT_EQ(::symlink("/etc/hostname", tokenFile.c_str()), 0);
   auto link = moatAs(users_->member, {"env", "ls"});
   EXPECT_NE(link.exitCode, 0);
-  EXPECT_EQ(link.err.find("moat_"), std::string::npos) << describe(link);
+  EXPECT_EQ(link.err.find("moat_"), std::string::npos) << describeRun(link);
 }
 
 TEST_F(SocketGroup, AUserOutsideTheGroupIsToldWhatToDoAndALinkInTheirHomeLeadsNowhere) {
   auto outside = moatAs(users_->stranger, {"env", "ls"});
   EXPECT_NE(outside.exitCode, 0);
-  EXPECT_NE(outside.err.find("Permission denied"), std::string::npos) << describe(outside);
-  EXPECT_NE(outside.err.find("only root and the members of the group"), std::string::npos) << describe(outside);
-  EXPECT_EQ(outside.err.find("is moatd running"), std::string::npos) << describe(outside);
+  EXPECT_NE(outside.err.find("Permission denied"), std::string::npos) << describeRun(outside);
+  EXPECT_NE(outside.err.find("only root and the members of the group"), std::string::npos) << describeRun(outside);
+  EXPECT_EQ(outside.err.find("is moatd running"), std::string::npos) << describeRun(outside);
 
   // The user planted ~/.config -> /etc: root's write as that user fails
   // there, and the key it made is removed again.
@@ -196,8 +196,8 @@ TEST_F(SocketGroup, AUserOutsideTheGroupIsToldWhatToDoAndALinkInTheirHomeLeadsNo
   ASSERT_EQ(::symlink("/etc", (home + "/.config").c_str()), 0);
   ASSERT_EQ(::lchown((home + "/.config").c_str(), 0, 0), 0);
   auto planted = asRoot({"keys", "create", "--for-user", users_->stranger, "--scope", "read"});
-  EXPECT_NE(planted.exitCode, 0) << describe(planted);
-  EXPECT_NE(planted.err.find("the key was revoked"), std::string::npos) << describe(planted);
+  EXPECT_NE(planted.exitCode, 0) << describeRun(planted);
+  EXPECT_NE(planted.err.find("the key was revoked"), std::string::npos) << describeRun(planted);
   EXPECT_FALSE(os::exists("/etc/moat/token")) << "written through the user's link as root";
   auto keys = asRoot({"keys", "ls", "--json"});
   json listed = json::parse(keys.out, nullptr, false);
@@ -211,19 +211,19 @@ TEST_F(SocketGroup, AUserOutsideTheGroupIsToldWhatToDoAndALinkInTheirHomeLeadsNo
   // Without the link the key is saved, with a note that the socket is out of reach.
   ASSERT_EQ(::unlink((home + "/.config").c_str()), 0);
   auto noted = asRoot({"keys", "create", "--for-user", users_->stranger, "--scope", "read"});
-  ASSERT_EQ(noted.exitCode, 0) << describe(noted);
-  EXPECT_NE(noted.err.find("not a member of its group"), std::string::npos) << describe(noted);
+  ASSERT_EQ(noted.exitCode, 0) << describeRun(noted);
+  EXPECT_NE(noted.err.find("not a member of its group"), std::string::npos) << describeRun(noted);
 
   // Not root: --for-user is refused before any key is made.
   auto notRoot = moatAs(users_->stranger, {"keys", "create", "--for-user", users_->member, "--scope", "read"});
-  EXPECT_EQ(notRoot.exitCode, 2) << describe(notRoot);
-  EXPECT_NE(notRoot.err.find("needs root"), std::string::npos) << describe(notRoot);
+  EXPECT_EQ(notRoot.exitCode, 2) << describeRun(notRoot);
+  EXPECT_NE(notRoot.err.find("needs root"), std::string::npos) << describeRun(notRoot);
   auto empty = asRoot({"keys", "create", "--for-user", "", "--scope", "read"});
-  EXPECT_EQ(empty.exitCode, 2) << describe(empty);
+  EXPECT_EQ(empty.exitCode, 2) << describeRun(empty);
   EXPECT_EQ(empty.out.find("moat_"), std::string::npos) << "a token printed: " << empty.out;
   auto unknown = asRoot({"keys", "create", "--for-user", "nobody-such-user-x", "--scope", "read"});
   EXPECT_NE(unknown.exitCode, 0);
-  EXPECT_NE(unknown.err.find("no user nobody-such-user-x"), std::string::npos) << describe(unknown);
+  EXPECT_NE(unknown.err.find("no user nobody-such-user-x"), std::string::npos) << describeRun(unknown);
 }
 
 TEST(SocketGroupFlag, AGroupThatDoesNotExistIsRefusedAtTheStart) {

@@ -337,7 +337,7 @@ class SharedDirectory {
   std::string dir_;
 };
 
-std::string describe(const ProcessResult& r) {
+std::string describeResult(const ProcessResult& r) {
   return "exit " + std::to_string(r.exitCode) + "\n--- stdout ---\n" + r.out + "--- stderr ---\n" + r.err;
 }
 
@@ -354,18 +354,18 @@ TEST(HostVolumes, ALinkAnEnvironmentPlantedIsNotFollowedByALaterBind) {
                         "ln -s " + canary.dir() + " /data/results && ln -s " + up() + canary.dir().substr(1) +
                             " /data/relative && mkdir /data/real && echo env > /data/real/mark && ln -s real "
                             "/data/to-real"});
-  ASSERT_EQ(plant.exitCode, 0) << describe(plant);
+  ASSERT_EQ(plant.exitCode, 0) << describeResult(plant);
   for (const char* source : {"/results", "/relative", "/results/secret", "/to-real"}) {
     auto r = runMoat({"run", "-v", shared.dir() + source + ":/mnt/x", "--", "sh", "-c",
                       "cat /mnt/x/secret /mnt/x 2>&1; echo planted > /mnt/x/planted"});
-    EXPECT_EQ(r.exitCode, 2) << source << ": " << describe(r);
-    EXPECT_NE(r.err.find("is a symlink (to "), std::string::npos) << source << ": " << describe(r);
-    EXPECT_EQ(r.out.find("host secret"), std::string::npos) << source << ": " << describe(r);
+    EXPECT_EQ(r.exitCode, 2) << source << ": " << describeResult(r);
+    EXPECT_NE(r.err.find("is a symlink (to "), std::string::npos) << source << ": " << describeResult(r);
+    EXPECT_EQ(r.out.find("host secret"), std::string::npos) << source << ": " << describeResult(r);
     canary.expectUntouched("a run binding " + shared.dir() + source);
   }
   // What the environment made that is no link is its to share.
   auto real = runMoat({"run", "-v", shared.dir() + "/real:/mnt/x", "--", "cat", "/mnt/x/mark"});
-  EXPECT_EQ(real.exitCode, 0) << describe(real);
+  EXPECT_EQ(real.exitCode, 0) << describeResult(real);
   EXPECT_EQ(real.out, "env\n");
   // A link the environment made through its id-mapped bind is host root's
   // on disk, like one an admin made: no link is followed, and the error
@@ -377,9 +377,9 @@ TEST(HostVolumes, ALinkAnEnvironmentPlantedIsNotFollowedByALaterBind) {
   ASSERT_TRUE(os::symlink(shared.dir() + "/real", rootLink).ok());
   auto viaRoot = runMoat({"run", "-v", rootLink + ":/mnt/x", "--", "cat", "/mnt/x/mark"});
   ::unlink(rootLink.c_str());
-  EXPECT_EQ(viaRoot.exitCode, 2) << describe(viaRoot);
+  EXPECT_EQ(viaRoot.exitCode, 2) << describeResult(viaRoot);
   EXPECT_NE(viaRoot.err.find(rootLink + " is a symlink (to " + shared.dir() + "/real)"), std::string::npos)
-      << describe(viaRoot);
+      << describeResult(viaRoot);
 }
 
 // The same while an environment swaps the directory for a link out as fast
@@ -411,10 +411,10 @@ TEST(HostVolumes, ADirectorySwappedForALinkDuringBindsLeadsNowhere) {
   int refused = 0, bound = 0;
   for (int i = 0; i < 300 && (bound < 5 || refused < 5); ++i) {
     auto r = runMoat({"run", "-v", shared.dir() + "/x:/mnt/x", "--", "sh", "-c", "cat /mnt/x/* 2>/dev/null; true"});
-    EXPECT_EQ(r.out.find("host"), std::string::npos) << describe(r);
-    EXPECT_TRUE(r.exitCode == 0 || r.exitCode == 2 || r.exitCode == 125) << describe(r);
+    EXPECT_EQ(r.out.find("host"), std::string::npos) << describeResult(r);
+    EXPECT_TRUE(r.exitCode == 0 || r.exitCode == 2 || r.exitCode == 125) << describeResult(r);
     if (r.exitCode == 0) {
-      EXPECT_TRUE(r.out == "env\n" || r.out.empty()) << describe(r);
+      EXPECT_TRUE(r.out == "env\n" || r.out.empty()) << describeResult(r);
       ++bound;
     } else {
       ++refused;
@@ -505,25 +505,25 @@ TEST_F(HostTree, MoatCpFollowsNoHostLinkAndKeepsHoles) {
   auto plant = runMoat({"run", "-v", shared.dir() + ":/data", "--", "sh", "-c",
                         "ln -s " + canary.dir() + "/secret /data/report.txt && ln -s " + canary.dir() +
                             "/hosts /data/input.txt && ln -s " + canary.dir() + " /data/dir"});
-  ASSERT_EQ(plant.exitCode, 0) << describe(plant);
+  ASSERT_EQ(plant.exitCode, 0) << describeResult(plant);
   std::string id = createEnv();
   run(id, "echo attacker > /workspace/report.txt && truncate -s 2G /workspace/sparse && echo end >> /workspace/sparse");
   std::map<std::string, std::string> env = {{"MOAT_STATE", daemon_->stateDir()}};
   for (const std::string& target : {shared.dir() + "/report.txt", shared.dir() + "/dir/hostname"}) {
     auto down = runMoat({"cp", "--no-progress", id + ":/workspace/report.txt", target}, "", env);
-    EXPECT_NE(down.exitCode, 0) << target << ": " << describe(down);
-    EXPECT_NE(down.err.find("is a symlink"), std::string::npos) << describe(down);
+    EXPECT_NE(down.exitCode, 0) << target << ": " << describeResult(down);
+    EXPECT_NE(down.err.find("is a symlink"), std::string::npos) << describeResult(down);
   }
   auto up = runMoat({"cp", "--no-progress", shared.dir() + "/input.txt", id + ":/workspace/stolen"}, "", env);
-  EXPECT_NE(up.exitCode, 0) << describe(up);
-  EXPECT_NE(up.err.find("is a symlink"), std::string::npos) << describe(up);
+  EXPECT_NE(up.exitCode, 0) << describeResult(up);
+  EXPECT_NE(up.err.find("is a symlink"), std::string::npos) << describeResult(up);
   EXPECT_NE(run(id, "cat /workspace/stolen 2>&1; true")["stdout"].get<std::string>().find("No such file"),
             std::string::npos);
   canary.expectUntouched("moat cp through links planted in a shared directory");
   // Holes: 2 GiB, 4 bytes of data at its end.
   std::string sparse = shared.dir() + "/sparse";
   auto holes = runMoat({"cp", "--no-progress", id + ":/workspace/sparse", sparse}, "", env);
-  ASSERT_EQ(holes.exitCode, 0) << describe(holes);
+  ASSERT_EQ(holes.exitCode, 0) << describeResult(holes);
   struct stat st;
   ASSERT_EQ(::stat(sparse.c_str(), &st), 0);
   EXPECT_EQ(st.st_size, (2LL << 30) + 4);
@@ -532,7 +532,7 @@ TEST_F(HostTree, MoatCpFollowsNoHostLinkAndKeepsHoles) {
   // To a pipe (stdout), the holes are zeros: the same bytes as a cat.
   run(id, "truncate -s 3M /workspace/small && echo mid | dd of=/workspace/small bs=1M seek=1 conv=notrunc 2>/dev/null");
   auto piped = runMoat({"cp", "--no-progress", id + ":/workspace/small", "-"}, "", env);
-  ASSERT_EQ(piped.exitCode, 0) << describe(piped);
+  ASSERT_EQ(piped.exitCode, 0) << describeResult(piped);
   EXPECT_EQ(piped.out, std::string(1 << 20, '\0') + "mid\n" + std::string((2 << 20) - 4, '\0'));
 }
 
@@ -544,14 +544,14 @@ TEST(HostVolumes, AMountPointIsNeverMadeInsideAnotherBind) {
   std::string inner = outer.dir() + "-inner";
   ASSERT_TRUE(os::makeDir(inner, 0755).ok());
   auto r = runMoat({"run", "-v", outer.dir() + ":/data", "-v", inner + ":/data/sub", "--", "true"});
-  EXPECT_NE(r.exitCode, 0) << describe(r);
-  EXPECT_NE(r.err.find("would have to be made inside another mount"), std::string::npos) << describe(r);
+  EXPECT_NE(r.exitCode, 0) << describeResult(r);
+  EXPECT_NE(r.err.find("would have to be made inside another mount"), std::string::npos) << describeResult(r);
   EXPECT_FALSE(os::exists(outer.dir() + "/sub")) << "made in the host directory";
   // Where the host directory has it, the nested volume is fine.
   ASSERT_TRUE(os::makeDir(outer.dir() + "/sub", 0755).ok());
   ASSERT_TRUE(os::writeFile(inner + "/mark", "inner\n").ok());
   auto ok = runMoat({"run", "-v", outer.dir() + ":/data", "-v", inner + ":/data/sub", "--", "cat", "/data/sub/mark"});
-  EXPECT_EQ(ok.out, "inner\n") << describe(ok);
+  EXPECT_EQ(ok.out, "inner\n") << describeResult(ok);
   (void)os::removeTree(inner);
 }
 

@@ -35,11 +35,11 @@ std::string openSslClientHello(const char* serverName, int maxVersion = 0) {
   return hello;
 }
 
-std::string u16(size_t v) { return {static_cast<char>(v >> 8 & 0xff), static_cast<char>(v & 0xff)}; }
-std::string u24(size_t v) { return static_cast<char>(v >> 16 & 0xff) + u16(v); }
+std::string be16(size_t v) { return {static_cast<char>(v >> 8 & 0xff), static_cast<char>(v & 0xff)}; }
+std::string u24(size_t v) { return static_cast<char>(v >> 16 & 0xff) + be16(v); }
 
 std::string record(const std::string& fragment, uint8_t type = 22) {
-  return std::string{static_cast<char>(type), 3, 1} + u16(fragment.size()) + fragment;
+  return std::string{static_cast<char>(type), 3, 1} + be16(fragment.size()) + fragment;
 }
 
 // The handshake message inside `hello` records of any size, cut into
@@ -67,8 +67,8 @@ struct Builder {
 
   static std::string serverNameExtension(const std::vector<std::pair<uint8_t, std::string>>& names) {
     std::string list;
-    for (const auto& [type, name] : names) list += static_cast<char>(type) + u16(name.size()) + name;
-    return u16(list.size()) + list;
+    for (const auto& [type, name] : names) list += static_cast<char>(type) + be16(name.size()) + name;
+    return be16(list.size()) + list;
   }
   Builder& sni(const std::string& name) {
     extensions.emplace_back(0, serverNameExtension({{0, name}}));
@@ -88,11 +88,11 @@ struct Builder {
 
   std::string body() {
     fields.clear();
-    std::string b = u16(0x0303) + std::string(32, 'r');
+    std::string b = be16(0x0303) + std::string(32, 'r');
     fields.push_back({"session_id", b.size(), 1});
     b += static_cast<char>(sessionId.size()) + sessionId;
     fields.push_back({"cipher_suites", b.size(), 2});
-    b += u16(cipherSuites.size()) + cipherSuites;
+    b += be16(cipherSuites.size()) + cipherSuites;
     fields.push_back({"compression", b.size(), 1});
     b += static_cast<char>(compression.size()) + compression;
     if (withExtensions) {
@@ -104,12 +104,12 @@ struct Builder {
           inner.push_back({"server_name_list", all.size() + 4, 2});
           inner.push_back({"host_name", all.size() + 7, 2});
         }
-        all += u16(type) + u16(data.size()) + data;
+        all += be16(type) + be16(data.size()) + data;
       }
       fields.push_back({"extensions", b.size(), 2});
       for (auto& f : inner) f.offset += b.size() + 2;
       fields.insert(fields.end(), inner.begin(), inner.end());
-      b += u16(all.size()) + all;
+      b += be16(all.size()) + all;
     }
     return b;
   }
@@ -250,8 +250,9 @@ TEST(ClientHello, OtherHandshakeMessagesAreMalformed) {
 
 TEST(ClientHello, BuilderHelloParses) {
   std::string name;
-  EXPECT_EQ(parse(Builder().extension(10, u16(2) + u16(29)).sni("a.test").extension(43, "\x02\x03\x04").build(), &name),
-            HelloStatus::kOk);
+  EXPECT_EQ(
+      parse(Builder().extension(10, be16(2) + be16(29)).sni("a.test").extension(43, "\x02\x03\x04").build(), &name),
+      HelloStatus::kOk);
   EXPECT_EQ(name, "a.test");
   Builder noExtensions;
   noExtensions.withExtensions = false;
@@ -269,7 +270,7 @@ TEST(ClientHello, BuilderHelloParses) {
 // has been swallowed as that extension's data): then the name is empty.
 TEST(ClientHello, EveryLengthFieldLying) {
   Builder builder;
-  builder.extension(10, u16(4) + u16(29) + u16(23)).sni("lying.example.test").extension(16, u16(3) + "\x02h2");
+  builder.extension(10, be16(4) + be16(29) + be16(23)).sni("lying.example.test").extension(16, be16(3) + "\x02h2");
   std::string hello = builder.build();
   ASSERT_EQ(parse(hello), HelloStatus::kOk);
   ASSERT_GE(builder.fields.size(), 9u);
@@ -339,7 +340,7 @@ TEST(ClientHello, ServerNameExtensionShapes) {
   // Two host names, two extensions, an empty list, an empty name, trailing bytes.
   EXPECT_EQ(parse(withSni(Builder::serverNameExtension({{0, "a.test"}, {0, "b.test"}}))), HelloStatus::kMalformed);
   EXPECT_EQ(parse(Builder().sni("a.test").sni("a.test").build()), HelloStatus::kMalformed);
-  EXPECT_EQ(parse(withSni(u16(0))), HelloStatus::kMalformed);
+  EXPECT_EQ(parse(withSni(be16(0))), HelloStatus::kMalformed);
   EXPECT_EQ(parse(withSni("")), HelloStatus::kMalformed);
   EXPECT_EQ(parse(withSni(Builder::serverNameExtension({{0, ""}}))), HelloStatus::kMalformed);
   EXPECT_EQ(parse(withSni(Builder::serverNameExtension({{0, "a.test"}}) + "x")), HelloStatus::kMalformed);
