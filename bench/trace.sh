@@ -3,7 +3,9 @@
 # processes: starts moatd with MOAT_TRACE=1 on a scratch state, runs ROUNDS
 # cycles one after another (moat-api-bench, BENCH_CYCLE_ONLY), and merges the
 # trace lines of moatd, the spawner and the cloned children on their common
-# CLOCK_MONOTONIC column. Prints, per stage, the median time since the
+# CLOCK_MONOTONIC column (with MOAT_TRACE, moat-init is started with it too
+# and keeps the spawner's stderr: its own stages, from its main to the exec
+# gate, are in the lines). Prints, per stage, the median time since the
 # previous stage (whichever process traced it), and one cycle's timeline.
 # The times exclude HTTP and the client: bench/api.sh measures those too.
 # Usage: bench/trace.sh [BIN_DIR] [ROUNDS]

@@ -14,9 +14,13 @@ namespace moat {
 // and the cloned children on one clock (bench/trace.sh merges them).
 // Async-signal safe enough for the cloned child (snprintf + write, no
 // allocation).
-inline void traceStage(const char* stage) {
+inline bool traceEnabled() {
   static const bool enabled = std::getenv("MOAT_TRACE") != nullptr;
-  if (!enabled) return;
+  return enabled;
+}
+
+inline void traceStage(const char* stage) {
+  if (!traceEnabled()) return;
   static struct timespec start = [] {
     struct timespec ts;
     ::clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -10,20 +10,19 @@
 
 namespace moat::init {
 
-Launcher::Launcher(size_t maxThreads)
-    : maxThreads_(maxThreads ? maxThreads : 1), ready_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+Launcher::Launcher(size_t maxThreads, std::chrono::milliseconds idleExit)
+    : maxThreads_(maxThreads ? maxThreads : 1), idleExit_(idleExit), ready_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
 
 Launcher::~Launcher() { stop(); }
 
 std::vector<std::unique_ptr<Launch>> Launcher::stop() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     stopping_ = true;
     queue_.clear();
+    cv_.notify_all();
+    ended_.wait(lock, [&] { return threads_ == 0; });
   }
-  cv_.notify_all();
-  for (pthread_t t : threads_) ::pthread_join(t, nullptr);
-  threads_.clear();
   return takeFinished();
 }
 
@@ -32,9 +31,9 @@ void Launcher::submit(std::unique_ptr<Launch> launch) {
   if (stopping_) return;
   queue_.push_back(std::move(launch));
   // Every thread busy (or none yet): one more, within the cap.
-  if (idle_ < queue_.size() && threads_.size() < maxThreads_) {
+  if (idle_ < queue_.size() && threads_ < maxThreads_) {
     if (startThread()) return;  // it takes the launch
-    if (threads_.empty()) {
+    if (threads_ == 0) {
       // No thread at all (the environment's pids limit is reached): launch
       // on the caller's, whose vfork then fails or succeeds the same way.
       std::unique_ptr<Launch> now = std::move(queue_.back());
@@ -58,10 +57,16 @@ void Launcher::submit(std::unique_ptr<Launch> launch) {
   cv_.notify_one();
 }
 
+size_t Launcher::threads() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return threads_;
+}
+
 bool Launcher::startThread() {
   pthread_attr_t attr;
   if (::pthread_attr_init(&attr) != 0) return false;
   ::pthread_attr_setstacksize(&attr, kThreadStack);
+  ::pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   pthread_t thread;
   int err = ::pthread_create(
       &thread, &attr,
@@ -72,7 +77,7 @@ bool Launcher::startThread() {
       this);
   ::pthread_attr_destroy(&attr);
   if (err != 0) return false;
-  threads_.push_back(thread);
+  ++threads_;
   return true;
 }
 
@@ -87,9 +92,13 @@ void Launcher::work() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     ++idle_;
-    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    bool woken = cv_.wait_for(lock, idleExit_, [&] { return stopping_ || !queue_.empty(); });
     --idle_;
-    if (queue_.empty()) return;  // stopping
+    if (!woken || queue_.empty()) {  // idle for idleExit_, or stopping
+      --threads_;
+      ended_.notify_all();
+      return;
+    }
     std::unique_ptr<Launch> launch = std::move(queue_.front());
     queue_.pop_front();
     ++running_;

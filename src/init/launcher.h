@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -18,11 +19,14 @@ namespace moat::init {
 // suspends the thread that calls it until the child has exec'd: on moat-init's
 // loop that was half of its time under concurrent execs, with every other
 // command's output, exit and new spawn waiting behind it. Threads start on
-// demand, up to maxThreads, and stay. They count against the environment's
-// pids limit: when none can start, a launch runs on the submitting thread.
+// demand, up to maxThreads, and end after idleExit without a launch: an
+// environment that ran something once and then sits idle holds no thread
+// for it (each is a task of the host's pid_max, docs/BENCHMARKS.md "1,000
+// idle environments"). They count against the environment's pids limit:
+// when none can start, a launch runs on the submitting thread.
 class Launcher {
  public:
-  explicit Launcher(size_t maxThreads);
+  explicit Launcher(size_t maxThreads, std::chrono::milliseconds idleExit = std::chrono::seconds(60));
   // Launches already running finish; queued ones are dropped (their
   // descriptors close). Finished ones not taken are dropped.
   ~Launcher();
@@ -30,6 +34,8 @@ class Launcher {
   Launcher& operator=(const Launcher&) = delete;
 
   void submit(std::unique_ptr<Launch> launch);
+  // Threads running (idle or launching).
+  size_t threads() const;
   // Readable while finished launches wait to be taken.
   int readyFd() const { return ready_.get(); }
   // The finished launches, in the order they finished; clears readyFd.
@@ -56,13 +62,15 @@ class Launcher {
   static constexpr size_t kThreadStack = 512 * 1024;
 
   size_t maxThreads_;
+  std::chrono::milliseconds idleExit_;
   UniqueFd ready_;  // eventfd
   mutable std::mutex mutex_;
   std::condition_variable cv_;
+  std::condition_variable ended_;  // a thread ended (stop waits for all)
   std::deque<std::unique_ptr<Launch>> queue_;
   std::vector<Launch*> inFlight_;  // taken by a thread, not finished
   std::vector<std::unique_ptr<Launch>> finished_;
-  std::vector<pthread_t> threads_;
+  size_t threads_ = 0;  // detached; each ends by itself (idle, or stopping)
   size_t idle_ = 0;
   size_t running_ = 0;
   bool stopping_ = false;

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/sanitizer.h"
+#include "common/trace.h"
 #include "init/guest.h"
 #include "init/supervisor.h"
 #include "moat_version.h"
@@ -24,6 +25,7 @@ static bool hasFlag(int argc, char** argv, const char* flag) {
 }
 
 int main(int argc, char** argv) {
+  moat::traceStage("moat-init: started");
   if (argc == 2 && std::strcmp(argv[1], "--version") == 0) {
     std::puts("moat-init " MOAT_VERSION);
     return 0;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/glob.h"
+#include "common/trace.h"
 #include "init/changes_wire.h"
 #include "init/disk_view.h"
 #include "init/file_ops.h"
@@ -418,11 +419,13 @@ int Supervisor::run() {
     if (view.ok()) diskView_ = std::move(view.value());
     diskCounters_.reset();
   }
+  traceStage("moat-init: statfs thread");
   // Before any other thread: the filter is the process's, and threads inherit it.
   if (gateExec_) {
     auto listener = os::installExecListener(diskView_ != nullptr);
     if (!listener.ok()) return 1;
     execListener_ = std::move(listener.value());
+    traceStage("moat-init: exec gate");
     if (diskView_) diskView_->share(execListener_.get());
     launcher_.allowInline(false);         // this loop answers the launches' execs
     execPolicy_.mode = ExecPolicy::kAsk;  // until the client says how to judge

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstdint>
 
+#include "common/trace.h"
+
 namespace moat::manager {
 namespace {
 
@@ -470,6 +472,7 @@ void InitConnection::onExecReport(std::function<void(const init::ExecReport&)> r
 
 Status InitConnection::setExecPolicy(const init::ExecPolicy& policy) {
   uint32_t version = peerVersion();
+  traceStage("moatd: hello");
   if (version < init::kExecGateSince) return {};  // an older moat-init: it gates nothing
   // Version 3 cannot judge by itself: it asks about every exec instead.
   return send(init::MsgType::kExecPolicy, version < init::kExecRulesSince ? policy.encodeV3() : policy.encode());

@@ -194,7 +194,8 @@ int childMain(void* args) { runChild(*static_cast<const ChildArgs*>(args)); }
     childFail(errFd, "dup", Error::fromErrno("fcntl"));
   }
   errFd = err;
-  for (int fd = 0; fd < 3; ++fd) {
+  // Traced (MOAT_TRACE), moat-init keeps the spawner's stderr for its stages.
+  for (int fd = 0; fd < (traceEnabled() ? 2 : 3); ++fd) {
     if (::dup2(devNull, fd) < 0) childFail(errFd, "stdio", Error::fromErrno("dup2"));
   }
   if (::dup2(control, kControlFd) < 0 || (init >= 0 && ::dup3(init, kInitFd, O_CLOEXEC) < 0) ||
@@ -234,7 +235,8 @@ int childMain(void* args) { runChild(*static_cast<const ChildArgs*>(args)); }
       argv[argc++] = diskFlag;
       argv[argc++] = diskFds;
     }
-    char* env[] = {nullptr};
+    static char traceVar[] = "MOAT_TRACE=1";
+    char* env[] = {traceEnabled() ? traceVar : nullptr, nullptr};
     childFail(errFd, "exec", os::execFd(kInitFd, argv, env));
   }
 
