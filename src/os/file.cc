@@ -77,6 +77,11 @@ Status writeFile(const std::string& path, const std::string& data, mode_t mode) 
   return writeAll(fd.get(), data, path);
 }
 
+Status overwriteFile(const std::string& path, const std::string& data, mode_t mode) {
+  MOAT_ASSIGN(UniqueFd fd, open(path, O_WRONLY | O_CREAT | O_NOFOLLOW, mode));
+  return writeAll(fd.get(), data, path);
+}
+
 Status writeExisting(const std::string& path, const std::string& data) {
   MOAT_ASSIGN(UniqueFd fd, open(path, O_WRONLY));
   return writeAll(fd.get(), data, path);

@@ -18,6 +18,11 @@ Result<std::string> readFileTail(const std::string& path, size_t maxBytes);
 Status writeFile(const std::string& path, const std::string& data, mode_t mode = 0644);
 // Writes to an existing file (cgroup knobs, /proc files) without O_CREAT.
 Status writeExisting(const std::string& path, const std::string& data);
+// Writes `data` over the start of `path` (made with `mode` if missing; a
+// symlink is not followed), truncating nothing: what lies past it stays.
+// No block is freed, so a file system mounted with `discard` sends the disk
+// no discard (one took up to ~3.5 ms here).
+Status overwriteFile(const std::string& path, const std::string& data, mode_t mode = 0600);
 // The directory and any missing parents; the parents get parentMode (0: mode).
 Status makeDirs(const std::string& path, mode_t mode = 0755, mode_t parentMode = 0);
 Status makeDir(const std::string& path, mode_t mode = 0755);  // EEXIST is fine
