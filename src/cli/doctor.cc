@@ -206,10 +206,14 @@ uint64_t kernelNumber(const char* path) {
 }
 
 // How many idle environments the host's own limits leave room for: each
-// holds two tasks (its moat-init and moatd's reader of it) of kernel.pid_max
+// holds three tasks (its moat-init, the thread in it that answers `df` for
+// the storage limit every environment has, and moatd's reader of it) of
+// kernel.pid_max
 // and kernel.threads-max beside what runs now, and four open files (one in
 // moatd, three in the spawner) of the limit root may raise moatd's to
 // (fs.nr_open). Memory is moatd's own bound (docs/API.md, capacity).
+constexpr uint64_t kTasksPerEnvironment = 3;
+
 Check scale() {
   const uint64_t pidMax = kernelNumber("/proc/sys/kernel/pid_max");
   const uint64_t threadsMax = kernelNumber("/proc/sys/kernel/threads-max");
@@ -220,7 +224,7 @@ Check scale() {
     if (slash != std::string::npos) running = std::strtoull(load->c_str() + slash + 1, nullptr, 10);
   }
   const uint64_t tasks = std::min(pidMax, threadsMax);
-  const uint64_t byTasks = tasks > running ? (tasks - running) / 2 : 0;
+  const uint64_t byTasks = tasks > running ? (tasks - running) / kTasksPerEnvironment : 0;
   const uint64_t byFiles = nrOpen / 4;
   const uint64_t room = std::min(byTasks, byFiles);
   const std::string detail = "room for about " + std::to_string(room) + " idle environments (kernel.pid_max " +
@@ -229,8 +233,8 @@ Check scale() {
   if (room >= 10000) return {"scale", "ok", detail, ""};
   return {"scale", "warn", detail,
           byTasks >= byFiles    ? "sysctl -w fs.nr_open=1048576 (each environment holds four open files)"
-          : threadsMax < pidMax ? "sysctl -w kernel.threads-max=4194304 (each idle environment holds two tasks)"
-                                : "sysctl -w kernel.pid_max=4194304 (each idle environment holds two tasks)"};
+          : threadsMax < pidMax ? "sysctl -w kernel.threads-max=4194304 (each idle environment holds three tasks)"
+                                : "sysctl -w kernel.pid_max=4194304 (each idle environment holds three tasks)"};
 }
 
 Check daemon(const ConnectionOptions& connection) {
