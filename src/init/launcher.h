@@ -19,11 +19,15 @@ namespace moat::init {
 // suspends the thread that calls it until the child has exec'd: on moat-init's
 // loop that was half of its time under concurrent execs, with every other
 // command's output, exit and new spawn waiting behind it. Threads start on
-// demand, up to maxThreads, and end after idleExit without a launch: an
+// demand, up to maxThreads, and end after idleExit without a launch once
+// their owner says no command of theirs lives (allowIdleExit): an
 // environment that ran something once and then sits idle holds no thread
 // for it (each is a task of the host's pid_max, docs/BENCHMARKS.md "1,000
-// idle environments"). They count against the environment's pids limit:
-// when none can start, a launch runs on the submitting thread.
+// idle environments"). Not before: a command's parent is the thread that
+// launched it, and one that asked for a parent-death signal (bwrap
+// --die-with-parent, tini -p, setpriv --pdeathsig) gets it when that thread
+// ends. They count against the environment's pids limit: when none can
+// start, a launch runs on the submitting thread.
 class Launcher {
  public:
   explicit Launcher(size_t maxThreads, std::chrono::milliseconds idleExit = std::chrono::seconds(60));
@@ -36,6 +40,9 @@ class Launcher {
   void submit(std::unique_ptr<Launch> launch);
   // Threads running (idle or launching).
   size_t threads() const;
+  // Whether idle threads may end: only while no process they launched is
+  // alive (see above). Off at first.
+  void allowIdleExit(bool allowed);
   // Readable while finished launches wait to be taken.
   int readyFd() const { return ready_.get(); }
   // The finished launches, in the order they finished; clears readyFd.
@@ -74,6 +81,7 @@ class Launcher {
   size_t idle_ = 0;
   size_t running_ = 0;
   bool stopping_ = false;
+  bool idleExitAllowed_ = false;
   bool inlineAllowed_ = true;
 };
 

@@ -511,6 +511,10 @@ int Supervisor::run() {
     }
     finishDrained();
     enforceDeadlines();
+    // An idle launch thread may end only while no command lives: a command's
+    // parent is the thread that launched it (a parent-death signal it asked
+    // for would come when that thread ends).
+    launcher_.allowIdleExit(processes_.empty());
   }
   flush();
   killEverything();

@@ -25,7 +25,7 @@ import sys
 
 # Groups whose files can land in one unity batch; bench/ and fuzz/ build one
 # file per executable, so nothing of theirs is pasted together.
-GROUPS = ["src", "tests/unit", "tests/integration", "tests/security"]
+GROUPS = ["src", "tests/support", "tests/unit", "tests/integration", "tests/security"]
 # Not in any batch: each is its own executable's only file.
 ALONE = {"src/daemon/main.cc", "src/cli/main.cc", "src/init/main.cc", "src/isolation/seccomp/compile_main.cc",
          "tests/integration/run_test.cc", "tests/integration/guest_tool.cc", "tests/security/probe.cc"}
@@ -35,6 +35,7 @@ IGNORED = {"TEST", "TEST_F", "TEST_P", "INSTANTIATE_TEST_SUITE_P", "operator"}
 def strip(text):
     """The text without comments, literals and preprocessor lines."""
     text = re.sub(r'R"(\w*)\(.*?\)\1"', '""', text, flags=re.S)
+    text = re.sub(r"(?<=[0-9A-Fa-f])'(?=[0-9A-Fa-f])", "", text)  # digit separators (60'000) are no literals
     out, i, n = [], 0, len(text)
     while i < n:
         c = text[i]
