@@ -8,7 +8,6 @@ namespace moat::egress {
 namespace {
 
 constexpr size_t kHeaderSize = 12;
-constexpr size_t kMaxNameText = 253;
 constexpr size_t kMaxNameWire = 255;
 constexpr size_t kARecordSize = 2 + 2 + 2 + 4 + 2 + 4;  // pointer type class ttl rdlength rdata
 // The question name always starts right after the header.
@@ -102,7 +101,7 @@ Result<DnsQuery> parseDnsQuery(std::string_view packet) {
       if (!isLabelChar(c)) return malformed("byte " + std::to_string(c & 0xff) + " in a label");
     }
     size_t textSize = q.name.size() + (q.name.empty() ? 0 : 1) + label.size();
-    if (textSize > kMaxNameText) return malformed("name longer than 253 characters");
+    if (textSize > kMaxHostName) return malformed("name longer than 253 characters");
     if (!q.name.empty()) q.name.push_back('.');
     for (char c : label) q.name.push_back(c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c);
   }

@@ -57,11 +57,6 @@ void Launcher::submit(std::unique_ptr<Launch> launch) {
   cv_.notify_one();
 }
 
-void Launcher::allowIdleExit(bool allowed) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  idleExitAllowed_ = allowed;
-}
-
 size_t Launcher::threads() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return threads_;
@@ -99,8 +94,8 @@ void Launcher::work() {
     ++idle_;
     bool woken = cv_.wait_for(lock, idleExit_, [&] { return stopping_ || !queue_.empty(); });
     --idle_;
-    if (!woken && !idleExitAllowed_) continue;  // a command it launched may still live
-    if (!woken || queue_.empty()) {             // idle for idleExit_, or stopping
+    if (!woken && !idleExitAllowed_.load(std::memory_order_relaxed)) continue;  // a command it launched may still live
+    if (!woken || queue_.empty()) {                                             // idle for idleExit_, or stopping
       --threads_;
       ended_.notify_all();
       return;

@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -41,8 +42,9 @@ class Launcher {
   // Threads running (idle or launching).
   size_t threads() const;
   // Whether idle threads may end: only while no process they launched is
-  // alive (see above). Off at first.
-  void allowIdleExit(bool allowed);
+  // alive (see above). Off at first. Lock-free: moat-init's loop says it at
+  // every turn.
+  void allowIdleExit(bool allowed) { idleExitAllowed_.store(allowed, std::memory_order_relaxed); }
   // Readable while finished launches wait to be taken.
   int readyFd() const { return ready_.get(); }
   // The finished launches, in the order they finished; clears readyFd.
@@ -81,7 +83,7 @@ class Launcher {
   size_t idle_ = 0;
   size_t running_ = 0;
   bool stopping_ = false;
-  bool idleExitAllowed_ = false;
+  std::atomic<bool> idleExitAllowed_{false};
   bool inlineAllowed_ = true;
 };
 
